@@ -1,0 +1,24 @@
+"""pretrain: plan, prepare, train and measure LLM pretraining runs.
+
+The package root stays light (no torch import): heavy entry points are imported on first use.
+"""
+
+__version__ = "0.1.0"
+
+__all__ = ["__version__", "load_config", "plan", "load_model"]
+
+
+def __getattr__(name):
+    if name == "load_config":
+        from .config import load_config
+
+        return load_config
+    if name == "plan":
+        from .plan import plan
+
+        return plan
+    if name == "load_model":
+        from .train.checkpoint import load_model
+
+        return load_model
+    raise AttributeError(f"module 'pretrain' has no attribute {name!r}")

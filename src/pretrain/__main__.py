@@ -1,0 +1,7 @@
+"""`python -m pretrain` is the `pretrain` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,77 @@
+"""The `pretrain` command: parses arguments and dispatches; the work is done by plain Python functions.
+
+Each subcommand lives in a module with `HELP` (one line), `add_arguments(parser)` and `run(args)`. Those
+modules import torch only inside `run`, so `pretrain plan` and `pretrain --help` start instantly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from .errors import UsageError
+
+COMMANDS = {
+    "plan": "pretrain.plan.command",
+    "config": "pretrain.config_command",
+    "tokenizer": "pretrain.data.tokenizer_command",
+    "prepare": "pretrain.data.prepare_command",
+    "train": "pretrain.train.command",
+    "bench": "pretrain.bench.command",
+    "sweep": "pretrain.sweep.command",
+    "report": "pretrain.report.command",
+    "export": "pretrain.export.command",
+    "generate": "pretrain.export.generate_command",
+    "demo": "pretrain.demo",
+}
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line on stderr (exit 2), like every other bad input."""
+
+    def error(self, message):  # noqa: D401 - argparse API
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def build_parser() -> Parser:
+    from . import __version__
+
+    parser = Parser(prog="pretrain", description="Plan, prepare, train and measure LLM pretraining.")
+    parser.add_argument("--version", action="version", version=f"pretrain {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    for name, module_name in COMMANDS.items():
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as e:
+            if e.name != module_name:
+                raise
+            continue  # a stage not built yet
+        p = sub.add_parser(name, help=module.HELP, description=module.__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        module.add_arguments(p)
+        p.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return 2
+    try:
+        code = args._run(args)
+    except UsageError as e:
+        print(f"pretrain {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"pretrain {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `pretrain plan | head`
+        return 0
+    return int(code or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,457 @@
+"""One config schema for every subcommand: `plan`, `train`, `sweep` and `bench` read the same sections.
+
+A config is a YAML file plus `section.key=value` overrides. Every field carries a `doc` string; the README's
+key table is generated from it (`pretrain config --docs`), so the code and the docs cannot drift apart.
+Pure Python: importing this module imports neither torch nor numpy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Union
+
+from .errors import ConfigError
+from .presets import PRESETS, from_hf_config, preset
+
+
+def doc(default: Any, text: str, choices: tuple | None = None):
+    """A dataclass field with its documentation (and the allowed values, for strings)."""
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata={"doc": text, "choices": choices})
+    return field(default=default, metadata={"doc": text, "choices": choices})
+
+
+FAMILIES = ("llama", "gpt2")
+PRECISIONS = ("fp32", "fp16-mixed", "bf16-mixed", "bf16")
+OPTIMIZERS = ("adamw", "adafactor", "sgd")
+RECOMPUTE = ("none", "selective", "full")
+SCHEDULES = ("cosine", "linear", "inverse_sqrt", "wsd")
+
+
+@dataclass
+class ModelConfig:
+    preset: str | None = doc(None, "named model shape: " + " | ".join(PRESETS) + "; keys given beside it override it")
+    hf_config: str | None = doc(None, "a Hugging Face config.json (or its directory) to take the shape from")
+    family: str = doc("llama", "llama (RMSNorm, RoPE, SwiGLU, no biases) | gpt2 (LayerNorm, learned positions, "
+                      "GELU MLP, biases, tied embeddings)", FAMILIES)
+    vocab_size: int = doc(32000, "vocabulary size V")
+    hidden_size: int = doc(4096, "model width H")
+    intermediate_size: int = doc(11008, "MLP width H' (SwiGLU: each of gate, up; GPT-2: 4H)")
+    num_layers: int = doc(32, "transformer blocks L")
+    num_heads: int = doc(32, "attention (query) heads")
+    num_kv_heads: int | None = doc(None, "key/value heads; fewer than num_heads = grouped-query attention "
+                                   "(default num_heads)")
+    max_seq_len: int = doc(2048, "the model's context length (GPT-2: size of the position table)")
+    head_dim: int | None = doc(None, "size of one head (default hidden_size / num_heads)")
+    tie_embeddings: bool = doc(False, "output layer shares the input embedding matrix")
+    qkv_bias: bool = doc(False, "biases on the q, k, v projections (Qwen2 style)")
+    bias: bool = doc(True, "gpt2 family: biases in linear layers and LayerNorm (false = nanoGPT bias-free)")
+    dropout: float = doc(0.0, "dropout probability (pretraining uses 0)")
+    norm_eps: float = doc(1e-5, "epsilon of RMSNorm / LayerNorm")
+    rope_theta: float = doc(10000.0, "llama family: RoPE base frequency")
+    init_std: float = doc(0.02, "std of the normal initialisation; residual projections get "
+                          "init_std / sqrt(2 * num_layers)")
+    init_from: str | None = doc(None, "a local Hugging Face model directory to start from (continued pretraining)")
+
+
+@dataclass
+class TrainConfig:
+    seq_len: int = doc(2048, "tokens per training sequence")
+    micro_batch_size: int = doc(1, "sequences per GPU per forward/backward")
+    grad_accum_steps: int = doc(8, "micro-batches accumulated per optimizer step")
+    tokens: int | None = doc(None, "training tokens; default: max_steps, else examples x epochs, else the "
+                             "Chinchilla-optimal 20 tokens per parameter")
+    examples: int | None = doc(None, "training examples (one example = one seq_len window); with epochs")
+    epochs: int = doc(1, "passes over `examples`")
+    max_steps: int | None = doc(None, "optimizer steps to run (takes precedence over tokens)")
+    device: str = doc("auto", "auto | cpu | cuda (train only; the planner ignores it)")
+    precision: str = doc("bf16-mixed", "fp32 | fp16-mixed | bf16-mixed (autocast, fp32 master weights) | "
+                         "bf16 (pure bf16 weights and optimizer states)", PRECISIONS)
+    optimizer: str = doc("adamw", "adamw | adafactor | sgd", OPTIMIZERS)
+    activation_checkpointing: str = doc("none", "none | selective (recompute all but matmul and attention "
+                                        "outputs) | full (recompute each block)", RECOMPUTE)
+    attention: str = doc("sdpa", "sdpa (flash / memory-efficient, no seq x seq scores kept) | eager "
+                         "(scores materialised)", ("sdpa", "eager"))
+    grad_dtype: str = doc("fp32", "fp32 | same (gradients in the compute dtype, as the ZeRO paper counts)",
+                          ("fp32", "same"))
+    batch_ramp_tokens: int = doc(0, "tokens over which the global batch grows to its target; 0 = off")
+    batch_ramp_start: int = doc(32768, "global batch in tokens at the start of the ramp (GPT-3: 32K)")
+    lr: float = doc(3e-4, "peak learning rate")
+    min_lr_ratio: float = doc(0.1, "learning-rate floor as a fraction of the peak")
+    warmup: float | int = doc(0.005, "linear warm-up: a fraction of the steps (float < 1) or a step count (int)")
+    schedule: str = doc("cosine", "decay after warm-up: cosine | linear | inverse_sqrt | wsd "
+                        "(warmup-stable-decay)", SCHEDULES)
+    decay_fraction: float = doc(0.2, "wsd: fraction of the steps spent in the final linear decay")
+    grad_clip: float = doc(1.0, "clip the global gradient norm to this value (0 = off)")
+    weight_decay: float = doc(0.1, "AdamW decoupled weight decay, on matrices only")
+    betas: list[float] = doc([0.9, 0.95], "AdamW beta1, beta2")
+    eps: float = doc(1e-8, "AdamW epsilon")
+    momentum: float = doc(0.9, "SGD momentum")
+    seed: int = doc(1234, "seed of initialisation, data order and dropout")
+    compile: bool = doc(False, "torch.compile the model")
+
+
+@dataclass
+class ParallelConfig:
+    gpus: int = doc(1, "world size (all GPUs of the job); data parallel = gpus / (tensor x pipeline)")
+    tensor: int = doc(1, "tensor-parallel degree")
+    pipeline: int = doc(1, "pipeline-parallel degree")
+    zero_stage: int = doc(0, "0 (DDP) | 1 (optimizer states sharded) | 2 (+ gradients) | 3 (+ weights, FSDP2)",
+                          (0, 1, 2, 3))
+    sequence_parallel: bool = doc(False, "shard norm/dropout activations over the tensor-parallel group")
+    offload: str = doc("none", "none | optimizer | optimizer+params (ZeRO-Offload: states in host memory)",
+                       ("none", "optimizer", "optimizer+params"))
+    gpus_per_node: int = doc(8, "GPUs per machine (for host memory per node)")
+
+
+@dataclass
+class HardwareConfig:
+    gpu: str = doc("a100-80gb", "accelerator from the catalog (`pretrain plan --gpus` lists it), or cpu")
+    mfu: float = doc(0.4, "assumed model FLOPs utilisation (fraction of peak) for time estimates")
+    hfu: float | None = doc(None, "assumed hardware FLOPs utilisation; when set, time = hardware FLOPs "
+                            "(recomputation included) / (gpus x peak x hfu)")
+    peak_tflops: float | None = doc(None, "override the catalog's dense peak TFLOP/s for the compute dtype")
+    memory_gb: float | None = doc(None, "override the card's memory (GB, 1e9 bytes)")
+    profile: str | None = doc(None, "a hardware profile JSON written by `pretrain bench`: its achievable "
+                              "TFLOP/s replaces the data-sheet peak")
+    price_per_gpu_hour: float | None = doc(None, "price of one GPU-hour, for a cost estimate")
+    cuda_context_gb: float = doc(1.3, "memory taken by the CUDA context and kernels (GB)")
+    fragmentation: float = doc(0.1, "fraction of the card kept free for allocator fragmentation")
+
+
+@dataclass
+class MeasuredConfig:
+    tokens_per_second: float | None = doc(None, "measured throughput of the whole job")
+    iterations_per_second: float | None = doc(None, "measured optimizer steps per second")
+    step_time_seconds: float | None = doc(None, "measured seconds per optimizer step")
+
+
+@dataclass
+class FlopsConfig:
+    causal_attention: bool = doc(False, "count the attention term halved (causal) instead of PaLM's full")
+    convention: str = doc("palm", "FLOPs behind time and MFU: palm (6 x non-embedding N + attention) | "
+                          "6n (6 x all parameters; 8 x with full recomputation)", ("palm", "6n"))
+
+
+@dataclass
+class DataConfig:
+    dir: str | None = doc(None, "a directory written by `pretrain prepare`")
+
+
+@dataclass
+class RunConfig:
+    dir: str = doc("runs/default", "everything of a run: metrics.jsonl, events.jsonl, plan_vs_run.json, "
+                   "checkpoints/, tensorboard/")
+    log_every: int = doc(10, "optimizer steps between metric lines")
+    eval_every: int = doc(200, "optimizer steps between validation passes (0 = only at the end)")
+    eval_batches: int = doc(20, "micro-batches per validation pass")
+    checkpoint_every: int = doc(500, "optimizer steps between checkpoints (0 = only at the end)")
+    keep_checkpoints: int = doc(3, "checkpoints kept; older ones are deleted")
+    resume: str = doc("never", "auto (continue from the newest complete checkpoint) | never", ("auto", "never"))
+    progress: bool = doc(True, "show a progress bar")
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    measured: MeasuredConfig = field(default_factory=MeasuredConfig)
+    flops: FlopsConfig = field(default_factory=FlopsConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+SECTIONS: dict[str, type] = {f.name: f.default_factory for f in dataclasses.fields(Config)}  # type: ignore
+
+
+# --- loading -------------------------------------------------------------------------------------------
+
+def load_config(path: str | Path | dict | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Read a YAML file (or a dict), apply `section.key=value` overrides, resolve the model, validate."""
+    raw = _read_yaml(path) if not isinstance(path, dict) else _deep_copy(path)
+    for item in overrides:
+        key, value = _split_override(item)
+        section, name = key.split(".", 1)
+        raw.setdefault(section, {})
+        if not isinstance(raw[section], dict):
+            raise ConfigError(f"{section}: must be a mapping of keys, got {raw[section]!r}")
+        raw[section][name] = value
+    return from_dict(raw)
+
+
+def from_dict(raw: dict) -> Config:
+    raw = _deep_copy(raw)
+    for section in raw:
+        if section not in SECTIONS:
+            raise ConfigError(_unknown(section, list(SECTIONS), "section"))
+        if raw[section] is None:
+            raw[section] = {}
+        if not isinstance(raw[section], dict):
+            raise ConfigError(f"{section}: must be a mapping of keys, got {raw[section]!r}")
+    raw["model"] = _resolve_model(raw.get("model", {}))
+    sections = {name: _build(name, cls, raw.get(name, {})) for name, cls in SECTIONS.items()}
+    config = Config(**sections)
+    validate(config)
+    return config
+
+
+def _read_yaml(path) -> dict:
+    if path is None:
+        return {}
+    import yaml  # PyYAML: a light import, only when a file is read
+
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist; give a YAML file (see configs/)") from None
+    except IsADirectoryError:
+        raise ConfigError(f"config file {path} is a directory; give a YAML file (see configs/)") from None
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        where = getattr(e, "problem_mark", None)
+        line = f" line {where.line + 1}" if where else ""
+        raise ConfigError(f"{path}{line}: not valid YAML ({getattr(e, 'problem', e)})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections (model:, train:, ...)")
+    return data
+
+
+def _split_override(item: str) -> tuple[str, str]:
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} must look like section.key=value (e.g. train.lr=3e-4)")
+    key, value = item.split("=", 1)
+    key = key.strip()
+    if "." not in key:
+        raise ConfigError(f"override {item!r} must name a section: section.key=value (e.g. model.preset=gpt2)")
+    return key, value.strip()
+
+
+def _resolve_model(user: dict) -> dict:
+    """preset or hf_config first, then the keys the user gave on top of it."""
+    base: dict = {}
+    if user.get("preset") not in (None, "", "null", "none"):
+        base = preset(str(user["preset"]))
+    if user.get("hf_config") not in (None, "", "null"):
+        base = from_hf_config(str(user["hf_config"]))
+    base.update({k: v for k, v in user.items()})
+    return base
+
+
+def _build(section: str, cls: type, values: dict):
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in values.items():
+        if key not in hints:
+            raise ConfigError(_unknown(f"{section}.{key}", [f"{section}.{n}" for n in names], "key"))
+        kwargs[key] = coerce(f"{section}.{key}", value, hints[key])
+    obj = cls(**kwargs)
+    for f in dataclasses.fields(cls):
+        choices = f.metadata.get("choices")
+        value = getattr(obj, f.name)
+        if choices and value not in choices:
+            allowed = " | ".join(str(c) for c in choices)
+            raise ConfigError(f"{section}.{f.name}: {value!r} is not allowed; choose one of {allowed}")
+    return obj
+
+
+def _unknown(name: str, allowed: list[str], what: str) -> str:
+    close = difflib.get_close_matches(name, allowed, n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]}?" if close else "see `pretrain config --docs` for all keys"
+    return f"unknown config {what} {name!r}; {hint}"
+
+
+_NULLS = ("null", "~", "None")
+_TRUE = ("true", "yes", "on", "1")
+_FALSE = ("false", "no", "off", "0")
+
+
+def coerce(key: str, value: Any, tp: Any) -> Any:
+    """Turn a YAML value or a command-line string into the field's type, or say what was expected."""
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        options = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None or (isinstance(value, str) and value in _NULLS):
+            if type(None) in typing.get_args(tp):
+                return None
+        # Prefer int over float for "100" and float over int for "0.005".
+        errors = []
+        for option in sorted(options, key=lambda t: 0 if t is int else 1):
+            try:
+                return coerce(key, value, option)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[-1])
+    if origin is list:
+        (inner,) = typing.get_args(tp)
+        if isinstance(value, str):
+            value = [v for v in value.strip("[]() ").split(",") if v.strip()]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}: expected a list like [0.9, 0.95], got {value!r}")
+        return [coerce(key, v, inner) for v in value]
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in _TRUE + _FALSE:
+            return value.lower() in _TRUE
+        raise ConfigError(f"{key}: expected true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        if isinstance(value, int):
+            return value
+        number = _number(value)  # 1.4e12 and 2_000 are integers too
+        if number is not None and float(number).is_integer():
+            return int(number)
+        raise ConfigError(f"{key}: expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        number = _number(value)
+        if number is None:
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        return float(number)
+    if tp is str:
+        if isinstance(value, (dict, list)):
+            raise ConfigError(f"{key}: expected a string, got {value!r}")
+        return str(value)
+    raise ConfigError(f"{key}: unsupported type {tp}")  # pragma: no cover - schema bug
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, (int, float)):
+        return value
+    if isinstance(value, str):
+        try:
+            return float(value.replace("_", ""))
+        except ValueError:
+            return None
+    return None
+
+
+def _deep_copy(data: dict) -> dict:
+    return {k: (_deep_copy(v) if isinstance(v, dict) else v) for k, v in (data or {}).items()}
+
+
+# --- validation -----------------------------------------------------------------------------------------
+
+def _positive(key: str, value, allow_zero: bool = False):
+    if value is None:
+        return
+    if value < 0 or (value == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ConfigError(f"{key}: must be {bound}, got {value}")
+
+
+def validate(c: Config) -> None:
+    """Checks that need no files and no torch; each failure names the key and what is allowed."""
+    m, t, p, h = c.model, c.train, c.parallel, c.hardware
+    for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "max_seq_len"):
+        _positive(f"model.{name}", getattr(m, name))
+    if m.num_kv_heads is None:
+        m.num_kv_heads = m.num_heads
+    _positive("model.num_kv_heads", m.num_kv_heads)
+    if m.head_dim is None:
+        if m.hidden_size % m.num_heads:
+            raise ConfigError(f"model.num_heads: {m.num_heads} heads do not divide hidden_size {m.hidden_size}; "
+                              "pick a divisor or set model.head_dim")
+        m.head_dim = m.hidden_size // m.num_heads
+    _positive("model.head_dim", m.head_dim)
+    if m.num_heads % m.num_kv_heads:
+        raise ConfigError(f"model.num_kv_heads: {m.num_kv_heads} must divide num_heads {m.num_heads}")
+    if m.family == "gpt2":
+        if m.num_heads * m.head_dim != m.hidden_size:
+            raise ConfigError("model.head_dim: the gpt2 family needs num_heads x head_dim == hidden_size")
+        if m.num_kv_heads != m.num_heads:
+            raise ConfigError("model.num_kv_heads: the gpt2 family has no grouped-query attention; "
+                              "leave num_kv_heads unset")
+    if m.family == "llama" and m.head_dim % 2:
+        raise ConfigError(f"model.head_dim: rotary embeddings need an even head_dim, got {m.head_dim}")
+    if not 0 <= m.dropout < 1:
+        raise ConfigError(f"model.dropout: must be in [0, 1), got {m.dropout}")
+    _positive("model.norm_eps", m.norm_eps)
+    _positive("model.init_std", m.init_std)
+
+    for name in ("seq_len", "micro_batch_size", "grad_accum_steps", "epochs"):
+        _positive(f"train.{name}", getattr(t, name))
+    for name in ("tokens", "examples", "max_steps"):
+        _positive(f"train.{name}", getattr(t, name))
+    if t.seq_len > m.max_seq_len:
+        raise ConfigError(f"train.seq_len: {t.seq_len} is longer than model.max_seq_len {m.max_seq_len}; "
+                          "lower train.seq_len or raise model.max_seq_len")
+    _positive("train.lr", t.lr)
+    if not 0 <= t.min_lr_ratio <= 1:
+        raise ConfigError(f"train.min_lr_ratio: must be in [0, 1], got {t.min_lr_ratio}")
+    if isinstance(t.warmup, float) and not 0 <= t.warmup < 1:
+        raise ConfigError(f"train.warmup: a fraction must be in [0, 1), got {t.warmup}; "
+                          "give an integer for a number of steps")
+    _positive("train.warmup", t.warmup, allow_zero=True)
+    if not 0 < t.decay_fraction <= 1:
+        raise ConfigError(f"train.decay_fraction: must be in (0, 1], got {t.decay_fraction}")
+    _positive("train.grad_clip", t.grad_clip, allow_zero=True)
+    _positive("train.weight_decay", t.weight_decay, allow_zero=True)
+    _positive("train.eps", t.eps)
+    _positive("train.batch_ramp_tokens", t.batch_ramp_tokens, allow_zero=True)
+    _positive("train.batch_ramp_start", t.batch_ramp_start)
+    if len(t.betas) != 2 or not all(0 <= b < 1 for b in t.betas):
+        raise ConfigError(f"train.betas: expected two numbers in [0, 1), got {t.betas}")
+    if t.device not in ("auto", "cpu", "cuda") and not t.device.startswith("cuda:"):
+        raise ConfigError(f"train.device: {t.device!r} is not allowed; choose one of auto | cpu | cuda")
+
+    for name in ("gpus", "tensor", "pipeline", "gpus_per_node"):
+        _positive(f"parallel.{name}", getattr(p, name))
+    if p.gpus % (p.tensor * p.pipeline):
+        raise ConfigError(f"parallel.gpus: {p.gpus} GPUs are not divisible by tensor x pipeline = "
+                          f"{p.tensor} x {p.pipeline}; make gpus a multiple of {p.tensor * p.pipeline}")
+    if p.tensor > 1 and m.num_heads % p.tensor:
+        raise ConfigError(f"parallel.tensor: {p.tensor} must divide model.num_heads {m.num_heads}")
+    if p.pipeline > m.num_layers:
+        raise ConfigError(f"parallel.pipeline: {p.pipeline} stages for {m.num_layers} layers; "
+                          "use at most one stage per layer")
+    if p.sequence_parallel and p.tensor == 1:
+        raise ConfigError("parallel.sequence_parallel: needs parallel.tensor > 1")
+
+    from .plan.hardware import gpu_spec  # the catalog is pure data
+
+    gpu_spec(h.gpu)  # raises with the list of known cards
+    if not 0 < h.mfu <= 1:
+        raise ConfigError(f"hardware.mfu: must be in (0, 1], got {h.mfu}")
+    if h.hfu is not None and not 0 < h.hfu <= 1:
+        raise ConfigError(f"hardware.hfu: must be in (0, 1], got {h.hfu}")
+    for name in ("peak_tflops", "memory_gb", "price_per_gpu_hour"):
+        _positive(f"hardware.{name}", getattr(h, name))
+    _positive("hardware.cuda_context_gb", h.cuda_context_gb, allow_zero=True)
+    if not 0 <= h.fragmentation < 1:
+        raise ConfigError(f"hardware.fragmentation: must be in [0, 1), got {h.fragmentation}")
+    for name in ("tokens_per_second", "iterations_per_second", "step_time_seconds"):
+        _positive(f"measured.{name}", getattr(c.measured, name))
+    r = c.run
+    for name in ("log_every", "eval_batches", "keep_checkpoints"):
+        _positive(f"run.{name}", getattr(r, name))
+    for name in ("eval_every", "checkpoint_every"):
+        _positive(f"run.{name}", getattr(r, name), allow_zero=True)
+
+
+# --- documentation -------------------------------------------------------------------------------------
+
+def docs_markdown() -> str:
+    """The key table of the README: every section, key, default and meaning."""
+    lines = ["| key | default | meaning |", "|---|---|---|"]
+    for section, cls in SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            shown = "null" if default is None else str(default).lower() if isinstance(default, bool) else default
+            lines.append(f"| `{section}.{f.name}` | `{shown}` | {f.metadata['doc']} |")
+    return "\n".join(lines)

@@ -1,0 +1,215 @@
+"""Decoder-only transformers, LLaMA and GPT-2 families, built from the `model:` config section.
+
+LLaMA: RMSNorm, rotary positions (Hugging Face's rotate-half layout), SwiGLU MLP, grouped-query attention,
+no biases (q/k/v biases for Qwen2), optional tied embeddings.
+GPT-2: LayerNorm, learned positions, GELU MLP, biases, tied embeddings.
+
+q, k, v are one fused matmul (`qkv`) and the SwiGLU gate and up projections another (`gate_up`): one kernel
+instead of three (two), and one saved copy of the block input for backward instead of three (two). The export
+to Hugging Face splits them again.
+
+Initialisation (GPT-2 / nanoGPT / Megatron): every matmul weight and embedding ~ N(0, init_std), residual
+output projections (attention `proj`, MLP `down`) ~ N(0, init_std / sqrt(2 * num_layers)) so the residual
+stream's variance does not grow with depth; biases 0, norm weights 1.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+import torch.utils.checkpoint
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    """x / sqrt(mean(x^2) + eps) * weight, computed in fp32 whatever the input dtype.
+
+    Written out rather than `F.rms_norm`: its fused CUDA kernel keeps fewer tensors for backward than the
+    CPU path does, and the planner's activation count must hold on every device.
+    """
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (normed * self.weight).type_as(x)
+
+
+def rotary_tables(head_dim: int, seq_len: int, theta: float, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of position * theta^(-2i/d), shape (seq_len, head_dim / 2), fp32."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim)
+    angles = torch.outer(torch.arange(seq_len, dtype=torch.float32, device=device), inv_freq)
+    return angles.cos(), angles.sin()
+
+
+def apply_rotary(x, cos, sin):
+    """Rotate pairs (x_i, x_{i+d/2}) of x (batch, seq, heads, head_dim) by the position's angle."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg, attention: str):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        q_width, kv_width = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        gpt2 = cfg.family == "gpt2"
+        self.qkv = nn.Linear(cfg.hidden_size, q_width + 2 * kv_width, bias=cfg.bias if gpt2 else cfg.qkv_bias)
+        self.proj = nn.Linear(q_width, cfg.hidden_size, bias=cfg.bias if gpt2 else False)
+        self.rotary = not gpt2
+        self.attention = attention
+        self.dropout = cfg.dropout
+
+    def forward(self, x, rope):
+        b, s, _ = x.shape
+        q, k, v = self.qkv(x).split([self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim,
+                                     self.num_kv_heads * self.head_dim], dim=-1)
+        q = q.view(b, s, self.num_heads, self.head_dim)
+        k = k.view(b, s, self.num_kv_heads, self.head_dim)
+        v = v.view(b, s, self.num_kv_heads, self.head_dim)
+        if self.rotary:
+            cos, sin = (t[:s, None, :].to(q.dtype) for t in rope)
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        # (batch, heads, seq, head_dim) views of (batch, seq, heads, head_dim) memory: attention kernels
+        # return their output in the same layout, so the transpose back below is free.
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        dropout = self.dropout if self.training else 0.0
+        gqa = self.num_kv_heads != self.num_heads  # grouped-query attention: each k/v head serves a group
+        if self.attention == "sdpa":
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, enable_gqa=gqa)
+        else:  # eager: the seq x seq scores are materialised (and kept for backward)
+            if gqa:
+                repeat = self.num_heads // self.num_kv_heads
+                k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
+            scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)
+            mask = torch.ones(s, s, dtype=torch.bool, device=x.device).tril()
+            scores = scores.masked_fill(~mask, float("-inf"))
+            probs = scores.float().softmax(dim=-1).to(q.dtype)  # softmax in fp32 on every device
+            y = (F.dropout(probs, dropout, self.training) if dropout else probs) @ v
+        return self.proj(y.transpose(1, 2).reshape(b, s, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.swiglu = cfg.family == "llama"
+        bias = cfg.bias if cfg.family == "gpt2" else False
+        width = 2 * cfg.intermediate_size if self.swiglu else cfg.intermediate_size
+        self.up = nn.Linear(cfg.hidden_size, width, bias=bias)  # SwiGLU: gate and up, fused
+        self.down = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=bias)
+
+    def activation(self, h):
+        if self.swiglu:
+            gate, up = h.chunk(2, dim=-1)
+            return F.silu(gate) * up
+        return F.gelu(h, approximate="tanh")  # GPT-2's gelu_new
+
+    def forward(self, x, selective: bool = False):
+        h = self.up(x)
+        h = recompute(self.activation, h) if selective else self.activation(h)
+        return self.down(h)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg, attention: str):
+        super().__init__()
+        self.attn_norm = _norm(cfg)
+        self.attn = Attention(cfg, attention)
+        self.mlp_norm = _norm(cfg)
+        self.mlp = MLP(cfg)
+        self.dropout = cfg.dropout
+        self.recompute = "none"  # none | selective | full; set by the trainer
+
+    def forward(self, x, rope):
+        if self.recompute == "full":
+            return recompute(self._forward, x, rope)
+        return self._forward(x, rope)
+
+    def _forward(self, x, rope):
+        # Selective recomputation: norms and the MLP activation are recomputed in backward. They keep
+        # large fp32 / intermediate tensors for few FLOPs; matmul inputs and the attention output are kept.
+        selective = self.recompute == "selective"
+        h = recompute(self.attn_norm, x) if selective else self.attn_norm(x)
+        x = x + self._dropout(self.attn(h, rope))
+        h = recompute(self.mlp_norm, x) if selective else self.mlp_norm(x)
+        return x + self._dropout(self.mlp(h, selective))
+
+    def _dropout(self, x):
+        # Only when asked: even p=0 dropout keeps a mask for backward.
+        return F.dropout(x, self.dropout, self.training) if self.dropout else x
+
+
+# Set by pretrain.train.measure while it counts what a step keeps: checkpointed inputs are held by the
+# checkpoint itself, not through autograd's saved-tensor hooks.
+recompute_observer = None
+
+
+def recompute(fn, *args):
+    """Run fn without keeping its intermediates; backward runs it again (activation checkpointing)."""
+    if recompute_observer is not None:
+        recompute_observer(args)
+    return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False)
+
+
+def _norm(cfg) -> nn.Module:
+    if cfg.family == "llama":
+        return RMSNorm(cfg.hidden_size, cfg.norm_eps)
+    return nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps, bias=cfg.bias)
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg, attention: str = "sdpa"):
+        super().__init__()
+        self.config = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.pos_embed = nn.Embedding(cfg.max_seq_len, cfg.hidden_size) if cfg.family == "gpt2" else None
+        self.blocks = nn.ModuleList(Block(cfg, attention) for _ in range(cfg.num_layers))
+        self.norm = _norm(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+        self.rope: tuple[torch.Tensor, torch.Tensor] | None = None  # rotary tables, built on first use
+
+    def reset_parameters(self):
+        std = self.config.init_std
+        residual_std = std / math.sqrt(2 * self.config.num_layers)
+        for name, p in self.named_parameters():
+            if name.endswith("norm.weight"):
+                nn.init.ones_(p)
+            elif name.endswith(".bias"):
+                nn.init.zeros_(p)
+            elif name.endswith(("attn.proj.weight", "mlp.down.weight")):
+                nn.init.normal_(p, mean=0.0, std=residual_std)
+            else:
+                nn.init.normal_(p, mean=0.0, std=std)
+
+    def _rotary(self, seq_len: int, device):
+        if self.pos_embed is not None:
+            return None
+        if self.rope is None or self.rope[0].shape[0] < seq_len or self.rope[0].device != device:
+            cfg = self.config
+            self.rope = rotary_tables(cfg.head_dim, max(seq_len, 1), cfg.rope_theta, device=device)
+        return self.rope
+
+    def forward(self, tokens, targets=None):
+        """tokens (batch, seq) -> logits (batch, seq, vocab), or the mean cross-entropy when targets are given."""
+        s = tokens.shape[1]
+        x = self.embed(tokens)
+        if self.pos_embed is not None:
+            x = x + self.pos_embed(torch.arange(s, device=tokens.device))
+        if self.config.dropout:
+            x = F.dropout(x, self.config.dropout, self.training)
+        rope = self._rotary(s, tokens.device)
+        for block in self.blocks:
+            x = block(x, rope)
+        logits = self.lm_head(self.norm(x))
+        if targets is None:
+            return logits
+        # The loss in fp32: log-softmax over a large vocabulary loses precision in bf16.
+        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))

@@ -1,0 +1,103 @@
+"""The planner: parameters, FLOPs, memory per GPU, data, steps and time of a pretraining run.
+
+Pure Python (no torch, no numpy), so `pretrain plan` answers instantly anywhere. `plan(config)` returns the
+JSON-ready dict whose keys are documented in the README ("Plan output").
+"""
+
+from __future__ import annotations
+
+from .budget import run_length, storage_bytes, token_bytes, wall_clock
+from .explain import Explain
+from .flops import basis, flops, utilisation
+from .hardware import gpu_spec, peak_tflops
+from .memory import memory, model_state_tensors
+from .params import count_params, param_shapes
+
+__all__ = ["plan", "plan_with_explain", "count_params", "param_shapes", "storage_bytes", "model_state_tensors"]
+
+
+def plan(config) -> dict:
+    """The plan for a resolved Config (see `pretrain.config.load_config`)."""
+    return plan_with_explain(config)[0]
+
+
+def plan_with_explain(config) -> tuple[dict, Explain]:
+    c = config
+    ex = Explain()
+    counts = count_params(c.model)
+    ex.add("params", "total", counts.total, _params_formula(c.model, counts))
+    ex.add("params", "embedding", counts.embedding, "input lookups: token table V x H"
+           + (" + positions max_seq_len x H" if counts.position_embedding else ""))
+    ex.add("params", "flops (N of 6N)", counts.flops, "total - input embedding"
+           + (" + tied output layer V x H" if c.model.tie_embeddings else ""))
+
+    length = run_length(c, counts.total, ex)
+    tokens = length["tokens"]
+    fl = flops(c, counts, tokens, ex)
+    peak, peak_source = peak_tflops(c.hardware, c.train.precision)
+    model_pt, hw_pt, _ = basis(c, fl)
+    time = wall_clock(c, model_pt * tokens, hw_pt * tokens, peak, ex)
+    if time["seconds"]:
+        time["tokens_per_second"] = tokens / time["seconds"]
+    mem = memory(c, counts, ex)
+
+    storage = storage_bytes(tokens, c.model.vocab_size)
+    ex.add("tokens", "storage_bytes", storage, f"{tokens:,} tokens x {token_bytes(c.model.vocab_size)} bytes "
+           f"({'uint16' if token_bytes(c.model.vocab_size) == 2 else 'uint32'} for vocabulary {c.model.vocab_size:,})")
+    full = _unsharded(c)
+    ckpt = full["parameters"] + full["optimizer_states"]
+    ex.add("tokens", "checkpoint_bytes", ckpt, f"parameters {full['parameters']:,} + optimizer states "
+           f"{full['optimizer_states']:,} (all ranks together)")
+
+    spec = gpu_spec(c.hardware.gpu)
+    par = c.parallel
+    result = {
+        "model": {k: v for k, v in vars(c.model).items()},
+        "params": counts.as_dict(),
+        "flops": fl,
+        "tokens": {"total": tokens, "chinchilla": length["chinchilla"],
+                   "per_parameter": tokens / counts.total},
+        "storage_bytes": storage,
+        "checkpoint_bytes": ckpt,
+        "steps": {"total": length["steps"], "tokens_per_step": length["tokens_per_step"],
+                  "examples_per_step": length["examples_per_step"], "warmup": length["warmup"]},
+        "time": time,
+        "memory_bytes": mem["memory_bytes"],
+        "model_states": mem["model_states"],
+        "fits": mem["fit"]["fits"],
+        "max_micro_batch_size": mem["fit"]["max_micro_batch_size"],
+        "device_memory_bytes": mem["fit"]["device_bytes"],
+        "usable_memory_bytes": mem["fit"]["usable_bytes"],
+        "parallel": {"world": par.gpus, "data": par.gpus // (par.tensor * par.pipeline), "tensor": par.tensor,
+                     "pipeline": par.pipeline, "zero_stage": par.zero_stage},
+        "hardware": {"gpu": spec.name, "peak_tflops": peak, "peak_source": peak_source,
+                     "memory_bytes": mem["fit"]["device_bytes"], "bandwidth_gbps": spec.bandwidth_gbps},
+    }
+    measured = utilisation(c, fl, length["tokens_per_step"], peak, ex)
+    if measured:
+        result["measured"] = measured
+        result["mfu"] = measured["mfu"]
+        result["hfu"] = measured["hfu"]
+    return result, ex
+
+
+def _unsharded(c) -> dict:
+    """Model-state tensors of the whole job on one imaginary device (for the checkpoint size)."""
+    import copy
+
+    single = copy.deepcopy(c)
+    single.parallel.gpus, single.parallel.tensor, single.parallel.pipeline = 1, 1, 1
+    single.parallel.zero_stage = 0
+    return model_state_tensors(single)
+
+
+def _params_formula(m, counts) -> str:
+    if m.family == "llama" and m.num_kv_heads == m.num_heads and m.head_dim * m.num_heads == m.hidden_size \
+            and not m.qkv_bias:
+        V, H, I, L = m.vocab_size, m.hidden_size, m.intermediate_size, m.num_layers
+        head = "2VH" if not m.tie_embeddings else "VH"
+        return (f"{head} + H + L(4H^2 + 3HH' + 2H) with V={V:,}, H={H:,}, H'={I:,}, L={L}: "
+                f"{'2' if not m.tie_embeddings else ''}x{V * H:,} + {H:,} + {L} x {counts.per_layer:,}")
+    return (f"embedding {counts.token_embedding:,} + positions {counts.position_embedding:,} + {m.num_layers} "
+            f"layers x {counts.per_layer:,} (attention {counts.attention // m.num_layers:,}, MLP "
+            f"{counts.mlp // m.num_layers:,}, norms) + final norm + output {counts.output:,}")

@@ -1,0 +1,153 @@
+"""Bytes kept for backward by one micro-batch: every tensor our model saves, term by term.
+
+The starting point is Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
+Models"), whose per-layer figure for GPT-3 style layers with fp16 activations is s*b*h*(34 + 5*a*s/h). Our
+terms are that count redone for what `pretrain.model` really keeps (checked tensor by tensor against
+`saved_tensors_hooks` in tests/plan/test_memory_vs_measured.py):
+  - SDPA / flash attention keeps q, k, v, its output and a log-sum-exp, never the seq x seq scores (the 5as/h
+    term is gone); `train.attention: eager` keeps the fp32 softmax and its cast instead.
+  - No dropout, no masks (the 2-byte dropout outputs and 1-byte masks are gone).
+  - Norms run in fp32: RMSNorm keeps its fp32 input, the reciprocal RMS and the fp32 normalised x.
+  - Under autocast each matmul keeps its own half-precision copy of its input; SwiGLU keeps the fused
+    gate|up output, silu(gate) and the product (4 * b*s*H' where GELU keeps 2 * b*s*H').
+  - The loss keeps the fp32 log-softmax over the vocabulary (4 * b*s*V bytes): for a 128K vocabulary this
+    is larger than several layers.
+Recomputation: `selective` recomputes norms and the MLP activation (their inputs stay); `full` keeps each
+block's input and, during backward, one block's tensors at a time.
+Tensor parallelism divides the attention and MLP terms by t; the norm terms are divided only with sequence
+parallelism, as in Korthikanti et al. Pipeline parallelism (1F1B): the first stage holds min(p, m)
+micro-batches of L/p layers in flight.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+COMPUTE_BYTES = {"fp32": 4, "fp16-mixed": 2, "bf16-mixed": 2, "bf16": 2}
+# dtype of the residual stream: autocast leaves the embedding output, and so every residual add, in fp32.
+RESIDUAL_BYTES = {"fp32": 4, "fp16-mixed": 4, "bf16-mixed": 4, "bf16": 2}
+
+
+@dataclass
+class Term:
+    name: str
+    bytes: int
+    formula: str
+    sharded: bool  # divided by the tensor-parallel degree (norm terms only with sequence parallelism)
+
+
+def layer_terms(m, t, b: int, recompute: str | None = None) -> list[Term]:
+    """What one transformer block keeps for one micro-batch of b sequences."""
+    recompute = recompute or t.activation_checkpointing
+    s, h, I, nh, d = t.seq_len, m.hidden_size, m.intermediate_size, m.num_heads, m.head_dim
+    qw, kvw = nh * d, m.num_kv_heads * d
+    a, r = COMPUTE_BYTES[t.precision], RESIDUAL_BYTES[t.precision]
+    llama = m.family == "llama"
+    bs = b * s
+    terms: list[Term] = []
+
+    def add(name, nbytes, formula, sharded=True):
+        terms.append(Term(name, int(nbytes), formula, sharded))
+
+    if recompute == "full":
+        add("block input (held by recomputation)", r * bs * h, f"{r} x b*s*h", sharded=False)
+        return terms
+
+    # Norms (two per block).
+    if recompute == "selective":
+        add("norm inputs (held by recomputation)", 2 * r * bs * h, f"2 x {r} x b*s*h", sharded=False)
+    elif llama:
+        add("RMSNorm fp32 inputs", 2 * 4 * bs * h, "2 x 4 x b*s*h", sharded=False)
+        add("RMSNorm reciprocal rms", 2 * 4 * bs, "2 x 4 x b*s", sharded=False)
+        add("RMSNorm fp32 normalised x", 2 * 4 * bs * h, "2 x 4 x b*s*h", sharded=False)
+    else:
+        add("LayerNorm inputs", 2 * r * bs * h, f"2 x {r} x b*s*h", sharded=False)
+        add("LayerNorm mean and rstd", 2 * 8 * bs, "2 x 8 x b*s", sharded=False)
+    add("qkv and MLP matmul inputs", 2 * a * bs * h, f"2 x {a} x b*s*h", sharded=False)
+
+    # Attention.
+    eager = t.attention == "eager"
+    if eager:  # the batched matmuls keep contiguous (batch*heads, seq, head_dim) copies of q, k and v
+        add("q, k, v copies for the batched matmuls", 3 * a * bs * qw, f"3 x {a} x b*s*q {qw}")
+    elif llama:  # SDPA keeps rotated q and k, and v: a view of the fused qkv output, which stays whole
+        add("qkv output", a * bs * (qw + 2 * kvw), f"{a} x b*s*(q {qw} + 2 x kv {kvw})")
+        add("rotated q, k", a * bs * (qw + kvw), f"{a} x b*s*(q {qw} + kv {kvw})")
+    else:  # SDPA keeps q, k, v: views of the fused qkv output
+        add("qkv output", a * bs * 3 * h, f"{a} x b*s*3h")
+    if llama and a != 4:
+        add("rotary cos/sin casts", a * s * d, f"{a} x s*head_dim", sharded=False)
+    if eager:
+        add("causal mask", s * s, "s*s (bool)", sharded=False)
+        add("fp32 softmax", 4 * b * nh * s * s, "4 x b*heads*s*s")
+        if a != 4:
+            add("softmax cast", a * b * nh * s * s, f"{a} x b*heads*s*s")
+    else:
+        add("log-sum-exp", 4 * b * nh * s, "4 x b*heads*s")
+    add("attention output (the output projection's input)", a * bs * qw, f"{a} x b*s*q {qw}")
+
+    # MLP.
+    if llama:
+        if recompute == "selective":
+            add("gate|up output (held by recomputation)", a * bs * 2 * I, f"{a} x b*s*2H'")
+            add("down input", a * bs * I, f"{a} x b*s*H'")
+        else:
+            add("gate|up output, silu(gate), down input", 4 * a * bs * I, f"4 x {a} x b*s*H'")
+    else:
+        add("fc output, gelu output", 2 * a * bs * I, f"2 x {a} x b*s*H'")
+    if m.dropout:
+        add("residual dropout masks", 2 * bs * h, "2 x b*s*h (bool)", sharded=False)
+    return terms
+
+
+def once_terms(m, t, b: int) -> list[Term]:
+    """What the embedding, final norm and loss keep (once per micro-batch, not per layer)."""
+    s, h, V, d = t.seq_len, m.hidden_size, m.vocab_size, m.head_dim
+    a, r = COMPUTE_BYTES[t.precision], RESIDUAL_BYTES[t.precision]
+    bs = b * s
+    terms = [Term("token and target ids", 16 * bs, "2 x 8 x b*s (int64)", False)]
+    if m.family == "gpt2":
+        terms.append(Term("position ids", 8 * s, "8 x s (int64)", False))
+        terms.append(Term("final LayerNorm", r * bs * h + 8 * bs, f"{r} x b*s*h + 8 x b*s", False))
+    else:
+        terms.append(Term("final RMSNorm", 8 * bs * h + 4 * bs, "8 x b*s*h + 4 x b*s", False))
+        if a == 4:
+            terms.append(Term("rotary tables (fp32, shared)", 4 * s * d, "2 x 4 x s*head_dim/2", False))
+    terms.append(Term("output matmul input", a * bs * h, f"{a} x b*s*h", False))
+    terms.append(Term("fp32 log-softmax of the loss", 4 * bs * V, "4 x b*s*V", True))
+    terms.append(Term("loss scalar", 4, "4", False))
+    if m.dropout:
+        terms.append(Term("embedding dropout mask", bs * h, "b*s*h (bool)", False))
+    return terms
+
+
+def _overlap(m, t, b: int) -> int:
+    """Full recomputation: the recomputed block keeps its held input as-is (no second copy) when its first
+    norm saves the input itself: LayerNorm always, RMSNorm when the residual stream is already fp32."""
+    if m.family == "gpt2" or RESIDUAL_BYTES[t.precision] == 4:
+        return RESIDUAL_BYTES[t.precision] * b * t.seq_len * m.hidden_size
+    return 0
+
+
+def _shard(terms: list[Term], tensor: int, sequence_parallel: bool) -> int:
+    return sum(x.bytes // tensor if (x.sharded or sequence_parallel) else x.bytes for x in terms)
+
+
+def activation_bytes(m, t, parallel, b: int | None = None) -> dict:
+    """Activation bytes per GPU for micro-batch b (default train.micro_batch_size), with the terms."""
+    b = b or t.micro_batch_size
+    tp, pp, sp = parallel.tensor, parallel.pipeline, parallel.sequence_parallel
+    layers = -(-m.num_layers // pp)
+    in_flight = min(pp, t.grad_accum_steps)  # 1F1B: the first stage holds up to p micro-batches
+    per_layer_terms = layer_terms(m, t, b)
+    per_layer = _shard(per_layer_terms, tp, sp)
+    once = once_terms(m, t, b)
+    once_bytes = _shard(once, tp, sp)
+    total = layers * in_flight * per_layer
+    working = 0
+    if t.activation_checkpointing == "full":
+        # Backward recomputes one block at a time and holds its tensors until its gradients are done.
+        working = _shard(layer_terms(m, t, b, recompute="none"), tp, sp) - _overlap(m, t, b) // (tp if sp else 1)
+        total += working
+    total += once_bytes
+    return dict(total=total, per_layer=per_layer, layers=layers, in_flight=in_flight, once=once_bytes,
+                recompute_working=working, layer_terms=per_layer_terms, once_terms=once)

@@ -1,0 +1,93 @@
+"""Tokens, bytes on disk, optimizer steps and wall-clock time of a run.
+
+Chinchilla (Hoffmann et al. 2022): compute-optimal training uses ~20 tokens per parameter.
+Storage: a token id takes 2 bytes when the vocabulary fits in uint16 (<= 65,536 ids), else 4 (uint32): the
+flat array `pretrain prepare` writes. Steps as the Hugging Face Trainer counts them for a fixed dataset:
+epochs x ceil(examples / global batch) (16,527,707 examples, 3 epochs, batch 8 -> 6,197,892).
+Time = FLOPs / (GPUs x peak FLOP/s x utilisation).
+"""
+
+from __future__ import annotations
+
+from .explain import Explain
+from .schedule import steps_for_tokens, tokens_for_steps, warmup_steps
+
+CHINCHILLA_TOKENS_PER_PARAM = 20
+
+
+def token_bytes(vocab_size: int) -> int:
+    return 2 if vocab_size <= 65536 else 4
+
+
+def storage_bytes(tokens: int, vocab_size: int) -> int:
+    """Size of the `.bin` file holding `tokens` token ids (what `pretrain prepare` writes)."""
+    return tokens * token_bytes(vocab_size)
+
+
+def _ramp_args(cfg) -> dict:
+    t, par = cfg.train, cfg.parallel
+    return dict(seq_len=t.seq_len, micro_batch_size=t.micro_batch_size,
+                data_parallel=par.gpus // (par.tensor * par.pipeline), grad_accum_steps=t.grad_accum_steps,
+                ramp_tokens=t.batch_ramp_tokens, ramp_start=t.batch_ramp_start)
+
+
+def run_length(cfg, total_params: int, ex: Explain | None = None) -> dict:
+    """Tokens and optimizer steps of the run: max_steps, else tokens, else examples x epochs, else Chinchilla."""
+    ex = ex or Explain()
+    t = cfg.train
+    args = _ramp_args(cfg)
+    per_step = args["seq_len"] * args["micro_batch_size"] * args["data_parallel"] * args["grad_accum_steps"]
+    examples_per_step = per_step // t.seq_len
+    chinchilla = CHINCHILLA_TOKENS_PER_PARAM * total_params
+    ex.add("tokens", "tokens_per_step", per_step,
+           f"seq {t.seq_len} x micro-batch {t.micro_batch_size} x grad accum {t.grad_accum_steps} "
+           f"x data parallel {args['data_parallel']}")
+    if t.max_steps:
+        steps = t.max_steps
+        tokens = tokens_for_steps(steps, **args)
+        ex.add("steps", "total", steps, "train.max_steps")
+        ex.add("tokens", "total", tokens, f"{steps:,} steps of up to {per_step:,} tokens (batch ramp included)")
+    elif t.tokens:
+        tokens = t.tokens
+        steps = steps_for_tokens(tokens, **args)
+        ex.add("tokens", "total", tokens, "train.tokens")
+        ex.add("steps", "total", steps, f"ceil(tokens {tokens:,} / tokens per step {per_step:,})"
+               + (" with the batch ramp" if t.batch_ramp_tokens else ""))
+    elif t.examples:
+        steps = t.epochs * -(-t.examples // examples_per_step)
+        tokens = t.examples * t.epochs * t.seq_len
+        ex.add("steps", "total", steps, f"epochs {t.epochs} x ceil(examples {t.examples:,} / "
+               f"global batch {examples_per_step:,})")
+        ex.add("tokens", "total", tokens, f"examples {t.examples:,} x epochs {t.epochs} x seq {t.seq_len}")
+    else:
+        tokens = chinchilla
+        steps = steps_for_tokens(tokens, **args)
+        ex.add("tokens", "total", tokens, "no length given: Chinchilla's 20 tokens per parameter")
+        ex.add("steps", "total", steps, f"ceil(tokens {tokens:,} / tokens per step {per_step:,})")
+    warm = warmup_steps(t.warmup, steps)
+    ex.add("steps", "warmup", warm, f"train.warmup {t.warmup}" + (f" x {steps:,} steps" if isinstance(t.warmup, float) else ""))
+    ex.add("tokens", "chinchilla", chinchilla, f"20 x {total_params:,} parameters (Hoffmann et al. 2022)")
+    return dict(tokens=tokens, steps=steps, tokens_per_step=per_step, examples_per_step=examples_per_step,
+                warmup=warm, chinchilla=chinchilla)
+
+
+def wall_clock(cfg, model_flops: int, hardware_flops: int, peak_tflops: float | None, ex: Explain) -> dict:
+    hw, gpus = cfg.hardware, cfg.parallel.gpus
+    if not peak_tflops:
+        ex.add("time", "seconds", None, "no peak FLOP/s for this device: set hardware.profile or hardware.peak_tflops")
+        return dict(seconds=None, days=None, gpu_hours=None, cost=None, tokens_per_second=None, utilisation=None)
+    if hw.hfu:
+        flops, util, what = hardware_flops, hw.hfu, "hardware FLOPs (recomputation included) / hfu"
+    else:
+        flops, util, what = model_flops, hw.mfu, "model FLOPs / mfu"
+    rate = gpus * peak_tflops * 1e12 * util
+    seconds = flops / rate
+    ex.add("time", "seconds", seconds, f"{flops:.4g} FLOPs / ({gpus} GPUs x {peak_tflops} TFLOP/s x {util}) ({what})")
+    ex.add("time", "days", seconds / 86400, f"{seconds:.4g} s / 86,400")
+    gpu_hours = seconds * gpus / 3600
+    ex.add("time", "gpu_hours", gpu_hours, f"{seconds:.4g} s x {gpus} GPUs / 3,600")
+    cost = gpu_hours * hw.price_per_gpu_hour if hw.price_per_gpu_hour else None
+    if cost is not None:
+        ex.add("time", "cost", cost, f"{gpu_hours:,.1f} GPU-hours x {hw.price_per_gpu_hour} per GPU-hour")
+    return dict(seconds=seconds, days=seconds / 86400, gpu_hours=gpu_hours, cost=cost,
+                utilisation=util, basis=what)

@@ -1,0 +1,100 @@
+"""Training FLOPs per token, in the conventions papers use, and what a measured speed means in MFU/HFU.
+
+Model FLOPs (MFU convention of PaLM, Chowdhery et al. 2022, appendix B, and torchtitan):
+    per_token = 6 * N + 12 * L * n_heads * head_dim * seq
+where N excludes the input-embedding lookup (a tied output layer still counts: it is a V*H matmul), and the
+second term is attention's QK^T and AV (forward 4*L*H*seq, backward twice that). PaLM counts it over the full
+seq x seq square; `flops.causal_attention: true` halves it, as causal kernels only compute the lower half.
+GPT-3 and Chinchilla count 6 * N * D with N = all parameters (`per_token_6n`).
+
+Hardware FLOPs add what recomputation does again (Korthikanti et al. 2022): full recomputation repeats the
+forward (8 * N * D instead of 6 * N * D); our selective recomputation repeats only norms and activations,
+which have no matmul FLOPs, so it adds none.
+"""
+
+from __future__ import annotations
+
+from .explain import Explain
+
+
+def flops(cfg, counts, tokens: int, ex: Explain) -> dict:
+    m, t = cfg.model, cfg.train
+    N = counts.flops
+    attention = 12 * m.num_layers * m.num_heads * m.head_dim * t.seq_len
+    causal = cfg.flops.causal_attention
+    if causal:
+        attention //= 2
+    ex.add("flops", "attention_per_token", attention,
+           f"12 x L {m.num_layers} x heads {m.num_heads} x head_dim {m.head_dim} x seq {t.seq_len}"
+           + (" / 2 (causal)" if causal else " (PaLM: full square)"))
+    per_token = 6 * N + attention
+    ex.add("flops", "per_token", per_token,
+           f"6 x N {N:,} (all but the input-embedding lookup) + attention {attention:,}")
+    per_token_6n = 6 * counts.total
+    ex.add("flops", "per_token_6n", per_token_6n, f"6 x all parameters {counts.total:,} (GPT-3 / Chinchilla)")
+
+    # What recomputation adds: full repeats the forward pass (a third of the model FLOPs).
+    recompute = t.activation_checkpointing
+    extra = (2 * N + attention // 3) if recompute == "full" else 0
+    extra_6n = 2 * counts.total if recompute == "full" else 0
+    per_token_hw = per_token + extra
+    ex.add("flops", "per_token_hardware", per_token_hw,
+           f"per_token + recomputed forward {extra:,} ({recompute} recomputation)")
+    out = dict(
+        per_token=per_token,
+        per_token_no_attention=6 * N,
+        per_token_6n=per_token_6n,
+        attention_per_token=attention,
+        per_token_hardware=per_token_hw,
+        per_token_hardware_6n=per_token_6n + extra_6n,
+        total=per_token * tokens,
+        total_no_attention=6 * N * tokens,
+        total_6n=per_token_6n * tokens,
+        total_hardware=per_token_hw * tokens,
+        total_hardware_6n=(per_token_6n + extra_6n) * tokens,
+        convention=("per_token: 6 x (parameters - input embedding) + attention "
+                    f"({'causal, halved' if causal else 'full square, PaLM'}); per_token_6n: 6 x all parameters; "
+                    "hardware: + recomputed forward (8 N D with full recomputation)"),
+    )
+    ex.add("flops", "total", out["total"], f"per_token {per_token:,} x tokens {tokens:,}")
+    ex.add("flops", "total_6n", out["total_6n"], f"6 x {counts.total:,} x {tokens:,}")
+    if recompute == "full":
+        ex.add("flops", "total_hardware_6n", out["total_hardware_6n"], f"8 x {counts.total:,} x {tokens:,}")
+    return out
+
+
+def basis(cfg, fl: dict) -> tuple[int, int, str]:
+    """(model FLOPs per token, hardware FLOPs per token, name) under `flops.convention`."""
+    if cfg.flops.convention == "6n":
+        return fl["per_token_6n"], fl["per_token_hardware_6n"], "6n: 6 x all parameters"
+    return fl["per_token"], fl["per_token_hardware"], "palm: 6 x N + attention"
+
+
+def utilisation(cfg, fl: dict, tokens_per_step: int, peak_tflops: float | None, ex: Explain) -> dict | None:
+    """Achieved TFLOP/s per GPU, MFU and HFU from a measured speed of the whole job."""
+    ms = cfg.measured
+    if ms.tokens_per_second:
+        tps, how = ms.tokens_per_second, f"measured {ms.tokens_per_second:,} tokens/s"
+    elif ms.iterations_per_second:
+        tps = ms.iterations_per_second * tokens_per_step
+        how = f"{ms.iterations_per_second} it/s x {tokens_per_step:,} tokens per step"
+    elif ms.step_time_seconds:
+        tps = tokens_per_step / ms.step_time_seconds
+        how = f"{tokens_per_step:,} tokens per step / {ms.step_time_seconds} s"
+    else:
+        return None
+    model_pt, hw_pt, name = basis(cfg, fl)
+    gpus = cfg.parallel.gpus
+    achieved = tps * model_pt / gpus / 1e12
+    achieved_hw = tps * hw_pt / gpus / 1e12
+    ex.add("measured", "tokens_per_second", tps, how)
+    ex.add("measured", "achieved_tflops_per_gpu", achieved,
+           f"{tps:,.6g} tokens/s x {model_pt:,} FLOPs/token ({name}) / {gpus} GPUs / 1e12")
+    out = dict(tokens_per_second=tps, achieved_tflops_per_gpu=achieved,
+               achieved_hardware_tflops_per_gpu=achieved_hw, mfu=None, hfu=None)
+    if peak_tflops:
+        out["mfu"] = achieved / peak_tflops
+        out["hfu"] = achieved_hw / peak_tflops
+        ex.add("measured", "mfu", out["mfu"], f"{achieved:.4g} / peak {peak_tflops} TFLOP/s")
+        ex.add("measured", "hfu", out["hfu"], f"{achieved_hw:.4g} (with recomputation) / peak {peak_tflops} TFLOP/s")
+    return out

@@ -1,0 +1,112 @@
+"""Accelerator catalog: dense peak TFLOP/s per dtype, memory and bandwidth, from vendor data sheets.
+
+Peaks are dense (no 2:4 sparsity). `tf32` is what fp32 matmuls run at when TF32 is allowed, which `pretrain
+train` does on CUDA (`torch.set_float32_matmul_precision("high")`). Memory is what `nvidia-smi` reports as
+total. A hardware profile written by `pretrain bench` replaces the peaks with measured achievable figures.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import ConfigError
+
+GiB = 1024**3
+MiB = 1024**2
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    name: str
+    peak_tflops: dict = field(default_factory=dict)  # dtype -> dense TFLOP/s
+    memory_bytes: int = 0
+    bandwidth_gbps: float = 0.0  # device memory, GB/s
+    source: str = "vendor data sheet"
+
+
+def _spec(name, memory_mib, bandwidth, **peaks) -> GpuSpec:
+    return GpuSpec(name=name, peak_tflops=peaks, memory_bytes=memory_mib * MiB, bandwidth_gbps=bandwidth)
+
+
+CATALOG: dict[str, GpuSpec] = {s.name: s for s in [
+    # NVIDIA V100 SXM2 (Volta): fp16 tensor cores only, no bf16 and no tf32.
+    _spec("v100-16gb", 16 * 1024, 900, fp32=15.7, fp16=125.0),
+    _spec("v100-32gb", 32 * 1024, 900, fp32=15.7, fp16=125.0),
+    _spec("t4", 15 * 1024, 320, fp32=8.1, fp16=65.0),
+    # Ampere.
+    _spec("a10", 24 * 1024, 600, fp32=31.2, tf32=62.5, fp16=125.0, bf16=125.0),
+    _spec("a100-40gb", 40 * 1024, 1555, fp32=19.5, tf32=156.0, fp16=312.0, bf16=312.0),
+    _spec("a100-80gb", 80 * 1024, 2039, fp32=19.5, tf32=156.0, fp16=312.0, bf16=312.0),
+    _spec("a800-80gb", 80 * 1024, 2039, fp32=19.5, tf32=156.0, fp16=312.0, bf16=312.0),
+    _spec("rtx3090", 24 * 1024, 936, fp32=35.6, tf32=35.6, fp16=71.0, bf16=71.0),
+    # Ada and Hopper (fp8 dense with fp32 accumulation).
+    _spec("rtx4090", 24 * 1024, 1008, fp32=82.6, tf32=82.6, fp16=165.2, bf16=165.2, fp8=330.3),
+    _spec("l40s", 46068, 864, fp32=91.6, tf32=183.0, fp16=362.05, bf16=362.05, fp8=733.0),
+    _spec("h100-pcie", 81559, 2000, fp32=51.0, tf32=378.0, fp16=756.0, bf16=756.0, fp8=1513.0),
+    _spec("h100-sxm", 81559, 3350, fp32=67.0, tf32=494.7, fp16=989.4, bf16=989.4, fp8=1978.9),
+    _spec("h800", 81559, 3350, fp32=67.0, tf32=494.7, fp16=989.4, bf16=989.4, fp8=1978.9),
+    _spec("h200", 143771, 4800, fp32=67.0, tf32=494.7, fp16=989.4, bf16=989.4, fp8=1978.9),
+    _spec("b200", 183359, 8000, fp32=80.0, tf32=1100.0, fp16=2250.0, bf16=2250.0, fp8=4500.0),
+    # AMD Instinct MI300X.
+    _spec("mi300x", 192 * 1024, 5300, fp32=163.4, tf32=653.7, fp16=1307.4, bf16=1307.4, fp8=2614.9),
+    # A CPU has no data-sheet peak here: measure it with `pretrain bench` (hardware.profile) or set
+    # hardware.peak_tflops; memory is the host's.
+    GpuSpec(name="cpu", peak_tflops={}, memory_bytes=0, bandwidth_gbps=0.0, source="measure with pretrain bench"),
+]}
+
+ALIASES = {"h100": "h100-sxm", "a100": "a100-80gb", "v100": "v100-32gb", "a800": "a800-80gb"}
+
+# What each training precision multiplies in.
+COMPUTE_DTYPE = {"fp32": "tf32", "fp16-mixed": "fp16", "bf16-mixed": "bf16", "bf16": "bf16"}
+
+
+def gpu_spec(name: str) -> GpuSpec:
+    key = ALIASES.get(name.lower(), name.lower())
+    if key not in CATALOG:
+        raise ConfigError(f"hardware.gpu: unknown accelerator {name!r}; choose one of {', '.join(CATALOG)}")
+    return CATALOG[key]
+
+
+def load_profile(path: str | Path) -> dict:
+    """A hardware profile JSON from `pretrain bench`: {"device", "peak_tflops": {dtype: best}, ...}."""
+    path = Path(path)
+    try:
+        profile = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"hardware.profile: no such file {path}; write one with `pretrain bench --out FILE`") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"hardware.profile: {path} is not valid JSON ({e.msg} at line {e.lineno})") from None
+    if not isinstance(profile.get("peak_tflops"), dict):
+        raise ConfigError(f"hardware.profile: {path} has no 'peak_tflops' mapping; write it with `pretrain bench`")
+    return profile
+
+
+def peak_tflops(hardware, precision: str) -> tuple[float | None, str]:
+    """Peak TFLOP/s of one device for the run's compute dtype, and where the number comes from."""
+    dtype = COMPUTE_DTYPE[precision]
+    if hardware.peak_tflops:
+        return hardware.peak_tflops, "hardware.peak_tflops"
+    if hardware.profile:
+        measured = load_profile(hardware.profile)["peak_tflops"]
+        for key in (dtype, "fp32" if dtype == "tf32" else dtype):
+            if measured.get(key):
+                return float(measured[key]), f"measured {key} in {hardware.profile}"
+        raise ConfigError(f"hardware.profile: {hardware.profile} has no {dtype} figure; rerun `pretrain bench`")
+    spec = gpu_spec(hardware.gpu)
+    peaks = spec.peak_tflops
+    if not peaks:
+        return None, f"{spec.name}: no data-sheet peak; set hardware.profile or hardware.peak_tflops"
+    if dtype == "tf32" and "tf32" not in peaks:
+        dtype = "fp32"
+    if dtype not in peaks:
+        fix = "fp16-mixed" if "fp16" in peaks else "fp32"
+        raise ConfigError(f"train.precision: {spec.name} has no {dtype} support; use train.precision={fix}")
+    return peaks[dtype], f"{spec.name} {dtype} dense peak ({spec.source})"
+
+
+def device_memory_bytes(hardware) -> int | None:
+    if hardware.memory_gb:
+        return int(hardware.memory_gb * 1e9)
+    return gpu_spec(hardware.gpu).memory_bytes or None

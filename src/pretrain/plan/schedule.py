@@ -1,0 +1,95 @@
+"""Batch-size ramp and learning-rate schedule: pure functions shared by the planner and the trainer.
+
+The batch ramp is a function of tokens seen, not of steps, so a resumed run reproduces it exactly: the global
+batch grows linearly from `batch_ramp_start` tokens to the target (micro_batch x grad_accum x data parallel x
+seq_len) over `batch_ramp_tokens` tokens (GPT-3: 32K to 3.2M tokens over the first 4-12B tokens), rounded
+down to whole micro-batches, at least one per data-parallel rank.
+"""
+
+from __future__ import annotations
+
+import math
+
+
+def micro_batches_per_step(tokens_seen: int, *, seq_len: int, micro_batch_size: int, data_parallel: int,
+                           grad_accum_steps: int, ramp_tokens: int, ramp_start: int) -> int:
+    """Gradient-accumulation steps of the optimizer step that starts after `tokens_seen` tokens."""
+    if ramp_tokens <= 0 or tokens_seen >= ramp_tokens:
+        return grad_accum_steps
+    unit = seq_len * micro_batch_size * data_parallel  # tokens of one micro-batch on every rank
+    target = unit * grad_accum_steps
+    start = min(ramp_start, target)
+    # floor((start + (target - start) * seen / ramp) / unit), in integers so planner and trainer agree.
+    k = (start * ramp_tokens + (target - start) * tokens_seen) // (unit * ramp_tokens)
+    return max(1, min(grad_accum_steps, k))
+
+
+def steps_for_tokens(tokens: int, *, seq_len: int, micro_batch_size: int, data_parallel: int,
+                     grad_accum_steps: int, ramp_tokens: int, ramp_start: int) -> int:
+    """Optimizer steps until at least `tokens` tokens are seen, following the ramp (jumping whole runs of
+    equal batch size, so it is instant even for millions of steps)."""
+    unit = seq_len * micro_batch_size * data_parallel
+    args = dict(seq_len=seq_len, micro_batch_size=micro_batch_size, data_parallel=data_parallel,
+                grad_accum_steps=grad_accum_steps, ramp_tokens=ramp_tokens, ramp_start=ramp_start)
+    seen = steps = 0
+    while seen < tokens:
+        k = micro_batches_per_step(seen, **args)
+        if k == grad_accum_steps:  # ramp done: the rest is uniform
+            steps += -(-(tokens - seen) // (k * unit))
+            break
+        # First token count at which the ramp reaches k + 1 micro-batches.
+        target = unit * grad_accum_steps
+        start = min(ramp_start, target)
+        boundary = -(-((k + 1) * unit * ramp_tokens - start * ramp_tokens) // (target - start))
+        limit = min(boundary, tokens, ramp_tokens)
+        n = max(1, -(-(limit - seen) // (k * unit)))
+        steps += n
+        seen += n * k * unit
+    return steps
+
+
+def tokens_for_steps(steps: int, **args) -> int:
+    """Tokens seen after `steps` optimizer steps (the ramp's steps are smaller)."""
+    unit = args["seq_len"] * args["micro_batch_size"] * args["data_parallel"]
+    seen = 0
+    for _ in range(steps):
+        k = micro_batches_per_step(seen, **args)
+        if k == args["grad_accum_steps"]:
+            remaining = steps - _
+            return seen + remaining * k * unit
+        seen += k * unit
+    return seen
+
+
+def warmup_steps(warmup: float | int, total_steps: int) -> int:
+    """`train.warmup` as steps: a float is a fraction of the run, an int a step count."""
+    if isinstance(warmup, float):
+        return int(round(warmup * total_steps))
+    return int(warmup)
+
+
+def learning_rate(step: int, *, total_steps: int, warmup: int, peak: float, min_ratio: float,
+                  schedule: str, decay_fraction: float = 0.2) -> float:
+    """LR for optimizer step `step` (0-based): linear warm-up to `peak`, then decay to `min_ratio * peak`.
+
+    cosine: half a cosine; linear: a straight line; inverse_sqrt: peak * sqrt(warmup / step), floored;
+    wsd: constant, then a linear decay over the last `decay_fraction` of the steps (warmup-stable-decay).
+    """
+    floor = min_ratio * peak
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    if schedule == "inverse_sqrt":
+        return max(floor, peak * math.sqrt(max(warmup, 1) / (step + 1)))
+    span = max(1, total_steps - warmup)
+    progress = min(1.0, (step - warmup) / span)
+    if schedule == "cosine":
+        return floor + (peak - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+    if schedule == "linear":
+        return peak - (peak - floor) * progress
+    if schedule == "wsd":
+        decay_steps = max(1, int(round(decay_fraction * total_steps)))
+        decay_start = total_steps - decay_steps
+        if step < decay_start:
+            return peak
+        return peak - (peak - floor) * min(1.0, (step - decay_start + 1) / decay_steps)
+    raise ValueError(f"unknown schedule {schedule!r}")

@@ -1,0 +1,109 @@
+"""Published model shapes, as `model:` keys. Pure data: the planner and the model builder both read it.
+
+Each entry is copied from the model's Hugging Face `config.json` (or its paper where that is the source);
+`tests/plan/test_params.py` builds every preset with `transformers` on the meta device and checks that the
+parameter counts agree.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .errors import ConfigError
+
+_GPT2 = dict(family="gpt2", vocab_size=50257, max_seq_len=1024, tie_embeddings=True, bias=True,
+             norm_eps=1e-5)
+_LLAMA1 = dict(family="llama", vocab_size=32000, max_seq_len=2048, norm_eps=1e-6, rope_theta=10000.0)
+_LLAMA2 = dict(family="llama", vocab_size=32000, max_seq_len=4096, norm_eps=1e-5, rope_theta=10000.0)
+_LLAMA3 = dict(family="llama", vocab_size=128256, norm_eps=1e-5, rope_theta=500000.0)
+_QWEN25 = dict(family="llama", vocab_size=151936, max_seq_len=32768, qkv_bias=True, norm_eps=1e-6,
+               rope_theta=1000000.0)
+
+PRESETS: dict[str, dict] = {
+    # GPT-2 (openai-community/gpt2*): n_embd, n_layer, n_head; MLP is 4 x n_embd.
+    "gpt2": dict(_GPT2, hidden_size=768, num_layers=12, num_heads=12, intermediate_size=3072),
+    "gpt2-medium": dict(_GPT2, hidden_size=1024, num_layers=24, num_heads=16, intermediate_size=4096),
+    "gpt2-large": dict(_GPT2, hidden_size=1280, num_layers=36, num_heads=20, intermediate_size=5120),
+    "gpt2-xl": dict(_GPT2, hidden_size=1600, num_layers=48, num_heads=25, intermediate_size=6400),
+    # LLaMA 1 (Touvron et al. 2023, table 2) and LLaMA 2 (huggyllama/*, meta-llama/Llama-2-*-hf).
+    "llama-7b": dict(_LLAMA1, hidden_size=4096, intermediate_size=11008, num_layers=32, num_heads=32),
+    "llama-13b": dict(_LLAMA1, hidden_size=5120, intermediate_size=13824, num_layers=40, num_heads=40),
+    "llama-33b": dict(_LLAMA1, hidden_size=6656, intermediate_size=17920, num_layers=60, num_heads=52),
+    "llama-65b": dict(_LLAMA1, hidden_size=8192, intermediate_size=22016, num_layers=80, num_heads=64),
+    "llama2-7b": dict(_LLAMA2, hidden_size=4096, intermediate_size=11008, num_layers=32, num_heads=32),
+    "llama2-13b": dict(_LLAMA2, hidden_size=5120, intermediate_size=13824, num_layers=40, num_heads=40),
+    "llama2-70b": dict(_LLAMA2, hidden_size=8192, intermediate_size=28672, num_layers=80, num_heads=64,
+                       num_kv_heads=8),
+    # Llama 3 / 3.1 / 3.2 (meta-llama/*): grouped-query attention, 128K vocabulary.
+    "llama3-8b": dict(_LLAMA3, hidden_size=4096, intermediate_size=14336, num_layers=32, num_heads=32,
+                      num_kv_heads=8, max_seq_len=8192),
+    "llama3-70b": dict(_LLAMA3, hidden_size=8192, intermediate_size=28672, num_layers=80, num_heads=64,
+                       num_kv_heads=8, max_seq_len=8192),
+    "llama3.2-1b": dict(_LLAMA3, hidden_size=2048, intermediate_size=8192, num_layers=16, num_heads=32,
+                        num_kv_heads=8, head_dim=64, tie_embeddings=True, max_seq_len=131072),
+    "llama3.2-3b": dict(_LLAMA3, hidden_size=3072, intermediate_size=8192, num_layers=28, num_heads=24,
+                        num_kv_heads=8, head_dim=128, tie_embeddings=True, max_seq_len=131072),
+    "tinyllama-1.1b": dict(_LLAMA2, hidden_size=2048, intermediate_size=5632, num_layers=22, num_heads=32,
+                           num_kv_heads=4, max_seq_len=2048),
+    # Qwen2.5 (Qwen/Qwen2.5-*): biases on q, k, v only.
+    "qwen2.5-0.5b": dict(_QWEN25, hidden_size=896, intermediate_size=4864, num_layers=24, num_heads=14,
+                         num_kv_heads=2, tie_embeddings=True),
+    "qwen2.5-1.5b": dict(_QWEN25, hidden_size=1536, intermediate_size=8960, num_layers=28, num_heads=12,
+                         num_kv_heads=2, tie_embeddings=True),
+    "qwen2.5-7b": dict(_QWEN25, vocab_size=152064, hidden_size=3584, intermediate_size=18944,
+                       num_layers=28, num_heads=28, num_kv_heads=4),
+    # Mistral 7B v0.1 (mistralai/Mistral-7B-v0.1).
+    "mistral-7b": dict(family="llama", vocab_size=32000, hidden_size=4096, intermediate_size=14336,
+                       num_layers=32, num_heads=32, num_kv_heads=8, max_seq_len=32768, norm_eps=1e-5,
+                       rope_theta=10000.0),
+    # A tiny model for tests and CPU smoke runs (torchtitan's "debug model" idea).
+    "debug": dict(family="llama", vocab_size=512, hidden_size=64, intermediate_size=176, num_layers=2,
+                  num_heads=4, num_kv_heads=2, max_seq_len=256, norm_eps=1e-5),
+}
+
+
+def preset(name: str) -> dict:
+    """The `model:` keys of a named preset."""
+    if name not in PRESETS:
+        raise ConfigError(f"model.preset: unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
+    return dict(PRESETS[name])
+
+
+_HF_FAMILIES = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "gpt2": "gpt2"}
+
+
+def from_hf_config(path: str | Path) -> dict:
+    """`model:` keys from a Hugging Face `config.json` (a file, or a directory holding one)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "config.json"
+    try:
+        hf = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"model.hf_config: no such file {path}; give a Hugging Face config.json") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"model.hf_config: {path} is not valid JSON ({e.msg} at line {e.lineno})") from None
+    kind = hf.get("model_type")
+    if kind not in _HF_FAMILIES:
+        raise ConfigError(f"model.hf_config: model_type {kind!r} in {path} is not supported; "
+                          f"supported: {', '.join(_HF_FAMILIES)}")
+    if _HF_FAMILIES[kind] == "gpt2":
+        h = hf["n_embd"]
+        return dict(family="gpt2", vocab_size=hf["vocab_size"], hidden_size=h, num_layers=hf["n_layer"],
+                    num_heads=hf["n_head"], intermediate_size=hf.get("n_inner") or 4 * h,
+                    max_seq_len=hf["n_positions"], tie_embeddings=hf.get("tie_word_embeddings", True),
+                    bias=True, norm_eps=hf.get("layer_norm_epsilon", 1e-5))
+    rope = hf.get("rope_parameters") or {}
+    keys = dict(family="llama", vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
+                intermediate_size=hf["intermediate_size"], num_layers=hf["num_hidden_layers"],
+                num_heads=hf["num_attention_heads"],
+                num_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
+                max_seq_len=hf.get("max_position_embeddings", 2048),
+                tie_embeddings=hf.get("tie_word_embeddings", False),
+                qkv_bias=kind == "qwen2" or bool(hf.get("attention_bias", False)),
+                norm_eps=hf.get("rms_norm_eps", 1e-6),
+                rope_theta=float(hf.get("rope_theta") or rope.get("rope_theta") or 10000.0))
+    if hf.get("head_dim"):
+        keys["head_dim"] = hf["head_dim"]
+    return keys

@@ -1,0 +1,124 @@
+"""Count the bytes a training step really holds, tensor by tensor, to check the planner on any device.
+
+On a GPU `torch.cuda.max_memory_allocated` gives the peak; on a CPU there is no allocator counter, so we
+count what the planner models:
+  - parameters, gradients and optimizer states: the tensors themselves (shared storages counted once);
+  - activations: every tensor autograd saves for backward (`saved_tensors_hooks`), counted once per storage
+    (a view keeps its whole storage alive), plus the inputs that activation checkpointing holds, plus,
+    with full recomputation, one block's saved tensors (what its recomputation keeps during backward);
+  - working copies: half-precision casts of parameters that autocast saves for backward (found by value).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from ..model import transformer
+
+
+def _storage_key(t: torch.Tensor) -> tuple:
+    storage = t.untyped_storage()
+    return (t.device.type, storage.data_ptr())
+
+
+def _storage_bytes(t: torch.Tensor) -> int:
+    return t.untyped_storage().nbytes()
+
+
+def model_state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> dict:
+    """Bytes of parameters, gradients and optimizer states held by this process (local shards only)."""
+    seen: set = set()
+
+    def count(t) -> int:
+        if not isinstance(t, torch.Tensor):
+            return 0
+        t = getattr(t, "_local_tensor", t)  # DTensor (FSDP2): this rank's shard
+        key = _storage_key(t)
+        if key in seen or t.device.type == "meta":
+            return 0
+        seen.add(key)
+        return _storage_bytes(t)
+
+    params = sum(count(p) for p in model.parameters())
+    grads = sum(count(p.grad) for p in model.parameters() if p.grad is not None)
+    states = 0
+    if optimizer is not None:
+        for state in optimizer.state.values():
+            states += sum(count(v) for v in state.values())
+    return {"parameters": params, "gradients": grads, "optimizer_states": states}
+
+
+class SavedTensorMeter:
+    """Collects the storages a forward pass keeps for backward, under autograd's saved-tensor hooks."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.param_keys = {_storage_key(p) for p in model.parameters()}
+        self.params = [p for p in model.parameters()]
+        self.storages: dict[tuple, torch.Tensor] = {}
+
+    def _keep(self, t: torch.Tensor):
+        if not isinstance(t, torch.Tensor):
+            return
+        key = _storage_key(t)
+        if key not in self.param_keys and key not in self.storages:
+            self.storages[key] = t
+
+    def _pack(self, t):
+        self._keep(t)
+        return t
+
+    def _observe(self, args):
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                self._keep(a)
+
+    @contextlib.contextmanager
+    def __call__(self):
+        previous = transformer.recompute_observer
+        transformer.recompute_observer = self._observe
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t):
+                yield self
+        finally:
+            transformer.recompute_observer = previous
+
+    def split(self) -> dict:
+        """{'activations': bytes, 'working_copies': bytes}: casts of parameters are working copies."""
+        by_numel: dict[int, list] = {}
+        for p in self.params:
+            by_numel.setdefault(p.numel(), []).append(p)
+        activations = copies = 0
+        for t in self.storages.values():
+            nbytes = _storage_bytes(t)
+            if self._is_param_copy(t, by_numel):
+                copies += nbytes
+            else:
+                activations += nbytes
+        return {"activations": activations, "working_copies": copies}
+
+    @staticmethod
+    def _is_param_copy(t: torch.Tensor, by_numel: dict) -> bool:
+        if not t.is_floating_point() or t.dtype == torch.float32:
+            return False
+        numel = _storage_bytes(t) // t.element_size()
+        flat = torch.empty(0, dtype=t.dtype, device=t.device).set_(t.untyped_storage(), 0, (numel,))
+        return any(torch.equal(flat, p.detach().reshape(-1).to(t.dtype)) for p in by_numel.get(numel, ()))
+
+
+def measure_forward(model, tokens, targets, autocast) -> tuple[torch.Tensor, dict]:
+    """Run one training forward under the meter; returns the loss (backward it as usual) and the bytes."""
+    meter = SavedTensorMeter(model)
+    with meter():
+        with autocast():
+            loss = model(tokens, targets)
+        blocks = getattr(model, "blocks", [])
+        if blocks and blocks[0].recompute == "full":
+            # Full recomputation keeps only block inputs through the forward; in backward each block is
+            # run again and holds its own saved tensors until its gradients are done. Count one block.
+            held = [t for t in meter.storages.values() if t.dim() == 3 and t.shape[:2] == tokens.shape]
+            x = held[0].detach().requires_grad_(True)
+            with autocast():
+                blocks[0]._forward(x, model._rotary(tokens.shape[1], tokens.device))
+    return loss, meter.split()
