@@ -61,7 +61,7 @@ class ModelConfig:
 
 @dataclass
 class TrainConfig:
-    seq_len: int = doc(2048, "tokens per training sequence")
+    seq_len: int | None = doc(None, "tokens per training sequence (default: the model's max_seq_len, at most 2048)")
     micro_batch_size: int = doc(1, "sequences per GPU per forward/backward")
     grad_accum_steps: int = doc(8, "micro-batches accumulated per optimizer step")
     tokens: int | None = doc(None, "training tokens; default: max_steps, else examples x epochs, else the "
@@ -111,7 +111,7 @@ class ParallelConfig:
 
 @dataclass
 class HardwareConfig:
-    gpu: str = doc("a100-80gb", "accelerator from the catalog (`pretrain plan --gpus` lists it), or cpu")
+    gpu: str = doc("a100-80gb", "accelerator from the catalog (`pretrain plan --list-gpus` lists it), or cpu")
     mfu: float = doc(0.4, "assumed model FLOPs utilisation (fraction of peak) for time estimates")
     hfu: float | None = doc(None, "assumed hardware FLOPs utilisation; when set, time = hardware FLOPs "
                             "(recomputation included) / (gpus x peak x hfu)")
@@ -157,6 +157,32 @@ class RunConfig:
 
 
 @dataclass
+class StabilityConfig:
+    spike_detection: bool = doc(True, "watch the loss for spikes and non-finite values, roll back on one")
+    window: int = doc(100, "recent steps whose losses form the reference (median and MAD)")
+    min_history: int = doc(20, "steps of history before spikes are judged")
+    threshold: float = doc(6.0, "a spike: loss > median + threshold x 1.4826 x MAD of the window ...")
+    min_rise: float = doc(0.1, "... and loss > median x (1 + min_rise), so a flat curve's noise is no spike")
+    patience: int = doc(3, "consecutive spike steps before a rollback (non-finite losses roll back at once)")
+    max_rollbacks: int = doc(3, "rollbacks allowed within rollback_window steps before the run stops")
+    rollback_window: int = doc(1000, "steps over which max_rollbacks is counted")
+    lr_scale: float = doc(1.0, "multiply the learning rate by this after a rollback (1 = unchanged)")
+    lr_scale_steps: int = doc(0, "steps the lowered learning rate lasts after a rollback")
+
+
+@dataclass
+class DebugConfig:
+    inject_nan_batches: list[int] = doc([], "testing: micro-batches (by position in the data stream) whose "
+                                        "loss becomes NaN")
+    inject_spike_batches: list[int] = doc([], "testing: micro-batches whose loss is multiplied by "
+                                          "inject_spike_factor")
+    inject_spike_factor: float = doc(20.0, "testing: the factor of inject_spike_batches")
+    check_sharding: bool = doc(False, "assert each rank holds exactly the model-state bytes the planner "
+                               "predicts for it")
+    step_sleep: float = doc(0.0, "testing: seconds to sleep after each optimizer step (crash tests)")
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -166,6 +192,8 @@ class Config:
     flops: FlopsConfig = field(default_factory=FlopsConfig)
     data: DataConfig = field(default_factory=DataConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    stability: StabilityConfig = field(default_factory=StabilityConfig)
+    debug: DebugConfig = field(default_factory=DebugConfig)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -384,6 +412,8 @@ def validate(c: Config) -> None:
     _positive("model.norm_eps", m.norm_eps)
     _positive("model.init_std", m.init_std)
 
+    if t.seq_len is None:
+        t.seq_len = min(2048, m.max_seq_len)
     for name in ("seq_len", "micro_batch_size", "grad_accum_steps", "epochs"):
         _positive(f"train.{name}", getattr(t, name))
     for name in ("tokens", "examples", "max_steps"):
@@ -442,6 +472,11 @@ def validate(c: Config) -> None:
         _positive(f"run.{name}", getattr(r, name))
     for name in ("eval_every", "checkpoint_every"):
         _positive(f"run.{name}", getattr(r, name), allow_zero=True)
+    st = c.stability
+    for name in ("window", "min_history", "threshold", "patience", "max_rollbacks", "rollback_window", "lr_scale"):
+        _positive(f"stability.{name}", getattr(st, name))
+    _positive("stability.min_rise", st.min_rise, allow_zero=True)
+    _positive("stability.lr_scale_steps", st.lr_scale_steps, allow_zero=True)
 
 
 # --- documentation -------------------------------------------------------------------------------------

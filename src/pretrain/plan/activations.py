@@ -24,8 +24,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 COMPUTE_BYTES = {"fp32": 4, "fp16-mixed": 2, "bf16-mixed": 2, "bf16": 2}
-# dtype of the residual stream: autocast leaves the embedding output, and so every residual add, in fp32.
-RESIDUAL_BYTES = {"fp32": 4, "fp16-mixed": 4, "bf16-mixed": 4, "bf16": 2}
+
+
+def residual_bytes(t, parallel) -> int:
+    """Bytes per element of the residual stream. Autocast leaves the embedding output, and so every residual
+    add, in fp32; pure bf16, and FSDP's mixed precision (which casts the parameters), keep it in bf16."""
+    fsdp = parallel.zero_stage >= 2 and parallel.gpus // (parallel.tensor * parallel.pipeline) > 1
+    if t.precision == "bf16" or (t.precision.endswith("-mixed") and fsdp):
+        return 2
+    return 4
 
 
 @dataclass
@@ -36,12 +43,12 @@ class Term:
     sharded: bool  # divided by the tensor-parallel degree (norm terms only with sequence parallelism)
 
 
-def layer_terms(m, t, b: int, recompute: str | None = None) -> list[Term]:
+def layer_terms(m, t, parallel, b: int, recompute: str | None = None) -> list[Term]:
     """What one transformer block keeps for one micro-batch of b sequences."""
     recompute = recompute or t.activation_checkpointing
     s, h, I, nh, d = t.seq_len, m.hidden_size, m.intermediate_size, m.num_heads, m.head_dim
     qw, kvw = nh * d, m.num_kv_heads * d
-    a, r = COMPUTE_BYTES[t.precision], RESIDUAL_BYTES[t.precision]
+    a, r = COMPUTE_BYTES[t.precision], residual_bytes(t, parallel)
     llama = m.family == "llama"
     bs = b * s
     terms: list[Term] = []
@@ -99,10 +106,10 @@ def layer_terms(m, t, b: int, recompute: str | None = None) -> list[Term]:
     return terms
 
 
-def once_terms(m, t, b: int) -> list[Term]:
+def once_terms(m, t, parallel, b: int) -> list[Term]:
     """What the embedding, final norm and loss keep (once per micro-batch, not per layer)."""
     s, h, V, d = t.seq_len, m.hidden_size, m.vocab_size, m.head_dim
-    a, r = COMPUTE_BYTES[t.precision], RESIDUAL_BYTES[t.precision]
+    a, r = COMPUTE_BYTES[t.precision], residual_bytes(t, parallel)
     bs = b * s
     terms = [Term("token and target ids", 16 * bs, "2 x 8 x b*s (int64)", False)]
     if m.family == "gpt2":
@@ -120,11 +127,12 @@ def once_terms(m, t, b: int) -> list[Term]:
     return terms
 
 
-def _overlap(m, t, b: int) -> int:
+def _overlap(m, t, parallel, b: int) -> int:
     """Full recomputation: the recomputed block keeps its held input as-is (no second copy) when its first
     norm saves the input itself: LayerNorm always, RMSNorm when the residual stream is already fp32."""
-    if m.family == "gpt2" or RESIDUAL_BYTES[t.precision] == 4:
-        return RESIDUAL_BYTES[t.precision] * b * t.seq_len * m.hidden_size
+    r = residual_bytes(t, parallel)
+    if m.family == "gpt2" or r == 4:
+        return r * b * t.seq_len * m.hidden_size
     return 0
 
 
@@ -138,15 +146,16 @@ def activation_bytes(m, t, parallel, b: int | None = None) -> dict:
     tp, pp, sp = parallel.tensor, parallel.pipeline, parallel.sequence_parallel
     layers = -(-m.num_layers // pp)
     in_flight = min(pp, t.grad_accum_steps)  # 1F1B: the first stage holds up to p micro-batches
-    per_layer_terms = layer_terms(m, t, b)
+    per_layer_terms = layer_terms(m, t, parallel, b)
     per_layer = _shard(per_layer_terms, tp, sp)
-    once = once_terms(m, t, b)
+    once = once_terms(m, t, parallel, b)
     once_bytes = _shard(once, tp, sp)
     total = layers * in_flight * per_layer
     working = 0
     if t.activation_checkpointing == "full":
         # Backward recomputes one block at a time and holds its tensors until its gradients are done.
-        working = _shard(layer_terms(m, t, b, recompute="none"), tp, sp) - _overlap(m, t, b) // (tp if sp else 1)
+        working = _shard(layer_terms(m, t, parallel, b, recompute="none"), tp, sp) - \
+            _overlap(m, t, parallel, b) // (tp if sp else 1)
         total += working
     total += once_bytes
     return dict(total=total, per_layer=per_layer, layers=layers, in_flight=in_flight, once=once_bytes,

@@ -3,7 +3,8 @@
 Chinchilla (Hoffmann et al. 2022): compute-optimal training uses ~20 tokens per parameter.
 Storage: a token id takes 2 bytes when the vocabulary fits in uint16 (<= 65,536 ids), else 4 (uint32): the
 flat array `pretrain prepare` writes. Steps as the Hugging Face Trainer counts them for a fixed dataset:
-epochs x ceil(examples / global batch) (16,527,707 examples, 3 epochs, batch 8 -> 6,197,892).
+epochs x floor(ceil(examples / (micro-batch x ranks)) / grad accum) (16,527,707 examples, 3 epochs, batch 8
+-> 6,197,892; 826,279 examples, batch 1 x accum 8 -> 309,852: both logs in ../shared/seeds/002).
 Time = FLOPs / (GPUs x peak FLOP/s x utilisation).
 """
 
@@ -54,10 +55,12 @@ def run_length(cfg, total_params: int, ex: Explain | None = None) -> dict:
         ex.add("steps", "total", steps, f"ceil(tokens {tokens:,} / tokens per step {per_step:,})"
                + (" with the batch ramp" if t.batch_ramp_tokens else ""))
     elif t.examples:
-        steps = t.epochs * -(-t.examples // examples_per_step)
+        # The Hugging Face Trainer's count: batches per rank per epoch, then whole accumulation groups.
+        batches = -(-t.examples // (t.micro_batch_size * args["data_parallel"]))
+        steps = t.epochs * max(1, batches // t.grad_accum_steps)
         tokens = t.examples * t.epochs * t.seq_len
-        ex.add("steps", "total", steps, f"epochs {t.epochs} x ceil(examples {t.examples:,} / "
-               f"global batch {examples_per_step:,})")
+        ex.add("steps", "total", steps, f"epochs {t.epochs} x floor(ceil(examples {t.examples:,} / (micro-batch "
+               f"{t.micro_batch_size} x data parallel {args['data_parallel']})) / grad accum {t.grad_accum_steps})")
         ex.add("tokens", "total", tokens, f"examples {t.examples:,} x epochs {t.epochs} x seq {t.seq_len}")
     else:
         tokens = chinchilla

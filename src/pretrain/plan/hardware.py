@@ -110,3 +110,17 @@ def device_memory_bytes(hardware) -> int | None:
     if hardware.memory_gb:
         return int(hardware.memory_gb * 1e9)
     return gpu_spec(hardware.gpu).memory_bytes or None
+
+
+def catalog_name(device_name: str) -> str | None:
+    """The catalog entry for a `torch.cuda.get_device_name()` string, e.g. 'NVIDIA H100 80GB HBM3'."""
+    name = device_name.upper()
+    rules = [("H100", "PCIE", "h100-pcie"), ("H100", "", "h100-sxm"), ("H200", "", "h200"), ("H800", "", "h800"),
+             ("A100", "80GB", "a100-80gb"), ("A100", "", "a100-40gb"), ("A800", "", "a800-80gb"),
+             ("L40S", "", "l40s"), ("4090", "", "rtx4090"), ("3090", "", "rtx3090"), ("V100", "32GB", "v100-32gb"),
+             ("V100", "", "v100-16gb"), ("A10", "", "a10"), ("T4", "", "t4"), ("MI300X", "", "mi300x"),
+             ("B200", "", "b200")]
+    for model, variant, key in rules:
+        if model in name and variant in name:
+            return key
+    return None

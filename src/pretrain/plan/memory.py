@@ -53,6 +53,20 @@ def _state_numel(optimizer: str, shape, momentum: float) -> int:
     return _numel(shape)
 
 
+def zero_paper_bytes(psi: int, stage: int, dp: int, grad_bytes: int = 2, k: int = 12) -> float:
+    """Model states per GPU as the ZeRO paper counts them (section 5.1, figure 1): fp16 weights (2 bytes),
+    gradients (`grad_bytes`), K = 12 bytes of fp32 master weights, momentum and variance; stage 1 shards the
+    K bytes, stage 2 also the gradients, stage 3 also the weights, over `dp` ranks."""
+    weights, grads, states = 2 * psi, grad_bytes * psi, k * psi
+    if stage >= 1:
+        states /= dp
+    if stage >= 2:
+        grads /= dp
+    if stage >= 3:
+        weights /= dp
+    return weights + grads + states
+
+
 def _has_step(optimizer: str) -> bool:
     return optimizer in ("adamw", "adafactor")
 
@@ -171,11 +185,18 @@ def memory(cfg, counts, ex: Explain) -> dict:
             "fp16-mixed": "fp16 working copies", "bf16-mixed": "bf16 working copies"}[t.precision]
     ex.add("memory", "weights", gib(weights), f"{what}: {weights:,} bytes"
            + (f" (ZeRO-{zero}, data parallel {dp})" if zero else ""))
-    ex.add("memory", "gradients", gib(gradients), f"{gradients:,} bytes ({'fp32' if gradients >= 4 * counts.total / max(dp, 1) and t.precision != 'bf16' else 'half'})"
+    grad_dtype = "bf16" if t.precision == "bf16" or (mixed and t.grad_dtype == "same") else "fp32"
+    ex.add("memory", "gradients", gib(gradients), f"{grad_dtype} gradients: {gradients:,} bytes"
            + (f", sharded over {dp}" if zero >= 2 else ""))
     ex.add("memory", "optimizer", gib(optimizer),
            f"{t.optimizer} states {st['optimizer_states']:,}" + (f" + fp32 master weights {st['parameters']:,}" if mixed else "")
            + (f" (sharded over {dp})" if zero >= 1 else ""))
+
+    if mixed and t.optimizer == "adamw":
+        paper = zero_paper_bytes(counts.total, zero, dp, grad_bytes=2 if t.grad_dtype == "same" else 4)
+        ex.add("memory", "model states, ZeRO paper accounting", gib(paper),
+               f"(2 + {2 if t.grad_dtype == 'same' else 4} + 12) bytes x {counts.total:,} parameters, stage {zero} "
+               f"sharding over {dp}; ours above counts what autocast/FSDP really hold")
 
     act = activation_bytes(m, t, par)
     per_layer_formula = " + ".join(x.formula for x in act["layer_terms"])

@@ -1,0 +1,27 @@
+"""The `[CONFIG.yaml] [section.key=value ...]` arguments every config-taking subcommand shares."""
+
+from __future__ import annotations
+
+from .config import Config, load_config
+from .errors import ConfigError
+
+
+def add_config_arguments(p) -> None:
+    p.add_argument("items", nargs="*", metavar="CONFIG|KEY=VALUE",
+                   help="an optional YAML config file, then section.key=value overrides (e.g. train.lr=3e-4)")
+
+
+def split_items(items: list[str]) -> tuple[str | None, list[str]]:
+    """The first item without '=' is the config file; everything else is an override."""
+    paths = [i for i in items if "=" not in i]
+    if len(paths) > 1:
+        raise ConfigError(f"more than one config file given ({', '.join(paths)}); give one YAML file and "
+                          "section.key=value overrides")
+    if paths and items[0] != paths[0]:
+        raise ConfigError(f"the config file {paths[0]} must come before the key=value overrides")
+    return (paths[0] if paths else None), [i for i in items if "=" in i]
+
+
+def config_from_args(args) -> Config:
+    path, overrides = split_items(args.items)
+    return load_config(path, overrides)

@@ -1,0 +1,47 @@
+"""Plan a pretraining run before renting GPUs: parameters, FLOPs, memory per GPU, data, steps and time.
+
+  pretrain plan [CONFIG.yaml] [section.key=value ...] [--json] [--explain]
+
+Examples:
+  pretrain plan model.preset=llama-7b parallel.gpus=64 hardware.gpu=h100-sxm train.tokens=1e12
+  pretrain plan configs/demo.yaml --explain
+"""
+
+from __future__ import annotations
+
+import json
+
+from ..config_args import add_config_arguments, config_from_args
+
+HELP = "plan a run: parameters, FLOPs, memory per GPU, tokens, steps, time"
+
+
+def add_arguments(p):
+    add_config_arguments(p)
+    p.add_argument("--json", action="store_true", help="print the plan as JSON (keys documented in the README)")
+    p.add_argument("--explain", action="store_true", help="print each figure's formula with the numbers substituted")
+    p.add_argument("--list-gpus", action="store_true", help="list the accelerator catalog and exit")
+
+
+def run(args) -> int:
+    if args.list_gpus:
+        from .hardware import CATALOG
+
+        for spec in CATALOG.values():
+            peaks = ", ".join(f"{k} {v:g}" for k, v in spec.peak_tflops.items()) or "measure with pretrain bench"
+            print(f"{spec.name:10s} {spec.memory_bytes / 1024**3:6.1f} GiB {spec.bandwidth_gbps:6.0f} GB/s  {peaks}")
+        return 0
+    from . import plan_with_explain
+    from .table import render
+
+    config = config_from_args(args)
+    result, explain = plan_with_explain(config)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    elif args.explain:
+        print(render(config, result))
+        print()
+        print(explain.render())
+    else:
+        print(render(config, result))
+    return 0

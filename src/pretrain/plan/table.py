@@ -1,0 +1,97 @@
+"""The plan as a table a person reads: one figure per row, the model behind it in the note column."""
+
+from __future__ import annotations
+
+GiB = 1024**3
+
+
+def si_bytes(n: float) -> str:
+    """Disk sizes in SI units, as disks are sold (1 TB = 1e12 bytes)."""
+    for unit, scale in (("PB", 1e15), ("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def count(n: float) -> str:
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f}{unit}"
+    return f"{n:.0f}"
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "n/a"
+    if seconds >= 2 * 86400:
+        return f"{seconds / 86400:.1f} days"
+    if seconds >= 2 * 3600:
+        return f"{seconds / 3600:.1f} hours"
+    return f"{seconds / 60:.1f} minutes"
+
+
+def render(config, p: dict) -> str:
+    m, t, par = config.model, config.train, p["parallel"]
+    hw = p["hardware"]
+    name = m.preset or m.hf_config or "custom"
+    rows: list[tuple[str, str, str]] = []
+
+    def row(label, value, note=""):
+        rows.append((label, value, note))
+
+    pa = p["params"]
+    row("Parameters", f"{pa['total']:,}", f"{count(pa['total'])}; embedding {pa['embedding']:,}, "
+        f"non-embedding {pa['non_embedding']:,}")
+    tok = p["tokens"]
+    row("Training tokens", f"{tok['total']:,}", f"{tok['per_parameter']:.1f} per parameter; "
+        f"Chinchilla-optimal {count(tok['chinchilla'])} (20 per parameter)")
+    row("Tokens on disk", si_bytes(p["storage_bytes"]), "uint16 ids" if m.vocab_size <= 65536 else "uint32 ids")
+    row("One checkpoint", si_bytes(p["checkpoint_bytes"]), "parameters + optimizer states")
+    st = p["steps"]
+    row("Optimizer steps", f"{st['total']:,}", f"{st['tokens_per_step']:,} tokens per step "
+        f"({count(st['tokens_per_step'])}), warm-up {st['warmup']:,}")
+    fl = p["flops"]
+    row("FLOPs per token", f"{fl['per_token']:.3g}", f"6N + attention (PaLM); 6N over all params "
+        f"{fl['per_token_6n']:.3g}; with recomputation {fl['per_token_hardware']:.3g}")
+    row("Training FLOPs", f"{fl['total']:.3g}", f"6N·D = {fl['total_6n']:.3g}")
+    tm = p["time"]
+    if tm["seconds"]:
+        cost = f", cost {tm['cost']:,.0f}" if tm.get("cost") else ""
+        row("Wall-clock time", duration(tm["seconds"]), f"{tm['gpu_hours']:,.0f} GPU-hours at utilisation "
+            f"{tm['utilisation']} of {hw['peak_tflops']:g} TFLOP/s{cost}")
+        row("Throughput", f"{tm['tokens_per_second']:,.0f} tok/s", f"whole job, {tm['tokens_per_second'] / par['world']:,.0f} per GPU")
+    else:
+        row("Wall-clock time", "n/a", hw["peak_source"])
+    if "measured" in p:
+        ms = p["measured"]
+        util = f"MFU {ms['mfu']:.3f}, HFU {ms['hfu']:.3f}" if ms["mfu"] is not None else "no peak to compare"
+        row("Measured", f"{ms['achieved_tflops_per_gpu']:.1f} TFLOP/s", f"per GPU at {ms['tokens_per_second']:,.0f} tok/s; {util}")
+
+    mem = p["memory_bytes"]
+    lines = [f"pretrain plan: {name} ({m.family}, {pa['total'] / 1e9:.3g}B), {par['world']} x {hw['gpu']} "
+             f"(data {par['data']}, tensor {par['tensor']}, pipeline {par['pipeline']}, ZeRO-{par['zero_stage']}), "
+             f"{t.precision}, {t.optimizer}, recompute {t.activation_checkpointing}", ""]
+    width = max(len(r[1]) for r in rows)
+    for label, value, note in rows:
+        lines.append(f"  {label:<18} {value:>{width}}   {note}")
+    lines.append("")
+    lines.append(f"  Memory per GPU (GiB), micro-batch {t.micro_batch_size} x seq {t.seq_len}:")
+    notes = {
+        "weights": "working copies" if t.precision.endswith("mixed") else "parameters",
+        "optimizer": f"{t.optimizer} states" + (" + fp32 master weights" if t.precision.endswith("mixed") else ""),
+        "activations": f"recompute {t.activation_checkpointing}, attention {t.attention}",
+        "buffers": "loss logits, gradient communication",
+    }
+    for key in ("weights", "gradients", "optimizer", "activations", "buffers", "cuda_context"):
+        lines.append(f"    {key.replace('_', ' '):<14} {mem[key] / GiB:>9.2f}   {notes.get(key, '')}")
+    verdict = ""
+    if p["device_memory_bytes"]:
+        fits = "fits" if p["fits"] else "does NOT fit"
+        verdict = (f"of {p['device_memory_bytes'] / GiB:.1f} GiB ({p['usable_memory_bytes'] / GiB:.1f} usable "
+                   f"after {config.hardware.fragmentation:.0%} fragmentation): {fits}; "
+                   f"largest micro-batch that fits: {p['max_micro_batch_size']}")
+    lines.append(f"    {'total':<14} {mem['total'] / GiB:>9.2f}   {verdict}")
+    lines.append(f"    {'host per node':<14} {mem['host'] / GiB:>9.2f}   RAM")
+    for advice in p.get("advice", []):
+        lines.append(f"  ! {advice}")
+    return "\n".join(lines)

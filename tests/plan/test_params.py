@@ -1,0 +1,86 @@
+"""Parameter counts: the published figures, every preset against `transformers`, and against our model."""
+
+import pytest
+
+from pretrain.config import load_config
+from pretrain.plan import count_params, param_shapes
+from pretrain.presets import PRESETS
+
+
+def model_cfg(preset, *overrides):
+    return load_config(overrides=[f"model.preset={preset}", *overrides]).model
+
+
+def test_llama_7b_textbook_formula():
+    # 2VH + H + L(4H^2 + 3HH' + 2H), V=32000, H=4096, H'=11008, L=32 (../shared/seeds/001: 6,738,415,616).
+    V, H, I, L = 32000, 4096, 11008, 32
+    assert 2 * V * H + H + L * (4 * H * H + 3 * H * I + 2 * H) == 6_738_415_616
+    assert count_params(model_cfg("llama-7b")).total == 6_738_415_616
+
+
+@pytest.mark.parametrize("preset, total", [
+    ("gpt2", 124_439_808),          # GPT-2 small, as nanoGPT reports it with the position table
+    ("llama3.2-1b", 1_235_814_400),  # "Number of trainable parameters" in the seed's HF Trainer log (002)
+    ("llama-65b", 65_285_660_672),
+    ("qwen2.5-0.5b", 494_032_768),
+])
+def test_published_totals(preset, total):
+    assert count_params(model_cfg(preset)).total == total
+
+
+def test_embedding_and_flops_conventions():
+    gpt2 = count_params(model_cfg("gpt2"))
+    # Tied output: the input lookups (token + position tables) are excluded, the tied V x H matmul counts.
+    assert gpt2.embedding == 50257 * 768 + 1024 * 768
+    assert gpt2.flops == gpt2.total - 1024 * 768
+    llama = count_params(model_cfg("llama-7b"))
+    assert llama.flops == llama.total - 32000 * 4096 == llama.non_embedding
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_shapes_sum_to_the_formula(preset):
+    m = model_cfg(preset)
+    total = 0
+    for _, shape in param_shapes(m):
+        n = 1
+        for x in shape:
+            n *= x
+        total += n
+    assert total == count_params(m).total
+
+
+def _hf_model(m):
+    """The `transformers` model of the same shape, on the meta device (nothing allocated)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    if m.family == "gpt2":
+        cfg = transformers.GPT2Config(vocab_size=m.vocab_size, n_embd=m.hidden_size, n_layer=m.num_layers,
+                                      n_head=m.num_heads, n_positions=m.max_seq_len, n_inner=m.intermediate_size,
+                                      tie_word_embeddings=m.tie_embeddings)
+    else:
+        kind = transformers.Qwen2Config if m.qkv_bias else transformers.LlamaConfig
+        cfg = kind(vocab_size=m.vocab_size, hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
+                   num_hidden_layers=m.num_layers, num_attention_heads=m.num_heads,
+                   num_key_value_heads=m.num_kv_heads, head_dim=m.head_dim, tie_word_embeddings=m.tie_embeddings,
+                   max_position_embeddings=m.max_seq_len)
+    with torch.device("meta"):
+        return transformers.AutoModelForCausalLM.from_config(cfg)
+
+
+@pytest.mark.parametrize("preset", sorted(p for p in PRESETS if p != "debug"))
+def test_every_preset_matches_transformers(preset):
+    m = model_cfg(preset)
+    hf = _hf_model(m)
+    # transformers counts a tied matrix once, as we do.
+    assert sum(p.numel() for p in hf.parameters()) == count_params(m).total
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_every_preset_matches_our_model(preset):
+    pytest.importorskip("torch")
+    from pretrain.model import build_model, count_parameters
+
+    m = model_cfg(preset)
+    model = build_model(m, device="meta")
+    assert count_parameters(model) == count_params(m).total
+    assert [(n, tuple(p.shape)) for n, p in model.named_parameters()] == param_shapes(m)

@@ -1,0 +1,83 @@
+"""Every preset, ZeRO stage, precision and optimizer gives a consistent plan."""
+
+import itertools
+
+import pytest
+
+from pretrain.config import load_config
+from pretrain.plan import plan
+from pretrain.presets import PRESETS
+
+PRECISIONS = ["fp32", "fp16-mixed", "bf16-mixed", "bf16"]
+OPTIMIZERS = ["adamw", "adafactor", "sgd"]
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_every_preset_plans(preset):
+    p = plan(load_config(overrides=[f"model.preset={preset}", "parallel.gpus=8", "hardware.gpu=h100-sxm"]))
+    mem = p["memory_bytes"]
+    assert mem["total"] == sum(mem[k] for k in ("weights", "gradients", "optimizer", "activations", "buffers",
+                                                "cuda_context"))
+    assert p["time"]["seconds"] > 0 and p["flops"]["per_token"] > 0
+
+
+@pytest.mark.parametrize("precision, optimizer", list(itertools.product(PRECISIONS, OPTIMIZERS)))
+def test_zero_stages_shrink_model_states(precision, optimizer):
+    states = []
+    for stage in range(4):
+        p = plan(load_config(overrides=["model.preset=llama-7b", "parallel.gpus=16", f"parallel.zero_stage={stage}",
+                                        f"train.precision={precision}", f"train.optimizer={optimizer}"]))
+        m = p["memory_bytes"]
+        states.append(m["weights"] + m["gradients"] + m["optimizer"])
+    assert states[0] >= states[1] > states[2] > states[3]
+
+
+def test_precisions_and_optimizers_order_memory():
+    def states(precision, optimizer):
+        mem = plan(load_config(overrides=["model.preset=llama-7b", f"train.precision={precision}",
+                                          f"train.optimizer={optimizer}"]))["memory_bytes"]
+        return mem["weights"] + mem["gradients"] + mem["optimizer"]
+
+    assert states("bf16", "adamw") < states("fp32", "adamw") < states("bf16-mixed", "adamw")
+    assert states("fp32", "adafactor") < states("fp32", "sgd") < states("fp32", "adamw")
+
+
+def test_recomputation_and_micro_batch():
+    def act(**kw):
+        over = ["model.preset=llama-7b"] + [f"train.{k}={v}" for k, v in kw.items()]
+        return plan(load_config(overrides=over))["memory_bytes"]["activations"]
+
+    assert act(activation_checkpointing="full") < act(activation_checkpointing="selective") < act()
+    assert act(micro_batch_size=4) > 3.5 * act(micro_batch_size=1)
+    assert act(attention="eager") > act(attention="sdpa")
+
+
+def test_tensor_and_pipeline_parallel_divide_the_work():
+    base = ["model.preset=llama2-70b", "parallel.gpus=64"]
+    one = plan(load_config(overrides=base))
+    tp = plan(load_config(overrides=base + ["parallel.tensor=8"]))
+    tp_sp = plan(load_config(overrides=base + ["parallel.tensor=8", "parallel.sequence_parallel=true"]))
+    pp = plan(load_config(overrides=base + ["parallel.pipeline=4"]))
+    assert tp["parallel"]["data"] == 8 and pp["parallel"]["data"] == 16
+    assert tp["model_states"]["parameters"] < one["model_states"]["parameters"] / 7
+    assert tp_sp["memory_bytes"]["activations"] < tp["memory_bytes"]["activations"]
+    assert pp["model_states"]["parameters"] < one["model_states"]["parameters"] / 3
+
+
+def test_fits_and_max_micro_batch():
+    p = plan(load_config(overrides=["model.preset=gpt2", "hardware.gpu=a100-80gb", "train.micro_batch_size=8"]))
+    assert p["fits"] is True and p["max_micro_batch_size"] >= 8
+    big = plan(load_config(overrides=["model.preset=llama-65b", "hardware.gpu=a100-80gb"]))
+    assert big["fits"] is False and big["max_micro_batch_size"] == 0
+    # The largest micro-batch that fits does fit, one more does not.
+    b = p["max_micro_batch_size"]
+    at = plan(load_config(overrides=["model.preset=gpt2", "hardware.gpu=a100-80gb", f"train.micro_batch_size={b}"]))
+    over = plan(load_config(overrides=["model.preset=gpt2", "hardware.gpu=a100-80gb", f"train.micro_batch_size={b + 1}"]))
+    assert at["fits"] and not over["fits"]
+
+
+def test_offload_moves_states_to_host():
+    on = plan(load_config(overrides=["model.preset=llama-7b"]))
+    off = plan(load_config(overrides=["model.preset=llama-7b", "parallel.offload=optimizer"]))
+    assert off["memory_bytes"]["optimizer"] == 0
+    assert off["memory_bytes"]["host"] - on["memory_bytes"]["host"] == on["memory_bytes"]["optimizer"]
