@@ -1,0 +1,158 @@
+"""The report's figures: one panel per metric against tokens, every run on the same axes, events marked.
+
+Tokens, not steps, on the x axis: runs with different batch sizes (or a batch ramp) line up only in tokens.
+Built on `matplotlib.figure.Figure` rather than pyplot: no global state, no display, Agg rendering.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from dataclasses import dataclass
+
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.ticker import FuncFormatter
+
+from . import units
+from .runs import MARKED_EVENTS, Run
+
+
+@dataclass(frozen=True)
+class Panel:
+    name: str  # file name of its own PNG
+    title: str
+    key: str  # field of the training lines in metrics.jsonl
+    ylabel: str
+    scale: float = 1.0  # stored unit -> plotted unit
+    log: bool = False
+    human_y: bool = False  # y ticks as 1.5K / 2M
+
+
+PANELS = (
+    # Log scale: the first hundred steps fall from ~ln(vocab) = 10.8 and would squash the rest of the curve.
+    Panel("loss", "Loss (train solid, validation dashed)", "loss", "cross-entropy (nats/token)", log=True),
+    Panel("lr", "Learning rate", "lr", "learning rate"),
+    Panel("batch", "Global batch size", "batch_tokens", "tokens per step", human_y=True),
+    Panel("grad_norm", "Gradient norm", "grad_norm", "global L2 norm", log=True),
+    Panel("throughput", "Throughput", "tokens_per_s", "tokens/s", human_y=True),
+    Panel("mfu", "Model FLOPs utilisation", "mfu", "MFU (% of peak)", scale=100),
+    Panel("memory", "Peak memory", "peak_mem_bytes", "GiB", scale=1 / 1024**3),
+)
+
+# colour, line style, marker on the loss curve
+EVENT_STYLE = {
+    "rollback": ("tab:red", "-", "X"),
+    "spike": ("tab:orange", "--", "^"),
+    "nonfinite_skip": ("tab:purple", ":", "v"),
+    "resumed": ("0.45", "-.", "o"),
+}
+_FEW_POINTS = 50  # below this, draw markers: a run that has just started is a handful of dots
+_LOG_RANGE = 3  # log scale only when the values span more than this factor; a narrow range reads better linear
+_AXIS = FuncFormatter(lambda v, _: units.human(v, digits=4))  # 4 digits: ticks at 51,250 and 51,500 differ
+
+
+def grid_png(runs: list[Run]) -> bytes:
+    """All panels in a two-column grid; the spare cell holds the legend."""
+    cols = 2
+    rows = math.ceil((len(PANELS) + 1) / cols)
+    fig = Figure(figsize=(6.4 * cols, 3.3 * rows), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    for ax, panel in zip(axes, PANELS):
+        draw(ax, panel, runs)
+    for ax in axes[len(PANELS):]:
+        ax.axis("off")
+    axes[len(PANELS)].legend(handles=_legend(runs), loc="center", frameon=False)
+    fig.suptitle("pretrain report: " + ", ".join(r.name for r in runs))
+    return _png(fig)
+
+
+def panel_png(runs: list[Run], panel: Panel) -> bytes:
+    fig = Figure(figsize=(7.5, 4.2), layout="constrained")
+    ax = fig.subplots()
+    draw(ax, panel, runs)
+    ax.legend(handles=_legend(runs), fontsize="small")
+    return _png(fig)
+
+
+def draw(ax, panel: Panel, runs: list[Run]) -> None:
+    ax.set_title(panel.title)
+    ax.set_xlabel("tokens")
+    ax.set_ylabel(panel.ylabel)
+    ax.grid(alpha=0.3)
+    ax.xaxis.set_major_formatter(_AXIS)
+    values = []
+    for color, run in zip(_colors(runs), runs):
+        values += _curve(ax, run, panel.key, panel.scale, color, "-")
+        if panel.key == "loss":
+            values += _curve(ax, run, "val_loss", panel.scale, color, "--", marker="o")
+    if not values:  # e.g. MFU or peak memory of a CPU run: the trainer logs null
+        ax.text(0.5, 0.5, "no data", transform=ax.transAxes, ha="center", va="center", color="0.5",
+                fontsize="large")
+        ax.set_xticks([])
+        ax.set_yticks([])
+        return
+    if panel.log and min(values) > 0 and max(values) > _LOG_RANGE * min(values):
+        _log_y(ax, max(values) / min(values))
+    elif panel.human_y:
+        ax.yaxis.set_major_formatter(_AXIS)
+    _mark_events(ax, runs, loss_markers=panel.key == "loss")
+
+
+def _log_y(ax, span: float) -> None:
+    """Log scale labelled with plain numbers (4, 5, 10, not 4x10^0). A loss from 11 to 3 stays within one
+    decade, so its only major tick is 10: the minor ticks need labels, fewer of them the wider the span."""
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
+    shown = range(1, 10) if span < 10 else (2, 5) if span < 100 else ()
+
+    def minor(y, _):
+        mantissa = round(y / 10 ** math.floor(math.log10(y) + 1e-9))
+        return f"{y:g}" if mantissa in shown else ""
+
+    ax.yaxis.set_minor_formatter(FuncFormatter(minor))
+
+
+def _curve(ax, run: Run, key: str, scale: float, color, style: str, marker: str | None = None) -> list:
+    """Plots one series; returns the plotted values (empty when the run has none)."""
+    tokens, values = run.series(key)
+    values = [v * scale for v in values]
+    if values:
+        marker = marker or ("." if len(values) <= _FEW_POINTS else None)
+        ax.plot(tokens, values, color=color, linestyle=style, marker=marker, markersize=4, linewidth=1.2)
+    return values
+
+
+def _mark_events(ax, runs: list[Run], loss_markers: bool) -> None:
+    """A vertical line at each event's tokens; on the loss panel also a marker on the run's curve."""
+    for color, run in zip(_colors(runs), runs):
+        for e in run.events:
+            if e.get("event") not in EVENT_STYLE:
+                continue
+            line_color, style, marker = EVENT_STYLE[e["event"]]
+            ax.axvline(e["tokens"], color=line_color, linestyle=style, linewidth=0.9, alpha=0.8)
+            loss = e.get("loss")
+            if loss_markers and isinstance(loss, (int, float)) and math.isfinite(loss) and loss > 0:
+                ax.plot([e["tokens"]], [loss], marker=marker, color=color, markeredgecolor="black",
+                        markersize=8, linestyle="none")
+
+
+def _legend(runs: list[Run]) -> list[Line2D]:
+    handles = [Line2D([], [], color=c, label=r.name) for c, r in zip(_colors(runs), runs)]
+    kinds = {e.get("event") for r in runs for e in r.events}
+    for kind in MARKED_EVENTS:
+        if kind in kinds:
+            color, style, marker = EVENT_STYLE[kind]
+            handles.append(Line2D([], [], color=color, linestyle=style, marker=marker,
+                                  markeredgecolor="black", label=kind))
+    return handles
+
+
+def _colors(runs: list[Run]) -> list[str]:
+    return [f"C{i % 10}" for i in range(len(runs))]
+
+
+def _png(fig: Figure) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    return buf.getvalue()

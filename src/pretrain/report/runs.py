@@ -1,0 +1,156 @@
+"""Read a run directory written by `pretrain train`, also while the run is still writing it.
+
+The trainer appends to `metrics.jsonl` and `events.jsonl` as it goes, so the last line may be half-written,
+and a line torn by a crash gets glued to the first line written after the resume: every line that is not a
+JSON object with a step is skipped. A resume or a rollback rewrites history from an earlier step; the later
+line for a step replaces the earlier one. Pure Python (no numpy): `pretrain --help` imports this package.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import UsageError
+from . import units
+
+# Events drawn on the plots; checkpoints are routine and would only add clutter.
+MARKED_EVENTS = ("rollback", "spike", "nonfinite_skip", "resumed")
+
+
+@dataclass
+class Run:
+    path: Path
+    name: str
+    train: list[dict]  # one line per logged step (the latest line for each step), by step
+    evals: list[dict]  # one line per validation pass, by step
+    events: list[dict] = field(default_factory=list)
+    plan_vs_run: dict | None = None
+    config: dict | None = None
+    notes: list[str] = field(default_factory=list)  # optional files that could not be read
+
+    def series(self, key: str) -> tuple[list[float], list[float]]:
+        """(tokens, values) of a metric, finite values only: a null mfu on a CPU gives empty lists."""
+        rows = self.evals if key.startswith("val_") else self.train
+        points = [(r["tokens"], r[key]) for r in rows if _finite(r.get(key))]
+        return [t for t, _ in points], [v for _, v in points]
+
+
+def read_run(path: str | Path, name: str | None = None) -> Run:
+    path = Path(path)
+    if not path.is_dir():
+        raise UsageError(f"{path}: no such run directory; pass the run.dir of a `pretrain train` run")
+    metrics = path / "metrics.jsonl"
+    if not metrics.is_file():
+        raise UsageError(f"{metrics}: not found; is {path} a run directory? `pretrain train` writes it "
+                         "after its first logged step")
+    lines = read_jsonl(metrics)
+    run = Run(path=path, name=name or path.resolve().name,
+              train=_latest_per_step(r for r in lines if "loss" in r),
+              evals=_latest_per_step(r for r in lines if "val_loss" in r))
+    if (path / "events.jsonl").is_file():
+        run.events = read_jsonl(path / "events.jsonl")
+    run.plan_vs_run = _read_optional(path / "plan_vs_run.json", json.loads, run.notes)
+    if run.plan_vs_run is not None and not isinstance(run.plan_vs_run.get("rows"), list):
+        run.notes.append("plan_vs_run.json: no `rows` list, table skipped")
+        run.plan_vs_run = None
+    run.config = _read_optional(path / "config.yaml", _yaml_load, run.notes)
+    return run
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    rows = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue  # half-written or torn line
+        if isinstance(row, dict) and isinstance(row.get("step"), int) and _finite(row.get("tokens")):
+            rows.append(row)
+    return rows
+
+
+def _latest_per_step(rows) -> list[dict]:
+    by_step = {r["step"]: r for r in rows}  # a later line for a step overwrites the earlier one
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def _read_optional(path: Path, parse, notes: list[str]) -> dict | None:
+    if not path.is_file():
+        return None
+    try:
+        value = parse(path.read_text(encoding="utf-8"))
+    except (ValueError, OSError) as e:  # a file being replaced, or a bad edit by hand
+        notes.append(f"{path.name}: unreadable ({e.__class__.__name__}), skipped")
+        return None
+    if not isinstance(value, dict):
+        notes.append(f"{path.name}: not a mapping, skipped")
+        return None
+    return value
+
+
+def _yaml_load(text: str):
+    import yaml  # only when a run has a config
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ValueError(str(e)) from e  # one exception type for _read_optional
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+# --- summary -------------------------------------------------------------------------------------------
+
+def summarize(run: Run) -> dict:
+    """The numbers a reader checks first; None where the run has not written them yet."""
+    last = run.train[-1] if run.train else {}
+    val = [r for r in run.evals if _finite(r.get("val_loss"))]
+    best = min(val, key=lambda r: r["val_loss"]) if val else {}
+    speeds = run.series("tokens_per_s")[1]
+    counts: dict[str, int] = {}
+    for e in run.events:
+        if e.get("event") in MARKED_EVENTS:
+            counts[e["event"]] = counts.get(e["event"], 0) + 1
+    return {
+        "name": run.name,
+        "dir": str(run.path),
+        "last_step": last.get("step"),
+        "tokens": last.get("tokens"),
+        "last_loss": last.get("loss"),
+        "best_val_loss": best.get("val_loss"),
+        "best_val_step": best.get("step"),
+        "tokens_per_s_median": statistics.median(speeds) if speeds else None,
+        "events": counts,
+        "model": model_line(run.config),
+        "notes": list(run.notes),
+    }
+
+
+def summary_line(s: dict) -> str:
+    if s["last_step"] is None:
+        return f"{s['name']}: no training steps logged yet"
+    parts = [f"step {s['last_step']}", f"{units.human(s['tokens'])} tokens",
+             f"train loss {units.number(s['last_loss'])}"]
+    if s["best_val_loss"] is not None:
+        parts.append(f"best val loss {units.number(s['best_val_loss'])} (step {s['best_val_step']})")
+    if s["tokens_per_s_median"] is not None:
+        parts.append(f"{units.human(s['tokens_per_s_median'])} tokens/s median")
+    parts += [f"{n}x {kind}" for kind, n in s["events"].items()]
+    return f"{s['name']}: " + ", ".join(parts)
+
+
+def model_line(config: dict | None) -> str | None:
+    """'gpt2: hidden 768, 12 layers, ...' from the resolved config, or None without one."""
+    model = (config or {}).get("model")
+    if not isinstance(model, dict):
+        return None
+    sizes = [f"{label} {model[key]}" for key, label in (
+        ("hidden_size", "hidden"), ("num_layers", "layers"), ("num_heads", "heads"),
+        ("vocab_size", "vocab"), ("max_seq_len", "context")) if model.get(key) is not None]
+    return f"{model.get('preset') or 'custom'}: " + ", ".join(sizes)
