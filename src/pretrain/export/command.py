@@ -1,0 +1,43 @@
+"""Export a run (its newest checkpoint, or a given one, sharded or not) as a Hugging Face model directory.
+
+  pretrain export RUN_DIR --to hf OUT_DIR [--dtype fp32|bf16] [--overwrite]
+
+OUT_DIR holds model.safetensors, config.json, generation_config.json and the tokenizer of the run's data
+directory; `transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR)` loads it (LlamaForCausalLM,
+Qwen2ForCausalLM when the q/k/v projections have biases, or GPT2LMHeadModel).
+"""
+
+from __future__ import annotations
+
+HELP = "export a checkpoint as a Hugging Face model directory (safetensors, config, tokenizer)"
+
+
+def add_arguments(p):
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (newest checkpoint) or one checkpoint")
+    p.add_argument("--to", choices=["hf"], default="hf", help="format (hf: Hugging Face transformers)")
+    p.add_argument("out_dir", metavar="OUT_DIR", help="directory to write (refused if it exists, unless --overwrite)")
+    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="dtype of the written weights")
+    p.add_argument("--overwrite", action="store_true", help="replace OUT_DIR if it exists")
+
+
+def tokenizer_of(model):
+    """The tokenizer copy inside the run's prepared data directory, if it is still there."""
+    from pathlib import Path
+
+    data_dir = model.run_config.data.dir
+    path = Path(data_dir) / "tokenizer" if data_dir else None
+    return path if path is not None and path.exists() else None
+
+
+def run(args) -> int:
+    import torch
+
+    from ..train import load_model
+    from .hf import export_hf
+
+    model = load_model(args.run_dir)
+    tokenizer = tokenizer_of(model)
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    out = export_hf(model, args.out_dir, tokenizer_dir=tokenizer, dtype=dtype, overwrite=args.overwrite)
+    print(f"wrote {out}" + ("" if tokenizer else " (no tokenizer: the run's data directory is gone)"))
+    return 0

@@ -1,0 +1,38 @@
+"""Sample text from a trained run, to see what the model learned.
+
+  pretrain generate RUN_DIR --prompt "The for statement" [--max-new-tokens 100] [--temperature 0.8]
+                    [--top-k 50] [--top-p 0.95] [--seed 0] [--tokenizer PATH]
+"""
+
+from __future__ import annotations
+
+HELP = "sample text from a run's newest checkpoint"
+
+
+def add_arguments(p):
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (newest checkpoint) or one checkpoint")
+    p.add_argument("--prompt", default="", help="text to continue (empty: start from <bos>)")
+    p.add_argument("--max-new-tokens", type=int, default=100)
+    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tokenizer", default=None, help="tokenizer directory or tokenizer.json (default: the run's)")
+
+
+def run(args) -> int:
+    import torch
+
+    from ..errors import UsageError
+    from ..train import load_model
+    from .command import tokenizer_of
+    from .generate import generate_text
+
+    model = load_model(args.run_dir)
+    tokenizer = args.tokenizer or tokenizer_of(model)
+    if tokenizer is None:
+        raise UsageError(f"no tokenizer found for {args.run_dir} (its data directory is gone); pass --tokenizer PATH")
+    generator = torch.Generator().manual_seed(args.seed)
+    print(generate_text(model, tokenizer, args.prompt, max_new_tokens=args.max_new_tokens,
+                        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, generator=generator))
+    return 0
