@@ -6,6 +6,7 @@ JSON-ready dict whose keys are documented in the README ("Plan output").
 
 from __future__ import annotations
 
+from .advice import advise
 from .budget import run_length, storage_bytes, token_bytes, wall_clock
 from .explain import Explain
 from .flops import basis, flops, utilisation
@@ -21,7 +22,8 @@ def plan(config) -> dict:
     return plan_with_explain(config)[0]
 
 
-def plan_with_explain(config) -> tuple[dict, Explain]:
+def plan_with_explain(config, advice: bool = True) -> tuple[dict, Explain]:
+    """The plan and its explain trail; `advice=False` skips the warnings (which re-plan modified copies)."""
     c = config
     ex = Explain()
     counts = count_params(c.model)
@@ -78,6 +80,8 @@ def plan_with_explain(config) -> tuple[dict, Explain]:
         result["measured"] = measured
         result["mfu"] = measured["mfu"]
         result["hfu"] = measured["hfu"]
+    if advice:
+        result["advice"] = advise(c, result)
     return result, ex
 
 

@@ -1,0 +1,480 @@
+"""Planner advice: one-line warnings where the practitioners' lessons apply, each with the number behind it.
+
+`advise(config, plan)` returns the lines `pretrain plan` prints after its table (and `--json` under "advice").
+Every rule, its threshold and its source is listed in docs/advice.md ("Planner advice"):
+  memory     the config does not fit: the cheapest change that does, found by re-planning modified copies
+  tokens     tokens per parameter < 5 or > 100 (Chinchilla's compute-optimal ~20)
+  epochs     more than 4 passes over the same examples (Muennighoff et al. 2023)
+  batch      tokens per step < 1/4 or > 8x GPT-3's batch for the size; >= 1M tokens per step with no ramp
+  lr         peak learning rate more than 3x off the published peak for the size (GPT-3, LLaMA)
+  warmup     warm-up outside 0.1-0.5 % of the steps (notes 001)
+  mfu        an assumed utilisation outside 0.3-0.55 with no measured profile (notes 003)
+  bandwidth  the step's arithmetic intensity below the card's FLOP/byte ratio (notes 002)
+Rules that describe large-scale practice (tokens, batch, lr, warm-up, bandwidth) are silent for models under
+50M parameters (100M for the batch): demo and debug models are small and short on purpose.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+from ..config import validate
+from ..errors import ConfigError
+from .activations import COMPUTE_BYTES, activation_bytes
+from .budget import CHINCHILLA_TOKENS_PER_PARAM
+from .hardware import COMPUTE_DTYPE, gpu_spec
+
+GiB = 1024**3
+
+TOKENS_PER_PARAM_RANGE = (5, 100)  # 4x below / 5x above Chinchilla; LLaMA-7B's 1T tokens is 148
+MAX_EPOCHS = 4  # Muennighoff et al. 2023: up to ~4 epochs, repeated tokens are worth almost as much as new
+SMALL_MODEL = 50_000_000  # below this, the size-dependent rules stay silent
+BATCH_RULE_MIN_PARAMS = 100_000_000
+BATCH_RANGE = (1 / 4, 8)  # of GPT-3's batch for the size; LLaMA and Qwen's 4M is 2x-8x GPT-3 at 0.5B-7B
+RAMP_MIN_TOKENS = 1_000_000  # global batches from here on are ramped in GPT-3
+LR_RANGE = 3.0  # x above or below the published peak for the size
+WARMUP_RANGE = (0.001, 0.005)  # fraction of the optimizer steps (notes 001: 0.1%-0.5%)
+WARMUP_MIN_STEPS = 1000  # shorter runs (smoke tests) warm up over more than a fraction of a percent
+MFU_RANGE = (0.3, 0.55)  # notes 003: "GPU利用率一般在0.3-0.55之间"
+MAX_GPUS = 16384  # the "more GPUs" fix stops here
+
+# GPT-3 (Brown et al. 2020, table 2.1): parameters, batch size in tokens, peak learning rate.
+GPT3 = [(125e6, 0.5e6, 6.0e-4), (350e6, 0.5e6, 3.0e-4), (760e6, 0.5e6, 2.5e-4), (1.3e9, 1e6, 2.0e-4),
+        (2.7e9, 1e6, 1.6e-4), (6.7e9, 2e6, 1.2e-4), (13e9, 2e6, 1.0e-4), (175e9, 3.2e6, 0.6e-4)]
+# LLaMA (Touvron et al. 2023, table 2): parameters, peak learning rate (batch 4M tokens at every size).
+LLAMA_LR = [(6.7e9, 3.0e-4), (13e9, 3.0e-4), (32.5e9, 1.5e-4), (65.2e9, 1.5e-4)]
+
+
+def _lr_reference() -> list[tuple[float, float]]:
+    """Published peak LR by size: GPT-3 and LLaMA, the geometric mean where both trained that size."""
+    by_size: dict[float, list[float]] = {}
+    for n, _, lr in GPT3:
+        by_size.setdefault(n, []).append(lr)
+    for n, lr in LLAMA_LR:
+        by_size.setdefault(n, []).append(lr)
+    return [(n, math.prod(v) ** (1 / len(v))) for n, v in sorted(by_size.items())]
+
+
+LR_REFERENCE = _lr_reference()
+BATCH_REFERENCE = [(n, batch) for n, batch, _ in GPT3]
+
+
+def loglog(points: list[tuple[float, float]], x: float) -> float:
+    """Interpolate y(x) linearly in log-log space; constant beyond the ends of the table."""
+    if x <= points[0][0]:
+        return points[0][1]
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if x <= x1:
+            f = (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0))
+            return math.exp(math.log(y0) + f * (math.log(y1) - math.log(y0)))
+    return points[-1][1]
+
+
+def advise(config, plan: dict) -> list[str]:
+    """The warnings for a config and its plan; empty when every rule is in range."""
+    rules = (_memory, _tokens, _epochs, _batch, _lr, _warmup, _mfu, _bandwidth)
+    return [line for rule in rules for line in rule(config, plan)]
+
+
+# --- the rules -----------------------------------------------------------------------------------------
+
+def _tokens(c, p) -> list[str]:
+    n, tokens = p["params"]["total"], p["tokens"]["total"]
+    if n < SMALL_MODEL:
+        return []
+    per_param = tokens / n
+    low, high = TOKENS_PER_PARAM_RANGE
+    if low <= per_param <= high:
+        return []
+    # Same compute C = 6ND spent the Chinchilla way: D = 20 N, so C = 120 N^2.
+    compute = 6 * n * tokens
+    n_opt = math.sqrt(compute / (6 * CHINCHILLA_TOKENS_PER_PARAM))
+    d_opt = CHINCHILLA_TOKENS_PER_PARAM * n_opt
+    better = (f"for this compute (6ND = {compute:.3g} FLOPs) a model of ~{_si(n_opt)} params on "
+              f"~{_si(d_opt)} tokens would reach a lower loss")
+    if per_param < low:
+        return [f"tokens: {per_param:.3g} tokens per parameter: {_times(CHINCHILLA_TOKENS_PER_PARAM / per_param)} "
+                f"below the compute-optimal ~{CHINCHILLA_TOKENS_PER_PARAM} (Chinchilla, Hoffmann et al. 2022): "
+                f"under-trained; {better}, or train on ~{_si(CHINCHILLA_TOKENS_PER_PARAM * n)} tokens"]
+    return [f"tokens: {per_param:.3g} tokens per parameter: {_times(per_param / CHINCHILLA_TOKENS_PER_PARAM)} above "
+            f"the compute-optimal ~{CHINCHILLA_TOKENS_PER_PARAM} (Chinchilla, Hoffmann et al. 2022); {better}. "
+            "Fine if intended: a smaller model trained longer (as LLaMA did) is cheaper to serve"]
+
+
+def _epochs(c, p) -> list[str]:
+    t = c.train
+    if not t.examples:
+        return []
+    unique = t.examples * t.seq_len
+    epochs = p["tokens"]["total"] / unique
+    if epochs <= MAX_EPOCHS:
+        return []
+    return [f"epochs: {epochs:.3g} passes over the same {_si(unique)} tokens ({t.examples:,} examples x seq "
+            f"{t.seq_len}): beyond ~{MAX_EPOCHS} epochs repeated tokens are worth much less than new ones "
+            "(Muennighoff et al. 2023, 'Scaling Data-Constrained Language Models'; the notes cite 'To Repeat or "
+            "Not To Repeat'); add unique data or train a smaller model"]
+
+
+def _batch(c, p) -> list[str]:
+    n = p["params"]["total"]
+    if n < BATCH_RULE_MIN_PARAMS:
+        return []
+    t, st = c.train, p["steps"]
+    per_step = st["tokens_per_step"]
+    ref = loglog(BATCH_REFERENCE, n)
+    shape = (f"micro-batch {t.micro_batch_size} x seq {t.seq_len} x grad accum {t.grad_accum_steps} x data "
+             f"parallel {p['parallel']['data']}")
+    gpt3 = f"the ~{_si(ref)} GPT-3 used at {_si(n)} params (Brown et al. 2020; LLaMA and Qwen: 4M)"
+    out = []
+    if per_step < ref * BATCH_RANGE[0]:
+        accum = 2 ** math.ceil(math.log2(t.grad_accum_steps * ref / per_step))
+        out.append(f"batch: {per_step:,} tokens per step ({shape}) is {_times(ref / per_step)} below {gpt3}: noisy "
+                   f"gradients and many small steps; train.grad_accum_steps={accum} gives "
+                   f"{_si(per_step * accum / t.grad_accum_steps)} (or more parallel.gpus)")
+    elif per_step > ref * BATCH_RANGE[1]:
+        out.append(f"batch: {per_step:,} tokens per step ({shape}) is {_times(per_step / ref)} above {gpt3}: "
+                   "beyond the critical batch size extra tokens per step stop reducing the number of steps needed")
+    if per_step >= RAMP_MIN_TOKENS and not t.batch_ramp_tokens:
+        ramp = _round(min(4e9, 0.03 * p["tokens"]["total"]))
+        out.append(f"batch: {_si(per_step)} tokens per step from the first step (train.batch_ramp_tokens=0): "
+                   f"GPT-3 ramped from 32K tokens over the first 4-12B tokens (notes 001: small batches first, "
+                   f"then millions); train.batch_ramp_tokens={_sci(ramp)} would ramp over "
+                   f"{ramp / p['tokens']['total']:.1%} of the run (LLaMA used 4M from the start: a valid choice)")
+    return out
+
+
+def _lr(c, p) -> list[str]:
+    n, lr = p["params"]["total"], c.train.lr
+    if n < SMALL_MODEL:
+        return []
+    ref = loglog(LR_REFERENCE, n)
+    if ref / LR_RANGE <= lr <= ref * LR_RANGE:
+        return []
+    how = f"{_times(lr / ref)} above" if lr > ref else f"{_times(ref / lr)} below"
+    risk = "loss spikes and divergence" if lr > ref else "slow progress for the same tokens"
+    return [f"lr: peak train.lr={lr:.2g} is {how} the ~{ref:.1e} published for {_si(n)} params (GPT-3 table "
+            f"2.1, LLaMA table 2, log-log interpolated; within 3x: {ref / LR_RANGE:.1e} to {ref * LR_RANGE:.1e}): "
+            f"{risk}"]
+
+
+def _warmup(c, p) -> list[str]:
+    st, w = p["steps"], c.train.warmup
+    total, warm = st["total"], st["warmup"]
+    if p["params"]["total"] < SMALL_MODEL or total < WARMUP_MIN_STEPS:
+        return []
+    low, high = WARMUP_RANGE
+    if isinstance(w, float) and low <= w <= high:
+        return []  # the fraction itself is in range; rounding to whole steps does not count
+    fraction = warm / total
+    if low * total - 1 <= warm <= high * total + 1:
+        return []
+    if warm == 0:
+        what = "no warm-up"
+    else:
+        what = f"{fraction:.2%} of the steps ({warm:,} of {total:,})"
+    return [f"warmup: {what}: the notes (001) warm up linearly over {low:.1%}-{high:.1%} of the steps, where "
+            f"random initial weights give large gradients; train.warmup={high} would be "
+            f"{round(high * total):,} steps"]
+
+
+def _mfu(c, p) -> list[str]:
+    hw = c.hardware
+    if hw.profile or not p["time"]["seconds"]:
+        return []
+    key, value = ("hfu", hw.hfu) if hw.hfu else ("mfu", hw.mfu)
+    low, high = MFU_RANGE
+    if low <= value <= high:
+        return []
+    way = "optimistic: the time estimate is too short" if value > high else "pessimistic: the time estimate is too long"
+    return [f"mfu: assumed hardware.{key}={value:g} is outside the {low}-{high} that end-to-end training reaches "
+            f"(notes 003: data loading, optimizer, communication and logging included): {way}; measure the card "
+            "with `pretrain bench` (hardware.profile) or a short run (measured.tokens_per_second)"]
+
+
+def step_intensity(c, p, b: int | None = None) -> tuple[float, float]:
+    """FLOPs and a lower bound on bytes moved per GPU by one micro-batch of b sequences (forward + backward).
+
+    Bytes: the matmul weights in the compute dtype read 3 times (forward, backward for the activations'
+    gradients, backward for the weights' gradients; 4 with full recomputation, which reruns the forward)
+    plus every tensor kept for backward written once and read once. Kernels move more than this, so the
+    intensity FLOPs / bytes is an upper bound: when even it is below the card's ratio, the step is
+    memory-bandwidth-bound."""
+    m, t, par = c.model, c.train, c.parallel
+    b = b or t.micro_batch_size
+    model_parallel = par.tensor * par.pipeline
+    flops = p["flops"]["per_token_hardware"] * b * t.seq_len / model_parallel
+    reads = 4 if t.activation_checkpointing == "full" else 3
+    weights = reads * COMPUTE_BYTES[t.precision] * p["params"]["flops"] / model_parallel
+    kept = copy.copy(t)
+    kept.activation_checkpointing = "none"  # recomputed tensors are written and read all the same
+    act = activation_bytes(m, kept, par, b)
+    traffic = 2 * (act["layers"] * act["per_layer"] + act["once"])
+    return flops, weights + traffic
+
+
+def _bandwidth(c, p) -> list[str]:
+    spec = gpu_spec(c.hardware.gpu)
+    peak = p["hardware"]["peak_tflops"]
+    if not spec.bandwidth_gbps or not peak or p["params"]["total"] < SMALL_MODEL:
+        return []
+    ratio = peak * 1e12 / (spec.bandwidth_gbps * 1e9)
+    t = c.train
+    flops, moved = step_intensity(c, p)
+    if flops / moved >= ratio:
+        return []
+
+    def bound(b):
+        f, m = step_intensity(c, p, b)
+        return f / m >= ratio
+
+    need, limit = None, 1 << 16
+    hi = t.micro_batch_size
+    while hi < limit and not bound(hi):
+        hi *= 2
+    if bound(hi):
+        lo = hi // 2  # not compute-bound (or the current micro-batch)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if bound(mid) else (mid, hi)
+        need = hi
+    largest = p["max_micro_batch_size"]
+    if need is None:
+        f, m = step_intensity(c, p, limit)
+        fix = f"no micro-batch gets there: activation traffic alone caps it at {f / m:.3g} FLOP/byte"
+    elif largest is not None and need <= largest:
+        fix = (f"micro-batch >= {need} would be compute-bound and fits (largest that fits: {largest}; lower "
+               "train.grad_accum_steps to keep the global batch)")
+    else:
+        fix = (f"micro-batch >= {need} would be compute-bound but does not fit (largest that fits: {largest}); "
+               "a longer train.seq_len raises the intensity too")
+    reads = 4 if t.activation_checkpointing == "full" else 3
+    return [f"bandwidth: micro-batch {t.micro_batch_size} x seq {t.seq_len} moves {moved / 1e9:.3g} GB (weights "
+            f"read {reads}x in {COMPUTE_DTYPE[t.precision]}, activations written and read back) for "
+            f"{flops / 1e9:.3g} GFLOP: {flops / moved:.3g} FLOP/byte, below the {spec.name}'s {ratio:.0f} "
+            f"({peak:g} TFLOP/s / {spec.bandwidth_gbps:,.0f} GB/s): memory-bandwidth-bound, the assumed "
+            f"utilisation is out of reach; {fix}"]
+
+
+# --- does not fit: search for the cheapest change --------------------------------------------------------
+
+RECOMPUTE_ORDER = ("none", "selective", "full")
+
+
+def _memory(c, p) -> list[str]:
+    if p["fits"] is not False:
+        return []
+    head = (f"memory: does not fit: {p['memory_bytes']['total'] / GiB:.1f} GiB > {p['usable_memory_bytes'] / GiB:.1f} "
+            "GiB usable")
+    fixes = fit_fixes(c)
+    if not fixes:
+        return [f"{head}; no fix found by recomputation, a smaller micro-batch, ZeRO, up to {MAX_GPUS:,} GPUs or "
+                "tensor parallel 8: try parallel.offload=optimizer (planned only) or a card with more memory"]
+    shown = []
+    for overrides, q in fixes:
+        text = " ".join(f"{k}={_value(v)}" for k, v in overrides.items())
+        notes = [f"{q['memory_bytes']['total'] / GiB:.1f} GiB"]
+        if q["steps"]["tokens_per_step"] != p["steps"]["tokens_per_step"]:
+            notes.append(f"global batch {_si(q['steps']['tokens_per_step'])} tokens, was "
+                         f"{_si(p['steps']['tokens_per_step'])}")
+        if "parallel.tensor" in overrides:
+            notes.append("planned only: `pretrain train` runs data parallel")
+        shown.append(f"{text} ({'; '.join(notes)})")
+    return [f"{head}; cheapest fix: {shown[0]}" + "".join(f"; or: {s}" for s in shown[1:])]
+
+
+def fit_fixes(config, limit: int = 2) -> list[tuple[dict, dict]]:
+    """Up to `limit` override sets {"section.key": value} that make the config fit, cheapest first, each with
+    the plan it gives.
+
+    Levers, in order: activation recomputation (selective, then full); a smaller micro-batch (the largest
+    that fits); ZeRO stages 1-3 (data parallel > 1); more GPUs (power-of-two multiples, ZeRO-3); tensor
+    parallelism 2/4/8. A lever that is not enough on its own is kept at its strongest for the next ones; a
+    fix is then pruned of the kept changes it does not need. grad_accum_steps is set last, to keep the global
+    batch where a whole number of accumulation steps does. The second fix comes from a later lever and is
+    shown only if it needs no more GPUs than the first."""
+    levers = (_recompute_options, _micro_batch_options, _zero_options, _gpu_options, _tensor_options)
+    kept: list[dict] = []  # strongest option of each lever that did not suffice
+    fixes: list[tuple[dict, dict]] = []
+    for lever in levers:
+        state = _merge(kept)
+        options, carry = lever(config, state)
+        found = next((o for o in options if _fits(config, {**state, **o})), None)
+        if found is None:
+            if carry:
+                kept.append(carry)
+            continue
+        fix = _complete(config, _prune(config, kept, found))
+        gpus = _get(config, fix, "parallel.gpus")
+        if fixes:
+            first = fixes[0][0]
+            if gpus > _get(config, first, "parallel.gpus") or first.items() <= fix.items():
+                continue
+        fixes.append((fix, _replan(config, fix)))
+        if len(fixes) == limit:
+            break
+    return fixes
+
+
+def _get(config, overrides: dict, key: str):
+    if key in overrides:
+        return overrides[key]
+    section, name = key.split(".")
+    return getattr(getattr(config, section), name)
+
+
+def _data_parallel(config, overrides: dict) -> int:
+    return _get(config, overrides, "parallel.gpus") // (
+        _get(config, overrides, "parallel.tensor") * _get(config, overrides, "parallel.pipeline"))
+
+
+def _sequences_per_rank(config, overrides: dict) -> int | None:
+    """Sequences each data-parallel rank must contribute per step to keep the global batch (None: no whole
+    number does)."""
+    t = config.train
+    sequences = t.micro_batch_size * t.grad_accum_steps * _data_parallel(config, {})
+    dp = _data_parallel(config, overrides)
+    return sequences // dp if sequences % dp == 0 else None
+
+
+def _complete(config, overrides: dict) -> dict:
+    """The overrides with the grad_accum_steps that keeps the global batch, where a whole number does
+    (else the accumulation stays, and the batch changes with the data-parallel degree)."""
+    out = {k: v for k, v in overrides.items() if k != "train.grad_accum_steps"}
+    per_rank = _sequences_per_rank(config, out)
+    b = _get(config, out, "train.micro_batch_size")
+    if per_rank and per_rank % b == 0 and per_rank // b != config.train.grad_accum_steps:
+        out["train.grad_accum_steps"] = per_rank // b
+    return out
+
+
+def _fits(config, overrides: dict) -> bool:
+    q = _replan(config, _complete(config, overrides))
+    return bool(q and q["fits"])
+
+
+def _recompute_options(config, state):
+    current = RECOMPUTE_ORDER.index(_get(config, state, "train.activation_checkpointing"))
+    options = [{"train.activation_checkpointing": r} for r in RECOMPUTE_ORDER[current + 1:]]
+    return options, (options[-1] if options else None)
+
+
+def _smaller_micro_batch(config, overrides: dict) -> int:
+    """The largest micro-batch below the current one that fits with `overrides` and divides the sequences
+    per rank (so the global batch stays); 1 when none fits."""
+    b = _get(config, overrides, "train.micro_batch_size")
+    q = _replan(config, _complete(config, overrides))
+    largest = min(q["max_micro_batch_size"] or 0, b - 1) if q else 0
+    per_rank = _sequences_per_rank(config, overrides) or b
+    return max([d for d in range(1, largest + 1) if per_rank % d == 0] or [1])
+
+
+def _micro_batch_options(config, state):
+    if _get(config, state, "train.micro_batch_size") == 1:
+        return [], None
+    option = {"train.micro_batch_size": _smaller_micro_batch(config, state)}
+    return [option], option
+
+
+def _zero_options(config, state):
+    if _data_parallel(config, state) <= 1:
+        return [], None
+    current = _get(config, state, "parallel.zero_stage")
+    options = [{"parallel.zero_stage": z} for z in range(current + 1, 4)]
+    return options, (options[-1] if options else None)
+
+
+def _gpu_options(config, state):
+    gpus = _get(config, state, "parallel.gpus")
+    options, k = [], 2
+    while gpus * k <= MAX_GPUS:
+        options.append({"parallel.gpus": gpus * k, "parallel.zero_stage": 3})
+        k *= 2
+    return options, None  # more GPUs alone did not help: the tensor-parallel options set their own
+
+
+def _tensor_options(config, state):
+    m, par = config.model, config.parallel
+    gpus = _get(config, state, "parallel.gpus")
+    options = []
+    for t in (2, 4, 8):
+        if t <= par.tensor or m.num_heads % t or m.num_kv_heads % t:
+            continue
+        base = math.lcm(gpus, t * par.pipeline)
+        k = 1
+        while base * k <= MAX_GPUS:
+            options.append({"parallel.tensor": t, "parallel.sequence_parallel": True, "parallel.gpus": base * k,
+                            "parallel.zero_stage": 3})
+            k *= 2
+    return options, None
+
+
+def _prune(config, kept: list[dict], found: dict) -> dict:
+    """Drop (or weaken) the kept changes the fix does not need, earliest lever first; a kept micro-batch is
+    raised back to the largest that fits with the rest of the fix."""
+    groups = [dict(g) for g in kept]
+    for i, group in enumerate(groups):
+        trials = [{}]
+        if group.get("train.activation_checkpointing") == "full":
+            trials.append({"train.activation_checkpointing": "selective"})
+        if "train.micro_batch_size" in group:
+            rest = {**_merge(groups[:i] + groups[i + 1:]), **found}
+            trials.append({"train.micro_batch_size": _smaller_micro_batch(config, rest)})
+        for trial in trials:
+            if _fits(config, {**_merge(groups[:i] + [trial] + groups[i + 1:]), **found}):
+                groups[i] = trial
+                break
+    fix = {**_merge(groups), **found}
+    return {k: v for k, v in fix.items() if _get(config, {}, k) != v}
+
+
+def _merge(groups: list[dict]) -> dict:
+    out: dict = {}
+    for g in groups:
+        out.update(g)
+    return out
+
+
+def _replan(config, overrides: dict) -> dict | None:
+    """The plan of a copy of `config` with `overrides` applied (None when the copy is not a valid config)."""
+    from . import plan_with_explain
+
+    c = copy.deepcopy(config)
+    for key, value in overrides.items():
+        section, name = key.split(".")
+        setattr(getattr(c, section), name, value)
+    try:
+        validate(c)
+    except ConfigError:
+        return None
+    return plan_with_explain(c, advice=False)[0]
+
+
+def _value(v) -> str:
+    return str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def _si(n: float) -> str:
+    """Counts with 3 significant figures: 6.74B, 500K, 2M."""
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return f"{n:.3g}"
+
+
+def _times(x: float) -> str:
+    return f"{x:,.0f}x" if x >= 100 else f"{x:.3g}x"
+
+
+def _round(x: float) -> float:
+    """One significant figure: 4e9, 3e8."""
+    if x <= 0:
+        return 0.0
+    e = math.floor(math.log10(x))
+    return round(x / 10**e) * 10**e
+
+
+def _sci(x: float) -> str:
+    """4000000000.0 -> '4e9': a number a config override reads back."""
+    e = math.floor(math.log10(x))
+    return f"{x / 10**e:g}e{e}"
