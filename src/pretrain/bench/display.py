@@ -1,0 +1,55 @@
+"""The terminal side of `pretrain bench`: a progress bar on stderr and the result table."""
+
+from __future__ import annotations
+
+import contextlib
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+
+@contextlib.contextmanager
+def progress_bar(enabled: bool = True):
+    """Yields a `progress(done, total, description)` callback for run_bench (None when disabled)."""
+    # On stderr, so stdout stays for the table or the JSON; only on a terminal, so logs and pipes get no
+    # control characters; transient: the table replaces it.
+    console = Console(stderr=True)
+    if not enabled or not console.is_terminal:
+        yield None
+        return
+    bar = Progress(TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   console=console, transient=True)
+    with bar:
+        task = bar.add_task("bench", total=None)
+        yield lambda done, total, description: bar.update(task, completed=done, total=total,
+                                                          description=description)
+
+
+def table(profile: dict) -> Table:
+    """Best and median TFLOP/s per dtype, bandwidths, and the block's tokens/s and MFU."""
+    t = Table(title=f"{profile['device']} ({profile['device_type']}, torch {profile['torch']})")
+    t.add_column("measure")
+    t.add_column("value", justify="right")
+    t.add_column("detail")
+    for dtype, best in profile["peak_tflops"].items():
+        shapes = [s for s in profile["shapes"] if s["dtype"] == dtype]
+        top = max(shapes, key=lambda s: s["tflops"]) if shapes else None
+        detail = (f"median {profile['median_tflops'][dtype]:.4g} over {len(shapes)} shape"
+                  f"{'s' if len(shapes) > 1 else ''}; best at {top['m']}x{top['n']}x{top['k']}" if top
+                  else "same as fp32 (no TF32 on a CPU)")
+        t.add_row(f"{dtype} matmul", f"{best:.4g} TFLOP/s", detail)
+    for dtype, reason in profile["skipped"].items():
+        t.add_row(f"{dtype} matmul", "skipped", reason)
+    t.add_row("device memory copy", f"{profile['memory_bandwidth_gbps']:.4g} GB/s", "read + write")
+    h2d = profile["host_to_device_gbps"]
+    t.add_row("host to device", f"{h2d:.4g} GB/s" if h2d else "n/a", "pinned memory" if h2d else "CPU: no transfer")
+    b = profile["block"]
+    c = b["config"]
+    shape = (f"H={c['model']['hidden_size']} H'={c['model']['intermediate_size']}, {c['micro_batch_size']} x "
+             f"{c['seq_len']} tokens, {c['precision']}")
+    t.add_row("block fwd+bwd", f"{b['tokens_per_s']:,.0f} tokens/s", shape)
+    mfu = f"{b['mfu']:.1%}" if b["mfu"] is not None else "n/a"
+    peak = f"{b['peak_tflops']:.4g}" if b["peak_tflops"] else "n/a"
+    t.add_row("block MFU", mfu, f"{b['achieved_tflops']:.4g} TFLOP/s / peak {peak} ({b['peak_source']})")
+    return t

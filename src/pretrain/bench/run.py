@@ -1,0 +1,185 @@
+"""`pretrain bench` as a function: measure this machine and return its hardware profile (a JSON-ready dict)."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+from ..config import Config, load_config
+from ..errors import UsageError
+from ..plan.hardware import peak_tflops
+from . import DTYPES, matmul
+from .bandwidth import device_copy_gbps, host_to_device_gbps
+from .block import block_throughput, compute_dtype
+
+# Seconds of measurement; small shapes finish early. On 2 CPU cores the default run took 24 s in all
+# (docs/bench.md, "Measured").
+DEFAULT_SECONDS = {"cpu": 25.0, "cuda": 120.0}
+QUICK_SECONDS = {"cpu": 6.0, "cuda": 30.0}
+# How the budget is shared: the matmul sweep (split evenly over the dtypes) is the main result.
+SHARE = {"matmul": 0.7, "copy": 0.05, "host_to_device": 0.05, "block": 0.2}
+
+# With no config: the block of TinyLlama 1.1B (H=2048, H'=5632, 32 query and 4 key/value heads), a small
+# model of the current (Llama) architecture; shorter sequences on a CPU so a step takes well under a second.
+DEFAULT_MODEL = ["model.preset=tinyllama-1.1b"]
+DEFAULT_TRAIN = {"cuda": {"seq_len": 2048, "micro_batch_size": 4}, "cpu": {"seq_len": 256, "micro_batch_size": 1}}
+
+
+def resolve_device(name: str | None) -> torch.device:
+    """auto | cpu | cuda | cuda:N, checked against what this machine has."""
+    name = (name or "auto").strip().lower()
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name != "cpu" and name != "cuda" and not (name.startswith("cuda:") and name[5:].isdigit()):
+        raise UsageError(f"--device {name!r} is not a device pretrain can bench; use auto, cpu, cuda or cuda:N")
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise UsageError(f"--device {name}: no CUDA GPU is visible to torch {torch.__version__}; "
+                             "use --device cpu (or auto)")
+        index = int(name[5:]) if ":" in name else torch.cuda.current_device()
+        if index >= torch.cuda.device_count():
+            raise UsageError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA GPU(s); "
+                             f"use cuda:0 to cuda:{torch.cuda.device_count() - 1}")
+        return torch.device("cuda", index)
+    return torch.device("cpu")
+
+
+def parse_dtypes(dtypes) -> list[str]:
+    """A list or comma-separated string of dtypes, checked; None = all of them."""
+    if dtypes is None:
+        return list(DTYPES)
+    names = [d.strip().lower() for d in (dtypes.split(",") if isinstance(dtypes, str) else dtypes) if d.strip()]
+    unknown = [d for d in names if d not in DTYPES]
+    if unknown or not names:
+        raise UsageError(f"--dtypes: unknown dtype {', '.join(unknown) or '(none given)'}; "
+                         f"choose from {','.join(DTYPES)}")
+    return names
+
+
+def bench_config(path=None, overrides=(), device: torch.device = torch.device("cpu")) -> Config:
+    """The run's config; with no file, the default block (DEFAULT_MODEL, DEFAULT_TRAIN) under the overrides."""
+    if path is not None:
+        return load_config(path, overrides)
+    given = {item.split("=", 1)[0].strip() for item in overrides}
+    defaults = [] if any(k.startswith("model.") for k in given) else list(DEFAULT_MODEL)
+    defaults += [f"train.{k}={v}" for k, v in DEFAULT_TRAIN[device.type].items() if f"train.{k}" not in given]
+    return load_config(None, defaults + list(overrides))
+
+
+def run_bench(config: Config | str | Path | dict | None = None, overrides=(), dtypes=None,
+              seconds: float | None = None, device: str | None = None, quick: bool = False,
+              progress=None) -> dict:
+    """Measure matmul TFLOP/s per dtype, memory and host-to-device bandwidth, and one block of `config`.
+
+    `config`: a Config, a YAML path or a dict (with `overrides`), or None for the default small model.
+    `seconds`: the measurement budget (default DEFAULT_SECONDS, or QUICK_SECONDS with `quick`).
+    `progress(done, total, description)` is called as the work advances.
+    """
+    dev = resolve_device(device)
+    wanted = parse_dtypes(dtypes)
+    if seconds is not None and not seconds > 0:
+        raise UsageError(f"--seconds: must be a positive number of seconds, got {seconds}")
+    budget = seconds or (QUICK_SECONDS if quick else DEFAULT_SECONDS)[dev.type]
+    cfg = config if isinstance(config, Config) else bench_config(config, overrides, dev)
+    started = time.perf_counter()
+
+    # On a CPU tf32 is fp32 (there are no TF32 units): measure fp32 once and report it under both names.
+    skipped = {d: reason for d in wanted if (reason := matmul.unavailable(d, dev))}
+    measured = [d for d in DTYPES if d in wanted and d not in skipped]
+    if dev.type == "cpu" and "tf32" in measured:
+        measured = [d for d in measured if d != "tf32"]
+        if "fp32" not in measured:
+            measured.insert(0, "fp32")
+
+    shapes_per_dtype = len(matmul.shapes(dev, quick))
+    total = len(measured) * shapes_per_dtype + 3
+    done = 0
+
+    def advance(description: str):
+        nonlocal done
+        done += 1
+        if progress:
+            progress(done, total, description)
+
+    if progress:
+        progress(0, total, "matmul")
+    results, peaks, medians = [], {}, {}
+    for dtype in measured:
+        swept = matmul.sweep(dtype, dev, budget * SHARE["matmul"] / len(measured), quick,
+                             on_shape=lambda result, d=dtype: advance(f"matmul {d}"))
+        results += swept
+        peaks[dtype], medians[dtype] = matmul.summary(swept)
+    if dev.type == "cpu" and "tf32" in wanted:
+        peaks["tf32"], medians["tf32"] = peaks["fp32"], medians["fp32"]
+
+    copy = device_copy_gbps(dev, budget * SHARE["copy"])
+    advance("device memory bandwidth")
+    h2d = host_to_device_gbps(dev, budget * SHARE["host_to_device"])
+    advance("host-to-device bandwidth")
+    block = _block(cfg, dev, budget * SHARE["block"], peaks)
+    advance("transformer block")
+
+    return {
+        "device": _device_name(dev),
+        "device_type": dev.type,
+        "torch": torch.__version__,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "threads": torch.get_num_threads() if dev.type == "cpu" else None,
+        "budget_seconds": budget,
+        "elapsed_seconds": time.perf_counter() - started,
+        "peak_tflops": _in_order(peaks),
+        "median_tflops": _in_order(medians),
+        "skipped": skipped,
+        "shapes": results,
+        "memory_bandwidth_gbps": copy,
+        "host_to_device_gbps": h2d,
+        "block": block,
+    }
+
+
+def _block(cfg: Config, dev: torch.device, budget: float, peaks: dict) -> dict:
+    """The block's figures, with its MFU against this run's best of the compute dtype, else the catalog."""
+    dtype = compute_dtype(cfg.train.precision, dev)
+    if dtype in peaks:
+        peak, source = peaks[dtype], f"measured {dtype} best, this run"
+    else:  # on a CPU no GPU's data sheet applies, whatever hardware.gpu says
+        hardware = cfg.hardware if dev.type == "cuda" else dataclasses.replace(cfg.hardware, gpu="cpu")
+        peak, source = peak_tflops(hardware, cfg.train.precision)
+    result = block_throughput(cfg, dev, budget, peak)
+    t = cfg.train
+    result.update(peak_tflops=peak, peak_source=source, compute_dtype=dtype, config={
+        "model": dataclasses.asdict(cfg.model), "seq_len": t.seq_len, "micro_batch_size": t.micro_batch_size,
+        "precision": t.precision, "attention": t.attention})
+    return result
+
+
+def _in_order(by_dtype: dict) -> dict:
+    return {d: by_dtype[d] for d in DTYPES if d in by_dtype}
+
+
+def _device_name(dev: torch.device) -> str:
+    if dev.type == "cuda":
+        return torch.cuda.get_device_name(dev)
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:  # not Linux
+        pass
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def write_profile(profile: dict, path: str | Path) -> None:
+    """Write the profile where `pretrain plan hardware.profile=PATH` reads it."""
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(profile, indent=2) + "\n")
+    except OSError as e:
+        raise UsageError(f"--out {path}: cannot write it ({e.strerror}); give a writable file path") from None
