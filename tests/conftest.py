@@ -1,27 +1,6 @@
-"""Shared test helpers: the real corpora beside the repo, and running the `pretrain` CLI as a subprocess."""
-
-from __future__ import annotations
+"""Test-wide setup: no network, no hub downloads."""
 
 import os
-import subprocess
-import sys
-from pathlib import Path
 
-import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
-SHARED_DATA = ROOT.parent / "shared" / "data"
-
-
-def shared_file(name: str) -> Path:
-    path = SHARED_DATA / name
-    if not path.exists():
-        pytest.skip(f"{path} not available (the shared corpora live beside the repository)")
-    return path
-
-
-def run_cli(*args, cwd=None, env=None, timeout=600) -> subprocess.CompletedProcess:
-    """`python -m pretrain ARGS` in a fresh interpreter, as a user runs it."""
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "pretrain", *map(str, args)], cwd=cwd, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

@@ -180,6 +180,10 @@ class DebugConfig:
     check_sharding: bool = doc(False, "assert each rank holds exactly the model-state bytes the planner "
                                "predicts for it")
     step_sleep: float = doc(0.0, "testing: seconds to sleep after each optimizer step (crash tests)")
+    stop_after_step: int = doc(0, "testing: behave as if preempted after this optimizer step (checkpoint, exit 0)")
+    inject_disk_full_step: int = doc(0, "testing: the checkpoint of this step fails as on a full disk (ENOSPC)")
+    checkpoint_sleep: float = doc(0.0, "testing: seconds to pause in the middle of writing each checkpoint, so a "
+                                  "crash test can kill the process there")
 
 
 @dataclass

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, run_cli
+from support import ROOT, run_cli
 from pretrain.config import load_config
 from pretrain.plan import plan
 from pretrain.plan.advice import LR_REFERENCE, loglog

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conftest import run_cli
+from support import run_cli
 
 JSON_KEYS = {"params", "flops", "tokens", "storage_bytes", "checkpoint_bytes", "steps", "time", "memory_bytes",
              "model_states", "fits", "max_micro_batch_size", "parallel", "hardware", "model"}

@@ -1,0 +1,114 @@
+"""Data parallelism with PyTorch's own engines, chosen by `parallel.zero_stage` (the planner's key):
+
+  0  DistributedDataParallel: every rank holds everything; gradients all-reduced in buckets.
+  1  DDP + ZeroRedundancyOptimizer: optimizer states sharded over ranks (parameters and gradients whole).
+  2  FSDP2 (`fully_shard` per block) without resharding after forward: parameters, gradients and optimizer
+     states sharded; gathered parameters stay until backward.
+  3  FSDP2 resharding after forward (ZeRO-3): only the blocks in flight are gathered.
+Under FSDP, mixed precision is FSDP's policy (bf16 compute, fp32 master weights and gradient reduction), not
+autocast. A single process gets a thin wrapper with the same interface.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.distributed as dist
+
+from ..train.optim import build_optimizer, param_groups
+from .runtime import Runtime, all_reduce_mean
+
+
+class Single:
+    """One process: no communication."""
+
+    autocast = True
+
+    def __init__(self, model, rt: Runtime):
+        self.model, self.rt = model, rt
+        self.module_for_forward = model
+
+    def sync_context(self, last: bool):
+        return contextlib.nullcontext()
+
+    def build_optimizer(self, config):
+        return build_optimizer(self.model, config.model, config.train)
+
+    def clip_grad_norm(self, max_norm: float) -> float:
+        """Global L2 norm of the gradients before clipping (clipping only when max_norm > 0)."""
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"))
+        return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+
+    def mean_over_ranks(self, value: float) -> float:
+        return all_reduce_mean(value, self.rt)
+
+
+class DDP(Single):
+    def __init__(self, model, rt: Runtime):
+        super().__init__(model, rt)
+        from torch.nn.parallel import DistributedDataParallel
+
+        ids = [rt.device.index] if rt.device.type == "cuda" else None
+        self.module_for_forward = DistributedDataParallel(model, device_ids=ids)
+
+    def sync_context(self, last: bool):
+        # Gradient accumulation: all-reduce once, on the last micro-batch.
+        return contextlib.nullcontext() if last else self.module_for_forward.no_sync()
+
+
+class ZeRO1(DDP):
+    def build_optimizer(self, config):
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        t = config.train
+        groups = param_groups(self.model, config.model, t.weight_decay)
+        cls, kwargs = {"adamw": (torch.optim.AdamW, dict(betas=tuple(t.betas), eps=t.eps)),
+                       "sgd": (torch.optim.SGD, dict(momentum=t.momentum)),
+                       "adafactor": (torch.optim.Adafactor, {})}[t.optimizer]
+        optimizer = ZeroRedundancyOptimizer(groups[0]["params"], optimizer_class=cls, lr=t.lr,
+                                            weight_decay=groups[0]["weight_decay"], **kwargs)
+        for group in groups[1:]:
+            optimizer.add_param_group(group)
+        return optimizer
+
+
+class FSDP(Single):
+    autocast = False  # FSDP's MixedPrecisionPolicy casts the parameters instead
+
+    def __init__(self, model, rt: Runtime, config):
+        super().__init__(model, rt)
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        mesh = init_device_mesh(rt.device.type, (rt.world_size,))
+        precision = config.train.precision
+        mp = MixedPrecisionPolicy()
+        if precision.endswith("-mixed"):
+            half = torch.bfloat16 if precision == "bf16-mixed" else torch.float16
+            mp = MixedPrecisionPolicy(param_dtype=half, reduce_dtype=torch.float32)
+        reshard = config.parallel.zero_stage == 3
+        for block in model.blocks:
+            fully_shard(block, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
+        fully_shard(model, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
+
+    def sync_context(self, last: bool):
+        self.model.set_requires_gradient_sync(last)
+        return contextlib.nullcontext()
+
+
+def parallelize(model, config, rt: Runtime):
+    """(the model whose parameters the optimizer updates, the wrapper the loop talks to)."""
+    if not rt.distributed:
+        return model, Single(model, rt)
+    stage = config.parallel.zero_stage
+    if stage == 0:
+        return model, DDP(model, rt)
+    if stage == 1:
+        return model, ZeRO1(model, rt)
+    wrapper = FSDP(model, rt, config)
+    return model, wrapper
+
+
+__all__ = ["parallelize", "Single", "DDP", "ZeRO1", "FSDP", "dist"]

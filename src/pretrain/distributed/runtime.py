@@ -1,0 +1,87 @@
+"""Process layout under torchrun (RANK, WORLD_SIZE, LOCAL_RANK) or a plain single process.
+
+Multi-GPU and multi-node runs are launched with `torchrun`; this module only reads its environment and
+opens the process group: NCCL between GPUs, gloo on CPU (what the tests use).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from ..errors import ConfigError
+
+
+@dataclass
+class Runtime:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def init_runtime(device: str = "auto") -> Runtime:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ConfigError("train.device: cuda was asked for but no GPU is visible; use train.device=cpu")
+        index = local_rank if device == "cuda" else int(device.split(":")[1])
+        torch.cuda.set_device(index)
+        dev = torch.device("cuda", index)
+    else:
+        dev = torch.device("cpu")
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo", device_id=dev
+                                if dev.type == "cuda" else None)
+    return Runtime(rank=rank, world_size=world, local_rank=local_rank, device=dev)
+
+
+def all_reduce_mean(value: float, rt: Runtime) -> float:
+    """Mean of a float over all ranks (the loss every rank logs is the global batch's)."""
+    if not rt.distributed:
+        return float(value)
+    t = torch.tensor([float(value)], dtype=torch.float64, device=rt.device)
+    dist.all_reduce(t)
+    return float(t.item()) / rt.world_size
+
+
+def all_reduce_max(value: float, rt: Runtime) -> float:
+    if not rt.distributed:
+        return float(value)
+    t = torch.tensor([float(value)], dtype=torch.float64, device=rt.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def broadcast_object(obj, rt: Runtime):
+    """Rank 0's value on every rank (decisions all ranks must agree on: rollbacks, stopping)."""
+    if not rt.distributed:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def barrier(rt: Runtime) -> None:
+    if rt.distributed:
+        dist.barrier()
+
+
+def shutdown(rt: Runtime) -> None:
+    if rt.distributed and dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,86 @@
+"""Where a run reports: metrics.jsonl and events.jsonl (one JSON object per line), TensorBoard, and the
+terminal (a rich progress bar, or plain lines when the output is not a terminal). Rank 0 only."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+
+class RunLog:
+    def __init__(self, run_dir: Path, total_steps: int, start_step: int, progress: bool, enabled: bool = True):
+        self.enabled = enabled
+        self.run_dir = Path(run_dir)
+        self.started = time.time()
+        self._tb = None
+        self._bar = None
+        if not enabled:
+            return
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._metrics = open(self.run_dir / "metrics.jsonl", "a")
+        self._events = open(self.run_dir / "events.jsonl", "a")
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
+        except ImportError:  # tensorboard is a dependency, but a broken install must not stop training
+            self._tb = None
+        if progress and sys.stdout.isatty():
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self._bar = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.fields[status]}"), TimeRemainingColumn())
+            self._task = self._bar.add_task("train", total=total_steps, completed=start_step, status="")
+            self._bar.start()
+
+    def now(self) -> float:
+        return time.time() - self.started
+
+    def metrics(self, record: dict) -> None:
+        if not self.enabled:
+            return
+        record = {"time": round(self.now(), 3), **record}
+        self._metrics.write(json.dumps(record) + "\n")
+        self._metrics.flush()
+        if self._tb is not None:
+            for key, value in record.items():
+                if key not in ("step", "time") and isinstance(value, (int, float)) and math.isfinite(value):
+                    self._tb.add_scalar(key, value, record["step"])
+        if "loss" in record:
+            status = f"loss {record['loss']:.4f}  {record['tokens_per_s']:,.0f} tok/s"
+            if self._bar is not None:
+                self._bar.update(self._task, completed=record["step"], status=status)
+            else:
+                print(f"step {record['step']:>7}  tokens {record['tokens']:>12,}  {status}  lr {record['lr']:.3g}  "
+                      f"grad norm {record['grad_norm']:.3g}", flush=True)
+        elif "val_loss" in record:
+            self.say(f"step {record['step']}: validation loss {record['val_loss']:.4f} "
+                     f"(perplexity {record['val_ppl']:.2f})")
+
+    def event(self, record: dict) -> None:
+        if not self.enabled:
+            return
+        record = {"time": round(self.now(), 3), **record}
+        self._events.write(json.dumps(record) + "\n")
+        self._events.flush()
+
+    def say(self, text: str) -> None:
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            self._bar.console.print(text)
+        else:
+            print(text, flush=True)
+
+    def close(self) -> None:
+        if not self.enabled or self._metrics.closed:
+            return
+        if self._bar is not None:
+            self._bar.stop()
+        if self._tb is not None:
+            self._tb.close()
+        self._metrics.close()
+        self._events.close()

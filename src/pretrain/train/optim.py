@@ -1,0 +1,40 @@
+"""Optimizers as large-model pretraining uses them.
+
+AdamW (Loshchilov & Hutter) with beta1 0.9, beta2 0.95, eps 1e-8 and decoupled weight decay 0.1 on matrices
+only: norms, biases and a tied embedding (which is also the output layer) are not decayed, as in GPT-3,
+LLaMA and nanoGPT. The fused kernel is used where PyTorch has one (CUDA, and CPU since 2.4): no per-tensor
+temporaries, so the optimizer step needs no memory beyond its states. Adafactor (factored second moments,
+no momentum) and SGD with momentum are there for the memory they save; the planner knows both.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..plan.memory import decay_groups
+from ..plan.params import param_shapes
+
+
+def param_groups(model: torch.nn.Module, model_cfg, weight_decay: float) -> list[dict]:
+    """[decayed matrices, undecayed rest], in the planner's order (it predicts ZeRO-1's partition)."""
+    named = dict(model.named_parameters())
+    shapes = param_shapes(model_cfg)
+    groups = decay_groups(model_cfg, shapes)
+    decay = groups[0] if len(groups) == 2 else []
+    out = []
+    for indices in groups:
+        params = [named[shapes[i][0]] for i in indices]
+        out.append({"params": params, "weight_decay": weight_decay if indices is decay else 0.0})
+    return out
+
+
+def build_optimizer(model: torch.nn.Module, model_cfg, train_cfg, groups: list[dict] | None = None):
+    groups = groups or param_groups(model, model_cfg, train_cfg.weight_decay)
+    device = next(model.parameters()).device
+    if train_cfg.optimizer == "adamw":
+        return torch.optim.AdamW(groups, lr=train_cfg.lr, betas=tuple(train_cfg.betas), eps=train_cfg.eps,
+                                 fused=device.type in ("cuda", "cpu"))
+    if train_cfg.optimizer == "adafactor":
+        return torch.optim.Adafactor(groups, lr=train_cfg.lr)
+    return torch.optim.SGD(groups, lr=train_cfg.lr, momentum=train_cfg.momentum)
+

@@ -1,0 +1,105 @@
+"""The plan and the run check each other: the planner's figures for exactly this config, printed at start,
+then the measured ones beside them after a few steps, written to RUN_DIR/plan_vs_run.json."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from ..plan import plan as make_plan
+from ..plan.hardware import catalog_name
+
+GiB = 1024**3
+
+
+def config_for_device(config, rt):
+    """The run's config with the hardware the run really has: the detected GPU (or cpu), the world size."""
+    c = copy.deepcopy(config)
+    if rt.device.type == "cuda":
+        name = catalog_name(torch.cuda.get_device_name(rt.device))
+        if name:
+            c.hardware.gpu = name
+    else:
+        c.hardware.gpu = "cpu"
+    c.parallel.gpus = rt.world_size
+    return c
+
+
+def peak_tflops(device_config) -> tuple[float | None, str]:
+    """Peak of this device for the run's precision: the planner's (catalog or profile), else measured."""
+    p = make_plan(device_config)
+    if p["hardware"]["peak_tflops"]:
+        return p["hardware"]["peak_tflops"], p["hardware"]["peak_source"]
+    from ..bench.matmul import summary, sweep
+
+    dtype = "fp32" if device_config.train.precision == "fp32" else "bf16"
+    best, _ = summary(sweep(dtype, torch.device("cpu"), budget=1.0, quick=True))
+    return best, f"best {dtype} matmul of this CPU, measured now (a hardware.profile from `pretrain bench` is steadier)"
+
+
+def summary(p: dict, config) -> str:
+    m = p["memory_bytes"]
+    tps = p["time"].get("tokens_per_second")
+    lines = [f"plan: {p['params']['total']:,} parameters; per device: weights {m['weights'] / GiB:.3f} GiB, "
+             f"gradients {m['gradients'] / GiB:.3f}, optimizer {m['optimizer'] / GiB:.3f}, activations "
+             f"{m['activations'] / GiB:.3f}, buffers {m['buffers'] / GiB:.3f}, total {m['total'] / GiB:.3f} GiB"]
+    if tps:
+        lines.append(f"plan: {tps:,.0f} tokens/s for the job at the assumed MFU {config.hardware.mfu} of "
+                     f"{p['hardware']['peak_tflops']:g} TFLOP/s ({p['hardware']['peak_source']})")
+    return "\n".join(lines)
+
+
+def _row(name, planned, measured, unit):
+    error = None
+    if planned not in (None, 0) and measured is not None:
+        error = round(100.0 * (measured - planned) / planned, 2)
+    return {"name": name, "planned": planned, "measured": measured, "unit": unit, "error_pct": error}
+
+
+def compare(p: dict, states: dict, saved: dict | None, peak_allocated: int | None, tokens_per_s: float,
+            mfu: float | None, assumed_mfu: float, device: str) -> dict:
+    """Rows of planned vs measured. Model states are exact on every device; activations are the tensors
+    autograd saved (hook-counted); on CUDA the allocator's peak is compared with the planned total."""
+    ms = p["model_states"]
+    rows = [_row(k, ms[k], states[k], "bytes") for k in ("parameters", "gradients", "optimizer_states")]
+    if saved is not None:
+        rows.append(_row("working_copies", ms["working_copies"], saved["working_copies"], "bytes"))
+        rows.append(_row("activations", p["memory_bytes"]["activations"], saved["activations"], "bytes"))
+        planned_total = sum(ms.values()) + p["memory_bytes"]["activations"]
+        measured_total = sum(states.values()) + saved["working_copies"] + saved["activations"]
+        rows.append(_row("model states + activations", planned_total, measured_total, "bytes"))
+    if peak_allocated is not None:
+        planned_peak = p["memory_bytes"]["total"] - p["memory_bytes"]["cuda_context"]
+        rows.append(_row("peak allocated", planned_peak, peak_allocated, "bytes"))
+    rows.append(_row("tokens_per_s", p["time"].get("tokens_per_second"), tokens_per_s, "tokens/s"))
+    rows.append(_row("mfu", assumed_mfu, mfu, "fraction"))
+    return {"device": device, "rows": rows, "plan": {k: p[k] for k in ("params", "memory_bytes", "model_states",
+                                                                       "hardware", "flops")}}
+
+
+def render(report: dict) -> str:
+    lines = [f"plan vs run on {report['device']}:", f"  {'':28} {'planned':>14} {'measured':>14} {'error':>8}"]
+    for r in report["rows"]:
+        def show(v):
+            if v is None:
+                return "n/a"
+            if r["unit"] == "bytes":
+                return f"{v / GiB:.4f} GiB" if v >= GiB / 100 else f"{v / 1024**2:.3f} MiB"
+            if r["unit"] == "fraction":
+                return f"{v:.3f}"
+            return f"{v:,.0f}"
+        err = "" if r["error_pct"] is None else f"{r['error_pct']:+.1f}%"
+        lines.append(f"  {r['name']:28} {show(r['planned']):>14} {show(r['measured']):>14} {err:>8}")
+    return "\n".join(lines)
+
+
+def write(run_dir: Path, report: dict) -> Path:
+    path = Path(run_dir) / "plan_vs_run.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(report, indent=1))
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,186 @@
+"""Training that survives: NaNs and loss spikes roll back and skip the data; SIGTERM checkpoints and exits 0;
+SIGKILL at any moment (also mid-checkpoint) loses nothing but time; a full disk stops cleanly."""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from support import run_cli
+from trainkit import tiny
+
+torch = pytest.importorskip("torch")
+
+
+def events(run_dir, kind=None):
+    path = run_dir / "events.jsonl"
+    rows = [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+    return [r for r in rows if kind is None or r["event"] == kind]
+
+
+def final_val_loss(run_dir):
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r["val_loss"] for r in rows if "val_loss" in r][-1]
+
+
+def params(run_dir):
+    from pretrain import load_model
+
+    return load_model(run_dir).state_dict()
+
+
+@pytest.fixture(scope="module")
+def clean(prepared, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("clean") / "run"
+    assert run_cli("train", *tiny(prepared, run_dir, "train.max_steps=16")).returncode == 0
+    return run_dir
+
+
+def test_nan_batch_is_skipped_and_rolled_back(prepared, clean, tmp_path):
+    run_dir = tmp_path / "run"
+    # Micro-batch 14 is the first of step 8 (2 micro-batches per step): its loss becomes NaN.
+    r = run_cli("train", *tiny(prepared, run_dir, "train.max_steps=16", "debug.inject_nan_batches=[14]"))
+    assert r.returncode == 0, r.stderr
+    skip = events(run_dir, "nonfinite_skip")
+    assert [e["step"] for e in skip] == [8]
+    (rollback,) = events(run_dir, "rollback")
+    assert rollback["step"] == 8 and rollback["to_step"] == 4  # the newest good checkpoint
+    assert rollback["skipped_micro_batches"] == [8, 16]  # everything seen since step 4, the NaN batch included
+    assert all(torch.isfinite(p).all() for p in params(run_dir).values())
+    assert abs(final_val_loss(run_dir) - final_val_loss(clean)) < 0.15
+
+
+def test_persistent_spike_rolls_back_to_a_good_checkpoint(prepared, clean, tmp_path):
+    run_dir = tmp_path / "run"
+    # Steps 7, 8, 9 (micro-batches 12..17) have a 20x loss; the checkpoint of step 8 is written during the
+    # spike, so the rollback (patience 3, at step 9) must skip it and go to step 4.
+    spike = ",".join(str(i) for i in range(12, 18))
+    r = run_cli("train", *tiny(prepared, run_dir, "train.max_steps=16", f"debug.inject_spike_batches=[{spike}]",
+                               "stability.min_history=3", "stability.patience=3", "stability.lr_scale=0.5",
+                               "stability.lr_scale_steps=3"))
+    assert r.returncode == 0, r.stderr
+    assert [e["step"] for e in events(run_dir, "spike")] == [7, 8]
+    (rollback,) = events(run_dir, "rollback")
+    assert (rollback["step"], rollback["to_step"]) == (9, 4)
+    assert rollback["skipped_micro_batches"] == [8, 18]
+    assert any(e["step"] == 8 and e["good"] is False for e in events(run_dir, "checkpoint"))
+    lrs = {json.loads(x)["step"]: json.loads(x)["lr"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()
+           if "lr" in json.loads(x)}
+    from pretrain.plan.schedule import learning_rate
+
+    expected = learning_rate(4, total_steps=16, warmup=2, peak=3e-3, min_ratio=0.1, schedule="cosine")
+    assert lrs[5] == pytest.approx(0.5 * expected)  # lowered for 3 steps after the rollback
+    assert abs(final_val_loss(run_dir) - final_val_loss(clean)) < 0.15
+
+
+def test_too_many_rollbacks_stop_with_a_message(prepared, tmp_path):
+    run_dir = tmp_path / "run"
+    bad = ",".join(str(i) for i in range(6, 400))  # the data is poisoned from step 4 on
+    r = run_cli("train", *tiny(prepared, run_dir, "train.max_steps=16", f"debug.inject_nan_batches=[{bad}]",
+                               "stability.max_rollbacks=2"))
+    assert r.returncode == 2
+    (line,) = r.stderr.strip().splitlines()
+    assert "rollbacks" in line and "--resume" in line
+    assert len(events(run_dir, "rollback")) == 2 and events(run_dir, "stopped")
+
+
+def start(args, **kw):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-m", "pretrain", *map(str, args)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, **kw)
+
+
+def wait_for_steps(run_dir, n, proc, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        path = run_dir / "metrics.jsonl"
+        if path.exists() and sum('"loss"' in x for x in path.read_text().splitlines()) >= n:
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"training ended early: {proc.stderr.read()}")
+        time.sleep(0.05)
+    raise AssertionError("training made no progress")
+
+
+def test_sigterm_checkpoints_and_exits_zero(prepared, tmp_path):
+    from pretrain.train.checkpoint import list_checkpoints
+
+    run_dir = tmp_path / "run"
+    proc = start(["train", *tiny(prepared, run_dir, "train.max_steps=40", "debug.step_sleep=0.2",
+                                 "run.checkpoint_every=100")])
+    wait_for_steps(run_dir, 3, proc)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert "stopped by SIGTERM" in out and f"pretrain train --resume {run_dir}" in out
+    stopped_at = int(list_checkpoints(run_dir)[-1].name.split("_")[1])
+    assert stopped_at >= 3
+    (pre,) = events(run_dir, "preempted")
+    assert pre["step"] == stopped_at
+    before = len((run_dir / "metrics.jsonl").read_text().splitlines())
+    r = run_cli("train", "--resume", run_dir, "train.max_steps=40", "debug.step_sleep=0", f"train.max_steps=40")
+    assert r.returncode == 0, r.stderr
+    new = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()[before:]]
+    assert [x["step"] for x in new if "loss" in x][0] == stopped_at + 1
+
+
+def test_second_signal_exits_at_once(prepared, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = start(["train", *tiny(prepared, run_dir, "train.max_steps=40", "debug.step_sleep=2")])
+    wait_for_steps(run_dir, 1, proc)
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM
+
+
+def test_sigkill_at_random_moments_loses_nothing(prepared, tmp_path):
+    """The crash harness: 10 SIGKILLs (half of them while a checkpoint is being written), a resume after
+    each; the final parameters are bitwise those of an uninterrupted run."""
+    steps = 60
+    straight = tmp_path / "straight"
+    common = (f"train.max_steps={steps}", "run.checkpoint_every=2", "run.log_every=5")
+    assert run_cli("train", *tiny(prepared, straight, *common)).returncode == 0
+    run_dir = tmp_path / "crashed"
+    args = tiny(prepared, run_dir, *common, "run.resume=auto", "debug.step_sleep=0.1",
+                "debug.checkpoint_sleep=0.1")
+    rng = random.Random(0)
+    kills = mid_checkpoint = 0
+    while kills < 10:
+        proc = start(["train", *args])
+        if kills % 2:  # kill inside a checkpoint write: its .tmp directory exists
+            while proc.poll() is None and not list(run_dir.glob("checkpoints/*.tmp")):
+                time.sleep(0.005)
+            mid_checkpoint += proc.poll() is None
+        else:
+            time.sleep(rng.uniform(2.5, 5.0))
+        if proc.poll() is not None:
+            break  # the run finished before this kill
+        proc.kill()
+        proc.communicate(timeout=60)
+        kills += 1
+    assert kills == 10 and mid_checkpoint == 5
+    r = run_cli("train", *args)  # resume to the end
+    assert r.returncode == 0, r.stderr
+    assert not list(run_dir.glob("checkpoints/*.tmp"))
+    a, b = params(straight), params(run_dir)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_disk_full_keeps_the_previous_checkpoint(prepared, tmp_path):
+    from pretrain.train.checkpoint import list_checkpoints, verify
+
+    run_dir = tmp_path / "run"
+    r = run_cli("train", *tiny(prepared, run_dir, "debug.inject_disk_full_step=8"))
+    assert r.returncode == 2
+    (line,) = r.stderr.strip().splitlines()
+    assert "disk full" in line and "step_00000004 is intact" in line
+    done = list_checkpoints(run_dir)
+    assert done[-1].name == "step_00000004" and verify(done[-1]) is None
+    assert not list((run_dir / "checkpoints").glob("*.tmp"))

@@ -1,0 +1,83 @@
+"""`pretrain train` end to end on a CPU: the loss falls, metrics and plan-vs-run are written, checkpoints load."""
+
+import json
+import math
+
+import pytest
+
+from support import run_cli
+from trainkit import tiny
+
+torch = pytest.importorskip("torch")
+
+METRIC_KEYS = {"step", "tokens", "loss", "lr", "batch_tokens", "grad_norm", "tokens_per_s", "mfu", "peak_mem_bytes"}
+
+
+@pytest.fixture(scope="module")
+def run(prepared, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("run") / "run"
+    r = run_cli("train", *tiny(prepared, run_dir, "train.max_steps=24", "train.lr=1e-2"))
+    assert r.returncode == 0, r.stderr
+    return run_dir, r.stdout
+
+
+def lines(path):
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+def test_metrics_lines_and_falling_loss(run):
+    run_dir, _ = run
+    records = lines(run_dir / "metrics.jsonl")
+    train = [r for r in records if "loss" in r]
+    evals = [r for r in records if "val_loss" in r]
+    assert [r["step"] for r in train] == list(range(1, 25))
+    assert all(METRIC_KEYS <= set(r) for r in train)
+    assert train[-1]["tokens"] == 24 * 4 * 2 * 32 and train[-1]["batch_tokens"] == 256
+    assert train[-1]["loss"] < train[0]["loss"] - 0.6  # from ln(512) = 6.24 towards the corpus statistics
+    assert [r["step"] for r in evals] == [6, 12, 18, 24]
+    assert evals[-1]["val_loss"] < evals[0]["val_loss"]
+    assert evals[-1]["val_ppl"] == pytest.approx(math.exp(evals[-1]["val_loss"]))
+    assert (run_dir / "tensorboard").is_dir()
+
+
+def test_lr_follows_the_schedule(run):
+    from pretrain.plan.schedule import learning_rate
+
+    run_dir, _ = run
+    train = [r for r in lines(run_dir / "metrics.jsonl") if "loss" in r]
+    for r in train:
+        expected = learning_rate(r["step"] - 1, total_steps=24, warmup=2, peak=1e-2, min_ratio=0.1, schedule="cosine")
+        assert r["lr"] == pytest.approx(expected)
+
+
+def test_plan_vs_run_is_written_and_exact_on_cpu(run):
+    run_dir, stdout = run
+    report = json.loads((run_dir / "plan_vs_run.json").read_text())
+    rows = {r["name"]: r for r in report["rows"]}
+    for name in ("parameters", "gradients", "optimizer_states", "working_copies", "activations"):
+        assert rows[name]["planned"] == rows[name]["measured"], name
+    assert rows["tokens_per_s"]["measured"] > 0 and rows["mfu"]["measured"] > 0
+    assert "plan vs run" in stdout
+
+
+def test_checkpoints_are_kept_and_load(run):
+    from pretrain import load_model
+    from pretrain.train.checkpoint import list_checkpoints, verify
+
+    run_dir, _ = run
+    names = [p.name for p in list_checkpoints(run_dir)]
+    assert names[-3:] == ["step_00000016", "step_00000020", "step_00000024"]  # keep_checkpoints = 3
+    assert all(verify(p) is None for p in list_checkpoints(run_dir))
+    model = load_model(run_dir)
+    assert not model.training
+    x = torch.randint(0, 512, (1, 16))
+    assert model(x).shape == (1, 16, 512)
+
+
+def test_resume_of_a_finished_run_does_nothing_more(run, prepared):
+    run_dir, _ = run
+    before = (run_dir / "metrics.jsonl").read_text()
+    r = run_cli("train", "--resume", run_dir)
+    assert r.returncode == 0, r.stderr
+    after = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text()[len(before):].splitlines()]
+    assert all("loss" not in r for r in after)  # no training step, only the final evaluation
