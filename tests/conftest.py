@@ -1,6 +1,21 @@
-"""Test-wide setup: no network, no hub downloads."""
+"""Test-wide setup: no network, no hub downloads; a small prepared dataset every machine can build."""
 
 import os
 
+import pytest
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def prepared(tmp_path_factory):
+    """Python's bundled documentation, tokenized with a 512-token byte-level BPE (train.bin / val.bin)."""
+    pytest.importorskip("torch")
+    from pretrain.data import prepare, train_tokenizer, write_sample_corpus
+
+    root = tmp_path_factory.mktemp("sample")
+    corpus = write_sample_corpus(root / "corpus")
+    train_tokenizer([str(corpus)], 512, root / "tokenizer")
+    prepare([str(corpus)], str(root / "tokenizer"), root / "data", val_fraction=0.1, workers=1)
+    return root / "data"

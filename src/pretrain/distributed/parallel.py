@@ -24,6 +24,7 @@ class Single:
     """One process: no communication."""
 
     autocast = True
+    measurable = True  # saved-tensor hooks see plain tensors (not FSDP's gathered parameters)
 
     def __init__(self, model, rt: Runtime):
         self.model, self.rt = model, rt
@@ -44,6 +45,18 @@ class Single:
     def mean_over_ranks(self, value: float) -> float:
         return all_reduce_mean(value, self.rt)
 
+    def state_dict(self, optimizer) -> dict:
+        """Model and optimizer state keyed by parameter names (sharded tensors stay sharded), for DCP."""
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_sd, optim_sd = get_state_dict(self.model, optimizer)
+        return {"model": model_sd, "optimizer": optim_sd}
+
+    def load_state_dict(self, optimizer, sd: dict) -> None:
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        set_state_dict(self.model, optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optimizer"])
+
 
 class DDP(Single):
     def __init__(self, model, rt: Runtime):
@@ -59,6 +72,29 @@ class DDP(Single):
 
 
 class ZeRO1(DDP):
+    """DDP + ZeroRedundancyOptimizer. Its checkpoint holds, per rank, the states of the parameters that
+    rank owns, under the parameters' names: the same layout `get_state_dict` gives for every other mode, so
+    a checkpoint loads on any number of ranks and in any mode."""
+
+    def state_dict(self, optimizer) -> dict:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        local = optimizer.optim
+        if not local.state:
+            _materialize(optimizer)
+        names = {p: n for n, p in self.model.named_parameters()}
+        state = {names[p]: local.state[p] for g in local.param_groups for p in g["params"]}
+        groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [names[p] for p in g["params"]]}
+                  for g in optimizer.param_groups]
+        return {"model": get_model_state_dict(self.model), "optimizer": {"state": state, "param_groups": groups}}
+
+    def load_state_dict(self, optimizer, sd: dict) -> None:
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+        set_model_state_dict(self.model, sd["model"])  # the optimizer's state tensors were filled in place
+        for group, saved in zip(optimizer.param_groups, sd["optimizer"]["param_groups"]):
+            group.update({k: v for k, v in saved.items() if k != "params"})
+
     def build_optimizer(self, config):
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
@@ -74,8 +110,25 @@ class ZeRO1(DDP):
         return optimizer
 
 
+def _materialize(optimizer) -> None:
+    """Create optimizer states (as the first step would) without changing a weight: a step on zero
+    gradients with a learning rate of 0. Loading a checkpoint needs tensors to load into."""
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    lrs = [g["lr"] for g in optimizer.param_groups]
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    for g in optimizer.param_groups:
+        g["lr"] = 0.0
+    optimizer.step()
+    for g, lr in zip(optimizer.param_groups, lrs):
+        g["lr"] = lr
+    optimizer.zero_grad(set_to_none=True)
+
+
 class FSDP(Single):
     autocast = False  # FSDP's MixedPrecisionPolicy casts the parameters instead
+    measurable = False
 
     def __init__(self, model, rt: Runtime, config):
         super().__init__(model, rt)

@@ -84,4 +84,5 @@ def barrier(rt: Runtime) -> None:
 
 def shutdown(rt: Runtime) -> None:
     if rt.distributed and dist.is_initialized():
+        dist.barrier()  # no rank tears the group down while another still uses it
         dist.destroy_process_group()

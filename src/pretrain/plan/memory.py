@@ -93,9 +93,11 @@ def decay_groups(m, shapes: list) -> list[list[int]]:
     return [g for g in (decay, no_decay) if g]
 
 
-def model_state_tensors(cfg) -> dict:
+def model_state_tensors(cfg, rank: int | None = None) -> dict:
     """Bytes of the tensors one GPU holds between steps and in flight: parameters, gradients, optimizer
-    states, and working copies (half-precision or gathered parameters). Exact for tensor = pipeline = 1."""
+    states, and working copies (half-precision or gathered parameters). Exact for tensor = pipeline = 1.
+    `rank`: that data-parallel rank's share (ranks differ under ZeRO-1 and uneven FSDP chunks); by default
+    the largest share (what must fit)."""
     m, t, par = cfg.model, cfg.train, cfg.parallel
     dp = par.gpus // (par.tensor * par.pipeline)
     model_parallel = par.tensor * par.pipeline
@@ -110,12 +112,14 @@ def model_state_tensors(cfg) -> dict:
     def local(shape):
         return _shard_numel(shape, dp) if sharded else _numel(shape)
 
-    n_params = sum(local(s) for _, s in shapes)
+    n_params = sum(local(s) for _, s in shapes)  # FSDP pads every rank's chunk to ceil(d0 / dp) rows
     owned = range(len(shapes))
     if zero == 1:
         partition = zero1_partition(shapes, dp, decay_groups(m, shapes))
-        owned = max(partition, key=lambda ix: sum(_numel(shapes[i][1]) for i in ix))
-    n_states = sum(_state_numel(t.optimizer, _shape_for(shapes[i][1], dp, sharded), t.momentum) for i in owned)
+        owned = partition[rank] if rank is not None else max(
+            partition, key=lambda ix: sum(_numel(shapes[i][1]) for i in ix))
+    n_states = sum(_state_numel(t.optimizer, _shape_for(shapes[i][1], dp, sharded, rank or 0), t.momentum)
+                   for i in owned)
     steps = 4 * len(list(owned)) if _has_step(t.optimizer) else 0
 
     per_layer = sum(_numel(s) for n, s in shapes if n.startswith("blocks.0."))
@@ -143,10 +147,12 @@ def model_state_tensors(cfg) -> dict:
     return out
 
 
-def _shape_for(shape, dp, sharded):
+def _shape_for(shape, dp, sharded, rank=0):
+    """A rank's unpadded share of a tensor under FSDP (optimizer states are made like the local shard)."""
     if not sharded:
         return shape
-    return (-(-shape[0] // dp),) + tuple(shape[1:])
+    chunk = -(-shape[0] // dp)
+    return (max(0, min(chunk, shape[0] - rank * chunk)),) + tuple(shape[1:])
 
 
 def _stage_share(cfg, shapes) -> float:

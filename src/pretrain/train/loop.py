@@ -137,18 +137,13 @@ class Trainer:
     # --- state -------------------------------------------------------------------------------------------
 
     def state_dict(self) -> dict:
-        from torch.distributed.checkpoint.state_dict import get_state_dict
-
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-        sd = {"model": model_sd, "optimizer": optim_sd}
+        sd = self.wrapped.state_dict(self.optimizer)
         if self.scaler is not None:
             sd["scaler"] = self.scaler.state_dict()
         return sd
 
     def load_state_dict(self, sd: dict) -> None:
-        from torch.distributed.checkpoint.state_dict import set_state_dict
-
-        set_state_dict(self.model, self.optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optimizer"])
+        self.wrapped.load_state_dict(self.optimizer, sd)
         if self.scaler is not None and "scaler" in sd:
             self.scaler.load_state_dict(sd["scaler"])
 
@@ -280,7 +275,7 @@ class Trainer:
             x, y = self.loader.next_batch(t.micro_batch_size)
             x, y = x.to(self.rt.device, non_blocking=True), y.to(self.rt.device, non_blocking=True)
             with self.wrapped.sync_context(last=i == accum - 1):
-                if measure and i == 0 and not t.compile:
+                if measure and i == 0 and self.wrapped.measurable and not t.compile:
                     loss, saved = measure_forward(self.forward_model, x, y, self.autocast)
                     measured = {"saved": saved}
                 else:
@@ -302,8 +297,11 @@ class Trainer:
                 self.scaler.update()
             else:
                 self.optimizer.step()
-        if measured is not None:
+        if measure:
+            measured = measured or {"saved": None}
             measured["states"] = model_state_bytes(self.model, getattr(self.optimizer, "optim", self.optimizer))
+            if c.debug.check_sharding:
+                self._check_sharding(measured["states"])
         self.optimizer.zero_grad(set_to_none=True)
         batch_tokens = accum * t.micro_batch_size * t.seq_len * self.dp
         st.step += 1
@@ -394,6 +392,16 @@ class Trainer:
         if self.rt.is_main:
             plan_check.write(self.run_dir, report)
             self.log.say(plan_check.render(report))
+
+    def _check_sharding(self, states: dict) -> None:
+        """Debug mode: this rank holds exactly what the planner says this rank holds (one shared truth)."""
+        from ..plan.memory import model_state_tensors
+
+        planned = model_state_tensors(self.device_config, rank=self.rt.rank)
+        wrong = {k: (v, planned[k]) for k, v in states.items() if v != planned[k]}
+        if wrong:
+            detail = ", ".join(f"{k} {held:,} bytes held, {want:,} planned" for k, (held, want) in wrong.items())
+            raise AssertionError(f"rank {self.rt.rank}: {detail} (ZeRO-{self.config.parallel.zero_stage})")
 
     # --- signals -------------------------------------------------------------------------------------------
 

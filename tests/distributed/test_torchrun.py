@@ -1,0 +1,125 @@
+"""Data parallelism under a real torchrun on the CPU (gloo, 2 processes): DDP and ZeRO 1-3 train the same
+model as one process with the same global batch, hold per rank exactly what the planner predicts, save
+sharded checkpoints that resume on 1 or 2 ranks, and stop together on one rank's SIGTERM."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from support import run_cli
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("psutil")
+
+
+def settings(prepared, run_dir, micro_batch, *extra):
+    return ["model.preset=debug", "model.vocab_size=515", "model.intermediate_size=175",  # odd: uneven shards
+            "train.seq_len=32", f"train.micro_batch_size={micro_batch}", "train.grad_accum_steps=2",
+            "train.precision=fp32", "train.device=cpu", "train.lr=3e-3", "train.warmup=1", "train.max_steps=6",
+            f"data.dir={prepared}", f"run.dir={run_dir}", "run.log_every=1", "run.eval_every=0",
+            "run.eval_batches=2", "run.checkpoint_every=3", "run.progress=false", "hardware.peak_tflops=0.05",
+            *extra]
+
+
+def torchrun(*args, nproc=2, wait=True):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           "-m", "pretrain", "train", *map(str, args)]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    if not wait:
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+
+
+def losses(run_dir):
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in rows if "loss" in r}
+
+
+def params(path):
+    from pretrain import load_model
+
+    return load_model(path).state_dict()
+
+
+@pytest.fixture(scope="module")
+def single(prepared, tmp_path_factory):
+    """One process, micro-batch 8: the same global batch as 2 ranks x micro-batch 4."""
+    run_dir = tmp_path_factory.mktemp("single") / "run"
+    r = run_cli("train", *settings(prepared, run_dir, 8))
+    assert r.returncode == 0, r.stderr
+    return run_dir
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_data_parallel_matches_one_process(prepared, single, tmp_path, stage):
+    run_dir = tmp_path / "run"
+    # debug.check_sharding: every rank asserts it holds exactly the planner's per-rank model-state bytes.
+    r = torchrun(*settings(prepared, run_dir, 4, f"parallel.zero_stage={stage}", "debug.check_sharding=true"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    # The logged loss is the global batch's mean: it equals the single process's (fp32 reduction order
+    # differs, hence a tolerance of 1e-5 relative; parameters after 6 AdamW steps within 1e-5 absolute).
+    a, b = losses(single), losses(run_dir)
+    assert a.keys() == b.keys()
+    assert all(b[k] == pytest.approx(a[k], rel=1e-5) for k in a)
+    pa, pb = params(single), params(run_dir)
+    for k in pa:
+        torch.testing.assert_close(pb[k], pa[k], rtol=1e-5, atol=1e-5)
+    report = json.loads((run_dir / "plan_vs_run.json").read_text())
+    rows = {x["name"]: x for x in report["rows"]}
+    for name in ("parameters", "gradients", "optimizer_states"):
+        assert rows[name]["planned"] == rows[name]["measured"]
+
+
+def test_sharded_checkpoint_resumes_on_one_and_two_ranks(prepared, tmp_path):
+    from pretrain.train.checkpoint import checkpoint_dir
+
+    straight = tmp_path / "straight"
+    assert torchrun(*settings(prepared, straight, 4, "parallel.zero_stage=3")).returncode == 0
+    shards = list((checkpoint_dir(straight, 3) / "state").glob("*.distcp"))
+    assert len(shards) == 2  # one file per rank: the checkpoint is sharded
+
+    two = tmp_path / "two"
+    assert torchrun(*settings(prepared, two, 4, "parallel.zero_stage=3", "debug.stop_after_step=3")).returncode == 0
+    r = torchrun("--resume", two, "debug.stop_after_step=0")
+    assert r.returncode == 0, r.stderr[-3000:]
+    a, b = params(straight), params(two)
+    assert all(torch.equal(a[k], b[k]) for k in a)  # same ranks, same order of operations: bitwise
+
+    one = tmp_path / "one"
+    assert torchrun(*settings(prepared, one, 4, "parallel.zero_stage=3", "debug.stop_after_step=3")).returncode == 0
+    r = run_cli("train", "--resume", one, "debug.stop_after_step=0", "train.micro_batch_size=8")
+    assert r.returncode == 0, r.stderr
+    assert "resumed from" in r.stdout
+    la, lb = losses(straight), losses(one)
+    assert all(lb[k] == pytest.approx(la[k], rel=1e-5) for k in (4, 5, 6))
+    a, b = params(straight), params(one)
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=1e-5, atol=1e-5)
+
+
+def test_one_ranks_sigterm_stops_the_whole_job(prepared, tmp_path):
+    import psutil
+
+    from pretrain.train.checkpoint import list_checkpoints
+
+    run_dir = tmp_path / "run"
+    proc = torchrun(*settings(prepared, run_dir, 4, "train.max_steps=200", "debug.step_sleep=0.2"), wait=False)
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        path = run_dir / "metrics.jsonl"
+        if path.exists() and len(path.read_text().splitlines()) >= 2:
+            break
+        time.sleep(0.1)
+    workers = [c for c in psutil.Process(proc.pid).children(recursive=True) if "pretrain" in " ".join(c.cmdline())]
+    assert len(workers) == 2
+    os.kill(workers[-1].pid, signal.SIGTERM)  # only one rank is told
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    assert "resume with: pretrain train --resume" in out
+    step = int(list_checkpoints(run_dir)[-1].name.split("_")[1])
+    assert 2 <= step < 200
