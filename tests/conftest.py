@@ -5,6 +5,9 @@ import os
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Two pytest workers share two cores: one OpenMP thread each (and in every subprocess they start), or idle
+# OpenMP threads spin against each other and tiny CPU steps run 100x slower.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 

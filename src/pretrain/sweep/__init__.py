@@ -1,0 +1,23 @@
+"""Sweep config values over the real training step: it/s, tokens/s, TFLOP/s, MFU and memory per combination,
+each beside the planner's figure for it.
+
+`run_sweep(config_path, overrides, sweep={"train.seq_len": [256, 1024]}, ...)` returns a JSON-ready dict and
+writes sweep.csv, sweep.json and sweep.png; `parse_items(items)` splits command-line items into the config
+file, the fixed overrides and the swept lists. See docs/sweep.md.
+"""
+
+from __future__ import annotations
+
+from .grid import parse_items
+
+__all__ = ["run_sweep", "parse_items", "SyntheticTokens"]
+
+
+def __getattr__(name: str):
+    # Imported on first use: `pretrain --help` imports pretrain.sweep.command, hence this package, and must
+    # not pay for importing torch.
+    if name in ("run_sweep", "SyntheticTokens"):
+        from . import run
+
+        return getattr(run, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

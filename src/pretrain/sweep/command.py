@@ -1,0 +1,58 @@
+"""Time the real training step for every combination of config values, beside the planner's figures.
+
+  pretrain sweep [CONFIG.yaml] [section.key=v1,v2,... ...] [--budget-seconds S] [--json] [--out DIR]
+
+A comma list sweeps a key (a list-typed key such as train.betas keeps its own syntax); every combination is a
+cell: a few warm-up and timed optimizer steps of the training step on synthetic tokens, on this device. Each
+cell reports it/s, tokens/s, achieved TFLOP/s, MFU, and memory measured and planned, or OOM.
+
+Examples:
+  pretrain sweep model.preset=debug train.precision=fp32 train.seq_len=32,64,128 train.micro_batch_size=1,4
+  pretrain sweep configs/my.yaml train.seq_len=1024,4096 train.activation_checkpointing=none,full
+
+Writes sweep.csv, sweep.json and sweep.png to --out (default sweep/). See docs/sweep.md.
+"""
+
+from __future__ import annotations
+
+from ..config_args import add_config_arguments
+
+HELP = "time the training step over lists of config values: tokens/s, MFU, memory measured vs planned"
+
+
+def add_arguments(p) -> None:
+    add_config_arguments(p)
+    p.add_argument("--out", metavar="DIR", default="sweep", help="write sweep.csv, sweep.json and sweep.png here "
+                   "(default sweep/)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON instead of the table")
+    p.add_argument("--budget-seconds", type=float, metavar="S", help="start no cell after S seconds; the rest "
+                   "are reported as 'skipped: budget'")
+    p.add_argument("--try-all", action="store_true", help="also run the cells the plan says do not fit")
+    p.add_argument("--warmup-steps", type=int, default=2, metavar="N", help="untimed optimizer steps per cell, "
+                   "at least 2 (the 2nd measures memory) (default 2)")
+    p.add_argument("--steps", type=int, default=3, metavar="N", help="timed optimizer steps per cell (default 3)")
+
+
+def run(args) -> int:
+    import json
+
+    from . import parse_items, run_sweep
+
+    path, overrides, swept = parse_items(args.items)
+    result = run_sweep(path, overrides, swept, budget_seconds=args.budget_seconds, try_all=args.try_all,
+                       warmup_steps=args.warmup_steps, steps=args.steps, out_dir=args.out, progress=not args.json)
+    if args.json:
+        from .output import to_json
+
+        print(to_json(result), end="")
+        return 0
+    from rich.console import Console
+
+    from .output import table
+
+    console = Console()
+    if not console.is_terminal:  # a file or a pipe: one line per cell rather than 80 wrapped columns
+        console = Console(width=200)
+    console.print(table(result))
+    print("wrote " + ", ".join(result["files"].values()))
+    return 0

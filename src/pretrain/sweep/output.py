@@ -1,0 +1,217 @@
+"""What a sweep writes: sweep.csv, sweep.json and sweep.png in the output directory, and the terminal table.
+
+The plot puts the swept key with the most numeric values on the x axis (a categorical axis when no key is
+numeric), one colour per combination of the other swept keys; measured figures are points, the planner's
+lines. Built on `matplotlib.figure.Figure` (no pyplot, no display), like the report's plots.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+from pathlib import Path
+
+from ..errors import UsageError
+from ..report import units
+
+FILES = {"csv": "sweep.csv", "json": "sweep.json", "png": "sweep.png"}
+CSV_COLUMNS = ("status", "plan_verdict", "it_per_s", "tokens_per_s", "achieved_tflops", "mfu",
+               "memory_measured_bytes", "memory_planned_bytes", "memory_error_pct", "planned_tokens_per_s",
+               "tokens_per_step", "step_seconds", "peak_tflops", "loss", "seconds", "error")
+
+
+# --- files -------------------------------------------------------------------------------------------------------
+
+def write_tables(result: dict, out: Path) -> dict:
+    """sweep.json and sweep.csv (after every cell, so an interrupted sweep keeps what it measured)."""
+    files = {"csv": str(out / FILES["csv"]), "json": str(out / FILES["json"])}
+    result = {**result, "files": {**result.get("files", {}), **files}}
+    _write(out, FILES["csv"], to_csv(result).encode())
+    _write(out, FILES["json"], to_json(result).encode())
+    return result["files"]
+
+
+def write_all(result: dict, out: Path) -> dict:
+    """The tables and the plot; returns the paths written."""
+    files = {**result.get("files", {}), "png": str(out / FILES["png"])}
+    _write(out, FILES["png"], plot_png(result))
+    return write_tables({**result, "files": files}, out)
+
+
+def make_dir(out: Path) -> None:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise _cannot_write(out, "it", e) from None
+
+
+def _cannot_write(out: Path, what: str, e: OSError) -> UsageError:
+    return UsageError(f"--out {out}: cannot write {what} ({e.strerror or e}); give a writable directory")
+
+
+def _write(out: Path, name: str, data: bytes) -> None:
+    """Temp file in the same directory, then rename: a reader never sees half a file."""
+    path = out / name
+    tmp = out / f".{name}.{os.getpid()}.tmp"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except OSError as e:
+        raise _cannot_write(out, name, e) from None
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def to_json(result: dict) -> str:
+    return json.dumps(_finite(result), indent=1) + "\n"
+
+
+def _finite(x):
+    """NaN and infinity are not JSON: a diverged loss becomes its string, as the trainer's events write it."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return str(x)
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_finite(v) for v in x]
+    return x
+
+
+def to_csv(result: dict) -> str:
+    keys = list(result["swept"])
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(["cell", *keys, *CSV_COLUMNS])
+    for cell in result["cells"]:
+        writer.writerow([cell["cell"], *(cell["values"][k] for k in keys),
+                         *("" if cell[c] is None else cell[c] for c in CSV_COLUMNS)])
+    return buf.getvalue()
+
+
+# --- terminal ----------------------------------------------------------------------------------------------------
+
+def column_names(keys: list[str]) -> dict[str, str]:
+    """train.seq_len -> seq_len, unless two swept keys share the last part."""
+    short = [k.split(".")[-1] for k in keys]
+    return {k: (s if short.count(s) == 1 else k) for k, s in zip(keys, short)}
+
+
+def table(result: dict):
+    from rich.table import Table
+
+    keys = list(result["swept"])
+    names = column_names(keys)
+    peaks = "; ".join(f"{prec} {p['tflops']:.4g} TFLOP/s ({p['source']})" for prec, p in result["peak_tflops"].items())
+    t = Table(title=f"pretrain sweep on {result['device']}: {result['warmup_steps']} warm-up + {result['steps']} "
+                    "timed steps per cell", caption=f"MFU against peak {peaks}\nmemory: "
+                    f"{result['memory_measured_as']}", caption_justify="left")
+    with_status = any(cell["status"] != "ok" for cell in result["cells"])  # OOM, skipped: a column of its own
+    for k in keys:
+        t.add_column(names[k])
+    if with_status:
+        t.add_column("status")
+    for name in ("it/s", "tokens/s", "TFLOP/s", "MFU", "memory", "planned", "error"):
+        t.add_column(name, justify="right")
+    t.add_column("plan")
+    for cell in result["cells"]:
+        first = [str(cell["values"][k]) for k in keys] + ([cell["status"]] if with_status else [])
+        planned = units.nbytes(cell["memory_planned_bytes"])
+        if cell["status"] != "ok":
+            t.add_row(*first, "", "", "", "", "", planned, "", cell["plan_verdict"],
+                      style="red" if cell["status"] == "OOM" else "dim")
+            continue
+        err = cell["memory_error_pct"]
+        t.add_row(*first, f"{cell['it_per_s']:.3g}", units.human(cell["tokens_per_s"]),
+                  f"{cell['achieved_tflops']:.3g}", "-" if cell["mfu"] is None else f"{100 * cell['mfu']:.1f}%",
+                  units.nbytes(cell["memory_measured_bytes"]), planned, "-" if err is None else f"{err:+.1f}%",
+                  cell["plan_verdict"])
+    return t
+
+
+# --- plot --------------------------------------------------------------------------------------------------------
+
+def x_key(result: dict) -> str | None:
+    """The swept key on the x axis: the numeric one with the most values, else the first one."""
+    swept = result["swept"]
+    numeric = [k for k, vs in swept.items() if all(_is_number(v) for v in vs)]
+    pool = numeric or list(swept)
+    return max(pool, key=lambda k: len(swept[k])) if pool else None  # max keeps the first of equals
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def plot_png(result: dict) -> bytes:
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    cells, swept = result["cells"], result["swept"]
+    xk = x_key(result)
+    others = [k for k in swept if k != xk]
+    names = column_names(list(swept))
+    xs = swept[xk] if xk else ["base config"]
+    numeric = xk is not None and all(_is_number(v) for v in xs)
+    position = (lambda v: v) if numeric else (lambda v: xs.index(v))
+    groups: dict[tuple, list] = {}
+    for cell in cells:
+        groups.setdefault(tuple(cell["values"][k] for k in others), []).append(cell)
+
+    top = max((c["memory_measured_bytes"] or 0, c["memory_planned_bytes"] or 0) for c in cells)
+    mem_scale, mem_unit = (1024**3, "GiB") if max(top) >= 1024**3 else (1024**2, "MiB")
+    fig = Figure(figsize=(12.8, 5.6), layout="constrained")
+    ax_tps, ax_mem = fig.subplots(1, 2)
+    colours = [f"C{i % 10}" for i in range(len(groups))]
+    handles = []
+    for colour, (group, members) in zip(colours, groups.items()):
+        members = sorted(members, key=lambda c: position(c["values"][xk]) if xk else 0)
+        x = [position(c["values"][xk]) if xk else 0 for c in members]
+        label = ", ".join(f"{names[k]}={v}" for k, v in zip(others, group)) or "measured"
+        handles.append(Line2D([], [], color=colour, marker="o", label=label))
+        for ax, measured, planned, scale in ((ax_tps, "tokens_per_s", "planned_tokens_per_s", 1.0),
+                                             (ax_mem, "memory_measured_bytes", "memory_planned_bytes", mem_scale)):
+            line = [(xi, c[planned] / scale) for xi, c in zip(x, members) if c[planned] is not None]
+            if line:
+                ax.plot(*zip(*line), color=colour, linestyle="-", linewidth=1.2, alpha=0.8)
+            points = [(xi, c[measured] / scale) for xi, c in zip(x, members) if c[measured] is not None]
+            if points:
+                ax.plot(*zip(*points), color=colour, linestyle="none", marker="o", markersize=6)
+        ooms = [(xi, c["memory_planned_bytes"] / mem_scale) for xi, c in zip(x, members) if c["status"] == "OOM"]
+        if ooms:
+            ax_mem.plot(*zip(*ooms), color=colour, linestyle="none", marker="X", markersize=10)
+    xlabel = xk or ""
+    for ax, title, ylabel in ((ax_tps, "Throughput", "tokens/s"), (ax_mem, "Memory", mem_unit)):
+        ax.set_title(title)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.grid(True, alpha=0.3)
+        if numeric and min(xs) > 0 and max(xs) / min(xs) >= 8:
+            ax.set_xscale("log", base=2)
+        ax.set_xticks([position(v) for v in xs], [str(v) for v in xs])
+        ax.minorticks_off()
+    rates = [c[k] for c in cells for k in ("tokens_per_s", "planned_tokens_per_s") if c[k]]
+    if rates and max(rates) / min(rates) > 10:  # seq_len x batch sweeps span decades of tokens/s
+        ax_tps.set_yscale("log")
+        ax_tps.yaxis.set_major_locator(LogLocator(base=10, subs=(1, 2, 5)))
+        ax_tps.yaxis.set_minor_formatter(NullFormatter())
+    else:
+        ax_tps.set_ylim(bottom=0)
+    ax_tps.yaxis.set_major_formatter(FuncFormatter(lambda v, _: units.human(v, digits=4)))
+    ax_mem.set_ylim(bottom=0)
+    mfus = sorted({c["assumed_mfu"] for c in cells})
+    style = [Line2D([], [], color="0.3", marker="o", linestyle="none", label="measured"),
+             Line2D([], [], color="0.3", linestyle="-", label="planned (tokens/s at hardware.mfu "
+                    f"{', '.join(f'{m:g}' for m in mfus)})"),
+             Line2D([], [], color="0.3", marker="X", linestyle="none", label="OOM (at planned memory)")]
+    fig.legend(handles=handles + style, loc="outside lower center", ncols=min(3, len(handles) + len(style)),
+               fontsize="small", frameon=False)
+    fig.suptitle(f"pretrain sweep on {result['device']}, memory as "
+                 f"{'peak allocated' if result['device_type'] == 'cuda' else 'tensor count'}")
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    return buf.getvalue()

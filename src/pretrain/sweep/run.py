@@ -1,0 +1,356 @@
+"""`pretrain sweep` as a function: the real training step timed for every combination of config values.
+
+Each cell builds its own Config (the base, the fixed overrides, the cell's values), a `Trainer` fed with
+synthetic tokens, runs `warmup_steps` optimizer steps (the second one measures memory tensor by tensor, as
+`pretrain train` does) and then times `steps` more. Beside every figure stands the planner's, for the same
+config on this device, so a sweep is also a test of the planner.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import gc
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..config import Config, load_config
+from ..errors import ConfigError, UsageError
+from ..plan import plan as make_plan
+from ..plan.budget import run_length
+from ..plan.params import count_params
+from ..plan.schedule import warmup_steps as schedule_warmup
+from . import grid, output
+
+# What a cell's status can be (the table, the CSV and the JSON use these strings).
+OK, OOM, SKIPPED_BUDGET, SKIPPED_FIT = "ok", "OOM", "skipped: budget", "skipped: does not fit"
+MIN_WARMUP_STEPS = 2  # the Trainer measures memory on its 2nd step (MEASURE_STEP), after optimizer states exist
+
+
+class SyntheticTokens:
+    """The loader interface `Trainer` reads (`next_batch`, `state_dict`, `load_state_dict`), with uniform
+    random token ids instead of a data directory. Batch k comes from its own generator seeded by (seed, k),
+    so the whole state is two integers. Inputs and targets are separate int64 tensors, as `RandomWindows`
+    returns them: the planner counts both among the activations (2 x 8 x b*s bytes), and two views of one
+    storage would be counted once by the tensor meter."""
+
+    def __init__(self, vocab_size: int, seq_len: int, seed: int = 0):
+        self.vocab_size, self.seq_len, self.seed = vocab_size, seq_len, seed
+        self.batches = 0
+
+    def next_batch(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.batches)
+        self.batches += 1
+        rows = torch.randint(0, self.vocab_size, (batch_size, self.seq_len + 1), generator=generator)
+        return rows[:, :-1].clone(), rows[:, 1:].clone()  # clone: with batch 1 a slice is already contiguous
+
+    def state_dict(self) -> dict:
+        return {"seed": self.seed, "batches": self.batches}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.seed, self.batches = int(state["seed"]), int(state["batches"])
+
+
+@dataclass
+class Cell:
+    index: int
+    values: dict           # swept key -> value as the config resolved it (int 64, not "64")
+    overrides: list[str]   # the cell's own section.key=value items
+    config: Config = None
+    device_config: Config = None
+    rt: object = None
+    plan: dict = field(default_factory=dict)
+
+
+def run_sweep(config_path: str | Path | dict | None = None, overrides=(), sweep: dict | None = None,
+              budget_seconds: float | None = None, try_all: bool = False, warmup_steps: int = 2, steps: int = 3,
+              out_dir: str | Path | None = "sweep", progress=True) -> dict:
+    """Time the real training step for every combination of `sweep` values; return the JSON-ready result.
+
+    config_path: a YAML file (or a dict, or None for the defaults), with `overrides` (`section.key=value`
+      strings) on top, as `pretrain plan` reads them.
+    sweep: {"train.seq_len": [256, 1024], ...}: every combination is one cell; {} or None is one cell.
+    budget_seconds: no cell starts once this many seconds have passed (a started cell runs to its end);
+      the rest are reported as "skipped: budget".
+    try_all: also run the cells whose plan says they do not fit (plan["fits"] is False).
+    warmup_steps, steps: untimed steps (at least 2: the 2nd measures memory), then timed ones.
+    out_dir: where sweep.csv, sweep.json and sweep.png go (rewritten after each cell); None writes nothing.
+    progress: True for a bar on stderr (on a terminal), False, or a callable(done, total, description).
+
+    Every cell's config is loaded, checked and planned before any cell runs: a bad key or value raises
+    ConfigError / UsageError naming it, and nothing is measured.
+    """
+    started = time.perf_counter()
+    if not isinstance(warmup_steps, int) or warmup_steps < MIN_WARMUP_STEPS:
+        raise UsageError(f"--warmup-steps: must be at least {MIN_WARMUP_STEPS} (the trainer measures memory on its "
+                         f"step {MIN_WARMUP_STEPS}, once optimizer states exist), got {warmup_steps}")
+    if not isinstance(steps, int) or steps < 1:
+        raise UsageError(f"--steps: must be at least 1 timed step, got {steps}")
+    if budget_seconds is not None and not budget_seconds > 0:
+        raise UsageError(f"--budget-seconds: must be a positive number of seconds, got {budget_seconds}")
+    sweep = {k: list(v) for k, v in (sweep or {}).items()}
+    cells = prepare_cells(config_path, list(overrides), sweep)
+    peaks = _set_peaks(cells)
+
+    result = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "device": _device_name(cells[0].rt.device), "device_type": cells[0].rt.device.type,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads() if cells[0].rt.device.type == "cpu" else None,
+        "config": str(config_path) if isinstance(config_path, (str, Path)) else None,
+        "overrides": list(overrides),
+        "swept": {k: list(dict.fromkeys(c.values[k] for c in cells)) for k in sweep},
+        "warmup_steps": warmup_steps, "steps": steps, "budget_seconds": budget_seconds, "try_all": try_all,
+        "memory_measured_as": memory_method(cells[0].rt.device),
+        "peak_tflops": peaks, "cells": [], "elapsed_seconds": None, "files": {},
+    }
+    out = Path(out_dir) if out_dir is not None else None
+    if out is not None:
+        output.make_dir(out)  # an unwritable --out fails now, not after the first cell
+
+    with _progress(progress) as advance:
+        for cell in cells:
+            if advance:
+                advance(cell.index, len(cells), _describe(cell))
+            cell_started = time.perf_counter()
+            if budget_seconds is not None and cell_started - started >= budget_seconds:
+                record = _record(cell, SKIPPED_BUDGET)
+            elif cell.plan["fits"] is False and not try_all:
+                record = _record(cell, SKIPPED_FIT)
+            else:
+                record = _record(cell, **run_cell(cell, warmup_steps, steps))
+            record["seconds"] = round(time.perf_counter() - cell_started, 3)
+            result["cells"].append(record)
+            result["elapsed_seconds"] = round(time.perf_counter() - started, 3)
+            if out is not None:
+                result["files"] = output.write_tables(result, out)
+        if advance:
+            advance(len(cells), len(cells), "plot")
+    if out is not None:
+        result["files"] = output.write_all(result, out)
+    return result
+
+
+# --- before any cell runs ------------------------------------------------------------------------------------
+
+def prepare_cells(config_path, overrides: list[str], sweep: dict) -> list[Cell]:
+    """Load, check and plan every cell; raises on the first bad one, naming its key (and the cell)."""
+    from ..distributed.runtime import init_runtime
+    from ..train import plan_check
+    from ..train.loop import check_trainable
+
+    runtimes: dict[str, object] = {}
+    cells = []
+    for index, values in enumerate(grid.cells(sweep)):
+        own = grid.cell_overrides(values)
+        where = f" (sweep cell {' '.join(own)})" if own else ""
+        try:
+            config = load_config(config_path, [*overrides, *own])
+            config.data.dir = None  # synthetic tokens: a data directory is neither needed nor read
+            check_trainable(config, needs_data=False)
+            _check_length(config)
+            device = config.train.device
+            if device not in runtimes:
+                runtimes[device] = init_runtime(device)
+            rt = runtimes[device]
+            device_config = plan_check.config_for_device(config, rt)
+            p = make_plan(device_config)
+        except UsageError as e:
+            raise type(e)(f"{e}{where}") from None
+        resolved = {key: getattr(getattr(config, key.split(".", 1)[0]), key.split(".", 1)[1]) for key in values}
+        cells.append(Cell(index=index, values=resolved, overrides=own, config=config, device_config=device_config,
+                          rt=rt, plan=p))
+    return cells
+
+
+def _check_length(config) -> None:
+    """The Trainer refuses a warm-up as long as the run; say so now, before any cell runs."""
+    steps = run_length(config, count_params(config.model).total)["steps"]
+    warmup = schedule_warmup(config.train.warmup, steps)
+    if warmup >= steps:
+        raise ConfigError(f"train.warmup: {warmup} warm-up steps is not shorter than the run ({steps} steps); "
+                          "lower train.warmup")
+
+
+def _set_peaks(cells: list[Cell]) -> dict:
+    """The peak TFLOP/s behind MFU, per cell: the planner's (catalog, profile, hardware.peak_tflops), else one
+    quick matmul measurement per compute dtype for the whole sweep, given to the cells as hardware.peak_tflops."""
+    from ..train import plan_check
+
+    measured: dict[tuple, tuple] = {}
+    peaks = {}
+    for cell in cells:
+        hw = cell.plan["hardware"]
+        if hw["peak_tflops"]:
+            peak, source = hw["peak_tflops"], hw["peak_source"]
+        else:
+            key = (str(cell.rt.device), "fp32" if cell.config.train.precision == "fp32" else "bf16")
+            if key not in measured:
+                measured[key] = plan_check.peak_tflops(cell.device_config)
+            peak, source = measured[key]
+            for c in (cell.config, cell.device_config):
+                c.hardware.peak_tflops = peak
+            cell.plan = make_plan(cell.device_config)  # the planned tokens/s at the same peak as the MFU
+        cell.plan["hardware"]["peak_source"] = source
+        peaks[cell.config.train.precision] = {"tflops": peak, "source": source}
+    return peaks
+
+
+# --- one cell --------------------------------------------------------------------------------------------------
+
+def run_cell(cell: Cell, warmup_steps: int, steps: int) -> dict:
+    """Build the Trainer, run the warm-up and timed steps; {'measured': ...} or {'status': OOM, 'error': ...}."""
+    from ..train.loop import Trainer
+    from ..bench.timing import synchronize
+
+    dev = cell.rt.device
+    free_memory(dev)
+    t = cell.config.train
+    trainer = error = None
+    try:
+        loader = SyntheticTokens(cell.config.model.vocab_size, t.seq_len, seed=t.seed)
+        trainer = Trainer(cell.config, cell.rt, loader=loader, quiet=True)
+        measurement = None
+        for _ in range(warmup_steps):
+            step = trainer.train_step()
+            measurement = step["measured"] or measurement
+        synchronize(dev)
+        if dev.type == "cuda":
+            # The peak of the timed steps: steady training, with everything the warm-up allocated (weights,
+            # optimizer states) still counted, but not the measurement step's extra recomputed block.
+            torch.cuda.reset_peak_memory_stats(dev)
+        times, tokens = [], 0
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            step = trainer.train_step()
+            synchronize(dev)
+            times.append(time.perf_counter() - t0)
+            tokens += step["batch_tokens"]
+        peak_allocated = int(torch.cuda.max_memory_allocated(dev)) if dev.type == "cuda" else None
+        measured = {"times": times, "tokens": tokens, "loss": step["loss"], "measurement": measurement,
+                    "peak_allocated": peak_allocated}
+    except (torch.cuda.OutOfMemoryError, MemoryError) as e:
+        error = _first_line(e)
+    except RuntimeError as e:  # the CPU allocator says so in a plain RuntimeError
+        if not any(s in str(e).lower() for s in ("out of memory", "can't allocate memory", "not enough memory")):
+            raise
+        error = _first_line(e)
+    finally:
+        del trainer  # the exception's frames are gone too once we are out of the except clause
+    free_memory(dev)
+    if error is not None:
+        return {"status": OOM, "error": error}
+    return {"measured": measured}
+
+
+def free_memory(dev: torch.device) -> None:
+    """Give the previous cell's tensors back, so each cell's peak is its own."""
+    gc.collect()
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+        torch.cuda.empty_cache()
+
+
+def memory_method(dev: torch.device) -> str:
+    if dev.type == "cuda":
+        return ("peak allocated (torch.cuda.max_memory_allocated over the timed steps) vs the plan's total - "
+                "cuda_context")
+    return ("tensor count at the measurement step (parameters + gradients + optimizer states + working copies + "
+            "saved activations, as `pretrain train` counts them) vs the plan's model_states + activations")
+
+
+def planned_memory(p: dict, dev: torch.device) -> int:
+    """The plan's figure comparable with what is measured on this device (see memory_method)."""
+    mem = p["memory_bytes"]
+    if dev.type == "cuda":
+        return mem["total"] - mem["cuda_context"]
+    return sum(p["model_states"].values()) + mem["activations"]
+
+
+def _record(cell: Cell, status: str = OK, measured: dict | None = None, error: str | None = None) -> dict:
+    """One row of the result: the cell's values, the plan's figures, and the measured ones where it ran."""
+    c, p, dev = cell.config, cell.plan, cell.rt.device
+    world = cell.rt.world_size
+    fits = p["fits"]
+    planned_mem = planned_memory(p, dev)
+    flops_per_token = p["flops"]["per_token" if c.flops.convention == "palm" else "per_token_6n"]
+    peak = p["hardware"]["peak_tflops"]
+    record = {
+        "cell": cell.index, "values": dict(cell.values), "status": status, "device": str(dev),
+        "plan_fits": fits, "plan_verdict": {True: "fits", False: "does not fit", None: "no limit"}[fits],
+        "tokens_per_step": c.train.micro_batch_size * c.train.grad_accum_steps * c.train.seq_len * world,
+        "step_seconds": None, "step_seconds_each": None, "it_per_s": None, "tokens_per_s": None,
+        "achieved_tflops": None, "mfu": None, "peak_tflops": peak, "peak_source": p["hardware"]["peak_source"],
+        "flops_per_token": flops_per_token,
+        "memory_measured_bytes": None, "memory_planned_bytes": planned_mem, "memory_error_pct": None,
+        "memory_planned_total_bytes": p["memory_bytes"]["total"],
+        "planned_tokens_per_s": p["time"].get("tokens_per_second"), "assumed_mfu": c.hardware.mfu,
+        "measured_detail": None, "loss": None, "error": error,
+    }
+    if measured is None:
+        return record
+    step_seconds = sum(measured["times"]) / len(measured["times"])
+    tokens_per_s = measured["tokens"] / sum(measured["times"])
+    achieved = tokens_per_s * flops_per_token / 1e12
+    record.update(step_seconds=step_seconds, step_seconds_each=measured["times"], it_per_s=1.0 / step_seconds,
+                  tokens_per_s=tokens_per_s, achieved_tflops=achieved,
+                  mfu=achieved / (peak * world) if peak else None, loss=measured["loss"])
+    m = measured["measurement"]
+    detail = None
+    if m is not None:
+        detail = dict(m["states"])
+        if m["saved"] is not None:
+            detail.update(m["saved"])
+    record["measured_detail"] = detail
+    if dev.type == "cuda":
+        mem = measured["peak_allocated"]
+    elif detail is not None and m["saved"] is not None:
+        mem = sum(detail.values())
+    else:  # not measurable (compiled or FSDP): no activation count on a CPU
+        mem = None
+    record["memory_measured_bytes"] = mem
+    if mem is not None and planned_mem:
+        record["memory_error_pct"] = 100.0 * (mem - planned_mem) / planned_mem
+    return record
+
+
+# --- small helpers ----------------------------------------------------------------------------------------------
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}".strip()
+
+
+def _describe(cell: Cell) -> str:
+    return " ".join(f"{k.split('.')[-1]}={v}" for k, v in cell.values.items()) or "base config"
+
+
+def _device_name(dev: torch.device) -> str:
+    from ..bench.run import _device_name as name
+
+    return name(dev)
+
+
+@contextlib.contextmanager
+def _progress(progress):
+    """A `advance(done, total, description)` callback: rich's bar over cells with an ETA, on stderr."""
+    if callable(progress):
+        yield progress
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
+        TimeRemainingColumn
+
+    console = Console(stderr=True)
+    if not progress or not console.is_terminal:  # pipes and logs get no control characters
+        yield None
+        return
+    bar = Progress(TextColumn("sweep {task.description:<36}"), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console, transient=True)
+    with bar:
+        task = bar.add_task("", total=None)
+        yield lambda done, total, description: bar.update(task, completed=done, total=total,
+                                                          description=description)
