@@ -1,0 +1,256 @@
+"""Reading a prepared directory: checked token files, and the windows that training and evaluation take.
+
+A window k of a split covers tokens [k*seq_len, k*seq_len + seq_len + 1): inputs are its first seq_len
+tokens, targets the last seq_len (inputs shifted by one), so consecutive windows share one token and a
+split of N tokens has (N - 1) // seq_len windows. Windows cross document boundaries; the <eos> between
+documents tells the model where one ends (GPT-2 / nanoGPT packing).
+
+Training order (RandomWindows): epoch e visits every window once, in the order of a keyed permutation of
+(seed, e). The permutation is a Feistel network, computed per position, never stored: O(1) memory for any
+number of windows. Global position p of an epoch goes to rank p % world_size, so rank r reads positions r,
+r + W, r + 2W, ... (W = world_size): ranks never overlap, and the windows of global batch b (b x W x B to
+(b+1) x W x B) are exactly those a single process reading batches of W x B would see as its batch b (in
+another order within the batch). The last (num_windows % W) positions of each epoch are dropped so ranks
+stay in step. The whole reading state is a few integers (epoch, position), so a resumed run continues
+with exactly the batches it would have seen.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import torch
+
+from ..errors import UsageError
+from .hashing import hash64, mix64
+
+SPLITS = ("train", "val")
+REQUIRED_KEYS = ("dtype", "vocab_size", "eos_id", "num_tokens", "num_docs", "sha256", "tokenizer_sha256")
+
+
+class PreparedData:
+    """A directory written by `pretrain prepare`, checked on open: meta.json present and complete, every file
+    the size meta.json says (and, with verify_checksums, the sha256 it says). UsageError on any mismatch."""
+
+    def __init__(self, path: str | Path, verify_checksums: bool = False):
+        self.path = Path(path)
+        self.meta = self._read_meta()
+        self.dtype = np.dtype(self.meta["dtype"]).newbyteorder("<")
+        self.vocab_size: int = self.meta["vocab_size"]
+        self.eos_id: int = self.meta["eos_id"]
+        self.tokenizer_dir = self.path / "tokenizer"
+        for split in SPLITS:
+            self._check_sizes(split)
+        if verify_checksums:
+            self.verify_checksums()
+
+    def tokens(self, split: str) -> np.ndarray:
+        """The split's token ids as a read-only memory map (pages are read when touched)."""
+        n = self._num_tokens(split)
+        if n == 0:  # an empty file cannot be memory-mapped
+            return np.empty(0, dtype=self.dtype)
+        return np.memmap(self.path / f"{split}.bin", dtype=self.dtype, mode="r", shape=(n,))
+
+    def doc_starts(self, split: str) -> np.ndarray:
+        """Offset of each document's first token in tokens(split) (int64, memory-mapped)."""
+        if self._num_tokens(split) == 0:  # an empty array cannot be memory-mapped
+            return np.empty(0, dtype=np.int64)
+        return np.load(self.path / f"{split}.idx.npy", mmap_mode="r")
+
+    def verify_checksums(self) -> None:
+        """Re-hash every .bin (and tokenizer.json) and compare with meta.json: reads everything once."""
+        for split in SPLITS:
+            name = f"{split}.bin"
+            if _sha256(self.path / name) != self.meta["sha256"][name]:
+                raise self._error(self.path / name, "sha256 differs from meta.json (file corrupted or replaced)")
+        tokenizer = self.tokenizer_dir / "tokenizer.json"
+        if tokenizer.is_file() and _sha256(tokenizer) != self.meta["tokenizer_sha256"]:
+            raise self._error(tokenizer, "sha256 differs from meta.json tokenizer_sha256")
+
+    def _error(self, path: Path, reason: str) -> UsageError:
+        return UsageError(f"{path}: {reason}; run `pretrain prepare --out {self.path}` again")
+
+    def _read_meta(self) -> dict:
+        path = self.path / "meta.json"
+        if not path.is_file():
+            raise self._error(self.path, "no meta.json: not the output of `pretrain prepare`, or an interrupted one")
+        try:
+            meta = json.loads(path.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as e:
+            raise self._error(path, f"not valid JSON ({e})") from None
+        missing = [k for k in REQUIRED_KEYS if k not in meta]
+        if missing:
+            raise self._error(path, f"missing keys {', '.join(missing)}")
+        if meta["dtype"] not in ("uint16", "uint32"):
+            raise self._error(path, f"dtype {meta['dtype']!r} is not uint16 or uint32")
+        return meta
+
+    def _num_tokens(self, split: str) -> int:
+        if split not in SPLITS:
+            raise UsageError(f"unknown split {split!r}; use one of {' | '.join(SPLITS)}")
+        return int(self.meta["num_tokens"][split])
+
+    def _check_sizes(self, split: str) -> None:
+        bin_path, idx_path = self.path / f"{split}.bin", self.path / f"{split}.idx.npy"
+        expected = self._num_tokens(split) * self.dtype.itemsize
+        if not bin_path.is_file():
+            raise self._error(bin_path, "missing")
+        if bin_path.stat().st_size != expected:
+            raise self._error(bin_path, f"{bin_path.stat().st_size:,} bytes, meta.json says {expected:,} "
+                                        f"({self.meta['num_tokens'][split]:,} {self.dtype.name} tokens)")
+        if not idx_path.is_file():
+            raise self._error(idx_path, "missing")
+        try:
+            shape = _npy_shape(idx_path)
+        except ValueError as e:
+            raise self._error(idx_path, f"not a .npy file ({e})") from None
+        if shape != (self.meta["num_docs"][split],):
+            raise self._error(idx_path, f"offsets of shape {shape}, meta.json says "
+                                        f"{self.meta['num_docs'][split]:,} documents")
+
+
+class FeistelPermutation:
+    """A keyed bijection of [0, size), evaluated per position: O(1) memory for any size.
+
+    A balanced Feistel network on the smallest even number of bits covering size (a bijection of that
+    power-of-two range for any round function), restricted to [0, size) by cycle walking: a value landing
+    outside is encrypted again until it lands inside (Black & Rogaway 2002). The range is < 4 x size, so a
+    position takes < 4 encryptions on average.
+    """
+
+    ROUNDS = 6
+
+    def __init__(self, size: int, seed: int, epoch: int):
+        bits = max(2, (size - 1).bit_length())
+        bits += bits % 2
+        self.size = size
+        self.half, self.mask = np.uint64(bits // 2), np.uint64((1 << bits // 2) - 1)
+        self.round_keys = hash64(seed, epoch * self.ROUNDS + np.arange(self.ROUNDS))
+
+    def __call__(self, positions: np.ndarray) -> np.ndarray:
+        x = self._encrypt(np.asarray(positions, dtype=np.uint64))
+        outside = x >= self.size
+        while outside.any():
+            x[outside] = self._encrypt(x[outside])
+            outside = x >= self.size
+        return x.astype(np.int64)
+
+    def _encrypt(self, x: np.ndarray) -> np.ndarray:
+        left, right = x >> self.half, x & self.mask
+        for key in self.round_keys:
+            left, right = right, left ^ (mix64(right ^ key) & self.mask)
+        return (left << self.half) | right
+
+
+class RandomWindows:
+    """Training batches: random windows, each once per epoch, disjoint across ranks, resumable (see module doc).
+
+    windows_per_epoch: windows this rank reads per epoch (num_windows // world_size).
+    """
+
+    def __init__(self, data: PreparedData, split: str, seq_len: int, seed: int, rank: int = 0,
+                 world_size: int = 1):
+        self.tokens = data.tokens(split)
+        self.num_windows = _num_windows(data, split, seq_len, rank, world_size)
+        self.seq_len, self.seed, self.rank, self.world_size = seq_len, seed, rank, world_size
+        self.windows_per_epoch = self.num_windows // world_size
+        self.epoch = 0
+        self.position = 0  # global position in this epoch's order: windows consumed by all ranks together
+
+    def next_batch(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(inputs, targets): int64, (batch_size, seq_len) each, targets = inputs shifted by one token."""
+        windows = [FeistelPermutation(self.num_windows, self.seed, epoch)(
+                       first + self.rank + self.world_size * np.arange(count, dtype=np.uint64))
+                   for epoch, first, count in self._advance(batch_size)]
+        return _batch(self.tokens, np.concatenate(windows), self.seq_len)
+
+    def skip(self, num_windows: int) -> None:
+        """Move past this rank's next num_windows windows without reading them (call it on every rank)."""
+        for _ in self._advance(num_windows):
+            pass
+
+    def state_dict(self) -> dict:
+        return {"seed": self.seed, "epoch": self.epoch, "position": self.position,
+                "num_windows": self.num_windows, "seq_len": self.seq_len}
+
+    def load_state_dict(self, state: dict) -> None:
+        if (state["num_windows"], state["seq_len"], state["seed"]) != (self.num_windows, self.seq_len, self.seed):
+            raise UsageError(f"data state is for {state['num_windows']:,} windows of {state['seq_len']} tokens, "
+                             f"seed {state['seed']}; this loader has {self.num_windows:,} of {self.seq_len}, "
+                             f"seed {self.seed}: resume with the same data, seq_len and seed")
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+        self._roll_over()  # the state may come from a run with another world size
+
+    def _advance(self, n: int) -> Iterator[tuple[int, int, int]]:
+        """Consume n windows of this rank: yields runs (epoch, first global position, windows of this rank)."""
+        while n > 0:
+            count = min(n, (self.num_windows - self.position) // self.world_size)
+            yield self.epoch, self.position, count
+            self.position += count * self.world_size
+            n -= count
+            self._roll_over()
+
+    def _roll_over(self) -> None:
+        if self.num_windows - self.position < self.world_size:
+            self.epoch += 1
+            self.position = 0
+
+
+class SequentialWindows:
+    """Evaluation batches: the split's first windows in order, the same every time.
+
+    Rank r of W reads windows r, r + W, r + 2W, ...; batches stop when the split runs out (the last one
+    may be shorter, equally on every rank).
+    """
+
+    def __init__(self, data: PreparedData, split: str, seq_len: int, rank: int = 0, world_size: int = 1):
+        self.tokens = data.tokens(split)
+        self.num_windows = _num_windows(data, split, seq_len, rank, world_size)
+        self.seq_len, self.rank, self.world_size = seq_len, rank, world_size
+
+    def batches(self, batch_size: int, num_batches: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        total = min(batch_size * num_batches, self.num_windows // self.world_size)
+        for start in range(0, total, batch_size):
+            local = np.arange(start, min(start + batch_size, total))
+            yield _batch(self.tokens, self.rank + self.world_size * local, self.seq_len)
+
+
+def _num_windows(data: PreparedData, split: str, seq_len: int, rank: int, world_size: int) -> int:
+    if seq_len < 1 or world_size < 1 or not 0 <= rank < world_size:
+        raise UsageError(f"need seq_len >= 1 and 0 <= rank < world_size, got seq_len {seq_len}, rank {rank}, "
+                         f"world_size {world_size}")
+    n = len(data.tokens(split))
+    if n < seq_len + 1:
+        raise UsageError(f"{split} split of {data.path} has {n:,} tokens; seq_len {seq_len} needs at least "
+                         f"{seq_len + 1:,} (prepare more data or a larger --val-fraction, or shorten seq_len)")
+    windows = (n - 1) // seq_len
+    if windows < world_size:
+        raise UsageError(f"{split} split of {data.path} has {windows:,} windows of {seq_len} tokens, fewer than "
+                         f"the {world_size} ranks")
+    return windows
+
+
+def _batch(tokens: np.ndarray, windows: np.ndarray, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    starts = np.asarray(windows, dtype=np.int64) * seq_len
+    rows = tokens[starts[:, None] + np.arange(seq_len + 1)].astype(np.int64)  # reads only these windows
+    return torch.from_numpy(rows[:, :-1].copy()), torch.from_numpy(rows[:, 1:].copy())
+
+
+def _npy_shape(path: Path) -> tuple:
+    """The shape in a .npy header, without reading the data."""
+    with open(path, "rb") as f:
+        version = np.lib.format.read_magic(f)
+        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        return read(f)[0]
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 22):
+            digest.update(block)
+    return digest.hexdigest()

@@ -1,0 +1,296 @@
+"""Documents out of raw corpus files: plain text, JSONL (plain, .gz, .zst), encyclopedia JSONL and Parquet.
+
+A reader never raises on bad content: a malformed line, a missing field, invalid UTF-8, an empty document or
+an unreadable file becomes a `Record` with a `skip` reason, so the caller counts it (or, with --strict,
+stops) and nothing valid is lost because of a bad neighbour. Files are read in sorted path order so the
+document order, and hence every token file built from it, is the same on every run.
+Pure Python apart from pyarrow (Parquet only) and zstandard (.zst only), imported when such a file is read.
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, NamedTuple
+
+from ..errors import UsageError
+
+FORMATS = ("auto", "text", "jsonl", "encyclopedia", "parquet")
+# What a directory is searched for; a file named explicitly is read whatever its suffix (as text under auto).
+SUFFIXES = (".txt", ".jsonl", ".jsonl.gz", ".jsonl.zst", ".parquet")
+SKIP_REASONS = {
+    "invalid_json": "malformed JSON",
+    "missing_field": "missing text field",
+    "invalid_utf8": "invalid UTF-8",
+    "empty": "empty document",
+    "unreadable": "unreadable file",
+}
+PARQUET_BATCH_ROWS = 1024  # rows per Arrow batch: bounded memory whatever the file size
+
+
+class Record(NamedTuple):
+    """One document (`text`) or one skipped record (`skip` = a key of SKIP_REASONS)."""
+
+    path: str
+    line: int  # 1-based line (row for Parquet); 0 = the file as a whole
+    text: str | None
+    skip: str | None = None
+    detail: str = ""
+
+    def where(self) -> str:
+        return f"{self.path}:{self.line}" if self.line else self.path
+
+    def message(self) -> str:
+        detail = f" ({self.detail})" if self.detail else ""
+        return f"{self.where()}: {SKIP_REASONS[self.skip]}{detail}"
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    format: str = "auto"  # one of FORMATS; auto decides per file from its suffix and first record
+    text_field: str = "text"  # JSONL key / Parquet column holding the document
+    split_blank_lines: bool = False  # .txt: one document per blank-line-separated block instead of per file
+
+
+def find_files(inputs: list[str | Path]) -> list[Path]:
+    """Files named by `inputs` (files, directories searched recursively, globs), sorted and deduplicated."""
+    if isinstance(inputs, (str, Path)):
+        inputs = [inputs]
+    found: set[Path] = set()
+    for item in inputs:
+        item = str(item)
+        if glob.has_magic(item):
+            matches = [Path(p) for p in glob.glob(item, recursive=True)]
+            found.update(p for p in matches if p.is_file())
+            found.update(f for p in matches if p.is_dir() for f in _corpus_files(p))
+        elif Path(item).is_dir():
+            found.update(_corpus_files(Path(item)))
+        elif Path(item).exists():
+            found.add(Path(item))
+        else:
+            raise UsageError(f"input {item} does not exist; give corpus files, directories or globs")
+    if not found:
+        raise UsageError(f"no corpus files matched {' '.join(map(str, inputs))}; "
+                         f"directories are searched for {', '.join(SUFFIXES)}")
+    return sorted(found, key=str)
+
+
+def _corpus_files(directory: Path) -> list[Path]:
+    return [p for p in directory.rglob("*") if p.is_file() and p.name.endswith(SUFFIXES)]
+
+
+class Corpus:
+    """The records of `files` in order; `bytes_read` says how far into the files (on disk) reading has got."""
+
+    def __init__(self, files: list[Path], options: ReadOptions = ReadOptions()):
+        if options.format not in FORMATS:
+            raise UsageError(f"unknown format {options.format!r}; use one of {' | '.join(FORMATS)}")
+        self.files = files
+        self.options = options
+        self.sizes = [p.stat().st_size for p in files]
+        self.total_bytes = sum(self.sizes)
+        self._done = 0
+        self._current: io.BufferedReader | None = None
+
+    def describe(self) -> str:
+        more = len(self.files) - 1
+        return f"{self.files[0]}" + (f" and {more:,} more files" if more else "")
+
+    @property
+    def bytes_read(self) -> int:
+        current = self._current
+        return self._done + (current.tell() if current is not None and not current.closed else 0)
+
+    def __iter__(self) -> Iterator[Record]:
+        self._done = 0
+        for path, size in zip(self.files, self.sizes):
+            yield from self._read(path)
+            self._current = None
+            self._done += size
+
+    def _read(self, path: Path) -> Iterator[Record]:
+        name = str(path)
+        try:
+            fmt = file_format(path, self.options)
+            if fmt == "parquet":
+                yield from _parquet(path, name, self.options.text_field)
+                return
+            with open(path, "rb") as raw:
+                self._current = raw
+                if fmt == "text":
+                    yield from _text(raw, name, self.options.split_blank_lines)
+                else:
+                    yield from _jsonl(_decompressed(raw, name), name, fmt, self.options.text_field)
+        except _unreadable_errors() as e:  # unreadable from the start, or a corrupt stream part-way through
+            yield Record(name, 0, None, "unreadable", f"{type(e).__name__}: {e}")
+
+
+def file_format(path: Path, options: ReadOptions) -> str:
+    """The format `path` is read in: --format when given, else by suffix (and first record, for JSONL)."""
+    if options.format != "auto":
+        return options.format
+    name = path.name
+    if name.endswith(".parquet"):
+        return "parquet"
+    if not name.endswith((".jsonl", ".jsonl.gz", ".jsonl.zst")):
+        return "text"
+    with open(path, "rb") as raw:
+        for _, line in zip(range(100), _decompressed(raw, name)):
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict):
+                is_encyclopedia = "sections" in record and options.text_field not in record
+                return "encyclopedia" if is_encyclopedia else "jsonl"
+    return "jsonl"
+
+
+def render_encyclopedia(record: dict) -> str:
+    """`title：summary`, then `section title：content。` per section, with nothing between.
+
+    The layout of the Baidu-Baike 563w dump that Chinese from-scratch pretraining projects use; other keys
+    (`source`, ...) are ignored.
+    """
+    parts = [_field(record, "title"), "：", _field(record, "summary")]
+    sections = record.get("sections")
+    if not isinstance(sections, list):
+        raise _MissingField("sections")
+    for section in sections:
+        if not isinstance(section, dict):
+            raise _MissingField("sections[] entry")
+        parts += [_field(section, "title"), "：", _field(section, "content"), "。"]
+    return "".join(parts)
+
+
+# --- formats ------------------------------------------------------------------------------------------
+
+
+class _MissingField(Exception):
+    """A record lacks a field (or it is not a string)."""
+
+
+def _field(record: dict, key: str) -> str:
+    value = record.get(key)
+    if not isinstance(value, str):
+        raise _MissingField(key if value is None else f"{key} is {type(value).__name__}, not a string")
+    return value
+
+
+def _document(name: str, line: int, text: str) -> Record:
+    if not text.strip():
+        return Record(name, line, None, "empty")
+    return Record(name, line, text)
+
+
+def _decompressed(raw: io.BufferedReader, name: str):
+    if name.endswith(".gz"):
+        return gzip.GzipFile(fileobj=raw)
+    if name.endswith(".zst"):
+        import zstandard
+
+        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True))
+    return raw
+
+
+def _jsonl(lines, name: str, fmt: str, text_field: str) -> Iterator[Record]:
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue  # blank lines (a trailing newline) are not records
+        try:
+            record = json.loads(line.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            yield Record(name, number, None, "invalid_utf8", f"byte {e.start}")
+            continue
+        except ValueError as e:
+            yield Record(name, number, None, "invalid_json", getattr(e, "msg", str(e)))
+            continue
+        try:
+            if not isinstance(record, dict):
+                raise _MissingField(f"a JSON {type(record).__name__}, not an object")
+            text = render_encyclopedia(record) if fmt == "encyclopedia" else _field(record, text_field)
+        except _MissingField as e:
+            yield Record(name, number, None, "missing_field", str(e))
+            continue
+        if b"\\u" in line and not _encodable(text):
+            # a JSON escape such as "\ud800" decodes to a lone surrogate, which is not text
+            yield Record(name, number, None, "invalid_utf8", "lone surrogate escape")
+            continue
+        yield _document(name, number, text)
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _text(raw: io.BufferedReader, name: str, split_blank_lines: bool) -> Iterator[Record]:
+    if not split_blank_lines:
+        yield _decoded(name, 1, raw.read())
+        return
+    # A block's final line terminator separates it from the next block; it is not part of the document.
+    block: list[bytes] = []
+    start = 0
+    for number, line in enumerate(raw, 1):
+        if line.strip():
+            if not block:
+                start = number
+            block.append(line)
+        elif block:
+            yield _decoded(name, start, b"".join(block).rstrip(b"\r\n"))
+            block = []
+    if block:
+        yield _decoded(name, start, b"".join(block).rstrip(b"\r\n"))
+
+
+def _decoded(name: str, line: int, data: bytes) -> Record:
+    """A text document from raw bytes, taken as they are (no normalisation)."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        bad_line = line + data[: e.start].count(b"\n")
+        return Record(name, bad_line, None, "invalid_utf8", f"byte {e.start}")
+    return _document(name, line, text)
+
+
+def _parquet(path: Path, name: str, text_field: str) -> Iterator[Record]:
+    import pyarrow.parquet as pq
+
+    with pq.ParquetFile(path) as parquet:
+        if text_field not in parquet.schema_arrow.names:
+            yield Record(name, 0, None, "missing_field", f"no column {text_field!r}")
+            return
+        row = 0
+        for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=[text_field]):
+            for value in batch.column(0).to_pylist():
+                row += 1
+                if isinstance(value, bytes):
+                    yield _decoded(name, row, value)
+                elif isinstance(value, str):
+                    yield _document(name, row, value)
+                else:
+                    yield Record(name, row, None, "missing_field", f"{text_field} is {type(value).__name__}")
+
+
+def _unreadable_errors() -> tuple[type[BaseException], ...]:
+    errors: tuple[type[BaseException], ...] = (OSError, EOFError)
+    try:  # pyarrow raises ArrowInvalid (a ValueError) for a file that is not Parquet
+        import pyarrow
+
+        errors += (pyarrow.ArrowException,)
+    except ImportError:
+        pass
+    try:
+        import zstandard
+
+        errors += (zstandard.ZstdError,)
+    except ImportError:
+        pass
+    return errors

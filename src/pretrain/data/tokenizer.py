@@ -1,0 +1,154 @@
+"""Byte-level BPE tokenizers: train one with Hugging Face `tokenizers`, find one on disk, save it so
+`transformers.AutoTokenizer.from_pretrained(dir)` loads it.
+
+Byte-level with no normaliser and no prefix space, so decode(encode(text)) == text for any text. Special
+tokens `<eos>`, `<bos>`, `<pad>` take ids 0, 1, 2. Offline: a tokenizer is a local directory holding
+`tokenizer.json` or the path of a `tokenizer.json`, never a hub name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import UsageError
+from .readers import Corpus, ReadOptions, find_files
+
+SPECIAL_TOKENS = ("<eos>", "<bos>", "<pad>")
+CONFIG_FILES = ("tokenizer_config.json", "special_tokens_map.json")
+# End-of-document tokens of common tokenizers, tried when tokenizer_config.json names none.
+EOS_NAMES = ("<eos>", "</s>", "<|endoftext|>", "<|end_of_text|>")
+MIN_VOCAB = 256 + len(SPECIAL_TOKENS)  # every byte, plus the special tokens
+
+
+@dataclass
+class TokenizerFiles:
+    """A tokenizer as found on disk: the bytes of tokenizer.json and of its Hugging Face config files."""
+
+    source: Path
+    files: dict[str, bytes]  # tokenizer.json and the config files (the source's, else generated ones)
+    vocab_size: int  # highest id + 1: what the token files' dtype must hold
+    eos_id: int
+    eos_token: str
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.files["tokenizer.json"]).hexdigest()
+
+    @property
+    def json(self) -> dict:
+        return json.loads(self.files["tokenizer.json"])
+
+    def load(self):
+        """A `tokenizers.Tokenizer` that reads special-token strings inside documents as plain text, so the only
+        `<eos>` ids in a token file are the ones `prepare` appends."""
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_str(self.files["tokenizer.json"].decode("utf-8"))
+        tokenizer.encode_special_tokens = True
+        return tokenizer
+
+    def save(self, out_dir: Path) -> None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for name, content in self.files.items():
+            _write_atomic(out_dir / name, content)
+
+
+def find_tokenizer(path: str | Path) -> TokenizerFiles:
+    """A local tokenizer directory or tokenizer.json path; UsageError when it is neither."""
+    path = Path(path)
+    file = path / "tokenizer.json" if path.is_dir() else path
+    if not file.is_file():
+        raise UsageError(f"tokenizer {path} not found: give a directory holding tokenizer.json or a tokenizer.json "
+                         "path (train one with `pretrain tokenizer train`)")
+    files = {"tokenizer.json": file.read_bytes()}
+    files.update({name: (file.parent / name).read_bytes() for name in CONFIG_FILES
+                  if (file.parent / name).is_file()})
+    from tokenizers import Tokenizer
+
+    try:
+        tokenizer = Tokenizer.from_str(files["tokenizer.json"].decode("utf-8"))
+    except Exception as e:  # tokenizers raises a bare Exception for a malformed file
+        raise UsageError(f"tokenizer {file} cannot be loaded ({e}); give a Hugging Face tokenizer.json") from None
+    vocab = tokenizer.get_vocab(with_added_tokens=True)
+    eos = _eos_token(files.get("tokenizer_config.json"), vocab)
+    if eos is None:
+        raise UsageError(f"tokenizer {file} has no end-of-document token (tried {', '.join(EOS_NAMES)}); "
+                         "name one as eos_token in tokenizer_config.json")
+    generated = hf_config_files(eos, *(token if token in vocab else None for token in SPECIAL_TOKENS[1:]))
+    for name, content in generated.items():
+        files.setdefault(name, content)
+    return TokenizerFiles(file, files, max(vocab.values()) + 1, vocab[eos], eos)
+
+
+def _eos_token(config: bytes | None, vocab: dict[str, int]) -> str | None:
+    if config:
+        eos = json.loads(config).get("eos_token")
+        eos = eos.get("content") if isinstance(eos, dict) else eos
+        if eos in vocab:
+            return eos
+    return next((name for name in EOS_NAMES if name in vocab), None)
+
+
+def hf_config_files(eos: str, bos: str | None = None, pad: str | None = None) -> dict[str, bytes]:
+    """tokenizer_config.json and special_tokens_map.json for `AutoTokenizer`: no BOS/EOS added on encode
+    (documents are delimited by prepare, not by the tokenizer) and no space clean-up on decode (exact text)."""
+    special = {k: v for k, v in (("bos_token", bos), ("eos_token", eos), ("pad_token", pad)) if v}
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", **special, "add_bos_token": False,
+              "add_eos_token": False, "clean_up_tokenization_spaces": False}
+    return {"tokenizer_config.json": _json_bytes(config), "special_tokens_map.json": _json_bytes(special)}
+
+
+def train_tokenizer(inputs, vocab_size: int, out_dir: str | Path, *, format: str = "auto", text_field: str = "text",
+                    split_blank_lines: bool = False, min_frequency: int = 2, progress: bool = False) -> dict:
+    """Train a byte-level BPE on the documents of `inputs` and save it to `out_dir`; returns a summary."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    if vocab_size < MIN_VOCAB:
+        raise UsageError(f"--vocab-size {vocab_size} is too small: a byte-level BPE needs at least {MIN_VOCAB} "
+                         "(256 bytes + <eos>, <bos>, <pad>)")
+    corpus = Corpus(find_files(inputs), ReadOptions(format, text_field, split_blank_lines))
+    stats = {"num_docs": 0, "text_bytes": 0, "skipped": {}}
+
+    def documents():
+        for record in corpus:
+            if record.skip:
+                stats["skipped"][record.skip] = stats["skipped"].get(record.skip, 0) + 1
+                continue
+            stats["num_docs"] += 1
+            stats["text_bytes"] += len(record.text.encode("utf-8"))
+            yield record.text
+
+    tokenizer = Tokenizer(models.BPE())
+    # No normaliser and no prefix space: byte-level BPE then reproduces any text byte for byte.
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
+                                  special_tokens=list(SPECIAL_TOKENS),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=progress)
+    start = time.perf_counter()
+    tokenizer.train_from_iterator(documents(), trainer)
+    if not stats["num_docs"]:
+        raise UsageError(f"no documents in {corpus.describe()}; check --format, --text-field and --split-blank-lines")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = {"tokenizer.json": tokenizer.to_str().encode("utf-8"), **hf_config_files(*SPECIAL_TOKENS)}
+    for name, content in files.items():
+        _write_atomic(out_dir / name, content)
+    return {"path": str(out_dir), "vocab_size": tokenizer.get_vocab_size(), **stats,
+            "seconds": time.perf_counter() - start}
+
+
+def _json_bytes(obj) -> bytes:
+    return (json.dumps(obj, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+
+
+def _write_atomic(path: Path, content: bytes) -> None:
+    """Write then rename, so a reader never sees half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(content)
+    os.replace(tmp, path)

@@ -1,0 +1,148 @@
+"""Readers: formats and their auto-detection, the encyclopedia rendering, bad records, file discovery."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+
+import pytest
+
+from pretrain.data.readers import Corpus, ReadOptions, file_format, find_files, render_encyclopedia
+from pretrain.errors import UsageError
+
+ENCYCLOPEDIA = {"title": "长城", "summary": "古代防御工程",
+                "sections": [{"title": "历史", "content": "始建于春秋"}, {"title": "结构", "content": "城墙与关隘"}],
+                "source": "ignored"}
+
+
+def records(paths, **options):
+    return list(Corpus(find_files(paths), ReadOptions(**options)))
+
+
+def texts(paths, **options):
+    return [r.text for r in records(paths, **options)]
+
+
+def test_encyclopedia_is_title_summary_then_sections():
+    # The formula of the brief: title + "：" + summary, then section title + "：" + content + "。" per section.
+    assert render_encyclopedia(ENCYCLOPEDIA) == "长城：古代防御工程历史：始建于春秋。结构：城墙与关隘。"
+    assert render_encyclopedia({"title": "t", "summary": "s", "sections": []}) == "t：s"
+
+
+def test_real_encyclopedia_file_is_detected_and_rendered(zh_classics):
+    first = json.loads(zh_classics.open(encoding="utf-8").readline())
+    expected = first["title"] + "：" + first["summary"] + "".join(
+        s["title"] + "：" + s["content"] + "。" for s in first["sections"])
+    assert file_format(zh_classics, ReadOptions()) == "encyclopedia"
+    docs = records([zh_classics])
+    assert len(docs) == 7279  # one per line (data/README.md: 7,279 lines, no empty records)
+    assert docs[0].text == expected and docs[0].line == 1
+
+
+def test_auto_detects_each_format(tmp_path, jsonl):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import zstandard
+
+    (tmp_path / "a.txt").write_text("plain text\n\nstill the same document\n", encoding="utf-8")
+    jsonl(tmp_path / "b.jsonl", [{"text": "from jsonl", "id": 1}])
+    jsonl(tmp_path / "c.jsonl", [ENCYCLOPEDIA])
+    (tmp_path / "d.jsonl.gz").write_bytes(gzip.compress(b'{"text": "from gzip"}\n'))
+    (tmp_path / "e.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(b'{"text": "from zstd"}\n'))
+    pq.write_table(pa.table({"text": ["from parquet", "second row"]}), tmp_path / "f.parquet")
+    (tmp_path / "notes.md").write_text("not a corpus suffix: left out of a directory search")
+
+    assert [file_format(p, ReadOptions()) for p in find_files([tmp_path])] == [
+        "text", "jsonl", "encyclopedia", "jsonl", "jsonl", "parquet"]
+    assert texts([tmp_path]) == ["plain text\n\nstill the same document\n", "from jsonl",
+                                 render_encyclopedia(ENCYCLOPEDIA), "from gzip", "from zstd", "from parquet",
+                                 "second row"]
+
+
+def test_text_field_and_forced_format(tmp_path, jsonl):
+    path = jsonl(tmp_path / "x.jsonl", [{"content": "a", "text": "b"}])
+    assert texts([path], text_field="content") == ["a"]
+    assert texts([path], format="text") == [path.read_text()]
+
+
+def test_blank_line_blocks_are_documents(tmp_path):
+    path = tmp_path / "speeches.txt"
+    path.write_text("First:\nline one\n\n\nSecond:\n  \nThird\n", encoding="utf-8")
+    docs = records([path], split_blank_lines=True)
+    assert [(d.line, d.text) for d in docs] == [(1, "First:\nline one"), (5, "Second:"), (7, "Third")]
+
+
+def test_shakespeare_blocks(shakespeare):
+    docs = texts([shakespeare], split_blank_lines=True)
+    assert docs[0] == "First Citizen:\nBefore we proceed any further, hear me speak."
+    assert all(d.strip() and "\n\n" not in d for d in docs)
+    # Nothing but the blank-line separators is dropped (the file has one run of two blank lines).
+    assert docs == re.split(r"\n(?:[ \t]*\n)+", shakespeare.read_text(encoding="utf-8").rstrip("\n"))
+
+
+def test_bad_records_are_reported_and_neighbours_kept(tmp_path, jsonl):
+    path = jsonl(tmp_path / "bad.jsonl", [
+        {"text": "good 1"},
+        b'{"text": "unterminated',
+        {"title": "no text field"},
+        b'{"text": "caf\xe9"}',  # Latin-1 byte, not UTF-8
+        {"text": ""},
+        {"text": " \n\t"},
+        b"[1, 2]",
+        {"text": 5},
+        b'{"text": "lone \\ud800 surrogate"}',
+        {"text": "good 2"},
+    ])
+    got = [(r.line, r.skip, r.text) for r in records([path])]
+    assert got == [(1, None, "good 1"), (2, "invalid_json", None), (3, "missing_field", None),
+                   (4, "invalid_utf8", None), (5, "empty", None), (6, "empty", None), (7, "missing_field", None),
+                   (8, "missing_field", None), (9, "invalid_utf8", None), (10, None, "good 2")]
+    assert records([path])[1].message().startswith(f"{path}:2: malformed JSON")
+
+
+def test_invalid_utf8_in_text_skips_only_its_block(tmp_path):
+    path = tmp_path / "mixed.txt"
+    path.write_bytes(b"fine\n\nbroken \xff here\nmore\n\nalso fine\n")
+    got = [(r.line, r.skip, r.text) for r in records([path], split_blank_lines=True)]
+    assert got == [(1, None, "fine"), (3, "invalid_utf8", None), (6, None, "also fine")]
+
+
+def test_unreadable_files_are_skipped(tmp_path):
+    (tmp_path / "a.jsonl.gz").write_bytes(b"this is not gzip data")
+    lines = b"".join(b'{"text": "line %d"}\n' % i for i in range(20000))
+    damaged = gzip.compress(lines)
+    (tmp_path / "b.jsonl.gz").write_bytes(damaged[: len(damaged) // 2])  # the stream stops half-way
+    (tmp_path / "c.parquet").write_bytes(b"not parquet either")
+    (tmp_path / "d.txt").write_text("still read")
+    got = [(r.path.rsplit("/", 1)[1], r.skip) for r in records([tmp_path])]
+    read_before_damage = got.count(("b.jsonl.gz", None))
+    assert 0 < read_before_damage < 20000  # what decompressed before the damage is kept
+    assert [g for g in got if g != ("b.jsonl.gz", None)] == [
+        ("a.jsonl.gz", "unreadable"), ("b.jsonl.gz", "unreadable"), ("c.parquet", "unreadable"), ("d.txt", None)]
+
+
+def test_missing_parquet_column(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"body": ["x"]}), tmp_path / "t.parquet")
+    assert [r.skip for r in records([tmp_path / "t.parquet"])] == ["missing_field"]
+
+
+def test_files_are_sorted_and_globs_expand(tmp_path):
+    for name in ("b/2.txt", "a/9.txt", "a/10.txt", "c.jsonl"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(name)
+    names = [str(p.relative_to(tmp_path)) for p in find_files([tmp_path / "b", str(tmp_path / "a" / "*.txt"),
+                                                               tmp_path / "a" / "9.txt"])]
+    assert names == ["a/10.txt", "a/9.txt", "b/2.txt"]  # sorted by path, each once
+
+
+def test_missing_inputs_are_usage_errors(tmp_path):
+    with pytest.raises(UsageError, match="does not exist"):
+        find_files([tmp_path / "nope.jsonl"])
+    with pytest.raises(UsageError, match="no corpus files matched"):
+        find_files([str(tmp_path / "*.jsonl")])
+    with pytest.raises(UsageError, match="unknown format"):
+        Corpus([], ReadOptions(format="csv"))
