@@ -61,7 +61,7 @@ def precision_context(precision: str, device: torch.device):
     return contextlib.nullcontext
 
 
-def check_trainable(config, data_meta: dict | None = None) -> None:
+def check_trainable(config, data_meta: dict | None = None, needs_data: bool = True) -> None:
     """Config errors the trainer (not the planner) refuses, before anything heavy is built."""
     t, par = config.train, config.parallel
     if t.grad_dtype == "same" and t.precision.endswith("-mixed"):
@@ -73,7 +73,7 @@ def check_trainable(config, data_meta: dict | None = None) -> None:
     if par.tensor > 1 or par.pipeline > 1:
         raise ConfigError("parallel.tensor / parallel.pipeline: the trainer runs data parallel (DDP, ZeRO 1-3) "
                           "only; the planner models tensor and pipeline parallelism (set both to 1 to train)")
-    if not config.data.dir:
+    if needs_data and not config.data.dir:
         raise ConfigError("data.dir: not set; prepare data with `pretrain prepare --out DIR` and set data.dir=DIR")
     if data_meta is not None and data_meta["vocab_size"] > config.model.vocab_size:
         raise ConfigError(f"model.vocab_size: {config.model.vocab_size} is smaller than the vocabulary of "
@@ -82,7 +82,9 @@ def check_trainable(config, data_meta: dict | None = None) -> None:
 
 
 class Trainer:
-    def __init__(self, config, rt):
+    def __init__(self, config, rt, loader=None, quiet: bool = False):
+        """`loader` replaces the data directory (e.g. synthetic tokens for `pretrain sweep`); `quiet` writes
+        nothing to the run directory."""
         from ..data.loader import PreparedData, RandomWindows
         from ..distributed.parallel import parallelize
         from ..model import build_model
@@ -90,8 +92,10 @@ class Trainer:
         self.config, self.rt = config, rt
         c, t = config, config.train
         self.run_dir = Path(c.run.dir)
-        self.data = PreparedData(c.data.dir)
-        check_trainable(c, self.data.meta)
+        check_trainable(c, needs_data=loader is None)
+        self.data = PreparedData(c.data.dir) if loader is None else None
+        if self.data is not None:
+            check_trainable(c, self.data.meta)
         self.counts = count_params(c.model)
         self.length = run_length(c, self.counts.total)
         self.total_steps = self.length["steps"]
@@ -123,8 +127,8 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(rt.device.type) if t.precision == "fp16-mixed" else None
         self.forward_model = torch.compile(self.wrapped.module_for_forward) if t.compile else \
             self.wrapped.module_for_forward
-        self.loader = RandomWindows(self.data, "train", t.seq_len, seed=t.seed, rank=rt.rank,
-                                    world_size=rt.world_size)
+        self.loader = loader or RandomWindows(self.data, "train", t.seq_len, seed=t.seed, rank=rt.rank,
+                                              world_size=rt.world_size)
         self.state = TrainState()
         self.spikes = SpikeDetector(c.stability)
         self.device_config = plan_check.config_for_device(c, rt)
@@ -132,7 +136,8 @@ class Trainer:
         self.peak = None
         self.stop_signal = 0
         self.stop_reason = ""
-        self.log = RunLog(self.run_dir, self.total_steps, 0, progress=c.run.progress, enabled=rt.is_main)
+        self.log = RunLog(self.run_dir, self.total_steps, 0, progress=c.run.progress,
+                          enabled=rt.is_main and not quiet)
 
     # --- state -------------------------------------------------------------------------------------------
 
@@ -220,7 +225,7 @@ class Trainer:
         self.log.say(plan_check.summary(self.plan, self.device_config))
         self._install_signals()
         flops_per_token = self.plan["flops"]["per_token" if c.flops.convention == "palm" else "per_token_6n"]
-        interval_tokens, interval_time, last, pending = 0, 0.0, {}, None
+        interval_tokens, interval_time, interval_start, last, pending = 0, 0.0, self.state.step, {}, None
         while self.state.step < self.total_steps:
             t0 = time.perf_counter()
             result = self.train_step()
@@ -232,7 +237,7 @@ class Trainer:
             interval_time += elapsed
             step = self.state.step
             if result.get("measured"):
-                pending = result["measured"]  # compared at the next log step, with a steady tokens/s
+                pending = result["measured"]
             if step % c.run.log_every == 0 or step == self.total_steps:
                 tps = interval_tokens / max(interval_time, 1e-9)
                 mfu = tps * flops_per_token / (self.peak * 1e12 * self.rt.world_size) if self.peak else None
@@ -240,10 +245,11 @@ class Trainer:
                         "batch_tokens": result["batch_tokens"], "grad_norm": result["grad_norm"],
                         "tokens_per_s": tps, "mfu": mfu, "peak_mem_bytes": self._peak_memory()}
                 self.log.metrics(last)
-                if pending is not None:
+                # Compared with the plan on an interval after the measurement (warm-up and compilation done).
+                if pending is not None and (interval_start >= MEASURE_STEP or step == self.total_steps):
                     self._report_plan_vs_run(pending, tps, mfu)
                     pending = None
-                interval_tokens, interval_time = 0, 0.0
+                interval_tokens, interval_time, interval_start = 0, 0.0, step
             if c.run.eval_every and step % c.run.eval_every == 0 and step < self.total_steps:
                 self.evaluate()
             if (c.run.checkpoint_every and step % c.run.checkpoint_every == 0) or step == self.total_steps:

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Set up .venv for pretrain: torch first (the CPU build unless an NVIDIA GPU is present, so a laptop never
+# downloads multi-GB CUDA wheels), then the package. `bash scripts/setup.sh dev` adds the test tools.
+# Idempotent: a second run installs nothing new.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    .venv/bin/pip install "torch>=2.6"
+  else
+    .venv/bin/pip install --retries 1 --extra-index-url https://download.pytorch.org/whl/cpu "torch==2.13.0"
+  fi
+fi
+if [ "${1:-}" = "dev" ]; then
+  .venv/bin/pip install -e ".[dev]"
+else
+  .venv/bin/pip install -e .
+fi

@@ -1,0 +1,105 @@
+"""The whole workflow on a laptop CPU, on text every Python installation has (its own documentation):
+plan -> tokenizer -> prepare -> train (a few minutes) -> report -> export to Hugging Face -> generate.
+
+  pretrain demo [--out DIR] [section.key=value ...]     overrides apply to the demo's config
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+HELP = "run plan, tokenizer, prepare, train, report and export end to end on a bundled sample corpus"
+
+VOCAB_SIZE = 2048
+
+
+def add_arguments(p):
+    p.add_argument("items", nargs="*", metavar="KEY=VALUE", help="overrides of the demo config (e.g. train.max_steps=50)")
+    p.add_argument("--out", default="demo", help="directory for everything the demo writes (default: ./demo)")
+
+
+def demo_config(out: Path, overrides: list[str]):
+    from importlib.resources import files
+
+    from .config import load_config
+    from .config_args import split_items
+
+    path, extra = split_items(overrides)
+    base = path or str(files("pretrain") / "configs" / "demo.yaml")
+    return load_config(base, [f"data.dir={out / 'data'}", f"run.dir={out / 'run'}", *extra])
+
+
+def unigram_entropy(data_dir: Path) -> float:
+    """Entropy of the token frequencies of train.bin, in nats per token: what a model that ignores context
+    achieves at best. A trained model must go well below it."""
+    import numpy as np
+
+    from .data import PreparedData
+
+    tokens = PreparedData(data_dir).tokens("train")
+    counts = np.bincount(np.asarray(tokens), minlength=1).astype(np.float64)
+    p = counts[counts > 0] / counts.sum()
+    return float(-(p * np.log(p)).sum())
+
+
+def run(args) -> int:
+    from .data import prepare, train_tokenizer, write_sample_corpus
+    from .plan import plan
+    from .plan.table import render
+    from .train import train
+
+    out = Path(args.out)
+    corpus = write_sample_corpus(out / "corpus")
+    config = demo_config(out, args.items)
+
+    print(f"== 1/6 plan ({config.run.dir})")
+    print(render(config, plan(config)))
+
+    print(f"\n== 2/6 tokenizer: byte-level BPE, {VOCAB_SIZE} tokens, trained on {corpus}")
+    tokenizer_dir = out / "tokenizer"
+    train_tokenizer([str(corpus)], VOCAB_SIZE, tokenizer_dir)
+
+    print(f"\n== 3/6 prepare: {corpus} -> {config.data.dir}")
+    meta = prepare([str(corpus)], str(tokenizer_dir), config.data.dir, val_fraction=0.1, workers=1)
+
+    print(f"\n== 4/6 train: {config.model.num_layers} layers x {config.model.hidden_size}, "
+          f"{config.train.max_steps} steps on {meta['num_tokens']['train']:,} tokens")
+    result = train(config)
+
+    print("\n== 5/6 report")
+    from .report import make_report
+
+    report = make_report([config.run.dir])
+    for f in report["files"]:
+        print(f"  {f}")
+
+    print("\n== 6/6 export to Hugging Face and generate")
+    from .export.hf import export_hf
+    from .export.generate import generate_text
+    from .train import load_model
+
+    model = load_model(config.run.dir)
+    hf_dir = export_hf(model, out / "hf", tokenizer_dir=Path(config.data.dir) / "tokenizer", overwrite=True)
+    sample = _hf_sample(hf_dir, "The for statement")
+    print(f"  {hf_dir} loads with transformers.AutoModelForCausalLM; it writes:\n  {sample!r}")
+    ours = generate_text(model, Path(config.data.dir) / "tokenizer", "The for statement", max_new_tokens=40,
+                         temperature=0.0)
+    print(f"  and pretrain.load_model gives the same greedy text: {ours == sample}")
+
+    entropy = unigram_entropy(Path(config.data.dir))
+    val = result["val_loss"]
+    print(f"\nfinal validation loss {val:.3f} nats/token (perplexity {math.exp(val):.1f}) against the corpus's "
+          f"unigram entropy {entropy:.3f} nats/token: {entropy - val:.3f} nats better than counting tokens.")
+    return 0 if val < entropy else 1
+
+
+def _hf_sample(hf_dir: Path, prompt: str) -> str:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(hf_dir)
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+    ids = tok(prompt, return_tensors="pt").input_ids
+    out = model.generate(ids, max_new_tokens=40, do_sample=False, pad_token_id=tok.pad_token_id)
+    return tok.decode(out[0], skip_special_tokens=True)

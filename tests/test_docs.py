@@ -1,0 +1,38 @@
+"""The README is part of the contract: every config key documented, the key table generated from the code,
+the shipped recipes valid, and CI running exactly the README's test command."""
+
+from pathlib import Path
+
+import pytest
+
+from pretrain.config import SECTIONS, docs_markdown, load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+
+def test_every_config_key_is_in_the_readme():
+    import dataclasses
+
+    for section, cls in SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            assert f"`{section}.{f.name}`" in README, f"{section}.{f.name} is not documented"
+
+
+def test_the_key_table_is_the_generated_one():
+    start, end = "<!-- config-keys:start -->\n", "\n<!-- config-keys:end -->"
+    table = README[README.index(start) + len(start):README.index(end)]
+    assert table == docs_markdown(), "regenerate the table with `pretrain config --docs`"
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")) +
+                         sorted((ROOT / "src/pretrain/configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_configs_load(path):
+    load_config(path)
+
+
+def test_ci_runs_the_readme_test_command():
+    ci = (ROOT / ".ci/run").read_text()
+    command = "bash scripts/setup.sh dev && .venv/bin/python -m pytest -n 2"
+    assert command in README and command in ci
+    assert "bash scripts/setup.sh && .venv/bin/pretrain demo" in README
