@@ -44,16 +44,24 @@ def unigram_entropy(data_dir: Path) -> float:
 
 
 def run(args) -> int:
+    import time
+
     from .data import prepare, train_tokenizer, write_sample_corpus
+    from .data.prepare_command import summary
     from .plan import plan
+    from .plan.budget import storage_bytes
     from .plan.table import render
     from .train import train
 
     out = Path(args.out)
     corpus = write_sample_corpus(out / "corpus")
     config = demo_config(out, args.items)
+    if not (config.hardware.peak_tflops or config.hardware.profile):  # a CPU has no data-sheet peak
+        from .train.plan_check import peak_tflops
 
-    print(f"== 1/6 plan ({config.run.dir})")
+        config.hardware.peak_tflops = round(peak_tflops(config)[0], 4)
+
+    print(f"== 1/6 plan ({config.run.dir}), at the measured matmul peak of this CPU")
     print(render(config, plan(config)))
 
     print(f"\n== 2/6 tokenizer: byte-level BPE, {VOCAB_SIZE} tokens, trained on {corpus}")
@@ -61,7 +69,10 @@ def run(args) -> int:
     train_tokenizer([str(corpus)], VOCAB_SIZE, tokenizer_dir)
 
     print(f"\n== 3/6 prepare: {corpus} -> {config.data.dir}")
+    start = time.perf_counter()
     meta = prepare([str(corpus)], str(tokenizer_dir), config.data.dir, val_fraction=0.1, workers=1)
+    tokens = sum(meta["num_tokens"].values())
+    print(summary(meta, config.data.dir, time.perf_counter() - start, storage_bytes(tokens, meta["vocab_size"])))
 
     print(f"\n== 4/6 train: {config.model.num_layers} layers x {config.model.hidden_size}, "
           f"{config.train.max_steps} steps on {meta['num_tokens']['train']:,} tokens")
