@@ -11,8 +11,7 @@ import time
 
 import pytest
 
-from support import run_cli
-from trainkit import tiny
+from support import run_cli, tiny
 
 torch = pytest.importorskip("torch")
 

@@ -5,8 +5,7 @@ import json
 
 import pytest
 
-from support import run_cli
-from trainkit import tiny
+from support import run_cli, tiny
 
 torch = pytest.importorskip("torch")
 

@@ -1,0 +1,60 @@
+"""`pretrain export` and `pretrain generate` on a trained run, and continued pretraining from the export."""
+
+import pytest
+
+from support import run_cli, tiny
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def trained(prepared, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("trained") / "run"
+    r = run_cli("train", *tiny(prepared, run_dir, "train.max_steps=6", "run.checkpoint_every=3"))
+    assert r.returncode == 0, r.stderr
+    return run_dir
+
+
+def test_export_loads_in_transformers_with_the_same_logits(trained, tmp_path):
+    from pretrain import load_model
+
+    out = tmp_path / "hf"
+    r = run_cli("export", trained, "--to", "hf", out)
+    assert r.returncode == 0, r.stderr
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    ours = load_model(trained)
+    tokens = torch.randint(0, 512, (2, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        diff = (hf(tokens).logits - ours(tokens)).abs().max().item()
+    assert diff < 1e-4
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    generated = hf.generate(tok("The", return_tensors="pt").input_ids, max_new_tokens=5, do_sample=False)
+    assert generated.shape[1] > 1
+    assert run_cli("export", trained, "--to", "hf", out).returncode == 2  # exists: refused, one line
+    assert run_cli("export", trained, "--to", "hf", out, "--overwrite").returncode == 0
+
+
+def test_export_of_one_checkpoint(trained, tmp_path):
+    r = run_cli("export", trained / "checkpoints" / "step_00000003", "--to", "hf", tmp_path / "hf3")
+    assert r.returncode == 0, r.stderr
+
+
+def test_generate_prints_text(trained):
+    r = run_cli("generate", trained, "--prompt", "The for statement", "--max-new-tokens", "8", "--temperature", "0")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("The for statement")
+
+
+def test_continued_pretraining_starts_from_the_export(prepared, trained, tmp_path):
+    from pretrain import load_model
+
+    out = tmp_path / "hf"
+    assert run_cli("export", trained, "--to", "hf", out).returncode == 0
+    run_dir = tmp_path / "continued"
+    r = run_cli("train", *tiny(prepared, run_dir, "train.max_steps=3", f"model.init_from={out}"))
+    assert r.returncode == 0, r.stderr
+    start = load_model(run_dir / "checkpoints" / "step_00000000")  # written before the first step
+    source = load_model(trained)
+    a, b = start.state_dict(), source.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)  # export -> import is exact

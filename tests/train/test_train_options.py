@@ -1,0 +1,77 @@
+"""Training options end to end: fp16 with a loss scaler, pure bf16, recomputation, the batch ramp, and the
+one-line errors the trainer gives before it builds anything."""
+
+import json
+
+import pytest
+
+from support import run_cli, tiny
+
+torch = pytest.importorskip("torch")
+
+
+def train_lines(run_dir):
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if '"loss"' in x]
+
+
+@pytest.mark.parametrize("extra", [
+    ["train.precision=fp16-mixed"],
+    ["train.precision=bf16", "train.optimizer=adafactor"],
+    ["train.precision=bf16-mixed", "train.activation_checkpointing=full", "train.optimizer=sgd"],
+    ["train.activation_checkpointing=selective", "train.schedule=wsd", "model.family=gpt2",
+     "model.num_kv_heads=4", "model.intermediate_size=256"],
+], ids=["fp16-scaler", "bf16-adafactor", "bf16-mixed-full-sgd", "gpt2-selective-wsd"])
+def test_precisions_and_options_train(prepared, tmp_path, extra):
+    run_dir = tmp_path / "run"
+    r = run_cli("train", *tiny(prepared, run_dir, "stability.spike_detection=false", *extra))
+    assert r.returncode == 0, r.stderr
+    lines = train_lines(run_dir)
+    assert len(lines) == 12 and all(x["loss"] == x["loss"] for x in lines)  # no NaN
+    assert lines[-1]["loss"] < lines[0]["loss"]
+
+
+def test_batch_ramp_grows_the_global_batch(prepared, tmp_path):
+    run_dir = tmp_path / "run"
+    # Target 4 micro-batches x 4 x 32 = 512 tokens per step, from 128 over the first 2,048 tokens.
+    r = run_cli("train", *tiny(prepared, run_dir, "train.grad_accum_steps=4", "train.batch_ramp_tokens=2048",
+                               "train.batch_ramp_start=128"))
+    assert r.returncode == 0, r.stderr
+    batches = [x["batch_tokens"] for x in train_lines(run_dir)]
+    assert batches[0] == 128 and batches[-1] == 512 and batches == sorted(batches)
+    from pretrain.plan.schedule import micro_batches_per_step
+
+    seen = 0
+    for b in batches:
+        assert b == 128 * micro_batches_per_step(seen, seq_len=32, micro_batch_size=4, data_parallel=1,
+                                                 grad_accum_steps=4, ramp_tokens=2048, ramp_start=128)
+        seen += b
+
+
+@pytest.mark.parametrize("args, key", [
+    (["train.lr=0"], "train.lr"),
+    (["train.warmup=50"], "train.warmup"),
+    (["train.seq_len=512"], "train.seq_len"),
+    (["model.vocab_size=100"], "model.vocab_size"),
+    (["train.lrr=1"], "train.lrr"),
+    (["parallel.tensor=2", "parallel.gpus=2"], "parallel.tensor"),
+    (["train.grad_dtype=same", "train.precision=bf16-mixed"], "train.grad_dtype"),
+])
+def test_config_errors_are_one_line(prepared, tmp_path, args, key):
+    r = run_cli("train", *tiny(prepared, tmp_path / "run", *args))
+    assert r.returncode == 2, r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert key in line and "Traceback" not in r.stderr
+    assert not (tmp_path / "run" / "checkpoints").exists()  # failed before anything was built or written
+
+
+def test_missing_or_mismatched_data_directory(prepared, tmp_path):
+    r = run_cli("train", *tiny(tmp_path / "nowhere", tmp_path / "run"))
+    assert r.returncode == 2 and "nowhere" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(prepared, broken)
+    with open(broken / "train.bin", "ab") as f:
+        f.write(b"\0\0")  # one token more than meta.json says
+    r = run_cli("train", *tiny(broken, tmp_path / "run2"))
+    assert r.returncode == 2 and "train.bin" in r.stderr and len(r.stderr.strip().splitlines()) == 1
