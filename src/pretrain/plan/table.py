@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from ..units import human as count
+
 GiB = 1024**3
 
 
@@ -11,13 +13,6 @@ def si_bytes(n: float) -> str:
         if n >= scale:
             return f"{n / scale:.2f} {unit}"
     return f"{n:.0f} B"
-
-
-def count(n: float) -> str:
-    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if abs(n) >= scale:
-            return f"{n / scale:.2f}{unit}"
-    return f"{n:.0f}"
 
 
 def duration(seconds: float | None) -> str:

@@ -12,6 +12,7 @@ import torch
 
 from ..plan import plan as make_plan
 from ..plan.hardware import catalog_name
+from ..units import nbytes
 
 GiB = 1024**3
 
@@ -88,7 +89,7 @@ def render(report: dict) -> str:
             if v is None:
                 return "n/a"
             if r["unit"] == "bytes":
-                return f"{v / GiB:.4f} GiB" if v >= GiB / 100 else f"{v / 1024**2:.3f} MiB"
+                return nbytes(v)
             if r["unit"] == "fraction":
                 return f"{v:.3f}"
             return f"{v:,.0f}"
