@@ -7,12 +7,12 @@ import torch
 from .transformer import Transformer
 
 
-def build_model(model_cfg, attention: str = "sdpa", device=None, init: bool = True) -> Transformer:
+def build_model(model_cfg, attention: str = "sdpa", device=None, init: bool = True, seed: int = 0) -> Transformer:
     """A Transformer for `model_cfg` (a resolved ModelConfig). On the meta device nothing is allocated."""
     with torch.device(device or "cpu"):
         model = Transformer(model_cfg, attention=attention)
     if init and str(device) != "meta":
-        model.reset_parameters()
+        model.reset_parameters(seed)
     return model
 
 

@@ -16,6 +16,7 @@ stream's variance does not grow with depth; biases 0, norm weights 1.
 from __future__ import annotations
 
 import math
+import zlib
 
 import torch
 import torch.nn.functional as F
@@ -145,6 +146,27 @@ class Block(nn.Module):
         return F.dropout(x, self.dropout, self.training) if self.dropout else x
 
 
+def _device_of(p) -> torch.device:
+    local = getattr(p, "_local_tensor", p)
+    return local.device
+
+
+@torch.no_grad()
+def _fill(p, init) -> None:
+    """Apply `init` to the whole logical tensor, in fp32 whatever the parameter's dtype. A DTensor sharded on
+    dim 0 (FSDP2: chunks of ceil(d0 / n) rows) gets this rank's rows of the full tensor, made one parameter
+    at a time."""
+    local = getattr(p, "_local_tensor", None)
+    full = init(torch.empty(p.shape, dtype=torch.float32, device=_device_of(p)))
+    if local is None:
+        p.copy_(full)
+        return
+    mesh = p.device_mesh
+    rank, size = mesh.get_local_rank(), mesh.size()
+    chunk = -(-p.shape[0] // size)
+    local.copy_(full[rank * chunk:(rank + 1) * chunk][:local.shape[0]])
+
+
 # Set by pretrain.train.measure while it counts what a step keeps: checkpointed inputs are held by the
 # checkpoint itself, not through autograd's saved-tensor hooks.
 recompute_observer = None
@@ -176,18 +198,21 @@ class Transformer(nn.Module):
             self.lm_head.weight = self.embed.weight
         self.rope: tuple[torch.Tensor, torch.Tensor] | None = None  # rotary tables, built on first use
 
-    def reset_parameters(self):
+    def reset_parameters(self, seed: int = 0):
+        """Initialise every parameter from its own generator, seeded by (seed, parameter name): the values do
+        not depend on module order, and a sharded parameter (FSDP, built on the meta device) gets exactly the
+        rows a single process would give it."""
         std = self.config.init_std
         residual_std = std / math.sqrt(2 * self.config.num_layers)
         for name, p in self.named_parameters():
             if name.endswith("norm.weight"):
-                nn.init.ones_(p)
+                _fill(p, lambda t: t.fill_(1.0))
             elif name.endswith(".bias"):
-                nn.init.zeros_(p)
-            elif name.endswith(("attn.proj.weight", "mlp.down.weight")):
-                nn.init.normal_(p, mean=0.0, std=residual_std)
+                _fill(p, lambda t: t.zero_())
             else:
-                nn.init.normal_(p, mean=0.0, std=std)
+                scale = residual_std if name.endswith(("attn.proj.weight", "mlp.down.weight")) else std
+                g = torch.Generator(device=_device_of(p)).manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+                _fill(p, lambda t, s=scale, g=g: t.normal_(0.0, s, generator=g))
 
     def _rotary(self, seq_len: int, device):
         if self.pos_embed is not None:

@@ -112,7 +112,11 @@ class Trainer:
             torch.backends.cuda.matmul.allow_tf32 = True  # fp32 matmuls at TF32 speed, as the plan assumes
             torch.backends.cudnn.allow_tf32 = True
 
-        model = build_model(c.model, attention=t.attention, device=rt.device)
+        # FSDP shards a model built on the meta device, then each rank materialises only its shard: a 70B
+        # model never exists whole on one GPU. The per-parameter seeded init gives every mode the same values.
+        on_meta = rt.distributed and c.parallel.zero_stage >= 2 and not c.model.init_from
+        model = build_model(c.model, attention=t.attention, device="meta" if on_meta else rt.device,
+                            seed=t.seed)
         if c.model.init_from:
             from ..export.hf import load_hf_into
 
@@ -122,6 +126,9 @@ class Trainer:
         for block in model.blocks:
             block.recompute = t.activation_checkpointing
         self.model, self.wrapped = parallelize(model, c, rt)
+        if on_meta:
+            self.model.to_empty(device=rt.device)
+            self.model.reset_parameters(t.seed)
         self.optimizer = self.wrapped.build_optimizer(c)
         self.autocast = precision_context(t.precision, rt.device) if self.wrapped.autocast else contextlib.nullcontext
         self.scaler = torch.amp.GradScaler(rt.device.type) if t.precision == "fp16-mixed" else None
