@@ -74,6 +74,11 @@ def run(args) -> int:
     tokens = sum(meta["num_tokens"].values())
     print(summary(meta, config.data.dir, time.perf_counter() - start, storage_bytes(tokens, meta["vocab_size"])))
 
+    if Path(config.run.dir).exists():  # the demo's own scratch run from an earlier `pretrain demo`
+        import shutil
+
+        print(f"\n(replacing the previous demo run in {config.run.dir})")
+        shutil.rmtree(config.run.dir)
     print(f"\n== 4/6 train: {config.model.num_layers} layers x {config.model.hidden_size}, "
           f"{config.train.max_steps} steps on {meta['num_tokens']['train']:,} tokens")
     result = train(config)

@@ -75,3 +75,10 @@ def test_missing_or_mismatched_data_directory(prepared, tmp_path):
         f.write(b"\0\0")  # one token more than meta.json says
     r = run_cli("train", *tiny(broken, tmp_path / "run2"))
     assert r.returncode == 2 and "train.bin" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_a_new_run_never_overwrites_an_old_one(prepared, tmp_path):
+    run_dir = tmp_path / "run"
+    assert run_cli("train", *tiny(prepared, run_dir, "train.max_steps=3")).returncode == 0
+    r = run_cli("train", *tiny(prepared, run_dir, "train.max_steps=3"))
+    assert r.returncode == 2 and "--resume" in r.stderr and len(r.stderr.strip().splitlines()) == 1

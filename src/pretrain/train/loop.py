@@ -91,6 +91,7 @@ class Trainer:
 
         self.config, self.rt = config, rt
         c, t = config, config.train
+        c.parallel.gpus = rt.world_size  # the world torchrun gives is the truth (steps, batch, the plan)
         self.run_dir = Path(c.run.dir)
         check_trainable(c, needs_data=loader is None)
         self.data = PreparedData(c.data.dir) if loader is None else None
@@ -203,6 +204,9 @@ class Trainer:
         if self.rt.is_main:
             ckpt.remove_partial(self.run_dir)
         self._barrier()
+        if self.config.run.resume == "never" and ckpt.list_checkpoints(self.run_dir):
+            raise UsageError(f"run.dir {self.run_dir} already holds checkpoints of another run; continue it with "
+                             f"`pretrain train --resume {self.run_dir}` or choose a new run.dir")
         found = ckpt.latest_checkpoint(self.run_dir) if self.config.run.resume == "auto" else None
         if found is not None:
             self.restore(found)
