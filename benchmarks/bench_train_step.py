@@ -7,7 +7,8 @@ at seq 2048 in bf16 should reach MFU >= 50% on an H100).
 
   python benchmarks/bench_train_step.py [section.key=value ...] [--steps N] [--rounds R]
 
-Rounds alternate the two loops so that a busy machine slows both alike; the median of each is compared.
+Rounds alternate the two loops (and which goes first) so that a busy machine slows both alike; the median
+of each is compared.
 """
 
 from __future__ import annotations
@@ -113,9 +114,10 @@ def main():
     tokens = args.steps * t.micro_batch_size * t.grad_accum_steps * t.seq_len
     loops = {"pretrain": ours(config, rt, args.steps), "minimal": minimal(config, rt, args.steps)}
     seconds = {name: [] for name in loops}
-    for _ in range(args.rounds):
-        for name, run in loops.items():
-            seconds[name].append(run())
+    for round_ in range(args.rounds):
+        order = list(loops) if round_ % 2 == 0 else list(reversed(loops))  # neither always runs first
+        for name in order:
+            seconds[name].append(loops[name]())
     speed = {name: tokens / statistics.median(s) for name, s in seconds.items()}
     print(f"device {rt.device}, threads {torch.get_num_threads()}, {config.model.num_layers} layers x "
           f"{config.model.hidden_size}, batch {t.micro_batch_size} x {t.grad_accum_steps} x {t.seq_len}, "
