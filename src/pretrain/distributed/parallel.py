@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 
 import torch
-import torch.distributed as dist
 
 from ..train.optim import build_optimizer, param_groups
 from .runtime import Runtime, all_reduce_mean
@@ -164,4 +163,4 @@ def parallelize(model, config, rt: Runtime):
     return model, wrapper
 
 
-__all__ = ["parallelize", "Single", "DDP", "ZeRO1", "FSDP", "dist"]
+__all__ = ["parallelize", "Single", "DDP", "ZeRO1", "FSDP"]

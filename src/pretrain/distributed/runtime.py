@@ -68,15 +68,6 @@ def all_reduce_max(value: float, rt: Runtime) -> float:
     return float(t.item())
 
 
-def broadcast_object(obj, rt: Runtime):
-    """Rank 0's value on every rank (decisions all ranks must agree on: rollbacks, stopping)."""
-    if not rt.distributed:
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
 def barrier(rt: Runtime) -> None:
     if rt.distributed:
         dist.barrier()

@@ -25,8 +25,6 @@ class ParamCounts:
     norm: int                # all layers + final norm
     output: int              # untied output layer (0 when tied: the embedding matrix is reused)
     per_layer: int
-    layer_matmul: int        # per layer: weights and biases that go through matmuls
-    num_layers: int
     vocab_hidden: int        # V*H, the output matmul's weights whether tied or not
 
     @property
@@ -48,12 +46,6 @@ class ParamCounts:
         """N of the PaLM/torchtitan MFU convention: all parameters but the input lookups; a tied output
         layer still does a V*H matmul per token, so it counts."""
         return self.non_embedding + (self.vocab_hidden if self.output == 0 else 0)
-
-    @property
-    def matmul(self) -> int:
-        """Parameters that enter matmuls (what autocast keeps half-precision copies of): every linear layer
-        of every block plus the output layer. Embedding lookups and norms stay in fp32."""
-        return self.num_layers * self.layer_matmul + self.vocab_hidden
 
     def as_dict(self) -> dict:
         return dict(total=self.total, embedding=self.embedding, non_embedding=self.non_embedding,
@@ -90,8 +82,6 @@ def count_params(model) -> ParamCounts:
         norm=L * norms + final_norm,
         output=0 if model.tie_embeddings else V * H,
         per_layer=attention + mlp + norms,
-        layer_matmul=attention + mlp,
-        num_layers=L,
         vocab_hidden=V * H,
     )
 
