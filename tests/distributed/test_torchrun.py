@@ -123,3 +123,16 @@ def test_one_ranks_sigterm_stops_the_whole_job(prepared, tmp_path):
     assert "resume with: pretrain train --resume" in out
     step = int(list_checkpoints(run_dir)[-1].name.split("_")[1])
     assert 2 <= step < 200
+
+
+def test_ranks_agree_on_a_rollback(prepared, tmp_path):
+    """A NaN on one micro-batch of the data stream (every rank reads its share of it): the global loss is
+    NaN on every rank, so all roll back together to the same checkpoint and skip the same data."""
+    run_dir = tmp_path / "run"
+    r = torchrun(*settings(prepared, run_dir, 4, "parallel.zero_stage=1", "train.max_steps=8",
+                           "run.checkpoint_every=2", "debug.inject_nan_batches=[8]"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
+    (rollback,) = [e for e in events if e["event"] == "rollback"]
+    assert (rollback["step"], rollback["to_step"]) == (5, 4)
+    assert losses(run_dir)[8] == losses(run_dir)[8]  # finished with a finite loss
