@@ -36,3 +36,19 @@ def test_ci_runs_the_readme_test_command():
     command = "bash scripts/setup.sh dev && .venv/bin/python -m pytest -n 2"
     assert command in README and command in ci
     assert "bash scripts/setup.sh && .venv/bin/pretrain demo" in README
+
+
+def test_the_readme_plan_table_is_what_the_planner_prints():
+    import shlex
+
+    from pretrain.config_args import split_items
+    from pretrain.plan import plan
+    from pretrain.plan.table import render
+
+    start = README.index("$ pretrain plan ")
+    command = README[start + 2:README.index("\n", README.index("hardware.price_per_gpu_hour", start))]
+    items = shlex.split(command.replace("\\\n", " "))[2:]
+    path, overrides = split_items(items)
+    config = load_config(path, overrides)
+    table = render(config, plan(config))
+    assert table in README, "rerun the command and paste its table into the README"
