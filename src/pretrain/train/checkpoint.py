@@ -73,11 +73,10 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _no_dist() -> bool:
-    return not (torch.distributed.is_available() and torch.distributed.is_initialized())
-
-
-warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+# DCP runs without a process group when none is initialised (one process) and says so each time.
+warnings.filterwarnings("ignore", message="torch.distributed is .*unavailable or uninitialized")
+# torch 2.6's DCP file writer still calls tensor.storage(), which warns on every save.
+warnings.filterwarnings("ignore", message="TypedStorage is deprecated", module="torch.distributed.checkpoint")
 
 
 def save_checkpoint(run_dir, step: int, state_dict: dict, trainer: dict, config_yaml: str, rank: int = 0,
@@ -92,7 +91,7 @@ def save_checkpoint(run_dir, step: int, state_dict: dict, trainer: dict, config_
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
         barrier()
-        dcp.save(state_dict, checkpoint_id=str(tmp / "state"), no_dist=_no_dist())
+        dcp.save(state_dict, checkpoint_id=str(tmp / "state"))
         torch.save(rng_state(), tmp / f"rng_rank{rank}.pt")
         if fail_disk_full:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp))
@@ -203,7 +202,7 @@ def prune(run_dir, keep: int) -> None:
 
 def load_state(path: Path, state_dict: dict) -> None:
     """Fill `state_dict` (model/optimizer, as built for this run's layout) from a checkpoint in place."""
-    dcp.load(state_dict, checkpoint_id=str(Path(path) / "state"), no_dist=_no_dist())
+    dcp.load(state_dict, checkpoint_id=str(Path(path) / "state"))
 
 
 def load_rng(path: Path, rank: int) -> None:
