@@ -23,6 +23,8 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import nn
 
+from ..plan.kernels import native_gqa
+
 
 class RMSNorm(nn.Module):
     """x / sqrt(mean(x^2) + eps) * weight, computed in fp32 whatever the input dtype.
@@ -55,6 +57,12 @@ def apply_rotary(x, cos, sin):
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
+def takes_gqa(device: torch.device, half: bool, head_dim: int) -> bool:
+    """Does SDPA run grouped k/v heads on a fused kernel here? The rule is pretrain.plan.kernels'."""
+    flash_gpu = device.type != "cuda" or torch.cuda.get_device_capability(device) >= (8, 0)
+    return native_gqa(device.type, half, head_dim, torch.__version__, flash_gpu)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg, attention: str):
         super().__init__()
@@ -66,6 +74,7 @@ class Attention(nn.Module):
         self.rotary = not gpt2
         self.attention = attention
         self.dropout = cfg.dropout
+        self.native_gqa: bool | None = None  # None: decided per call; the trainer fixes it before compiling
 
     def forward(self, x, rope):
         b, s, _ = x.shape
@@ -77,11 +86,14 @@ class Attention(nn.Module):
         if self.rotary:
             cos, sin = (t[:s, None, :].to(q.dtype) for t in rope)
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        gqa = self.num_kv_heads != self.num_heads  # grouped-query attention: each k/v head serves a group
+        if gqa and self.attention == "sdpa" and not self.sdpa_takes_gqa(q):
+            k, v = self.repeat_kv(k), self.repeat_kv(v)  # so that a fused kernel runs, not the math one
+            gqa = False
         # (batch, heads, seq, head_dim) views of (batch, seq, heads, head_dim) memory: attention kernels
         # return their output in the same layout, so the transpose back below is free.
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         dropout = self.dropout if self.training else 0.0
-        gqa = self.num_kv_heads != self.num_heads  # grouped-query attention: each k/v head serves a group
         if self.attention == "sdpa":
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, enable_gqa=gqa)
         else:  # eager: the seq x seq scores are materialised (and kept for backward)
@@ -94,6 +106,18 @@ class Attention(nn.Module):
             probs = scores.float().softmax(dim=-1).to(q.dtype)  # softmax in fp32 on every device
             y = (F.dropout(probs, dropout, self.training) if dropout else probs) @ v
         return self.proj(y.transpose(1, 2).reshape(b, s, -1))
+
+    def sdpa_takes_gqa(self, q) -> bool:
+        if self.native_gqa is not None:
+            return self.native_gqa
+        return takes_gqa(q.device, q.dtype in (torch.float16, torch.bfloat16), self.head_dim)
+
+    def repeat_kv(self, t):
+        """(batch, seq, kv_heads, head_dim) -> (batch, seq, heads, head_dim), each k/v head once per query head
+        of its group (the Hugging Face / torchtitan order)."""
+        b, s, kv, d = t.shape
+        group = self.num_heads // kv
+        return t[:, :, :, None, :].expand(b, s, kv, group, d).reshape(b, s, kv * group, d)
 
 
 class MLP(nn.Module):
@@ -213,6 +237,14 @@ class Transformer(nn.Module):
                 scale = residual_std if name.endswith(("attn.proj.weight", "mlp.down.weight")) else std
                 g = torch.Generator(device=_device_of(p)).manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
                 _fill(p, lambda t, s=scale, g=g: t.normal_(0.0, s, generator=g))
+
+    def fix_attention_kernel(self, device: torch.device, half: bool) -> bool:
+        """Decide once, for this device and compute dtype, whether SDPA takes the grouped k/v heads (a
+        constant for torch.compile instead of a per-call check); returns the decision."""
+        decision = takes_gqa(device, half, self.config.head_dim)
+        for block in self.blocks:
+            block.attn.native_gqa = decision
+        return decision
 
     def _rotary(self, seq_len: int, device):
         if self.pos_embed is not None:

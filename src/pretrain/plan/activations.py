@@ -5,7 +5,8 @@ Models"), whose per-layer figure for GPT-3 style layers with fp16 activations is
 terms are that count redone for what `pretrain.model` really keeps (checked tensor by tensor against
 `saved_tensors_hooks` in tests/plan/test_memory_vs_measured.py):
   - SDPA / flash attention keeps q, k, v, its output and a log-sum-exp, never the seq x seq scores (the 5as/h
-    term is gone); `train.attention: eager` keeps the fp32 softmax and its cast instead.
+    term is gone); `train.attention: eager` keeps the fp32 softmax and its cast instead. With grouped-query
+    attention, where no fused kernel takes grouped heads, SDPA keeps k and v repeated per query head.
   - No dropout, no masks (the 2-byte dropout outputs and 1-byte masks are gone).
   - Norms run in fp32: RMSNorm keeps its fp32 input, the reciprocal RMS and the fp32 normalised x.
   - Under autocast each matmul keeps its own half-precision copy of its input; SwiGLU keeps the fused
@@ -43,8 +44,9 @@ class Term:
     sharded: bool  # divided by the tensor-parallel degree (norm terms only with sequence parallelism)
 
 
-def layer_terms(m, t, parallel, b: int, recompute: str | None = None) -> list[Term]:
-    """What one transformer block keeps for one micro-batch of b sequences."""
+def layer_terms(m, t, parallel, b: int, recompute: str | None = None, native_gqa: bool = True) -> list[Term]:
+    """What one transformer block keeps for one micro-batch of b sequences. native_gqa: SDPA takes grouped
+    k/v heads itself (pretrain.plan.kernels decides)."""
     recompute = recompute or t.activation_checkpointing
     s, h, I, nh, d = t.seq_len, m.hidden_size, m.intermediate_size, m.num_heads, m.head_dim
     qw, kvw = nh * d, m.num_kv_heads * d
@@ -76,9 +78,11 @@ def layer_terms(m, t, parallel, b: int, recompute: str | None = None) -> list[Te
     eager = t.attention == "eager"
     if eager:  # the batched matmuls keep contiguous (batch*heads, seq, head_dim) copies of q, k and v
         add("q, k, v copies for the batched matmuls", 3 * a * bs * qw, f"3 x {a} x b*s*q {qw}")
-    elif llama:  # SDPA keeps rotated q and k, and v: a view of the fused qkv output, which stays whole
-        add("qkv output", a * bs * (qw + 2 * kvw), f"{a} x b*s*(q {qw} + 2 x kv {kvw})")
+    elif llama and (kvw == qw or native_gqa):  # SDPA keeps rotated q and k, and v: a view of the fused qkv
+        add("qkv output", a * bs * (qw + 2 * kvw), f"{a} x b*s*(q {qw} + 2 x kv {kvw})")  # output, kept whole
         add("rotated q, k", a * bs * (qw + kvw), f"{a} x b*s*(q {qw} + kv {kvw})")
+    elif llama:  # k and v repeated to every query head first (pretrain.plan.kernels): SDPA keeps the copies
+        add("rotated q, k and v repeated per head", 3 * a * bs * qw, f"3 x {a} x b*s*q {qw}")
     else:  # SDPA keeps q, k, v: views of the fused qkv output
         add("qkv output", a * bs * 3 * h, f"{a} x b*s*3h")
     if llama and a != 4:
@@ -140,13 +144,13 @@ def _shard(terms: list[Term], tensor: int, sequence_parallel: bool) -> int:
     return sum(x.bytes // tensor if (x.sharded or sequence_parallel) else x.bytes for x in terms)
 
 
-def activation_bytes(m, t, parallel, b: int | None = None) -> dict:
+def activation_bytes(m, t, parallel, b: int | None = None, native_gqa: bool = True) -> dict:
     """Activation bytes per GPU for micro-batch b (default train.micro_batch_size), with the terms."""
     b = b or t.micro_batch_size
     tp, pp, sp = parallel.tensor, parallel.pipeline, parallel.sequence_parallel
     layers = -(-m.num_layers // pp)
     in_flight = min(pp, t.grad_accum_steps)  # 1F1B: the first stage holds up to p micro-batches
-    per_layer_terms = layer_terms(m, t, parallel, b)
+    per_layer_terms = layer_terms(m, t, parallel, b, native_gqa=native_gqa)
     per_layer = _shard(per_layer_terms, tp, sp)
     once = once_terms(m, t, parallel, b)
     once_bytes = _shard(once, tp, sp)
@@ -154,7 +158,7 @@ def activation_bytes(m, t, parallel, b: int | None = None) -> dict:
     working = 0
     if t.activation_checkpointing == "full":
         # Backward recomputes one block at a time and holds its tensors until its gradients are done.
-        working = _shard(layer_terms(m, t, parallel, b, recompute="none"), tp, sp) - \
+        working = _shard(layer_terms(m, t, parallel, b, recompute="none", native_gqa=native_gqa), tp, sp) - \
             _overlap(m, t, parallel, b) // (tp if sp else 1)
         total += working
     total += once_bytes

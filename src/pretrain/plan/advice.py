@@ -22,6 +22,7 @@ import math
 from ..config import validate
 from ..errors import ConfigError
 from .activations import COMPUTE_BYTES, activation_bytes
+from .kernels import planned_native_gqa
 from .budget import CHINCHILLA_TOKENS_PER_PARAM
 from .hardware import COMPUTE_DTYPE, gpu_spec
 
@@ -208,7 +209,7 @@ def step_intensity(c, p, b: int | None = None) -> tuple[float, float]:
     weights = reads * COMPUTE_BYTES[t.precision] * p["params"]["flops"] / model_parallel
     kept = copy.copy(t)
     kept.activation_checkpointing = "none"  # recomputed tensors are written and read all the same
-    act = activation_bytes(m, kept, par, b)
+    act = activation_bytes(m, kept, par, b, native_gqa=planned_native_gqa(c))
     traffic = 2 * (act["layers"] * act["per_layer"] + act["once"])
     return flops, weights + traffic
 

@@ -24,6 +24,7 @@ in fp32.
 from __future__ import annotations
 
 from .activations import COMPUTE_BYTES, activation_bytes
+from .kernels import planned_native_gqa
 from .explain import Explain, gib
 from .hardware import device_memory_bytes, gpu_spec
 from .params import param_shapes
@@ -204,7 +205,7 @@ def memory(cfg, counts, ex: Explain) -> dict:
                f"(2 + {2 if t.grad_dtype == 'same' else 4} + 12) bytes x {counts.total:,} parameters, stage {zero} "
                f"sharding over {dp}; ours above counts what autocast/FSDP really hold")
 
-    act = activation_bytes(m, t, par)
+    act = activation_bytes(m, t, par, native_gqa=planned_native_gqa(cfg))
     per_layer_formula = " + ".join(x.formula for x in act["layer_terms"])
     ex.add("memory", "activations per layer", gib(act["per_layer"]),
            f"{per_layer_formula} with b={t.micro_batch_size}, s={t.seq_len}, h={m.hidden_size}, "
@@ -277,7 +278,8 @@ def _buffers(cfg, st, gradients: int, zero: int) -> tuple[int, str]:
 
 def _max_micro_batch(cfg, fixed: int, usable: int) -> int:
     def need(b):
-        return fixed + activation_bytes(cfg.model, cfg.train, cfg.parallel, b)["total"] + _loss_buffer(cfg, b)
+        act = activation_bytes(cfg.model, cfg.train, cfg.parallel, b, native_gqa=planned_native_gqa(cfg))
+        return fixed + act["total"] + _loss_buffer(cfg, b)
 
     if need(1) > usable:
         return 0

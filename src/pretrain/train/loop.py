@@ -126,6 +126,7 @@ class Trainer:
             model = model.to(torch.bfloat16)
         for block in model.blocks:
             block.recompute = t.activation_checkpointing
+        model.fix_attention_kernel(rt.device, half=t.precision != "fp32")
         self.model, self.wrapped = parallelize(model, c, rt)
         if on_meta:
             self.model.to_empty(device=rt.device)

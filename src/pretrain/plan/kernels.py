@@ -1,0 +1,57 @@
+"""Which attention kernel runs grouped-query attention: one rule for the model and the planner.
+
+SDPA's `enable_gqa=True` lets a fused kernel read each k/v head once for its whole group of query heads, but
+only some kernels take it; the others fall back, silently, to the math kernel, which keeps the seq x seq
+scores for backward (gigabytes at long sequences). Which kernels take it:
+  - CUDA: flash attention (Ampere and later, fp16/bf16, head_dim <= 256) and cuDNN do; the memory-efficient
+    kernel, the one fp32 runs on, does not.
+  - CPU: the flash kernel does from torch 2.9 on (earlier ones run GQA on the math kernel).
+Where no fused kernel takes it, the model repeats k and v to every query head first (as torchtitan does)
+and a fused kernel still runs; the planner counts the repeated copies that SDPA then keeps.
+Pure Python: the planner imports it without torch.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from importlib import metadata
+
+PRE_AMPERE_GPUS = ("v100-16gb", "v100-32gb", "t4")  # no flash attention in PyTorch before compute 8.0
+CPU_GQA_TORCH = (2, 9)
+
+
+def torch_version_tuple(version: str | None) -> tuple[int, int] | None:
+    """'2.6.0+cu124' -> (2, 6); None when unknown."""
+    match = re.match(r"(\d+)\.(\d+)", version or "")
+    return (int(match[1]), int(match[2])) if match else None
+
+
+@functools.lru_cache(maxsize=1)
+def installed_torch_version() -> str | None:
+    """The installed torch's version, read from its metadata without importing it."""
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def native_gqa(device: str, half: bool, head_dim: int, torch_version: str | None, flash_gpu: bool = True) -> bool:
+    """True: SDPA gets the grouped k/v heads (enable_gqa). False: the model repeats them to every query head.
+
+    device 'cpu' or 'cuda'; half: the attention inputs are fp16/bf16; flash_gpu: the GPU has flash attention
+    (compute capability 8.0 or later); an unknown torch version counts as a recent one."""
+    if device == "cpu":
+        version = torch_version_tuple(torch_version)
+        return version is None or version >= CPU_GQA_TORCH
+    return half and head_dim <= 256 and flash_gpu
+
+
+def planned_native_gqa(cfg) -> bool:
+    """The rule for a planned config: its hardware, its precision, the torch installed here."""
+    from .hardware import gpu_spec
+
+    name = gpu_spec(cfg.hardware.gpu).name
+    device = "cpu" if name == "cpu" else "cuda"
+    return native_gqa(device, cfg.train.precision != "fp32", cfg.model.head_dim, installed_torch_version(),
+                      flash_gpu=name not in PRE_AMPERE_GPUS)
