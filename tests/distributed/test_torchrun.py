@@ -16,6 +16,12 @@ from support import run_cli
 torch = pytest.importorskip("torch")
 pytest.importorskip("psutil")
 
+from pretrain.distributed.parallel import FSDP_CPU_TORCH  # noqa: E402
+from pretrain.plan.kernels import torch_version_tuple  # noqa: E402
+
+OLD_TORCH = torch_version_tuple(torch.__version__) < FSDP_CPU_TORCH
+needs_cpu_fsdp = pytest.mark.skipif(OLD_TORCH, reason=f"FSDP2 on CPUs needs torch >= 2.9 ({torch.__version__})")
+
 
 def settings(prepared, run_dir, micro_batch, *extra):
     return ["model.preset=debug", "model.vocab_size=515", "model.intermediate_size=175",  # odd: uneven shards
@@ -55,7 +61,7 @@ def single(prepared, tmp_path_factory):
     return run_dir
 
 
-@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+@pytest.mark.parametrize("stage", [0, 1, pytest.param(2, marks=needs_cpu_fsdp), pytest.param(3, marks=needs_cpu_fsdp)])
 def test_data_parallel_matches_one_process(prepared, single, tmp_path, stage):
     run_dir = tmp_path / "run"
     # debug.check_sharding: every rank asserts it holds exactly the planner's per-rank model-state bytes.
@@ -75,6 +81,7 @@ def test_data_parallel_matches_one_process(prepared, single, tmp_path, stage):
         assert rows[name]["planned"] == rows[name]["measured"]
 
 
+@needs_cpu_fsdp
 def test_sharded_checkpoint_resumes_on_one_and_two_ranks(prepared, tmp_path):
     from pretrain.train.checkpoint import checkpoint_dir
 
@@ -136,3 +143,10 @@ def test_ranks_agree_on_a_rollback(prepared, tmp_path):
     (rollback,) = [e for e in events if e["event"] == "rollback"]
     assert (rollback["step"], rollback["to_step"]) == (5, 4)
     assert losses(run_dir)[8] == losses(run_dir)[8]  # finished with a finite loss
+
+
+@pytest.mark.skipif(not OLD_TORCH, reason="this torch runs FSDP2 on CPUs")
+def test_fsdp_on_cpus_with_an_old_torch_is_refused_in_one_line(prepared, tmp_path):
+    r = torchrun(*settings(prepared, tmp_path / "run", 4, "parallel.zero_stage=3"))
+    assert r.returncode != 0
+    assert "pretrain train: error: parallel.zero_stage: FSDP (stages 2 and 3) on CPUs needs torch >= 2.9" in r.stderr

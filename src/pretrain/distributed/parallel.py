@@ -15,8 +15,12 @@ import contextlib
 
 import torch
 
+from ..errors import ConfigError
+from ..plan.kernels import torch_version_tuple
 from ..train.optim import build_optimizer, param_groups
 from .runtime import Runtime, all_reduce_mean
+
+FSDP_CPU_TORCH = (2, 9)  # gloo: FSDP2 fails on CPU streams in torch 2.6 and sums instead of averaging in 2.7
 
 
 class Single:
@@ -131,6 +135,9 @@ class FSDP(Single):
 
     def __init__(self, model, rt: Runtime, config):
         super().__init__(model, rt)
+        if rt.device.type == "cpu" and torch_version_tuple(torch.__version__) < FSDP_CPU_TORCH:
+            raise ConfigError(f"parallel.zero_stage: FSDP (stages 2 and 3) on CPUs needs torch >= 2.9, this is "
+                              f"{torch.__version__}; use parallel.zero_stage=1 or a newer torch")
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
