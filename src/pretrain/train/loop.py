@@ -428,6 +428,9 @@ class Trainer:
             if self.stop_signal:  # a second signal: leave at once
                 os._exit(128 + signum)
             self.stop_signal = signum
+            name = signal.Signals(signum).name
+            os.write(2, f"pretrain train: {name}: stopping after this step with a checkpoint ({name} again "
+                        f"exits at once)\n".encode())  # os.write: safe inside a signal handler
 
         self._previous_handlers = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
 
