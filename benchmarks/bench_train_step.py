@@ -22,6 +22,7 @@ import torch
 from pretrain.config import load_config
 from pretrain.distributed.runtime import init_runtime
 from pretrain.model import build_model
+from pretrain.plan import plan
 from pretrain.train.loop import Trainer, precision_context
 from pretrain.train.optim import build_optimizer
 
@@ -122,10 +123,13 @@ def main():
     print(f"device {rt.device}, threads {torch.get_num_threads()}, {config.model.num_layers} layers x "
           f"{config.model.hidden_size}, batch {t.micro_batch_size} x {t.grad_accum_steps} x {t.seq_len}, "
           f"{t.precision}, compile {t.compile}")
+    flops_per_token = plan(config)["flops"]["per_token"]  # the model FLOPs MFU counts (PaLM: 6N + attention)
+    peak = config.hardware.peak_tflops
     for name, tps in speed.items():
         spread = [tokens / s for s in seconds[name]]
+        mfu = f", MFU {tps * flops_per_token / (peak * 1e12):.1%} of {peak:g} TFLOP/s" if peak else ""
         print(f"  {name:9s} {tps:12,.0f} tokens/s (median of {args.rounds}; min {min(spread):,.0f}, "
-              f"max {max(spread):,.0f})")
+              f"max {max(spread):,.0f}){mfu}")
     print(f"  ratio pretrain / minimal = {speed['pretrain'] / speed['minimal']:.3f}")
 
 

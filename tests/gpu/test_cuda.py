@@ -1,0 +1,133 @@
+"""The CUDA paths, run only where a GPU is visible (they skip on CI's CPU machines).
+
+What a CPU cannot check: bf16 autocast and flash attention on a GPU, the fp16 loss scaler, torch.compile,
+the allocator's peak against the plan, `pretrain bench` on a card, a sweep's CUDA memory, NCCL. Each test
+trains a small real model through the CLI, as a user would. Run them with
+`python -m pytest tests/gpu -v` on a GPU machine (benchmarks/gpu_session.sh does, then measures).
+"""
+
+import json
+
+import pytest
+
+from support import run_cli, tiny
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+# Big enough that the allocator's fixed costs (cuBLAS workspace, rotary tables) are small beside the step.
+SMALL = ["model.hidden_size=512", "model.intermediate_size=1376", "model.num_layers=4", "model.num_heads=8",
+         "model.num_kv_heads=4", "train.seq_len=256", "train.micro_batch_size=16", "train.grad_accum_steps=1",
+         "train.device=cuda", "train.lr=3e-3", "hardware.peak_tflops=null", "run.eval_every=0"]
+
+
+def train(prepared, run_dir, *extra):
+    r = run_cli("train", *tiny(prepared, run_dir, *SMALL, *extra))
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r
+
+
+def rows(run_dir):
+    return {x["name"]: x for x in json.loads((run_dir / "plan_vs_run.json").read_text())["rows"]}
+
+
+def losses(run_dir):
+    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in records if "loss" in r]
+
+
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+def test_bf16_mixed_on_cuda_matches_the_plan(prepared, tmp_path, recompute):
+    run_dir = tmp_path / "run"
+    train(prepared, run_dir, "train.precision=bf16-mixed", f"train.activation_checkpointing={recompute}")
+    loss = losses(run_dir)
+    assert loss[-1] < loss[0] - 0.5
+    r = rows(run_dir)
+    for name in ("parameters", "gradients", "optimizer_states", "working_copies"):
+        assert r[name]["measured"] == r[name]["planned"], name
+    # The tensors autograd saved, counted on the GPU (flash attention keeps what the planner says).
+    assert abs(r["activations"]["error_pct"]) <= 10, r["activations"]
+    # The allocator's peak against the plan's total less the CUDA context: the calibration target.
+    assert abs(r["peak allocated"]["error_pct"]) <= 15, r["peak allocated"]
+
+
+def test_fp32_on_cuda_uses_tf32_and_matches_the_plan(prepared, tmp_path):
+    run_dir = tmp_path / "run"
+    train(prepared, run_dir, "train.precision=fp32")
+    r = rows(run_dir)
+    for name in ("parameters", "gradients", "optimizer_states"):
+        assert r[name]["measured"] == r[name]["planned"], name
+    assert abs(r["activations"]["error_pct"]) <= 10, r["activations"]
+
+
+def test_fp16_mixed_with_the_loss_scaler(prepared, tmp_path):
+    run_dir = tmp_path / "run"
+    train(prepared, run_dir, "train.precision=fp16-mixed")
+    loss = losses(run_dir)
+    assert loss[-1] < loss[0] - 0.5
+
+
+def test_compile_trains_like_eager(prepared, tmp_path):
+    eager, compiled = tmp_path / "eager", tmp_path / "compiled"
+    train(prepared, eager, "train.precision=bf16-mixed", "train.max_steps=8")
+    train(prepared, compiled, "train.precision=bf16-mixed", "train.max_steps=8", "train.compile=true")
+    a, b = losses(eager), losses(compiled)
+    assert len(a) == len(b) == 8
+    assert b == pytest.approx(a, rel=3e-2)  # same init and data; kernels differ (bf16 rounding)
+
+
+def test_resume_on_cuda_continues_the_same_run(prepared, tmp_path):
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    train(prepared, straight, "train.precision=bf16-mixed")
+    train(prepared, stopped, "train.precision=bf16-mixed", "debug.stop_after_step=4")
+    r = run_cli("train", "--resume", stopped, "debug.stop_after_step=0")
+    assert r.returncode == 0, r.stderr[-3000:]
+    # GPU kernels with atomics are not bitwise deterministic; the continuation must still be the same run.
+    assert losses(stopped) == pytest.approx(losses(straight), rel=2e-2)
+
+
+def test_a_cuda_checkpoint_loads_on_the_cpu_and_exports(prepared, tmp_path):
+    from pretrain import load_model
+
+    run_dir = tmp_path / "run"
+    train(prepared, run_dir, "train.precision=bf16-mixed", "train.max_steps=4")
+    model = load_model(run_dir, device="cpu")
+    assert next(model.parameters()).device.type == "cpu"
+    r = run_cli("export", run_dir, "--to", "hf", tmp_path / "hf")
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
+def test_bench_on_the_card(tmp_path):
+    out = tmp_path / "profile.json"
+    r = run_cli("bench", "--device", "cuda", "--quick", "--out", out)
+    assert r.returncode == 0, r.stderr[-3000:]
+    peaks = json.loads(out.read_text())["peak_tflops"]
+    assert peaks["bf16"] > peaks["fp32"] > 0  # tensor cores
+
+
+def test_sweep_memory_on_cuda(tmp_path):
+    r = run_cli("sweep", "model.preset=debug", "model.hidden_size=512", "model.num_layers=4",
+                "model.intermediate_size=1376", "train.precision=bf16-mixed", "train.device=cuda",
+                "train.seq_len=256,1024", "train.micro_batch_size=8", "--out", tmp_path / "sweep", "--json")
+    assert r.returncode == 0, r.stderr[-3000:]
+    cells = json.loads((tmp_path / "sweep" / "sweep.json").read_text())["cells"]
+    assert len(cells) == 2
+    for cell in cells:
+        assert cell["tokens_per_s"] > 0
+        assert abs(cell["memory_error_pct"]) <= 15, cell
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL data parallelism needs two GPUs")
+@pytest.mark.parametrize("stage", [0, 3])
+def test_nccl_data_parallel(prepared, tmp_path, stage):
+    import subprocess
+    import sys
+
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "pretrain",
+           "train", *tiny(prepared, run_dir, *SMALL, "train.precision=bf16-mixed", f"parallel.zero_stage={stage}",
+                          "debug.check_sharding=true")]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    loss = losses(run_dir)
+    assert loss[-1] < loss[0] - 0.5
