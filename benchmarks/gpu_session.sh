@@ -40,7 +40,8 @@ run_train() {  # NAME CONFIG OVERRIDES...: plan, then a short run whose plan_vs_
     pretrain plan "$config" "$@"
     rm -rf "$work/runs/$name"
     timeout 280 "$py" -m pretrain train "$config" data.dir="$work/data" run.dir="$work/runs/$name" \
-        run.log_every=5 run.eval_every=0 run.eval_batches=2 run.checkpoint_every=0 run.progress=false "$@"
+        run.log_every=5 run.eval_every=0 run.eval_batches=2 run.checkpoint_every=0 run.progress=false \
+        stability.spike_detection=false "$@"  # no step-0 rollback checkpoint (15 GB for the 1.2B model)
     echo "exit $?"
 }
 
