@@ -51,9 +51,9 @@ def test_bf16_mixed_on_cuda_matches_the_plan(prepared, tmp_path, recompute):
     assert abs(r["peak allocated"]["error_pct"]) <= 15, r["peak allocated"]
 
 
-def test_fp32_on_cuda_uses_tf32_and_matches_the_plan(prepared, tmp_path):
+def test_fp32_on_cuda_repeats_kv_heads_and_matches_the_plan(prepared, tmp_path):
     run_dir = tmp_path / "run"
-    train(prepared, run_dir, "train.precision=fp32")
+    train(prepared, run_dir, "train.precision=fp32")  # GQA on the memory-efficient kernel: k/v repeated
     r = rows(run_dir)
     for name in ("parameters", "gradients", "optimizer_states"):
         assert r[name]["measured"] == r[name]["planned"], name

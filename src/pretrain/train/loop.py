@@ -110,8 +110,7 @@ class Trainer:
                          ramp_start=t.batch_ramp_start)
         torch.manual_seed(t.seed)
         if rt.device.type == "cuda":
-            torch.backends.cuda.matmul.allow_tf32 = True  # fp32 matmuls at TF32 speed, as the plan assumes
-            torch.backends.cudnn.allow_tf32 = True
+            torch.set_float32_matmul_precision("high")  # fp32 matmuls at TF32 speed, as the plan assumes
 
         # FSDP shards a model built on the meta device, then each rank materialises only its shard: a 70B
         # model never exists whole on one GPU. The per-parameter seeded init gives every mode the same values.
