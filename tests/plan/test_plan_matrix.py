@@ -81,3 +81,11 @@ def test_offload_moves_states_to_host():
     off = plan(load_config(overrides=["model.preset=llama-7b", "parallel.offload=optimizer"]))
     assert off["memory_bytes"]["optimizer"] == 0
     assert off["memory_bytes"]["host"] - on["memory_bytes"]["host"] == on["memory_bytes"]["optimizer"]
+
+
+def test_host_memory_is_offloaded_states_and_an_imported_checkpoint():
+    # The trainer builds the model on the GPU (FSDP on the meta device): nothing on the host by default.
+    assert plan(load_config(overrides=["model.preset=llama-7b"]))["memory_bytes"]["host"] == 0
+    base = ["model.preset=llama-7b", "parallel.gpus=16", "parallel.gpus_per_node=8"]
+    imported = plan(load_config(overrides=base + ["model.init_from=hf/llama-7b"]))
+    assert imported["memory_bytes"]["host"] == 8 * 4 * imported["params"]["total"]  # each process reads it

@@ -232,11 +232,13 @@ def memory(cfg, counts, ex: Explain) -> dict:
     total = weights + gradients + optimizer + act["total"] + buffers + context
     ex.add("memory", "total", gib(total), "weights + gradients + optimizer + activations + buffers + cuda_context")
 
+    # The trainer builds the model on the GPU (FSDP: on the meta device, then each rank its shard), so host
+    # memory holds only offloaded states, and a whole imported checkpoint while model.init_from is read.
     procs = min(par.gpus, par.gpus_per_node)
-    init = 4 * counts.total // (par.tensor * par.pipeline)
+    init = 4 * counts.total if m.init_from else 0
     host = procs * (host_offload + init)
-    ex.add("memory", "host", gib(host), f"{procs} processes per node x (offloaded states {host_offload:,} "
-           f"+ one fp32 copy of the local weights while loading {init:,})")
+    ex.add("memory", "host", gib(host), f"{procs} processes per node x (offloaded states {host_offload:,}"
+           + (f" + the model.init_from checkpoint read in fp32 {init:,})" if init else ")"))
 
     device = device_memory_bytes(hw)
     result = dict(weights=weights, gradients=gradients, optimizer=optimizer, activations=act["total"],

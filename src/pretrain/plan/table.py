@@ -86,7 +86,8 @@ def render(config, p: dict) -> str:
                    f"after {config.hardware.fragmentation:.0%} fragmentation): {fits}; "
                    f"largest micro-batch that fits: {p['max_micro_batch_size']}")
     lines.append(f"    {'total':<14} {mem['total'] / GiB:>9.2f}   {verdict}")
-    lines.append(f"    {'host per node':<14} {mem['host'] / GiB:>9.2f}   RAM")
+    if mem["host"]:  # offloaded states, or a model.init_from checkpoint being read
+        lines.append(f"    {'host per node':<14} {mem['host'] / GiB:>9.2f}   RAM for offloaded states / the import")
     for advice in p.get("advice", []):
         lines.append(f"  ! {advice}")
     return "\n".join(lines)
