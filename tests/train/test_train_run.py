@@ -80,3 +80,19 @@ def test_resume_of_a_finished_run_does_nothing_more(run, prepared):
     assert r.returncode == 0, r.stderr
     after = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text()[len(before):].splitlines()]
     assert all("loss" not in r for r in after)  # no training step, only the final evaluation
+
+
+def test_an_mfu_above_one_is_flagged_not_reported_as_fact():
+    from pretrain.config import load_config
+    from pretrain.plan import plan
+    from pretrain.train import plan_check
+
+    c = load_config(overrides=["model.preset=debug", "hardware.gpu=cpu", "hardware.peak_tflops=0.002"])
+    p = plan(c)
+    states = {k: p["model_states"][k] for k in ("parameters", "gradients", "optimizer_states")}
+    sane = plan_check.compare(p, states, None, None, 5000.0, 0.4, 0.4, "cpu")
+    busy = plan_check.compare(p, states, None, None, 5000.0, 21.0, 0.4, "cpu")
+    assert sane["notes"] == []
+    (note,) = busy["notes"]
+    assert note.startswith("measured MFU 21.00 > 1: the peak 0.002 TFLOP/s") and "pretrain bench" in note
+    assert f"  ! {note}" in plan_check.render(busy)

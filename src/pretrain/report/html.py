@@ -75,7 +75,8 @@ def _plan_table(plan_vs_run: dict) -> str:
                      escape(units.quantity(row.get("measured"), unit)), err_cell])
     device = plan_vs_run.get("device")
     caption = "<h3>Plan vs measured" + (f" on {escape(str(device))}" if device else "") + "</h3>"
-    return caption + _table(["quantity", "planned", "measured", "error"], rows)
+    notes = "".join(f"<p>{escape(str(n))}</p>" for n in plan_vs_run.get("notes", []) if isinstance(n, str))
+    return caption + _table(["quantity", "planned", "measured", "error"], rows) + notes
 
 
 def _events_table(events: list[dict]) -> str:

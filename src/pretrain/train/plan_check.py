@@ -78,8 +78,14 @@ def compare(p: dict, states: dict, saved: dict | None, peak_allocated: int | Non
         rows.append(_row("peak allocated", planned_peak, peak_allocated, "bytes"))
     rows.append(_row("tokens_per_s", p["time"].get("tokens_per_second"), tokens_per_s, "tokens/s"))
     rows.append(_row("mfu", assumed_mfu, mfu, "fraction"))
-    return {"device": device, "rows": rows, "plan": {k: p[k] for k in ("params", "memory_bytes", "model_states",
-                                                                       "hardware", "flops")}}
+    notes = []
+    if mfu is not None and mfu > 1:
+        hw = p["hardware"]
+        notes.append(f"measured MFU {mfu:.2f} > 1: the peak {hw['peak_tflops']:.4g} TFLOP/s ({hw['peak_source']}) is "
+                     f"below what this run achieved, so it was measured on a busy machine or set too low; measure "
+                     f"it on an idle one (`pretrain bench --out profile.json`, then hardware.profile=profile.json)")
+    return {"device": device, "rows": rows, "notes": notes,
+            "plan": {k: p[k] for k in ("params", "memory_bytes", "model_states", "hardware", "flops")}}
 
 
 def render(report: dict) -> str:
@@ -95,6 +101,7 @@ def render(report: dict) -> str:
             return f"{v:,.0f}"
         err = "" if r["error_pct"] is None else f"{r['error_pct']:+.1f}%"
         lines.append(f"  {r['name']:28} {show(r['planned']):>14} {show(r['measured']):>14} {err:>8}")
+    lines += [f"  ! {note}" for note in report.get("notes", [])]
     return "\n".join(lines)
 
 
