@@ -26,10 +26,11 @@ from pretrain.plan import plan
 from pretrain.train.loop import Trainer, precision_context
 from pretrain.train.optim import build_optimizer
 
-DEFAULTS = ["model.preset=debug", "model.hidden_size=256", "model.intermediate_size=688", "model.num_layers=4",
-            "model.num_heads=8", "model.num_kv_heads=4", "model.vocab_size=2048", "train.seq_len=256",
-            "train.micro_batch_size=8", "train.grad_accum_steps=1", "train.precision=fp32", "train.max_steps=100000",
-            "train.device=cpu", "hardware.peak_tflops=1", "stability.spike_detection=true"]
+# The model when no model.* key is given (a model.* key, e.g. model.preset=gpt2, replaces all of these).
+MODEL_DEFAULTS = ["model.preset=debug", "model.hidden_size=256", "model.intermediate_size=688", "model.num_layers=4",
+                  "model.num_heads=8", "model.num_kv_heads=4", "model.vocab_size=2048"]
+DEFAULTS = ["train.seq_len=256", "train.micro_batch_size=8", "train.grad_accum_steps=1", "train.precision=fp32",
+            "train.max_steps=100000", "train.device=cpu", "hardware.peak_tflops=1", "stability.spike_detection=true"]
 
 
 class RandomTokens:
@@ -109,7 +110,8 @@ def main():
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
-    config = load_config(overrides=DEFAULTS + args.overrides)
+    model = [] if any(o.startswith("model.") for o in args.overrides) else MODEL_DEFAULTS
+    config = load_config(overrides=model + DEFAULTS + args.overrides)
     rt = init_runtime(config.train.device)
     t = config.train
     tokens = args.steps * t.micro_batch_size * t.grad_accum_steps * t.seq_len

@@ -57,11 +57,12 @@ train)
         train.grad_accum_steps=1 train.batch_ramp_tokens=0 train.max_steps=40
     ;;
 sweep)
-    timeout 300 "$py" -m pretrain sweep model.preset=gpt2 train.precision=bf16-mixed \
+    timeout 300 "$py" -m pretrain sweep model.preset=gpt2 model.max_seq_len=8192 train.precision=bf16-mixed \
         train.seq_len=1,64,256,1024,2048,4096,8192 train.micro_batch_size=1,8 --out "$work/sweep" \
         --budget-seconds 240
+    # Both loops' models live at once (2 x 20 GB of states): micro-batch 4 keeps the pair inside 80 GB.
     timeout 250 "$py" benchmarks/bench_train_step.py model.preset=llama3.2-1b train.seq_len=2048 \
-        train.micro_batch_size=8 train.precision=bf16-mixed train.activation_checkpointing=selective \
+        train.micro_batch_size=4 train.precision=bf16-mixed train.activation_checkpointing=selective \
         train.compile=true train.device=cuda hardware.peak_tflops=989.4 --steps 10 --rounds 3
     ;;
 *)
