@@ -2,6 +2,7 @@
 one-line errors the trainer gives before it builds anything."""
 
 import json
+import shutil
 
 import pytest
 
@@ -28,6 +29,25 @@ def test_precisions_and_options_train(prepared, tmp_path, extra):
     lines = train_lines(run_dir)
     assert len(lines) == 12 and all(x["loss"] == x["loss"] for x in lines)  # no NaN
     assert lines[-1]["loss"] < lines[0]["loss"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
+                    reason="torch.compile on a CPU needs a C++ compiler")
+def test_compiled_step_trains_like_eager(prepared, tmp_path):
+    """torch.compile (inductor's CPU code here) of the model with selective recomputation: the same losses as
+    eager, up to the rounding of fused kernels, and one compilation (the rotary tables exist before it)."""
+    def losses(name, *extra):
+        run_dir = tmp_path / name
+        r = run_cli("train", *tiny(prepared, run_dir, "train.max_steps=6", "train.activation_checkpointing=selective",
+                                   *extra), env={"TORCH_LOGS": "recompiles"})
+        assert r.returncode == 0, r.stderr[-3000:]
+        return [x["loss"] for x in train_lines(run_dir)], r.stderr
+
+    eager, _ = losses("eager")
+    compiled, log = losses("compiled", "train.compile=true")
+    assert compiled == pytest.approx(eager, rel=1e-4)
+    assert "Recompiling" not in log
 
 
 def test_batch_ramp_grows_the_global_batch(prepared, tmp_path):

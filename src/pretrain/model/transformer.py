@@ -246,7 +246,9 @@ class Transformer(nn.Module):
             block.attn.native_gqa = decision
         return decision
 
-    def _rotary(self, seq_len: int, device):
+    def rotary(self, seq_len: int, device):
+        """The (cos, sin) tables for seq_len positions, built on first use (call it before torch.compile:
+        a table built inside the compiled forward would make it compile twice)."""
         if self.pos_embed is not None:
             return None
         if self.rope is None or self.rope[0].shape[0] < seq_len or self.rope[0].device != device:
@@ -262,7 +264,7 @@ class Transformer(nn.Module):
             x = x + self.pos_embed(torch.arange(s, device=tokens.device))
         if self.config.dropout:
             x = F.dropout(x, self.config.dropout, self.training)
-        rope = self._rotary(s, tokens.device)
+        rope = self.rotary(s, tokens.device)
         for block in self.blocks:
             x = block(x, rope)
         logits = self.lm_head(self.norm(x))

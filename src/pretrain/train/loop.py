@@ -126,6 +126,12 @@ class Trainer:
         for block in model.blocks:
             block.recompute = t.activation_checkpointing
         model.fix_attention_kernel(rt.device, half=t.precision != "fp32")
+        fsdp = rt.distributed and c.parallel.zero_stage >= 2
+        if t.compile and fsdp:
+            # torchtitan's order: each block compiled, then sharded. FSDP2's hooks at the block boundaries stay
+            # eager; a whole-model compile would meet them inside the loop over blocks and run all eager.
+            for block in model.blocks:
+                block.compile()
         self.model, self.wrapped = parallelize(model, c, rt)
         if on_meta:
             self.model.to_empty(device=rt.device)
@@ -133,7 +139,9 @@ class Trainer:
         self.optimizer = self.wrapped.build_optimizer(c)
         self.autocast = precision_context(t.precision, rt.device) if self.wrapped.autocast else contextlib.nullcontext
         self.scaler = torch.amp.GradScaler(rt.device.type) if t.precision == "fp16-mixed" else None
-        self.forward_model = torch.compile(self.wrapped.module_for_forward) if t.compile else \
+        if t.compile:
+            self.model.rotary(t.seq_len, rt.device)
+        self.forward_model = torch.compile(self.wrapped.module_for_forward) if t.compile and not fsdp else \
             self.wrapped.module_for_forward
         self.loader = loader or RandomWindows(self.data, "train", t.seq_len, seed=t.seed, rank=rt.rank,
                                               world_size=rt.world_size)

@@ -120,5 +120,5 @@ def measure_forward(model, tokens, targets, autocast) -> tuple[torch.Tensor, dic
             held = [t for t in meter.storages.values() if t.dim() == 3 and t.shape[:2] == tokens.shape]
             x = held[0].detach().requires_grad_(True)
             with autocast():
-                blocks[0]._forward(x, model._rotary(tokens.shape[1], tokens.device))
+                blocks[0]._forward(x, model.rotary(tokens.shape[1], tokens.device))
     return loss, meter.split()
