@@ -46,7 +46,10 @@ def test_compiled_step_trains_like_eager(prepared, tmp_path):
 
     eager, _ = losses("eager")
     compiled, log = losses("compiled", "train.compile=true")
-    assert compiled == pytest.approx(eager, rel=1e-4)
+    assert compiled[0] == pytest.approx(eager[0], rel=1e-5)  # the same forward, up to fused-kernel rounding
+    # AdamW turns rounding-level gradient differences into whole updates where gradients are tiny (torch 2.6:
+    # 8e-4 relative by step 6; 2.13: 1e-5): later losses agree to 2e-3.
+    assert compiled == pytest.approx(eager, rel=2e-3)
     assert "Recompiling" not in log
 
 
