@@ -114,7 +114,8 @@ class Trainer:
 
         # FSDP shards a model built on the meta device, then each rank materialises only its shard: a 70B
         # model never exists whole on one GPU. The per-parameter seeded init gives every mode the same values.
-        on_meta = rt.distributed and c.parallel.zero_stage >= 2 and not c.model.init_from
+        fsdp = rt.distributed and c.parallel.zero_stage >= 2
+        on_meta = fsdp and not c.model.init_from
         model = build_model(c.model, attention=t.attention, device="meta" if on_meta else rt.device,
                             seed=t.seed)
         if c.model.init_from:
@@ -126,7 +127,6 @@ class Trainer:
         for block in model.blocks:
             block.recompute = t.activation_checkpointing
         model.fix_attention_kernel(rt.device, half=t.precision != "fp32")
-        fsdp = rt.distributed and c.parallel.zero_stage >= 2
         if t.compile and fsdp:
             # torchtitan's order: each block compiled, then sharded. FSDP2's hooks at the block boundaries stay
             # eager; a whole-model compile would meet them inside the loop over blocks and run all eager.
