@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -34,3 +35,8 @@ def tiny(prepared, run_dir, *extra) -> list[str]:
             f"data.dir={prepared}", f"run.dir={run_dir}", "run.log_every=1", "run.eval_every=6",
             "run.eval_batches=2", "run.checkpoint_every=4", "run.progress=false", "hardware.peak_tflops=0.05",
             *extra]
+
+
+# torch.compile on a CPU generates C++ (inductor): without a compiler the compile tests cannot run.
+needs_compiler = pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
+                                    reason="torch.compile on a CPU needs a C++ compiler")

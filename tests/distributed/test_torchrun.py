@@ -4,7 +4,6 @@ sharded checkpoints that resume on 1 or 2 ranks, and stop together on one rank's
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -12,7 +11,7 @@ import time
 
 import pytest
 
-from support import run_cli
+from support import needs_compiler, run_cli
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("psutil")
@@ -83,8 +82,7 @@ def test_data_parallel_matches_one_process(prepared, single, tmp_path, stage):
 
 
 @needs_cpu_fsdp
-@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
-                    reason="torch.compile on a CPU needs a C++ compiler")
+@needs_compiler
 def test_fsdp_compiles_block_by_block_without_graph_breaks(prepared, single, tmp_path, monkeypatch):
     """ZeRO-3 with train.compile: each block compiled before sharding (FSDP2's hooks stay outside the graphs;
     a whole-model compile falls back to eager at them). Same losses as one eager process."""

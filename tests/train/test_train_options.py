@@ -2,11 +2,10 @@
 one-line errors the trainer gives before it builds anything."""
 
 import json
-import shutil
 
 import pytest
 
-from support import run_cli, tiny
+from support import needs_compiler, run_cli, tiny
 
 torch = pytest.importorskip("torch")
 
@@ -32,8 +31,7 @@ def test_precisions_and_options_train(prepared, tmp_path, extra):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
-                    reason="torch.compile on a CPU needs a C++ compiler")
+@needs_compiler
 def test_compiled_step_trains_like_eager(prepared, tmp_path):
     """torch.compile (inductor's CPU code here) of the model with selective recomputation: the same losses as
     eager, up to the rounding of fused kernels, and one compilation (the rotary tables exist before it)."""

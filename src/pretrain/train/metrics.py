@@ -42,9 +42,7 @@ class RunLog:
     def metrics(self, record: dict) -> None:
         if not self.enabled:
             return
-        record = {"time": round(self.now(), 3), **record}
-        self._metrics.write(json.dumps(record) + "\n")
-        self._metrics.flush()
+        record = self._append(self._metrics, record)
         if self._tb is not None:
             for key, value in record.items():
                 if key not in ("step", "time") and isinstance(value, (int, float)) and math.isfinite(value):
@@ -63,9 +61,14 @@ class RunLog:
     def event(self, record: dict) -> None:
         if not self.enabled:
             return
+        self._append(self._events, record)
+
+    def _append(self, stream, record: dict) -> dict:
+        """One JSON line with the seconds since the run started, flushed: a crash loses no line."""
         record = {"time": round(self.now(), 3), **record}
-        self._events.write(json.dumps(record) + "\n")
-        self._events.flush()
+        stream.write(json.dumps(record) + "\n")
+        stream.flush()
+        return record
 
     def say(self, text: str) -> None:
         if not self.enabled:
