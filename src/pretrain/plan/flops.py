@@ -7,9 +7,13 @@ second term is attention's QK^T and AV (forward 4*L*H*seq, backward twice that).
 seq x seq square; `flops.causal_attention: true` halves it, as causal kernels only compute the lower half.
 GPT-3 and Chinchilla count 6 * N * D with N = all parameters (`per_token_6n`).
 
-Hardware FLOPs add what recomputation does again (Korthikanti et al. 2022): full recomputation repeats the
-forward (8 * N * D instead of 6 * N * D); our selective recomputation repeats only norms and activations,
-which have no matmul FLOPs, so it adds none.
+Hardware FLOPs add what recomputation does again (Korthikanti et al. 2022). The papers' full recomputation
+repeats the whole forward (8 * N * D, kept as `per_token_hardware_6n`). Ours checkpoints each block, so what
+runs again is every block's forward but the output layer's, and torch's checkpoint stops re-running a block
+once it has every tensor backward needs: the MLP's down projection (the block's last matmul, whose output
+backward never needs) is skipped unless dropout keeps a mask after it. Selective recomputation repeats only
+norms and activations, which have no matmul FLOPs, so it adds none. A FLOP counter over a real training step
+agrees with these counts (tests/plan/test_flops_vs_measured.py).
 """
 
 from __future__ import annotations
@@ -33,10 +37,16 @@ def flops(cfg, counts, tokens: int, ex: Explain) -> dict:
     per_token_6n = 6 * counts.total
     ex.add("flops", "per_token_6n", per_token_6n, f"6 x all parameters {counts.total:,} (GPT-3 / Chinchilla)")
 
-    # What recomputation adds: full repeats the forward pass (a third of the model FLOPs).
+    # What recomputation adds: full re-runs each block's forward (a third of its FLOPs) but the last matmul.
     recompute = t.activation_checkpointing
-    extra = (2 * N + attention // 3) if recompute == "full" else 0
-    extra_6n = 2 * counts.total if recompute == "full" else 0
+    extra = extra_6n = 0
+    if recompute == "full":
+        skipped = 0 if m.dropout else m.num_layers * m.intermediate_size * m.hidden_size
+        extra = 2 * (m.num_layers * counts.per_layer - skipped) + attention // 3
+        extra_6n = 2 * counts.total
+        ex.add("flops", "recomputed_per_token", extra,
+               f"2 x (L {m.num_layers} x per-layer {counts.per_layer:,} - down projections {skipped:,}, "
+               f"not re-run) + attention forward {attention // 3:,}")
     per_token_hw = per_token + extra
     ex.add("flops", "per_token_hardware", per_token_hw,
            f"per_token + recomputed forward {extra:,} ({recompute} recomputation)")
@@ -54,7 +64,8 @@ def flops(cfg, counts, tokens: int, ex: Explain) -> dict:
         total_hardware_6n=(per_token_6n + extra_6n) * tokens,
         convention=("per_token: 6 x (parameters - input embedding) + attention "
                     f"({'causal, halved' if causal else 'full square, PaLM'}); per_token_6n: 6 x all parameters; "
-                    "hardware: + recomputed forward (8 N D with full recomputation)"),
+                    "hardware: + recomputed forward (blocks but their down projections; 6n: 8 N D with full "
+                    "recomputation)"),
     )
     ex.add("flops", "total", out["total"], f"per_token {per_token:,} x tokens {tokens:,}")
     ex.add("flops", "total_6n", out["total_6n"], f"6 x {counts.total:,} x {tokens:,}")
