@@ -47,7 +47,7 @@ run_train() {  # NAME CONFIG OVERRIDES...: plan, then a short run whose plan_vs_
 
 case $part in
 tests)
-    timeout 560 "$py" -m pytest tests/gpu -v -p no:cacheprovider -o addopts="" -rs --basetemp="$work/pytest"
+    timeout 560 "$py" -m pytest tests/gpu tests/plan/test_flops_vs_measured.py -v -p no:cacheprovider -o addopts="" -rs --basetemp="$work/pytest"
     ;;
 train)
     prepare_data

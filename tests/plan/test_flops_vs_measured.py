@@ -1,7 +1,8 @@
 """The planner's FLOPs per token against a FLOP counter over one real training step (forward + backward).
 
-`torch.utils.flop_counter.FlopCounterMode` counts matmuls (mm, addmm, bmm), so the step runs the eager
-attention, whose QK^T and AV are bmm's over the full seq x seq square: PaLM's attention term. What the counter
+`torch.utils.flop_counter.FlopCounterMode` counts matmuls (mm, addmm, bmm) and CUDA's fused attention over
+the full seq x seq square, PaLM's attention term. It has no formula for the CPU's fused attention, so on a CPU
+the step runs the eager attention (QK^T and AV as bmm's); on a GPU, SDPA under bf16 autocast. What the counter
 cannot see is the 6N convention's own approximation: norm weights and biases are counted by the planner as if
 they were matmul weights (6 FLOPs per token each, 2 more when recomputed), so the test takes exactly those out.
 """
@@ -33,17 +34,26 @@ def elementwise_params(module) -> int:
     return sum(p.numel() for p in module.parameters() if p.ndim == 1)
 
 
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                 reason="needs a CUDA GPU"))]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("shape, recompute", list(itertools.product(SHAPES, ["none", "selective", "full"])))
-def test_planned_flops_equal_a_counted_training_step(shape, recompute):
+def test_planned_flops_equal_a_counted_training_step(shape, recompute, device):
+    attention, precision = ("eager", "fp32") if device == "cpu" else ("sdpa", "bf16-mixed")
     c = load_config(overrides=["model.num_layers=3", f"train.seq_len={SEQ}", f"train.micro_batch_size={BATCH}",
-                               "hardware.gpu=cpu", "train.precision=fp32", "train.attention=eager",
+                               "hardware.gpu=cpu", f"train.precision={precision}", f"train.attention={attention}",
                                f"train.activation_checkpointing={recompute}", *SHAPES[shape]])
-    model = build_model(c.model, attention="eager")
+    model = build_model(c.model, attention=attention, device=device)
     for block in model.blocks:
         block.recompute = recompute
-    x, y = torch.randint(0, 512, (BATCH, SEQ)), torch.randint(0, 512, (BATCH, SEQ))
+    model.fix_attention_kernel(torch.device(device), half=precision != "fp32")
+    x, y = (torch.randint(0, 512, (BATCH, SEQ), device=device) for _ in range(2))
     with FlopCounterMode(display=False) as counter:
-        model(x, y).backward()
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
+            loss = model(x, y)
+        loss.backward()
     counted = counter.get_total_flops() / (BATCH * SEQ)
 
     flops = plan(c)["flops"]
