@@ -29,6 +29,15 @@ SHAPES = {
 BATCH, SEQ = 2, 32
 
 
+def counts_gqa() -> bool:
+    """Older torch's FLOP counter asserts query and key/value have the same number of heads."""
+    from torch.utils.flop_counter import sdpa_flop_count
+    try:
+        return sdpa_flop_count((1, 4, 2, 2), (1, 2, 2, 2), (1, 2, 2, 2)) > 0
+    except AssertionError:
+        return False
+
+
 def elementwise_params(module) -> int:
     """Norm weights and biases: parameters that take part in no matmul."""
     return sum(p.numel() for p in module.parameters() if p.ndim == 1)
@@ -42,6 +51,8 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.i
 @pytest.mark.parametrize("shape, recompute", list(itertools.product(SHAPES, ["none", "selective", "full"])))
 def test_planned_flops_equal_a_counted_training_step(shape, recompute, device):
     attention, precision = ("eager", "fp32") if device == "cpu" else ("sdpa", "bf16-mixed")
+    if device == "cuda" and shape == "llama-gqa" and not counts_gqa():
+        pytest.skip("this torch's FLOP counter has no formula for grouped-query SDPA")
     c = load_config(overrides=["model.num_layers=3", f"train.seq_len={SEQ}", f"train.micro_batch_size={BATCH}",
                                "hardware.gpu=cpu", f"train.precision={precision}", f"train.attention={attention}",
                                f"train.activation_checkpointing={recompute}", *SHAPES[shape]])
