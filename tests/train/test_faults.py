@@ -77,6 +77,42 @@ def test_persistent_spike_rolls_back_to_a_good_checkpoint(prepared, clean, tmp_p
     assert abs(final_val_loss(run_dir) - final_val_loss(clean)) < 0.15
 
 
+def test_spike_detection_without_a_spike_changes_nothing(prepared, clean, tmp_path):
+    # Spike detection saves a step-0 checkpoint; making its optimizer states must not count as an Adam step.
+    run_dir = tmp_path / "run"
+    r = run_cli("train", *tiny(prepared, run_dir, "train.max_steps=16", "stability.spike_detection=false"))
+    assert r.returncode == 0, r.stderr
+
+    def losses(d):
+        return [json.loads(x)["loss"] for x in (d / "metrics.jsonl").read_text().splitlines() if '"loss"' in x]
+    assert losses(run_dir) == losses(clean)
+
+
+def test_a_rollback_discards_the_checkpoints_it_abandons(prepared, tmp_path):
+    from pretrain.train.checkpoint import list_checkpoints
+
+    run_dir = tmp_path / "run"
+    # Spike at steps 7-9 -> back to step 4 (step 8's checkpoint was written in the spike); then a NaN at the
+    # next step stops the run (max one rollback) before step 8 is reached again: nothing newer than the
+    # rollback target may be left for a resume to pick up.
+    spike = ",".join(str(i) for i in range(12, 18))
+    r = run_cli("train", *tiny(prepared, run_dir, "train.max_steps=16", f"debug.inject_spike_batches=[{spike}]",
+                               "debug.inject_nan_batches=[18]", "stability.min_history=3", "stability.patience=3",
+                               "stability.max_rollbacks=1"))
+    assert r.returncode == 2, r.stderr
+    assert [(e["step"], e["to_step"]) for e in events(run_dir, "rollback")] == [(9, 4)]
+    assert [int(p.name.split("_")[1]) for p in list_checkpoints(run_dir)] == [0, 4]
+    assert not list((run_dir / "checkpoints").glob("*.tmp"))
+
+
+def test_a_stop_at_a_checkpoint_step_writes_it_once(prepared, tmp_path):
+    run_dir = tmp_path / "run"
+    r = run_cli("train", *tiny(prepared, run_dir, "debug.stop_after_step=4"))  # checkpoint_every=4
+    assert r.returncode == 0, r.stderr
+    assert [e["step"] for e in events(run_dir, "checkpoint")] == [0, 4]
+    assert events(run_dir, "preempted")[0]["path"].endswith("step_00000004")
+
+
 def test_too_many_rollbacks_stop_with_a_message(prepared, tmp_path):
     run_dir = tmp_path / "run"
     bad = ",".join(str(i) for i in range(6, 400))  # the data is poisoned from step 4 on

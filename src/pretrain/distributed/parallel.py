@@ -52,7 +52,11 @@ class Single:
         """Model and optimizer state keyed by parameter names (sharded tensors stay sharded), for DCP."""
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
+        fresh = not optimizer.state
         model_sd, optim_sd = get_state_dict(self.model, optimizer)
+        if fresh:  # get_state_dict made the states with a zero-gradient step: make them as a new optimizer's
+            _zero_step_counters(optimizer.state.values())
+            _zero_step_counters(optim_sd["state"].values())
         return {"model": model_sd, "optimizer": optim_sd}
 
     def load_state_dict(self, optimizer, sd: dict) -> None:
@@ -127,6 +131,18 @@ def _materialize(optimizer) -> None:
     for g, lr in zip(optimizer.param_groups, lrs):
         g["lr"] = lr
     optimizer.zero_grad(set_to_none=True)
+    _zero_step_counters(optimizer.optim.state.values())
+
+
+def _zero_step_counters(states) -> None:
+    """A zero-gradient step leaves zero moments but counts a step, which would shift Adam's and Adafactor's
+    bias correction for the whole run; back to 0 the states equal those a first real step creates."""
+    for state in states:
+        step = state.get("step") if isinstance(state, dict) else None
+        if isinstance(step, torch.Tensor):
+            step.zero_()
+        elif step is not None:
+            state["step"] = 0
 
 
 class FSDP(Single):

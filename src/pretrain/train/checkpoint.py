@@ -105,7 +105,7 @@ def save_checkpoint(run_dir, step: int, state_dict: dict, trainer: dict, config_
             _write_json(tmp / "manifest.json", {"step": step, "files": manifest})
             _fsync_dir(tmp)
             if final.exists():  # a checkpoint of the same step from an earlier attempt: replace it
-                shutil.rmtree(final)
+                _discard(final)
             os.rename(tmp, final)
             _fsync_dir(final.parent)
         barrier()
@@ -197,7 +197,22 @@ def prune(run_dir, keep: int) -> None:
             break
     for path in complete:
         if path not in keep_set:
-            shutil.rmtree(path, ignore_errors=True)
+            _discard(path)
+
+
+def remove_after(run_dir, step: int) -> None:
+    """Delete the checkpoints newer than `step` (a rollback abandons the steps that wrote them)."""
+    for path in list_checkpoints(run_dir):
+        if int(path.name[len(PREFIX):]) > step:
+            _discard(path)
+
+
+def _discard(path: Path) -> None:
+    """Delete a checkpoint so that a crash half-way leaves a `.tmp` directory, never a broken `step_N/`."""
+    doomed = path.with_name(path.name + ".removed.tmp")
+    shutil.rmtree(doomed, ignore_errors=True)
+    os.rename(path, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
 
 
 def load_state(path: Path, state_dict: dict) -> None:

@@ -85,7 +85,7 @@ class Trainer:
     def __init__(self, config, rt, loader=None, quiet: bool = False):
         """`loader` replaces the data directory (e.g. synthetic tokens for `pretrain sweep`); `quiet` writes
         nothing to the run directory."""
-        from ..data.loader import PreparedData, RandomWindows
+        from ..data.loader import PreparedData, RandomWindows, SequentialWindows
         from ..distributed.parallel import parallelize
         from ..model import build_model
 
@@ -97,6 +97,10 @@ class Trainer:
         self.data = PreparedData(c.data.dir) if loader is None else None
         if self.data is not None:
             check_trainable(c, self.data.meta)
+            SequentialWindows(self.data, "val", t.seq_len, rank=rt.rank, world_size=rt.world_size)  # enough val?
+        if c.run.resume == "never" and not quiet and ckpt.list_checkpoints(self.run_dir):
+            raise UsageError(f"run.dir {self.run_dir} already holds checkpoints of another run; continue it with "
+                             f"`pretrain train --resume {self.run_dir}` or choose a new run.dir")
         self.counts = count_params(c.model)
         self.length = run_length(c, self.counts.total)
         self.total_steps = self.length["steps"]
@@ -152,6 +156,7 @@ class Trainer:
         self.peak = None
         self.stop_signal = 0
         self.stop_reason = ""
+        self.saved_at = None  # (step, path) of the last checkpoint written
         self.log = RunLog(self.run_dir, self.total_steps, 0, progress=c.run.progress,
                           enabled=rt.is_main and not quiet)
 
@@ -178,6 +183,7 @@ class Trainer:
                                     barrier=self._barrier,
                                     fail_disk_full=self.state.step == self.config.debug.inject_disk_full_step > 0,
                                     pause=self.config.debug.checkpoint_sleep)
+        self.saved_at = (self.state.step, path)
         if self.rt.is_main:
             ckpt.prune(self.run_dir, self.config.run.keep_checkpoints)
             self.log.event({"event": "checkpoint", "step": self.state.step, "tokens": self.state.tokens,
@@ -212,9 +218,6 @@ class Trainer:
         if self.rt.is_main:
             ckpt.remove_partial(self.run_dir)
         self._barrier()
-        if self.config.run.resume == "never" and ckpt.list_checkpoints(self.run_dir):
-            raise UsageError(f"run.dir {self.run_dir} already holds checkpoints of another run; continue it with "
-                             f"`pretrain train --resume {self.run_dir}` or choose a new run.dir")
         found = ckpt.latest_checkpoint(self.run_dir) if self.config.run.resume == "auto" else None
         if found is not None:
             self.restore(found)
@@ -370,6 +373,10 @@ class Trainer:
         st.rollbacks = st.rollbacks + [from_step]
         saved = ckpt.read_trainer_state(target)
         self.restore(target, keep_data_position=True)
+        if self.rt.is_main:  # written on the way into the spike: a resume must not go back to them
+            ckpt.remove_after(self.run_dir, self.state.step)
+        self.saved_at = None
+        self._barrier()
         if cfg.lr_scale != 1.0 and cfg.lr_scale_steps:
             self.state.lr_scale = cfg.lr_scale
             self.state.lr_scale_until = self.state.step + cfg.lr_scale_steps
@@ -452,7 +459,8 @@ class Trainer:
         return all_reduce_max(asked, self.rt) > 0  # one rank's SIGTERM stops the whole job
 
     def _preempted(self) -> dict:
-        path = self.save()
+        step = self.state.step  # a checkpoint step already saved itself
+        path = self.saved_at[1] if self.saved_at and self.saved_at[0] == step else self.save()
         name = (signal.Signals(self.stop_signal).name if self.stop_signal else self.stop_reason
                 or "a signal on another rank")
         self.log.event({"event": "preempted", "step": self.state.step, "tokens": self.state.tokens,
