@@ -17,6 +17,19 @@ def test_later_line_for_a_step_replaces_the_earlier_one(run_dir):
     assert [r["step"] for r in run.evals] == [50, 100, 150, 200, 250, 300]
 
 
+def test_lines_past_a_rollback_that_was_not_replayed_are_dropped(tmp_path):
+    # Trained to step 11 (eval at 10), rolled back to step 8, stopped at step 10: steps 11 and the eval at 10
+    # belong to the abandoned branch, the step-9 and step-10 lines to the one the run is on.
+    rows = [{"step": s, "tokens": s, "loss": 5.0} for s in range(1, 12)]
+    rows.insert(10, {"step": 10, "tokens": 10, "val_loss": 5.5})
+    rows += [{"step": s, "tokens": s, "loss": 4.0} for s in (9, 10)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run = read_run(tmp_path)
+    assert [(r["step"], r["loss"]) for r in run.train] == [(s, 5.0) for s in range(1, 9)] + [(9, 4.0), (10, 4.0)]
+    assert run.evals == []
+    assert summarize(run)["last_step"] == 10
+
+
 def test_summary_of_a_run(run_dir):
     s = summarize(read_run(run_dir))
     assert s["last_step"] == 300

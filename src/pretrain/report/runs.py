@@ -47,10 +47,9 @@ def read_run(path: str | Path, name: str | None = None) -> Run:
     if not metrics.is_file():
         raise UsageError(f"{metrics}: not found; is {path} a run directory? `pretrain train` writes it "
                          "after its first logged step")
-    lines = read_jsonl(metrics)
-    run = Run(path=path, name=name or path.resolve().name,
-              train=_latest_per_step(r for r in lines if "loss" in r),
-              evals=_latest_per_step(r for r in lines if "val_loss" in r))
+    lines = current_history(read_jsonl(metrics))
+    run = Run(path=path, name=name or path.resolve().name, train=[r for r in lines if "loss" in r],
+              evals=[r for r in lines if "val_loss" in r])
     if (path / "events.jsonl").is_file():
         run.events = read_jsonl(path / "events.jsonl")
     run.plan_vs_run = _read_optional(path / "plan_vs_run.json", json.loads, run.notes)
@@ -73,9 +72,19 @@ def read_jsonl(path: Path) -> list[dict]:
     return rows
 
 
-def _latest_per_step(rows) -> list[dict]:
-    by_step = {r["step"]: r for r in rows}  # a later line for a step overwrites the earlier one
-    return [by_step[s] for s in sorted(by_step)]
+def current_history(rows: list[dict]) -> list[dict]:
+    """The lines of the trajectory the run is on now, in step order. A training line for step s abandons
+    every line logged for step s or later (a rollback, or a resume from an older checkpoint, trains them
+    again); an evaluation line replaces earlier evaluations at its step or later."""
+    kept: list[dict] = []  # in step order: every backward step trims the tail
+    for row in rows:
+        tail = []
+        while kept and kept[-1]["step"] >= row["step"]:
+            tail.append(kept.pop())
+        if "loss" not in row:  # an evaluation keeps the training lines it trims
+            kept += [r for r in reversed(tail) if "val_loss" not in r]
+        kept.append(row)
+    return kept
 
 
 def _read_optional(path: Path, parse, notes: list[str]) -> dict | None:
