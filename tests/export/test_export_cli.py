@@ -52,9 +52,33 @@ def test_continued_pretraining_starts_from_the_export(prepared, trained, tmp_pat
     out = tmp_path / "hf"
     assert run_cli("export", trained, "--to", "hf", out).returncode == 0
     run_dir = tmp_path / "continued"
-    r = run_cli("train", *tiny(prepared, run_dir, "train.max_steps=3", f"model.init_from={out}"))
+    r = run_cli("train", *tiny(prepared, run_dir, "train.max_steps=3", f"model.hf_config={out}",
+                               f"model.init_from={out}"))
     assert r.returncode == 0, r.stderr
     start = load_model(run_dir / "checkpoints" / "step_00000000")  # written before the first step
     source = load_model(trained)
     a, b = start.state_dict(), source.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)  # export -> import is exact
+    # The run is self-contained: its saved config holds the resolved shape, so the source may go.
+    import shutil
+
+    shutil.rmtree(out)
+    r = run_cli("export", run_dir, "--to", "hf", tmp_path / "again")
+    assert r.returncode == 0 and "no tokenizer" not in r.stdout, r.stderr
+
+
+def test_a_relative_data_dir_is_saved_absolute(prepared, tmp_path):
+    run_dir = tmp_path / "run"
+    r = run_cli("train", *tiny(prepared, run_dir, "train.max_steps=3", f"data.dir={prepared.name}"),
+                cwd=prepared.parent)
+    assert r.returncode == 0, r.stderr
+    r = run_cli("export", run_dir, "--to", "hf", tmp_path / "hf", cwd=tmp_path)  # another directory
+    assert r.returncode == 0 and "no tokenizer" not in r.stdout, r.stderr
+    assert (tmp_path / "hf" / "tokenizer.json").is_file()
+
+
+def test_an_unwritable_output_is_one_line(trained, tmp_path):
+    (tmp_path / "afile").write_text("x")
+    for out in (tmp_path / "afile", tmp_path / "afile" / "sub"):
+        r = run_cli("export", trained, "--to", "hf", out)
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr

@@ -86,7 +86,7 @@ def test_stops_at_eos_and_pads_finished_rows():
 def test_bad_arguments_are_usage_errors():
     model = FixedDistribution(PROBS)
     prompt = torch.zeros(1, 1, dtype=torch.long)
-    for kw in (dict(temperature=-1), dict(top_k=0), dict(top_p=0), dict(top_p=1.5)):
+    for kw in (dict(temperature=-1), dict(temperature=float("nan")), dict(top_k=0), dict(top_p=0), dict(top_p=1.5)):
         with pytest.raises(UsageError):
             generate(model, prompt, 1, **kw)
     with pytest.raises(UsageError, match="batch, seq"):

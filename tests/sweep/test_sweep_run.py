@@ -146,13 +146,22 @@ def test_measures_the_peak_once_per_dtype(tmp_path, monkeypatch):
     monkeypatch.setattr(plan_check, "peak_tflops", peak_tflops)
     overrides = [o for o in TINY if not o.startswith("hardware.peak_tflops")]
     result = run_sweep(None, [*overrides, "train.seq_len=32", "train.micro_batch_size=1"],
-                       {"train.grad_accum_steps": [1, 2], "train.precision": ["fp32", "bf16-mixed"]},
+                       {"train.grad_accum_steps": [1, 2], "train.precision": ["fp32", "bf16-mixed", "bf16",
+                                                                              "fp16-mixed"]},
                        out_dir=None, progress=False)
-    assert sorted(calls) == ["bf16-mixed", "fp32"]  # once per compute dtype, not once per cell
+    assert sorted(calls) == ["bf16-mixed", "fp16-mixed", "fp32"]  # once per compute dtype, not once per cell
     for c in result["cells"]:
         assert c["peak_tflops"] == 0.02 and c["mfu"] == pytest.approx(c["achieved_tflops"] / 0.02)
         assert c["planned_tokens_per_s"] > 0  # the plan's tokens/s at that peak and hardware.mfu
     assert result["files"] == {}
+
+
+def test_a_batch_ramp_does_not_shrink_the_timed_steps(tmp_path):
+    result = run_sweep(None, [*TINY, "train.seq_len=32", "train.micro_batch_size=1", "train.batch_ramp_tokens=1e6",
+                              "train.batch_ramp_start=32"], {"train.grad_accum_steps": [1, 4]},
+                       out_dir=None, progress=False)
+    for c in result["cells"]:  # the cell's full batch, not the ramp's first one
+        assert c["tokens_per_s"] / c["it_per_s"] == pytest.approx(c["tokens_per_step"])
 
 
 def test_progress_callback_sees_every_cell(tmp_path):

@@ -13,6 +13,7 @@ import torch
 
 from ..config import Config, load_config
 from ..errors import UsageError
+from ..files import write_atomic
 from ..plan.hardware import peak_tflops
 from . import DTYPES, matmul
 from .bandwidth import device_copy_gbps, host_to_device_gbps
@@ -180,6 +181,6 @@ def write_profile(profile: dict, path: str | Path) -> None:
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(profile, indent=2) + "\n")
+        write_atomic(path, json.dumps(profile, indent=2) + "\n")  # a failed write keeps the old profile
     except OSError as e:
         raise UsageError(f"--out {path}: cannot write it ({e.strerror}); give a writable file path") from None

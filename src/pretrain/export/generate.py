@@ -27,7 +27,7 @@ def generate(model, tokens: torch.Tensor, max_new_tokens: int, temperature: floa
     """
     if tokens.dim() != 2 or tokens.shape[1] == 0:
         raise UsageError(f"generate: tokens must be (batch, seq) with seq >= 1, got shape {tuple(tokens.shape)}")
-    if temperature < 0:
+    if not temperature >= 0:  # nan too
         raise UsageError(f"generate: temperature must be >= 0 (0 = greedy), got {temperature}")
     if top_k is not None and top_k < 1:
         raise UsageError(f"generate: top_k must be >= 1, got {top_k}")

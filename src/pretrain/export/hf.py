@@ -159,14 +159,19 @@ def export_hf(model, out_dir: str | Path, tokenizer_dir: str | Path | None = Non
     from safetensors.torch import save_file
 
     out_dir = Path(out_dir)
-    if out_dir.exists() and not (overwrite and out_dir.is_dir()):
-        raise UsageError(f"{out_dir} already exists; choose a new directory or overwrite it")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UsageError(f"{out_dir} is a file; choose a new directory")
+    if out_dir.exists() and not overwrite:
+        raise UsageError(f"{out_dir} already exists; choose a new directory or overwrite it (--overwrite)")
     tokenizer = _tokenizer_files(tokenizer_dir) if tokenizer_dir is not None else {}
     token_ids = _special_token_ids(tokenizer) if tokenizer else {}
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
     # Beside out_dir, so on the same filesystem: the final rename is atomic.
     tmp = out_dir.with_name(f".{out_dir.name}.partial-{uuid.uuid4().hex[:8]}")
-    tmp.mkdir()
+    try:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        tmp.mkdir()
+    except OSError as e:
+        raise UsageError(f"cannot write {out_dir} ({e.strerror}); choose a directory you can write") from None
     try:
         # Owned contiguous copies: safetensors refuses views that share memory (the slices of a fused qkv).
         tensors = {name: t.to("cpu", dtype, copy=True, memory_format=torch.contiguous_format)

@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 from ..errors import UsageError
+from ..files import write_atomic
 from .runs import read_run, summarize
 
 __all__ = ["make_report"]
@@ -44,7 +45,7 @@ def make_report(run_dirs, out_dir=None, per_panel: bool = False) -> dict:
         files.update({out / f"{p.name}.png": plots.panel_png(runs, p) for p in plots.PANELS})
     for path, data in files.items():
         try:
-            _write_atomic(path, data)
+            write_atomic(path, data)
         except OSError as e:
             raise _cannot_write(out, e) from e
     return {"out_dir": str(out), "files": [str(p) for p in files], "runs": summaries}
@@ -54,11 +55,3 @@ def _cannot_write(out: Path, e: OSError) -> UsageError:
     return UsageError(f"{out}: cannot write the report ({e.strerror or e}); pass --out DIR")
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    """Temp file in the same directory, then rename: a browser or rsync never sees half a file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)

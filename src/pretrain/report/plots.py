@@ -86,7 +86,7 @@ def draw(ax, panel: Panel, runs: list[Run]) -> None:
         values += _curve(ax, run, panel.key, panel.scale, color, "-")
         if panel.key == "loss":
             values += _curve(ax, run, "val_loss", panel.scale, color, "--", marker="o")
-    if not values:  # e.g. MFU or peak memory of a CPU run: the trainer logs null
+    if not values:  # e.g. MFU of a run with no known peak: the trainer logs null
         ax.text(0.5, 0.5, "no data", transform=ax.transAxes, ha="center", va="center", color="0.5",
                 fontsize="large")
         ax.set_xticks([])

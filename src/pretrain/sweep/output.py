@@ -11,10 +11,10 @@ import csv
 import io
 import json
 import math
-import os
 from pathlib import Path
 
 from ..errors import UsageError
+from ..files import write_atomic
 from ..report import units
 
 FILES = {"csv": "sweep.csv", "json": "sweep.json", "png": "sweep.png"}
@@ -54,16 +54,11 @@ def _cannot_write(out: Path, what: str, e: OSError) -> UsageError:
 
 def _write(out: Path, name: str, data: bytes) -> None:
     """Temp file in the same directory, then rename: a reader never sees half a file."""
-    path = out / name
-    tmp = out / f".{name}.{os.getpid()}.tmp"
     try:
         out.mkdir(parents=True, exist_ok=True)
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
+        write_atomic(out / name, data)
     except OSError as e:
         raise _cannot_write(out, name, e) from None
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def to_json(result: dict) -> str:
@@ -162,8 +157,8 @@ def plot_png(result: dict) -> bytes:
     for cell in cells:
         groups.setdefault(tuple(cell["values"][k] for k in others), []).append(cell)
 
-    top = max((c["memory_measured_bytes"] or 0, c["memory_planned_bytes"] or 0) for c in cells)
-    mem_scale, mem_unit = (1024**3, "GiB") if max(top) >= 1024**3 else (1024**2, "MiB")
+    top = max(c[k] or 0 for c in cells for k in ("memory_measured_bytes", "memory_planned_bytes"))
+    mem_scale, mem_unit = (1024**3, "GiB") if top >= 1024**3 else (1024**2, "MiB")
     fig = Figure(figsize=(12.8, 5.6), layout="constrained")
     ax_tps, ax_mem = fig.subplots(1, 2)
     colours = [f"C{i % 10}" for i in range(len(groups))]

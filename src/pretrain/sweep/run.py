@@ -150,6 +150,7 @@ def prepare_cells(config_path, overrides: list[str], sweep: dict) -> list[Cell]:
         try:
             config = load_config(config_path, [*overrides, *own])
             config.data.dir = None  # synthetic tokens: a data directory is neither needed nor read
+            config.train.batch_ramp_tokens = 0  # every timed step at the cell's full batch, as labelled
             check_trainable(config, needs_data=False)
             _check_length(config)
             device = config.train.device
@@ -187,7 +188,7 @@ def _set_peaks(cells: list[Cell]) -> dict:
         if hw["peak_tflops"]:
             peak, source = hw["peak_tflops"], hw["peak_source"]
         else:
-            key = (str(cell.rt.device), "fp32" if cell.config.train.precision == "fp32" else "bf16")
+            key = (str(cell.rt.device), plan_check.matmul_dtype(cell.config.train.precision))
             if key not in measured:
                 measured[key] = plan_check.peak_tflops(cell.device_config)
             peak, source = measured[key]

@@ -248,7 +248,9 @@ def load_model(path, device: str = "cpu") -> torch.nn.Module:
     ckpt = resolve_checkpoint(path)
     import yaml
 
-    config = load_config(yaml.safe_load((ckpt / "config.yaml").read_text()))
+    raw = yaml.safe_load((ckpt / "config.yaml").read_text())
+    raw["model"]["hf_config"] = None  # every model key is saved resolved: the source may be gone or relative
+    config = load_config(raw)
     model = build_model(config.model, attention=config.train.attention, device=device)
     state = {"model": model.state_dict()}
     load_state(ckpt, state)

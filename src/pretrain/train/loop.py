@@ -22,6 +22,7 @@ import yaml
 
 from .. import __version__
 from ..errors import ConfigError, UsageError
+from ..files import write_atomic
 from ..plan.budget import run_length
 from ..plan.params import count_params
 from ..plan.schedule import learning_rate, micro_batches_per_step, warmup_steps
@@ -94,6 +95,8 @@ class Trainer:
         c.parallel.gpus = rt.world_size  # the world torchrun gives is the truth (steps, batch, the plan)
         self.run_dir = Path(c.run.dir)
         check_trainable(c, needs_data=loader is None)
+        if loader is None and c.data.dir:  # saved absolute: export, generate and resume run from anywhere
+            c.data.dir = str(Path(c.data.dir).resolve())
         self.data = PreparedData(c.data.dir) if loader is None else None
         if self.data is not None:
             check_trainable(c, self.data.meta)
@@ -472,9 +475,7 @@ class Trainer:
     def _write_config(self) -> None:
         if self.rt.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            tmp = self.run_dir / "config.yaml.tmp"
-            tmp.write_text(yaml.safe_dump(self.config.to_dict(), sort_keys=False))
-            os.replace(tmp, self.run_dir / "config.yaml")
+            write_atomic(self.run_dir / "config.yaml", yaml.safe_dump(self.config.to_dict(), sort_keys=False))
 
 
 def _json_float(x: float):

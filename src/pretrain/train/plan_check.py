@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 from pathlib import Path
 
 import torch
 
+from ..files import write_atomic
 from ..plan import plan as make_plan
 from ..plan.hardware import catalog_name
 from ..units import nbytes
@@ -30,6 +30,11 @@ def config_for_device(config, rt):
     return c
 
 
+def matmul_dtype(precision: str) -> str:
+    """The dtype a CPU's peak is measured in for `precision` (fp16-mixed computes in fp16, not bf16)."""
+    return {"fp32": "fp32", "fp16-mixed": "fp16"}.get(precision, "bf16")
+
+
 def peak_tflops(device_config) -> tuple[float | None, str]:
     """Peak of this device for the run's precision: the planner's (catalog or profile), else measured."""
     p = make_plan(device_config)
@@ -37,7 +42,7 @@ def peak_tflops(device_config) -> tuple[float | None, str]:
         return p["hardware"]["peak_tflops"], p["hardware"]["peak_source"]
     from ..bench.matmul import summary, sweep
 
-    dtype = "fp32" if device_config.train.precision == "fp32" else "bf16"
+    dtype = matmul_dtype(device_config.train.precision)
     best, _ = summary(sweep(dtype, torch.device("cpu"), budget=1.0, quick=True))
     return best, f"best {dtype} matmul of this CPU, measured now (a hardware.profile from `pretrain bench` is steadier)"
 
@@ -107,7 +112,4 @@ def render(report: dict) -> str:
 
 def write(run_dir: Path, report: dict) -> Path:
     path = Path(run_dir) / "plan_vs_run.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(report, indent=1))
-    os.replace(tmp, path)
-    return path
+    return write_atomic(path, json.dumps(report, indent=1))
