@@ -127,3 +127,19 @@ def test_uint32_and_rerun_from_its_own_tokenizer_copy(tmp_path, small_corpus, bp
     assert second["tokenizer_sha256"] == first["tokenizer_sha256"]
     assert sorted(p.name for p in out.iterdir()) == sorted({f.split("/")[0] for f in OUTPUT_FILES})
     PreparedData(out, verify_checksums=True)
+
+
+def test_truncation_and_padding_of_a_tokenizer_json_are_ignored(tmp_path, bpe_dir, jsonl):
+    from tokenizers import Tokenizer
+
+    third_party = Tokenizer.from_file(str(bpe_dir / "tokenizer.json"))
+    third_party.enable_truncation(max_length=4)
+    third_party.enable_padding(pad_id=2, pad_token="<pad>")  # pads a batch to its longest document
+    third_party.save(str(tmp_path / "tokenizer.json"))
+    docs = ["a document of more than four tokens, encoded whole", "short"]
+    corpus = jsonl(tmp_path / "c.jsonl", [{"text": d} for d in docs])
+    prepare([corpus], tmp_path / "tokenizer.json", tmp_path / "out", val_fraction=0, workers=1)
+    tokens = np.fromfile(tmp_path / "out" / "train.bin", dtype="<u2").tolist()
+    assert 2 not in tokens  # no <pad>
+    assert third_party.decode(tokens, skip_special_tokens=False) == "<eos>".join(docs) + "<eos>"
+

@@ -55,24 +55,29 @@ def test_strict_stops_at_the_first_bad_record(tmp_path, bad_corpus, bpe_dir, cli
 @pytest.fixture(scope="module")
 def huge_vocab(tmp_path_factory) -> str:
     """A word-level tokenizer with 70,000 ids: more than uint16 holds."""
-    from tokenizers import Tokenizer, models
+    from tokenizers import Tokenizer, models, pre_tokenizers
 
     vocab = {"<eos>": 0, **{f"w{i}": i + 1 for i in range(69_999)}}
     path = tmp_path_factory.mktemp("huge") / "tokenizer.json"
-    Tokenizer(models.WordLevel(vocab, unk_token="<eos>")).save(str(path))
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<eos>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.add_special_tokens(["<eos>"])  # prepare takes only a special end-of-document token
+    tokenizer.save(str(path))
     return str(path)
 
 
 @pytest.mark.parametrize("case", ["missing input", "no files", "unknown tokenizer", "uint16 overflow",
-                                  "bad val fraction"])
+                                  "bad val fraction", "out is a file"])
 def test_usage_errors_are_one_line_and_exit_2(case, tmp_path, small_corpus, bpe_dir, huge_vocab, cli):
     (tmp_path / "empty").mkdir()
+    (tmp_path / "afile").write_text("")
     args, expected = {
         "missing input": (["--input", tmp_path / "nope.jsonl"], "nope.jsonl does not exist"),
         "no files": (["--input", tmp_path / "empty"], "no corpus files matched"),
         "unknown tokenizer": (["--tokenizer", tmp_path / "tok"], "tokenizer /"),
         "uint16 overflow": (["--tokenizer", huge_vocab, "--dtype", "uint16"], "cannot hold a vocabulary of 70,000"),
         "bad val fraction": (["--val-fraction", 1.5], "--val-fraction 1.5 is out of range"),
+        "out is a file": (["--out", tmp_path / "afile"], "afile is a file, not a directory"),
     }[case]
     defaults = {"--input": small_corpus, "--tokenizer": bpe_dir, "--out": tmp_path / "out"}
     for flag, value in defaults.items():
@@ -89,7 +94,7 @@ def test_uint16_overflow_auto_picks_uint32(tmp_path, huge_vocab, jsonl):
     corpus = jsonl(tmp_path / "c.jsonl", [{"text": "w69998 w5"}])
     meta = prepare([corpus], huge_vocab, tmp_path / "out", val_fraction=0, workers=1)
     assert meta["dtype"] == "uint32"
-    assert np.asarray(PreparedData(tmp_path / "out").tokens("train")).tolist()[-1] == 0
+    assert np.asarray(PreparedData(tmp_path / "out").tokens("train")).tolist() == [69_999, 6, 0]
 
 
 def test_interrupted_run_leaves_no_meta_and_a_rerun_succeeds(tmp_path, small_corpus, bpe_dir, monkeypatch):

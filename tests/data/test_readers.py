@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from pretrain.data.readers import Corpus, ReadOptions, file_format, find_files, render_encyclopedia
+from pretrain.data.readers import Corpus, ReadOptions, Record, file_format, find_files, render_encyclopedia
 from pretrain.errors import UsageError
 
 ENCYCLOPEDIA = {"title": "长城", "summary": "古代防御工程",
@@ -146,3 +146,77 @@ def test_missing_inputs_are_usage_errors(tmp_path):
         find_files([str(tmp_path / "*.jsonl")])
     with pytest.raises(UsageError, match="unknown format"):
         Corpus([], ReadOptions(format="csv"))
+
+
+def test_corrupt_gzip_block_is_unreadable(tmp_path):
+    damaged = bytearray(gzip.compress(b'{"text": "never read"}\n' * 100))
+    damaged[10:18] = b"\xff" * 8  # the first deflate block: zlib.error, not a gzip header error
+    (tmp_path / "a.jsonl.gz").write_bytes(damaged)
+    (tmp_path / "b.txt").write_text("still read")
+    assert [(r.skip, r.text) for r in records([tmp_path])] == [("unreadable", None), (None, "still read")]
+
+
+def zst_lines(count: int, start: int = 0) -> bytes:
+    return b"".join(b'{"text": "line %d"}\n' % i for i in range(start, start + count))
+
+
+def test_zstd_frames_and_a_file_cut_short(tmp_path):
+    import zstandard
+
+    compressor = zstandard.ZstdCompressor()
+    # Two frames, each larger than a read step (readers.ZSTD_READ_BYTES), both read whole.
+    whole = compressor.compress(zst_lines(5000)) + compressor.compress(zst_lines(5000, 5000))
+    (tmp_path / "whole.jsonl.zst").write_bytes(whole)
+    assert texts([tmp_path / "whole.jsonl.zst"]) == [f"line {i}" for i in range(10000)]
+    # Cut at a block boundary inside the frame: 50 records decode cleanly, but the frame never ends.
+    frame = compressor.compressobj()
+    cut = frame.compress(zst_lines(50)) + frame.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK)
+    (tmp_path / "cut.jsonl.zst").write_bytes(cut)
+    got = records([tmp_path / "cut.jsonl.zst"])
+    assert [r.text for r in got[:-1]] == [f"line {i}" for i in range(50)]  # what was read before the cut is kept
+    assert got[-1].skip == "unreadable" and "EOFError" in got[-1].detail  # as gzip reports a cut file
+    # Cut inside the second frame: the first frame's records, then unreadable.
+    (tmp_path / "cut2.jsonl.zst").write_bytes(whole[: len(whole) - 100])
+    got = records([tmp_path / "cut2.jsonl.zst"])
+    assert 5000 <= len(got) - 1 < 10000 and got[-1].skip == "unreadable"
+
+
+def test_json_nested_too_deeply_is_invalid_json(tmp_path, jsonl):
+    deep = b"[" * 100_000 + b"]" * 100_000  # deeper than Python's recursion limit: RecursionError in json
+    path = jsonl(tmp_path / "deep.jsonl", [deep, {"text": "fine"}])
+    assert file_format(path, ReadOptions()) == "jsonl"  # the first record is skipped, not fatal
+    assert [(r.skip, r.text) for r in records([path])] == [("invalid_json", None), (None, "fine")]
+
+
+def test_a_leading_byte_order_mark_is_not_text(tmp_path):
+    bom = b"\xef\xbb\xbf"
+    (tmp_path / "a.jsonl").write_bytes(bom + b'{"text": "first"}\n{"text": "second"}\n')
+    (tmp_path / "b.txt").write_bytes(bom + b"whole file\n")
+    assert texts([tmp_path]) == ["first", "second", "whole file\n"]
+    (tmp_path / "c.txt").write_bytes(bom + b"\n\nx\n")  # the BOM alone on a line: a blank line, not a document
+    assert [(r.line, r.text) for r in records([tmp_path / "c.txt"], split_blank_lines=True)] == [(3, "x")]
+
+
+def test_unicode_whitespace_lines_separate_blocks(tmp_path):
+    path = tmp_path / "zh.txt"
+    path.write_text("第一段\n\u3000\u3000\n第二段\n", encoding="utf-8")  # a line of two ideographic spaces
+    assert texts([path], split_blank_lines=True) == ["第一段", "第二段"]
+
+
+def test_a_file_named_twice_is_read_once(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "c.jsonl").write_text('{"text": "once"}\n')
+    assert find_files(["c.jsonl", tmp_path / "c.jsonl", str(tmp_path / "*.jsonl"), tmp_path]) == [
+        tmp_path / "c.jsonl"]  # the first name in sorted order: the absolute one
+    assert texts(["c.jsonl", tmp_path / "c.jsonl"]) == ["once"]
+
+
+def test_an_existing_file_named_like_a_glob(tmp_path):
+    (tmp_path / "part[1].jsonl").write_text('{"text": "bracketed"}\n')
+    assert texts([tmp_path / "part[1].jsonl"]) == ["bracketed"]
+
+
+def test_a_multi_line_detail_is_reported_on_one_line():
+    # pyarrow's messages can span lines; --strict prints the message as its one-line error.
+    record = Record("f.parquet", 0, None, "unreadable", "ArrowInvalid: bad file\nIn ../reader.cc\n  line 2")
+    assert record.message() == "f.parquet: unreadable file (ArrowInvalid: bad file In ../reader.cc line 2)"

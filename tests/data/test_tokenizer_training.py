@@ -74,3 +74,32 @@ def test_cli(tmp_path, small_corpus, cli):
     assert "trained a 400-token byte-level BPE on 300 documents" in result.stdout
     assert sorted(p.name for p in (tmp_path / "tok").iterdir()) == [
         "special_tokens_map.json", "tokenizer.json", "tokenizer_config.json"]
+
+
+def test_bad_min_frequency_and_out_are_refused_before_training(tmp_path, small_corpus, cli):
+    with pytest.raises(UsageError, match="--min-frequency -1 is negative"):
+        train_tokenizer([small_corpus], 300, tmp_path / "tok", min_frequency=-1)
+    (tmp_path / "afile").write_text("")
+    result = cli("tokenizer", "train", "--input", small_corpus, "--vocab-size", 300, "--out", tmp_path / "afile")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [f"pretrain tokenizer: error: --out {tmp_path / 'afile'} is a file, "
+                                                  "not a directory; give a directory path (created if missing)"]
+
+
+@pytest.mark.parametrize("config, message", [("{not json", "is not valid JSON"), ('["x"]', "holds a JSON list")])
+def test_malformed_tokenizer_config_names_the_file(tmp_path, bpe_dir, config, message):
+    (tmp_path / "tokenizer.json").write_bytes((bpe_dir / "tokenizer.json").read_bytes())
+    (tmp_path / "tokenizer_config.json").write_text(config)
+    with pytest.raises(UsageError, match=f"{tmp_path / 'tokenizer_config.json'} {message}.*fix it or delete it"):
+        find_tokenizer(tmp_path)
+
+
+def test_an_eos_that_is_not_special_is_refused(tmp_path, bpe_dir):
+    # A non-special added token matches its text inside documents: "<eos>" in a document would end it.
+    spec = json.loads((bpe_dir / "tokenizer.json").read_text())
+    for token in spec["added_tokens"]:
+        token["special"] = False
+    (tmp_path / "tokenizer.json").write_text(json.dumps(spec))
+    with pytest.raises(UsageError, match=r"token '<eos>' is not a special token.*mark it \"special\": true"):
+        find_tokenizer(tmp_path)
+

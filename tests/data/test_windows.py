@@ -33,6 +33,17 @@ def write_prepared(out, train_tokens: int, val_tokens: int):
     return out
 
 
+def truncate(path, nbytes: int) -> None:
+    with open(path, "r+b") as f:
+        f.truncate(path.stat().st_size - nbytes)
+
+
+def edit_meta(folder, change) -> None:
+    meta = json.loads((folder / "meta.json").read_text())
+    change(meta)
+    (folder / "meta.json").write_text(json.dumps(meta))
+
+
 @pytest.fixture
 def data(tmp_path):
     return PreparedData(write_prepared(tmp_path / "d", train_tokens=SEQ * 101 + 1, val_tokens=SEQ * 5 + 3))
@@ -65,8 +76,12 @@ def test_opens_and_memory_maps(data):
     (lambda d: (d / "val.bin").unlink(), "val.bin: missing"),
     (lambda d: (d / "train.bin").write_bytes(b"\0" * 8), "train.bin: 8 bytes, meta.json says 3,236"),
     (lambda d: np.save(d / "val.idx.npy", np.zeros(3, dtype=np.int64)), r"val.idx.npy: offsets of shape \(3,\), meta.json says 1 documents"),
+    (lambda d: truncate(d / "train.idx.npy", 8), r"train.idx.npy: 128 bytes, its header says 136 \(1 offsets\)"),
+    (lambda d: np.save(d / "val.idx.npy", np.zeros(1, dtype=np.int32)), "val.idx.npy: offsets of dtype int32"),
+    (lambda d: edit_meta(d, lambda m: m["num_tokens"].pop("val")), "num_tokens has no val"),
+    (lambda d: edit_meta(d, lambda m: m["sha256"].pop("train.bin")), "sha256 has no train.bin"),
 ])
-def test_refuses_a_damaged_directory(tmp_path, damage, message):
+def test_refuses_a_damaged_directory(tmp_path, damage, message):  # at open, not at first use
     folder = write_prepared(tmp_path / "d", SEQ * 101 + 1, 43)
     damage(folder)
     with pytest.raises(UsageError, match=message) as error:
@@ -163,6 +178,23 @@ def test_ranks_are_disjoint_and_together_are_the_single_process_batches(data):
         per_rank = [window_ids(r.next_batch(batch)[0]) for r in ranks]
         assert len({w for ids in per_rank for w in ids}) == world * batch  # no overlap between ranks
         assert sorted(w for ids in per_rank for w in ids) == sorted(window_ids(single.next_batch(world * batch)[0]))
+
+
+def test_ranks_equal_the_single_process_until_an_epoch_drops_windows(tmp_path):
+    # 1,607 windows, W = 3, B = 5: a single process's epoch is 1,607 positions, the ranks' 1,605 (1,607 % 3
+    # dropped), so the batches agree for steps 0 to 106 and part at step 107, which crosses into epoch 1.
+    # With W dividing num_windows (1,608) they agree across epochs.
+    def union_equals_single(num_windows: int, step: int) -> bool:
+        data = PreparedData(write_prepared(tmp_path / str(num_windows), SEQ * num_windows + 1, SEQ + 1))
+        ranks = [RandomWindows(data, "train", SEQ, seed=3, rank=r, world_size=3) for r in range(3)]
+        single = RandomWindows(data, "train", SEQ, seed=3)
+        for loader in (*ranks, single):
+            loader.skip(step * (15 if loader is single else 5))
+        union = sorted(w for r in ranks for w in window_ids(r.next_batch(5)[0]))
+        return union == sorted(window_ids(single.next_batch(15)[0]))
+
+    assert union_equals_single(1607, 106) and not union_equals_single(1607, 107)
+    assert union_equals_single(1608, 107) and union_equals_single(1608, 250)
 
 
 def test_ranks_cover_an_epoch_without_repeats(data):

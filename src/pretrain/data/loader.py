@@ -8,11 +8,12 @@ documents tells the model where one ends (GPT-2 / nanoGPT packing).
 Training order (RandomWindows): epoch e visits every window once, in the order of a keyed permutation of
 (seed, e). The permutation is a Feistel network, computed per position, never stored: O(1) memory for any
 number of windows. Global position p of an epoch goes to rank p % world_size, so rank r reads positions r,
-r + W, r + 2W, ... (W = world_size): ranks never overlap, and the windows of global batch b (b x W x B to
+r + W, r + 2W, ... (W = world_size): ranks never overlap. The last (num_windows % W) positions of each
+epoch are dropped so ranks stay in step. So in the first epoch the windows of global batch b (b x W x B to
 (b+1) x W x B) are exactly those a single process reading batches of W x B would see as its batch b (in
-another order within the batch). The last (num_windows % W) positions of each epoch are dropped so ranks
-stay in step. The whole reading state is a few integers (epoch, position), so a resumed run continues
-with exactly the batches it would have seen.
+another order within the batch); after it, only when W divides num_windows (a single process drops
+nothing, so its epochs are longer). The whole reading state is a few integers (epoch, position), so a
+resumed run continues with exactly the batches it would have seen.
 """
 
 from __future__ import annotations
@@ -82,11 +83,18 @@ class PreparedData:
             meta = json.loads(path.read_text(encoding="utf-8"))
         except (ValueError, UnicodeDecodeError) as e:
             raise self._error(path, f"not valid JSON ({e})") from None
+        if not isinstance(meta, dict):
+            raise self._error(path, f"a JSON {type(meta).__name__}, not an object")
         missing = [k for k in REQUIRED_KEYS if k not in meta]
         if missing:
             raise self._error(path, f"missing keys {', '.join(missing)}")
         if meta["dtype"] not in ("uint16", "uint32"):
             raise self._error(path, f"dtype {meta['dtype']!r} is not uint16 or uint32")
+        per_split = {"num_tokens": SPLITS, "num_docs": SPLITS, "sha256": [f"{s}.bin" for s in SPLITS]}
+        for key, names in per_split.items():
+            absent = [name for name in names if not isinstance(meta[key], dict) or name not in meta[key]]
+            if absent:
+                raise self._error(path, f"{key} has no {' or '.join(absent)}")
         return meta
 
     def _num_tokens(self, split: str) -> int:
@@ -105,12 +113,18 @@ class PreparedData:
         if not idx_path.is_file():
             raise self._error(idx_path, "missing")
         try:
-            shape = _npy_shape(idx_path)
+            shape, descr, data_start = _npy_header(idx_path)
         except ValueError as e:
             raise self._error(idx_path, f"not a .npy file ({e})") from None
         if shape != (self.meta["num_docs"][split],):
             raise self._error(idx_path, f"offsets of shape {shape}, meta.json says "
                                         f"{self.meta['num_docs'][split]:,} documents")
+        if descr != np.dtype("<i8"):
+            raise self._error(idx_path, f"offsets of dtype {descr}, not little-endian int64")
+        expected = data_start + 8 * shape[0]
+        if idx_path.stat().st_size != expected:  # the header is intact but the data is cut short (or too long)
+            raise self._error(idx_path, f"{idx_path.stat().st_size:,} bytes, its header says {expected:,} "
+                                        f"({shape[0]:,} offsets): truncated or damaged")
 
 
 class FeistelPermutation:
@@ -240,12 +254,13 @@ def _batch(tokens: np.ndarray, windows: np.ndarray, seq_len: int) -> tuple[torch
     return torch.from_numpy(rows[:, :-1].copy()), torch.from_numpy(rows[:, 1:].copy())
 
 
-def _npy_shape(path: Path) -> tuple:
-    """The shape in a .npy header, without reading the data."""
+def _npy_header(path: Path) -> tuple[tuple, np.dtype, int]:
+    """The shape and dtype in a .npy header and where its data starts, without reading the data."""
     with open(path, "rb") as f:
         version = np.lib.format.read_magic(f)
         read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-        return read(f)[0]
+        shape, _, dtype = read(f)
+        return shape, dtype, f.tell()
 
 
 def _sha256(path: Path) -> str:

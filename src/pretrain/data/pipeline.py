@@ -26,7 +26,7 @@ from ..errors import UsageError
 from .encode import Chunk, ChunkEncoder, encode_in_worker, init_worker
 from .fast_bpe import why_not_fast
 from .readers import SKIP_REASONS, Corpus, ReadOptions, find_files
-from .tokenizer import find_tokenizer
+from .tokenizer import check_out_dir, find_tokenizer
 
 SPLITS = ("train", "val")
 DTYPES = ("auto", "uint16", "uint32")
@@ -67,12 +67,12 @@ def prepare(inputs, tokenizer, out_dir, *, val_fraction: float = 0.01, workers: 
     workers = default_workers() if workers is None else workers
     if workers < 1:
         raise UsageError(f"--workers {workers} must be at least 1")
+    out_dir = check_out_dir(out_dir)
     corpus = Corpus(find_files(inputs), ReadOptions(format, text_field, split_blank_lines))
     tok = find_tokenizer(tokenizer)
     dtype = resolve_dtype(dtype, tok.vocab_size)
     why_not = why_not_fast(tok.json) if fast_path else "not asked for (--fast-path)"
 
-    out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "meta.json").unlink(missing_ok=True)  # from here on the directory is not a finished dataset
     args = dict(corpus=corpus, tok=tok, dtype=dtype, seed=seed, val_fraction=val_fraction, workers=workers,

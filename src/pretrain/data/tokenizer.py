@@ -45,11 +45,14 @@ class TokenizerFiles:
 
     def load(self):
         """A `tokenizers.Tokenizer` that reads special-token strings inside documents as plain text, so the only
-        `<eos>` ids in a token file are the ones `prepare` appends."""
+        `<eos>` ids in a token file are the ones `prepare` appends, and encodes every document whole: the
+        truncation or padding a third-party tokenizer.json may set would cut documents or add <pad> ids."""
         from tokenizers import Tokenizer
 
         tokenizer = Tokenizer.from_str(self.files["tokenizer.json"].decode("utf-8"))
         tokenizer.encode_special_tokens = True
+        tokenizer.no_truncation()
+        tokenizer.no_padding()
         return tokenizer
 
     def save(self, out_dir: Path) -> None:
@@ -75,23 +78,45 @@ def find_tokenizer(path: str | Path) -> TokenizerFiles:
     except Exception as e:  # tokenizers raises a bare Exception for a malformed file
         raise UsageError(f"tokenizer {file} cannot be loaded ({e}); give a Hugging Face tokenizer.json") from None
     vocab = tokenizer.get_vocab(with_added_tokens=True)
-    eos = _eos_token(files.get("tokenizer_config.json"), vocab)
+    eos = _eos_token(file.parent / "tokenizer_config.json", vocab)
     if eos is None:
         raise UsageError(f"tokenizer {file} has no end-of-document token (tried {', '.join(EOS_NAMES)}); "
                          "name one as eos_token in tokenizer_config.json")
+    if not any(t.special and t.content == eos for t in tokenizer.get_added_tokens_decoder().values()):
+        # Only a special token is kept out of the text (load()); any other would also encode the literal text
+        # "<eos>" in a document to the end-of-document id, and count(<eos>) == num_docs would break.
+        raise UsageError(f"tokenizer {file}: its end-of-document token {eos!r} is not a special token, so text "
+                         f"containing {eos!r} would encode to it; mark it \"special\": true in added_tokens")
     generated = hf_config_files(eos, *(token if token in vocab else None for token in SPECIAL_TOKENS[1:]))
     for name, content in generated.items():
         files.setdefault(name, content)
     return TokenizerFiles(file, files, max(vocab.values()) + 1, vocab[eos], eos)
 
 
-def _eos_token(config: bytes | None, vocab: dict[str, int]) -> str | None:
-    if config:
-        eos = json.loads(config).get("eos_token")
+def _eos_token(config_path: Path, vocab: dict[str, int]) -> str | None:
+    if config_path.is_file():
+        try:
+            config = json.loads(config_path.read_bytes())
+        except (ValueError, UnicodeDecodeError) as e:
+            raise UsageError(f"{config_path} is not valid JSON ({e}); fix it or delete it") from None
+        if not isinstance(config, dict):
+            raise UsageError(f"{config_path} holds a JSON {type(config).__name__}, not an object; fix it or "
+                             "delete it")
+        eos = config.get("eos_token")
         eos = eos.get("content") if isinstance(eos, dict) else eos
-        if eos in vocab:
+        if isinstance(eos, str) and eos in vocab:
             return eos
     return next((name for name in EOS_NAMES if name in vocab), None)
+
+
+def check_out_dir(path: str | Path) -> Path:
+    """--out as a directory to create or reuse: refused before any work when it, or a parent, is a file."""
+    path = Path(path)
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir():
+        where = "" if existing == path else f": {existing}"
+        raise UsageError(f"--out {path}{where} is a file, not a directory; give a directory path (created if missing)")
+    return path
 
 
 def hf_config_files(eos: str, bos: str | None = None, pad: str | None = None) -> dict[str, bytes]:
@@ -111,6 +136,9 @@ def train_tokenizer(inputs, vocab_size: int, out_dir: str | Path, *, format: str
     if vocab_size < MIN_VOCAB:
         raise UsageError(f"--vocab-size {vocab_size} is too small: a byte-level BPE needs at least {MIN_VOCAB} "
                          "(256 bytes + <eos>, <bos>, <pad>)")
+    if min_frequency < 0:
+        raise UsageError(f"--min-frequency {min_frequency} is negative; give a count >= 0 (default 2)")
+    out_dir = check_out_dir(out_dir)
     corpus = Corpus(find_files(inputs), ReadOptions(format, text_field, split_blank_lines))
     stats = {"num_docs": 0, "text_bytes": 0, "skipped": {}}
 
@@ -134,7 +162,6 @@ def train_tokenizer(inputs, vocab_size: int, out_dir: str | Path, *, format: str
     tokenizer.train_from_iterator(documents(), trainer)
     if not stats["num_docs"]:
         raise UsageError(f"no documents in {corpus.describe()}; check --format, --text-field and --split-blank-lines")
-    out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     files = {"tokenizer.json": tokenizer.to_str().encode("utf-8"), **hf_config_files(*SPECIAL_TOKENS)}
     for name, content in files.items():
