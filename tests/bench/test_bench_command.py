@@ -56,6 +56,8 @@ def test_table_output():
     (["--dtypes", "fp64"], "--dtypes: unknown dtype fp64"),
     (["--device", "tpu"], "--device 'tpu' is not a device"),
     (["model.hidden_sise=64"], "unknown config key 'model.hidden_sise'; did you mean model.hidden_size?"),
+    (["--out", "/proc/profile.json"], "--out /proc/profile.json:"),  # refused before measuring
+    (["--out", "/"], "is a directory"),
 ])
 def test_bad_input_is_one_line_on_stderr_and_exit_2(args, message):
     result = pretrain("bench", *args)

@@ -6,6 +6,7 @@ import dataclasses
 import datetime
 import json
 import platform
+import tempfile
 import time
 from pathlib import Path
 
@@ -174,6 +175,18 @@ def _device_name(dev: torch.device) -> str:
     except OSError:  # not Linux
         pass
     return platform.processor() or platform.machine() or "cpu"
+
+
+def check_profile_path(path: str | Path) -> None:
+    """Before the minutes of measuring: --out must be a file that can be written."""
+    path = Path(path)
+    if path.is_dir():
+        raise UsageError(f"--out {path}: is a directory; give a writable file path")
+    try:  # a probe file where the profile's temporary file will go
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=path.parent).close()
+    except OSError as e:
+        raise UsageError(f"--out {path}: cannot write there ({e.strerror}); give a writable file path") from None
 
 
 def write_profile(profile: dict, path: str | Path) -> None:
