@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -244,11 +245,14 @@ def _read_yaml(path) -> dict:
 
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist; give a YAML file (see configs/)") from None
     except IsADirectoryError:
         raise ConfigError(f"config file {path} is a directory; give a YAML file (see configs/)") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"config file {path} is not UTF-8 text (byte {e.start}); give a YAML file "
+                          "(see configs/)") from None
     try:
         data = yaml.safe_load(text) or {}
     except yaml.YAMLError as e:
@@ -387,8 +391,28 @@ def _positive(key: str, value, allow_zero: bool = False):
         raise ConfigError(f"{key}: must be {bound}, got {value}")
 
 
+LARGEST = 2**63 - 1  # int64: what the trainer's tensors and the token file's offsets hold
+
+
+def _finite(c: Config) -> None:
+    """NaN passes every `<` test and infinity every `>`, and a number beyond int64 overflows the planner's
+    arithmetic (GB x 1e9, TFLOP/s x 1e12 x GPUs): refuse them for every numeric key before other checks."""
+    for section in SECTIONS:
+        values = getattr(c, section)
+        for f in dataclasses.fields(values):
+            value = getattr(values, f.name)
+            for x in value if isinstance(value, list) else [value]:
+                if isinstance(x, bool) or not isinstance(x, (int, float)):
+                    continue
+                if not math.isfinite(x):
+                    raise ConfigError(f"{section}.{f.name}: must be a finite number, got {x}")
+                if abs(x) > LARGEST:
+                    raise ConfigError(f"{section}.{f.name}: {x:.3g} is too large; at most 2^63 - 1 (int64)")
+
+
 def validate(c: Config) -> None:
     """Checks that need no files and no torch; each failure names the key and what is allowed."""
+    _finite(c)
     m, t, p, h = c.model, c.train, c.parallel, c.hardware
     for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "max_seq_len"):
         _positive(f"model.{name}", getattr(m, name))
@@ -451,11 +475,18 @@ def validate(c: Config) -> None:
                           f"{p.tensor} x {p.pipeline}; make gpus a multiple of {p.tensor * p.pipeline}")
     if p.tensor > 1 and m.num_heads % p.tensor:
         raise ConfigError(f"parallel.tensor: {p.tensor} must divide model.num_heads {m.num_heads}")
+    if p.tensor > 1 and m.num_kv_heads % p.tensor:  # Megatron splits whole key/value groups over the ranks
+        raise ConfigError(f"parallel.tensor: {p.tensor} must divide model.num_kv_heads {m.num_kv_heads} "
+                          "(each tensor rank holds whole key/value heads); pick a divisor")
     if p.pipeline > m.num_layers:
         raise ConfigError(f"parallel.pipeline: {p.pipeline} stages for {m.num_layers} layers; "
                           "use at most one stage per layer")
     if p.sequence_parallel and p.tensor == 1:
         raise ConfigError("parallel.sequence_parallel: needs parallel.tensor > 1")
+    if p.offload == "optimizer+params" and (p.zero_stage != 3 or p.gpus == p.tensor * p.pipeline):
+        # Parameters live off the GPU only when ZeRO-3 gathers them per block (DeepSpeed ZeRO-Infinity).
+        raise ConfigError("parallel.offload: optimizer+params needs parallel.zero_stage=3 with data parallel > 1 "
+                          "(parameter offload exists only with ZeRO-3); set it, or use parallel.offload=optimizer")
 
     from .plan.hardware import gpu_spec  # the catalog is pure data
 
@@ -481,6 +512,9 @@ def validate(c: Config) -> None:
         _positive(f"stability.{name}", getattr(st, name))
     _positive("stability.min_rise", st.min_rise, allow_zero=True)
     _positive("stability.lr_scale_steps", st.lr_scale_steps, allow_zero=True)
+    if st.min_history > st.window:  # the history is the window: it would never be long enough to judge
+        raise ConfigError(f"stability.min_history: {st.min_history} is more than stability.window {st.window}, so "
+                          f"no spike would ever be judged; raise stability.window or lower stability.min_history")
 
 
 # --- documentation -------------------------------------------------------------------------------------

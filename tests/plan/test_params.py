@@ -84,3 +84,47 @@ def test_every_preset_matches_our_model(preset):
     model = build_model(m, device="meta")
     assert count_parameters(model) == count_params(m).total
     assert [(n, tuple(p.shape)) for n, p in model.named_parameters()] == param_shapes(m)
+
+
+LLAMA_JSON = dict(vocab_size=1000, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+
+
+def _from_json(tmp_path, **hf):
+    import json
+
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    return load_config(overrides=[f"model.hf_config={tmp_path}"]).model
+
+
+@pytest.mark.parametrize("key", ["attention_bias", "mlp_bias"])
+def test_llama_biases_we_do_not_build_are_refused(tmp_path, key):
+    # LlamaConfig's attention_bias also biases o_proj, mlp_bias the three MLP projections; our blocks have
+    # only q/k/v biases, so taking the shape would silently drop parameters transformers has.
+    from pretrain.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=key):
+        _from_json(tmp_path, model_type="llama", **LLAMA_JSON, **{key: True})
+
+
+@pytest.mark.parametrize("model_type", ["mistral", "qwen2"])
+def test_hf_config_counts_match_transformers(tmp_path, model_type):
+    # Mistral ignores attention_bias (no biases at all), Qwen2 always has q/k/v biases: both counted as
+    # transformers builds them from the same config.json.
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    m = _from_json(tmp_path, model_type=model_type, **LLAMA_JSON, attention_bias=True)
+    with torch.device("meta"):
+        hf = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.from_pretrained(tmp_path))
+    assert m.qkv_bias == (model_type == "qwen2")
+    assert sum(p.numel() for p in hf.parameters()) == count_params(m).total
+
+
+def test_tied_parameter_formula_has_no_dangling_factor():
+    from pretrain.plan import plan_with_explain
+
+    config = load_config(overrides=["model.preset=debug", "model.num_kv_heads=4", "model.tie_embeddings=true"])
+    _, ex = plan_with_explain(config, advice=False)
+    formula = next(f for s, n, _, f in ex.lines if (s, n) == ("params", "total"))
+    # V x H = 512 x 64 = 32,768 once (tied), + final norm 64 + 2 layers.
+    assert formula.startswith("VH + H + L(") and ": 32,768 + 64 + 2 x " in formula

@@ -77,6 +77,73 @@ def test_bad_input_is_one_line_and_exit_2(args, words):
     assert len(lines) == 1 and words in lines[0] and "Traceback" not in r.stderr
 
 
+@pytest.mark.parametrize("args, words", [
+    # NaN passes every range check and infinity overflows int(GB x 1e9): both refused for every numeric key.
+    (["hardware.cuda_context_gb=inf"], "hardware.cuda_context_gb: must be a finite number"),
+    (["hardware.cuda_context_gb=nan"], "hardware.cuda_context_gb: must be a finite number"),
+    (["hardware.memory_gb=inf"], "hardware.memory_gb: must be a finite number"),
+    (["hardware.memory_gb=nan"], "hardware.memory_gb: must be a finite number"),
+    (["hardware.peak_tflops=nan"], "hardware.peak_tflops: must be a finite number"),
+    (["hardware.peak_tflops=inf"], "hardware.peak_tflops: must be a finite number"),
+    (["train.lr=nan"], "train.lr: must be a finite number"),
+    (["train.betas=[0.9,nan]"], "train.betas: must be a finite number"),
+    (["model.preset=debug", "model.vocab_size=1e300"], "model.vocab_size: 1e+300 is too large"),
+    (["hardware.memory_gb=1e300"], "hardware.memory_gb: 1e+300 is too large"),
+    # Parameter offload exists only with ZeRO-3 (DeepSpeed ZeRO-Infinity); without it "weights 0.00" fitted.
+    (["parallel.offload=optimizer+params", "parallel.gpus=8"], "parallel.offload"),
+    (["parallel.offload=optimizer+params", "parallel.gpus=8", "parallel.zero_stage=2"], "parallel.offload"),
+    # Megatron: the key/value groups must divide by the tensor-parallel size (TinyLlama: 4 kv heads).
+    (["model.preset=tinyllama-1.1b", "parallel.gpus=8", "parallel.tensor=8"], "model.num_kv_heads 4"),
+])
+def test_bad_numbers_and_combinations_are_one_line(args, words):
+    r = run_cli("plan", *args)
+    assert r.returncode == 2, r.stdout
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0] and "Traceback" not in r.stderr
+
+
+def test_parameter_offload_with_zero3_and_kv_divisible_tensor_are_accepted():
+    assert run_cli("plan", "parallel.offload=optimizer+params", "parallel.gpus=8",
+                   "parallel.zero_stage=3").returncode == 0
+    assert run_cli("plan", "model.preset=tinyllama-1.1b", "parallel.gpus=8", "parallel.tensor=4").returncode == 0
+
+
+LLAMA_JSON = {"model_type": "llama", "vocab_size": 1000, "hidden_size": 256, "intermediate_size": 512,
+              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
+
+
+@pytest.mark.parametrize("key, content, words", [
+    ("hardware.profile", "[1, 2]", "has no 'peak_tflops' mapping"),
+    ("hardware.profile", b"\xff\xfe bad", "not UTF-8"),
+    ("hardware.profile", {"peak_tflops": {"bf16": "abc"}}, "peak_tflops.bf16 is 'abc'"),
+    ("hardware.profile", {"peak_tflops": {"bf16": -5}}, "peak_tflops.bf16 is -5"),  # printed negative minutes
+    ("hardware.profile", {"peak_tflops": {"bf16": 0}}, "peak_tflops.bf16 is 0"),
+    ("hardware.profile", {"peak_tflops": {"bf16": True}}, "peak_tflops.bf16 is True"),
+    ("hardware.profile", None, "is a directory"),
+    ("model.hf_config", {k: v for k, v in LLAMA_JSON.items() if k != "hidden_size"}, "no 'hidden_size'"),
+    ("model.hf_config", {"model_type": "gpt2", "vocab_size": 100}, "no 'n_embd'"),
+    ("model.hf_config", "[1, 2]", "holds a JSON list"),
+    ("model.hf_config", {**LLAMA_JSON, "rope_theta": "abc"}, "rope_theta 'abc' is not a number"),
+    ("model.hf_config", b"\xff\xfe bad", "not UTF-8"),
+    ("model.hf_config", {**LLAMA_JSON, "attention_bias": True}, "attention_bias"),
+    ("model.hf_config", {**LLAMA_JSON, "mlp_bias": True}, "mlp_bias"),
+    ("config", b"model:\n  preset: gpt2 \xff\n", "not UTF-8"),
+])
+def test_bad_files_are_one_line_naming_the_file(tmp_path, key, content, words):
+    path = tmp_path / ("bad.yaml" if key == "config" else "bad.json")
+    if content is None:
+        path.mkdir()
+    elif isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content if isinstance(content, str) else json.dumps(content))
+    model = "train.seq_len=64" if key == "model.hf_config" else "model.preset=debug"
+    r = run_cli("plan", path if key == "config" else f"{key}={path}", model)
+    assert r.returncode == 2, r.stdout
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0] and str(path) in lines[0] and "Traceback" not in r.stderr
+
+
 def test_unknown_flag_is_one_line():
     r = run_cli("plan", "--bogus")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1

@@ -70,6 +70,9 @@ def test_batch_ramp_grows_the_global_batch(prepared, tmp_path):
 
 @pytest.mark.parametrize("args, key", [
     (["train.lr=0"], "train.lr"),
+    (["train.lr=nan"], "train.lr"),
+    (["train.grad_clip=nan"], "train.grad_clip"),
+    (["stability.window=10"], "stability.min_history"),  # a window shorter than the history judges nothing
     (["train.warmup=50"], "train.warmup"),
     (["train.seq_len=512"], "train.seq_len"),
     (["model.vocab_size=100"], "model.vocab_size"),

@@ -43,8 +43,11 @@ def plan_with_explain(config, advice: bool = True) -> tuple[dict, Explain]:
         time["tokens_per_second"] = tokens / time["seconds"]
     mem = memory(c, counts, ex)
 
-    storage = storage_bytes(tokens, c.model.vocab_size)
-    ex.add("tokens", "storage_bytes", storage, f"{tokens:,} tokens x {token_bytes(c.model.vocab_size)} bytes "
+    data = length["data_tokens"]  # each example once: the epochs re-read the same file
+    storage = storage_bytes(data, c.model.vocab_size)
+    ex.add("tokens", "storage_bytes", storage, f"{data:,} tokens"
+           + (f" (examples {c.train.examples:,} x seq {c.train.seq_len})" if data != tokens else "")
+           + f" x {token_bytes(c.model.vocab_size)} bytes "
            f"({'uint16' if token_bytes(c.model.vocab_size) == 2 else 'uint32'} for vocabulary {c.model.vocab_size:,})")
     full = _unsharded(c)
     ckpt = full["parameters"] + full["optimizer_states"]
@@ -101,7 +104,7 @@ def _params_formula(m, counts) -> str:
         V, H, I, L = m.vocab_size, m.hidden_size, m.intermediate_size, m.num_layers
         head = "2VH" if not m.tie_embeddings else "VH"
         return (f"{head} + H + L(4H^2 + 3HH' + 2H) with V={V:,}, H={H:,}, H'={I:,}, L={L}: "
-                f"{'2' if not m.tie_embeddings else ''}x{V * H:,} + {H:,} + {L} x {counts.per_layer:,}")
+                f"{'' if m.tie_embeddings else '2x'}{V * H:,} + {H:,} + {L} x {counts.per_layer:,}")
     return (f"embedding {counts.token_embedding:,} + positions {counts.position_embedding:,} + {m.num_layers} "
             f"layers x {counts.per_layer:,} (attention {counts.attention // m.num_layers:,}, MLP "
             f"{counts.mlp // m.num_layers:,}, norms) + final norm + output {counts.output:,}")

@@ -2,9 +2,11 @@
 
 Chinchilla (Hoffmann et al. 2022): compute-optimal training uses ~20 tokens per parameter.
 Storage: a token id takes 2 bytes when the vocabulary fits in uint16 (<= 65,536 ids), else 4 (uint32): the
-flat array `pretrain prepare` writes. Steps as the Hugging Face Trainer counts them for a fixed dataset:
-epochs x floor(ceil(examples / (micro-batch x ranks)) / grad accum) (16,527,707 examples, 3 epochs, batch 8
--> 6,197,892; 826,279 examples, batch 1 x accum 8 -> 309,852: both logs in ../shared/seeds/002).
+flat array `pretrain prepare` writes, holding each example once however many epochs read it. Steps as the
+Hugging Face Trainer counts them for a fixed dataset: epochs x floor(ceil(examples / (micro-batch x ranks)) /
+grad accum) (16,527,707 examples, 3 epochs, batch 8 -> 6,197,892; 826,279 examples, batch 1 x accum 8 ->
+309,852: both logs in ../shared/seeds/002); with a batch ramp, whose early steps are smaller, the steps our
+trainer needs to see examples x epochs x seq_len tokens.
 Time = FLOPs / (GPUs x peak FLOP/s x utilisation).
 """
 
@@ -43,6 +45,7 @@ def run_length(cfg, total_params: int, ex: Explain | None = None) -> dict:
     ex.add("tokens", "tokens_per_step", per_step,
            f"seq {t.seq_len} x micro-batch {t.micro_batch_size} x grad accum {t.grad_accum_steps} "
            f"x data parallel {args['data_parallel']}")
+    data = None  # tokens the .bin holds, when the run gives them apart from the tokens trained on
     if t.max_steps:
         steps = t.max_steps
         tokens = tokens_for_steps(steps, **args)
@@ -52,26 +55,38 @@ def run_length(cfg, total_params: int, ex: Explain | None = None) -> dict:
         tokens = t.tokens
         steps = steps_for_tokens(tokens, **args)
         ex.add("tokens", "total", tokens, "train.tokens")
-        ex.add("steps", "total", steps, f"ceil(tokens {tokens:,} / tokens per step {per_step:,})"
-               + (" with the batch ramp" if t.batch_ramp_tokens else ""))
+        ex.add("steps", "total", steps, _steps_formula(tokens, per_step, t))
     elif t.examples:
-        # The Hugging Face Trainer's count: batches per rank per epoch, then whole accumulation groups.
-        batches = -(-t.examples // (t.micro_batch_size * args["data_parallel"]))
-        steps = t.epochs * max(1, batches // t.grad_accum_steps)
         tokens = t.examples * t.epochs * t.seq_len
-        ex.add("steps", "total", steps, f"epochs {t.epochs} x floor(ceil(examples {t.examples:,} / (micro-batch "
-               f"{t.micro_batch_size} x data parallel {args['data_parallel']})) / grad accum {t.grad_accum_steps})")
+        data = t.examples * t.seq_len  # every epoch re-reads the same windows
+        if t.batch_ramp_tokens:  # ramped steps are smaller: count them as the trainer runs them, by tokens
+            steps = steps_for_tokens(tokens, **args)
+            ex.add("steps", "total", steps, _steps_formula(tokens, per_step, t))
+        else:
+            # The Hugging Face Trainer's count: batches per rank per epoch, then whole accumulation groups.
+            batches = -(-t.examples // (t.micro_batch_size * args["data_parallel"]))
+            steps = t.epochs * max(1, batches // t.grad_accum_steps)
+            ex.add("steps", "total", steps, f"epochs {t.epochs} x floor(ceil(examples {t.examples:,} / (micro-batch "
+                   f"{t.micro_batch_size} x data parallel {args['data_parallel']})) / grad accum {t.grad_accum_steps})")
         ex.add("tokens", "total", tokens, f"examples {t.examples:,} x epochs {t.epochs} x seq {t.seq_len}")
     else:
         tokens = chinchilla
         steps = steps_for_tokens(tokens, **args)
         ex.add("tokens", "total", tokens, "no length given: Chinchilla's 20 tokens per parameter")
-        ex.add("steps", "total", steps, f"ceil(tokens {tokens:,} / tokens per step {per_step:,})")
+        ex.add("steps", "total", steps, _steps_formula(tokens, per_step, t))
     warm = warmup_steps(t.warmup, steps)
     ex.add("steps", "warmup", warm, f"train.warmup {t.warmup}" + (f" x {steps:,} steps" if isinstance(t.warmup, float) else ""))
     ex.add("tokens", "chinchilla", chinchilla, f"20 x {total_params:,} parameters (Hoffmann et al. 2022)")
     return dict(tokens=tokens, steps=steps, tokens_per_step=per_step, examples_per_step=examples_per_step,
-                warmup=warm, chinchilla=chinchilla)
+                warmup=warm, chinchilla=chinchilla, data_tokens=tokens if data is None else data)
+
+
+def _steps_formula(tokens: int, per_step: int, t) -> str:
+    if not t.batch_ramp_tokens:
+        return f"ceil(tokens {tokens:,} / tokens per step {per_step:,})"
+    start = min(t.batch_ramp_start, per_step)
+    return (f"steps until {tokens:,} tokens are seen, the batch growing from {start:,} to {per_step:,} tokens per "
+            f"step over the first {t.batch_ramp_tokens:,} tokens (train.batch_ramp_tokens)")
 
 
 def wall_clock(cfg, model_flops: int, hardware_flops: int, peak_tflops: float | None, ex: Explain) -> dict:

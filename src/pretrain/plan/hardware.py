@@ -8,6 +8,7 @@ total. A hardware profile written by `pretrain bench` replaces the peaks with me
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -72,15 +73,28 @@ def gpu_spec(name: str) -> GpuSpec:
 def load_profile(path: str | Path) -> dict:
     """A hardware profile JSON from `pretrain bench`: {"device", "peak_tflops": {dtype: best}, ...}."""
     path = Path(path)
+    fix = "write one with `pretrain bench --out FILE`"
     try:
-        profile = json.loads(path.read_text())
+        profile = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise ConfigError(f"hardware.profile: no such file {path}; write one with `pretrain bench --out FILE`") from None
+        raise ConfigError(f"hardware.profile: no such file {path}; {fix}") from None
+    except IsADirectoryError:
+        raise ConfigError(f"hardware.profile: {path} is a directory; give the JSON file, or {fix}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"hardware.profile: {path} is not UTF-8 text; {fix}") from None
     except json.JSONDecodeError as e:
         raise ConfigError(f"hardware.profile: {path} is not valid JSON ({e.msg} at line {e.lineno})") from None
-    if not isinstance(profile.get("peak_tflops"), dict):
-        raise ConfigError(f"hardware.profile: {path} has no 'peak_tflops' mapping; write it with `pretrain bench`")
+    if not isinstance(profile, dict) or not isinstance(profile.get("peak_tflops"), dict):
+        raise ConfigError(f"hardware.profile: {path} has no 'peak_tflops' mapping; {fix}")
     return profile
+
+
+def _measured_peak(path, dtype: str, value) -> float:
+    """A profile's TFLOP/s must be a positive finite number: anything else would print negative or NaN time."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise ConfigError(f"hardware.profile: {path}: peak_tflops.{dtype} is {value!r}, not a positive number "
+                          "of TFLOP/s; rerun `pretrain bench`")
+    return float(value)
 
 
 def peak_tflops(hardware, precision: str) -> tuple[float | None, str]:
@@ -91,8 +105,8 @@ def peak_tflops(hardware, precision: str) -> tuple[float | None, str]:
     if hardware.profile:
         measured = load_profile(hardware.profile)["peak_tflops"]
         for key in (dtype, "fp32" if dtype == "tf32" else dtype):
-            if measured.get(key):
-                return float(measured[key]), f"measured {key} in {hardware.profile}"
+            if measured.get(key) is not None:
+                return _measured_peak(hardware.profile, key, measured[key]), f"measured {key} in {hardware.profile}"
         raise ConfigError(f"hardware.profile: {hardware.profile} has no {dtype} figure; rerun `pretrain bench`")
     spec = gpu_spec(hardware.gpu)
     peaks = spec.peak_tflops
@@ -107,7 +121,7 @@ def peak_tflops(hardware, precision: str) -> tuple[float | None, str]:
 
 
 def device_memory_bytes(hardware) -> int | None:
-    if hardware.memory_gb:
+    if hardware.memory_gb is not None:  # even a size that rounds to 0 bytes is a card nothing fits on
         return int(hardware.memory_gb * 1e9)
     return gpu_spec(hardware.gpu).memory_bytes or None
 

@@ -15,13 +15,15 @@ ZeRO stages shard over the data-parallel group (world / (tensor x pipeline)), as
   2  FSDP2 without resharding after forward: fp32 parameters, gradients and states sharded; the
      half-precision parameters of every block stay gathered from forward to backward.
   3  FSDP2: everything sharded; only the blocks in flight (the current one and the prefetched next) and the
-     root (embedding, final norm, output layer) are gathered.
+     root (embedding, final norm, output layer) are gathered; with a pipeline, those of the stage's own.
 Buffers: DDP's gradient buckets (a fused copy of the gradients, 1.5B params -> 6 GB in fp32, as the ZeRO
-paper notes), FSDP's reduce-scatter of one block's gradients, and the loss's logits in the compute dtype and
-in fp32.
+paper notes), FSDP's reduce-scatter of one block's gradients (of one tensor rank's share of the block), and
+the loss's logits in the compute dtype and in fp32.
 """
 
 from __future__ import annotations
+
+import heapq
 
 from .activations import COMPUTE_BYTES, activation_bytes
 from .kernels import planned_native_gqa
@@ -74,14 +76,16 @@ def _has_step(optimizer: str) -> bool:
 
 def zero1_partition(shapes: list, dp: int, groups: list[list[int]]) -> list[list[int]]:
     """Which parameter indices each rank owns under ZeroRedundancyOptimizer: per parameter group, largest
-    tensors first, each to the rank with the fewest elements so far (torch's `_partition_parameters`)."""
-    owned: list[list[int]] = [[] for _ in range(dp)]
+    tensors first, each to the rank with the fewest elements so far, the lowest such rank on a tie (torch's
+    `_partition_parameters`). A heap of (elements, rank) picks the same rank; ranks past the number of
+    tensors own nothing and are left out of the list, so a huge data-parallel degree costs nothing."""
+    owned: list[list[int]] = [[] for _ in range(min(dp, len(shapes)))]
     for group in groups:
-        sizes = [0] * dp
+        heap = [(0, r) for r in range(min(dp, len(group)))]  # an unused rank beyond these is never the lowest
         for i in sorted(group, key=lambda j: _numel(shapes[j][1]), reverse=True):
-            rank = min(range(dp), key=lambda k: sizes[k])
+            size, rank = heapq.heappop(heap)
             owned[rank].append(i)
-            sizes[rank] += _numel(shapes[i][1])
+            heapq.heappush(heap, (size + _numel(shapes[i][1]), rank))
     return owned
 
 
@@ -117,7 +121,7 @@ def model_state_tensors(cfg, rank: int | None = None) -> dict:
     owned = range(len(shapes))
     if zero == 1:
         partition = zero1_partition(shapes, dp, decay_groups(m, shapes))
-        owned = partition[rank] if rank is not None else max(
+        owned = (partition[rank] if rank < len(partition) else []) if rank is not None else max(
             partition, key=lambda ix: sum(_numel(shapes[i][1]) for i in ix))
     n_states = sum(_state_numel(t.optimizer, _shape_for(shapes[i][1], dp, sharded, rank or 0), t.momentum)
                    for i in owned)
@@ -131,6 +135,8 @@ def model_state_tensors(cfg, rank: int | None = None) -> dict:
     compute_bytes = 2 if (mixed or t.precision == "bf16") else 4
     if zero == 2:  # every block's parameters stay gathered from forward to backward
         copies = compute_bytes * sum(_numel(s) for _, s in shapes)
+    elif zero == 3 and model_parallel > 1:  # whole blocks of this stage, not a share of the model's
+        copies = int(compute_bytes * _zero3_gathered(cfg, shapes))
     elif zero == 3:  # the block being computed, the prefetched next one, and the root's parameters
         copies = compute_bytes * (min(2, m.num_layers) * per_layer + root)
     elif mixed:  # autocast keeps a half-precision copy of each matmul weight for backward
@@ -140,10 +146,10 @@ def model_state_tensors(cfg, rank: int | None = None) -> dict:
         copies = 0
     out = dict(parameters=param_bytes * n_params, gradients=grad_bytes * n_params,
                optimizer_states=state_bytes * n_states + steps, working_copies=copies,
-               per_layer_params=per_layer)
+               per_layer_params=_block_share(cfg, shapes))
     if model_parallel > 1:  # tensor / pipeline split: the heaviest stage's share (approximate)
         scale = _stage_share(cfg, shapes)
-        for key in ("parameters", "gradients", "optimizer_states", "working_copies"):
+        for key in ("parameters", "gradients", "optimizer_states") + (() if zero == 3 else ("working_copies",)):
             out[key] = int(out[key] * scale)
     return out
 
@@ -154,6 +160,30 @@ def _shape_for(shape, dp, sharded, rank=0):
         return shape
     chunk = -(-shape[0] // dp)
     return (max(0, min(chunk, shape[0] - rank * chunk)),) + tuple(shape[1:])
+
+
+def _block_share(cfg, shapes) -> int:
+    """Parameters of one block on one tensor rank: the matmuls split t ways, the norms replicated."""
+    per_layer = sum(_numel(s) for n, s in shapes if n.startswith("blocks.0."))
+    layer_norms = sum(_numel(s) for n, s in shapes if n.startswith("blocks.0.") and "norm" in n)
+    return (per_layer - layer_norms) // cfg.parallel.tensor + layer_norms
+
+
+def _zero3_gathered(cfg, shapes) -> float:
+    """Parameters one (pipeline stage, tensor rank) holds gathered under ZeRO-3: the block being computed and
+    the prefetched next one, both of this stage, and the root modules on it (the embedding on the first
+    stage, the final norm and output layer on the last, all three without a pipeline), split as
+    _stage_share splits them."""
+    m, par = cfg.model, cfg.parallel
+    t = par.tensor
+    embed = sum(_numel(s) for n, s in shapes if n in ("embed.weight", "pos_embed.weight"))
+    head = sum(_numel(s) for n, s in shapes if n.startswith("norm.")) + m.vocab_size * m.hidden_size
+    if par.pipeline == 1:
+        root = (embed + head - (m.vocab_size * m.hidden_size if m.tie_embeddings else 0)) / t
+    else:  # the heavier end (a tied output layer is a second copy on the last stage)
+        root = max(embed, head) / t
+    blocks = min(2, -(-m.num_layers // par.pipeline))
+    return blocks * _block_share(cfg, shapes) + root
 
 
 def _stage_share(cfg, shapes) -> float:
@@ -200,10 +230,14 @@ def memory(cfg, counts, ex: Explain) -> dict:
            + (f" (sharded over {dp})" if zero >= 1 else ""))
 
     if mixed and t.optimizer == "adamw":
-        paper = zero_paper_bytes(counts.total, zero, dp, grad_bytes=2 if t.grad_dtype == "same" else 4)
+        # As the paper combines ZeRO with model parallelism (its table 1): each GPU holds Psi / N_m parameters,
+        # N_m = tensor x pipeline, whose states ZeRO then shards over data parallel.
+        mp = par.tensor * par.pipeline
+        paper = zero_paper_bytes(counts.total / mp, zero, dp, grad_bytes=2 if t.grad_dtype == "same" else 4)
         ex.add("memory", "model states, ZeRO paper accounting", gib(paper),
-               f"(2 + {2 if t.grad_dtype == 'same' else 4} + 12) bytes x {counts.total:,} parameters, stage {zero} "
-               f"sharding over {dp}; ours above counts what autocast/FSDP really hold")
+               f"(2 + {2 if t.grad_dtype == 'same' else 4} + 12) bytes x {counts.total:,} parameters"
+               + (f" / model parallel {mp} (tensor {par.tensor} x pipeline {par.pipeline})" if mp > 1 else "")
+               + f", stage {zero} sharding over {dp}; ours above counts what autocast/FSDP really hold")
 
     act = activation_bytes(m, t, par, native_gqa=planned_native_gqa(cfg))
     per_layer_formula = " + ".join(x.formula for x in act["layer_terms"])
@@ -244,7 +278,7 @@ def memory(cfg, counts, ex: Explain) -> dict:
     result = dict(weights=weights, gradients=gradients, optimizer=optimizer, activations=act["total"],
                   buffers=buffers, cuda_context=context, total=total, host=host)
     fit = dict(device_bytes=device, usable_bytes=None, fits=None, max_micro_batch_size=None)
-    if device:
+    if device is not None:
         usable = int(device * (1 - hw.fragmentation))
         fit.update(usable_bytes=usable, fits=total <= usable)
         fixed = total - act["total"] - _loss_buffer(cfg, t.micro_batch_size)
@@ -267,14 +301,17 @@ def _loss_buffer(cfg, b: int) -> int:
 def _buffers(cfg, st, gradients: int, zero: int) -> tuple[int, str]:
     dp = cfg.parallel.gpus // (cfg.parallel.tensor * cfg.parallel.pipeline)
     loss = _loss_buffer(cfg, cfg.train.micro_batch_size)
-    parts, why = [loss], [f"loss logits {loss:,} ({COMPUTE_BYTES[cfg.train.precision]}+4 bytes x b*s*V)"]
+    a, t = COMPUTE_BYTES[cfg.train.precision], cfg.parallel.tensor
+    parts, why = [loss], [f"loss logits {loss:,} ({a}{'' if a == 4 else '+4'} bytes x b*s*V"
+                          + (f" / tensor {t})" if t > 1 else ")")]
     if dp > 1 and zero <= 1:
         parts.append(gradients)
         why.append(f"DDP gradient buckets {gradients:,} (a fused copy of the gradients)")
     elif dp > 1:
         rs = 4 * st["per_layer_params"]
         parts.append(rs)
-        why.append(f"FSDP reduce-scatter of one block's fp32 gradients {rs:,}")
+        why.append(f"FSDP reduce-scatter of one block's fp32 gradients {rs:,} (4 x {st['per_layer_params']:,} "
+                   + ("parameters per tensor rank)" if t > 1 else "parameters)"))
     return sum(parts), " + ".join(why)
 
 
@@ -286,7 +323,7 @@ def _max_micro_batch(cfg, fixed: int, usable: int) -> int:
     if need(1) > usable:
         return 0
     lo, hi = 1, 2
-    while hi <= 1 << 20 and need(hi) <= usable:
+    while need(hi) <= usable:  # ends: every sequence adds its token ids and logits, so need grows with b
         lo, hi = hi, hi * 2
     while hi - lo > 1:
         mid = (lo + hi) // 2

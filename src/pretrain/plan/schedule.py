@@ -24,6 +24,18 @@ def micro_batches_per_step(tokens_seen: int, *, seq_len: int, micro_batch_size: 
     return max(1, min(grad_accum_steps, k))
 
 
+def _next_change(k: int, *, seq_len: int, micro_batch_size: int, data_parallel: int, grad_accum_steps: int,
+                 ramp_tokens: int, ramp_start: int) -> int:
+    """First token count at which a ramp step of k micro-batches grows to k + 1 (or the ramp ends): the
+    batch is k for every step that starts before it, so runs of equal steps can be jumped over."""
+    unit = seq_len * micro_batch_size * data_parallel
+    target = unit * grad_accum_steps
+    start = min(ramp_start, target)
+    # Smallest seen with (start * ramp + (target - start) * seen) // (unit * ramp) >= k + 1.
+    boundary = -(-((k + 1) * unit * ramp_tokens - start * ramp_tokens) // (target - start))
+    return min(boundary, ramp_tokens)
+
+
 def steps_for_tokens(tokens: int, *, seq_len: int, micro_batch_size: int, data_parallel: int,
                      grad_accum_steps: int, ramp_tokens: int, ramp_start: int) -> int:
     """Optimizer steps until at least `tokens` tokens are seen, following the ramp (jumping whole runs of
@@ -37,27 +49,25 @@ def steps_for_tokens(tokens: int, *, seq_len: int, micro_batch_size: int, data_p
         if k == grad_accum_steps:  # ramp done: the rest is uniform
             steps += -(-(tokens - seen) // (k * unit))
             break
-        # First token count at which the ramp reaches k + 1 micro-batches.
-        target = unit * grad_accum_steps
-        start = min(ramp_start, target)
-        boundary = -(-((k + 1) * unit * ramp_tokens - start * ramp_tokens) // (target - start))
-        limit = min(boundary, tokens, ramp_tokens)
-        n = max(1, -(-(limit - seen) // (k * unit)))
+        limit = min(_next_change(k, **args), tokens)
+        n = max(1, -(-(limit - seen) // (k * unit)))  # the steps of k micro-batches that start before limit
         steps += n
         seen += n * k * unit
     return steps
 
 
 def tokens_for_steps(steps: int, **args) -> int:
-    """Tokens seen after `steps` optimizer steps (the ramp's steps are smaller)."""
+    """Tokens seen after `steps` optimizer steps (the ramp's steps are smaller), jumping runs of equal batch
+    size as steps_for_tokens does."""
     unit = args["seq_len"] * args["micro_batch_size"] * args["data_parallel"]
-    seen = 0
-    for _ in range(steps):
+    seen = done = 0
+    while done < steps:
         k = micro_batches_per_step(seen, **args)
-        if k == args["grad_accum_steps"]:
-            remaining = steps - _
-            return seen + remaining * k * unit
-        seen += k * unit
+        if k == args["grad_accum_steps"]:  # ramp done: the rest is uniform
+            return seen + (steps - done) * k * unit
+        n = min(steps - done, max(1, -(-(_next_change(k, **args) - seen) // (k * unit))))
+        done += n
+        seen += n * k * unit
     return seen
 
 

@@ -80,7 +80,7 @@ def render(config, p: dict) -> str:
     for key in ("weights", "gradients", "optimizer", "activations", "buffers", "cuda_context"):
         lines.append(f"    {key.replace('_', ' '):<14} {mem[key] / GiB:>9.2f}   {notes.get(key, '')}")
     verdict = ""
-    if p["device_memory_bytes"]:
+    if p["device_memory_bytes"] is not None:
         fits = "fits" if p["fits"] else "does NOT fit"
         verdict = (f"of {p['device_memory_bytes'] / GiB:.1f} GiB ({p['usable_memory_bytes'] / GiB:.1f} usable "
                    f"after {config.hardware.fragmentation:.0%} fragmentation): {fits}; "
