@@ -80,3 +80,14 @@ def test_advice_offers_only_tensor_sizes_that_divide_the_kv_heads():
     config = load_config(overrides=["model.preset=tinyllama-1.1b"])
     options, _ = _tensor_options(config, {})
     assert {o["parallel.tensor"] for o in options} == {2, 4}
+
+
+def test_autocast_copies_per_pipeline_stage_and_tensor_rank():
+    # bf16 copies of the matmul weights autocast keeps for backward, on the last stage (it holds the output
+    # layer): with full recomputation only the block being recomputed, else the stage's ceil(32 / 4) = 8 blocks.
+    def copies(*extra):
+        config = load_config(overrides=["model.preset=llama-7b", "parallel.gpus=16", "parallel.pipeline=4",
+                                        "parallel.tensor=2", *extra])
+        return plan(config)["model_states"]["working_copies"]
+    assert copies("train.activation_checkpointing=full") == 2 * ((BLOCK - NORMS) + VH) // 2
+    assert copies("train.activation_checkpointing=none") == 2 * (8 * (BLOCK - NORMS) + VH) // 2

@@ -140,8 +140,9 @@ def model_state_tensors(cfg, rank: int | None = None) -> dict:
     elif zero == 3:  # the block being computed, the prefetched next one, and the root's parameters
         copies = compute_bytes * (min(2, m.num_layers) * per_layer + root)
     elif mixed:  # autocast keeps a half-precision copy of each matmul weight for backward
-        layers_kept = 1 if t.activation_checkpointing == "full" else m.num_layers
-        copies = 2 * (layers_kept * layer_matmul + output_matmul)
+        stage_layers = -(-m.num_layers // cfg.parallel.pipeline)
+        layers_kept = 1 if t.activation_checkpointing == "full" else stage_layers  # full: the recomputed one
+        copies = 2 * (layers_kept * layer_matmul + output_matmul) // cfg.parallel.tensor
     else:
         copies = 0
     out = dict(parameters=param_bytes * n_params, gradients=grad_bytes * n_params,
@@ -149,7 +150,7 @@ def model_state_tensors(cfg, rank: int | None = None) -> dict:
                per_layer_params=_block_share(cfg, shapes))
     if model_parallel > 1:  # tensor / pipeline split: the heaviest stage's share (approximate)
         scale = _stage_share(cfg, shapes)
-        for key in ("parameters", "gradients", "optimizer_states") + (() if zero == 3 else ("working_copies",)):
+        for key in ("parameters", "gradients", "optimizer_states") + (("working_copies",) if zero == 2 else ()):
             out[key] = int(out[key] * scale)
     return out
 
