@@ -4,7 +4,7 @@
 
 Examples:
   pretrain plan model.preset=llama-7b parallel.gpus=64 hardware.gpu=h100-sxm train.tokens=1e12
-  pretrain plan configs/demo.yaml --explain
+  pretrain plan configs/llama-7b-64xh100.yaml --explain
 """
 
 from __future__ import annotations
