@@ -75,6 +75,9 @@ def minimal(config, rt, steps):
     t = config.train
     torch.manual_seed(t.seed)
     model = build_model(config.model, device=rt.device)
+    for block in model.blocks:  # the same work as ours: its recomputation and attention kernel
+        block.recompute = t.activation_checkpointing
+    model.fix_attention_kernel(rt.device, half=t.precision != "fp32")
     model = torch.compile(model) if t.compile else model
     optimizer = build_optimizer(model, config.model, t)
     autocast = precision_context(t.precision, rt.device)

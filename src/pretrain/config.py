@@ -112,7 +112,8 @@ class ParallelConfig:
 
 @dataclass
 class HardwareConfig:
-    gpu: str = doc("a100-80gb", "accelerator from the catalog (`pretrain plan --list-gpus` lists it), or cpu")
+    gpu: str = doc("a100-80gb", "accelerator from the catalog (`pretrain plan --list-gpus` lists it), cpu, or "
+                   "other-gpu (a card not listed: give memory_gb and peak_tflops)")
     mfu: float = doc(0.4, "assumed model FLOPs utilisation (fraction of peak) for time estimates")
     hfu: float | None = doc(None, "assumed hardware FLOPs utilisation; when set, time = hardware FLOPs "
                             "(recomputation included) / (gpus x peak x hfu)")

@@ -81,6 +81,15 @@ def test_data_parallel_matches_one_process(prepared, single, tmp_path, stage):
         assert rows[name]["planned"] == rows[name]["measured"]
 
 
+def test_activations_under_ddp_with_full_recomputation_match_the_plan(prepared, tmp_path):
+    # The meter sees the DDP wrapper, not our model: the recomputed block it must add is the wrapped one's.
+    run_dir = tmp_path / "run"
+    r = torchrun(*settings(prepared, run_dir, 4, "parallel.zero_stage=0", "train.activation_checkpointing=full"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = {x["name"]: x for x in json.loads((run_dir / "plan_vs_run.json").read_text())["rows"]}
+    assert rows["activations"]["measured"] == rows["activations"]["planned"]
+
+
 @needs_cpu_fsdp
 @needs_compiler
 def test_fsdp_compiles_block_by_block_without_graph_breaks(prepared, single, tmp_path, monkeypatch):

@@ -108,7 +108,8 @@ def test_bench_on_the_card(tmp_path):
 def test_sweep_memory_on_cuda(tmp_path):
     r = run_cli("sweep", "model.preset=debug", "model.hidden_size=512", "model.num_layers=4",
                 "model.intermediate_size=1376", "train.precision=bf16-mixed", "train.device=cuda",
-                "train.seq_len=256,1024", "train.micro_batch_size=8", "--out", tmp_path / "sweep", "--json")
+                "model.max_seq_len=1024", "train.seq_len=256,1024", "train.micro_batch_size=8", "--out",
+                tmp_path / "sweep", "--json")
     assert r.returncode == 0, r.stderr[-3000:]
     cells = json.loads((tmp_path / "sweep" / "sweep.json").read_text())["cells"]
     assert len(cells) == 2

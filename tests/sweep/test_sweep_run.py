@@ -139,7 +139,7 @@ def test_measures_the_peak_once_per_dtype(tmp_path, monkeypatch):
 
     calls = []
 
-    def peak_tflops(device_config):
+    def peak_tflops(device_config, device):
         calls.append(device_config.train.precision)
         return 0.02, "measured (test)"
 

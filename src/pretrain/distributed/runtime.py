@@ -40,7 +40,8 @@ def init_runtime(device: str = "auto") -> Runtime:
     if device.startswith("cuda"):
         if not torch.cuda.is_available():
             raise ConfigError("train.device: cuda was asked for but no GPU is visible; use train.device=cpu")
-        index = local_rank if device == "cuda" else int(device.split(":")[1])
+        # A launcher that gives each process only its own GPU (SLURM's binding) makes it device 0 of one.
+        index = local_rank % torch.cuda.device_count() if device == "cuda" else int(device.split(":")[1])
         torch.cuda.set_device(index)
         dev = torch.device("cuda", index)
     else:

@@ -55,6 +55,10 @@ CATALOG: dict[str, GpuSpec] = {s.name: s for s in [
     # A CPU has no data-sheet peak here: measure it with `pretrain bench` (hardware.profile) or set
     # hardware.peak_tflops; memory is the host's.
     GpuSpec(name="cpu", peak_tflops={}, memory_bytes=0, bandwidth_gbps=0.0, source="measure with pretrain bench"),
+    # A GPU the catalog lacks: give hardware.memory_gb and hardware.peak_tflops (or a profile). `pretrain
+    # train` on such a card takes its memory from the device and measures its matmul peak at start.
+    GpuSpec(name="other-gpu", peak_tflops={}, memory_bytes=0, bandwidth_gbps=0.0,
+            source="measure with pretrain bench"),
 ]}
 
 ALIASES = {"h100": "h100-sxm", "a100": "a100-80gb", "v100": "v100-32gb", "a800": "a800-80gb"}

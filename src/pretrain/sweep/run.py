@@ -188,9 +188,9 @@ def _set_peaks(cells: list[Cell]) -> dict:
         if hw["peak_tflops"]:
             peak, source = hw["peak_tflops"], hw["peak_source"]
         else:
-            key = (str(cell.rt.device), plan_check.matmul_dtype(cell.config.train.precision))
+            key = (str(cell.rt.device), plan_check.matmul_dtype(cell.config.train.precision, cell.rt.device.type))
             if key not in measured:
-                measured[key] = plan_check.peak_tflops(cell.device_config)
+                measured[key] = plan_check.peak_tflops(cell.device_config, cell.rt.device)
             peak, source = measured[key]
             for c in (cell.config, cell.device_config):
                 c.hardware.peak_tflops = peak

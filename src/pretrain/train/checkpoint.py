@@ -60,8 +60,8 @@ def _write_json(path: Path, data: dict) -> None:
 
 def rng_state() -> dict:
     state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    if torch.cuda.is_initialized():  # this rank's own device only: a resume may see fewer (or other) GPUs
+        state["cuda_device"] = torch.cuda.get_rng_state()
     return state
 
 
@@ -69,8 +69,8 @@ def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     np.random.set_state(state["numpy"])
     random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if "cuda_device" in state and torch.cuda.is_initialized():
+        torch.cuda.set_rng_state(state["cuda_device"])
 
 
 # DCP runs without a process group when none is initialised (one process) and says so each time.

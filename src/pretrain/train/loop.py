@@ -244,7 +244,7 @@ class Trainer:
         c = self.config
         self._write_config()
         self.resume_or_start()
-        self.peak, peak_source = plan_check.peak_tflops(self.device_config)
+        self.peak, peak_source = plan_check.peak_tflops(self.device_config, self.rt.device)
         self.device_config.hardware.peak_tflops = self.peak  # the plan's tokens/s at the same peak as MFU
         self.plan = plan_check.make_plan(self.device_config)
         self.log.say(plan_check.summary(self.plan, self.device_config))
@@ -279,6 +279,10 @@ class Trainer:
                 self.evaluate()
             if (c.run.checkpoint_every and step % c.run.checkpoint_every == 0) or step == self.total_steps:
                 self.save()
+            if result.get("measured") and self.rt.device.type == "cuda" and pending is not None:
+                # The measurement step holds extras (a second run of block 0, the meter's copies): the peak the
+                # plan is compared with is that of the steps after it.
+                torch.cuda.reset_peak_memory_stats(self.rt.device)
             if c.debug.step_sleep:
                 time.sleep(c.debug.step_sleep)
             if c.debug.stop_after_step and step == c.debug.stop_after_step:

@@ -113,12 +113,13 @@ def measure_forward(model, tokens, targets, autocast) -> tuple[torch.Tensor, dic
     with meter():
         with autocast():
             loss = model(tokens, targets)
-        blocks = getattr(model, "blocks", [])
+        inner = getattr(model, "module", model)  # DDP wraps our model
+        blocks = getattr(inner, "blocks", [])
         if blocks and blocks[0].recompute == "full":
             # Full recomputation keeps only block inputs through the forward; in backward each block is
             # run again and holds its own saved tensors until its gradients are done. Count one block.
             held = [t for t in meter.storages.values() if t.dim() == 3 and t.shape[:2] == tokens.shape]
             x = held[0].detach().requires_grad_(True)
             with autocast():
-                blocks[0]._forward(x, model.rotary(tokens.shape[1], tokens.device))
+                blocks[0]._forward(x, inner.rotary(tokens.shape[1], tokens.device))
     return loss, meter.split()

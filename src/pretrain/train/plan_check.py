@@ -11,7 +11,7 @@ import torch
 
 from ..files import write_atomic
 from ..plan import plan as make_plan
-from ..plan.hardware import catalog_name
+from ..plan.hardware import COMPUTE_DTYPE, catalog_name
 from ..units import nbytes
 
 GiB = 1024**3
@@ -21,30 +21,34 @@ def config_for_device(config, rt):
     """The run's config with the hardware the run really has: the detected GPU (or cpu), the world size."""
     c = copy.deepcopy(config)
     if rt.device.type == "cuda":
-        name = catalog_name(torch.cuda.get_device_name(rt.device))
-        if name:
-            c.hardware.gpu = name
+        # A card the catalog lacks is not planned as the config's default: its own memory, its peak measured.
+        c.hardware.gpu = catalog_name(torch.cuda.get_device_name(rt.device)) or "other-gpu"
+        if c.hardware.gpu == "other-gpu" and c.hardware.memory_gb is None:
+            c.hardware.memory_gb = torch.cuda.get_device_properties(rt.device).total_memory / 1e9
     else:
         c.hardware.gpu = "cpu"
     c.parallel.gpus = rt.world_size
     return c
 
 
-def matmul_dtype(precision: str) -> str:
-    """The dtype a CPU's peak is measured in for `precision` (fp16-mixed computes in fp16, not bf16)."""
-    return {"fp32": "fp32", "fp16-mixed": "fp16"}.get(precision, "bf16")
+def matmul_dtype(precision: str, device_type: str = "cpu") -> str:
+    """The dtype the run's matmuls run in, to measure a peak in: fp16-mixed in fp16, fp32 at TF32 on a GPU."""
+    dtype = COMPUTE_DTYPE[precision]
+    return "fp32" if dtype == "tf32" and device_type == "cpu" else dtype
 
 
-def peak_tflops(device_config) -> tuple[float | None, str]:
+def peak_tflops(device_config, device=torch.device("cpu")) -> tuple[float | None, str]:
     """Peak of this device for the run's precision: the planner's (catalog or profile), else measured."""
     p = make_plan(device_config)
     if p["hardware"]["peak_tflops"]:
         return p["hardware"]["peak_tflops"], p["hardware"]["peak_source"]
     from ..bench.matmul import summary, sweep
 
-    dtype = matmul_dtype(device_config.train.precision)
-    best, _ = summary(sweep(dtype, torch.device("cpu"), budget=1.0, quick=True))
-    return best, f"best {dtype} matmul of this CPU, measured now (a hardware.profile from `pretrain bench` is steadier)"
+    dtype = matmul_dtype(device_config.train.precision, device.type)
+    best, _ = summary(sweep(dtype, device, budget=1.0, quick=True))
+    what = "CPU" if device.type == "cpu" else torch.cuda.get_device_name(device)
+    return best, (f"best {dtype} matmul of this {what}, measured now (a hardware.profile from `pretrain bench` "
+                  "is steadier)")
 
 
 def summary(p: dict, config) -> str:
