@@ -216,7 +216,8 @@ def load_config(path: str | Path | dict | None = None, overrides: list[str] | tu
     for item in overrides:
         key, value = _split_override(item)
         section, name = key.split(".", 1)
-        raw.setdefault(section, {})
+        if raw.get(section) is None:  # absent, or `train:` with nothing under it
+            raw[section] = {}
         if not isinstance(raw[section], dict):
             raise ConfigError(f"{section}: must be a mapping of keys, got {raw[section]!r}")
         raw[section][name] = value
@@ -226,8 +227,8 @@ def load_config(path: str | Path | dict | None = None, overrides: list[str] | tu
 def from_dict(raw: dict) -> Config:
     raw = _deep_copy(raw)
     for section in raw:
-        if section not in SECTIONS:
-            raise ConfigError(_unknown(section, list(SECTIONS), "section"))
+        if section not in SECTIONS:  # a YAML key may be a number or a boolean
+            raise ConfigError(_unknown(str(section), list(SECTIONS), "section"))
         if raw[section] is None:
             raw[section] = {}
         if not isinstance(raw[section], dict):
@@ -255,11 +256,13 @@ def _read_yaml(path) -> dict:
         raise ConfigError(f"config file {path} is not UTF-8 text (byte {e.start}); give a YAML file "
                           "(see configs/)") from None
     try:
-        data = yaml.safe_load(text) or {}
+        data = yaml.safe_load(text)
     except yaml.YAMLError as e:
         where = getattr(e, "problem_mark", None)
         line = f" line {where.line + 1}" if where else ""
         raise ConfigError(f"{path}{line}: not valid YAML ({getattr(e, 'problem', e)})") from None
+    if data is None:  # an empty file
+        return {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections (model:, train:, ...)")
     return data
@@ -349,6 +352,10 @@ def coerce(key: str, value: Any, tp: Any) -> Any:
             raise ConfigError(f"{key}: expected an integer, got {value!r}")
         if isinstance(value, int):
             return value
+        try:  # exactly, before a float would round a large integer
+            return int(str(value).replace("_", ""))
+        except ValueError:
+            pass
         number = _number(value)  # 1.4e12 and 2_000 are integers too
         if number is not None and float(number).is_integer():
             return int(number)

@@ -144,6 +144,29 @@ def test_bad_files_are_one_line_naming_the_file(tmp_path, key, content, words):
     assert len(lines) == 1 and words in lines[0] and str(path) in lines[0] and "Traceback" not in r.stderr
 
 
+@pytest.mark.parametrize("text, words", [
+    ("1: 2\n", "unknown config section '1'"),         # a YAML key need not be a string
+    ("true: 1\n", "unknown config section 'True'"),
+    ("[]\n", "the top level must be a mapping"),       # an empty list is not an empty config
+    ("0\n", "the top level must be a mapping"),
+])
+def test_odd_yaml_shapes_are_one_line(tmp_path, text, words):
+    path = tmp_path / "odd.yaml"
+    path.write_text(text)
+    r = run_cli("plan", path)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and words in r.stderr, r.stderr
+
+
+def test_an_empty_section_takes_overrides_and_integers_stay_exact(tmp_path):
+    from pretrain.config import load_config
+
+    path = tmp_path / "run.yaml"
+    path.write_text("train:\nmodel:\n  preset: debug\n")
+    assert load_config(path, ["train.lr=1e-4"]).train.lr == 1e-4
+    assert load_config(path, ["train.seed=9007199254740993"]).train.seed == 2**53 + 1  # not rounded by a float
+    assert load_config(path, ["train.tokens=1.4e12", "train.max_steps=2_000"]).train.max_steps == 2000
+
+
 def test_unknown_flag_is_one_line():
     r = run_cli("plan", "--bogus")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1

@@ -40,9 +40,10 @@ WARMUP_MIN_STEPS = 1000  # shorter runs (smoke tests) warm up over more than a f
 MFU_RANGE = (0.3, 0.55)  # notes 003: "GPU利用率一般在0.3-0.55之间"
 MAX_GPUS = 16384  # the "more GPUs" fix stops here
 
-# GPT-3 (Brown et al. 2020, table 2.1): parameters, batch size in tokens, peak learning rate.
-GPT3 = [(125e6, 0.5e6, 6.0e-4), (350e6, 0.5e6, 3.0e-4), (760e6, 0.5e6, 2.5e-4), (1.3e9, 1e6, 2.0e-4),
-        (2.7e9, 1e6, 1.6e-4), (6.7e9, 2e6, 1.2e-4), (13e9, 2e6, 1.0e-4), (175e9, 3.2e6, 0.6e-4)]
+# GPT-3 (Brown et al. 2020, table 2.1): parameters, batch size in tokens, peak learning rate. The table's
+# "0.5M", "1M", "2M", "3.2M" are 256, 512, 1024 and 1536 sequences of 2048 tokens.
+GPT3 = [(125e6, 2**19, 6.0e-4), (350e6, 2**19, 3.0e-4), (760e6, 2**19, 2.5e-4), (1.3e9, 2**20, 2.0e-4),
+        (2.7e9, 2**20, 1.6e-4), (6.7e9, 2**21, 1.2e-4), (13e9, 2**21, 1.0e-4), (175e9, 1536 * 2048, 0.6e-4)]
 # LLaMA (Touvron et al. 2023, table 2): parameters, peak learning rate (batch 4M tokens at every size).
 LLAMA_LR = [(6.7e9, 3.0e-4), (13e9, 3.0e-4), (32.5e9, 1.5e-4), (65.2e9, 1.5e-4)]
 
@@ -128,6 +129,7 @@ def _batch(c, p) -> list[str]:
              f"parallel {p['parallel']['data']}")
     gpt3 = f"the ~{_si(ref)} GPT-3 used at {_si(n)} params (Brown et al. 2020; LLaMA and Qwen: 4M)"
     out = []
+    ref = round(ref)  # whole tokens: 2**22 is exactly 8x GPT-3's 2**19, not a rounding error above it
     if per_step < ref * BATCH_RANGE[0]:
         accum = 2 ** math.ceil(math.log2(t.grad_accum_steps * ref / per_step))
         out.append(f"batch: {per_step:,} tokens per step ({shape}) is {_times(ref / per_step)} below {gpt3}: noisy "
@@ -141,7 +143,8 @@ def _batch(c, p) -> list[str]:
         out.append(f"batch: {_si(per_step)} tokens per step from the first step (train.batch_ramp_tokens=0): "
                    f"GPT-3 ramped from 32K tokens over the first 4-12B tokens (notes 001: small batches first, "
                    f"then millions); train.batch_ramp_tokens={_sci(ramp)} would ramp over "
-                   f"{ramp / p['tokens']['total']:.1%} of the run (LLaMA used 4M from the start: a valid choice)")
+                   f"{_percent(ramp / p['tokens']['total'])} of the run (LLaMA used 4M from the start: a valid "
+                   "choice)")
     return out
 
 
@@ -314,7 +317,7 @@ def fit_fixes(config, limit: int = 2) -> list[tuple[dict, dict]]:
         fixes.append((fix, _replan(config, fix)))
         if len(fixes) == limit:
             break
-    return fixes
+    return sorted(fixes, key=lambda f: _get(config, f[0], "parallel.gpus"))  # cheapest: fewest GPUs
 
 
 def _get(config, overrides: dict, key: str):
@@ -339,13 +342,16 @@ def _sequences_per_rank(config, overrides: dict) -> int | None:
 
 
 def _complete(config, overrides: dict) -> dict:
-    """The overrides with the grad_accum_steps that keeps the global batch, where a whole number does
-    (else the accumulation stays, and the batch changes with the data-parallel degree)."""
+    """The overrides with the grad_accum_steps whose global batch is nearest the original: the same batch
+    where a whole number of steps gives it, else the closest (at least one step), so that more GPUs do not
+    multiply the batch by their number."""
     out = {k: v for k, v in overrides.items() if k != "train.grad_accum_steps"}
-    per_rank = _sequences_per_rank(config, out)
-    b = _get(config, out, "train.micro_batch_size")
-    if per_rank and per_rank % b == 0 and per_rank // b != config.train.grad_accum_steps:
-        out["train.grad_accum_steps"] = per_rank // b
+    t = config.train
+    sequences = t.micro_batch_size * t.grad_accum_steps * _data_parallel(config, {})
+    per_step = _get(config, out, "train.micro_batch_size") * _data_parallel(config, out)
+    accum = max(1, round(sequences / per_step))
+    if accum != t.grad_accum_steps:
+        out["train.grad_accum_steps"] = accum
     return out
 
 
@@ -479,3 +485,8 @@ def _sci(x: float) -> str:
     """4000000000.0 -> '4e9': a number a config override reads back."""
     e = math.floor(math.log10(x))
     return f"{x / 10**e:g}e{e}"
+
+
+def _percent(x: float) -> str:
+    """Two significant figures: 3%, 0.4%, 0.04% (a fixed number of decimals would print 0.0%)."""
+    return f"{x * 100:.2g}%"
