@@ -128,6 +128,8 @@ def test_mfu_outside_the_usual_range(tmp_path):
     assert tags(lines) == ["mfu"] and "0.7" in lines[0] and "0.3-0.55" in lines[0]
     _, lines = advice("hardware.mfu=0.2")
     assert tags(lines) == ["mfu"] and "pessimistic" in lines[0]
+    p, lines = advice("hardware.mfu=0.7", "measured.tokens_per_second=5e6")  # a measured speed: use its MFU
+    assert f"set hardware.mfu={p['mfu']:.2g}" in lines[0] and "pretrain bench" not in lines[0]
     profile = tmp_path / "profile.json"
     profile.write_text(json.dumps({"device": "a100", "peak_tflops": {"bf16": 280.0}}))
     assert advice("hardware.mfu=0.7", f"hardware.profile={profile}")[1] == []

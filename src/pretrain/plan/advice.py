@@ -191,9 +191,11 @@ def _mfu(c, p) -> list[str]:
     if low <= value <= high:
         return []
     way = "optimistic: the time estimate is too short" if value > high else "pessimistic: the time estimate is too long"
+    measured = p.get("mfu")
+    how = (f"the measured speed gives MFU {measured:.3g}: set hardware.mfu={measured:.2g}" if measured else
+           "measure the card with `pretrain bench` (hardware.profile) or a short run (measured.tokens_per_second)")
     return [f"mfu: assumed hardware.{key}={value:g} is outside the {low}-{high} that end-to-end training reaches "
-            f"(notes 003: data loading, optimizer, communication and logging included): {way}; measure the card "
-            "with `pretrain bench` (hardware.profile) or a short run (measured.tokens_per_second)"]
+            f"(notes 003: data loading, optimizer, communication and logging included): {way}; {how}"]
 
 
 def step_intensity(c, p, b: int | None = None) -> tuple[float, float]:
@@ -272,8 +274,9 @@ def _memory(c, p) -> list[str]:
             "GiB usable")
     fixes = fit_fixes(c)
     if not fixes:
+        offload = "parallel.offload=optimizer (planned only) or " if c.parallel.offload == "none" else ""
         return [f"{head}; no fix found by recomputation, a smaller micro-batch, ZeRO, up to {MAX_GPUS:,} GPUs or "
-                "tensor parallel 8: try parallel.offload=optimizer (planned only) or a card with more memory"]
+                f"tensor parallel 8: try {offload}a card with more memory"]
     shown = []
     for overrides, q in fixes:
         text = " ".join(f"{k}={_value(v)}" for k, v in overrides.items())
