@@ -110,19 +110,22 @@ def test_sharded_checkpoint_resumes_on_one_and_two_ranks(prepared, tmp_path):
     from pretrain.train.checkpoint import checkpoint_dir
 
     straight = tmp_path / "straight"
-    assert torchrun(*settings(prepared, straight, 4, "parallel.zero_stage=3")).returncode == 0
+    r = torchrun(*settings(prepared, straight, 4, "parallel.zero_stage=3"))
+    assert r.returncode == 0, r.stderr[-3000:]
     shards = list((checkpoint_dir(straight, 3) / "state").glob("*.distcp"))
     assert len(shards) == 2  # one file per rank: the checkpoint is sharded
 
     two = tmp_path / "two"
-    assert torchrun(*settings(prepared, two, 4, "parallel.zero_stage=3", "debug.stop_after_step=3")).returncode == 0
+    r = torchrun(*settings(prepared, two, 4, "parallel.zero_stage=3", "debug.stop_after_step=3"))
+    assert r.returncode == 0, r.stderr[-3000:]
     r = torchrun("--resume", two, "debug.stop_after_step=0")
     assert r.returncode == 0, r.stderr[-3000:]
     a, b = params(straight), params(two)
     assert all(torch.equal(a[k], b[k]) for k in a)  # same ranks, same order of operations: bitwise
 
     one = tmp_path / "one"
-    assert torchrun(*settings(prepared, one, 4, "parallel.zero_stage=3", "debug.stop_after_step=3")).returncode == 0
+    r = torchrun(*settings(prepared, one, 4, "parallel.zero_stage=3", "debug.stop_after_step=3"))
+    assert r.returncode == 0, r.stderr[-3000:]
     r = run_cli("train", "--resume", one, "debug.stop_after_step=0", "train.micro_batch_size=8")
     assert r.returncode == 0, r.stderr
     assert "resumed from" in r.stdout
