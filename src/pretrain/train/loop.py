@@ -144,6 +144,9 @@ class Trainer:
             self.model.to_empty(device=rt.device)
             self.model.reset_parameters(t.seed)
         self.optimizer = self.wrapped.build_optimizer(c)
+        # The weights have their own generators; the global one drives dropout, whose masks must differ
+        # between data-parallel ranks as they would between the micro-batches of one process.
+        torch.manual_seed(t.seed + rt.rank)
         self.autocast = precision_context(t.precision, rt.device) if self.wrapped.autocast else contextlib.nullcontext
         self.scaler = torch.amp.GradScaler(rt.device.type) if t.precision == "fp16-mixed" else None
         if t.compile:
