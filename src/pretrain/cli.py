@@ -40,6 +40,7 @@ def build_parser() -> Parser:
     parser = Parser(prog="pretrain", description="Plan, prepare, train and measure LLM pretraining.")
     parser.add_argument("--version", action="version", version=f"pretrain {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    parser.commands = {}  # name -> its parser: an unknown flag is reported by the command it was given to
     for name, module_name in COMMANDS.items():
         try:
             module = importlib.import_module(module_name)
@@ -51,12 +52,15 @@ def build_parser() -> Parser:
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         module.add_arguments(p)
         p.set_defaults(_run=module.run)
+        parser.commands[name] = p
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        parser.commands.get(args.command, parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     if not getattr(args, "command", None):
         parser.print_help()
         return 2

@@ -17,6 +17,8 @@ def split_items(items: list[str]) -> tuple[str | None, list[str]]:
     if len(paths) > 1:
         raise ConfigError(f"more than one config file given ({', '.join(paths)}); give one YAML file and "
                           "section.key=value overrides")
+    if paths and not paths[0].strip():
+        raise ConfigError("the config file name is empty; give a YAML file or leave it out")
     if paths and items[0] != paths[0]:
         raise ConfigError(f"the config file {paths[0]} must come before the key=value overrides")
     return (paths[0] if paths else None), [i for i in items if "=" in i]

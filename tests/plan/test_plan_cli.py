@@ -170,6 +170,9 @@ def test_an_empty_section_takes_overrides_and_integers_stay_exact(tmp_path):
 def test_unknown_flag_is_one_line():
     r = run_cli("plan", "--bogus")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert r.stderr.startswith("pretrain plan: error: unrecognized arguments: --bogus")  # the command's own
+    r = run_cli("plan", "")
+    assert r.returncode == 2 and "config file name is empty" in r.stderr
 
 
 def test_python_dash_m_matches_the_script():
