@@ -74,6 +74,7 @@ def test_batch_ramp_grows_the_global_batch(prepared, tmp_path):
     (["train.grad_clip=nan"], "train.grad_clip"),
     (["stability.window=10"], "stability.min_history"),  # a window shorter than the history judges nothing
     (["train.warmup=50"], "train.warmup"),
+    (["train.schedule=wsd", "train.decay_fraction=0.9"], "train.decay_fraction"),  # decay inside the warm-up
     (["train.seq_len=512"], "train.seq_len"),
     (["model.vocab_size=100"], "model.vocab_size"),
     (["train.lrr=1"], "train.lrr"),

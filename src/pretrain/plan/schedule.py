@@ -78,6 +78,26 @@ def warmup_steps(warmup: float | int, total_steps: int) -> int:
     return int(warmup)
 
 
+def checked_warmup(train, total_steps: int) -> int:
+    """Warm-up steps of a run of `total_steps`, refused (ConfigError) where the schedule cannot be followed:
+    a warm-up as long as the run, or a wsd decay that would start inside the warm-up."""
+    from ..errors import ConfigError
+
+    warmup = warmup_steps(train.warmup, total_steps)
+    if warmup >= total_steps:
+        raise ConfigError(f"train.warmup: {warmup} warm-up steps is not shorter than the run ({total_steps} "
+                          "steps); lower train.warmup")
+    decay = _wsd_decay_steps(train.decay_fraction, total_steps)
+    if train.schedule == "wsd" and total_steps - decay < warmup:
+        raise ConfigError(f"train.decay_fraction: the wsd decay over the last {decay} of {total_steps} steps would "
+                          f"start inside the {warmup}-step warm-up; lower train.decay_fraction or train.warmup")
+    return warmup
+
+
+def _wsd_decay_steps(decay_fraction: float, total_steps: int) -> int:
+    return max(1, int(round(decay_fraction * total_steps)))
+
+
 def learning_rate(step: int, *, total_steps: int, warmup: int, peak: float, min_ratio: float,
                   schedule: str, decay_fraction: float = 0.2) -> float:
     """LR for optimizer step `step` (0-based): linear warm-up to `peak`, then decay to `min_ratio * peak`.
@@ -97,7 +117,7 @@ def learning_rate(step: int, *, total_steps: int, warmup: int, peak: float, min_
     if schedule == "linear":
         return peak - (peak - floor) * progress
     if schedule == "wsd":
-        decay_steps = max(1, int(round(decay_fraction * total_steps)))
+        decay_steps = _wsd_decay_steps(decay_fraction, total_steps)
         decay_start = total_steps - decay_steps
         if step < decay_start:
             return peak

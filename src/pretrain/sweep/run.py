@@ -18,11 +18,11 @@ from pathlib import Path
 import torch
 
 from ..config import Config, load_config
-from ..errors import ConfigError, UsageError
+from ..errors import UsageError
 from ..plan import plan as make_plan
 from ..plan.budget import run_length
 from ..plan.params import count_params
-from ..plan.schedule import warmup_steps as schedule_warmup
+from ..plan.schedule import checked_warmup
 from . import grid, output
 
 # What a cell's status can be (the table, the CSV and the JSON use these strings).
@@ -168,12 +168,8 @@ def prepare_cells(config_path, overrides: list[str], sweep: dict) -> list[Cell]:
 
 
 def _check_length(config) -> None:
-    """The Trainer refuses a warm-up as long as the run; say so now, before any cell runs."""
-    steps = run_length(config, count_params(config.model).total)["steps"]
-    warmup = schedule_warmup(config.train.warmup, steps)
-    if warmup >= steps:
-        raise ConfigError(f"train.warmup: {warmup} warm-up steps is not shorter than the run ({steps} steps); "
-                          "lower train.warmup")
+    """The schedule the Trainer refuses (a warm-up as long as the run, ...): say so now, before any cell runs."""
+    checked_warmup(config.train, run_length(config, count_params(config.model).total)["steps"])
 
 
 def _set_peaks(cells: list[Cell]) -> dict:

@@ -25,7 +25,7 @@ from ..errors import ConfigError, UsageError
 from ..files import write_atomic
 from ..plan.budget import run_length
 from ..plan.params import count_params
-from ..plan.schedule import learning_rate, micro_batches_per_step, warmup_steps
+from ..plan.schedule import checked_warmup, learning_rate, micro_batches_per_step
 from . import checkpoint as ckpt
 from . import plan_check
 from .measure import measure_forward, model_state_bytes
@@ -107,10 +107,7 @@ class Trainer:
         self.counts = count_params(c.model)
         self.length = run_length(c, self.counts.total)
         self.total_steps = self.length["steps"]
-        self.warmup = warmup_steps(t.warmup, self.total_steps)
-        if self.warmup >= self.total_steps:
-            raise ConfigError(f"train.warmup: {self.warmup} warm-up steps is not shorter than the run "
-                              f"({self.total_steps} steps); lower train.warmup")
+        self.warmup = checked_warmup(t, self.total_steps)
         self.dp = rt.world_size
         self.ramp = dict(seq_len=t.seq_len, micro_batch_size=t.micro_batch_size, data_parallel=self.dp,
                          grad_accum_steps=t.grad_accum_steps, ramp_tokens=t.batch_ramp_tokens,
