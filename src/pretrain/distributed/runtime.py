@@ -6,6 +6,7 @@ opens the process group: NCCL between GPUs, gloo on CPU (what the tests use).
 
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass
 
@@ -76,5 +77,6 @@ def barrier(rt: Runtime) -> None:
 
 def shutdown(rt: Runtime) -> None:
     if rt.distributed and dist.is_initialized():
+        gc.collect()  # the model's sharded tensors and pending work go while their group still exists
         dist.barrier()  # no rank tears the group down while another still uses it
         dist.destroy_process_group()
