@@ -7,10 +7,10 @@ parameter counts agree.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from .errors import ConfigError
+from .files import read_json
 
 _GPT2 = dict(family="gpt2", vocab_size=50257, max_seq_len=1024, tie_embeddings=True, bias=True,
              norm_eps=1e-5)
@@ -92,16 +92,7 @@ def from_hf_config(path: str | Path) -> dict:
 
 def _read_hf_config(path: Path) -> dict:
     fix = "give a Hugging Face config.json"
-    try:
-        hf = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"model.hf_config: no such file {path}; {fix}") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"model.hf_config: {path} is not UTF-8 text; {fix}") from None
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"model.hf_config: {path} is not valid JSON ({e.msg} at line {e.lineno})") from None
-    except OSError as e:
-        raise ConfigError(f"model.hf_config: cannot read {path} ({e.strerror}); {fix}") from None
+    hf = read_json(path, "model.hf_config", fix)
     if not isinstance(hf, dict):
         raise ConfigError(f"model.hf_config: {path} holds a JSON {type(hf).__name__}, not a mapping of keys; {fix}")
     return hf

@@ -22,6 +22,16 @@ def events(run_dir, kind=None):
     return [r for r in rows if kind is None or r["event"] == kind]
 
 
+# Steps 7, 8, 9 (micro-batches 12..17, 2 per step) have a 20x loss; judged after 3 steps of history, a
+# spike lasting 3 steps rolls back.
+SPIKE_AT_STEPS_7_TO_9 = ["debug.inject_spike_batches=[" + ",".join(str(i) for i in range(12, 18)) + "]",
+                         "stability.min_history=3", "stability.patience=3"]
+
+
+def train_losses(run_dir):
+    return [json.loads(x)["loss"] for x in (run_dir / "metrics.jsonl").read_text().splitlines() if '"loss"' in x]
+
+
 def final_val_loss(run_dir):
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [r["val_loss"] for r in rows if "val_loss" in r][-1]
@@ -56,12 +66,10 @@ def test_nan_batch_is_skipped_and_rolled_back(prepared, clean, tmp_path):
 
 def test_persistent_spike_rolls_back_to_a_good_checkpoint(prepared, clean, tmp_path):
     run_dir = tmp_path / "run"
-    # Steps 7, 8, 9 (micro-batches 12..17) have a 20x loss; the checkpoint of step 8 is written during the
-    # spike, so the rollback (patience 3, at step 9) must skip it and go to step 4.
-    spike = ",".join(str(i) for i in range(12, 18))
-    r = run_cli("train", *tiny(prepared, run_dir, "train.max_steps=16", f"debug.inject_spike_batches=[{spike}]",
-                               "stability.min_history=3", "stability.patience=3", "stability.lr_scale=0.5",
-                               "stability.lr_scale_steps=3"))
+    # The checkpoint of step 8 is written during the spike, so the rollback (at step 9) must skip it and go
+    # to step 4.
+    r = run_cli("train", *tiny(prepared, run_dir, "train.max_steps=16", *SPIKE_AT_STEPS_7_TO_9,
+                               "stability.lr_scale=0.5", "stability.lr_scale_steps=3"))
     assert r.returncode == 0, r.stderr
     assert [e["step"] for e in events(run_dir, "spike")] == [7, 8]
     (rollback,) = events(run_dir, "rollback")
@@ -82,10 +90,7 @@ def test_spike_detection_without_a_spike_changes_nothing(prepared, clean, tmp_pa
     run_dir = tmp_path / "run"
     r = run_cli("train", *tiny(prepared, run_dir, "train.max_steps=16", "stability.spike_detection=false"))
     assert r.returncode == 0, r.stderr
-
-    def losses(d):
-        return [json.loads(x)["loss"] for x in (d / "metrics.jsonl").read_text().splitlines() if '"loss"' in x]
-    assert losses(run_dir) == losses(clean)
+    assert train_losses(run_dir) == train_losses(clean)
 
 
 def test_a_rollback_discards_the_checkpoints_it_abandons(prepared, tmp_path):
@@ -95,10 +100,8 @@ def test_a_rollback_discards_the_checkpoints_it_abandons(prepared, tmp_path):
     # Spike at steps 7-9 -> back to step 4 (step 8's checkpoint was written in the spike); then a NaN at the
     # next step stops the run (max one rollback) before step 8 is reached again: nothing newer than the
     # rollback target may be left for a resume to pick up.
-    spike = ",".join(str(i) for i in range(12, 18))
-    r = run_cli("train", *tiny(prepared, run_dir, "train.max_steps=16", f"debug.inject_spike_batches=[{spike}]",
-                               "debug.inject_nan_batches=[18]", "stability.min_history=3", "stability.patience=3",
-                               "stability.max_rollbacks=1"))
+    r = run_cli("train", *tiny(prepared, run_dir, "train.max_steps=16", *SPIKE_AT_STEPS_7_TO_9,
+                               "debug.inject_nan_batches=[18]", "stability.max_rollbacks=1"))
     assert r.returncode == 2, r.stderr
     assert [(e["step"], e["to_step"]) for e in events(run_dir, "rollback")] == [(9, 4)]
     assert [int(p.name.split("_")[1]) for p in list_checkpoints(run_dir)] == [0, 4]

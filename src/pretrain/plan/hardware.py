@@ -7,12 +7,12 @@ total. A hardware profile written by `pretrain bench` replaces the peaks with me
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..files import read_json
 
 GiB = 1024**3
 MiB = 1024**2
@@ -78,16 +78,7 @@ def load_profile(path: str | Path) -> dict:
     """A hardware profile JSON from `pretrain bench`: {"device", "peak_tflops": {dtype: best}, ...}."""
     path = Path(path)
     fix = "write one with `pretrain bench --out FILE`"
-    try:
-        profile = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"hardware.profile: no such file {path}; {fix}") from None
-    except IsADirectoryError:
-        raise ConfigError(f"hardware.profile: {path} is a directory; give the JSON file, or {fix}") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"hardware.profile: {path} is not UTF-8 text; {fix}") from None
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"hardware.profile: {path} is not valid JSON ({e.msg} at line {e.lineno})") from None
+    profile = read_json(path, "hardware.profile", fix)
     if not isinstance(profile, dict) or not isinstance(profile.get("peak_tflops"), dict):
         raise ConfigError(f"hardware.profile: {path} has no 'peak_tflops' mapping; {fix}")
     return profile
