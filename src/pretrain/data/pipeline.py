@@ -23,6 +23,7 @@ import numpy as np
 
 from .. import __version__
 from ..errors import UsageError
+from ..files import write_atomic
 from .encode import Chunk, ChunkEncoder, encode_in_worker, init_worker
 from .fast_bpe import why_not_fast
 from .readers import SKIP_REASONS, Corpus, ReadOptions, find_files
@@ -103,7 +104,7 @@ def prepare(inputs, tokenizer, out_dir, *, val_fraction: float = 0.01, workers: 
         "seed": seed, "val_fraction": val_fraction, "format": format, "text_field": text_field,
         "split_blank_lines": split_blank_lines,
     }
-    _write_json(out_dir / "meta.json", meta)
+    write_atomic(out_dir / "meta.json", json.dumps(meta, indent=2, ensure_ascii=False) + "\n")
     return meta
 
 
@@ -243,12 +244,6 @@ def _save_tokenizer(tok, final: Path) -> None:
     tok.save(tmp)
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
-
-
-def _write_json(path: Path, obj: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
 
 
 @contextmanager

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UsageError
+from ..files import write_atomic
 from .readers import Corpus, ReadOptions, find_files
 
 SPECIAL_TOKENS = ("<eos>", "<bos>", "<pad>")
@@ -58,7 +58,7 @@ class TokenizerFiles:
     def save(self, out_dir: Path) -> None:
         out_dir.mkdir(parents=True, exist_ok=True)
         for name, content in self.files.items():
-            _write_atomic(out_dir / name, content)
+            write_atomic(out_dir / name, content)
 
 
 def find_tokenizer(path: str | Path) -> TokenizerFiles:
@@ -165,7 +165,7 @@ def train_tokenizer(inputs, vocab_size: int, out_dir: str | Path, *, format: str
     out_dir.mkdir(parents=True, exist_ok=True)
     files = {"tokenizer.json": tokenizer.to_str().encode("utf-8"), **hf_config_files(*SPECIAL_TOKENS)}
     for name, content in files.items():
-        _write_atomic(out_dir / name, content)
+        write_atomic(out_dir / name, content)
     return {"path": str(out_dir), "vocab_size": tokenizer.get_vocab_size(), **stats,
             "seconds": time.perf_counter() - start}
 
@@ -173,9 +173,3 @@ def train_tokenizer(inputs, vocab_size: int, out_dir: str | Path, *, format: str
 def _json_bytes(obj) -> bytes:
     return (json.dumps(obj, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
 
-
-def _write_atomic(path: Path, content: bytes) -> None:
-    """Write then rename, so a reader never sees half a file."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(content)
-    os.replace(tmp, path)

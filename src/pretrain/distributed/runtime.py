@@ -77,6 +77,9 @@ def barrier(rt: Runtime) -> None:
 
 def shutdown(rt: Runtime) -> None:
     if rt.distributed and dist.is_initialized():
-        gc.collect()  # the model's sharded tensors and pending work go while their group still exists
+        # The trainer sits in reference cycles (modules, hooks): free its sharded tensors and gloo's last work
+        # objects now, while their group exists. Left to interpreter shutdown, freeing them can abort a
+        # finished rank ("terminate called without an active exception").
+        gc.collect()
         dist.barrier()  # no rank tears the group down while another still uses it
         dist.destroy_process_group()

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 
+from ..errors import ConfigError
+
 
 def micro_batches_per_step(tokens_seen: int, *, seq_len: int, micro_batch_size: int, data_parallel: int,
                            grad_accum_steps: int, ramp_tokens: int, ramp_start: int) -> int:
@@ -81,8 +83,6 @@ def warmup_steps(warmup: float | int, total_steps: int) -> int:
 def checked_warmup(train, total_steps: int) -> int:
     """Warm-up steps of a run of `total_steps`, refused (ConfigError) where the schedule cannot be followed:
     a warm-up as long as the run, or a wsd decay that would start inside the warm-up."""
-    from ..errors import ConfigError
-
     warmup = warmup_steps(train.warmup, total_steps)
     if warmup >= total_steps:
         raise ConfigError(f"train.warmup: {warmup} warm-up steps is not shorter than the run ({total_steps} "

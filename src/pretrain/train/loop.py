@@ -112,7 +112,6 @@ class Trainer:
         self.ramp = dict(seq_len=t.seq_len, micro_batch_size=t.micro_batch_size, data_parallel=self.dp,
                          grad_accum_steps=t.grad_accum_steps, ramp_tokens=t.batch_ramp_tokens,
                          ramp_start=t.batch_ramp_start)
-        torch.manual_seed(t.seed)
         if rt.device.type == "cuda":
             torch.set_float32_matmul_precision("high")  # fp32 matmuls at TF32 speed, as the plan assumes
 
