@@ -58,6 +58,8 @@ class ModelConfig:
     init_std: float = doc(0.02, "std of the normal initialisation; residual projections get "
                           "init_std / sqrt(2 * num_layers)")
     init_from: str | None = doc(None, "a local Hugging Face model directory to start from (continued pretraining)")
+    pad_vocab_to: int = doc(1, "round the embedding and output-layer rows up to a multiple of this (64: GPT-2's "
+                            "50,257 -> 50,304, faster matmuls); the padded rows are never a target, export drops them")
 
 
 @dataclass
@@ -94,7 +96,11 @@ class TrainConfig:
     eps: float = doc(1e-8, "AdamW epsilon")
     momentum: float = doc(0.9, "SGD momentum")
     seed: int = doc(1234, "seed of initialisation, data order and dropout")
-    compile: bool = doc(False, "torch.compile the model")
+    compile: bool | str = doc("auto", "torch.compile: auto (on for CUDA, off for CPU) | true | false")
+    loss: str = doc("chunked", "cross-entropy: chunked (output layer and loss a chunk of tokens at a time, fp32 "
+                    "logits only inside a chunk) | plain (full-vocabulary fp32 logits at once)",
+                    ("chunked", "plain"))
+    loss_chunk_tokens: int = doc(4096, "tokens per chunk of the chunked loss")
 
 
 @dataclass
@@ -108,6 +114,9 @@ class ParallelConfig:
     offload: str = doc("none", "none | optimizer | optimizer+params (ZeRO-Offload: states in host memory)",
                        ("none", "optimizer", "optimizer+params"))
     gpus_per_node: int = doc(8, "GPUs per machine (for host memory per node)")
+    grad_sync: str = doc("micro_batch", "FSDP (ZeRO 2/3) with gradient accumulation: micro_batch (reduce-scatter "
+                         "after every micro-batch: gradients stay sharded) | step (only after the last micro-batch: "
+                         "less communication, unsharded fp32 gradients held in between)", ("micro_batch", "step"))
 
 
 @dataclass
@@ -203,6 +212,12 @@ class Config:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def compile_enabled(compile_setting: bool | str, device_type: str) -> bool:
+    """train.compile resolved for a device: auto compiles on CUDA (where fusing the memory-bound chains pays)
+    and not on CPU (where compiling costs more than a short run gains)."""
+    return device_type == "cuda" if compile_setting == "auto" else bool(compile_setting)
 
 
 SECTIONS: dict[str, type] = {f.name: f.default_factory for f in dataclasses.fields(Config)}  # type: ignore
@@ -446,6 +461,7 @@ def validate(c: Config) -> None:
     if not 0 <= m.dropout < 1:
         raise ConfigError(f"model.dropout: must be in [0, 1), got {m.dropout}")
     _positive("model.norm_eps", m.norm_eps)
+    _positive("model.pad_vocab_to", m.pad_vocab_to)
     _positive("model.init_std", m.init_std)
 
     if t.seq_len is None:
@@ -473,6 +489,9 @@ def validate(c: Config) -> None:
     _positive("train.batch_ramp_start", t.batch_ramp_start)
     if len(t.betas) != 2 or not all(0 <= b < 1 for b in t.betas):
         raise ConfigError(f"train.betas: expected two numbers in [0, 1), got {t.betas}")
+    if isinstance(t.compile, str) and t.compile != "auto":
+        raise ConfigError(f"train.compile: {t.compile!r} is not allowed; choose one of auto | true | false")
+    _positive("train.loss_chunk_tokens", t.loss_chunk_tokens)
     if t.device not in ("auto", "cpu", "cuda") and not t.device.startswith("cuda:"):
         raise ConfigError(f"train.device: {t.device!r} is not allowed; choose one of auto | cpu | cuda")
 

@@ -21,6 +21,7 @@ import torch
 import yaml
 
 from .. import __version__
+from ..config import compile_enabled
 from ..errors import ConfigError, UsageError
 from ..files import write_atomic
 from ..plan.budget import run_length
@@ -118,6 +119,7 @@ class Trainer:
         # FSDP shards a model built on the meta device, then each rank materialises only its shard: a 70B
         # model never exists whole on one GPU. The per-parameter seeded init gives every mode the same values.
         fsdp = rt.distributed and c.parallel.zero_stage >= 2
+        self.compiled = compile_enabled(t.compile, rt.device.type)
         on_meta = fsdp and not c.model.init_from
         model = build_model(c.model, attention=t.attention, device="meta" if on_meta else rt.device,
                             seed=t.seed)
@@ -130,7 +132,7 @@ class Trainer:
         for block in model.blocks:
             block.recompute = t.activation_checkpointing
         model.fix_attention_kernel(rt.device, half=t.precision != "fp32")
-        if t.compile and fsdp:
+        if self.compiled and fsdp:
             # torchtitan's order: each block compiled, then sharded. FSDP2's hooks at the block boundaries stay
             # eager; a whole-model compile would meet them inside the loop over blocks and run all eager.
             for block in model.blocks:
@@ -145,9 +147,9 @@ class Trainer:
         torch.manual_seed(t.seed + rt.rank)
         self.autocast = precision_context(t.precision, rt.device) if self.wrapped.autocast else contextlib.nullcontext
         self.scaler = torch.amp.GradScaler(rt.device.type) if t.precision == "fp16-mixed" else None
-        if t.compile:
+        if self.compiled:
             self.model.rotary(t.seq_len, rt.device)
-        self.forward_model = torch.compile(self.wrapped.module_for_forward) if t.compile and not fsdp else \
+        self.forward_model = torch.compile(self.wrapped.module_for_forward) if self.compiled and not fsdp else \
             self.wrapped.module_for_forward
         self.loader = loader or RandomWindows(self.data, "train", t.seq_len, seed=t.seed, rank=rt.rank,
                                               world_size=rt.world_size)
@@ -309,7 +311,7 @@ class Trainer:
             x, y = self.loader.next_batch(t.micro_batch_size)
             x, y = x.to(self.rt.device, non_blocking=True), y.to(self.rt.device, non_blocking=True)
             with self.wrapped.sync_context(last=i == accum - 1):
-                if measure and i == 0 and self.wrapped.measurable and not t.compile:
+                if measure and i == 0 and self.wrapped.measurable and not self.compiled:
                     loss, saved = measure_forward(self.forward_model, x, y, self.autocast)
                     measured = {"saved": saved}
                 else:
