@@ -151,7 +151,12 @@ class FlopsConfig:
 
 @dataclass
 class DataConfig:
-    dir: str | None = doc(None, "a directory written by `pretrain prepare`")
+    dir: str | None = doc(None, "a directory written by `pretrain prepare` (the planner reads its meta.json: tokens "
+                          "available and bytes per token)")
+    raw_bytes: float | None = doc(None, "planner: size of the raw text corpus in bytes (300e9 = 300 GB), for the "
+                                  "tokens it holds and the epochs the run needs")
+    bytes_per_token: float | None = doc(None, "planner: UTF-8 bytes per token of the tokenizer on this text (from "
+                                        "`pretrain tokenizer stats`); with data.raw_bytes")
 
 
 @dataclass
@@ -529,6 +534,11 @@ def validate(c: Config) -> None:
         raise ConfigError(f"hardware.fragmentation: must be in [0, 1), got {h.fragmentation}")
     for name in ("tokens_per_second", "iterations_per_second", "step_time_seconds"):
         _positive(f"measured.{name}", getattr(c.measured, name))
+    _positive("data.raw_bytes", c.data.raw_bytes)
+    _positive("data.bytes_per_token", c.data.bytes_per_token)
+    if c.data.raw_bytes and not c.data.bytes_per_token:
+        raise ConfigError("data.raw_bytes: needs data.bytes_per_token too (measure it with `pretrain tokenizer "
+                          "stats --tokenizer DIR --input CORPUS`)")
     r = c.run
     for name in ("log_every", "eval_batches", "keep_checkpoints"):
         _positive(f"run.{name}", getattr(r, name))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from .advice import advise
 from .budget import run_length, storage_bytes, token_bytes, wall_clock
+from .corpus import corpus_supply
 from .explain import Explain
 from .flops import basis, flops, utilisation
 from .hardware import gpu_spec, peak_tflops
@@ -78,6 +79,9 @@ def plan_with_explain(config, advice: bool = True) -> tuple[dict, Explain]:
         "hardware": {"gpu": spec.name, "peak_tflops": peak, "peak_source": peak_source,
                      "memory_bytes": mem["fit"]["device_bytes"], "bandwidth_gbps": spec.bandwidth_gbps},
     }
+    supply = corpus_supply(c, tokens, ex)
+    if supply:
+        result["data"] = supply
     measured = utilisation(c, fl, length["tokens_per_step"], peak, ex)
     if measured:
         result["measured"] = measured

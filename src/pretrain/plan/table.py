@@ -41,6 +41,10 @@ def render(config, p: dict) -> str:
     row("Training tokens", f"{tok['total']:,}", f"{tok['per_parameter']:.1f} per parameter; "
         f"Chinchilla-optimal {count(tok['chinchilla'])} (20 per parameter)")
     row("Tokens on disk", si_bytes(p["storage_bytes"]), "uint16 ids" if m.vocab_size <= 65536 else "uint32 ids")
+    if "data" in p:  # data.raw_bytes or a prepared data.dir (pretrain.plan.corpus)
+        d = p["data"]
+        row("Corpus tokens", f"{d['tokens_available']:,}", f"{si_bytes(d['raw_bytes'])} of text at "
+            f"{d['bytes_per_token']:.3g} bytes/token; the run reads it {d['epochs']:.3g} times")
     row("One checkpoint", si_bytes(p["checkpoint_bytes"]), "parameters + optimizer states")
     st = p["steps"]
     row("Optimizer steps", f"{st['total']:,}", f"{st['tokens_per_step']:,} tokens per step "
