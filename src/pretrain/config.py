@@ -160,6 +160,13 @@ class DataConfig:
 
 
 @dataclass
+class PlanConfig:
+    framework: str = doc("pretrain", "memory accounting of `pretrain plan`: pretrain (what our trainer holds) | "
+                         "megatron | deepspeed | zero-paper (each framework's published formulas, added to the plan "
+                         "as `framework`; sources in --explain)", ("pretrain", "megatron", "deepspeed", "zero-paper"))
+
+
+@dataclass
 class RunConfig:
     dir: str = doc("runs/default", "everything of a run: metrics.jsonl, events.jsonl, plan_vs_run.json, "
                    "checkpoints/, tensorboard/")
@@ -211,6 +218,7 @@ class Config:
     measured: MeasuredConfig = field(default_factory=MeasuredConfig)
     flops: FlopsConfig = field(default_factory=FlopsConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    plan: PlanConfig = field(default_factory=PlanConfig)
     run: RunConfig = field(default_factory=RunConfig)
     stability: StabilityConfig = field(default_factory=StabilityConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)

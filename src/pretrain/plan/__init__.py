@@ -11,6 +11,7 @@ from .budget import run_length, storage_bytes, token_bytes, wall_clock
 from .corpus import corpus_supply
 from .explain import Explain
 from .flops import basis, flops, utilisation
+from .frameworks import framework_memory
 from .hardware import gpu_spec, peak_tflops
 from .memory import memory, model_state_tensors
 from .params import count_params, param_shapes
@@ -79,6 +80,8 @@ def plan_with_explain(config, advice: bool = True) -> tuple[dict, Explain]:
         "hardware": {"gpu": spec.name, "peak_tflops": peak, "peak_source": peak_source,
                      "memory_bytes": mem["fit"]["device_bytes"], "bandwidth_gbps": spec.bandwidth_gbps},
     }
+    if c.plan.framework != "pretrain":  # the default plan stays as it was, key for key
+        result["framework"] = framework_memory(c, ex)
     supply = corpus_supply(c, tokens, ex)
     if supply:
         result["data"] = supply

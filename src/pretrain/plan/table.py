@@ -92,6 +92,12 @@ def render(config, p: dict) -> str:
     lines.append(f"    {'total':<14} {mem['total'] / GiB:>9.2f}   {verdict}")
     if mem["host"]:  # offloaded states, or a model.init_from checkpoint being read
         lines.append(f"    {'host per node':<14} {mem['host'] / GiB:>9.2f}   RAM for offloaded states / the import")
+    if "framework" in p:  # plan.framework: another framework's accounting (pretrain.plan.frameworks)
+        fw, fm = p["framework"], p["framework"]["memory_bytes"]
+        fits = "" if fw["fits"] is None else (": fits" if fw["fits"] else ": does NOT fit")
+        lines.append(f"    {'as ' + fw['name']:<14} {fm['total'] / GiB:>9.2f}   model states "
+                     f"{(fm['weights'] + fm['gradients'] + fm['optimizer']) / GiB:.2f} + activations "
+                     f"{fm['activations'] / GiB:.2f} + context{fits} (formulas and sources: --explain)")
     for advice in p.get("advice", []):
         lines.append(f"  ! {advice}")
     return "\n".join(lines)
