@@ -167,6 +167,14 @@ class PlanConfig:
 
 
 @dataclass
+class BudgetConfig:
+    gpu_hours: float | None = doc(None, "planner budget mode: GPU-hours to spend; the plan then chooses the "
+                                  "Chinchilla-optimal model and tokens for that compute (README: Budget mode)")
+    days: float | None = doc(None, "budget mode: days of parallel.gpus GPUs")
+    cost: float | None = doc(None, "budget mode: money to spend, at hardware.price_per_gpu_hour")
+
+
+@dataclass
 class RunConfig:
     dir: str = doc("runs/default", "everything of a run: metrics.jsonl, events.jsonl, plan_vs_run.json, "
                    "checkpoints/, tensorboard/")
@@ -219,6 +227,7 @@ class Config:
     flops: FlopsConfig = field(default_factory=FlopsConfig)
     data: DataConfig = field(default_factory=DataConfig)
     plan: PlanConfig = field(default_factory=PlanConfig)
+    budget: BudgetConfig = field(default_factory=BudgetConfig)
     run: RunConfig = field(default_factory=RunConfig)
     stability: StabilityConfig = field(default_factory=StabilityConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
@@ -542,6 +551,14 @@ def validate(c: Config) -> None:
         raise ConfigError(f"hardware.fragmentation: must be in [0, 1), got {h.fragmentation}")
     for name in ("tokens_per_second", "iterations_per_second", "step_time_seconds"):
         _positive(f"measured.{name}", getattr(c.measured, name))
+    given = [f"budget.{k}" for k in ("gpu_hours", "days", "cost") if getattr(c.budget, k) is not None]
+    for key in given:
+        _positive(key, getattr(c.budget, key.split(".")[1]))
+    if len(given) > 1:
+        raise ConfigError(f"budget: {' and '.join(given)} both given; give one of budget.gpu_hours, budget.days, "
+                          "budget.cost")
+    if c.budget.cost is not None and not h.price_per_gpu_hour:
+        raise ConfigError("budget.cost: needs hardware.price_per_gpu_hour (the price of one GPU-hour)")
     _positive("data.raw_bytes", c.data.raw_bytes)
     _positive("data.bytes_per_token", c.data.bytes_per_token)
     if c.data.raw_bytes and not c.data.bytes_per_token:

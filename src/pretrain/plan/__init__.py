@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from .advice import advise
 from .budget import run_length, storage_bytes, token_bytes, wall_clock
+from .budget_mode import apply_budget, budget_requested
 from .corpus import corpus_supply
 from .explain import Explain
 from .flops import basis, flops, utilisation
@@ -25,9 +26,14 @@ def plan(config) -> dict:
 
 
 def plan_with_explain(config, advice: bool = True) -> tuple[dict, Explain]:
-    """The plan and its explain trail; `advice=False` skips the warnings (which re-plan modified copies)."""
+    """The plan and its explain trail; `advice=False` skips the warnings (which re-plan modified copies).
+    Budget mode (budget.* keys) first writes the model it chooses, and the overrides that make it fit, into
+    `config` (pretrain.plan.budget_mode), so the table and a re-plan of `config` show that model."""
     c = config
     ex = Explain()
+    budget = None
+    if budget_requested(c):  # budget mode writes the chosen model into the config, then plans it as usual
+        budget = apply_budget(c, ex)
     counts = count_params(c.model)
     ex.add("params", "total", counts.total, _params_formula(c.model, counts))
     ex.add("params", "embedding", counts.embedding, "input lookups: token table V x H"
@@ -80,6 +86,8 @@ def plan_with_explain(config, advice: bool = True) -> tuple[dict, Explain]:
         "hardware": {"gpu": spec.name, "peak_tflops": peak, "peak_source": peak_source,
                      "memory_bytes": mem["fit"]["device_bytes"], "bandwidth_gbps": spec.bandwidth_gbps},
     }
+    if budget:
+        result["budget"] = budget
     if c.plan.framework != "pretrain":  # the default plan stays as it was, key for key
         result["framework"] = framework_memory(c, ex)
     supply = corpus_supply(c, tokens, ex)

@@ -98,6 +98,10 @@ def render(config, p: dict) -> str:
         lines.append(f"    {'as ' + fw['name']:<14} {fm['total'] / GiB:>9.2f}   model states "
                      f"{(fm['weights'] + fm['gradients'] + fm['optimizer']) / GiB:.2f} + activations "
                      f"{fm['activations'] / GiB:.2f} + context{fits} (formulas and sources: --explain)")
+    if "budget" in p:  # budget mode: what the budget buys, above the plan of the chosen model
+        from .budget_mode import render as budget_lines
+
+        lines = budget_lines(p["budget"]) + lines
     for advice in p.get("advice", []):
         lines.append(f"  ! {advice}")
     return "\n".join(lines)
