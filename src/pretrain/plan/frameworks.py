@@ -102,7 +102,7 @@ def activations(cfg, ex: Explain) -> int:
     layers = -(-m.num_layers // pp)
     total = per_layer * layers * in_flight
     ex.add("framework", "activations per layer", gib(per_layer),
-           f"table 2, {t.activation_checkpointing} recomputation"
+           f"table 2, recompute {t.activation_checkpointing}"
            + (", flash attention (no scores term)" if flash and t.activation_checkpointing != "selective" else "")
            + (f", tensor {tp}" if tp > 1 else "") + (", sequence parallel" if sp else "")
            + f": s={s}, b={b}, h={h}, heads={m.num_heads}, MLP term {_mlp_units(m):.4g} sbh")
