@@ -261,6 +261,23 @@ def load_config(path: str | Path | dict | None = None, overrides: list[str] | tu
     return from_dict(raw)
 
 
+def replaced(config: Config, overrides: dict) -> Config:
+    """A new Config: `config` with {"section.key": value} applied (values already typed), then validated.
+    `config` itself is left as loaded: the planner's budget mode and `--fit` plan the configs they choose
+    through this, never by writing into the caller's."""
+    by_section: dict[str, dict] = {}
+    for key, value in overrides.items():
+        section, name = key.split(".", 1)
+        if section not in SECTIONS or name not in {f.name for f in dataclasses.fields(SECTIONS[section])}:
+            raise ConfigError(_unknown(key, [f"{s}.{f.name}" for s, cls in SECTIONS.items()
+                                             for f in dataclasses.fields(cls)], "key"))
+        by_section.setdefault(section, {})[name] = value
+    new = dataclasses.replace(config, **{s: dataclasses.replace(getattr(config, s), **v)
+                                         for s, v in by_section.items()})
+    validate(new)  # fills head_dim / num_kv_heads / seq_len defaults of the new sections, checks the rest
+    return new
+
+
 def from_dict(raw: dict) -> Config:
     raw = _deep_copy(raw)
     for section in raw:

@@ -104,3 +104,22 @@ def test_cost_budget_and_json_contract():
 def test_bad_budgets_are_one_line(overrides, message):
     r = run_cli("plan", *overrides)
     assert r.returncode == 2 and message in r.stderr and r.stderr.count("\n") == 1, r.stderr
+
+
+def test_the_loaded_config_is_never_changed():
+    # A loaded config stays as loaded: budget mode plans a new config of the model it chooses, and the
+    # result's budget.overrides rebuild that config from the caller's.
+    config = load_config(overrides=A100_14_DAYS)
+    before = config.to_dict()
+    p = plan(config)
+    assert config.to_dict() == before
+    from pretrain.plan import planned_config
+
+    chosen = planned_config(config, p)
+    assert chosen is not config and chosen.budget.days is None
+    assert chosen.model.hidden_size == p["budget"]["model"]["hidden_size"]
+    assert plan(chosen)["memory_bytes"] == p["memory_bytes"]
+    table = run_cli("plan", *A100_14_DAYS)
+    m = p["budget"]["model"]
+    assert f"{p['params']['total'] / 1e9:.3g}B" in table.stdout.split("pretrain plan:")[1].splitlines()[0]
+    assert f"H {m['hidden_size']}, L {m['num_layers']}" in table.stdout

@@ -17,7 +17,7 @@ from .hardware import gpu_spec, peak_tflops
 from .memory import memory, model_state_tensors
 from .params import count_params, param_shapes
 
-__all__ = ["plan", "plan_with_explain", "count_params", "param_shapes", "storage_bytes", "model_state_tensors"]
+__all__ = ["plan", "plan_with_explain", "planned_config", "count_params", "param_shapes", "storage_bytes", "model_state_tensors"]
 
 
 def plan(config) -> dict:
@@ -27,13 +27,13 @@ def plan(config) -> dict:
 
 def plan_with_explain(config, advice: bool = True) -> tuple[dict, Explain]:
     """The plan and its explain trail; `advice=False` skips the warnings (which re-plan modified copies).
-    Budget mode (budget.* keys) first writes the model it chooses, and the overrides that make it fit, into
-    `config` (pretrain.plan.budget_mode), so the table and a re-plan of `config` show that model."""
+    Budget mode (budget.* keys) plans a new config of the model it chooses (pretrain.plan.budget_mode);
+    `config` is never changed, and `planned_config(config, result)` rebuilds the config that was planned."""
     c = config
     ex = Explain()
     budget = None
-    if budget_requested(c):  # budget mode writes the chosen model into the config, then plans it as usual
-        budget = apply_budget(c, ex)
+    if budget_requested(c):  # budget mode chooses a model, then that model's config is planned as usual
+        budget, c = apply_budget(c, ex)
     counts = count_params(c.model)
     ex.add("params", "total", counts.total, _params_formula(c.model, counts))
     ex.add("params", "embedding", counts.embedding, "input lookups: token table V x H"
@@ -101,6 +101,13 @@ def plan_with_explain(config, advice: bool = True) -> tuple[dict, Explain]:
     if advice:
         result["advice"] = advise(c, result)
     return result, ex
+
+
+def planned_config(config, result: dict):
+    """The config a plan describes: `config` itself, or in budget mode the chosen model's (a new object)."""
+    from ..config import replaced
+
+    return replaced(config, result["budget"]["overrides"]) if "budget" in result else config
 
 
 def _unsharded(c) -> dict:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 
+from ..config import replaced
 from ..errors import ConfigError
 from .budget import CHINCHILLA_TOKENS_PER_PARAM, storage_bytes
 from .explain import Explain
@@ -39,6 +40,7 @@ MULTIPLE_OF = 256  # LLaMA's intermediate-size rounding
 GQA_KV_HEADS = 8
 APPROACH_3 = dict(E=1.69, A=406.4, B=410.7, alpha=0.34, beta=0.28)  # Hoffmann et al. 2022, equation 10
 INFERENCE_AWARE_SHRINK = 2  # half the parameters, twice the tokens
+NO_BUDGET = {"budget.gpu_hours": None, "budget.days": None, "budget.cost": None}  # the chosen config plans plainly
 
 
 def budget_requested(cfg) -> bool:
@@ -98,10 +100,10 @@ def gpu_seconds(cfg) -> tuple[float, str]:
     return b.cost / price * 3600, f"budget.cost {b.cost:,g} / hardware.price_per_gpu_hour {price:g}"
 
 
-def apply_budget(cfg, ex: Explain) -> dict:
-    """Choose the model for the budget and write it into `cfg` (model shape, train.tokens, the overrides that
-    make it fit), clearing the budget keys so the rest of the plan is the ordinary plan of that config.
-    Returns the plan's "budget" entry."""
+def apply_budget(cfg, ex: Explain):
+    """Choose the model for the budget: (the plan's "budget" entry, a new Config of that model with its
+    train.tokens, the overrides that make it fit, and the budget keys cleared). `cfg` is left unchanged; the
+    rest of the plan is the ordinary plan of the new config, and `budget.overrides` rebuilds it from `cfg`."""
     seconds, how = gpu_seconds(cfg)
     peak, source = peak_tflops(cfg.hardware, cfg.train.precision)
     if not peak:
@@ -133,9 +135,8 @@ def apply_budget(cfg, ex: Explain) -> dict:
              "method": "Hoffmann et al. 2022 approaches 1-2: N_opt = sqrt(C / 120), D_opt = 20 N_opt; loss from "
                        "approach 3 (E 1.69, A 406.4, B 410.7, alpha 0.34, beta 0.28)"}
     # The plan that follows is the compute-optimal row's, with the overrides that make it fit.
-    _set(cfg, optimal["config_overrides"])
-    cfg.budget.gpu_hours = cfg.budget.days = cfg.budget.cost = None
-    return entry
+    entry["overrides"] = {**optimal["config_overrides"], **NO_BUDGET}
+    return entry, replaced(cfg, entry["overrides"])
 
 
 def _row(cfg, compute: float, n_target: float, best_loss: float, ex: Explain, name: str) -> dict:
@@ -171,14 +172,10 @@ def _row(cfg, compute: float, n_target: float, best_loss: float, ex: Explain, na
 def _fit(cfg, overrides: dict) -> dict:
     """The ordinary plan of the shape on the budget's GPUs; when it does not fit, the cheapest fix that keeps
     the number of GPUs (pretrain.plan.advice.fit_fixes)."""
-    import copy
-
     from . import plan_with_explain
     from .advice import fit_fixes
 
-    c = copy.deepcopy(cfg)
-    c.budget.gpu_hours = c.budget.days = c.budget.cost = None
-    _set(c, overrides)
+    c = replaced(cfg, {**overrides, **NO_BUDGET})
     p = plan_with_explain(c, advice=False)[0]
     total = p["memory_bytes"]["total"]
     if p["fits"] is not False:
@@ -191,12 +188,6 @@ def _fit(cfg, overrides: dict) -> dict:
                     "why": f"with {text}: {q['memory_bytes']['total'] / 1024**3:.1f} GiB per GPU"}
     return {"fits": False, "overrides": {}, "memory_bytes": total,
             "why": f"{total / 1024**3:.1f} GiB per GPU and no fix on {c.parallel.gpus} GPUs"}
-
-
-def _set(cfg, overrides: dict) -> None:
-    for key, value in overrides.items():
-        section, name = key.split(".")
-        setattr(getattr(cfg, section), name, value)
 
 
 def render(budget: dict) -> list[str]:
