@@ -31,17 +31,16 @@ def run(args) -> int:
             peaks = ", ".join(f"{k} {v:g}" for k, v in spec.peak_tflops.items()) or "measure with pretrain bench"
             print(f"{spec.name:10s} {spec.memory_bytes / 1024**3:6.1f} GiB {spec.bandwidth_gbps:6.0f} GB/s  {peaks}")
         return 0
-    from . import plan_with_explain
+    from . import plan_with_explain, planned_config
     from .table import render
 
     config = config_from_args(args)
     result, explain = plan_with_explain(config)
     if args.json:
         print(json.dumps(result, indent=2))
-    elif args.explain:
-        print(render(config, result))
+        return 0
+    print(render(planned_config(config, result), result))  # budget mode: the chosen model's settings
+    if args.explain:
         print()
         print(explain.render())
-    else:
-        print(render(config, result))
     return 0
