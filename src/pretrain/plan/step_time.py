@@ -1,0 +1,243 @@
+"""Seconds per optimizer step of a layout: compute, memory traffic and communication, each term written out.
+
+One micro-batch on one GPU (a tensor rank of a pipeline stage) takes
+    t_mb = max(matmul FLOPs / R x tile(b*s) + attention FLOPs / (R x 0.7), weights read / HBM)
+           + activation traffic / HBM + tensor-parallel collectives
+  R        achievable FLOP/s: `hardware.profile`'s measured TFLOP/s (a profile is already what a large matmul
+           reaches), else the peak (catalog or hardware.peak_tflops) x 0.75, what a large bf16 GEMM reaches
+           of the dense data-sheet figure. Attention kernels reach less of it than GEMMs (FlashAttention-2
+           reaches 50-73% of peak forward and less backward: Dao 2023): 0.7 of R.
+  tile     matmuls run in tiles of 128 rows of tokens: b*s rows use b*s / (128 x ceil(b*s / 128)) of the
+           tensor cores ("tile quantization", NVIDIA's Matrix Multiplication Background guide). GPUs only.
+  weights  the compute-dtype matmul weights are read 3 times (forward, activation gradients, weight
+           gradients; 4 with full recomputation): a floor a small micro-batch cannot go under, which is why
+           tokens/s falls at tiny batches (a 7B model on a V100 in a practitioner's LLaMA-Factory log:
+           12.9 it/s at cutoff 1 and still 12.3 at 1,024 tokens, 2.34 at 8,192).
+  traffic  every tensor kept for backward written once and read once (norms, activations, residual adds are
+           memory-bound kernels that do not overlap the matmuls).
+  TP       Megatron's tensor parallelism all-reduces the b*s*h activations twice per block in forward and
+           twice in backward (Shoeybi et al. 2019, figure 4; 3 x 2 with full recomputation, which redoes the
+           forward); sequence parallelism replaces each all-reduce by an all-gather + reduce-scatter of the
+           same volume (Korthikanti et al. 2022, section 4.2.2). A ring moves 2 (t-1)/t x bytes per GPU. Not
+           overlapped with compute.
+The step is the pipeline's (1F1B, Narayanan et al. 2021): (m + p - 1) micro-batch slots for m micro-batches
+(bubble (p-1) / (m+p-1)), each slot also sending the b*s*h activations forward and their gradients back
+(point-to-point), then the data-parallel communication left exposed, then the optimizer:
+  DDP      all-reduce of the gradients, 2 (d-1)/d x gradient bytes, overlapped with the last micro-batch's
+           backward (2/3 of its compute) except the last 25 MB bucket (DDP's bucket_cap_mb).
+  ZeRO-1   the same all-reduce, then every rank's updated share broadcast: (d-1)/d x parameter bytes, after the
+           optimizer step (not overlapped).
+  ZeRO-2/3 FSDP: per micro-batch (parallel.grad_sync=micro_batch; once with step) a reduce-scatter of the
+           gradients, (d-1)/d x gradient bytes, and all-gathers of the compute-dtype parameters, once per
+           micro-batch (ZeRO-2) or for forward and again for backward (ZeRO-3); prefetched, so hidden behind
+           the micro-batches' compute except one block's worth (the first gather / the last reduce-scatter).
+  optimizer  memory-bound: parameters and states read and written, gradients read, at HBM bandwidth; with
+           parallel.offload the gradients go to the host and the parameters come back over PCIe, and the
+           host's memory bandwidth runs the update (ZeRO-Offload, Ren et al. 2021).
+Links: a group whose ranks lie within one node (tensor ranks are adjacent, then data, then pipeline: Megatron's
+order) uses NVLink, hardware.intra_node_gbps; otherwise the network, hardware.inter_node_gbps (per GPU per
+direction). Defaults: the catalog's data-sheet figures x 0.8, about what copies and NCCL's ring collectives
+reach of a link's rate; a key given is taken as measured (nccl-tests' bus bandwidth).
+Pure Python, as the rest of the planner.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+from .activations import COMPUTE_BYTES, activation_bytes
+from .explain import Explain
+from .hardware import gpu_spec
+from .kernels import planned_native_gqa
+
+MATMUL_EFFICIENCY = 0.75  # of a data-sheet dense peak, reached by large bf16 GEMMs
+ATTENTION_EFFICIENCY = 0.7  # of the matmul rate (FlashAttention-2: 50-73% of peak forward, Dao 2023)
+TILE_ROWS = 128
+BANDWIDTH_EFFICIENCY = 0.8  # of a data-sheet HBM / NVLink / network rate
+DDP_BUCKET_BYTES = 25 * 1024**2  # torch DDP's default bucket_cap_mb
+PCIE_GBPS = 25.0  # host <-> GPU, PCIe Gen4 x16 per direction as reached by pinned copies
+HOST_GBPS_PER_GPU = 20.0  # a two-socket host's ~160 GB/s of memory bandwidth shared by 8 GPU processes
+
+
+def links(c) -> tuple[float, float, str]:
+    """(intra-node, inter-node) GB/s per GPU per direction, and where they come from."""
+    hw, spec = c.hardware, gpu_spec(c.hardware.gpu)
+    intra = hw.intra_node_gbps if hw.intra_node_gbps is not None else spec.intra_node_gbps * BANDWIDTH_EFFICIENCY
+    inter = hw.inter_node_gbps if hw.inter_node_gbps is not None else spec.inter_node_gbps * BANDWIDTH_EFFICIENCY
+    how = (("hardware.intra_node_gbps" if hw.intra_node_gbps is not None else
+            f"{spec.name} {spec.intra_node_gbps:g} GB/s x {BANDWIDTH_EFFICIENCY}") + ", "
+           + ("hardware.inter_node_gbps" if hw.inter_node_gbps is not None else
+              f"network {spec.inter_node_gbps:g} GB/s x {BANDWIDTH_EFFICIENCY}"))
+    return intra, inter, how
+
+
+def _ring(nbytes: float, ranks: int, gbps: float, factor: float) -> float:
+    """Seconds for a ring collective moving factor x (ranks-1)/ranks x nbytes per GPU (all-reduce: 2)."""
+    if ranks <= 1 or nbytes == 0:
+        return 0.0
+    if not gbps:
+        return 0.0  # no bandwidth known for this device (a CPU): not modelled, said in --explain
+    return factor * (ranks - 1) / ranks * nbytes / (gbps * 1e9)
+
+
+def step_time(c, counts, fl: dict, peak: float | None, ex: Explain | None = None) -> dict | None:
+    """The modelled step of config `c` (flops: pretrain.plan.flops.flops's dict; peak: TFLOP/s per GPU)."""
+    ex = ex or Explain()
+    if not peak:
+        ex.add("step_time", "seconds", None, "no peak FLOP/s: set hardware.profile or hardware.peak_tflops")
+        return None
+    m, t, par, hw = c.model, c.train, c.parallel, c.hardware
+    spec = gpu_spec(hw.gpu)
+    on_gpu = spec.name not in ("cpu",)
+    tp, pp = par.tensor, par.pipeline
+    dp = par.gpus // (tp * pp)
+    b, s, micro = t.micro_batch_size, t.seq_len, t.grad_accum_steps
+    a = COMPUTE_BYTES[t.precision]
+    full = t.activation_checkpointing == "full"
+    tokens_mb = b * s
+    S = ex.add
+
+    # Compute of one micro-batch on one GPU.
+    if hw.profile and not hw.peak_tflops:
+        rate, rate_how = peak, "hardware.profile's measured TFLOP/s"
+    else:
+        rate, rate_how = peak * MATMUL_EFFICIENCY, f"peak {peak:g} x {MATMUL_EFFICIENCY} (large-GEMM efficiency)"
+    tile = tokens_mb / (TILE_ROWS * math.ceil(tokens_mb / TILE_ROWS)) if on_gpu else 1.0
+    attention = fl["attention_per_token"] * (4 / 3 if full else 1)  # full recomputation redoes its forward
+    matmul = fl["per_token_hardware"] - attention
+    shard = tp * pp
+    matmul_s = matmul * tokens_mb / shard / (rate * 1e12 * tile)
+    attention_s = attention * tokens_mb / shard / (rate * 1e12 * ATTENTION_EFFICIENCY)
+    S("step_time", "achievable_tflops", rate, rate_how)
+    S("step_time", "matmul_s", matmul_s, f"{matmul:,} hardware FLOPs/token (no attention) x b*s {tokens_mb:,} / "
+      f"(tensor {tp} x pipeline {pp}) / ({rate:.4g} TFLOP/s x tile {tile:.3g})"
+      + ("" if on_gpu else "; no tiles on a CPU"))
+    S("step_time", "attention_s", attention_s, f"{attention:,.0f} attention FLOPs/token x {tokens_mb:,} / {shard} "
+      f"/ ({rate:.4g} x {ATTENTION_EFFICIENCY})")
+    hbm = spec.bandwidth_gbps * BANDWIDTH_EFFICIENCY
+    reads = 4 if full else 3
+    weights = reads * a * counts.flops / shard
+    weight_s = weights / (hbm * 1e9) if hbm else 0.0
+    kept = copy.copy(t)
+    kept.activation_checkpointing = "none"  # recomputed tensors are written and read all the same
+    act = activation_bytes(m, kept, par, b, native_gqa=planned_native_gqa(c))
+    traffic = 2 * (act["layers"] * act["per_layer"] + act["once"])
+    traffic_s = traffic / (hbm * 1e9) if hbm else 0.0
+    bw_how = f"{spec.bandwidth_gbps:g} GB/s x {BANDWIDTH_EFFICIENCY}" if hbm else "no HBM figure: not modelled"
+    S("step_time", "weight_read_s", weight_s, f"{reads} reads x {a} bytes x {counts.flops:,} / {shard} = "
+      f"{weights:.4g} bytes / {bw_how}")
+    S("step_time", "activation_traffic_s", traffic_s, f"2 x {traffic / 2:.4g} bytes kept for backward (written, "
+      f"read) / {bw_how}")
+    compute_bound = matmul_s + attention_s >= weight_s
+    intra, inter, link_how = links(c)
+    per_node = par.gpus_per_node
+    layers = -(-m.num_layers // pp)
+    collectives = 6 if full else 4
+    tp_bytes = a * tokens_mb * m.hidden_size
+    tp_s = layers * collectives * _ring(tp_bytes, tp, intra, 2)
+    if tp > 1:
+        S("step_time", "tensor_parallel_s", tp_s, f"{layers} layers x {collectives} all-reduces x 2 x ({tp}-1)/{tp} "
+          f"x {tp_bytes:,} bytes (b*s*h x {a}) / {intra:.4g} GB/s ({link_how}); not overlapped"
+          + ("; sequence parallel: all-gather + reduce-scatter, same volume" if par.sequence_parallel else ""))
+    micro_s = max(matmul_s + attention_s, weight_s) + traffic_s + tp_s
+    S("step_time", "micro_batch_s", micro_s, f"max(compute {matmul_s + attention_s:.4g}, weight reads "
+      f"{weight_s:.4g}) + activation traffic {traffic_s:.4g} + TP {tp_s:.4g}: "
+      + ("compute-bound" if compute_bound else "memory-bound (the weights' reads set the floor)"))
+
+    # The pipeline: 1F1B slots, each with its point-to-point sends.
+    slots = micro + pp - 1
+    pp_link = intra if par.gpus <= per_node else inter
+    p2p_s = 2 * a * tokens_mb * m.hidden_size / (pp_link * 1e9) if pp > 1 and pp_link else 0.0
+    phase_s = slots * (micro_s + p2p_s)
+    bubble = (pp - 1) / slots
+    S("step_time", "forward_backward_s", phase_s, f"({micro} micro-batches + {pp} stages - 1) x (micro-batch "
+      f"{micro_s:.4g} + point-to-point {p2p_s:.4g}); bubble (p-1)/(m+p-1) = {bubble:.3g}")
+
+    # Data parallelism: what is left after the overlap.
+    dp_link = intra if tp * dp <= per_node else inter
+    where = "NVLink" if tp * dp <= per_node else "network"
+    params = counts.total / shard  # on one GPU before ZeRO's sharding (a stage's share, taken as even)
+    grad_b = 2 if t.precision == "bf16" or (t.precision.endswith("-mixed") and t.grad_dtype == "same") else 4
+    param_b = 2 if t.precision == "bf16" else 4
+    zero = par.zero_stage if dp > 1 else 0
+    dp_s = after_s = last_s = 0.0
+    if dp > 1 and zero <= 1:
+        dp_s = _ring(grad_b * params, dp, dp_link, 2)
+        last_s = _ring(min(DDP_BUCKET_BYTES, grad_b * params), dp, dp_link, 2)
+        window = 2 / 3 * (matmul_s + attention_s)  # the last micro-batch's backward
+        what = f"all-reduce 2 x ({dp}-1)/{dp} x {grad_b * params:.4g} gradient bytes"
+        if zero == 1:
+            after_s = _ring(param_b * params, dp, dp_link, 1)
+            what += f"; then the updated shares broadcast, ({dp}-1)/{dp} x {param_b * params:.4g} bytes, {after_s:.4g} s"
+        how = "overlapped with the last micro-batch's backward except the last 25 MB bucket"
+    elif dp > 1:
+        syncs = micro if par.grad_sync == "micro_batch" else 1
+        gathers = 2 if zero == 3 else 1
+        dp_s = syncs * _ring(grad_b * params, dp, dp_link, 1) + micro * gathers * _ring(a * params, dp, dp_link, 1)
+        last_s = dp_s / max(1, micro * layers)
+        window = phase_s
+        what = (f"{syncs} reduce-scatter(s) of {grad_b * params:.4g} gradient bytes + {micro} x {gathers} "
+                f"all-gather(s) of {a * params:.4g} parameter bytes, each ({dp}-1)/{dp} of it")
+        how = "prefetched behind the micro-batches' compute except one block's worth"
+    if dp > 1:
+        exposed_s = max(dp_s - window, last_s) + after_s
+        S("step_time", "data_parallel_s", dp_s, f"{what}, over {where} {dp_link:.4g} GB/s ({link_how})")
+        S("step_time", "data_parallel_exposed_s", exposed_s, f"{how}: max({dp_s:.4g} - {window:.4g}, "
+          f"{last_s:.4g}) + {after_s:.4g}")
+    else:
+        exposed_s = 0.0
+
+    # The optimizer step: memory-bound, or on the host with offload.
+    states = {"adamw": 2, "sgd": 1 if t.momentum else 0, "adafactor": 0}[t.optimizer]
+    owned = params / (dp if zero >= 1 else 1)
+    opt_bytes = owned * (2 * param_b * (1 + states) + grad_b)
+    if par.offload == "none":
+        optimizer_s = opt_bytes / (hbm * 1e9) if hbm else 0.0
+        S("step_time", "optimizer_s", optimizer_s, f"{owned:.4g} parameters x (2 x {param_b} x (1 + {states} "
+          f"states) + {grad_b}) bytes / HBM")
+    else:
+        moved = owned * (grad_b + a)
+        fetched = micro * 2 * a * params / dp if par.offload == "optimizer+params" else 0.0
+        optimizer_s = (moved + fetched) / (PCIE_GBPS * 1e9) + opt_bytes / (HOST_GBPS_PER_GPU * 1e9)
+        S("step_time", "optimizer_s", optimizer_s, f"offload: gradients down and parameters up {moved:.4g} bytes"
+          + (f" + parameter shards fetched per micro-batch {fetched:.4g}" if fetched else "")
+          + f" over PCIe {PCIE_GBPS:g} GB/s + the update's {opt_bytes:.4g} bytes at {HOST_GBPS_PER_GPU:g} GB/s of "
+          "host memory per GPU (ZeRO-Offload)")
+    seconds = phase_s + exposed_s + optimizer_s
+    tokens = tokens_mb * micro * dp
+    model_per_token = fl["per_token_6n"] if c.flops.convention == "6n" else fl["per_token"]
+    mfu = tokens / seconds * model_per_token / (par.gpus * peak * 1e12)
+    S("step_time", "seconds", seconds, f"forward/backward {phase_s:.4g} + exposed data parallel {exposed_s:.4g} "
+      f"+ optimizer {optimizer_s:.4g}")
+    S("step_time", "tokens_per_second", tokens / seconds, f"{tokens:,} tokens per step / {seconds:.4g} s")
+    S("step_time", "mfu", mfu, f"tokens/s x {model_per_token:,} model FLOPs/token / ({par.gpus} x {peak:g} TFLOP/s)")
+    return {
+        "seconds": seconds, "tokens_per_second": tokens / seconds, "mfu": mfu, "achievable_tflops": rate,
+        "micro_batch_s": micro_s, "matmul_s": matmul_s, "attention_s": attention_s, "weight_read_s": weight_s,
+        "activation_traffic_s": traffic_s, "tensor_parallel_s": tp_s, "forward_backward_s": phase_s,
+        "pipeline_bubble": bubble, "pipeline_p2p_s": p2p_s, "data_parallel_s": dp_s,
+        "data_parallel_exposed_s": exposed_s, "optimizer_s": optimizer_s,
+        "bound": "compute" if compute_bound else "memory",
+    }
+
+
+def dominant_cost(step: dict, best: dict) -> str:
+    """Why a slower layout lost to the best: the part of its step that exceeds the best's by the most."""
+    mine, theirs = _costs(step), _costs(best)
+    return max(mine, key=lambda k: mine[k] - theirs[k])
+
+
+def _costs(step: dict) -> dict:
+    slots = step["forward_backward_s"] / (step["micro_batch_s"] + step["pipeline_p2p_s"])
+    compute = step["matmul_s"] + step["attention_s"]
+    return {
+        "TP all-reduce dominates": step["tensor_parallel_s"] * slots,
+        "pipeline bubble": step["pipeline_bubble"] * step["forward_backward_s"],
+        "pipeline point-to-point": step["pipeline_p2p_s"] * slots,
+        "data-parallel communication": step["data_parallel_exposed_s"],
+        "optimizer step (offload)": step["optimizer_s"],
+        "memory-bound micro-batch (weight reads)": max(0.0, step["weight_read_s"] - compute) * slots,
+        "activation traffic": step["activation_traffic_s"] * slots,
+        "recomputation / small-matmul compute": compute * slots,
+    }
