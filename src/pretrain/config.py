@@ -118,6 +118,16 @@ class ParallelConfig:
                          "after every micro-batch: gradients stay sharded) | step (only after the last micro-batch: "
                          "less communication, unsharded fp32 gradients held in between)", ("micro_batch", "step"))
 
+    @property
+    def data_parallel(self) -> int:
+        """Ranks that hold the same model shard and split the batch: gpus / (tensor x pipeline)."""
+        return self.gpus // (self.tensor * self.pipeline)
+
+    @property
+    def fsdp(self) -> bool:
+        """Sharded by FSDP2 (ZeRO 2/3 over more than one data-parallel rank); one rank keeps a plain model."""
+        return self.zero_stage >= 2 and self.data_parallel > 1
+
 
 @dataclass
 class HardwareConfig:
