@@ -14,7 +14,11 @@ One micro-batch on one GPU (a tensor rank of a pipeline stage) takes
            tokens/s falls at tiny batches (a 7B model on a V100 in a practitioner's LLaMA-Factory log:
            12.9 it/s at cutoff 1 and still 12.3 at 1,024 tokens, 2.34 at 8,192).
   traffic  every tensor kept for backward written once and read once (norms, activations, residual adds are
-           memory-bound kernels that do not overlap the matmuls).
+           memory-bound kernels that do not overlap the matmuls); recomputed tensors are written once more.
+  kernels  each kernel costs a fixed ~10 us however small (eager PyTorch's dispatch on the CPU and the
+           launch): ~60 per block (about 20 forward, twice that backward; recomputation adds ~6 selective, ~20
+           full) and ~20 around them, per micro-batch;
+           what makes many small micro-batches slower than few large ones at equal FLOPs.
   TP       Megatron's tensor parallelism all-reduces the b*s*h activations twice per block in forward and
            twice in backward (Shoeybi et al. 2019, figure 4; 3 x 2 with full recomputation, which redoes the
            forward); sequence parallelism replaces each all-reduce by an all-gather + reduce-scatter of the
@@ -54,6 +58,10 @@ from .kernels import planned_native_gqa
 MATMUL_EFFICIENCY = 0.75  # of a data-sheet dense peak, reached by large bf16 GEMMs
 ATTENTION_EFFICIENCY = 0.7  # of the matmul rate (FlashAttention-2: 50-73% of peak forward, Dao 2023)
 TILE_ROWS = 128
+KERNELS_PER_LAYER = 60  # forward: norms, 4-7 matmuls, rotary, attention, activation, adds (~20); backward 2x
+RECOMPUTED_KERNELS = {"none": 0, "selective": 6, "full": 20}  # norms and activation again; the whole forward
+KERNELS_OUTSIDE = 20  # embedding, final norm, output layer, loss, their backward
+KERNEL_OVERHEAD_S = 10e-6
 BANDWIDTH_EFFICIENCY = 0.8  # of a data-sheet HBM / NVLink / network rate
 DDP_BUCKET_BYTES = 25 * 1024**2  # torch DDP's default bucket_cap_mb
 PCIE_GBPS = 25.0  # host <-> GPU, PCIe Gen4 x16 per direction as reached by pinned copies
@@ -123,12 +131,15 @@ def step_time(c, counts, fl: dict, peak: float | None, ex: Explain | None = None
     kept.activation_checkpointing = "none"  # recomputed tensors are written and read all the same
     act = activation_bytes(m, kept, par, b, native_gqa=planned_native_gqa(c))
     traffic = 2 * (act["layers"] * act["per_layer"] + act["once"])
+    if t.activation_checkpointing != "none":  # what the recomputation writes again in backward
+        held = activation_bytes(m, t, par, b, native_gqa=planned_native_gqa(c))["per_layer"]
+        traffic += act["layers"] * (act["per_layer"] - held)
     traffic_s = traffic / (hbm * 1e9) if hbm else 0.0
     bw_how = f"{spec.bandwidth_gbps:g} GB/s x {BANDWIDTH_EFFICIENCY}" if hbm else "no HBM figure: not modelled"
     S("step_time", "weight_read_s", weight_s, f"{reads} reads x {a} bytes x {counts.flops:,} / {shard} = "
       f"{weights:.4g} bytes / {bw_how}")
-    S("step_time", "activation_traffic_s", traffic_s, f"2 x {traffic / 2:.4g} bytes kept for backward (written, "
-      f"read) / {bw_how}")
+    S("step_time", "activation_traffic_s", traffic_s, f"{traffic:.4g} bytes: those kept for backward written and "
+      f"read{', the recomputed ones written again' if t.activation_checkpointing != 'none' else ''} / {bw_how}")
     compute_bound = matmul_s + attention_s >= weight_s
     intra, inter, link_how = links(c)
     per_node = par.gpus_per_node
@@ -140,9 +151,14 @@ def step_time(c, counts, fl: dict, peak: float | None, ex: Explain | None = None
         S("step_time", "tensor_parallel_s", tp_s, f"{layers} layers x {collectives} all-reduces x 2 x ({tp}-1)/{tp} "
           f"x {tp_bytes:,} bytes (b*s*h x {a}) / {intra:.4g} GB/s ({link_how}); not overlapped"
           + ("; sequence parallel: all-gather + reduce-scatter, same volume" if par.sequence_parallel else ""))
-    micro_s = max(matmul_s + attention_s, weight_s) + traffic_s + tp_s
+    per_layer = KERNELS_PER_LAYER + RECOMPUTED_KERNELS[t.activation_checkpointing]
+    kernels = layers * per_layer + KERNELS_OUTSIDE
+    overhead_s = kernels * KERNEL_OVERHEAD_S
+    S("step_time", "kernel_overhead_s", overhead_s, f"({layers} layers x {per_layer} + {KERNELS_OUTSIDE}) "
+      f"kernels x {KERNEL_OVERHEAD_S * 1e6:g} us (eager PyTorch's dispatch and launch)")
+    micro_s = max(matmul_s + attention_s, weight_s) + traffic_s + tp_s + overhead_s
     S("step_time", "micro_batch_s", micro_s, f"max(compute {matmul_s + attention_s:.4g}, weight reads "
-      f"{weight_s:.4g}) + activation traffic {traffic_s:.4g} + TP {tp_s:.4g}: "
+      f"{weight_s:.4g}) + activation traffic {traffic_s:.4g} + TP {tp_s:.4g} + kernel overhead {overhead_s:.4g}: "
       + ("compute-bound" if compute_bound else "memory-bound (the weights' reads set the floor)"))
 
     # The pipeline: 1F1B slots, each with its point-to-point sends.
@@ -215,7 +231,7 @@ def step_time(c, counts, fl: dict, peak: float | None, ex: Explain | None = None
     return {
         "seconds": seconds, "tokens_per_second": tokens / seconds, "mfu": mfu, "achievable_tflops": rate,
         "micro_batch_s": micro_s, "matmul_s": matmul_s, "attention_s": attention_s, "weight_read_s": weight_s,
-        "activation_traffic_s": traffic_s, "tensor_parallel_s": tp_s, "forward_backward_s": phase_s,
+        "activation_traffic_s": traffic_s, "tensor_parallel_s": tp_s, "kernel_overhead_s": overhead_s, "forward_backward_s": phase_s,
         "pipeline_bubble": bubble, "pipeline_p2p_s": p2p_s, "data_parallel_s": dp_s,
         "data_parallel_exposed_s": exposed_s, "optimizer_s": optimizer_s,
         "bound": "compute" if compute_bound else "memory",
@@ -239,5 +255,6 @@ def _costs(step: dict) -> dict:
         "optimizer step (offload)": step["optimizer_s"],
         "memory-bound micro-batch (weight reads)": max(0.0, step["weight_read_s"] - compute) * slots,
         "activation traffic": step["activation_traffic_s"] * slots,
+        "per-kernel overhead of small micro-batches": step["kernel_overhead_s"] * slots,
         "recomputation / small-matmul compute": compute * slots,
     }
