@@ -95,147 +95,183 @@ def step_time(c, counts, fl: dict, peak: float | None, ex: Explain | None = None
     if not peak:
         ex.add("step_time", "seconds", None, "no peak FLOP/s: set hardware.profile or hardware.peak_tflops")
         return None
+    out = _micro_batch(c, counts, fl, peak, ex)
+    out.update(_pipeline(c, out["micro_batch_s"], ex))
+    out.update(_data_parallel(c, counts, out, ex))
+    out.update(_optimizer_step(c, counts, ex))
+    seconds = out["forward_backward_s"] + out["data_parallel_exposed_s"] + out["optimizer_s"]
+    t, par = c.train, c.parallel
+    tokens = t.seq_len * t.micro_batch_size * t.grad_accum_steps * par.gpus // (par.tensor * par.pipeline)
+    model_per_token = fl["per_token_6n"] if c.flops.convention == "6n" else fl["per_token"]
+    mfu = tokens / seconds * model_per_token / (par.gpus * peak * 1e12)
+    ex.add("step_time", "seconds", seconds, f"forward/backward {out['forward_backward_s']:.4g} + exposed data "
+           f"parallel {out['data_parallel_exposed_s']:.4g} + optimizer {out['optimizer_s']:.4g}")
+    ex.add("step_time", "tokens_per_second", tokens / seconds, f"{tokens:,} tokens per step / {seconds:.4g} s")
+    ex.add("step_time", "mfu", mfu, f"tokens/s x {model_per_token:,} model FLOPs/token / ({par.gpus} x {peak:g} "
+           "TFLOP/s)")
+    return {"seconds": seconds, "tokens_per_second": tokens / seconds, "mfu": mfu, **out}
+
+
+def _hbm_gbps(c) -> float:
+    return gpu_spec(c.hardware.gpu).bandwidth_gbps * BANDWIDTH_EFFICIENCY
+
+
+def _micro_batch(c, counts, fl: dict, peak: float, ex: Explain) -> dict:
+    """One micro-batch's forward and backward on one GPU (a tensor rank of a pipeline stage)."""
     m, t, par, hw = c.model, c.train, c.parallel, c.hardware
     spec = gpu_spec(hw.gpu)
-    on_gpu = spec.name not in ("cpu",)
     tp, pp = par.tensor, par.pipeline
-    dp = par.gpus // (tp * pp)
-    b, s, micro = t.micro_batch_size, t.seq_len, t.grad_accum_steps
+    shard = tp * pp
     a = COMPUTE_BYTES[t.precision]
     full = t.activation_checkpointing == "full"
-    tokens_mb = b * s
-    S = ex.add
-
-    # Compute of one micro-batch on one GPU.
+    tokens = t.micro_batch_size * t.seq_len
     if hw.profile and not hw.peak_tflops:
         rate, rate_how = peak, "hardware.profile's measured TFLOP/s"
     else:
         rate, rate_how = peak * MATMUL_EFFICIENCY, f"peak {peak:g} x {MATMUL_EFFICIENCY} (large-GEMM efficiency)"
-    tile = tokens_mb / (TILE_ROWS * math.ceil(tokens_mb / TILE_ROWS)) if on_gpu else 1.0
+    on_gpu = spec.name != "cpu"
+    tile = tokens / (TILE_ROWS * math.ceil(tokens / TILE_ROWS)) if on_gpu else 1.0
     attention = fl["attention_per_token"] * (4 / 3 if full else 1)  # full recomputation redoes its forward
     matmul = fl["per_token_hardware"] - attention
-    shard = tp * pp
-    matmul_s = matmul * tokens_mb / shard / (rate * 1e12 * tile)
-    attention_s = attention * tokens_mb / shard / (rate * 1e12 * ATTENTION_EFFICIENCY)
-    S("step_time", "achievable_tflops", rate, rate_how)
-    S("step_time", "matmul_s", matmul_s, f"{matmul:,} hardware FLOPs/token (no attention) x b*s {tokens_mb:,} / "
-      f"(tensor {tp} x pipeline {pp}) / ({rate:.4g} TFLOP/s x tile {tile:.3g})"
-      + ("" if on_gpu else "; no tiles on a CPU"))
-    S("step_time", "attention_s", attention_s, f"{attention:,.0f} attention FLOPs/token x {tokens_mb:,} / {shard} "
-      f"/ ({rate:.4g} x {ATTENTION_EFFICIENCY})")
-    hbm = spec.bandwidth_gbps * BANDWIDTH_EFFICIENCY
+    matmul_s = matmul * tokens / shard / (rate * 1e12 * tile)
+    attention_s = attention * tokens / shard / (rate * 1e12 * ATTENTION_EFFICIENCY)
+    ex.add("step_time", "achievable_tflops", rate, rate_how)
+    ex.add("step_time", "matmul_s", matmul_s, f"{matmul:,} hardware FLOPs/token (no attention) x b*s {tokens:,} / "
+           f"(tensor {tp} x pipeline {pp}) / ({rate:.4g} TFLOP/s x tile {tile:.3g})"
+           + ("" if on_gpu else "; no tiles on a CPU"))
+    ex.add("step_time", "attention_s", attention_s, f"{attention:,.0f} attention FLOPs/token (as the plan counts "
+           f"them) x {tokens:,} / {shard} / ({rate:.4g} x {ATTENTION_EFFICIENCY})")
+
+    hbm = _hbm_gbps(c)
+    bw_how = f"{spec.bandwidth_gbps:g} GB/s x {BANDWIDTH_EFFICIENCY}" if hbm else "no HBM figure: not modelled"
     reads = 4 if full else 3
     weights = reads * a * counts.flops / shard
     weight_s = weights / (hbm * 1e9) if hbm else 0.0
+    ex.add("step_time", "weight_read_s", weight_s, f"{reads} reads x {a} bytes x {counts.flops:,} / {shard} = "
+           f"{weights:.4g} bytes / {bw_how}")
     kept = copy.copy(t)
     kept.activation_checkpointing = "none"  # recomputed tensors are written and read all the same
-    act = activation_bytes(m, kept, par, b, native_gqa=planned_native_gqa(c))
+    native = planned_native_gqa(c)
+    act = activation_bytes(m, kept, par, native_gqa=native)
     traffic = 2 * (act["layers"] * act["per_layer"] + act["once"])
     if t.activation_checkpointing != "none":  # what the recomputation writes again in backward
-        held = activation_bytes(m, t, par, b, native_gqa=planned_native_gqa(c))["per_layer"]
-        traffic += act["layers"] * (act["per_layer"] - held)
+        traffic += act["layers"] * (act["per_layer"] - activation_bytes(m, t, par, native_gqa=native)["per_layer"])
     traffic_s = traffic / (hbm * 1e9) if hbm else 0.0
-    bw_how = f"{spec.bandwidth_gbps:g} GB/s x {BANDWIDTH_EFFICIENCY}" if hbm else "no HBM figure: not modelled"
-    S("step_time", "weight_read_s", weight_s, f"{reads} reads x {a} bytes x {counts.flops:,} / {shard} = "
-      f"{weights:.4g} bytes / {bw_how}")
-    S("step_time", "activation_traffic_s", traffic_s, f"{traffic:.4g} bytes: those kept for backward written and "
-      f"read{', the recomputed ones written again' if t.activation_checkpointing != 'none' else ''} / {bw_how}")
-    compute_bound = matmul_s + attention_s >= weight_s
-    intra, inter, link_how = links(c)
-    per_node = par.gpus_per_node
-    layers = -(-m.num_layers // pp)
+    ex.add("step_time", "activation_traffic_s", traffic_s, f"{traffic:.4g} bytes: those kept for backward written "
+           f"and read{', the recomputed ones written again' if t.activation_checkpointing != 'none' else ''} / {bw_how}")
+
+    intra, _, link_how = links(c)
+    layers = act["layers"]
     collectives = 6 if full else 4
-    tp_bytes = a * tokens_mb * m.hidden_size
+    tp_bytes = a * tokens * m.hidden_size
     tp_s = layers * collectives * _ring(tp_bytes, tp, intra, 2)
     if tp > 1:
-        S("step_time", "tensor_parallel_s", tp_s, f"{layers} layers x {collectives} all-reduces x 2 x ({tp}-1)/{tp} "
-          f"x {tp_bytes:,} bytes (b*s*h x {a}) / {intra:.4g} GB/s ({link_how}); not overlapped"
-          + ("; sequence parallel: all-gather + reduce-scatter, same volume" if par.sequence_parallel else ""))
+        ex.add("step_time", "tensor_parallel_s", tp_s, f"{layers} layers x {collectives} all-reduces x 2 x "
+               f"({tp}-1)/{tp} x {tp_bytes:,} bytes (b*s*h x {a}) / {intra:.4g} GB/s ({link_how}); not overlapped"
+               + ("; sequence parallel: all-gather + reduce-scatter, same volume" if par.sequence_parallel else ""))
     per_layer = KERNELS_PER_LAYER + RECOMPUTED_KERNELS[t.activation_checkpointing]
-    kernels = layers * per_layer + KERNELS_OUTSIDE
-    overhead_s = kernels * KERNEL_OVERHEAD_S
-    S("step_time", "kernel_overhead_s", overhead_s, f"({layers} layers x {per_layer} + {KERNELS_OUTSIDE}) "
-      f"kernels x {KERNEL_OVERHEAD_S * 1e6:g} us (eager PyTorch's dispatch and launch)")
-    micro_s = max(matmul_s + attention_s, weight_s) + traffic_s + tp_s + overhead_s
-    S("step_time", "micro_batch_s", micro_s, f"max(compute {matmul_s + attention_s:.4g}, weight reads "
-      f"{weight_s:.4g}) + activation traffic {traffic_s:.4g} + TP {tp_s:.4g} + kernel overhead {overhead_s:.4g}: "
-      + ("compute-bound" if compute_bound else "memory-bound (the weights' reads set the floor)"))
+    overhead_s = (layers * per_layer + KERNELS_OUTSIDE) * KERNEL_OVERHEAD_S
+    ex.add("step_time", "kernel_overhead_s", overhead_s, f"({layers} layers x {per_layer} + {KERNELS_OUTSIDE}) "
+           f"kernels x {KERNEL_OVERHEAD_S * 1e6:g} us (eager PyTorch's dispatch and launch)")
+    compute_s = matmul_s + attention_s
+    micro_s = max(compute_s, weight_s) + traffic_s + tp_s + overhead_s
+    bound = "compute" if compute_s >= weight_s else "memory"
+    ex.add("step_time", "micro_batch_s", micro_s, f"max(compute {compute_s:.4g}, weight reads {weight_s:.4g}) + "
+           f"activation traffic {traffic_s:.4g} + TP {tp_s:.4g} + kernel overhead {overhead_s:.4g}: "
+           + ("compute-bound" if bound == "compute" else "memory-bound (the weights' reads set the floor)"))
+    return {"achievable_tflops": rate, "micro_batch_s": micro_s, "matmul_s": matmul_s, "attention_s": attention_s,
+            "weight_read_s": weight_s, "activation_traffic_s": traffic_s, "tensor_parallel_s": tp_s,
+            "kernel_overhead_s": overhead_s, "bound": bound}
 
-    # The pipeline: 1F1B slots, each with its point-to-point sends.
+
+def _pipeline(c, micro_s: float, ex: Explain) -> dict:
+    """1F1B: m micro-batches in m + p - 1 slots, each slot also sending activations on and gradients back."""
+    t, par = c.train, c.parallel
+    micro, pp = t.grad_accum_steps, par.pipeline
+    intra, inter, _ = links(c)
+    link = intra if par.gpus <= par.gpus_per_node else inter
+    sent = 2 * COMPUTE_BYTES[t.precision] * t.micro_batch_size * t.seq_len * c.model.hidden_size
+    p2p_s = sent / (link * 1e9) if pp > 1 and link else 0.0
     slots = micro + pp - 1
-    pp_link = intra if par.gpus <= per_node else inter
-    p2p_s = 2 * a * tokens_mb * m.hidden_size / (pp_link * 1e9) if pp > 1 and pp_link else 0.0
     phase_s = slots * (micro_s + p2p_s)
     bubble = (pp - 1) / slots
-    S("step_time", "forward_backward_s", phase_s, f"({micro} micro-batches + {pp} stages - 1) x (micro-batch "
-      f"{micro_s:.4g} + point-to-point {p2p_s:.4g}); bubble (p-1)/(m+p-1) = {bubble:.3g}")
+    ex.add("step_time", "forward_backward_s", phase_s, f"({micro} micro-batches + {pp} stages - 1) x (micro-batch "
+           f"{micro_s:.4g} + point-to-point {p2p_s:.4g}); bubble (p-1)/(m+p-1) = {bubble:.3g}")
+    return {"forward_backward_s": phase_s, "pipeline_bubble": bubble, "pipeline_p2p_s": p2p_s}
 
-    # Data parallelism: what is left after the overlap.
-    dp_link = intra if tp * dp <= per_node else inter
-    where = "NVLink" if tp * dp <= per_node else "network"
-    params = counts.total / shard  # on one GPU before ZeRO's sharding (a stage's share, taken as even)
-    grad_b = 2 if t.precision == "bf16" or (t.precision.endswith("-mixed") and t.grad_dtype == "same") else 4
-    param_b = 2 if t.precision == "bf16" else 4
+
+def _bytes_per_value(t) -> tuple[int, int]:
+    """(gradient, parameter) bytes: as pretrain.plan.memory holds them."""
+    mixed = t.precision.endswith("-mixed")
+    grad_b = 2 if t.precision == "bf16" or (mixed and t.grad_dtype == "same") else 4
+    return grad_b, 2 if t.precision == "bf16" else 4
+
+
+def _data_parallel(c, counts, step: dict, ex: Explain) -> dict:
+    """The data-parallel traffic of a step, and what of it the compute does not hide."""
+    t, par = c.train, c.parallel
+    tp, pp = par.tensor, par.pipeline
+    dp = par.gpus // (tp * pp)
     zero = par.zero_stage if dp > 1 else 0
-    dp_s = after_s = last_s = 0.0
-    if dp > 1 and zero <= 1:
-        dp_s = _ring(grad_b * params, dp, dp_link, 2)
-        last_s = _ring(min(DDP_BUCKET_BYTES, grad_b * params), dp, dp_link, 2)
-        window = 2 / 3 * (matmul_s + attention_s)  # the last micro-batch's backward
+    if dp == 1:
+        return {"data_parallel_s": 0.0, "data_parallel_exposed_s": 0.0}
+    intra, inter, link_how = links(c)
+    inside = tp * dp <= par.gpus_per_node  # tensor ranks adjacent, then data: Megatron's rank order
+    link, where = (intra, "NVLink") if inside else (inter, "network")
+    params = counts.total / (tp * pp)  # on one GPU before ZeRO's sharding (a stage's share, taken as even)
+    grad_b, param_b = _bytes_per_value(t)
+    a, micro = COMPUTE_BYTES[t.precision], t.grad_accum_steps
+    after_s = 0.0
+    if zero <= 1:
+        total_s = _ring(grad_b * params, dp, link, 2)
+        last_s = _ring(min(DDP_BUCKET_BYTES, grad_b * params), dp, link, 2)
+        window = 2 / 3 * (step["matmul_s"] + step["attention_s"])  # the last micro-batch's backward
         what = f"all-reduce 2 x ({dp}-1)/{dp} x {grad_b * params:.4g} gradient bytes"
         if zero == 1:
-            after_s = _ring(param_b * params, dp, dp_link, 1)
+            after_s = _ring(param_b * params, dp, link, 1)
             what += f"; then the updated shares broadcast, ({dp}-1)/{dp} x {param_b * params:.4g} bytes, {after_s:.4g} s"
         how = "overlapped with the last micro-batch's backward except the last 25 MB bucket"
-    elif dp > 1:
+    else:
         syncs = micro if par.grad_sync == "micro_batch" else 1
         gathers = 2 if zero == 3 else 1
-        dp_s = syncs * _ring(grad_b * params, dp, dp_link, 1) + micro * gathers * _ring(a * params, dp, dp_link, 1)
-        last_s = dp_s / max(1, micro * layers)
-        window = phase_s
+        total_s = syncs * _ring(grad_b * params, dp, link, 1) + micro * gathers * _ring(a * params, dp, link, 1)
+        last_s = total_s / (micro * -(-c.model.num_layers // pp))
+        window = step["forward_backward_s"]
         what = (f"{syncs} reduce-scatter(s) of {grad_b * params:.4g} gradient bytes + {micro} x {gathers} "
                 f"all-gather(s) of {a * params:.4g} parameter bytes, each ({dp}-1)/{dp} of it")
         how = "prefetched behind the micro-batches' compute except one block's worth"
-    if dp > 1:
-        exposed_s = max(dp_s - window, last_s) + after_s
-        S("step_time", "data_parallel_s", dp_s, f"{what}, over {where} {dp_link:.4g} GB/s ({link_how})")
-        S("step_time", "data_parallel_exposed_s", exposed_s, f"{how}: max({dp_s:.4g} - {window:.4g}, "
-          f"{last_s:.4g}) + {after_s:.4g}")
-    else:
-        exposed_s = 0.0
+    exposed_s = max(total_s - window, last_s) + after_s
+    ex.add("step_time", "data_parallel_s", total_s, f"{what}, over {where} {link:.4g} GB/s ({link_how})")
+    ex.add("step_time", "data_parallel_exposed_s", exposed_s, f"{how}: max({total_s:.4g} - {window:.4g}, "
+           f"{last_s:.4g}) + {after_s:.4g}")
+    return {"data_parallel_s": total_s, "data_parallel_exposed_s": exposed_s}
 
-    # The optimizer step: memory-bound, or on the host with offload.
+
+def _optimizer_step(c, counts, ex: Explain) -> dict:
+    """The update: memory-bound on the GPU, or on the host with offload (ZeRO-Offload, Ren et al. 2021)."""
+    t, par = c.train, c.parallel
+    shard = par.tensor * par.pipeline
+    dp = par.gpus // shard
+    params = counts.total / shard
+    owned = params / (dp if dp > 1 and par.zero_stage >= 1 else 1)
+    grad_b, param_b = _bytes_per_value(t)
     states = {"adamw": 2, "sgd": 1 if t.momentum else 0, "adafactor": 0}[t.optimizer]
-    owned = params / (dp if zero >= 1 else 1)
-    opt_bytes = owned * (2 * param_b * (1 + states) + grad_b)
+    update = owned * (2 * param_b * (1 + states) + grad_b)  # parameters and states read and written, gradients read
     if par.offload == "none":
-        optimizer_s = opt_bytes / (hbm * 1e9) if hbm else 0.0
-        S("step_time", "optimizer_s", optimizer_s, f"{owned:.4g} parameters x (2 x {param_b} x (1 + {states} "
-          f"states) + {grad_b}) bytes / HBM")
-    else:
-        moved = owned * (grad_b + a)
-        fetched = micro * 2 * a * params / dp if par.offload == "optimizer+params" else 0.0
-        optimizer_s = (moved + fetched) / (PCIE_GBPS * 1e9) + opt_bytes / (HOST_GBPS_PER_GPU * 1e9)
-        S("step_time", "optimizer_s", optimizer_s, f"offload: gradients down and parameters up {moved:.4g} bytes"
-          + (f" + parameter shards fetched per micro-batch {fetched:.4g}" if fetched else "")
-          + f" over PCIe {PCIE_GBPS:g} GB/s + the update's {opt_bytes:.4g} bytes at {HOST_GBPS_PER_GPU:g} GB/s of "
-          "host memory per GPU (ZeRO-Offload)")
-    seconds = phase_s + exposed_s + optimizer_s
-    tokens = tokens_mb * micro * dp
-    model_per_token = fl["per_token_6n"] if c.flops.convention == "6n" else fl["per_token"]
-    mfu = tokens / seconds * model_per_token / (par.gpus * peak * 1e12)
-    S("step_time", "seconds", seconds, f"forward/backward {phase_s:.4g} + exposed data parallel {exposed_s:.4g} "
-      f"+ optimizer {optimizer_s:.4g}")
-    S("step_time", "tokens_per_second", tokens / seconds, f"{tokens:,} tokens per step / {seconds:.4g} s")
-    S("step_time", "mfu", mfu, f"tokens/s x {model_per_token:,} model FLOPs/token / ({par.gpus} x {peak:g} TFLOP/s)")
-    return {
-        "seconds": seconds, "tokens_per_second": tokens / seconds, "mfu": mfu, "achievable_tflops": rate,
-        "micro_batch_s": micro_s, "matmul_s": matmul_s, "attention_s": attention_s, "weight_read_s": weight_s,
-        "activation_traffic_s": traffic_s, "tensor_parallel_s": tp_s, "kernel_overhead_s": overhead_s, "forward_backward_s": phase_s,
-        "pipeline_bubble": bubble, "pipeline_p2p_s": p2p_s, "data_parallel_s": dp_s,
-        "data_parallel_exposed_s": exposed_s, "optimizer_s": optimizer_s,
-        "bound": "compute" if compute_bound else "memory",
-    }
+        hbm = _hbm_gbps(c)
+        seconds = update / (hbm * 1e9) if hbm else 0.0
+        ex.add("step_time", "optimizer_s", seconds, f"{owned:.4g} parameters x (2 x {param_b} x (1 + {states} "
+               f"states) + {grad_b}) bytes / HBM")
+        return {"optimizer_s": seconds}
+    a = COMPUTE_BYTES[t.precision]
+    moved = owned * (grad_b + a)
+    fetched = t.grad_accum_steps * 2 * a * params / dp if par.offload == "optimizer+params" else 0.0
+    seconds = (moved + fetched) / (PCIE_GBPS * 1e9) + update / (HOST_GBPS_PER_GPU * 1e9)
+    ex.add("step_time", "optimizer_s", seconds, f"offload: gradients down and parameters up {moved:.4g} bytes"
+           + (f" + parameter shards fetched per micro-batch {fetched:.4g}" if fetched else "")
+           + f" over PCIe {PCIE_GBPS:g} GB/s + the update's {update:.4g} bytes at {HOST_GBPS_PER_GPU:g} GB/s of "
+           "host memory per GPU")
+    return {"optimizer_s": seconds}
 
 
 def dominant_cost(step: dict, best: dict) -> str:
