@@ -94,3 +94,16 @@ def test_a_pipeline_that_does_not_divide_the_batch_is_refused_with_why():
     assert any("does not divide over data parallel 8" in w for w in why)
     assert all(math.prod((c["overrides"]["parallel.tensor"], c["overrides"]["parallel.pipeline"])) >= 2
                for c in result["candidates"])
+
+
+def test_budget_mode_fits_the_model_the_budget_buys():
+    # --fit with budget keys searches the layouts of the chosen model (budget mode's plan), not the default one.
+    r = run_cli("plan", "budget.days=14", "parallel.gpus=8", "hardware.gpu=a100-80gb", "--fit", "--json", "--top", "3")
+    assert r.returncode == 0, r.stderr
+    cands = json.loads(r.stdout)["candidates"]
+    assert len(cands) == 3 and all(c["fits"] for c in cands)
+    b = json.loads(run_cli("plan", "budget.days=14", "parallel.gpus=8", "hardware.gpu=a100-80gb", "--json").stdout)
+    alone = run_cli("plan", "parallel.gpus=8", "hardware.gpu=a100-80gb",
+                    *[f"{k}={'null' if v is None else v}" for k, v in b["budget"]["overrides"].items()],
+                    *command_line(cands[0]["overrides"]).split(), "--json")
+    assert json.loads(alone.stdout)["memory_bytes"] == cands[0]["memory_bytes"]

@@ -34,7 +34,10 @@ def run(args) -> int:
 
         for spec in CATALOG.values():
             peaks = ", ".join(f"{k} {v:g}" for k, v in spec.peak_tflops.items()) or "measure with pretrain bench"
-            print(f"{spec.name:10s} {spec.memory_bytes / 1024**3:6.1f} GiB {spec.bandwidth_gbps:6.0f} GB/s  {peaks}")
+            links = (f"  in a node {spec.intra_node_gbps:g} GB/s, network {spec.inter_node_gbps:g} GB/s" if spec.intra_node_gbps
+                     else "")
+            print(f"{spec.name:10s} {spec.memory_bytes / 1024**3:6.1f} GiB {spec.bandwidth_gbps:6.0f} GB/s  {peaks}"
+                  f"{links}")
         return 0
     from . import plan_with_explain, planned_config
     from .table import render
