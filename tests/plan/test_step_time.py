@@ -71,3 +71,16 @@ def test_offload_is_slower_and_everything_is_explained():
     assert p["time"]["utilisation"] == 0.4
     assert p["time"]["modelled_tokens_per_second"] == pytest.approx(p["step_time"]["tokens_per_second"])
     assert 0 < p["step_time"]["mfu"] < 0.75
+
+
+def test_against_a_published_measurement():
+    # torchtitan's docs/performance.md (Llama 3 performance numbers): Llama 3 8B with FSDP2 on 64 A100 80GB,
+    # local batch 1 (global 64) at torchtitan's 8,192-token sequences, selective op recomputation: 2,973
+    # tokens/s per GPU (MFU 58.2%). The model, which knows nothing of that cluster beyond the data sheets,
+    # lands within 15%: it predicts 2,589 (13% low), its largest term the FSDP traffic over 200 Gb/s
+    # InfiniBand per GPU not hidden by a single micro-batch. (The same page's H100 figure, 5,762 tokens/s per
+    # GPU at a 500 W power limit and HBM2e, is 1.8x below the model's 10,600 for a full-power H100 SXM.)
+    st = step("model.preset=llama3-8b", "model.max_seq_len=8192", "train.seq_len=8192", "parallel.gpus=64",
+              "hardware.gpu=a100-80gb", "train.micro_batch_size=1", "train.grad_accum_steps=1",
+              "parallel.zero_stage=3", "train.activation_checkpointing=selective")
+    assert st["tokens_per_second"] / 64 == pytest.approx(2973, rel=0.15)
