@@ -107,3 +107,16 @@ def test_budget_mode_fits_the_model_the_budget_buys():
                     *[f"{k}={'null' if v is None else v}" for k, v in b["budget"]["overrides"].items()],
                     *command_line(cands[0]["overrides"]).split(), "--json")
     assert json.loads(alone.stdout)["memory_bytes"] == cands[0]["memory_bytes"]
+
+
+def test_the_readme_fit_table_is_what_the_planner_prints():
+    from pathlib import Path
+
+    from pretrain.plan.fit import render
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    head = "$ pretrain plan " + " ".join(LLAMA3_8B_8_H100) + " --fit --top 5\n"
+    shown = readme[readme.index(head) + len(head):readme.index("```", readme.index(head))]
+    config = load_config(overrides=LLAMA3_8B_8_H100)
+    table = render(config, fit(config, top=5), command="pretrain plan " + " ".join(LLAMA3_8B_8_H100))
+    assert shown == table + "\n", "rerun the command and paste its table into the README"

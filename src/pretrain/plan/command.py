@@ -69,7 +69,7 @@ def _fit(config, args) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
-    print(render(config, result))
+    print(render(config, result, command=" ".join(["pretrain plan", *args.items])))
     if args.explain and result["candidates"]:
         from ..config import replaced
 

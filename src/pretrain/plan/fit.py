@@ -151,13 +151,13 @@ def command_line(overrides: dict) -> str:
     return " ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in overrides.items())
 
 
-def render(config, result: dict, shown: int = 10) -> str:
+def render(config, result: dict, shown: int = 10, command: str = "pretrain plan ...") -> str:
     """The ranked table, then why the others lost (counted by reason)."""
     m, par, t = config.model, config.parallel, config.train
     name = m.preset or m.hf_config or "custom"
     sequences = t.micro_batch_size * t.grad_accum_steps * (par.gpus // (par.tensor * par.pipeline))
     lines = [f"pretrain plan --fit: {name} on {par.gpus} x {config.hardware.gpu}, global batch {sequences} x "
-             f"{t.seq_len} tokens ({sequences * t.seq_len:,} per step), {t.precision}", ""]
+             f"{t.seq_len:,} tokens ({sequences * t.seq_len:,} per step), {t.precision}", ""]
     header = f"  {'#':>2}  {'micro x accum':<13} {'recompute':<9} {'ZeRO':>4} {'TP':>3} {'PP':>3} {'DP':>4} " \
              f"{'offload':<16} {'memory GiB':>10} {'tokens/s':>11} {'MFU':>6} {'step s':>8}"
     lines.append(header)
@@ -183,8 +183,7 @@ def render(config, result: dict, shown: int = 10) -> str:
             example = rs[0]["why"].split("; ")[0].removeprefix("slower: ")
             lines.append(f"    {len(rs):>4} x {reason}; e.g. {_short(rs[0]['overrides'])}: {example}")
     if result["candidates"]:
-        lines += ["", "  The fastest, to plan or train: pretrain plan ... "
-                  + command_line(result["candidates"][0]["overrides"]),
+        lines += ["", f"  The fastest, to plan or train: {command} " + command_line(result["candidates"][0]["overrides"]),
                   "  (step-time model: pretrain.plan.step_time; --explain prints its terms for the fastest)"]
     return "\n".join(lines)
 
