@@ -69,16 +69,11 @@ def fit(config, top: int = 10) -> dict:
     splits, rejected = layouts(config)
     scored = []  # (seconds, overrides, step)
     for split in splits:
-        shared = {"parallel.tensor": split["tensor"], "parallel.pipeline": split["pipeline"],
-                  "parallel.sequence_parallel": split["tensor"] > 1, "parallel.offload": "none"}
-        found = _search(config, split, shared, counts, peak, rejected, plan_with_explain)
-        scored += found
+        scored += _search(config, split, "none", counts, peak, rejected)
     if not scored:  # nothing fits on the GPUs: the same search with the states in host memory
         for split in splits:
             for offload in ("optimizer", "optimizer+params"):
-                shared = {"parallel.tensor": split["tensor"], "parallel.pipeline": split["pipeline"],
-                          "parallel.sequence_parallel": split["tensor"] > 1, "parallel.offload": offload}
-                scored += _search(config, split, shared, counts, peak, rejected, plan_with_explain)
+                scored += _search(config, split, offload, counts, peak, rejected)
     scored.sort(key=lambda s: s[0])
 
     candidates, best = [], None
@@ -104,11 +99,15 @@ def fit(config, top: int = 10) -> dict:
     return {"candidates": candidates, "rejected": rejected}
 
 
-def _search(config, split, shared, counts, peak, rejected, plan_with_explain) -> list[tuple]:
+def _search(config, split: dict, offload: str, counts, peak: float, rejected: list) -> list[tuple]:
     """The fitting (ZeRO stage, recomputation, micro-batch) of one (tensor, pipeline) split, scored."""
+    from . import plan_with_explain
+
     dp, per_rank = split["data"], split["per_rank"]
+    shared = {"parallel.tensor": split["tensor"], "parallel.pipeline": split["pipeline"],
+              "parallel.sequence_parallel": split["tensor"] > 1, "parallel.offload": offload}
     stages = [3, 2, 1, 0] if dp > 1 else [0]
-    if shared["parallel.offload"] == "optimizer+params":
+    if offload == "optimizer+params":  # parameters live on the host only under ZeRO-3 (config.validate)
         stages = [3] if dp > 1 else []
     out = []
     for zero in stages:
