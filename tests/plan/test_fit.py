@@ -120,3 +120,12 @@ def test_the_readme_fit_table_is_what_the_planner_prints():
     config = load_config(overrides=LLAMA3_8B_8_H100)
     table = render(config, fit(config, top=5), command="pretrain plan " + " ".join(LLAMA3_8B_8_H100))
     assert shown == table + "\n", "rerun the command and paste its table into the README"
+
+
+def test_runnable_keeps_what_the_trainer_runs():
+    # `pretrain sweep --from-fit` times only layouts `pretrain train` runs: data parallel, ZeRO 0-3, no offload.
+    result = fit(load_config(overrides=LLAMA3_8B_8_H100), runnable=True)
+    assert result["candidates"]
+    for c in result["candidates"]:
+        o = c["overrides"]
+        assert (o["parallel.tensor"], o["parallel.pipeline"], o["parallel.offload"]) == (1, 1, "none")

@@ -37,16 +37,17 @@ def _divisors(n: int) -> list[int]:
     return [k for k in range(1, n + 1) if n % k == 0]
 
 
-def layouts(c) -> tuple[list[dict], list[dict]]:
-    """(tensor, pipeline, data) splits the rules allow, and those refused with why."""
+def layouts(c, runnable: bool = False) -> tuple[list[dict], list[dict]]:
+    """(tensor, pipeline, data) splits the rules allow, and those refused with why; `runnable`: only data
+    parallelism, as `pretrain train` runs it."""
     m, par, t = c.model, c.parallel, c.train
     sequences = t.micro_batch_size * t.grad_accum_steps * (par.gpus // (par.tensor * par.pipeline))
     found, refused = [], []
     for tp in _divisors(math.gcd(m.num_heads, m.num_kv_heads)):
-        if tp > par.gpus_per_node or par.gpus % tp:
+        if tp > par.gpus_per_node or par.gpus % tp or (runnable and tp > 1):
             continue
         for pp in _divisors(m.num_layers):
-            if par.gpus % (tp * pp):
+            if par.gpus % (tp * pp) or (runnable and pp > 1):
                 continue
             dp = par.gpus // (tp * pp)
             split = {"parallel.tensor": tp, "parallel.pipeline": pp}
@@ -58,19 +59,21 @@ def layouts(c) -> tuple[list[dict], list[dict]]:
     return found, refused
 
 
-def fit(config, top: int = 10) -> dict:
-    """{"candidates": [...] fastest first (at most `top`), "rejected": [{"overrides", "why"}, ...]}."""
+def fit(config, top: int = 10, runnable: bool = False) -> dict:
+    """{"candidates": [...] fastest first (at most `top`), "rejected": [{"overrides", "why"}, ...]}.
+    `runnable`: only the layouts `pretrain train` runs (data parallel, ZeRO 0-3, no offload), for
+    `pretrain sweep --from-fit`."""
     from . import plan_with_explain
 
     peak, source = peak_tflops(config.hardware, config.train.precision)
     if not peak:
         raise ConfigError(f"--fit ranks layouts by speed and needs a peak FLOP/s: {source}")
     counts = count_params(config.model)
-    splits, rejected = layouts(config)
+    splits, rejected = layouts(config, runnable)
     scored = []  # (seconds, overrides, step)
     for split in splits:
         scored += _search(config, split, "none", counts, peak, rejected)
-    if not scored:  # nothing fits on the GPUs: the same search with the states in host memory
+    if not scored and not runnable:  # nothing fits on the GPUs: the same search with the states in host memory
         for split in splits:
             for offload in ("optimizer", "optimizer+params"):
                 scored += _search(config, split, offload, counts, peak, rejected)

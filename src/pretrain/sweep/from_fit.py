@@ -3,7 +3,8 @@ real training step on this machine, measured beside predicted; the fastest that 
 
 The fit is made for the hardware the sweep runs on (the detected GPU or the CPU, this world size) at the peak
 the sweep's MFU uses (the catalog's, a profile's, or the one-time measurement), so predicted and measured
-speak of the same machine. The ranking model's error is printed: per candidate (measured / predicted - 1),
+speak of the same machine, and among the layouts the trainer runs (data parallel with ZeRO 0-3, no tensor or
+pipeline parallelism, no offload); a candidate the trainer still refuses is reported "not run: why". The ranking model's error is printed: per candidate (measured / predicted - 1),
 their mean absolute value, and whether the predicted fastest is the measured fastest.
 """
 
@@ -37,7 +38,7 @@ def run_from_fit(config_path, overrides: list[str], n: int, warmup_steps: int = 
     if plan(here)["hardware"]["peak_tflops"] is None:  # measured: the same peak for the fit and every cell
         pinned = [f"hardware.peak_tflops={peak!r}"]
         here = replaced(here, {"hardware.peak_tflops": peak})
-    found = fit(here, top=n)
+    found = fit(here, top=n, runnable=True)  # data parallel, no offload: what the trainer runs
     if not found["candidates"]:
         raise UsageError("--from-fit: no layout fits on this machine (pretrain plan --fit says why)")
     out = Path(out_dir) if out_dir is not None else None
@@ -47,8 +48,11 @@ def run_from_fit(config_path, overrides: list[str], n: int, warmup_steps: int = 
     rows = []
     for rank, cand in enumerate(found["candidates"], 1):
         items = [*overrides, *pinned, *command_line(cand["overrides"]).split()]
-        cell = run_sweep(config_path, items, {}, warmup_steps=warmup_steps, steps=steps, out_dir=None,
-                         progress=False)["cells"][0]
+        try:
+            cell = run_sweep(config_path, items, {}, warmup_steps=warmup_steps, steps=steps, out_dir=None,
+                             progress=False)["cells"][0]
+        except UsageError as e:  # a layout the trainer refuses: said in its row, the others still run
+            cell = {"status": f"not run: {e}", "tokens_per_s": None, "step_seconds": None, "mfu": None}
         measured = cell["tokens_per_s"]
         rows.append({"rank": rank, "overrides": cand["overrides"], "status": cell["status"],
                      "predicted_tokens_per_s": cand["tokens_per_s"], "measured_tokens_per_s": measured,
