@@ -52,6 +52,8 @@ def test_the_table_prints_the_error_and_the_choice(tmp_path):
 @pytest.mark.parametrize("args, words", [
     (["--from-fit", "0"], "--from-fit: must be at least 1"),
     (["train.seq_len=32,64", "--from-fit", "2"], "--from-fit: the layouts come from the fit"),
+    (["train.grad_dtype=same", "--from-fit", "2"], "train.grad_dtype: same (half-precision gradients) is a "
+                                                 "planning option"),
 ])
 def test_bad_input_is_one_line(tmp_path, args, words):
     done = run_cli("sweep", "model.preset=debug", "train.device=cpu", *args, "--out", tmp_path / "o", env=ENV)

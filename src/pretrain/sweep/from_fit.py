@@ -21,16 +21,22 @@ from ..plan.fit import command_line, fit
 from . import output
 from .run import _device_name, run_sweep
 
+DATA_PARALLEL = {"parallel.tensor": 1, "parallel.pipeline": 1, "parallel.sequence_parallel": False,
+                 "parallel.offload": "none"}  # the layout keys the fit chooses; the rest of the config is the user's
+
 
 def run_from_fit(config_path, overrides: list[str], n: int, warmup_steps: int = 2, steps: int = 3,
                  out_dir: str | Path | None = "sweep") -> dict:
     """Time the top `n` candidates of `fit`; returns {"device", "candidates": [...], "chosen", "error"}."""
     from ..distributed.runtime import init_runtime
     from ..train import plan_check
+    from ..train.trainer import check_trainable
 
     if n < 1:
         raise UsageError(f"--from-fit: must be at least 1 candidate, got {n}")
     config = load_config(config_path, overrides)
+    # What the trainer would refuse whatever the layout: one line now, before any fit or cell.
+    check_trainable(replaced(config, DATA_PARALLEL), needs_data=False)
     rt = init_runtime(config.train.device)
     here = plan_check.config_for_device(config, rt)
     peak, source = plan_check.peak_tflops(here, rt.device)
