@@ -141,6 +141,12 @@ class HardwareConfig:
     profile: str | None = doc(None, "a hardware profile JSON written by `pretrain bench`: its achievable "
                               "TFLOP/s replaces the data-sheet peak")
     price_per_gpu_hour: float | None = doc(None, "price of one GPU-hour, for a cost estimate")
+    intra_node_gbps: float | None = doc(None, "step-time model: GB/s per GPU per direction between GPUs of a node, "
+                                        "as measured (nccl-tests bus bandwidth); default the catalog's NVLink / "
+                                        "PCIe figure x 0.8 (h100-sxm 450, a100 300)")
+    inter_node_gbps: float | None = doc(None, "step-time model: GB/s per GPU per direction between nodes, as "
+                                        "measured; default the catalog's network x 0.8 (one 400 Gb/s NIC per "
+                                        "H100 = 50, 200 Gb/s per A100 = 25)")
     cuda_context_gb: float = doc(1.3, "memory taken by the CUDA context and kernels (GB)")
     fragmentation: float = doc(0.1, "fraction of the card kept free for allocator fragmentation")
 
@@ -571,7 +577,7 @@ def validate(c: Config) -> None:
         raise ConfigError(f"hardware.mfu: must be in (0, 1], got {h.mfu}")
     if h.hfu is not None and not 0 < h.hfu <= 1:
         raise ConfigError(f"hardware.hfu: must be in (0, 1], got {h.hfu}")
-    for name in ("peak_tflops", "memory_gb", "price_per_gpu_hour"):
+    for name in ("peak_tflops", "memory_gb", "price_per_gpu_hour", "intra_node_gbps", "inter_node_gbps"):
         _positive(f"hardware.{name}", getattr(h, name))
     _positive("hardware.cuda_context_gb", h.cuda_context_gb, allow_zero=True)
     if not 0 <= h.fragmentation < 1:

@@ -16,6 +16,7 @@ from .frameworks import framework_memory
 from .hardware import gpu_spec, peak_tflops
 from .memory import memory, model_state_tensors
 from .params import count_params, param_shapes
+from .step_time import step_time
 
 __all__ = ["plan", "plan_with_explain", "planned_config", "count_params", "param_shapes", "storage_bytes", "model_state_tensors"]
 
@@ -49,6 +50,12 @@ def plan_with_explain(config, advice: bool = True) -> tuple[dict, Explain]:
     time = wall_clock(c, model_pt * tokens, hw_pt * tokens, peak, ex)
     if time["seconds"]:
         time["tokens_per_second"] = tokens / time["seconds"]
+    step = step_time(c, counts, fl, peak, ex)
+    if step:  # the modelled speed beside the hardware.mfu estimate (pretrain.plan.step_time)
+        time["modelled_seconds"] = ex.add("time", "modelled_seconds", step["seconds"] * length["steps"],
+                                          f"{length['steps']:,} steps x step_time.seconds {step['seconds']:.4g}")
+        time["modelled_tokens_per_second"] = step["tokens_per_second"]
+        time["modelled_mfu"] = step["mfu"]
     mem = memory(c, counts, ex)
 
     data = length["data_tokens"]  # each example once: the epochs re-read the same file
@@ -75,6 +82,7 @@ def plan_with_explain(config, advice: bool = True) -> tuple[dict, Explain]:
         "steps": {"total": length["steps"], "tokens_per_step": length["tokens_per_step"],
                   "examples_per_step": length["examples_per_step"], "warmup": length["warmup"]},
         "time": time,
+        "step_time": step,
         "memory_bytes": mem["memory_bytes"],
         "model_states": mem["model_states"],
         "fits": mem["fit"]["fits"],

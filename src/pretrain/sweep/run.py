@@ -289,6 +289,7 @@ def _record(cell: Cell, status: str = OK, measured: dict | None = None, error: s
         "memory_measured_bytes": None, "memory_planned_bytes": planned_mem, "memory_error_pct": None,
         "memory_planned_total_bytes": p["memory_bytes"]["total"],
         "planned_tokens_per_s": p["time"].get("tokens_per_second"), "assumed_mfu": c.hardware.mfu,
+        "modelled_tokens_per_s": p["time"].get("modelled_tokens_per_second"),  # pretrain.plan.step_time
         "measured_detail": None, "loss": None, "error": error,
     }
     if measured is None:
