@@ -31,7 +31,7 @@ from __future__ import annotations
 import heapq
 
 from ..config import compile_enabled
-from .activations import COMPUTE_BYTES, _shard, activation_bytes, residual_bytes
+from .activations import COMPUTE_BYTES, _shard, activation_bytes, layer_terms, residual_bytes
 from .kernels import planned_native_gqa
 from .explain import Explain, gib
 from .hardware import device_memory_bytes, gpu_spec
@@ -389,16 +389,37 @@ def _backward_copies(cfg, st) -> int:
     return 0
 
 
-def _backward_activations(cfg, act: dict, b: int) -> int:
-    """Activations alive during the first block's backward: that block's saved tensors (freed as its
-    gradients appear), the other micro-batches' in flight under a pipeline, the embedding's inputs, and the
-    gradient flowing down the residual stream into and out of the block."""
+def _backward_activations(cfg, act: dict, b: int, first: bool) -> int:
+    """Activations alive while one block runs its backward, with the gradient flowing down the residual
+    stream into and out of it and the embedding's inputs (the final norm's, output layer's and loss's are
+    gone). `first`: the first block backward runs (the model's last), every block's tensors still alive and
+    its own recomputed ones beside them; else the last it runs (the model's first), one block's left (and the
+    other micro-batches' in flight under a pipeline)."""
     m, t, par = cfg.model, cfg.train, cfg.parallel
-    blocks = (act["in_flight"] * act["layers"] - (act["layers"] - 1)) * act["per_layer"] + act["recompute_working"]
-    embedding = _shard([x for x in act["once_terms"] if x.name.startswith(EMBEDDING_SIDE)], par.tensor,
-                       par.sequence_parallel)
+    tp, sp = par.tensor, par.sequence_parallel
+    if first:
+        blocks = act["in_flight"] * act["layers"] * act["per_layer"] + _recomputed(cfg, act, b)
+    else:
+        blocks = (act["in_flight"] * act["layers"] - (act["layers"] - 1)) * act["per_layer"] + \
+            act["recompute_working"]
+    embedding = _shard([x for x in act["once_terms"] if x.name.startswith(EMBEDDING_SIDE)], tp, sp)
     residual = 2 * residual_bytes(t, par) * b * t.seq_len * m.hidden_size
-    return blocks + embedding + residual // (par.tensor if par.sequence_parallel else 1)
+    return blocks + embedding + residual // (tp if sp else 1)
+
+
+def _recomputed(cfg, act: dict, b: int) -> int:
+    """What recomputation makes again for one block during its backward: full, the block's tensors; selective,
+    what the block keeps without it less what it keeps with it (the norms' and the MLP activation's)."""
+    t = cfg.train
+    if t.activation_checkpointing != "selective":
+        return act["recompute_working"]
+    gqa = planned_native_gqa(cfg)
+    par = cfg.parallel
+
+    def kept(mode):
+        return _shard(layer_terms(cfg.model, t, par, b, recompute=mode, native_gqa=gqa), par.tensor,
+                      par.sequence_parallel)
+    return kept("none") - kept("selective")
 
 
 def _phases(cfg, st, b: int) -> dict[str, list[tuple[str, int]]]:
@@ -406,11 +427,12 @@ def _phases(cfg, st, b: int) -> dict[str, list[tuple[str, int]]]:
       forward         end of the last micro-batch's forward with the loss: all activations, the loss's logits,
                       the gradients held across micro-batches;
       loss_backward   the loss's backward: all activations and the loss's backward working set;
-      backward        the first block's backward, the last of the pass: all gradients, one block's activations,
-                      FSDP's reduce-scatter of one block;
+      backward        the larger of two moments: the first block's backward (every block's activations and
+                      its recomputed tensors, the output layer's and its own gradients) and the last block's (all
+                      gradients, one block's activations, FSDP's reduce-scatter of one block);
       optimizer_step  gradients, states and the optimizer's working memory.
     Parameters, optimizer states, DDP's gradient buckets (allocated when DDP wraps the model) and the CUDA
-    context are alive in all four."""
+    context are alive in all four. Recomputed tensors exist only in backward: not in the first two."""
     t, par = cfg.train, cfg.parallel
     dp = par.gpus // (par.tensor * par.pipeline)
     mixed = t.precision.endswith("-mixed")
@@ -424,22 +446,35 @@ def _phases(cfg, st, b: int) -> dict[str, list[tuple[str, int]]]:
     held, _ = _held_gradients(cfg, st)
     held_name = "unsharded gradients" if _fsdp(cfg) and par.grad_sync == "step" else "gradients"
     copies = ("working copies", st["working_copies"])
+    forward_act = ("activations", act["total"] - act["recompute_working"])
     gradients = st["gradients"]
     if _fsdp(cfg) and par.grad_sync == "step" and t.grad_accum_steps > 1:
         gradients += _unsharded_gradients(cfg, block_and_root=True)
     reduce_scatter = 4 * st["per_layer_params"] if _fsdp(cfg) else 0
+    first = [copies, (held_name, max(held, _first_block_gradients(cfg, st))),
+             ("first block's backward: all activations, its recomputed ones, the residual gradients",
+              _backward_activations(cfg, act, b, first=True))]
+    last = [("working copies", _backward_copies(cfg, st)), ("gradients", gradients),
+            ("last block's backward: its activations, the residual gradients",
+             _backward_activations(cfg, act, b, first=False)), ("FSDP reduce-scatter", reduce_scatter)]
     phases = {
-        "forward": [copies, (held_name, held), ("activations", act["total"]),
-                    ("loss logits", _loss_buffer(cfg, b))],
-        "loss_backward": [copies, (held_name, held), ("activations", act["total"]),
-                          ("loss backward", _loss_backward_buffer(cfg, b))],
-        "backward": [("working copies", _backward_copies(cfg, st)), ("gradients", gradients),
-                     ("one block's activations and gradients", _backward_activations(cfg, act, b)),
-                     ("FSDP reduce-scatter", reduce_scatter)],
+        "forward": [copies, (held_name, held), forward_act, ("loss logits", _loss_buffer(cfg, b))],
+        "loss_backward": [copies, (held_name, held), forward_act, ("loss backward", _loss_backward_buffer(cfg, b))],
+        "backward": max(first, last, key=lambda parts: sum(n for _, n in parts)),
         "optimizer_step": [("gradients", st["gradients"]),
                            (f"{t.optimizer} working memory", st["optimizer_working"])],
     }
     return {name: [p for p in resident + parts if p[1]] for name, parts in phases.items()}
+
+
+def _first_block_gradients(cfg, st) -> int:
+    """Gradients made by the end of the first block's backward: the output layer's, the final norm's and that
+    block's own (their share of all gradients)."""
+    shapes = param_shapes(cfg.model)
+    total = sum(_numel(s) for _, s in shapes)
+    made = sum(_numel(s) for n, s in shapes if n.startswith(("norm.", "lm_head.", f"blocks.{cfg.model.num_layers - 1}."))
+               or (n == "embed.weight" and cfg.model.tie_embeddings))
+    return st["gradients"] * made // total
 
 
 def _loss_buffer(cfg, b: int) -> int:
