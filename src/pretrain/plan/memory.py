@@ -35,7 +35,7 @@ from .activations import COMPUTE_BYTES, _shard, activation_bytes, layer_terms, r
 from .kernels import planned_native_gqa
 from .explain import Explain, gib
 from .hardware import device_memory_bytes, gpu_spec
-from .params import param_shapes
+from .params import padded_vocab_size, param_shapes
 
 PHASES = ("forward", "loss_backward", "backward", "optimizer_step")
 # Once-per-micro-batch tensors kept until the embedding's backward, the very last; the final norm's, the output
@@ -142,7 +142,7 @@ def model_state_tensors(cfg, rank: int | None = None) -> dict:
     root = sum(_numel(s) for n, s in shapes if not n.startswith("blocks."))
     # Matmul weights (biases are added, not multiplied: autocast's cast of a bias is not kept).
     layer_matmul = sum(_numel(s) for n, s in shapes if n.startswith("blocks.0.") and len(s) == 2)
-    output_matmul = m.vocab_size * m.hidden_size
+    output_matmul = padded_vocab_size(m) * m.hidden_size
     compute_bytes = 2 if (mixed or t.precision == "bf16") else 4
     if zero == 2:  # every block's parameters stay gathered from forward to backward
         copies = compute_bytes * sum(_numel(s) for _, s in shapes)
@@ -203,9 +203,9 @@ def _zero3_gathered(cfg, shapes) -> float:
     m, par = cfg.model, cfg.parallel
     t = par.tensor
     embed = sum(_numel(s) for n, s in shapes if n in ("embed.weight", "pos_embed.weight"))
-    head = sum(_numel(s) for n, s in shapes if n.startswith("norm.")) + m.vocab_size * m.hidden_size
+    head = sum(_numel(s) for n, s in shapes if n.startswith("norm.")) + padded_vocab_size(m) * m.hidden_size
     if par.pipeline == 1:
-        root = (embed + head - (m.vocab_size * m.hidden_size if m.tie_embeddings else 0)) / t
+        root = (embed + head - (padded_vocab_size(m) * m.hidden_size if m.tie_embeddings else 0)) / t
     else:  # the heavier end (a tied output layer is a second copy on the last stage)
         root = max(embed, head) / t
     blocks = min(2, -(-m.num_layers // par.pipeline))
@@ -219,7 +219,7 @@ def _stage_share(cfg, shapes) -> float:
     per_layer = sum(_numel(s) for n, s in shapes if n.startswith("blocks.0."))
     layer_norms = sum(_numel(s) for n, s in shapes if n.startswith("blocks.0.") and "norm" in n)
     embed = sum(_numel(s) for n, s in shapes if n in ("embed.weight", "pos_embed.weight"))
-    head = sum(_numel(s) for n, s in shapes if n.startswith("norm.")) + m.vocab_size * m.hidden_size
+    head = sum(_numel(s) for n, s in shapes if n.startswith("norm.")) + padded_vocab_size(m) * m.hidden_size
     layers = -(-m.num_layers // par.pipeline)
     t = par.tensor
 
@@ -228,7 +228,7 @@ def _stage_share(cfg, shapes) -> float:
 
     body = layers * split(per_layer, layer_norms)
     if par.pipeline == 1:
-        stage = body + split(embed) + split(head) - (split(m.vocab_size * m.hidden_size) if m.tie_embeddings else 0)
+        stage = body + split(embed) + split(head) - (split(padded_vocab_size(m) * m.hidden_size) if m.tie_embeddings else 0)
     else:
         stage = max(body + split(embed), body + split(head))
     return stage / total
