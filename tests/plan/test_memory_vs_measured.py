@@ -101,11 +101,12 @@ def _allocator_peak(fn) -> int:
     SHAPES, ["fp32", "bf16-mixed", "bf16"], ["none", "selective", "full"], [1, 2])))
 def test_peak_over_phases_against_the_allocator(shape, precision, recompute, accum):
     # memory_bytes.total, the peak over the phases of a step, against the allocator's peak over a whole step
-    # (optimizer states made by a first step, as in every later one). Without recomputation the peak is the
-    # loss's backward (12 x b*s*V of fp32 log-softmax and gradients beside all activations) and it is exact to
-    # a few bytes (fp32 LLaMA: the 2 KB rotary table is shared). With recomputation the true peak is the
-    # first block's backward, where the recomputed tensors, the block's gradients and the freed ones overlap in
-    # a way the plan models only roughly: from 6.4% below to 2.2% above it on these tiny shapes.
+    # (optimizer states made by a first step, as in every later one). Without full recomputation the peak is
+    # the loss's backward (12 x b*s*V of fp32 log-softmax and gradients beside all activations, and the CPU
+    # generator state each checkpoint keeps) and it is exact to 0.1% (fp32 LLaMA: the 2 KB rotary table is
+    # shared). With full recomputation and two micro-batches the true peak is the first block's backward, whose
+    # own gradient working set the plan leaves out (and a tied embedding's backward one more V x H copy in
+    # pure bf16): up to 6.4% above the plan on these tiny shapes.
     c = load_config(overrides=["model.num_layers=3", "train.seq_len=32", "train.micro_batch_size=2",
                                "hardware.gpu=cpu", f"train.grad_accum_steps={accum}", *SHAPES[shape],
                                f"train.precision={precision}", f"train.activation_checkpointing={recompute}"])
@@ -130,7 +131,4 @@ def test_peak_over_phases_against_the_allocator(shape, precision, recompute, acc
     step()
     measured = sum(model_state_bytes(model, opt).values()) + _allocator_peak(step)
     planned = plan(c)["memory_bytes"]["total"]
-    if recompute == "none":
-        assert abs(measured - planned) <= 2048
-    else:
-        assert measured == pytest.approx(planned, rel=0.07)
+    assert measured == pytest.approx(planned, rel=0.07 if recompute == "full" else 0.001)

@@ -454,17 +454,64 @@ def _phases(cfg, st, b: int) -> dict[str, list[tuple[str, int]]]:
     first = [copies, (held_name, max(held, _first_block_gradients(cfg, st))),
              ("first block's backward: all activations, its recomputed ones, the residual gradients",
               _backward_activations(cfg, act, b, first=True))]
-    last = [("working copies", _backward_copies(cfg, st)), ("gradients", gradients),
-            ("last block's backward: its activations, the residual gradients",
-             _backward_activations(cfg, act, b, first=False)), ("FSDP reduce-scatter", reduce_scatter)]
+    rest = _backward_activations(cfg, act, b, first=False)
+    if _fsdp(cfg):  # gradients arrive unsharded in the reduce-scatter buffer, sharded ones already counted
+        last = [("working copies", _backward_copies(cfg, st)), ("gradients", gradients),
+                ("last block's backward: its activations, the residual gradients", rest),
+                ("FSDP reduce-scatter", reduce_scatter)]
+    else:  # the block's gradients appear as its activations and working copies are freed: the larger of the two
+        block = act["per_layer"] + act["recompute_working"]
+        rest -= block
+        block_grads = _block_gradients(cfg, st)
+        last = [("other blocks' gradients", gradients - block_grads),
+                ("the last block's activations and copies, or its gradients",
+                 max(block + _backward_copies(cfg, st), block_grads)),
+                ("the residual gradients and the embedding's inputs", rest)]
+    rng = _checkpoint_rng_states(cfg, act)
+    first.append(("checkpoints' CPU generator states", rng))
+    checkpoints = ("checkpoints' CPU generator states", rng)
     phases = {
-        "forward": [copies, (held_name, held), forward_act, ("loss logits", _loss_buffer(cfg, b))],
-        "loss_backward": [copies, (held_name, held), forward_act, ("loss backward", _loss_backward_buffer(cfg, b))],
-        "backward": max(first, last, key=lambda parts: sum(n for _, n in parts)),
+        "forward": [copies, (held_name, held), forward_act, checkpoints, ("loss logits", _loss_buffer(cfg, b))],
+        "loss_backward": [copies, (held_name, held), forward_act, checkpoints,
+                          ("loss backward", _loss_backward_buffer(cfg, b))],
+        "backward": max(first, last, _tied_embedding_backward(cfg, st, gradients),
+                        key=lambda parts: sum(n for _, n in parts)),
         "optimizer_step": [("gradients", st["gradients"]),
                            (f"{t.optimizer} working memory", st["optimizer_working"])],
     }
     return {name: [p for p in resident + parts if p[1]] for name, parts in phases.items()}
+
+
+def _tied_embedding_backward(cfg, st, gradients: int) -> list[tuple[str, int]]:
+    """The embedding's backward, the very last: a tied embedding's gradient is made as a new V x H tensor and
+    then added to the output layer's, which is already there (an untied one is its first gradient)."""
+    if not cfg.model.tie_embeddings or _fsdp(cfg):
+        return []
+    shapes = dict(param_shapes(cfg.model))
+    total = sum(_numel(s) for s in shapes.values())
+    embedding = st["gradients"] * _numel(shapes["embed.weight"]) // total
+    return [("gradients", gradients), ("the tied embedding's new gradient", embedding)]
+
+
+def _block_gradients(cfg, st) -> int:
+    """One block's share of the gradients."""
+    shapes = param_shapes(cfg.model)
+    total = sum(_numel(s) for _, s in shapes)
+    return st["gradients"] * sum(_numel(s) for n, s in shapes if n.startswith("blocks.0.")) // total
+
+
+# torch.utils.checkpoint keeps the CPU generator's state (torch.get_rng_state(): 5,056 bytes of Mersenne
+# Twister) for every checkpointed call until its backward, to replay dropout exactly; on a GPU in host memory.
+CPU_RNG_STATE_BYTES = 5056
+
+
+def _checkpoint_rng_states(cfg, act: dict) -> int:
+    """CPU plans only: the generator states recomputation keeps, per checkpointed call (selective: both norms
+    and the MLP activation of each block; full: each block)."""
+    calls = {"none": 0, "selective": 3, "full": 1}[cfg.train.activation_checkpointing]
+    if gpu_spec(cfg.hardware.gpu).name != "cpu":
+        return 0
+    return CPU_RNG_STATE_BYTES * calls * act["layers"] * act["in_flight"]
 
 
 def _first_block_gradients(cfg, st) -> int:
