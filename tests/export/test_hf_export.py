@@ -156,7 +156,8 @@ def test_padded_vocabulary_is_trimmed_on_export(variant, make_model, tmp_path):
         ours = model(batch)
         assert ours.shape[-1] == 500 and (theirs(batch).logits - ours).abs().max() < 1e-4
         # The same distribution, so the same loss: the padded rows take no part in the softmax.
-        loss = torch.nn.functional.cross_entropy(theirs(batch).logits[:, :-1].reshape(-1, 500), batch[:, 1:].reshape(-1))
+        logits = theirs(batch).logits[:, :-1].reshape(-1, 500)
+        loss = torch.nn.functional.cross_entropy(logits, batch[:, 1:].reshape(-1))
         assert model(batch[:, :-1], batch[:, 1:]) == pytest.approx(loss.item(), rel=1e-5)
     # Imported back into a padded model (continued pretraining): the real rows are the checkpoint's.
     again = make_model(VARIANTS[variant] + PADDED, seed=1)

@@ -162,7 +162,8 @@ def model_state_tensors(cfg, rank: int | None = None) -> dict:
                per_layer_params=_block_share(cfg, shapes))
     if model_parallel > 1:  # tensor / pipeline split: the heaviest stage's share (approximate)
         scale = _stage_share(cfg, shapes)
-        for key in ("parameters", "gradients", "optimizer_states", "optimizer_working") + (("working_copies",) if zero == 2 else ()):
+        scaled = ("parameters", "gradients", "optimizer_states", "optimizer_working")
+        for key in scaled + (("working_copies",) if zero == 2 else ()):
             out[key] = int(out[key] * scale)
     return out
 
@@ -228,7 +229,8 @@ def _stage_share(cfg, shapes) -> float:
 
     body = layers * split(per_layer, layer_norms)
     if par.pipeline == 1:
-        stage = body + split(embed) + split(head) - (split(padded_vocab_size(m) * m.hidden_size) if m.tie_embeddings else 0)
+        tied = split(padded_vocab_size(m) * m.hidden_size) if m.tie_embeddings else 0
+        stage = body + split(embed) + split(head) - tied
     else:
         stage = max(body + split(embed), body + split(head))
     return stage / total
@@ -380,7 +382,7 @@ def _unsharded_gradients(cfg, block_and_root: bool = False) -> int:
 
 
 def _backward_copies(cfg, st) -> int:
-    """Working copies alive during the first block's backward, the last the backward pass runs."""
+    """Working copies alive while the last block the backward pass runs (the model's first) does its backward."""
     if _fsdp(cfg):
         return st["working_copies"]  # FSDP's gathered parameters: counted as in forward (an upper bound)
     if cfg.train.precision.endswith("-mixed"):  # the other blocks' casts went with their saved tensors
@@ -427,9 +429,11 @@ def _phases(cfg, st, b: int) -> dict[str, list[tuple[str, int]]]:
       forward         end of the last micro-batch's forward with the loss: all activations, the loss's logits,
                       the gradients held across micro-batches;
       loss_backward   the loss's backward: all activations and the loss's backward working set;
-      backward        the larger of two moments: the first block's backward (every block's activations and
-                      its recomputed tensors, the output layer's and its own gradients) and the last block's (all
-                      gradients, one block's activations, FSDP's reduce-scatter of one block);
+      backward        the largest of three moments: the first block backward runs (the model's last: every
+                      block's activations and its recomputed tensors, the output layer's and its own
+                      gradients), the last it runs (the other blocks' gradients, its activations or its
+                      gradients, FSDP's reduce-scatter of one block) and a tied embedding's (all gradients and
+                      a second V x H one);
       optimizer_step  gradients, states and the optimizer's working memory.
     Parameters, optimizer states, DDP's gradient buckets (allocated when DDP wraps the model) and the CUDA
     context are alive in all four. Recomputed tensors exist only in backward: not in the first two."""
@@ -452,19 +456,19 @@ def _phases(cfg, st, b: int) -> dict[str, list[tuple[str, int]]]:
         gradients += _unsharded_gradients(cfg, block_and_root=True)
     reduce_scatter = 4 * st["per_layer_params"] if _fsdp(cfg) else 0
     first = [copies, (held_name, max(held, _first_block_gradients(cfg, st))),
-             ("first block's backward: all activations, its recomputed ones, the residual gradients",
+             ("first block backward runs: all activations, its recomputed ones, the residual gradients",
               _backward_activations(cfg, act, b, first=True))]
     rest = _backward_activations(cfg, act, b, first=False)
     if _fsdp(cfg):  # gradients arrive unsharded in the reduce-scatter buffer, sharded ones already counted
         last = [("working copies", _backward_copies(cfg, st)), ("gradients", gradients),
-                ("last block's backward: its activations, the residual gradients", rest),
+                ("last block backward runs: its activations, the residual gradients", rest),
                 ("FSDP reduce-scatter", reduce_scatter)]
     else:  # the block's gradients appear as its activations and working copies are freed: the larger of the two
         block = act["per_layer"] + act["recompute_working"]
         rest -= block
         block_grads = _block_gradients(cfg, st)
         last = [("other blocks' gradients", gradients - block_grads),
-                ("the last block's activations and copies, or its gradients",
+                ("the last block backward runs: its activations and copies, or its gradients",
                  max(block + _backward_copies(cfg, st), block_grads)),
                 ("the residual gradients and the embedding's inputs", rest)]
     rng = _checkpoint_rng_states(cfg, act)
@@ -519,7 +523,8 @@ def _first_block_gradients(cfg, st) -> int:
     block's own (their share of all gradients)."""
     shapes = param_shapes(cfg.model)
     total = sum(_numel(s) for _, s in shapes)
-    made = sum(_numel(s) for n, s in shapes if n.startswith(("norm.", "lm_head.", f"blocks.{cfg.model.num_layers - 1}."))
+    top = f"blocks.{cfg.model.num_layers - 1}."
+    made = sum(_numel(s) for n, s in shapes if n.startswith(("norm.", "lm_head.", top))
                or (n == "embed.weight" and cfg.model.tie_embeddings))
     return st["gradients"] * made // total
 

@@ -84,7 +84,7 @@ def render(config, p: dict) -> str:
     phase_notes = {
         "forward": f"end of forward: {held}all activations, the loss's logits",
         "loss_backward": "the loss's backward beside all activations",
-        "backward": "last block's backward: all gradients, one block's activations",
+        "backward": "its largest moment: the first or last block's, or a tied embedding's",
         "optimizer_step": "gradients, states and the optimizer's working memory",
     }
     for phase, nbytes in mem["phases"].items():
