@@ -16,7 +16,7 @@ class FixedDistribution(nn.Module):
     def __init__(self, probs):
         super().__init__()
         self.logits = nn.Parameter(torch.tensor(probs).log())
-        self.config = SimpleNamespace(max_seq_len=4)
+        self.config = SimpleNamespace(max_seq_len=4, vocab_size=len(probs))
 
     def forward(self, tokens):
         return self.logits.expand(*tokens.shape, -1)
@@ -28,7 +28,7 @@ class Successor(nn.Module):
     def __init__(self, vocab=16):
         super().__init__()
         self.vocab = vocab
-        self.config = SimpleNamespace(max_seq_len=8)
+        self.config = SimpleNamespace(max_seq_len=8, vocab_size=vocab)
         self.dummy = nn.Parameter(torch.zeros(()))
 
     def forward(self, tokens):
@@ -105,3 +105,16 @@ def test_generate_text_starts_at_bos_and_stops_at_eos(tokenizer_dir):
     assert generate_text(Successor(vocab=64), tokenizer_dir, "", max_new_tokens=5, temperature=0) == ""
     assert generate_text(Successor(vocab=64), tokenizer_dir, "", max_new_tokens=5, temperature=0,
                          eos_id=None) == "w0 w1 w2"
+
+
+def test_a_padded_id_is_never_sampled(make_model):
+    # model.pad_vocab_to=64 makes 512 rows for a 500-id vocabulary. The padded output rows are made to win every
+    # argmax and most of every softmax: still no id >= 500 comes out, greedy or sampled.
+    model = make_model(["model.vocab_size=500", "model.pad_vocab_to=64"])
+    assert model.lm_head.weight.shape[0] == 512
+    with torch.no_grad():
+        model.lm_head.weight[500:] = 100 * model.lm_head.weight[:12].sign()
+    prompt = torch.randint(0, 500, (2, 4), generator=torch.Generator().manual_seed(0))
+    for kw in (dict(temperature=0), dict(temperature=2.0, generator=torch.Generator().manual_seed(0))):
+        out = generate(model, prompt, 40, **kw)
+        assert out.max() < 500, kw

@@ -27,8 +27,13 @@ def test_plan_json_contract():
     assert {"total", "embedding", "non_embedding"} <= set(p["params"])
     assert {"per_token", "per_token_6n", "total", "total_6n", "attention_per_token", "per_token_hardware",
             "convention"} <= set(p["flops"])
-    assert set(p["memory_bytes"]) == {"weights", "gradients", "optimizer", "activations", "buffers", "cuda_context",
-                                      "total", "host"}
+    mem = p["memory_bytes"]
+    assert set(mem) == {"weights", "gradients", "optimizer", "activations", "buffers", "cuda_context", "total",
+                        "peak_phase", "phases", "compiled", "host"}
+    # Issue 13's contract: the total is the peak over the phases of a step, and peak_phase names it.
+    assert list(mem["phases"]) == ["forward", "loss_backward", "backward", "optimizer_step"]
+    assert mem["total"] == mem["phases"][mem["peak_phase"]] == max(mem["phases"].values())
+    assert mem["compiled"] == "not modelled: eager figures; torch.compile usually keeps less"  # auto on a GPU
     assert {"total", "chinchilla"} <= set(p["tokens"])
     assert {"tokens_per_step", "total"} <= set(p["steps"])
     assert {"seconds", "days", "gpu_hours", "cost"} <= set(p["time"])

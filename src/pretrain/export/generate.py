@@ -38,7 +38,8 @@ def generate(model, tokens: torch.Tensor, max_new_tokens: int, temperature: floa
     finished = torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)
     try:
         for _ in range(max_new_tokens):
-            logits = model(tokens[:, -model.config.max_seq_len:])[:, -1, :].float()
+            # Only real ids: never one of the rows model.pad_vocab_to adds (the model leaves them out already).
+            logits = model(tokens[:, -model.config.max_seq_len:])[:, -1, :model.config.vocab_size].float()
             next_token = _sample(logits, temperature, top_k, top_p, generator)
             if eos_id is not None:
                 next_token = next_token.masked_fill(finished, eos_id)

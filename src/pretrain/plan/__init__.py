@@ -15,7 +15,7 @@ from .flops import basis, flops, utilisation
 from .frameworks import framework_memory
 from .hardware import gpu_spec, peak_tflops
 from .memory import memory, model_state_tensors
-from .params import count_params, param_shapes
+from .params import count_params, padded_vocab_size, param_shapes
 from .step_time import step_time
 
 __all__ = ["plan", "plan_with_explain", "planned_config", "count_params", "param_shapes", "storage_bytes", "model_state_tensors"]
@@ -131,10 +131,12 @@ def _unsharded(c) -> dict:
 def _params_formula(m, counts) -> str:
     if m.family == "llama" and m.num_kv_heads == m.num_heads and m.head_dim * m.num_heads == m.hidden_size \
             and not m.qkv_bias:
-        V, H, I, L = m.vocab_size, m.hidden_size, m.intermediate_size, m.num_layers
+        V, H, I, L = padded_vocab_size(m), m.hidden_size, m.intermediate_size, m.num_layers
         head = "2VH" if not m.tie_embeddings else "VH"
-        return (f"{head} + H + L(4H^2 + 3HH' + 2H) with V={V:,}, H={H:,}, H'={I:,}, L={L}: "
+        padded = f" (vocabulary {m.vocab_size:,} padded to a multiple of {m.pad_vocab_to})" if V != m.vocab_size else ""
+        return (f"{head} + H + L(4H^2 + 3HH' + 2H) with V={V:,}{padded}, H={H:,}, H'={I:,}, L={L}: "
                 f"{'' if m.tie_embeddings else '2x'}{V * H:,} + {H:,} + {L} x {counts.per_layer:,}")
-    return (f"embedding {counts.token_embedding:,} + positions {counts.position_embedding:,} + {m.num_layers} "
+    padded = f" (vocabulary {m.vocab_size:,} padded to {padded_vocab_size(m):,})" if m.pad_vocab_to > 1 else ""
+    return (f"embedding {counts.token_embedding:,}{padded} + positions {counts.position_embedding:,} + {m.num_layers} "
             f"layers x {counts.per_layer:,} (attention {counts.attention // m.num_layers:,}, MLP "
             f"{counts.mlp // m.num_layers:,}, norms) + final norm + output {counts.output:,}")
