@@ -53,7 +53,9 @@ def run(args) -> int:
     from .plan.table import render
     from .train import train
 
-    out = Path(args.out)
+    from .files import check_output_dir
+
+    out = check_output_dir(args.out, "--out")
     corpus = write_sample_corpus(out / "corpus")
     config = demo_config(out, args.items)
     if not (config.hardware.peak_tflops or config.hardware.profile):  # a CPU has no data-sheet peak
