@@ -152,6 +152,9 @@ class FlopsConfig:
 @dataclass
 class DataConfig:
     dir: str | None = doc(None, "a directory written by `pretrain prepare`")
+    verify: str = doc("auto", "checks of data.dir at train start beyond sizes and headers (always done): full = "
+                      "re-hash train.bin / val.bin against meta.json's sha256, auto = full when they total at most "
+                      "1 GiB, size = no hashing", ("auto", "full", "size"))
 
 
 @dataclass

@@ -114,11 +114,11 @@ def test_interrupted_run_keeps_the_old_dataset_and_a_rerun_succeeds(tmp_path, sm
     with pytest.raises(KeyboardInterrupt):
         prepare([small_corpus], bpe_dir, out, workers=2)
     assert (out / "meta.json").read_text() == old_meta  # the new dataset was never swapped in
-    PreparedData(out, verify_checksums=True)
+    PreparedData(out, verify="full")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # nothing half-built left beside it
     monkeypatch.undo()
     prepare([small_corpus], bpe_dir, out, workers=1)
-    PreparedData(out, verify_checksums=True)
+    PreparedData(out, verify="full")
 
 
 def test_empty_corpus_is_an_error(tmp_path, bpe_dir, jsonl):

@@ -59,7 +59,7 @@ def old(tmp_path, jsonl, bpe_dir):
 
 def assert_intact(out: Path, before: dict) -> None:
     assert snapshot(out) == before
-    PreparedData(out, verify_checksums=True)
+    PreparedData(out, verify="full")
     leftovers = [p.name for p in out.parent.iterdir() if p.name.startswith(f".{out.name}")]
     assert not leftovers, leftovers
 
@@ -113,13 +113,13 @@ def test_a_stopped_prepare_keeps_the_old_dataset(sig, tmp_path, old, bpe_dir, cl
     _, stderr = proc.communicate(timeout=120)  # stderr ends when the workers too have gone
     assert "Traceback" not in stderr, stderr
     assert snapshot(out) == before
-    PreparedData(out, verify_checksums=True)
+    PreparedData(out, verify="full")
     if sig == signal.SIGKILL:  # nothing ran to clean up: the next prepare removes what it left
         corpus = tmp_path / "new.txt"
         corpus.write_text("a new document")
         r = cli("prepare", "--input", corpus, "--tokenizer", bpe_dir, "--out", out, "--val-fraction", 0)
         assert r.returncode == 0, r.stderr
-        assert PreparedData(out, verify_checksums=True).meta["num_docs"] == {"train": 1, "val": 0}
+        assert PreparedData(out, verify="full").meta["num_docs"] == {"train": 1, "val": 0}
         assert not [p.name for p in out.parent.iterdir() if p.name.startswith(f".{out.name}")]
     else:
         assert stderr.strip().splitlines() == ["pretrain prepare: interrupted"]

@@ -94,9 +94,9 @@ def test_checksums_on_request(tmp_path):
     with open(folder / "train.bin", "r+b") as f:  # same size, one byte changed
         f.seek(17)
         f.write(b"\xff")
-    PreparedData(folder)  # sizes only: opens
+    PreparedData(folder, verify="size")  # sizes only: opens
     with pytest.raises(UsageError, match="train.bin: sha256 differs"):
-        PreparedData(folder, verify_checksums=True)
+        PreparedData(folder, verify="full")
 
 
 # --- the permutation ---------------------------------------------------------------------------------
