@@ -82,3 +82,30 @@ def test_an_unwritable_output_is_one_line(trained, tmp_path):
     for out in (tmp_path / "afile", tmp_path / "afile" / "sub"):
         r = run_cli("export", trained, "--to", "hf", out)
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+@pytest.fixture(scope="module")
+def own_run(prepared, tmp_path_factory):
+    """A run trained on its own copy of the dataset: a failing overlap test may lose both, no other test."""
+    import shutil
+
+    root = tmp_path_factory.mktemp("overlap")
+    shutil.copytree(prepared, root / "data")
+    r = run_cli("train", *tiny(root / "data", root / "runs" / "run", "train.max_steps=3", "run.checkpoint_every=3",
+                               "train.warmup=1"))
+    assert r.returncode == 0, r.stderr
+    return root
+
+
+@pytest.mark.parametrize("target", ["run", "checkpoints", "a checkpoint", "inside the run", "parent", "data"])
+def test_export_refuses_an_output_overlapping_what_it_reads(own_run, target):
+    run_dir, data = own_run / "runs" / "run", own_run / "data"
+    before = sorted(p for p in own_run.rglob("*") if p.is_file())
+    source, out = {"run": (run_dir, run_dir), "checkpoints": (run_dir, run_dir / "checkpoints"),
+                   "a checkpoint": (run_dir / "checkpoints" / "step_00000003", run_dir),
+                   "inside the run": (run_dir, run_dir / "checkpoints" / "hf"),
+                   "parent": (run_dir, own_run / "runs"), "data": (run_dir, data)}[target]
+    r = run_cli("export", source, "--to", "hf", out, "--overwrite")
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "overlaps the" in lines[0], r.stderr[-2000:]
+    assert sorted(p for p in own_run.rglob("*") if p.is_file()) == before
