@@ -46,6 +46,25 @@ def test_generate_prints_text(trained):
     assert r.stdout.startswith("The for statement")
 
 
+@pytest.mark.parametrize("case", ["max new tokens", "prompt bytes", "tokenizer"])
+def test_generate_bad_input_is_one_line(trained, tmp_path, tokenizer_dir, case):
+    import subprocess
+    import sys
+
+    from tokenizers import Tokenizer, models
+
+    big = tmp_path / "big.json"  # a tokenizer of 1,000 ids: the debug model has 512
+    Tokenizer(models.WordLevel({f"w{i}": i for i in range(1000)}, unk_token="w0")).save(str(big))
+    extra = {"max new tokens": ["--max-new-tokens", "-5"], "prompt bytes": ["--prompt", b"caf\xe9"],
+             "tokenizer": ["--tokenizer", big, "--prompt", "w999"]}[case]
+    r = subprocess.run([sys.executable, "-m", "pretrain", "generate", trained, "--max-new-tokens", "3", *extra],
+                       capture_output=True)
+    lines = r.stderr.decode(errors="replace").strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1, lines[-20:]
+    assert {"max new tokens": "--max-new-tokens -5 must be >= 0", "prompt bytes": "--prompt is not valid UTF-8",
+            "tokenizer": "ids go up to 999, beyond the model's vocabulary of 512"}[case] in lines[0]
+
+
 def test_continued_pretraining_starts_from_the_export(prepared, trained, tmp_path):
     from pretrain import load_model
 
