@@ -6,6 +6,7 @@ JSON-ready dict whose keys are documented in the README ("Plan output").
 
 from __future__ import annotations
 
+from ..errors import ConfigError
 from .advice import advise
 from .budget import run_length, storage_bytes, token_bytes, wall_clock
 from .explain import Explain
@@ -16,6 +17,11 @@ from .params import count_params, param_shapes
 
 __all__ = ["plan", "plan_with_explain", "count_params", "param_shapes", "storage_bytes", "model_state_tensors"]
 
+# The planner lists every parameter tensor (ZeRO-1's partition is greedy per tensor, as torch's is), so its
+# cost grows with the layer count: ~0.3 s at 1,000 layers, minutes and gigabytes at 10^12. 1,000 layers is
+# the deepest published Transformer (DeepNet, Wang et al. 2022, "Scaling Transformers to 1,000 Layers").
+MAX_LAYERS = 1000
+
 
 def plan(config) -> dict:
     """The plan for a resolved Config (see `pretrain.config.load_config`)."""
@@ -25,6 +31,9 @@ def plan(config) -> dict:
 def plan_with_explain(config, advice: bool = True) -> tuple[dict, Explain]:
     """The plan and its explain trail; `advice=False` skips the warnings (which re-plan modified copies)."""
     c = config
+    if c.model.num_layers > MAX_LAYERS:
+        raise ConfigError(f"model.num_layers: {c.model.num_layers:,} is beyond what the planner models (at most "
+                          f"{MAX_LAYERS:,}, the deepest published Transformer); give a smaller depth")
     ex = Explain()
     counts = count_params(c.model)
     ex.add("params", "total", counts.total, _params_formula(c.model, counts))
