@@ -91,6 +91,21 @@ def test_bad_arguments_are_usage_errors():
             generate(model, prompt, 1, **kw)
     with pytest.raises(UsageError, match="batch, seq"):
         generate(model, torch.zeros(3, dtype=torch.long), 1)
+    with pytest.raises(UsageError, match="max_new_tokens must be >= 0, got -5"):
+        generate(model, prompt, -5)
+    with pytest.raises(UsageError, match=r"token ids must be in \[0, 4\)"):
+        generate(model, torch.tensor([[0, 4]]), 1)
+
+
+def test_a_tokenizer_beyond_the_model_vocabulary_is_refused(tokenizer_dir):
+    with pytest.raises(UsageError, match="ids go up to 63, beyond the model's vocabulary of 16"):
+        generate_text(Successor(vocab=16), tokenizer_dir, "w50", max_new_tokens=2, temperature=0)
+
+
+def test_a_prompt_that_is_not_utf8_is_refused(tokenizer_dir):
+    prompt = b"w1 caf\xe9".decode("utf-8", "surrogateescape")  # what Python makes of such bytes in argv
+    with pytest.raises(UsageError, match="not valid UTF-8"):
+        generate_text(Successor(vocab=64), tokenizer_dir, prompt, max_new_tokens=2, temperature=0)
 
 
 def test_generate_text_continues_the_prompt(make_model, tokenizer_dir):

@@ -6,6 +6,7 @@ JSON-ready dict whose keys are documented in the README ("Plan output").
 
 from __future__ import annotations
 
+from ..errors import ConfigError
 from .advice import advise
 from .budget import run_length, storage_bytes, token_bytes, wall_clock
 from .budget_mode import apply_budget, budget_requested
@@ -20,6 +21,11 @@ from .step_time import step_time
 
 __all__ = ["plan", "plan_with_explain", "planned_config", "count_params", "param_shapes", "storage_bytes", "model_state_tensors"]
 
+# The planner lists every parameter tensor (ZeRO-1's partition is greedy per tensor, as torch's is), so its
+# cost grows with the layer count: ~0.3 s at 1,000 layers, minutes and gigabytes at 10^12. 1,000 layers is
+# the deepest published Transformer (DeepNet, Wang et al. 2022, "Scaling Transformers to 1,000 Layers").
+MAX_LAYERS = 1000
+
 
 def plan(config) -> dict:
     """The plan for a resolved Config (see `pretrain.config.load_config`)."""
@@ -31,6 +37,9 @@ def plan_with_explain(config, advice: bool = True) -> tuple[dict, Explain]:
     Budget mode (budget.* keys) plans a new config of the model it chooses (pretrain.plan.budget_mode);
     `config` is never changed, and `planned_config(config, result)` rebuilds the config that was planned."""
     c = config
+    if c.model.num_layers > MAX_LAYERS:
+        raise ConfigError(f"model.num_layers: {c.model.num_layers:,} is beyond what the planner models (at most "
+                          f"{MAX_LAYERS:,}, the deepest published Transformer); give a smaller depth")
     ex = Explain()
     budget = None
     if budget_requested(c):  # budget mode chooses a model, then that model's config is planned as usual
