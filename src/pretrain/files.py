@@ -1,8 +1,9 @@
 """Files: writing one so that a reader (or a crash) never sees half of it; reading a JSON file a config key
-names, with a one-line error for each way it can be wrong."""
+names, with a one-line error for each way it can be wrong; the checksum that vouches for a file."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -41,3 +42,12 @@ def write_atomic(path: str | Path, data: str | bytes) -> Path:
     finally:
         tmp.unlink(missing_ok=True)
     return path
+
+
+def sha256_file(path) -> str:
+    """Hex sha256 of a file's bytes, read in 4 MiB blocks (checkpoint shards may be larger than memory)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
