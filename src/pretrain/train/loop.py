@@ -29,8 +29,10 @@ from ..plan.params import count_params
 from ..plan.schedule import checked_warmup, learning_rate, micro_batches_per_step
 from . import checkpoint as ckpt
 from . import plan_check
+from .lock import acquire_run_lock
 from .measure import measure_forward, model_state_bytes
 from .metrics import RunLog
+from .preflight import check_fits_device, set_aside_history
 from .stability import SpikeDetector
 
 MEASURE_STEP = 2  # optimizer states exist after the first step; measure the plan on the step after
@@ -96,15 +98,26 @@ class Trainer:
         c.parallel.gpus = rt.world_size  # the world torchrun gives is the truth (steps, batch, the plan)
         self.run_dir = Path(c.run.dir)
         check_trainable(c, needs_data=loader is None)
+        check_fits_device(c, rt)
         if loader is None and c.data.dir:  # saved absolute: export, generate and resume run from anywhere
             c.data.dir = str(Path(c.data.dir).resolve())
         self.data = PreparedData(c.data.dir) if loader is None else None
         if self.data is not None:
             check_trainable(c, self.data.meta)
             SequentialWindows(self.data, "val", t.seq_len, rank=rt.rank, world_size=rt.world_size)  # enough val?
+        self.lock = acquire_run_lock(self.run_dir) if rt.is_main and not quiet else None
         if c.run.resume == "never" and not quiet and ckpt.list_checkpoints(self.run_dir):
             raise UsageError(f"run.dir {self.run_dir} already holds checkpoints of another run; continue it with "
                              f"`pretrain train --resume {self.run_dir}` or choose a new run.dir")
+        self.resume_from, corrupt = ckpt.resume_point(self.run_dir) if c.run.resume == "auto" else (None, [])
+        if self.resume_from is not None:
+            ckpt.check_resume_compatible(self.resume_from, c)
+        self._barrier()  # every rank has verified before rank 0 renames anything
+        self.history_aside = None
+        if rt.is_main and not quiet:
+            ckpt.set_aside(corrupt)
+            if not ckpt.list_checkpoints(self.run_dir):
+                self.history_aside = set_aside_history(self.run_dir)
         self.counts = count_params(c.model)
         self.length = run_length(c, self.counts.total)
         self.total_steps = self.length["steps"]
@@ -222,13 +235,17 @@ class Trainer:
         if self.rt.is_main:
             ckpt.remove_partial(self.run_dir)
         self._barrier()
-        found = ckpt.latest_checkpoint(self.run_dir) if self.config.run.resume == "auto" else None
+        found = self.resume_from
         if found is not None:
             self.restore(found)
+            self._write_config()  # only after a successful restore: a failed --resume leaves it as it was
             self.log.say(f"resumed from {found} (step {self.state.step:,}, {self.state.tokens:,} tokens)")
             self.log.event({"event": "resumed", "step": self.state.step, "tokens": self.state.tokens,
                             "path": str(found)})
         else:
+            self._write_config()
+            if self.history_aside:
+                self.log.say(f"moved the history of an earlier run without a checkpoint to {self.history_aside}")
             if self.config.run.resume == "auto":
                 self.log.say(f"warning: no complete checkpoint in {self.run_dir}; starting from the beginning")
             if self.config.stability.spike_detection:
@@ -240,10 +257,11 @@ class Trainer:
         finally:
             self._restore_signals()
             self.log.close()
+            if self.lock is not None:
+                self.lock.release()
 
     def _run(self) -> dict:
         c = self.config
-        self._write_config()
         self.resume_or_start()
         self.peak, peak_source = plan_check.peak_tflops(self.device_config, self.rt.device)
         self.device_config.hardware.peak_tflops = self.peak  # the plan's tokens/s at the same peak as MFU
