@@ -116,6 +116,27 @@ def test_two_trainers_started_at_once_exactly_one_runs(prepared, tmp_path):
     assert steps_logged(run_dir) == [1, 2, 3, 4, 5, 6]  # one history, not two interleaved
 
 
+def test_rank_0_of_a_torchrun_job_holds_the_lock(prepared, tmp_path):
+    psutil = pytest.importorskip("psutil")
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "pretrain",
+           "train", *tiny(prepared, run_dir, "train.max_steps=200", "debug.step_sleep=0.2")]
+    job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+    try:
+        wait_for_steps(run_dir, 2, job)
+        r = run_cli("train", "--resume", run_dir)
+        line = one_line(r, "PID", socket.gethostname())
+        holder = int(line.split("PID ")[1].split()[0])
+        ranks = {p.pid: p.environ().get("RANK") for p in psutil.Process(job.pid).children(recursive=True)}
+        assert ranks.get(holder) == "0", (holder, ranks)
+    finally:
+        os.killpg(job.pid, signal.SIGKILL)  # the launcher and both ranks
+        job.communicate(timeout=60)
+    r = run_cli("train", "--resume", run_dir, "train.max_steps=4", "debug.step_sleep=0")
+    assert r.returncode == 0, r.stderr
+
+
 # --- item 4: a failed resume changes nothing ------------------------------------------------------------
 
 @pytest.mark.parametrize("overrides, key", [(["model.hidden_size=128"], "model.hidden_size"),
@@ -127,6 +148,13 @@ def test_a_resume_that_changes_the_model_is_one_line_and_changes_nothing(run_dir
     one_line(r, key, "step_00000009")
     assert snapshot(run_dir) == before  # config.yaml above all: a plain --resume must still work
     r = run_cli("train", "--resume", run_dir, "debug.stop_after_step=10")
+    assert r.returncode == 0, r.stderr
+    assert "step 9" in r.stdout
+
+
+def test_a_resume_may_change_what_leaves_the_tensors_alone(run_dir):
+    r = run_cli("train", "--resume", run_dir, "model.max_seq_len=512", "model.dropout=0.1",
+                "debug.stop_after_step=10")  # a LLaMA has no position table: its context may grow
     assert r.returncode == 0, r.stderr
     assert "step 9" in r.stdout
 
@@ -184,6 +212,16 @@ def test_the_manifest_lists_every_file_the_format_requires(stopped):
         on_disk = {str(p.relative_to(c)) for p in c.rglob("*") if p.is_file() and p.name != "manifest.json"}
         assert listed == on_disk and set(REQUIRED_FILES) <= listed
         assert "state/.metadata" in listed and "rng_rank0.pt" in listed
+
+
+def test_verify_names_an_unlisted_file_a_loader_reads_and_ignores_a_note(stopped, tmp_path):
+    from pretrain.train.checkpoint import verify
+
+    c = shutil.copytree(stopped / "checkpoints" / "step_00000008", tmp_path / "step_00000008")
+    (c / "NOTES.txt").write_text("copied to the archive on Monday")
+    assert verify(c) is None
+    shutil.copy(c / "rng_rank0.pt", c / "rng_rank1.pt")  # rank 1 of a resume on two ranks would load it
+    assert "rng_rank1.pt is not listed in manifest.json" == verify(c)
 
 
 # --- item 10: a fresh run never appends to an old history -----------------------------------------------

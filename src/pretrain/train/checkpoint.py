@@ -187,8 +187,9 @@ def verify(path: Path) -> str | None:
         if name not in files:
             return f"manifest.json does not list {name}"
     for name in _files(path):
-        if str(name.relative_to(path)) not in files:  # every file a loader may read is vouched for
-            return f"{name.relative_to(path)} is not listed in manifest.json"
+        rel = str(name.relative_to(path))
+        if rel not in files and _loaded(rel):  # a file a loader reads must be vouched for; a note need not
+            return f"{rel} is not listed in manifest.json"
     for name in files:
         f = path / name
         if not f.is_file():
@@ -198,6 +199,11 @@ def verify(path: Path) -> str | None:
         if sha256_file(f) != sums[name]:
             return f"{name} fails its sha256 checksum"
     return None
+
+
+def _loaded(rel: str) -> bool:
+    """A file some loader reads: the required ones, DCP's state/, an RNG file of any rank."""
+    return rel in REQUIRED_FILES or rel.startswith("state/") or re.fullmatch(r"rng_rank\d+\.pt", rel) is not None
 
 
 def read_trainer_state(path: Path) -> dict:
@@ -257,7 +263,7 @@ def set_aside(corrupt: list[tuple[Path, str]]) -> list[Path]:
 
 
 # The model keys that decide which tensors exist and their shapes (the rest: dropout, init, RoPE base, ...
-# may change on a resume).
+# may change on a resume). max_seq_len sizes GPT-2's position table only: a LLaMA may extend its context.
 SHAPE_KEYS = ("family", "vocab_size", "pad_vocab_to", "hidden_size", "intermediate_size", "num_layers",
               "num_heads", "num_kv_heads", "head_dim", "max_seq_len", "tie_embeddings", "qkv_bias", "bias")
 
@@ -270,6 +276,8 @@ def check_resume_compatible(path: Path, config) -> None:
     saved = (yaml.safe_load((Path(path) / "config.yaml").read_text()) or {}).get("model") or {}
     now = config.to_dict()["model"]
     for key in SHAPE_KEYS:
+        if key == "max_seq_len" and saved.get("family") != "gpt2":
+            continue
         if key in saved and saved[key] != now.get(key):
             raise UsageError(f"model.{key}: {now.get(key)!r} here, but checkpoint {path} was trained with "
                              f"{saved[key]!r}; a resume keeps the model's shape: drop the override, or start a "
