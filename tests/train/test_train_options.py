@@ -108,10 +108,11 @@ def test_missing_or_mismatched_data_directory(prepared, tmp_path):
 def test_a_new_run_never_overwrites_an_old_one(prepared, tmp_path):
     run_dir = tmp_path / "run"
     assert run_cli("train", *tiny(prepared, run_dir, "train.max_steps=3")).returncode == 0
-    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    # The lock file aside: each trainer writes its PID there.
+    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and p.name != ".lock"}
     r = run_cli("train", *tiny(prepared, run_dir, "train.max_steps=3", "train.lr=0.5"))
     assert r.returncode == 2 and "--resume" in r.stderr and len(r.stderr.strip().splitlines()) == 1
-    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before  # config.yaml untouched
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and p.name != ".lock"} == before
 
 
 def test_a_validation_split_too_small_fails_before_training(prepared, tmp_path):

@@ -2,23 +2,29 @@
 
 Layout of RUN_DIR/checkpoints/step_00000100/:
   state/               model and optimizer, torch.distributed.checkpoint (sharded under FSDP, one file
-                       per rank; loads onto any number of ranks)
+                       per rank, and `.metadata`; loads onto any number of ranks)
   trainer.json         step, tokens, data-loader position, schedule and stability state, version, "good"
   rng_rank{r}.pt       RNG states of every rank (torch, CUDA, numpy, python)
   config.yaml          the resolved config of the run
   manifest.json        sha256 and size of every file above; written last
 A checkpoint is written into `step_N.tmp/` and renamed to `step_N/` only when complete, so a crash at any
-moment leaves either the previous checkpoint or a `.tmp` directory that the next run deletes. Loading verifies
-the manifest; a corrupt checkpoint is skipped (with a warning) for the one before it.
+moment leaves either the previous checkpoint or a `.tmp` directory that the next run deletes.
+
+Every reader (resume, rollback, export, generate, `load_model`) goes through `verify`: the manifest must exist,
+list every file the format requires and every file present, and each must match its size and sha256. A
+corrupt checkpoint is never used, deleted or written over: a resume takes the newest one that verifies and
+renames the corrupt ones after it to `step_N.corrupt/` (kept for a person to look at); when none verifies,
+the resume stops. Only directories named `step_` + 8 digits are checkpoints; anything else in checkpoints/
+is left alone, with one warning.
 """
 
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
 import random
+import re
 import shutil
 import time
 import warnings
@@ -29,20 +35,18 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from ..errors import UsageError
+from ..files import sha256_file
 
 PREFIX = "step_"
+CHECKPOINT_NAME = re.compile(r"step_(\d{8})")
+# What this module itself leaves in checkpoints/: partial writes, deletions under way, corrupt ones set aside.
+OWN_NAME = re.compile(r"step_\d{8}(\.tmp|\.removed\.tmp|\.corrupt(-\d+)?)")
+# Files every checkpoint has, whatever the number of ranks (the manifest lists these and every other file).
+REQUIRED_FILES = ("trainer.json", "config.yaml", "state/.metadata", "rng_rank0.pt")
 
 
 def checkpoint_dir(run_dir: Path, step: int) -> Path:
     return Path(run_dir) / "checkpoints" / f"{PREFIX}{step:08d}"
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _files(directory: Path) -> list[Path]:
@@ -100,7 +104,7 @@ def save_checkpoint(run_dir, step: int, state_dict: dict, trainer: dict, config_
         if rank == 0:
             _write_json(tmp / "trainer.json", trainer)
             (tmp / "config.yaml").write_text(config_yaml)
-            manifest = {str(p.relative_to(tmp)): {"sha256": _sha256(p), "bytes": p.stat().st_size}
+            manifest = {str(p.relative_to(tmp)): {"sha256": sha256_file(p), "bytes": p.stat().st_size}
                         for p in _files(tmp)}
             _write_json(tmp / "manifest.json", {"step": step, "files": manifest})
             _fsync_dir(tmp)
@@ -129,14 +133,30 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def step_of(path: Path) -> int:
+    return int(CHECKPOINT_NAME.fullmatch(path.name).group(1))
+
+
+_warned_stray: set[Path] = set()
+
+
 def list_checkpoints(run_dir) -> list[Path]:
-    """Complete checkpoint directories (renamed, with a manifest), oldest first."""
+    """The checkpoint directories of a run (`step_` + 8 digits), oldest first, verified or not. Other entries
+    of checkpoints/ (a user's `step_00000006_backup/`, notes) are ignored, with one warning per process."""
     root = Path(run_dir) / "checkpoints"
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX) and not p.name.endswith(".tmp")
-             and (p / "manifest.json").exists()]
-    return sorted(found, key=lambda p: int(p.name[len(PREFIX):]))
+    found, stray = [], []
+    for p in root.iterdir():
+        if p.is_dir() and CHECKPOINT_NAME.fullmatch(p.name):
+            found.append(p)
+        elif not OWN_NAME.fullmatch(p.name):
+            stray.append(p.name)
+    if stray and root not in _warned_stray:
+        _warned_stray.add(root)
+        warnings.warn(f"ignoring {', '.join(sorted(stray))} in {root}: only step_NNNNNNNN directories are "
+                      "checkpoints", stacklevel=2)
+    return sorted(found, key=step_of)
 
 
 def remove_partial(run_dir) -> list[Path]:
@@ -149,20 +169,41 @@ def remove_partial(run_dir) -> list[Path]:
 
 
 def verify(path: Path) -> str | None:
-    """None when every file matches the manifest, else the reason."""
+    """None when the checkpoint is complete and intact, else the reason: the manifest must exist, list
+    every file the format requires and every file present, and each file must match its size and sha256."""
+    path = Path(path)
+    if not (path / "manifest.json").is_file():
+        return "no manifest.json (a checkpoint is complete only once its manifest is written)"
     try:
-        manifest = json.loads((path / "manifest.json").read_text())["files"]
-    except (OSError, ValueError, KeyError) as e:
-        return f"unreadable manifest ({e})"
-    for name, entry in manifest.items():
+        manifest = json.loads((path / "manifest.json").read_text())
+        files = manifest["files"]
+        sizes = {name: int(entry["bytes"]) for name, entry in files.items()}
+        sums = {name: str(entry["sha256"]) for name, entry in files.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        return f"unreadable manifest.json ({type(e).__name__}: {e})"
+    if CHECKPOINT_NAME.fullmatch(path.name) and manifest.get("step") != step_of(path):
+        return f"manifest.json is of step {manifest.get('step')}, not of step {step_of(path)}"
+    for name in REQUIRED_FILES:
+        if name not in files:
+            return f"manifest.json does not list {name}"
+    for name in _files(path):
+        rel = str(name.relative_to(path))
+        if rel not in files and _loaded(rel):  # a file a loader reads must be vouched for; a note need not
+            return f"{rel} is not listed in manifest.json"
+    for name in files:
         f = path / name
         if not f.is_file():
             return f"{name} is missing"
-        if f.stat().st_size != entry["bytes"]:
-            return f"{name} has {f.stat().st_size} bytes, expected {entry['bytes']}"
-        if _sha256(f) != entry["sha256"]:
+        if f.stat().st_size != sizes[name]:
+            return f"{name} has {f.stat().st_size} bytes, expected {sizes[name]}"
+        if sha256_file(f) != sums[name]:
             return f"{name} fails its sha256 checksum"
     return None
+
+
+def _loaded(rel: str) -> bool:
+    """A file some loader reads: the required ones, DCP's state/, an RNG file of any rank."""
+    return rel in REQUIRED_FILES or rel.startswith("state/") or re.fullmatch(r"rng_rank\d+\.pt", rel) is not None
 
 
 def read_trainer_state(path: Path) -> dict:
@@ -171,10 +212,9 @@ def read_trainer_state(path: Path) -> dict:
 
 def latest_checkpoint(run_dir, good_only: bool = False, before_step: int | None = None,
                       check: bool = True) -> Path | None:
-    """Newest complete checkpoint that verifies (optionally: written while no loss spike was active)."""
+    """Newest checkpoint that verifies (optionally: written while no loss spike was active)."""
     for path in reversed(list_checkpoints(run_dir)):
-        step = int(path.name[len(PREFIX):])
-        if before_step is not None and step > before_step:
+        if before_step is not None and step_of(path) > before_step:
             continue
         if check:
             problem = verify(path)
@@ -187,9 +227,71 @@ def latest_checkpoint(run_dir, good_only: bool = False, before_step: int | None 
     return None
 
 
+def resume_point(run_dir) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """(the checkpoint a resume continues from, [(corrupt checkpoint newer than it, why)]), warning nothing.
+    (None, []) when the run has no checkpoint at all; UsageError when it has some and none verifies: a
+    restart from step 0 would write over them."""
+    corrupt = []
+    for path in reversed(list_checkpoints(run_dir)):
+        problem = verify(path)
+        if problem is None:
+            return path, corrupt
+        corrupt.append((path, problem))
+    if corrupt:
+        newest, why = corrupt[0]
+        raise UsageError(f"every checkpoint in {Path(run_dir) / 'checkpoints'} is corrupt ({len(corrupt)}; the "
+                         f"newest, {newest.name}: {why}); nothing was changed and training did not restart from "
+                         "step 0: restore a checkpoint from a backup, or start over with another run.dir")
+    return None, []
+
+
+def set_aside(corrupt: list[tuple[Path, str]]) -> list[Path]:
+    """Rename corrupt checkpoints to `step_N.corrupt/` with a warning each (rank 0, before the run goes on):
+    kept for a person to look at, never pruned, never replaced by a new checkpoint of the same step."""
+    moved = []
+    for path, why in corrupt:
+        target = path.with_name(path.name + ".corrupt")
+        n = 1
+        while target.exists():
+            n += 1
+            target = path.with_name(f"{path.name}.corrupt-{n}")
+        os.rename(path, target)
+        warnings.warn(f"checkpoint {path} is corrupt ({why}); kept as {target.name}, resuming from the one "
+                      "before it", stacklevel=2)
+        moved.append(target)
+    return moved
+
+
+# The model keys that decide which tensors exist and their shapes (the rest: dropout, init, RoPE base, ...
+# may change on a resume). max_seq_len sizes GPT-2's position table only: a LLaMA may extend its context.
+SHAPE_KEYS = ("family", "vocab_size", "pad_vocab_to", "hidden_size", "intermediate_size", "num_layers",
+              "num_heads", "num_kv_heads", "head_dim", "max_seq_len", "tie_embeddings", "qkv_bias", "bias")
+
+
+def check_resume_compatible(path: Path, config) -> None:
+    """A resume must build the model the checkpoint holds: compare the checkpoint's own (verified)
+    config.yaml with the resumed config before any tensor is loaded, and name the first key that differs."""
+    import yaml
+
+    saved = (yaml.safe_load((Path(path) / "config.yaml").read_text()) or {}).get("model") or {}
+    now = config.to_dict()["model"]
+    for key in SHAPE_KEYS:
+        if key == "max_seq_len" and saved.get("family") != "gpt2":
+            continue
+        if key in saved and saved[key] != now.get(key):
+            raise UsageError(f"model.{key}: {now.get(key)!r} here, but checkpoint {path} was trained with "
+                             f"{saved[key]!r}; a resume keeps the model's shape: drop the override, or start a "
+                             "new run.dir")
+
+
+def _ours(path: Path) -> bool:
+    """A checkpoint this code wrote (it has a manifest): the only kind pruning may delete."""
+    return (path / "manifest.json").is_file()
+
+
 def prune(run_dir, keep: int) -> None:
     """Keep the newest `keep` checkpoints, and always the newest good one (rollback target)."""
-    complete = list_checkpoints(run_dir)
+    complete = [p for p in list_checkpoints(run_dir) if _ours(p)]
     keep_set = set(complete[-keep:])
     for path in reversed(complete):
         if read_trainer_state(path).get("good", True):
@@ -203,7 +305,7 @@ def prune(run_dir, keep: int) -> None:
 def remove_after(run_dir, step: int) -> None:
     """Delete the checkpoints newer than `step` (a rollback abandons the steps that wrote them)."""
     for path in list_checkpoints(run_dir):
-        if int(path.name[len(PREFIX):]) > step:
+        if step_of(path) > step and _ours(path):
             _discard(path)
 
 
@@ -227,14 +329,24 @@ def load_rng(path: Path, rank: int) -> None:
 
 
 def resolve_checkpoint(path) -> Path:
-    """A checkpoint directory, or the newest complete one of a run directory."""
+    """A checkpoint directory, or the newest one of a run directory that verifies. The one verification
+    path of every reader: a checkpoint named directly is refused if it fails, as one of a run is skipped."""
     path = Path(path)
-    if (path / "manifest.json").exists():
-        return path
     if not path.exists():
         raise UsageError(f"{path} does not exist; give a run directory or one of its checkpoints")
+    named = CHECKPOINT_NAME.fullmatch(path.name) or (path / "manifest.json").exists() or \
+        (path / "trainer.json").exists()
+    if named:
+        problem = verify(path)
+        if problem:
+            raise UsageError(f"checkpoint {path} fails verification: {problem}; give another checkpoint, or the "
+                             "run directory (its newest checkpoint that verifies)")
+        return path
     found = latest_checkpoint(path)
     if found is None:
+        if list_checkpoints(path):
+            raise UsageError(f"every checkpoint in {path / 'checkpoints'} is corrupt (the warnings above say "
+                             "why); restore one from a backup")
         raise UsageError(f"{path} holds no complete checkpoint; train with run.checkpoint_every or wait "
                          "for the first checkpoint")
     return found

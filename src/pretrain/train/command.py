@@ -26,17 +26,63 @@ def add_arguments(p):
 def resolve(args):
     """The config of `pretrain train`: a file, or a run directory's saved config when resuming."""
     from ..config import load_config
-    from ..errors import UsageError
 
     path, overrides = split_items(args.items)
     if args.resume:
-        saved = Path(args.resume) / "config.yaml"
-        if not saved.exists():
-            raise UsageError(f"--resume {args.resume}: no config.yaml there; give the run directory of an "
-                             "earlier `pretrain train`")
+        run_dir = Path(args.resume)
+        check_same_run_dir(run_dir, overrides)
+        saved = run_dir / "config.yaml"
+        if path is None:
+            check_saved_config(saved)
         path = path or str(saved)
         overrides = [f"run.dir={args.resume}", "run.resume=auto", *overrides]
     return load_config(path, overrides)
+
+
+def check_same_run_dir(run_dir: Path, overrides: list[str]) -> None:
+    """`--resume A run.dir=B` would train from scratch in B: a resume continues in its own directory."""
+    from ..errors import UsageError
+
+    for item in overrides:
+        key, _, value = item.partition("=")
+        if key.strip() == "run.dir" and Path(value.strip()).resolve() != run_dir.resolve():
+            raise UsageError(f"--resume {run_dir} with run.dir={value.strip()}: a resume continues in its own run "
+                             f"directory; to continue a copy, `cp -r {run_dir} {value.strip()}` and resume that")
+
+
+def check_saved_config(saved: Path) -> None:
+    """The run's config.yaml must be there and hold a config; when it does not, name it and the verified copy
+    in the newest checkpoint to restore it from (every checkpoint keeps its own, checksummed)."""
+    import yaml
+
+    from ..errors import UsageError
+    from .checkpoint import resume_point
+
+    run_dir = saved.parent
+    if not run_dir.is_dir():
+        raise UsageError(f"--resume {run_dir}: no such directory; give the run directory of an earlier "
+                         "`pretrain train`")
+    problem = None
+    if not saved.is_file():
+        problem = "is missing"
+    else:
+        try:
+            raw = yaml.safe_load(saved.read_text(encoding="utf-8"))
+        except (yaml.YAMLError, UnicodeDecodeError) as e:
+            problem = f"is not valid YAML ({type(e).__name__})"
+        else:
+            if not isinstance(raw, dict) or not raw:
+                problem = "is empty" if not raw else "does not hold a mapping of config sections"
+    if problem is None:
+        return
+    try:
+        newest = resume_point(run_dir)[0]
+    except UsageError:
+        newest = None
+    fix = (f"restore it from the newest checkpoint's verified copy: cp {newest / 'config.yaml'} {saved}"
+           if newest else "no checkpoint of the run holds a copy to restore it from; give the run directory of "
+           "an earlier `pretrain train`")
+    raise UsageError(f"--resume {run_dir}: the run's config {saved} {problem}; {fix}")
 
 
 def run(args) -> int:

@@ -31,7 +31,9 @@ from .callbacks.evaluation import evaluate
 from .callbacks.preemption import preempted
 from .callbacks.stability import Stability
 from .checkpointer import Checkpointer
+from .lock import acquire_run_lock
 from .metrics import RunLog
+from .preflight import check_fits_device, set_aside_history
 from .prefetch import Prefetcher
 from .step import StepResult, train_step
 
@@ -115,12 +117,23 @@ class Trainer:
         t = c.train
         self.rt, self.run_dir = rt, Path(c.run.dir)
         check_trainable(c, needs_data=loader is None)
+        check_fits_device(c, rt)
         self.data = open_training_data(c.data.dir, c.data.verify, c.model.vocab_size) if loader is None else None
         if self.data is not None:
             SequentialWindows(self.data, "val", t.seq_len, rank=rt.rank, world_size=rt.world_size)  # enough val?
+        self.lock = acquire_run_lock(self.run_dir) if rt.is_main and not quiet else None  # before any write
         if c.run.resume == "never" and not quiet and ckpt.list_checkpoints(self.run_dir):
             raise UsageError(f"run.dir {self.run_dir} already holds checkpoints of another run; continue it with "
                              f"`pretrain train --resume {self.run_dir}` or choose a new run.dir")
+        self.resume_from, corrupt = ckpt.resume_point(self.run_dir) if c.run.resume == "auto" else (None, [])
+        if self.resume_from is not None:
+            ckpt.check_resume_compatible(self.resume_from, c)
+        self.barrier()  # every rank has verified before rank 0 renames anything
+        self.history_aside = None
+        if rt.is_main and not quiet:
+            ckpt.set_aside(corrupt)
+            if not ckpt.list_checkpoints(self.run_dir):  # an earlier run's history is not this run's
+                self.history_aside = set_aside_history(self.run_dir)
         self.total_steps = run_length(c, count_params(c.model).total)["steps"]
         self.warmup = checked_warmup(t, self.total_steps)
         self.ramp = dict(seq_len=t.seq_len, micro_batch_size=t.micro_batch_size, data_parallel=rt.world_size,
@@ -170,9 +183,10 @@ class Trainer:
                 cb.on_fit_end(self)
             self.batches.close()
             self.log.close()
+            if self.lock is not None:
+                self.lock.release()
 
     def _fit(self) -> dict:
-        self._write_config()
         self.resume_or_start()
         self.peak, _ = plan_check.peak_tflops(self.device_config, self.rt.device)
         self.plan = plan_check.make_plan(dataclasses.replace(  # the plan's tokens/s at the peak behind MFU
@@ -215,13 +229,17 @@ class Trainer:
         if self.rt.is_main:
             ckpt.remove_partial(self.run_dir)
         self.barrier()
-        found = ckpt.latest_checkpoint(self.run_dir) if self.config.run.resume == "auto" else None
+        found = self.resume_from
         if found is not None:
             self.checkpointer.load(found)
+            self._write_config()  # only after a successful restore: a failed --resume leaves it as it was
             st = self.state
             self.log.say(f"resumed from {found} (step {st.step:,}, {st.tokens:,} tokens)")
             self.log.event({"event": "resumed", "step": st.step, "tokens": st.tokens, "path": str(found)})
             return
+        self._write_config()
+        if self.history_aside:
+            self.log.say(f"moved the history of an earlier run without a checkpoint to {self.history_aside}")
         if self.config.run.resume == "auto":
             self.log.say(f"warning: no complete checkpoint in {self.run_dir}; starting from the beginning")
         if self.config.stability.spike_detection:

@@ -1,0 +1,71 @@
+"""Checks of a training run before anything is allocated or written: does the planned memory fit the machine,
+and does the run directory hold an earlier run's history that the new one must not append to."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from ..errors import ConfigError
+
+GiB = 1024**3
+# What a run writes besides its checkpoints: the history of one run.
+HISTORY = ("metrics.jsonl", "events.jsonl", "tensorboard", "plan_vs_run.json", "config.yaml")
+
+
+def host_memory_bytes() -> int:
+    """The host's RAM, or the container's limit when lower (cgroup v2 memory.max: what its OOM killer uses)."""
+    total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            total = min(total, int(limit))
+    except (OSError, ValueError):
+        pass
+    return total
+
+
+def check_fits_device(config, rt) -> None:
+    """Refuse a run whose planned memory per process exceeds its device: the GPU's memory, or on a CPU the
+    host's RAM shared by the ranks on this host. Called before the model is built: the default 6.7B config
+    started on a laptop is one line, not minutes of swapping and the OOM killer."""
+    import torch
+
+    from ..plan import plan_with_explain
+    from .plan_check import config_for_device
+
+    plan = plan_with_explain(config_for_device(config, rt), advice=False)[0]
+    m = plan["memory_bytes"]
+    per_process = m["total"]
+    if rt.device.type == "cuda":
+        have = torch.cuda.get_device_properties(rt.device).total_memory
+        need, where = per_process, f"GPU {torch.cuda.get_device_name(rt.device)}"
+    else:
+        ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        have, need = host_memory_bytes(), per_process * ranks_here
+        where = "this host's RAM" + (f" ({ranks_here} ranks of {per_process / GiB:.1f} GiB)" if ranks_here > 1 else "")
+    if need > have:
+        parts = ", ".join(f"{k} {m[k] / GiB:.1f}" for k in ("weights", "gradients", "optimizer", "activations"))
+        raise ConfigError(f"the plan needs {need / GiB:.1f} GiB per process ({parts} GiB) but {where} has "
+                          f"{have / GiB:.1f} GiB; choose a smaller model, batch or sequence, or more devices "
+                          "(`pretrain plan` with this config shows the memory and ways to fit it)")
+
+
+def set_aside_history(run_dir) -> Path | None:
+    """A run directory with an earlier run's history but no checkpoint (stopped before its first one): move
+    that history into RUN_DIR/previous-<UTC time>/ so that the new run's metrics.jsonl starts empty instead of
+    continuing another run's steps. Nothing is deleted. Returns the folder, or None when there was nothing."""
+    run_dir = Path(run_dir)
+    present = [run_dir / name for name in HISTORY if (run_dir / name).exists()]
+    if not any(p.suffix == ".jsonl" for p in present):
+        return None  # no history: at most a config.yaml, which the new run writes again
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    aside, n = run_dir / f"previous-{stamp}", 1
+    while aside.exists():
+        n += 1
+        aside = run_dir / f"previous-{stamp}-{n}"
+    aside.mkdir()
+    for p in present:
+        os.rename(p, aside / p.name)
+    return aside
