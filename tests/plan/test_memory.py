@@ -176,3 +176,20 @@ def test_adafactor_step_makes_a_second_moment_estimate_per_parameter():
     n = 6_738_415_616
     assert sgd["optimizer"] == 0  # SGD without momentum keeps no state and updates in place
     assert ada["phases"]["optimizer_step"] - ada["optimizer"] - sgd["phases"]["optimizer_step"] == 2 * n
+
+
+def test_ddp_buckets_hold_the_gradients_once_they_are_views(monkeypatch):
+    # Issue 13, item 6: DDP's default keeps its gradient buckets beside the gradients (one more copy per GPU);
+    # with gradient_as_bucket_view=True the gradients are the buckets. Both are there from DDP's construction,
+    # so the buckets are in every phase; as views, nothing else is.
+    import sys
+
+    memory = sys.modules["pretrain.plan.memory"]  # the module (pretrain.plan.memory names its function)
+    base = ["model.preset=llama3.2-1b", "hardware.gpu=h100-sxm", "parallel.gpus=8", "train.grad_accum_steps=4"]
+    copy = _memory(*base)
+    monkeypatch.setattr(memory, "DDP_GRADIENT_AS_BUCKET_VIEW", True)
+    view = _memory(*base)
+    g = copy["gradients"]
+    assert {k: copy["phases"][k] - view["phases"][k] for k in copy["phases"]} == {
+        "forward": g, "loss_backward": g, "backward": g, "optimizer_step": g}
+    assert copy["buffers"] - view["buffers"] == g

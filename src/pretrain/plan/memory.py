@@ -38,6 +38,10 @@ from .hardware import device_memory_bytes, gpu_spec
 from .params import padded_vocab_size, param_shapes
 
 PHASES = ("forward", "loss_backward", "backward", "optimizer_step")
+# DDP (and ZeRO-1, which runs on DDP) allocates its gradient buckets when it wraps the model. With
+# `gradient_as_bucket_view=True` the .grad tensors are views into them; without it, today's trainer, the
+# buckets are a fused copy beside the gradients. Set to what distributed/ builds.
+DDP_GRADIENT_AS_BUCKET_VIEW = False
 # Once-per-micro-batch tensors kept until the embedding's backward, the very last; the final norm's, the output
 # layer's and the loss's are gone before the blocks' backward runs.
 EMBEDDING_SIDE = ("token and target ids", "position ids", "rotary tables", "embedding dropout mask")
@@ -446,6 +450,8 @@ def _phases(cfg, st, b: int) -> dict[str, list[tuple[str, int]]]:
                 (f"{t.optimizer} states" + (" + fp32 master weights" if mixed else ""), optimizer)]
     if dp > 1 and par.zero_stage <= 1:
         resident.append(("DDP gradient buckets", st["gradients"]))
+        if DDP_GRADIENT_AS_BUCKET_VIEW:  # the gradients are views into the buckets: no second copy anywhere
+            st = dict(st, gradients=0)
     resident.append(("cuda_context", _cuda_context(cfg)))
     held, _ = _held_gradients(cfg, st)
     held_name = "unsharded gradients" if _fsdp(cfg) and par.grad_sync == "step" else "gradients"
@@ -548,7 +554,9 @@ def _buffers(cfg, st, gradients: int, zero: int) -> tuple[int, str]:
     a, t = COMPUTE_BYTES[cfg.train.precision], cfg.parallel.tensor
     parts, why = [loss], [f"loss logits {loss:,} ({a}{'' if a == 4 else '+4'} bytes x b*s*V"
                           + (f" / tensor {t})" if t > 1 else ")")]
-    if dp > 1 and zero <= 1:
+    if dp > 1 and zero <= 1 and DDP_GRADIENT_AS_BUCKET_VIEW:
+        why.append("DDP gradient buckets: the gradients themselves (gradient_as_bucket_view)")
+    elif dp > 1 and zero <= 1:
         parts.append(gradients)
         why.append(f"DDP gradient buckets {gradients:,} (a fused copy of the gradients)")
     elif dp > 1:
