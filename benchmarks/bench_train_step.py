@@ -23,7 +23,9 @@ from pretrain.config import load_config
 from pretrain.distributed.runtime import init_runtime
 from pretrain.model import build_model
 from pretrain.plan import plan
-from pretrain.train.loop import Trainer, precision_context
+from pretrain.config import compile_enabled
+from pretrain.precision import autocast as precision_context
+from pretrain.train.trainer import Trainer
 from pretrain.train.optim import build_optimizer
 
 # The model when no model.* key is given (a model.* key, e.g. model.preset=gpt2, replaces all of these).
@@ -59,13 +61,13 @@ def sync(device):
 def ours(config, rt, steps):
     trainer = Trainer(config, rt, loader=RandomTokens(config.model.vocab_size, config.train.seq_len), quiet=True)
     for _ in range(3):
-        trainer.train_step()
+        trainer.step()
 
     def run():
         sync(rt.device)
         start = time.perf_counter()
         for _ in range(steps):
-            trainer.train_step()
+            trainer.step()
         sync(rt.device)
         return time.perf_counter() - start
     return run
@@ -78,7 +80,7 @@ def minimal(config, rt, steps):
     for block in model.blocks:  # the same work as ours: its recomputation and attention kernel
         block.recompute = t.activation_checkpointing
     model.fix_attention_kernel(rt.device, half=t.precision != "fp32")
-    model = torch.compile(model) if t.compile else model
+    model = torch.compile(model) if compile_enabled(t.compile, rt.device.type) else model
     optimizer = build_optimizer(model, config.model, t)
     autocast = precision_context(t.precision, rt.device)
     data = RandomTokens(config.model.vocab_size, t.seq_len)
@@ -127,7 +129,7 @@ def main():
     speed = {name: tokens / statistics.median(s) for name, s in seconds.items()}
     print(f"device {rt.device}, threads {torch.get_num_threads()}, {config.model.num_layers} layers x "
           f"{config.model.hidden_size}, batch {t.micro_batch_size} x {t.grad_accum_steps} x {t.seq_len}, "
-          f"{t.precision}, compile {t.compile}")
+          f"{t.precision}, compile {compile_enabled(t.compile, rt.device.type)}")
     flops_per_token = plan(config)["flops"]["per_token"]  # the model FLOPs MFU counts (PaLM: 6N + attention)
     peak = config.hardware.peak_tflops
     for name, tps in speed.items():

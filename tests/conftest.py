@@ -1,6 +1,7 @@
 """Test-wide setup: no network, no hub downloads; a small prepared dataset every machine can build."""
 
 import os
+import tempfile
 
 import pytest
 
@@ -9,6 +10,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # OpenMP threads spin against each other and tiny CPU steps run 100x slower.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# The trainer caches a CPU's measured matmul peak per machine: tests keep theirs out of the user's home.
+os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="pretrain-test-cache-")
 
 
 @pytest.fixture(scope="session")

@@ -118,6 +118,16 @@ class ParallelConfig:
                          "after every micro-batch: gradients stay sharded) | step (only after the last micro-batch: "
                          "less communication, unsharded fp32 gradients held in between)", ("micro_batch", "step"))
 
+    @property
+    def data_parallel(self) -> int:
+        """Ranks that hold the same model shard and split the batch: gpus / (tensor x pipeline)."""
+        return self.gpus // (self.tensor * self.pipeline)
+
+    @property
+    def fsdp(self) -> bool:
+        """Sharded by FSDP2 (ZeRO 2/3 over more than one data-parallel rank); one rank keeps a plain model."""
+        return self.zero_stage >= 2 and self.data_parallel > 1
+
 
 @dataclass
 class HardwareConfig:
@@ -131,6 +141,12 @@ class HardwareConfig:
     profile: str | None = doc(None, "a hardware profile JSON written by `pretrain bench`: its achievable "
                               "TFLOP/s replaces the data-sheet peak")
     price_per_gpu_hour: float | None = doc(None, "price of one GPU-hour, for a cost estimate")
+    intra_node_gbps: float | None = doc(None, "step-time model: GB/s per GPU per direction between GPUs of a node, "
+                                        "as measured (nccl-tests bus bandwidth); default the catalog's NVLink / "
+                                        "PCIe figure x 0.8 (h100-sxm 450, a100 300)")
+    inter_node_gbps: float | None = doc(None, "step-time model: GB/s per GPU per direction between nodes, as "
+                                        "measured; default the catalog's network x 0.8 (one 400 Gb/s NIC per "
+                                        "H100 = 50, 200 Gb/s per A100 = 25)")
     cuda_context_gb: float = doc(1.3, "memory taken by the CUDA context and kernels (GB)")
     fragmentation: float = doc(0.1, "fraction of the card kept free for allocator fragmentation")
 
@@ -151,7 +167,27 @@ class FlopsConfig:
 
 @dataclass
 class DataConfig:
-    dir: str | None = doc(None, "a directory written by `pretrain prepare`")
+    dir: str | None = doc(None, "a directory written by `pretrain prepare` (the planner reads its meta.json: tokens "
+                          "available and bytes per token)")
+    raw_bytes: float | None = doc(None, "planner: size of the raw text corpus in bytes (300e9 = 300 GB), for the "
+                                  "tokens it holds and the epochs the run needs")
+    bytes_per_token: float | None = doc(None, "planner: UTF-8 bytes per token of the tokenizer on this text (from "
+                                        "`pretrain tokenizer stats`); with data.raw_bytes")
+
+
+@dataclass
+class PlanConfig:
+    framework: str = doc("pretrain", "memory accounting of `pretrain plan`: pretrain (what our trainer holds) | "
+                         "megatron | deepspeed | zero-paper (each framework's published formulas, added to the plan "
+                         "as `framework`; sources in --explain)", ("pretrain", "megatron", "deepspeed", "zero-paper"))
+
+
+@dataclass
+class BudgetConfig:
+    gpu_hours: float | None = doc(None, "planner budget mode: GPU-hours to spend; the plan then chooses the "
+                                  "Chinchilla-optimal model and tokens for that compute (README: Budget mode)")
+    days: float | None = doc(None, "budget mode: days of parallel.gpus GPUs")
+    cost: float | None = doc(None, "budget mode: money to spend, at hardware.price_per_gpu_hour")
 
 
 @dataclass
@@ -206,6 +242,8 @@ class Config:
     measured: MeasuredConfig = field(default_factory=MeasuredConfig)
     flops: FlopsConfig = field(default_factory=FlopsConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    plan: PlanConfig = field(default_factory=PlanConfig)
+    budget: BudgetConfig = field(default_factory=BudgetConfig)
     run: RunConfig = field(default_factory=RunConfig)
     stability: StabilityConfig = field(default_factory=StabilityConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
@@ -237,6 +275,23 @@ def load_config(path: str | Path | dict | None = None, overrides: list[str] | tu
             raise ConfigError(f"{section}: must be a mapping of keys, got {raw[section]!r}")
         raw[section][name] = value
     return from_dict(raw)
+
+
+def replaced(config: Config, overrides: dict) -> Config:
+    """A new Config: `config` with {"section.key": value} applied (values already typed), then validated.
+    `config` itself is left as loaded: the planner's budget mode and `--fit` plan the configs they choose
+    through this, never by writing into the caller's."""
+    by_section: dict[str, dict] = {}
+    for key, value in overrides.items():
+        section, name = key.split(".", 1)
+        if section not in SECTIONS or name not in {f.name for f in dataclasses.fields(SECTIONS[section])}:
+            raise ConfigError(_unknown(key, [f"{s}.{f.name}" for s, cls in SECTIONS.items()
+                                             for f in dataclasses.fields(cls)], "key"))
+        by_section.setdefault(section, {})[name] = value
+    new = dataclasses.replace(config, **{s: dataclasses.replace(getattr(config, s), **v)
+                                         for s, v in by_section.items()})
+    validate(new)  # fills head_dim / num_kv_heads / seq_len defaults of the new sections, checks the rest
+    return new
 
 
 def from_dict(raw: dict) -> Config:
@@ -522,13 +577,26 @@ def validate(c: Config) -> None:
         raise ConfigError(f"hardware.mfu: must be in (0, 1], got {h.mfu}")
     if h.hfu is not None and not 0 < h.hfu <= 1:
         raise ConfigError(f"hardware.hfu: must be in (0, 1], got {h.hfu}")
-    for name in ("peak_tflops", "memory_gb", "price_per_gpu_hour"):
+    for name in ("peak_tflops", "memory_gb", "price_per_gpu_hour", "intra_node_gbps", "inter_node_gbps"):
         _positive(f"hardware.{name}", getattr(h, name))
     _positive("hardware.cuda_context_gb", h.cuda_context_gb, allow_zero=True)
     if not 0 <= h.fragmentation < 1:
         raise ConfigError(f"hardware.fragmentation: must be in [0, 1), got {h.fragmentation}")
     for name in ("tokens_per_second", "iterations_per_second", "step_time_seconds"):
         _positive(f"measured.{name}", getattr(c.measured, name))
+    given = [f"budget.{k}" for k in ("gpu_hours", "days", "cost") if getattr(c.budget, k) is not None]
+    for key in given:
+        _positive(key, getattr(c.budget, key.split(".")[1]))
+    if len(given) > 1:
+        raise ConfigError(f"budget: {' and '.join(given)} both given; give one of budget.gpu_hours, budget.days, "
+                          "budget.cost")
+    if c.budget.cost is not None and not h.price_per_gpu_hour:
+        raise ConfigError("budget.cost: needs hardware.price_per_gpu_hour (the price of one GPU-hour)")
+    _positive("data.raw_bytes", c.data.raw_bytes)
+    _positive("data.bytes_per_token", c.data.bytes_per_token)
+    if c.data.raw_bytes and not c.data.bytes_per_token:
+        raise ConfigError("data.raw_bytes: needs data.bytes_per_token too (measure it with `pretrain tokenizer "
+                          "stats --tokenizer DIR --input CORPUS`)")
     r = c.run
     for name in ("log_every", "eval_batches", "keep_checkpoints"):
         _positive(f"run.{name}", getattr(r, name))

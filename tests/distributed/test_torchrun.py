@@ -16,7 +16,7 @@ from support import needs_compiler, run_cli
 torch = pytest.importorskip("torch")
 pytest.importorskip("psutil")
 
-from pretrain.distributed.parallel import FSDP_CPU_TORCH  # noqa: E402
+from pretrain.distributed.parallelize import FSDP_CPU_TORCH  # noqa: E402
 from pretrain.plan.kernels import torch_version_tuple  # noqa: E402
 
 OLD_TORCH = torch_version_tuple(torch.__version__) < FSDP_CPU_TORCH

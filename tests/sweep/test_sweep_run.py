@@ -117,16 +117,16 @@ def test_cells_that_do_not_fit_are_skipped_unless_try_all(tmp_path):
 
 
 def test_an_oom_cell_is_reported_and_the_sweep_goes_on(tmp_path, monkeypatch):
-    from pretrain.train.loop import Trainer
+    from pretrain.train.trainer import Trainer
 
-    real_step = Trainer.train_step
+    real_step = Trainer.step
 
-    def train_step(self):
+    def step(self):
         if self.config.train.seq_len == 64:
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore detail")
         return real_step(self)
 
-    monkeypatch.setattr(Trainer, "train_step", train_step)
+    monkeypatch.setattr(Trainer, "step", step)
     result = sweep(tmp_path, ["train.micro_batch_size=1"], {"train.seq_len": [32, 64, 128]})
     assert [c["status"] for c in result["cells"]] == ["ok", "OOM", "ok"]
     oom = result["cells"][1]

@@ -8,13 +8,17 @@ from __future__ import annotations
 
 from .advice import advise
 from .budget import run_length, storage_bytes, token_bytes, wall_clock
+from .budget_mode import apply_budget, budget_requested
+from .corpus import corpus_supply
 from .explain import Explain
 from .flops import basis, flops, utilisation
+from .frameworks import framework_memory
 from .hardware import gpu_spec, peak_tflops
 from .memory import memory, model_state_tensors
 from .params import count_params, padded_vocab_size, param_shapes
+from .step_time import step_time
 
-__all__ = ["plan", "plan_with_explain", "count_params", "param_shapes", "storage_bytes", "model_state_tensors"]
+__all__ = ["plan", "plan_with_explain", "planned_config", "count_params", "param_shapes", "storage_bytes", "model_state_tensors"]
 
 
 def plan(config) -> dict:
@@ -23,9 +27,14 @@ def plan(config) -> dict:
 
 
 def plan_with_explain(config, advice: bool = True) -> tuple[dict, Explain]:
-    """The plan and its explain trail; `advice=False` skips the warnings (which re-plan modified copies)."""
+    """The plan and its explain trail; `advice=False` skips the warnings (which re-plan modified copies).
+    Budget mode (budget.* keys) plans a new config of the model it chooses (pretrain.plan.budget_mode);
+    `config` is never changed, and `planned_config(config, result)` rebuilds the config that was planned."""
     c = config
     ex = Explain()
+    budget = None
+    if budget_requested(c):  # budget mode chooses a model, then that model's config is planned as usual
+        budget, c = apply_budget(c, ex)
     counts = count_params(c.model)
     ex.add("params", "total", counts.total, _params_formula(c.model, counts))
     ex.add("params", "embedding", counts.embedding, "input lookups: token table V x H"
@@ -41,6 +50,12 @@ def plan_with_explain(config, advice: bool = True) -> tuple[dict, Explain]:
     time = wall_clock(c, model_pt * tokens, hw_pt * tokens, peak, ex)
     if time["seconds"]:
         time["tokens_per_second"] = tokens / time["seconds"]
+    step = step_time(c, counts, fl, peak, ex)
+    if step:  # the modelled speed beside the hardware.mfu estimate (pretrain.plan.step_time)
+        time["modelled_seconds"] = ex.add("time", "modelled_seconds", step["seconds"] * length["steps"],
+                                          f"{length['steps']:,} steps x step_time.seconds {step['seconds']:.4g}")
+        time["modelled_tokens_per_second"] = step["tokens_per_second"]
+        time["modelled_mfu"] = step["mfu"]
     mem = memory(c, counts, ex)
 
     data = length["data_tokens"]  # each example once: the epochs re-read the same file
@@ -67,6 +82,7 @@ def plan_with_explain(config, advice: bool = True) -> tuple[dict, Explain]:
         "steps": {"total": length["steps"], "tokens_per_step": length["tokens_per_step"],
                   "examples_per_step": length["examples_per_step"], "warmup": length["warmup"]},
         "time": time,
+        "step_time": step,
         "memory_bytes": mem["memory_bytes"],
         "model_states": mem["model_states"],
         "fits": mem["fit"]["fits"],
@@ -78,6 +94,13 @@ def plan_with_explain(config, advice: bool = True) -> tuple[dict, Explain]:
         "hardware": {"gpu": spec.name, "peak_tflops": peak, "peak_source": peak_source,
                      "memory_bytes": mem["fit"]["device_bytes"], "bandwidth_gbps": spec.bandwidth_gbps},
     }
+    if budget:
+        result["budget"] = budget
+    if c.plan.framework != "pretrain":  # the default plan stays as it was, key for key
+        result["framework"] = framework_memory(c, ex)
+    supply = corpus_supply(c, tokens, ex)
+    if supply:
+        result["data"] = supply
     measured = utilisation(c, fl, length["tokens_per_step"], peak, ex)
     if measured:
         result["measured"] = measured
@@ -86,6 +109,13 @@ def plan_with_explain(config, advice: bool = True) -> tuple[dict, Explain]:
     if advice:
         result["advice"] = advise(c, result)
     return result, ex
+
+
+def planned_config(config, result: dict):
+    """The config a plan describes: `config` itself, or in budget mode the chosen model's (a new object)."""
+    from ..config import replaced
+
+    return replaced(config, result["budget"]["overrides"]) if "budget" in result else config
 
 
 def _unsharded(c) -> dict:

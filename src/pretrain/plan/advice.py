@@ -4,7 +4,7 @@
 Every rule, its threshold and its source is listed in docs/advice.md ("Planner advice"):
   memory     the config does not fit: the cheapest change that does, found by re-planning modified copies
   tokens     tokens per parameter < 5 or > 100 (Chinchilla's compute-optimal ~20)
-  epochs     more than 4 passes over the same examples (Muennighoff et al. 2023)
+  epochs     more than 4 passes over the same examples or the given corpus (Muennighoff et al. 2023)
   batch      tokens per step < 1/4 or > 8x GPT-3's batch for the size; >= 1M tokens per step with no ramp
   lr         peak learning rate more than 3x off the published peak for the size (GPT-3, LLaMA)
   warmup     warm-up outside 0.1-0.5 % of the steps (notes 001)
@@ -24,6 +24,7 @@ from ..errors import ConfigError
 from .activations import COMPUTE_BYTES, activation_bytes
 from .kernels import planned_native_gqa
 from .budget import CHINCHILLA_TOKENS_PER_PARAM
+from .corpus import epochs_advice
 from .hardware import COMPUTE_DTYPE, gpu_spec
 
 GiB = 1024**3
@@ -107,7 +108,7 @@ def _tokens(c, p) -> list[str]:
 def _epochs(c, p) -> list[str]:
     t = c.train
     if not t.examples:
-        return []
+        return epochs_advice(p.get("data"))  # the corpus given by data.raw_bytes or data.dir
     unique = t.examples * t.seq_len
     epochs = p["tokens"]["total"] / unique
     if epochs <= MAX_EPOCHS:

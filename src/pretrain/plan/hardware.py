@@ -8,7 +8,7 @@ total. A hardware profile written by `pretrain bench` replaces the peaks with me
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..errors import ConfigError
@@ -25,6 +25,8 @@ class GpuSpec:
     memory_bytes: int = 0
     bandwidth_gbps: float = 0.0  # device memory, GB/s
     source: str = "vendor data sheet"
+    intra_node_gbps: float = 0.0  # GPU to GPU in a node (NVLink, else PCIe), per GPU per direction, GB/s
+    inter_node_gbps: float = 0.0  # the network per GPU per direction (InfiniBand / RoCE), GB/s
 
 
 def _spec(name, memory_mib, bandwidth, **peaks) -> GpuSpec:
@@ -60,6 +62,18 @@ CATALOG: dict[str, GpuSpec] = {s.name: s for s in [
     GpuSpec(name="other-gpu", peak_tflops={}, memory_bytes=0, bandwidth_gbps=0.0,
             source="measure with pretrain bench"),
 ]}
+
+# Links per GPU per direction, GB/s, from the data sheets: NVLink's total bidirectional figure halved (V100 300
+# -> 150, A100 600 -> 300, A800 400 -> 200, H100/H200 900 -> 450, H800 400 -> 200, B200 1,800 -> 900, MI300X
+# Infinity Fabric 896 -> 448), PCIe x16 for cards without it (Gen3 16, Gen4 32, Gen5 64); the network is one
+# NIC per GPU as in NVIDIA's DGX systems (DGX-1 100 Gb/s EDR 12.5, DGX A100 200 Gb/s HDR 25, DGX H100 / B200
+# 400 Gb/s NDR 50), 100 Gb/s Ethernet for PCIe cards.
+LINKS = {"v100-16gb": (150, 12.5), "v100-32gb": (150, 12.5), "t4": (16, 12.5), "a10": (32, 12.5),
+         "a100-40gb": (300, 25), "a100-80gb": (300, 25), "a800-80gb": (200, 25), "rtx3090": (32, 12.5),
+         "rtx4090": (32, 12.5), "l40s": (32, 12.5), "h100-pcie": (64, 50), "h100-sxm": (450, 50), "h800": (200, 50),
+         "h200": (450, 50), "b200": (900, 50), "mi300x": (448, 50)}
+CATALOG = {name: (replace(spec, intra_node_gbps=LINKS[name][0], inter_node_gbps=LINKS[name][1])
+                  if name in LINKS else spec) for name, spec in CATALOG.items()}
 
 ALIASES = {"h100": "h100-sxm", "a100": "a100-80gb", "v100": "v100-32gb", "a800": "a800-80gb"}
 

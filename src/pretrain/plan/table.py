@@ -41,6 +41,10 @@ def render(config, p: dict) -> str:
     row("Training tokens", f"{tok['total']:,}", f"{tok['per_parameter']:.1f} per parameter; "
         f"Chinchilla-optimal {count(tok['chinchilla'])} (20 per parameter)")
     row("Tokens on disk", si_bytes(p["storage_bytes"]), "uint16 ids" if m.vocab_size <= 65536 else "uint32 ids")
+    if "data" in p:  # data.raw_bytes or a prepared data.dir (pretrain.plan.corpus)
+        d = p["data"]
+        row("Corpus tokens", f"{d['tokens_available']:,}", f"{si_bytes(d['raw_bytes'])} of text at "
+            f"{d['bytes_per_token']:.3g} bytes/token; the run reads it {d['epochs']:.3g} times")
     row("One checkpoint", si_bytes(p["checkpoint_bytes"]), "parameters + optimizer states")
     st = p["steps"]
     row("Optimizer steps", f"{st['total']:,}", f"{st['tokens_per_step']:,} tokens per step "
@@ -100,6 +104,16 @@ def render(config, p: dict) -> str:
         lines.append(f"    {'compiled':<14} {'-':>9}   {mem['compiled']} (train.compile)")
     if mem["host"]:  # offloaded states, or a model.init_from checkpoint being read
         lines.append(f"    {'host per node':<14} {mem['host'] / GiB:>9.2f}   RAM for offloaded states / the import")
+    if "framework" in p:  # plan.framework: another framework's accounting (pretrain.plan.frameworks)
+        fw, fm = p["framework"], p["framework"]["memory_bytes"]
+        fits = "" if fw["fits"] is None else (": fits" if fw["fits"] else ": does NOT fit")
+        lines.append(f"    {'as ' + fw['name']:<14} {fm['total'] / GiB:>9.2f}   model states "
+                     f"{(fm['weights'] + fm['gradients'] + fm['optimizer']) / GiB:.2f} + activations "
+                     f"{fm['activations'] / GiB:.2f} + context{fits} (formulas and sources: --explain)")
+    if "budget" in p:  # budget mode: what the budget buys, above the plan of the chosen model
+        from .budget_mode import render as budget_lines
+
+        lines = budget_lines(p["budget"]) + lines
     for advice in p.get("advice", []):
         lines.append(f"  ! {advice}")
     return "\n".join(lines)

@@ -1,6 +1,7 @@
 """Time the real training step for every combination of config values, beside the planner's figures.
 
   pretrain sweep [CONFIG.yaml] [section.key=v1,v2,... ...] [--budget-seconds S] [--json] [--out DIR]
+  pretrain sweep [CONFIG.yaml] [section.key=value ...] --from-fit N [--json] [--out DIR]
 
 A comma list sweeps a key (a list-typed key such as train.betas keeps its own syntax); every combination is a
 cell: a few warm-up and timed optimizer steps of the training step on synthetic tokens, on this device. Each
@@ -9,6 +10,9 @@ cell reports it/s, tokens/s, achieved TFLOP/s, MFU, and memory measured and plan
 Examples:
   pretrain sweep model.preset=debug train.precision=fp32 train.seq_len=32,64,128 train.micro_batch_size=1,4
   pretrain sweep configs/my.yaml train.seq_len=1024,4096 train.activation_checkpointing=none,full
+
+`--from-fit N` times instead the N fastest layouts `pretrain plan --fit` finds for this machine, measured
+beside predicted, and chooses the fastest that ran (writes from_fit.json).
 
 Writes sweep.csv, sweep.json and sweep.png to --out (default sweep/). See docs/sweep.md.
 """
@@ -30,6 +34,8 @@ def add_arguments(p) -> None:
     p.add_argument("--try-all", action="store_true", help="also run the cells the plan says do not fit")
     p.add_argument("--warmup-steps", type=int, default=2, metavar="N", help="untimed optimizer steps per cell, "
                    "at least 2 (the 2nd measures memory) (default 2)")
+    p.add_argument("--from-fit", type=int, metavar="N", help="time the N fastest layouts of `pretrain plan --fit` "
+                   "on this machine, measured beside predicted")
     p.add_argument("--steps", type=int, default=3, metavar="N", help="timed optimizer steps per cell (default 3)")
 
 
@@ -39,6 +45,8 @@ def run(args) -> int:
     from . import parse_items, run_sweep
 
     path, overrides, swept = parse_items(args.items)
+    if args.from_fit is not None:
+        return _from_fit(args, path, overrides, swept)
     result = run_sweep(path, overrides, swept, budget_seconds=args.budget_seconds, try_all=args.try_all,
                        warmup_steps=args.warmup_steps, steps=args.steps, out_dir=args.out, progress=not args.json)
     if args.json:
@@ -55,4 +63,23 @@ def run(args) -> int:
         console = Console(width=200)
     console.print(table(result))
     print("wrote " + ", ".join(result["files"].values()))
+    return 0
+
+
+def _from_fit(args, path, overrides, swept) -> int:
+    from ..errors import UsageError
+
+    if swept:
+        raise UsageError(f"--from-fit: the layouts come from the fit; give single values, not lists "
+                         f"({', '.join(swept)})")
+    from .from_fit import render, run_from_fit
+
+    result = run_from_fit(path, overrides, args.from_fit, warmup_steps=args.warmup_steps, steps=args.steps,
+                          out_dir=args.out)
+    if args.json:
+        from .output import to_json
+
+        print(to_json(result), end="")
+    else:
+        print(render(result))
     return 0

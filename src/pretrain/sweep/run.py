@@ -140,7 +140,7 @@ def prepare_cells(config_path, overrides: list[str], sweep: dict) -> list[Cell]:
     """Load, check and plan every cell; raises on the first bad one, naming its key (and the cell)."""
     from ..distributed.runtime import init_runtime
     from ..train import plan_check
-    from ..train.loop import check_trainable
+    from ..train.trainer import check_trainable
 
     runtimes: dict[str, object] = {}
     cells = []
@@ -200,7 +200,8 @@ def _set_peaks(cells: list[Cell]) -> dict:
 
 def run_cell(cell: Cell, warmup_steps: int, steps: int) -> dict:
     """Build the Trainer, run the warm-up and timed steps; {'measured': ...} or {'status': OOM, 'error': ...}."""
-    from ..train.loop import Trainer
+    from ..train.callbacks.plan_vs_run import MEASURE_STEP
+    from ..train.trainer import Trainer
     from ..bench.timing import synchronize
 
     dev = cell.rt.device
@@ -212,8 +213,9 @@ def run_cell(cell: Cell, warmup_steps: int, steps: int) -> dict:
         trainer = Trainer(cell.config, cell.rt, loader=loader, quiet=True)
         measurement = None
         for _ in range(warmup_steps):
-            step = trainer.train_step()
-            measurement = step["measured"] or measurement
+            trainer.measure_next = trainer.state.step + 1 == MEASURE_STEP  # what a run's plan-vs-run measures
+            step = trainer.step()
+            measurement = step.measured or measurement
         synchronize(dev)
         if dev.type == "cuda":
             # The peak of the timed steps: steady training, with everything the warm-up allocated (weights,
@@ -222,12 +224,12 @@ def run_cell(cell: Cell, warmup_steps: int, steps: int) -> dict:
         times, tokens = [], 0
         for _ in range(steps):
             t0 = time.perf_counter()
-            step = trainer.train_step()
+            step = trainer.step()
             synchronize(dev)
             times.append(time.perf_counter() - t0)
-            tokens += step["batch_tokens"]
+            tokens += step.batch_tokens
         peak_allocated = int(torch.cuda.max_memory_allocated(dev)) if dev.type == "cuda" else None
-        measured = {"times": times, "tokens": tokens, "loss": step["loss"], "measurement": measurement,
+        measured = {"times": times, "tokens": tokens, "loss": step.loss, "measurement": measurement,
                     "peak_allocated": peak_allocated}
     except (torch.cuda.OutOfMemoryError, MemoryError) as e:
         error = _first_line(e)
@@ -236,6 +238,8 @@ def run_cell(cell: Cell, warmup_steps: int, steps: int) -> dict:
             raise
         error = _first_line(e)
     finally:
+        if trainer is not None:
+            trainer.batches.close()
         del trainer  # the exception's frames are gone too once we are out of the except clause
     free_memory(dev)
     if error is not None:
@@ -285,6 +289,7 @@ def _record(cell: Cell, status: str = OK, measured: dict | None = None, error: s
         "memory_measured_bytes": None, "memory_planned_bytes": planned_mem, "memory_error_pct": None,
         "memory_planned_total_bytes": p["memory_bytes"]["total"],
         "planned_tokens_per_s": p["time"].get("tokens_per_second"), "assumed_mfu": c.hardware.mfu,
+        "modelled_tokens_per_s": p["time"].get("modelled_tokens_per_second"),  # pretrain.plan.step_time
         "measured_detail": None, "loss": None, "error": error,
     }
     if measured is None:

@@ -6,11 +6,11 @@ from __future__ import annotations
 def train(config) -> dict:
     """Train from a resolved Config; returns a summary (steps, tokens, final validation loss, run_dir)."""
     from ..distributed.runtime import init_runtime, shutdown
-    from .loop import Trainer
+    from .trainer import Trainer
 
     rt = init_runtime(config.train.device)
     try:
-        return Trainer(config, rt).run()
+        return Trainer(config, rt).fit()
     finally:
         shutdown(rt)
 

@@ -28,13 +28,17 @@ def param_groups(model: torch.nn.Module, model_cfg, weight_decay: float) -> list
     return out
 
 
-def build_optimizer(model: torch.nn.Module, model_cfg, train_cfg, groups: list[dict] | None = None):
-    groups = groups or param_groups(model, model_cfg, train_cfg.weight_decay)
-    device = next(model.parameters()).device
+def optimizer_class(train_cfg, device: torch.device) -> tuple[type, dict]:
+    """(torch optimizer class, its keyword arguments) for `train.optimizer`: one rule for every data-parallel
+    engine (ZeroRedundancyOptimizer builds its local optimizer from it too)."""
     if train_cfg.optimizer == "adamw":
-        return torch.optim.AdamW(groups, lr=train_cfg.lr, betas=tuple(train_cfg.betas), eps=train_cfg.eps,
-                                 fused=device.type in ("cuda", "cpu"))
+        return torch.optim.AdamW, dict(lr=train_cfg.lr, betas=tuple(train_cfg.betas), eps=train_cfg.eps,
+                                       fused=device.type in ("cuda", "cpu"))
     if train_cfg.optimizer == "adafactor":
-        return torch.optim.Adafactor(groups, lr=train_cfg.lr)
-    return torch.optim.SGD(groups, lr=train_cfg.lr, momentum=train_cfg.momentum)
+        return torch.optim.Adafactor, dict(lr=train_cfg.lr)
+    return torch.optim.SGD, dict(lr=train_cfg.lr, momentum=train_cfg.momentum)
 
+
+def build_optimizer(model: torch.nn.Module, model_cfg, train_cfg):
+    cls, kwargs = optimizer_class(train_cfg, next(model.parameters()).device)
+    return cls(param_groups(model, model_cfg, train_cfg.weight_decay), **kwargs)

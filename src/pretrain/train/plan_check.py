@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -38,17 +39,53 @@ def matmul_dtype(precision: str, device_type: str = "cpu") -> str:
 
 
 def peak_tflops(device_config, device=torch.device("cpu")) -> tuple[float | None, str]:
-    """Peak of this device for the run's precision: the planner's (catalog or profile), else measured."""
+    """Peak of this device for the run's precision, from a stable source: the planner's (catalog, profile,
+    hardware.peak_tflops), else a measurement made once per machine and cached. Never a probe inside each run:
+    on a busy machine one read 10-100x low and logged an MFU far above 1."""
     p = make_plan(device_config)
     if p["hardware"]["peak_tflops"]:
         return p["hardware"]["peak_tflops"], p["hardware"]["peak_source"]
-    from ..bench.matmul import summary, sweep
-
     dtype = matmul_dtype(device_config.train.precision, device.type)
-    best, _ = summary(sweep(dtype, device, budget=1.0, quick=True))
     what = "CPU" if device.type == "cpu" else torch.cuda.get_device_name(device)
-    return best, (f"best {dtype} matmul of this {what}, measured now (a hardware.profile from `pretrain bench` "
-                  "is steadier)")
+    key = f"{what} {_processor()} | {dtype} | {torch.get_num_threads()} threads | torch {torch.__version__}"
+    cache = _cache_dir() / "peak_tflops.json"
+    known = read_json_or_empty(cache)
+    if key not in known:
+        from ..bench.matmul import summary, sweep
+
+        known[key] = summary(sweep(dtype, device, budget=2.0, quick=True))[0]
+        try:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(cache, json.dumps(known, indent=1))
+        except OSError:  # a read-only home: measure again next time
+            pass
+    return known[key], (f"best {dtype} matmul of this {what}, measured once and kept in {cache} (delete it to "
+                        "measure again; `pretrain bench --out profile.json` + hardware.profile is steadier)")
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pretrain"
+
+
+def _processor() -> str:
+    """The CPU model (two machines with the same name share a cache entry only if their CPUs match)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def read_json_or_empty(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def summary(p: dict, config) -> str:

@@ -1,0 +1,214 @@
+"""Budget mode: what a budget of GPU time buys (`budget.gpu_hours`, `budget.days`, or `budget.cost`).
+
+Compute: C = GPU-seconds x peak FLOP/s x hardware.mfu (GPU-seconds = gpu_hours x 3,600, days x 86,400 x
+parallel.gpus, or cost / hardware.price_per_gpu_hour x 3,600).
+Compute-optimal size: Hoffmann et al. 2022 ("Training Compute-Optimal Large Language Models"), approaches 1
+and 2 (their table 2: N_opt ~ C^a with a = 0.50 and 0.49, D_opt ~ C^b with b = 0.50 and 0.51), taken as
+a = b = 0.5 with their ~20 tokens per parameter (table 3) and C = 6 N D:
+    N_opt = sqrt(C / 120),  D_opt = 20 N_opt.
+A shape near N_opt by the conventions of the LLaMA family (Touvron et al. 2023; LLaMA-3 for the key/value
+heads), vocabulary and context kept from the config:
+    head_dim 128, heads = H / 128, H a multiple of 128; about 128 of width per layer (LLaMA-7B 4096 / 32,
+    13B 5120 / 40) for the width, then the layer count that lands nearest N_opt;
+    intermediate = 8/3 H rounded up to a multiple of 256 (LLaMA's multiple_of: 4096 -> 11,008);
+    8 key/value heads (grouped-query attention, LLaMA-2 70B and LLaMA-3), or 4 where 8 does not divide the
+    heads (H a multiple of 512 from 1,024 on), one per head below 8 heads; untied embeddings, SwiGLU, RMSNorm.
+The shape is trained on D = C / (6 N) tokens, its own share of the compute. Whether it fits on the GPUs is the
+ordinary plan's answer; when it does not, the cheapest fix on the same GPUs from pretrain.plan.advice.fit_fixes
+(recomputation, micro-batch, ZeRO, tensor parallelism) is applied.
+Inference-aware row: half the parameters on twice the tokens (80 tokens per parameter, near LLaMA-13B's 1T /
+13B = 77), cheaper to serve. Each row's predicted loss comes from Hoffmann et al.'s approach 3 parametric fit
+    L(N, D) = E + A / N^alpha + B / D^beta,  E = 1.69, A = 406.4, B = 410.7, alpha = 0.34, beta = 0.28,
+and its loss penalty is measured from that fit's own optimum for C (their equation 4), which lies at fewer
+parameters than approaches 1-2 give: under it, the smaller row can cost next to nothing.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..config import replaced
+from ..errors import ConfigError
+from .budget import CHINCHILLA_TOKENS_PER_PARAM, storage_bytes
+from .explain import Explain
+from .hardware import peak_tflops
+from .params import count_params
+
+HEAD_DIM = 128
+WIDTH_PER_LAYER = 128  # LLaMA-7B: 4096 / 32 layers; 13B: 5120 / 40
+MULTIPLE_OF = 256  # LLaMA's intermediate-size rounding
+GQA_KV_HEADS = 8
+APPROACH_3 = dict(E=1.69, A=406.4, B=410.7, alpha=0.34, beta=0.28)  # Hoffmann et al. 2022, equation 10
+INFERENCE_AWARE_SHRINK = 2  # half the parameters, twice the tokens
+NO_BUDGET = {"budget.gpu_hours": None, "budget.days": None, "budget.cost": None}  # the chosen config plans plainly
+
+
+def budget_requested(cfg) -> bool:
+    b = cfg.budget
+    return any(v is not None for v in (b.gpu_hours, b.days, b.cost))
+
+
+def chinchilla_loss(n: float, d: float) -> float:
+    k = APPROACH_3
+    return k["E"] + k["A"] / n ** k["alpha"] + k["B"] / d ** k["beta"]
+
+
+def approach_3_optimum(compute: float) -> float:
+    """The parameters minimising L(N, C / 6N): N = G (C/6)^(beta / (alpha + beta)), G = (alpha A / (beta B))^(1 /
+    (alpha + beta)) (Hoffmann et al. 2022, equation 4). Smaller than approaches 1-2 give (their table 3)."""
+    k = APPROACH_3
+    g = (k["alpha"] * k["A"] / (k["beta"] * k["B"])) ** (1 / (k["alpha"] + k["beta"]))
+    return g * (compute / 6) ** (k["beta"] / (k["alpha"] + k["beta"]))
+
+
+def llama_shape(n_target: float, vocab_size: int, max_seq_len: int) -> dict:
+    """Model keys of a LLaMA-style shape with about `n_target` parameters (conventions in the module docstring)."""
+    def keys(h: int, layers: int) -> dict:
+        heads = h // HEAD_DIM
+        return dict(family="llama", vocab_size=vocab_size, hidden_size=h, num_layers=layers, num_heads=heads,
+                    num_kv_heads=math.gcd(heads, GQA_KV_HEADS) if heads >= GQA_KV_HEADS else heads, head_dim=HEAD_DIM,
+                    intermediate_size=MULTIPLE_OF * math.ceil(8 * h / 3 / MULTIPLE_OF), max_seq_len=max_seq_len,
+                    tie_embeddings=False)
+
+    def params(k: dict) -> int:
+        return _count(k).total
+
+    # The width: the multiple of 128 (of 512 from 1,024 on: heads divisible by 4, for grouped key/value heads and
+    # tensor parallelism) whose LLaMA-proportioned model (H / 128 layers) is nearest in log size.
+    widths = [*range(HEAD_DIM, 1024, HEAD_DIM), *range(1024, 64 * 1024 + 1, 512)]
+    h = min(widths, key=lambda w: abs(math.log(params(keys(w, max(1, w // WIDTH_PER_LAYER))) / n_target)))
+    # Then the layer count that lands nearest N.
+    one = _count(keys(h, 1))
+    outside = one.total - one.per_layer
+    layers = max(1, round((n_target - outside) / one.per_layer))
+    return keys(h, layers)
+
+
+def _count(keys: dict):
+    from types import SimpleNamespace
+
+    m = SimpleNamespace(qkv_bias=False, bias=False, pad_vocab_to=1, **keys)
+    return count_params(m)
+
+
+def gpu_seconds(cfg) -> tuple[float, str]:
+    b, gpus, price = cfg.budget, cfg.parallel.gpus, cfg.hardware.price_per_gpu_hour
+    if b.gpu_hours is not None:
+        return b.gpu_hours * 3600, f"budget.gpu_hours {b.gpu_hours:,g}"
+    if b.days is not None:
+        return b.days * 86400 * gpus, f"budget.days {b.days:g} x 24 x parallel.gpus {gpus}"
+    return b.cost / price * 3600, f"budget.cost {b.cost:,g} / hardware.price_per_gpu_hour {price:g}"
+
+
+def apply_budget(cfg, ex: Explain):
+    """Choose the model for the budget: (the plan's "budget" entry, a new Config of that model with its
+    train.tokens, the overrides that make it fit, and the budget keys cleared). `cfg` is left unchanged; the
+    rest of the plan is the ordinary plan of the new config, and `budget.overrides` rebuilds it from `cfg`."""
+    seconds, how = gpu_seconds(cfg)
+    peak, source = peak_tflops(cfg.hardware, cfg.train.precision)
+    if not peak:
+        raise ConfigError(f"budget: {source}; the compute a budget buys needs a peak FLOP/s")
+    mfu = cfg.hardware.mfu
+    compute = seconds * peak * 1e12 * mfu
+    ex.add("budget", "gpu_hours", seconds / 3600, how)
+    ex.add("budget", "compute_flops", compute, f"{seconds:.4g} GPU-seconds x {peak} TFLOP/s ({source}) x 1e12 "
+           f"x hardware.mfu {mfu}")
+    n_opt = math.sqrt(compute / (6 * CHINCHILLA_TOKENS_PER_PARAM))
+    d_opt = CHINCHILLA_TOKENS_PER_PARAM * n_opt
+    ex.add("budget", "params", n_opt, f"sqrt(C {compute:.4g} / 120): Hoffmann et al. 2022, approaches 1-2 "
+           "(N_opt ~ C^0.5) with 20 tokens per parameter and C = 6ND")
+    ex.add("budget", "tokens", d_opt, f"20 x N_opt {n_opt:.4g}")
+
+    n_3 = approach_3_optimum(compute)
+    best = chinchilla_loss(n_3, compute / (6 * n_3))
+    ex.add("budget", "loss_optimum", best, f"L at approach 3's own optimum N = {n_3:.4g} (equation 4), D = C / 6N: "
+           "the lowest loss its fit predicts for this compute; each row's loss_penalty is measured from it")
+    optimal = _row(cfg, compute, n_opt, best, ex, "model")
+    smaller = _row(cfg, compute, n_opt / INFERENCE_AWARE_SHRINK, best, ex, "inference_aware")
+    smaller.pop("config_overrides")
+
+    entry = {"compute_flops": compute, "gpu_hours": seconds / 3600, "params": n_opt, "tokens": d_opt,
+             "model": optimal["model"], "model_params": optimal["params"], "model_tokens": optimal["tokens"],
+             "loss": optimal["loss"], "loss_penalty": optimal["loss_penalty"], "loss_optimum": best,
+             "approach_3_params": n_3, "storage_bytes": optimal["storage_bytes"],
+             "raw_text_bytes": optimal["raw_text_bytes"], "fit": optimal["fit"], "inference_aware": smaller,
+             "method": "Hoffmann et al. 2022 approaches 1-2: N_opt = sqrt(C / 120), D_opt = 20 N_opt; loss from "
+                       "approach 3 (E 1.69, A 406.4, B 410.7, alpha 0.34, beta 0.28)"}
+    # The plan that follows is the compute-optimal row's, with the overrides that make it fit.
+    entry["overrides"] = {**optimal["config_overrides"], **NO_BUDGET}
+    return entry, replaced(cfg, entry["overrides"])
+
+
+def _row(cfg, compute: float, n_target: float, best_loss: float, ex: Explain, name: str) -> dict:
+    shape = llama_shape(n_target, cfg.model.vocab_size, cfg.model.max_seq_len)
+    n = _count(shape).total
+    tokens = int(compute / (6 * n))
+    loss = chinchilla_loss(n, tokens)
+    ex.add("budget", f"{name}.shape", f"H {shape['hidden_size']}, L {shape['num_layers']}, heads "
+           f"{shape['num_heads']} (kv {shape['num_kv_heads']}), H' {shape['intermediate_size']}",
+           f"LLaMA conventions near {n_target:.4g} params: head_dim 128, ~128 width per layer, H' = 8/3 H "
+           "rounded up to 256, gcd(heads, 8) kv heads")
+    ex.add("budget", f"{name}.params", n, "exact count of that shape (pretrain.plan.params)")
+    ex.add("budget", f"{name}.tokens", tokens, f"C {compute:.4g} / (6 x {n:,}) = {tokens / n:.1f} tokens per parameter")
+    ex.add("budget", f"{name}.loss", loss, f"1.69 + 406.4 / {n:.4g}^0.34 + 410.7 / {tokens:.4g}^0.28 "
+           "(Hoffmann et al. 2022, approach 3)")
+    ex.add("budget", f"{name}.loss_penalty", loss - best_loss, f"{loss:.4f} - loss_optimum {best_loss:.4f}")
+    storage = storage_bytes(tokens, shape["vocab_size"])
+    raw = tokens * cfg.data.bytes_per_token if cfg.data.bytes_per_token else None
+    ex.add("budget", f"{name}.storage_bytes", storage, f"{tokens:,} tokens x {storage // max(1, tokens)} bytes"
+           + (f"; raw text {raw:.4g} bytes at data.bytes_per_token {cfg.data.bytes_per_token}" if raw else
+              "; set data.bytes_per_token (pretrain tokenizer stats) for the raw text it takes"))
+    overrides = {f"model.{k}": v for k, v in shape.items()}
+    overrides.update({"model.preset": None, "model.hf_config": None, "train.tokens": tokens,
+                      "train.max_steps": None, "train.examples": None})
+    fit = _fit(cfg, overrides)
+    ex.add("budget", f"{name}.fits", fit["fits"], fit["why"])
+    return {"model": shape, "params": n, "tokens": tokens, "loss": loss, "loss_penalty": loss - best_loss,
+            "storage_bytes": storage,
+            "raw_text_bytes": raw, "fit": {k: fit[k] for k in ("fits", "overrides", "memory_bytes")},
+            "config_overrides": {**overrides, **fit["overrides"]}}
+
+
+def _fit(cfg, overrides: dict) -> dict:
+    """The ordinary plan of the shape on the budget's GPUs; when it does not fit, the cheapest fix that keeps
+    the number of GPUs (pretrain.plan.advice.fit_fixes)."""
+    from . import plan_with_explain
+    from .advice import fit_fixes
+
+    c = replaced(cfg, {**overrides, **NO_BUDGET})
+    p = plan_with_explain(c, advice=False)[0]
+    total = p["memory_bytes"]["total"]
+    if p["fits"] is not False:
+        return {"fits": p["fits"], "overrides": {}, "memory_bytes": total,
+                "why": f"as configured: {total / 1024**3:.1f} GiB per GPU"}
+    for fix, q in fit_fixes(c):
+        if fix.get("parallel.gpus", c.parallel.gpus) == c.parallel.gpus:
+            text = " ".join(f"{k}={v}" for k, v in fix.items())
+            return {"fits": True, "overrides": fix, "memory_bytes": q["memory_bytes"]["total"],
+                    "why": f"with {text}: {q['memory_bytes']['total'] / 1024**3:.1f} GiB per GPU"}
+    return {"fits": False, "overrides": {}, "memory_bytes": total,
+            "why": f"{total / 1024**3:.1f} GiB per GPU and no fix on {c.parallel.gpus} GPUs"}
+
+
+def render(budget: dict) -> list[str]:
+    """The budget block printed above the plan of the chosen model."""
+    def row(label, b):
+        m = b["model"]
+        fit = "fits" if b["fit"]["fits"] else "does NOT fit"
+        extra = " ".join(f"{k}={v}" for k, v in b["fit"]["overrides"].items())
+        return (f"  {label:<18} {b['params'] / 1e9:6.2f}B params on {b['tokens'] / 1e9:,.1f}B tokens "
+                f"({b['tokens'] / b['params']:.0f}/param): H {m['hidden_size']}, L {m['num_layers']}, heads "
+                f"{m['num_heads']}/{m['num_kv_heads']} kv, H' {m['intermediate_size']}; predicted loss "
+                f"{b['loss']:.3f} (+{b['loss_penalty']:.3f}); {fit}" + (f" with {extra}" if extra else ""))
+
+    opt = {"model": budget["model"], "params": budget["model_params"], "tokens": budget["model_tokens"],
+           "loss": budget["loss"], "loss_penalty": budget["loss_penalty"], "fit": budget["fit"]}
+    small = budget["inference_aware"]
+    lines = [f"budget: {budget['gpu_hours']:,.0f} GPU-hours = {budget['compute_flops']:.3g} FLOPs; Chinchilla-optimal "
+             f"N {budget['params'] / 1e9:.2f}B, D {budget['tokens'] / 1e9:,.1f}B tokens (Hoffmann et al. 2022)",
+             row("compute-optimal", opt),
+             row("inference-aware", small),
+             f"  predicted loss: Hoffmann et al.'s approach 3 fit; (+x) above its optimum {budget['loss_optimum']:.3f} "
+             f"(at {budget['approach_3_params'] / 1e9:.2f}B params)",
+             "  (the plan below is the compute-optimal row's; every figure explained by --explain)", ""]
+    return lines

@@ -1,0 +1,197 @@
+"""`pretrain plan --fit`: the fastest layout that fits, for the given model, GPUs, global batch and sequence.
+
+The search, with the global batch (sequences per optimizer step) held fixed:
+  tensor t    divides the heads and the key/value heads, at most a node (parallel.gpus_per_node): its
+              all-reduces need NVLink;
+  pipeline p  divides the layers, t x p divides the GPUs; data parallel d = GPUs / (t x p) divides the batch;
+  ZeRO        0-3 (0 only when d = 1); sequence parallelism on whenever t > 1 (same traffic, less memory);
+  recompute   none, selective, full;
+  micro-batch b  a divisor of the d-rank's sequences, accumulation = sequences / (d x b);
+  offload     optimizer (any stage), optimizer+params (ZeRO-3): searched only when nothing fits without it,
+              as crossing PCIe every step is always slower than a layout that fits on the GPUs.
+Memory: one plan per layout at micro-batch 1 (`plan()`'s fits and largest micro-batch that fits, the
+fragmentation allowance included); the micro-batches up to that largest one fit (a larger b means fewer
+micro-batches in a pipeline, so no more memory). Memory falls with recomputation and with the ZeRO stage, so
+a (t, p) that does not fit with ZeRO-3 and full recomputation is rejected whole, unplanned further.
+Speed: pretrain.plan.step_time for every (layout, micro-batch); the fastest are planned again exactly with
+their overrides, so a candidate's figures are what `pretrain plan CONFIG OVERRIDES` prints.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..config import replaced
+from ..errors import ConfigError
+from .explain import Explain
+from .flops import flops
+from .hardware import peak_tflops
+from .params import count_params
+from .step_time import dominant_cost, step_time
+
+GiB = 1024**3
+RECOMPUTE = ("none", "selective", "full")
+
+
+def _divisors(n: int) -> list[int]:
+    return [k for k in range(1, n + 1) if n % k == 0]
+
+
+def layouts(c, runnable: bool = False) -> tuple[list[dict], list[dict]]:
+    """(tensor, pipeline, data) splits the rules allow, and those refused with why; `runnable`: only data
+    parallelism, as `pretrain train` runs it."""
+    m, par, t = c.model, c.parallel, c.train
+    sequences = t.micro_batch_size * t.grad_accum_steps * (par.gpus // (par.tensor * par.pipeline))
+    found, refused = [], []
+    for tp in _divisors(math.gcd(m.num_heads, m.num_kv_heads)):
+        if tp > par.gpus_per_node or par.gpus % tp or (runnable and tp > 1):
+            continue
+        for pp in _divisors(m.num_layers):
+            if par.gpus % (tp * pp) or (runnable and pp > 1):
+                continue
+            dp = par.gpus // (tp * pp)
+            split = {"parallel.tensor": tp, "parallel.pipeline": pp}
+            if sequences % dp:
+                refused.append({"overrides": split, "why": f"the global batch of {sequences} sequences does not "
+                                f"divide over data parallel {dp}"})
+                continue
+            found.append({"tensor": tp, "pipeline": pp, "data": dp, "per_rank": sequences // dp})
+    return found, refused
+
+
+def fit(config, top: int = 10, runnable: bool = False) -> dict:
+    """{"candidates": [...] fastest first (at most `top`), "rejected": [{"overrides", "why"}, ...]}.
+    `runnable`: only the layouts `pretrain train` runs (data parallel, ZeRO 0-3, no offload), for
+    `pretrain sweep --from-fit`."""
+    from . import plan_with_explain
+
+    peak, source = peak_tflops(config.hardware, config.train.precision)
+    if not peak:
+        raise ConfigError(f"--fit ranks layouts by speed and needs a peak FLOP/s: {source}")
+    counts = count_params(config.model)
+    splits, rejected = layouts(config, runnable)
+    scored = []  # (seconds, overrides, step)
+    for split in splits:
+        scored += _search(config, split, "none", counts, peak, rejected)
+    if not scored and not runnable:  # nothing fits on the GPUs: the same search with the states in host memory
+        for split in splits:
+            for offload in ("optimizer", "optimizer+params"):
+                scored += _search(config, split, offload, counts, peak, rejected)
+    scored.sort(key=lambda s: s[0])
+
+    candidates, best = [], None
+    for seconds, overrides, step in scored:
+        if len(candidates) >= top:
+            break
+        p = plan_with_explain(replaced(config, overrides), advice=False)[0]  # exactly what `pretrain plan` says
+        if p["fits"] is False:
+            rejected.append({"overrides": overrides, "why": _no_fit(p)})
+            continue
+        st = p["step_time"]
+        candidates.append({"overrides": overrides, "memory_bytes": p["memory_bytes"], "fits": p["fits"],
+                           "tokens_per_s": st["tokens_per_second"], "mfu": st["mfu"], "step_time_s": st["seconds"]})
+        best = best or st
+    # The others that fit, each layout once (at its fastest micro-batch): why they lost to the fastest.
+    seen = {_layout_key(c["overrides"]) for c in candidates}
+    for seconds, overrides, step in scored:
+        if _layout_key(overrides) not in seen and best is not None:
+            seen.add(_layout_key(overrides))
+            rejected.append({"overrides": overrides, "why": f"slower: {step['tokens_per_second']:,.0f} tokens/s, "
+                             f"{step['tokens_per_second'] / best['tokens_per_second']:.0%} of the fastest; "
+                             f"{dominant_cost(step, best)}"})
+    return {"candidates": candidates, "rejected": rejected}
+
+
+def _search(config, split: dict, offload: str, counts, peak: float, rejected: list) -> list[tuple]:
+    """The fitting (ZeRO stage, recomputation, micro-batch) of one (tensor, pipeline) split, scored."""
+    from . import plan_with_explain
+
+    dp, per_rank = split["data"], split["per_rank"]
+    shared = {"parallel.tensor": split["tensor"], "parallel.pipeline": split["pipeline"],
+              "parallel.sequence_parallel": split["tensor"] > 1, "parallel.offload": offload}
+    stages = [3, 2, 1, 0] if dp > 1 else [0]
+    if offload == "optimizer+params":  # parameters live on the host only under ZeRO-3 (config.validate)
+        stages = [3] if dp > 1 else []
+    out = []
+    for zero in stages:
+        for recompute in reversed(RECOMPUTE):  # full first: if it does not fit, nothing lighter does
+            layout = {**shared, "parallel.zero_stage": zero, "train.activation_checkpointing": recompute,
+                      "train.micro_batch_size": 1, "train.grad_accum_steps": per_rank}
+            try:
+                c = replaced(config, layout)
+            except ConfigError as e:  # a rule of the config's own (e.g. offload needs ZeRO-3)
+                rejected.append({"overrides": layout, "why": str(e)})
+                break
+            p = plan_with_explain(c, advice=False)[0]
+            if p["fits"] is False:
+                lighter = " (so neither does less recomputation)" if recompute != "none" else ""
+                rejected.append({"overrides": layout, "why": _no_fit(p) + lighter})
+                break
+            largest = p["max_micro_batch_size"] or per_rank  # None: no memory limit (a CPU)
+            fl = flops(c, counts, 1, Explain())
+            for b in _divisors(per_rank):
+                if b > largest:
+                    break
+                overrides = {**layout, "train.micro_batch_size": b, "train.grad_accum_steps": per_rank // b}
+                step = step_time(replaced(c, overrides), counts, fl, peak)
+                out.append((step["seconds"], overrides, step))
+        if not out and zero == stages[0]:
+            break  # ZeRO-3 (or the strongest stage) with full recomputation does not fit: no lower stage does
+    return out
+
+
+def _layout_key(overrides: dict) -> tuple:
+    return tuple(v for k, v in overrides.items() if k not in ("train.micro_batch_size", "train.grad_accum_steps"))
+
+
+def _no_fit(p: dict) -> str:
+    return (f"does not fit: {p['memory_bytes']['total'] / GiB:.1f} GiB > {p['usable_memory_bytes'] / GiB:.1f} GiB "
+            "usable")
+
+
+def command_line(overrides: dict) -> str:
+    return " ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in overrides.items())
+
+
+def render(config, result: dict, shown: int = 10, command: str = "pretrain plan ...") -> str:
+    """The ranked table, then why the others lost (counted by reason)."""
+    m, par, t = config.model, config.parallel, config.train
+    name = m.preset or m.hf_config or "custom"
+    sequences = t.micro_batch_size * t.grad_accum_steps * (par.gpus // (par.tensor * par.pipeline))
+    lines = [f"pretrain plan --fit: {name} on {par.gpus} x {config.hardware.gpu}, global batch {sequences} x "
+             f"{t.seq_len:,} tokens ({sequences * t.seq_len:,} per step), {t.precision}", ""]
+    header = f"  {'#':>2}  {'micro x accum':<13} {'recompute':<9} {'ZeRO':>4} {'TP':>3} {'PP':>3} {'DP':>4} " \
+             f"{'offload':<16} {'memory GiB':>10} {'tokens/s':>11} {'MFU':>6} {'step s':>8}"
+    lines.append(header)
+    for i, cand in enumerate(result["candidates"][:shown], 1):
+        o = cand["overrides"]
+        dp = par.gpus // (o["parallel.tensor"] * o["parallel.pipeline"])
+        mb = f"{o['train.micro_batch_size']} x {o['train.grad_accum_steps']}"
+        lines.append(f"  {i:>2}  {mb:<13} {o['train.activation_checkpointing']:<9} {o['parallel.zero_stage']:>4} "
+                     f"{o['parallel.tensor']:>3} {o['parallel.pipeline']:>3} {dp:>4} {o['parallel.offload']:<16} "
+                     f"{cand['memory_bytes']['total'] / GiB:>10.1f} {cand['tokens_per_s']:>11,.0f} "
+                     f"{cand['mfu']:>6.3f} {cand['step_time_s']:>8.3g}")
+    if not result["candidates"]:
+        lines.append("  (none fits: see below; more GPUs or a card with more memory)")
+    reasons: dict[str, list] = {}
+    for r in result["rejected"]:
+        reason = r["why"].split(":")[0] if r["why"].startswith(("does not fit", "slower")) else r["why"]
+        if r["why"].startswith("slower"):
+            reason = "slower: " + r["why"].rsplit("; ", 1)[1]
+        reasons.setdefault(reason, []).append(r)
+    if reasons:
+        lines += ["", "  Why the others lost:"]
+        for reason, rs in sorted(reasons.items(), key=lambda kv: -len(kv[1])):
+            example = rs[0]["why"].split("; ")[0].removeprefix("slower: ")
+            lines.append(f"    {len(rs):>4} x {reason}; e.g. {_short(rs[0]['overrides'])}: {example}")
+    if result["candidates"]:
+        lines += ["", f"  The fastest, to plan or train: {command} " + command_line(result["candidates"][0]["overrides"]),
+                  "  (step-time model: pretrain.plan.step_time; --explain prints its terms for the fastest)"]
+    return "\n".join(lines)
+
+
+def _short(overrides: dict) -> str:
+    keys = {"parallel.tensor": "TP", "parallel.pipeline": "PP", "parallel.zero_stage": "ZeRO",
+            "train.activation_checkpointing": "recompute", "train.micro_batch_size": "micro",
+            "parallel.offload": "offload"}
+    return " ".join(f"{short} {overrides[k]}" for k, short in keys.items() if k in overrides)

@@ -1,0 +1,231 @@
+"""Memory per GPU as other frameworks account for it (`plan.framework`), each formula with its source.
+
+  pretrain    what our trainer holds (pretrain.plan.memory): the default, and the only byte-exact one.
+  megatron    Megatron-LM: bf16 parameters (2 bytes), fp32 main gradients (4), fp32 master weights and Adam
+              moments (12), the 12 sharded over data parallel by its distributed optimizer (our
+              parallel.zero_stage >= 1): 18 or 6 + 12/dp bytes per parameter of the most loaded shard,
+              (layers / pp + embedding) / tp, plus the untied output layer when pp = 1 (Megatron-LM
+              megatron/training/theoretical_memory_usage.py, commit 00caa53).
+  deepspeed   DeepSpeed ZeRO's model-state estimators, estimate_zero2_model_states_mem_needs (stage_1_and_2.py:
+              ZeRO-1 and -2 share its optimizer and its estimate) and estimate_zero3_model_states_mem_needs
+              (stage3.py), as documented in DeepSpeed's docs/code-docs/source/memory.rst ("Memory
+              Requirements", commit 0cca539): 4 + 16/N bytes per parameter for stages 1-2, 2 with the optimizer
+              offloaded; 18/N for stage 3 plus 4 x the largest layer gathered (2/N with the optimizer
+              offloaded, nothing but the layer with parameters offloaded too); host RAM as the estimator counts
+              it (zero_init=1). Stage 0 is the ZeRO paper's baseline, 16 bytes per parameter.
+  zero-paper  Rajbhandari et al. 2020 ("ZeRO: Memory Optimizations Toward Training Trillion Parameter Models",
+              section 5.1, figure 1): fp16 weights 2, fp16 gradients 2 and K = 12 bytes of fp32 master weights,
+              momentum and variance per parameter; stage 1 shards the 12, stage 2 also the gradients, stage 3
+              also the weights; model parallelism divides the parameters first (its table 1).
+The estimators count model states only. So that the total says whether a run fits, every framework mode adds
+the activations as Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models",
+section 4, table 2) count them for 16-bit activations, per layer:
+  no parallelism sbh(34 + 5as/h); tensor parallel sbh(10 + 24/t + 5as/ht); + sequence parallel sbh/t (34 +
+  5as/h); selective recomputation (Megatron's: core attention) drops the 5as/h scores term, as flash attention
+  does (no s x s scores kept; our train.attention=sdpa); full recomputation keeps 2sbh (the layer input).
+The 34 is the paper's GPT layer (4h MLP with GeLU, dropout): its MLP term 16 becomes 4 x 2 x H'/h for SwiGLU
+(gate|up output, silu and product) and 2 x 2 x H'/h for a GELU MLP of width H'; no dropout drops the two 1-byte
+masks and the attention-dropout share of the scores term (5as/h -> 2as/h); grouped-query attention shrinks
+the K and V terms by kv_heads / heads. The first pipeline stage holds min(p, m) micro-batches of L/p layers
+(the paper's section 4.2.3; Megatron's report_theoretical_memory), the embedding's 8sb ids and sbh dropout
+mask per micro-batch in flight, and with p = 1 the output layer's input and fp32 logits, 4sbh + 4sbV
+(Megatron-LM's estimator). With sequence parallelism every term is divided by t, as that estimator does.
+"""
+
+from __future__ import annotations
+
+from .explain import Explain, gib
+from .hardware import device_memory_bytes, gpu_spec
+from .params import param_shapes
+
+FRAMEWORKS = ("pretrain", "megatron", "deepspeed", "zero-paper")
+
+SOURCES = {
+    "megatron": "Megatron-LM megatron/training/theoretical_memory_usage.py (commit 00caa53): 18 bytes/param, "
+                "6 + 12/dp with the distributed optimizer, on the most loaded shard (layers/pp + embedding)/tp",
+    "deepspeed": "DeepSpeed estimate_zero2/zero3_model_states_mem_needs (deepspeed/runtime/zero/stage_1_and_2.py, "
+                 "stage3.py) as docs/code-docs/source/memory.rst 'Memory Requirements' (commit 0cca539) gives them",
+    "zero-paper": "Rajbhandari et al. 2020, ZeRO, section 5.1 and figure 1: (2 + 2 + 12) bytes/param, K = 12",
+    "activations": "Korthikanti et al. 2022, 'Reducing Activation Recomputation in Large Transformer Models', "
+                   "section 4 and table 2 (16-bit activations)",
+}
+DEEPSPEED_HOST_BUFFER = 1.5  # the estimators' additional_buffer_factor for host RAM
+
+
+def layer_activation_bytes(s: int, b: int, h: int, heads: int, t: int = 1, sequence_parallel: bool = False,
+                           recompute: str = "none", flash: bool = False, mlp: float = 16.0,
+                           dropout: bool = True, kv_ratio: float = 1.0) -> float:
+    """Korthikanti et al. 2022, table 2: bytes one transformer layer keeps for backward, per micro-batch.
+    `mlp`: the MLP's sharded term in units of sbh (16 for the paper's 4h GeLU MLP); `kv_ratio`: kv heads / heads.
+    """
+    if recompute == "full":  # section 4.2: only the layer's input, 2sbh, split by t with sequence parallelism
+        return 2 * s * b * h / (t if sequence_parallel else 1)
+    replicated = 4 + 2 + 2 + (2 if dropout else 0)  # norm inputs, QKV and MLP inputs, two dropout masks
+    sharded = 2 + 2 * kv_ratio + 2 * kv_ratio + 2 + mlp  # Q, K, V, output-projection input, MLP
+    scores = 0.0 if recompute == "selective" or flash else (5 if dropout else 2) * heads * s / h
+    if sequence_parallel:
+        return s * b * h * (replicated + sharded + scores) / t
+    return s * b * h * (replicated + (sharded + scores) / t)
+
+
+def korthikanti_flops_per_token(s: int, layers: int, h: int, vocab: int, recompute: str = "none") -> tuple[float, float]:
+    """(model, hardware) FLOPs per token, Korthikanti et al. 2022, appendix A (and section 6's table 5):
+    model 72 l h^2 (1 + s/6h + V/12lh) per token (their 72Bslh^2 per iteration over Bs tokens); selective
+    recomputation adds the attention scores' forward, 72 l h^2 (1 + s/3h + V/12lh); full recomputation
+    repeats the layers' forward, 96 l h^2 (1 + s/6h + V/16lh)."""
+    base = 72 * layers * h * h
+    model = base * (1 + s / (6 * h) + vocab / (12 * layers * h))
+    if recompute == "selective":
+        return model, base * (1 + s / (3 * h) + vocab / (12 * layers * h))
+    if recompute == "full":
+        return model, 96 * layers * h * h * (1 + s / (6 * h) + vocab / (16 * layers * h))
+    return model, model
+
+
+def _mlp_units(m) -> float:
+    """The MLP's sharded activation term in units of sbh (16 for the paper's 4h GeLU MLP)."""
+    tensors = 4 if m.family == "llama" else 2  # SwiGLU: gate|up (2 wide), silu, product; GeLU: fc out, gelu out
+    return 2 * tensors * m.intermediate_size / m.hidden_size
+
+
+def activations(cfg, ex: Explain) -> int:
+    """Activation bytes of the most loaded (first) pipeline stage, Korthikanti et al.'s accounting."""
+    m, t, par = cfg.model, cfg.train, cfg.parallel
+    s, b, h = t.seq_len, t.micro_batch_size, m.hidden_size
+    tp, pp, sp = par.tensor, par.pipeline, par.sequence_parallel
+    split = tp if sp else 1
+    dropout = m.dropout > 0
+    flash = t.attention == "sdpa"
+    per_layer = layer_activation_bytes(s, b, h, m.num_heads, tp, sp, t.activation_checkpointing, flash,
+                                       _mlp_units(m), dropout, m.num_kv_heads / m.num_heads)
+    in_flight = min(pp, t.grad_accum_steps)
+    layers = -(-m.num_layers // pp)
+    total = per_layer * layers * in_flight
+    ex.add("framework", "activations per layer", gib(per_layer),
+           f"table 2, recompute {t.activation_checkpointing}"
+           + (", flash attention (no scores term)" if flash and t.activation_checkpointing != "selective" else "")
+           + (f", tensor {tp}" if tp > 1 else "") + (", sequence parallel" if sp else "")
+           + f": s={s}, b={b}, h={h}, heads={m.num_heads}, MLP term {_mlp_units(m):.4g} sbh")
+    working = 0.0
+    if t.activation_checkpointing == "full":  # backward holds one recomputed layer's tensors at a time
+        working = layer_activation_bytes(s, b, h, m.num_heads, tp, sp, "none", flash, _mlp_units(m), dropout,
+                                         m.num_kv_heads / m.num_heads)
+    embedding = in_flight * (8 * s * b + (s * b * h if dropout else 0)) / split
+    output = (4 * s * b * h / split + 4 * s * b * m.vocab_size / tp) if pp == 1 else 0
+    total += working + embedding + output
+    ex.add("framework", "activations", gib(total),
+           f"{layers} layers x {in_flight} micro-batch(es) in flight x {per_layer:,.0f}"
+           + (f" + one recomputed layer {working:,.0f}" if working else "")
+           + f" + embedding ids and dropout mask {embedding:,.0f}"
+           + (f" + output layer input and fp32 logits 4sbh + 4sbV = {output:,.0f}" if output else ""))
+    return int(total)
+
+
+def shard_params(cfg) -> int:
+    """Parameters on the most loaded (pipeline stage, tensor rank), as Megatron's estimator counts them:
+    (blocks / pp + input embedding) / tp, plus the untied output layer when the one stage holds it."""
+    m, par = cfg.model, cfg.parallel
+    shapes = param_shapes(m)
+    blocks = sum(_numel(s) for n, s in shapes if n.startswith(("blocks.", "norm.")))
+    embedding = sum(_numel(s) for n, s in shapes if n in ("embed.weight", "pos_embed.weight"))
+    output = sum(_numel(s) for n, s in shapes if n == "lm_head.weight")
+    shard = (blocks / par.pipeline + embedding) / par.tensor
+    if par.pipeline == 1:
+        shard += output / par.tensor
+    return int(shard)
+
+
+def largest_layer_params(cfg) -> int:
+    """The largest module's parameters (DeepSpeed's largest_layer_params): ZeRO-3 gathers one module at a time."""
+    modules: dict[str, int] = {}
+    for name, shape in param_shapes(cfg.model):
+        module = name.rsplit(".", 1)[0]
+        modules[module] = modules.get(module, 0) + _numel(shape)
+    return max(modules.values()) // cfg.parallel.tensor
+
+
+def model_states(cfg, ex: Explain) -> dict:
+    """weights, gradients, optimizer (per GPU) and host (per node) bytes under the framework's accounting."""
+    par = cfg.parallel
+    dp = par.gpus // (par.tensor * par.pipeline)
+    states = framework_states(cfg.plan.framework, shard_params(cfg), dp, par.zero_stage if dp > 1 else 0,
+                              par.offload, largest_layer_params(cfg), min(par.gpus, par.gpus_per_node), par.gpus)
+    ex.add("framework", "model states", gib(states["weights"] + states["gradients"] + states["optimizer"]),
+           states.pop("formula"))
+    return states
+
+
+def framework_states(name: str, psi: int, dp: int, stage: int, offload: str = "none", largest: int = 0,
+                     gpus_per_node: int = 8, gpus: int = 1) -> dict:
+    """Model-state bytes per GPU of `psi` parameters (one model-parallel rank's) over `dp` data-parallel ranks,
+    and host bytes per node, under framework `name`'s formulas (the module docstring lists their sources)."""
+    host = 0.0
+    if name == "megatron":
+        distributed = stage >= 1
+        weights, grads, optimizer = 2 * psi, 4 * psi, 12 * psi / (dp if distributed else 1)
+        formula = (f"(2 bf16 params + 4 fp32 main grads + 12{f'/dp {dp}' if distributed else ''} fp32 master "
+                   f"weights and Adam moments) x {psi:,} params on the most loaded shard"
+                   + (" (distributed optimizer: parallel.zero_stage >= 1)" if distributed else ""))
+    elif name == "zero-paper":
+        weights = 2 * psi / (dp if stage >= 3 else 1)
+        grads = 2 * psi / (dp if stage >= 2 else 1)
+        optimizer = 12 * psi / (dp if stage >= 1 else 1)
+        formula = f"2 + 2 + K=12 bytes x {psi:,} params per model-parallel rank, stage {stage} over data parallel {dp}"
+    elif stage == 0:  # deepspeed without ZeRO
+        weights, grads, optimizer = 2 * psi, 2 * psi, 12 * psi
+        formula = f"no ZeRO: (2 + 2 + 12) x {psi:,} params (the ZeRO paper's baseline)"
+    elif stage in (1, 2):  # the estimators' host RAM: the fp32 model each process builds, or the offloaded states
+        weights, grads, optimizer = 2 * psi, 2 * psi + 4 * psi / dp, 12 * psi / dp
+        host = psi * max(4 * gpus_per_node, 16) * DEEPSPEED_HOST_BUFFER
+        formula = f"estimate_zero2: 4 x {psi:,} + 16 x {psi:,} / {dp} GPUs"
+        if offload != "none":
+            grads, optimizer = 0, 0
+            formula = f"estimate_zero2, offload_optimizer=cpu: 2 x {psi:,}"
+    else:
+        live = 2 * largest  # gathered 2-byte params and their 2-byte gradients: 4 x largest_layer_params
+        weights, grads, optimizer = 2 * psi / dp + live, 4 * psi / dp + live, 12 * psi / dp
+        host = largest * 4 * gpus_per_node * DEEPSPEED_HOST_BUFFER
+        formula = f"estimate_zero3: 4 x largest layer {largest:,} + 18 x {psi:,} / {dp} GPUs"
+        gpus_factor = gpus_per_node / gpus
+        if offload == "optimizer":
+            grads, optimizer = live, 0
+            host = psi * 16 * gpus_factor * DEEPSPEED_HOST_BUFFER
+            formula = f"estimate_zero3, offload_optimizer=cpu: 4 x largest layer {largest:,} + 2 x {psi:,} / {dp} GPUs"
+        elif offload == "optimizer+params":
+            weights, grads, optimizer = live, live, 0
+            host = psi * 18 * gpus_factor * DEEPSPEED_HOST_BUFFER
+            formula = f"estimate_zero3, offload_param=cpu, offload_optimizer=cpu: 4 x largest layer {largest:,}"
+    return dict(weights=int(weights), gradients=int(grads), optimizer=int(optimizer), host=int(host), formula=formula)
+
+
+def framework_memory(cfg, ex: Explain) -> dict:
+    """The plan's "framework" entry: {"name", "memory_bytes": {...}, "fits", "sources"}."""
+    name = cfg.plan.framework
+    ex.add("framework", "name", name, SOURCES[name])
+    states = model_states(cfg, ex)
+    act = activations(cfg, ex)
+    on_gpu = gpu_spec(cfg.hardware.gpu).name != "cpu"
+    context = int(cfg.hardware.cuda_context_gb * 1e9) if on_gpu else 0
+    mem = dict(weights=states["weights"], gradients=states["gradients"], optimizer=states["optimizer"],
+               activations=act, buffers=0, cuda_context=context)
+    mem["total"] = sum(mem.values())
+    mem["host"] = states["host"]
+    ex.add("framework", "total", gib(mem["total"]), "model states + activations + cuda_context (no buffers: "
+           "the framework's own communication buckets are not modelled)")
+    device = device_memory_bytes(cfg.hardware)
+    fits = None if device is None else mem["total"] <= int(device * (1 - cfg.hardware.fragmentation))
+    out = {"name": name, "memory_bytes": mem, "fits": fits, "sources": [SOURCES[name], SOURCES["activations"]]}
+    m = cfg.model
+    model_flops, hardware_flops = korthikanti_flops_per_token(cfg.train.seq_len, m.num_layers, m.hidden_size,
+                                                              m.vocab_size, cfg.train.activation_checkpointing)
+    out["flops_per_token"] = {"model": model_flops, "hardware": hardware_flops}
+    ex.add("framework", "flops_per_token", model_flops, "72 l h^2 (1 + s/6h + V/12lh) (Korthikanti et al. 2022, "
+           f"appendix A); hardware {hardware_flops:.4g} with {cfg.train.activation_checkpointing} recomputation")
+    return out
+
+
+def _numel(shape) -> int:
+    n = 1
+    for x in shape:
+        n *= x
+    return n

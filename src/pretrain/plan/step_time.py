@@ -1,0 +1,296 @@
+"""Seconds per optimizer step of a layout: compute, memory traffic and communication, each term written out.
+
+One micro-batch on one GPU (a tensor rank of a pipeline stage) takes
+    t_mb = max(matmul FLOPs / R x tile(b*s) + attention FLOPs / (R x 0.7), weights read / HBM)
+           + activation traffic / HBM + tensor-parallel collectives
+  R        achievable FLOP/s: `hardware.profile`'s measured TFLOP/s (a profile is already what a large matmul
+           reaches), else the peak (catalog or hardware.peak_tflops) x 0.75, what a large bf16 GEMM reaches
+           of the dense data-sheet figure. Attention kernels reach less of it than GEMMs (FlashAttention-2
+           reaches 50-73% of peak forward and less backward: Dao 2023): 0.7 of R.
+  tile     matmuls run in tiles of 128 rows of tokens: b*s rows use b*s / (128 x ceil(b*s / 128)) of the
+           tensor cores ("tile quantization", NVIDIA's Matrix Multiplication Background guide). GPUs only.
+  weights  the compute-dtype matmul weights are read 3 times (forward, activation gradients, weight
+           gradients; 4 with full recomputation): a floor a small micro-batch cannot go under, which is why
+           tokens/s falls at tiny batches (a 7B model on a V100 in a practitioner's LLaMA-Factory log:
+           12.9 it/s at cutoff 1 and still 12.3 at 1,024 tokens, 2.34 at 8,192).
+  traffic  every tensor kept for backward written once and read once (norms, activations, residual adds are
+           memory-bound kernels that do not overlap the matmuls); recomputed tensors are written once more.
+  kernels  each kernel costs a fixed ~10 us however small (eager PyTorch's dispatch on the CPU and the
+           launch): ~60 per block (about 20 forward, twice that backward; recomputation adds ~6 selective, ~20
+           full) and ~20 around them, per micro-batch;
+           what makes many small micro-batches slower than few large ones at equal FLOPs.
+  TP       Megatron's tensor parallelism all-reduces the b*s*h activations twice per block in forward and
+           twice in backward (Shoeybi et al. 2019, figure 4; 3 x 2 with full recomputation, which redoes the
+           forward); sequence parallelism replaces each all-reduce by an all-gather + reduce-scatter of the
+           same volume (Korthikanti et al. 2022, section 4.2.2). A ring moves 2 (t-1)/t x bytes per GPU. Not
+           overlapped with compute.
+The step is the pipeline's (1F1B, Narayanan et al. 2021): (m + p - 1) micro-batch slots for m micro-batches
+(bubble (p-1) / (m+p-1)), each slot also sending the b*s*h activations forward and their gradients back
+(point-to-point), then the data-parallel communication left exposed, then the optimizer:
+  DDP      all-reduce of the gradients, 2 (d-1)/d x gradient bytes, overlapped with the last micro-batch's
+           backward (2/3 of its compute) except the last 25 MB bucket (DDP's bucket_cap_mb).
+  ZeRO-1   the same all-reduce, then every rank's updated share broadcast: (d-1)/d x parameter bytes, after the
+           optimizer step (not overlapped).
+  ZeRO-2/3 FSDP: per micro-batch (parallel.grad_sync=micro_batch; once with step) a reduce-scatter of the
+           gradients, (d-1)/d x gradient bytes, and all-gathers of the compute-dtype parameters, once per
+           micro-batch (ZeRO-2) or for forward and again for backward (ZeRO-3); prefetched, so hidden behind
+           the micro-batches' compute except one block's worth (the first gather / the last reduce-scatter).
+  optimizer  memory-bound: parameters and states read and written, gradients read, at HBM bandwidth; with
+           parallel.offload the gradients go to the host and the parameters come back over PCIe, and the
+           host's memory bandwidth runs the update (ZeRO-Offload, Ren et al. 2021).
+Links: a group whose ranks lie within one node (tensor ranks are adjacent, then data, then pipeline: Megatron's
+order) uses NVLink, hardware.intra_node_gbps; otherwise the network, hardware.inter_node_gbps (per GPU per
+direction). Defaults: the catalog's data-sheet figures x 0.8, about what copies and NCCL's ring collectives
+reach of a link's rate; a key given is taken as measured (nccl-tests' bus bandwidth).
+Pure Python, as the rest of the planner.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+from .activations import COMPUTE_BYTES, activation_bytes
+from .explain import Explain
+from .hardware import gpu_spec
+from .kernels import planned_native_gqa
+
+MATMUL_EFFICIENCY = 0.75  # of a data-sheet dense peak, reached by large bf16 GEMMs
+ATTENTION_EFFICIENCY = 0.7  # of the matmul rate (FlashAttention-2: 50-73% of peak forward, Dao 2023)
+TILE_ROWS = 128
+KERNELS_PER_LAYER = 60  # forward: norms, 4-7 matmuls, rotary, attention, activation, adds (~20); backward 2x
+RECOMPUTED_KERNELS = {"none": 0, "selective": 6, "full": 20}  # norms and activation again; the whole forward
+KERNELS_OUTSIDE = 20  # embedding, final norm, output layer, loss, their backward
+KERNEL_OVERHEAD_S = 10e-6
+BANDWIDTH_EFFICIENCY = 0.8  # of a data-sheet HBM / NVLink / network rate
+DDP_BUCKET_BYTES = 25 * 1024**2  # torch DDP's default bucket_cap_mb
+PCIE_GBPS = 25.0  # host <-> GPU, PCIe Gen4 x16 per direction as reached by pinned copies
+HOST_GBPS_PER_GPU = 20.0  # a two-socket host's ~160 GB/s of memory bandwidth shared by 8 GPU processes
+
+
+def links(c) -> tuple[float, float, str]:
+    """(intra-node, inter-node) GB/s per GPU per direction, and where they come from."""
+    hw, spec = c.hardware, gpu_spec(c.hardware.gpu)
+    intra = hw.intra_node_gbps if hw.intra_node_gbps is not None else spec.intra_node_gbps * BANDWIDTH_EFFICIENCY
+    inter = hw.inter_node_gbps if hw.inter_node_gbps is not None else spec.inter_node_gbps * BANDWIDTH_EFFICIENCY
+    how = (("hardware.intra_node_gbps" if hw.intra_node_gbps is not None else
+            f"{spec.name} {spec.intra_node_gbps:g} GB/s x {BANDWIDTH_EFFICIENCY}") + ", "
+           + ("hardware.inter_node_gbps" if hw.inter_node_gbps is not None else
+              f"network {spec.inter_node_gbps:g} GB/s x {BANDWIDTH_EFFICIENCY}"))
+    return intra, inter, how
+
+
+def _ring(nbytes: float, ranks: int, gbps: float, factor: float) -> float:
+    """Seconds for a ring collective moving factor x (ranks-1)/ranks x nbytes per GPU (all-reduce: 2)."""
+    if ranks <= 1 or nbytes == 0:
+        return 0.0
+    if not gbps:
+        return 0.0  # no bandwidth known for this device (a CPU): not modelled, said in --explain
+    return factor * (ranks - 1) / ranks * nbytes / (gbps * 1e9)
+
+
+def step_time(c, counts, fl: dict, peak: float | None, ex: Explain | None = None) -> dict | None:
+    """The modelled step of config `c` (flops: pretrain.plan.flops.flops's dict; peak: TFLOP/s per GPU)."""
+    ex = ex or Explain()
+    if not peak:
+        ex.add("step_time", "seconds", None, "no peak FLOP/s: set hardware.profile or hardware.peak_tflops")
+        return None
+    out = _micro_batch(c, counts, fl, peak, ex)
+    out.update(_pipeline(c, out["micro_batch_s"], ex))
+    out.update(_data_parallel(c, counts, out, ex))
+    out.update(_optimizer_step(c, counts, ex))
+    seconds = out["forward_backward_s"] + out["data_parallel_exposed_s"] + out["optimizer_s"]
+    t, par = c.train, c.parallel
+    tokens = t.seq_len * t.micro_batch_size * t.grad_accum_steps * par.gpus // (par.tensor * par.pipeline)
+    model_per_token = fl["per_token_6n"] if c.flops.convention == "6n" else fl["per_token"]
+    mfu = tokens / seconds * model_per_token / (par.gpus * peak * 1e12)
+    ex.add("step_time", "seconds", seconds, f"forward/backward {out['forward_backward_s']:.4g} + exposed data "
+           f"parallel {out['data_parallel_exposed_s']:.4g} + optimizer {out['optimizer_s']:.4g}")
+    ex.add("step_time", "tokens_per_second", tokens / seconds, f"{tokens:,} tokens per step / {seconds:.4g} s")
+    ex.add("step_time", "mfu", mfu, f"tokens/s x {model_per_token:,} model FLOPs/token / ({par.gpus} x {peak:g} "
+           "TFLOP/s)")
+    return {"seconds": seconds, "tokens_per_second": tokens / seconds, "mfu": mfu, **out}
+
+
+def _hbm_gbps(c) -> float:
+    return gpu_spec(c.hardware.gpu).bandwidth_gbps * BANDWIDTH_EFFICIENCY
+
+
+def _micro_batch(c, counts, fl: dict, peak: float, ex: Explain) -> dict:
+    """One micro-batch's forward and backward on one GPU (a tensor rank of a pipeline stage)."""
+    m, t, par, hw = c.model, c.train, c.parallel, c.hardware
+    spec = gpu_spec(hw.gpu)
+    tp, pp = par.tensor, par.pipeline
+    shard = tp * pp
+    a = COMPUTE_BYTES[t.precision]
+    full = t.activation_checkpointing == "full"
+    tokens = t.micro_batch_size * t.seq_len
+    if hw.profile and not hw.peak_tflops:
+        rate, rate_how = peak, "hardware.profile's measured TFLOP/s"
+    else:
+        rate, rate_how = peak * MATMUL_EFFICIENCY, f"peak {peak:g} x {MATMUL_EFFICIENCY} (large-GEMM efficiency)"
+    on_gpu = spec.name != "cpu"
+    tile = tokens / (TILE_ROWS * math.ceil(tokens / TILE_ROWS)) if on_gpu else 1.0
+    attention = fl["attention_per_token"] * (4 / 3 if full else 1)  # full recomputation redoes its forward
+    matmul = fl["per_token_hardware"] - attention
+    matmul_s = matmul * tokens / shard / (rate * 1e12 * tile)
+    attention_s = attention * tokens / shard / (rate * 1e12 * ATTENTION_EFFICIENCY)
+    ex.add("step_time", "achievable_tflops", rate, rate_how)
+    ex.add("step_time", "matmul_s", matmul_s, f"{matmul:,} hardware FLOPs/token (no attention) x b*s {tokens:,} / "
+           f"(tensor {tp} x pipeline {pp}) / ({rate:.4g} TFLOP/s x tile {tile:.3g})"
+           + ("" if on_gpu else "; no tiles on a CPU"))
+    ex.add("step_time", "attention_s", attention_s, f"{attention:,.0f} attention FLOPs/token (as the plan counts "
+           f"them) x {tokens:,} / {shard} / ({rate:.4g} x {ATTENTION_EFFICIENCY})")
+
+    hbm = _hbm_gbps(c)
+    bw_how = f"{spec.bandwidth_gbps:g} GB/s x {BANDWIDTH_EFFICIENCY}" if hbm else "no HBM figure: not modelled"
+    reads = 4 if full else 3
+    weights = reads * a * counts.flops / shard
+    weight_s = weights / (hbm * 1e9) if hbm else 0.0
+    ex.add("step_time", "weight_read_s", weight_s, f"{reads} reads x {a} bytes x {counts.flops:,} / {shard} = "
+           f"{weights:.4g} bytes / {bw_how}")
+    kept = copy.copy(t)
+    kept.activation_checkpointing = "none"  # recomputed tensors are written and read all the same
+    native = planned_native_gqa(c)
+    act = activation_bytes(m, kept, par, native_gqa=native)
+    traffic = 2 * (act["layers"] * act["per_layer"] + act["once"])
+    if t.activation_checkpointing != "none":  # what the recomputation writes again in backward
+        traffic += act["layers"] * (act["per_layer"] - activation_bytes(m, t, par, native_gqa=native)["per_layer"])
+    traffic_s = traffic / (hbm * 1e9) if hbm else 0.0
+    ex.add("step_time", "activation_traffic_s", traffic_s, f"{traffic:.4g} bytes: those kept for backward written "
+           f"and read{', the recomputed ones written again' if t.activation_checkpointing != 'none' else ''} / {bw_how}")
+
+    intra, _, link_how = links(c)
+    layers = act["layers"]
+    collectives = 6 if full else 4
+    tp_bytes = a * tokens * m.hidden_size
+    tp_s = layers * collectives * _ring(tp_bytes, tp, intra, 2)
+    if tp > 1:
+        ex.add("step_time", "tensor_parallel_s", tp_s, f"{layers} layers x {collectives} all-reduces x 2 x "
+               f"({tp}-1)/{tp} x {tp_bytes:,} bytes (b*s*h x {a}) / {intra:.4g} GB/s ({link_how}); not overlapped"
+               + ("; sequence parallel: all-gather + reduce-scatter, same volume" if par.sequence_parallel else ""))
+    per_layer = KERNELS_PER_LAYER + RECOMPUTED_KERNELS[t.activation_checkpointing]
+    overhead_s = (layers * per_layer + KERNELS_OUTSIDE) * KERNEL_OVERHEAD_S
+    ex.add("step_time", "kernel_overhead_s", overhead_s, f"({layers} layers x {per_layer} + {KERNELS_OUTSIDE}) "
+           f"kernels x {KERNEL_OVERHEAD_S * 1e6:g} us (eager PyTorch's dispatch and launch)")
+    compute_s = matmul_s + attention_s
+    micro_s = max(compute_s, weight_s) + traffic_s + tp_s + overhead_s
+    bound = "compute" if compute_s >= weight_s else "memory"
+    ex.add("step_time", "micro_batch_s", micro_s, f"max(compute {compute_s:.4g}, weight reads {weight_s:.4g}) + "
+           f"activation traffic {traffic_s:.4g} + TP {tp_s:.4g} + kernel overhead {overhead_s:.4g}: "
+           + ("compute-bound" if bound == "compute" else "memory-bound (the weights' reads set the floor)"))
+    return {"achievable_tflops": rate, "micro_batch_s": micro_s, "matmul_s": matmul_s, "attention_s": attention_s,
+            "weight_read_s": weight_s, "activation_traffic_s": traffic_s, "tensor_parallel_s": tp_s,
+            "kernel_overhead_s": overhead_s, "bound": bound}
+
+
+def _pipeline(c, micro_s: float, ex: Explain) -> dict:
+    """1F1B: m micro-batches in m + p - 1 slots, each slot also sending activations on and gradients back."""
+    t, par = c.train, c.parallel
+    micro, pp = t.grad_accum_steps, par.pipeline
+    intra, inter, _ = links(c)
+    link = intra if par.gpus <= par.gpus_per_node else inter
+    sent = 2 * COMPUTE_BYTES[t.precision] * t.micro_batch_size * t.seq_len * c.model.hidden_size
+    p2p_s = sent / (link * 1e9) if pp > 1 and link else 0.0
+    slots = micro + pp - 1
+    phase_s = slots * (micro_s + p2p_s)
+    bubble = (pp - 1) / slots
+    ex.add("step_time", "forward_backward_s", phase_s, f"({micro} micro-batches + {pp} stages - 1) x (micro-batch "
+           f"{micro_s:.4g} + point-to-point {p2p_s:.4g}); bubble (p-1)/(m+p-1) = {bubble:.3g}")
+    return {"forward_backward_s": phase_s, "pipeline_bubble": bubble, "pipeline_p2p_s": p2p_s}
+
+
+def _bytes_per_value(t) -> tuple[int, int]:
+    """(gradient, parameter) bytes: as pretrain.plan.memory holds them."""
+    mixed = t.precision.endswith("-mixed")
+    grad_b = 2 if t.precision == "bf16" or (mixed and t.grad_dtype == "same") else 4
+    return grad_b, 2 if t.precision == "bf16" else 4
+
+
+def _data_parallel(c, counts, step: dict, ex: Explain) -> dict:
+    """The data-parallel traffic of a step, and what of it the compute does not hide."""
+    t, par = c.train, c.parallel
+    tp, pp = par.tensor, par.pipeline
+    dp = par.gpus // (tp * pp)
+    zero = par.zero_stage if dp > 1 else 0
+    if dp == 1:
+        return {"data_parallel_s": 0.0, "data_parallel_exposed_s": 0.0}
+    intra, inter, link_how = links(c)
+    inside = tp * dp <= par.gpus_per_node  # tensor ranks adjacent, then data: Megatron's rank order
+    link, where = (intra, "NVLink") if inside else (inter, "network")
+    params = counts.total / (tp * pp)  # on one GPU before ZeRO's sharding (a stage's share, taken as even)
+    grad_b, param_b = _bytes_per_value(t)
+    a, micro = COMPUTE_BYTES[t.precision], t.grad_accum_steps
+    after_s = 0.0
+    if zero <= 1:
+        total_s = _ring(grad_b * params, dp, link, 2)
+        last_s = _ring(min(DDP_BUCKET_BYTES, grad_b * params), dp, link, 2)
+        window = 2 / 3 * (step["matmul_s"] + step["attention_s"])  # the last micro-batch's backward
+        what = f"all-reduce 2 x ({dp}-1)/{dp} x {grad_b * params:.4g} gradient bytes"
+        if zero == 1:
+            after_s = _ring(param_b * params, dp, link, 1)
+            what += f"; then the updated shares broadcast, ({dp}-1)/{dp} x {param_b * params:.4g} bytes, {after_s:.4g} s"
+        how = "overlapped with the last micro-batch's backward except the last 25 MB bucket"
+    else:
+        syncs = micro if par.grad_sync == "micro_batch" else 1
+        gathers = 2 if zero == 3 else 1
+        total_s = syncs * _ring(grad_b * params, dp, link, 1) + micro * gathers * _ring(a * params, dp, link, 1)
+        last_s = total_s / (micro * -(-c.model.num_layers // pp))
+        window = step["forward_backward_s"]
+        what = (f"{syncs} reduce-scatter(s) of {grad_b * params:.4g} gradient bytes + {micro} x {gathers} "
+                f"all-gather(s) of {a * params:.4g} parameter bytes, each ({dp}-1)/{dp} of it")
+        how = "prefetched behind the micro-batches' compute except one block's worth"
+    exposed_s = max(total_s - window, last_s) + after_s
+    ex.add("step_time", "data_parallel_s", total_s, f"{what}, over {where} {link:.4g} GB/s ({link_how})")
+    ex.add("step_time", "data_parallel_exposed_s", exposed_s, f"{how}: max({total_s:.4g} - {window:.4g}, "
+           f"{last_s:.4g}) + {after_s:.4g}")
+    return {"data_parallel_s": total_s, "data_parallel_exposed_s": exposed_s}
+
+
+def _optimizer_step(c, counts, ex: Explain) -> dict:
+    """The update: memory-bound on the GPU, or on the host with offload (ZeRO-Offload, Ren et al. 2021)."""
+    t, par = c.train, c.parallel
+    shard = par.tensor * par.pipeline
+    dp = par.gpus // shard
+    params = counts.total / shard
+    owned = params / (dp if dp > 1 and par.zero_stage >= 1 else 1)
+    grad_b, param_b = _bytes_per_value(t)
+    states = {"adamw": 2, "sgd": 1 if t.momentum else 0, "adafactor": 0}[t.optimizer]
+    update = owned * (2 * param_b * (1 + states) + grad_b)  # parameters and states read and written, gradients read
+    if par.offload == "none":
+        hbm = _hbm_gbps(c)
+        seconds = update / (hbm * 1e9) if hbm else 0.0
+        ex.add("step_time", "optimizer_s", seconds, f"{owned:.4g} parameters x (2 x {param_b} x (1 + {states} "
+               f"states) + {grad_b}) bytes / HBM")
+        return {"optimizer_s": seconds}
+    a = COMPUTE_BYTES[t.precision]
+    moved = owned * (grad_b + a)
+    fetched = t.grad_accum_steps * 2 * a * params / dp if par.offload == "optimizer+params" else 0.0
+    seconds = (moved + fetched) / (PCIE_GBPS * 1e9) + update / (HOST_GBPS_PER_GPU * 1e9)
+    ex.add("step_time", "optimizer_s", seconds, f"offload: gradients down and parameters up {moved:.4g} bytes"
+           + (f" + parameter shards fetched per micro-batch {fetched:.4g}" if fetched else "")
+           + f" over PCIe {PCIE_GBPS:g} GB/s + the update's {update:.4g} bytes at {HOST_GBPS_PER_GPU:g} GB/s of "
+           "host memory per GPU")
+    return {"optimizer_s": seconds}
+
+
+def dominant_cost(step: dict, best: dict) -> str:
+    """Why a slower layout lost to the best: the part of its step that exceeds the best's by the most."""
+    mine, theirs = _costs(step), _costs(best)
+    return max(mine, key=lambda k: mine[k] - theirs[k])
+
+
+def _costs(step: dict) -> dict:
+    slots = step["forward_backward_s"] / (step["micro_batch_s"] + step["pipeline_p2p_s"])
+    compute = step["matmul_s"] + step["attention_s"]
+    return {
+        "TP all-reduce dominates": step["tensor_parallel_s"] * slots,
+        "pipeline bubble": step["pipeline_bubble"] * step["forward_backward_s"],
+        "pipeline point-to-point": step["pipeline_p2p_s"] * slots,
+        "data-parallel communication": step["data_parallel_exposed_s"],
+        "optimizer step (offload)": step["optimizer_s"],
+        "memory-bound micro-batch (weight reads)": max(0.0, step["weight_read_s"] - compute) * slots,
+        "activation traffic": step["activation_traffic_s"] * slots,
+        "per-kernel overhead of small micro-batches": step["kernel_overhead_s"] * slots,
+        "recomputation / small-matmul compute": compute * slots,
+    }

@@ -1,0 +1,33 @@
+"""`train.precision` in torch's terms, one home for the rule (the planner's pure-Python twin is
+`pretrain.plan.hardware.COMPUTE_DTYPE`).
+
+  fp32        fp32 weights and matmuls (TF32 on CUDA)
+  fp16-mixed  fp32 weights, autocast to fp16 (with a loss scaler)
+  bf16-mixed  fp32 weights, autocast to bf16
+  bf16        pure bf16 weights, gradients and optimizer states
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+
+import torch
+
+
+def half_dtype(precision: str) -> torch.dtype | None:
+    """The 16-bit dtype the matmuls run in, or None for fp32."""
+    return {"fp16-mixed": torch.float16, "bf16-mixed": torch.bfloat16, "bf16": torch.bfloat16}.get(precision)
+
+
+def weight_dtype(precision: str) -> torch.dtype:
+    """The dtype the parameters are stored in."""
+    return torch.bfloat16 if precision == "bf16" else torch.float32
+
+
+def autocast(precision: str, device: torch.device):
+    """A context factory: autocast for the *-mixed precisions, nothing otherwise. No weight-cast cache: the
+    planner counts the casts each matmul keeps for backward, and a cache would keep them for the whole step."""
+    if precision.endswith("-mixed"):
+        return functools.partial(torch.autocast, device.type, dtype=half_dtype(precision), cache_enabled=False)
+    return contextlib.nullcontext

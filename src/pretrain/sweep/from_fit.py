@@ -1,0 +1,118 @@
+"""`pretrain sweep --from-fit N`: the planner's N fastest layouts (`pretrain plan --fit`), each timed with the
+real training step on this machine, measured beside predicted; the fastest that ran is the choice.
+
+The fit is made for the hardware the sweep runs on (the detected GPU or the CPU, this world size) at the peak
+the sweep's MFU uses (the catalog's, a profile's, or the one-time measurement), so predicted and measured
+speak of the same machine, and among the layouts the trainer runs (data parallel with ZeRO 0-3, no tensor or
+pipeline parallelism, no offload); a candidate the trainer still refuses is reported "not run: why". The ranking model's error is printed: per candidate (measured / predicted - 1),
+their mean absolute value, and whether the predicted fastest is the measured fastest.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..config import load_config, replaced
+from ..errors import UsageError
+from ..files import write_atomic
+from ..plan import plan
+from ..plan.fit import command_line, fit
+from . import output
+from .run import _device_name, run_sweep
+
+DATA_PARALLEL = {"parallel.tensor": 1, "parallel.pipeline": 1, "parallel.sequence_parallel": False,
+                 "parallel.offload": "none"}  # the layout keys the fit chooses; the rest of the config is the user's
+
+
+def run_from_fit(config_path, overrides: list[str], n: int, warmup_steps: int = 2, steps: int = 3,
+                 out_dir: str | Path | None = "sweep") -> dict:
+    """Time the top `n` candidates of `fit`; returns {"device", "candidates": [...], "chosen", "error"}."""
+    from ..distributed.runtime import init_runtime
+    from ..train import plan_check
+    from ..train.trainer import check_trainable
+
+    if n < 1:
+        raise UsageError(f"--from-fit: must be at least 1 candidate, got {n}")
+    config = load_config(config_path, overrides)
+    # What the trainer would refuse whatever the layout: one line now, before any fit or cell.
+    check_trainable(replaced(config, DATA_PARALLEL), needs_data=False)
+    rt = init_runtime(config.train.device)
+    here = plan_check.config_for_device(config, rt)
+    peak, source = plan_check.peak_tflops(here, rt.device)
+    pinned = []
+    if plan(here)["hardware"]["peak_tflops"] is None:  # measured: the same peak for the fit and every cell
+        pinned = [f"hardware.peak_tflops={peak!r}"]
+        here = replaced(here, {"hardware.peak_tflops": peak})
+    found = fit(here, top=n, runnable=True)  # data parallel, no offload: what the trainer runs
+    if not found["candidates"]:
+        raise UsageError("--from-fit: no layout fits on this machine (pretrain plan --fit says why)")
+    out = Path(out_dir) if out_dir is not None else None
+    if out is not None:
+        output.make_dir(out)
+
+    rows = []
+    for rank, cand in enumerate(found["candidates"], 1):
+        items = [*overrides, *pinned, *command_line(cand["overrides"]).split()]
+        try:
+            cell = run_sweep(config_path, items, {}, warmup_steps=warmup_steps, steps=steps, out_dir=None,
+                             progress=False)["cells"][0]
+        except UsageError as e:  # a layout the trainer refuses: said in its row, the others still run
+            cell = {"status": f"not run: {e}", "tokens_per_s": None, "step_seconds": None, "mfu": None}
+        measured = cell["tokens_per_s"]
+        rows.append({"rank": rank, "overrides": cand["overrides"], "status": cell["status"],
+                     "predicted_tokens_per_s": cand["tokens_per_s"], "measured_tokens_per_s": measured,
+                     "error_pct": None if measured is None else 100 * (measured / cand["tokens_per_s"] - 1),
+                     "predicted_step_s": cand["step_time_s"], "measured_step_s": cell["step_seconds"],
+                     "memory_planned_bytes": cand["memory_bytes"]["total"], "mfu": cell["mfu"]})
+    ran = [r for r in rows if r["measured_tokens_per_s"] is not None]
+    chosen = max(ran, key=lambda r: r["measured_tokens_per_s"]) if ran else None
+    errors = [abs(r["error_pct"]) for r in ran]
+    result = {
+        "device": _device_name(rt.device), "peak_tflops": peak, "peak_source": source, "candidates": rows,
+        "chosen": chosen,
+        "error": {"mean_abs_pct": sum(errors) / len(errors) if errors else None,
+                  "predicted_fastest_is_fastest": bool(ran) and chosen["rank"] == min(r["rank"] for r in ran),
+                  "measured_rank_of_predicted_fastest": _measured_rank(ran)},
+    }
+    if out is not None:
+        write_atomic(out / "from_fit.json", json.dumps(result, indent=1) + "\n")
+        result["file"] = str(out / "from_fit.json")
+    return result
+
+
+def _measured_rank(ran: list[dict]) -> int | None:
+    if not ran:
+        return None
+    order = sorted(ran, key=lambda r: -r["measured_tokens_per_s"])
+    return 1 + order.index(min(ran, key=lambda r: r["rank"]))
+
+
+def render(result: dict) -> str:
+    lines = [f"pretrain sweep --from-fit on {result['device']} (peak {result['peak_tflops']:.4g} TFLOP/s: "
+             f"{result['peak_source']})", "",
+             f"  {'#':>2}  {'layout':<58} {'predicted':>11} {'measured':>11} {'error':>8}  status"]
+    for r in result["candidates"]:
+        o = r["overrides"]
+        layout = (f"micro {o['train.micro_batch_size']} x {o['train.grad_accum_steps']}, recompute "
+                  f"{o['train.activation_checkpointing']}, ZeRO {o['parallel.zero_stage']}, TP {o['parallel.tensor']}, "
+                  f"PP {o['parallel.pipeline']}")
+        measured = "-" if r["measured_tokens_per_s"] is None else f"{r['measured_tokens_per_s']:,.0f}"
+        error = "-" if r["error_pct"] is None else f"{r['error_pct']:+.0f}%"
+        lines.append(f"  {r['rank']:>2}  {layout:<58} {r['predicted_tokens_per_s']:>11,.0f} {measured:>11} "
+                     f"{error:>8}  {r['status']}")
+    e = result["error"]
+    if result["chosen"] is None:
+        lines += ["", "  none ran: nothing to choose"]
+        return "\n".join(lines)
+    lines += ["", f"  ranking model's error: mean |measured / predicted - 1| = {e['mean_abs_pct']:.0f}%; the predicted "
+              f"fastest ran {_ordinal(e['measured_rank_of_predicted_fastest'])} fastest",
+              f"  chosen (fastest measured): #{result['chosen']['rank']} "
+              + command_line(result["chosen"]["overrides"])]
+    if "file" in result:
+        lines.append(f"  wrote {result['file']}")
+    return "\n".join(lines)
+
+
+def _ordinal(k: int) -> str:
+    return {1: "1st", 2: "2nd", 3: "3rd"}.get(k, f"{k}th")

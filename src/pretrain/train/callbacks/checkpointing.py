@@ -1,0 +1,12 @@
+"""Checkpoints every `run.checkpoint_every` steps and at the last step."""
+
+from __future__ import annotations
+
+from . import Callback
+
+
+class Checkpointing(Callback):
+    def on_step_end(self, trainer, result) -> None:
+        every, step = trainer.config.run.checkpoint_every, trainer.state.step
+        if (every and step % every == 0) or step == trainer.total_steps:
+            trainer.save()

@@ -1,0 +1,43 @@
+"""A metrics line every `run.log_every` steps: loss, learning rate, batch, grad norm, tokens/s, MFU, memory.
+
+tokens/s is measured over the interval since the last line (so a slow first step, compilation included,
+stays in its own interval); MFU = tokens/s x the plan's FLOPs per token / (peak x ranks).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import Callback
+
+
+class MetricsLogger(Callback):
+    def on_fit_start(self, trainer) -> None:
+        self.tokens, self.seconds, self.since = 0, 0.0, trainer.state.step
+        convention = trainer.config.flops.convention
+        self.flops_per_token = trainer.plan["flops"]["per_token" if convention == "palm" else "per_token_6n"]
+
+    def on_step_end(self, trainer, result) -> None:
+        self.tokens += result.batch_tokens
+        self.seconds += trainer.step_seconds
+        step = trainer.state.step
+        if step % trainer.config.run.log_every and step != trainer.total_steps:
+            return
+        tps = self.tokens / max(self.seconds, 1e-9)
+        mfu = tps * self.flops_per_token / (trainer.peak * 1e12 * trainer.rt.world_size) if trainer.peak else None
+        record = {"step": step, "tokens": trainer.state.tokens, "loss": result.loss, "lr": result.lr,
+                  "batch_tokens": result.batch_tokens, "grad_norm": result.grad_norm, "tokens_per_s": tps,
+                  "mfu": mfu, "peak_mem_bytes": peak_memory(trainer.rt.device)}
+        trainer.log.metrics(record)
+        trainer.last_metrics = record
+        trainer.last_interval = {"step": step, "start": self.since, "tokens_per_s": tps, "mfu": mfu}
+        self.tokens, self.seconds, self.since = 0, 0.0, step
+
+
+def peak_memory(device: torch.device) -> int:
+    """GPU: the allocator's peak; CPU: the process's peak RSS (Linux reports KiB)."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -1,0 +1,65 @@
+"""The plan and the run check each other: the planner's figures for this config at start, the measured ones
+beside them after a few steps (RUN_DIR/plan_vs_run.json).
+
+The measurement step counts what a step holds (measure.py) at step MEASURE_STEP, when the optimizer states
+exist; it is compared with the plan on the first metrics interval after it (warm-up and compilation done).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import plan_check
+from ..attention import kernel_that_runs
+from . import Callback
+
+MEASURE_STEP = 2  # optimizer states exist after the first step; measure the plan on the step after
+
+
+class PlanVsRun(Callback):
+    def on_fit_start(self, trainer) -> None:
+        trainer.log.say(plan_check.summary(trainer.plan, trainer.device_config))
+        self.pending = None
+        self.reset_peak = False
+        self.kernel = kernel_that_runs(trainer.config, trainer.rt.device)
+
+    def on_step_start(self, trainer) -> None:
+        trainer.measure_next = trainer.state.step + 1 == MEASURE_STEP
+        if self.reset_peak:
+            # The measurement step holds extras (a second run of block 0, the meter's copies): the peak the
+            # plan is compared with is that of the steps after it.
+            torch.cuda.reset_peak_memory_stats(trainer.rt.device)
+            self.reset_peak = False
+
+    def on_step_end(self, trainer, result) -> None:
+        if result.measured:
+            self.pending = result.measured
+            self.reset_peak = trainer.rt.device.type == "cuda"
+            if trainer.config.debug.check_sharding:
+                self._check_sharding(trainer, result.measured["states"])
+        interval = getattr(trainer, "last_interval", None)
+        step = trainer.state.step
+        if self.pending is None or not interval or interval["step"] != step:
+            return
+        if interval["start"] >= MEASURE_STEP or step == trainer.total_steps:
+            device = trainer.rt.device
+            peak = int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
+            report = plan_check.compare(trainer.plan, self.pending["states"], self.pending["saved"], peak,
+                                        interval["tokens_per_s"], interval["mfu"], trainer.config.hardware.mfu,
+                                        str(device))
+            report["attention_kernel"] = self.kernel
+            if trainer.rt.is_main:
+                plan_check.write(trainer.run_dir, report)
+                trainer.log.say(plan_check.render(report))
+            self.pending = None
+
+    @staticmethod
+    def _check_sharding(trainer, states: dict) -> None:
+        """Debug mode: this rank holds exactly what the planner says this rank holds (one shared truth)."""
+        from ...plan.memory import model_state_tensors
+
+        planned = model_state_tensors(trainer.device_config, rank=trainer.rt.rank)
+        wrong = {k: (v, planned[k]) for k, v in states.items() if v != planned[k]}
+        if wrong:
+            detail = ", ".join(f"{k} {held:,} bytes held, {want:,} planned" for k, (held, want) in wrong.items())
+            raise AssertionError(f"rank {trainer.rt.rank}: {detail} (ZeRO-{trainer.config.parallel.zero_stage})")

@@ -1,0 +1,40 @@
+"""SIGTERM / SIGINT (a scheduler's preemption, Ctrl-C): finish the step, checkpoint, exit 0; a second signal
+exits at once. One rank's signal stops every rank: the request travels in the step's one all-reduce."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+from . import Callback
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class Preemption(Callback):
+    def on_fit_start(self, trainer) -> None:
+        def handler(signum, frame):
+            if trainer.stop_signal:  # a second signal: leave at once
+                os._exit(128 + signum)
+            trainer.stop_signal = signum
+            name = signal.Signals(signum).name
+            os.write(2, f"pretrain train: {name}: stopping after this step with a checkpoint ({name} again "
+                        f"exits at once)\n".encode())  # os.write: safe inside a signal handler
+
+        self.previous = {sig: signal.signal(sig, handler) for sig in SIGNALS}
+
+    def on_fit_end(self, trainer) -> None:
+        for sig, previous in getattr(self, "previous", {}).items():
+            signal.signal(sig, previous)
+
+
+def preempted(trainer) -> dict:
+    """The run stops here: checkpoint (unless this step already wrote one), say how to resume."""
+    path = trainer.checkpointer.saved_now() or trainer.save()
+    name = (signal.Signals(trainer.stop_signal).name if trainer.stop_signal else trainer.stop_reason
+            or "a signal on another rank")
+    st = trainer.state
+    trainer.log.event({"event": "preempted", "step": st.step, "tokens": st.tokens, "signal": name, "path": str(path)})
+    trainer.log.say(f"stopped by {name} after step {st.step:,}; checkpoint {path}; resume with: "
+                    f"pretrain train --resume {trainer.run_dir}")
+    return {"step": st.step, "tokens": st.tokens, "preempted": True, "run_dir": str(trainer.run_dir)}

@@ -1,0 +1,87 @@
+"""One optimizer step: the recipe's arithmetic, and nothing else.
+
+`accum` micro-batches per rank, each forward under the precision's autocast, backward of loss / accum;
+clip the global gradient norm (the norm before clipping is what is logged); skip the update when it is not
+finite (a loss scaler skips by itself and lowers its scale); AdamW at the given learning rate.
+
+On a GPU the host waits for the device once per step: the loss sum, this rank's stop request and the grad
+norm travel in one small tensor, through one all-reduce, to the host in one copy.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .measure import measure_forward, model_state_bytes
+
+
+@dataclass
+class StepResult:
+    loss: float          # mean loss over the global batch
+    grad_norm: float     # global gradient norm before clipping
+    lr: float
+    batch_tokens: int    # tokens of this step, all ranks together
+    finite: bool         # the update was applied (the gradient norm was finite)
+    stop: bool           # some rank asked to stop after this step
+    measured: dict | None = None  # bytes held, on a measurement step (see measure.py)
+    rolled_back: bool = False     # set by the stability callback: the step was undone
+
+
+def train_step(par, batches, state, *, accum: int, lr: float, grad_clip: float, micro_batch_size: int,
+               seq_len: int, scaler=None, stop_asked: bool = False, measure: bool = False) -> StepResult:
+    """Run one step on `par` (a Parallelized) with `accum` micro-batches from `batches` (a Prefetcher), and
+    advance `state`'s counters (step, tokens, micro_batches)."""
+    optimizer, rt = par.optimizer, par.rt
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    autocast = par.autocast_context
+    measured = None
+    loss_sum = torch.zeros((), device=rt.device)
+    for i in range(accum):
+        x, y = batches.next_batch()
+        with par.no_sync(last=i == accum - 1):
+            if measure and i == 0 and par.measurable:
+                loss, saved = measure_forward(par.forward, x, y, autocast)
+                measured = {"saved": saved}
+            else:
+                with autocast():
+                    loss = par.forward(x, y)
+            state.micro_batches += 1
+            loss_sum += loss.detach().float()
+            scaled = loss / accum
+            (scaler.scale(scaled) if scaler is not None else scaled).backward()
+    if scaler is not None:
+        scaler.unscale_(optimizer)
+    norm = par.clip(grad_clip)
+    loss_mean, stop, grad_norm = _reduce(loss_sum, accum, stop_asked, norm, rt)
+    finite = math.isfinite(grad_norm)
+    if scaler is not None:
+        scaler.step(optimizer)  # skips the update itself on inf/NaN and lowers the scale
+        scaler.update()
+    elif finite:
+        optimizer.step()
+    if measure:
+        measured = measured or {"saved": None}
+        measured["states"] = model_state_bytes(par.module, getattr(optimizer, "optim", optimizer))
+    optimizer.zero_grad(set_to_none=True)
+    batch_tokens = accum * micro_batch_size * seq_len * rt.world_size
+    state.step += 1
+    state.tokens += batch_tokens
+    return StepResult(loss=loss_mean, grad_norm=grad_norm, lr=lr, batch_tokens=batch_tokens, finite=finite,
+                      stop=stop, measured=measured)
+
+
+def _reduce(loss_sum, accum: int, stop_asked: bool, norm, rt) -> tuple[float, bool, float]:
+    """(mean loss over ranks, any rank asked to stop, grad norm) with one collective and one host copy.
+    fp64 for the loss sum over ranks, as each rank's mean is added in the same order as a float64 would be."""
+    import torch.distributed as dist
+
+    packed = torch.stack([loss_sum.double() / accum,
+                          torch.tensor(1.0 if stop_asked else 0.0, dtype=torch.float64, device=rt.device)])
+    if rt.distributed:
+        dist.all_reduce(packed)
+    loss, stop, grad_norm = torch.cat([packed, norm.detach().double().reshape(1)]).tolist()
+    return loss / rt.world_size, stop > 0, grad_norm

@@ -1,0 +1,254 @@
+"""The trainer: builds a run from its config and runs `fit()`, the optimizer steps with callbacks around them.
+
+  build    the run's config for this process layout, the data, the model made trainable here
+           (distributed/parallelize.py), the batches (read ahead), the callbacks, the checkpointer
+  fit      resume or start; then step (step.py) and let every callback act on the result, until the last
+           step or a stop request; a final validation pass
+Everything else a run does (metrics, plan vs run, evaluation, checkpoints, loss-spike rollback, preemption)
+is a callback in train/callbacks/, deciding for itself when it acts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import yaml
+
+from ..errors import ConfigError, UsageError
+from ..files import write_atomic
+from ..plan.budget import run_length
+from ..plan.params import count_params
+from ..plan.schedule import checked_warmup, learning_rate, micro_batches_per_step
+from . import checkpoint as ckpt
+from . import plan_check
+from .attention import restrict_kernels
+from .callbacks import default_callbacks
+from .callbacks.evaluation import evaluate
+from .callbacks.preemption import preempted
+from .callbacks.stability import Stability
+from .checkpointer import Checkpointer
+from .metrics import RunLog
+from .prefetch import Prefetcher
+from .step import StepResult, train_step
+
+
+class TrainingStopped(UsageError):
+    """The run cannot go on without a person (e.g. it keeps diverging); the message says what to do."""
+
+
+@dataclass
+class TrainState:
+    """The trainer's counters: what a resume needs besides tensors, RNG states and the callbacks' states."""
+    step: int = 0
+    tokens: int = 0            # tokens trained on, all ranks together
+    micro_batches: int = 0     # micro-batches drawn from the data stream per rank (survives rollbacks)
+    lr_scale: float = 1.0
+    lr_scale_until: int = 0
+    rollbacks: list = field(default_factory=list)
+    nonfinite_skips: int = 0
+
+    def state_dict(self) -> dict:
+        return asdict(self)
+
+    def load_state_dict(self, saved: dict) -> None:
+        for name in self.__dataclass_fields__:
+            if name in saved:
+                setattr(self, name, saved[name])
+
+
+class TensorState:
+    """Model + optimizer (+ the fp16 loss scaler): the tensors of a checkpoint."""
+
+    def __init__(self, par, scaler):
+        self.par, self.scaler = par, scaler
+
+    def state_dict(self) -> dict:
+        sd = self.par.state_dict()
+        if self.scaler is not None:
+            sd["scaler"] = self.scaler.state_dict()
+        return sd
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.par.load_state_dict(sd)
+        if self.scaler is not None and "scaler" in sd:
+            self.scaler.load_state_dict(sd["scaler"])
+
+
+def check_trainable(config, data_meta: dict | None = None, needs_data: bool = True) -> None:
+    """Config errors the trainer (not the planner) refuses, before anything heavy is built."""
+    t, par = config.train, config.parallel
+    if t.grad_dtype == "same" and t.precision.endswith("-mixed"):
+        raise ConfigError("train.grad_dtype: same (half-precision gradients) is a planning option; autocast keeps "
+                          "fp32 gradients: use train.grad_dtype=fp32 or train.precision=bf16")
+    if par.offload != "none":
+        raise ConfigError("parallel.offload: the trainer does not offload to host memory; the planner models "
+                          "it (use parallel.offload=none to train)")
+    if par.tensor > 1 or par.pipeline > 1:
+        raise ConfigError("parallel.tensor / parallel.pipeline: the trainer runs data parallel (DDP, ZeRO 1-3) "
+                          "only; the planner models tensor and pipeline parallelism (set both to 1 to train)")
+    if needs_data and not config.data.dir:
+        raise ConfigError("data.dir: not set; prepare data with `pretrain prepare --out DIR` and set data.dir=DIR")
+    if data_meta is not None and data_meta["vocab_size"] > config.model.vocab_size:
+        raise ConfigError(f"model.vocab_size: {config.model.vocab_size} is smaller than the vocabulary of "
+                          f"{config.data.dir} ({data_meta['vocab_size']}); set model.vocab_size="
+                          f"{data_meta['vocab_size']} or more")
+
+
+def run_config(config, rt, own_data: bool):
+    """The config this process trains: the world torchrun gives is the truth (steps, batch, the plan), and the
+    data directory is saved absolute (export, generate and resume run from anywhere). A new object: the
+    loaded config is never changed."""
+    data_dir = str(Path(config.data.dir).resolve()) if own_data and config.data.dir else config.data.dir
+    return dataclasses.replace(config, parallel=dataclasses.replace(config.parallel, gpus=rt.world_size),
+                               data=dataclasses.replace(config.data, dir=data_dir))
+
+
+class Trainer:
+    def __init__(self, config, rt, loader=None, quiet: bool = False):
+        """`loader` replaces the data directory (e.g. synthetic tokens for `pretrain sweep`); `quiet` writes
+        nothing to the run directory."""
+        from ..data.loader import PreparedData, RandomWindows, SequentialWindows
+        from ..distributed.parallelize import parallelize
+        from ..model import build_model
+
+        c = self.config = run_config(config, rt, own_data=loader is None)
+        t = c.train
+        self.rt, self.run_dir = rt, Path(c.run.dir)
+        check_trainable(c, needs_data=loader is None)
+        self.data = PreparedData(c.data.dir) if loader is None else None
+        if self.data is not None:
+            check_trainable(c, self.data.meta)
+            SequentialWindows(self.data, "val", t.seq_len, rank=rt.rank, world_size=rt.world_size)  # enough val?
+        if c.run.resume == "never" and not quiet and ckpt.list_checkpoints(self.run_dir):
+            raise UsageError(f"run.dir {self.run_dir} already holds checkpoints of another run; continue it with "
+                             f"`pretrain train --resume {self.run_dir}` or choose a new run.dir")
+        self.total_steps = run_length(c, count_params(c.model).total)["steps"]
+        self.warmup = checked_warmup(t, self.total_steps)
+        self.ramp = dict(seq_len=t.seq_len, micro_batch_size=t.micro_batch_size, data_parallel=rt.world_size,
+                         grad_accum_steps=t.grad_accum_steps, ramp_tokens=t.batch_ramp_tokens,
+                         ramp_start=t.batch_ramp_start)
+        if rt.device.type == "cuda":
+            torch.set_float32_matmul_precision("high")  # fp32 matmuls at TF32 speed, as the plan assumes
+        restrict_kernels(rt.device, t.precision)
+
+        on_meta = c.parallel.fsdp and not c.model.init_from  # FSDP materialises each rank's shard only
+        model = build_model(c.model, attention=t.attention, device="meta" if on_meta else rt.device, seed=t.seed)
+        if c.model.init_from:
+            from ..export.hf import load_hf_into
+
+            load_hf_into(model, c.model.init_from)
+        self.par = parallelize(model, c, rt)
+        # The weights have their own generators; the global one drives dropout, whose masks must differ
+        # between data-parallel ranks as they would between the micro-batches of one process.
+        torch.manual_seed(t.seed + rt.rank)
+        self.scaler = torch.amp.GradScaler(rt.device.type) if t.precision == "fp16-mixed" else None
+        loader = loader or RandomWindows(self.data, "train", t.seq_len, seed=t.seed, rank=rt.rank,
+                                         world_size=rt.world_size)
+        self.batches = Prefetcher(loader, t.micro_batch_size, rt.device)
+        self.state = TrainState()
+        self.callbacks = default_callbacks(c)
+        self.stability = next(cb for cb in self.callbacks if isinstance(cb, Stability))
+        parts = {"data": self.batches}
+        for cb in self.callbacks:
+            parts.update(cb.stateful())
+        self.checkpointer = Checkpointer(self.run_dir, rt, TensorState(self.par, self.scaler), self.state, parts, c,
+                                         self.total_steps)
+        self.device_config = plan_check.config_for_device(c, rt)
+        self.plan, self.peak = None, None
+        self.stop_signal, self.stop_reason = 0, ""
+        self.measure_next = False
+        self.step_seconds = 0.0
+        self.last_metrics: dict = {}
+        self.log = RunLog(self.run_dir, self.total_steps, 0, progress=c.run.progress, enabled=rt.is_main and not quiet)
+
+    # --- the loop ----------------------------------------------------------------------------------------
+
+    def fit(self) -> dict:
+        try:
+            return self._fit()
+        finally:
+            for cb in self.callbacks:
+                cb.on_fit_end(self)
+            self.batches.close()
+            self.log.close()
+
+    def _fit(self) -> dict:
+        self._write_config()
+        self.resume_or_start()
+        self.peak, _ = plan_check.peak_tflops(self.device_config, self.rt.device)
+        self.plan = plan_check.make_plan(dataclasses.replace(  # the plan's tokens/s at the peak behind MFU
+            self.device_config, hardware=dataclasses.replace(self.device_config.hardware, peak_tflops=self.peak)))
+        for cb in self.callbacks:
+            cb.on_fit_start(self)
+        while self.state.step < self.total_steps:
+            for cb in self.callbacks:
+                cb.on_step_start(self)
+            t0 = time.perf_counter()
+            result = self.step()
+            self.step_seconds = time.perf_counter() - t0
+            for cb in self.callbacks:
+                cb.on_step_end(self, result)
+                if result.rolled_back:
+                    break
+            if result.stop and not result.rolled_back:
+                return preempted(self)
+        final = evaluate(self)
+        self.log.say(f"done: {self.state.step:,} steps, {self.state.tokens:,} tokens, final validation loss "
+                     f"{final['val_loss']:.4f}")
+        return {"step": self.state.step, "tokens": self.state.tokens, "val_loss": final["val_loss"],
+                "train_loss": self.last_metrics.get("loss"), "run_dir": str(self.run_dir)}
+
+    def step(self) -> StepResult:
+        """One optimizer step at the schedule's learning rate and the batch ramp's size."""
+        t, st = self.config.train, self.state
+        accum = micro_batches_per_step(st.tokens, **self.ramp)
+        scale = st.lr_scale if st.step < st.lr_scale_until else 1.0
+        lr = learning_rate(st.step, total_steps=self.total_steps, warmup=self.warmup, peak=t.lr,
+                           min_ratio=t.min_lr_ratio, schedule=t.schedule, decay_fraction=t.decay_fraction) * scale
+        measure, self.measure_next = self.measure_next, False
+        return train_step(self.par, self.batches, st, accum=accum, lr=lr, grad_clip=t.grad_clip,
+                          micro_batch_size=t.micro_batch_size, seq_len=t.seq_len, scaler=self.scaler,
+                          stop_asked=bool(self.stop_signal or self.stop_reason), measure=measure)
+
+    # --- checkpoints ---------------------------------------------------------------------------------------
+
+    def resume_or_start(self) -> None:
+        if self.rt.is_main:
+            ckpt.remove_partial(self.run_dir)
+        self.barrier()
+        found = ckpt.latest_checkpoint(self.run_dir) if self.config.run.resume == "auto" else None
+        if found is not None:
+            self.checkpointer.load(found)
+            st = self.state
+            self.log.say(f"resumed from {found} (step {st.step:,}, {st.tokens:,} tokens)")
+            self.log.event({"event": "resumed", "step": st.step, "tokens": st.tokens, "path": str(found)})
+            return
+        if self.config.run.resume == "auto":
+            self.log.say(f"warning: no complete checkpoint in {self.run_dir}; starting from the beginning")
+        if self.config.stability.spike_detection:
+            self.save()  # step 0: a rollback target before the first regular checkpoint
+
+    def save(self) -> Path:
+        """Checkpoint the current step (every rank), keep the newest, say so."""
+        good = self.stability.good
+        path = self.checkpointer.save(good)
+        if self.rt.is_main:
+            ckpt.prune(self.run_dir, self.config.run.keep_checkpoints)
+            self.log.event({"event": "checkpoint", "step": self.state.step, "tokens": self.state.tokens,
+                            "good": good, "path": str(path)})
+        self.barrier()
+        return path
+
+    def barrier(self) -> None:
+        from ..distributed.runtime import barrier
+
+        barrier(self.rt)
+
+    def _write_config(self) -> None:
+        if self.rt.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            write_atomic(self.run_dir / "config.yaml", yaml.safe_dump(self.config.to_dict(), sort_keys=False))

@@ -1,0 +1,125 @@
+"""Budget mode: what GPU time buys (Hoffmann et al. 2022), a LLaMA-style shape, its data, and a config that fits."""
+
+import json
+import math
+
+import pytest
+
+from pretrain.config import load_config
+from pretrain.plan import plan, plan_with_explain
+from pretrain.plan.budget_mode import approach_3_optimum, chinchilla_loss, llama_shape
+from support import run_cli
+
+A100_14_DAYS = ["budget.days=14", "parallel.gpus=8", "hardware.gpu=a100-80gb"]
+H100_30_DAYS = ["budget.days=30", "parallel.gpus=64", "hardware.gpu=h100-sxm"]
+
+
+def test_chinchilla_itself_is_reproduced():
+    # Chinchilla: 70B parameters on 1.4T tokens (Hoffmann et al. 2022, section 4), C = 6 x 70e9 x 1.4e12 =
+    # 5.88e23 FLOPs: N_opt = sqrt(C / 120) = 70.0B, D_opt = 1.40T.
+    compute = 6 * 70e9 * 1.4e12
+    assert math.sqrt(compute / 120) == pytest.approx(70e9)
+    # At LLaMA-7B's size the conventions give LLaMA-7B's width, heads and MLP (8/3 x 4096 = 10,922.7 -> 11,008);
+    # 36 layers instead of 32, as 8 key/value heads (LLaMA-3) leave room for more of them.
+    shape = llama_shape(6.7e9, 32000, 4096)
+    assert (shape["hidden_size"], shape["num_heads"], shape["num_kv_heads"]) == (4096, 32, 8)
+    assert (shape["intermediate_size"], shape["num_layers"]) == (11008, 36)
+
+
+@pytest.mark.parametrize("overrides, gpus, peak", [(A100_14_DAYS, 8, 312.0), (H100_30_DAYS, 64, 989.4)])
+def test_budget_gives_n_opt_d_opt_a_shape_and_a_fitting_config(overrides, gpus, peak):
+    config = load_config(overrides=overrides)
+    p = plan(config)
+    b = p["budget"]
+    days = 14 if gpus == 8 else 30
+    compute = gpus * days * 86400 * peak * 1e12 * 0.4  # GPUs x seconds x peak x MFU (hardware.mfu default 0.4)
+    assert b["compute_flops"] == pytest.approx(compute)
+    assert b["gpu_hours"] == pytest.approx(gpus * days * 24)
+    assert b["params"] == pytest.approx(math.sqrt(compute / 120))  # approaches 1-2: C = 6ND, D = 20N
+    assert b["tokens"] == pytest.approx(20 * b["params"])
+    m = b["model"]
+    # LLaMA conventions: head_dim 128, intermediate = 8/3 H rounded up to a multiple of 256, ~128 width per layer.
+    assert m["head_dim"] == 128 and m["num_heads"] * 128 == m["hidden_size"]
+    assert m["intermediate_size"] % 256 == 0 and 0 <= m["intermediate_size"] - 8 * m["hidden_size"] / 3 < 256
+    assert m["num_heads"] % m["num_kv_heads"] == 0 and m["num_kv_heads"] in (4, 8)
+    assert 0.5 < m["hidden_size"] / m["num_layers"] / 128 < 2
+    assert b["model_params"] == pytest.approx(b["params"], rel=0.05)
+    assert 6 * b["model_params"] * b["model_tokens"] == pytest.approx(compute, rel=1e-6)
+    assert b["storage_bytes"] == 2 * b["model_tokens"]  # uint16 ids for the 32,000-token vocabulary
+    # The plan that follows is that model's, on those GPUs, and it fits.
+    assert p["params"]["total"] == b["model_params"] and p["tokens"]["total"] == b["model_tokens"]
+    assert p["parallel"]["world"] == gpus and p["fits"] is True and b["fit"]["fits"] is True
+    assert p["memory_bytes"]["total"] == b["fit"]["memory_bytes"]
+    # Planning the shape and the fit's overrides by hand gives the same plan (the contract of `--fit` too).
+    by_hand = [f"model.{k}={v}" for k, v in m.items()] + [f"{k}={v}" for k, v in b["fit"]["overrides"].items()]
+    q = plan(load_config(overrides=[*overrides[1:], f"train.tokens={b['model_tokens']}", *by_hand]))
+    assert q["memory_bytes"] == p["memory_bytes"] and q["time"] == p["time"]
+    # The inference-aware row: half the parameters on twice the tokens, a loss above the fit's optimum.
+    small = b["inference_aware"]
+    assert small["params"] == pytest.approx(b["params"] / 2, rel=0.1)
+    assert 6 * small["params"] * small["tokens"] == pytest.approx(compute, rel=1e-6)
+    assert small["loss"] == pytest.approx(chinchilla_loss(small["params"], small["tokens"]))
+    assert small["loss_penalty"] == pytest.approx(small["loss"] - b["loss_optimum"]) and small["loss_penalty"] >= 0
+    assert b["loss_penalty"] >= 0 and small["fit"]["fits"] is True
+
+
+def test_approach_3_optimum_is_the_minimum_of_the_fit():
+    # Hoffmann et al. 2022, equation 4 with the approach-3 coefficients (E 1.69, A 406.4, B 410.7, alpha 0.34,
+    # beta 0.28): L(N, C / 6N) is lowest there.
+    compute = 1e22
+    n = approach_3_optimum(compute)
+    loss = lambda x: chinchilla_loss(x, compute / (6 * x))  # noqa: E731
+    assert loss(n) < loss(n * 1.05) and loss(n) < loss(n / 1.05)
+
+
+def test_explain_explains_each_figure():
+    _, ex = plan_with_explain(load_config(overrides=A100_14_DAYS + ["data.bytes_per_token=3.5"]), advice=False)
+    explained = {name for section, name, _, _ in ex.lines if section == "budget"}
+    for name in ("gpu_hours", "compute_flops", "params", "tokens", "loss_optimum", "model.shape", "model.params",
+                 "model.tokens", "model.loss", "model.loss_penalty", "model.storage_bytes", "model.fits",
+                 "inference_aware.shape", "inference_aware.loss_penalty", "inference_aware.fits"):
+        assert name in explained, name
+    text = ex.render()
+    assert "budget.days 14 x 24 x parallel.gpus 8" in text and "Hoffmann et al. 2022, approaches 1-2" in text
+    assert "raw text" in text  # with data.bytes_per_token: the text the tokens take
+
+
+def test_cost_budget_and_json_contract():
+    r = run_cli("plan", "budget.cost=10000", "hardware.price_per_gpu_hour=2.5", "parallel.gpus=8", "--json")
+    assert r.returncode == 0, r.stderr
+    b = json.loads(r.stdout)["budget"]
+    assert b["gpu_hours"] == pytest.approx(4000)
+    assert {"compute_flops", "params", "tokens", "model"} <= set(b)
+    assert {"hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size"} <= set(b["model"])
+    table = run_cli("plan", "budget.cost=10000", "hardware.price_per_gpu_hour=2.5", "parallel.gpus=8")
+    assert table.stdout.startswith("budget: 4,000 GPU-hours") and "inference-aware" in table.stdout
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["budget.cost=1000"], "budget.cost: needs hardware.price_per_gpu_hour"),
+    (["budget.days=3", "budget.gpu_hours=100"], "give one of"),
+    (["budget.days=-1"], "budget.days: must be > 0"),
+    (["budget.days=3", "hardware.gpu=cpu"], "budget: cpu: no data-sheet peak"),
+])
+def test_bad_budgets_are_one_line(overrides, message):
+    r = run_cli("plan", *overrides)
+    assert r.returncode == 2 and message in r.stderr and r.stderr.count("\n") == 1, r.stderr
+
+
+def test_the_loaded_config_is_never_changed():
+    # A loaded config stays as loaded: budget mode plans a new config of the model it chooses, and the
+    # result's budget.overrides rebuild that config from the caller's.
+    config = load_config(overrides=A100_14_DAYS)
+    before = config.to_dict()
+    p = plan(config)
+    assert config.to_dict() == before
+    from pretrain.plan import planned_config
+
+    chosen = planned_config(config, p)
+    assert chosen is not config and chosen.budget.days is None
+    assert chosen.model.hidden_size == p["budget"]["model"]["hidden_size"]
+    assert plan(chosen)["memory_bytes"] == p["memory_bytes"]
+    table = run_cli("plan", *A100_14_DAYS)
+    m = p["budget"]["model"]
+    assert f"{p['params']['total'] / 1e9:.3g}B" in table.stdout.split("pretrain plan:")[1].splitlines()[0]
+    assert f"H {m['hidden_size']}, L {m['num_layers']}" in table.stdout

@@ -1,0 +1,50 @@
+"""Tokens a corpus holds and the epochs a run needs: data.raw_bytes / data.bytes_per_token, or a prepared
+data.dir's meta.json; the advice past 4 epochs (Muennighoff et al. 2023)."""
+
+import json
+
+import pytest
+
+from pretrain.config import load_config
+from pretrain.errors import ConfigError
+from pretrain.plan import plan, plan_with_explain
+from support import run_cli
+
+
+def test_raw_text_gives_tokens_and_epochs():
+    # 300 GB of Chinese text at 2.1 bytes per token (~1.4 characters of 3 bytes each, the ratio the notes quote
+    # for LLaMA-family tokenizers) holds 142,857,142,857 tokens; 2T training tokens read it 14 times.
+    config = load_config(overrides=["model.preset=llama-7b", "train.tokens=2e12", "data.raw_bytes=300e9",
+                                    "data.bytes_per_token=2.1"])
+    p, ex = plan_with_explain(config)
+    assert p["data"]["tokens_available"] == 142_857_142_857
+    assert p["data"]["epochs"] == pytest.approx(2e12 / 142_857_142_857)
+    assert any(line.startswith("data: the run reads its 1.43e+11 available tokens 14 times") for line in p["advice"])
+    assert "raw text 3e+11 bytes / 2.1 bytes per token" in ex.render()
+    # Enough text: no advice.
+    p = plan(load_config(overrides=["model.preset=llama-7b", "train.tokens=2e12", "data.raw_bytes=3000e9",
+                                    "data.bytes_per_token=2.1"]))
+    assert p["data"]["epochs"] < 4 and not any(line.startswith("data:") for line in p["advice"])
+
+
+def test_no_corpus_no_data_key():
+    assert "data" not in plan(load_config(overrides=["model.preset=llama-7b"]))
+
+
+def test_a_prepared_directory_knows_its_tokens(prepared):
+    meta = json.loads((prepared / "meta.json").read_text())
+    p = plan(load_config(overrides=["model.preset=debug", f"data.dir={prepared}", "train.tokens=1e7"]))
+    assert p["data"]["tokens_available"] == meta["num_tokens"]["train"]
+    assert p["data"]["bytes_per_token"] == meta["bytes_per_token"]
+    assert p["data"]["epochs"] == pytest.approx(1e7 / meta["num_tokens"]["train"])
+
+
+def test_a_directory_not_prepared_yet_is_no_error(tmp_path):
+    assert "data" not in plan(load_config(overrides=["model.preset=debug", f"data.dir={tmp_path}"]))
+
+
+def test_raw_bytes_needs_bytes_per_token():
+    with pytest.raises(ConfigError, match="data.bytes_per_token"):
+        load_config(overrides=["data.raw_bytes=3e9"])
+    r = run_cli("plan", "data.raw_bytes=3e9")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1

@@ -1,0 +1,131 @@
+"""`pretrain plan --fit`: the fastest layout that fits, its JSON contract, the search's rules, and a
+candidate's overrides planned alone giving the same memory and speed."""
+
+import json
+import math
+
+import pytest
+
+from pretrain.config import load_config
+from pretrain.plan.fit import command_line, fit
+from support import run_cli
+
+LLAMA3_8B_8_H100 = ["model.preset=llama3-8b", "parallel.gpus=8", "hardware.gpu=h100-sxm", "train.seq_len=8192"]
+LLAMA3_70B_64_H100 = ["model.preset=llama3-70b", "parallel.gpus=64", "hardware.gpu=h100-sxm", "train.seq_len=8192"]
+CANDIDATE_KEYS = {"overrides", "memory_bytes", "fits", "tokens_per_s", "mfu", "step_time_s"}
+
+
+def test_json_contract_and_a_candidate_planned_alone_is_the_same():
+    r = run_cli("plan", *LLAMA3_8B_8_H100, "--fit", "--json")
+    assert r.returncode == 0, r.stderr
+    result = json.loads(r.stdout)
+    assert set(result) == {"candidates", "rejected"}
+    cands = result["candidates"]
+    assert len(cands) == 10 and all(set(c) == CANDIDATE_KEYS and c["fits"] is True for c in cands)
+    speeds = [c["tokens_per_s"] for c in cands]
+    assert speeds == sorted(speeds, reverse=True)  # fastest first
+    assert all(set(x) == {"overrides", "why"} for x in result["rejected"])
+    assert any(x["why"].startswith("does not fit") for x in result["rejected"])
+    for cand in (cands[0], cands[-1]):
+        alone = run_cli("plan", *LLAMA3_8B_8_H100, *command_line(cand["overrides"]).split(), "--json")
+        p = json.loads(alone.stdout)
+        assert p["memory_bytes"] == cand["memory_bytes"] and p["fits"] is True
+        st = p["step_time"]
+        assert (st["tokens_per_second"], st["mfu"], st["seconds"]) == \
+            (cand["tokens_per_s"], cand["mfu"], cand["step_time_s"])
+
+
+@pytest.mark.parametrize("overrides", [LLAMA3_8B_8_H100, LLAMA3_70B_64_H100])
+def test_the_search_keeps_the_rules_and_the_global_batch(overrides):
+    config = load_config(overrides=overrides)
+    m, par = config.model, config.parallel
+    sequences = config.train.micro_batch_size * config.train.grad_accum_steps * par.gpus
+    result = fit(config)
+    assert result["candidates"]
+    for entry in result["candidates"] + result["rejected"]:
+        o = entry["overrides"]
+        tp, pp = o["parallel.tensor"], o["parallel.pipeline"]
+        # Tensor divides the heads and the key/value heads and stays in a node; pipeline divides the layers.
+        assert m.num_heads % tp == 0 and m.num_kv_heads % tp == 0 and tp <= par.gpus_per_node
+        assert m.num_layers % pp == 0 and par.gpus % (tp * pp) == 0
+        if "train.micro_batch_size" in o and not entry.get("why", "").startswith("the global batch"):
+            assert o["train.micro_batch_size"] * o["train.grad_accum_steps"] * par.gpus // (tp * pp) == sequences
+    # Fits with the fragmentation allowance: at most 90% of the H100's 81,559 MiB.
+    assert all(c["memory_bytes"]["total"] <= 0.9 * 81559 * 1024**2 for c in result["candidates"])
+
+
+def test_the_table_ranks_and_says_why_the_others_lost():
+    r = run_cli("plan", *LLAMA3_70B_64_H100, "--fit")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "micro x accum" in out and "tokens/s" in out and "MFU" in out and "memory GiB" in out
+    assert "Why the others lost:" in out and "does not fit" in out and "slower:" in out
+    rows = [line for line in out.splitlines() if line[:4].strip().isdigit()]
+    assert len(rows) == 10
+    speeds = [float(line.split()[-3].replace(",", "")) for line in rows]
+    assert speeds == sorted(speeds, reverse=True)
+    explained = run_cli("plan", *LLAMA3_70B_64_H100, "--fit", "--explain", "--top", "2")
+    assert "[step_time]" in explained.stdout and "bubble (p-1)/(m+p-1)" in explained.stdout
+
+
+def test_offload_is_searched_only_when_nothing_fits_without_it():
+    # Llama-3-8B on one H100: 18 bytes/param of model states (144 GB) fit only with the optimizer on the host.
+    result = fit(load_config(overrides=["model.preset=llama3-8b", "parallel.gpus=1", "hardware.gpu=h100-sxm"]))
+    assert result["candidates"] and all(c["overrides"]["parallel.offload"] != "none" for c in result["candidates"])
+    with_gpus = fit(load_config(overrides=LLAMA3_8B_8_H100))
+    assert all(c["overrides"]["parallel.offload"] == "none" for c in with_gpus["candidates"])
+
+
+@pytest.mark.parametrize("args, message", [
+    (["model.preset=debug", "hardware.gpu=cpu", "--fit"], "--fit ranks layouts by speed and needs a peak FLOP/s"),
+    ([*LLAMA3_8B_8_H100, "--fit", "--top", "0"], "--top: must be at least 1"),
+])
+def test_bad_input_is_one_line(args, message):
+    r = run_cli("plan", *args)
+    assert r.returncode == 2 and message in r.stderr and r.stderr.count("\n") == 1, r.stderr
+
+
+def test_a_pipeline_that_does_not_divide_the_batch_is_refused_with_why():
+    # 4 sequences per step on 8 GPUs: data parallel 8 cannot split them; tensor/pipeline 2 x 4 (data 1) can.
+    config = load_config(overrides=["model.preset=llama3-8b", "parallel.gpus=8", "parallel.tensor=2",
+                                    "parallel.pipeline=4", "train.grad_accum_steps=4", "hardware.gpu=h100-sxm"])
+    result = fit(config)
+    why = [x["why"] for x in result["rejected"] if x["why"].startswith("the global batch")]
+    assert any("does not divide over data parallel 8" in w for w in why)
+    assert all(math.prod((c["overrides"]["parallel.tensor"], c["overrides"]["parallel.pipeline"])) >= 2
+               for c in result["candidates"])
+
+
+def test_budget_mode_fits_the_model_the_budget_buys():
+    # --fit with budget keys searches the layouts of the chosen model (budget mode's plan), not the default one.
+    r = run_cli("plan", "budget.days=14", "parallel.gpus=8", "hardware.gpu=a100-80gb", "--fit", "--json", "--top", "3")
+    assert r.returncode == 0, r.stderr
+    cands = json.loads(r.stdout)["candidates"]
+    assert len(cands) == 3 and all(c["fits"] for c in cands)
+    b = json.loads(run_cli("plan", "budget.days=14", "parallel.gpus=8", "hardware.gpu=a100-80gb", "--json").stdout)
+    alone = run_cli("plan", "parallel.gpus=8", "hardware.gpu=a100-80gb",
+                    *[f"{k}={'null' if v is None else v}" for k, v in b["budget"]["overrides"].items()],
+                    *command_line(cands[0]["overrides"]).split(), "--json")
+    assert json.loads(alone.stdout)["memory_bytes"] == cands[0]["memory_bytes"]
+
+
+def test_the_readme_fit_table_is_what_the_planner_prints():
+    from pathlib import Path
+
+    from pretrain.plan.fit import render
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    head = "$ pretrain plan " + " ".join(LLAMA3_8B_8_H100) + " --fit --top 5\n"
+    shown = readme[readme.index(head) + len(head):readme.index("```", readme.index(head))]
+    config = load_config(overrides=LLAMA3_8B_8_H100)
+    table = render(config, fit(config, top=5), command="pretrain plan " + " ".join(LLAMA3_8B_8_H100))
+    assert shown == table + "\n", "rerun the command and paste its table into the README"
+
+
+def test_runnable_keeps_what_the_trainer_runs():
+    # `pretrain sweep --from-fit` times only layouts `pretrain train` runs: data parallel, ZeRO 0-3, no offload.
+    result = fit(load_config(overrides=LLAMA3_8B_8_H100), runnable=True)
+    assert result["candidates"]
+    for c in result["candidates"]:
+        o = c["overrides"]
+        assert (o["parallel.tensor"], o["parallel.pipeline"], o["parallel.offload"]) == (1, 1, "none")

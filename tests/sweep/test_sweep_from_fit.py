@@ -1,0 +1,61 @@
+"""`pretrain sweep --from-fit N`: the fit's fastest layouts timed on this machine (a CPU here), measured beside
+predicted, the ranking model's error printed, the fastest that ran chosen."""
+
+import json
+
+import pytest
+
+from support import run_cli
+
+pytest.importorskip("torch")
+
+ENV = {"OMP_NUM_THREADS": "1"}  # see tests/sweep/test_sweep_cli.py
+TINY = ["model.preset=debug", "train.device=cpu", "train.precision=fp32", "train.seq_len=64",
+        "train.micro_batch_size=4", "train.grad_accum_steps=2"]
+
+
+def test_three_candidates_measured_beside_predicted(tmp_path):
+    done = run_cli("sweep", *TINY, "--from-fit", "3", "--steps", "2", "--json", "--out", tmp_path, env=ENV,
+                   timeout=300)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    rows = result["candidates"]
+    assert [r["rank"] for r in rows] == [1, 2, 3] and all(r["status"] == "ok" for r in rows)
+    predicted = [r["predicted_tokens_per_s"] for r in rows]
+    assert predicted == sorted(predicted, reverse=True)  # the fit's order
+    for r in rows:
+        o = r["overrides"]
+        # The global batch of 8 sequences is kept by every candidate.
+        assert o["train.micro_batch_size"] * o["train.grad_accum_steps"] == 8
+        assert r["measured_tokens_per_s"] > 0
+        assert r["error_pct"] == pytest.approx(100 * (r["measured_tokens_per_s"] / r["predicted_tokens_per_s"] - 1))
+    fastest = max(rows, key=lambda r: r["measured_tokens_per_s"])
+    assert result["chosen"] == fastest
+    errors = [abs(r["error_pct"]) for r in rows]
+    assert result["error"]["mean_abs_pct"] == pytest.approx(sum(errors) / 3)
+    assert json.loads((tmp_path / "from_fit.json").read_text())["candidates"] == rows
+    # The candidates are the fit's: `pretrain plan --fit` on this CPU at the same peak lists them first.
+    fit = run_cli("plan", *TINY, "hardware.gpu=cpu", f"hardware.peak_tflops={result['peak_tflops']!r}", "--fit",
+                  "--json", env=ENV)
+    assert [c["overrides"] for c in json.loads(fit.stdout)["candidates"][:3]] == [r["overrides"] for r in rows]
+
+
+def test_the_table_prints_the_error_and_the_choice(tmp_path):
+    done = run_cli("sweep", *TINY, "hardware.peak_tflops=0.05", "--from-fit", "2", "--steps", "1", "--out",
+                   tmp_path, env=ENV, timeout=300)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "predicted" in out and "measured" in out and "ranking model's error: mean |measured / predicted - 1|" in out
+    assert "chosen (fastest measured): #" in out and "train.micro_batch_size=" in out
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--from-fit", "0"], "--from-fit: must be at least 1"),
+    (["train.seq_len=32,64", "--from-fit", "2"], "--from-fit: the layouts come from the fit"),
+    (["train.grad_dtype=same", "--from-fit", "2"], "train.grad_dtype: same (half-precision gradients) is a "
+                                                 "planning option"),
+])
+def test_bad_input_is_one_line(tmp_path, args, words):
+    done = run_cli("sweep", "model.preset=debug", "train.device=cpu", *args, "--out", tmp_path / "o", env=ENV)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and words in done.stderr, done.stderr
+    assert not (tmp_path / "o").exists()
