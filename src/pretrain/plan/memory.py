@@ -372,8 +372,9 @@ def _held_gradients(cfg, st) -> tuple[int, str]:
 
 def _unsharded_gradients(cfg, block_and_root: bool = False) -> int:
     """Unsharded gradients FSDP2 accumulates without gradient sync: fp32 (its reduce dtype under mixed
-    precision), bf16 for pure bf16. `block_and_root`: only the first block's and the root's, which in the last
-    micro-batch's backward are the ones not yet reduce-scattered when the first block's backward runs."""
+    precision), bf16 for pure bf16. `block_and_root`: only the model's first block's and the root's, which in
+    the last micro-batch's backward are not yet reduce-scattered when that block, the last to run, does its
+    backward."""
     shapes = param_shapes(cfg.model)
     n = sum(_numel(s) for _, s in shapes)
     if block_and_root:
@@ -478,9 +479,8 @@ def _phases(cfg, st, b: int) -> dict[str, list[tuple[str, int]]]:
                 ("the last block backward runs: its activations and copies, or its gradients",
                  max(block + _backward_copies(cfg, st), block_grads)),
                 ("the residual gradients and the embedding's inputs", rest)]
-    rng = _checkpoint_rng_states(cfg, act)
-    first.append(("checkpoints' CPU generator states", rng))
-    checkpoints = ("checkpoints' CPU generator states", rng)
+    checkpoints = ("checkpoints' CPU generator states", _checkpoint_rng_states(cfg, act))
+    first.append(checkpoints)
     phases = {
         "forward": [copies, (held_name, held), forward_act, checkpoints, ("loss logits", _loss_buffer(cfg, b))],
         "loss_backward": [copies, (held_name, held), forward_act, checkpoints,
