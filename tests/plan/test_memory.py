@@ -176,3 +176,18 @@ def test_adafactor_step_makes_a_second_moment_estimate_per_parameter():
     n = 6_738_415_616
     assert sgd["optimizer"] == 0  # SGD without momentum keeps no state and updates in place
     assert ada["phases"]["optimizer_step"] - ada["optimizer"] - sgd["phases"]["optimizer_step"] == 2 * n
+
+
+def test_ddp_buckets_are_the_gradients_in_every_phase():
+    # Issue 13, item 6: DDP with gradient_as_bucket_view (distributed/parallelize.py) makes the gradients views
+    # into its buckets, allocated when DDP wraps the model: they are in every phase, even with one
+    # micro-batch, and never a second time (the default DDP kept the buckets beside the gradients).
+    base = ["model.preset=llama3.2-1b", "hardware.gpu=h100-sxm", "train.grad_accum_steps=1"]
+    one = _memory(*base)
+    ddp = _memory(*base, "parallel.gpus=8")
+    g = one["gradients"]
+    assert ddp["gradients"] == g and ddp["buffers"] == one["buffers"]  # only the loss's logits
+    assert ddp["phases"]["forward"] - one["phases"]["forward"] == g
+    assert ddp["phases"]["optimizer_step"] == one["phases"]["optimizer_step"]
+    accumulating = _memory(*base, "parallel.gpus=8", "train.grad_accum_steps=4")
+    assert accumulating["phases"]["forward"] == ddp["phases"]["forward"]

@@ -16,9 +16,10 @@ ZeRO stages shard over the data-parallel group (world / (tensor x pipeline)), as
      half-precision parameters of every block stay gathered from forward to backward.
   3  FSDP2: everything sharded; only the blocks in flight (the current one and the prefetched next) and the
      root (embedding, final norm, output layer) are gathered; with a pipeline, those of the stage's own.
-Buffers: DDP's gradient buckets (a fused copy of the gradients, 1.5B params -> 6 GB in fp32, as the ZeRO
-paper notes), FSDP's reduce-scatter of one block's gradients (of one tensor rank's share of the block), and
-the loss's logits in the compute dtype and in fp32.
+Buffers: FSDP's reduce-scatter of one block's gradients (of one tensor rank's share of the block) and the
+loss's logits in the compute dtype and in fp32. DDP's gradient buckets (a fused buffer of the gradients, 1.5B
+params -> 6 GB in fp32, as the ZeRO paper notes) are the gradients themselves: our DDP uses
+gradient_as_bucket_view.
 Not all of it is alive at once. The peak (`total`) is the largest of four phases of an optimizer step, each
 counted from what our trainer holds on CUDA (see `_phases`): the end of forward with the loss, the loss's
 backward, the first block's backward (the last of the pass) and the optimizer step. Gradients exist from the
@@ -277,7 +278,7 @@ def memory(cfg, counts, ex: Explain) -> dict:
            + (f" + one recomputed block {act['recompute_working']:,}" if act["recompute_working"] else "")
            + f" + embedding/final norm/loss {act['once']:,}")
 
-    buffers, why = _buffers(cfg, st, gradients, zero)
+    buffers, why = _buffers(cfg, st, zero)
     ex.add("memory", "buffers", gib(buffers), why)
     context = _cuda_context(cfg)
     ex.add("memory", "cuda_context", gib(context), f"hardware.cuda_context_gb {hw.cuda_context_gb} x 1e9"
@@ -357,6 +358,8 @@ def _held_gradients(cfg, st) -> tuple[int, str]:
     """Gradients alive while a micro-batch's forward runs. The trainer frees them after each optimizer step
     (`zero_grad(set_to_none=True)`), so with one micro-batch they do not exist yet at the activation peak."""
     t, par = cfg.train, cfg.parallel
+    if par.gpus // (par.tensor * par.pipeline) > 1 and par.zero_stage <= 1:
+        return 0, "none beside DDP's gradient buckets, which are the gradients and counted in every phase"
     if t.grad_accum_steps == 1:
         return 0, ("none: train.grad_accum_steps=1, the gradients appear in backward and the optimizer step "
                    "frees them")
@@ -369,8 +372,9 @@ def _held_gradients(cfg, st) -> tuple[int, str]:
 
 def _unsharded_gradients(cfg, block_and_root: bool = False) -> int:
     """Unsharded gradients FSDP2 accumulates without gradient sync: fp32 (its reduce dtype under mixed
-    precision), bf16 for pure bf16. `block_and_root`: only the first block's and the root's, which in the last
-    micro-batch's backward are the ones not yet reduce-scattered when the first block's backward runs."""
+    precision), bf16 for pure bf16. `block_and_root`: only the model's first block's and the root's, which in
+    the last micro-batch's backward are not yet reduce-scattered when that block, the last to run, does its
+    backward."""
     shapes = param_shapes(cfg.model)
     n = sum(_numel(s) for _, s in shapes)
     if block_and_root:
@@ -445,7 +449,11 @@ def _phases(cfg, st, b: int) -> dict[str, list[tuple[str, int]]]:
     resident = [("parameters", params),
                 (f"{t.optimizer} states" + (" + fp32 master weights" if mixed else ""), optimizer)]
     if dp > 1 and par.zero_stage <= 1:
-        resident.append(("DDP gradient buckets", st["gradients"]))
+        # DDP (ZeRO-1 runs on it too) allocates its gradient buckets when it wraps the model, and with
+        # gradient_as_bucket_view (distributed/parallelize.py) the gradients are views into them: alive in
+        # every phase, even before the first backward, and never a second time.
+        resident.append(("DDP gradient buckets (the gradients)", st["gradients"]))
+        st = dict(st, gradients=0)
     resident.append(("cuda_context", _cuda_context(cfg)))
     held, _ = _held_gradients(cfg, st)
     held_name = "unsharded gradients" if _fsdp(cfg) and par.grad_sync == "step" else "gradients"
@@ -471,9 +479,8 @@ def _phases(cfg, st, b: int) -> dict[str, list[tuple[str, int]]]:
                 ("the last block backward runs: its activations and copies, or its gradients",
                  max(block + _backward_copies(cfg, st), block_grads)),
                 ("the residual gradients and the embedding's inputs", rest)]
-    rng = _checkpoint_rng_states(cfg, act)
-    first.append(("checkpoints' CPU generator states", rng))
-    checkpoints = ("checkpoints' CPU generator states", rng)
+    checkpoints = ("checkpoints' CPU generator states", _checkpoint_rng_states(cfg, act))
+    first.append(checkpoints)
     phases = {
         "forward": [copies, (held_name, held), forward_act, checkpoints, ("loss logits", _loss_buffer(cfg, b))],
         "loss_backward": [copies, (held_name, held), forward_act, checkpoints,
@@ -542,16 +549,13 @@ def _loss_backward_buffer(cfg, b: int) -> int:
     return 8 * b * cfg.train.seq_len * cfg.model.vocab_size // cfg.parallel.tensor
 
 
-def _buffers(cfg, st, gradients: int, zero: int) -> tuple[int, str]:
+def _buffers(cfg, st, zero: int) -> tuple[int, str]:
     dp = cfg.parallel.gpus // (cfg.parallel.tensor * cfg.parallel.pipeline)
     loss = _loss_buffer(cfg, cfg.train.micro_batch_size)
     a, t = COMPUTE_BYTES[cfg.train.precision], cfg.parallel.tensor
     parts, why = [loss], [f"loss logits {loss:,} ({a}{'' if a == 4 else '+4'} bytes x b*s*V"
                           + (f" / tensor {t})" if t > 1 else ")")]
-    if dp > 1 and zero <= 1:
-        parts.append(gradients)
-        why.append(f"DDP gradient buckets {gradients:,} (a fused copy of the gradients)")
-    elif dp > 1:
+    if dp > 1 and zero >= 2:
         rs = 4 * st["per_layer_params"]
         parts.append(rs)
         why.append(f"FSDP reduce-scatter of one block's fp32 gradients {rs:,} (4 x {st['per_layer_params']:,} "
