@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
-# Every GPU measurement the issues ask for, in parts that each fit one 10-minute command on one H100:
+# Every GPU measurement the issues ask for, in parts that each fit one 10-minute command on one H100.
+# Run `targets` first: it alone answers the acceptance targets, writing each figure as it comes.
 #
+#   bash benchmarks/gpu_session.sh targets # Llama-3.2-1B shape MFU (compiled, eager), GPT-2 124M vs nanoGPT
+#   bash benchmarks/gpu_session.sh memory  # planned vs measured peak: precision x recompute x batch x accum
 #   bash benchmarks/gpu_session.sh tests   # tests/gpu (bf16/fp16/fp32, compile, resume, bench, sweep on CUDA)
 #   bash benchmarks/gpu_session.sh train   # matmul ceiling; GPT-2 124M and a ~1.2B LLaMA at seq 2048, compiled
-#   bash benchmarks/gpu_session.sh sweep   # the seed notes' speed/memory table for GPT-2 124M; ours vs minimal
+#   bash benchmarks/gpu_session.sh sweep   # the speed/memory table over seq x micro-batch for GPT-2 124M
 #
+# targets and memory add to benchmarks/results/<gpu>-<date>.json (benchmarks/gpu_acceptance.py; copied to
+# $OUT too). memory runs 72 cells per vocabulary and compile mode: give it more than one 10-minute call.
 # Needs python3 with torch (CUDA), tokenizers, rich, matplotlib, tensorboard, safetensors, transformers, pyyaml
 # and psutil; the package runs from src/ without installing. Results go to $OUT (default gpu-results/): one
 # log per part and results-PART.tgz with every plan_vs_run.json, metrics.jsonl, profile and sweep table.
 # Copy the figures into docs/benchmarks.md with the date, the machine and these commands.
 set -uo pipefail
-part=${1:?usage: gpu_session.sh tests|train|sweep}
+part=${1:?usage: gpu_session.sh targets|memory|tests|train|sweep}
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 out=${OUT:-gpu-results}
@@ -46,6 +51,10 @@ run_train() {  # NAME CONFIG OVERRIDES...: plan, then a short run whose plan_vs_
 }
 
 case $part in
+targets|memory)
+    timeout 580 "$py" benchmarks/gpu_acceptance.py "$part" --work "$work"
+    cp benchmarks/results/*.json "$out"/ 2>/dev/null
+    ;;
 tests)
     timeout 560 "$py" -m pytest tests/gpu tests/plan/test_flops_vs_measured.py -v -p no:cacheprovider -o addopts="" -rs --basetemp="$work/pytest"
     ;;
@@ -66,7 +75,7 @@ sweep)
         train.compile=true train.device=cuda hardware.peak_tflops=989.4 --steps 10 --rounds 3
     ;;
 *)
-    echo "unknown part $part (tests | train | sweep)"
+    echo "unknown part $part (targets | memory | tests | train | sweep)"
     exit 2
     ;;
 esac

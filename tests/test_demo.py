@@ -24,3 +24,30 @@ def test_demo_end_to_end(tmp_path):
     val = [x["val_loss"] for x in rows if "val_loss" in x]
     assert val[-1] < val[0]
     assert "nats better than counting tokens" in r.stdout  # and the exit code says it beat the unigram entropy
+
+
+def _tree(folder):
+    return sorted((str(p.relative_to(folder)), p.read_bytes() if p.is_file() else None) for p in folder.rglob("*"))
+
+
+@pytest.mark.parametrize("case", ["data.dir", "run.dir", "--out"])
+def test_demo_refuses_a_directory_it_did_not_create(case, tmp_path):
+    mine = tmp_path / "mine"  # a user's dataset or run: the demo must not replace it
+    mine.mkdir()
+    (mine / "meta.json").write_text("{}")
+    (mine / "checkpoints").mkdir()
+    before = _tree(mine)
+    args = ["--out", mine] if case == "--out" else ["--out", tmp_path / "demo", f"{case}={mine}"]
+    r = run_cli("demo", *args, cwd=tmp_path)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "did not" in lines[0], r.stderr[-2000:]
+    assert case in lines[0] and r.stdout == ""
+    assert _tree(mine) == before
+
+
+def test_demo_reruns_over_its_own_output(tmp_path):
+    quick = ["train.max_steps=2", "run.eval_every=2", "run.checkpoint_every=2", "train.warmup=1",
+             "run.progress=false", "run.eval_batches=1"]
+    for _ in range(2):  # the second run replaces the first one's directories: they carry the demo's mark
+        r = run_cli("demo", "--out", tmp_path / "demo", *quick, cwd=tmp_path)
+        assert r.returncode in (0, 1) and "6/6 export" in r.stdout, r.stderr[-3000:]

@@ -173,6 +173,9 @@ class DataConfig:
                                   "tokens it holds and the epochs the run needs")
     bytes_per_token: float | None = doc(None, "planner: UTF-8 bytes per token of the tokenizer on this text (from "
                                         "`pretrain tokenizer stats`); with data.raw_bytes")
+    verify: str = doc("auto", "checks of data.dir at train start beyond sizes and headers (always done): full = "
+                      "re-hash train.bin / val.bin against meta.json's sha256, auto = full when they total at most "
+                      "1 GiB, size = no hashing", ("auto", "full", "size"))
 
 
 @dataclass
@@ -272,7 +275,7 @@ def load_config(path: str | Path | dict | None = None, overrides: list[str] | tu
         if raw.get(section) is None:  # absent, or `train:` with nothing under it
             raw[section] = {}
         if not isinstance(raw[section], dict):
-            raise ConfigError(f"{section}: must be a mapping of keys, got {raw[section]!r}")
+            raise ConfigError(f"{section}: must be a mapping of keys, got {_shown(raw[section])}")
         raw[section][name] = value
     return from_dict(raw)
 
@@ -302,7 +305,7 @@ def from_dict(raw: dict) -> Config:
         if raw[section] is None:
             raw[section] = {}
         if not isinstance(raw[section], dict):
-            raise ConfigError(f"{section}: must be a mapping of keys, got {raw[section]!r}")
+            raise ConfigError(f"{section}: must be a mapping of keys, got {_shown(raw[section])}")
     raw["model"] = _resolve_model(raw.get("model", {}))
     sections = {name: _build(name, cls, raw.get(name, {})) for name, cls in SECTIONS.items()}
     config = Config(**sections)
@@ -326,16 +329,88 @@ def _read_yaml(path) -> dict:
         raise ConfigError(f"config file {path} is not UTF-8 text (byte {e.start}); give a YAML file "
                           "(see configs/)") from None
     try:
-        data = yaml.safe_load(text)
+        data = _load_yaml(text, path)
     except yaml.YAMLError as e:
         where = getattr(e, "problem_mark", None)
         line = f" line {where.line + 1}" if where else ""
-        raise ConfigError(f"{path}{line}: not valid YAML ({getattr(e, 'problem', e)})") from None
+        problem = str(getattr(e, "problem", e))
+        raise ConfigError(f"{path}{line}: not valid YAML ({problem[:200]})") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply to be a config; give sections of key: value") from None
     if data is None:  # an empty file
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections (model:, train:, ...)")
     return data
+
+
+# Values a YAML file may expand to, aliases (*name) counted as often as they are used: a config has ~100. The
+# bound refuses a "billion laughs" file (nested aliases: 300 bytes that expand to ~10^9 values) before
+# anything walks or prints the expansion.
+MAX_YAML_VALUES = 100_000
+
+
+def _load_yaml(text: str, path: Path):
+    """yaml.safe_load, refusing (one line each) a key given twice in one mapping (YAML 1.2 forbids it; PyYAML
+    keeps the last silently), a duplicate section, and aliases expanding to more than MAX_YAML_VALUES."""
+    import yaml
+
+    loader = yaml.SafeLoader(text)
+    try:
+        root = loader.get_single_node()
+        if root is None:
+            return None
+        _check_yaml_nodes(root, path)
+        return loader.construct_document(root)
+    finally:
+        loader.dispose()
+
+
+def _check_yaml_nodes(root, path: Path) -> None:
+    import yaml
+
+    expanded: dict[int, int] = {}  # id(node) -> values it expands to: each shared node is counted once
+
+    def size(node, open_nodes: set) -> int:
+        if id(node) in expanded:
+            return expanded[id(node)]
+        if id(node) in open_nodes:
+            raise ConfigError(f"{path} line {node.start_mark.line + 1}: an alias refers to a value that contains "
+                              "it (a recursive structure); write the values out")
+        open_nodes.add(id(node))
+        n = 1
+        if isinstance(node, yaml.MappingNode):
+            _refuse_duplicate_keys(node, path, node is root)
+            n += sum(size(key, open_nodes) + size(value, open_nodes) for key, value in node.value)
+        elif isinstance(node, yaml.SequenceNode):
+            n += sum(size(item, open_nodes) for item in node.value)
+        open_nodes.discard(id(node))
+        if n > MAX_YAML_VALUES:
+            raise ConfigError(f"{path}: its aliases expand to more than {MAX_YAML_VALUES:,} values (a config has "
+                              "~100); write the values out instead of nesting aliases")
+        expanded[id(node)] = n
+        return n
+
+    size(root, set())
+
+
+def _refuse_duplicate_keys(node, path: Path, top_level: bool) -> None:
+    first: dict[tuple, int] = {}  # (tag, text) of a key -> the line it first appears on
+    for key, _ in node.value:
+        if not isinstance(key.value, str) or key.tag == "tag:yaml.org,2002:merge":
+            continue  # a complex key, or `<<: *defaults` (YAML's merge key: its keys may be overridden)
+        line = key.start_mark.line + 1
+        if (key.tag, key.value) in first:
+            what = "section" if top_level else "key"
+            raise ConfigError(f"{path} line {line}: {what} {_shown(key.value)} is given twice (first at line "
+                              f"{first[key.tag, key.value]}); YAML would keep only the last: keep one")
+        first[key.tag, key.value] = line
+
+
+def _shown(value, limit: int = 80) -> str:
+    """A value echoed in an error, at most `limit` characters of its repr (a value from a file can be huge)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit - 3]}..."
 
 
 def _split_override(item: str) -> tuple[str, str]:
@@ -373,7 +448,7 @@ def _build(section: str, cls: type, values: dict):
         value = getattr(obj, f.name)
         if choices and value not in choices:
             allowed = " | ".join(str(c) for c in choices)
-            raise ConfigError(f"{section}.{f.name}: {value!r} is not allowed; choose one of {allowed}")
+            raise ConfigError(f"{section}.{f.name}: {_shown(value)} is not allowed; choose one of {allowed}")
     return obj
 
 
@@ -409,17 +484,17 @@ def coerce(key: str, value: Any, tp: Any) -> Any:
         if isinstance(value, str):
             value = [v for v in value.strip("[]() ").split(",") if v.strip()]
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{key}: expected a list like [0.9, 0.95], got {value!r}")
+            raise ConfigError(f"{key}: expected a list like [0.9, 0.95], got {_shown(value)}")
         return [coerce(key, v, inner) for v in value]
     if tp is bool:
         if isinstance(value, bool):
             return value
         if isinstance(value, str) and value.lower() in _TRUE + _FALSE:
             return value.lower() in _TRUE
-        raise ConfigError(f"{key}: expected true or false, got {value!r}")
+        raise ConfigError(f"{key}: expected true or false, got {_shown(value)}")
     if tp is int:
         if isinstance(value, bool):
-            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+            raise ConfigError(f"{key}: expected an integer, got {_shown(value)}")
         if isinstance(value, int):
             return value
         try:  # exactly, before a float would round a large integer
@@ -429,17 +504,17 @@ def coerce(key: str, value: Any, tp: Any) -> Any:
         number = _number(value)  # 1.4e12 and 2_000 are integers too
         if number is not None and float(number).is_integer():
             return int(number)
-        raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        raise ConfigError(f"{key}: expected an integer, got {_shown(value)}")
     if tp is float:
         if isinstance(value, bool):
-            raise ConfigError(f"{key}: expected a number, got {value!r}")
+            raise ConfigError(f"{key}: expected a number, got {_shown(value)}")
         number = _number(value)
         if number is None:
-            raise ConfigError(f"{key}: expected a number, got {value!r}")
+            raise ConfigError(f"{key}: expected a number, got {_shown(value)}")
         return float(number)
     if tp is str:
         if isinstance(value, (dict, list)):
-            raise ConfigError(f"{key}: expected a string, got {value!r}")
+            raise ConfigError(f"{key}: expected a string, got {_shown(value)}")
         return str(value)
     raise ConfigError(f"{key}: unsupported type {tp}")  # pragma: no cover - schema bug
 

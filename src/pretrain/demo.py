@@ -12,6 +12,10 @@ from pathlib import Path
 HELP = "run plan, tokenizer, prepare, train, report and export end to end on a bundled sample corpus"
 
 VOCAB_SIZE = 2048
+# The demo's own mark in --out: the directories it created (to replace on its next run). Any other existing
+# directory is refused, never replaced: `run.dir=` or `data.dir=` pointing at a user's run or dataset, or an
+# --out holding someone else's files.
+MARKER = ".pretrain-demo.json"
 
 
 def add_arguments(p):
@@ -28,6 +32,33 @@ def demo_config(out: Path, overrides: list[str]):
     path, extra = split_items(overrides)
     base = path or str(files("pretrain") / "configs" / "demo.yaml")
     return load_config(base, [f"data.dir={out / 'data'}", f"run.dir={out / 'run'}", *extra])
+
+
+def claim_directories(out: Path, dirs: dict[str, str]) -> None:
+    """Refuse (UsageError) any of --out and `dirs` (key -> path) that holds something the demo did not create;
+    then record them all in out/MARKER as the demo's own, before anything is written."""
+    import json
+
+    from .errors import UsageError
+    from .files import check_output_dir, write_atomic
+
+    marker = out / MARKER
+    try:
+        owned = set(json.loads(marker.read_text(encoding="utf-8"))["created"]) if marker.is_file() else set()
+    except (OSError, ValueError, KeyError, TypeError):
+        raise UsageError(f"{marker} is damaged; delete it if {out} holds only an earlier demo's output, or give "
+                         "another --out") from None
+    if out.is_dir() and any(out.iterdir()) and not marker.is_file():
+        raise UsageError(f"--out {out} already holds files the demo did not write; give a new or empty directory")
+    for key, path in dirs.items():
+        check_output_dir(path, key)
+        folder = Path(path)
+        if folder.is_dir() and any(folder.iterdir()) and str(folder.resolve()) not in owned:
+            raise UsageError(f"{key} {folder} already exists and the demo did not create it: the demo would replace "
+                             f"it; leave {key} to --out or give a new directory")
+    created = sorted(owned | {str(Path(p).resolve()) for p in (out, *dirs.values())})
+    out.mkdir(parents=True, exist_ok=True)
+    write_atomic(marker, json.dumps({"created": created}, indent=2) + "\n")
 
 
 def unigram_entropy(data_dir: Path) -> float:
@@ -53,9 +84,12 @@ def run(args) -> int:
     from .plan.table import render
     from .train import train
 
-    out = Path(args.out)
-    corpus = write_sample_corpus(out / "corpus")
+    from .files import check_output_dir
+
+    out = check_output_dir(args.out, "--out")
     config = demo_config(out, args.items)
+    claim_directories(out, {"data.dir": config.data.dir, "run.dir": config.run.dir})
+    corpus = write_sample_corpus(out / "corpus")
     if not (config.hardware.peak_tflops or config.hardware.profile):  # a CPU has no data-sheet peak
         from .train.plan_check import peak_tflops
 

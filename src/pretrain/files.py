@@ -1,13 +1,23 @@
-"""Files: writing one so that a reader (or a crash) never sees half of it; reading a JSON file a config key
-names, with a one-line error for each way it can be wrong."""
+"""Files: writing one (or a whole directory) so that a reader, or a crash, never sees half of it; checking an
+output directory before any heavy work; hashing a file; reading a JSON file a config key names. Every way
+each can fail is a one-line error."""
 
 from __future__ import annotations
 
+import errno
+import glob
+import hashlib
 import json
 import os
+import shutil
+import socket
+import tempfile
 from pathlib import Path
 
-from .errors import ConfigError
+from .errors import ConfigError, UsageError
+
+# Errors of writing that the user fixes (space, permissions, the file system), as opposed to bugs.
+WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO}
 
 
 def read_json(path: Path, key: str, fix: str):
@@ -41,3 +51,152 @@ def write_atomic(path: str | Path, data: str | bytes) -> Path:
     finally:
         tmp.unlink(missing_ok=True)
     return path
+
+
+def sha256_file(path: str | Path) -> str:
+    """The sha256 of a file's bytes (hex), read in 4 MiB blocks: any size in constant memory."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 22):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def display_path(path: str | Path) -> str:
+    """A path as text that can always be printed and stored in UTF-8 JSON: a file name that is not valid
+    UTF-8 (Latin-1 bytes, say) shows its odd bytes as \\xNN instead of failing the write."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
+def check_output_dir(path: str | Path, flag: str) -> Path:
+    """`path` as a directory to create or replace, checked before any heavy work: a file in the way, a name
+    longer than the file system allows, a read-only file system, an immutable or unwritable directory are
+    each a one-line UsageError naming `flag`. Creates nothing (a probe file is written and removed)."""
+    path = Path(path)
+    absolute = Path(os.path.abspath(path))
+    where = f"{flag} {display_path(path)}"
+    existing = next(p for p in (absolute, *absolute.parents) if os.path.exists(p))  # False for a name too long
+    if not existing.is_dir():
+        at = "" if existing == absolute else f": {display_path(existing)}"
+        raise UsageError(f"{where}{at} is a file, not a directory; give a directory path (created if missing)")
+    try:
+        name_max = os.pathconf(existing, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        name_max = 255
+    for part in absolute.relative_to(existing).parts:
+        if len(os.fsencode(part)) > name_max:
+            raise UsageError(f"{where}: the name {display_path(part)[:32]}... ({len(os.fsencode(part))} bytes) is "
+                             f"longer than the file system allows ({name_max} bytes); give a shorter name")
+    # An existing directory is written into and renamed (replaced): its parent must be writable too.
+    for folder in (absolute.parent, absolute) if existing == absolute else (existing,):
+        try:
+            fd, probe = tempfile.mkstemp(dir=folder, prefix=".pretrain-probe-")
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as e:
+            raise UsageError(f"{where}: cannot write in {display_path(folder)} ({e.strerror}); give a directory "
+                             "you can write to") from None
+    return path
+
+
+def write_error(e: OSError, where: str, what: str) -> UsageError | None:
+    """A one-line UsageError for a write that failed for a reason the user fixes (disk full, read-only,
+    permissions); None for any other error (a bug, to be shown as one)."""
+    if e.errno not in WRITE_ERRNOS:
+        return None
+    return UsageError(f"{where}: {e.strerror} while writing {what}; nothing was changed (free space or fix the "
+                      "permissions, then run again)")
+
+
+class StagedDirectory:
+    """A directory built under a temporary name beside its final path and swapped in by `commit` only when
+    complete: until then the previous directory at that path stays whole and usable, whatever stops the
+    build (an error, Ctrl-C, SIGTERM, SIGKILL, a full disk). Used as a context manager: leaving it without
+    `commit` removes the temporary directory.
+
+    A build killed outright (SIGKILL) leaves its temporary directory; the next build of the same path on
+    this host removes it, once the process that made it is gone. Only `replaceable` names may be in an
+    existing final directory: whatever else a user keeps there is never deleted by a swap (refused instead).
+    """
+
+    def __init__(self, final: str | Path, flag: str, replaceable: tuple[str, ...]):
+        self.final = Path(final)
+        self.flag = flag
+        name = self.final.name
+        self._prefix = "." + (name if len(os.fsencode(name)) <= 100 else name[:50])  # room for our suffixes
+        self.path = self.final.with_name(f"{self._prefix}.{os.getpid()}.tmp")
+        self._aside = self.final.with_name(f"{self._prefix}.{os.getpid()}.old")
+        self._replaceable = replaceable
+        self._committed = False
+
+    def __enter__(self) -> "StagedDirectory":
+        check_output_dir(self.final, self.flag)
+        if self.final.is_dir():
+            foreign = sorted(p.name for p in self.final.iterdir()
+                             if p.name not in self._replaceable and not p.name.endswith(".tmp"))
+            if foreign:
+                shown = ", ".join(map(display_path, foreign[:3])) + (" ..." if len(foreign) > 3 else "")
+                raise UsageError(f"{self.flag} {display_path(self.final)} holds files this command did not write "
+                                 f"({shown}); they would be lost when it is replaced: give a new or empty directory")
+        self.final.parent.mkdir(parents=True, exist_ok=True)
+        self._remove_leftovers()
+        self.path.mkdir()
+        (self.path / ".owner").write_text(f"{socket.gethostname()} {os.getpid()}\n")
+        return self
+
+    def commit(self) -> None:
+        """Swap the finished directory in: the old one is renamed aside, the new one renamed into place
+        (each a rename within one directory: atomic), then the old one is deleted."""
+        (self.path / ".owner").unlink()
+        aside = None
+        if self.final.exists():
+            aside = self._aside
+            os.rename(self.final, aside)
+        try:
+            os.rename(self.path, self.final)
+        except BaseException:
+            if aside is not None:
+                os.rename(aside, self.final)
+            raise
+        self._committed = True
+        if aside is not None:
+            shutil.rmtree(aside, ignore_errors=True)
+
+    def __exit__(self, *exc) -> bool:
+        if not self._committed:
+            shutil.rmtree(self.path, ignore_errors=True)
+        return False
+
+    def _remove_leftovers(self) -> None:
+        """Temporary directories of earlier builds of this path killed outright, by a process of this host that
+        is gone: a half-built one is deleted; an old one renamed aside just before a swap is put back if the
+        swap never happened."""
+        host = socket.gethostname()
+        for leftover in self.final.parent.glob(f"{glob.escape(self._prefix)}.*"):
+            suffix = leftover.name[len(self._prefix) + 1:]
+            pid, _, kind = suffix.partition(".")
+            if not (pid.isdigit() and kind in ("tmp", "old") and leftover.is_dir()) or int(pid) == os.getpid():
+                continue
+            owner = leftover / ".owner"
+            if kind == "tmp" and owner.is_file():
+                owner_host, _, owner_pid = owner.read_text().strip().partition(" ")
+                if owner_host != host or _alive(int(owner_pid or 0)):
+                    continue  # another host's build on a shared file system, or still running
+            elif _alive(int(pid)):
+                continue
+            if kind == "old" and not self.final.exists():
+                os.rename(leftover, self.final)
+            else:
+                shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True

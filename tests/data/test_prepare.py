@@ -29,7 +29,7 @@ def prepared(tmp_path_factory, small_corpus, bpe_dir):
 
 def test_every_document_ends_with_exactly_one_eos(prepared, small_corpus, bpe_dir):
     out, meta = prepared
-    data = PreparedData(out, verify_checksums=True)
+    data = PreparedData(out, verify="full")
     tokenizer = find_tokenizer(bpe_dir).load()
     source = [r.text for r in Corpus(find_files([small_corpus]), ReadOptions(split_blank_lines=True))]
     decoded = []
@@ -126,7 +126,7 @@ def test_uint32_and_rerun_from_its_own_tokenizer_copy(tmp_path, small_corpus, bp
     assert second["dtype"] == "uint16" and second["num_tokens"] == first["num_tokens"]
     assert second["tokenizer_sha256"] == first["tokenizer_sha256"]
     assert sorted(p.name for p in out.iterdir()) == sorted({f.split("/")[0] for f in OUTPUT_FILES})
-    PreparedData(out, verify_checksums=True)
+    PreparedData(out, verify="full")
 
 
 def test_truncation_and_padding_of_a_tokenizer_json_are_ignored(tmp_path, bpe_dir, jsonl):

@@ -97,9 +97,10 @@ def test_uint16_overflow_auto_picks_uint32(tmp_path, huge_vocab, jsonl):
     assert np.asarray(PreparedData(tmp_path / "out").tokens("train")).tolist() == [69_999, 6, 0]
 
 
-def test_interrupted_run_leaves_no_meta_and_a_rerun_succeeds(tmp_path, small_corpus, bpe_dir, monkeypatch):
+def test_interrupted_run_keeps_the_old_dataset_and_a_rerun_succeeds(tmp_path, small_corpus, bpe_dir, monkeypatch):
     out = tmp_path / "out"
-    prepare([small_corpus], bpe_dir, out, workers=1)  # a finished dataset, about to be overwritten
+    prepare([small_corpus], bpe_dir, out, workers=1, val_fraction=0.5)  # a finished dataset, to be replaced
+    old_meta = (out / "meta.json").read_text()
     real_chunks = pipeline._chunks
 
     def interrupted(corpus, skips):
@@ -112,13 +113,12 @@ def test_interrupted_run_leaves_no_meta_and_a_rerun_succeeds(tmp_path, small_cor
     monkeypatch.setattr(pipeline, "_chunks", interrupted)
     with pytest.raises(KeyboardInterrupt):
         prepare([small_corpus], bpe_dir, out, workers=2)
-    assert not (out / "meta.json").exists()
-    assert not list(out.glob("*.tmp"))
-    with pytest.raises(UsageError, match="no meta.json"):
-        PreparedData(out)
+    assert (out / "meta.json").read_text() == old_meta  # the new dataset was never swapped in
+    PreparedData(out, verify="full")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # nothing half-built left beside it
     monkeypatch.undo()
     prepare([small_corpus], bpe_dir, out, workers=1)
-    PreparedData(out, verify_checksums=True)
+    PreparedData(out, verify="full")
 
 
 def test_empty_corpus_is_an_error(tmp_path, bpe_dir, jsonl):

@@ -94,9 +94,9 @@ def test_checksums_on_request(tmp_path):
     with open(folder / "train.bin", "r+b") as f:  # same size, one byte changed
         f.seek(17)
         f.write(b"\xff")
-    PreparedData(folder)  # sizes only: opens
+    PreparedData(folder, verify="size")  # sizes only: opens
     with pytest.raises(UsageError, match="train.bin: sha256 differs"):
-        PreparedData(folder, verify_checksums=True)
+        PreparedData(folder, verify="full")
 
 
 # --- the permutation ---------------------------------------------------------------------------------
@@ -218,8 +218,11 @@ def test_split_too_small_names_split_and_counts(tmp_path):
     data = PreparedData(write_prepared(tmp_path / "d", 100, 5))
     with pytest.raises(UsageError, match=r"val split of .* has 5 tokens; seq_len 8 needs at least 9"):
         RandomWindows(data, "val", SEQ, seed=0)
-    with pytest.raises(UsageError, match=r"val split .* has 5 tokens"):
+    with pytest.raises(UsageError, match=r"val split .* has 5 tokens.* a larger --val-fraction"):
         SequentialWindows(data, "val", SEQ)
+    data = PreparedData(write_prepared(tmp_path / "e", 5, 100))  # --val-fraction took train's documents
+    with pytest.raises(UsageError, match=r"train split .* has 5 tokens.* a smaller --val-fraction"):
+        RandomWindows(data, "train", SEQ, seed=0)
 
 
 # --- SequentialWindows -------------------------------------------------------------------------------

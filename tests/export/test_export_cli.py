@@ -46,6 +46,25 @@ def test_generate_prints_text(trained):
     assert r.stdout.startswith("The for statement")
 
 
+@pytest.mark.parametrize("case", ["max new tokens", "prompt bytes", "tokenizer"])
+def test_generate_bad_input_is_one_line(trained, tmp_path, tokenizer_dir, case):
+    import subprocess
+    import sys
+
+    from tokenizers import Tokenizer, models
+
+    big = tmp_path / "big.json"  # a tokenizer of 1,000 ids: the debug model has 512
+    Tokenizer(models.WordLevel({f"w{i}": i for i in range(1000)}, unk_token="w0")).save(str(big))
+    extra = {"max new tokens": ["--max-new-tokens", "-5"], "prompt bytes": ["--prompt", b"caf\xe9"],
+             "tokenizer": ["--tokenizer", big, "--prompt", "w999"]}[case]
+    r = subprocess.run([sys.executable, "-m", "pretrain", "generate", trained, "--max-new-tokens", "3", *extra],
+                       capture_output=True)
+    lines = r.stderr.decode(errors="replace").strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1, lines[-20:]
+    assert {"max new tokens": "--max-new-tokens -5 must be >= 0", "prompt bytes": "--prompt is not valid UTF-8",
+            "tokenizer": "ids go up to 999, beyond the model's vocabulary of 512"}[case] in lines[0]
+
+
 def test_continued_pretraining_starts_from_the_export(prepared, trained, tmp_path):
     from pretrain import load_model
 
@@ -82,3 +101,30 @@ def test_an_unwritable_output_is_one_line(trained, tmp_path):
     for out in (tmp_path / "afile", tmp_path / "afile" / "sub"):
         r = run_cli("export", trained, "--to", "hf", out)
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+@pytest.fixture(scope="module")
+def own_run(prepared, tmp_path_factory):
+    """A run trained on its own copy of the dataset: a failing overlap test may lose both, no other test."""
+    import shutil
+
+    root = tmp_path_factory.mktemp("overlap")
+    shutil.copytree(prepared, root / "data")
+    r = run_cli("train", *tiny(root / "data", root / "runs" / "run", "train.max_steps=3", "run.checkpoint_every=3",
+                               "train.warmup=1"))
+    assert r.returncode == 0, r.stderr
+    return root
+
+
+@pytest.mark.parametrize("target", ["run", "checkpoints", "a checkpoint", "inside the run", "parent", "data"])
+def test_export_refuses_an_output_overlapping_what_it_reads(own_run, target):
+    run_dir, data = own_run / "runs" / "run", own_run / "data"
+    before = sorted(p for p in own_run.rglob("*") if p.is_file())
+    source, out = {"run": (run_dir, run_dir), "checkpoints": (run_dir, run_dir / "checkpoints"),
+                   "a checkpoint": (run_dir / "checkpoints" / "step_00000003", run_dir),
+                   "inside the run": (run_dir, run_dir / "checkpoints" / "hf"),
+                   "parent": (run_dir, own_run / "runs"), "data": (run_dir, data)}[target]
+    r = run_cli("export", source, "--to", "hf", out, "--overwrite")
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "overlaps the" in lines[0], r.stderr[-2000:]
+    assert sorted(p for p in own_run.rglob("*") if p.is_file()) == before

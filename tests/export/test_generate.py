@@ -16,7 +16,7 @@ class FixedDistribution(nn.Module):
     def __init__(self, probs):
         super().__init__()
         self.logits = nn.Parameter(torch.tensor(probs).log())
-        self.config = SimpleNamespace(max_seq_len=4)
+        self.config = SimpleNamespace(max_seq_len=4, vocab_size=len(probs))
 
     def forward(self, tokens):
         return self.logits.expand(*tokens.shape, -1)
@@ -28,7 +28,7 @@ class Successor(nn.Module):
     def __init__(self, vocab=16):
         super().__init__()
         self.vocab = vocab
-        self.config = SimpleNamespace(max_seq_len=8)
+        self.config = SimpleNamespace(max_seq_len=8, vocab_size=vocab)
         self.dummy = nn.Parameter(torch.zeros(()))
 
     def forward(self, tokens):
@@ -91,6 +91,21 @@ def test_bad_arguments_are_usage_errors():
             generate(model, prompt, 1, **kw)
     with pytest.raises(UsageError, match="batch, seq"):
         generate(model, torch.zeros(3, dtype=torch.long), 1)
+    with pytest.raises(UsageError, match="max_new_tokens must be >= 0, got -5"):
+        generate(model, prompt, -5)
+    with pytest.raises(UsageError, match=r"token ids must be in \[0, 4\)"):
+        generate(model, torch.tensor([[0, 4]]), 1)
+
+
+def test_a_tokenizer_beyond_the_model_vocabulary_is_refused(tokenizer_dir):
+    with pytest.raises(UsageError, match="ids go up to 63, beyond the model's vocabulary of 16"):
+        generate_text(Successor(vocab=16), tokenizer_dir, "w50", max_new_tokens=2, temperature=0)
+
+
+def test_a_prompt_that_is_not_utf8_is_refused(tokenizer_dir):
+    prompt = b"w1 caf\xe9".decode("utf-8", "surrogateescape")  # what Python makes of such bytes in argv
+    with pytest.raises(UsageError, match="not valid UTF-8"):
+        generate_text(Successor(vocab=64), tokenizer_dir, prompt, max_new_tokens=2, temperature=0)
 
 
 def test_generate_text_continues_the_prompt(make_model, tokenizer_dir):
@@ -105,3 +120,16 @@ def test_generate_text_starts_at_bos_and_stops_at_eos(tokenizer_dir):
     assert generate_text(Successor(vocab=64), tokenizer_dir, "", max_new_tokens=5, temperature=0) == ""
     assert generate_text(Successor(vocab=64), tokenizer_dir, "", max_new_tokens=5, temperature=0,
                          eos_id=None) == "w0 w1 w2"
+
+
+def test_a_padded_id_is_never_sampled(make_model):
+    # model.pad_vocab_to=64 makes 512 rows for a 500-id vocabulary. The padded output rows are made to win every
+    # argmax and most of every softmax: still no id >= 500 comes out, greedy or sampled.
+    model = make_model(["model.vocab_size=500", "model.pad_vocab_to=64"])
+    assert model.lm_head.weight.shape[0] == 512
+    with torch.no_grad():
+        model.lm_head.weight[500:] = 100 * model.lm_head.weight[:12].sign()
+    prompt = torch.randint(0, 500, (2, 4), generator=torch.Generator().manual_seed(0))
+    for kw in (dict(temperature=0), dict(temperature=2.0, generator=torch.Generator().manual_seed(0))):
+        out = generate(model, prompt, 40, **kw)
+        assert out.max() < 500, kw

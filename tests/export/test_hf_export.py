@@ -134,3 +134,33 @@ def test_failed_export_leaves_nothing_half_written(existing, make_model, tmp_pat
     assert [p.name for p in tmp_path.iterdir()] == (["hf"] if existing else [])
     if existing:
         assert [p.name for p in out.iterdir()] == ["keep.txt"]
+
+
+PADDED = ["model.vocab_size=500", "model.pad_vocab_to=64"]  # 512 embedding and output rows for 500 ids
+
+
+@pytest.mark.parametrize("variant", ["llama-gqa", "gpt2-tied"])
+def test_padded_vocabulary_is_trimmed_on_export(variant, make_model, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    model = make_model(VARIANTS[variant] + PADDED)
+    assert model.embed.weight.shape[0] == 512
+    out = export_hf(model, tmp_path / "hf")
+    assert json.loads((out / "config.json").read_text())["vocab_size"] == 500
+    tensors = load_file(out / "model.safetensors")
+    assert all(t.shape[0] == 500 for name, t in tensors.items() if "embed_tokens" in name or "wte" in name
+               or name == "lm_head.weight")
+    theirs = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    batch = torch.randint(0, 500, (2, 24), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ours = model(batch)
+        assert ours.shape[-1] == 500 and (theirs(batch).logits - ours).abs().max() < 1e-4
+        # The same distribution, so the same loss: the padded rows take no part in the softmax.
+        logits = theirs(batch).logits[:, :-1].reshape(-1, 500)
+        loss = torch.nn.functional.cross_entropy(logits, batch[:, 1:].reshape(-1))
+        assert model(batch[:, :-1], batch[:, 1:]) == pytest.approx(loss.item(), rel=1e-5)
+    # Imported back into a padded model (continued pretraining): the real rows are the checkpoint's.
+    again = make_model(VARIANTS[variant] + PADDED, seed=1)
+    hf.load_hf_into(again, out)
+    with torch.no_grad():
+        assert torch.equal(again(batch), ours)

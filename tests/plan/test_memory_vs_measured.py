@@ -26,6 +26,9 @@ SHAPES = {
     "gpt2": ["model.preset=debug", "model.family=gpt2", "model.num_kv_heads=4", "model.intermediate_size=256",
              "model.tie_embeddings=true"],
 }
+# model.pad_vocab_to: 512 rows for 500 ids; their states, autocast copy and output matmul are counted.
+PADDED = {"llama-padded": ["model.preset=debug", "model.vocab_size=500", "model.pad_vocab_to=64"],
+          "gpt2-padded": SHAPES["gpt2"] + ["model.vocab_size=500", "model.pad_vocab_to=64"]}
 
 
 def measure(overrides, optimizer="adamw"):
@@ -38,7 +41,8 @@ def measure(overrides, optimizer="adamw"):
     for block in model.blocks:
         block.recompute = c.train.activation_checkpointing
     opt = build_optimizer(model, c.model, c.train)
-    x, y = torch.randint(0, 512, (2, 32)), torch.randint(0, 512, (2, 32))
+    V = c.model.vocab_size
+    x, y = torch.randint(0, V, (2, 32)), torch.randint(0, V, (2, 32))
     autocast = functools.partial(torch.autocast, "cpu", dtype=torch.bfloat16, cache_enabled=False,
                                  enabled=c.train.precision.endswith("-mixed"))
     loss, saved = measure_forward(model, x, y, autocast)
@@ -48,21 +52,84 @@ def measure(overrides, optimizer="adamw"):
 
 
 @pytest.mark.parametrize("shape, precision, recompute, attention", list(itertools.product(
-    SHAPES, ["fp32", "bf16-mixed", "bf16"], ["none", "selective", "full"], ["sdpa", "eager"])))
+    {**SHAPES, **PADDED}, ["fp32", "bf16-mixed", "bf16"], ["none", "selective", "full"], ["sdpa", "eager"])))
 def test_activations_and_copies_exact(shape, precision, recompute, attention):
-    p, states, saved = measure(SHAPES[shape] + [f"train.precision={precision}",
+    p, states, saved = measure({**SHAPES, **PADDED}[shape] + [f"train.precision={precision}",
                                                 f"train.activation_checkpointing={recompute}",
                                                 f"train.attention={attention}"])
     assert p["model_states"]["working_copies"] == saved["working_copies"]
     planned = p["memory_bytes"]["activations"]
-    if shape == "gpt2" and precision == "bf16":
+    if shape.startswith("gpt2") and precision == "bf16":
         assert saved["activations"] == pytest.approx(planned, rel=0.01)
     else:
         assert saved["activations"] == planned
 
 
 @pytest.mark.parametrize("shape, precision, optimizer", list(itertools.product(
-    SHAPES, ["fp32", "bf16-mixed", "bf16"], ["adamw", "adafactor", "sgd"])))
+    {**SHAPES, **PADDED}, ["fp32", "bf16-mixed", "bf16"], ["adamw", "adafactor", "sgd"])))
 def test_model_states_exact(shape, precision, optimizer):
-    p, states, _ = measure(SHAPES[shape] + [f"train.precision={precision}"], optimizer=optimizer)
+    p, states, _ = measure({**SHAPES, **PADDED}[shape] + [f"train.precision={precision}"], optimizer=optimizer)
     assert {k: p["model_states"][k] for k in states} == states
+
+
+def _allocator_peak(fn) -> int:
+    """Peak bytes the CPU allocator holds while fn runs, above what was held before: every allocation and free
+    that torch.profiler records, replayed in time order."""
+    from torch._C._profiler import _EventType
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True) as prof:
+        fn()
+    sizes = []
+
+    def walk(node):
+        if node.tag == _EventType.Allocation:
+            sizes.append((node.start_time_ns, node.extra_fields.alloc_size))
+        for child in node.children:
+            walk(child)
+
+    for root in prof.profiler.kineto_results.experimental_event_tree():
+        walk(root)
+    live = peak = 0
+    for _, size in sorted(sizes):
+        live += size
+        peak = max(peak, live)
+    return peak
+
+
+@pytest.mark.parametrize("shape, precision, recompute, accum", list(itertools.product(
+    SHAPES, ["fp32", "bf16-mixed", "bf16"], ["none", "selective", "full"], [1, 2])))
+def test_peak_over_phases_against_the_allocator(shape, precision, recompute, accum):
+    # memory_bytes.total, the peak over the phases of a step, against the allocator's peak over a whole step
+    # (optimizer states made by a first step, as in every later one). Without full recomputation the peak is
+    # the loss's backward (12 x b*s*V of fp32 log-softmax and gradients beside all activations, and the CPU
+    # generator state each checkpoint keeps) and it is exact to 0.1% (fp32 LLaMA: the 2 KB rotary table is
+    # shared). With full recomputation the peak is inside a block's backward, where freed activations and new
+    # gradients overlap in ways the plan models only roughly (a tied output layer's gradient also waits in
+    # autograd's buffer for the embedding's): from 2.5% below to 5.9% above the plan on these tiny shapes.
+    c = load_config(overrides=["model.num_layers=3", "train.seq_len=32", "train.micro_batch_size=2",
+                               "hardware.gpu=cpu", f"train.grad_accum_steps={accum}", *SHAPES[shape],
+                               f"train.precision={precision}", f"train.activation_checkpointing={recompute}"])
+    torch.manual_seed(0)
+    model = build_model(c.model, attention=c.train.attention)
+    if precision == "bf16":
+        model = model.to(torch.bfloat16)
+    for block in model.blocks:
+        block.recompute = recompute
+    opt = build_optimizer(model, c.model, c.train)
+    autocast = functools.partial(torch.autocast, "cpu", dtype=torch.bfloat16, cache_enabled=False,
+                                 enabled=precision.endswith("-mixed"))  # as the trainer: no weight-cast cache
+
+    def step():
+        for _ in range(accum):
+            x, y = torch.randint(0, 512, (2, 32)), torch.randint(0, 512, (2, 32))
+            with autocast():
+                loss = model(x, y)
+            (loss / accum).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    step()
+    measured = sum(model_state_bytes(model, opt).values()) + _allocator_peak(step)
+    planned = plan(c)["memory_bytes"]["total"]
+    assert measured == pytest.approx(planned, rel=0.07 if recompute == "full" else 0.001)

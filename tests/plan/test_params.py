@@ -128,3 +128,27 @@ def test_tied_parameter_formula_has_no_dangling_factor():
     formula = next(f for s, n, _, f in ex.lines if (s, n) == ("params", "total"))
     # V x H = 512 x 64 = 32,768 once (tied), + final norm 64 + 2 layers.
     assert formula.startswith("VH + H + L(") and ": 32,768 + 64 + 2 x " in formula
+
+
+def test_vocabulary_padding_counts_the_padded_rows():
+    from pathlib import Path
+
+    from pretrain.plan import plan
+    from pretrain.plan.params import padded_vocab_size
+    from pretrain.plan.table import render
+
+    # configs/gpt2-124m.yaml pads GPT-2's 50,257 ids to 50,304 rows (a multiple of 64), as nanoGPT does: 47 more
+    # rows of 768 in the tied embedding/output matrix. nanoGPT's "number of parameters: 123.69M" leaves out the
+    # position table: our N of 6N, 124,475,904 - 1,024 x 768 = 123,689,472.
+    config = load_config(Path(__file__).resolve().parents[2] / "configs/gpt2-124m.yaml")
+    assert config.model.vocab_size == 50_257 and padded_vocab_size(config.model) == 50_304
+    p = plan(config)
+    assert p["params"]["total"] == 124_439_808 + 47 * 768 == 124_475_904
+    assert p["params"]["flops"] == 123_689_472
+    assert "uint16 ids" in render(config, p)  # the data keeps the real vocabulary's ids
+    # The presets stay unpadded, so their published counts hold; an untied LLaMA pads both matrices.
+    assert padded_vocab_size(model_cfg("gpt2")) == 50_257
+    llama = count_params(model_cfg("llama-7b", "model.vocab_size=31999", "model.pad_vocab_to=128"))
+    assert llama.total == 6_738_415_616 and llama.flops == 6_738_415_616 - 32_000 * 4_096
+    assert dict(param_shapes(model_cfg("debug", "model.vocab_size=500", "model.pad_vocab_to=64")))[
+        "lm_head.weight"] == (512, 64)

@@ -27,8 +27,13 @@ def test_plan_json_contract():
     assert {"total", "embedding", "non_embedding"} <= set(p["params"])
     assert {"per_token", "per_token_6n", "total", "total_6n", "attention_per_token", "per_token_hardware",
             "convention"} <= set(p["flops"])
-    assert set(p["memory_bytes"]) == {"weights", "gradients", "optimizer", "activations", "buffers", "cuda_context",
-                                      "total", "host"}
+    mem = p["memory_bytes"]
+    assert set(mem) == {"weights", "gradients", "optimizer", "activations", "buffers", "cuda_context", "total",
+                        "peak_phase", "phases", "compiled", "host"}
+    # Issue 13's contract: the total is the peak over the phases of a step, and peak_phase names it.
+    assert list(mem["phases"]) == ["forward", "loss_backward", "backward", "optimizer_step"]
+    assert mem["total"] == mem["phases"][mem["peak_phase"]] == max(mem["phases"].values())
+    assert mem["compiled"] == "not modelled: eager figures; torch.compile usually keeps less"  # auto on a GPU
     assert {"total", "chinchilla"} <= set(p["tokens"])
     assert {"tokens_per_step", "total"} <= set(p["steps"])
     assert {"seconds", "days", "gpu_hours", "cost"} <= set(p["time"])
@@ -176,3 +181,14 @@ def test_python_dash_m_matches_the_script():
         pytest.skip("the pretrain console script is not installed")
     a = subprocess.run([script, "plan", "model.preset=gpt2", "--json"], capture_output=True, text=True).stdout
     assert a == run_cli("plan", "model.preset=gpt2", "--json").stdout
+
+
+@pytest.mark.parametrize("layers", ["1000000000000", "1001"])
+def test_a_depth_beyond_the_planner_is_one_line_at_once(layers):
+    r = run_cli("plan", f"model.num_layers={layers}", timeout=60)  # it ran for minutes, growing to gigabytes
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "model.num_layers" in lines[0] and "at most 1,000" in lines[0]
+
+
+def test_the_deepest_planned_model_plans():
+    assert run_cli("plan", "model.num_layers=1000", "model.preset=gpt2").returncode == 0

@@ -57,6 +57,8 @@ def test_plan_vs_run_is_written_and_exact_on_cpu(run):
         assert rows[name]["planned"] == rows[name]["measured"], name
     assert rows["tokens_per_s"]["measured"] > 0 and rows["mfu"]["measured"] > 0
     assert "plan vs run" in stdout
+    # The SDPA backend that ran (a contract key): CPUs have a flash kernel for fp32 causal attention.
+    assert report["attention_kernel"] == "flash"
 
 
 def test_checkpoints_are_kept_and_load(run):

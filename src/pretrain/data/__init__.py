@@ -1,7 +1,8 @@
 """The data stage: raw corpus -> tokenizer -> flat token files -> training windows.
 
 `train_tokenizer` and `prepare` are what `pretrain tokenizer train` and `pretrain prepare` run;
-`PreparedData`, `RandomWindows` and `SequentialWindows` are what the trainer reads. Imported lazily, so
+`open_training_data` (a checked `PreparedData`), `RandomWindows` and `SequentialWindows` are what the
+trainer reads. Imported lazily, so
 `import pretrain.data` costs nothing (torch is imported by the loader only).
 """
 
@@ -10,6 +11,7 @@ _EXPORTS = {
     "find_tokenizer": ".tokenizer",
     "prepare": ".pipeline",  # not a module named prepare: importing it would shadow the function
     "PreparedData": ".loader",
+    "open_training_data": ".loader",
     "RandomWindows": ".loader",
     "SequentialWindows": ".loader",
     "write_sample_corpus": ".sample",

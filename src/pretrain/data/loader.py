@@ -18,7 +18,6 @@ resumed run continues with exactly the batches it would have seen.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Iterator
@@ -26,18 +25,44 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from ..errors import UsageError
+from ..errors import ConfigError, UsageError
+from ..files import sha256_file
 from .hashing import hash64, mix64
 
 SPLITS = ("train", "val")
 REQUIRED_KEYS = ("dtype", "vocab_size", "eos_id", "num_tokens", "num_docs", "sha256", "tokenizer_sha256")
+VERIFY = ("auto", "full", "size")  # the values of data.verify
+# data.verify=auto re-hashes the token files when together they are at most this size: ~1 s at the ~1 GB/s
+# sha256 runs on one core, next to minutes of training. Larger ones get the size and header checks only
+# (and data.verify=full on request).
+VERIFY_AUTO_BYTES = 1 << 30
+DTYPE_IDS = {"uint16": 1 << 16, "uint32": 1 << 32}  # token ids each dtype holds
+
+
+def open_training_data(path: str | Path, verify: str, model_vocab_size: int) -> PreparedData:
+    """The trainer's one call at start (data.dir, data.verify, model.vocab_size): the directory checked as
+    `PreparedData` checks it, and its vocabulary against the model's. A token id the model has no embedding
+    for is then caught at the first read of each batch (`RandomWindows`, `SequentialWindows`): one line, not
+    an IndexError deep in the model."""
+    data = PreparedData(path, verify)
+    if data.vocab_size > model_vocab_size:
+        raise ConfigError(f"model.vocab_size: {model_vocab_size} is smaller than the vocabulary of {path} "
+                          f"({data.vocab_size}); set model.vocab_size={data.vocab_size} or more")
+    return data
 
 
 class PreparedData:
-    """A directory written by `pretrain prepare`, checked on open: meta.json present and complete, every file
-    the size meta.json says (and, with verify_checksums, the sha256 it says). UsageError on any mismatch."""
+    """A directory written by `pretrain prepare`, checked on open: meta.json present, complete and sane (a
+    positive vocabulary that the dtype holds, eos_id inside it), every file the size meta.json says, and,
+    per `verify`, the sha256 it says: "full" always, "size" never, "auto" when the token files together are
+    at most VERIFY_AUTO_BYTES. UsageError on any mismatch, in one line.
 
-    def __init__(self, path: str | Path, verify_checksums: bool = False):
+    Every batch read from it is checked for token ids >= vocab_size (a corrupted file that passed the size
+    checks): cheap next to the model's step, and the only check a large dataset gets without "full"."""
+
+    def __init__(self, path: str | Path, verify: str = "auto"):
+        if verify not in VERIFY:
+            raise ConfigError(f"data.verify: {verify!r} is unknown; use one of {' | '.join(VERIFY)}")
         self.path = Path(path)
         self.meta = self._read_meta()
         self.dtype = np.dtype(self.meta["dtype"]).newbyteorder("<")
@@ -46,7 +71,8 @@ class PreparedData:
         self.tokenizer_dir = self.path / "tokenizer"
         for split in SPLITS:
             self._check_sizes(split)
-        if verify_checksums:
+        token_bytes = sum(self._num_tokens(s) for s in SPLITS) * self.dtype.itemsize
+        if verify == "full" or (verify == "auto" and token_bytes <= VERIFY_AUTO_BYTES):
             self.verify_checksums()
 
     def tokens(self, split: str) -> np.ndarray:
@@ -66,10 +92,10 @@ class PreparedData:
         """Re-hash every .bin (and tokenizer.json) and compare with meta.json: reads everything once."""
         for split in SPLITS:
             name = f"{split}.bin"
-            if _sha256(self.path / name) != self.meta["sha256"][name]:
+            if sha256_file(self.path / name) != self.meta["sha256"][name]:
                 raise self._error(self.path / name, "sha256 differs from meta.json (file corrupted or replaced)")
         tokenizer = self.tokenizer_dir / "tokenizer.json"
-        if tokenizer.is_file() and _sha256(tokenizer) != self.meta["tokenizer_sha256"]:
+        if tokenizer.is_file() and sha256_file(tokenizer) != self.meta["tokenizer_sha256"]:
             raise self._error(tokenizer, "sha256 differs from meta.json tokenizer_sha256")
 
     def _error(self, path: Path, reason: str) -> UsageError:
@@ -88,13 +114,23 @@ class PreparedData:
         missing = [k for k in REQUIRED_KEYS if k not in meta]
         if missing:
             raise self._error(path, f"missing keys {', '.join(missing)}")
-        if meta["dtype"] not in ("uint16", "uint32"):
-            raise self._error(path, f"dtype {meta['dtype']!r} is not uint16 or uint32")
+        if meta["dtype"] not in DTYPE_IDS:
+            raise self._error(path, f"dtype {_shown(meta['dtype'])} is not uint16 or uint32")
+        vocab, eos = meta["vocab_size"], meta["eos_id"]
+        if not _is_int(vocab) or not 0 < vocab <= DTYPE_IDS[meta["dtype"]]:
+            raise self._error(path, f"vocab_size {_shown(vocab)} is not a whole number in [1, "
+                                    f"{DTYPE_IDS[meta['dtype']]:,}] (what {meta['dtype']} holds)")
+        if not _is_int(eos) or not 0 <= eos < vocab:
+            raise self._error(path, f"eos_id {_shown(eos)} is outside the vocabulary [0, {vocab:,})")
         per_split = {"num_tokens": SPLITS, "num_docs": SPLITS, "sha256": [f"{s}.bin" for s in SPLITS]}
         for key, names in per_split.items():
             absent = [name for name in names if not isinstance(meta[key], dict) or name not in meta[key]]
             if absent:
                 raise self._error(path, f"{key} has no {' or '.join(absent)}")
+        for key in ("num_tokens", "num_docs"):
+            for split in SPLITS:
+                if not _is_int(meta[key][split]) or meta[key][split] < 0:
+                    raise self._error(path, f"{key}.{split} {_shown(meta[key][split])} is not a count")
         return meta
 
     def _num_tokens(self, split: str) -> int:
@@ -168,7 +204,7 @@ class RandomWindows:
 
     def __init__(self, data: PreparedData, split: str, seq_len: int, seed: int, rank: int = 0,
                  world_size: int = 1):
-        self.tokens = data.tokens(split)
+        self.data, self.split, self.tokens = data, split, data.tokens(split)
         self.num_windows = _num_windows(data, split, seq_len, rank, world_size)
         self.seq_len, self.seed, self.rank, self.world_size = seq_len, seed, rank, world_size
         self.windows_per_epoch = self.num_windows // world_size
@@ -180,7 +216,7 @@ class RandomWindows:
         windows = [FeistelPermutation(self.num_windows, self.seed, epoch)(
                        first + self.rank + self.world_size * np.arange(count, dtype=np.uint64))
                    for epoch, first, count in self._advance(batch_size)]
-        return _batch(self.tokens, np.concatenate(windows), self.seq_len)
+        return _batch(self.data, self.split, self.tokens, np.concatenate(windows), self.seq_len)
 
     def skip(self, num_windows: int) -> None:
         """Move past this rank's next num_windows windows without reading them (call it on every rank)."""
@@ -222,7 +258,7 @@ class SequentialWindows:
     """
 
     def __init__(self, data: PreparedData, split: str, seq_len: int, rank: int = 0, world_size: int = 1):
-        self.tokens = data.tokens(split)
+        self.data, self.split, self.tokens = data, split, data.tokens(split)
         self.num_windows = _num_windows(data, split, seq_len, rank, world_size)
         self.seq_len, self.rank, self.world_size = seq_len, rank, world_size
 
@@ -230,7 +266,7 @@ class SequentialWindows:
         total = min(batch_size * num_batches, self.num_windows // self.world_size)
         for start in range(0, total, batch_size):
             local = np.arange(start, min(start + batch_size, total))
-            yield _batch(self.tokens, self.rank + self.world_size * local, self.seq_len)
+            yield _batch(self.data, self.split, self.tokens, self.rank + self.world_size * local, self.seq_len)
 
 
 def _num_windows(data: PreparedData, split: str, seq_len: int, rank: int, world_size: int) -> int:
@@ -239,8 +275,9 @@ def _num_windows(data: PreparedData, split: str, seq_len: int, rank: int, world_
                          f"world_size {world_size}")
     n = len(data.tokens(split))
     if n < seq_len + 1:
+        fraction = "larger" if split == "val" else "smaller"  # --val-fraction moves documents from train to val
         raise UsageError(f"{split} split of {data.path} has {n:,} tokens; seq_len {seq_len} needs at least "
-                         f"{seq_len + 1:,} (prepare more data or a larger --val-fraction, or shorten seq_len)")
+                         f"{seq_len + 1:,} (prepare more data or a {fraction} --val-fraction, or shorten seq_len)")
     windows = (n - 1) // seq_len
     if windows < world_size:
         raise UsageError(f"{split} split of {data.path} has {windows:,} windows of {seq_len} tokens, fewer than "
@@ -248,10 +285,27 @@ def _num_windows(data: PreparedData, split: str, seq_len: int, rank: int, world_
     return windows
 
 
-def _batch(tokens: np.ndarray, windows: np.ndarray, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _batch(data: PreparedData, split: str, tokens: np.ndarray, windows: np.ndarray,
+           seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
     starts = np.asarray(windows, dtype=np.int64) * seq_len
     rows = tokens[starts[:, None] + np.arange(seq_len + 1)].astype(np.int64)  # reads only these windows
+    if rows.size and rows.max() >= data.vocab_size:  # the ids are unsigned: only too large is possible
+        row, column = np.unravel_index(int(rows.argmax()), rows.shape)
+        raise UsageError(f"{data.path / f'{split}.bin'}: token id {int(rows.max()):,} at token "
+                         f"{int(starts[row]) + int(column):,} is outside the vocabulary of {data.vocab_size:,} "
+                         f"(meta.json): the file is damaged; run `pretrain prepare --out {data.path}` again "
+                         "(data.verify=full checks every byte at start)")
     return torch.from_numpy(rows[:, :-1].copy()), torch.from_numpy(rows[:, 1:].copy())
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _shown(value) -> str:
+    """A value from a file, shown in an error: at most 40 characters of it."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _npy_header(path: Path) -> tuple[tuple, np.dtype, int]:
@@ -263,9 +317,3 @@ def _npy_header(path: Path) -> tuple[tuple, np.dtype, int]:
         return shape, dtype, f.tell()
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 22):
-            digest.update(block)
-    return digest.hexdigest()

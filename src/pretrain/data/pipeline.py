@@ -3,8 +3,10 @@
 Pipeline: the main process reads documents in sorted file order and cuts them into chunks of ~1 M
 characters; worker processes tokenize chunks (each document + one <eos>) and split them by document into
 train/validation; the main process writes the results in chunk order. At most a few chunks are in flight
-per worker, so memory stays flat however large the corpus. Output files are written under temporary names
-and renamed at the end, and meta.json is written last: a directory with a meta.json is complete.
+per worker, so memory stays flat however large the corpus. The new dataset is built in a temporary
+directory beside --out (meta.json written last) and swapped in only when complete: until then an earlier
+dataset at --out stays whole and usable, whatever stops the build (bad input, Ctrl-C, SIGTERM, SIGKILL, a
+full disk).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import json
 import multiprocessing
 import os
 import shutil
+from contextlib import suppress
 from collections import deque
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,11 +26,11 @@ import numpy as np
 
 from .. import __version__
 from ..errors import UsageError
-from ..files import write_atomic
+from ..files import StagedDirectory, display_path, write_atomic, write_error
 from .encode import Chunk, ChunkEncoder, encode_in_worker, init_worker
 from .fast_bpe import why_not_fast
 from .readers import SKIP_REASONS, Corpus, ReadOptions, find_files
-from .tokenizer import check_out_dir, find_tokenizer
+from .tokenizer import find_tokenizer
 
 SPLITS = ("train", "val")
 DTYPES = ("auto", "uint16", "uint32")
@@ -36,6 +39,8 @@ STR_OVERHEAD = 64  # bytes of a Python str object beyond its characters: bounds 
 IN_FLIGHT_PER_WORKER = 2  # chunks queued per worker: enough to keep it busy, few enough to bound memory
 MAX_SHOWN = 5  # bad records listed by name; the rest are counted
 META_VERSION = 1
+# What a dataset directory holds: the only names a new dataset may replace (anything else in --out is refused).
+DATASET_FILES = ("meta.json", "tokenizer", *(f"{s}.{ext}" for s in SPLITS for ext in ("bin", "idx.npy")))
 
 
 def resolve_dtype(dtype: str, vocab_size: int) -> str:
@@ -68,14 +73,28 @@ def prepare(inputs, tokenizer, out_dir, *, val_fraction: float = 0.01, workers: 
     workers = default_workers() if workers is None else workers
     if workers < 1:
         raise UsageError(f"--workers {workers} must be at least 1")
-    out_dir = check_out_dir(out_dir)
     corpus = Corpus(find_files(inputs), ReadOptions(format, text_field, split_blank_lines))
     tok = find_tokenizer(tokenizer)
     dtype = resolve_dtype(dtype, tok.vocab_size)
     why_not = why_not_fast(tok.json) if fast_path else "not asked for (--fast-path)"
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "meta.json").unlink(missing_ok=True)  # from here on the directory is not a finished dataset
+    with StagedDirectory(out_dir, "--out", DATASET_FILES) as staged:
+        try:
+            meta = _build(staged.path, corpus, tok, dtype, why_not, seed=seed, val_fraction=val_fraction,
+                          workers=workers, strict=strict, progress=progress, format=format,
+                          text_field=text_field, split_blank_lines=split_blank_lines)
+            staged.commit()
+        except OSError as e:
+            error = write_error(e, f"--out {display_path(out_dir)}", "the dataset")
+            if error is None:
+                raise
+            raise error from None
+    return meta
+
+
+def _build(out_dir: Path, corpus, tok, dtype, why_not, *, seed, val_fraction, workers, strict, progress,
+           **read_options) -> dict:
+    """The whole dataset in `out_dir` (a fresh directory), meta.json last; returns the meta dict."""
     args = dict(corpus=corpus, tok=tok, dtype=dtype, seed=seed, val_fraction=val_fraction, workers=workers,
                 strict=strict, out_dir=out_dir, progress=progress)
     try:
@@ -97,12 +116,11 @@ def prepare(inputs, tokenizer, out_dir, *, val_fraction: float = 0.01, workers: 
         "chars_per_token": text["chars"] / text_tokens, "bytes_per_token": text["bytes"] / text_tokens,
         "text_chars": text["chars"], "text_bytes": text["bytes"],
         "skipped": skips.counts, "skipped_examples": skips.examples,
-        "files": [{"path": str(p), "bytes": n} for p, n in zip(corpus.files, corpus.sizes)],
-        "tokenizer": "tokenizer", "tokenizer_sha256": tok.sha256, "tokenizer_source": str(tok.source),
+        "files": [{"path": display_path(p), "bytes": n} for p, n in zip(corpus.files, corpus.sizes)],
+        "tokenizer": "tokenizer", "tokenizer_sha256": tok.sha256, "tokenizer_source": display_path(tok.source),
         "encoder": {"name": "tokenizers" if why_not else "tiktoken", "verified_docs": text["verified"],
                     **({"why_not_tiktoken": why_not} if why_not else {})},
-        "seed": seed, "val_fraction": val_fraction, "format": format, "text_field": text_field,
-        "split_blank_lines": split_blank_lines,
+        "seed": seed, "val_fraction": val_fraction, **read_options,
     }
     write_atomic(out_dir / "meta.json", json.dumps(meta, indent=2, ensure_ascii=False) + "\n")
     return meta
@@ -164,6 +182,10 @@ def _encoded(chunks: Iterator[Chunk], encoder_args: tuple, workers: int):
     if workers == 1:
         yield from map(ChunkEncoder(*encoder_args), chunks)
         return
+    # The pool's semaphores are registered with multiprocessing's resource tracker, a helper process that, when
+    # the main process is killed, removes them and warns about each "leak": noise on a kill that lost nothing.
+    quiet = "ignore::UserWarning:multiprocessing.resource_tracker"
+    os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [os.environ.get("PYTHONWARNINGS"), quiet]))
     # spawn, not fork: a forked child would inherit the progress bar's thread state and locks
     with multiprocessing.get_context("spawn").Pool(workers, init_worker, encoder_args) as pool:
         pending: deque = deque()
@@ -231,19 +253,16 @@ class SplitWriter:
         os.replace(self._bin_tmp, self.bin)
 
     def discard(self) -> None:
-        self._tokens.close()
-        self._starts.close()
+        for f in (self._tokens, self._starts):
+            with suppress(OSError):  # closing flushes, which fails again on a full disk; the file is closed anyway
+                f.close()
         for path in (self._bin_tmp, self._idx_tmp, self.idx.with_name(self.idx.name + ".tmp")):
             path.unlink(missing_ok=True)
 
 
-def _save_tokenizer(tok, final: Path) -> None:
-    """Copy the tokenizer into out_dir/tokenizer (from memory: the source may be that very directory)."""
-    tmp = final.with_name(final.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tok.save(tmp)
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
+def _save_tokenizer(tok, folder: Path) -> None:
+    """Copy the tokenizer into the new dataset (from memory: its source may be the old dataset's copy)."""
+    tok.save(folder)
 
 
 @contextmanager

@@ -36,12 +36,16 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    import signal
     import sys
     import time
 
     from ..plan.budget import storage_bytes
     from .pipeline import prepare
 
+    # SIGTERM (kill, a job scheduler) stops prepare as Ctrl-C does: the half-built dataset is removed and the
+    # previous one at --out is left as it was (Python's default would end the process without cleaning up).
+    signal.signal(signal.SIGTERM, _interrupt)
     start = time.perf_counter()
     meta = prepare(args.input, args.tokenizer, args.out, val_fraction=args.val_fraction, workers=args.workers,
                    seed=args.seed, dtype=args.dtype, strict=args.strict, format=args.format,
@@ -52,11 +56,17 @@ def run(args) -> int:
     return 0
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 def summary(meta: dict, out: str, seconds: float, planned_bytes: int) -> str:
+    from ..files import display_path
+
     docs, tokens = meta["num_docs"], meta["num_tokens"]
     size = sum(tokens.values()) * (2 if meta["dtype"] == "uint16" else 4)
     lines = [
-        f"prepared {out} in {seconds:.1f} s ({meta['text_bytes'] / 1e6 / seconds:,.1f} MB/s, "
+        f"prepared {display_path(out)} in {seconds:.1f} s ({meta['text_bytes'] / 1e6 / seconds:,.1f} MB/s, "
         f"{sum(tokens.values()) / seconds:,.0f} tokens/s, encoder {meta['encoder']['name']})",
         f"  documents  train {docs['train']:,}  val {docs['val']:,}",
         f"  tokens     train {tokens['train']:,}  val {tokens['val']:,}  ({meta['dtype']})",
@@ -71,6 +81,11 @@ def summary(meta: dict, out: str, seconds: float, planned_bytes: int) -> str:
         lines += [f"    {example}" for example in meta["skipped_examples"]]
         if skipped > len(meta["skipped_examples"]):
             lines.append(f"    ... and {skipped - len(meta['skipped_examples']):,} more")
+    if tokens["train"] < tokens["val"]:  # the split is by whole documents: a few large ones can all land in val
+        lines.append(f"  warning: train.bin is {'empty' if not docs['train'] else 'smaller than val.bin'}: "
+                     f"{docs['val']:,} of {docs['train'] + docs['val']:,} documents went to val.bin "
+                     f"(--val-fraction {meta['val_fraction']}); use a smaller --val-fraction (0 for none), more "
+                     "documents, or --split-blank-lines for smaller ones")
     if meta["val_fraction"] > 0 and docs["val"] == 0:
         lines.append("  note: val.bin is empty (too few documents for --val-fraction; try --split-blank-lines "
                      "or a larger fraction)")

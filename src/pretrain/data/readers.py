@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Iterator, NamedTuple
 
 from ..errors import UsageError
+from ..files import display_path
 
 FORMATS = ("auto", "text", "jsonl", "encyclopedia", "parquet")
 # What a directory is searched for; a file named explicitly is read whatever its suffix (as text under auto).
@@ -34,6 +35,10 @@ PARQUET_BATCH_ROWS = 1024  # rows per Arrow batch: bounded memory whatever the f
 # .zst bytes decompressed per step: the step's output is this x the compression ratio (~3 for text, 1,000s for
 # a file of repeated documents). Measured: 4 KiB steps read a 25 MB JSONL at 500 MB/s, as fast as 32 KiB ones.
 ZSTD_READ_BYTES = 1 << 12
+# The largest document (a JSONL line, a text file or block) read: `tokenizers` holds ~90 bytes per input byte
+# while encoding (pipeline.CHUNK_CHARS), so 32 MiB already takes ~3 GB. A larger one (or an endless input such
+# as /dev/zero) is skipped as unreadable and the rest of its file with it, read in bounded memory.
+MAX_DOCUMENT_BYTES = 32 << 20
 BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark (Windows editors write one): not part of the text
 
 
@@ -126,7 +131,7 @@ class Corpus:
             self._done += size
 
     def _read(self, path: Path) -> Iterator[Record]:
-        name = str(path)
+        name = display_path(path)
         try:
             fmt = file_format(path, self.options)
             if fmt == "parquet":
@@ -140,6 +145,9 @@ class Corpus:
                     yield from _jsonl(_decompressed(raw, name), name, fmt, self.options.text_field)
         except _unreadable_errors() as e:  # unreadable from the start, or a corrupt stream part-way through
             yield Record(name, 0, None, "unreadable", f"{type(e).__name__}: {e}")
+        except _TooLarge as e:
+            yield Record(name, e.line, None, "unreadable", f"a document over {MAX_DOCUMENT_BYTES >> 20} MiB; the "
+                         "rest of the file is not read (split it: JSONL lines or --split-blank-lines)")
 
 
 def file_format(path: Path, options: ReadOptions) -> str:
@@ -153,7 +161,7 @@ def file_format(path: Path, options: ReadOptions) -> str:
         return "text"
     try:
         with open(path, "rb") as raw:
-            for _, line in zip(range(100), _decompressed(raw, name)):
+            for _, line in zip(range(100), _lines(_decompressed(raw, name))):
                 try:
                     record = json.loads(line)
                 except (ValueError, RecursionError):  # RecursionError: nested too deeply for json
@@ -161,7 +169,7 @@ def file_format(path: Path, options: ReadOptions) -> str:
                 if isinstance(record, dict):
                     is_encyclopedia = "sections" in record and options.text_field not in record
                     return "encyclopedia" if is_encyclopedia else "jsonl"
-    except _unreadable_errors():
+    except (*_unreadable_errors(), _TooLarge):
         pass  # damaged early: reading it as jsonl keeps the records before the damage and reports the rest
     return "jsonl"
 
@@ -188,6 +196,23 @@ def render_encyclopedia(record: dict) -> str:
 
 class _MissingField(Exception):
     """A record lacks a field (or it is not a string)."""
+
+
+class _TooLarge(Exception):
+    """A document longer than MAX_DOCUMENT_BYTES, starting at `line`."""
+
+    def __init__(self, line: int):
+        self.line = line
+
+
+def _lines(stream) -> Iterator[bytes]:
+    """The lines of a binary stream, each read with a bound (a file without newlines is not read whole)."""
+    number = 0
+    while line := stream.readline(MAX_DOCUMENT_BYTES + 1):
+        number += 1
+        if len(line) > MAX_DOCUMENT_BYTES:
+            raise _TooLarge(number)
+        yield line
 
 
 def _field(record: dict, key: str) -> str:
@@ -251,8 +276,8 @@ class _ZstdFrames(io.RawIOBase):
         return b"".join(out)
 
 
-def _jsonl(lines, name: str, fmt: str, text_field: str) -> Iterator[Record]:
-    for number, line in enumerate(lines, 1):
+def _jsonl(stream, name: str, fmt: str, text_field: str) -> Iterator[Record]:
+    for number, line in enumerate(_lines(stream), 1):
         if number == 1:
             line = line.removeprefix(BOM)
         if not line.strip():
@@ -292,18 +317,24 @@ def _encodable(text: str) -> bool:
 
 def _text(raw: io.BufferedReader, name: str, split_blank_lines: bool) -> Iterator[Record]:
     if not split_blank_lines:
-        yield _decoded(name, 1, raw.read().removeprefix(BOM))
+        data = raw.read(MAX_DOCUMENT_BYTES + 1)
+        if len(data) > MAX_DOCUMENT_BYTES:
+            raise _TooLarge(1)
+        yield _decoded(name, 1, data.removeprefix(BOM))
         return
     # A block's final line terminator separates it from the next block; it is not part of the document.
     block: list[bytes] = []
-    start = 0
-    for number, line in enumerate(raw, 1):
+    start = size = 0
+    for number, line in enumerate(_lines(raw), 1):
         if number == 1:
             line = line.removeprefix(BOM)
         if not _blank(line):
             if not block:
-                start = number
+                start, size = number, 0
             block.append(line)
+            size += len(line)
+            if size > MAX_DOCUMENT_BYTES:
+                raise _TooLarge(start)
         elif block:
             yield _decoded(name, start, b"".join(block).rstrip(b"\r\n"))
             block = []

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UsageError
-from ..files import write_atomic
+from ..files import check_output_dir, display_path, write_atomic, write_error
 from .readers import Corpus, ReadOptions, find_files
 
 SPECIAL_TOKENS = ("<eos>", "<bos>", "<pad>")
@@ -109,16 +111,6 @@ def _eos_token(config_path: Path, vocab: dict[str, int]) -> str | None:
     return next((name for name in EOS_NAMES if name in vocab), None)
 
 
-def check_out_dir(path: str | Path) -> Path:
-    """--out as a directory to create or reuse: refused before any work when it, or a parent, is a file."""
-    path = Path(path)
-    existing = next(p for p in (path, *path.parents) if p.exists())
-    if not existing.is_dir():
-        where = "" if existing == path else f": {existing}"
-        raise UsageError(f"--out {path}{where} is a file, not a directory; give a directory path (created if missing)")
-    return path
-
-
 def hf_config_files(eos: str, bos: str | None = None, pad: str | None = None) -> dict[str, bytes]:
     """tokenizer_config.json and special_tokens_map.json for `AutoTokenizer`: no BOS/EOS added on encode
     (documents are delimited by prepare, not by the tokenizer) and no space clean-up on decode (exact text)."""
@@ -138,7 +130,7 @@ def train_tokenizer(inputs, vocab_size: int, out_dir: str | Path, *, format: str
                          "(256 bytes + <eos>, <bos>, <pad>)")
     if min_frequency < 0:
         raise UsageError(f"--min-frequency {min_frequency} is negative; give a count >= 0 (default 2)")
-    out_dir = check_out_dir(out_dir)
+    out_dir = check_output_dir(out_dir, "--out")
     corpus = Corpus(find_files(inputs), ReadOptions(format, text_field, split_blank_lines))
     stats = {"num_docs": 0, "text_bytes": 0, "skipped": {}}
 
@@ -162,12 +154,32 @@ def train_tokenizer(inputs, vocab_size: int, out_dir: str | Path, *, format: str
     tokenizer.train_from_iterator(documents(), trainer)
     if not stats["num_docs"]:
         raise UsageError(f"no documents in {corpus.describe()}; check --format, --text-field and --split-blank-lines")
-    out_dir.mkdir(parents=True, exist_ok=True)
     files = {"tokenizer.json": tokenizer.to_str().encode("utf-8"), **hf_config_files(*SPECIAL_TOKENS)}
-    for name, content in files.items():
-        write_atomic(out_dir / name, content)
-    return {"path": str(out_dir), "vocab_size": tokenizer.get_vocab_size(), **stats,
+    _write_all(out_dir, files)
+    return {"path": display_path(out_dir), "vocab_size": tokenizer.get_vocab_size(), **stats,
             "seconds": time.perf_counter() - start}
+
+
+def _write_all(out_dir: Path, files: dict[str, bytes]) -> None:
+    """All of `files` into out_dir, or none of them: each is written under a temporary name first and the
+    renames come last, so a full disk never leaves a new tokenizer.json beside old config files."""
+    created = not out_dir.exists()
+    temporary = {name: out_dir / f".{name}.{os.getpid()}.tmp" for name in files}
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for name, content in files.items():
+            temporary[name].write_bytes(content)
+        for name, tmp in temporary.items():
+            os.replace(tmp, out_dir / name)
+    except OSError as e:
+        for tmp in temporary.values():
+            tmp.unlink(missing_ok=True)
+        if created:
+            shutil.rmtree(out_dir, ignore_errors=True)
+        error = write_error(e, f"--out {display_path(out_dir)}", "the tokenizer")
+        if error is None:
+            raise
+        raise error from None
 
 
 def _json_bytes(obj) -> bytes:

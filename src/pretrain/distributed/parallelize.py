@@ -206,8 +206,10 @@ def parallelize(model, config, rt: Runtime) -> Parallelized:
     if compiled:
         # Block by block, before sharding (torchtitan's order): FSDP2's hooks sit at the block boundaries and
         # stay eager; a whole-model compile would meet them inside the loop over blocks and run all eager.
+        # A block is one graph (tests/train/test_step_parts.py): fullgraph makes a future break an error, not
+        # a silent slowdown; under FSDP the module call also runs its hooks, which dynamo may split off.
         for block in model.blocks:
-            block.compile()
+            block.compile(fullgraph=not config.parallel.fsdp)
     engine = Parallelized
     if rt.distributed:
         engine = FSDP if config.parallel.fsdp else ZeRO1 if config.parallel.zero_stage == 1 else DDP

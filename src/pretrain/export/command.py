@@ -29,13 +29,39 @@ def tokenizer_of(model):
     return path if path is not None and path.exists() else None
 
 
+def run_dir_of(source) -> "Path":
+    """The run directory of RUN_DIR, or of one checkpoint (RUN/checkpoints/step_N) given instead."""
+    from pathlib import Path
+
+    source = Path(source)
+    return source.parent.parent if source.parent.name == "checkpoints" else source
+
+
+def check_no_overlap(out_dir, sources: dict) -> None:
+    """Refuse an OUT_DIR that is, contains or lies inside one of `sources` (what -> path): writing it, and with
+    --overwrite replacing it, would delete what the export reads (the run, its checkpoints, its dataset)."""
+    from pathlib import Path
+
+    from ..errors import UsageError
+
+    out = Path(out_dir).resolve()
+    for what, source in sources.items():
+        source = Path(source).resolve()
+        if out == source or source in out.parents or out in source.parents:
+            raise UsageError(f"OUT_DIR {out_dir} overlaps the {what} {source}, which the export reads; choose a "
+                             "directory outside it")
+
+
 def run(args) -> int:
     import torch
 
     from ..train import load_model
     from .hf import export_hf
 
+    check_no_overlap(args.out_dir, {"run directory": run_dir_of(args.run_dir)})
     model = load_model(args.run_dir)
+    if model.run_config.data.dir:
+        check_no_overlap(args.out_dir, {"data directory": model.run_config.data.dir})
     tokenizer = tokenizer_of(model)
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     out = export_hf(model, args.out_dir, tokenizer_dir=tokenizer, dtype=dtype, overwrite=args.overwrite)

@@ -27,6 +27,12 @@ def generate(model, tokens: torch.Tensor, max_new_tokens: int, temperature: floa
     """
     if tokens.dim() != 2 or tokens.shape[1] == 0:
         raise UsageError(f"generate: tokens must be (batch, seq) with seq >= 1, got shape {tuple(tokens.shape)}")
+    if max_new_tokens < 0:
+        raise UsageError(f"generate: max_new_tokens must be >= 0, got {max_new_tokens}")
+    vocab = model.config.vocab_size
+    if tokens.min() < 0 or tokens.max() >= vocab:  # the embedding would fail with an index error
+        raise UsageError(f"generate: token ids must be in [0, {vocab:,}) (the model's vocabulary), got "
+                         f"{int(tokens.min())}..{int(tokens.max()):,}")
     if not temperature >= 0:  # nan too
         raise UsageError(f"generate: temperature must be >= 0 (0 = greedy), got {temperature}")
     if top_k is not None and top_k < 1:
@@ -38,7 +44,8 @@ def generate(model, tokens: torch.Tensor, max_new_tokens: int, temperature: floa
     finished = torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)
     try:
         for _ in range(max_new_tokens):
-            logits = model(tokens[:, -model.config.max_seq_len:])[:, -1, :].float()
+            # Only real ids: never one of the rows model.pad_vocab_to adds (the model leaves them out already).
+            logits = model(tokens[:, -model.config.max_seq_len:])[:, -1, :model.config.vocab_size].float()
             next_token = _sample(logits, temperature, top_k, top_p, generator)
             if eos_id is not None:
                 next_token = next_token.masked_fill(finished, eos_id)
@@ -81,7 +88,19 @@ def generate_text(model, tokenizer_path: str | Path, prompt: str, **kw) -> str:
         path = path / "tokenizer.json"
     if not path.is_file():
         raise UsageError(f"{path}: no such tokenizer file; give a tokenizer.json or its directory")
-    tokenizer = Tokenizer.from_file(str(path))
+    try:
+        tokenizer = Tokenizer.from_file(str(path))
+    except Exception as e:  # tokenizers raises a bare Exception for a malformed file
+        raise UsageError(f"{path}: not a tokenizer.json ({' '.join(str(e).split())[:200]})") from None
+    size = max(tokenizer.get_vocab(with_added_tokens=True).values(), default=-1) + 1
+    if size > model.config.vocab_size:
+        raise UsageError(f"{path}: its ids go up to {size - 1:,}, beyond the model's vocabulary of "
+                         f"{model.config.vocab_size:,}: not the tokenizer this model was trained with (give the "
+                         "run's, e.g. DATA_DIR/tokenizer)")
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as e:  # a command-line argument's undecodable bytes arrive as lone surrogates
+        raise UsageError(f"the prompt is not valid UTF-8 text (character {e.start}); give UTF-8 text") from None
     ids = tokenizer.encode(prompt).ids
     bos = tokenizer.token_to_id("<bos>")
     if not ids and bos is not None:

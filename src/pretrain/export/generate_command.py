@@ -28,6 +28,12 @@ def run(args) -> int:
     from .command import tokenizer_of
     from .generate import generate_text
 
+    if args.max_new_tokens < 0:  # before the model is loaded
+        raise UsageError(f"--max-new-tokens {args.max_new_tokens} must be >= 0")
+    try:
+        args.prompt.encode("utf-8")
+    except UnicodeEncodeError as e:  # undecodable bytes in argv arrive as lone surrogates (PEP 383)
+        raise UsageError(f"--prompt is not valid UTF-8 text (character {e.start}); give UTF-8 text") from None
     model = load_model(args.run_dir)
     tokenizer = args.tokenizer or tokenizer_of(model)
     if tokenizer is None:

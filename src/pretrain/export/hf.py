@@ -63,6 +63,8 @@ NAMES: dict[str, dict[str, str | tuple[str, ...]]] = {
 }
 # GPT-2's Conv1D weights, stored transposed.
 CONV1D = re.compile(r"\.h\.\d+\.(attn|mlp)\.c_\w+\.weight$")
+# Our tensors with one row per vocabulary id (padded by model.pad_vocab_to).
+VOCAB_ROWS = ("embed.weight", "lm_head.weight")
 # Buffers that older checkpoints saved beside the weights (GPT-2's causal mask, LLaMA's rotary frequencies).
 IGNORED = re.compile(r"(\.attn\.(masked_)?bias|\.rotary_emb\.inv_freq)$")
 # The tokens `pretrain tokenizer` reserves; a tokenizer_config.json naming others takes precedence.
@@ -95,13 +97,16 @@ def to_hf_state_dict(model) -> dict[str, torch.Tensor]:
 
     A tied output layer is left out: transformers ties `lm_head.weight` to the embedding again on load.
     GPT-2 without biases (`model.bias: false`) gets zero biases, which compute the same thing: Hugging Face's
-    GPT-2 always has them.
+    GPT-2 always has them. The rows `model.pad_vocab_to` adds to the embedding and output layer are dropped:
+    no id reaches them, and the exported vocabulary is the real one.
     """
     cfg = model.config
     params = dict(model.named_parameters())  # a tied lm_head is listed once, as embed.weight
     out = {}
     for ours, theirs in _pairs(cfg.family, cfg.num_layers):
         tensor = params.get(ours)
+        if ours in VOCAB_ROWS and tensor is not None:
+            tensor = tensor[:cfg.vocab_size]
         if tensor is None and cfg.family == "gpt2" and ours.endswith(".bias"):
             weight = params[ours.removesuffix(".bias") + ".weight"]
             tensor = weight.new_zeros(weight.shape[0])
@@ -341,6 +346,8 @@ def load_hf_into(model, hf_dir: str | Path) -> None:
     for name, param in params.items():
         if name not in state:
             raise UsageError(f"{hf_dir} has no {hf_names[name]} for the model's {name}; {fix}")
+        if name in VOCAB_ROWS and param.shape[0] > cfg.vocab_size:
+            param = param[:cfg.vocab_size]  # the rows model.pad_vocab_to adds keep their initial values
         if state[name].shape != param.shape:
             raise UsageError(f"{hf_dir}: {hf_names[name]} has shape {tuple(state[name].shape)} but the model's "
                              f"{name} is {tuple(param.shape)}; {fix}")
@@ -350,4 +357,4 @@ def load_hf_into(model, hf_dir: str | Path) -> None:
                          f"(tie_embeddings, bias or qkv_bias differ); {fix}")
     with torch.no_grad():
         for name, param in params.items():
-            param.copy_(state[name])
+            param[:state[name].shape[0]].copy_(state[name])

@@ -24,6 +24,7 @@ import torch.utils.checkpoint
 from torch import nn
 
 from ..plan.kernels import native_gqa
+from ..plan.params import padded_vocab_size
 
 
 class RMSNorm(nn.Module):
@@ -213,11 +214,12 @@ class Transformer(nn.Module):
     def __init__(self, cfg, attention: str = "sdpa"):
         super().__init__()
         self.config = cfg
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        rows = padded_vocab_size(cfg)  # model.pad_vocab_to: whole tensor-core tiles for the output matmul
+        self.embed = nn.Embedding(rows, cfg.hidden_size)
         self.pos_embed = nn.Embedding(cfg.max_seq_len, cfg.hidden_size) if cfg.family == "gpt2" else None
         self.blocks = nn.ModuleList(Block(cfg, attention) for _ in range(cfg.num_layers))
         self.norm = _norm(cfg)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = nn.Linear(cfg.hidden_size, rows, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed.weight
         self.rope: tuple[torch.Tensor, torch.Tensor] | None = None  # rotary tables, built on first use
@@ -268,7 +270,11 @@ class Transformer(nn.Module):
         for block in self.blocks:
             x = block(x, rope)
         logits = self.lm_head(self.norm(x))
+        if logits.shape[-1] != self.config.vocab_size:
+            # Padded rows are for the matmul's shape only: no id is one of them, so they take no part in the
+            # softmax (the model's distribution is the exported one's) and are never sampled.
+            logits = logits[..., :self.config.vocab_size]
         if targets is None:
             return logits
         # The loss in fp32: log-softmax over a large vocabulary loses precision in bf16.
-        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
+        return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))

@@ -6,6 +6,7 @@ JSON-ready dict whose keys are documented in the README ("Plan output").
 
 from __future__ import annotations
 
+from ..errors import ConfigError
 from .advice import advise
 from .budget import run_length, storage_bytes, token_bytes, wall_clock
 from .budget_mode import apply_budget, budget_requested
@@ -15,10 +16,15 @@ from .flops import basis, flops, utilisation
 from .frameworks import framework_memory
 from .hardware import gpu_spec, peak_tflops
 from .memory import memory, model_state_tensors
-from .params import count_params, param_shapes
+from .params import count_params, padded_vocab_size, param_shapes
 from .step_time import step_time
 
 __all__ = ["plan", "plan_with_explain", "planned_config", "count_params", "param_shapes", "storage_bytes", "model_state_tensors"]
+
+# The planner lists every parameter tensor (ZeRO-1's partition is greedy per tensor, as torch's is), so its
+# cost grows with the layer count: ~0.3 s at 1,000 layers, minutes and gigabytes at 10^12. 1,000 layers is
+# the deepest published Transformer (DeepNet, Wang et al. 2022, "Scaling Transformers to 1,000 Layers").
+MAX_LAYERS = 1000
 
 
 def plan(config) -> dict:
@@ -31,6 +37,9 @@ def plan_with_explain(config, advice: bool = True) -> tuple[dict, Explain]:
     Budget mode (budget.* keys) plans a new config of the model it chooses (pretrain.plan.budget_mode);
     `config` is never changed, and `planned_config(config, result)` rebuilds the config that was planned."""
     c = config
+    if c.model.num_layers > MAX_LAYERS:
+        raise ConfigError(f"model.num_layers: {c.model.num_layers:,} is beyond what the planner models (at most "
+                          f"{MAX_LAYERS:,}, the deepest published Transformer); give a smaller depth")
     ex = Explain()
     budget = None
     if budget_requested(c):  # budget mode chooses a model, then that model's config is planned as usual
@@ -131,10 +140,12 @@ def _unsharded(c) -> dict:
 def _params_formula(m, counts) -> str:
     if m.family == "llama" and m.num_kv_heads == m.num_heads and m.head_dim * m.num_heads == m.hidden_size \
             and not m.qkv_bias:
-        V, H, I, L = m.vocab_size, m.hidden_size, m.intermediate_size, m.num_layers
+        V, H, I, L = padded_vocab_size(m), m.hidden_size, m.intermediate_size, m.num_layers
         head = "2VH" if not m.tie_embeddings else "VH"
-        return (f"{head} + H + L(4H^2 + 3HH' + 2H) with V={V:,}, H={H:,}, H'={I:,}, L={L}: "
+        padded = f" (vocabulary {m.vocab_size:,} padded to a multiple of {m.pad_vocab_to})" if V != m.vocab_size else ""
+        return (f"{head} + H + L(4H^2 + 3HH' + 2H) with V={V:,}{padded}, H={H:,}, H'={I:,}, L={L}: "
                 f"{'' if m.tie_embeddings else '2x'}{V * H:,} + {H:,} + {L} x {counts.per_layer:,}")
-    return (f"embedding {counts.token_embedding:,} + positions {counts.position_embedding:,} + {m.num_layers} "
+    padded = f" (vocabulary {m.vocab_size:,} padded to {padded_vocab_size(m):,})" if m.pad_vocab_to > 1 else ""
+    return (f"embedding {counts.token_embedding:,}{padded} + positions {counts.position_embedding:,} + {m.num_layers} "
             f"layers x {counts.per_layer:,} (attention {counts.attention // m.num_layers:,}, MLP "
             f"{counts.mlp // m.num_layers:,}, norms) + final norm + output {counts.output:,}")

@@ -87,7 +87,7 @@ def llama_shape(n_target: float, vocab_size: int, max_seq_len: int) -> dict:
 def _count(keys: dict):
     from types import SimpleNamespace
 
-    m = SimpleNamespace(qkv_bias=False, bias=False, **keys)
+    m = SimpleNamespace(qkv_bias=False, bias=False, pad_vocab_to=1, **keys)
     return count_params(m)
 
 

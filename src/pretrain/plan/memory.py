@@ -19,17 +19,28 @@ ZeRO stages shard over the data-parallel group (world / (tensor x pipeline)), as
 Buffers: DDP's gradient buckets (a fused copy of the gradients, 1.5B params -> 6 GB in fp32, as the ZeRO
 paper notes), FSDP's reduce-scatter of one block's gradients (of one tensor rank's share of the block), and
 the loss's logits in the compute dtype and in fp32.
+Not all of it is alive at once. The peak (`total`) is the largest of four phases of an optimizer step, each
+counted from what our trainer holds on CUDA (see `_phases`): the end of forward with the loss, the loss's
+backward, the first block's backward (the last of the pass) and the optimizer step. Gradients exist from the
+first backward until the step frees them (`zero_grad(set_to_none=True)`), so with one micro-batch they are
+never beside the full activations.
 """
 
 from __future__ import annotations
 
 import heapq
 
-from .activations import COMPUTE_BYTES, activation_bytes
+from ..config import compile_enabled
+from .activations import COMPUTE_BYTES, _shard, activation_bytes, layer_terms, residual_bytes
 from .kernels import planned_native_gqa
 from .explain import Explain, gib
 from .hardware import device_memory_bytes, gpu_spec
-from .params import param_shapes
+from .params import padded_vocab_size, param_shapes
+
+PHASES = ("forward", "loss_backward", "backward", "optimizer_step")
+# Once-per-micro-batch tensors kept until the embedding's backward, the very last; the final norm's, the output
+# layer's and the loss's are gone before the blocks' backward runs.
+EMBEDDING_SIDE = ("token and target ids", "position ids", "rotary tables", "embedding dropout mask")
 
 
 def _numel(shape) -> int:
@@ -131,7 +142,7 @@ def model_state_tensors(cfg, rank: int | None = None) -> dict:
     root = sum(_numel(s) for n, s in shapes if not n.startswith("blocks."))
     # Matmul weights (biases are added, not multiplied: autocast's cast of a bias is not kept).
     layer_matmul = sum(_numel(s) for n, s in shapes if n.startswith("blocks.0.") and len(s) == 2)
-    output_matmul = m.vocab_size * m.hidden_size
+    output_matmul = padded_vocab_size(m) * m.hidden_size
     compute_bytes = 2 if (mixed or t.precision == "bf16") else 4
     if zero == 2:  # every block's parameters stay gathered from forward to backward
         copies = compute_bytes * sum(_numel(s) for _, s in shapes)
@@ -147,12 +158,27 @@ def model_state_tensors(cfg, rank: int | None = None) -> dict:
         copies = 0
     out = dict(parameters=param_bytes * n_params, gradients=grad_bytes * n_params,
                optimizer_states=state_bytes * n_states + steps, working_copies=copies,
+               optimizer_working=_optimizer_working(cfg, shapes, owned, dp, sharded, state_bytes),
                per_layer_params=_block_share(cfg, shapes))
     if model_parallel > 1:  # tensor / pipeline split: the heaviest stage's share (approximate)
         scale = _stage_share(cfg, shapes)
-        for key in ("parameters", "gradients", "optimizer_states") + (("working_copies",) if zero == 2 else ()):
+        scaled = ("parameters", "gradients", "optimizer_states", "optimizer_working")
+        for key in scaled + (("working_copies",) if zero == 2 else ()):
             out[key] = int(out[key] * scale)
     return out
+
+
+def _optimizer_working(cfg, shapes, owned, dp, sharded, state_bytes) -> int:
+    """Temporaries of the optimizer step. AdamW is fused (train/optim.py): one in-place kernel, none. SGD's
+    momentum update is in place. Adafactor's foreach implementation, the default on CUDA, makes a full-size
+    second-moment estimate of every parameter it updates (torch.optim.Adafactor's docs: "~ sizeof(params) more
+    peak memory"); on a CPU, one tensor at a time."""
+    if cfg.train.optimizer != "adafactor":
+        return 0
+    sizes = [_numel(_shape_for(shapes[i][1], dp, sharded)) for i in owned]
+    if gpu_spec(cfg.hardware.gpu).name == "cpu":
+        return state_bytes * max(sizes, default=0)
+    return state_bytes * sum(sizes)
 
 
 def _shape_for(shape, dp, sharded, rank=0):
@@ -178,9 +204,9 @@ def _zero3_gathered(cfg, shapes) -> float:
     m, par = cfg.model, cfg.parallel
     t = par.tensor
     embed = sum(_numel(s) for n, s in shapes if n in ("embed.weight", "pos_embed.weight"))
-    head = sum(_numel(s) for n, s in shapes if n.startswith("norm.")) + m.vocab_size * m.hidden_size
+    head = sum(_numel(s) for n, s in shapes if n.startswith("norm.")) + padded_vocab_size(m) * m.hidden_size
     if par.pipeline == 1:
-        root = (embed + head - (m.vocab_size * m.hidden_size if m.tie_embeddings else 0)) / t
+        root = (embed + head - (padded_vocab_size(m) * m.hidden_size if m.tie_embeddings else 0)) / t
     else:  # the heavier end (a tied output layer is a second copy on the last stage)
         root = max(embed, head) / t
     blocks = min(2, -(-m.num_layers // par.pipeline))
@@ -194,7 +220,7 @@ def _stage_share(cfg, shapes) -> float:
     per_layer = sum(_numel(s) for n, s in shapes if n.startswith("blocks.0."))
     layer_norms = sum(_numel(s) for n, s in shapes if n.startswith("blocks.0.") and "norm" in n)
     embed = sum(_numel(s) for n, s in shapes if n in ("embed.weight", "pos_embed.weight"))
-    head = sum(_numel(s) for n, s in shapes if n.startswith("norm.")) + m.vocab_size * m.hidden_size
+    head = sum(_numel(s) for n, s in shapes if n.startswith("norm.")) + padded_vocab_size(m) * m.hidden_size
     layers = -(-m.num_layers // par.pipeline)
     t = par.tensor
 
@@ -203,7 +229,8 @@ def _stage_share(cfg, shapes) -> float:
 
     body = layers * split(per_layer, layer_norms)
     if par.pipeline == 1:
-        stage = body + split(embed) + split(head) - (split(m.vocab_size * m.hidden_size) if m.tie_embeddings else 0)
+        tied = split(padded_vocab_size(m) * m.hidden_size) if m.tie_embeddings else 0
+        stage = body + split(embed) + split(head) - tied
     else:
         stage = max(body + split(embed), body + split(head))
     return stage / total
@@ -216,8 +243,8 @@ def memory(cfg, counts, ex: Explain) -> dict:
     st = model_state_tensors(cfg)
     zero = par.zero_stage if dp > 1 else 0
 
-    weights = st["working_copies"] + (0 if mixed else st["parameters"])
-    optimizer = st["optimizer_states"] + (st["parameters"] if mixed else 0)
+    params, optimizer, host_offload = _resident(cfg, st)
+    weights = st["working_copies"] + params
     gradients = st["gradients"]
     what = {"fp32": "fp32 parameters", "bf16": "bf16 parameters",
             "fp16-mixed": "fp16 working copies", "bf16-mixed": "bf16 working copies"}[t.precision]
@@ -228,7 +255,7 @@ def memory(cfg, counts, ex: Explain) -> dict:
            + (f", sharded over {dp}" if zero >= 2 else ""))
     ex.add("memory", "optimizer", gib(optimizer),
            f"{t.optimizer} states {st['optimizer_states']:,}" + (f" + fp32 master weights {st['parameters']:,}" if mixed else "")
-           + (f" (sharded over {dp})" if zero >= 1 else ""))
+           + (f" (sharded over {dp})" if zero >= 1 else "") + (" (offloaded to the host)" if host_offload else ""))
 
     if mixed and t.optimizer == "adamw":
         # As the paper combines ZeRO with model parallelism (its table 1): each GPU holds Psi / N_m parameters,
@@ -252,20 +279,23 @@ def memory(cfg, counts, ex: Explain) -> dict:
 
     buffers, why = _buffers(cfg, st, gradients, zero)
     ex.add("memory", "buffers", gib(buffers), why)
-    on_gpu = gpu_spec(hw.gpu).name != "cpu"
-    context = int(hw.cuda_context_gb * 1e9) if on_gpu else 0
+    context = _cuda_context(cfg)
     ex.add("memory", "cuda_context", gib(context), f"hardware.cuda_context_gb {hw.cuda_context_gb} x 1e9"
-           if on_gpu else "none on a CPU")
+           if context else "none on a CPU")
 
-    host_offload = 0
-    if par.offload in ("optimizer", "optimizer+params"):
-        host_offload += optimizer
-        optimizer = 0
-    if par.offload == "optimizer+params":
-        host_offload += weights - st["working_copies"]
-        weights = st["working_copies"]
-    total = weights + gradients + optimizer + act["total"] + buffers + context
-    ex.add("memory", "total", gib(total), "weights + gradients + optimizer + activations + buffers + cuda_context")
+    # One optimizer step passes through four phases; what is alive differs, and the peak is the largest.
+    held, held_why = _held_gradients(cfg, st)
+    ex.add("memory", "gradients in forward", gib(held), held_why)
+    phases = _phases(cfg, st, t.micro_batch_size)
+    totals = {name: sum(n for _, n in parts) for name, parts in phases.items()}
+    for name, parts in phases.items():
+        ex.add("memory", f"phase {name}", gib(totals[name]), " + ".join(f"{what} {n:,}" for what, n in parts))
+    peak_phase = max(PHASES, key=lambda name: totals[name])  # the first of equal ones
+    total = totals[peak_phase]
+    ex.add("memory", "total", gib(total), f"the largest phase: {peak_phase} {total:,}")
+    compiled = _compiled_note(cfg)
+    ex.add("memory", "compiled", compiled or "eager", "train.compile resolves to torch.compile for this device: "
+           "the figures above are eager mode's" if compiled else "train.compile resolves to eager for this device")
 
     # The trainer builds the model on the GPU (FSDP: on the meta device, then each rank its shard), so host
     # memory holds only offloaded states, and a whole imported checkpoint while model.init_from is read.
@@ -277,19 +307,226 @@ def memory(cfg, counts, ex: Explain) -> dict:
 
     device = device_memory_bytes(hw)
     result = dict(weights=weights, gradients=gradients, optimizer=optimizer, activations=act["total"],
-                  buffers=buffers, cuda_context=context, total=total, host=host)
+                  buffers=buffers, cuda_context=context, total=total, peak_phase=peak_phase, phases=totals,
+                  compiled=compiled, host=host)
     fit = dict(device_bytes=device, usable_bytes=None, fits=None, max_micro_batch_size=None)
     if device is not None:
         usable = int(device * (1 - hw.fragmentation))
         fit.update(usable_bytes=usable, fits=total <= usable)
-        fixed = total - act["total"] - _loss_buffer(cfg, t.micro_batch_size)
-        fit["max_micro_batch_size"] = _max_micro_batch(cfg, fixed, usable)
+        fit["max_micro_batch_size"] = _max_micro_batch(cfg, st, usable)
         ex.add("memory", "fits", fit["fits"], f"total {gib(total)} <= {gib(device)} x (1 - fragmentation "
                f"{hw.fragmentation}) = {gib(usable)}")
         ex.add("memory", "max_micro_batch_size", fit["max_micro_batch_size"],
-               "largest train.micro_batch_size whose total fits")
+               "largest train.micro_batch_size whose peak phase fits")
     tensors = {k: st[k] for k in ("parameters", "gradients", "optimizer_states", "working_copies")}
     return dict(memory_bytes=result, model_states=tensors, fit=fit, activation_detail=act)
+
+
+def _resident(cfg, st) -> tuple[int, int, int]:
+    """(parameters outside the working copies, optimizer states with autocast's fp32 master weights, the bytes
+    of both offloaded to the host): on the GPU from start to end of every step."""
+    mixed = cfg.train.precision.endswith("-mixed")
+    params = 0 if mixed else st["parameters"]  # autocast: the fp32 parameters are the master weights
+    optimizer = st["optimizer_states"] + (st["parameters"] if mixed else 0)
+    host = 0
+    if cfg.parallel.offload in ("optimizer", "optimizer+params"):
+        host, optimizer = optimizer, 0
+    if cfg.parallel.offload == "optimizer+params":
+        host, params = host + params, 0
+    return params, optimizer, host
+
+
+def _cuda_context(cfg) -> int:
+    return int(cfg.hardware.cuda_context_gb * 1e9) if gpu_spec(cfg.hardware.gpu).name != "cpu" else 0
+
+
+def _compiled_note(cfg) -> str | None:
+    """The planner counts what eager mode keeps; say so wherever train.compile turns the compiler on."""
+    device = "cpu" if gpu_spec(cfg.hardware.gpu).name == "cpu" else "cuda"
+    if not compile_enabled(cfg.train.compile, device):
+        return None
+    return "not modelled: eager figures; torch.compile usually keeps less"
+
+
+def _fsdp(cfg) -> bool:
+    par = cfg.parallel
+    return par.zero_stage >= 2 and par.gpus // (par.tensor * par.pipeline) > 1
+
+
+def _held_gradients(cfg, st) -> tuple[int, str]:
+    """Gradients alive while a micro-batch's forward runs. The trainer frees them after each optimizer step
+    (`zero_grad(set_to_none=True)`), so with one micro-batch they do not exist yet at the activation peak."""
+    t, par = cfg.train, cfg.parallel
+    if t.grad_accum_steps == 1:
+        return 0, ("none: train.grad_accum_steps=1, the gradients appear in backward and the optimizer step "
+                   "frees them")
+    if _fsdp(cfg) and par.grad_sync == "step":
+        n = _unsharded_gradients(cfg)
+        return n, (f"FSDP without reduce-scatter between micro-batches (parallel.grad_sync=step) holds every "
+                   f"gradient unsharded in its reduce dtype: {n:,}")
+    return st["gradients"], f"the earlier micro-batches' accumulated gradients {st['gradients']:,}"
+
+
+def _unsharded_gradients(cfg, block_and_root: bool = False) -> int:
+    """Unsharded gradients FSDP2 accumulates without gradient sync: fp32 (its reduce dtype under mixed
+    precision), bf16 for pure bf16. `block_and_root`: only the first block's and the root's, which in the last
+    micro-batch's backward are the ones not yet reduce-scattered when the first block's backward runs."""
+    shapes = param_shapes(cfg.model)
+    n = sum(_numel(s) for _, s in shapes)
+    if block_and_root:
+        per_layer = sum(_numel(s) for name, s in shapes if name.startswith("blocks.0."))
+        n -= (cfg.model.num_layers - 1) * per_layer
+    if cfg.parallel.tensor * cfg.parallel.pipeline > 1:
+        n = int(n * _stage_share(cfg, shapes))
+    return (2 if cfg.train.precision == "bf16" else 4) * n
+
+
+def _backward_copies(cfg, st) -> int:
+    """Working copies alive while the last block the backward pass runs (the model's first) does its backward."""
+    if _fsdp(cfg):
+        return st["working_copies"]  # FSDP's gathered parameters: counted as in forward (an upper bound)
+    if cfg.train.precision.endswith("-mixed"):  # the other blocks' casts went with their saved tensors
+        matmul = sum(_numel(s) for n, s in param_shapes(cfg.model) if n.startswith("blocks.0.") and len(s) == 2)
+        return 2 * matmul // cfg.parallel.tensor
+    return 0
+
+
+def _backward_activations(cfg, act: dict, b: int, first: bool) -> int:
+    """Activations alive while one block runs its backward, with the gradient flowing down the residual
+    stream into and out of it and the embedding's inputs (the final norm's, output layer's and loss's are
+    gone). `first`: the first block backward runs (the model's last), every block's tensors still alive and
+    its own recomputed ones beside them; else the last it runs (the model's first), one block's left (and the
+    other micro-batches' in flight under a pipeline)."""
+    m, t, par = cfg.model, cfg.train, cfg.parallel
+    tp, sp = par.tensor, par.sequence_parallel
+    if first:
+        blocks = act["in_flight"] * act["layers"] * act["per_layer"] + _recomputed(cfg, act, b)
+    else:
+        blocks = (act["in_flight"] * act["layers"] - (act["layers"] - 1)) * act["per_layer"] + \
+            act["recompute_working"]
+    embedding = _shard([x for x in act["once_terms"] if x.name.startswith(EMBEDDING_SIDE)], tp, sp)
+    residual = 2 * residual_bytes(t, par) * b * t.seq_len * m.hidden_size
+    return blocks + embedding + residual // (tp if sp else 1)
+
+
+def _recomputed(cfg, act: dict, b: int) -> int:
+    """What recomputation makes again for one block during its backward: full, the block's tensors; selective,
+    what the block keeps without it less what it keeps with it (the norms' and the MLP activation's)."""
+    t = cfg.train
+    if t.activation_checkpointing != "selective":
+        return act["recompute_working"]
+    gqa = planned_native_gqa(cfg)
+    par = cfg.parallel
+
+    def kept(mode):
+        return _shard(layer_terms(cfg.model, t, par, b, recompute=mode, native_gqa=gqa), par.tensor,
+                      par.sequence_parallel)
+    return kept("none") - kept("selective")
+
+
+def _phases(cfg, st, b: int) -> dict[str, list[tuple[str, int]]]:
+    """What each phase of an optimizer step holds, as (what, bytes) parts, for micro-batch b:
+      forward         end of the last micro-batch's forward with the loss: all activations, the loss's logits,
+                      the gradients held across micro-batches;
+      loss_backward   the loss's backward: all activations and the loss's backward working set;
+      backward        the largest of three moments: the first block backward runs (the model's last: every
+                      block's activations and its recomputed tensors, the output layer's and its own
+                      gradients), the last it runs (the other blocks' gradients, its activations or its
+                      gradients, FSDP's reduce-scatter of one block) and a tied embedding's (all gradients and
+                      a second V x H one);
+      optimizer_step  gradients, states and the optimizer's working memory.
+    Parameters, optimizer states, DDP's gradient buckets (allocated when DDP wraps the model) and the CUDA
+    context are alive in all four. Recomputed tensors exist only in backward: not in the first two."""
+    t, par = cfg.train, cfg.parallel
+    dp = par.gpus // (par.tensor * par.pipeline)
+    mixed = t.precision.endswith("-mixed")
+    params, optimizer, _ = _resident(cfg, st)
+    act = activation_bytes(cfg.model, t, par, b, native_gqa=planned_native_gqa(cfg))
+    resident = [("parameters", params),
+                (f"{t.optimizer} states" + (" + fp32 master weights" if mixed else ""), optimizer)]
+    if dp > 1 and par.zero_stage <= 1:
+        resident.append(("DDP gradient buckets", st["gradients"]))
+    resident.append(("cuda_context", _cuda_context(cfg)))
+    held, _ = _held_gradients(cfg, st)
+    held_name = "unsharded gradients" if _fsdp(cfg) and par.grad_sync == "step" else "gradients"
+    copies = ("working copies", st["working_copies"])
+    forward_act = ("activations", act["total"] - act["recompute_working"])
+    gradients = st["gradients"]
+    if _fsdp(cfg) and par.grad_sync == "step" and t.grad_accum_steps > 1:
+        gradients += _unsharded_gradients(cfg, block_and_root=True)
+    reduce_scatter = 4 * st["per_layer_params"] if _fsdp(cfg) else 0
+    first = [copies, (held_name, max(held, _first_block_gradients(cfg, st))),
+             ("first block backward runs: all activations, its recomputed ones, the residual gradients",
+              _backward_activations(cfg, act, b, first=True))]
+    rest = _backward_activations(cfg, act, b, first=False)
+    if _fsdp(cfg):  # gradients arrive unsharded in the reduce-scatter buffer, sharded ones already counted
+        last = [("working copies", _backward_copies(cfg, st)), ("gradients", gradients),
+                ("last block backward runs: its activations, the residual gradients", rest),
+                ("FSDP reduce-scatter", reduce_scatter)]
+    else:  # the block's gradients appear as its activations and working copies are freed: the larger of the two
+        block = act["per_layer"] + act["recompute_working"]
+        rest -= block
+        block_grads = _block_gradients(cfg, st)
+        last = [("other blocks' gradients", gradients - block_grads),
+                ("the last block backward runs: its activations and copies, or its gradients",
+                 max(block + _backward_copies(cfg, st), block_grads)),
+                ("the residual gradients and the embedding's inputs", rest)]
+    rng = _checkpoint_rng_states(cfg, act)
+    first.append(("checkpoints' CPU generator states", rng))
+    checkpoints = ("checkpoints' CPU generator states", rng)
+    phases = {
+        "forward": [copies, (held_name, held), forward_act, checkpoints, ("loss logits", _loss_buffer(cfg, b))],
+        "loss_backward": [copies, (held_name, held), forward_act, checkpoints,
+                          ("loss backward", _loss_backward_buffer(cfg, b))],
+        "backward": max(first, last, _tied_embedding_backward(cfg, st, gradients),
+                        key=lambda parts: sum(n for _, n in parts)),
+        "optimizer_step": [("gradients", st["gradients"]),
+                           (f"{t.optimizer} working memory", st["optimizer_working"])],
+    }
+    return {name: [p for p in resident + parts if p[1]] for name, parts in phases.items()}
+
+
+def _tied_embedding_backward(cfg, st, gradients: int) -> list[tuple[str, int]]:
+    """The embedding's backward, the very last: a tied embedding's gradient is made as a new V x H tensor and
+    then added to the output layer's, which is already there (an untied one is its first gradient)."""
+    if not cfg.model.tie_embeddings or _fsdp(cfg):
+        return []
+    shapes = dict(param_shapes(cfg.model))
+    total = sum(_numel(s) for s in shapes.values())
+    embedding = st["gradients"] * _numel(shapes["embed.weight"]) // total
+    return [("gradients", gradients), ("the tied embedding's new gradient", embedding)]
+
+
+def _block_gradients(cfg, st) -> int:
+    """One block's share of the gradients."""
+    shapes = param_shapes(cfg.model)
+    total = sum(_numel(s) for _, s in shapes)
+    return st["gradients"] * sum(_numel(s) for n, s in shapes if n.startswith("blocks.0.")) // total
+
+
+# torch.utils.checkpoint keeps the CPU generator's state (torch.get_rng_state(): 5,056 bytes of Mersenne
+# Twister) for every checkpointed call until its backward, to replay dropout exactly; on a GPU in host memory.
+CPU_RNG_STATE_BYTES = 5056
+
+
+def _checkpoint_rng_states(cfg, act: dict) -> int:
+    """CPU plans only: the generator states recomputation keeps, per checkpointed call (selective: both norms
+    and the MLP activation of each block; full: each block)."""
+    calls = {"none": 0, "selective": 3, "full": 1}[cfg.train.activation_checkpointing]
+    if gpu_spec(cfg.hardware.gpu).name != "cpu":
+        return 0
+    return CPU_RNG_STATE_BYTES * calls * act["layers"] * act["in_flight"]
+
+
+def _first_block_gradients(cfg, st) -> int:
+    """Gradients made by the end of the first block's backward: the output layer's, the final norm's and that
+    block's own (their share of all gradients)."""
+    shapes = param_shapes(cfg.model)
+    total = sum(_numel(s) for _, s in shapes)
+    top = f"blocks.{cfg.model.num_layers - 1}."
+    made = sum(_numel(s) for n, s in shapes if n.startswith(("norm.", "lm_head.", top))
+               or (n == "embed.weight" and cfg.model.tie_embeddings))
+    return st["gradients"] * made // total
 
 
 def _loss_buffer(cfg, b: int) -> int:
@@ -297,6 +534,12 @@ def _loss_buffer(cfg, b: int) -> int:
     a = COMPUTE_BYTES[cfg.train.precision]
     extra = 4 if a != 4 else 0
     return (a + extra) * b * cfg.train.seq_len * cfg.model.vocab_size // cfg.parallel.tensor
+
+
+def _loss_backward_buffer(cfg, b: int) -> int:
+    """The plain loss's backward, at its largest: the fp32 gradient arriving at the log-softmax and the one it
+    returns for the logits, beside the kept log-softmax (counted in the activations): 12 x b*s*V in all."""
+    return 8 * b * cfg.train.seq_len * cfg.model.vocab_size // cfg.parallel.tensor
 
 
 def _buffers(cfg, st, gradients: int, zero: int) -> tuple[int, str]:
@@ -316,10 +559,9 @@ def _buffers(cfg, st, gradients: int, zero: int) -> tuple[int, str]:
     return sum(parts), " + ".join(why)
 
 
-def _max_micro_batch(cfg, fixed: int, usable: int) -> int:
+def _max_micro_batch(cfg, st, usable: int) -> int:
     def need(b):
-        act = activation_bytes(cfg.model, cfg.train, cfg.parallel, b, native_gqa=planned_native_gqa(cfg))
-        return fixed + act["total"] + _loss_buffer(cfg, b)
+        return max(sum(n for _, n in parts) for parts in _phases(cfg, st, b).values())
 
     if need(1) > usable:
         return 0

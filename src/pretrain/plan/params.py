@@ -9,6 +9,10 @@ With n_q = n_kv and d = H/n_q this is the textbook 2VH + H + L(4H^2 + 3HH' + 2H)
 
 GPT-2 family adds learned positions (max_seq_len*H), biases on every linear layer and LayerNorm, and ties the
 output layer to the embedding: GPT-2 small = 124,439,808.
+
+With `model.pad_vocab_to` the embedding and output layer have V rounded up to a multiple of it (GPT-2's
+50,257 -> 50,304 at 64, as nanoGPT pads: matmul dimensions that are multiples of 64 run on whole tensor-core
+tiles). The padded rows are real parameters (counted here, in FLOPs and memory) that no token id reaches.
 """
 
 from __future__ import annotations
@@ -54,9 +58,15 @@ class ParamCounts:
                     per_layer=self.per_layer, flops=self.flops)
 
 
+def padded_vocab_size(model) -> int:
+    """Rows of the embedding and output layer: model.vocab_size rounded up to a multiple of model.pad_vocab_to.
+    The one place that computes it; the model, the planner and the export all call it."""
+    return -(-model.vocab_size // model.pad_vocab_to) * model.pad_vocab_to
+
+
 def count_params(model) -> ParamCounts:
     """`model` is a resolved ModelConfig (num_kv_heads and head_dim filled in)."""
-    V, H, I, L = model.vocab_size, model.hidden_size, model.intermediate_size, model.num_layers
+    V, H, I, L = padded_vocab_size(model), model.hidden_size, model.intermediate_size, model.num_layers
     q_width = model.num_heads * model.head_dim
     kv_width = model.num_kv_heads * model.head_dim
     if model.family == "llama":
@@ -88,7 +98,7 @@ def count_params(model) -> ParamCounts:
 
 def param_shapes(model) -> list[tuple[str, tuple[int, ...]]]:
     """Every parameter tensor of the built model, in module order, with our names (the export maps them)."""
-    V, H, I = model.vocab_size, model.hidden_size, model.intermediate_size
+    V, H, I = padded_vocab_size(model), model.hidden_size, model.intermediate_size
     q_width, kv_width = model.num_heads * model.head_dim, model.num_kv_heads * model.head_dim
     llama = model.family == "llama"
     bias = (not llama) and model.bias

@@ -83,13 +83,25 @@ def render(config, p: dict) -> str:
     }
     for key in ("weights", "gradients", "optimizer", "activations", "buffers", "cuda_context"):
         lines.append(f"    {key.replace('_', ' '):<14} {mem[key] / GiB:>9.2f}   {notes.get(key, '')}")
-    verdict = ""
+    # Not all of the above are alive at once: each phase of a step holds its own share, the peak is the total.
+    held = "the earlier micro-batches' gradients, " if t.grad_accum_steps > 1 else "(no gradients yet) "
+    phase_notes = {
+        "forward": f"end of forward: {held}all activations, the loss's logits",
+        "loss_backward": "the loss's backward beside all activations",
+        "backward": "its largest moment: the first or last block's, or a tied embedding's",
+        "optimizer_step": "gradients, states and the optimizer's working memory",
+    }
+    for phase, nbytes in mem["phases"].items():
+        lines.append(f"    {phase.replace('_', ' '):<14} {nbytes / GiB:>9.2f}   {phase_notes[phase]}")
+    verdict = f"peak in {mem['peak_phase'].replace('_', ' ')}"
     if p["device_memory_bytes"] is not None:
         fits = "fits" if p["fits"] else "does NOT fit"
-        verdict = (f"of {p['device_memory_bytes'] / GiB:.1f} GiB ({p['usable_memory_bytes'] / GiB:.1f} usable "
-                   f"after {config.hardware.fragmentation:.0%} fragmentation): {fits}; "
-                   f"largest micro-batch that fits: {p['max_micro_batch_size']}")
+        verdict += (f", of {p['device_memory_bytes'] / GiB:.1f} GiB ({p['usable_memory_bytes'] / GiB:.1f} usable "
+                    f"after {config.hardware.fragmentation:.0%} fragmentation): {fits}; "
+                    f"largest micro-batch that fits: {p['max_micro_batch_size']}")
     lines.append(f"    {'total':<14} {mem['total'] / GiB:>9.2f}   {verdict}")
+    if mem["compiled"]:
+        lines.append(f"    {'compiled':<14} {'-':>9}   {mem['compiled']} (train.compile)")
     if mem["host"]:  # offloaded states, or a model.init_from checkpoint being read
         lines.append(f"    {'host per node':<14} {mem['host'] / GiB:>9.2f}   RAM for offloaded states / the import")
     if "framework" in p:  # plan.framework: another framework's accounting (pretrain.plan.frameworks)

@@ -78,7 +78,7 @@ class TensorState:
             self.scaler.load_state_dict(sd["scaler"])
 
 
-def check_trainable(config, data_meta: dict | None = None, needs_data: bool = True) -> None:
+def check_trainable(config, needs_data: bool = True) -> None:
     """Config errors the trainer (not the planner) refuses, before anything heavy is built."""
     t, par = config.train, config.parallel
     if t.grad_dtype == "same" and t.precision.endswith("-mixed"):
@@ -92,10 +92,6 @@ def check_trainable(config, data_meta: dict | None = None, needs_data: bool = Tr
                           "only; the planner models tensor and pipeline parallelism (set both to 1 to train)")
     if needs_data and not config.data.dir:
         raise ConfigError("data.dir: not set; prepare data with `pretrain prepare --out DIR` and set data.dir=DIR")
-    if data_meta is not None and data_meta["vocab_size"] > config.model.vocab_size:
-        raise ConfigError(f"model.vocab_size: {config.model.vocab_size} is smaller than the vocabulary of "
-                          f"{config.data.dir} ({data_meta['vocab_size']}); set model.vocab_size="
-                          f"{data_meta['vocab_size']} or more")
 
 
 def run_config(config, rt, own_data: bool):
@@ -111,7 +107,7 @@ class Trainer:
     def __init__(self, config, rt, loader=None, quiet: bool = False):
         """`loader` replaces the data directory (e.g. synthetic tokens for `pretrain sweep`); `quiet` writes
         nothing to the run directory."""
-        from ..data.loader import PreparedData, RandomWindows, SequentialWindows
+        from ..data.loader import RandomWindows, SequentialWindows, open_training_data
         from ..distributed.parallelize import parallelize
         from ..model import build_model
 
@@ -119,9 +115,8 @@ class Trainer:
         t = c.train
         self.rt, self.run_dir = rt, Path(c.run.dir)
         check_trainable(c, needs_data=loader is None)
-        self.data = PreparedData(c.data.dir) if loader is None else None
+        self.data = open_training_data(c.data.dir, c.data.verify, c.model.vocab_size) if loader is None else None
         if self.data is not None:
-            check_trainable(c, self.data.meta)
             SequentialWindows(self.data, "val", t.seq_len, rank=rt.rank, world_size=rt.world_size)  # enough val?
         if c.run.resume == "never" and not quiet and ckpt.list_checkpoints(self.run_dir):
             raise UsageError(f"run.dir {self.run_dir} already holds checkpoints of another run; continue it with "
