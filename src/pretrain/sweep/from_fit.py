@@ -10,12 +10,10 @@ their mean absolute value, and whether the predicted fastest is the measured fas
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from ..config import load_config, replaced
 from ..errors import UsageError
-from ..files import write_atomic
 from ..plan import plan
 from ..plan.fit import command_line, fit
 from . import output
@@ -76,7 +74,7 @@ def run_from_fit(config_path, overrides: list[str], n: int, warmup_steps: int = 
                   "measured_rank_of_predicted_fastest": _measured_rank(ran)},
     }
     if out is not None:
-        write_atomic(out / "from_fit.json", json.dumps(result, indent=1) + "\n")
+        output._write(out, "from_fit.json", output.to_json(result).encode())  # temp + rename
         result["file"] = str(out / "from_fit.json")
     return result
 
