@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from faults import immutable, read_only, small_fs
+from fs_faults import immutable, read_only, small_fs
 from pretrain.data import PreparedData, prepare
 
 

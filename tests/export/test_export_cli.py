@@ -131,7 +131,7 @@ def test_export_refuses_an_output_overlapping_what_it_reads(own_run, target):
 
 
 def test_export_on_a_full_disk_is_one_line_and_keeps_the_old_export(trained, tmp_path):
-    from faults import small_fs
+    from fs_faults import small_fs
 
     with small_fs(tmp_path / "small", "256k") as disk:  # the debug model's weights alone are ~640 KB
         old = disk / "hf"
