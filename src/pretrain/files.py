@@ -120,9 +120,14 @@ class StagedDirectory:
     """
 
     def __init__(self, final: str | Path, flag: str, replaceable: tuple[str, ...]):
-        self.final = Path(final)
+        # The real directory, symlinks followed: a link to a dataset keeps pointing at the new one, and `--out .`
+        # has a name to build beside.
+        self.final = Path(os.path.realpath(final))
         self.flag = flag
         name = self.final.name
+        if not name:
+            raise UsageError(f"{flag} {display_path(final)}: the root directory cannot be replaced; give a directory "
+                             "below it")
         self._prefix = "." + (name if len(os.fsencode(name)) <= 100 else name[:50])  # room for our suffixes
         self.path = self.final.with_name(f"{self._prefix}.{os.getpid()}.tmp")
         self._aside = self.final.with_name(f"{self._prefix}.{os.getpid()}.old")

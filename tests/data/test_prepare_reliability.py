@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from faults import immutable, read_only, small_fs
+from fs_faults import immutable, read_only, small_fs
 from pretrain.data import PreparedData, prepare
 
 
@@ -133,11 +133,22 @@ def test_killing_prepare_does_not_flood_stderr_with_worker_tracebacks(tmp_path, 
                              "--tokenizer", bpe_dir, "--out", out, "--workers", "2"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     # Wait until the first chunks are written: the workers are then busy with the next ones.
-    while not any(p.stat().st_size for p in tmp_path.rglob("train.bin*")) and proc.poll() is None:
+    while not _written(tmp_path, "train.bin*") and proc.poll() is None:
         time.sleep(0.05)
     proc.kill()
     _, stderr = proc.communicate(timeout=120)  # stderr ends when the last worker has gone
     assert stderr == "", stderr
+
+
+def _written(folder: Path, pattern: str) -> bool:
+    """Whether a file matching `pattern` under `folder` (hidden directories included) holds any bytes yet."""
+    for path in folder.rglob(pattern):
+        try:
+            if path.stat().st_size:
+                return True
+        except FileNotFoundError:  # renamed in between
+            continue
+    return False
 
 
 def test_a_full_disk_is_one_line_and_keeps_the_old_dataset(tmp_path, jsonl, bpe_dir, pydoc, cli):

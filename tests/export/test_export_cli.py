@@ -128,3 +128,17 @@ def test_export_refuses_an_output_overlapping_what_it_reads(own_run, target):
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and "overlaps the" in lines[0], r.stderr[-2000:]
     assert sorted(p for p in own_run.rglob("*") if p.is_file()) == before
+
+
+def test_export_on_a_full_disk_is_one_line_and_keeps_the_old_export(trained, tmp_path):
+    from fs_faults import small_fs
+
+    with small_fs(tmp_path / "small", "256k") as disk:  # the debug model's weights alone are ~640 KB
+        old = disk / "hf"
+        old.mkdir()
+        (old / "model.safetensors").write_bytes(b"an earlier export")
+        r = run_cli("export", trained, "--to", "hf", old, "--overwrite")
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1 and "No space left on device" in lines[0], r.stderr[-2000:]
+        assert [p.name for p in disk.iterdir()] == ["hf"]  # no temporary directory left
+        assert (old / "model.safetensors").read_bytes() == b"an earlier export"

@@ -52,9 +52,24 @@ def check_no_overlap(out_dir, sources: dict) -> None:
                              "directory outside it")
 
 
+def _os_error(e: Exception) -> OSError:
+    """The OSError inside an error: safetensors reports a failed write as "I/O error: ... (os error 28)"."""
+    import os
+    import re
+
+    if isinstance(e, OSError):
+        return e
+    found = re.search(r"\(os error (\d+)\)", str(e))
+    number = int(found.group(1)) if found else 0
+    return OSError(number, os.strerror(number) if number else str(e))
+
+
 def run(args) -> int:
     import torch
 
+    from safetensors import SafetensorError
+
+    from ..files import display_path, write_error
     from ..train import load_model
     from .hf import export_hf
 
@@ -64,6 +79,12 @@ def run(args) -> int:
         check_no_overlap(args.out_dir, {"data directory": model.run_config.data.dir})
     tokenizer = tokenizer_of(model)
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
-    out = export_hf(model, args.out_dir, tokenizer_dir=tokenizer, dtype=dtype, overwrite=args.overwrite)
+    try:
+        out = export_hf(model, args.out_dir, tokenizer_dir=tokenizer, dtype=dtype, overwrite=args.overwrite)
+    except (OSError, SafetensorError) as e:  # export_hf removed its temporary directory; an old OUT_DIR is as it was
+        error = write_error(_os_error(e), f"OUT_DIR {display_path(args.out_dir)}", "the export")
+        if error is None:
+            raise
+        raise error from None
     print(f"wrote {out}" + ("" if tokenizer else " (no tokenizer: the run's data directory is gone)"))
     return 0
