@@ -99,13 +99,14 @@ def check_output_dir(path: str | Path, flag: str) -> Path:
     return path
 
 
-def write_error(e: OSError, where: str, what: str) -> UsageError | None:
+def write_error(e: OSError, where: str, what: str,
+                kept: str = "nothing was changed (free space or fix the permissions, then run again)"
+                ) -> UsageError | None:
     """A one-line UsageError for a write that failed for a reason the user fixes (disk full, read-only,
-    permissions); None for any other error (a bug, to be shown as one)."""
+    permissions), saying what is `kept`; None for any other error (a bug, to be shown as one)."""
     if e.errno not in WRITE_ERRNOS:
         return None
-    return UsageError(f"{where}: {e.strerror} while writing {what}; nothing was changed (free space or fix the "
-                      "permissions, then run again)")
+    return UsageError(f"{where}: {e.strerror} while writing {what}; {kept}")
 
 
 class StagedDirectory:
@@ -143,10 +144,17 @@ class StagedDirectory:
                 shown = ", ".join(map(display_path, foreign[:3])) + (" ..." if len(foreign) > 3 else "")
                 raise UsageError(f"{self.flag} {display_path(self.final)} holds files this command did not write "
                                  f"({shown}); they would be lost when it is replaced: give a new or empty directory")
-        self.final.parent.mkdir(parents=True, exist_ok=True)
-        self._remove_leftovers()
-        self.path.mkdir()
-        (self.path / ".owner").write_text(f"{socket.gethostname()} {os.getpid()}\n")
+        try:
+            self.final.parent.mkdir(parents=True, exist_ok=True)
+            self._remove_leftovers()
+            self.path.mkdir()
+            (self.path / ".owner").write_text(f"{socket.gethostname()} {os.getpid()}\n")
+        except OSError as e:  # a disk that filled up since the check: one line, and no half-made directory
+            shutil.rmtree(self.path, ignore_errors=True)
+            error = write_error(e, f"{self.flag} {display_path(self.final)}", "its temporary directory")
+            if error is None:
+                raise
+            raise error from None
         return self
 
     def commit(self) -> None:
