@@ -56,7 +56,7 @@ def check_saved_config(saved: Path) -> None:
     import yaml
 
     from ..errors import UsageError
-    from .checkpoint import resume_point
+    from .resume import resume_point
 
     run_dir = saved.parent
     if not run_dir.is_dir():

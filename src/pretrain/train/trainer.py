@@ -24,6 +24,7 @@ from ..plan.budget import run_length
 from ..plan.params import count_params
 from ..plan.schedule import checked_warmup, learning_rate, micro_batches_per_step
 from . import checkpoint as ckpt
+from . import resume
 from . import plan_check
 from .attention import restrict_kernels
 from .callbacks import default_callbacks
@@ -125,13 +126,13 @@ class Trainer:
         if c.run.resume == "never" and not quiet and ckpt.list_checkpoints(self.run_dir):
             raise UsageError(f"run.dir {self.run_dir} already holds checkpoints of another run; continue it with "
                              f"`pretrain train --resume {self.run_dir}` or choose a new run.dir")
-        self.resume_from, corrupt = ckpt.resume_point(self.run_dir) if c.run.resume == "auto" else (None, [])
+        self.resume_from, corrupt = resume.resume_point(self.run_dir) if c.run.resume == "auto" else (None, [])
         if self.resume_from is not None:
-            ckpt.check_resume_compatible(self.resume_from, c)
+            resume.check_resume_compatible(self.resume_from, c)
         self.barrier()  # every rank has verified before rank 0 renames anything
         self.history_aside = None
         if rt.is_main and not quiet:
-            ckpt.set_aside(corrupt)
+            resume.set_aside(corrupt)
             if not ckpt.list_checkpoints(self.run_dir):  # an earlier run's history is not this run's
                 self.history_aside = set_aside_history(self.run_dir)
         self.total_steps = run_length(c, count_params(c.model).total)["steps"]

@@ -9,6 +9,7 @@ checkpoint ~100 steps earlier and skip the data around the spike, Chowdhery et a
 from __future__ import annotations
 
 from .. import checkpoint as ckpt
+from ..resume import latest_checkpoint
 from ..stability import SpikeDetector
 from . import Callback
 
@@ -51,7 +52,7 @@ class Stability(Callback):
             raise TrainingStopped(f"{len(recent)} rollbacks within {cfg.rollback_window} steps (last at step "
                                   f"{st.step}, loss {loss:.4g}); the run keeps diverging: lower train.lr, check the "
                                   f"data, or raise stability.max_rollbacks, then `pretrain train --resume {run_dir}`")
-        target = ckpt.latest_checkpoint(run_dir, good_only=True, before_step=st.step)
+        target = latest_checkpoint(run_dir, good_only=True, before_step=st.step)
         if target is None:
             raise TrainingStopped(f"loss spike at step {st.step} and no good checkpoint to roll back to in "
                                   f"{run_dir}; lower train.lr or enable stability.spike_detection")

@@ -1,0 +1,129 @@
+"""Which checkpoint a reader uses, and whether it may: a resume's starting point (corrupt ones set aside,
+never trained over), a rollback's target, the checkpoint export and generate read, `load_model`. Every one
+goes through checkpoint.verify; the on-disk format itself is checkpoint.py's."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+import torch
+
+from ..errors import UsageError
+from .checkpoint import CHECKPOINT_NAME, list_checkpoints, load_state, read_trainer_state, step_of, verify
+
+
+def latest_checkpoint(run_dir, good_only: bool = False, before_step: int | None = None) -> Path | None:
+    """Newest checkpoint that verifies (optionally: written while no loss spike was active)."""
+    for path in reversed(list_checkpoints(run_dir)):
+        if before_step is not None and step_of(path) > before_step:
+            continue
+        problem = verify(path)
+        if problem:
+            warnings.warn(f"checkpoint {path} is corrupt ({problem}); using the one before it", stacklevel=2)
+            continue
+        if good_only and not read_trainer_state(path).get("good", True):
+            continue
+        return path
+    return None
+
+
+def resume_point(run_dir) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """(the checkpoint a resume continues from, [(corrupt checkpoint newer than it, why)]), warning nothing.
+    (None, []) when the run has no checkpoint at all; UsageError when it has some and none verifies: a
+    restart from step 0 would write over them."""
+    corrupt = []
+    for path in reversed(list_checkpoints(run_dir)):
+        problem = verify(path)
+        if problem is None:
+            return path, corrupt
+        corrupt.append((path, problem))
+    if corrupt:
+        newest, why = corrupt[0]
+        raise UsageError(f"every checkpoint in {Path(run_dir) / 'checkpoints'} is corrupt ({len(corrupt)}; the "
+                         f"newest, {newest.name}: {why}); nothing was changed and training did not restart from "
+                         "step 0: restore a checkpoint from a backup, or start over with another run.dir")
+    return None, []
+
+
+def set_aside(corrupt: list[tuple[Path, str]]) -> list[Path]:
+    """Rename corrupt checkpoints to `step_N.corrupt/` with a warning each (rank 0, before the run goes on):
+    kept for a person to look at, never pruned, never replaced by a new checkpoint of the same step."""
+    moved = []
+    for path, why in corrupt:
+        target = path.with_name(path.name + ".corrupt")
+        n = 1
+        while target.exists():
+            n += 1
+            target = path.with_name(f"{path.name}.corrupt-{n}")
+        os.rename(path, target)
+        warnings.warn(f"checkpoint {path} is corrupt ({why}); kept as {target.name}, resuming from the one "
+                      "before it", stacklevel=2)
+        moved.append(target)
+    return moved
+
+
+# The model keys that decide which tensors exist and their shapes (the rest: dropout, init, RoPE base, ...
+# may change on a resume). max_seq_len sizes GPT-2's position table only: a LLaMA may extend its context.
+SHAPE_KEYS = ("family", "vocab_size", "pad_vocab_to", "hidden_size", "intermediate_size", "num_layers",
+              "num_heads", "num_kv_heads", "head_dim", "max_seq_len", "tie_embeddings", "qkv_bias", "bias")
+
+
+def check_resume_compatible(path: Path, config) -> None:
+    """A resume must build the model the checkpoint holds: compare the checkpoint's own (verified)
+    config.yaml with the resumed config before any tensor is loaded, and name the first key that differs."""
+    import yaml
+
+    saved = (yaml.safe_load((Path(path) / "config.yaml").read_text()) or {}).get("model") or {}
+    now = config.to_dict()["model"]
+    for key in SHAPE_KEYS:
+        if key == "max_seq_len" and saved.get("family") != "gpt2":
+            continue
+        if key in saved and saved[key] != now.get(key):
+            raise UsageError(f"model.{key}: {now.get(key)!r} here, but checkpoint {path} was trained with "
+                             f"{saved[key]!r}; a resume keeps the model's shape: drop the override, or start a "
+                             "new run.dir")
+
+
+def resolve_checkpoint(path) -> Path:
+    """A checkpoint directory, or the newest one of a run directory that verifies. The one verification
+    path of every reader: a checkpoint named directly is refused if it fails, as one of a run is skipped."""
+    path = Path(path)
+    if not path.exists():
+        raise UsageError(f"{path} does not exist; give a run directory or one of its checkpoints")
+    named = CHECKPOINT_NAME.fullmatch(path.name) or (path / "manifest.json").exists() or \
+        (path / "trainer.json").exists()
+    if named:
+        problem = verify(path)
+        if problem:
+            raise UsageError(f"checkpoint {path} fails verification: {problem}; give another checkpoint, or the "
+                             "run directory (its newest checkpoint that verifies)")
+        return path
+    found = latest_checkpoint(path)
+    if found is None:
+        if list_checkpoints(path):
+            raise UsageError(f"every checkpoint in {path / 'checkpoints'} is corrupt (the warnings above say "
+                             "why); restore one from a backup")
+        raise UsageError(f"{path} holds no complete checkpoint; train with run.checkpoint_every or wait "
+                         "for the first checkpoint")
+    return found
+
+
+def load_model(path, device: str = "cpu") -> torch.nn.Module:
+    """Our model from a run directory (its newest checkpoint) or one checkpoint, in eval mode."""
+    from ..config import load_config
+    from ..model import build_model
+
+    ckpt = resolve_checkpoint(path)
+    import yaml
+
+    raw = yaml.safe_load((ckpt / "config.yaml").read_text())
+    raw["model"]["hf_config"] = None  # every model key is saved resolved: the source may be gone or relative
+    config = load_config(raw)
+    model = build_model(config.model, attention=config.train.attention, device=device)
+    state = {"model": model.state_dict()}
+    load_state(ckpt, state)
+    model.load_state_dict(state["model"])
+    model.run_config = config  # the whole run config (data directory, tokenizer) for export and generate
+    return model.eval()
