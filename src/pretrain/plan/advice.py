@@ -201,8 +201,8 @@ def _mfu(c, p) -> list[str]:
     how = (f"the measured speed gives MFU {measured:.3g}: set hardware.mfu={measured:.2g}" if measured else
            "measure the card with `pretrain bench` (hardware.profile) or a short run (measured.tokens_per_second)")
     return [f"mfu: assumed hardware.{key}={value:g} is outside the {low}-{high} that end-to-end training reaches "
-            f"(PaLM, Chowdhery et al. 2022: 21-46 %; data loading, optimizer, communication and logging "
-            f"included): {way}; {how}"]
+            f"with data loading, optimizer, communication and logging included (MFU 21-46 % in PaLM's table 3, "
+            f"52 % for Megatron-LM): {way}; {how}"]
 
 
 def step_intensity(c, p, b: int | None = None) -> tuple[float, float]:
