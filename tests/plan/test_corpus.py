@@ -12,8 +12,8 @@ from support import run_cli
 
 
 def test_raw_text_gives_tokens_and_epochs():
-    # 300 GB of Chinese text at 2.1 bytes per token (~1.4 characters of 3 bytes each, the ratio the notes quote
-    # for LLaMA-family tokenizers) holds 142,857,142,857 tokens; 2T training tokens read it 14 times.
+    # 300 GB of Chinese text at an assumed 2.1 bytes per token (an input here; `data.bytes_per_token` is the
+    # user's measured figure for their tokenizer) holds 142,857,142,857 tokens; 2T training tokens read it 14 times.
     config = load_config(overrides=["model.preset=llama-7b", "train.tokens=2e12", "data.raw_bytes=300e9",
                                     "data.bytes_per_token=2.1"])
     p, ex = plan_with_explain(config)

@@ -12,7 +12,7 @@ def model_cfg(preset, *overrides):
 
 
 def test_llama_7b_textbook_formula():
-    # 2VH + H + L(4H^2 + 3HH' + 2H), V=32000, H=4096, H'=11008, L=32 (../shared/seeds/001: 6,738,415,616).
+    # 2VH + H + L(4H^2 + 3HH' + 2H), V=32000, H=4096, H'=11008, L=32 (Touvron et al. 2023, LLaMA-7B: 6,738,415,616).
     V, H, I, L = 32000, 4096, 11008, 32
     assert 2 * V * H + H + L * (4 * H * H + 3 * H * I + 2 * H) == 6_738_415_616
     assert count_params(model_cfg("llama-7b")).total == 6_738_415_616

@@ -13,13 +13,14 @@ def make(*overrides):
 
 
 def test_llama_65b_training_time_with_recomputation():
-    # ../shared/seeds/001: LLaMA-65B, 1.4e12 tokens, 2048 A100 at an achieved 2e14 FLOP/s, with activation
-    # recomputation 8*N*D -> 8 * 6.5e10 * 1.4e12 / (2048 * 2e14) = 1.78e6 s = 20.6 days.
+    # A worked example on LLaMA-65B (Touvron et al. 2023: 1.4e12 tokens on 2048 A100-80GB in ~21 days): at an
+    # achieved 2e14 FLOP/s, with activation recomputation 8*N*D (Narayanan et al. 2021:
+    # 96BslLh^2 = 8 x 12Lh^2 x Bs) -> 8 * 6.5e10 * 1.4e12 / (2048 * 2e14) = 1.78e6 s = 20.6 days.
     p = make("model.preset=llama-65b", "train.tokens=1.4e12", "parallel.gpus=2048", "hardware.gpu=a100-80gb",
              "train.activation_checkpointing=full", "flops.convention=6n", "hardware.peak_tflops=312",
              f"hardware.hfu={2e14 / 312e12}")
     assert p["flops"]["total_hardware_6n"] == 8 * p["params"]["total"] * 1.4e12
-    # The note rounds N to 6.5e10; with it the formula gives exactly their figure ...
+    # The example rounds N to 6.5e10; with it the formula gives exactly its figure ...
     assert 8 * 6.5e10 * 1.4e12 / (2048 * 2e14) == pytest.approx(1.777e6, rel=1e-3)
     # ... and with the exact 65,285,660,672 parameters the plan says 0.44% more: 1.785e6 s, 20.66 days.
     assert p["time"]["seconds"] == pytest.approx(8 * 65_285_660_672 * 1.4e12 / (2048 * 2e14), rel=1e-12)
@@ -28,7 +29,8 @@ def test_llama_65b_training_time_with_recomputation():
 
 
 def test_fp32_adamw_6b_model_states():
-    # ../shared/seeds/004: a 6B model in fp32 with AdamW: weights 24 GB + gradients 24 GB + AdamW 48 GB
+    # Hugging Face's "Model training anatomy" (4 bytes of weights, 4 of gradients, 8 of AdamW per parameter):
+    # a 6B model in fp32 with AdamW: weights 24 GB + gradients 24 GB + AdamW 48 GB
     # + CUDA context 1.3 GB ~= 97 GB. Per parameter: 4 + 4 + 8 bytes (+ 4 bytes per tensor of step counter).
     p = make("model.preset=llama-7b", "train.precision=fp32", "train.optimizer=adamw", "parallel.gpus=1")
     n, mem = p["params"]["total"], p["memory_bytes"]
@@ -40,7 +42,7 @@ def test_fp32_adamw_6b_model_states():
 
 
 def test_chinchilla_tokens_and_storage():
-    # ../shared/seeds/004: a 7B model needs 140B tokens (20 per parameter) = 560 GB at 4 bytes per token.
+    # Hoffmann et al. 2022: a 7B model needs 140B tokens (20 per parameter) = 560 GB at 4 bytes per token.
     assert CHINCHILLA_TOKENS_PER_PARAM * 7e9 == 140e9
     assert storage_bytes(140_000_000_000, vocab_size=100_000) == 560e9
     assert storage_bytes(140_000_000_000, vocab_size=32_000) == 280e9  # uint16 when the vocabulary fits
@@ -50,8 +52,8 @@ def test_chinchilla_tokens_and_storage():
 
 
 @pytest.mark.parametrize("examples, micro, accum, steps", [
-    (16_527_707, 8, 1, 6_197_892),  # ../shared/seeds/002, first HF Trainer log
-    (826_279, 1, 8, 309_852),       # ../shared/seeds/002, second log: floor per epoch, as HF counts
+    (16_527_707, 8, 1, 6_197_892),  # a practitioner's Hugging Face Trainer log
+    (826_279, 1, 8, 309_852),       # its second log: floor per epoch, as HF counts
 ])
 def test_optimizer_steps_as_the_hf_trainer_counts(examples, micro, accum, steps):
     p = make("model.preset=llama3.2-1b", f"train.examples={examples}", "train.epochs=3",
@@ -92,7 +94,7 @@ def test_planner_against_zero_paper_accounting(stage):
 
 
 def test_measured_speed_to_tflops_and_mfu():
-    # ../shared/seeds/002: a 100M model at seq 1024, batch 8, 3.3 it/s: 6 x 100M x 1024 x 8 x 3.3 ~= 16 TFLOP/s.
+    # A practitioner's V100 log: a 100M model at seq 1024, batch 8, 3.3 it/s: 6 x 100M x 1024 x 8 x 3.3 ~= 16 TFLOP/s.
     p = make("model.preset=gpt2", "train.seq_len=1024", "train.micro_batch_size=8", "train.grad_accum_steps=1",
              "parallel.gpus=1", "measured.iterations_per_second=3.3", "flops.convention=6n",
              "hardware.gpu=v100-32gb", "train.precision=fp16-mixed")

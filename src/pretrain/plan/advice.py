@@ -7,9 +7,9 @@ Every rule, its threshold and its source is listed in docs/advice.md ("Planner a
   epochs     more than 4 passes over the same examples or the given corpus (Muennighoff et al. 2023)
   batch      tokens per step < 1/4 or > 8x GPT-3's batch for the size; >= 1M tokens per step with no ramp
   lr         peak learning rate more than 3x off the published peak for the size (GPT-3, LLaMA)
-  warmup     warm-up outside 0.1-0.5 % of the steps (notes 001)
-  mfu        an assumed utilisation outside 0.3-0.55 with no measured profile (notes 003)
-  bandwidth  the step's arithmetic intensity below the card's FLOP/byte ratio (notes 002)
+  warmup     warm-up outside 0.1-0.5 % of the steps (Zhao et al. 2023, LLM survey)
+  mfu        an assumed utilisation outside 0.3-0.55 with no measured profile (PaLM's MFU table, Megatron-LM)
+  bandwidth  the step's arithmetic intensity below the card's FLOP/byte ratio (the roofline model)
 Rules that describe large-scale practice (tokens, batch, lr, warm-up, bandwidth) are silent for models under
 50M parameters (100M for the batch): demo and debug models are small and short on purpose.
 """
@@ -36,9 +36,13 @@ BATCH_RULE_MIN_PARAMS = 100_000_000
 BATCH_RANGE = (1 / 4, 8)  # of GPT-3's batch for the size; LLaMA and Qwen's 4M is 2x-8x GPT-3 at 0.5B-7B
 RAMP_MIN_TOKENS = 1_000_000  # global batches from here on are ramped in GPT-3
 LR_RANGE = 3.0  # x above or below the published peak for the size
-WARMUP_RANGE = (0.001, 0.005)  # fraction of the optimizer steps (notes 001: 0.1%-0.5%)
+# Linear warm-up over the first 0.1%-0.5% of the optimizer steps (Zhao et al. 2023, "A Survey of Large Language
+# Models", arXiv:2303.18223).
+WARMUP_RANGE = (0.001, 0.005)
 WARMUP_MIN_STEPS = 1000  # shorter runs (smoke tests) warm up over more than a fraction of a percent
-MFU_RANGE = (0.3, 0.55)  # notes 003: "GPU利用率一般在0.3-0.55之间"
+# End-to-end MFU: 21-46 % in PaLM's table 3 (GPT-3, Gopher, MT-NLG, PaLM), 52 % for Megatron-LM at 1T parameters
+# (Narayanan et al. 2021).
+MFU_RANGE = (0.3, 0.55)
 MAX_GPUS = 16384  # the "more GPUs" fix stops here
 
 # GPT-3 (Brown et al. 2020, table 2.1): parameters, batch size in tokens, peak learning rate. The table's
@@ -115,7 +119,7 @@ def _epochs(c, p) -> list[str]:
         return []
     return [f"epochs: {epochs:.3g} passes over the same {_si(unique)} tokens ({t.examples:,} examples x seq "
             f"{t.seq_len}): beyond ~{MAX_EPOCHS} epochs repeated tokens are worth much less than new ones "
-            "(Muennighoff et al. 2023, 'Scaling Data-Constrained Language Models'; the notes cite 'To Repeat or "
+            "(Muennighoff et al. 2023, 'Scaling Data-Constrained Language Models'; Xue et al. 2023, 'To Repeat or "
             "Not To Repeat'); add unique data or train a smaller model"]
 
 
@@ -142,8 +146,8 @@ def _batch(c, p) -> list[str]:
     if per_step >= RAMP_MIN_TOKENS and not t.batch_ramp_tokens:
         ramp = _round(min(4e9, 0.03 * p["tokens"]["total"]))
         out.append(f"batch: {_si(per_step)} tokens per step from the first step (train.batch_ramp_tokens=0): "
-                   f"GPT-3 ramped from 32K tokens over the first 4-12B tokens (notes 001: small batches first, "
-                   f"then millions); train.batch_ramp_tokens={_sci(ramp)} would ramp over "
+                   f"GPT-3 ramped from 32K tokens over the first 4-12B tokens (Brown et al. 2020, "
+                   f"appendix B); train.batch_ramp_tokens={_sci(ramp)} would ramp over "
                    f"{_percent(ramp / p['tokens']['total'])} of the run (LLaMA used 4M from the start: a valid "
                    "choice)")
     return out
@@ -178,7 +182,8 @@ def _warmup(c, p) -> list[str]:
         what = "no warm-up"
     else:
         what = f"{fraction:.2%} of the steps ({warm:,} of {total:,})"
-    return [f"warmup: {what}: the notes (001) warm up linearly over {low:.1%}-{high:.1%} of the steps, where "
+    return [f"warmup: {what}: LLMs warm up linearly over {low:.1%}-{high:.1%} of the steps (Zhao et al. 2023, "
+            f"LLM survey), where "
             f"random initial weights give large gradients; train.warmup={high} would be "
             f"{round(high * total):,} steps"]
 
@@ -196,7 +201,8 @@ def _mfu(c, p) -> list[str]:
     how = (f"the measured speed gives MFU {measured:.3g}: set hardware.mfu={measured:.2g}" if measured else
            "measure the card with `pretrain bench` (hardware.profile) or a short run (measured.tokens_per_second)")
     return [f"mfu: assumed hardware.{key}={value:g} is outside the {low}-{high} that end-to-end training reaches "
-            f"(notes 003: data loading, optimizer, communication and logging included): {way}; {how}"]
+            f"with data loading, optimizer, communication and logging included (MFU 21-46 % in PaLM's table 3, "
+            f"52 % for Megatron-LM): {way}; {how}"]
 
 
 def step_intensity(c, p, b: int | None = None) -> tuple[float, float]:

@@ -4,9 +4,10 @@ Chinchilla (Hoffmann et al. 2022): compute-optimal training uses ~20 tokens per 
 Storage: a token id takes 2 bytes when the vocabulary fits in uint16 (<= 65,536 ids), else 4 (uint32): the
 flat array `pretrain prepare` writes, holding each example once however many epochs read it. Steps as the
 Hugging Face Trainer counts them for a fixed dataset: epochs x floor(ceil(examples / (micro-batch x ranks)) /
-grad accum) (16,527,707 examples, 3 epochs, batch 8 -> 6,197,892; 826,279 examples, batch 1 x accum 8 ->
-309,852: both logs in ../shared/seeds/002); with a batch ramp, whose early steps are smaller, the steps our
-trainer needs to see examples x epochs x seq_len tokens.
+grad accum) (transformers' trainer.py: `len_dataloader // gradient_accumulation_steps` per epoch; a
+practitioner's two Trainer logs read 16,527,707 examples, 3 epochs, batch 8 -> 6,197,892 and 826,279
+examples, batch 1 x accum 8 -> 309,852 "Total optimization steps"); with a batch ramp, whose early steps are
+smaller, the steps our trainer needs to see examples x epochs x seq_len tokens.
 Time = FLOPs / (GPUs x peak FLOP/s x utilisation).
 """
 
