@@ -24,6 +24,7 @@ import torch.utils.checkpoint
 from torch import nn
 
 from ..plan.kernels import native_gqa
+from .loss import build_loss
 
 
 class RMSNorm(nn.Module):
@@ -210,7 +211,7 @@ def _norm(cfg) -> nn.Module:
 
 
 class Transformer(nn.Module):
-    def __init__(self, cfg, attention: str = "sdpa"):
+    def __init__(self, cfg, attention: str = "sdpa", loss: str = "chunked", loss_chunk_tokens: int = 4096):
         super().__init__()
         self.config = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
@@ -220,6 +221,7 @@ class Transformer(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed.weight
+        self.loss = build_loss(loss, loss_chunk_tokens)  # output layer + loss (no parameters of its own)
         self.rope: tuple[torch.Tensor, torch.Tensor] | None = None  # rotary tables, built on first use
 
     def reset_parameters(self, seed: int = 0):
@@ -267,8 +269,7 @@ class Transformer(nn.Module):
         rope = self.rotary(s, tokens.device)
         for block in self.blocks:
             x = block(x, rope)
-        logits = self.lm_head(self.norm(x))
+        x = self.norm(x)
         if targets is None:
-            return logits
-        # The loss in fp32: log-softmax over a large vocabulary loses precision in bf16.
-        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
+            return self.lm_head(x)
+        return self.loss(x, self.lm_head.weight, targets)

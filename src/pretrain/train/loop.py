@@ -122,7 +122,7 @@ class Trainer:
         self.compiled = compile_enabled(t.compile, rt.device.type)
         on_meta = fsdp and not c.model.init_from
         model = build_model(c.model, attention=t.attention, device="meta" if on_meta else rt.device,
-                            seed=t.seed)
+                            seed=t.seed, loss=t.loss, loss_chunk_tokens=t.loss_chunk_tokens)
         if c.model.init_from:
             from ..export.hf import load_hf_into
 

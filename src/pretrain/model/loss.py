@@ -1,0 +1,126 @@
+"""The output layer and the cross-entropy loss: plain, or a chunk of tokens at a time.
+
+Plain: logits = h W^T for every token at once, cast to fp32, `F.cross_entropy`. Its backward holds the
+full-vocabulary logits in the compute dtype and fp32 and their gradients: about 12 x b*s*V bytes, ~25 GB for
+a 128K vocabulary at 8 x 2048 tokens.
+
+Chunked: the same loss, computed `chunk_tokens` tokens at a time with fp32 only inside a chunk. The gradient of
+cross-entropy with respect to the logits is known in closed form, softmax(z) - onehot(y), so the forward pass
+computes it chunk by chunk and right away multiplies it into the two gradients the backward pass needs:
+    dL/dh = (softmax(z) - onehot(y)) W        (tokens x h)
+    dL/dW = (softmax(z) - onehot(y))^T h      (V x h), summed over the chunks
+and keeps only those two; backward scales them by grad_output / N. The output matmul runs once (no
+recomputation), as in fused linear cross-entropy kernels (Liger Kernel, Hsu et al. 2024, arXiv:2410.10989;
+Wijmans et al. 2024, "Cut Your Losses in Large-Vocabulary Language Models", arXiv:2411.09009); ours is plain
+torch. The kept gradients are those of the loss *sum* (softmax - onehot, not divided by N): under fp16 the small
+per-token values would otherwise fall below fp16's range before the GradScaler's scale reaches them.
+
+Both take the final-norm output h and the output weight W (tied or not: a tied weight's gradient adds to the
+embedding's through autograd), so the output layer and loss can be compiled as one module.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def compute_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
+    """The dtype the output matmul runs in: autocast's for this device when it is on, else the weight's."""
+    device = hidden.device.type
+    if torch.is_autocast_enabled(device):
+        return torch.get_autocast_dtype(device)
+    return weight.dtype
+
+
+def kept_weight_grad_dtype(weight_dtype: torch.dtype) -> torch.dtype:
+    """dL/dW is kept in the weight's dtype, but fp32 for an fp16 weight (FSDP's fp16 parameters): a sum over
+    all tokens of the chunk could exceed fp16's range (65,504)."""
+    return torch.float32 if weight_dtype == torch.float16 else weight_dtype
+
+
+def _chunks(hidden, weight, targets, chunk_tokens: int, dtype: torch.dtype, gradients: bool):
+    """The loss sum over all tokens and, with `gradients`, dL/dh (in `dtype`) and dL/dW (kept dtype) of it."""
+    n, width = hidden.shape
+    w = weight.to(dtype)  # autocast's cast of the weight, once for all chunks
+    loss_sum = torch.zeros((), dtype=torch.float32, device=hidden.device)
+    grad_hidden = grad_weight = None
+    if gradients:
+        grad_hidden = torch.empty(n, width, dtype=dtype, device=hidden.device)
+        # Accumulated over chunks in fp32; for an fp32 weight this is the tensor kept for backward.
+        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=hidden.device)
+    for start in range(0, n, chunk_tokens):
+        end = min(start + chunk_tokens, n)
+        h, y = hidden[start:end].to(dtype), targets[start:end]
+        logits = (h @ w.t()).float()  # fp32 only for this chunk: log-softmax loses precision in bf16
+        lse = torch.logsumexp(logits, dim=-1)
+        loss_sum = loss_sum + (lse - logits.gather(1, y[:, None]).squeeze(1)).sum()
+        if not gradients:
+            continue
+        probs = logits.sub_(lse[:, None]).exp_()  # softmax, in place of the logits
+        probs[torch.arange(end - start, device=y.device), y] -= 1.0  # softmax - onehot: dL_sum/dz
+        g = probs.to(dtype)
+        torch.mm(g, w, out=grad_hidden[start:end])
+        grad_weight.add_(g.t() @ h)  # the chunk's product rounded once to `dtype`, summed in fp32
+    if gradients:
+        grad_weight = grad_weight.to(kept_weight_grad_dtype(weight.dtype))
+    return loss_sum, grad_hidden, grad_weight
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    """mean_i CE(h_i W^T, y_i), its gradients computed in forward (see the module docstring)."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, chunk_tokens: int, dtype: torch.dtype):
+        with torch.autocast(hidden.device.type, enabled=False):  # casts are explicit, to `dtype`
+            loss_sum, grad_hidden, grad_weight = _chunks(hidden, weight, targets, chunk_tokens, dtype, True)
+        ctx.save_for_backward(grad_hidden, grad_weight)
+        ctx.tokens, ctx.hidden_dtype, ctx.weight_dtype = hidden.shape[0], hidden.dtype, weight.dtype
+        return loss_sum / hidden.shape[0]
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad_hidden, grad_weight = ctx.saved_tensors
+        scale = grad_output / ctx.tokens  # grad_output carries the GradScaler's scale and 1 / accumulation
+        return (grad_hidden.to(ctx.hidden_dtype) * scale, (grad_weight * scale).to(ctx.weight_dtype),
+                None, None, None)
+
+
+class ChunkedCrossEntropy(nn.Module):
+    """Output layer + mean cross-entropy, `chunk_tokens` tokens at a time (train.loss: chunked). No
+    parameters: the weight is passed in, so the model's parameter names do not change."""
+
+    def __init__(self, chunk_tokens: int):
+        super().__init__()
+        self.chunk_tokens = chunk_tokens
+
+    def forward(self, hidden, weight, targets):
+        h, y = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
+        dtype = compute_dtype(h, weight)
+        if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
+            return _LinearCrossEntropy.apply(h, weight, y, self.chunk_tokens, dtype)
+        with torch.autocast(h.device.type, enabled=False):  # evaluation: the loss only, no gradient work
+            loss_sum, _, _ = _chunks(h, weight, y, self.chunk_tokens, dtype, False)
+        return loss_sum / h.shape[0]
+
+    def extra_repr(self) -> str:
+        return f"chunk_tokens={self.chunk_tokens}"
+
+
+class CrossEntropy(nn.Module):
+    """Output layer + mean cross-entropy over full-vocabulary fp32 logits (train.loss: plain)."""
+
+    def forward(self, hidden, weight, targets):
+        logits = F.linear(hidden, weight)
+        # The loss in fp32: log-softmax over a large vocabulary loses precision in bf16.
+        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def build_loss(loss: str, chunk_tokens: int) -> nn.Module:
+    """The `train.loss` module: chunked | plain."""
+    if loss == "chunked":
+        return ChunkedCrossEntropy(chunk_tokens)
+    if loss == "plain":
+        return CrossEntropy()
+    raise ValueError(f"unknown loss {loss!r}: chunked | plain")
