@@ -29,14 +29,18 @@ def test_zero_paper_accounting_divides_by_model_parallelism():
 
 def test_fsdp_reduce_scatter_is_one_block_of_one_tensor_rank():
     # The block's matmuls are split 8 ways, its norms replicated: 4 bytes x ((BLOCK - NORMS) / 8 + NORMS),
-    # beside the loss's bf16 + fp32 logits over the vocabulary split 8 ways (6 x 2,048 x 32,000 / 8).
-    config = load_config(overrides=["model.preset=llama-7b", "parallel.gpus=64", "parallel.tensor=8",
-                                    "parallel.zero_stage=3"])
-    p = plan(config)
+    # beside the loss's working set. Chunked (the default): its backward hands autograd dL/dh (bf16 under FSDP,
+    # 2 x 2,048 x 4,096) and dL/dW (2 x V*h / 8), a little more than one chunk's logits (6 x 2,048 x 32,000 / 8).
+    def plan_of(*extra):
+        return plan(load_config(overrides=["model.preset=llama-7b", "parallel.gpus=64", "parallel.tensor=8",
+                                           "parallel.zero_stage=3", *extra]))
+    p = plan_of()
     reduce_scatter = 4 * ((BLOCK - NORMS) // 8 + NORMS)
     assert reduce_scatter == 101_220_352  # was 809,533,440: a whole block
-    assert p["memory_bytes"]["buffers"] == 6 * 2048 * 32_000 // 8 + reduce_scatter
-    assert "(2+4 bytes x b*s*V / tensor 8)" in _explain(config, "buffers")[1]
+    assert 2 * 2048 * H + 2 * VH // 8 > 6 * 2048 * 32_000 // 8
+    assert p["memory_bytes"]["buffers"] == 2 * 2048 * H + 2 * VH // 8 + reduce_scatter
+    # Plain: the backward of the full-vocabulary loss, two fp32 gradients of the logits (8 x 2,048 x 32,000 / 8).
+    assert plan_of("train.loss=plain")["memory_bytes"]["buffers"] == 8 * 2048 * 32_000 // 8 + reduce_scatter
 
 
 def test_zero3_with_a_pipeline_gathers_whole_blocks_of_its_stage():
@@ -55,10 +59,17 @@ def test_zero3_with_a_pipeline_gathers_whole_blocks_of_its_stage():
 
 
 def test_fp32_loss_buffer_text_is_the_value():
-    # fp32 keeps one fp32 copy of the logits: 4 x b*s*V / t = 4 x 1,024 x 50,257 / 2 = 102,926,336.
-    config = load_config(overrides=["model.preset=gpt2", "train.precision=fp32", "parallel.gpus=8",
-                                    "parallel.tensor=2"])
-    assert "loss logits 102,926,336 (4 bytes x b*s*V / tensor 2)" in _explain(config, "buffers")[1]
+    # GPT-2 (V = 50,257) at 1,024 tokens, fp32, tensor 2. Chunked: the one chunk of c = 1,024 tokens holds its
+    # fp32 logits, turned in place into their gradient: 4 x c*V / t = 102,926,336. Plain: the backward's two
+    # fp32 gradients of the logits beside the kept log-softmax, 8 x b*s*V / t = 205,852,672.
+    def buffers(*extra):
+        return _explain(load_config(overrides=["model.preset=gpt2", "train.precision=fp32", "parallel.gpus=8",
+                                               "parallel.tensor=2", *extra]), "buffers")[1]
+    assert buffers().startswith("chunked loss working set 102,926,336: loss chunk of c=1,024 tokens: logits, "
+                                "gradient (4 x c*V), V terms / tensor 2")
+    assert buffers("train.loss=plain").startswith(
+        "plain loss working set 205,852,672: loss backward: fp32 gradients of the log-softmax and the logits "
+        "(8 x b*s*V), V terms / tensor 2")
 
 
 def test_a_card_too_small_for_anything_does_not_fit():
@@ -89,5 +100,8 @@ def test_autocast_copies_per_pipeline_stage_and_tensor_rank():
         config = load_config(overrides=["model.preset=llama-7b", "parallel.gpus=16", "parallel.pipeline=4",
                                         "parallel.tensor=2", *extra])
         return plan(config)["model_states"]["working_copies"]
-    assert copies("train.activation_checkpointing=full") == 2 * ((BLOCK - NORMS) + VH) // 2
-    assert copies("train.activation_checkpointing=none") == 2 * (8 * (BLOCK - NORMS) + VH) // 2
+    # The chunked loss (the default) casts the output weight per call and keeps no copy of it; plain keeps one.
+    assert copies("train.activation_checkpointing=full") == 2 * (BLOCK - NORMS) // 2
+    assert copies("train.activation_checkpointing=none") == 2 * 8 * (BLOCK - NORMS) // 2
+    assert copies("train.activation_checkpointing=full", "train.loss=plain") == 2 * ((BLOCK - NORMS) + VH) // 2
+    assert copies("train.activation_checkpointing=none", "train.loss=plain") == 2 * (8 * (BLOCK - NORMS) + VH) // 2

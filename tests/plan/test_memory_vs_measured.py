@@ -32,7 +32,8 @@ def measure(overrides, optimizer="adamw"):
     c = load_config(overrides=["model.num_layers=3", "train.seq_len=32", "train.micro_batch_size=2",
                                "hardware.gpu=cpu", f"train.optimizer={optimizer}", *overrides])
     torch.manual_seed(0)
-    model = build_model(c.model, attention=c.train.attention)
+    model = build_model(c.model, attention=c.train.attention, loss=c.train.loss,
+                        loss_chunk_tokens=c.train.loss_chunk_tokens)
     if c.train.precision == "bf16":
         model = model.to(torch.bfloat16)
     for block in model.blocks:
@@ -47,12 +48,14 @@ def measure(overrides, optimizer="adamw"):
     return plan(c), model_state_bytes(model, opt), saved
 
 
-@pytest.mark.parametrize("shape, precision, recompute, attention", list(itertools.product(
-    SHAPES, ["fp32", "bf16-mixed", "bf16"], ["none", "selective", "full"], ["sdpa", "eager"])))
-def test_activations_and_copies_exact(shape, precision, recompute, attention):
+@pytest.mark.parametrize("shape, precision, recompute, attention, loss", list(itertools.product(
+    SHAPES, ["fp32", "bf16-mixed", "bf16"], ["none", "selective", "full"], ["sdpa", "eager"], ["chunked", "plain"])))
+def test_activations_and_copies_exact(shape, precision, recompute, attention, loss):
+    # train.loss_chunk_tokens=24 does not divide b*s = 64: three chunks, the last one short.
     p, states, saved = measure(SHAPES[shape] + [f"train.precision={precision}",
                                                 f"train.activation_checkpointing={recompute}",
-                                                f"train.attention={attention}"])
+                                                f"train.attention={attention}", f"train.loss={loss}",
+                                                "train.loss_chunk_tokens=24"])
     assert p["model_states"]["working_copies"] == saved["working_copies"]
     planned = p["memory_bytes"]["activations"]
     if shape == "gpt2" and precision == "bf16":

@@ -108,5 +108,5 @@ def test_zero_paper_fused_buffer():
     n = p["params"]["total"]
     assert n == pytest.approx(1.5e9, rel=0.04)
     loss = p["memory_bytes"]["buffers"] - 4 * n
-    assert 0 < loss < 0.05 * 4 * n  # the rest is the loss's logits
+    assert 0 < loss < 0.1 * 4 * n  # the rest is the loss's working set (a chunk's logits, the weight's cast)
     assert 4 * 1.5e9 == 6e9

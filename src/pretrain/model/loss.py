@@ -34,10 +34,11 @@ def compute_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
     return weight.dtype
 
 
-def kept_weight_grad_dtype(weight_dtype: torch.dtype) -> torch.dtype:
-    """dL/dW is kept in the weight's dtype, but fp32 for an fp16 weight (FSDP's fp16 parameters): a sum over
-    all tokens of the chunk could exceed fp16's range (65,504)."""
-    return torch.float32 if weight_dtype == torch.float16 else weight_dtype
+def kept_weight_grad_dtype(dtype: torch.dtype) -> torch.dtype:
+    """dL/dW is summed over the chunks in the matmul dtype, as the plain path's output matmul gives it (half
+    the bytes of an fp32 weight's), but in fp32 under fp16: a sum over all tokens of (softmax - onehot) x h
+    could exceed fp16's range (65,504)."""
+    return torch.float32 if dtype == torch.float16 else dtype
 
 
 def _chunks(hidden, weight, targets, chunk_tokens: int, dtype: torch.dtype, gradients: bool):
@@ -48,24 +49,31 @@ def _chunks(hidden, weight, targets, chunk_tokens: int, dtype: torch.dtype, grad
     grad_hidden = grad_weight = None
     if gradients:
         grad_hidden = torch.empty(n, width, dtype=dtype, device=hidden.device)
-        # Accumulated over chunks in fp32; for an fp32 weight this is the tensor kept for backward.
-        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=hidden.device)
+        grad_weight = torch.zeros(weight.shape, dtype=kept_weight_grad_dtype(dtype), device=hidden.device)
     for start in range(0, n, chunk_tokens):
         end = min(start + chunk_tokens, n)
-        h, y = hidden[start:end].to(dtype), targets[start:end]
-        logits = (h @ w.t()).float()  # fp32 only for this chunk: log-softmax loses precision in bf16
-        lse = torch.logsumexp(logits, dim=-1)
-        loss_sum = loss_sum + (lse - logits.gather(1, y[:, None]).squeeze(1)).sum()
-        if not gradients:
-            continue
-        probs = logits.sub_(lse[:, None]).exp_()  # softmax, in place of the logits
-        probs[torch.arange(end - start, device=y.device), y] -= 1.0  # softmax - onehot: dL_sum/dz
-        g = probs.to(dtype)
-        torch.mm(g, w, out=grad_hidden[start:end])
-        grad_weight.add_(g.t() @ h)  # the chunk's product rounded once to `dtype`, summed in fp32
-    if gradients:
-        grad_weight = grad_weight.to(kept_weight_grad_dtype(weight.dtype))
+        loss_sum = loss_sum + _chunk(hidden[start:end].to(dtype), w, targets[start:end],
+                                     None if grad_hidden is None else grad_hidden[start:end], grad_weight)
     return loss_sum, grad_hidden, grad_weight
+
+
+def _chunk(h, w, y, grad_hidden, grad_weight):
+    """One chunk's loss sum; with gradients, writes its rows of dL/dh and adds its share of dL/dW. Its
+    tensors die on return: one chunk's logits exist at a time."""
+    logits = (h @ w.t()).float()  # fp32 only for this chunk: log-softmax loses precision in bf16
+    lse = torch.logsumexp(logits, dim=-1)
+    loss = (lse - logits.gather(1, y[:, None]).squeeze(1)).sum()
+    if grad_hidden is not None:
+        logits.sub_(lse[:, None]).exp_()  # softmax, in place
+        logits[torch.arange(y.shape[0], device=y.device), y] -= 1.0  # softmax - onehot: dL_sum/dz
+        g = logits.to(h.dtype)
+        del logits  # the fp32 chunk goes before the weight's product is made (pretrain.plan.activations)
+        torch.mm(g, w, out=grad_hidden)
+        if grad_weight.dtype == g.dtype:  # accumulated inside the matmul: no V x h temporary
+            torch.addmm(grad_weight, g.t(), h, out=grad_weight)
+        else:  # fp16: each chunk's product summed in fp32
+            grad_weight.add_(g.t() @ h)
+    return loss
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
@@ -83,8 +91,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_output):
         grad_hidden, grad_weight = ctx.saved_tensors
         scale = grad_output / ctx.tokens  # grad_output carries the GradScaler's scale and 1 / accumulation
-        return (grad_hidden.to(ctx.hidden_dtype) * scale, (grad_weight * scale).to(ctx.weight_dtype),
-                None, None, None)
+        # Scaled in the inputs' dtypes (fp32 under autocast, as the plain path's cast back gives them).
+        return (grad_hidden.to(ctx.hidden_dtype, copy=True).mul_(scale),
+                grad_weight.to(ctx.weight_dtype, copy=True).mul_(scale), None, None, None)
 
 
 class ChunkedCrossEntropy(nn.Module):

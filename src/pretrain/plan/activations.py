@@ -11,8 +11,9 @@ terms are that count redone for what `pretrain.model` really keeps (checked tens
   - Norms run in fp32: RMSNorm keeps its fp32 input, the reciprocal RMS and the fp32 normalised x.
   - Under autocast each matmul keeps its own half-precision copy of its input; SwiGLU keeps the fused
     gate|up output, silu(gate) and the product (4 * b*s*H' where GELU keeps 2 * b*s*H').
-  - The loss keeps the fp32 log-softmax over the vocabulary (4 * b*s*V bytes): for a 128K vocabulary this
-    is larger than several layers.
+  - The loss (`loss_terms`): the plain one keeps the fp32 log-softmax over the vocabulary (4 * b*s*V bytes,
+    for a 128K vocabulary larger than several layers); the chunked one only the two gradients it computed in
+    forward, b*s*h + V*h elements.
 Recomputation: `selective` recomputes norms and the MLP activation (their inputs stay); `full` keeps each
 block's input and, during backward, one block's tensors at a time.
 Tensor parallelism divides the attention and MLP terms by t; the norm terms are divided only with sequence
@@ -27,11 +28,14 @@ from dataclasses import dataclass
 COMPUTE_BYTES = {"fp32": 4, "fp16-mixed": 2, "bf16-mixed": 2, "bf16": 2}
 
 
+def _fsdp(parallel) -> bool:
+    return parallel.zero_stage >= 2 and parallel.gpus // (parallel.tensor * parallel.pipeline) > 1
+
+
 def residual_bytes(t, parallel) -> int:
     """Bytes per element of the residual stream. Autocast leaves the embedding output, and so every residual
     add, in fp32; pure bf16, and FSDP's mixed precision (which casts the parameters), keep it in bf16."""
-    fsdp = parallel.zero_stage >= 2 and parallel.gpus // (parallel.tensor * parallel.pipeline) > 1
-    if t.precision == "bf16" or (t.precision.endswith("-mixed") and fsdp):
+    if t.precision == "bf16" or (t.precision.endswith("-mixed") and _fsdp(parallel)):
         return 2
     return 4
 
@@ -112,10 +116,10 @@ def layer_terms(m, t, parallel, b: int, recompute: str | None = None, native_gqa
 
 def once_terms(m, t, parallel, b: int) -> list[Term]:
     """What the embedding, final norm and loss keep (once per micro-batch, not per layer)."""
-    s, h, V, d = t.seq_len, m.hidden_size, m.vocab_size, m.head_dim
+    s, h, d = t.seq_len, m.hidden_size, m.head_dim
     a, r = COMPUTE_BYTES[t.precision], residual_bytes(t, parallel)
     bs = b * s
-    terms = [Term("token and target ids", 16 * bs, "2 x 8 x b*s (int64)", False)]
+    terms = [Term("token ids", 8 * bs, "8 x b*s (int64)", False)]
     if m.family == "gpt2":
         terms.append(Term("position ids", 8 * s, "8 x s (int64)", False))
         terms.append(Term("final LayerNorm", r * bs * h + 8 * bs, f"{r} x b*s*h + 8 x b*s", False))
@@ -123,12 +127,62 @@ def once_terms(m, t, parallel, b: int) -> list[Term]:
         terms.append(Term("final RMSNorm", 8 * bs * h + 4 * bs, "8 x b*s*h + 4 x b*s", False))
         if a == 4:
             terms.append(Term("rotary tables (fp32, shared)", 4 * s * d, "2 x 4 x s*head_dim/2", False))
-    terms.append(Term("output matmul input", a * bs * h, f"{a} x b*s*h", False))
-    terms.append(Term("fp32 log-softmax of the loss", 4 * bs * V, "4 x b*s*V", True))
-    terms.append(Term("loss scalar", 4, "4", False))
+    terms += loss_terms(m, t, parallel, b)["kept"]
     if m.dropout:
         terms.append(Term("embedding dropout mask", bs * h, "b*s*h (bool)", False))
     return terms
+
+
+def loss_terms(m, t, parallel, b: int) -> dict[str, list[Term]]:
+    """The output layer and loss (pretrain.model.loss) for b sequences: {"kept": what stays from forward to
+    backward, "transient": the largest working set on top of it while the loss runs}. a: compute bytes,
+    r: residual (final-norm output) bytes, V-sized terms split over tensor ranks.
+    plain (`train.loss: plain`), logits z = h W^T over all b*s tokens at once:
+      kept       8 x b*s (target ids) + a x b*s*h (the output matmul's input) + 4 x b*s*V (fp32
+                 log-softmax) + 4 (loss scalar)
+      transient  8 x b*s*V: in backward the gradient of the log-softmax and of the logits, both fp32, beside
+                 the kept log-softmax: 12 x b*s*V at once (forward holds less: a + 4 beside it).
+    chunked (`train.loss: chunked`), c = min(train.loss_chunk_tokens, b*s) tokens at a time:
+      kept       a x b*s*h (dL/dh) + g x V*h (dL/dW in the matmul dtype, g = a; fp32 under fp16: g = 4)
+      transient  a chunk: (a + 4) x c*V (its logits and their fp32 copy; 4 x c*V in fp32), or under fp16 the
+                 chunk's gradient a x c*V beside its product with h, a x V*h (elsewhere the product
+                 accumulates in place); + a x V*h when the weight is cast for the matmul (autocast), + a x c*h
+                 when the chunk of h is; and no less than backward's r x b*s*h + w x V*h (the scaled
+                 gradients handed to autograd, w: the weight's bytes).
+    """
+    s, h, V = t.seq_len, m.hidden_size, m.vocab_size
+    a, r = COMPUTE_BYTES[t.precision], residual_bytes(t, parallel)
+    bs = b * s
+    if t.loss == "plain":
+        kept = [Term("target ids", 8 * bs, "8 x b*s (int64)", False),
+                Term("output matmul input", a * bs * h, f"{a} x b*s*h", False),
+                Term("fp32 log-softmax of the loss", 4 * bs * V, "4 x b*s*V", True),
+                Term("loss scalar", 4, "4", False)]
+        return {"kept": kept, "transient": [Term("loss backward: fp32 gradients of the log-softmax and the "
+                                                 "logits", 8 * bs * V, "8 x b*s*V", True)]}
+    c = min(t.loss_chunk_tokens, bs)
+    weight = 2 if t.precision == "bf16" or (t.precision.endswith("-mixed") and _fsdp(parallel)) else 4
+    g = 4 if t.precision == "fp16-mixed" else a
+    kept = [Term("loss: dL/dh", a * bs * h, f"{a} x b*s*h", False),
+            Term("loss: dL/dW of the output layer", g * V * h, f"{g} x V*h", True)]
+    if a == 4:
+        chunk, chunk_formula = 4 * c * V, "4 x c*V"
+    elif g != a:
+        chunk = max((a + 4) * c * V, a * c * V + a * V * h)
+        chunk_formula = f"max({a + 4} x c*V, {a} x (c*V + V*h))"
+    else:
+        chunk, chunk_formula = (a + 4) * c * V, f"{a + 4} x c*V"
+    transient = [Term(f"loss chunk of c={c:,} tokens: logits, gradient", chunk, chunk_formula, True)]
+    if weight != a:
+        transient.append(Term("loss: output weight cast for the matmul", a * V * h, f"{a} x V*h", True))
+    if r != a:
+        transient.append(Term("loss: chunk of h cast for the matmul", a * c * h, f"{a} x c*h", False))
+    backward = [Term("loss backward: dL/dh scaled", r * bs * h, f"{r} x b*s*h", False),
+                Term("loss backward: dL/dW scaled", weight * V * h, f"{weight} x V*h", True)]
+    tp, sp = parallel.tensor, parallel.sequence_parallel
+    if _shard(backward, tp, sp) > _shard(transient, tp, sp):
+        transient = backward
+    return {"kept": kept, "transient": transient}
 
 
 def _overlap(m, t, parallel, b: int) -> int:

@@ -18,14 +18,14 @@ ZeRO stages shard over the data-parallel group (world / (tensor x pipeline)), as
      root (embedding, final norm, output layer) are gathered; with a pipeline, those of the stage's own.
 Buffers: DDP's gradient buckets (a fused copy of the gradients, 1.5B params -> 6 GB in fp32, as the ZeRO
 paper notes), FSDP's reduce-scatter of one block's gradients (of one tensor rank's share of the block), and
-the loss's logits in the compute dtype and in fp32.
+the loss's working set (train.loss: the plain loss's full-vocabulary fp32 gradients, or one chunk's logits).
 """
 
 from __future__ import annotations
 
 import heapq
 
-from .activations import COMPUTE_BYTES, activation_bytes
+from .activations import activation_bytes, loss_terms
 from .kernels import planned_native_gqa
 from .explain import Explain, gib
 from .hardware import device_memory_bytes, gpu_spec
@@ -131,7 +131,8 @@ def model_state_tensors(cfg, rank: int | None = None) -> dict:
     root = sum(_numel(s) for n, s in shapes if not n.startswith("blocks."))
     # Matmul weights (biases are added, not multiplied: autocast's cast of a bias is not kept).
     layer_matmul = sum(_numel(s) for n, s in shapes if n.startswith("blocks.0.") and len(s) == 2)
-    output_matmul = m.vocab_size * m.hidden_size
+    # The plain loss's output matmul keeps autocast's copy of its weight; the chunked one casts it per call.
+    output_matmul = m.vocab_size * m.hidden_size if t.loss == "plain" else 0
     compute_bytes = 2 if (mixed or t.precision == "bf16") else 4
     if zero == 2:  # every block's parameters stay gathered from forward to backward
         copies = compute_bytes * sum(_numel(s) for _, s in shapes)
@@ -292,19 +293,25 @@ def memory(cfg, counts, ex: Explain) -> dict:
     return dict(memory_bytes=result, model_states=tensors, fit=fit, activation_detail=act)
 
 
+def _loss_working_set(cfg, b: int) -> tuple[int, str]:
+    """The loss's transient working set on top of what it keeps (pretrain.plan.activations.loss_terms):
+    bytes and the formula."""
+    par = cfg.parallel
+    transient = loss_terms(cfg.model, cfg.train, par, b)["transient"]
+    nbytes = sum(x.bytes // par.tensor if (x.sharded or par.sequence_parallel) else x.bytes for x in transient)
+    return nbytes, " + ".join(f"{x.name} ({x.formula})" for x in transient)
+
+
 def _loss_buffer(cfg, b: int) -> int:
-    """Logits in the compute dtype plus their fp32 copy, alive around the loss (and their gradients)."""
-    a = COMPUTE_BYTES[cfg.train.precision]
-    extra = 4 if a != 4 else 0
-    return (a + extra) * b * cfg.train.seq_len * cfg.model.vocab_size // cfg.parallel.tensor
+    return _loss_working_set(cfg, b)[0]
 
 
 def _buffers(cfg, st, gradients: int, zero: int) -> tuple[int, str]:
     dp = cfg.parallel.gpus // (cfg.parallel.tensor * cfg.parallel.pipeline)
-    loss = _loss_buffer(cfg, cfg.train.micro_batch_size)
-    a, t = COMPUTE_BYTES[cfg.train.precision], cfg.parallel.tensor
-    parts, why = [loss], [f"loss logits {loss:,} ({a}{'' if a == 4 else '+4'} bytes x b*s*V"
-                          + (f" / tensor {t})" if t > 1 else ")")]
+    loss, formula = _loss_working_set(cfg, cfg.train.micro_batch_size)
+    t = cfg.parallel.tensor
+    parts, why = [loss], [f"{cfg.train.loss} loss working set {loss:,}: {formula}"
+                          + (f", V terms / tensor {t}" if t > 1 else "")]
     if dp > 1 and zero <= 1:
         parts.append(gradients)
         why.append(f"DDP gradient buckets {gradients:,} (a fused copy of the gradients)")
