@@ -14,6 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from pretrain.config import load_config  # noqa: E402
+from pretrain.distributed.recompute import apply_activation_checkpointing  # noqa: E402
 from pretrain.model import build_model  # noqa: E402
 from pretrain.plan import plan  # noqa: E402
 from pretrain.train.measure import measure_forward, model_state_bytes  # noqa: E402
@@ -36,8 +37,7 @@ def measure(overrides, optimizer="adamw"):
                         loss_chunk_tokens=c.train.loss_chunk_tokens)
     if c.train.precision == "bf16":
         model = model.to(torch.bfloat16)
-    for block in model.blocks:
-        block.recompute = c.train.activation_checkpointing
+    apply_activation_checkpointing(model, c.train.activation_checkpointing)
     opt = build_optimizer(model, c.model, c.train)
     x, y = torch.randint(0, 512, (2, 32)), torch.randint(0, 512, (2, 32))
     autocast = functools.partial(torch.autocast, "cpu", dtype=torch.bfloat16, cache_enabled=False,

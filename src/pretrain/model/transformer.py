@@ -20,7 +20,6 @@ import zlib
 
 import torch
 import torch.nn.functional as F
-import torch.utils.checkpoint
 from torch import nn
 
 from ..plan.kernels import native_gqa
@@ -121,28 +120,33 @@ class Attention(nn.Module):
         return t[:, :, :, None, :].expand(b, s, kv, group, d).reshape(b, s, kv * group, d)
 
 
+class SwiGLU(nn.Module):
+    """silu(gate) * up over the fused gate|up projection (Shazeer 2020, "GLU Variants Improve Transformer").
+    A module of its own, without parameters, so that activation checkpointing can take it alone."""
+
+    def forward(self, h):
+        gate, up = h.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+
 class MLP(nn.Module):
     def __init__(self, cfg):
         super().__init__()
-        self.swiglu = cfg.family == "llama"
+        swiglu = cfg.family == "llama"
         bias = cfg.bias if cfg.family == "gpt2" else False
-        width = 2 * cfg.intermediate_size if self.swiglu else cfg.intermediate_size
+        width = 2 * cfg.intermediate_size if swiglu else cfg.intermediate_size
         self.up = nn.Linear(cfg.hidden_size, width, bias=bias)  # SwiGLU: gate and up, fused
+        self.act = SwiGLU() if swiglu else nn.GELU(approximate="tanh")  # GPT-2's gelu_new
         self.down = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=bias)
 
-    def activation(self, h):
-        if self.swiglu:
-            gate, up = h.chunk(2, dim=-1)
-            return F.silu(gate) * up
-        return F.gelu(h, approximate="tanh")  # GPT-2's gelu_new
-
-    def forward(self, x, selective: bool = False):
-        h = self.up(x)
-        h = recompute(self.activation, h) if selective else self.activation(h)
-        return self.down(h)
+    def forward(self, x):
+        return self.down(self.act(self.up(x)))
 
 
 class Block(nn.Module):
+    """Pre-norm residual block. Activation checkpointing is applied from outside
+    (pretrain.distributed.recompute): the block itself always computes and keeps everything."""
+
     def __init__(self, cfg, attention: str):
         super().__init__()
         self.attn_norm = _norm(cfg)
@@ -150,21 +154,10 @@ class Block(nn.Module):
         self.mlp_norm = _norm(cfg)
         self.mlp = MLP(cfg)
         self.dropout = cfg.dropout
-        self.recompute = "none"  # none | selective | full; set by the trainer
 
     def forward(self, x, rope):
-        if self.recompute == "full":
-            return recompute(self._forward, x, rope)
-        return self._forward(x, rope)
-
-    def _forward(self, x, rope):
-        # Selective recomputation: norms and the MLP activation are recomputed in backward. They keep
-        # large fp32 / intermediate tensors for few FLOPs; matmul inputs and the attention output are kept.
-        selective = self.recompute == "selective"
-        h = recompute(self.attn_norm, x) if selective else self.attn_norm(x)
-        x = x + self._dropout(self.attn(h, rope))
-        h = recompute(self.mlp_norm, x) if selective else self.mlp_norm(x)
-        return x + self._dropout(self.mlp(h, selective))
+        x = x + self._dropout(self.attn(self.attn_norm(x), rope))
+        return x + self._dropout(self.mlp(self.mlp_norm(x)))
 
     def _dropout(self, x):
         # Only when asked: even p=0 dropout keeps a mask for backward.
@@ -190,18 +183,6 @@ def _fill(p, init) -> None:
     rank, size = mesh.get_local_rank(), mesh.size()
     chunk = -(-p.shape[0] // size)
     local.copy_(full[rank * chunk:(rank + 1) * chunk][:local.shape[0]])
-
-
-# Set by pretrain.train.measure while it counts what a step keeps: checkpointed inputs are held by the
-# checkpoint itself, not through autograd's saved-tensor hooks.
-recompute_observer = None
-
-
-def recompute(fn, *args):
-    """Run fn without keeping its intermediates; backward runs it again (activation checkpointing)."""
-    if recompute_observer is not None:
-        recompute_observer(args)
-    return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False)
 
 
 def _norm(cfg) -> nn.Module:

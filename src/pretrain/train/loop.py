@@ -89,6 +89,7 @@ class Trainer:
         nothing to the run directory."""
         from ..data.loader import PreparedData, RandomWindows, SequentialWindows
         from ..distributed.parallel import parallelize
+        from ..distributed.recompute import apply_activation_checkpointing
         from ..model import build_model
 
         self.config, self.rt = config, rt
@@ -129,8 +130,7 @@ class Trainer:
             load_hf_into(model, c.model.init_from)
         if t.precision == "bf16":
             model = model.to(torch.bfloat16)
-        for block in model.blocks:
-            block.recompute = t.activation_checkpointing
+        apply_activation_checkpointing(model, t.activation_checkpointing)
         model.fix_attention_kernel(rt.device, half=t.precision != "fp32")
         if self.compiled and fsdp:
             # torchtitan's order: each block compiled, then sharded. FSDP2's hooks at the block boundaries stay
