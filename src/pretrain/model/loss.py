@@ -9,10 +9,10 @@ cross-entropy with respect to the logits is known in closed form, softmax(z) - o
 computes it chunk by chunk and right away multiplies it into the two gradients the backward pass needs:
     dL/dh = (softmax(z) - onehot(y)) W        (tokens x h)
     dL/dW = (softmax(z) - onehot(y))^T h      (V x h), summed over the chunks
-and keeps only those two; backward scales them by grad_output / N. The output matmul runs once (no
-recomputation), as in fused linear cross-entropy kernels (Liger Kernel, Hsu et al. 2024, arXiv:2410.10989;
-Wijmans et al. 2024, "Cut Your Losses in Large-Vocabulary Language Models", arXiv:2411.09009); ours is plain
-torch. The kept gradients are those of the loss *sum* (softmax - onehot, not divided by N): under fp16 the small
+and keeps only those two; backward scales them by grad_output / N. The output matmul runs once: no logits
+are recomputed, unlike Wijmans et al. 2024 ("Cut Your Losses in Large-Vocabulary Language Models",
+arXiv:2411.09009); Liger Kernel's fused linear cross-entropy (Hsu et al. 2024, arXiv:2410.10989) works this
+way in Triton, ours in plain torch. The kept gradients are those of the loss *sum* (softmax - onehot, not divided by N): under fp16 the small
 per-token values would otherwise fall below fp16's range before the GradScaler's scale reaches them.
 
 Both take the final-norm output h and the output weight W (tied or not: a tied weight's gradient adds to the

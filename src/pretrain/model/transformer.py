@@ -27,10 +27,13 @@ from .loss import build_loss
 
 
 class RMSNorm(nn.Module):
-    """x / sqrt(mean(x^2) + eps) * weight, computed in fp32 whatever the input dtype.
+    """x / sqrt(mean(x^2) + eps) * weight, computed in fp32 whatever the input dtype (Zhang and Sennrich 2019).
 
-    Written out rather than `F.rms_norm`: its fused CUDA kernel keeps fewer tensors for backward than the
-    CPU path does, and the planner's activation count must hold on every device.
+    Through `F.rms_norm` where torch has it (2.4 on). On the CPU it runs the same ops as the formula written
+    out below: bitwise the same output and gradients, and the same tensors kept for backward, which is what
+    the planner counts (tests/model/test_norm.py). On CUDA recent releases run a fused kernel that keeps
+    fewer tensors (the input and 1/rms): there the plan's norm terms are an upper bound, and under
+    torch.compile the norm is one fused kernel either way.
     """
 
     def __init__(self, dim: int, eps: float):
@@ -39,9 +42,14 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x):
+        if _HAS_RMS_NORM:
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         x32 = x.float()
         normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return (normed * self.weight).type_as(x)
+
+
+_HAS_RMS_NORM = hasattr(F, "rms_norm")
 
 
 def rotary_tables(head_dim: int, seq_len: int, theta: float, device=None) -> tuple[torch.Tensor, torch.Tensor]:
