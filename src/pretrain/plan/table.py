@@ -75,7 +75,7 @@ def render(config, p: dict) -> str:
         "weights": "working copies" if t.precision.endswith("mixed") else "parameters",
         "optimizer": f"{t.optimizer} states" + (" + fp32 master weights" if t.precision.endswith("mixed") else ""),
         "activations": f"recompute {t.activation_checkpointing}, attention {t.attention}",
-        "buffers": "loss logits, gradient communication",
+        "buffers": "loss working set, gradient communication",
     }
     for key in ("weights", "gradients", "optimizer", "activations", "buffers", "cuda_context"):
         lines.append(f"    {key.replace('_', ' '):<14} {mem[key] / GiB:>9.2f}   {notes.get(key, '')}")
