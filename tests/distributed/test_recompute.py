@@ -7,7 +7,9 @@ torch.compile with fullgraph=True.
 """
 
 import json
+import os
 import platform
+import subprocess
 import sys
 
 import pytest
@@ -17,12 +19,14 @@ torch = pytest.importorskip("torch")
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 from pretrain.bench.block import block_step  # noqa: E402
+from pretrain.distributed.parallel import FSDP_CPU_TORCH  # noqa: E402
 from pretrain.config import load_config  # noqa: E402
 from pretrain.distributed.recompute import (apply_activation_checkpointing, checkpointed_modules,  # noqa: E402
                                             is_checkpointed)
 from pretrain.model import build_model  # noqa: E402
 from pretrain.model.transformer import Block, rotary_tables  # noqa: E402
-from support import ROOT, needs_compiler  # noqa: E402
+from pretrain.plan.kernels import torch_version_tuple  # noqa: E402
+from support import ROOT, needs_compiler, run_cli, tiny  # noqa: E402
 
 MODES = ["none", "selective", "full"]
 SHAPES = {"llama": ["model.preset=debug"],
@@ -121,3 +125,25 @@ def test_reference_losses_bitwise(case, prepared, tmp_path):
     from record_reference_losses import run_case
 
     assert run_case(case, prepared, tmp_path, ["train.loss=plain"]) == reference["cases"][case]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch_version_tuple(torch.__version__) < FSDP_CPU_TORCH, reason="FSDP2 on CPUs")
+def test_fsdp_with_full_recomputation_trains_as_one_process(prepared, tmp_path):
+    """ZeRO-3 (FSDP2) shards blocks whose forward is checkpointed: its hooks gather the parameters again before
+    backward reaches the recomputation. 2 ranks x micro-batch 2 against one process x micro-batch 4."""
+    def run(name, nproc, micro_batch):
+        args = tiny(prepared, tmp_path / name, f"train.micro_batch_size={micro_batch}", "train.max_steps=4",
+                    "run.eval_every=0", "train.activation_checkpointing=full", "parallel.zero_stage=3")
+        if nproc == 1:
+            r = run_cli("train", *args)
+        else:
+            r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                f"--nproc-per-node={nproc}", "-m", "pretrain", "train", *args], capture_output=True,
+                               text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=600)
+        assert r.returncode == 0, r.stderr[-3000:]
+        rows = [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        return [row["loss"] for row in rows if "loss" in row]
+
+    single, sharded = run("single", 1, 4), run("fsdp", 2, 2)
+    assert len(single) == 4 and sharded == pytest.approx(single, rel=1e-5)
