@@ -53,7 +53,8 @@ def test_which_modules_are_checkpointed():
     full = model_for("llama", "full")
     assert checkpointed_modules(full) == list(full.blocks)
     selective = model_for("llama", "selective")
-    assert checkpointed_modules(selective) == [m for b in selective.blocks for m in (b.attn_norm, b.mlp_norm, b.mlp.act)]
+    per_block = [(b.attn_norm, b.mlp_norm, b.mlp.act) for b in selective.blocks]
+    assert checkpointed_modules(selective) == [m for modules in per_block for m in modules]
     # Applying twice checkpoints once: the checkpoint runs the block's own forward, not a second checkpoint.
     block = apply_activation_checkpointing(apply_activation_checkpointing(model_for("llama", "none"), "full"),
                                            "full").blocks[0]

@@ -81,14 +81,14 @@ def test_repeating_heads_computes_the_same_attention():
 @pytest.mark.parametrize("precision, recompute", list(itertools.product(
     ["fp32", "bf16-mixed", "bf16"], ["none", "selective", "full"])))
 def test_the_repeat_path_keeps_what_the_planner_counts(precision, recompute):
+    from pretrain.distributed.recompute import apply_activation_checkpointing
     from pretrain.plan.activations import activation_bytes
     from pretrain.train.measure import measure_forward
 
     c, model = _model(False, [f"train.precision={precision}", f"train.activation_checkpointing={recompute}"])
     if precision == "bf16":
         model = model.to(torch.bfloat16)
-    for block in model.blocks:
-        block.recompute = recompute
+    apply_activation_checkpointing(model, recompute)
     x, y = torch.randint(0, 512, (2, 32)), torch.randint(0, 512, (2, 32))
     autocast = functools.partial(torch.autocast, "cpu", dtype=torch.bfloat16, cache_enabled=False,
                                  enabled=precision.endswith("-mixed"))
