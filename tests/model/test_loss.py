@@ -141,3 +141,17 @@ def test_a_training_run_with_the_default_loss_matches_plain(prepared, tmp_path):
     assert [s for s, _ in chunked] == [s for s, _ in plain] == list(range(1, 7))
     assert [v for _, v in chunked] == pytest.approx([v for _, v in plain], rel=1e-6)
     assert chunked[-1][1] < chunked[0][1]  # it trains
+
+
+@needs_compiler
+def test_a_models_loss_module_compiles_in_place():
+    """What the trainer does under FSDP: blocks compiled one by one, and `model.loss` (output layer + loss) too."""
+    c = load_config(overrides=["model.num_layers=2", f"train.seq_len={SEQ}", *SHAPES["llama-tied"]])
+    (x, y), = batches(1)
+    eager = build_model(c.model, seed=3, loss_chunk_tokens=CHUNK)
+    compiled = build_model(c.model, seed=3, loss_chunk_tokens=CHUNK)
+    compiled.loss.compile(fullgraph=True)
+    for model in (eager, compiled):
+        model(x, y).backward()
+    for (name, a), b in zip(eager.named_parameters(), compiled.parameters()):
+        torch.testing.assert_close(b.grad, a.grad, msg=name)
