@@ -18,6 +18,8 @@ cannot trace into one graph (a `fullgraph=True` compile of a block fails on its 
 
 from __future__ import annotations
 
+import types
+
 import torch
 import torch.utils.checkpoint
 from torch import nn
@@ -25,20 +27,17 @@ from torch import nn
 MODES = ("none", "selective", "full")
 
 
-class _Recomputed:
-    """A module's own forward, run under activation checkpointing: nothing it computes is kept for backward
-    but its inputs, and backward runs it again."""
-
-    def __init__(self, forward):
-        self.forward = forward
-
-    def __call__(self, *args, **kwargs):
-        return torch.utils.checkpoint.checkpoint(self.forward, *args, use_reentrant=False, **kwargs)
+def _recomputed_forward(module: nn.Module, *args, **kwargs):
+    """A module's own (class) forward, run under activation checkpointing: nothing it computes is kept for
+    backward but its inputs, and backward runs it again. One function bound to every checkpointed module:
+    torch.compile guards a bound method by its function, so the blocks compiled one by one share one graph
+    (a callable object per module would be guarded by its id: a recompilation per block)."""
+    return torch.utils.checkpoint.checkpoint(type(module).forward, module, *args, use_reentrant=False, **kwargs)
 
 
 def _checkpoint(module: nn.Module) -> None:
     if not is_checkpointed(module):
-        module.forward = _Recomputed(module.forward)
+        module.forward = types.MethodType(_recomputed_forward, module)
 
 
 def apply_activation_checkpointing(model: nn.Module, mode: str) -> nn.Module:
@@ -58,7 +57,7 @@ def apply_activation_checkpointing(model: nn.Module, mode: str) -> nn.Module:
 
 
 def is_checkpointed(module: nn.Module) -> bool:
-    return isinstance(module.__dict__.get("forward"), _Recomputed)
+    return getattr(module.__dict__.get("forward"), "__func__", None) is _recomputed_forward
 
 
 def checkpointed_modules(model: nn.Module) -> list[nn.Module]:
@@ -68,4 +67,4 @@ def checkpointed_modules(model: nn.Module) -> list[nn.Module]:
 
 def forward_without_checkpoint(module: nn.Module, *args, **kwargs):
     """Run a checkpointed module's own forward, keeping its tensors (what its recomputation holds in backward)."""
-    return module.__dict__["forward"].forward(*args, **kwargs)
+    return type(module).forward(module, *args, **kwargs)
