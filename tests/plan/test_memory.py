@@ -207,3 +207,23 @@ def test_ddp_buckets_are_the_gradients_in_every_phase():
     assert ddp["phases"]["optimizer_step"] == one["phases"]["optimizer_step"]
     accumulating = _memory(*base, "parallel.gpus=8", "train.grad_accum_steps=4")
     assert accumulating["phases"]["forward"] == ddp["phases"]["forward"]
+
+
+def test_the_chunked_loss_at_the_end_of_forward_and_in_its_backward():
+    # Llama-3.2-1B, bf16 autocast, 4 x 2,048 tokens, chunks of 4,096: at the end of forward the loss holds its
+    # fp32 input h, one chunk's fp32 logits with logsumexp's temporary, the bf16 cast of the fp32 output weight
+    # and of one chunk of h; in its backward only the scaled dL/dh (fp32) and dL/dW (fp32, the weight's dtype).
+    # Its kept dL/dh and dL/dW (bf16) are activations, in both phases; the plain loss keeps 4 x b*s*V instead.
+    base = ["model.preset=llama3.2-1b", "hardware.gpu=h100-sxm", "train.micro_batch_size=4", "train.seq_len=2048",
+            "train.grad_accum_steps=1"]
+    chunked, plain = _memory(*base), _memory(*base, "train.loss=plain")
+    bs, c, h, V = 4 * 2048, 4096, 2048, 128_256
+    forward = 4 * bs * h + 8 * c * V + 2 * V * h + 2 * c * h
+    assert chunked["buffers"] == forward
+    assert chunked["phases"]["loss_backward"] - chunked["phases"]["forward"] == 4 * bs * h + 4 * V * h - forward
+    # Plain: autocast's bf16 copy of the output weight and the output matmul's bf16 input, the 4 x b*s*V
+    # log-softmax and the target ids, where chunked keeps dL/dh and dL/dW in bf16.
+    kept = dict(chunked=2 * bs * h + 2 * V * h, plain=8 * bs + 2 * bs * h + 4 * bs * V + 4)
+    assert plain["activations"] - chunked["activations"] == kept["plain"] - kept["chunked"]
+    assert plain["weights"] - chunked["weights"] == 2 * V * h
+    assert chunked["total"] < plain["total"] - 4 * bs * V

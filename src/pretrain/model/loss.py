@@ -12,8 +12,9 @@ computes it chunk by chunk and right away multiplies it into the two gradients t
 and keeps only those two; backward scales them by grad_output / N. The output matmul runs once: no logits
 are recomputed, unlike Wijmans et al. 2024 ("Cut Your Losses in Large-Vocabulary Language Models",
 arXiv:2411.09009); Liger Kernel's fused linear cross-entropy (Hsu et al. 2024, arXiv:2410.10989) works this
-way in Triton, ours in plain torch. The kept gradients are those of the loss *sum* (softmax - onehot, not divided by N): under fp16 the small
-per-token values would otherwise fall below fp16's range before the GradScaler's scale reaches them.
+way in Triton, ours in plain torch. The kept gradients are those of the loss *sum* (softmax - onehot, not
+divided by N): under fp16 the small per-token values would otherwise fall below fp16's range before the
+GradScaler's scale reaches them.
 
 Padded vocabulary rows (model.pad_vocab_to) keep the matmuls' aligned shapes but take no part in the softmax:
 their logits are -inf, so their probability, and the gradient they pass on, is exactly zero.
