@@ -20,6 +20,7 @@ import time
 import torch
 
 from pretrain.config import load_config
+from pretrain.distributed.recompute import apply_activation_checkpointing
 from pretrain.distributed.runtime import init_runtime
 from pretrain.model import build_model
 from pretrain.plan import plan
@@ -76,9 +77,9 @@ def ours(config, rt, steps):
 def minimal(config, rt, steps):
     t = config.train
     torch.manual_seed(t.seed)
-    model = build_model(config.model, device=rt.device)
-    for block in model.blocks:  # the same work as ours: its recomputation and attention kernel
-        block.recompute = t.activation_checkpointing
+    # The same work as ours: its loss, recomputation and attention kernel.
+    model = build_model(config.model, device=rt.device, loss=t.loss, loss_chunk_tokens=t.loss_chunk_tokens)
+    apply_activation_checkpointing(model, t.activation_checkpointing)
     model.fix_attention_kernel(rt.device, half=t.precision != "fp32")
     model = torch.compile(model) if compile_enabled(t.compile, rt.device.type) else model
     optimizer = build_optimizer(model, config.model, t)

@@ -68,13 +68,17 @@ def test_data_parallel_matches_one_process(prepared, single, tmp_path, stage):
     r = torchrun(*settings(prepared, run_dir, 4, f"parallel.zero_stage={stage}", "debug.check_sharding=true"))
     assert r.returncode == 0, r.stderr[-3000:]
     # The logged loss is the global batch's mean: it equals the single process's (fp32 reduction order
-    # differs, hence a tolerance of 1e-5 relative; parameters after 6 AdamW steps within 1e-5 absolute).
+    # differs, hence a tolerance of 1e-5 relative; parameters after 6 AdamW steps within 3e-5 absolute:
+    # AdamW divides each gradient element by its own running RMS, so an element whose gradient is nearly
+    # zero moves by a good part of lr = 3e-3 on rounding alone; measured 8.9e-6 with the plain loss, 1.6e-5
+    # with the chunked one, both on one element of blocks.0.mlp.up.weight, whose fp32 gradients are equally
+    # close to fp64's: 3.0e-7 relative).
     a, b = losses(single), losses(run_dir)
     assert a.keys() == b.keys()
     assert all(b[k] == pytest.approx(a[k], rel=1e-5) for k in a)
     pa, pb = params(single), params(run_dir)
     for k in pa:
-        torch.testing.assert_close(pb[k], pa[k], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(pb[k], pa[k], rtol=1e-5, atol=3e-5)
     report = json.loads((run_dir / "plan_vs_run.json").read_text())
     rows = {x["name"]: x for x in report["rows"]}
     for name in ("parameters", "gradients", "optimizer_states"):

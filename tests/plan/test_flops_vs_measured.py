@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch")
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 from pretrain.config import load_config  # noqa: E402
+from pretrain.distributed.recompute import apply_activation_checkpointing  # noqa: E402
 from pretrain.model import build_model  # noqa: E402
 from pretrain.plan import plan  # noqa: E402
 
@@ -57,8 +58,7 @@ def test_planned_flops_equal_a_counted_training_step(shape, recompute, device):
                                "hardware.gpu=cpu", f"train.precision={precision}", f"train.attention={attention}",
                                f"train.activation_checkpointing={recompute}", *SHAPES[shape]])
     model = build_model(c.model, attention=attention, device=device)
-    for block in model.blocks:
-        block.recompute = recompute
+    apply_activation_checkpointing(model, recompute)
     model.fix_attention_kernel(torch.device(device), half=precision != "fp32")
     x, y = (torch.randint(0, 512, (BATCH, SEQ), device=device) for _ in range(2))
     with FlopCounterMode(display=False) as counter:

@@ -33,14 +33,18 @@ def test_zero_paper_accounting_divides_by_model_parallelism():
 
 def test_fsdp_reduce_scatter_is_one_block_of_one_tensor_rank():
     # The block's matmuls are split 8 ways, its norms replicated: 4 bytes x ((BLOCK - NORMS) / 8 + NORMS),
-    # beside the loss's bf16 + fp32 logits over the vocabulary split 8 ways (6 x 2,048 x 32,000 / 8).
-    config = load_config(overrides=["model.preset=llama-7b", "parallel.gpus=64", "parallel.tensor=8",
-                                    "parallel.zero_stage=3"])
-    p = plan(config)
+    # beside the loss's working set at the end of forward. Chunked (the default): its input h (bf16 under FSDP,
+    # 2 x 2,048 x 4,096) and one chunk's fp32 logits with logsumexp's temporary (8 x 2,048 x 32,000 / 8).
+    def plan_of(*extra):
+        return plan(load_config(overrides=["model.preset=llama-7b", "parallel.gpus=64", "parallel.tensor=8",
+                                           "parallel.zero_stage=3", *extra]))
+    p = plan_of()
     reduce_scatter = 4 * ((BLOCK - NORMS) // 8 + NORMS)
     assert reduce_scatter == 101_220_352  # was 809,533,440: a whole block
-    assert p["memory_bytes"]["buffers"] == 6 * 2048 * 32_000 // 8 + reduce_scatter
-    assert "(2+4 bytes x b*s*V / tensor 8)" in _explain(config, "buffers")[1]
+    assert p["memory_bytes"]["buffers"] == 2 * 2048 * H + 8 * 2048 * 32_000 // 8 + reduce_scatter
+    # Plain: the full-vocabulary logits in bf16 and in fp32 (6 x 2,048 x 32,000 / 8); its backward's two fp32
+    # gradients of the logits (8 x 2,048 x 32,000 / 8) are the loss_backward phase's.
+    assert plan_of("train.loss=plain")["memory_bytes"]["buffers"] == 6 * 2048 * 32_000 // 8 + reduce_scatter
 
 
 def test_zero3_with_a_pipeline_gathers_whole_blocks_of_its_stage():
@@ -59,10 +63,18 @@ def test_zero3_with_a_pipeline_gathers_whole_blocks_of_its_stage():
 
 
 def test_fp32_loss_buffer_text_is_the_value():
-    # fp32 keeps one fp32 copy of the logits: 4 x b*s*V / t = 4 x 1,024 x 50,257 / 2 = 102,926,336.
-    config = load_config(overrides=["model.preset=gpt2", "train.precision=fp32", "parallel.gpus=8",
-                                    "parallel.tensor=2"])
-    assert "loss logits 102,926,336 (4 bytes x b*s*V / tensor 2)" in _explain(config, "buffers")[1]
+    # GPT-2 (V = 50,257) at 1,024 tokens, fp32, tensor 2: the loss's working set at the end of forward.
+    # Chunked: its input h, 4 x b*s*h = 3,145,728, and the one chunk of c = 1,024 tokens: its fp32 logits and
+    # logsumexp's temporary of their size, 8 x c*V / t = 205,852,672. Plain: the fp32 logits of all b*s tokens,
+    # 4 x b*s*V / t (its backward adds the two fp32 gradients of the logits, 8 x b*s*V / t).
+    def buffers(*extra):
+        return _explain(load_config(overrides=["model.preset=gpt2", "train.precision=fp32", "parallel.gpus=8",
+                                               "parallel.tensor=2", *extra]), "buffers")[1]
+    assert buffers().startswith("chunked loss working set at the end of forward 208,998,400: loss input h "
+                                "(4 x b*s*h) + loss chunk of c=1,024 tokens: logits, logsumexp (8 x c*V), "
+                                "V terms / tensor 2")
+    assert buffers("train.loss=plain").startswith(
+        "plain loss working set at the end of forward 102,926,336: loss logits (4 x b*s*V), V terms / tensor 2")
 
 
 def test_a_card_too_small_for_anything_does_not_fit():
@@ -93,8 +105,11 @@ def test_autocast_copies_per_pipeline_stage_and_tensor_rank():
         config = load_config(overrides=["model.preset=llama-7b", "parallel.gpus=16", "parallel.pipeline=4",
                                         "parallel.tensor=2", *extra])
         return plan(config)["model_states"]["working_copies"]
-    assert copies("train.activation_checkpointing=full") == 2 * ((BLOCK - NORMS) + VH) // 2
-    assert copies("train.activation_checkpointing=none") == 2 * (8 * (BLOCK - NORMS) + VH) // 2
+    # The chunked loss (the default) casts the output weight per call and keeps no copy of it; plain keeps one.
+    assert copies("train.activation_checkpointing=full") == 2 * (BLOCK - NORMS) // 2
+    assert copies("train.activation_checkpointing=none") == 2 * 8 * (BLOCK - NORMS) // 2
+    assert copies("train.activation_checkpointing=full", "train.loss=plain") == 2 * ((BLOCK - NORMS) + VH) // 2
+    assert copies("train.activation_checkpointing=none", "train.loss=plain") == 2 * (8 * (BLOCK - NORMS) + VH) // 2
 
 
 def _memory(*overrides) -> dict:
@@ -104,7 +119,8 @@ def _memory(*overrides) -> dict:
 def test_one_micro_batch_holds_no_gradients_beside_the_activations():
     # Issue 13: the trainer frees the gradients after each optimizer step (zero_grad(set_to_none=True)), so with
     # one micro-batch they do not exist yet at the end of forward; with two, the first micro-batch's are there.
-    base = ["model.preset=llama3.2-1b", "hardware.gpu=h100-sxm", "train.micro_batch_size=4", "train.seq_len=2048"]
+    base = ["model.preset=llama3.2-1b", "hardware.gpu=h100-sxm", "train.micro_batch_size=4", "train.seq_len=2048",
+            "train.loss=plain"]
     one = _memory(*base, "train.grad_accum_steps=1")
     two = _memory(*base, "train.grad_accum_steps=2")
     assert one["peak_phase"] == two["peak_phase"] == "loss_backward"
@@ -186,8 +202,28 @@ def test_ddp_buckets_are_the_gradients_in_every_phase():
     one = _memory(*base)
     ddp = _memory(*base, "parallel.gpus=8")
     g = one["gradients"]
-    assert ddp["gradients"] == g and ddp["buffers"] == one["buffers"]  # only the loss's logits
+    assert ddp["gradients"] == g and ddp["buffers"] == one["buffers"]  # only the loss's working set
     assert ddp["phases"]["forward"] - one["phases"]["forward"] == g
     assert ddp["phases"]["optimizer_step"] == one["phases"]["optimizer_step"]
     accumulating = _memory(*base, "parallel.gpus=8", "train.grad_accum_steps=4")
     assert accumulating["phases"]["forward"] == ddp["phases"]["forward"]
+
+
+def test_the_chunked_loss_at_the_end_of_forward_and_in_its_backward():
+    # Llama-3.2-1B, bf16 autocast, 4 x 2,048 tokens, chunks of 4,096: at the end of forward the loss holds its
+    # fp32 input h, one chunk's fp32 logits with logsumexp's temporary, the bf16 cast of the fp32 output weight
+    # and of one chunk of h; in its backward only the scaled dL/dh (fp32) and dL/dW (fp32, the weight's dtype).
+    # Its kept dL/dh and dL/dW (bf16) are activations, in both phases; the plain loss keeps 4 x b*s*V instead.
+    base = ["model.preset=llama3.2-1b", "hardware.gpu=h100-sxm", "train.micro_batch_size=4", "train.seq_len=2048",
+            "train.grad_accum_steps=1"]
+    chunked, plain = _memory(*base), _memory(*base, "train.loss=plain")
+    bs, c, h, V = 4 * 2048, 4096, 2048, 128_256
+    forward = 4 * bs * h + 8 * c * V + 2 * V * h + 2 * c * h
+    assert chunked["buffers"] == forward
+    assert chunked["phases"]["loss_backward"] - chunked["phases"]["forward"] == 4 * bs * h + 4 * V * h - forward
+    # Plain: autocast's bf16 copy of the output weight and the output matmul's bf16 input, the 4 x b*s*V
+    # log-softmax and the target ids, where chunked keeps dL/dh and dL/dW in bf16.
+    kept = dict(chunked=2 * bs * h + 2 * V * h, plain=8 * bs + 2 * bs * h + 4 * bs * V + 4)
+    assert plain["activations"] - chunked["activations"] == kept["plain"] - kept["chunked"]
+    assert plain["weights"] - chunked["weights"] == 2 * V * h
+    assert chunked["total"] < plain["total"] - 4 * bs * V

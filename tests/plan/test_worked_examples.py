@@ -113,4 +113,4 @@ def test_zero_paper_fused_buffer():
     assert mem["gradients"] == 4 * n and 4 * 1.5e9 == 6e9
     single = make("model.preset=gpt2-xl", "parallel.gpus=1", "train.micro_batch_size=1", "train.grad_accum_steps=1")
     assert mem["phases"]["forward"] - single["memory_bytes"]["phases"]["forward"] == 4 * n
-    assert mem["buffers"] == single["memory_bytes"]["buffers"]  # the loss's logits only: no second copy
+    assert mem["buffers"] == single["memory_bytes"]["buffers"]  # the loss's working set only: no second copy

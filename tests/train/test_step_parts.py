@@ -89,3 +89,25 @@ def test_compiled_blocks_have_no_graph_break(recompute):
     explained = torch._dynamo.explain(block._orig_mod if hasattr(block, "_orig_mod") else block.forward)(
         h, par.module.rotary(32, h.device))
     assert explained.graph_break_count == 0, explained.break_reasons
+
+
+@needs_compiler
+@pytest.mark.slow
+@pytest.mark.parametrize("loss", ["chunked", "plain"])
+def test_the_compiled_output_layer_and_loss_are_one_graph(loss):
+    # Issue 13: per-block compile plus a compiled output layer and loss. parallelize() compiles `model.loss`
+    # (which takes the output weight as an argument) in place, with fullgraph, in every layout.
+    from pretrain.distributed.parallelize import parallelize
+    from pretrain.distributed.runtime import init_runtime
+    from pretrain.model import build_model
+
+    torch._dynamo.reset()
+    config = load_config(None, ["model.preset=debug", "train.seq_len=32", "train.precision=fp32",
+                                "train.compile=true", f"train.loss={loss}", "train.loss_chunk_tokens=24"])
+    model = build_model(config.model, loss=loss, loss_chunk_tokens=config.train.loss_chunk_tokens)
+    par = parallelize(model, config, init_runtime("cpu"))
+    assert model.loss._compiled_call_impl is not None  # what nn.Module.compile sets
+    h, y = torch.randn(2, 32, config.model.hidden_size, requires_grad=True), torch.randint(0, 512, (2, 32))
+    explained = torch._dynamo.explain(model.loss.forward)(h, par.module.lm_head.weight, y)
+    assert explained.graph_break_count == 0, explained.break_reasons
+    assert explained.graph_count == 1

@@ -1,4 +1,5 @@
-"""One transformer block, forward and backward, as `pretrain train` runs it: tokens/s and MFU.
+"""One transformer block, forward and backward, as `pretrain train` runs it (its activation checkpointing
+included): tokens/s and MFU.
 
 One block rather than the whole model: it is what every layer repeats, it fits any card whatever the model's
 size, and the embedding and output layer (a V x H matmul) would blur a per-layer figure. Model FLOPs per
@@ -12,6 +13,7 @@ import contextlib
 
 import torch
 
+from ..distributed.recompute import apply_activation_checkpointing
 from ..model.transformer import Block, rotary_tables
 from ..plan import plan
 from ..plan.hardware import COMPUTE_DTYPE
@@ -41,6 +43,7 @@ def block_step(config, device: torch.device):
     width = torch.float32
     if t.precision == "bf16":  # pure bf16: weights and activations
         block, width = block.to(torch.bfloat16), torch.bfloat16
+    apply_activation_checkpointing(block, t.activation_checkpointing)  # the recomputation a run would do
     x = torch.randn(t.micro_batch_size, t.seq_len, m.hidden_size, device=device, dtype=width, requires_grad=True)
     grad = torch.randn_like(x)
     rope = None if m.family == "gpt2" else rotary_tables(m.head_dim, t.seq_len, m.rope_theta, device=device)

@@ -25,6 +25,7 @@ from ..config import compile_enabled
 from ..errors import ConfigError
 from ..plan.kernels import torch_version_tuple
 from ..train.optim import build_optimizer
+from .recompute import apply_activation_checkpointing
 from .runtime import Runtime
 
 FSDP_CPU_TORCH = (2, 9)  # gloo: FSDP2 fails on CPU streams in torch 2.6 and sums instead of averaging in 2.7
@@ -199,8 +200,7 @@ def parallelize(model, config, rt: Runtime) -> Parallelized:
     t = config.train
     if t.precision == "bf16":
         model = model.to(precision.weight_dtype(t.precision))
-    for block in model.blocks:
-        block.recompute = t.activation_checkpointing
+    apply_activation_checkpointing(model, t.activation_checkpointing)
     model.fix_attention_kernel(rt.device, half=t.precision != "fp32")
     compiled = compile_enabled(t.compile, rt.device.type)
     if compiled:
@@ -210,6 +210,10 @@ def parallelize(model, config, rt: Runtime) -> Parallelized:
         # a silent slowdown; under FSDP the module call also runs its hooks, which dynamo may split off.
         for block in model.blocks:
             block.compile(fullgraph=not config.parallel.fsdp)
+        # The output layer and loss (`model.loss`, which takes the output weight as an argument) compiled on
+        # their own: under FSDP only the blocks would be, and this is the step's largest matmul. No FSDP hooks
+        # sit on it, so it is one graph in every layout (tests/model/test_loss.py).
+        model.loss.compile(fullgraph=True)
     engine = Parallelized
     if rt.distributed:
         engine = FSDP if config.parallel.fsdp else ZeRO1 if config.parallel.zero_stage == 1 else DDP

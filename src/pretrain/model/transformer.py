@@ -20,18 +20,21 @@ import zlib
 
 import torch
 import torch.nn.functional as F
-import torch.utils.checkpoint
 from torch import nn
 
 from ..plan.kernels import native_gqa
 from ..plan.params import padded_vocab_size
+from .loss import build_loss
 
 
 class RMSNorm(nn.Module):
-    """x / sqrt(mean(x^2) + eps) * weight, computed in fp32 whatever the input dtype.
+    """x / sqrt(mean(x^2) + eps) * weight, computed in fp32 whatever the input dtype (Zhang and Sennrich 2019).
 
-    Written out rather than `F.rms_norm`: its fused CUDA kernel keeps fewer tensors for backward than the
-    CPU path does, and the planner's activation count must hold on every device.
+    Through `F.rms_norm` where torch has it (2.4 on). On the CPU it runs the same ops as the formula written
+    out below: bitwise the same output and gradients, and the same tensors kept for backward, which is what
+    the planner counts (tests/model/test_norm.py). On CUDA recent releases run a fused kernel that keeps
+    fewer tensors (the input and 1/rms): there the plan's norm terms are an upper bound, and under
+    torch.compile the norm is one fused kernel either way.
     """
 
     def __init__(self, dim: int, eps: float):
@@ -40,9 +43,14 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x):
+        if _HAS_RMS_NORM:
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         x32 = x.float()
         normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return (normed * self.weight).type_as(x)
+
+
+_HAS_RMS_NORM = hasattr(F, "rms_norm")
 
 
 def rotary_tables(head_dim: int, seq_len: int, theta: float, device=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -121,28 +129,33 @@ class Attention(nn.Module):
         return t[:, :, :, None, :].expand(b, s, kv, group, d).reshape(b, s, kv * group, d)
 
 
+class SwiGLU(nn.Module):
+    """silu(gate) * up over the fused gate|up projection (Shazeer 2020, "GLU Variants Improve Transformer").
+    A module of its own, without parameters, so that activation checkpointing can take it alone."""
+
+    def forward(self, h):
+        gate, up = h.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+
 class MLP(nn.Module):
     def __init__(self, cfg):
         super().__init__()
-        self.swiglu = cfg.family == "llama"
+        swiglu = cfg.family == "llama"
         bias = cfg.bias if cfg.family == "gpt2" else False
-        width = 2 * cfg.intermediate_size if self.swiglu else cfg.intermediate_size
+        width = 2 * cfg.intermediate_size if swiglu else cfg.intermediate_size
         self.up = nn.Linear(cfg.hidden_size, width, bias=bias)  # SwiGLU: gate and up, fused
+        self.act = SwiGLU() if swiglu else nn.GELU(approximate="tanh")  # GPT-2's gelu_new
         self.down = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=bias)
 
-    def activation(self, h):
-        if self.swiglu:
-            gate, up = h.chunk(2, dim=-1)
-            return F.silu(gate) * up
-        return F.gelu(h, approximate="tanh")  # GPT-2's gelu_new
-
-    def forward(self, x, selective: bool = False):
-        h = self.up(x)
-        h = recompute(self.activation, h) if selective else self.activation(h)
-        return self.down(h)
+    def forward(self, x):
+        return self.down(self.act(self.up(x)))
 
 
 class Block(nn.Module):
+    """Pre-norm residual block. Activation checkpointing is applied from outside
+    (pretrain.distributed.recompute): the block itself always computes and keeps everything."""
+
     def __init__(self, cfg, attention: str):
         super().__init__()
         self.attn_norm = _norm(cfg)
@@ -150,21 +163,10 @@ class Block(nn.Module):
         self.mlp_norm = _norm(cfg)
         self.mlp = MLP(cfg)
         self.dropout = cfg.dropout
-        self.recompute = "none"  # none | selective | full; set by the trainer
 
     def forward(self, x, rope):
-        if self.recompute == "full":
-            return recompute(self._forward, x, rope)
-        return self._forward(x, rope)
-
-    def _forward(self, x, rope):
-        # Selective recomputation: norms and the MLP activation are recomputed in backward. They keep
-        # large fp32 / intermediate tensors for few FLOPs; matmul inputs and the attention output are kept.
-        selective = self.recompute == "selective"
-        h = recompute(self.attn_norm, x) if selective else self.attn_norm(x)
-        x = x + self._dropout(self.attn(h, rope))
-        h = recompute(self.mlp_norm, x) if selective else self.mlp_norm(x)
-        return x + self._dropout(self.mlp(h, selective))
+        x = x + self._dropout(self.attn(self.attn_norm(x), rope))
+        return x + self._dropout(self.mlp(self.mlp_norm(x)))
 
     def _dropout(self, x):
         # Only when asked: even p=0 dropout keeps a mask for backward.
@@ -192,18 +194,6 @@ def _fill(p, init) -> None:
     local.copy_(full[rank * chunk:(rank + 1) * chunk][:local.shape[0]])
 
 
-# Set by pretrain.train.measure while it counts what a step keeps: checkpointed inputs are held by the
-# checkpoint itself, not through autograd's saved-tensor hooks.
-recompute_observer = None
-
-
-def recompute(fn, *args):
-    """Run fn without keeping its intermediates; backward runs it again (activation checkpointing)."""
-    if recompute_observer is not None:
-        recompute_observer(args)
-    return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False)
-
-
 def _norm(cfg) -> nn.Module:
     if cfg.family == "llama":
         return RMSNorm(cfg.hidden_size, cfg.norm_eps)
@@ -211,7 +201,7 @@ def _norm(cfg) -> nn.Module:
 
 
 class Transformer(nn.Module):
-    def __init__(self, cfg, attention: str = "sdpa"):
+    def __init__(self, cfg, attention: str = "sdpa", loss: str = "chunked", loss_chunk_tokens: int = 4096):
         super().__init__()
         self.config = cfg
         rows = padded_vocab_size(cfg)  # model.pad_vocab_to: whole tensor-core tiles for the output matmul
@@ -222,6 +212,8 @@ class Transformer(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, rows, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed.weight
+        # Output layer + loss (no parameters of its own); padded rows take no part in the softmax.
+        self.loss = build_loss(loss, loss_chunk_tokens, cfg.vocab_size)
         self.rope: tuple[torch.Tensor, torch.Tensor] | None = None  # rotary tables, built on first use
 
     def reset_parameters(self, seed: int = 0):
@@ -269,12 +261,9 @@ class Transformer(nn.Module):
         rope = self.rotary(s, tokens.device)
         for block in self.blocks:
             x = block(x, rope)
-        logits = self.lm_head(self.norm(x))
-        if logits.shape[-1] != self.config.vocab_size:
-            # Padded rows are for the matmul's shape only: no id is one of them, so they take no part in the
-            # softmax (the model's distribution is the exported one's) and are never sampled.
-            logits = logits[..., :self.config.vocab_size]
+        x = self.norm(x)
         if targets is None:
-            return logits
-        # The loss in fp32: log-softmax over a large vocabulary loses precision in bf16.
-        return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
+            # Padded rows (model.pad_vocab_to) are for the matmul's shape only: no token is one of them, so
+            # they are never sampled and the distribution is the exported model's.
+            return self.lm_head(x)[..., :self.config.vocab_size]
+        return self.loss(x, self.lm_head.weight, targets)

@@ -11,8 +11,9 @@ terms are that count redone for what `pretrain.model` really keeps (checked tens
   - Norms run in fp32: RMSNorm keeps its fp32 input, the reciprocal RMS and the fp32 normalised x.
   - Under autocast each matmul keeps its own half-precision copy of its input; SwiGLU keeps the fused
     gate|up output, silu(gate) and the product (4 * b*s*H' where GELU keeps 2 * b*s*H').
-  - The loss keeps the fp32 log-softmax over the vocabulary (4 * b*s*V bytes): for a 128K vocabulary this
-    is larger than several layers.
+  - The loss (`loss_terms`): the plain one keeps the fp32 log-softmax over the vocabulary (4 * b*s*V bytes,
+    for a 128K vocabulary larger than several layers); the chunked one only the two gradients it computed in
+    forward, b*s*h + V*h elements.
 Recomputation: `selective` recomputes norms and the MLP activation (their inputs stay); `full` keeps each
 block's input and, during backward, one block's tensors at a time.
 Tensor parallelism divides the attention and MLP terms by t; the norm terms are divided only with sequence
@@ -24,14 +25,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .params import padded_vocab_size
+
 COMPUTE_BYTES = {"fp32": 4, "fp16-mixed": 2, "bf16-mixed": 2, "bf16": 2}
+
+
+def _fsdp(parallel) -> bool:
+    return parallel.zero_stage >= 2 and parallel.gpus // (parallel.tensor * parallel.pipeline) > 1
 
 
 def residual_bytes(t, parallel) -> int:
     """Bytes per element of the residual stream. Autocast leaves the embedding output, and so every residual
     add, in fp32; pure bf16, and FSDP's mixed precision (which casts the parameters), keep it in bf16."""
-    fsdp = parallel.zero_stage >= 2 and parallel.gpus // (parallel.tensor * parallel.pipeline) > 1
-    if t.precision == "bf16" or (t.precision.endswith("-mixed") and fsdp):
+    if t.precision == "bf16" or (t.precision.endswith("-mixed") and _fsdp(parallel)):
         return 2
     return 4
 
@@ -112,10 +118,10 @@ def layer_terms(m, t, parallel, b: int, recompute: str | None = None, native_gqa
 
 def once_terms(m, t, parallel, b: int) -> list[Term]:
     """What the embedding, final norm and loss keep (once per micro-batch, not per layer)."""
-    s, h, V, d = t.seq_len, m.hidden_size, m.vocab_size, m.head_dim
+    s, h, d = t.seq_len, m.hidden_size, m.head_dim
     a, r = COMPUTE_BYTES[t.precision], residual_bytes(t, parallel)
     bs = b * s
-    terms = [Term("token and target ids", 16 * bs, "2 x 8 x b*s (int64)", False)]
+    terms = [Term("token ids", 8 * bs, "8 x b*s (int64)", False)]
     if m.family == "gpt2":
         terms.append(Term("position ids", 8 * s, "8 x s (int64)", False))
         terms.append(Term("final LayerNorm", r * bs * h + 8 * bs, f"{r} x b*s*h + 8 x b*s", False))
@@ -123,12 +129,70 @@ def once_terms(m, t, parallel, b: int) -> list[Term]:
         terms.append(Term("final RMSNorm", 8 * bs * h + 4 * bs, "8 x b*s*h + 4 x b*s", False))
         if a == 4:
             terms.append(Term("rotary tables (fp32, shared)", 4 * s * d, "2 x 4 x s*head_dim/2", False))
-    terms.append(Term("output matmul input", a * bs * h, f"{a} x b*s*h", False))
-    terms.append(Term("fp32 log-softmax of the loss", 4 * bs * V, "4 x b*s*V", True))
-    terms.append(Term("loss scalar", 4, "4", False))
+    terms += loss_terms(m, t, parallel, b)["kept"]
     if m.dropout:
         terms.append(Term("embedding dropout mask", bs * h, "b*s*h (bool)", False))
     return terms
+
+
+def loss_terms(m, t, parallel, b: int) -> dict[str, list[Term]]:
+    """The output layer and loss (pretrain.model.loss) for b sequences: {"kept": what stays from forward to
+    backward, "forward": the working set on top of it at the end of forward, "backward": on top of it while
+    the loss's backward runs}. a: compute bytes, r: residual (final-norm output) bytes, V-sized terms split
+    over tensor ranks; Vp: the vocabulary padded to model.pad_vocab_to (the output matmul's rows), V the real
+    one (the softmax's).
+    plain (`train.loss: plain`), logits z = h W^T over all b*s tokens at once:
+      kept       8 x b*s (target ids) + a x b*s*h (the output matmul's input) + 4 x b*s*V (fp32
+                 log-softmax) + 4 (loss scalar)
+      forward    a x b*s*Vp (the logits) + 4 x b*s*V (their fp32 copy, or in fp32 the copy that slicing off
+                 padded rows makes; none in fp32 unpadded)
+      backward   8 x b*s*V: the gradient of the log-softmax and of the logits, both fp32, beside the kept
+                 log-softmax: 12 x b*s*V at once.
+    chunked (`train.loss: chunked`), c = min(train.loss_chunk_tokens, b*s) tokens at a time, its gradients
+    made in forward:
+      kept       a x b*s*h (dL/dh) + g x Vp*h (dL/dW in the matmul dtype, g = a; fp32 under fp16: g = 4)
+      forward    r x b*s*h (its input, the final norm's output, not kept) + a chunk: 8 x c*Vp (its fp32
+                 logits and logsumexp's temporary of their size; the half-precision product is gone by then), or
+                 under fp16 the chunk's gradient a x c*Vp beside its product with h, a x Vp*h, if larger
+                 (elsewhere the product accumulates in place); + a x Vp*h when the weight is cast for the
+                 matmul (autocast), + a x c*h when the chunk of h is
+      backward   r x b*s*h + w x Vp*h: the scaled gradients handed to autograd (w: the weight's bytes).
+    """
+    s, h, V, Vp = t.seq_len, m.hidden_size, m.vocab_size, padded_vocab_size(m)
+    a, r = COMPUTE_BYTES[t.precision], residual_bytes(t, parallel)
+    bs = b * s
+    if t.loss == "plain":
+        kept = [Term("target ids", 8 * bs, "8 x b*s (int64)", False),
+                Term("output matmul input", a * bs * h, f"{a} x b*s*h", False),
+                Term("fp32 log-softmax of the loss", 4 * bs * V, "4 x b*s*V", True),
+                Term("loss scalar", 4, "4", False)]
+        forward = [Term("loss logits", a * bs * Vp, f"{a} x b*s*{'Vp' if Vp != V else 'V'}", True)]
+        if a != 4 or Vp != V:
+            forward.append(Term("loss logits in fp32", 4 * bs * V, "4 x b*s*V", True))
+        backward = [Term("loss backward: fp32 gradients of the log-softmax and the logits", 8 * bs * V,
+                         "8 x b*s*V", True)]
+        return {"kept": kept, "forward": forward, "backward": backward}
+    c = min(t.loss_chunk_tokens, bs)
+    v = "Vp" if Vp != V else "V"
+    weight = 2 if t.precision == "bf16" or (t.precision.endswith("-mixed") and _fsdp(parallel)) else 4
+    g = 4 if t.precision == "fp16-mixed" else a
+    kept = [Term("loss: dL/dh", a * bs * h, f"{a} x b*s*h", False),
+            Term("loss: dL/dW of the output layer", g * Vp * h, f"{g} x {v}*h", True)]
+    # The chunk's fp32 logits and logsumexp's temporary of the same size (logits - max, exponentiated in place).
+    if g != a:  # fp16: or the chunk's gradient beside its product with h
+        chunk = max(8 * c * Vp, a * c * Vp + a * Vp * h)
+        chunk_formula = f"max(8 x c*{v}, {a} x (c*{v} + {v}*h))"
+    else:
+        chunk, chunk_formula = 8 * c * Vp, f"8 x c*{v}"
+    forward = [Term("loss input h", r * bs * h, f"{r} x b*s*h", False),
+               Term(f"loss chunk of c={c:,} tokens: logits, logsumexp", chunk, chunk_formula, True)]
+    if weight != a:
+        forward.append(Term("loss: output weight cast for the matmul", a * Vp * h, f"{a} x {v}*h", True))
+    if r != a:
+        forward.append(Term("loss: chunk of h cast for the matmul", a * c * h, f"{a} x c*h", False))
+    backward = [Term("loss backward: dL/dh scaled", r * bs * h, f"{r} x b*s*h", False),
+                Term("loss backward: dL/dW scaled", weight * Vp * h, f"{weight} x {v}*h", True)]
+    return {"kept": kept, "forward": forward, "backward": backward}
 
 
 def _overlap(m, t, parallel, b: int) -> int:

@@ -17,9 +17,9 @@ ZeRO stages shard over the data-parallel group (world / (tensor x pipeline)), as
   3  FSDP2: everything sharded; only the blocks in flight (the current one and the prefetched next) and the
      root (embedding, final norm, output layer) are gathered; with a pipeline, those of the stage's own.
 Buffers: FSDP's reduce-scatter of one block's gradients (of one tensor rank's share of the block) and the
-loss's logits in the compute dtype and in fp32. DDP's gradient buckets (a fused buffer of the gradients, 1.5B
-params -> 6 GB in fp32, as the ZeRO paper notes) are the gradients themselves: our DDP uses
-gradient_as_bucket_view.
+loss's working set at the end of forward (train.loss: the plain loss's logits in the compute dtype and in
+fp32, or one chunk's logits). DDP's gradient buckets (a fused buffer of the gradients, 1.5B params -> 6 GB in
+fp32, as the ZeRO paper notes) are the gradients themselves: our DDP uses gradient_as_bucket_view.
 Not all of it is alive at once. The peak (`total`) is the largest of four phases of an optimizer step, each
 counted from what our trainer holds on CUDA (see `_phases`): the end of forward with the loss, the loss's
 backward, the first block's backward (the last of the pass) and the optimizer step. Gradients exist from the
@@ -32,7 +32,7 @@ from __future__ import annotations
 import heapq
 
 from ..config import compile_enabled
-from .activations import COMPUTE_BYTES, _shard, activation_bytes, layer_terms, residual_bytes
+from .activations import _shard, activation_bytes, layer_terms, loss_terms, residual_bytes
 from .kernels import planned_native_gqa
 from .explain import Explain, gib
 from .hardware import device_memory_bytes, gpu_spec
@@ -41,7 +41,7 @@ from .params import padded_vocab_size, param_shapes
 PHASES = ("forward", "loss_backward", "backward", "optimizer_step")
 # Once-per-micro-batch tensors kept until the embedding's backward, the very last; the final norm's, the output
 # layer's and the loss's are gone before the blocks' backward runs.
-EMBEDDING_SIDE = ("token and target ids", "position ids", "rotary tables", "embedding dropout mask")
+EMBEDDING_SIDE = ("token ids", "target ids", "position ids", "rotary tables", "embedding dropout mask")
 
 
 def _numel(shape) -> int:
@@ -143,7 +143,8 @@ def model_state_tensors(cfg, rank: int | None = None) -> dict:
     root = sum(_numel(s) for n, s in shapes if not n.startswith("blocks."))
     # Matmul weights (biases are added, not multiplied: autocast's cast of a bias is not kept).
     layer_matmul = sum(_numel(s) for n, s in shapes if n.startswith("blocks.0.") and len(s) == 2)
-    output_matmul = padded_vocab_size(m) * m.hidden_size
+    # The plain loss's output matmul keeps autocast's copy of its weight; the chunked one casts it per call.
+    output_matmul = padded_vocab_size(m) * m.hidden_size if t.loss == "plain" else 0
     compute_bytes = 2 if (mixed or t.precision == "bf16") else 4
     if zero == 2:  # every block's parameters stay gathered from forward to backward
         copies = compute_bytes * sum(_numel(s) for _, s in shapes)
@@ -430,7 +431,7 @@ def _recomputed(cfg, act: dict, b: int) -> int:
 
 def _phases(cfg, st, b: int) -> dict[str, list[tuple[str, int]]]:
     """What each phase of an optimizer step holds, as (what, bytes) parts, for micro-batch b:
-      forward         end of the last micro-batch's forward with the loss: all activations, the loss's logits,
+      forward         end of the last micro-batch's forward with the loss: all activations, the loss's working set,
                       the gradients held across micro-batches;
       loss_backward   the loss's backward: all activations and the loss's backward working set;
       backward        the largest of three moments: the first block backward runs (the model's last: every
@@ -482,7 +483,7 @@ def _phases(cfg, st, b: int) -> dict[str, list[tuple[str, int]]]:
     checkpoints = ("checkpoints' CPU generator states", _checkpoint_rng_states(cfg, act))
     first.append(checkpoints)
     phases = {
-        "forward": [copies, (held_name, held), forward_act, checkpoints, ("loss logits", _loss_buffer(cfg, b))],
+        "forward": [copies, (held_name, held), forward_act, checkpoints, ("loss working set", _loss_buffer(cfg, b))],
         "loss_backward": [copies, (held_name, held), forward_act, checkpoints,
                           ("loss backward", _loss_backward_buffer(cfg, b))],
         "backward": max(first, last, _tied_embedding_backward(cfg, st, gradients),
@@ -536,25 +537,32 @@ def _first_block_gradients(cfg, st) -> int:
     return st["gradients"] * made // total
 
 
+def _loss_part(cfg, b: int, when: str) -> tuple[int, str]:
+    """What the loss holds beside what it keeps (pretrain.plan.activations.loss_terms), `when` "forward" (at
+    its end) or "backward" (while the loss's backward runs): bytes and the formula."""
+    par = cfg.parallel
+    terms = loss_terms(cfg.model, cfg.train, par, b)[when]
+    return _shard(terms, par.tensor, par.sequence_parallel), " + ".join(f"{x.name} ({x.formula})" for x in terms)
+
+
 def _loss_buffer(cfg, b: int) -> int:
-    """Logits in the compute dtype plus their fp32 copy, alive around the loss (and their gradients)."""
-    a = COMPUTE_BYTES[cfg.train.precision]
-    extra = 4 if a != 4 else 0
-    return (a + extra) * b * cfg.train.seq_len * cfg.model.vocab_size // cfg.parallel.tensor
+    """The loss's working set at the end of forward: the plain loss's logits in the compute dtype and in
+    fp32, or the chunked loss's last chunk (its gradients, made in forward, are kept: activations)."""
+    return _loss_part(cfg, b, "forward")[0]
 
 
 def _loss_backward_buffer(cfg, b: int) -> int:
-    """The plain loss's backward, at its largest: the fp32 gradient arriving at the log-softmax and the one it
-    returns for the logits, beside the kept log-softmax (counted in the activations): 12 x b*s*V in all."""
-    return 8 * b * cfg.train.seq_len * cfg.model.vocab_size // cfg.parallel.tensor
+    """The loss's backward at its largest: the plain loss's fp32 gradients of the log-softmax and the logits
+    beside the kept log-softmax (12 x b*s*V in all); the chunked one only scales the gradients it kept."""
+    return _loss_part(cfg, b, "backward")[0]
 
 
 def _buffers(cfg, st, zero: int) -> tuple[int, str]:
     dp = cfg.parallel.gpus // (cfg.parallel.tensor * cfg.parallel.pipeline)
-    loss = _loss_buffer(cfg, cfg.train.micro_batch_size)
-    a, t = COMPUTE_BYTES[cfg.train.precision], cfg.parallel.tensor
-    parts, why = [loss], [f"loss logits {loss:,} ({a}{'' if a == 4 else '+4'} bytes x b*s*V"
-                          + (f" / tensor {t})" if t > 1 else ")")]
+    loss, formula = _loss_part(cfg, cfg.train.micro_batch_size, "forward")
+    t = cfg.parallel.tensor
+    parts, why = [loss], [f"{cfg.train.loss} loss working set at the end of forward {loss:,}: {formula}"
+                          + (f", V terms / tensor {t}" if t > 1 else "")]
     if dp > 1 and zero >= 2:
         rs = 4 * st["per_layer_params"]
         parts.append(rs)

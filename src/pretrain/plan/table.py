@@ -79,14 +79,14 @@ def render(config, p: dict) -> str:
         "weights": "working copies" if t.precision.endswith("mixed") else "parameters",
         "optimizer": f"{t.optimizer} states" + (" + fp32 master weights" if t.precision.endswith("mixed") else ""),
         "activations": f"recompute {t.activation_checkpointing}, attention {t.attention}",
-        "buffers": "loss logits, gradient communication",
+        "buffers": "loss working set, gradient communication",
     }
     for key in ("weights", "gradients", "optimizer", "activations", "buffers", "cuda_context"):
         lines.append(f"    {key.replace('_', ' '):<14} {mem[key] / GiB:>9.2f}   {notes.get(key, '')}")
     # Not all of the above are alive at once: each phase of a step holds its own share, the peak is the total.
     held = "the earlier micro-batches' gradients, " if t.grad_accum_steps > 1 else "(no gradients yet) "
     phase_notes = {
-        "forward": f"end of forward: {held}all activations, the loss's logits",
+        "forward": f"end of forward: {held}all activations, the loss's working set",
         "loss_backward": "the loss's backward beside all activations",
         "backward": "its largest moment: the first or last block's, or a tied embedding's",
         "optimizer_step": "gradients, states and the optimizer's working memory",

@@ -15,7 +15,7 @@ import contextlib
 
 import torch
 
-from ..model import transformer
+from ..distributed.recompute import checkpointed_modules, forward_without_checkpoint, is_checkpointed
 
 
 def _storage_key(t: torch.Tensor) -> tuple:
@@ -54,6 +54,7 @@ class SavedTensorMeter:
     """Collects the storages a forward pass keeps for backward, under autograd's saved-tensor hooks."""
 
     def __init__(self, model: torch.nn.Module):
+        self.model = model
         self.param_keys = {_storage_key(p) for p in model.parameters()}
         self.params = [p for p in model.parameters()]
         self.storages: dict[tuple, torch.Tensor] = {}
@@ -69,20 +70,22 @@ class SavedTensorMeter:
         self._keep(t)
         return t
 
-    def _observe(self, args):
+    def _observe(self, module, args):
         for a in args:
             if isinstance(a, torch.Tensor):
                 self._keep(a)
 
     @contextlib.contextmanager
     def __call__(self):
-        previous = transformer.recompute_observer
-        transformer.recompute_observer = self._observe
+        # A checkpointed module's inputs are held by the checkpoint itself, not through the saved-tensor hooks:
+        # a forward pre-hook on each such module sees them.
+        hooks = [m.register_forward_pre_hook(self._observe) for m in checkpointed_modules(self.model)]
         try:
             with torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t):
                 yield self
         finally:
-            transformer.recompute_observer = previous
+            for hook in hooks:
+                hook.remove()
 
     def split(self) -> dict:
         """{'activations': bytes, 'working_copies': bytes}: casts of parameters are working copies."""
@@ -115,11 +118,11 @@ def measure_forward(model, tokens, targets, autocast) -> tuple[torch.Tensor, dic
             loss = model(tokens, targets)
         inner = getattr(model, "module", model)  # DDP wraps our model
         blocks = getattr(inner, "blocks", [])
-        if blocks and blocks[0].recompute == "full":
+        if blocks and is_checkpointed(blocks[0]):
             # Full recomputation keeps only block inputs through the forward; in backward each block is
             # run again and holds its own saved tensors until its gradients are done. Count one block.
             held = [t for t in meter.storages.values() if t.dim() == 3 and t.shape[:2] == tokens.shape]
             x = held[0].detach().requires_grad_(True)
             with autocast():
-                blocks[0]._forward(x, inner.rotary(tokens.shape[1], tokens.device))
+                forward_without_checkpoint(blocks[0], x, inner.rotary(tokens.shape[1], tokens.device))
     return loss, meter.split()

@@ -121,7 +121,8 @@ def load_model(path, device: str = "cpu") -> torch.nn.Module:
     raw = yaml.safe_load((ckpt / "config.yaml").read_text())
     raw["model"]["hf_config"] = None  # every model key is saved resolved: the source may be gone or relative
     config = load_config(raw)
-    model = build_model(config.model, attention=config.train.attention, device=device)
+    model = build_model(config.model, attention=config.train.attention, device=device, loss=config.train.loss,
+                        loss_chunk_tokens=config.train.loss_chunk_tokens)
     state = {"model": model.state_dict()}
     load_state(ckpt, state)
     model.load_state_dict(state["model"])

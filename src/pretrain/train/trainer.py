@@ -145,7 +145,8 @@ class Trainer:
         restrict_kernels(rt.device, t.precision)
 
         on_meta = c.parallel.fsdp and not c.model.init_from  # FSDP materialises each rank's shard only
-        model = build_model(c.model, attention=t.attention, device="meta" if on_meta else rt.device, seed=t.seed)
+        model = build_model(c.model, attention=t.attention, device="meta" if on_meta else rt.device, seed=t.seed,
+                            loss=t.loss, loss_chunk_tokens=t.loss_chunk_tokens)
         if c.model.init_from:
             from ..export.hf import load_hf_into
 
