@@ -138,7 +138,7 @@ def test_mfu_outside_the_usual_range(tmp_path):
 def test_bandwidth_bound_micro_batch_from_a_v100_log():
     # A practitioner's V100 log: a ~100M model with cutoff_len 1 was memory-bound. GPT-2 (124M) with seq 1 moves its
     # weights 3x in fp16 (0.74 GB) for 0.74 GFLOP: ~1 FLOP/byte, far below the V100's 125e12 / 900e9 = 139.
-    # With the plain loss, as in the notes: the chunked one also writes and reads back its dL/dW (V x h).
+    # With the plain loss, as in that log: the chunked one also writes and reads back its dL/dW (V x h).
     p, lines = advice("train.seq_len=1", "train.micro_batch_size=1", base=[
         "model.preset=gpt2", "hardware.gpu=v100-32gb", "train.precision=fp16-mixed", "train.loss=plain"])
     line = next(x for x in lines if x.startswith("bandwidth:"))
