@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -32,3 +33,23 @@ def tiny(prepared, run_dir, *extra) -> list[str]:
 # torch.compile on a CPU generates C++ (inductor): without a compiler the compile tests cannot run.
 needs_compiler = pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
                                     reason="torch.compile on a CPU needs a C++ compiler")
+
+
+def start(args, **kw):
+    """`python -m pretrain ARGS` started in the background (a test that signals or kills it)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-m", "pretrain", *map(str, args)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, **kw)
+
+
+def wait_for_steps(run_dir, n, proc, timeout=120):
+    """Until `run_dir`'s metrics.jsonl holds n training lines (or `proc` ended: an AssertionError)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        path = run_dir / "metrics.jsonl"
+        if path.exists() and sum('"loss"' in x for x in path.read_text().splitlines()) >= n:
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"training ended early: {proc.stderr.read()}")
+        time.sleep(0.05)
+    raise AssertionError("training made no progress")

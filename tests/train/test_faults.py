@@ -2,16 +2,13 @@
 SIGKILL at any moment (also mid-checkpoint) loses nothing but time; a full disk stops cleanly."""
 
 import json
-import os
 import random
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
 
-from support import run_cli, tiny
+from support import run_cli, start, tiny, wait_for_steps
 
 torch = pytest.importorskip("torch")
 
@@ -126,23 +123,6 @@ def test_too_many_rollbacks_stop_with_a_message(prepared, tmp_path):
     assert "rollbacks" in line and "--resume" in line
     assert len(events(run_dir, "rollback")) == 2 and events(run_dir, "stopped")
 
-
-def start(args, **kw):
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "pretrain", *map(str, args)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, **kw)
-
-
-def wait_for_steps(run_dir, n, proc, timeout=120):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        path = run_dir / "metrics.jsonl"
-        if path.exists() and sum('"loss"' in x for x in path.read_text().splitlines()) >= n:
-            return
-        if proc.poll() is not None:
-            raise AssertionError(f"training ended early: {proc.stderr.read()}")
-        time.sleep(0.05)
-    raise AssertionError("training made no progress")
 
 
 def test_sigterm_checkpoints_and_exits_zero(prepared, tmp_path):

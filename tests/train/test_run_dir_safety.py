@@ -10,11 +10,10 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
 
-from support import run_cli, tiny
+from support import run_cli, start, tiny, wait_for_steps
 
 torch = pytest.importorskip("torch")
 
@@ -40,23 +39,6 @@ def flip_a_byte(checkpoint):
     shard.write_bytes(bytes(data))
     return bytes(data)
 
-
-def start(args, **kw):
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "pretrain", *map(str, args)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, **kw)
-
-
-def wait_for_steps(run_dir, n, proc, timeout=120):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        path = run_dir / "metrics.jsonl"
-        if path.exists() and sum('"loss"' in x for x in path.read_text().splitlines()) >= n:
-            return
-        if proc.poll() is not None:
-            raise AssertionError(f"training ended early: {proc.stderr.read()}")
-        time.sleep(0.05)
-    raise AssertionError("training made no progress")
 
 
 def steps_logged(run_dir):
