@@ -98,7 +98,7 @@ def plan_with_explain(config, advice: bool = True) -> tuple[dict, Explain]:
         "max_micro_batch_size": mem["fit"]["max_micro_batch_size"],
         "device_memory_bytes": mem["fit"]["device_bytes"],
         "usable_memory_bytes": mem["fit"]["usable_bytes"],
-        "parallel": {"world": par.gpus, "data": par.gpus // (par.tensor * par.pipeline), "tensor": par.tensor,
+        "parallel": {"world": par.gpus, "data": par.data_parallel, "tensor": par.tensor,
                      "pipeline": par.pipeline, "zero_stage": par.zero_stage},
         "hardware": {"gpu": spec.name, "peak_tflops": peak, "peak_source": peak_source,
                      "memory_bytes": mem["fit"]["device_bytes"], "bandwidth_gbps": spec.bandwidth_gbps},

@@ -30,14 +30,10 @@ from .params import padded_vocab_size
 COMPUTE_BYTES = {"fp32": 4, "fp16-mixed": 2, "bf16-mixed": 2, "bf16": 2}
 
 
-def _fsdp(parallel) -> bool:
-    return parallel.zero_stage >= 2 and parallel.gpus // (parallel.tensor * parallel.pipeline) > 1
-
-
 def residual_bytes(t, parallel) -> int:
     """Bytes per element of the residual stream. Autocast leaves the embedding output, and so every residual
     add, in fp32; pure bf16, and FSDP's mixed precision (which casts the parameters), keep it in bf16."""
-    if t.precision == "bf16" or (t.precision.endswith("-mixed") and _fsdp(parallel)):
+    if t.precision == "bf16" or (t.precision.endswith("-mixed") and parallel.fsdp):
         return 2
     return 4
 
@@ -174,7 +170,7 @@ def loss_terms(m, t, parallel, b: int) -> dict[str, list[Term]]:
         return {"kept": kept, "forward": forward, "backward": backward}
     c = min(t.loss_chunk_tokens, bs)
     v = "Vp" if Vp != V else "V"
-    weight = 2 if t.precision == "bf16" or (t.precision.endswith("-mixed") and _fsdp(parallel)) else 4
+    weight = 2 if t.precision == "bf16" or (t.precision.endswith("-mixed") and parallel.fsdp) else 4
     g = 4 if t.precision == "fp16-mixed" else a
     kept = [Term("loss: dL/dh", a * bs * h, f"{a} x b*s*h", False),
             Term("loss: dL/dW of the output layer", g * Vp * h, f"{g} x {v}*h", True)]

@@ -31,7 +31,7 @@ def storage_bytes(tokens: int, vocab_size: int) -> int:
 def _ramp_args(cfg) -> dict:
     t, par = cfg.train, cfg.parallel
     return dict(seq_len=t.seq_len, micro_batch_size=t.micro_batch_size,
-                data_parallel=par.gpus // (par.tensor * par.pipeline), grad_accum_steps=t.grad_accum_steps,
+                data_parallel=par.data_parallel, grad_accum_steps=t.grad_accum_steps,
                 ramp_tokens=t.batch_ramp_tokens, ramp_start=t.batch_ramp_start)
 
 

@@ -41,7 +41,7 @@ def layouts(c, runnable: bool = False) -> tuple[list[dict], list[dict]]:
     """(tensor, pipeline, data) splits the rules allow, and those refused with why; `runnable`: only data
     parallelism, as `pretrain train` runs it."""
     m, par, t = c.model, c.parallel, c.train
-    sequences = t.micro_batch_size * t.grad_accum_steps * (par.gpus // (par.tensor * par.pipeline))
+    sequences = t.micro_batch_size * t.grad_accum_steps * par.data_parallel
     found, refused = [], []
     for tp in _divisors(math.gcd(m.num_heads, m.num_kv_heads)):
         if tp > par.gpus_per_node or par.gpus % tp or (runnable and tp > 1):
@@ -157,7 +157,7 @@ def render(config, result: dict, shown: int = 10, command: str = "pretrain plan 
     """The ranked table, then why the others lost (counted by reason)."""
     m, par, t = config.model, config.parallel, config.train
     name = m.preset or m.hf_config or "custom"
-    sequences = t.micro_batch_size * t.grad_accum_steps * (par.gpus // (par.tensor * par.pipeline))
+    sequences = t.micro_batch_size * t.grad_accum_steps * par.data_parallel
     lines = [f"pretrain plan --fit: {name} on {par.gpus} x {config.hardware.gpu}, global batch {sequences} x "
              f"{t.seq_len:,} tokens ({sequences * t.seq_len:,} per step), {t.precision}", ""]
     header = f"  {'#':>2}  {'micro x accum':<13} {'recompute':<9} {'ZeRO':>4} {'TP':>3} {'PP':>3} {'DP':>4} " \

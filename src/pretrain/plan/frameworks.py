@@ -147,7 +147,7 @@ def largest_layer_params(cfg) -> int:
 def model_states(cfg, ex: Explain) -> dict:
     """weights, gradients, optimizer (per GPU) and host (per node) bytes under the framework's accounting."""
     par = cfg.parallel
-    dp = par.gpus // (par.tensor * par.pipeline)
+    dp = par.data_parallel
     states = framework_states(cfg.plan.framework, shard_params(cfg), dp, par.zero_stage if dp > 1 else 0,
                               par.offload, largest_layer_params(cfg), min(par.gpus, par.gpus_per_node), par.gpus)
     ex.add("framework", "model states", gib(states["weights"] + states["gradients"] + states["optimizer"]),

@@ -116,7 +116,7 @@ def model_state_tensors(cfg, rank: int | None = None) -> dict:
     `rank`: that data-parallel rank's share (ranks differ under ZeRO-1 and uneven FSDP chunks); by default
     the largest share (what must fit)."""
     m, t, par = cfg.model, cfg.train, cfg.parallel
-    dp = par.gpus // (par.tensor * par.pipeline)
+    dp = par.data_parallel
     model_parallel = par.tensor * par.pipeline
     shapes = param_shapes(m)
     mixed = t.precision.endswith("-mixed")
@@ -240,7 +240,7 @@ def _stage_share(cfg, shapes) -> float:
 
 def memory(cfg, counts, ex: Explain) -> dict:
     m, t, par, hw = cfg.model, cfg.train, cfg.parallel, cfg.hardware
-    dp = par.gpus // (par.tensor * par.pipeline)
+    dp = par.data_parallel
     mixed = t.precision.endswith("-mixed")
     st = model_state_tensors(cfg)
     zero = par.zero_stage if dp > 1 else 0
@@ -350,21 +350,16 @@ def _compiled_note(cfg) -> str | None:
     return "not modelled: eager figures; torch.compile usually keeps less"
 
 
-def _fsdp(cfg) -> bool:
-    par = cfg.parallel
-    return par.zero_stage >= 2 and par.gpus // (par.tensor * par.pipeline) > 1
-
-
 def _held_gradients(cfg, st) -> tuple[int, str]:
     """Gradients alive while a micro-batch's forward runs. The trainer frees them after each optimizer step
     (`zero_grad(set_to_none=True)`), so with one micro-batch they do not exist yet at the activation peak."""
     t, par = cfg.train, cfg.parallel
-    if par.gpus // (par.tensor * par.pipeline) > 1 and par.zero_stage <= 1:
+    if par.data_parallel > 1 and par.zero_stage <= 1:
         return 0, "none beside DDP's gradient buckets, which are the gradients and counted in every phase"
     if t.grad_accum_steps == 1:
         return 0, ("none: train.grad_accum_steps=1, the gradients appear in backward and the optimizer step "
                    "frees them")
-    if _fsdp(cfg) and par.grad_sync == "step":
+    if cfg.parallel.fsdp and par.grad_sync == "step":
         n = _unsharded_gradients(cfg)
         return n, (f"FSDP without reduce-scatter between micro-batches (parallel.grad_sync=step) holds every "
                    f"gradient unsharded in its reduce dtype: {n:,}")
@@ -388,7 +383,7 @@ def _unsharded_gradients(cfg, block_and_root: bool = False) -> int:
 
 def _backward_copies(cfg, st) -> int:
     """Working copies alive while the last block the backward pass runs (the model's first) does its backward."""
-    if _fsdp(cfg):
+    if cfg.parallel.fsdp:
         return st["working_copies"]  # FSDP's gathered parameters: counted as in forward (an upper bound)
     if cfg.train.precision.endswith("-mixed"):  # the other blocks' casts went with their saved tensors
         matmul = sum(_numel(s) for n, s in param_shapes(cfg.model) if n.startswith("blocks.0.") and len(s) == 2)
@@ -443,7 +438,7 @@ def _phases(cfg, st, b: int) -> dict[str, list[tuple[str, int]]]:
     Parameters, optimizer states, DDP's gradient buckets (allocated when DDP wraps the model) and the CUDA
     context are alive in all four. Recomputed tensors exist only in backward: not in the first two."""
     t, par = cfg.train, cfg.parallel
-    dp = par.gpus // (par.tensor * par.pipeline)
+    dp = par.data_parallel
     mixed = t.precision.endswith("-mixed")
     params, optimizer, _ = _resident(cfg, st)
     act = activation_bytes(cfg.model, t, par, b, native_gqa=planned_native_gqa(cfg))
@@ -457,18 +452,18 @@ def _phases(cfg, st, b: int) -> dict[str, list[tuple[str, int]]]:
         st = dict(st, gradients=0)
     resident.append(("cuda_context", _cuda_context(cfg)))
     held, _ = _held_gradients(cfg, st)
-    held_name = "unsharded gradients" if _fsdp(cfg) and par.grad_sync == "step" else "gradients"
+    held_name = "unsharded gradients" if cfg.parallel.fsdp and par.grad_sync == "step" else "gradients"
     copies = ("working copies", st["working_copies"])
     forward_act = ("activations", act["total"] - act["recompute_working"])
     gradients = st["gradients"]
-    if _fsdp(cfg) and par.grad_sync == "step" and t.grad_accum_steps > 1:
+    if cfg.parallel.fsdp and par.grad_sync == "step" and t.grad_accum_steps > 1:
         gradients += _unsharded_gradients(cfg, block_and_root=True)
-    reduce_scatter = 4 * st["per_layer_params"] if _fsdp(cfg) else 0
+    reduce_scatter = 4 * st["per_layer_params"] if cfg.parallel.fsdp else 0
     first = [copies, (held_name, max(held, _first_block_gradients(cfg, st))),
              ("first block backward runs: all activations, its recomputed ones, the residual gradients",
               _backward_activations(cfg, act, b, first=True))]
     rest = _backward_activations(cfg, act, b, first=False)
-    if _fsdp(cfg):  # gradients arrive unsharded in the reduce-scatter buffer, sharded ones already counted
+    if cfg.parallel.fsdp:  # gradients arrive unsharded in the reduce-scatter buffer, sharded ones already counted
         last = [("working copies", _backward_copies(cfg, st)), ("gradients", gradients),
                 ("last block backward runs: its activations, the residual gradients", rest),
                 ("FSDP reduce-scatter", reduce_scatter)]
@@ -497,7 +492,7 @@ def _phases(cfg, st, b: int) -> dict[str, list[tuple[str, int]]]:
 def _tied_embedding_backward(cfg, st, gradients: int) -> list[tuple[str, int]]:
     """The embedding's backward, the very last: a tied embedding's gradient is made as a new V x H tensor and
     then added to the output layer's, which is already there (an untied one is its first gradient)."""
-    if not cfg.model.tie_embeddings or _fsdp(cfg):
+    if not cfg.model.tie_embeddings or cfg.parallel.fsdp:
         return []
     shapes = dict(param_shapes(cfg.model))
     total = sum(_numel(s) for s in shapes.values())
@@ -558,7 +553,7 @@ def _loss_backward_buffer(cfg, b: int) -> int:
 
 
 def _buffers(cfg, st, zero: int) -> tuple[int, str]:
-    dp = cfg.parallel.gpus // (cfg.parallel.tensor * cfg.parallel.pipeline)
+    dp = cfg.parallel.data_parallel
     loss, formula = _loss_part(cfg, cfg.train.micro_batch_size, "forward")
     t = cfg.parallel.tensor
     parts, why = [loss], [f"{cfg.train.loss} loss working set at the end of forward {loss:,}: {formula}"

@@ -101,7 +101,7 @@ def step_time(c, counts, fl: dict, peak: float | None, ex: Explain | None = None
     out.update(_optimizer_step(c, counts, ex))
     seconds = out["forward_backward_s"] + out["data_parallel_exposed_s"] + out["optimizer_s"]
     t, par = c.train, c.parallel
-    tokens = t.seq_len * t.micro_batch_size * t.grad_accum_steps * par.gpus // (par.tensor * par.pipeline)
+    tokens = t.seq_len * t.micro_batch_size * t.grad_accum_steps * par.data_parallel
     model_per_token = fl["per_token_6n"] if c.flops.convention == "6n" else fl["per_token"]
     mfu = tokens / seconds * model_per_token / (par.gpus * peak * 1e12)
     ex.add("step_time", "seconds", seconds, f"forward/backward {out['forward_backward_s']:.4g} + exposed data "
