@@ -27,7 +27,7 @@ from pretrain.plan import plan
 from pretrain.config import compile_enabled
 from pretrain.precision import autocast as precision_context
 from pretrain.train.trainer import Trainer
-from pretrain.train.optim import build_optimizer
+from pretrain.distributed.optim import build_optimizer
 
 # The model when no model.* key is given (a model.* key, e.g. model.preset=gpt2, replaces all of these).
 MODEL_DEFAULTS = ["model.preset=debug", "model.hidden_size=256", "model.intermediate_size=688", "model.num_layers=4",

@@ -35,8 +35,6 @@ APART = {("data", "model"), ("model", "data")}  # same stage, yet independent
 KNOWN_UPWARD = {
     ("pretrain.config", "plan"): "config.py validates hardware.gpu with plan.hardware.gpu_spec (a local import): "
                                  "the catalog belongs below both, or the check in the planner",
-    ("pretrain.distributed.parallelize", "train"): "distributed/parallelize.py builds the optimizer with "
-                                                   "train.optim (build_optimizer, optimizer_class, param_groups)",
     ("pretrain.train.plan_check", "bench"): "train/plan_check.py measures the CPU's matmul peak with "
                                             "bench.matmul (a local import)",
     ("pretrain.train.trainer", "export"): "train/trainer.py loads model.init_from with export.hf.load_hf_into "

@@ -18,7 +18,7 @@ from pretrain.distributed.recompute import apply_activation_checkpointing  # noq
 from pretrain.model import build_model  # noqa: E402
 from pretrain.plan import plan  # noqa: E402
 from pretrain.train.measure import measure_forward, model_state_bytes  # noqa: E402
-from pretrain.train.optim import build_optimizer  # noqa: E402
+from pretrain.distributed.optim import build_optimizer  # noqa: E402
 
 SHAPES = {
     "llama-gqa": ["model.preset=debug"],

@@ -24,7 +24,7 @@ from .. import precision
 from ..config import compile_enabled
 from ..errors import ConfigError
 from ..plan.kernels import torch_version_tuple
-from ..train.optim import build_optimizer
+from .optim import build_optimizer
 from .recompute import apply_activation_checkpointing
 from .runtime import Runtime
 
@@ -107,7 +107,7 @@ class ZeRO1(DDP):
     def build_optimizer(self, config):
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
-        from ..train.optim import optimizer_class, param_groups
+        from .optim import optimizer_class, param_groups
 
         groups = param_groups(self.module, config.model, config.train.weight_decay)
         cls, kwargs = optimizer_class(config.train, self.rt.device)

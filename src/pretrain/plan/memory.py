@@ -171,7 +171,7 @@ def model_state_tensors(cfg, rank: int | None = None) -> dict:
 
 
 def _optimizer_working(cfg, shapes, owned, dp, sharded, state_bytes) -> int:
-    """Temporaries of the optimizer step. AdamW is fused (train/optim.py): one in-place kernel, none. SGD's
+    """Temporaries of the optimizer step. AdamW is fused (distributed/optim.py): one in-place kernel, none. SGD's
     momentum update is in place. Adafactor's foreach implementation, the default on CUDA, makes a full-size
     second-moment estimate of every parameter it updates (torch.optim.Adafactor's docs: "~ sizeof(params) more
     peak memory"); on a CPU, one tensor at a time."""
