@@ -117,3 +117,25 @@ def _exit_with_parent() -> None:
     parent = multiprocessing.parent_process()
     if parent is not None and os.getppid() != parent.pid:  # the main process died before the line above
         os._exit(0)
+    if parent is not None:
+        sys.stderr = _QuietOrphan(sys.stderr, parent.sentinel)
+
+
+class _QuietOrphan:
+    """A worker's stderr that says nothing once the main process is gone. A dying process closes its files
+    before the kernel sends the death signal, so a worker can meet the closed pipe first and start printing
+    multiprocessing's "Process ...:" and a traceback; by the time that text is written, the parent's
+    sentinel (closed with its files) says so. A live parent costs a worker's rare stderr line 50 ms."""
+
+    def __init__(self, stream, sentinel: int):
+        self.stream, self.sentinel = stream, sentinel
+
+    def write(self, text: str) -> int:
+        from multiprocessing.connection import wait
+
+        if wait([self.sentinel], timeout=0.05):  # readable: the parent has exited
+            return len(text)
+        return self.stream.write(text)
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
