@@ -8,14 +8,6 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 
-@pytest.fixture(scope="module")
-def trained(prepared, tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("trained") / "run"
-    r = run_cli("train", *tiny(prepared, run_dir, "train.max_steps=6", "run.checkpoint_every=3"))
-    assert r.returncode == 0, r.stderr
-    return run_dir
-
-
 def test_export_loads_in_transformers_with_the_same_logits(trained, tmp_path):
     from pretrain import load_model
 

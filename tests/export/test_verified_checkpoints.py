@@ -7,17 +7,9 @@ import shutil
 
 import pytest
 
-from support import run_cli, tiny
+from support import run_cli
 
 torch = pytest.importorskip("torch")
-
-
-@pytest.fixture(scope="module")
-def trained(prepared, tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("trained") / "run"
-    r = run_cli("train", *tiny(prepared, run_dir, "train.max_steps=6", "run.checkpoint_every=3"))
-    assert r.returncode == 0, r.stderr
-    return run_dir
 
 
 @pytest.fixture
