@@ -24,6 +24,7 @@ from .. import precision
 from ..config import compile_enabled
 from ..errors import ConfigError
 from ..plan.kernels import torch_version_tuple
+from .mesh import Layout
 from .optim import build_optimizer
 from .recompute import apply_activation_checkpointing
 from .runtime import Runtime
@@ -146,10 +147,9 @@ class FSDP(Parallelized):
         if rt.device.type == "cpu" and torch_version_tuple(torch.__version__) < FSDP_CPU_TORCH:
             raise ConfigError(f"parallel.zero_stage: FSDP (stages 2 and 3) on CPUs needs torch >= 2.9, this is "
                               f"{torch.__version__}; use parallel.zero_stage=1 or a newer torch")
-        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        mesh = init_device_mesh(rt.device.type, (rt.world_size,))
+        mesh = Layout.of(config.parallel, rt.world_size).build_mesh(rt.device.type)["dp"]
         half = precision.half_dtype(config.train.precision)
         mp = MixedPrecisionPolicy()
         if config.train.precision.endswith("-mixed"):
