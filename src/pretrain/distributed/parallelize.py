@@ -40,8 +40,9 @@ class Parallelized:
 
     autocast = True     # False under FSDP: its mixed-precision policy casts instead
     measurable = True   # saved-tensor hooks see plain tensors (not FSDP's gathered parameters)
+    dp_group = None     # the data-parallel process group (None: all ranks)
 
-    def __init__(self, module, config, rt: Runtime):
+    def __init__(self, module, config, rt: Runtime, mesh=None):
         self.module, self.forward, self.rt = module, module, rt
         self.optimizer = None
         self.autocast_context = (precision.autocast(config.train.precision, rt.device) if self.autocast
@@ -84,7 +85,7 @@ class Parallelized:
 
 
 class DDP(Parallelized):
-    def __init__(self, module, config, rt: Runtime):
+    def __init__(self, module, config, rt: Runtime, mesh=None):
         super().__init__(module, config, rt)
         from torch.nn.parallel import DistributedDataParallel
 
@@ -112,7 +113,7 @@ class ZeRO1(DDP):
 
         groups = param_groups(self.module, config.model, config.train.weight_decay)
         cls, kwargs = optimizer_class(config.train, self.rt.device)
-        optimizer = ZeroRedundancyOptimizer(groups[0]["params"], optimizer_class=cls,
+        optimizer = ZeroRedundancyOptimizer(groups[0]["params"], optimizer_class=cls, process_group=self.dp_group,
                                             weight_decay=groups[0]["weight_decay"], **kwargs)
         for group in groups[1:]:
             optimizer.add_param_group(group)
@@ -142,14 +143,14 @@ class FSDP(Parallelized):
     autocast = False
     measurable = False
 
-    def __init__(self, module, config, rt: Runtime):
+    def __init__(self, module, config, rt: Runtime, mesh=None):
         super().__init__(module, config, rt)
         if rt.device.type == "cpu" and torch_version_tuple(torch.__version__) < FSDP_CPU_TORCH:
             raise ConfigError(f"parallel.zero_stage: FSDP (stages 2 and 3) on CPUs needs torch >= 2.9, this is "
                               f"{torch.__version__}; use parallel.zero_stage=1 or a newer torch")
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        mesh = Layout.of(config.parallel, rt.world_size).build_mesh(rt.device.type)["dp"]
+        mesh = mesh["dp"]
         half = precision.half_dtype(config.train.precision)
         mp = MixedPrecisionPolicy()
         if config.train.precision.endswith("-mixed"):
@@ -214,15 +215,18 @@ def parallelize(model, config, rt: Runtime) -> Parallelized:
         # their own: under FSDP only the blocks would be, and this is the step's largest matmul. No FSDP hooks
         # sit on it, so it is one graph in every layout (tests/model/test_loss.py).
         model.loss.compile(fullgraph=True)
+    mesh = Layout.of(config.parallel, rt.world_size).build_mesh(rt.device.type) if rt.distributed else None
     engine = Parallelized
-    if rt.distributed:
+    if config.parallel.pipeline > 1:
+        from .pipeline import pipelined as engine
+    elif rt.distributed:
         engine = FSDP if config.parallel.fsdp else ZeRO1 if config.parallel.zero_stage == 1 else DDP
-    par = engine(model, config, rt)
+    par = engine(model, config, rt, mesh)
     par.measurable = par.measurable and not compiled  # the meter's hooks would break the compiled graphs
-    if any(p.is_meta for p in model.parameters()):
+    if any(p.is_meta for p in par.module.parameters()):
         # Each rank materialises only its shard: a 70B model never exists whole on one GPU. The per-parameter
         # seeded init gives every layout the same values.
-        model.to_empty(device=rt.device)
+        par.module.to_empty(device=rt.device)
         model.reset_parameters(t.seed)
     model.rotary(t.seq_len, rt.device)  # built before the first (compiled) forward, not inside it
     par.optimizer = par.build_optimizer(config)

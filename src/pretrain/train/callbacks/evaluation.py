@@ -19,13 +19,15 @@ class Evaluation(Callback):
 @torch.no_grad()
 def evaluate(trainer) -> dict:
     """Mean loss over `run.eval_batches` micro-batches of the validation split, the same windows every time,
-    averaged over ranks; logged as val_loss and val_ppl."""
+    averaged over ranks; logged as val_loss and val_ppl. The ranks of one pipeline read the same windows and
+    return the same loss (the last stage's), so the mean over all ranks is the mean over data-parallel ranks."""
     from ...data.loader import SequentialWindows
     from ...distributed.runtime import all_reduce_mean
 
     c, rt, par = trainer.config, trainer.rt, trainer.par
     par.set_training(False)
-    windows = SequentialWindows(trainer.data, "val", c.train.seq_len, rank=rt.rank, world_size=rt.world_size)
+    windows = SequentialWindows(trainer.data, "val", c.train.seq_len, rank=trainer.data_rank,
+                                world_size=trainer.data_world)
     losses = []
     for x, y in windows.batches(c.train.micro_batch_size, c.run.eval_batches):
         x, y = x.to(rt.device), y.to(rt.device)
