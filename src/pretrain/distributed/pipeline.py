@@ -11,8 +11,10 @@ at most p - k micro-batches' activations; the bubble is (p - 1) / (m + p - 1) of
 Each stage is a `StageModule` whose parameters keep their whole-model names: the optimizer, DCP checkpoints
 (each stage saves its own tensors; together they are the whole model, which loads at any other layout) and
 `pretrain export` see the model's own keys. Data parallelism runs per stage over the mesh's "dp" dimension:
-DDP (ZeRO-0) or DDP with ZeroRedundancyOptimizer (ZeRO-1); the pipelining runtime defers DDP's all-reduce to
-the last micro-batch's backward itself.
+the replicas of a stage average their gradients with one all-reduce after the step's last backward (what DDP
+does on the last micro-batch of an accumulation; DDP itself under this runtime fails on torch 2.13's second
+step, rebuilding its buckets from both micro-batches' gradients), then ZeRO-0 steps every parameter and ZeRO-1
+(ZeroRedundancyOptimizer over the dp group) each rank its share.
 """
 
 from __future__ import annotations
@@ -91,18 +93,14 @@ class Pipelined(Parallelized):
             # per-parameter seeded init gives them the values one process gives them.
             stage.to_empty(device=rt.device)
             model.reset_parameters(config.train.seed)
-        self.runner = stage
-        if self.data_parallel > 1:
-            from torch.nn.parallel import DistributedDataParallel
-
-            ids = [rt.device.index] if rt.device.type == "cuda" else None
-            self.runner = DistributedDataParallel(stage, device_ids=ids, process_group=self.dp_group,
-                                                  gradient_as_bucket_view=True)
+        if self.data_parallel > 1:  # every replica of a stage starts from rank 0's values, as DDP makes sure
+            for p in stage.parameters():
+                dist.broadcast(p.data, group=self.dp_group, group_src=0)
         self.forward = self.validation_loss
         self.schedules: dict[tuple[int, bool], object] = {}
 
     def set_training(self, on: bool) -> None:
-        self.runner.train(on)
+        self.module.train(on)
         self.model.train(on)  # the embedding's dropout is the whole model's
 
     def _schedule(self, micro_batches: int, training: bool):
@@ -113,7 +111,7 @@ class Pipelined(Parallelized):
         if key not in self.schedules:
             from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-            stage = PipelineStage(self.runner, self.index, self.stages, self.rt.device, group=self.pp_group)
+            stage = PipelineStage(self.module, self.index, self.stages, self.rt.device, group=self.pp_group)
             model = self.model
 
             def loss_fn(h, targets):
@@ -132,15 +130,27 @@ class Pipelined(Parallelized):
         schedule = self._schedule(micro_batches, training=True)
         losses: list[torch.Tensor] = []
         with self.autocast_context():
-            schedule.step(*((tokens,) if self.index == 0 else ()), target=targets if self.runner_is_last else None,
+            schedule.step(*((tokens,) if self.index == 0 else ()), target=targets if self.is_last else None,
                           losses=losses, return_outputs=False)
+        self._average_gradients()
         if not losses:
             return torch.zeros((), device=self.rt.device)
         return torch.stack([x.detach().float() for x in losses]).sum()
 
     @property
-    def runner_is_last(self) -> bool:
+    def is_last(self) -> bool:
         return self.index == self.stages - 1
+
+    def _average_gradients(self) -> None:
+        """The mean of this stage's gradients over its data-parallel replicas, in one flat all-reduce."""
+        if self.data_parallel == 1:
+            return
+        grads = [p.grad for p in self.module.parameters() if p.grad is not None]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=self.dp_group)
+        flat /= self.data_parallel
+        for g, part in zip(grads, flat.split([g.numel() for g in grads])):
+            g.copy_(part.view_as(g))
 
     def grad_norm_squared(self) -> torch.Tensor:
         """Sum of this stage's squared gradient elements (fp32): the stages' sums add up to the model's."""
@@ -163,7 +173,7 @@ class Pipelined(Parallelized):
         losses: list[torch.Tensor] = []
         with self.autocast_context():
             schedule.eval(*((tokens,) if self.index == 0 else ()),
-                          target=targets if self.runner_is_last else None, losses=losses)
+                          target=targets if self.is_last else None, losses=losses)
         loss = losses[0].detach().float() if losses else torch.zeros((), device=self.rt.device)
         dist.broadcast(loss, group=self.pp_group, group_src=self.stages - 1)
         return loss
