@@ -68,20 +68,26 @@ class Parallelized:
         return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
     def state_dict(self) -> dict:
-        """Model and optimizer state keyed by parameter names (sharded tensors stay sharded), for DCP."""
+        """Model and optimizer state keyed by parameter names (sharded tensors stay sharded), for DCP. The
+        optimizer's is flattened ("state.NAME.exp_avg", "param_groups.NAME.lr"): every key names one
+        parameter, so pipeline stages, which hold different parameters in their groups, save disjoint keys and
+        a checkpoint loads whatever groups the loading layout has."""
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
         fresh = not self.optimizer.state
-        model_sd, optim_sd = get_state_dict(self.module, self.optimizer)
+        model_sd, optim_sd = get_state_dict(self.module, self.optimizer, options=_flat_options())
         if fresh:  # get_state_dict made the states with a zero-gradient step: make them as a new optimizer's
             _zero_step_counters(self.optimizer.state.values())
-            _zero_step_counters(optim_sd["state"].values())
+            for key, value in optim_sd.items():
+                if key.startswith("state.") and key.endswith(".step"):
+                    optim_sd[key] = value.zero_() if isinstance(value, torch.Tensor) else 0
         return {"model": model_sd, "optimizer": optim_sd}
 
     def load_state_dict(self, sd: dict) -> None:
         from torch.distributed.checkpoint.state_dict import set_state_dict
 
-        set_state_dict(self.module, self.optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optimizer"])
+        set_state_dict(self.module, self.optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optimizer"],
+                       options=_flat_options())
 
 
 class DDP(Parallelized):
@@ -126,17 +132,20 @@ class ZeRO1(DDP):
         if not local.state:
             _materialize(self.optimizer)
         names = {p: n for n, p in self.module.named_parameters()}
-        state = {names[p]: local.state[p] for g in local.param_groups for p in g["params"]}
-        groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [names[p] for p in g["params"]]}
-                  for g in self.optimizer.param_groups]
-        return {"model": get_model_state_dict(self.module), "optimizer": {"state": state, "param_groups": groups}}
+        optim = {f"state.{names[p]}.{k}": v for g in local.param_groups for p in g["params"]
+                 for k, v in local.state[p].items()}
+        optim.update({f"param_groups.{names[p]}.{k}": v for g in self.optimizer.param_groups for p in g["params"]
+                      for k, v in g.items() if k != "params"})  # the flattened layout, as get_state_dict's
+        return {"model": get_model_state_dict(self.module), "optimizer": optim}
 
     def load_state_dict(self, sd: dict) -> None:
         from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
         set_model_state_dict(self.module, sd["model"])  # the optimizer's state tensors were filled in place
-        for group, saved in zip(self.optimizer.param_groups, sd["optimizer"]["param_groups"]):
-            group.update({k: v for k, v in saved.items() if k != "params"})
+        names = {p: n for n, p in self.module.named_parameters()}
+        for group in self.optimizer.param_groups:
+            first = names[group["params"][0]]
+            group.update({k: sd["optimizer"][f"param_groups.{first}.{k}"] for k in group if k != "params"})
 
 
 class FSDP(Parallelized):
@@ -166,6 +175,12 @@ class FSDP(Parallelized):
     def no_sync(self, last: bool):
         self.module.set_requires_gradient_sync(last or not self.defer)
         return contextlib.nullcontext()
+
+
+def _flat_options():
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(flatten_optimizer_state_dict=True)
 
 
 def _materialize(optimizer) -> None:
