@@ -88,13 +88,14 @@ def _has_step(optimizer: str) -> bool:
 
 
 def zero1_partition(shapes: list, dp: int, groups: list[list[int]]) -> list[list[int]]:
-    """Which parameter indices each rank owns under ZeroRedundancyOptimizer: per parameter group, largest
-    tensors first, each to the rank with the fewest elements so far, the lowest such rank on a tie (torch's
-    `_partition_parameters`). A heap of (elements, rank) picks the same rank; ranks past the number of
-    tensors own nothing and are left out of the list, so a huge data-parallel degree costs nothing."""
+    """Which parameter indices each rank owns under ZeroRedundancyOptimizer: group by group, largest tensors
+    first, each to the rank with the fewest elements so far over all groups (torch's `_partition_parameters`
+    keeps one count across the groups), the lowest such rank on a tie. A heap of (elements, rank) picks the
+    same rank; ranks past the number of tensors own nothing and are left out of the list, so a huge
+    data-parallel degree costs nothing."""
     owned: list[list[int]] = [[] for _ in range(min(dp, len(shapes)))]
+    heap = [(0, r) for r in range(len(owned))]  # an unused rank beyond these is never the lowest
     for group in groups:
-        heap = [(0, r) for r in range(min(dp, len(group)))]  # an unused rank beyond these is never the lowest
         for i in sorted(group, key=lambda j: _numel(shapes[j][1]), reverse=True):
             size, rank = heapq.heappop(heap)
             owned[rank].append(i)
@@ -122,10 +123,8 @@ def model_state_tensors(cfg, rank: int | None = None, stage: int | None = None) 
     model_parallel = par.tensor * par.pipeline
     # Under a pipeline without tensor parallelism a stage holds whole tensors: its own, counted exactly.
     by_stage = par.pipeline > 1 and par.tensor == 1
-    if by_stage:
-        shapes = stage_param_shapes(m, heaviest_stage(cfg) if stage is None else stage, par.pipeline)
-    else:
-        shapes = param_shapes(m)
+    stage = (heaviest_stage(cfg) if par.pipeline > 1 else 0) if stage is None else stage
+    shapes = stage_param_shapes(m, stage, par.pipeline) if by_stage else param_shapes(m)
     whole = param_shapes(m)
     mixed = t.precision.endswith("-mixed")
     param_bytes = 2 if t.precision == "bf16" else 4
@@ -161,7 +160,7 @@ def model_state_tensors(cfg, rank: int | None = None, stage: int | None = None) 
     elif zero == 3:  # the block being computed, the prefetched next one, and the root's parameters
         copies = compute_bytes * (min(2, m.num_layers) * per_layer + root)
     elif mixed:  # autocast keeps a half-precision copy of each matmul weight for backward
-        layers_here = len({n.split(".")[1] for n, _ in shapes if n.startswith("blocks.")})
+        layers_here = len(stage_layers(m.num_layers, par.pipeline)[stage])
         layers_kept = 1 if t.activation_checkpointing == "full" else layers_here  # full: the recomputed one
         copies = 2 * (layers_kept * layer_matmul + output_matmul) // cfg.parallel.tensor
     else:
