@@ -93,6 +93,10 @@ class Pipelined(Parallelized):
             # per-parameter seeded init gives them the values one process gives them.
             stage.to_empty(device=rt.device)
             model.reset_parameters(config.train.seed)
+        mine = set(stage.modules())
+        for part in [*model.blocks, model.embed, model.pos_embed, model.norm, model.lm_head]:
+            if part is not None and part not in mine:
+                part.to("meta")  # another stage's (a model.init_from checkpoint is read whole): off this device
         if self.data_parallel > 1:  # every replica of a stage starts from rank 0's values, as DDP makes sure
             for p in stage.parameters():
                 dist.broadcast(p.data, group=self.dp_group, group_src=0)
