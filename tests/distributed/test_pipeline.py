@@ -120,6 +120,21 @@ def test_a_pipeline_checkpoint_resumes_at_two_stages_and_in_one_process(prepared
     assert all(lb[k] == pytest.approx(la[k], rel=1e-5) for k in la if k[0] > 5)
 
 
+def test_a_batch_ramp_and_a_short_validation_batch_match_one_process(prepared, tmp_path):
+    # The ramp's first steps have 1 micro-batch for 2 stages (GPipe's order runs them), then 2, 3, 4 (1F1B);
+    # the whole validation split is read, its last batch shorter than the others (each shape its schedule).
+    ramp = ("train.batch_ramp_tokens=4000", "train.batch_ramp_start=256", "run.eval_batches=1000")
+    one, two = tmp_path / "one", tmp_path / "two"
+    r = run_cli("train", *settings(prepared, one, 8, *ramp))
+    assert r.returncode == 0, r.stderr
+    r = torchrun(*settings(prepared, two, 8, *ramp, "parallel.pipeline=2"), nproc=2)
+    assert r.returncode == 0, r.stderr[-3000:]
+    batches = [json.loads(x)["batch_tokens"] for x in (two / "metrics.jsonl").read_text().splitlines()
+               if '"batch_tokens"' in x]
+    assert batches[0] == 256 and batches[-1] == 1024  # 1 micro-batch of 8 x 32 tokens, then 4
+    same_run(one, two)
+
+
 def test_a_tied_embedding_is_refused_in_one_line(prepared, tmp_path):
     r = torchrun(*settings(prepared, tmp_path / "run", 8, "parallel.pipeline=2", "model.tie_embeddings=true"),
                  nproc=2)

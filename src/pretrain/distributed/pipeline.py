@@ -101,17 +101,18 @@ class Pipelined(Parallelized):
             for p in stage.parameters():
                 dist.broadcast(p.data, group=self.dp_group, group_src=0)
         self.forward = self.validation_loss
-        self.schedules: dict[tuple[int, bool], object] = {}
+        self.schedules: dict[tuple[int, bool, int], object] = {}
 
     def set_training(self, on: bool) -> None:
         self.module.train(on)
         self.model.train(on)  # the embedding's dropout is the whole model's
 
-    def _schedule(self, micro_batches: int, training: bool):
-        """The schedule of `micro_batches` per step, made once per count (the batch ramp changes it): 1F1B;
+    def _schedule(self, micro_batches: int, training: bool, rows: int):
+        """The schedule of `micro_batches` per step of `rows` sequences in all, made once per shape (a stage
+        sizes its buffers on first use; the batch ramp and a short last validation batch change it): 1F1B;
         GPipe (every forward, then every backward) for evaluation, which has no backward, and for fewer
         micro-batches than stages (a batch ramp's first steps), where 1F1B's warm-up is all of them anyway."""
-        key = (micro_batches, training)
+        key = (micro_batches, training, rows)
         if key not in self.schedules:
             from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
@@ -131,7 +132,7 @@ class Pipelined(Parallelized):
         """Forward and backward of `micro_batches` micro-batches (stacked along the batch dimension, split
         back by the schedule); returns the sum of their losses / micro_batches on the last stage, 0 on the
         others (the step's all-reduce makes it every rank's)."""
-        schedule = self._schedule(micro_batches, training=True)
+        schedule = self._schedule(micro_batches, training=True, rows=tokens.shape[0])
         losses: list[torch.Tensor] = []
         with self.autocast_context():
             schedule.step(*((tokens,) if self.index == 0 else ()), target=targets if self.is_last else None,
@@ -173,7 +174,7 @@ class Pipelined(Parallelized):
     @torch.no_grad()
     def validation_loss(self, tokens, targets) -> torch.Tensor:
         """The mean loss of one batch, run forward through every stage; every rank of the pipeline returns it."""
-        schedule = self._schedule(1, training=False)
+        schedule = self._schedule(1, training=False, rows=tokens.shape[0])
         losses: list[torch.Tensor] = []
         with self.autocast_context():
             schedule.eval(*((tokens,) if self.index == 0 else ()),
