@@ -81,6 +81,12 @@ def test_two_stages_match_one_process(single, two_stages):
     assert len(shards) == 2
 
 
+def test_export_works_from_a_pipeline_checkpoint(two_stages, tmp_path):
+    r = run_cli("export", two_stages, "--to", "hf", tmp_path / "hf")
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "hf" / "config.json").is_file()
+
+
 @pytest.mark.parametrize("zero_stage", [0, 1])
 def test_two_stages_times_two_data_parallel_match_one_process(prepared, single, tmp_path, zero_stage):
     run_dir = tmp_path / "run"

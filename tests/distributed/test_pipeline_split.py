@@ -52,3 +52,18 @@ def test_stage_modules_chained_compute_the_models_loss():
         h = stage(h)
     loss = model.loss(h, model.lm_head.weight, targets)
     assert torch.equal(loss, model(tokens, targets))
+
+
+@pytest.mark.parametrize("extra, message", [
+    (("model.tie_embeddings=true",), "parallel.pipeline: a tied embedding"),
+    (("parallel.zero_stage=3",), "parallel.zero_stage: FSDP (stages 2 and 3) per pipeline stage is not built"),
+    (("train.precision=fp16-mixed",), "train.precision: fp16-mixed's loss scaler"),
+    (("parallel.tensor=2",), "parallel.tensor: pipeline and tensor parallelism together are not built yet"),
+])
+def test_what_the_pipelined_trainer_refuses(extra, message):
+    from pretrain.distributed.pipeline import check_pipelinable
+    from pretrain.errors import ConfigError
+
+    c = config("parallel.gpus=8", "parallel.pipeline=2", *extra)
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        check_pipelinable(c)
