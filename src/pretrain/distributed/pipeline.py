@@ -124,8 +124,11 @@ class Pipelined(Parallelized):
                 # micro-batches, as in train_step (scale_grads=False: nothing divides again).
                 return model.loss(h, model.lm_head.weight, targets) / micro_batches
 
-            kind = Schedule1F1B if training and micro_batches >= self.stages else ScheduleGPipe
-            self.schedules[key] = kind(stage, micro_batches, loss_fn=loss_fn, scale_grads=False)
+            if not training:  # forward only: the last stage's output comes back, and the loss is taken here
+                self.schedules[key] = ScheduleGPipe(stage, micro_batches)
+            else:
+                kind = Schedule1F1B if micro_batches >= self.stages else ScheduleGPipe
+                self.schedules[key] = kind(stage, micro_batches, loss_fn=loss_fn, scale_grads=False)
         return self.schedules[key]
 
     def run_step(self, tokens, targets, micro_batches: int) -> torch.Tensor:
@@ -175,11 +178,11 @@ class Pipelined(Parallelized):
     def validation_loss(self, tokens, targets) -> torch.Tensor:
         """The mean loss of one batch, run forward through every stage; every rank of the pipeline returns it."""
         schedule = self._schedule(1, training=False, rows=tokens.shape[0])
-        losses: list[torch.Tensor] = []
         with self.autocast_context():
-            schedule.eval(*((tokens,) if self.index == 0 else ()),
-                          target=targets if self.is_last else None, losses=losses)
-        loss = losses[0].detach().float() if losses else torch.zeros((), device=self.rt.device)
+            h = schedule.step(*((tokens,) if self.index == 0 else ()))
+            model = self.model
+            loss = (model.loss(h, model.lm_head.weight, targets).float() if self.is_last
+                    else torch.zeros((), device=self.rt.device))
         dist.broadcast(loss, group=self.pp_group, group_src=self.stages - 1)
         return loss
 
