@@ -84,6 +84,7 @@ def run(args) -> int:
     from .plan.table import render
     from .train import train
 
+    from .config import replaced
     from .files import check_output_dir
 
     out = check_output_dir(args.out, "--out")
@@ -93,7 +94,7 @@ def run(args) -> int:
     if not (config.hardware.peak_tflops or config.hardware.profile):  # a CPU has no data-sheet peak
         from .train.plan_check import peak_tflops
 
-        config.hardware.peak_tflops = round(peak_tflops(config)[0], 4)
+        config = replaced(config, {"hardware.peak_tflops": round(peak_tflops(config)[0], 4)})
 
     print(f"== 1/6 plan ({config.run.dir}), at the measured matmul peak of this CPU")
     print(render(config, plan(config)))

@@ -14,7 +14,8 @@ from .corpus import corpus_supply
 from .explain import Explain
 from .flops import basis, flops, utilisation
 from .frameworks import framework_memory
-from .hardware import gpu_spec, peak_tflops
+from ..gpus import gpu_spec
+from .hardware import peak_tflops
 from .memory import memory, model_state_tensors
 from .params import count_params, padded_vocab_size, param_shapes
 from .step_time import step_time
@@ -129,11 +130,10 @@ def planned_config(config, result: dict):
 
 def _unsharded(c) -> dict:
     """Model-state tensors of the whole job on one imaginary device (for the checkpoint size)."""
-    import copy
+    import dataclasses
 
-    single = copy.deepcopy(c)
-    single.parallel.gpus, single.parallel.tensor, single.parallel.pipeline = 1, 1, 1
-    single.parallel.zero_stage = 0
+    single = dataclasses.replace(c, parallel=dataclasses.replace(c.parallel, gpus=1, tensor=1, pipeline=1,
+                                                                   zero_stage=0))
     return model_state_tensors(single)
 
 

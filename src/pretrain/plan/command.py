@@ -30,7 +30,7 @@ def add_arguments(p):
 
 def run(args) -> int:
     if args.list_gpus:
-        from .hardware import CATALOG
+        from ..gpus import CATALOG
 
         for spec in CATALOG.values():
             peaks = ", ".join(f"{k} {v:g}" for k, v in spec.peak_tflops.items()) or "measure with pretrain bench"

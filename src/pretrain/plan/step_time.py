@@ -47,12 +47,11 @@ Pure Python, as the rest of the planner.
 
 from __future__ import annotations
 
-import copy
 import math
 
-from .activations import COMPUTE_BYTES, activation_bytes
+from ..gpus import gpu_spec
+from .activations import COMPUTE_BYTES, activation_bytes, kept_tensor_traffic
 from .explain import Explain
-from .hardware import gpu_spec
 from .kernels import planned_native_gqa
 
 MATMUL_EFFICIENCY = 0.75  # of a data-sheet dense peak, reached by large bf16 GEMMs
@@ -149,11 +148,8 @@ def _micro_batch(c, counts, fl: dict, peak: float, ex: Explain) -> dict:
     weight_s = weights / (hbm * 1e9) if hbm else 0.0
     ex.add("step_time", "weight_read_s", weight_s, f"{reads} reads x {a} bytes x {counts.flops:,} / {shard} = "
            f"{weights:.4g} bytes / {bw_how}")
-    kept = copy.copy(t)
-    kept.activation_checkpointing = "none"  # recomputed tensors are written and read all the same
     native = planned_native_gqa(c)
-    act = activation_bytes(m, kept, par, native_gqa=native)
-    traffic = 2 * (act["layers"] * act["per_layer"] + act["once"])
+    traffic, act = kept_tensor_traffic(m, t, par, native_gqa=native)
     if t.activation_checkpointing != "none":  # what the recomputation writes again in backward
         traffic += act["layers"] * (act["per_layer"] - activation_bytes(m, t, par, native_gqa=native)["per_layer"])
     traffic_s = traffic / (hbm * 1e9) if hbm else 0.0

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from ..units import human as count
-
-GiB = 1024**3
+from ..units import GiB, human as count
 
 
 def si_bytes(n: float) -> str:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import UsageError
-from . import units
+from .. import units
 
 # Events drawn on the plots; checkpoints are routine and would only add clutter.
 MARKED_EVENTS = ("rollback", "spike", "nonfinite_skip", "resumed")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..files import write_atomic
-from ..report import units
+from .. import units
 
 FILES = {"csv": "sweep.csv", "json": "sweep.json", "png": "sweep.png"}
 CSV_COLUMNS = ("status", "plan_verdict", "it_per_s", "tokens_per_s", "achieved_tflops", "mfu",

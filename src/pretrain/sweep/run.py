@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from ..config import Config, load_config
+from ..config import Config, load_config, replaced
 from ..errors import UsageError
 from ..plan import plan as make_plan
 from ..plan.budget import run_length
@@ -148,9 +148,10 @@ def prepare_cells(config_path, overrides: list[str], sweep: dict) -> list[Cell]:
         own = grid.cell_overrides(values)
         where = f" (sweep cell {' '.join(own)})" if own else ""
         try:
-            config = load_config(config_path, [*overrides, *own])
-            config.data.dir = None  # synthetic tokens: a data directory is neither needed nor read
-            config.train.batch_ramp_tokens = 0  # every timed step at the cell's full batch, as labelled
+            # Synthetic tokens: a data directory is neither needed nor read. No batch ramp: every timed step
+            # runs at the cell's full batch, as labelled.
+            config = replaced(load_config(config_path, [*overrides, *own]),
+                              {"data.dir": None, "train.batch_ramp_tokens": 0})
             check_trainable(config, needs_data=False)
             _check_length(config)
             device = config.train.device
@@ -188,8 +189,8 @@ def _set_peaks(cells: list[Cell]) -> dict:
             if key not in measured:
                 measured[key] = plan_check.peak_tflops(cell.device_config, cell.rt.device)
             peak, source = measured[key]
-            for c in (cell.config, cell.device_config):
-                c.hardware.peak_tflops = peak
+            cell.config, cell.device_config = (replaced(c, {"hardware.peak_tflops": peak})
+                                               for c in (cell.config, cell.device_config))
             cell.plan = make_plan(cell.device_config)  # the planned tokens/s at the same peak as the MFU
         cell.plan["hardware"]["peak_source"] = source
         peaks[cell.config.train.precision] = {"tflops": peak, "source": source}

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 import yaml
 
+from ..config import untrained
 from ..errors import ConfigError, UsageError
 from ..files import write_atomic
 from ..plan.budget import run_length
@@ -83,16 +84,13 @@ class TensorState:
 
 def check_trainable(config, needs_data: bool = True) -> None:
     """Config errors the trainer (not the planner) refuses, before anything heavy is built."""
-    t, par = config.train, config.parallel
+    t = config.train
     if t.grad_dtype == "same" and t.precision.endswith("-mixed"):
         raise ConfigError("train.grad_dtype: same (half-precision gradients) is a planning option; autocast keeps "
                           "fp32 gradients: use train.grad_dtype=fp32 or train.precision=bf16")
-    if par.offload != "none":
-        raise ConfigError("parallel.offload: the trainer does not offload to host memory; the planner models "
-                          "it (use parallel.offload=none to train)")
-    if par.tensor > 1 or par.pipeline > 1:
-        raise ConfigError("parallel.tensor / parallel.pipeline: the trainer runs data parallel (DDP, ZeRO 1-3) "
-                          "only; the planner models tensor and pipeline parallelism (set both to 1 to train)")
+    refused = untrained(config)
+    if refused:
+        raise ConfigError(refused[0])
     if needs_data and not config.data.dir:
         raise ConfigError("data.dir: not set; prepare data with `pretrain prepare --out DIR` and set data.dir=DIR")
 
