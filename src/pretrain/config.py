@@ -548,7 +548,7 @@ def _positive(key: str, value, allow_zero: bool = False):
 LARGEST = 2**63 - 1  # int64: what the trainer's tensors and the token file's offsets hold
 
 
-def _finite(c: Config) -> None:
+def _refuse_non_finite(c: Config) -> None:
     """NaN passes every `<` test and infinity every `>`, and a number beyond int64 overflows the planner's
     arithmetic (GB x 1e9, TFLOP/s x 1e12 x GPUs): refuse them for every numeric key before other checks."""
     for section in SECTIONS:
@@ -567,7 +567,7 @@ def _finite(c: Config) -> None:
 def resolve(c: Config) -> Config:
     """The config with its derived defaults filled in (num_kv_heads, head_dim, seq_len), checked: what every
     reader sees. A new object; the config is frozen, so no value changes after this."""
-    _finite(c)
+    _refuse_non_finite(c)
     m, t = c.model, c.train
     for name in ("hidden_size", "num_heads", "max_seq_len"):
         _positive(f"model.{name}", getattr(m, name))
@@ -584,7 +584,7 @@ def resolve(c: Config) -> Config:
 
 def validate(c: Config) -> None:
     """Checks that need no files and no torch; each failure names the key and what is allowed."""
-    _finite(c)
+    _refuse_non_finite(c)
     m, t, p, h = c.model, c.train, c.parallel, c.hardware
     for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "max_seq_len"):
         _positive(f"model.{name}", getattr(m, name))

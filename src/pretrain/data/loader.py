@@ -218,11 +218,6 @@ class RandomWindows:
                    for epoch, first, count in self._advance(batch_size)]
         return _batch(self.data, self.split, self.tokens, np.concatenate(windows), self.seq_len)
 
-    def skip(self, num_windows: int) -> None:
-        """Move past this rank's next num_windows windows without reading them (call it on every rank)."""
-        for _ in self._advance(num_windows):
-            pass
-
     def state_dict(self) -> dict:
         return {"seed": self.seed, "epoch": self.epoch, "position": self.position,
                 "num_windows": self.num_windows, "seq_len": self.seq_len}

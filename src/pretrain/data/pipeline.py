@@ -27,6 +27,7 @@ import numpy as np
 from .. import __version__
 from ..errors import UsageError
 from ..files import StagedDirectory, display_path, write_atomic, write_error
+from ..progress import terminal_bar
 from .encode import Chunk, ChunkEncoder, encode_in_worker, init_worker
 from .fast_bpe import why_not_fast
 from .readers import SKIP_REASONS, Corpus, ReadOptions, find_files
@@ -271,13 +272,15 @@ def _progress_bar(total_bytes: int, enabled: bool):
     if not enabled:
         yield lambda completed, tokens: None
         return
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
+    from rich.progress import BarColumn, TaskProgressColumn, TextColumn, TimeRemainingColumn
 
-    columns = [TextColumn("prepare"), BarColumn(), TaskProgressColumn(),
-               TextColumn("{task.fields[mb_s]:.1f} MB/s"), TextColumn("{task.fields[tokens_s]:,.0f} tokens/s"),
-               TimeRemainingColumn()]
-    with Progress(*columns, console=Console(stderr=True)) as bar:
+    bar = terminal_bar(TextColumn("prepare"), BarColumn(), TaskProgressColumn(),
+                       TextColumn("{task.fields[mb_s]:.1f} MB/s"), TextColumn("{task.fields[tokens_s]:,.0f} tokens/s"),
+                       TimeRemainingColumn())
+    if bar is None:
+        yield lambda completed, tokens: None
+        return
+    with bar:
         task = bar.add_task("prepare", total=total_bytes, mb_s=0.0, tokens_s=0.0)
 
         def update(completed: int, tokens: int) -> None:

@@ -23,6 +23,7 @@ from ..plan import plan as make_plan
 from ..plan.budget import run_length
 from ..plan.params import count_params
 from ..plan.schedule import checked_warmup
+from ..progress import counting_bar
 from . import grid, output
 
 # What a cell's status can be (the table, the CSV and the JSON use these strings).
@@ -343,17 +344,5 @@ def _progress(progress):
     if callable(progress):
         yield progress
         return
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
-        TimeRemainingColumn
-
-    console = Console(stderr=True)
-    if not progress or not console.is_terminal:  # pipes and logs get no control characters
-        yield None
-        return
-    bar = Progress(TextColumn("sweep {task.description:<36}"), BarColumn(), MofNCompleteColumn(),
-                   TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console, transient=True)
-    with bar:
-        task = bar.add_task("", total=None)
-        yield lambda done, total, description: bar.update(task, completed=done, total=total,
-                                                          description=description)
+    with counting_bar("sweep", enabled=bool(progress), eta=True) as advance:
+        yield advance

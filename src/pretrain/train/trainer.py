@@ -171,7 +171,7 @@ class Trainer:
         self.measure_next = False
         self.step_seconds = 0.0
         self.last_metrics: dict = {}
-        self.log = RunLog(self.run_dir, self.total_steps, 0, progress=c.run.progress, enabled=rt.is_main and not quiet)
+        self.log = RunLog(self.run_dir, self.total_steps, progress=c.run.progress, enabled=rt.is_main and not quiet)
 
     # --- the loop ----------------------------------------------------------------------------------------
 
@@ -234,6 +234,7 @@ class Trainer:
             self.checkpointer.load(found)
             self._write_config()  # only after a successful restore: a failed --resume leaves it as it was
             st = self.state
+            self.log.start_at(st.step)
             self.log.say(f"resumed from {found} (step {st.step:,}, {st.tokens:,} tokens)")
             self.log.event({"event": "resumed", "step": st.step, "tokens": st.tokens, "path": str(found)})
             return
