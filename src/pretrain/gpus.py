@@ -72,6 +72,9 @@ CATALOG = {name: (replace(spec, intra_node_gbps=LINKS[name][0], inter_node_gbps=
                   if name in LINKS else spec) for name, spec in CATALOG.items()}
 
 ALIASES = {"h100": "h100-sxm", "a100": "a100-80gb", "v100": "v100-32gb", "a800": "a800-80gb"}
+# What each training precision multiplies in (the catalog's peaks are per dtype).
+COMPUTE_DTYPE = {"fp32": "tf32", "fp16-mixed": "fp16", "bf16-mixed": "bf16", "bf16": "bf16"}
+
 
 def gpu_spec(name: str) -> GpuSpec:
     key = ALIASES.get(name.lower(), name.lower())

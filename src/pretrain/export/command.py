@@ -61,11 +61,10 @@ def _os_error(e: Exception) -> OSError:
 
 
 def run(args) -> int:
-    import torch
-
     from safetensors import SafetensorError
 
     from ..files import display_path, write_error
+    from ..precision import TORCH_DTYPES
     from ..train import load_model
     from .hf import export_hf
 
@@ -74,7 +73,7 @@ def run(args) -> int:
     if model.run_config.data.dir:
         check_no_overlap(args.out_dir, {"data directory": model.run_config.data.dir})
     tokenizer = tokenizer_of(model)
-    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    dtype = TORCH_DTYPES[args.dtype]
     try:
         out = export_hf(model, args.out_dir, tokenizer_dir=tokenizer, dtype=dtype, overwrite=args.overwrite)
     except (OSError, SafetensorError) as e:  # export_hf removed its temporary directory; an old OUT_DIR is as it was

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ..errors import ConfigError
 from .advice import advise
-from .budget import run_length, storage_bytes, token_bytes, wall_clock
+from .budget import run_length, storage_bytes, token_bytes, token_dtype, wall_clock
 from .budget_mode import apply_budget, budget_requested
 from .corpus import corpus_supply
 from .explain import Explain
@@ -73,7 +73,7 @@ def plan_with_explain(config, advice: bool = True) -> tuple[dict, Explain]:
     ex.add("tokens", "storage_bytes", storage, f"{data:,} tokens"
            + (f" (examples {c.train.examples:,} x seq {c.train.seq_len})" if data != tokens else "")
            + f" x {token_bytes(c.model.vocab_size)} bytes "
-           f"({'uint16' if token_bytes(c.model.vocab_size) == 2 else 'uint32'} for vocabulary {c.model.vocab_size:,})")
+           f"({token_dtype(c.model.vocab_size)} for vocabulary {c.model.vocab_size:,})")
     full = _unsharded(c)
     ckpt = full["parameters"] + full["optimizer_states"]
     ex.add("tokens", "checkpoint_bytes", ckpt, f"parameters {full['parameters']:,} + optimizer states "

@@ -8,11 +8,7 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from ..files import read_json
-from ..gpus import gpu_spec
-
-# What each training precision multiplies in.
-COMPUTE_DTYPE = {"fp32": "tf32", "fp16-mixed": "fp16", "bf16-mixed": "bf16", "bf16": "bf16"}
-
+from ..gpus import COMPUTE_DTYPE, gpu_spec
 
 def load_profile(path: str | Path) -> dict:
     """A hardware profile JSON from `pretrain bench`: {"device", "peak_tflops": {dtype: best}, ...}."""

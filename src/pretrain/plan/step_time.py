@@ -52,6 +52,7 @@ import math
 from ..gpus import gpu_spec
 from .activations import COMPUTE_BYTES, activation_bytes, kept_tensor_traffic
 from .explain import Explain
+from .flops import mfu
 from .kernels import planned_native_gqa
 
 MATMUL_EFFICIENCY = 0.75  # of a data-sheet dense peak, reached by large bf16 GEMMs
@@ -102,13 +103,13 @@ def step_time(c, counts, fl: dict, peak: float | None, ex: Explain | None = None
     t, par = c.train, c.parallel
     tokens = t.seq_len * t.micro_batch_size * t.grad_accum_steps * par.data_parallel
     model_per_token = fl["per_token_6n"] if c.flops.convention == "6n" else fl["per_token"]
-    mfu = tokens / seconds * model_per_token / (par.gpus * peak * 1e12)
+    utilisation = mfu(tokens / seconds, model_per_token, par.gpus, peak)
     ex.add("step_time", "seconds", seconds, f"forward/backward {out['forward_backward_s']:.4g} + exposed data "
            f"parallel {out['data_parallel_exposed_s']:.4g} + optimizer {out['optimizer_s']:.4g}")
     ex.add("step_time", "tokens_per_second", tokens / seconds, f"{tokens:,} tokens per step / {seconds:.4g} s")
-    ex.add("step_time", "mfu", mfu, f"tokens/s x {model_per_token:,} model FLOPs/token / ({par.gpus} x {peak:g} "
+    ex.add("step_time", "mfu", utilisation, f"tokens/s x {model_per_token:,} model FLOPs/token / ({par.gpus} x {peak:g} "
            "TFLOP/s)")
-    return {"seconds": seconds, "tokens_per_second": tokens / seconds, "mfu": mfu, **out}
+    return {"seconds": seconds, "tokens_per_second": tokens / seconds, "mfu": utilisation, **out}
 
 
 def _hbm_gbps(c) -> float:

@@ -21,8 +21,10 @@ from ..config import Config, load_config, replaced
 from ..errors import UsageError
 from ..plan import plan as make_plan
 from ..plan.budget import run_length
+from ..plan.flops import mfu
 from ..plan.params import count_params
 from ..plan.schedule import checked_warmup
+from ..precision import matmul_dtype
 from ..progress import counting_bar
 from . import grid, output
 
@@ -186,7 +188,7 @@ def _set_peaks(cells: list[Cell]) -> dict:
         if hw["peak_tflops"]:
             peak, source = hw["peak_tflops"], hw["peak_source"]
         else:
-            key = (str(cell.rt.device), plan_check.matmul_dtype(cell.config.train.precision, cell.rt.device.type))
+            key = (str(cell.rt.device), matmul_dtype(cell.config.train.precision, cell.rt.device.type))
             if key not in measured:
                 measured[key] = plan_check.peak_tflops(cell.device_config, cell.rt.device)
             peak, source = measured[key]
@@ -301,7 +303,7 @@ def _record(cell: Cell, status: str = OK, measured: dict | None = None, error: s
     achieved = tokens_per_s * flops_per_token / 1e12
     record.update(step_seconds=step_seconds, step_seconds_each=measured["times"], it_per_s=1.0 / step_seconds,
                   tokens_per_s=tokens_per_s, achieved_tflops=achieved,
-                  mfu=achieved / (peak * world) if peak else None, loss=measured["loss"])
+                  mfu=mfu(tokens_per_s, flops_per_token, world, peak), loss=measured["loss"])
     m = measured["measurement"]
     detail = None
     if m is not None:

@@ -11,9 +11,9 @@ from pathlib import Path
 import torch
 
 from ..files import write_atomic
+from ..precision import matmul_dtype
 from ..plan import plan as make_plan
 from ..gpus import catalog_name
-from ..plan.hardware import COMPUTE_DTYPE
 from ..units import GiB, nbytes
 
 
@@ -28,12 +28,6 @@ def config_for_device(config, rt):
             hardware["memory_gb"] = torch.cuda.get_device_properties(rt.device).total_memory / 1e9
     return dataclasses.replace(config, hardware=dataclasses.replace(config.hardware, **hardware),
                                parallel=dataclasses.replace(config.parallel, gpus=rt.world_size))
-
-
-def matmul_dtype(precision: str, device_type: str = "cpu") -> str:
-    """The dtype the run's matmuls run in, to measure a peak in: fp16-mixed in fp16, fp32 at TF32 on a GPU."""
-    dtype = COMPUTE_DTYPE[precision]
-    return "fp32" if dtype == "tf32" and device_type == "cpu" else dtype
 
 
 def peak_tflops(device_config, device=torch.device("cpu")) -> tuple[float | None, str]:
