@@ -36,3 +36,11 @@ def test_untrained_values_come_from_the_keys_metadata():
     (line,) = untrained(load_config({"parallel": {"offload": "optimizer"}}))
     assert line.startswith("parallel.offload: optimizer is planned but not trained") and "none" in line
     assert "*Planner only beyond `none`" in docs_markdown()  # the README's table says the same
+
+
+def test_the_package_root_hands_out_the_planner_without_shadowing_its_package():
+    import pretrain
+    import pretrain.plan
+
+    assert callable(pretrain.make_plan) and pretrain.make_plan(load_config({}))["params"]["total"] > 0
+    assert pretrain.plan.__name__ == "pretrain.plan"  # the package, not a function of the same name

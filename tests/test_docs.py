@@ -42,7 +42,7 @@ def test_the_readme_plan_table_is_what_the_planner_prints():
     import shlex
 
     from pretrain.config_args import split_items
-    from pretrain.plan import plan
+    from pretrain.plan import make_plan
     from pretrain.plan.table import render
 
     start = README.index("$ pretrain plan ")
@@ -50,5 +50,5 @@ def test_the_readme_plan_table_is_what_the_planner_prints():
     items = shlex.split(command.replace("\\\n", " "))[2:]
     path, overrides = split_items(items)
     config = load_config(path, overrides)
-    table = render(config, plan(config))
+    table = render(config, make_plan(config))
     assert table in README, "rerun the command and paste its table into the README"

@@ -87,7 +87,7 @@ def upward_imports() -> dict[tuple[str, str], set[str]]:
     for importer, targets in import_graph().items():
         own = part(importer)
         if own is None:
-            continue  # the root's lazy __getattr__ hands out load_config, plan and load_model: a front door
+            continue  # the root's lazy __getattr__ hands out load_config, make_plan and load_model: a front door
         for target in targets:
             other = part(target)
             if other is None or other == own:

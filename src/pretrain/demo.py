@@ -79,7 +79,7 @@ def run(args) -> int:
 
     from .data import prepare, train_tokenizer, write_sample_corpus
     from .data.prepare_command import summary
-    from .plan import plan
+    from .plan import make_plan
     from .plan.budget import storage_bytes
     from .plan.table import render
     from .train import train
@@ -97,7 +97,7 @@ def run(args) -> int:
         config = replaced(config, {"hardware.peak_tflops": round(peak_tflops(config)[0], 4)})
 
     print(f"== 1/6 plan ({config.run.dir}), at the measured matmul peak of this CPU")
-    print(render(config, plan(config)))
+    print(render(config, make_plan(config)))
 
     print(f"\n== 2/6 tokenizer: byte-level BPE, {VOCAB_SIZE} tokens, trained on {corpus}")
     tokenizer_dir = out / "tokenizer"

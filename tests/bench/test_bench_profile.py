@@ -10,7 +10,7 @@ from pretrain.bench.run import bench_config, parse_dtypes
 from pretrain.distributed.runtime import resolve_device
 from pretrain.config import load_config
 from pretrain.errors import UsageError
-from pretrain.plan import plan
+from pretrain.plan import make_plan
 from pretrain.plan.hardware import load_profile
 
 # The keys docs/bench.md documents.
@@ -74,7 +74,7 @@ def test_plan_divides_by_the_profile_peak(profile, tmp_path):
     assert load_profile(path)["peak_tflops"] == profile["peak_tflops"]
     for precision, dtype in (("bf16-mixed", "bf16"), ("fp32", "tf32"), ("fp16-mixed", "fp16")):
         config = load_config(None, ["hardware.gpu=cpu", f"hardware.profile={path}", f"train.precision={precision}"])
-        hardware = plan(config)["hardware"]
+        hardware = make_plan(config)["hardware"]
         assert hardware["peak_tflops"] == profile["peak_tflops"][dtype]
         assert hardware["peak_source"] == f"measured {dtype} in {path}"
 

@@ -14,14 +14,14 @@ import torch
 from .. import precision
 from ..distributed.recompute import apply_activation_checkpointing
 from ..model.transformer import Block, rotary_tables
-from ..plan import plan
+from ..plan import make_plan
 from ..plan.flops import mfu
 from .matmul import fp32_precision
 from .timing import median_seconds
 
 def block_flops_per_token(config) -> int:
     """Model FLOPs per token of one block, from the planner: 6 x per-layer parameters + attention / L."""
-    p = plan(config)
+    p = make_plan(config)
     return 6 * p["params"]["per_layer"] + p["flops"]["attention_per_token"] // config.model.num_layers
 
 

@@ -1,6 +1,6 @@
 """The planner: parameters, FLOPs, memory per GPU, data, steps and time of a pretraining run.
 
-Pure Python (no torch, no numpy), so `pretrain plan` answers instantly anywhere. `plan(config)` returns the
+Pure Python (no torch, no numpy), so `pretrain plan` answers instantly anywhere. `make_plan(config)` returns the
 JSON-ready dict whose keys are documented in the README ("Plan output").
 """
 
@@ -28,7 +28,7 @@ __all__ = ["plan", "plan_with_explain", "planned_config", "count_params", "param
 MAX_LAYERS = 1000
 
 
-def plan(config) -> dict:
+def make_plan(config) -> dict:
     """The plan for a resolved Config (see `pretrain.config.load_config`)."""
     return plan_with_explain(config)[0]
 

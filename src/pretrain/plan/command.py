@@ -58,12 +58,12 @@ def run(args) -> int:
 
 def _fit(config, args) -> int:
     from ..errors import UsageError
-    from . import plan, plan_with_explain, planned_config
+    from . import make_plan, plan_with_explain, planned_config
     from .fit import fit, render
 
     if args.top < 1:
         raise UsageError(f"--top: must be at least 1, got {args.top}")
-    if "budget" in (first := plan(config)):  # budget mode: the layouts of the model the budget buys
+    if "budget" in (first := make_plan(config)):  # budget mode: the layouts of the model the budget buys
         config = planned_config(config, first)
     result = fit(config, top=args.top)
     if args.json:

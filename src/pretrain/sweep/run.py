@@ -19,7 +19,7 @@ import torch
 
 from ..config import Config, load_config, replaced
 from ..errors import UsageError
-from ..plan import plan as make_plan
+from ..plan import make_plan
 from ..plan.budget import run_length
 from ..plan.flops import mfu
 from ..plan.params import count_params

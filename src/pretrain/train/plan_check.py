@@ -12,7 +12,7 @@ import torch
 
 from ..files import write_atomic
 from ..precision import matmul_dtype
-from ..plan import plan as make_plan
+from ..plan import make_plan
 from ..gpus import catalog_name
 from ..units import GiB, nbytes
 
