@@ -55,6 +55,10 @@ class TrainState:
     rollbacks: list = field(default_factory=list)
     nonfinite_skips: int = 0
 
+    def lr_multiplier(self) -> float:
+        """The learning-rate factor a rollback set (stability.lr_scale), for its stability.lr_scale_steps."""
+        return self.lr_scale if self.step < self.lr_scale_until else 1.0
+
     def state_dict(self) -> dict:
         return asdict(self)
 
@@ -215,9 +219,9 @@ class Trainer:
         """One optimizer step at the schedule's learning rate and the batch ramp's size."""
         t, st = self.config.train, self.state
         accum = micro_batches_per_step(st.tokens, **self.ramp)
-        scale = st.lr_scale if st.step < st.lr_scale_until else 1.0
         lr = learning_rate(st.step, total_steps=self.total_steps, warmup=self.warmup, peak=t.lr,
-                           min_ratio=t.min_lr_ratio, schedule=t.schedule, decay_fraction=t.decay_fraction) * scale
+                           min_ratio=t.min_lr_ratio, schedule=t.schedule,
+                           decay_fraction=t.decay_fraction) * st.lr_multiplier()
         measure, self.measure_next = self.measure_next, False
         return train_step(self.par, self.batches, st, accum=accum, lr=lr, grad_clip=t.grad_clip,
                           micro_batch_size=t.micro_batch_size, seq_len=t.seq_len, scaler=self.scaler,
