@@ -35,7 +35,7 @@ def test_untrained_values_come_from_the_keys_metadata():
     assert untrained(load_config({})) == []
     (line,) = untrained(load_config({"parallel": {"offload": "optimizer"}}))
     assert line.startswith("parallel.offload: optimizer is planned but not trained") and "none" in line
-    assert "*Planner only beyond `none`" in docs_markdown()  # the README's table says the same
+    assert "*Planner only beyond `none`" in docs_markdown()  # docs/config.md's table says the same
 
 
 def test_the_package_root_hands_out_the_planner_without_shadowing_its_package():

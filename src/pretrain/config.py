@@ -1,7 +1,7 @@
 """One config schema for every subcommand: `plan`, `train`, `sweep` and `bench` read the same sections.
 
-A config is a YAML file plus `section.key=value` overrides. Every field carries a `doc` string; the README's
-key table is generated from it (`pretrain config --docs`), so the code and the docs cannot drift apart.
+A config is a YAML file plus `section.key=value` overrides. Every field carries a `doc` string; the key table
+of docs/config.md is generated from it (`pretrain config --docs`), so the code and the docs cannot drift apart.
 Pure Python: importing this module imports neither torch nor numpy.
 """
 
@@ -24,7 +24,7 @@ from .presets import PRESETS, from_hf_config, preset
 def doc(default: Any, text: str, choices: tuple | None = None, trains: tuple | None = None):
     """A dataclass field with its documentation, the allowed values (for strings) and, when the trainer runs
     fewer values than the planner models, the ones it runs (`trains`): `check_trainable` refuses the others
-    and the README's key table says so, both from this one place."""
+    and docs/config.md's key table says so, both from this one place."""
     metadata = {"doc": text, "choices": choices, "trains": trains}
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=metadata)
@@ -192,7 +192,7 @@ class PlanConfig:
 @dataclass(frozen=True)
 class BudgetConfig:
     gpu_hours: float | None = doc(None, "planner budget mode: GPU-hours to spend; the plan then chooses the "
-                                  "Chinchilla-optimal model and tokens for that compute (README: Budget mode)")
+                                  "Chinchilla-optimal model and tokens for that compute (docs/plan.md: Budget mode)")
     days: float | None = doc(None, "budget mode: days of parallel.gpus GPUs")
     cost: float | None = doc(None, "budget mode: money to spend, at hardware.price_per_gpu_hour")
 
@@ -716,7 +716,7 @@ def _value(v) -> str:
 # --- documentation -------------------------------------------------------------------------------------
 
 def docs_markdown() -> str:
-    """The key table of the README: every section, key, default and meaning."""
+    """The key table of docs/config.md: every section, key, default and meaning."""
     lines = ["| key | default | meaning |", "|---|---|---|"]
     for section, cls in SECTIONS.items():
         for f in dataclasses.fields(cls):

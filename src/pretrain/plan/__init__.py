@@ -1,7 +1,7 @@
 """The planner: parameters, FLOPs, memory per GPU, data, steps and time of a pretraining run.
 
 Pure Python (no torch, no numpy), so `pretrain plan` answers instantly anywhere. `make_plan(config)` returns the
-JSON-ready dict whose keys are documented in the README ("Plan output").
+JSON-ready dict whose keys are documented in docs/plan.md ("The JSON").
 """
 
 from __future__ import annotations

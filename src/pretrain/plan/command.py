@@ -20,7 +20,7 @@ HELP = "plan a run: parameters, FLOPs, memory per GPU, tokens, steps, time"
 
 def add_arguments(p):
     add_config_arguments(p)
-    p.add_argument("--json", action="store_true", help="print the plan as JSON (keys documented in the README)")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON (keys documented in docs/plan.md)")
     p.add_argument("--explain", action="store_true", help="print each figure's formula with the numbers substituted")
     p.add_argument("--fit", action="store_true", help="search micro-batch, recomputation, ZeRO, tensor and "
                    "pipeline degrees and offload for the fastest layout that fits (global batch kept)")
