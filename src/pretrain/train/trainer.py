@@ -150,7 +150,7 @@ class Trainer:
         model = build_model(c.model, attention=t.attention, device="meta" if on_meta else rt.device, seed=t.seed,
                             loss=t.loss, loss_chunk_tokens=t.loss_chunk_tokens)
         if c.model.init_from:
-            from ..export.hf import load_hf_into
+            from ..model.hf import load_hf_into
 
             load_hf_into(model, c.model.init_from)
         self.par = parallelize(model, c, rt)
