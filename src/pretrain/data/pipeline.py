@@ -93,10 +93,12 @@ def prepare(inputs, tokenizer, out_dir, *, val_fraction: float = 0.01, workers: 
 
 
 def _build(out_dir: Path, corpus, tok, dtype, why_not, *, seed, val_fraction, workers, strict, progress,
-           **read_options) -> dict:
-    """The whole dataset in `out_dir` (a fresh directory), meta.json last; returns the meta dict."""
+           allow_empty: bool = False, **read_options) -> dict:
+    """The whole dataset in `out_dir` (a fresh directory), meta.json last; returns the meta dict.
+
+    allow_empty: no documents is a dataset of empty splits, not an error (one shard of many: sharded.py)."""
     args = dict(corpus=corpus, tok=tok, dtype=dtype, seed=seed, val_fraction=val_fraction, workers=workers,
-                strict=strict, out_dir=out_dir, progress=progress)
+                strict=strict, out_dir=out_dir, progress=progress, allow_empty=allow_empty)
     try:
         result = _tokenize(fast=why_not is None, **args)
     except _FastPathMismatch as e:
@@ -131,7 +133,7 @@ class _FastPathMismatch(Exception):
         self.doc = doc
 
 
-def _tokenize(*, corpus, tok, dtype, seed, val_fraction, workers, strict, out_dir, progress, fast):
+def _tokenize(*, corpus, tok, dtype, seed, val_fraction, workers, strict, out_dir, progress, fast, allow_empty):
     """One pass over the corpus into the split files; returns (finished writers, skip log, text stats)."""
     skips = SkipLog(strict)
     writers = {split: SplitWriter(out_dir, split, dtype) for split in SPLITS}
@@ -148,7 +150,7 @@ def _tokenize(*, corpus, tok, dtype, seed, val_fraction, workers, strict, out_di
                 text["bytes"] += encoded.text_bytes
                 text["verified"] += encoded.verified
                 update(corpus.bytes_read, sum(w.num_tokens for w in writers.values()))
-        if not sum(w.num_docs for w in writers.values()):
+        if not allow_empty and not sum(w.num_docs for w in writers.values()):
             raise UsageError(f"no documents in {corpus.describe()} ({skips.summary() or 'empty'}); "
                              "check --format, --text-field and --split-blank-lines")
         for writer in writers.values():
