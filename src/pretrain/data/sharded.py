@@ -27,6 +27,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import sys
 import threading
 import time
@@ -111,7 +112,7 @@ def prepare_sharded(inputs, tokenizer, out_dir, *, tasks: int, executor: str = "
     job = Job(files=[[os.path.abspath(corpus.files[i]) for i in r] for r in split_files(corpus.sizes, tasks)],
               work=str(final.with_name(final.name + ".partial")), final=str(final), seed=seed,
               val_fraction=val_fraction, dtype=dtype, strict=strict, fast_path=fast_path, format=format,
-              text_field=text_field, split_blank_lines=split_blank_lines, launcher_pid=os.getpid())
+              text_field=text_field, split_blank_lines=split_blank_lines)
     _open_work_dir(job, corpus, tok)
     if executor == "slurm":
         _submit_slurm(job, tasks, workers, slurm)
@@ -119,11 +120,15 @@ def prepare_sharded(inputs, tokenizer, out_dir, *, tasks: int, executor: str = "
     pipeline = [TokenizeShard(job)]
     logs = str(Path(job.work) / "logs" / "tokenize")
     if executor == "local":
+        import multiprocess.util
         from datatrove.executor import LocalPipelineExecutor
 
-        # One task at a time runs in this process; more run in a pool (forkserver: no inherited locks).
+        # One task at a time runs in this process; more run in a pool of forked processes (this process holds no
+        # threads or tokenizer state yet). Each forked process (pool workers, datatrove's Manager) watches this one.
+        watch = LauncherWatch()  # referenced until run() returns: the registry holds it weakly
+        multiprocess.util.register_after_fork(watch, LauncherWatch.start)
         LocalPipelineExecutor(pipeline, tasks=tasks, workers=min(tasks, workers or default_workers()),
-                              logging_dir=logs).run()
+                              logging_dir=logs, start_method="fork").run()
     else:
         _run_ray(pipeline, tasks, workers, logs)
     return finish(job)
@@ -144,7 +149,6 @@ class Job:
     format: str
     text_field: str
     split_blank_lines: bool
-    launcher_pid: int  # the `pretrain prepare` process: a local task ends when it is gone
 
     @property
     def read_options(self) -> ReadOptions:
@@ -203,8 +207,6 @@ class TokenizeShard(PipelineStep):
         job = self.job
         if world_size != len(job.files):
             raise RuntimeError(f"executor runs {world_size} tasks, the job has {len(job.files)}")
-        if os.getpid() != job.launcher_pid and job.launcher_pid > 0:
-            _exit_with_launcher(job.launcher_pid)
         work = Path(job.work)
         shard = work / shard_name(rank)
         if (shard / "meta.json").is_file():
@@ -316,21 +318,26 @@ def _swap_in(work: Path, final: Path) -> None:
         shutil.rmtree(aside, ignore_errors=True)
 
 
-def _exit_with_launcher(pid: int) -> None:
-    """A local task in datatrove's pool ends within 0.2 s of the `pretrain prepare` that started it (killed,
-    say): the pool's processes are not its children, so nothing else would stop them, and a rerun would race
-    an orphan writing the same shard."""
-    def watch():
-        while True:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                os._exit(1)
-            except PermissionError:  # alive, another user's (cannot be ours): keep watching
-                pass
-            time.sleep(0.2)
+class LauncherWatch:
+    """Started in each process datatrove's local executor forks: it exits within 0.2 s of the `pretrain prepare`
+    that forked it (killed, say). Nothing else stops them: an orphaned pool worker would go on writing its
+    shard while a rerun writes the same one, and datatrove's Manager process would wait forever."""
 
-    threading.Thread(target=watch, daemon=True, name="exit-with-launcher").start()
+    def __init__(self):
+        self.pid = os.getpid()
+
+    def start(self) -> None:
+        # prepare's SIGTERM handler (raise KeyboardInterrupt) is inherited by fork: the pool ends its workers
+        # with SIGTERM, which must end them, not raise inside a Manager call and leave them hanging.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        threading.Thread(target=self._watch, daemon=True, name="exit-with-launcher").start()
+
+    def _watch(self) -> None:
+        # The forked processes are the launcher's children: the kernel re-parents them the moment it exits,
+        # even while it is an unreaped zombie (which os.kill(pid, 0) would still find).
+        while os.getppid() == self.pid:
+            time.sleep(0.2)
+        os._exit(1)
 
 
 def _run_ray(pipeline, tasks: int, workers: int | None, logs: str) -> None:
@@ -347,9 +354,6 @@ def _run_ray(pipeline, tasks: int, workers: int | None, logs: str) -> None:
             ray.init()
         else:
             ray.init(num_cpus=workers or default_workers(), include_dashboard=False)
-    # No launcher to watch: Ray ends its workers with the driver.
-    job = pipeline[0].job
-    pipeline = [TokenizeShard(Job(**{**job.__dict__, "launcher_pid": 0}))]
     RayPipelineExecutor(pipeline, tasks=tasks, workers=workers or -1, logging_dir=logs, cpus_per_task=1,
                         mem_per_cpu_gb=2).run()
 
@@ -358,7 +362,6 @@ def _submit_slurm(job: Job, tasks: int, workers: int | None, slurm: SlurmOptions
     """The job array (one array task per datatrove task) and, depending on it, the one-task manifest job."""
     from datatrove.executor.slurm import SlurmPipelineExecutor
 
-    job = Job(**{**job.__dict__, "launcher_pid": 0})  # this process exits after submitting
     env_command = slurm.env_command or (f"source {sys.prefix}/bin/activate" if sys.prefix != sys.base_prefix else "")
     common = dict(time=slurm.time, partition=slurm.partition, cpus_per_task=1, mem_per_cpu_gb=slurm.mem_per_cpu_gb,
                   qos=slurm.qos, sbatch_args=dict(slurm.sbatch_args), env_command=env_command or None,
