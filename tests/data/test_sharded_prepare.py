@@ -142,7 +142,9 @@ def test_a_killed_prepare_redoes_only_unfinished_tasks(tmp_path, corpus, bpe_dir
                             stderr=subprocess.PIPE, text=True)
     wait_for(lambda: completions.is_dir() and any(completions.iterdir()), proc)
     proc.kill()  # SIGKILL: nothing in prepare runs
-    proc.communicate()
+    proc.wait()
+    proc.stdout.close()  # not communicate(): an orphan holding the pipes would block it
+    proc.stderr.close()
     # its forked workers and datatrove's Manager go with it (none may keep writing a shard)
     deadline = time.time() + 5
     while time.time() < deadline and _processes_naming(out):
