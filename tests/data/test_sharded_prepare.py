@@ -294,3 +294,19 @@ def test_bad_sharding_options_are_one_line_before_any_work(extra, message, tmp_p
     assert r.returncode == 2 and message in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "out.partial").exists()
+
+
+def test_a_damaged_token_names_its_shard_file(tmp_path, corpus, bpe_dir, cli):
+    from pretrain.data.loader import SequentialWindows
+
+    out = tmp_path / "out"
+    prepare(cli, corpus, bpe_dir, out, "--tasks", 2)
+    damaged = out / "shard_00001" / "train.bin"
+    data = bytearray(damaged.read_bytes())
+    data[14:16] = (65535).to_bytes(2, "little")  # token 7 of the shard: an id past the 600-token vocabulary
+    damaged.write_bytes(bytes(data))
+    windows = SequentialWindows(PreparedData(out, verify="size"), "train", 32)
+    with pytest.raises(UsageError) as e:
+        for _ in windows.batches(64, 10_000):
+            pass
+    assert f"{damaged}: token id 65,535 at token 7 is outside the vocabulary" in str(e.value)

@@ -118,6 +118,17 @@ class PreparedData:
                 raise self._error(self.path / name, "sha256 differs from meta.json (file corrupted or replaced)")
         self._verify_tokenizer()
 
+    def locate(self, split: str, token: int) -> tuple[Path, int]:
+        """The file holding token `token` of tokens(split), and its index there (a shard's, when sharded)."""
+        if self.shards is None:
+            return self.path / f"{split}.bin", token
+        for shard in self.shards:
+            n = shard._num_tokens(split)
+            if token < n:
+                return shard.locate(split, token)
+            token -= n
+        raise IndexError(f"token {token:,} is past the end of the {split} split")
+
     def _open_shards(self, verify: str) -> list[PreparedData]:
         """Each shard checked as a dataset of its own, and against the manifest: one tokenizer and dtype for
         all (token ids mean one thing across the dataset), the counts and checksums the manifest lists."""
@@ -393,8 +404,9 @@ def _batch(data: PreparedData, split: str, tokens: np.ndarray, windows: np.ndarr
     rows = tokens[starts[:, None] + np.arange(seq_len + 1)].astype(np.int64)  # reads only these windows
     if rows.size and rows.max() >= data.vocab_size:  # the ids are unsigned: only too large is possible
         row, column = np.unravel_index(int(rows.argmax()), rows.shape)
-        raise UsageError(f"{data.path / f'{split}.bin'}: token id {int(rows.max()):,} at token "
-                         f"{int(starts[row]) + int(column):,} is outside the vocabulary of {data.vocab_size:,} "
+        path, token = data.locate(split, int(starts[row]) + int(column))
+        raise UsageError(f"{path}: token id {int(rows.max()):,} at token "
+                         f"{token:,} is outside the vocabulary of {data.vocab_size:,} "
                          f"(meta.json): the file is damaged; run `pretrain prepare --out {data.path}` again "
                          "(data.verify=full checks every byte at start)")
     return torch.from_numpy(rows[:, :-1].copy()), torch.from_numpy(rows[:, 1:].copy())
