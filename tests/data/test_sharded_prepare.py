@@ -310,3 +310,15 @@ def test_a_damaged_token_names_its_shard_file(tmp_path, corpus, bpe_dir, cli):
         for _ in windows.batches(64, 10_000):
             pass
     assert f"{damaged}: token id 65,535 at token 7 is outside the vocabulary" in str(e.value)
+
+
+def test_either_kind_of_dataset_replaces_the_other(tmp_path, corpus, bpe_dir, one_pass, cli):
+    out = tmp_path / "out"
+    prepare(cli, corpus, bpe_dir, out, "--workers", 1)
+    prepare(cli, corpus, bpe_dir, out, "--tasks", 2)
+    assert_same_dataset(out, one_pass)
+    prepare(cli, corpus, bpe_dir, out, "--workers", 1)
+    assert not list(out.glob("shard_*")) and (out / "train.bin").read_bytes() == (one_pass / "train.bin").read_bytes()
+    (out / "notes.txt").write_text("mine")
+    r = cli("prepare", "--input", corpus, "--tokenizer", bpe_dir, "--out", out, "--tasks", 2)
+    assert r.returncode == 2 and "notes.txt" in r.stderr

@@ -43,6 +43,17 @@ META_VERSION = 1
 DATASET_FILES = ("meta.json", "tokenizer", *(f"{s}.{ext}" for s in SPLITS for ext in ("bin", "idx.npy")))
 
 
+def replaceable_names(out_dir) -> tuple[str, ...]:
+    """What a new dataset may replace at --out: a dataset's files, and a sharded dataset's (sharded.py) when
+    --out holds one, as its meta.json lists them: one kind of dataset may replace the other."""
+    try:
+        shards = json.loads((Path(out_dir) / "meta.json").read_text(encoding="utf-8"))["shards"]
+        extra = tuple(name for name in shards if isinstance(name, str) and "/" not in name)
+    except (OSError, ValueError, KeyError, TypeError):
+        return DATASET_FILES
+    return (*DATASET_FILES, "job.json", "logs", *extra)
+
+
 def resolve_dtype(dtype: str, vocab_size: int) -> str:
     """auto: uint16 when every id fits (vocab_size <= 65,536), else uint32 (the planner's token_bytes)."""
     if dtype not in DTYPES:
@@ -78,7 +89,7 @@ def prepare(inputs, tokenizer, out_dir, *, val_fraction: float = 0.01, workers: 
     dtype = resolve_dtype(dtype, tok.vocab_size)
     why_not = why_not_fast(tok.json) if fast_path else "not asked for (--fast-path)"
 
-    with StagedDirectory(out_dir, "--out", DATASET_FILES) as staged:
+    with StagedDirectory(out_dir, "--out", replaceable_names(out_dir)) as staged:
         try:
             meta = _build(staged.path, corpus, tok, dtype, why_not, seed=seed, val_fraction=val_fraction,
                           workers=workers, strict=strict, progress=progress, format=format,
