@@ -20,6 +20,7 @@ import pytest
 from pretrain.data.loader import PreparedData, RandomWindows
 from pretrain.data.readers import render_encyclopedia
 from pretrain.errors import UsageError
+from support import tiny
 
 SPLITS = ("train", "val")
 
@@ -322,3 +323,14 @@ def test_either_kind_of_dataset_replaces_the_other(tmp_path, corpus, bpe_dir, on
     (out / "notes.txt").write_text("mine")
     r = cli("prepare", "--input", corpus, "--tokenizer", bpe_dir, "--out", out, "--tasks", 2)
     assert r.returncode == 2 and "notes.txt" in r.stderr
+
+
+def test_pretrain_train_reads_a_sharded_dataset(tmp_path, corpus, bpe_dir, cli):
+    out = tmp_path / "out"
+    prepare(cli, corpus, bpe_dir, out, "--tasks", 3)
+    r = cli("train", *tiny(out, tmp_path / "run", "model.vocab_size=600", "train.max_steps=6", "run.eval_every=3",
+                           "run.checkpoint_every=0"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows if "loss" in row] == list(range(1, 7))
+    assert any("val_loss" in row for row in rows)
