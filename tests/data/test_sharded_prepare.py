@@ -136,6 +136,7 @@ def test_a_killed_prepare_redoes_only_unfinished_tasks(tmp_path, corpus, bpe_dir
         (big / f.name).write_bytes(f.read_bytes() * 6 if f.suffix == ".jsonl" else
                                    b"\n\n".join([f.read_bytes()] * 6))
     out = tmp_path / "out"
+    shutil.copytree(one_pass, out)  # an earlier dataset at --out: usable until the new one is complete
     args = ["prepare", "--input", big, "--tokenizer", bpe_dir, "--out", out, "--split-blank-lines",
             "--val-fraction", 0.1, "--tasks", 8, "--workers", 2]
     completions = tmp_path / "out.partial" / "logs" / "tokenize" / "completions"
@@ -154,7 +155,8 @@ def test_a_killed_prepare_redoes_only_unfinished_tasks(tmp_path, corpus, bpe_dir
     done = sorted(p.name for p in completions.iterdir())
     assert 0 < len(done) < 8, f"the kill came too late to test a resume: {done}"
     kept = {name: _identity(tmp_path / "out.partial" / f"shard_{name}") for name in done}
-    assert not out.exists()  # nothing at --out until every task is done
+    old = PreparedData(out, verify="full")  # still the earlier dataset, whole
+    assert old.shards is None and np.array_equal(old.tokens("train"), PreparedData(one_pass).tokens("train"))
 
     r = cli(*args)
     assert r.returncode == 0, r.stderr[-3000:]
