@@ -31,7 +31,7 @@ from ..plan.budget import TOKEN_DTYPES, token_dtype
 from ..progress import terminal_bar
 from .encode import Chunk, ChunkEncoder, encode_in_worker, init_worker
 from .fast_bpe import why_not_fast
-from .readers import SKIP_REASONS, Corpus, ReadOptions, find_files
+from .readers import SKIP_REASONS, Corpus, ReadOptions, file_name, find_files
 from .tokenizer import find_tokenizer
 
 SPLITS = ("train", "val")
@@ -131,7 +131,7 @@ def _build(out_dir: Path, corpus, tok, dtype, why_not, *, seed, val_fraction, wo
         "chars_per_token": text["chars"] / text_tokens, "bytes_per_token": text["bytes"] / text_tokens,
         "text_chars": text["chars"], "text_bytes": text["bytes"],
         "skipped": skips.counts, "skipped_examples": skips.examples,
-        "files": [{"path": display_path(p), "bytes": n} for p, n in zip(corpus.files, corpus.sizes)],
+        "files": [{"path": file_name(p), "bytes": n} for p, n in zip(corpus.files, corpus.sizes)],
         "tokenizer": "tokenizer", "tokenizer_sha256": tok.sha256, "tokenizer_source": display_path(tok.source),
         "encoder": {"name": "tokenizers" if why_not else "tiktoken", "verified_docs": text["verified"],
                     **({"why_not_tiktoken": why_not} if why_not else {})},

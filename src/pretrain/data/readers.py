@@ -12,10 +12,13 @@ A `datasets` directory is read with pyarrow directly, batch by batch: its .arrow
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import gzip
 import io
 import json
+import posixpath
+import re
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,7 +73,83 @@ class ReadOptions:
     split_blank_lines: bool = False  # .txt: one document per blank-line-separated block instead of per file
 
 
-def find_files(inputs: list[str | Path]) -> list[Path]:
+URL = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://")  # hf://datasets/..., s3://..., https://..., file://...
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    """A corpus file behind an fsspec URL (https://filesystem-spec.readthedocs.io), read streaming through
+    fsspec: `hf://datasets/OWNER/NAME/...` (Hugging Face's HfFileSystem, network needed), `s3://`, ...
+    What the readers use of a Path: name, stat(), resolve(), and open() in place of open(path)."""
+
+    url: str
+    size: int
+    mtime_ns: int = 0  # 0 where the file system gives none
+
+    @property
+    def name(self) -> str:
+        return posixpath.basename(self.url)
+
+    def stat(self):
+        return _Stat(self.size, self.mtime_ns)
+
+    def resolve(self) -> "RemoteFile":
+        return self
+
+    def open(self):
+        import fsspec
+
+        return fsspec.open(self.url, "rb").open()
+
+    def __str__(self) -> str:
+        return self.url
+
+
+class _Stat(NamedTuple):
+    st_size: int
+    st_mtime_ns: int
+
+
+def file_name(path: Path | RemoteFile) -> str:
+    """A corpus file as text for messages and meta.json: its URL, or its path (odd bytes as \\xNN)."""
+    return path.url if isinstance(path, RemoteFile) else display_path(path)
+
+
+def _open(path: Path | RemoteFile):
+    return path.open() if isinstance(path, RemoteFile) else open(path, "rb")
+
+
+def _remote_files(url: str) -> list[RemoteFile]:
+    """The files an fsspec URL names: a file, a directory (searched recursively for SUFFIXES) or a glob."""
+    try:
+        import fsspec.core
+
+        fs, root = fsspec.core.url_to_fs(url)
+        if glob.has_magic(root):
+            paths = [p for p in fs.glob(root) if fs.isfile(p)]
+        elif fs.isdir(root):
+            paths = [p for p in fs.find(root) if p.endswith(SUFFIXES)]
+        elif fs.isfile(root):
+            paths = [root]
+        else:
+            raise UsageError(f"input {url} does not exist; give corpus files, directories or globs")
+        infos = [fs.info(p) for p in paths]
+    except UsageError:
+        raise
+    except Exception as e:  # fsspec's errors are its backends' (ImportError, ValueError, OSError, HTTP errors)
+        raise UsageError(f"input {url}: cannot list it ({type(e).__name__}: {' '.join(str(e).split())}); "
+                         "remote paths need network and the file system's fsspec package (hf:// uses "
+                         "huggingface_hub)") from None
+    return [RemoteFile(fs.unstrip_protocol(p), int(info.get("size") or 0), _mtime_ns(info))
+            for p, info in zip(paths, infos)]
+
+
+def _mtime_ns(info: dict) -> int:
+    mtime = info.get("mtime") or info.get("last_modified") or 0
+    return int(mtime * 1e9) if isinstance(mtime, (int, float)) else 0
+
+
+def find_files(inputs: list[str | Path]) -> list[Path | RemoteFile]:
     """Files named by `inputs` (files, directories searched recursively, globs), sorted and deduplicated.
 
     A file named twice (a relative and an absolute path, a symlink) is read once, under its first name in
@@ -78,10 +157,12 @@ def find_files(inputs: list[str | Path]) -> list[Path]:
     """
     if isinstance(inputs, (str, Path)):
         inputs = [inputs]
-    found: set[Path] = set()
+    found: set[Path | RemoteFile] = set()
     for item in inputs:
         item = str(item)
-        if Path(item).is_dir():
+        if URL.match(item) and not Path(item).exists():
+            found.update(_remote_files(item))
+        elif Path(item).is_dir():
             found.update(_corpus_files(Path(item)))
         elif Path(item).exists():  # before globbing: a file may be named like a glob (part[1].jsonl)
             found.add(Path(item))
@@ -159,7 +240,7 @@ class Corpus:
             self._done += size
 
     def _read(self, path: Path) -> Iterator[Record]:
-        name = display_path(path)
+        name = file_name(path)
         try:
             fmt = file_format(path, self.options)
             if fmt == "parquet":
@@ -168,7 +249,7 @@ class Corpus:
             if fmt == "arrow":
                 yield from _arrow(path, name, self.options.text_field)
                 return
-            with open(path, "rb") as raw:
+            with _open(path) as raw:
                 self._current = raw
                 if fmt == "text":
                     yield from _text(raw, name, self.options.split_blank_lines)
@@ -193,7 +274,7 @@ def file_format(path: Path, options: ReadOptions) -> str:
     if not name.endswith((".jsonl", ".jsonl.gz", ".jsonl.zst")):
         return "text"
     try:
-        with open(path, "rb") as raw:
+        with _open(path) as raw:
             for _, line in zip(range(100), _lines(_decompressed(raw, name))):
                 try:
                     record = json.loads(line)
@@ -393,7 +474,9 @@ def _decoded(name: str, line: int, data: bytes) -> Record:
 def _parquet(path: Path, name: str, text_field: str) -> Iterator[Record]:
     import pyarrow.parquet as pq
 
-    with pq.ParquetFile(path) as parquet:
+    with contextlib.ExitStack() as stack:  # a local file opened by pyarrow itself (native reads, no GIL)
+        source = stack.enter_context(path.open()) if isinstance(path, RemoteFile) else path
+        parquet = stack.enter_context(pq.ParquetFile(source))
         if text_field not in parquet.schema_arrow.names:
             yield Record(name, 0, None, "missing_field", f"no column {text_field!r}")
             return
@@ -406,7 +489,9 @@ def _arrow(path: Path, name: str, text_field: str) -> Iterator[Record]:
     import pyarrow as pa
     import pyarrow.ipc
 
-    with pa.OSFile(str(path)) as source:
+    with contextlib.ExitStack() as stack:
+        source = stack.enter_context(pa.PythonFile(stack.enter_context(path.open()), mode="r")
+                                     if isinstance(path, RemoteFile) else pa.OSFile(str(path)))
         try:
             reader = pa.ipc.open_stream(source)
             batches = iter(reader)

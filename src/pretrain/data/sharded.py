@@ -40,7 +40,7 @@ from .. import __version__
 from ..errors import UsageError
 from ..files import check_output_dir, display_path, write_atomic
 from .pipeline import DATASET_FILES, MAX_SHOWN, META_VERSION, SPLITS, _build, default_workers, resolve_dtype
-from .readers import Corpus, ReadOptions, find_files
+from .readers import Corpus, ReadOptions, RemoteFile, file_name, find_files
 from .tokenizer import find_tokenizer
 
 EXECUTORS = ("local", "slurm", "ray")
@@ -109,7 +109,7 @@ def prepare_sharded(inputs, tokenizer, out_dir, *, tasks: int, executor: str = "
     final = Path(os.path.realpath(out_dir))
     _check_out(final)
 
-    job = Job(files=[[os.path.abspath(corpus.files[i]) for i in r] for r in split_files(corpus.sizes, tasks)],
+    job = Job(files=[[_absolute(corpus.files[i]) for i in r] for r in split_files(corpus.sizes, tasks)],
               work=str(final.with_name(final.name + ".partial")), final=str(final), seed=seed,
               val_fraction=val_fraction, dtype=dtype, strict=strict, fast_path=fast_path, format=format,
               text_field=text_field, split_blank_lines=split_blank_lines)
@@ -138,7 +138,7 @@ def prepare_sharded(inputs, tokenizer, out_dir, *, tasks: int, executor: str = "
 class Job:
     """Everything a task needs, pickled into each (datatrove pickles the pipeline for its workers and jobs)."""
 
-    files: list[list[str]]  # per task, absolute paths in read order
+    files: list[list[str | RemoteFile]]  # per task, absolute paths (or fsspec URLs) in read order
     work: str  # OUT.partial
     final: str  # --out, symlinks resolved
     seed: int
@@ -153,6 +153,11 @@ class Job:
     @property
     def read_options(self) -> ReadOptions:
         return ReadOptions(self.format, self.text_field, self.split_blank_lines)
+
+
+def _absolute(path: Path | RemoteFile) -> str | RemoteFile:
+    """A file as every task finds it, whatever its working directory: an absolute path, or the URL."""
+    return path if isinstance(path, RemoteFile) else os.path.abspath(path)
 
 
 def _check_out(final: Path) -> None:
@@ -172,9 +177,9 @@ def _open_work_dir(job: Job, corpus: Corpus, tok) -> None:
     work = Path(job.work)
     fingerprint = {
         "pretrain_version": __version__,
-        "inputs": [{"path": display_path(os.path.abspath(p)), "bytes": p.stat().st_size,
+        "inputs": [{"path": file_name(_absolute(p)), "bytes": p.stat().st_size,
                     "mtime_ns": p.stat().st_mtime_ns} for p in corpus.files],
-        "tasks": [[display_path(p) for p in files] for files in job.files],
+        "tasks": [[file_name(p) for p in files] for files in job.files],
         "tokenizer_sha256": tok.sha256, "seed": job.seed, "val_fraction": job.val_fraction, "dtype": job.dtype,
         "strict": job.strict, "fast_path": job.fast_path, "format": job.format, "text_field": job.text_field,
         "split_blank_lines": job.split_blank_lines,
@@ -220,7 +225,7 @@ class TokenizeShard(PipelineStep):
 
         tok = find_tokenizer(work / "tokenizer")
         why_not = why_not_fast(tok.json) if job.fast_path else "not asked for (--fast-path)"
-        corpus = Corpus([Path(p) for p in job.files[rank]], job.read_options)
+        corpus = Corpus([p if isinstance(p, RemoteFile) else Path(p) for p in job.files[rank]], job.read_options)
         with self.track_time("shard"):
             meta = _build(staging, corpus, tok, job.dtype, why_not, seed=job.seed, val_fraction=job.val_fraction,
                           workers=1, strict=job.strict, progress=False, allow_empty=True, format=job.format,
