@@ -24,7 +24,8 @@ HELP = "tokenize a corpus into train.bin / val.bin + meta.json (streaming, paral
 
 def add_arguments(parser) -> None:
     parser.add_argument("--input", nargs="+", action="extend", required=True, metavar="PATH",
-                        help="corpus files, directories (searched recursively), globs, or URLs (hf://datasets/..., read with fsspec)")
+                        help="corpus files, directories (searched recursively), globs, or URLs (hf://datasets/..., "
+                             "read with fsspec)")
     parser.add_argument("--tokenizer", required=True,
                         help="a tokenizer directory (with tokenizer.json) or a tokenizer.json path")
     parser.add_argument("--out", required=True, help="output directory")
