@@ -23,7 +23,7 @@ def mixture_supply(cfg, tokens: int, ex: Explain) -> dict | None:
     capped}], "tokens_short"}, or None without data.mixture. A source not prepared yet has None figures."""
     if not cfg.data.mixture:
         return None
-    sources = [{**s, **_read_counts(Path(s["dir"]), cfg.model.vocab_size)} for s in mixture_sources(cfg.data)]
+    sources = [{**s, **read_counts(Path(s["dir"]), cfg.model.vocab_size)} for s in mixture_sources(cfg.data)]
     for s in sources:
         if s["tokens_available"] is None:
             ex.add("mixture", f"{s['name']}.tokens_available", None, f"{s['dir']} has no finished meta.json yet")
@@ -64,7 +64,7 @@ def _draw(sources: list[dict], tokens: int) -> int:
     return int(remaining)
 
 
-def _read_counts(path: Path, vocab_size: int) -> dict:
+def read_counts(path: Path, vocab_size: int) -> dict:
     """tokens_available and storage_bytes (train + val token files) of a prepared or sharded directory."""
     try:
         meta = json.loads((path / "meta.json").read_text(encoding="utf-8"))
