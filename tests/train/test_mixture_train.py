@@ -126,3 +126,11 @@ def test_mixture_with_data_dir_or_another_tokenizer_is_refused(two_corpora, prep
     (line,) = r.stderr.strip().splitlines()
     assert "different tokenizers" in line and str(prepared) in line and str(two_corpora["zh"]) in line
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_export_of_a_mixture_run_takes_the_sources_tokenizer(uninterrupted, two_corpora, tmp_path):
+    r = run_cli("export", uninterrupted, tmp_path / "hf")
+    assert r.returncode == 0, r.stderr
+    assert "no tokenizer" not in r.stdout
+    assert (tmp_path / "hf" / "tokenizer.json").read_bytes() == \
+        (two_corpora["shakespeare"] / "tokenizer" / "tokenizer.json").read_bytes()
