@@ -134,3 +134,24 @@ def test_export_of_a_mixture_run_takes_the_sources_tokenizer(uninterrupted, two_
     assert "no tokenizer" not in r.stdout
     assert (tmp_path / "hf" / "tokenizer.json").read_bytes() == \
         (two_corpora["shakespeare"] / "tokenizer" / "tokenizer.json").read_bytes()
+
+
+def test_two_ranks_read_the_single_process_mixture(two_corpora, uninterrupted, tmp_path):
+    """torchrun, 2 CPU ranks x micro-batch 2 against the uninterrupted run's 1 process x micro-batch 4: the
+    ranks' windows together are its batches (the loss equal up to fp32 reduction order, as in
+    tests/distributed/test_torchrun.py), and rank 0 logs the tokens of both ranks per source."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("psutil")
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "pretrain",
+           "train", *mixed(two_corpora, run_dir, "train.micro_batch_size=2")]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    a, b = losses(uninterrupted), losses(run_dir)
+    assert a.keys() == b.keys() and all(b[k] == pytest.approx(a[k], rel=1e-5) for k in a)
+    drawn = [[r["source_tokens"] for r in rows(d) if "loss" in r] for d in (uninterrupted, run_dir)]
+    assert drawn[0] == drawn[1]
