@@ -96,7 +96,8 @@ def check_trainable(config, needs_data: bool = True) -> None:
     if refused:
         raise ConfigError(refused[0])
     if needs_data and not (config.data.dir or config.data.mixture):
-        raise ConfigError("data.dir: not set; prepare data with `pretrain prepare --out DIR` and set data.dir=DIR")
+        raise ConfigError("data.dir: not set; prepare data with `pretrain prepare --out DIR` and set data.dir=DIR "
+                          "(or data.mixture for several directories)")
 
 
 def run_config(config, rt, own_data: bool):
