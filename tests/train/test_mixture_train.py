@@ -155,3 +155,17 @@ def test_two_ranks_read_the_single_process_mixture(two_corpora, uninterrupted, t
     assert a.keys() == b.keys() and all(b[k] == pytest.approx(a[k], rel=1e-5) for k in a)
     drawn = [[r["source_tokens"] for r in rows(d) if "loss" in r] for d in (uninterrupted, run_dir)]
     assert drawn[0] == drawn[1]
+
+
+def test_a_resume_with_other_sources_is_one_line_and_changes_nothing(two_corpora, uninterrupted, tmp_path):
+    import shutil
+
+    run_dir = shutil.copytree(uninterrupted, tmp_path / "run")
+    before = (run_dir / "metrics.jsonl").read_text(), (run_dir / "config.yaml").read_text()
+    r = run_cli("train", "--resume", run_dir, f"data.mixture=[{{dir: {two_corpora['zh']}, weight: 1}}]",
+                "train.max_steps=14")
+    assert r.returncode == 2, r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    # (30,703 - 1) // 32 and (50,458 - 1) // 32: the train splits of the two prepared fixtures
+    assert "shakespeare (959 windows), zh (1,576 windows)" in line and "same data.mixture sources" in line
+    assert ((run_dir / "metrics.jsonl").read_text(), (run_dir / "config.yaml").read_text()) == before

@@ -89,12 +89,12 @@ class MixtureWindows:
                             for s, n, d in zip(self.sources, self.num_windows, self.drawn)]}
 
     def load_state_dict(self, state: dict) -> None:
-        mine = [(s["name"], n) for s, n in zip(self.sources, self.num_windows)]
-        saved = [(s["name"], s["num_windows"]) for s in state["sources"]]
+        mine = ", ".join(f"{s['name']} ({n:,} windows)" for s, n in zip(self.sources, self.num_windows))
+        saved = ", ".join(f"{s['name']} ({s['num_windows']:,} windows)" for s in state["sources"])
         if (saved, state["seq_len"], state["seed"]) != (mine, self.seq_len, self.seed):
-            raise UsageError(f"data state is for the mixture {saved} (name, windows) of {state['seq_len']} tokens, "
-                             f"seed {state['seed']}; this run has {mine} of {self.seq_len}, seed {self.seed}: "
-                             "resume with the same data.mixture sources, seq_len and seed")
+            raise UsageError(f"data state is for the mixture {saved} of {state['seq_len']} tokens, seed "
+                             f"{state['seed']}; this run has {mine} of {self.seq_len}, seed {self.seed}: resume "
+                             "with the same data.mixture sources, seq_len and seed")
         self.position = int(state["position"])
         self.drawn = [int(s["drawn"]) for s in state["sources"]]
 
