@@ -12,8 +12,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 SRC = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = SRC / "pretrain"
 
@@ -31,7 +29,6 @@ STAGE = {
     "cli": 6, "demo": 6, "config_command": 6, "__main__": 6,  # entry points
 }
 APART = {("data", "model"), ("model", "data")}  # same stage, yet independent
-
 
 
 def module_name(path: Path, root: Path) -> str:
