@@ -336,3 +336,26 @@ def test_pretrain_train_reads_a_sharded_dataset(tmp_path, corpus, bpe_dir, cli):
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows if "loss" in row] == list(range(1, 7))
     assert any("val_loss" in row for row in rows)
+
+
+def test_a_mixture_reads_a_sharded_source_as_its_one_pass_twin(tmp_path, two_corpora, zh_classics, cli):
+    from pretrain.config import load_config, mixture_sources
+    from pretrain.data.mixture import MixtureWindows, open_mixture
+
+    lines = zh_classics.read_text(encoding="utf-8").splitlines(keepends=True)
+    parts = tmp_path / "zh_parts"
+    parts.mkdir()
+    (parts / "a.jsonl").write_text("".join(lines[:150]), encoding="utf-8")
+    (parts / "b.jsonl").write_text("".join(lines[150:]), encoding="utf-8")
+    r = cli("prepare", "--input", parts, "--tokenizer", two_corpora["tokenizer"], "--out", tmp_path / "zh_sharded",
+            "--val-fraction", 0.1, "--tasks", 2)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+    def batches(zh_dir):
+        config = load_config(None, [f"data.mixture=[{{dir: {two_corpora['shakespeare']}, weight: 0.7}}, "
+                                    f"{{dir: {zh_dir}, weight: 0.3, name: zh}}]"])
+        windows = MixtureWindows(open_mixture(mixture_sources(config.data), "auto", 512), seq_len=32, seed=1)
+        return [windows.next_batch(8) for _ in range(20)]
+
+    for (x, y), (u, v) in zip(batches(tmp_path / "zh_sharded"), batches(two_corpora["zh"])):
+        assert x.equal(u) and y.equal(v)
