@@ -111,7 +111,7 @@ class TrainConfig:
 class ParallelConfig:
     gpus: int = doc(1, "world size (all GPUs of the job); data parallel = gpus / (tensor x pipeline)")
     tensor: int = doc(1, "tensor-parallel degree", trains=(1,))
-    pipeline: int = doc(1, "pipeline-parallel degree", trains=(1,))
+    pipeline: int = doc(1, "pipeline-parallel degree")
     zero_stage: int = doc(0, "0 (DDP) | 1 (optimizer states sharded) | 2 (+ gradients) | 3 (+ weights, FSDP2)",
                           (0, 1, 2, 3))
     sequence_parallel: bool = doc(False, "shard norm/dropout activations over the tensor-parallel group")

@@ -16,9 +16,10 @@ from ..plan.params import param_shapes
 
 
 def param_groups(model: torch.nn.Module, model_cfg, weight_decay: float) -> list[dict]:
-    """[decayed matrices, undecayed rest], in the planner's order (it predicts ZeRO-1's partition)."""
+    """[decayed matrices, undecayed rest], in the planner's order (it predicts ZeRO-1's partition). A pipeline
+    stage holds some of the model's parameters, under their whole-model names: the groups of those."""
     named = dict(model.named_parameters())
-    shapes = param_shapes(model_cfg)
+    shapes = [(name, shape) for name, shape in param_shapes(model_cfg) if name in named]
     groups = decay_groups(model_cfg, shapes)
     decay = groups[0] if len(groups) == 2 else []
     out = []

@@ -40,8 +40,9 @@ class Parallelized:
 
     autocast = True     # False under FSDP: its mixed-precision policy casts instead
     measurable = True   # saved-tensor hooks see plain tensors (not FSDP's gathered parameters)
+    dp_group = None     # the data-parallel process group (None: all ranks)
 
-    def __init__(self, module, config, rt: Runtime):
+    def __init__(self, module, config, rt: Runtime, mesh=None):
         self.module, self.forward, self.rt = module, module, rt
         self.optimizer = None
         self.autocast_context = (precision.autocast(config.train.precision, rt.device) if self.autocast
@@ -67,24 +68,30 @@ class Parallelized:
         return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
     def state_dict(self) -> dict:
-        """Model and optimizer state keyed by parameter names (sharded tensors stay sharded), for DCP."""
+        """Model and optimizer state keyed by parameter names (sharded tensors stay sharded), for DCP. The
+        optimizer's is flattened ("state.NAME.exp_avg", "param_groups.NAME.lr"): every key names one
+        parameter, so pipeline stages, which hold different parameters in their groups, save disjoint keys and
+        a checkpoint loads whatever groups the loading layout has."""
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
         fresh = not self.optimizer.state
-        model_sd, optim_sd = get_state_dict(self.module, self.optimizer)
+        model_sd, optim_sd = get_state_dict(self.module, self.optimizer, options=_flat_options())
         if fresh:  # get_state_dict made the states with a zero-gradient step: make them as a new optimizer's
             _zero_step_counters(self.optimizer.state.values())
-            _zero_step_counters(optim_sd["state"].values())
+            for key, value in optim_sd.items():
+                if key.startswith("state.") and key.endswith(".step"):
+                    optim_sd[key] = value.zero_() if isinstance(value, torch.Tensor) else 0
         return {"model": model_sd, "optimizer": optim_sd}
 
     def load_state_dict(self, sd: dict) -> None:
         from torch.distributed.checkpoint.state_dict import set_state_dict
 
-        set_state_dict(self.module, self.optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optimizer"])
+        set_state_dict(self.module, self.optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optimizer"],
+                       options=_flat_options())
 
 
 class DDP(Parallelized):
-    def __init__(self, module, config, rt: Runtime):
+    def __init__(self, module, config, rt: Runtime, mesh=None):
         super().__init__(module, config, rt)
         from torch.nn.parallel import DistributedDataParallel
 
@@ -112,7 +119,7 @@ class ZeRO1(DDP):
 
         groups = param_groups(self.module, config.model, config.train.weight_decay)
         cls, kwargs = optimizer_class(config.train, self.rt.device)
-        optimizer = ZeroRedundancyOptimizer(groups[0]["params"], optimizer_class=cls,
+        optimizer = ZeroRedundancyOptimizer(groups[0]["params"], optimizer_class=cls, process_group=self.dp_group,
                                             weight_decay=groups[0]["weight_decay"], **kwargs)
         for group in groups[1:]:
             optimizer.add_param_group(group)
@@ -125,31 +132,34 @@ class ZeRO1(DDP):
         if not local.state:
             _materialize(self.optimizer)
         names = {p: n for n, p in self.module.named_parameters()}
-        state = {names[p]: local.state[p] for g in local.param_groups for p in g["params"]}
-        groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [names[p] for p in g["params"]]}
-                  for g in self.optimizer.param_groups]
-        return {"model": get_model_state_dict(self.module), "optimizer": {"state": state, "param_groups": groups}}
+        optim = {f"state.{names[p]}.{k}": v for g in local.param_groups for p in g["params"]
+                 for k, v in local.state[p].items()}
+        optim.update({f"param_groups.{names[p]}.{k}": v for g in self.optimizer.param_groups for p in g["params"]
+                      for k, v in g.items() if k != "params"})  # the flattened layout, as get_state_dict's
+        return {"model": get_model_state_dict(self.module), "optimizer": optim}
 
     def load_state_dict(self, sd: dict) -> None:
         from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
         set_model_state_dict(self.module, sd["model"])  # the optimizer's state tensors were filled in place
-        for group, saved in zip(self.optimizer.param_groups, sd["optimizer"]["param_groups"]):
-            group.update({k: v for k, v in saved.items() if k != "params"})
+        names = {p: n for n, p in self.module.named_parameters()}
+        for group in self.optimizer.param_groups:
+            first = names[group["params"][0]]
+            group.update({k: sd["optimizer"][f"param_groups.{first}.{k}"] for k in group if k != "params"})
 
 
 class FSDP(Parallelized):
     autocast = False
     measurable = False
 
-    def __init__(self, module, config, rt: Runtime):
+    def __init__(self, module, config, rt: Runtime, mesh=None):
         super().__init__(module, config, rt)
         if rt.device.type == "cpu" and torch_version_tuple(torch.__version__) < FSDP_CPU_TORCH:
             raise ConfigError(f"parallel.zero_stage: FSDP (stages 2 and 3) on CPUs needs torch >= 2.9, this is "
                               f"{torch.__version__}; use parallel.zero_stage=1 or a newer torch")
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        mesh = Layout.of(config.parallel, rt.world_size).build_mesh(rt.device.type)["dp"]
+        mesh = mesh["dp"]
         half = precision.half_dtype(config.train.precision)
         mp = MixedPrecisionPolicy()
         if config.train.precision.endswith("-mixed"):
@@ -165,6 +175,12 @@ class FSDP(Parallelized):
     def no_sync(self, last: bool):
         self.module.set_requires_gradient_sync(last or not self.defer)
         return contextlib.nullcontext()
+
+
+def _flat_options():
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(flatten_optimizer_state_dict=True)
 
 
 def _materialize(optimizer) -> None:
@@ -214,15 +230,18 @@ def parallelize(model, config, rt: Runtime) -> Parallelized:
         # their own: under FSDP only the blocks would be, and this is the step's largest matmul. No FSDP hooks
         # sit on it, so it is one graph in every layout (tests/model/test_loss.py).
         model.loss.compile(fullgraph=True)
+    mesh = Layout.of(config.parallel, rt.world_size).build_mesh(rt.device.type) if rt.distributed else None
     engine = Parallelized
-    if rt.distributed:
+    if config.parallel.pipeline > 1:
+        from .pipeline import pipelined as engine
+    elif rt.distributed:
         engine = FSDP if config.parallel.fsdp else ZeRO1 if config.parallel.zero_stage == 1 else DDP
-    par = engine(model, config, rt)
+    par = engine(model, config, rt, mesh)
     par.measurable = par.measurable and not compiled  # the meter's hooks would break the compiled graphs
-    if any(p.is_meta for p in model.parameters()):
+    if any(p.is_meta for p in par.module.parameters()):
         # Each rank materialises only its shard: a 70B model never exists whole on one GPU. The per-parameter
         # seeded init gives every layout the same values.
-        model.to_empty(device=rt.device)
+        par.module.to_empty(device=rt.device)
         model.reset_parameters(t.seed)
     model.rotary(t.seq_len, rt.device)  # built before the first (compiled) forward, not inside it
     par.optimizer = par.build_optimizer(config)

@@ -223,6 +223,8 @@ class Transformer(nn.Module):
         std = self.config.init_std
         residual_std = std / math.sqrt(2 * self.config.num_layers)
         for name, p in self.named_parameters():
+            if p.is_meta:  # another pipeline stage's: that stage's rank initialises it
+                continue
             if name.endswith("norm.weight"):
                 _fill(p, lambda t: t.fill_(1.0))
             elif name.endswith(".bias"):
@@ -250,14 +252,20 @@ class Transformer(nn.Module):
             self.rope = rotary_tables(cfg.head_dim, max(seq_len, 1), cfg.rope_theta, device=device)
         return self.rope
 
+    def embed_tokens(self, tokens):
+        """tokens (batch, seq) -> the residual stream's input (batch, seq, hidden): what the first pipeline
+        stage computes before its blocks."""
+        x = self.embed(tokens)
+        if self.pos_embed is not None:
+            x = x + self.pos_embed(torch.arange(tokens.shape[1], device=tokens.device))
+        if self.config.dropout:
+            x = F.dropout(x, self.config.dropout, self.training)
+        return x
+
     def forward(self, tokens, targets=None):
         """tokens (batch, seq) -> logits (batch, seq, vocab), or the mean cross-entropy when targets are given."""
         s = tokens.shape[1]
-        x = self.embed(tokens)
-        if self.pos_embed is not None:
-            x = x + self.pos_embed(torch.arange(s, device=tokens.device))
-        if self.config.dropout:
-            x = F.dropout(x, self.config.dropout, self.training)
+        x = self.embed_tokens(tokens)
         rope = self.rotary(s, tokens.device)
         for block in self.blocks:
             x = block(x, rope)

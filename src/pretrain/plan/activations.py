@@ -27,6 +27,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from .params import padded_vocab_size
+from .stages import in_flight as stage_in_flight, stage_layers
 
 COMPUTE_BYTES = {"fp32": 4, "fp16-mixed": 2, "bf16-mixed": 2, "bf16": 2}
 
@@ -209,8 +210,11 @@ def activation_bytes(m, t, parallel, b: int | None = None, native_gqa: bool = Tr
     """Activation bytes per GPU for micro-batch b (default train.micro_batch_size), with the terms."""
     b = b or t.micro_batch_size
     tp, pp, sp = parallel.tensor, parallel.pipeline, parallel.sequence_parallel
-    layers = -(-m.num_layers // pp)
-    in_flight = min(pp, t.grad_accum_steps)  # 1F1B: the first stage holds up to p micro-batches
+    # 1F1B: stage k holds up to p - k micro-batches of its layers' activations; the stage holding the most
+    # (the first, unless a later one has more layers) is the one that must fit.
+    splits = stage_layers(m.num_layers, pp)
+    stage = max(range(pp), key=lambda k: stage_in_flight(k, pp, t.grad_accum_steps) * len(splits[k]))
+    layers, in_flight = len(splits[stage]), stage_in_flight(stage, pp, t.grad_accum_steps)
     per_layer_terms = layer_terms(m, t, parallel, b, native_gqa=native_gqa)
     per_layer = _shard(per_layer_terms, tp, sp)
     once = once_terms(m, t, parallel, b)

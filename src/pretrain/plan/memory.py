@@ -39,6 +39,7 @@ from ..units import gib
 from .explain import Explain
 from .hardware import device_memory_bytes
 from .params import padded_vocab_size, param_shapes
+from .stages import stage_layers, stage_param_shapes
 
 PHASES = ("forward", "loss_backward", "backward", "optimizer_step")
 # Once-per-micro-batch tensors kept until the embedding's backward, the very last; the final norm's, the output
@@ -89,13 +90,14 @@ def _has_step(optimizer: str) -> bool:
 
 
 def zero1_partition(shapes: list, dp: int, groups: list[list[int]]) -> list[list[int]]:
-    """Which parameter indices each rank owns under ZeroRedundancyOptimizer: per parameter group, largest
-    tensors first, each to the rank with the fewest elements so far, the lowest such rank on a tie (torch's
-    `_partition_parameters`). A heap of (elements, rank) picks the same rank; ranks past the number of
-    tensors own nothing and are left out of the list, so a huge data-parallel degree costs nothing."""
+    """Which parameter indices each rank owns under ZeroRedundancyOptimizer: group by group, largest tensors
+    first, each to the rank with the fewest elements so far over all groups (torch's `_partition_parameters`
+    keeps one count across the groups), the lowest such rank on a tie. A heap of (elements, rank) picks the
+    same rank; ranks past the number of tensors own nothing and are left out of the list, so a huge
+    data-parallel degree costs nothing."""
     owned: list[list[int]] = [[] for _ in range(min(dp, len(shapes)))]
+    heap = [(0, r) for r in range(len(owned))]  # an unused rank beyond these is never the lowest
     for group in groups:
-        heap = [(0, r) for r in range(min(dp, len(group)))]  # an unused rank beyond these is never the lowest
         for i in sorted(group, key=lambda j: _numel(shapes[j][1]), reverse=True):
             size, rank = heapq.heappop(heap)
             owned[rank].append(i)
@@ -112,15 +114,20 @@ def decay_groups(m, shapes: list) -> list[list[int]]:
     return [g for g in (decay, no_decay) if g]
 
 
-def model_state_tensors(cfg, rank: int | None = None) -> dict:
+def model_state_tensors(cfg, rank: int | None = None, stage: int | None = None) -> dict:
     """Bytes of the tensors one GPU holds between steps and in flight: parameters, gradients, optimizer
-    states, and working copies (half-precision or gathered parameters). Exact for tensor = pipeline = 1.
+    states, and working copies (half-precision or gathered parameters). Exact for tensor = 1.
     `rank`: that data-parallel rank's share (ranks differ under ZeRO-1 and uneven FSDP chunks); by default
-    the largest share (what must fit)."""
+    the largest share (what must fit). `stage`: that pipeline stage's parameters (pretrain.plan.stages); by
+    default the heaviest stage's."""
     m, t, par = cfg.model, cfg.train, cfg.parallel
     dp = par.data_parallel
     model_parallel = par.tensor * par.pipeline
-    shapes = param_shapes(m)
+    # Under a pipeline without tensor parallelism a stage holds whole tensors: its own, counted exactly.
+    by_stage = par.pipeline > 1 and par.tensor == 1
+    stage = (heaviest_stage(cfg) if par.pipeline > 1 else 0) if stage is None else stage
+    shapes = stage_param_shapes(m, stage, par.pipeline) if by_stage else param_shapes(m)
+    whole = param_shapes(m)
     mixed = t.precision.endswith("-mixed")
     param_bytes = 2 if t.precision == "bf16" else 4
     grad_bytes = 2 if (t.precision == "bf16" or (mixed and t.grad_dtype == "same")) else 4
@@ -141,35 +148,44 @@ def model_state_tensors(cfg, rank: int | None = None) -> dict:
                    for i in owned)
     steps = 4 * len(list(owned)) if _has_step(t.optimizer) else 0
 
-    per_layer = sum(_numel(s) for n, s in shapes if n.startswith("blocks.0."))
-    root = sum(_numel(s) for n, s in shapes if not n.startswith("blocks."))
+    per_layer = sum(_numel(s) for n, s in whole if n.startswith("blocks.0."))
+    root = sum(_numel(s) for n, s in whole if not n.startswith("blocks."))
     # Matmul weights (biases are added, not multiplied: autocast's cast of a bias is not kept).
-    layer_matmul = sum(_numel(s) for n, s in shapes if n.startswith("blocks.0.") and len(s) == 2)
+    layer_matmul = sum(_numel(s) for n, s in whole if n.startswith("blocks.0.") and len(s) == 2)
     # The plain loss's output matmul keeps autocast's copy of its weight; the chunked one casts it per call.
     output_matmul = padded_vocab_size(m) * m.hidden_size if t.loss == "plain" else 0
     compute_bytes = 2 if (mixed or t.precision == "bf16") else 4
     if zero == 2:  # every block's parameters stay gathered from forward to backward
         copies = compute_bytes * sum(_numel(s) for _, s in shapes)
     elif zero == 3 and model_parallel > 1:  # whole blocks of this stage, not a share of the model's
-        copies = int(compute_bytes * _zero3_gathered(cfg, shapes))
+        copies = int(compute_bytes * _zero3_gathered(cfg, whole))
     elif zero == 3:  # the block being computed, the prefetched next one, and the root's parameters
         copies = compute_bytes * (min(2, m.num_layers) * per_layer + root)
     elif mixed:  # autocast keeps a half-precision copy of each matmul weight for backward
-        stage_layers = -(-m.num_layers // cfg.parallel.pipeline)
-        layers_kept = 1 if t.activation_checkpointing == "full" else stage_layers  # full: the recomputed one
+        layers_here = len(stage_layers(m.num_layers, par.pipeline)[stage])
+        layers_kept = 1 if t.activation_checkpointing == "full" else layers_here  # full: the recomputed one
         copies = 2 * (layers_kept * layer_matmul + output_matmul) // cfg.parallel.tensor
     else:
         copies = 0
     out = dict(parameters=param_bytes * n_params, gradients=grad_bytes * n_params,
                optimizer_states=state_bytes * n_states + steps, working_copies=copies,
                optimizer_working=_optimizer_working(cfg, shapes, owned, dp, sharded, state_bytes),
-               per_layer_params=_block_share(cfg, shapes))
-    if model_parallel > 1:  # tensor / pipeline split: the heaviest stage's share (approximate)
-        scale = _stage_share(cfg, shapes)
+               per_layer_params=_block_share(cfg, whole))
+    if model_parallel > 1 and not by_stage:  # tensor and pipeline split: the heaviest stage's share (approximate)
+        scale = _stage_share(cfg, whole)
         scaled = ("parameters", "gradients", "optimizer_states", "optimizer_working")
         for key in scaled + (("working_copies",) if zero == 2 else ()):
             out[key] = int(out[key] * scale)
     return out
+
+
+def heaviest_stage(cfg) -> int:
+    """The pipeline stage with the most parameters (the first of equals): the one whose model states must fit.
+    The first holds the embedding, the last the final norm and output layer, and the later stages one layer
+    more when the layers do not divide evenly."""
+    p = cfg.parallel.pipeline
+    sizes = [sum(_numel(s) for _, s in stage_param_shapes(cfg.model, k, p)) for k in range(p)]
+    return sizes.index(max(sizes))
 
 
 def _optimizer_working(cfg, shapes, owned, dp, sharded, state_bytes) -> int:
@@ -260,6 +276,13 @@ def memory(cfg, counts, ex: Explain) -> dict:
     ex.add("memory", "optimizer", gib(optimizer),
            f"{t.optimizer} states {st['optimizer_states']:,}" + (f" + fp32 master weights {st['parameters']:,}" if mixed else "")
            + (f" (sharded over {dp})" if zero >= 1 else "") + (" (offloaded to the host)" if host_offload else ""))
+    if par.pipeline > 1:
+        k = heaviest_stage(cfg)
+        layers = stage_layers(m.num_layers, par.pipeline)[k]
+        ends = {0: "the embedding and ", par.pipeline - 1: "the final norm, the output layer and "}.get(k, "")
+        ex.add("memory", "pipeline stage", k, f"model states above are stage {k}'s of {par.pipeline}, the heaviest: "
+               f"{ends}" + (f"layers {layers.start}-{layers.stop - 1}" if len(layers) > 1 else f"layer {layers.start}")
+               + (" (tensor-parallel shares approximate)" if par.tensor > 1 else ""))
 
     if mixed and t.optimizer == "adamw":
         # As the paper combines ZeRO with model parallelism (its table 1): each GPU holds Psi / N_m parameters,

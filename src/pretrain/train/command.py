@@ -10,6 +10,7 @@ checkpoints/, tensorboard/.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from ..config_args import add_config_arguments, split_items
@@ -36,6 +37,8 @@ def resolve(args):
             check_saved_config(saved)
         path = path or str(saved)
         overrides = [f"run.dir={args.resume}", "run.resume=auto", *overrides]
+    if "WORLD_SIZE" in os.environ:  # under torchrun the world is the truth, also for the config's checks
+        overrides = [*overrides, f"parallel.gpus={os.environ['WORLD_SIZE']}"]
     return load_config(path, overrides)
 
 

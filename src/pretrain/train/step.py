@@ -74,6 +74,44 @@ def train_step(par, batches, state, *, accum: int, lr: float, grad_clip: float, 
                       stop=stop, measured=measured)
 
 
+def pipeline_train_step(par, batches, state, *, accum: int, lr: float, grad_clip: float, micro_batch_size: int,
+                        seq_len: int, stop_asked: bool = False, measure: bool = False) -> StepResult:
+    """One step on `par` (a distributed.pipeline.Pipelined): the step's `accum` micro-batches through the
+    pipeline's schedule, which runs forward and backward on this rank's stage; the gradient norm of all stages
+    together (each stage adds its squared norm); clip; AdamW on this stage's parameters. Every rank of a
+    pipeline reads the same micro-batches (its data-parallel rank's): stage 0 needs the tokens, the last
+    stage the targets."""
+    optimizer, rt = par.optimizer, par.rt
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    xs, ys = zip(*(batches.next_batch() for _ in range(accum)))
+    state.micro_batches += accum
+    loss = par.run_step(torch.cat(xs), torch.cat(ys), accum)
+    # One all-reduce over all ranks for the loss (only last stages add theirs), the stop request and the
+    # squared gradient norms: every data-parallel replica of a stage holds the same (all-reduced) gradients,
+    # so the sum over all ranks counts each stage `data_parallel` times.
+    packed = torch.stack([loss.double(), torch.tensor(1.0 if stop_asked else 0.0, dtype=torch.float64,
+                                                      device=rt.device), par.grad_norm_squared().double()])
+    torch.distributed.all_reduce(packed)
+    loss_sum, stop, norm_sq = packed.tolist()
+    dp = par.data_parallel
+    grad_norm = math.sqrt(norm_sq / dp) if math.isfinite(norm_sq) else float("nan")
+    finite = math.isfinite(grad_norm)
+    if finite:
+        par.clip_to(grad_norm, grad_clip)
+        optimizer.step()
+    measured = None
+    if measure:
+        measured = {"saved": None,
+                    "states": model_state_bytes(par.module, getattr(optimizer, "optim", optimizer))}
+    optimizer.zero_grad(set_to_none=True)
+    batch_tokens = accum * micro_batch_size * seq_len * dp
+    state.step += 1
+    state.tokens += batch_tokens
+    return StepResult(loss=loss_sum / dp, grad_norm=grad_norm, lr=lr, batch_tokens=batch_tokens, finite=finite,
+                      stop=stop > 0, measured=measured)
+
+
 def _reduce(loss_sum, accum: int, stop_asked: bool, norm, rt) -> tuple[float, bool, float]:
     """(mean loss over ranks, any rank asked to stop, grad norm) with one collective and one host copy.
     fp64 for the loss sum over ranks, as each rank's mean is added in the same order as a float64 would be."""

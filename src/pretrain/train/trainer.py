@@ -19,6 +19,7 @@ import torch
 import yaml
 
 from ..config import untrained
+from ..distributed.mesh import Layout
 from ..errors import ConfigError, UsageError
 from ..files import write_atomic
 from ..plan.budget import run_length
@@ -37,7 +38,7 @@ from .lock import acquire_run_lock
 from .metrics import RunLog
 from .preflight import check_fits_device, set_aside_history
 from .prefetch import Prefetcher
-from .step import StepResult, train_step
+from .step import StepResult, pipeline_train_step, train_step
 
 
 class TrainingStopped(UsageError):
@@ -88,13 +89,21 @@ class TensorState:
 
 def check_trainable(config, needs_data: bool = True) -> None:
     """Config errors the trainer (not the planner) refuses, before anything heavy is built."""
-    t = config.train
+    t, par = config.train, config.parallel
     if t.grad_dtype == "same" and t.precision.endswith("-mixed"):
         raise ConfigError("train.grad_dtype: same (half-precision gradients) is a planning option; autocast keeps "
                           "fp32 gradients: use train.grad_dtype=fp32 or train.precision=bf16")
     refused = untrained(config)
     if refused:
         raise ConfigError(refused[0])
+    if par.pipeline > 1 and par.gpus % par.pipeline:
+        raise ConfigError(f"parallel.pipeline: {par.pipeline} stages need a multiple of {par.pipeline} processes, "
+                          f"this run has {par.gpus}; launch with torchrun --nproc-per-node={par.pipeline} (or a "
+                          "multiple) or set parallel.pipeline=1")
+    if par.pipeline > 1:
+        from ..distributed.pipeline import check_pipelinable
+
+        check_pipelinable(config)
     if needs_data and not (config.data.dir or config.data.mixture):
         raise ConfigError("data.dir: not set; prepare data with `pretrain prepare --out DIR` and set data.dir=DIR "
                           "(or data.mixture for several directories)")
@@ -124,6 +133,10 @@ class Trainer:
         t = c.train
         self.rt, self.run_dir = rt, Path(c.run.dir)
         check_trainable(c, needs_data=loader is None)
+        # The ranks that split the batch: all of them, less the pipeline stages (and tensor ranks) that share
+        # one data-parallel rank's micro-batches.
+        layout = Layout.of(c.parallel, rt.world_size)
+        self.data_rank, self.data_world = layout.coords(rt.rank).data, layout.data
         check_fits_device(c, rt)
         # A mixture's sources (data/mixture.py), each with its data; otherwise None and self.data is data.dir.
         self.mixture = open_mixture(mixture_sources(c.data), c.data.verify, c.model.vocab_size) \
@@ -131,7 +144,7 @@ class Trainer:
         self.data = open_training_data(c.data.dir, c.data.verify, c.model.vocab_size) \
             if loader is None and not self.mixture else None
         for data in [self.data] if self.data is not None else [s["data"] for s in self.mixture or []]:
-            SequentialWindows(data, "val", t.seq_len, rank=rt.rank, world_size=rt.world_size)  # enough val?
+            SequentialWindows(data, "val", t.seq_len, rank=self.data_rank, world_size=self.data_world)  # enough val?
         self.lock = acquire_run_lock(self.run_dir) if rt.is_main and not quiet else None  # before any write
         if c.run.resume == "never" and not quiet and ckpt.list_checkpoints(self.run_dir):
             raise UsageError(f"run.dir {self.run_dir} already holds checkpoints of another run; continue it with "
@@ -147,14 +160,15 @@ class Trainer:
                 self.history_aside = set_aside_history(self.run_dir)
         self.total_steps = run_length(c, count_params(c.model).total)["steps"]
         self.warmup = checked_warmup(t, self.total_steps)
-        self.ramp = dict(seq_len=t.seq_len, micro_batch_size=t.micro_batch_size, data_parallel=rt.world_size,
+        self.ramp = dict(seq_len=t.seq_len, micro_batch_size=t.micro_batch_size, data_parallel=self.data_world,
                          grad_accum_steps=t.grad_accum_steps, ramp_tokens=t.batch_ramp_tokens,
                          ramp_start=t.batch_ramp_start)
         if rt.device.type == "cuda":
             torch.set_float32_matmul_precision("high")  # fp32 matmuls at TF32 speed, as the plan assumes
         restrict_kernels(rt.device, t.precision)
 
-        on_meta = c.parallel.fsdp and not c.model.init_from  # FSDP materialises each rank's shard only
+        # FSDP materialises each rank's shard only, a pipeline stage its own layers only.
+        on_meta = (c.parallel.fsdp or c.parallel.pipeline > 1) and not c.model.init_from
         model = build_model(c.model, attention=t.attention, device="meta" if on_meta else rt.device, seed=t.seed,
                             loss=t.loss, loss_chunk_tokens=t.loss_chunk_tokens)
         if c.model.init_from:
@@ -167,9 +181,10 @@ class Trainer:
         torch.manual_seed(t.seed + rt.rank)
         self.scaler = torch.amp.GradScaler(rt.device.type) if t.precision == "fp16-mixed" else None
         if self.mixture:
-            loader = MixtureWindows(self.mixture, t.seq_len, seed=t.seed, rank=rt.rank, world_size=rt.world_size)
-        loader = loader or RandomWindows(self.data, "train", t.seq_len, seed=t.seed, rank=rt.rank,
-                                         world_size=rt.world_size)
+            loader = MixtureWindows(self.mixture, t.seq_len, seed=t.seed, rank=self.data_rank,
+                                    world_size=self.data_world)
+        loader = loader or RandomWindows(self.data, "train", t.seq_len, seed=t.seed, rank=self.data_rank,
+                                         world_size=self.data_world)
         self.batches = Prefetcher(loader, t.micro_batch_size, rt.device)
         self.state = TrainState()
         self.callbacks = default_callbacks(c)
@@ -233,6 +248,10 @@ class Trainer:
                            min_ratio=t.min_lr_ratio, schedule=t.schedule,
                            decay_fraction=t.decay_fraction) * st.lr_multiplier()
         measure, self.measure_next = self.measure_next, False
+        if self.config.parallel.pipeline > 1:
+            return pipeline_train_step(self.par, self.batches, st, accum=accum, lr=lr, grad_clip=t.grad_clip,
+                                       micro_batch_size=t.micro_batch_size, seq_len=t.seq_len,
+                                       stop_asked=bool(self.stop_signal or self.stop_reason), measure=measure)
         return train_step(self.par, self.batches, st, accum=accum, lr=lr, grad_clip=t.grad_clip,
                           micro_batch_size=t.micro_batch_size, seq_len=t.seq_len, scaler=self.scaler,
                           stop_asked=bool(self.stop_signal or self.stop_reason), measure=measure)

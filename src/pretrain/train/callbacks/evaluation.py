@@ -21,7 +21,9 @@ def evaluate(trainer) -> dict:
     """Mean loss over `run.eval_batches` micro-batches of the validation split, the same windows every time,
     averaged over ranks; logged as val_loss and val_ppl. A mixture evaluates each source's split as well
     (val_loss/<name>, run.eval_batches micro-batches each): val_loss is then their mean weighted by the
-    mixture's token weights, the loss on validation data mixed as the training data is."""
+    mixture's token weights, the loss on validation data mixed as the training data is. The ranks of one
+    pipeline read the same windows and return the same loss (the last stage's), so the mean over all ranks
+    is the mean over data-parallel ranks."""
     from ...distributed.runtime import all_reduce_mean
 
     rt, par = trainer.rt, trainer.par
@@ -43,7 +45,8 @@ def _mean_loss(trainer, data) -> float:
     from ...data.loader import SequentialWindows
 
     c, rt, par = trainer.config, trainer.rt, trainer.par
-    windows = SequentialWindows(data, "val", c.train.seq_len, rank=rt.rank, world_size=rt.world_size)
+    windows = SequentialWindows(data, "val", c.train.seq_len, rank=trainer.data_rank,
+                                world_size=trainer.data_world)
     losses = []
     for x, y in windows.batches(c.train.micro_batch_size, c.run.eval_batches):
         x, y = x.to(rt.device), y.to(rt.device)

@@ -56,9 +56,11 @@ class PlanVsRun(Callback):
     @staticmethod
     def _check_sharding(trainer, states: dict) -> None:
         """Debug mode: this rank holds exactly what the planner says this rank holds (one shared truth)."""
+        from ...distributed.mesh import Layout
         from ...plan.memory import model_state_tensors
 
-        planned = model_state_tensors(trainer.device_config, rank=trainer.rt.rank)
+        coords = Layout.of(trainer.config.parallel, trainer.rt.world_size).coords(trainer.rt.rank)
+        planned = model_state_tensors(trainer.device_config, rank=coords.data, stage=coords.pipeline)
         wrong = {k: (v, planned[k]) for k, v in states.items() if v != planned[k]}
         if wrong:
             detail = ", ".join(f"{k} {held:,} bytes held, {want:,} planned" for k, (held, want) in wrong.items())

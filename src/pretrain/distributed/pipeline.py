@@ -1,0 +1,204 @@
+"""Pipeline parallelism: the model split by layers into `parallel.pipeline` stages, one per rank of the mesh's
+"pp" dimension, run by torch.distributed.pipelining's 1F1B schedule (Narayanan et al. 2021, "Efficient
+Large-Scale Language Model Training on GPU Clusters", section 2.2.1; PyTorch's pipelining docs).
+
+A step's micro-batches (train.grad_accum_steps, or the batch ramp's count) are the pipeline's: stage 0
+embeds them and runs its blocks, sends each micro-batch's activations on and receives its gradient back;
+the last stage runs the final norm and the output layer with the loss (the whole-model `model.loss`, given
+the output weight). 1F1B alternates one forward and one backward once the pipeline is full, so stage k holds
+at most p - k micro-batches' activations; the bubble is (p - 1) / (m + p - 1) of the step.
+
+Each stage is a `StageModule` whose parameters keep their whole-model names: the optimizer, DCP checkpoints
+(each stage saves its own tensors; together they are the whole model, which loads at any other layout) and
+`pretrain export` see the model's own keys. Data parallelism runs per stage over the mesh's "dp" dimension:
+the replicas of a stage average their gradients with one all-reduce after the step's last backward (what DDP
+does on the last micro-batch of an accumulation; DDP itself under this runtime fails on torch 2.13's second
+step, rebuilding its buckets from both micro-batches' gradients), then ZeRO-0 steps every parameter and ZeRO-1
+(ZeroRedundancyOptimizer over the dp group) each rank its share.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..errors import ConfigError
+from ..plan.stages import stage_layers
+from .parallelize import Parallelized, ZeRO1
+
+
+class StageModule(nn.Module):
+    """The part of `model` that pipeline stage `index` of `stages` runs, under the whole model's names."""
+
+    def __init__(self, model, index: int, stages: int):
+        super().__init__()
+        self.first, self.last = index == 0, index == stages - 1
+        layers = stage_layers(len(model.blocks), stages)[index]
+        self.embed = model.embed if self.first else None
+        self.pos_embed = model.pos_embed if self.first else None
+        # A dict keyed by the block's index in the whole model: "blocks.5.attn.qkv.weight" on every layout.
+        self.blocks = nn.ModuleDict({str(i): model.blocks[i] for i in layers})
+        self.norm = model.norm if self.last else None
+        self.lm_head = model.lm_head if self.last else None
+        self.whole = [model]  # the embedding's and rotary tables' code; a list, so not a registered submodule
+
+    def forward(self, x):
+        """Stage 0: token ids -> hidden states; later stages: hidden states -> hidden states (the last one's
+        after the final norm: the loss takes them with the output weight)."""
+        model = self.whole[0]
+        if self.first:
+            x = model.embed_tokens(x)
+        rope = model.rotary(x.shape[1], x.device)
+        for block in self.blocks.values():
+            x = block(x, rope)
+        return self.norm(x) if self.last else x
+
+
+def check_pipelinable(config) -> None:
+    """What the pipelined trainer refuses, before anything is built."""
+    m, t, par = config.model, config.train, config.parallel
+    if m.tie_embeddings:
+        raise ConfigError("parallel.pipeline: a tied embedding would live on the first and the last stage at "
+                          "once; the trainer does not synchronise the two copies: use model.tie_embeddings=false "
+                          "or parallel.pipeline=1")
+    if par.zero_stage >= 2 and par.data_parallel > 1:
+        raise ConfigError("parallel.zero_stage: FSDP (stages 2 and 3) per pipeline stage is not built; use "
+                          "parallel.zero_stage=0 or 1 with parallel.pipeline > 1")
+    if t.precision == "fp16-mixed":
+        raise ConfigError("train.precision: fp16-mixed's loss scaler would skip steps per stage, not together; "
+                          "use bf16-mixed with parallel.pipeline > 1")
+    if par.tensor > 1:
+        raise ConfigError("parallel.tensor: pipeline and tensor parallelism together are not built yet; set one "
+                          "of parallel.tensor and parallel.pipeline to 1")
+
+
+class Pipelined(Parallelized):
+    """This rank's pipeline stage, data parallel over its "dp" group, and the schedules that run it.
+
+    `module` is the StageModule (what the optimizer updates and a checkpoint saves); `forward(x, y)` is the
+    validation loss of one batch through the whole pipeline, the same on every rank of it."""
+
+    measurable = False  # activations are held per micro-batch by the schedule, not by one forward
+
+    def __init__(self, model, config, rt, mesh):
+        self.index, self.stages = mesh["pp"].get_local_rank(), mesh["pp"].size()
+        self.pp_group, self.dp_group = mesh["pp"].get_group(), mesh["dp"].get_group()
+        self.data_parallel = mesh["dp"].size()
+        stage = StageModule(model, self.index, self.stages)
+        super().__init__(stage, config, rt)
+        self.model = model
+        if any(p.is_meta for p in stage.parameters()):
+            # Only this stage's tensors are made: the rest of the model stays on the meta device. The
+            # per-parameter seeded init gives them the values one process gives them.
+            stage.to_empty(device=rt.device)
+            model.reset_parameters(config.train.seed)
+        mine = set(stage.modules())
+        for part in [*model.blocks, model.embed, model.pos_embed, model.norm, model.lm_head]:
+            if part is not None and part not in mine:
+                part.to("meta")  # another stage's (a model.init_from checkpoint is read whole): off this device
+        if self.data_parallel > 1:  # every replica of a stage starts from rank 0's values, as DDP makes sure
+            for p in stage.parameters():
+                dist.broadcast(p.data, group=self.dp_group, group_src=0)
+        self.forward = self.validation_loss
+        self.schedules: dict[tuple[int, bool, int], object] = {}
+
+    def set_training(self, on: bool) -> None:
+        self.module.train(on)
+        self.model.train(on)  # the embedding's dropout is the whole model's
+
+    def _schedule(self, micro_batches: int, training: bool, rows: int):
+        """The schedule of `micro_batches` per step of `rows` sequences in all, made once per shape (a stage
+        sizes its buffers on first use; the batch ramp and a short last validation batch change it): 1F1B;
+        GPipe (every forward, then every backward) for evaluation, which has no backward, and for fewer
+        micro-batches than stages (a batch ramp's first steps), where 1F1B's warm-up is all of them anyway."""
+        key = (micro_batches, training, rows)
+        if key not in self.schedules:
+            from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+            stage = PipelineStage(self.module, self.index, self.stages, self.rt.device, group=self.pp_group)
+            model = self.model
+
+            def loss_fn(h, targets):
+                # Each micro-batch's mean loss / m: the step's gradient is that of the mean over the step's
+                # micro-batches, as in train_step (scale_grads=False: nothing divides again).
+                return model.loss(h, model.lm_head.weight, targets) / micro_batches
+
+            if not training:  # forward only: the last stage's output comes back, and the loss is taken here
+                self.schedules[key] = ScheduleGPipe(stage, micro_batches)
+            else:
+                kind = Schedule1F1B if micro_batches >= self.stages else ScheduleGPipe
+                self.schedules[key] = kind(stage, micro_batches, loss_fn=loss_fn, scale_grads=False)
+        return self.schedules[key]
+
+    def run_step(self, tokens, targets, micro_batches: int) -> torch.Tensor:
+        """Forward and backward of `micro_batches` micro-batches (stacked along the batch dimension, split
+        back by the schedule); returns the sum of their losses / micro_batches on the last stage, 0 on the
+        others (the step's all-reduce makes it every rank's)."""
+        schedule = self._schedule(micro_batches, training=True, rows=tokens.shape[0])
+        losses: list[torch.Tensor] = []
+        with self.autocast_context():
+            schedule.step(*((tokens,) if self.index == 0 else ()), target=targets if self.is_last else None,
+                          losses=losses, return_outputs=False)
+        self._average_gradients()
+        if not losses:
+            return torch.zeros((), device=self.rt.device)
+        return torch.stack([x.detach().float() for x in losses]).sum()
+
+    @property
+    def is_last(self) -> bool:
+        return self.index == self.stages - 1
+
+    def _average_gradients(self) -> None:
+        """The mean of this stage's gradients over its data-parallel replicas, in one flat all-reduce."""
+        if self.data_parallel == 1:
+            return
+        grads = [p.grad for p in self.module.parameters() if p.grad is not None]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=self.dp_group)
+        flat /= self.data_parallel
+        for g, part in zip(grads, flat.split([g.numel() for g in grads])):
+            g.copy_(part.view_as(g))
+
+    def grad_norm_squared(self) -> torch.Tensor:
+        """Sum of this stage's squared gradient elements (fp32): the stages' sums add up to the model's."""
+        grads = [p.grad for p in self.module.parameters() if p.grad is not None]
+        if not grads:
+            return torch.zeros((), device=self.rt.device)
+        return torch.nn.utils.get_total_norm(grads).float() ** 2
+
+    def clip_to(self, total_norm: float, max_norm: float) -> None:
+        """Scale this stage's gradients by max_norm / total_norm when the model's norm exceeds max_norm
+        (torch's clip_grad_norm_ rule, with the norm of all stages)."""
+        if max_norm > 0:
+            grads = [p for p in self.module.parameters() if p.grad is not None]
+            torch.nn.utils.clip_grads_with_norm_(grads, max_norm, torch.tensor(total_norm, device=self.rt.device))
+
+    @torch.no_grad()
+    def validation_loss(self, tokens, targets) -> torch.Tensor:
+        """The mean loss of one batch, run forward through every stage; every rank of the pipeline returns it."""
+        schedule = self._schedule(1, training=False, rows=tokens.shape[0])
+        with self.autocast_context():
+            h = schedule.step(*((tokens,) if self.index == 0 else ()))
+            model = self.model
+            loss = (model.loss(h, model.lm_head.weight, targets).float() if self.is_last
+                    else torch.zeros((), device=self.rt.device))
+        dist.broadcast(loss, group=self.pp_group, group_src=self.stages - 1)
+        return loss
+
+
+class PipelinedZeRO1(Pipelined):
+    """ZeRO-1 per stage: the stage's optimizer states sharded over its data-parallel group, checkpointed as
+    ZeRO1 does it."""
+
+    def build_optimizer(self, config):
+        return ZeRO1.build_optimizer(self, config)
+
+    state_dict = ZeRO1.state_dict
+    load_state_dict = ZeRO1.load_state_dict
+
+
+def pipelined(model, config, rt, mesh) -> Pipelined:
+    check_pipelinable(config)
+    engine = PipelinedZeRO1 if config.parallel.zero_stage == 1 and mesh["dp"].size() > 1 else Pipelined
+    return engine(model, config, rt, mesh)

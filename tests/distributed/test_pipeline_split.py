@@ -1,0 +1,69 @@
+"""The model split into pipeline stages (no process group needed): which layers and parameters each stage
+holds, under the whole model's names, and the stages run one after another compute the model's loss."""
+
+import pytest
+
+from pretrain.config import load_config
+from pretrain.plan.params import param_shapes
+from pretrain.plan.stages import in_flight, stage_layers, stage_param_shapes
+
+torch = pytest.importorskip("torch")
+
+
+def test_layers_split_evenly_and_the_later_stages_take_the_rest():
+    assert stage_layers(8, 4) == [range(0, 2), range(2, 4), range(4, 6), range(6, 8)]
+    # 10 layers on 4 stages: 2, 2, 3, 3 (the first stage holds the most micro-batches in flight)
+    assert [len(r) for r in stage_layers(10, 4)] == [2, 2, 3, 3]
+    assert stage_layers(2, 1) == [range(0, 2)]
+
+
+def test_first_stage_holds_p_micro_batches_in_flight_under_1f1b():
+    # Narayanan et al. 2021, section 2.2.1: stage k runs p - k forwards before its first backward.
+    assert [in_flight(k, 4, 8) for k in range(4)] == [4, 3, 2, 1]
+    assert [in_flight(k, 4, 2) for k in range(4)] == [2, 2, 2, 1]
+
+
+def config(*extra):
+    return load_config(None, ["model.preset=debug", "model.num_layers=5", *extra])
+
+
+def test_every_parameter_is_on_exactly_one_stage_under_its_own_name():
+    m = config().model
+    stages = [stage_param_shapes(m, k, 3) for k in range(3)]
+    names = [n for stage in stages for n, _ in stage]
+    assert sorted(names) == sorted(n for n, _ in param_shapes(m))
+    assert stages[0][0][0] == "embed.weight" and stages[-1][-1][0] == "lm_head.weight"
+    assert {n.split(".")[1] for n, _ in stages[1] if n.startswith("blocks.")} == {"1", "2"}
+
+
+def test_stage_modules_chained_compute_the_models_loss():
+    from pretrain.distributed.pipeline import StageModule
+    from pretrain.model import build_model
+
+    c = config()
+    model = build_model(c.model, device="cpu", seed=0)
+    stages = [StageModule(model, k, 3) for k in range(3)]
+    for k, stage in enumerate(stages):
+        assert [n for n, _ in stage.named_parameters()] == [n for n, _ in stage_param_shapes(c.model, k, 3)]
+    tokens = torch.randint(0, c.model.vocab_size, (2, 16))
+    targets = torch.randint(0, c.model.vocab_size, (2, 16))
+    h = tokens
+    for stage in stages:
+        h = stage(h)
+    loss = model.loss(h, model.lm_head.weight, targets)
+    assert torch.equal(loss, model(tokens, targets))
+
+
+@pytest.mark.parametrize("extra, message", [
+    (("model.tie_embeddings=true",), "parallel.pipeline: a tied embedding"),
+    (("parallel.zero_stage=3",), "parallel.zero_stage: FSDP (stages 2 and 3) per pipeline stage is not built"),
+    (("train.precision=fp16-mixed",), "train.precision: fp16-mixed's loss scaler"),
+    (("parallel.tensor=2",), "parallel.tensor: pipeline and tensor parallelism together are not built yet"),
+])
+def test_what_the_pipelined_trainer_refuses(extra, message):
+    from pretrain.distributed.pipeline import check_pipelinable
+    from pretrain.errors import ConfigError
+
+    c = config("parallel.gpus=8", "parallel.pipeline=2", *extra)
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        check_pipelinable(c)
