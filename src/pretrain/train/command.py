@@ -10,6 +10,8 @@ checkpoints/, tensorboard/.
 
 from __future__ import annotations
 
+import os
+
 from pathlib import Path
 
 from ..config_args import add_config_arguments, split_items
@@ -36,6 +38,8 @@ def resolve(args):
             check_saved_config(saved)
         path = path or str(saved)
         overrides = [f"run.dir={args.resume}", "run.resume=auto", *overrides]
+    if "WORLD_SIZE" in os.environ:  # under torchrun its world is the run's: checked against parallel.tensor
+        overrides = [f"parallel.gpus={os.environ['WORLD_SIZE']}", *overrides]
     return load_config(path, overrides)
 
 

@@ -90,11 +90,37 @@ def check_trainable(config, needs_data: bool = True) -> None:
     if par.offload != "none":
         raise ConfigError("parallel.offload: the trainer does not offload to host memory; the planner models "
                           "it (use parallel.offload=none to train)")
-    if par.tensor > 1 or par.pipeline > 1:
-        raise ConfigError("parallel.tensor / parallel.pipeline: the trainer runs data parallel (DDP, ZeRO 1-3) "
-                          "only; the planner models tensor and pipeline parallelism (set both to 1 to train)")
+    if par.pipeline > 1:
+        raise ConfigError("parallel.pipeline: the trainer runs data and tensor parallelism only; the planner "
+                          "models pipeline parallelism (set parallel.pipeline=1 to train)")
+    if par.tensor > 1:
+        check_tensor_parallel(config)
     if needs_data and not config.data.dir:
         raise ConfigError("data.dir: not set; prepare data with `pretrain prepare --out DIR` and set data.dir=DIR")
+
+
+def check_tensor_parallel(config) -> None:
+    """What the tensor-parallel split (distributed/tensor_parallel.py) needs beyond the planner's checks."""
+    m, t, par = config.model, config.train, config.parallel
+    if par.gpus % (par.tensor * par.pipeline):
+        raise ConfigError(f"parallel.tensor: {par.tensor} does not divide the {par.gpus} ranks torchrun started; "
+                          "start a multiple of it (--nproc-per-node) or change parallel.tensor")
+    if m.family != "llama":
+        raise ConfigError(f"parallel.tensor: tensor parallelism is built for the LLaMA family, not {m.family}; "
+                          "use parallel.tensor=1 (FSDP: parallel.zero_stage=3)")
+    if m.intermediate_size % par.tensor:
+        raise ConfigError(f"parallel.tensor: {par.tensor} must divide model.intermediate_size "
+                          f"{m.intermediate_size} (each rank takes whole rows of the MLP)")
+    if m.dropout:
+        # Tensor ranks hold the same residual stream: their dropout masks would have to agree.
+        raise ConfigError("model.dropout: not supported with parallel.tensor > 1; use model.dropout=0")
+    if par.sequence_parallel and t.seq_len % par.tensor:
+        raise ConfigError(f"parallel.sequence_parallel: train.seq_len {t.seq_len} must be a multiple of "
+                          f"parallel.tensor {par.tensor} (each rank holds an equal part of the sequence)")
+    if par.data_parallel > 1 and par.zero_stage < 2:
+        raise ConfigError(f"parallel.zero_stage: {par.zero_stage} with tensor parallelism over "
+                          f"{par.data_parallel} data-parallel groups: DDP and ZeRO-1 take no DTensor parameters; "
+                          "use parallel.zero_stage=2 or 3 (FSDP2 over the data ranks)")
 
 
 def run_config(config, rt, own_data: bool):
@@ -116,12 +142,14 @@ class Trainer:
 
         c = self.config = run_config(config, rt, own_data=loader is None)
         t = c.train
+        # This run's grid: the tensor ranks of a data-parallel group read the same batches (rt.data_rank).
+        rt = dataclasses.replace(rt, tensor=c.parallel.tensor, pipeline=c.parallel.pipeline)
         self.rt, self.run_dir = rt, Path(c.run.dir)
         check_trainable(c, needs_data=loader is None)
         check_fits_device(c, rt)
         self.data = open_training_data(c.data.dir, c.data.verify, c.model.vocab_size) if loader is None else None
         if self.data is not None:
-            SequentialWindows(self.data, "val", t.seq_len, rank=rt.rank, world_size=rt.world_size)  # enough val?
+            SequentialWindows(self.data, "val", t.seq_len, rank=rt.data_rank, world_size=rt.data_size)  # enough?
         self.lock = acquire_run_lock(self.run_dir) if rt.is_main and not quiet else None  # before any write
         if c.run.resume == "never" and not quiet and ckpt.list_checkpoints(self.run_dir):
             raise UsageError(f"run.dir {self.run_dir} already holds checkpoints of another run; continue it with "
@@ -137,14 +165,15 @@ class Trainer:
                 self.history_aside = set_aside_history(self.run_dir)
         self.total_steps = run_length(c, count_params(c.model).total)["steps"]
         self.warmup = checked_warmup(t, self.total_steps)
-        self.ramp = dict(seq_len=t.seq_len, micro_batch_size=t.micro_batch_size, data_parallel=rt.world_size,
+        self.ramp = dict(seq_len=t.seq_len, micro_batch_size=t.micro_batch_size, data_parallel=rt.data_size,
                          grad_accum_steps=t.grad_accum_steps, ramp_tokens=t.batch_ramp_tokens,
                          ramp_start=t.batch_ramp_start)
         if rt.device.type == "cuda":
             torch.set_float32_matmul_precision("high")  # fp32 matmuls at TF32 speed, as the plan assumes
         restrict_kernels(rt.device, t.precision)
 
-        on_meta = c.parallel.fsdp and not c.model.init_from  # FSDP materialises each rank's shard only
+        # FSDP and tensor parallelism materialise each rank's shard only
+        on_meta = (c.parallel.fsdp or c.parallel.tensor > 1) and not c.model.init_from
         model = build_model(c.model, attention=t.attention, device="meta" if on_meta else rt.device, seed=t.seed,
                             loss=t.loss, loss_chunk_tokens=t.loss_chunk_tokens)
         if c.model.init_from:
@@ -154,10 +183,10 @@ class Trainer:
         self.par = parallelize(model, c, rt)
         # The weights have their own generators; the global one drives dropout, whose masks must differ
         # between data-parallel ranks as they would between the micro-batches of one process.
-        torch.manual_seed(t.seed + rt.rank)
+        torch.manual_seed(t.seed + rt.data_rank)
         self.scaler = torch.amp.GradScaler(rt.device.type) if t.precision == "fp16-mixed" else None
-        loader = loader or RandomWindows(self.data, "train", t.seq_len, seed=t.seed, rank=rt.rank,
-                                         world_size=rt.world_size)
+        loader = loader or RandomWindows(self.data, "train", t.seq_len, seed=t.seed, rank=rt.data_rank,
+                                         world_size=rt.data_size)
         self.batches = Prefetcher(loader, t.micro_batch_size, rt.device)
         self.state = TrainState()
         self.callbacks = default_callbacks(c)

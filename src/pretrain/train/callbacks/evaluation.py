@@ -25,7 +25,7 @@ def evaluate(trainer) -> dict:
 
     c, rt, par = trainer.config, trainer.rt, trainer.par
     par.set_training(False)
-    windows = SequentialWindows(trainer.data, "val", c.train.seq_len, rank=rt.rank, world_size=rt.world_size)
+    windows = SequentialWindows(trainer.data, "val", c.train.seq_len, rank=rt.data_rank, world_size=rt.data_size)
     losses = []
     for x, y in windows.batches(c.train.micro_batch_size, c.run.eval_batches):
         x, y = x.to(rt.device), y.to(rt.device)
