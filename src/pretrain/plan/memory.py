@@ -51,6 +51,23 @@ def _numel(shape) -> int:
     return n
 
 
+# Tensor parallelism as the trainer splits a block (distributed/tensor_parallel.py): the q/k/v and MLP up (gate
+# and up) projections by output rows, the attention output and MLP down projections by input columns.
+COLUMN_PARALLEL = (".attn.qkv.weight", ".attn.qkv.bias", ".mlp.up.weight", ".mlp.up.bias")
+ROW_PARALLEL = (".attn.proj.weight", ".mlp.down.weight")
+
+
+def tensor_parallel_shape(name: str, shape: tuple, tp: int) -> tuple:
+    """The part of parameter `name` one tensor rank holds. Everything else is replicated on every tensor
+    rank, as the trainer holds it: the norms, the row-parallel biases, and also the embedding and output
+    layer (no vocabulary-parallel split is built)."""
+    if tp > 1 and name.endswith(COLUMN_PARALLEL):
+        return (shape[0] // tp,) + tuple(shape[1:])
+    if tp > 1 and name.endswith(ROW_PARALLEL):
+        return tuple(shape[:-1]) + (shape[-1] // tp,)
+    return tuple(shape)
+
+
 def _shard_numel(shape, dp: int) -> int:
     """FSDP2 shards dim 0 in chunks of ceil(d0 / dp); rank 0 holds a full chunk (the largest share)."""
     return -(-shape[0] // dp) * _numel(shape[1:])
@@ -114,11 +131,14 @@ def model_state_tensors(cfg, rank: int | None = None) -> dict:
     """Bytes of the tensors one GPU holds between steps and in flight: parameters, gradients, optimizer
     states, and working copies (half-precision or gathered parameters). Exact for tensor = pipeline = 1.
     `rank`: that data-parallel rank's share (ranks differ under ZeRO-1 and uneven FSDP chunks); by default
-    the largest share (what must fit)."""
+    the largest share (what must fit). Without a pipeline, tensor parallelism is counted exactly, parameter
+    by parameter (FSDP2 then shards each tensor rank's part over the data ranks); with one, the heaviest
+    stage's share of the whole is an approximation."""
     m, t, par = cfg.model, cfg.train, cfg.parallel
     dp = par.data_parallel
     model_parallel = par.tensor * par.pipeline
-    shapes = param_shapes(m)
+    exact = par.pipeline == 1  # every tensor rank holds the same: its part of each parameter
+    shapes = [(n, tensor_parallel_shape(n, s, par.tensor) if exact else s) for n, s in param_shapes(m)]
     mixed = t.precision.endswith("-mixed")
     param_bytes = 2 if t.precision == "bf16" else 4
     grad_bytes = 2 if (t.precision == "bf16" or (mixed and t.grad_dtype == "same")) else 4
@@ -148,21 +168,21 @@ def model_state_tensors(cfg, rank: int | None = None) -> dict:
     compute_bytes = 2 if (mixed or t.precision == "bf16") else 4
     if zero == 2:  # every block's parameters stay gathered from forward to backward
         copies = compute_bytes * sum(_numel(s) for _, s in shapes)
-    elif zero == 3 and model_parallel > 1:  # whole blocks of this stage, not a share of the model's
+    elif zero == 3 and not exact:  # whole blocks of this stage, not a share of the model's
         copies = int(compute_bytes * _zero3_gathered(cfg, shapes))
     elif zero == 3:  # the block being computed, the prefetched next one, and the root's parameters
         copies = compute_bytes * (min(2, m.num_layers) * per_layer + root)
     elif mixed:  # autocast keeps a half-precision copy of each matmul weight for backward
         stage_layers = -(-m.num_layers // cfg.parallel.pipeline)
         layers_kept = 1 if t.activation_checkpointing == "full" else stage_layers  # full: the recomputed one
-        copies = 2 * (layers_kept * layer_matmul + output_matmul) // cfg.parallel.tensor
+        copies = 2 * (layers_kept * layer_matmul + output_matmul) // (1 if exact else cfg.parallel.tensor)
     else:
         copies = 0
     out = dict(parameters=param_bytes * n_params, gradients=grad_bytes * n_params,
                optimizer_states=state_bytes * n_states + steps, working_copies=copies,
                optimizer_working=_optimizer_working(cfg, shapes, owned, dp, sharded, state_bytes),
-               per_layer_params=_block_share(cfg, shapes))
-    if model_parallel > 1:  # tensor / pipeline split: the heaviest stage's share (approximate)
+               per_layer_params=_block_share(cfg, param_shapes(m)))
+    if model_parallel > 1 and not exact:  # tensor and pipeline split: the heaviest stage's share (approximate)
         scale = _stage_share(cfg, shapes)
         scaled = ("parameters", "gradients", "optimizer_states", "optimizer_working")
         for key in scaled + (("working_copies",) if zero == 2 else ()):

@@ -58,7 +58,7 @@ class PlanVsRun(Callback):
         """Debug mode: this rank holds exactly what the planner says this rank holds (one shared truth)."""
         from ...plan.memory import model_state_tensors
 
-        planned = model_state_tensors(trainer.device_config, rank=trainer.rt.rank)
+        planned = model_state_tensors(trainer.device_config, rank=trainer.rt.data_rank)
         wrong = {k: (v, planned[k]) for k, v in states.items() if v != planned[k]}
         if wrong:
             detail = ", ".join(f"{k} {held:,} bytes held, {want:,} planned" for k, (held, want) in wrong.items())
