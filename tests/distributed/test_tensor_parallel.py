@@ -78,7 +78,7 @@ def grid(prepared, tmp_path_factory):
     planner's bytes for its (data rank, tensor rank)."""
     run_dir = tmp_path_factory.mktemp("grid") / "run"
     r = torchrun(*settings(prepared, run_dir, 4, "parallel.tensor=2", "parallel.zero_stage=3",
-                           "debug.check_sharding=true"), nproc=4)
+                           "debug.check_sharding=true", "debug.plan_vs_run_per_rank=true"), nproc=4)
     assert r.returncode == 0, r.stderr[-3000:]
     return run_dir
 
@@ -91,6 +91,20 @@ def test_tensor_x_data_parallel_trains_as_one_process(single, grid):
     pa, pb = params(single), params(grid)
     for k in pa:
         torch.testing.assert_close(pb[k], pa[k], rtol=1e-5, atol=3e-5)
+
+
+def test_every_rank_reports_its_own_plan_vs_run(grid):
+    # Ranks numbered tensor fastest (distributed/mesh.py). The embedding's 515 rows split 258 / 257 by FSDP
+    # over the data ranks: parameters and gradients are padded to equal chunks, the optimizer states are
+    # made like the unpadded shard, so the two data ranks hold different state bytes, each its planned ones.
+    reports = [json.loads((grid / f"plan_vs_run.rank{r}.json").read_text()) for r in range(4)]
+    assert [(x["grid"]["data"], x["grid"]["tensor"]) for x in reports] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    held = []
+    for report in reports:
+        rows = {x["name"]: x for x in report["rows"]}
+        assert all(rows[k]["planned"] == rows[k]["measured"] for k in ("parameters", "gradients", "optimizer_states"))
+        held.append(rows["optimizer_states"]["measured"])
+    assert held[0] == held[1] > held[2] == held[3]
 
 
 def test_sequence_parallel_on_two_tensor_ranks_trains_as_one_process(prepared, single, tmp_path):
