@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from support import run_cli
+from support import needs_compiler, run_cli
 
 torch = pytest.importorskip("torch")
 
@@ -20,8 +20,8 @@ STEPS = 10
 
 def settings(prepared, run_dir, micro_batch, *extra):
     # The debug preset's 4 heads / 2 k/v heads split over 2 tensor ranks (one k/v group each); an odd
-    # vocabulary (515 rows: the replicated embedding's FSDP chunks are uneven).
-    return ["model.preset=debug", "model.vocab_size=515", "train.seq_len=32", f"train.micro_batch_size={micro_batch}",
+    # vocabulary padded to 518 rows (one padded row), 259 per tensor rank: FSDP's chunks are uneven (130 / 129).
+    return ["model.preset=debug", "model.vocab_size=517", "model.pad_vocab_to=2", "train.seq_len=32", f"train.micro_batch_size={micro_batch}",
             "train.grad_accum_steps=2", "train.precision=fp32", "train.device=cpu", "train.optimizer=adamw",
             "train.lr=3e-3", "train.warmup=1", f"train.max_steps={STEPS}", f"data.dir={prepared}",
             f"run.dir={run_dir}", "run.log_every=1", "run.eval_every=0", "run.eval_batches=2",
@@ -94,8 +94,8 @@ def test_tensor_x_data_parallel_trains_as_one_process(single, grid):
 
 
 def test_every_rank_reports_its_own_plan_vs_run(grid):
-    # Ranks numbered tensor fastest (distributed/mesh.py). The embedding's 515 rows split 258 / 257 by FSDP
-    # over the data ranks: parameters and gradients are padded to equal chunks, the optimizer states are
+    # Ranks numbered tensor fastest (distributed/mesh.py). A tensor rank's 259 embedding rows split 130 / 129
+    # by FSDP over the data ranks: parameters and gradients are padded to equal chunks, the optimizer states are
     # made like the unpadded shard, so the two data ranks hold different state bytes, each its planned ones.
     reports = [json.loads((grid / f"plan_vs_run.rank{r}.json").read_text()) for r in range(4)]
     assert [(x["grid"]["data"], x["grid"]["tensor"]) for x in reports] == [(0, 0), (0, 1), (1, 0), (1, 1)]
@@ -114,6 +114,23 @@ def test_sequence_parallel_on_two_tensor_ranks_trains_as_one_process(prepared, s
     assert r.returncode == 0, r.stderr[-3000:]
     assert_same_run(single, run_dir)
     assert_planned_bytes(run_dir)
+
+
+@needs_compiler
+def test_compiled_blocks_with_and_without_sequence_parallelism(prepared, single, tmp_path, monkeypatch):
+    """Each block compiled whole (fullgraph) around the tensor-parallel hooks: no graph break, the losses of
+    one eager process (within compiled kernels' rounding, as tests/distributed/test_torchrun.py allows). The
+    two layouts share one compile cache, as two runs on one machine do: AOTAutograd's cache once handed the
+    second run the first one's blocks, and it trained wrong (distributed/parallelize.py)."""
+    monkeypatch.setenv("TORCH_LOGS", "graph_breaks")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "compile-cache"))
+    for layout in ("parallel.sequence_parallel=false", "parallel.sequence_parallel=true"):
+        run_dir = tmp_path / layout
+        r = torchrun(*settings(prepared, run_dir, 8, "parallel.tensor=2", layout, "train.compile=true"), nproc=2)
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert "Graph break" not in r.stderr
+        a, b = losses(single), losses(run_dir)
+        assert all(b[k] == pytest.approx(a[k], rel=2e-3) for k in a), layout
 
 
 def test_a_data_2_tensor_2_checkpoint_resumes_on_data_4_and_on_one_process(prepared, single, tmp_path):
@@ -180,6 +197,8 @@ def test_kill_9_during_a_tensor_x_data_run_resumes_exactly(prepared, grid, tmp_p
     (["parallel.zero_stage=1"], "parallel.zero_stage: 1 with tensor parallelism over 2 data-parallel groups"),
     (["model.intermediate_size=175"], "parallel.tensor: 2 must divide model.intermediate_size 175"),
     (["model.dropout=0.1"], "model.dropout: not supported with parallel.tensor > 1"),
+    (["model.vocab_size=515"], r"parallel.tensor: 2 must divide the vocabulary's rows \(515: .* "
+                               "model.pad_vocab_to=128"),
 ])
 def test_what_tensor_parallelism_refuses(overrides, message):
     from pretrain.config import load_config

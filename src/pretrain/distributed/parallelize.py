@@ -37,7 +37,7 @@ from .mesh import Layout
 from .optim import build_optimizer
 from .recompute import apply_activation_checkpointing
 from .runtime import Runtime
-from .tensor_parallel import apply_tensor_parallel, from_canonical, to_canonical
+from .tensor_parallel import apply_tensor_parallel, from_canonical, keep_own_vocabulary_rows, to_canonical
 
 FSDP_CPU_TORCH = (2, 9)  # gloo: FSDP2 fails on CPU streams in torch 2.6 and sums instead of averaging in 2.7
 
@@ -220,6 +220,14 @@ def parallelize(model, config, rt: Runtime) -> Parallelized:
     apply_activation_checkpointing(model, t.activation_checkpointing)
     model.fix_attention_kernel(rt.device, half=t.precision != "fp32")
     compiled = compile_enabled(t.compile, rt.device.type)
+    if compiled and config.parallel.tensor > 1:
+        # AOTAutograd's on-disk cache hands a block compiled for one tensor-parallel layout to another with the
+        # same shapes (with and without sequence parallelism, torch 2.13): measured, the run then trains wrong
+        # (loss 6.04 for 5.71 after 10 steps of tests/distributed/test_tensor_parallel.py's run). Off here:
+        # every run compiles its own blocks.
+        import torch._functorch.config
+
+        torch._functorch.config.enable_autograd_cache = False
     if compiled:
         # Block by block, before sharding (torchtitan's order): FSDP2's hooks sit at the block boundaries and
         # stay eager; a whole-model compile would meet them inside the loop over blocks and run all eager.
@@ -243,6 +251,8 @@ def parallelize(model, config, rt: Runtime) -> Parallelized:
         # seeded init gives every layout the same values.
         model.to_empty(device=rt.device)
         model.reset_parameters(t.seed)
+    if config.parallel.tensor > 1 and not config.parallel.fsdp:
+        keep_own_vocabulary_rows(model)
     model.rotary(t.seq_len, rt.device)  # built before the first (compiled) forward, not inside it
     par.optimizer = par.build_optimizer(config)
     return par

@@ -10,11 +10,15 @@ dropouts split along the sequence between the sub-layers: the all-reduce becomes
 all-gather brings the sequence back before the column-split matmuls, so the same bytes cross the wire and the
 norm activations are 1/t each.
 
-What is not split: the embedding, the final norm and the output layer are replicated on every tensor rank
-(their gradients agree, as their inputs do), and the loss, chunked or plain, runs on each rank over the whole
-sequence. A vocabulary-parallel embedding and loss (torch's `loss_parallel`) would divide those by t too; not
-built. Every parameter is a DTensor on the tensor mesh, replicated or sharded, so gradient clipping
-(`clip_grad_norm_` over DTensors) and FSDP2 on the data dimension see one kind of parameter.
+The embedding and the output layer are split by vocabulary rows (Megatron's vocabulary-parallel embedding:
+each rank looks up the ids in its range, the partial sums are all-reduced, or reduce-scattered along the
+sequence): their parameters, gradients and optimizer states are 1/t per rank. The loss is not split: the
+output weight is all-gathered for it (as FSDP gathers a layer) and the loss, chunked or plain, runs on each
+tensor rank over the whole sequence, the same work on every rank. A vocabulary-parallel loss (torch's
+`loss_parallel`, which needs the plain loss's full logits) would split that work too; not built. The norms are
+replicated (their gradients agree on every rank, or are summed over the sequence parts). Every parameter is a
+DTensor on the tensor mesh, so gradient clipping (`clip_grad_norm_` over DTensors) and FSDP2 on the data
+dimension see one kind of parameter.
 
 Fused projections: our q, k, v are one matrix with rows [q | k | v] and SwiGLU's gate and up one with rows
 [gate | up] (model/transformer.py). A contiguous split of those rows would give rank 0 only q; so under
@@ -54,12 +58,8 @@ def rank_order(segments: list[int], tp: int) -> torch.Tensor:
 
 
 class Replicated(ParallelStyle):
-    """The module's parameters replicated on every tensor rank, as DTensors; plain tensors in and out. Its
-    output optionally leaves split along the sequence (the embedding under sequence parallelism)."""
-
-    def __init__(self, output_layout=Replicate()):
-        super().__init__()
-        self.output_layout = output_layout
+    """The module's parameters replicated on every tensor rank, as DTensors; plain tensors in and out (a norm
+    without sequence parallelism)."""
 
     def _apply(self, module: nn.Module, mesh) -> nn.Module:
         def inputs(mod, args, mesh):
@@ -67,9 +67,26 @@ class Replicated(ParallelStyle):
                          if isinstance(a, torch.Tensor) else a for a in args)
 
         def output(mod, out, mesh):
-            return out.redistribute(mesh, [self.output_layout]).to_local()
+            return out.to_local()
 
         return distribute_module(module, mesh, input_fn=inputs, output_fn=output)
+
+
+class VocabularyParallelEmbedding(RowwiseParallel):
+    """RowwiseParallel on an embedding (each rank looks up the ids of its vocabulary rows), its output
+    redistributed synchronously: RowwiseParallel's asynchronous one hands the next module a waiting tensor,
+    and the backward of a block compiled around it fails (torch 2.13)."""
+
+    @staticmethod
+    def _prepare_output_fn(output_layouts, use_local_output, mod, outputs, device_mesh):
+        out = outputs.redistribute(placements=output_layouts)
+        return out.to_local() if use_local_output else out
+
+
+def _rows_split(name, module, mesh) -> None:
+    """distribute_module's partition_fn: every parameter of `module` split by rows (the output layer's vocabulary)."""
+    for key, p in list(module.named_parameters(recurse=False)):
+        module.register_parameter(key, nn.Parameter(distribute_tensor(p, mesh, [Shard(0)])))
 
 
 def apply_tensor_parallel(model: nn.Module, mesh, sequence_parallel: bool) -> None:
@@ -101,17 +118,30 @@ def apply_tensor_parallel(model: nn.Module, mesh, sequence_parallel: bool) -> No
         })
     tied = model.lm_head.weight is model.embed.weight
     parallelize_module(model, mesh, {
-        "embed": Replicated(output_layout=between),
+        "embed": VocabularyParallelEmbedding(input_layouts=Replicate(), output_layouts=between),
         "norm": norm(),
-        # The loss module takes (final-norm output, output weight, targets): the whole sequence on every rank
-        # and the weight as a plain tensor, so both losses run unchanged.
-        "loss": PrepareModuleInput(input_layouts=(between, Replicate(), None),
+        # The loss module takes (final-norm output, output weight, targets): the whole sequence and the whole
+        # weight on every rank, as plain tensors, so both losses run unchanged.
+        "loss": PrepareModuleInput(input_layouts=(between, Shard(0), None),
                                    desired_input_layouts=(Replicate(), Replicate(), None), use_local_output=True),
     })
     if tied:
         model.lm_head.weight = model.embed.weight
-    else:  # never called as a module (the loss takes its weight): only its parameter is replicated
-        distribute_module(model.lm_head, mesh)
+    else:  # never called as a module (the loss takes its weight): only its parameter is split
+        distribute_module(model.lm_head, mesh, _rows_split)
+
+
+def keep_own_vocabulary_rows(model: nn.Module) -> None:
+    """Both vocabulary-split weights get gradients for the whole vocabulary, the same on every tensor rank (the
+    embedding's backward is computed replicated; the gathered output weight's comes back as a view of the
+    whole): keep a copy of this rank's rows only, so the whole one is freed at once. Hooks on the parameters
+    as they are at the end (moving a model from the meta device replaces them); under FSDP its reduce-scatter
+    makes each rank's own gradient shard anyway."""
+    def own_rows(grad):
+        return grad.redistribute(grad.device_mesh, [Shard(0)]).clone()
+
+    for p in {model.embed.weight, model.lm_head.weight}:
+        p.register_hook(own_rows)
 
 
 def _reordered(t, order: torch.Tensor):
@@ -143,4 +173,4 @@ def from_canonical(sd: dict, orders: dict) -> dict:
     return _convert(sd, orders, canonical=False)
 
 
-__all__ = ["apply_tensor_parallel", "fused_segments", "rank_order", "to_canonical", "from_canonical"]
+__all__ = ["apply_tensor_parallel", "keep_own_vocabulary_rows", "fused_segments", "rank_order", "to_canonical", "from_canonical"]

@@ -51,17 +51,18 @@ def _numel(shape) -> int:
     return n
 
 
-# Tensor parallelism as the trainer splits a block (distributed/tensor_parallel.py): the q/k/v and MLP up (gate
-# and up) projections by output rows, the attention output and MLP down projections by input columns.
-COLUMN_PARALLEL = (".attn.qkv.weight", ".attn.qkv.bias", ".mlp.up.weight", ".mlp.up.bias")
+# Tensor parallelism as the trainer splits the model (distributed/tensor_parallel.py): the q/k/v and MLP up (gate
+# and up) projections, the embedding and the output layer by rows (output features; vocabulary), the attention
+# output and MLP down projections by columns (input features).
+COLUMN_PARALLEL = (".attn.qkv.weight", ".attn.qkv.bias", ".mlp.up.weight", ".mlp.up.bias", "embed.weight",
+                   "lm_head.weight")
 ROW_PARALLEL = (".attn.proj.weight", ".mlp.down.weight")
 
 
 def tensor_parallel_shape(name: str, shape: tuple, tp: int) -> tuple:
-    """The part of parameter `name` one tensor rank holds. Everything else is replicated on every tensor
-    rank, as the trainer holds it: the norms, the row-parallel biases, and also the embedding and output
-    layer (no vocabulary-parallel split is built)."""
-    if tp > 1 and name.endswith(COLUMN_PARALLEL):
+    """The part of parameter `name` one tensor rank holds (the trainer needs every split dimension to be a
+    multiple of t). The rest is replicated on every tensor rank: the norms, the row-parallel biases."""
+    if tp > 1 and name.endswith(COLUMN_PARALLEL) and not name.startswith("pos_embed"):
         return (shape[0] // tp,) + tuple(shape[1:])
     if tp > 1 and name.endswith(ROW_PARALLEL):
         return tuple(shape[:-1]) + (shape[-1] // tp,)

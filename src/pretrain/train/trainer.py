@@ -21,7 +21,7 @@ import yaml
 from ..errors import ConfigError, UsageError
 from ..files import write_atomic
 from ..plan.budget import run_length
-from ..plan.params import count_params
+from ..plan.params import count_params, padded_vocab_size
 from ..plan.schedule import checked_warmup, learning_rate, micro_batches_per_step
 from . import checkpoint as ckpt
 from . import resume
@@ -111,6 +111,10 @@ def check_tensor_parallel(config) -> None:
     if m.intermediate_size % par.tensor:
         raise ConfigError(f"parallel.tensor: {par.tensor} must divide model.intermediate_size "
                           f"{m.intermediate_size} (each rank takes whole rows of the MLP)")
+    if padded_vocab_size(m) % par.tensor:
+        raise ConfigError(f"parallel.tensor: {par.tensor} must divide the vocabulary's rows ({padded_vocab_size(m)}: "
+                          "each rank takes an equal part of the embedding and output layer); pad them with "
+                          f"model.pad_vocab_to={64 * par.tensor}")
     if m.dropout:
         # Tensor ranks hold the same residual stream: their dropout masks would have to agree.
         raise ConfigError("model.dropout: not supported with parallel.tensor > 1; use model.dropout=0")
