@@ -208,3 +208,12 @@ def test_what_tensor_parallelism_refuses(overrides, message):
     base = ["model.preset=debug", "parallel.gpus=4", "parallel.tensor=2", "parallel.zero_stage=3"]
     with pytest.raises(ConfigError, match=message):
         check_trainable(load_config(overrides=base + overrides), needs_data=False)
+
+
+def test_rank_order_hands_each_rank_whole_heads():
+    from pretrain.distributed.tensor_parallel import rank_order
+
+    # Fused q|k|v rows of 4 q rows and 2 k, 2 v rows over 2 ranks: rank 0 holds q rows 0-1, k row 4, v row 6,
+    # rank 1 the rest; a contiguous half of the reordered rows is one rank's.
+    assert rank_order([4, 2, 2], 2).tolist() == [0, 1, 4, 6, 2, 3, 5, 7]
+    assert rank_order([3, 3], 1).tolist() == list(range(6))  # one rank: the canonical order
