@@ -116,6 +116,18 @@ def test_sequence_parallel_on_two_tensor_ranks_trains_as_one_process(prepared, s
     assert_planned_bytes(run_dir)
 
 
+def test_tied_embeddings_on_two_tensor_ranks_train_as_one_process(prepared, tmp_path):
+    # One vocabulary-split tensor serves as the embedding and the output layer.
+    one, two = tmp_path / "one", tmp_path / "two"
+    r = run_cli("train", *settings(prepared, one, 8, "model.tie_embeddings=true"))
+    assert r.returncode == 0, r.stderr
+    r = torchrun(*settings(prepared, two, 8, "model.tie_embeddings=true", "parallel.tensor=2",
+                           "debug.check_sharding=true"), nproc=2)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert_same_run(one, two)
+    assert_planned_bytes(two)
+
+
 @needs_compiler
 def test_compiled_blocks_with_and_without_sequence_parallelism(prepared, single, tmp_path, monkeypatch):
     """Each block compiled whole (fullgraph) around the tensor-parallel hooks: no graph break, the losses of
