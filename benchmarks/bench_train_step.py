@@ -23,7 +23,7 @@ from pretrain.config import load_config
 from pretrain.distributed.recompute import apply_activation_checkpointing
 from pretrain.distributed.runtime import init_runtime
 from pretrain.model import build_model
-from pretrain.plan import plan
+from pretrain.plan import make_plan
 from pretrain.config import compile_enabled
 from pretrain.precision import autocast as precision_context
 from pretrain.train.trainer import Trainer
@@ -131,7 +131,7 @@ def main():
     print(f"device {rt.device}, threads {torch.get_num_threads()}, {config.model.num_layers} layers x "
           f"{config.model.hidden_size}, batch {t.micro_batch_size} x {t.grad_accum_steps} x {t.seq_len}, "
           f"{t.precision}, compile {compile_enabled(t.compile, rt.device.type)}")
-    flops_per_token = plan(config)["flops"]["per_token"]  # the model FLOPs MFU counts (PaLM: 6N + attention)
+    flops_per_token = make_plan(config)["flops"]["per_token"]  # the model FLOPs MFU counts (PaLM: 6N + attention)
     peak = config.hardware.peak_tflops
     for name, tps in speed.items():
         spread = [tokens / s for s in seconds[name]]

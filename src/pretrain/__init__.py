@@ -5,7 +5,7 @@ The package root stays light (no torch import): heavy entry points are imported 
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "load_config", "plan", "load_model"]
+__all__ = ["__version__", "load_config", "make_plan", "load_model"]
 
 
 def __getattr__(name):
@@ -13,10 +13,10 @@ def __getattr__(name):
         from .config import load_config
 
         return load_config
-    if name == "plan":
-        from .plan import plan
+    if name == "make_plan":
+        from .plan import make_plan
 
-        return plan
+        return make_plan
     if name == "load_model":
         from .train.resume import load_model
 

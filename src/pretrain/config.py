@@ -1,7 +1,7 @@
 """One config schema for every subcommand: `plan`, `train`, `sweep` and `bench` read the same sections.
 
-A config is a YAML file plus `section.key=value` overrides. Every field carries a `doc` string; the README's
-key table is generated from it (`pretrain config --docs`), so the code and the docs cannot drift apart.
+A config is a YAML file plus `section.key=value` overrides. Every field carries a `doc` string; the key table
+of docs/config.md is generated from it (`pretrain config --docs`), so the code and the docs cannot drift apart.
 Pure Python: importing this module imports neither torch nor numpy.
 """
 
@@ -17,14 +17,18 @@ from pathlib import Path
 from typing import Any, Union
 
 from .errors import ConfigError
+from .gpus import gpu_spec
 from .presets import PRESETS, from_hf_config, preset
 
 
-def doc(default: Any, text: str, choices: tuple | None = None):
-    """A dataclass field with its documentation (and the allowed values, for strings)."""
+def doc(default: Any, text: str, choices: tuple | None = None, trains: tuple | None = None):
+    """A dataclass field with its documentation, the allowed values (for strings) and, when the trainer runs
+    fewer values than the planner models, the ones it runs (`trains`): `check_trainable` refuses the others
+    and docs/config.md's key table says so, both from this one place."""
+    metadata = {"doc": text, "choices": choices, "trains": trains}
     if isinstance(default, list):
-        return field(default_factory=lambda: list(default), metadata={"doc": text, "choices": choices})
-    return field(default=default, metadata={"doc": text, "choices": choices})
+        return field(default_factory=lambda: list(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
 FAMILIES = ("llama", "gpt2")
@@ -34,7 +38,7 @@ RECOMPUTE = ("none", "selective", "full")
 SCHEDULES = ("cosine", "linear", "inverse_sqrt", "wsd")
 
 
-@dataclass
+@dataclass(frozen=True)
 class ModelConfig:
     preset: str | None = doc(None, "named model shape: " + " | ".join(PRESETS) + "; keys given beside it override it")
     hf_config: str | None = doc(None, "a Hugging Face config.json (or its directory) to take the shape from")
@@ -62,7 +66,7 @@ class ModelConfig:
                             "50,257 -> 50,304, faster matmuls); the padded rows are never a target, export drops them")
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainConfig:
     seq_len: int | None = doc(None, "tokens per training sequence (default: the model's max_seq_len, at most 2048)")
     micro_batch_size: int = doc(1, "sequences per GPU per forward/backward")
@@ -103,16 +107,16 @@ class TrainConfig:
     loss_chunk_tokens: int = doc(4096, "tokens per chunk of the chunked loss")
 
 
-@dataclass
+@dataclass(frozen=True)
 class ParallelConfig:
     gpus: int = doc(1, "world size (all GPUs of the job); data parallel = gpus / (tensor x pipeline)")
-    tensor: int = doc(1, "tensor-parallel degree")
-    pipeline: int = doc(1, "pipeline-parallel degree")
+    tensor: int = doc(1, "tensor-parallel degree (LLaMA family; docs/parallel.md)")
+    pipeline: int = doc(1, "pipeline-parallel degree", trains=(1,))
     zero_stage: int = doc(0, "0 (DDP) | 1 (optimizer states sharded) | 2 (+ gradients) | 3 (+ weights, FSDP2)",
                           (0, 1, 2, 3))
     sequence_parallel: bool = doc(False, "shard norm/dropout activations over the tensor-parallel group")
     offload: str = doc("none", "none | optimizer | optimizer+params (ZeRO-Offload: states in host memory)",
-                       ("none", "optimizer", "optimizer+params"))
+                       ("none", "optimizer", "optimizer+params"), trains=("none",))
     gpus_per_node: int = doc(8, "GPUs per machine (for host memory per node)")
     grad_sync: str = doc("micro_batch", "FSDP (ZeRO 2/3) with gradient accumulation: micro_batch (reduce-scatter "
                          "after every micro-batch: gradients stay sharded) | step (only after the last micro-batch: "
@@ -129,7 +133,7 @@ class ParallelConfig:
         return self.zero_stage >= 2 and self.data_parallel > 1
 
 
-@dataclass
+@dataclass(frozen=True)
 class HardwareConfig:
     gpu: str = doc("a100-80gb", "accelerator from the catalog (`pretrain plan --list-gpus` lists it), cpu, or "
                    "other-gpu (a card not listed: give memory_gb and peak_tflops)")
@@ -151,21 +155,21 @@ class HardwareConfig:
     fragmentation: float = doc(0.1, "fraction of the card kept free for allocator fragmentation")
 
 
-@dataclass
+@dataclass(frozen=True)
 class MeasuredConfig:
     tokens_per_second: float | None = doc(None, "measured throughput of the whole job")
     iterations_per_second: float | None = doc(None, "measured optimizer steps per second")
     step_time_seconds: float | None = doc(None, "measured seconds per optimizer step")
 
 
-@dataclass
+@dataclass(frozen=True)
 class FlopsConfig:
     causal_attention: bool = doc(False, "count the attention term halved (causal) instead of PaLM's full")
     convention: str = doc("palm", "FLOPs behind time and MFU: palm (6 x non-embedding N + attention) | "
                           "6n (6 x all parameters; 8 x with full recomputation)", ("palm", "6n"))
 
 
-@dataclass
+@dataclass(frozen=True)
 class DataConfig:
     dir: str | None = doc(None, "a directory written by `pretrain prepare` (the planner reads its meta.json: tokens "
                           "available and bytes per token)")
@@ -178,22 +182,22 @@ class DataConfig:
                       "1 GiB, size = no hashing", ("auto", "full", "size"))
 
 
-@dataclass
+@dataclass(frozen=True)
 class PlanConfig:
     framework: str = doc("pretrain", "memory accounting of `pretrain plan`: pretrain (what our trainer holds) | "
                          "megatron | deepspeed | zero-paper (each framework's published formulas, added to the plan "
                          "as `framework`; sources in --explain)", ("pretrain", "megatron", "deepspeed", "zero-paper"))
 
 
-@dataclass
+@dataclass(frozen=True)
 class BudgetConfig:
     gpu_hours: float | None = doc(None, "planner budget mode: GPU-hours to spend; the plan then chooses the "
-                                  "Chinchilla-optimal model and tokens for that compute (README: Budget mode)")
+                                  "Chinchilla-optimal model and tokens for that compute (docs/plan.md: Budget mode)")
     days: float | None = doc(None, "budget mode: days of parallel.gpus GPUs")
     cost: float | None = doc(None, "budget mode: money to spend, at hardware.price_per_gpu_hour")
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunConfig:
     dir: str = doc("runs/default", "everything of a run: metrics.jsonl, events.jsonl, plan_vs_run.json, "
                    "checkpoints/, tensorboard/")
@@ -206,7 +210,7 @@ class RunConfig:
     progress: bool = doc(True, "show a progress bar")
 
 
-@dataclass
+@dataclass(frozen=True)
 class StabilityConfig:
     spike_detection: bool = doc(True, "watch the loss for spikes and non-finite values, roll back on one")
     window: int = doc(100, "recent steps whose losses form the reference (median and MAD)")
@@ -220,7 +224,7 @@ class StabilityConfig:
     lr_scale_steps: int = doc(0, "steps the lowered learning rate lasts after a rollback")
 
 
-@dataclass
+@dataclass(frozen=True)
 class DebugConfig:
     inject_nan_batches: list[int] = doc([], "testing: micro-batches (by position in the data stream) whose "
                                         "loss becomes NaN")
@@ -238,7 +242,7 @@ class DebugConfig:
                                   "crash test can kill the process there")
 
 
-@dataclass
+@dataclass(frozen=True)
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -295,8 +299,7 @@ def replaced(config: Config, overrides: dict) -> Config:
         by_section.setdefault(section, {})[name] = value
     new = dataclasses.replace(config, **{s: dataclasses.replace(getattr(config, s), **v)
                                          for s, v in by_section.items()})
-    validate(new)  # fills head_dim / num_kv_heads / seq_len defaults of the new sections, checks the rest
-    return new
+    return resolve(new)
 
 
 def from_dict(raw: dict) -> Config:
@@ -310,9 +313,7 @@ def from_dict(raw: dict) -> Config:
             raise ConfigError(f"{section}: must be a mapping of keys, got {_shown(raw[section])}")
     raw["model"] = _resolve_model(raw.get("model", {}))
     sections = {name: _build(name, cls, raw.get(name, {})) for name, cls in SECTIONS.items()}
-    config = Config(**sections)
-    validate(config)
-    return config
+    return resolve(Config(**sections))
 
 
 def _read_yaml(path) -> dict:
@@ -549,7 +550,7 @@ def _positive(key: str, value, allow_zero: bool = False):
 LARGEST = 2**63 - 1  # int64: what the trainer's tensors and the token file's offsets hold
 
 
-def _finite(c: Config) -> None:
+def _refuse_non_finite(c: Config) -> None:
     """NaN passes every `<` test and infinity every `>`, and a number beyond int64 overflows the planner's
     arithmetic (GB x 1e9, TFLOP/s x 1e12 x GPUs): refuse them for every numeric key before other checks."""
     for section in SECTIONS:
@@ -565,20 +566,31 @@ def _finite(c: Config) -> None:
                     raise ConfigError(f"{section}.{f.name}: {x:.3g} is too large; at most 2^63 - 1 (int64)")
 
 
+def resolve(c: Config) -> Config:
+    """The config with its derived defaults filled in (num_kv_heads, head_dim, seq_len), checked: what every
+    reader sees. A new object; the config is frozen, so no value changes after this."""
+    _refuse_non_finite(c)
+    m, t = c.model, c.train
+    for name in ("hidden_size", "num_heads", "max_seq_len"):
+        _positive(f"model.{name}", getattr(m, name))
+    if m.head_dim is None and m.hidden_size % m.num_heads:
+        raise ConfigError(f"model.num_heads: {m.num_heads} heads do not divide hidden_size {m.hidden_size}; "
+                          "pick a divisor or set model.head_dim")
+    model = dataclasses.replace(m, num_kv_heads=m.num_heads if m.num_kv_heads is None else m.num_kv_heads,
+                                head_dim=m.hidden_size // m.num_heads if m.head_dim is None else m.head_dim)
+    train = dataclasses.replace(t, seq_len=min(2048, m.max_seq_len) if t.seq_len is None else t.seq_len)
+    c = dataclasses.replace(c, model=model, train=train)
+    validate(c)
+    return c
+
+
 def validate(c: Config) -> None:
     """Checks that need no files and no torch; each failure names the key and what is allowed."""
-    _finite(c)
+    _refuse_non_finite(c)
     m, t, p, h = c.model, c.train, c.parallel, c.hardware
     for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "max_seq_len"):
         _positive(f"model.{name}", getattr(m, name))
-    if m.num_kv_heads is None:
-        m.num_kv_heads = m.num_heads
     _positive("model.num_kv_heads", m.num_kv_heads)
-    if m.head_dim is None:
-        if m.hidden_size % m.num_heads:
-            raise ConfigError(f"model.num_heads: {m.num_heads} heads do not divide hidden_size {m.hidden_size}; "
-                              "pick a divisor or set model.head_dim")
-        m.head_dim = m.hidden_size // m.num_heads
     _positive("model.head_dim", m.head_dim)
     if m.num_heads % m.num_kv_heads:
         raise ConfigError(f"model.num_kv_heads: {m.num_kv_heads} must divide num_heads {m.num_heads}")
@@ -596,8 +608,6 @@ def validate(c: Config) -> None:
     _positive("model.pad_vocab_to", m.pad_vocab_to)
     _positive("model.init_std", m.init_std)
 
-    if t.seq_len is None:
-        t.seq_len = min(2048, m.max_seq_len)
     for name in ("seq_len", "micro_batch_size", "grad_accum_steps", "epochs"):
         _positive(f"train.{name}", getattr(t, name))
     for name in ("tokens", "examples", "max_steps"):
@@ -647,8 +657,6 @@ def validate(c: Config) -> None:
         raise ConfigError("parallel.offload: optimizer+params needs parallel.zero_stage=3 with data parallel > 1 "
                           "(parameter offload exists only with ZeRO-3); set it, or use parallel.offload=optimizer")
 
-    from .plan.hardware import gpu_spec  # the catalog is pure data
-
     gpu_spec(h.gpu)  # raises with the list of known cards
     if not 0 < h.mfu <= 1:
         raise ConfigError(f"hardware.mfu: must be in (0, 1], got {h.mfu}")
@@ -689,14 +697,35 @@ def validate(c: Config) -> None:
                           f"no spike would ever be judged; raise stability.window or lower stability.min_history")
 
 
+def untrained(c: Config) -> list[str]:
+    """The keys set to a value the planner models but the trainer does not run, as `section.key: reason`."""
+    found = []
+    for section in SECTIONS:
+        values = getattr(c, section)
+        for f in dataclasses.fields(values):
+            trains = f.metadata["trains"]
+            if trains is not None and getattr(values, f.name) not in trains:
+                allowed = " | ".join(_value(v) for v in trains)
+                found.append(f"{section}.{f.name}: {_value(getattr(values, f.name))} is planned but not trained "
+                             f"(`pretrain plan` models it); `pretrain train` runs {allowed}")
+    return found
+
+
+def _value(v) -> str:
+    return str(v).lower() if isinstance(v, bool) else str(v)
+
+
 # --- documentation -------------------------------------------------------------------------------------
 
 def docs_markdown() -> str:
-    """The key table of the README: every section, key, default and meaning."""
+    """The key table of docs/config.md: every section, key, default and meaning."""
     lines = ["| key | default | meaning |", "|---|---|---|"]
     for section, cls in SECTIONS.items():
         for f in dataclasses.fields(cls):
             default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
             shown = "null" if default is None else str(default).lower() if isinstance(default, bool) else default
-            lines.append(f"| `{section}.{f.name}` | `{shown}` | {f.metadata['doc']} |")
+            trains = f.metadata["trains"]
+            note = f" *Planner only beyond {' / '.join(f'`{_value(v)}`' for v in trains)}: the trainer runs " \
+                   "only that.*" if trains else ""
+            lines.append(f"| `{section}.{f.name}` | `{shown}` | {f.metadata['doc']}{note} |")
     return "\n".join(lines)

@@ -79,11 +79,12 @@ def run(args) -> int:
 
     from .data import prepare, train_tokenizer, write_sample_corpus
     from .data.prepare_command import summary
-    from .plan import plan
+    from .plan import make_plan
     from .plan.budget import storage_bytes
     from .plan.table import render
     from .train import train
 
+    from .config import replaced
     from .files import check_output_dir
 
     out = check_output_dir(args.out, "--out")
@@ -93,10 +94,10 @@ def run(args) -> int:
     if not (config.hardware.peak_tflops or config.hardware.profile):  # a CPU has no data-sheet peak
         from .train.plan_check import peak_tflops
 
-        config.hardware.peak_tflops = round(peak_tflops(config)[0], 4)
+        config = replaced(config, {"hardware.peak_tflops": round(peak_tflops(config)[0], 4)})
 
     print(f"== 1/6 plan ({config.run.dir}), at the measured matmul peak of this CPU")
-    print(render(config, plan(config)))
+    print(render(config, make_plan(config)))
 
     print(f"\n== 2/6 tokenizer: byte-level BPE, {VOCAB_SIZE} tokens, trained on {corpus}")
     tokenizer_dir = out / "tokenizer"

@@ -1,5 +1,5 @@
 """`train.precision` in torch's terms, one home for the rule (the planner's pure-Python twin is
-`pretrain.plan.hardware.COMPUTE_DTYPE`).
+`pretrain.gpus.COMPUTE_DTYPE`).
 
   fp32        fp32 weights and matmuls (TF32 on CUDA)
   fp16-mixed  fp32 weights, autocast to fp16 (with a loss scaler)
@@ -13,6 +13,18 @@ import contextlib
 import functools
 
 import torch
+
+from .gpus import COMPUTE_DTYPE
+
+# Matmul dtypes by the planner's names; tf32 is fp32 tensors with TF32 matmuls allowed.
+TORCH_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def matmul_dtype(precision: str, device_type: str) -> str:
+    """The dtype a run's matmuls execute in, by the planner's names: fp32 runs as tf32 on CUDA (the trainer
+    allows it), as fp32 on a CPU (which has no TF32)."""
+    dtype = COMPUTE_DTYPE[precision]
+    return "fp32" if dtype == "tf32" and device_type != "cuda" else dtype
 
 
 def half_dtype(precision: str) -> torch.dtype | None:

@@ -3,8 +3,9 @@
 import pytest
 import torch
 
-from pretrain.bench.block import block_flops_per_token, block_throughput, compute_dtype
+from pretrain.bench.block import block_flops_per_token, block_throughput
 from pretrain.config import load_config
+from pretrain.precision import matmul_dtype
 
 CPU = torch.device("cpu")
 
@@ -36,6 +37,6 @@ def test_block_mfu_is_none_without_a_peak():
 
 
 def test_compute_dtype_follows_the_trainer():
-    assert compute_dtype("fp32", torch.device("cuda")) == "tf32"  # the trainer allows TF32 on CUDA
-    assert compute_dtype("fp32", CPU) == "fp32"
-    assert compute_dtype("bf16-mixed", CPU) == "bf16" and compute_dtype("fp16-mixed", CPU) == "fp16"
+    assert matmul_dtype("fp32", "cuda") == "tf32"  # the trainer allows TF32 on CUDA
+    assert matmul_dtype("fp32", "cpu") == "fp32"
+    assert matmul_dtype("bf16-mixed", "cpu") == "bf16" and matmul_dtype("fp16-mixed", "cpu") == "fp16"

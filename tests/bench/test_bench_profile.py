@@ -6,10 +6,11 @@ import pytest
 import torch
 
 from pretrain.bench import bandwidth, matmul, run_bench, write_profile
-from pretrain.bench.run import bench_config, parse_dtypes, resolve_device
+from pretrain.bench.run import bench_config, parse_dtypes
+from pretrain.distributed.runtime import resolve_device
 from pretrain.config import load_config
 from pretrain.errors import UsageError
-from pretrain.plan import plan
+from pretrain.plan import make_plan
 from pretrain.plan.hardware import load_profile
 
 # The keys docs/bench.md documents.
@@ -73,7 +74,7 @@ def test_plan_divides_by_the_profile_peak(profile, tmp_path):
     assert load_profile(path)["peak_tflops"] == profile["peak_tflops"]
     for precision, dtype in (("bf16-mixed", "bf16"), ("fp32", "tf32"), ("fp16-mixed", "fp16")):
         config = load_config(None, ["hardware.gpu=cpu", f"hardware.profile={path}", f"train.precision={precision}"])
-        hardware = plan(config)["hardware"]
+        hardware = make_plan(config)["hardware"]
         assert hardware["peak_tflops"] == profile["peak_tflops"][dtype]
         assert hardware["peak_source"] == f"measured {dtype} in {path}"
 
@@ -94,7 +95,7 @@ def test_bad_input_is_a_usage_error_that_names_the_fix(tmp_path, tiny_config):
     with pytest.raises(UsageError, match="unknown dtype fp64; choose from fp32,tf32,fp16,bf16,fp8"):
         parse_dtypes("bf16,fp64")
     with pytest.raises(UsageError, match="use auto, cpu, cuda or cuda:N"):
-        resolve_device("tpu")
+        resolve_device("tpu", "--device")
     with pytest.raises(UsageError, match="positive number of seconds"):
         run_bench(tiny_config, seconds=0, device="cpu")
     (tmp_path / "file").write_text("")
@@ -105,4 +106,4 @@ def test_bad_input_is_a_usage_error_that_names_the_fix(tmp_path, tiny_config):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")
 def test_cuda_without_a_gpu_is_a_usage_error():
     with pytest.raises(UsageError, match="no CUDA GPU is visible.*use --device cpu"):
-        resolve_device("cuda")
+        resolve_device("cuda", "--device")

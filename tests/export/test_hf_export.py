@@ -10,7 +10,8 @@ from pretrain.config import load_config
 from pretrain.errors import UsageError
 from pretrain.export import hf
 from pretrain.export.generate import generate
-from pretrain.export.hf import export_hf, from_hf
+from pretrain.export.hf import export_hf
+from pretrain.model.hf import from_hf, load_hf_into
 from pretrain.model import build_model
 
 GPT2 = ["model.family=gpt2", "model.num_kv_heads=4", "model.intermediate_size=256"]
@@ -161,6 +162,6 @@ def test_padded_vocabulary_is_trimmed_on_export(variant, make_model, tmp_path):
         assert model(batch[:, :-1], batch[:, 1:]) == pytest.approx(loss.item(), rel=1e-5)
     # Imported back into a padded model (continued pretraining): the real rows are the checkpoint's.
     again = make_model(VARIANTS[variant] + PADDED, seed=1)
-    hf.load_hf_into(again, out)
+    load_hf_into(again, out)
     with torch.no_grad():
         assert torch.equal(again(batch), ours)

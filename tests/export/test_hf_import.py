@@ -7,7 +7,7 @@ import torch
 
 from pretrain.config import load_config
 from pretrain.errors import UsageError
-from pretrain.export.hf import from_hf, load_hf_into
+from pretrain.model.hf import from_hf, load_hf_into
 from pretrain.model import build_model
 
 LLAMA_SHAPE = dict(vocab_size=300, hidden_size=64, intermediate_size=160, num_hidden_layers=2,

@@ -10,7 +10,7 @@ import pytest
 
 from support import ROOT, run_cli
 from pretrain.config import load_config
-from pretrain.plan import plan
+from pretrain.plan import make_plan
 from pretrain.plan.advice import LR_REFERENCE, loglog
 
 # LLaMA-7B on 64 A100-80GB with ZeRO-3: 1.4e11 tokens (20.8 per parameter, Chinchilla's ~20), 4.19M tokens
@@ -22,7 +22,7 @@ SANE = ["model.preset=llama-7b", "train.tokens=1.4e11", "train.micro_batch_size=
 
 
 def advice(*overrides, base=SANE):
-    p = plan(load_config(overrides=[*base, *overrides]))
+    p = make_plan(load_config(overrides=[*base, *overrides]))
     return p, p["advice"]
 
 
@@ -38,9 +38,9 @@ def test_sane_config_is_silent_and_fits():
 
 def test_demo_and_debug_models_are_silent():
     # A ~4M-parameter CPU demo: short, small batches and a long warm-up on purpose.
-    p = plan(load_config(ROOT / "src/pretrain/configs/demo.yaml"))
+    p = make_plan(load_config(ROOT / "src/pretrain/configs/demo.yaml"))
     assert p["advice"] == []
-    assert plan(load_config(overrides=["model.preset=debug", "hardware.gpu=a100-80gb"]))["advice"] == []
+    assert make_plan(load_config(overrides=["model.preset=debug", "hardware.gpu=a100-80gb"]))["advice"] == []
 
 
 def test_tokens_under_trained_names_the_chinchilla_optimal_model():
@@ -177,7 +177,7 @@ def test_memory_fix_really_fits(overrides):
     for which in range(1 + line.count("; or: ")):
         fix = _fix_overrides(line, which)
         assert fix, line
-        fixed = plan(load_config(overrides=[*SANE, *overrides, *fix]))
+        fixed = make_plan(load_config(overrides=[*SANE, *overrides, *fix]))
         assert fixed["fits"], (fix, fixed["memory_bytes"]["total"] / 2**30)
         gib = float(re.search(r"\(([\d.]+) GiB", line.split("; or: ")[which]).group(1))
         assert fixed["memory_bytes"]["total"] / 2**30 == pytest.approx(gib, abs=0.05)
@@ -234,7 +234,7 @@ def test_memory_nothing_fits_says_so():
 def test_advice_keeps_the_planner_fast():
     config = load_config(overrides=["model.preset=llama-65b", "parallel.gpus=8"])
     start = time.perf_counter()
-    p = plan(config)
+    p = make_plan(config)
     assert time.perf_counter() - start < 0.5
     assert p["advice"] and p["advice"][0].startswith("memory:")
 

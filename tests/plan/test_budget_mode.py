@@ -6,7 +6,7 @@ import math
 import pytest
 
 from pretrain.config import load_config
-from pretrain.plan import plan, plan_with_explain
+from pretrain.plan import make_plan, plan_with_explain
 from pretrain.plan.budget_mode import approach_3_optimum, chinchilla_loss, llama_shape
 from support import run_cli
 
@@ -29,7 +29,7 @@ def test_chinchilla_itself_is_reproduced():
 @pytest.mark.parametrize("overrides, gpus, peak", [(A100_14_DAYS, 8, 312.0), (H100_30_DAYS, 64, 989.4)])
 def test_budget_gives_n_opt_d_opt_a_shape_and_a_fitting_config(overrides, gpus, peak):
     config = load_config(overrides=overrides)
-    p = plan(config)
+    p = make_plan(config)
     b = p["budget"]
     days = 14 if gpus == 8 else 30
     compute = gpus * days * 86400 * peak * 1e12 * 0.4  # GPUs x seconds x peak x MFU (hardware.mfu default 0.4)
@@ -52,7 +52,7 @@ def test_budget_gives_n_opt_d_opt_a_shape_and_a_fitting_config(overrides, gpus, 
     assert p["memory_bytes"]["total"] == b["fit"]["memory_bytes"]
     # Planning the shape and the fit's overrides by hand gives the same plan (the contract of `--fit` too).
     by_hand = [f"model.{k}={v}" for k, v in m.items()] + [f"{k}={v}" for k, v in b["fit"]["overrides"].items()]
-    q = plan(load_config(overrides=[*overrides[1:], f"train.tokens={b['model_tokens']}", *by_hand]))
+    q = make_plan(load_config(overrides=[*overrides[1:], f"train.tokens={b['model_tokens']}", *by_hand]))
     assert q["memory_bytes"] == p["memory_bytes"] and q["time"] == p["time"]
     # The inference-aware row: half the parameters on twice the tokens, a loss above the fit's optimum.
     small = b["inference_aware"]
@@ -111,14 +111,14 @@ def test_the_loaded_config_is_never_changed():
     # result's budget.overrides rebuild that config from the caller's.
     config = load_config(overrides=A100_14_DAYS)
     before = config.to_dict()
-    p = plan(config)
+    p = make_plan(config)
     assert config.to_dict() == before
     from pretrain.plan import planned_config
 
     chosen = planned_config(config, p)
     assert chosen is not config and chosen.budget.days is None
     assert chosen.model.hidden_size == p["budget"]["model"]["hidden_size"]
-    assert plan(chosen)["memory_bytes"] == p["memory_bytes"]
+    assert make_plan(chosen)["memory_bytes"] == p["memory_bytes"]
     table = run_cli("plan", *A100_14_DAYS)
     m = p["budget"]["model"]
     assert f"{p['params']['total'] / 1e9:.3g}B" in table.stdout.split("pretrain plan:")[1].splitlines()[0]

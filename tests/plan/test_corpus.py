@@ -7,7 +7,7 @@ import pytest
 
 from pretrain.config import load_config
 from pretrain.errors import ConfigError
-from pretrain.plan import plan, plan_with_explain
+from pretrain.plan import make_plan, plan_with_explain
 from support import run_cli
 
 
@@ -22,25 +22,25 @@ def test_raw_text_gives_tokens_and_epochs():
     assert any(line.startswith("data: the run reads its 1.43e+11 available tokens 14 times") for line in p["advice"])
     assert "raw text 3e+11 bytes / 2.1 bytes per token" in ex.render()
     # Enough text: no advice.
-    p = plan(load_config(overrides=["model.preset=llama-7b", "train.tokens=2e12", "data.raw_bytes=3000e9",
+    p = make_plan(load_config(overrides=["model.preset=llama-7b", "train.tokens=2e12", "data.raw_bytes=3000e9",
                                     "data.bytes_per_token=2.1"]))
     assert p["data"]["epochs"] < 4 and not any(line.startswith("data:") for line in p["advice"])
 
 
 def test_no_corpus_no_data_key():
-    assert "data" not in plan(load_config(overrides=["model.preset=llama-7b"]))
+    assert "data" not in make_plan(load_config(overrides=["model.preset=llama-7b"]))
 
 
 def test_a_prepared_directory_knows_its_tokens(prepared):
     meta = json.loads((prepared / "meta.json").read_text())
-    p = plan(load_config(overrides=["model.preset=debug", f"data.dir={prepared}", "train.tokens=1e7"]))
+    p = make_plan(load_config(overrides=["model.preset=debug", f"data.dir={prepared}", "train.tokens=1e7"]))
     assert p["data"]["tokens_available"] == meta["num_tokens"]["train"]
     assert p["data"]["bytes_per_token"] == meta["bytes_per_token"]
     assert p["data"]["epochs"] == pytest.approx(1e7 / meta["num_tokens"]["train"])
 
 
 def test_a_directory_not_prepared_yet_is_no_error(tmp_path):
-    assert "data" not in plan(load_config(overrides=["model.preset=debug", f"data.dir={tmp_path}"]))
+    assert "data" not in make_plan(load_config(overrides=["model.preset=debug", f"data.dir={tmp_path}"]))
 
 
 def test_raw_bytes_needs_bytes_per_token():

@@ -109,17 +109,17 @@ def test_budget_mode_fits_the_model_the_budget_buys():
     assert json.loads(alone.stdout)["memory_bytes"] == cands[0]["memory_bytes"]
 
 
-def test_the_readme_fit_table_is_what_the_planner_prints():
+def test_the_documented_fit_table_is_what_the_planner_prints():
     from pathlib import Path
 
     from pretrain.plan.fit import render
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "plan.md").read_text()
     head = "$ pretrain plan " + " ".join(LLAMA3_8B_8_H100) + " --fit --top 5\n"
     shown = readme[readme.index(head) + len(head):readme.index("```", readme.index(head))]
     config = load_config(overrides=LLAMA3_8B_8_H100)
     table = render(config, fit(config, top=5), command="pretrain plan " + " ".join(LLAMA3_8B_8_H100))
-    assert shown == table + "\n", "rerun the command and paste its table into the README"
+    assert shown == table + "\n", "rerun the command and paste its table into docs/plan.md"
 
 
 def test_runnable_keeps_what_the_trainer_runs():

@@ -18,7 +18,7 @@ from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 from pretrain.config import load_config  # noqa: E402
 from pretrain.distributed.recompute import apply_activation_checkpointing  # noqa: E402
 from pretrain.model import build_model  # noqa: E402
-from pretrain.plan import plan  # noqa: E402
+from pretrain.plan import make_plan  # noqa: E402
 
 SHAPES = {
     "llama-gqa": ["model.preset=debug"],
@@ -67,7 +67,7 @@ def test_planned_flops_equal_a_counted_training_step(shape, recompute, device):
         loss.backward()
     counted = counter.get_total_flops() / (BATCH * SEQ)
 
-    flops = plan(c)["flops"]
+    flops = make_plan(c)["flops"]
     not_matmul = 6 * elementwise_params(model)
     if recompute == "full":
         not_matmul += 2 * elementwise_params(model.blocks)

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from pretrain.config import load_config
-from pretrain.plan import plan, plan_with_explain
+from pretrain.plan import make_plan, plan_with_explain
 from pretrain.plan.frameworks import (framework_states, korthikanti_flops_per_token, layer_activation_bytes,
                                       shard_params)
 from support import run_cli
@@ -68,7 +68,7 @@ def test_megatron_report_theoretical_memory_gpt3_175b():
     # position table on the first stage (2048 x 12288 / 8 = 3,145,728): 0.22 % more.
     config = load_config(overrides=GPT3_175B + ["parallel.sequence_parallel=true",
                                                 "train.activation_checkpointing=selective"])
-    fw = plan(config)["framework"]
+    fw = make_plan(config)["framework"]
     mem = fw["memory_bytes"]
     assert mem["activations"] == 10_318_020_608
     assert round(mem["activations"] / MiB, 2) == 9840.03
@@ -77,7 +77,7 @@ def test_megatron_report_theoretical_memory_gpt3_175b():
     assert states == 18 * shard_params(config)
     assert states / 25_877_425_536 == pytest.approx(1.0022, abs=1e-4)
     # The distributed optimizer (our zero_stage >= 1) on 8 data-parallel replicas: 6 + 12/8 bytes per parameter.
-    wide = plan(load_config(overrides=GPT3_175B + ["parallel.gpus=1024", "parallel.zero_stage=1"]))["framework"]
+    wide = make_plan(load_config(overrides=GPT3_175B + ["parallel.gpus=1024", "parallel.zero_stage=1"]))["framework"]
     m = wide["memory_bytes"]
     assert m["weights"] + m["gradients"] + m["optimizer"] == pytest.approx(7.5 * shard_params(config), abs=2)
 

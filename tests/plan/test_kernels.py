@@ -45,12 +45,12 @@ def test_the_planner_applies_it_to_the_config(gpu, precision, expected):
 
 
 def test_repeated_heads_cost_what_the_planner_says_in_a_full_plan():
-    from pretrain.plan import plan
+    from pretrain.plan import make_plan
 
     base = ["model.preset=llama3-8b", "train.seq_len=4096", "train.micro_batch_size=1", "parallel.gpus=8",
             "parallel.zero_stage=3"]
-    native = plan(load_config(overrides=base + ["hardware.gpu=h100-sxm", "train.precision=bf16-mixed"]))
-    repeat = plan(load_config(overrides=base + ["hardware.gpu=v100-32gb", "train.precision=fp16-mixed"]))
+    native = make_plan(load_config(overrides=base + ["hardware.gpu=h100-sxm", "train.precision=bf16-mixed"]))
+    repeat = make_plan(load_config(overrides=base + ["hardware.gpu=v100-32gb", "train.precision=fp16-mixed"]))
     # LLaMA-3-8B (32 query heads, 8 k/v heads): repeating k/v keeps 3*4096 per token instead of the qkv
     # output (4096 + 2*1024) and rotated q, k (4096 + 1024): 2 bytes x 1024 more per token and layer.
     extra = 2 * 1024 * 4096 * 32

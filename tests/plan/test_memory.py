@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 from pretrain.config import load_config
-from pretrain.plan import plan, plan_with_explain
+from pretrain.plan import make_plan, plan_with_explain
 from pretrain.plan.advice import _tensor_options
 from pretrain.plan.table import render
 
@@ -36,7 +36,7 @@ def test_fsdp_reduce_scatter_is_one_block_of_one_tensor_rank():
     # beside the loss's working set at the end of forward. Chunked (the default): its input h (bf16 under FSDP,
     # 2 x 2,048 x 4,096) and one chunk's fp32 logits with logsumexp's temporary (8 x 2,048 x 32,000 / 8).
     def plan_of(*extra):
-        return plan(load_config(overrides=["model.preset=llama-7b", "parallel.gpus=64", "parallel.tensor=8",
+        return make_plan(load_config(overrides=["model.preset=llama-7b", "parallel.gpus=64", "parallel.tensor=8",
                                            "parallel.zero_stage=3", *extra]))
     p = plan_of()
     reduce_scatter = 4 * ((BLOCK - NORMS) // 8 + NORMS)
@@ -50,15 +50,15 @@ def test_fsdp_reduce_scatter_is_one_block_of_one_tensor_rank():
 def test_zero3_with_a_pipeline_gathers_whole_blocks_of_its_stage():
     # 32 stages of one block each: a stage gathers its whole bf16 block (0.377 GiB) and its end of the model,
     # the heavier being the last stage's final norm and output layer; it printed 0.061 GiB (a 1/32 share).
-    one = plan(load_config(overrides=["model.preset=llama-7b", "parallel.gpus=256", "parallel.pipeline=32",
+    one = make_plan(load_config(overrides=["model.preset=llama-7b", "parallel.gpus=256", "parallel.pipeline=32",
                                       "parallel.zero_stage=3"]))
     assert one["model_states"]["working_copies"] == 2 * (BLOCK + H + VH)
     # 8 stages of 4 blocks: the block being computed and the prefetched next one.
-    four = plan(load_config(overrides=["model.preset=llama-7b", "parallel.gpus=64", "parallel.pipeline=8",
+    four = make_plan(load_config(overrides=["model.preset=llama-7b", "parallel.gpus=64", "parallel.pipeline=8",
                                        "parallel.zero_stage=3"]))
     assert four["model_states"]["working_copies"] == 2 * (2 * BLOCK + H + VH)
     # Without a pipeline: two blocks and the whole root (embedding, final norm, output), as before.
-    flat = plan(load_config(overrides=["model.preset=llama-7b", "parallel.gpus=64", "parallel.zero_stage=3"]))
+    flat = make_plan(load_config(overrides=["model.preset=llama-7b", "parallel.gpus=64", "parallel.zero_stage=3"]))
     assert flat["model_states"]["working_copies"] == 2 * (2 * BLOCK + VH + H + VH)
 
 
@@ -78,17 +78,17 @@ def test_fp32_loss_buffer_text_is_the_value():
 
 
 def test_a_card_too_small_for_anything_does_not_fit():
-    p = plan(load_config(overrides=["model.preset=debug", "hardware.memory_gb=1e-10"]))  # 0.1 byte -> 0
+    p = make_plan(load_config(overrides=["model.preset=debug", "hardware.memory_gb=1e-10"]))  # 0.1 byte -> 0
     assert p["device_memory_bytes"] == 0 and p["fits"] is False and p["max_micro_batch_size"] == 0
 
 
 def test_max_micro_batch_is_not_capped():
     # One-token sequences of the debug model on an H200: ~11M sequences fit, beyond the old 2^21 - 1 cap.
     base = ["model.preset=debug", "train.seq_len=1", "hardware.gpu=h200"]
-    b = plan(load_config(overrides=base))["max_micro_batch_size"]
+    b = make_plan(load_config(overrides=base))["max_micro_batch_size"]
     assert b > 2**21
-    assert plan(load_config(overrides=base + [f"train.micro_batch_size={b}"]))["fits"] is True
-    assert plan(load_config(overrides=base + [f"train.micro_batch_size={b + 1}"]))["fits"] is False
+    assert make_plan(load_config(overrides=base + [f"train.micro_batch_size={b}"]))["fits"] is True
+    assert make_plan(load_config(overrides=base + [f"train.micro_batch_size={b + 1}"]))["fits"] is False
 
 
 def test_advice_offers_only_tensor_sizes_that_divide_the_kv_heads():
@@ -104,7 +104,7 @@ def test_autocast_copies_per_pipeline_stage_and_tensor_rank():
     def copies(*extra):
         config = load_config(overrides=["model.preset=llama-7b", "parallel.gpus=16", "parallel.pipeline=4",
                                         "parallel.tensor=2", *extra])
-        return plan(config)["model_states"]["working_copies"]
+        return make_plan(config)["model_states"]["working_copies"]
     # The chunked loss (the default) casts the output weight per call and keeps no copy of it; plain keeps one.
     assert copies("train.activation_checkpointing=full") == 2 * (BLOCK - NORMS) // 2
     assert copies("train.activation_checkpointing=none") == 2 * 8 * (BLOCK - NORMS) // 2
@@ -113,7 +113,7 @@ def test_autocast_copies_per_pipeline_stage_and_tensor_rank():
 
 
 def _memory(*overrides) -> dict:
-    return plan(load_config(overrides=list(overrides)))["memory_bytes"]
+    return make_plan(load_config(overrides=list(overrides)))["memory_bytes"]
 
 
 def test_one_micro_batch_holds_no_gradients_beside_the_activations():
@@ -143,8 +143,8 @@ def test_fsdp_gradient_sync_per_step_holds_unsharded_fp32_gradients():
     # (its reduce dtype): 4 x 6,738,415,616 bytes = 26.95 GB per GPU beside the activations, where the default
     # (reduce-scatter every micro-batch) keeps the 64-way sharded gradients.
     config = Path(__file__).resolve().parents[2] / "configs/llama-7b-64xh100.yaml"
-    micro = plan(load_config(config))["memory_bytes"]
-    step = plan(load_config(config, ["parallel.grad_sync=step"]))["memory_bytes"]
+    micro = make_plan(load_config(config))["memory_bytes"]
+    step = make_plan(load_config(config, ["parallel.grad_sync=step"]))["memory_bytes"]
     unsharded = 4 * 6_738_415_616
     assert step["phases"]["forward"] - micro["phases"]["forward"] == unsharded - micro["gradients"]
     assert step["total"] - micro["total"] == unsharded - micro["gradients"]
@@ -152,8 +152,8 @@ def test_fsdp_gradient_sync_per_step_holds_unsharded_fp32_gradients():
     assert step["phases"]["backward"] - micro["phases"]["backward"] == unsharded - micro["gradients"]
     # With one micro-batch there is nothing to hold between micro-batches.
     one = ["train.grad_accum_steps=1"]
-    assert plan(load_config(config, one + ["parallel.grad_sync=step"]))["memory_bytes"] == \
-        plan(load_config(config, one))["memory_bytes"]
+    assert make_plan(load_config(config, one + ["parallel.grad_sync=step"]))["memory_bytes"] == \
+        make_plan(load_config(config, one))["memory_bytes"]
 
 
 def test_gradients_make_backward_the_peak_of_a_short_sequence():
@@ -181,7 +181,7 @@ def test_compile_is_stated_not_modelled():
     assert _memory("model.preset=gpt2", "hardware.gpu=cpu")["compiled"] is None  # auto: off for a CPU
     assert _memory("model.preset=gpt2", "hardware.gpu=cpu", "train.compile=true")["compiled"] == note
     config = load_config(overrides=["model.preset=gpt2", "hardware.gpu=h100-sxm"])
-    assert f"compiled               -   {note} (train.compile)" in render(config, plan(config))
+    assert f"compiled               -   {note} (train.compile)" in render(config, make_plan(config))
 
 
 def test_adafactor_step_makes_a_second_moment_estimate_per_parameter():

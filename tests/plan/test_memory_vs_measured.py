@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 from pretrain.config import load_config  # noqa: E402
 from pretrain.distributed.recompute import apply_activation_checkpointing  # noqa: E402
 from pretrain.model import build_model  # noqa: E402
-from pretrain.plan import plan  # noqa: E402
+from pretrain.plan import make_plan  # noqa: E402
 from pretrain.train.measure import measure_forward, model_state_bytes  # noqa: E402
 from pretrain.distributed.optim import build_optimizer  # noqa: E402
 
@@ -49,7 +49,7 @@ def measure(overrides, optimizer="adamw"):
     loss, saved = measure_forward(model, x, y, autocast)
     loss.backward()
     opt.step()
-    return plan(c), model_state_bytes(model, opt), saved
+    return make_plan(c), model_state_bytes(model, opt), saved
 
 
 @pytest.mark.parametrize("shape, precision, recompute, attention, loss", list(itertools.product(
@@ -137,5 +137,5 @@ def test_peak_over_phases_against_the_allocator(shape, precision, recompute, acc
 
     step()
     measured = sum(model_state_bytes(model, opt).values()) + _allocator_peak(step)
-    planned = plan(c)["memory_bytes"]["total"]
+    planned = make_plan(c)["memory_bytes"]["total"]
     assert measured == pytest.approx(planned, rel=0.07 if recompute == "full" else 0.001)

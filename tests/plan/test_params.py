@@ -133,7 +133,7 @@ def test_tied_parameter_formula_has_no_dangling_factor():
 def test_vocabulary_padding_counts_the_padded_rows():
     from pathlib import Path
 
-    from pretrain.plan import plan
+    from pretrain.plan import make_plan
     from pretrain.plan.params import padded_vocab_size
     from pretrain.plan.table import render
 
@@ -142,7 +142,7 @@ def test_vocabulary_padding_counts_the_padded_rows():
     # position table: our N of 6N, 124,475,904 - 1,024 x 768 = 123,689,472.
     config = load_config(Path(__file__).resolve().parents[2] / "configs/gpt2-124m.yaml")
     assert config.model.vocab_size == 50_257 and padded_vocab_size(config.model) == 50_304
-    p = plan(config)
+    p = make_plan(config)
     assert p["params"]["total"] == 124_439_808 + 47 * 768 == 124_475_904
     assert p["params"]["flops"] == 123_689_472
     assert "uint16 ids" in render(config, p)  # the data keeps the real vocabulary's ids
@@ -152,3 +152,14 @@ def test_vocabulary_padding_counts_the_padded_rows():
     assert llama.total == 6_738_415_616 and llama.flops == 6_738_415_616 - 32_000 * 4_096
     assert dict(param_shapes(model_cfg("debug", "model.vocab_size=500", "model.pad_vocab_to=64")))[
         "lm_head.weight"] == (512, 64)
+
+
+@pytest.mark.parametrize("preset", ["debug", "llama3-8b", "qwen2.5-0.5b", "gpt2"])
+def test_fused_rows_cover_every_fused_tensor(preset):
+    from pretrain.plan.params import fused_rows
+
+    m = model_cfg(preset)
+    fused = {name: (shape, fused_rows(name, m)) for name, shape in param_shapes(m) if fused_rows(name, m)}
+    assert fused and all(sum(rows) == shape[0] for shape, rows in fused.values())
+    assert any(".attn.qkv." in name for name in fused)
+    assert any(".mlp.up." in name for name in fused) == (m.family == "llama")  # GPT-2's c_fc is one tensor

@@ -4,13 +4,13 @@ tables show."""
 import pytest
 
 from pretrain.config import load_config
-from pretrain.plan import plan, plan_with_explain
+from pretrain.plan import make_plan, plan_with_explain
 
 H100_8B = ["model.preset=llama3-8b", "hardware.gpu=h100-sxm", "train.seq_len=8192"]
 
 
 def step(*overrides):
-    return plan(load_config(overrides=list(overrides)))["step_time"]
+    return make_plan(load_config(overrides=list(overrides)))["step_time"]
 
 
 def test_small_micro_batches_are_memory_bound():
@@ -24,7 +24,7 @@ def test_small_micro_batches_are_memory_bound():
     assert longer["seconds"] == pytest.approx(short["seconds"], rel=0.01)
     assert long["seconds"] > 10 * short["seconds"]
     # 3 reads of the fp16 weights (forward, two backward matmuls) at 900 GB/s x 0.8.
-    n = plan(load_config(overrides=[*v100, "train.seq_len=1"]))["params"]["flops"]
+    n = make_plan(load_config(overrides=[*v100, "train.seq_len=1"]))["params"]["flops"]
     assert short["weight_read_s"] == pytest.approx(3 * 2 * n / (900e9 * 0.8))
 
 
@@ -46,7 +46,7 @@ def test_tensor_parallel_collectives_and_the_pipeline_bubble():
 def test_data_parallel_volumes_and_links():
     # DDP on 16 GPUs (two nodes): all-reduce of fp32 gradients, 2 (d-1)/d x 4 bytes x N, over the network.
     ddp = step(*H100_8B, "parallel.gpus=16", "hardware.inter_node_gbps=40")
-    n = plan(load_config(overrides=H100_8B))["params"]["total"]
+    n = make_plan(load_config(overrides=H100_8B))["params"]["total"]
     assert ddp["data_parallel_s"] == pytest.approx(2 * 15 / 16 * 4 * n / 40e9)
     # The same within a node uses NVLink: faster.
     assert step(*H100_8B, "parallel.gpus=8")["data_parallel_s"] < ddp["data_parallel_s"]

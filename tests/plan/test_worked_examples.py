@@ -3,13 +3,13 @@
 import pytest
 
 from pretrain.config import load_config
-from pretrain.plan import plan
+from pretrain.plan import make_plan
 from pretrain.plan.budget import CHINCHILLA_TOKENS_PER_PARAM, storage_bytes
 from pretrain.plan.memory import zero_paper_bytes
 
 
 def make(*overrides):
-    return plan(load_config(overrides=list(overrides)))
+    return make_plan(load_config(overrides=list(overrides)))
 
 
 def test_llama_65b_training_time_with_recomputation():

@@ -4,7 +4,7 @@ import pytest
 
 from pretrain.errors import UsageError
 from pretrain.report.runs import read_run, summarize, summary_line
-from pretrain.report import units
+from pretrain import units
 
 
 def test_later_line_for_a_step_replaces_the_earlier_one(run_dir):

@@ -82,6 +82,7 @@ def test_batch_ramp_grows_the_global_batch(prepared, tmp_path):
     (["model.vocab_size=100"], "model.vocab_size"),
     (["train.lrr=1"], "train.lrr"),
     (["parallel.tensor=2", "parallel.gpus=2"], "parallel.tensor"),
+    (["parallel.offload=optimizer"], "parallel.offload"),  # generated from the key's `trains` metadata
     (["train.grad_dtype=same", "train.precision=bf16-mixed"], "train.grad_dtype"),
 ])
 def test_config_errors_are_one_line(prepared, tmp_path, args, key):

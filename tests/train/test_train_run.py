@@ -86,11 +86,11 @@ def test_resume_of_a_finished_run_does_nothing_more(run, prepared):
 
 def test_an_mfu_above_one_is_flagged_not_reported_as_fact():
     from pretrain.config import load_config
-    from pretrain.plan import plan
+    from pretrain.plan import make_plan
     from pretrain.train import plan_check
 
     c = load_config(overrides=["model.preset=debug", "hardware.gpu=cpu", "hardware.peak_tflops=0.002"])
-    p = plan(c)
+    p = make_plan(c)
     states = {k: p["model_states"][k] for k in ("parameters", "gradients", "optimizer_states")}
     sane = plan_check.compare(p, states, None, None, 5000.0, 0.4, 0.4, "cpu")
     busy = plan_check.compare(p, states, None, None, 5000.0, 21.0, 0.4, "cpu")

@@ -9,29 +9,19 @@ term / L, so block MFU = tokens/s x that / peak, directly comparable with the pl
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
+from .. import precision
 from ..distributed.recompute import apply_activation_checkpointing
 from ..model.transformer import Block, rotary_tables
-from ..plan import plan
-from ..plan.hardware import COMPUTE_DTYPE
+from ..plan import make_plan
+from ..plan.flops import mfu
 from .matmul import fp32_precision
 from .timing import median_seconds
 
-AUTOCAST = {"fp16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}
-
-
-def compute_dtype(precision: str, device: torch.device) -> str:
-    """The dtype a run's matmuls execute in: fp32 runs as tf32 on CUDA (the trainer allows it), fp32 on CPU."""
-    dtype = COMPUTE_DTYPE[precision]
-    return "fp32" if dtype == "tf32" and device.type != "cuda" else dtype
-
-
 def block_flops_per_token(config) -> int:
     """Model FLOPs per token of one block, from the planner: 6 x per-layer parameters + attention / L."""
-    p = plan(config)
+    p = make_plan(config)
     return 6 * p["params"]["per_layer"] + p["flops"]["attention_per_token"] // config.model.num_layers
 
 
@@ -40,15 +30,13 @@ def block_step(config, device: torch.device):
     m, t = config.model, config.train
     with torch.device(device):
         block = Block(m, t.attention)  # nn.Linear's default init: the values do not change the speed
-    width = torch.float32
-    if t.precision == "bf16":  # pure bf16: weights and activations
-        block, width = block.to(torch.bfloat16), torch.bfloat16
+    width = precision.weight_dtype(t.precision)  # pure bf16: weights and activations in bf16
+    block = block.to(width)
     apply_activation_checkpointing(block, t.activation_checkpointing)  # the recomputation a run would do
     x = torch.randn(t.micro_batch_size, t.seq_len, m.hidden_size, device=device, dtype=width, requires_grad=True)
     grad = torch.randn_like(x)
     rope = None if m.family == "gpt2" else rotary_tables(m.head_dim, t.seq_len, m.rope_theta, device=device)
-    autocast = (torch.autocast(device.type, dtype=AUTOCAST[t.precision]) if t.precision in AUTOCAST
-                else contextlib.nullcontext())
+    autocast = precision.autocast(t.precision, device)()  # as the trainer casts
 
     def step():
         block.zero_grad(set_to_none=True)
@@ -71,4 +59,4 @@ def block_throughput(config, device: torch.device, budget: float, peak_tflops: f
     achieved = tokens_per_s * per_token / 1e12
     return {"tokens_per_s": tokens_per_s, "step_seconds": seconds, "tokens_per_step": tokens,
             "flops_per_token": per_token, "achieved_tflops": achieved,
-            "mfu": achieved / peak_tflops if peak_tflops else None}
+            "mfu": mfu(tokens_per_s, per_token, 1, peak_tflops)}

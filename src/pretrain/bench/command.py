@@ -34,13 +34,14 @@ def run(args) -> int:
     from rich.console import Console
 
     from . import run_bench, write_profile
-    from .display import progress_bar, table
+    from ..progress import counting_bar
+    from .display import table
     from .run import check_profile_path
 
     path, overrides = split_items(args.items)  # no config file: a small Llama block (docs/bench.md)
     if args.out:
         check_profile_path(args.out)
-    with progress_bar(enabled=not args.json) as progress:
+    with counting_bar("bench", enabled=not args.json) as progress:
         profile = run_bench(path, overrides, dtypes=args.dtypes, seconds=args.seconds, device=args.device,
                             quick=args.quick, progress=progress)
     if args.out:

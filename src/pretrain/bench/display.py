@@ -1,29 +1,8 @@
-"""The terminal side of `pretrain bench`: a progress bar on stderr and the result table."""
+"""The terminal side of `pretrain bench`: the result table."""
 
 from __future__ import annotations
 
-import contextlib
-
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
-
-
-@contextlib.contextmanager
-def progress_bar(enabled: bool = True):
-    """Yields a `progress(done, total, description)` callback for run_bench (None when disabled)."""
-    # On stderr, so stdout stays for the table or the JSON; only on a terminal, so logs and pipes get no
-    # control characters; transient: the table replaces it.
-    console = Console(stderr=True)
-    if not enabled or not console.is_terminal:
-        yield None
-        return
-    bar = Progress(TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   console=console, transient=True)
-    with bar:
-        task = bar.add_task("bench", total=None)
-        yield lambda done, total, description: bar.update(task, completed=done, total=total,
-                                                          description=description)
 
 
 def table(profile: dict) -> Table:

@@ -17,9 +17,8 @@ import time
 
 import torch
 
+from ..precision import TORCH_DTYPES
 from .timing import median_seconds, synchronize
-
-TORCH_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 # (m, n, k): squares, and a layer's GEMMs at 16384 tokens per micro-batch: qkv and MLP up/down of an
 # H=4096, H'=14336 model (Llama 3 8B), and an H=8192 square.

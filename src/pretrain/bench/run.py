@@ -13,12 +13,14 @@ from pathlib import Path
 import torch
 
 from ..config import Config, load_config
+from ..distributed.runtime import resolve_device
 from ..errors import UsageError
 from ..files import write_atomic
 from ..plan.hardware import peak_tflops
+from ..precision import matmul_dtype
 from . import DTYPES, matmul
 from .bandwidth import device_copy_gbps, host_to_device_gbps
-from .block import block_throughput, compute_dtype
+from .block import block_throughput
 
 # Seconds of measurement; small shapes finish early. On 2 CPU cores the default run took 24 s in all
 # (docs/bench.md, "Measured").
@@ -31,25 +33,6 @@ SHARE = {"matmul": 0.7, "copy": 0.05, "host_to_device": 0.05, "block": 0.2}
 # model of the current (Llama) architecture; shorter sequences on a CPU so a step takes well under a second.
 DEFAULT_MODEL = ["model.preset=tinyllama-1.1b"]
 DEFAULT_TRAIN = {"cuda": {"seq_len": 2048, "micro_batch_size": 4}, "cpu": {"seq_len": 256, "micro_batch_size": 1}}
-
-
-def resolve_device(name: str | None) -> torch.device:
-    """auto | cpu | cuda | cuda:N, checked against what this machine has."""
-    name = (name or "auto").strip().lower()
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name != "cpu" and name != "cuda" and not (name.startswith("cuda:") and name[5:].isdigit()):
-        raise UsageError(f"--device {name!r} is not a device pretrain can bench; use auto, cpu, cuda or cuda:N")
-    if name.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise UsageError(f"--device {name}: no CUDA GPU is visible to torch {torch.__version__}; "
-                             "use --device cpu (or auto)")
-        index = int(name[5:]) if ":" in name else torch.cuda.current_device()
-        if index >= torch.cuda.device_count():
-            raise UsageError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA GPU(s); "
-                             f"use cuda:0 to cuda:{torch.cuda.device_count() - 1}")
-        return torch.device("cuda", index)
-    return torch.device("cpu")
 
 
 def parse_dtypes(dtypes) -> list[str]:
@@ -83,7 +66,7 @@ def run_bench(config: Config | str | Path | dict | None = None, overrides=(), dt
     `seconds`: the measurement budget (default DEFAULT_SECONDS, or QUICK_SECONDS with `quick`).
     `progress(done, total, description)` is called as the work advances.
     """
-    dev = resolve_device(device)
+    dev = resolve_device(device, "--device")
     wanted = parse_dtypes(dtypes)
     if seconds is not None and not seconds > 0:
         raise UsageError(f"--seconds: must be a positive number of seconds, got {seconds}")
@@ -147,7 +130,7 @@ def run_bench(config: Config | str | Path | dict | None = None, overrides=(), dt
 
 def _block(cfg: Config, dev: torch.device, budget: float, peaks: dict) -> dict:
     """The block's figures, with its MFU against this run's best of the compute dtype, else the catalog."""
-    dtype = compute_dtype(cfg.train.precision, dev)
+    dtype = matmul_dtype(cfg.train.precision, dev.type)
     if dtype in peaks:
         peak, source = peaks[dtype], f"measured {dtype} best, this run"
     else:  # on a CPU no GPU's data sheet applies, whatever hardware.gpu says

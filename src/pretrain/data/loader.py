@@ -27,6 +27,7 @@ import torch
 
 from ..errors import ConfigError, UsageError
 from ..files import sha256_file
+from ..plan.budget import TOKEN_DTYPES
 from .hashing import hash64, mix64
 
 SPLITS = ("train", "val")
@@ -36,7 +37,6 @@ VERIFY = ("auto", "full", "size")  # the values of data.verify
 # sha256 runs on one core, next to minutes of training. Larger ones get the size and header checks only
 # (and data.verify=full on request).
 VERIFY_AUTO_BYTES = 1 << 30
-DTYPE_IDS = {"uint16": 1 << 16, "uint32": 1 << 32}  # token ids each dtype holds
 
 
 def open_training_data(path: str | Path, verify: str, model_vocab_size: int) -> PreparedData:
@@ -114,12 +114,12 @@ class PreparedData:
         missing = [k for k in REQUIRED_KEYS if k not in meta]
         if missing:
             raise self._error(path, f"missing keys {', '.join(missing)}")
-        if meta["dtype"] not in DTYPE_IDS:
+        if meta["dtype"] not in TOKEN_DTYPES:
             raise self._error(path, f"dtype {_shown(meta['dtype'])} is not uint16 or uint32")
         vocab, eos = meta["vocab_size"], meta["eos_id"]
-        if not _is_int(vocab) or not 0 < vocab <= DTYPE_IDS[meta["dtype"]]:
+        if not _is_int(vocab) or not 0 < vocab <= TOKEN_DTYPES[meta["dtype"]]:
             raise self._error(path, f"vocab_size {_shown(vocab)} is not a whole number in [1, "
-                                    f"{DTYPE_IDS[meta['dtype']]:,}] (what {meta['dtype']} holds)")
+                                    f"{TOKEN_DTYPES[meta['dtype']]:,}] (what {meta['dtype']} holds)")
         if not _is_int(eos) or not 0 <= eos < vocab:
             raise self._error(path, f"eos_id {_shown(eos)} is outside the vocabulary [0, {vocab:,})")
         per_split = {"num_tokens": SPLITS, "num_docs": SPLITS, "sha256": [f"{s}.bin" for s in SPLITS]}
@@ -217,11 +217,6 @@ class RandomWindows:
                        first + self.rank + self.world_size * np.arange(count, dtype=np.uint64))
                    for epoch, first, count in self._advance(batch_size)]
         return _batch(self.data, self.split, self.tokens, np.concatenate(windows), self.seq_len)
-
-    def skip(self, num_windows: int) -> None:
-        """Move past this rank's next num_windows windows without reading them (call it on every rank)."""
-        for _ in self._advance(num_windows):
-            pass
 
     def state_dict(self) -> dict:
         return {"seed": self.seed, "epoch": self.epoch, "position": self.position,

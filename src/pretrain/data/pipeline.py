@@ -27,13 +27,15 @@ import numpy as np
 from .. import __version__
 from ..errors import UsageError
 from ..files import StagedDirectory, display_path, write_atomic, write_error
+from ..plan.budget import TOKEN_DTYPES, token_dtype
+from ..progress import terminal_bar
 from .encode import Chunk, ChunkEncoder, encode_in_worker, init_worker
 from .fast_bpe import why_not_fast
 from .readers import SKIP_REASONS, Corpus, ReadOptions, find_files
 from .tokenizer import find_tokenizer
 
 SPLITS = ("train", "val")
-DTYPES = ("auto", "uint16", "uint32")
+DTYPES = ("auto", *TOKEN_DTYPES)
 CHUNK_CHARS = 1 << 20  # ~1 M characters per task: `tokenizers` holds ~90 bytes per input byte while encoding
 STR_OVERHEAD = 64  # bytes of a Python str object beyond its characters: bounds chunks of many tiny documents
 IN_FLIGHT_PER_WORKER = 2  # chunks queued per worker: enough to keep it busy, few enough to bound memory
@@ -44,14 +46,14 @@ DATASET_FILES = ("meta.json", "tokenizer", *(f"{s}.{ext}" for s in SPLITS for ex
 
 
 def resolve_dtype(dtype: str, vocab_size: int) -> str:
-    """auto: uint16 when every id fits (vocab_size <= 65,536), else uint32 (the planner's token_bytes)."""
+    """auto: the smallest id type that holds the vocabulary (the planner's token_dtype)."""
     if dtype not in DTYPES:
         raise UsageError(f"--dtype {dtype!r} is unknown; use one of {' | '.join(DTYPES)}")
     if dtype == "auto":
-        return "uint16" if vocab_size <= 65536 else "uint32"
-    if dtype == "uint16" and vocab_size > 65536:
-        raise UsageError(f"--dtype uint16 cannot hold a vocabulary of {vocab_size:,} ids (max 65,536); "
-                         "use --dtype uint32 or auto")
+        return token_dtype(vocab_size)
+    if vocab_size > TOKEN_DTYPES[dtype]:
+        raise UsageError(f"--dtype {dtype} cannot hold a vocabulary of {vocab_size:,} ids (max "
+                         f"{TOKEN_DTYPES[dtype]:,}); use --dtype uint32 or auto")
     return dtype
 
 
@@ -271,13 +273,15 @@ def _progress_bar(total_bytes: int, enabled: bool):
     if not enabled:
         yield lambda completed, tokens: None
         return
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
+    from rich.progress import BarColumn, TaskProgressColumn, TextColumn, TimeRemainingColumn
 
-    columns = [TextColumn("prepare"), BarColumn(), TaskProgressColumn(),
-               TextColumn("{task.fields[mb_s]:.1f} MB/s"), TextColumn("{task.fields[tokens_s]:,.0f} tokens/s"),
-               TimeRemainingColumn()]
-    with Progress(*columns, console=Console(stderr=True)) as bar:
+    bar = terminal_bar(TextColumn("prepare"), BarColumn(), TaskProgressColumn(),
+                       TextColumn("{task.fields[mb_s]:.1f} MB/s"), TextColumn("{task.fields[tokens_s]:,.0f} tokens/s"),
+                       TimeRemainingColumn())
+    if bar is None:
+        yield lambda completed, tokens: None
+        return
+    with bar:
         task = bar.add_task("prepare", total=total_bytes, mb_s=0.0, tokens_s=0.0)
 
         def update(completed: int, tokens: int) -> None:

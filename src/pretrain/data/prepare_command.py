@@ -62,9 +62,10 @@ def _interrupt(signum, frame):
 
 def summary(meta: dict, out: str, seconds: float, planned_bytes: int) -> str:
     from ..files import display_path
+    from ..plan.budget import TOKEN_DTYPE_BYTES
 
     docs, tokens = meta["num_docs"], meta["num_tokens"]
-    size = sum(tokens.values()) * (2 if meta["dtype"] == "uint16" else 4)
+    size = sum(tokens.values()) * TOKEN_DTYPE_BYTES[meta["dtype"]]
     lines = [
         f"prepared {display_path(out)} in {seconds:.1f} s ({meta['text_bytes'] / 1e6 / seconds:,.1f} MB/s, "
         f"{sum(tokens.values()) / seconds:,.0f} tokens/s, encoder {meta['encoder']['name']})",

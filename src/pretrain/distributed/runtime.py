@@ -54,21 +54,35 @@ def init_runtime(device: str = "auto") -> Runtime:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise ConfigError("train.device: cuda was asked for but no GPU is visible; use train.device=cpu")
-        # A launcher that gives each process only its own GPU (SLURM's binding) makes it device 0 of one.
-        index = local_rank % torch.cuda.device_count() if device == "cuda" else int(device.split(":")[1])
-        torch.cuda.set_device(index)
-        dev = torch.device("cuda", index)
-    else:
-        dev = torch.device("cpu")
+    dev = resolve_device(device, "train.device", local_rank)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
     if world > 1 and not dist.is_initialized():
         dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo", device_id=dev
                                 if dev.type == "cuda" else None)
     return Runtime(rank=rank, world_size=world, local_rank=local_rank, device=dev)
+
+
+def resolve_device(name: str | None, setting: str, local_rank: int = 0) -> torch.device:
+    """auto | cpu | cuda | cuda:N, checked against what this machine has; `setting` names it in errors
+    (train.device, --device). Plain cuda is this process's own GPU: under torchrun its local rank's (a launcher
+    that gives each process only its own GPU, as SLURM's binding does, makes it device 0 of one)."""
+    name = (name or "auto").strip().lower()
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cpu":
+        return torch.device("cpu")
+    if name != "cuda" and not (name.startswith("cuda:") and name[5:].isdigit()):
+        raise ConfigError(f"{setting} {name!r} is not a device pretrain runs on; use auto, cpu, cuda or cuda:N")
+    if not torch.cuda.is_available():
+        give = "=" if setting.startswith("train.") else " "
+        raise ConfigError(f"{setting} {name}: no CUDA GPU is visible to torch {torch.__version__}; use "
+                          f"{setting}{give}cpu (or auto)")
+    count = torch.cuda.device_count()
+    index = int(name[5:]) if ":" in name else local_rank % count
+    if index >= count:
+        raise ConfigError(f"{setting} {name}: this machine has {count} CUDA GPU(s); use cuda:0 to cuda:{count - 1}")
+    return torch.device("cuda", index)
 
 
 def all_reduce_mean(value: float, rt: Runtime) -> float:

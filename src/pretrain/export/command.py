@@ -9,6 +9,8 @@ Qwen2ForCausalLM when the q/k/v projections have biases, or GPT2LMHeadModel).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 HELP = "export a checkpoint as a Hugging Face model directory (safetensors, config, tokenizer)"
 
 
@@ -22,17 +24,13 @@ def add_arguments(p):
 
 def tokenizer_of(model):
     """The tokenizer copy inside the run's prepared data directory, if it is still there."""
-    from pathlib import Path
-
     data_dir = model.run_config.data.dir
     path = Path(data_dir) / "tokenizer" if data_dir else None
     return path if path is not None and path.exists() else None
 
 
-def run_dir_of(source) -> "Path":
+def run_dir_of(source) -> Path:
     """The run directory of RUN_DIR, or of one checkpoint (RUN/checkpoints/step_N) given instead."""
-    from pathlib import Path
-
     source = Path(source)
     return source.parent.parent if source.parent.name == "checkpoints" else source
 
@@ -40,8 +38,6 @@ def run_dir_of(source) -> "Path":
 def check_no_overlap(out_dir, sources: dict) -> None:
     """Refuse an OUT_DIR that is, contains or lies inside one of `sources` (what -> path): writing it, and with
     --overwrite replacing it, would delete what the export reads (the run, its checkpoints, its dataset)."""
-    from pathlib import Path
-
     from ..errors import UsageError
 
     out = Path(out_dir).resolve()
@@ -65,11 +61,10 @@ def _os_error(e: Exception) -> OSError:
 
 
 def run(args) -> int:
-    import torch
-
     from safetensors import SafetensorError
 
     from ..files import display_path, write_error
+    from ..precision import TORCH_DTYPES
     from ..train import load_model
     from .hf import export_hf
 
@@ -78,7 +73,7 @@ def run(args) -> int:
     if model.run_config.data.dir:
         check_no_overlap(args.out_dir, {"data directory": model.run_config.data.dir})
     tokenizer = tokenizer_of(model)
-    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    dtype = TORCH_DTYPES[args.dtype]
     try:
         out = export_hf(model, args.out_dir, tokenizer_dir=tokenizer, dtype=dtype, overwrite=args.overwrite)
     except (OSError, SafetensorError) as e:  # export_hf removed its temporary directory; an old OUT_DIR is as it was

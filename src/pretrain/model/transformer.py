@@ -4,7 +4,7 @@ LLaMA: RMSNorm, rotary positions (Hugging Face's rotate-half layout), SwiGLU MLP
 no biases (q/k/v biases for Qwen2), optional tied embeddings.
 GPT-2: LayerNorm, learned positions, GELU MLP, biases, tied embeddings.
 
-q, k, v are one fused matmul (`qkv`) and the SwiGLU gate and up projections another (`gate_up`): one kernel
+q, k, v are one fused matmul (`qkv`) and the SwiGLU gate and up projections another (`mlp.up`): one kernel
 instead of three (two), and one saved copy of the block input for backward instead of three (two). The export
 to Hugging Face splits them again.
 

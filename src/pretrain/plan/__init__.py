@@ -1,20 +1,21 @@
 """The planner: parameters, FLOPs, memory per GPU, data, steps and time of a pretraining run.
 
-Pure Python (no torch, no numpy), so `pretrain plan` answers instantly anywhere. `plan(config)` returns the
-JSON-ready dict whose keys are documented in the README ("Plan output").
+Pure Python (no torch, no numpy), so `pretrain plan` answers instantly anywhere. `make_plan(config)` returns the
+JSON-ready dict whose keys are documented in docs/plan.md ("The JSON").
 """
 
 from __future__ import annotations
 
 from ..errors import ConfigError
 from .advice import advise
-from .budget import run_length, storage_bytes, token_bytes, wall_clock
+from .budget import run_length, storage_bytes, token_bytes, token_dtype, wall_clock
 from .budget_mode import apply_budget, budget_requested
 from .corpus import corpus_supply
 from .explain import Explain
 from .flops import basis, flops, utilisation
 from .frameworks import framework_memory
-from .hardware import gpu_spec, peak_tflops
+from ..gpus import gpu_spec
+from .hardware import peak_tflops
 from .memory import memory, model_state_tensors
 from .params import count_params, padded_vocab_size, param_shapes
 from .step_time import step_time
@@ -27,7 +28,7 @@ __all__ = ["plan", "plan_with_explain", "planned_config", "count_params", "param
 MAX_LAYERS = 1000
 
 
-def plan(config) -> dict:
+def make_plan(config) -> dict:
     """The plan for a resolved Config (see `pretrain.config.load_config`)."""
     return plan_with_explain(config)[0]
 
@@ -72,7 +73,7 @@ def plan_with_explain(config, advice: bool = True) -> tuple[dict, Explain]:
     ex.add("tokens", "storage_bytes", storage, f"{data:,} tokens"
            + (f" (examples {c.train.examples:,} x seq {c.train.seq_len})" if data != tokens else "")
            + f" x {token_bytes(c.model.vocab_size)} bytes "
-           f"({'uint16' if token_bytes(c.model.vocab_size) == 2 else 'uint32'} for vocabulary {c.model.vocab_size:,})")
+           f"({token_dtype(c.model.vocab_size)} for vocabulary {c.model.vocab_size:,})")
     full = _unsharded(c)
     ckpt = full["parameters"] + full["optimizer_states"]
     ex.add("tokens", "checkpoint_bytes", ckpt, f"parameters {full['parameters']:,} + optimizer states "
@@ -129,11 +130,10 @@ def planned_config(config, result: dict):
 
 def _unsharded(c) -> dict:
     """Model-state tensors of the whole job on one imaginary device (for the checkpoint size)."""
-    import copy
+    import dataclasses
 
-    single = copy.deepcopy(c)
-    single.parallel.gpus, single.parallel.tensor, single.parallel.pipeline = 1, 1, 1
-    single.parallel.zero_stage = 0
+    single = dataclasses.replace(c, parallel=dataclasses.replace(c.parallel, gpus=1, tensor=1, pipeline=1,
+                                                                   zero_stage=0))
     return model_state_tensors(single)
 
 

@@ -23,6 +23,7 @@ micro-batches of L/p layers in flight.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from .params import padded_vocab_size
@@ -224,3 +225,11 @@ def activation_bytes(m, t, parallel, b: int | None = None, native_gqa: bool = Tr
     total += once_bytes
     return dict(total=total, per_layer=per_layer, layers=layers, in_flight=in_flight, once=once_bytes,
                 recompute_working=working, layer_terms=per_layer_terms, once_terms=once)
+
+
+def kept_tensor_traffic(m, t, parallel, b: int | None = None, native_gqa: bool = True) -> tuple[float, dict]:
+    """Bytes per GPU that the tensors kept for backward move: each written once in forward and read once in
+    backward. Recomputed tensors are written and read all the same, so counted as if nothing were recomputed.
+    Also returns that count's activation_bytes (its "layers" is the layers on this GPU)."""
+    act = activation_bytes(m, dataclasses.replace(t, activation_checkpointing="none"), parallel, b, native_gqa)
+    return 2 * (act["layers"] * act["per_layer"] + act["once"]), act

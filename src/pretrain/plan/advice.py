@@ -16,18 +16,18 @@ Rules that describe large-scale practice (tokens, batch, lr, warm-up, bandwidth)
 
 from __future__ import annotations
 
-import copy
 import math
 
-from ..config import validate
+from ..config import replaced
 from ..errors import ConfigError
-from .activations import COMPUTE_BYTES, activation_bytes
+from ..gpus import gpu_spec
+from ..units import GiB, human
+from .activations import COMPUTE_BYTES, kept_tensor_traffic
 from .kernels import planned_native_gqa
 from .budget import CHINCHILLA_TOKENS_PER_PARAM
 from .corpus import epochs_advice
-from .hardware import COMPUTE_DTYPE, gpu_spec
+from .hardware import COMPUTE_DTYPE
 
-GiB = 1024**3
 
 TOKENS_PER_PARAM_RANGE = (5, 100)  # 4x below / 5x above Chinchilla; LLaMA-7B's 1T tokens is 148
 MAX_EPOCHS = 4  # Muennighoff et al. 2023: up to ~4 epochs, repeated tokens are worth almost as much as new
@@ -98,12 +98,12 @@ def _tokens(c, p) -> list[str]:
     compute = 6 * n * tokens
     n_opt = math.sqrt(compute / (6 * CHINCHILLA_TOKENS_PER_PARAM))
     d_opt = CHINCHILLA_TOKENS_PER_PARAM * n_opt
-    better = (f"for this compute (6ND = {compute:.3g} FLOPs) a model of ~{_si(n_opt)} params on "
-              f"~{_si(d_opt)} tokens would reach a lower loss")
+    better = (f"for this compute (6ND = {compute:.3g} FLOPs) a model of ~{human(n_opt)} params on "
+              f"~{human(d_opt)} tokens would reach a lower loss")
     if per_param < low:
         return [f"tokens: {per_param:.3g} tokens per parameter: {_times(CHINCHILLA_TOKENS_PER_PARAM / per_param)} "
                 f"below the compute-optimal ~{CHINCHILLA_TOKENS_PER_PARAM} (Chinchilla, Hoffmann et al. 2022): "
-                f"under-trained; {better}, or train on ~{_si(CHINCHILLA_TOKENS_PER_PARAM * n)} tokens"]
+                f"under-trained; {better}, or train on ~{human(CHINCHILLA_TOKENS_PER_PARAM * n)} tokens"]
     return [f"tokens: {per_param:.3g} tokens per parameter: {_times(per_param / CHINCHILLA_TOKENS_PER_PARAM)} above "
             f"the compute-optimal ~{CHINCHILLA_TOKENS_PER_PARAM} (Chinchilla, Hoffmann et al. 2022); {better}. "
             "Fine if intended: a smaller model trained longer (as LLaMA did) is cheaper to serve"]
@@ -117,7 +117,7 @@ def _epochs(c, p) -> list[str]:
     epochs = p["tokens"]["total"] / unique
     if epochs <= MAX_EPOCHS:
         return []
-    return [f"epochs: {epochs:.3g} passes over the same {_si(unique)} tokens ({t.examples:,} examples x seq "
+    return [f"epochs: {epochs:.3g} passes over the same {human(unique)} tokens ({t.examples:,} examples x seq "
             f"{t.seq_len}): beyond ~{MAX_EPOCHS} epochs repeated tokens are worth much less than new ones "
             "(Muennighoff et al. 2023, 'Scaling Data-Constrained Language Models'; Xue et al. 2023, 'To Repeat or "
             "Not To Repeat'); add unique data or train a smaller model"]
@@ -132,20 +132,20 @@ def _batch(c, p) -> list[str]:
     ref = loglog(BATCH_REFERENCE, n)
     shape = (f"micro-batch {t.micro_batch_size} x seq {t.seq_len} x grad accum {t.grad_accum_steps} x data "
              f"parallel {p['parallel']['data']}")
-    gpt3 = f"the ~{_si(ref)} GPT-3 used at {_si(n)} params (Brown et al. 2020; LLaMA and Qwen: 4M)"
+    gpt3 = f"the ~{human(ref)} GPT-3 used at {human(n)} params (Brown et al. 2020; LLaMA and Qwen: 4M)"
     out = []
     ref = round(ref)  # whole tokens: 2**22 is exactly 8x GPT-3's 2**19, not a rounding error above it
     if per_step < ref * BATCH_RANGE[0]:
         accum = 2 ** math.ceil(math.log2(t.grad_accum_steps * ref / per_step))
         out.append(f"batch: {per_step:,} tokens per step ({shape}) is {_times(ref / per_step)} below {gpt3}: noisy "
                    f"gradients and many small steps; train.grad_accum_steps={accum} gives "
-                   f"{_si(per_step * accum / t.grad_accum_steps)} (or more parallel.gpus)")
+                   f"{human(per_step * accum / t.grad_accum_steps)} (or more parallel.gpus)")
     elif per_step > ref * BATCH_RANGE[1]:
         out.append(f"batch: {per_step:,} tokens per step ({shape}) is {_times(per_step / ref)} above {gpt3}: "
                    "beyond the critical batch size extra tokens per step stop reducing the number of steps needed")
     if per_step >= RAMP_MIN_TOKENS and not t.batch_ramp_tokens:
         ramp = _round(min(4e9, 0.03 * p["tokens"]["total"]))
-        out.append(f"batch: {_si(per_step)} tokens per step from the first step (train.batch_ramp_tokens=0): "
+        out.append(f"batch: {human(per_step)} tokens per step from the first step (train.batch_ramp_tokens=0): "
                    f"GPT-3 ramped from 32K tokens over the first 4-12B tokens (Brown et al. 2020, "
                    f"appendix B); train.batch_ramp_tokens={_sci(ramp)} would ramp over "
                    f"{_percent(ramp / p['tokens']['total'])} of the run (LLaMA used 4M from the start: a valid "
@@ -162,7 +162,7 @@ def _lr(c, p) -> list[str]:
         return []
     how = f"{_times(lr / ref)} above" if lr > ref else f"{_times(ref / lr)} below"
     risk = "loss spikes and divergence" if lr > ref else "slow progress for the same tokens"
-    return [f"lr: peak train.lr={lr:.2g} is {how} the ~{ref:.1e} published for {_si(n)} params (GPT-3 table "
+    return [f"lr: peak train.lr={lr:.2g} is {how} the ~{ref:.1e} published for {human(n)} params (GPT-3 table "
             f"2.1, LLaMA table 2, log-log interpolated; within 3x: {ref / LR_RANGE:.1e} to {ref * LR_RANGE:.1e}): "
             f"{risk}"]
 
@@ -219,10 +219,7 @@ def step_intensity(c, p, b: int | None = None) -> tuple[float, float]:
     flops = p["flops"]["per_token_hardware"] * b * t.seq_len / model_parallel
     reads = 4 if t.activation_checkpointing == "full" else 3
     weights = reads * COMPUTE_BYTES[t.precision] * p["params"]["flops"] / model_parallel
-    kept = copy.copy(t)
-    kept.activation_checkpointing = "none"  # recomputed tensors are written and read all the same
-    act = activation_bytes(m, kept, par, b, native_gqa=planned_native_gqa(c))
-    traffic = 2 * (act["layers"] * act["per_layer"] + act["once"])
+    traffic, _ = kept_tensor_traffic(m, t, par, b, native_gqa=planned_native_gqa(c))
     return flops, weights + traffic
 
 
@@ -289,8 +286,8 @@ def _memory(c, p) -> list[str]:
         text = " ".join(f"{k}={_value(v)}" for k, v in overrides.items())
         notes = [f"{q['memory_bytes']['total'] / GiB:.1f} GiB"]
         if q["steps"]["tokens_per_step"] != p["steps"]["tokens_per_step"]:
-            notes.append(f"global batch {_si(q['steps']['tokens_per_step'])} tokens, was "
-                         f"{_si(p['steps']['tokens_per_step'])}")
+            notes.append(f"global batch {human(q['steps']['tokens_per_step'])} tokens, was "
+                         f"{human(p['steps']['tokens_per_step'])}")
         if "parallel.tensor" in overrides and c.model.family != "llama":
             notes.append("planned only: `pretrain train` runs tensor parallelism for the LLaMA family")
         shown.append(f"{text} ({'; '.join(notes)})")
@@ -456,12 +453,8 @@ def _replan(config, overrides: dict) -> dict | None:
     """The plan of a copy of `config` with `overrides` applied (None when the copy is not a valid config)."""
     from . import plan_with_explain
 
-    c = copy.deepcopy(config)
-    for key, value in overrides.items():
-        section, name = key.split(".")
-        setattr(getattr(c, section), name, value)
     try:
-        validate(c)
+        c = replaced(config, overrides)
     except ConfigError:
         return None
     return plan_with_explain(c, advice=False)[0]
@@ -469,14 +462,6 @@ def _replan(config, overrides: dict) -> dict | None:
 
 def _value(v) -> str:
     return str(v).lower() if isinstance(v, bool) else str(v)
-
-
-def _si(n: float) -> str:
-    """Counts with 3 significant figures: 6.74B, 500K, 2M."""
-    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if abs(n) >= scale:
-            return f"{n / scale:.3g}{unit}"
-    return f"{n:.3g}"
 
 
 def _times(x: float) -> str:

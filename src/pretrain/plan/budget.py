@@ -19,8 +19,19 @@ from .schedule import steps_for_tokens, tokens_for_steps, warmup_steps
 CHINCHILLA_TOKENS_PER_PARAM = 20
 
 
+# The token files' id types and the ids each holds; `pretrain prepare --dtype auto` takes the smallest that
+# holds the vocabulary, and the planner counts storage by the same rule.
+TOKEN_DTYPES = {"uint16": 1 << 16, "uint32": 1 << 32}
+TOKEN_DTYPE_BYTES = {"uint16": 2, "uint32": 4}
+
+
+def token_dtype(vocab_size: int) -> str:
+    """uint16 when every id fits (vocab_size <= 65,536), else uint32."""
+    return "uint16" if vocab_size <= TOKEN_DTYPES["uint16"] else "uint32"
+
+
 def token_bytes(vocab_size: int) -> int:
-    return 2 if vocab_size <= 65536 else 4
+    return TOKEN_DTYPE_BYTES[token_dtype(vocab_size)]
 
 
 def storage_bytes(tokens: int, vocab_size: int) -> int:

@@ -20,7 +20,7 @@ HELP = "plan a run: parameters, FLOPs, memory per GPU, tokens, steps, time"
 
 def add_arguments(p):
     add_config_arguments(p)
-    p.add_argument("--json", action="store_true", help="print the plan as JSON (keys documented in the README)")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON (keys documented in docs/plan.md)")
     p.add_argument("--explain", action="store_true", help="print each figure's formula with the numbers substituted")
     p.add_argument("--fit", action="store_true", help="search micro-batch, recomputation, ZeRO, tensor and "
                    "pipeline degrees and offload for the fastest layout that fits (global batch kept)")
@@ -30,7 +30,7 @@ def add_arguments(p):
 
 def run(args) -> int:
     if args.list_gpus:
-        from .hardware import CATALOG
+        from ..gpus import CATALOG
 
         for spec in CATALOG.values():
             peaks = ", ".join(f"{k} {v:g}" for k, v in spec.peak_tflops.items()) or "measure with pretrain bench"
@@ -58,12 +58,12 @@ def run(args) -> int:
 
 def _fit(config, args) -> int:
     from ..errors import UsageError
-    from . import plan, plan_with_explain, planned_config
+    from . import make_plan, plan_with_explain, planned_config
     from .fit import fit, render
 
     if args.top < 1:
         raise UsageError(f"--top: must be at least 1, got {args.top}")
-    if "budget" in (first := plan(config)):  # budget mode: the layouts of the model the budget buys
+    if "budget" in (first := make_plan(config)):  # budget mode: the layouts of the model the budget buys
         config = planned_config(config, first)
     result = fit(config, top=args.top)
     if args.json:

@@ -36,7 +36,3 @@ def fmt(value) -> str:
             return f"{value:.4g}"
         return f"{value:,.4g}" if abs(value) >= 1000 else f"{value:.4g}"
     return str(value)
-
-
-def gib(nbytes: float) -> str:
-    return f"{nbytes / 1024**3:.2f} GiB"

@@ -23,13 +23,13 @@ import math
 
 from ..config import replaced
 from ..errors import ConfigError
+from ..units import GiB
 from .explain import Explain
 from .flops import flops
 from .hardware import peak_tflops
 from .params import count_params
 from .step_time import dominant_cost, step_time
 
-GiB = 1024**3
 RECOMPUTE = ("none", "selective", "full")
 
 

@@ -81,6 +81,14 @@ def basis(cfg, fl: dict) -> tuple[int, int, str]:
     return fl["per_token"], fl["per_token_hardware"], "palm: 6 x N + attention"
 
 
+def mfu(tokens_per_second: float, flops_per_token: float, gpus: int, peak_tflops: float | None) -> float | None:
+    """Model FLOPs utilisation: the model FLOPs a job does per second per GPU over the GPU's peak (PaLM,
+    Chowdhery et al. 2022, appendix B). One rule for the plan, the trainer's log, the sweep and the bench."""
+    if not peak_tflops:
+        return None
+    return tokens_per_second * flops_per_token / (gpus * peak_tflops * 1e12)
+
+
 def utilisation(cfg, fl: dict, tokens_per_step: int, peak_tflops: float | None, ex: Explain) -> dict | None:
     """Achieved TFLOP/s per GPU, MFU and HFU from a measured speed of the whole job."""
     ms = cfg.measured
@@ -104,7 +112,7 @@ def utilisation(cfg, fl: dict, tokens_per_step: int, peak_tflops: float | None, 
     out = dict(tokens_per_second=tps, achieved_tflops_per_gpu=achieved,
                achieved_hardware_tflops_per_gpu=achieved_hw, mfu=None, hfu=None)
     if peak_tflops:
-        out["mfu"] = achieved / peak_tflops
+        out["mfu"] = mfu(tps, model_pt, gpus, peak_tflops)
         out["hfu"] = achieved_hw / peak_tflops
         ex.add("measured", "mfu", out["mfu"], f"{achieved:.4g} / peak {peak_tflops} TFLOP/s")
         ex.add("measured", "hfu", out["hfu"], f"{achieved_hw:.4g} (with recomputation) / peak {peak_tflops} TFLOP/s")

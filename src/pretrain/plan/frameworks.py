@@ -34,8 +34,10 @@ mask per micro-batch in flight, and with p = 1 the output layer's input and fp32
 
 from __future__ import annotations
 
-from .explain import Explain, gib
-from .hardware import device_memory_bytes, gpu_spec
+from ..gpus import gpu_spec
+from ..units import gib
+from .explain import Explain
+from .hardware import device_memory_bytes
 from .params import param_shapes
 
 FRAMEWORKS = ("pretrain", "megatron", "deepspeed", "zero-paper")

@@ -49,7 +49,7 @@ def native_gqa(device: str, half: bool, head_dim: int, torch_version: str | None
 
 def planned_native_gqa(cfg) -> bool:
     """The rule for a planned config: its hardware, its precision, the torch installed here."""
-    from .hardware import gpu_spec
+    from ..gpus import gpu_spec
 
     name = gpu_spec(cfg.hardware.gpu).name
     device = "cpu" if name == "cpu" else "cuda"

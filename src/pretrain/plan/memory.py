@@ -32,10 +32,12 @@ from __future__ import annotations
 import heapq
 
 from ..config import compile_enabled
+from ..gpus import gpu_spec
 from .activations import _shard, activation_bytes, layer_terms, loss_terms, residual_bytes
 from .kernels import planned_native_gqa
-from .explain import Explain, gib
-from .hardware import device_memory_bytes, gpu_spec
+from ..units import gib
+from .explain import Explain
+from .hardware import device_memory_bytes
 from .params import padded_vocab_size, param_shapes
 
 PHASES = ("forward", "loss_backward", "backward", "optimizer_step")

@@ -96,8 +96,21 @@ def count_params(model) -> ParamCounts:
     )
 
 
+def fused_rows(name: str, model) -> list[int] | None:
+    """The row blocks a fused parameter stacks, in order: [q, k, v] for `attn.qkv` (weight and bias), [gate,
+    up] for LLaMA's `mlp.up`; None for any other parameter. The export splits them into Hugging Face's
+    separate tensors and tensor parallelism hands each rank its share of every block."""
+    if name.endswith((".attn.qkv.weight", ".attn.qkv.bias")):
+        q, kv = model.num_heads * model.head_dim, model.num_kv_heads * model.head_dim
+        return [q, kv, kv]
+    if model.family == "llama" and name.endswith(".mlp.up.weight"):
+        return [model.intermediate_size, model.intermediate_size]
+    return None
+
+
 def param_shapes(model) -> list[tuple[str, tuple[int, ...]]]:
-    """Every parameter tensor of the built model, in module order, with our names (the export maps them)."""
+    """Every parameter tensor of the built model, in module order, with our names: the one layout table the
+    planner counts, the export names (model/hf.py) and a test holds against the model's named_parameters()."""
     V, H, I = padded_vocab_size(model), model.hidden_size, model.intermediate_size
     q_width, kv_width = model.num_heads * model.head_dim, model.num_kv_heads * model.head_dim
     llama = model.family == "llama"

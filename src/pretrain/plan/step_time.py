@@ -47,12 +47,12 @@ Pure Python, as the rest of the planner.
 
 from __future__ import annotations
 
-import copy
 import math
 
-from .activations import COMPUTE_BYTES, activation_bytes
+from ..gpus import gpu_spec
+from .activations import COMPUTE_BYTES, activation_bytes, kept_tensor_traffic
 from .explain import Explain
-from .hardware import gpu_spec
+from .flops import mfu
 from .kernels import planned_native_gqa
 
 MATMUL_EFFICIENCY = 0.75  # of a data-sheet dense peak, reached by large bf16 GEMMs
@@ -103,13 +103,13 @@ def step_time(c, counts, fl: dict, peak: float | None, ex: Explain | None = None
     t, par = c.train, c.parallel
     tokens = t.seq_len * t.micro_batch_size * t.grad_accum_steps * par.data_parallel
     model_per_token = fl["per_token_6n"] if c.flops.convention == "6n" else fl["per_token"]
-    mfu = tokens / seconds * model_per_token / (par.gpus * peak * 1e12)
+    utilisation = mfu(tokens / seconds, model_per_token, par.gpus, peak)
     ex.add("step_time", "seconds", seconds, f"forward/backward {out['forward_backward_s']:.4g} + exposed data "
            f"parallel {out['data_parallel_exposed_s']:.4g} + optimizer {out['optimizer_s']:.4g}")
     ex.add("step_time", "tokens_per_second", tokens / seconds, f"{tokens:,} tokens per step / {seconds:.4g} s")
-    ex.add("step_time", "mfu", mfu, f"tokens/s x {model_per_token:,} model FLOPs/token / ({par.gpus} x {peak:g} "
+    ex.add("step_time", "mfu", utilisation, f"tokens/s x {model_per_token:,} model FLOPs/token / ({par.gpus} x {peak:g} "
            "TFLOP/s)")
-    return {"seconds": seconds, "tokens_per_second": tokens / seconds, "mfu": mfu, **out}
+    return {"seconds": seconds, "tokens_per_second": tokens / seconds, "mfu": utilisation, **out}
 
 
 def _hbm_gbps(c) -> float:
@@ -149,11 +149,8 @@ def _micro_batch(c, counts, fl: dict, peak: float, ex: Explain) -> dict:
     weight_s = weights / (hbm * 1e9) if hbm else 0.0
     ex.add("step_time", "weight_read_s", weight_s, f"{reads} reads x {a} bytes x {counts.flops:,} / {shard} = "
            f"{weights:.4g} bytes / {bw_how}")
-    kept = copy.copy(t)
-    kept.activation_checkpointing = "none"  # recomputed tensors are written and read all the same
     native = planned_native_gqa(c)
-    act = activation_bytes(m, kept, par, native_gqa=native)
-    traffic = 2 * (act["layers"] * act["per_layer"] + act["once"])
+    traffic, act = kept_tensor_traffic(m, t, par, native_gqa=native)
     if t.activation_checkpointing != "none":  # what the recomputation writes again in backward
         traffic += act["layers"] * (act["per_layer"] - activation_bytes(m, t, par, native_gqa=native)["per_layer"])
     traffic_s = traffic / (hbm * 1e9) if hbm else 0.0

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from ..units import human as count
-
-GiB = 1024**3
+from ..units import GiB, human as count
+from .budget import token_dtype
 
 
 def si_bytes(n: float) -> str:
@@ -40,7 +39,7 @@ def render(config, p: dict) -> str:
     tok = p["tokens"]
     row("Training tokens", f"{tok['total']:,}", f"{tok['per_parameter']:.1f} per parameter; "
         f"Chinchilla-optimal {count(tok['chinchilla'])} (20 per parameter)")
-    row("Tokens on disk", si_bytes(p["storage_bytes"]), "uint16 ids" if m.vocab_size <= 65536 else "uint32 ids")
+    row("Tokens on disk", si_bytes(p["storage_bytes"]), f"{token_dtype(m.vocab_size)} ids")
     if "data" in p:  # data.raw_bytes or a prepared data.dir (pretrain.plan.corpus)
         d = p["data"]
         row("Corpus tokens", f"{d['tokens_available']:,}", f"{si_bytes(d['raw_bytes'])} of text at "

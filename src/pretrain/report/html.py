@@ -6,7 +6,7 @@ from __future__ import annotations
 import base64
 from html import escape
 
-from . import units
+from .. import units
 from .runs import Run
 
 _CSS = """

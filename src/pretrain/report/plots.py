@@ -14,7 +14,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter
 
-from . import units
+from .. import units
 from .runs import MARKED_EVENTS, Run
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import UsageError
-from . import units
+from .. import units
 
 # Events drawn on the plots; checkpoints are routine and would only add clutter.
 MARKED_EVENTS = ("rollback", "spike", "nonfinite_skip", "resumed")
@@ -35,7 +35,7 @@ class Run:
     def series(self, key: str) -> tuple[list[float], list[float]]:
         """(tokens, values) of a metric, finite values only: a null mfu on a CPU gives empty lists."""
         rows = self.evals if key.startswith("val_") else self.train
-        points = [(r["tokens"], r[key]) for r in rows if _finite(r.get(key))]
+        points = [(r["tokens"], r[key]) for r in rows if _is_number(r.get(key))]
         return [t for t, _ in points], [v for _, v in points]
 
 
@@ -67,7 +67,7 @@ def read_jsonl(path: Path) -> list[dict]:
             row = json.loads(line)
         except ValueError:
             continue  # half-written or torn line
-        if isinstance(row, dict) and isinstance(row.get("step"), int) and _finite(row.get("tokens")):
+        if isinstance(row, dict) and isinstance(row.get("step"), int) and _is_number(row.get("tokens")):
             rows.append(row)
     return rows
 
@@ -110,7 +110,7 @@ def _yaml_load(text: str):
         raise ValueError(str(e)) from e  # one exception type for _read_optional
 
 
-def _finite(v) -> bool:
+def _is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
@@ -119,7 +119,7 @@ def _finite(v) -> bool:
 def summarize(run: Run) -> dict:
     """The numbers a reader checks first; None where the run has not written them yet."""
     last = run.train[-1] if run.train else {}
-    val = [r for r in run.evals if _finite(r.get("val_loss"))]
+    val = [r for r in run.evals if _is_number(r.get("val_loss"))]
     best = min(val, key=lambda r: r["val_loss"]) if val else {}
     speeds = run.series("tokens_per_s")[1]
     counts: dict[str, int] = {}

@@ -40,8 +40,6 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    import json
-
     from . import parse_items, run_sweep
 
     path, overrides, swept = parse_items(args.items)

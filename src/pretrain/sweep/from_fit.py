@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..config import load_config, replaced
 from ..errors import UsageError
-from ..plan import plan
+from ..plan import make_plan
 from ..plan.fit import command_line, fit
 from . import output
 from .run import _device_name, run_sweep
@@ -39,7 +39,7 @@ def run_from_fit(config_path, overrides: list[str], n: int, warmup_steps: int = 
     here = plan_check.config_for_device(config, rt)
     peak, source = plan_check.peak_tflops(here, rt.device)
     pinned = []
-    if plan(here)["hardware"]["peak_tflops"] is None:  # measured: the same peak for the fit and every cell
+    if make_plan(here)["hardware"]["peak_tflops"] is None:  # measured: the same peak for the fit and every cell
         pinned = [f"hardware.peak_tflops={peak!r}"]
         here = replaced(here, {"hardware.peak_tflops": peak})
     found = fit(here, top=n, runnable=True)  # data parallel, no offload: what the trainer runs

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..files import write_atomic
-from ..report import units
+from .. import units
 
 FILES = {"csv": "sweep.csv", "json": "sweep.json", "png": "sweep.png"}
 CSV_COLUMNS = ("status", "plan_verdict", "it_per_s", "tokens_per_s", "achieved_tflops", "mfu",
@@ -62,17 +62,17 @@ def _write(out: Path, name: str, data: bytes) -> None:
 
 
 def to_json(result: dict) -> str:
-    return json.dumps(_finite(result), indent=1) + "\n"
+    return json.dumps(_json_safe(result), indent=1) + "\n"
 
 
-def _finite(x):
+def _json_safe(x):
     """NaN and infinity are not JSON: a diverged loss becomes its string, as the trainer's events write it."""
     if isinstance(x, float) and not math.isfinite(x):
         return str(x)
     if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
+        return {k: _json_safe(v) for k, v in x.items()}
     if isinstance(x, list):
-        return [_finite(v) for v in x]
+        return [_json_safe(v) for v in x]
     return x
 
 

@@ -17,12 +17,15 @@ from pathlib import Path
 
 import torch
 
-from ..config import Config, load_config
+from ..config import Config, load_config, replaced
 from ..errors import UsageError
-from ..plan import plan as make_plan
+from ..plan import make_plan
 from ..plan.budget import run_length
+from ..plan.flops import mfu
 from ..plan.params import count_params
 from ..plan.schedule import checked_warmup
+from ..precision import matmul_dtype
+from ..progress import counting_bar
 from . import grid, output
 
 # What a cell's status can be (the table, the CSV and the JSON use these strings).
@@ -148,9 +151,10 @@ def prepare_cells(config_path, overrides: list[str], sweep: dict) -> list[Cell]:
         own = grid.cell_overrides(values)
         where = f" (sweep cell {' '.join(own)})" if own else ""
         try:
-            config = load_config(config_path, [*overrides, *own])
-            config.data.dir = None  # synthetic tokens: a data directory is neither needed nor read
-            config.train.batch_ramp_tokens = 0  # every timed step at the cell's full batch, as labelled
+            # Synthetic tokens: a data directory is neither needed nor read. No batch ramp: every timed step
+            # runs at the cell's full batch, as labelled.
+            config = replaced(load_config(config_path, [*overrides, *own]),
+                              {"data.dir": None, "train.batch_ramp_tokens": 0})
             check_trainable(config, needs_data=False)
             _check_length(config)
             device = config.train.device
@@ -184,12 +188,12 @@ def _set_peaks(cells: list[Cell]) -> dict:
         if hw["peak_tflops"]:
             peak, source = hw["peak_tflops"], hw["peak_source"]
         else:
-            key = (str(cell.rt.device), plan_check.matmul_dtype(cell.config.train.precision, cell.rt.device.type))
+            key = (str(cell.rt.device), matmul_dtype(cell.config.train.precision, cell.rt.device.type))
             if key not in measured:
                 measured[key] = plan_check.peak_tflops(cell.device_config, cell.rt.device)
             peak, source = measured[key]
-            for c in (cell.config, cell.device_config):
-                c.hardware.peak_tflops = peak
+            cell.config, cell.device_config = (replaced(c, {"hardware.peak_tflops": peak})
+                                               for c in (cell.config, cell.device_config))
             cell.plan = make_plan(cell.device_config)  # the planned tokens/s at the same peak as the MFU
         cell.plan["hardware"]["peak_source"] = source
         peaks[cell.config.train.precision] = {"tflops": peak, "source": source}
@@ -299,7 +303,7 @@ def _record(cell: Cell, status: str = OK, measured: dict | None = None, error: s
     achieved = tokens_per_s * flops_per_token / 1e12
     record.update(step_seconds=step_seconds, step_seconds_each=measured["times"], it_per_s=1.0 / step_seconds,
                   tokens_per_s=tokens_per_s, achieved_tflops=achieved,
-                  mfu=achieved / (peak * world) if peak else None, loss=measured["loss"])
+                  mfu=mfu(tokens_per_s, flops_per_token, world, peak), loss=measured["loss"])
     m = measured["measurement"]
     detail = None
     if m is not None:
@@ -342,17 +346,5 @@ def _progress(progress):
     if callable(progress):
         yield progress
         return
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
-        TimeRemainingColumn
-
-    console = Console(stderr=True)
-    if not progress or not console.is_terminal:  # pipes and logs get no control characters
-        yield None
-        return
-    bar = Progress(TextColumn("sweep {task.description:<36}"), BarColumn(), MofNCompleteColumn(),
-                   TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console, transient=True)
-    with bar:
-        task = bar.add_task("", total=None)
-        yield lambda done, total, description: bar.update(task, completed=done, total=total,
-                                                          description=description)
+    with counting_bar("sweep", enabled=bool(progress), eta=True) as advance:
+        yield advance

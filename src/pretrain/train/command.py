@@ -2,7 +2,7 @@
 
   pretrain train CONFIG.yaml [section.key=value ...]
   pretrain train --resume RUN_DIR [section.key=value ...]     continue from the newest complete checkpoint
-  torchrun --nproc-per-node 8 -m pretrain train CONFIG.yaml    several GPUs (see the README)
+  torchrun --nproc-per-node 8 -m pretrain train CONFIG.yaml    several GPUs (docs/train.md)
 
 Everything of the run goes to run.dir: config.yaml, metrics.jsonl, events.jsonl, plan_vs_run.json,
 checkpoints/, tensorboard/.

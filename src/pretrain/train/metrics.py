@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 import time
 from pathlib import Path
 
+from ..progress import terminal_bar
+
 
 class RunLog:
-    def __init__(self, run_dir: Path, total_steps: int, start_step: int, progress: bool, enabled: bool = True):
+    def __init__(self, run_dir: Path, total_steps: int, progress: bool, enabled: bool = True):
         self.enabled = enabled
         self.run_dir = Path(run_dir)
         self.started = time.time()
@@ -28,13 +29,18 @@ class RunLog:
             self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
         except ImportError:  # tensorboard is a dependency, but a broken install must not stop training
             self._tb = None
-        if progress and sys.stdout.isatty():
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+        from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
 
-            self._bar = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("{task.fields[status]}"), TimeRemainingColumn())
-            self._task = self._bar.add_task("train", total=total_steps, completed=start_step, status="")
+        self._bar = terminal_bar(TextColumn("train"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.fields[status]}"), TimeRemainingColumn(), enabled=progress)
+        if self._bar is not None:
+            self._task = self._bar.add_task("train", total=total_steps, completed=0, status="")
             self._bar.start()
+
+    def start_at(self, step: int) -> None:
+        """A resumed run's bar starts where the checkpoint left off, not at 0."""
+        if self._bar is not None:
+            self._bar.update(self._task, completed=step)
 
     def now(self) -> float:
         return time.time() - self.started

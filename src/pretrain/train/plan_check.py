@@ -3,7 +3,7 @@ then the measured ones beside them after a few steps, written to RUN_DIR/plan_vs
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -11,31 +11,23 @@ from pathlib import Path
 import torch
 
 from ..files import write_atomic
-from ..plan import plan as make_plan
-from ..plan.hardware import COMPUTE_DTYPE, catalog_name
-from ..units import nbytes
+from ..precision import matmul_dtype
+from ..plan import make_plan
+from ..gpus import catalog_name
+from ..units import GiB, nbytes
 
-GiB = 1024**3
 
 
 def config_for_device(config, rt):
     """The run's config with the hardware the run really has: the detected GPU (or cpu), the world size."""
-    c = copy.deepcopy(config)
+    hardware = {"gpu": "cpu"}
     if rt.device.type == "cuda":
         # A card the catalog lacks is not planned as the config's default: its own memory, its peak measured.
-        c.hardware.gpu = catalog_name(torch.cuda.get_device_name(rt.device)) or "other-gpu"
-        if c.hardware.gpu == "other-gpu" and c.hardware.memory_gb is None:
-            c.hardware.memory_gb = torch.cuda.get_device_properties(rt.device).total_memory / 1e9
-    else:
-        c.hardware.gpu = "cpu"
-    c.parallel.gpus = rt.world_size
-    return c
-
-
-def matmul_dtype(precision: str, device_type: str = "cpu") -> str:
-    """The dtype the run's matmuls run in, to measure a peak in: fp16-mixed in fp16, fp32 at TF32 on a GPU."""
-    dtype = COMPUTE_DTYPE[precision]
-    return "fp32" if dtype == "tf32" and device_type == "cpu" else dtype
+        hardware["gpu"] = catalog_name(torch.cuda.get_device_name(rt.device)) or "other-gpu"
+        if hardware["gpu"] == "other-gpu" and config.hardware.memory_gb is None:
+            hardware["memory_gb"] = torch.cuda.get_device_properties(rt.device).total_memory / 1e9
+    return dataclasses.replace(config, hardware=dataclasses.replace(config.hardware, **hardware),
+                               parallel=dataclasses.replace(config.parallel, gpus=rt.world_size))
 
 
 def peak_tflops(device_config, device=torch.device("cpu")) -> tuple[float | None, str]:

@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..units import GiB
 
-GiB = 1024**3
 # What a run writes besides its checkpoints: the history of one run.
 HISTORY = ("metrics.jsonl", "events.jsonl", "tensorboard", "plan_vs_run.json", "config.yaml")
 

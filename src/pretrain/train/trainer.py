@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 import yaml
 
+from ..config import untrained
 from ..errors import ConfigError, UsageError
 from ..files import write_atomic
 from ..plan.budget import run_length
@@ -54,6 +55,10 @@ class TrainState:
     rollbacks: list = field(default_factory=list)
     nonfinite_skips: int = 0
 
+    def lr_multiplier(self) -> float:
+        """The learning-rate factor a rollback set (stability.lr_scale), for its stability.lr_scale_steps."""
+        return self.lr_scale if self.step < self.lr_scale_until else 1.0
+
     def state_dict(self) -> dict:
         return asdict(self)
 
@@ -83,17 +88,14 @@ class TensorState:
 
 def check_trainable(config, needs_data: bool = True) -> None:
     """Config errors the trainer (not the planner) refuses, before anything heavy is built."""
-    t, par = config.train, config.parallel
+    t = config.train
     if t.grad_dtype == "same" and t.precision.endswith("-mixed"):
         raise ConfigError("train.grad_dtype: same (half-precision gradients) is a planning option; autocast keeps "
                           "fp32 gradients: use train.grad_dtype=fp32 or train.precision=bf16")
-    if par.offload != "none":
-        raise ConfigError("parallel.offload: the trainer does not offload to host memory; the planner models "
-                          "it (use parallel.offload=none to train)")
-    if par.pipeline > 1:
-        raise ConfigError("parallel.pipeline: the trainer runs data and tensor parallelism only; the planner "
-                          "models pipeline parallelism (set parallel.pipeline=1 to train)")
-    if par.tensor > 1:
+    refused = untrained(config)
+    if refused:
+        raise ConfigError(refused[0])
+    if config.parallel.tensor > 1:
         check_tensor_parallel(config)
     if needs_data and not config.data.dir:
         raise ConfigError("data.dir: not set; prepare data with `pretrain prepare --out DIR` and set data.dir=DIR")
@@ -181,7 +183,7 @@ class Trainer:
         model = build_model(c.model, attention=t.attention, device="meta" if on_meta else rt.device, seed=t.seed,
                             loss=t.loss, loss_chunk_tokens=t.loss_chunk_tokens)
         if c.model.init_from:
-            from ..export.hf import load_hf_into
+            from ..model.hf import load_hf_into
 
             load_hf_into(model, c.model.init_from)
         self.par = parallelize(model, c, rt)
@@ -206,7 +208,7 @@ class Trainer:
         self.measure_next = False
         self.step_seconds = 0.0
         self.last_metrics: dict = {}
-        self.log = RunLog(self.run_dir, self.total_steps, 0, progress=c.run.progress, enabled=rt.is_main and not quiet)
+        self.log = RunLog(self.run_dir, self.total_steps, progress=c.run.progress, enabled=rt.is_main and not quiet)
 
     # --- the loop ----------------------------------------------------------------------------------------
 
@@ -250,9 +252,9 @@ class Trainer:
         """One optimizer step at the schedule's learning rate and the batch ramp's size."""
         t, st = self.config.train, self.state
         accum = micro_batches_per_step(st.tokens, **self.ramp)
-        scale = st.lr_scale if st.step < st.lr_scale_until else 1.0
         lr = learning_rate(st.step, total_steps=self.total_steps, warmup=self.warmup, peak=t.lr,
-                           min_ratio=t.min_lr_ratio, schedule=t.schedule, decay_fraction=t.decay_fraction) * scale
+                           min_ratio=t.min_lr_ratio, schedule=t.schedule,
+                           decay_fraction=t.decay_fraction) * st.lr_multiplier()
         measure, self.measure_next = self.measure_next, False
         return train_step(self.par, self.batches, st, accum=accum, lr=lr, grad_clip=t.grad_clip,
                           micro_batch_size=t.micro_batch_size, seq_len=t.seq_len, scaler=self.scaler,
@@ -269,6 +271,7 @@ class Trainer:
             self.checkpointer.load(found)
             self._write_config()  # only after a successful restore: a failed --resume leaves it as it was
             st = self.state
+            self.log.start_at(st.step)
             self.log.say(f"resumed from {found} (step {st.step:,}, {st.tokens:,} tokens)")
             self.log.event({"event": "resumed", "step": st.step, "tokens": st.tokens, "path": str(found)})
             return

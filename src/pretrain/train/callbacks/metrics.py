@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from ...plan.flops import mfu
 from . import Callback
 
 
@@ -24,13 +25,13 @@ class MetricsLogger(Callback):
         if step % trainer.config.run.log_every and step != trainer.total_steps:
             return
         tps = self.tokens / max(self.seconds, 1e-9)
-        mfu = tps * self.flops_per_token / (trainer.peak * 1e12 * trainer.rt.world_size) if trainer.peak else None
+        utilisation = mfu(tps, self.flops_per_token, trainer.rt.world_size, trainer.peak)
         record = {"step": step, "tokens": trainer.state.tokens, "loss": result.loss, "lr": result.lr,
                   "batch_tokens": result.batch_tokens, "grad_norm": result.grad_norm, "tokens_per_s": tps,
-                  "mfu": mfu, "peak_mem_bytes": peak_memory(trainer.rt.device)}
+                  "mfu": utilisation, "peak_mem_bytes": peak_memory(trainer.rt.device)}
         trainer.log.metrics(record)
         trainer.last_metrics = record
-        trainer.last_interval = {"step": step, "start": self.since, "tokens_per_s": tps, "mfu": mfu}
+        trainer.last_interval = {"step": step, "start": self.since, "tokens_per_s": tps, "mfu": utilisation}
         self.tokens, self.seconds, self.since = 0, 0.0, step
 
 

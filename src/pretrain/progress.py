@@ -1,0 +1,37 @@
+"""Progress bars, one rule for every subcommand: rich's bar on stderr (stdout stays for tables and JSON),
+and only on a terminal, so logs and pipes get no control characters."""
+
+from __future__ import annotations
+
+import contextlib
+
+
+def terminal_bar(*columns, enabled: bool = True, transient: bool = False):
+    """A rich `Progress` with these columns, or None when disabled or stderr is not a terminal."""
+    from rich.console import Console
+    from rich.progress import Progress
+
+    console = Console(stderr=True)
+    if not enabled or not console.is_terminal:
+        return None
+    return Progress(*columns, console=console, transient=transient)
+
+
+@contextlib.contextmanager
+def counting_bar(label: str, enabled: bool = True, eta: bool = False):
+    """Yields `advance(done, total, description)` for a loop over items (sweep cells, benchmark shapes), or
+    None; transient: the result table replaces it."""
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    columns = [TextColumn(f"{label} {{task.description:<36}}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn()]
+    if eta:
+        columns += [TextColumn("ETA"), TimeRemainingColumn()]
+    bar = terminal_bar(*columns, enabled=enabled, transient=True)
+    if bar is None:
+        yield None
+        return
+    with bar:
+        task = bar.add_task("", total=None)
+        yield lambda done, total, description: bar.update(task, completed=done, total=total,
+                                                          description=description)
