@@ -2,6 +2,7 @@
 
   python benchmarks/bench_prepare.py                 # throughput: raw encode_batch vs prepare, 30 MB
   python benchmarks/bench_prepare.py --rss --gb 1.0  # peak memory of prepare on a >= 1 GB corpus
+  python benchmarks/bench_prepare.py --sharded       # prepare --tasks 1 / --tasks 2 vs today's process tree
 
 The corpus is the two real corpora of ../shared/data (tinyshakespeare speeches + zh_classics records),
 repeated with a counter prefixed to every document so no two documents are equal, written as JSONL to a
@@ -9,6 +10,9 @@ temporary directory. The tokenizer is a byte-level BPE trained on the real corpo
 Raw throughput: the documents already in memory, `encode_batch` over bounded chunks (~1 M characters, as
 prepare uses; one 50 MB call held 4.6 GiB) with all of `tokenizers`' threads. prepare throughput: end to
 end, reading and writing included, `--workers` processes.
+--sharded: the same corpus cut in 8 JSONL files, each command run as a user runs it (a subprocess, the
+interpreter's start included): today's `prepare --workers W` (one process tree) against `prepare --tasks 1` and
+`--tasks W` (datatrove's local executor, W tasks at once), with the peak RSS of each process, sampled.
 """
 
 from __future__ import annotations
@@ -23,14 +27,14 @@ import threading
 import time
 from pathlib import Path
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"  # --data overrides
 CHUNK_CHARS = 1 << 20
 
 
-def real_documents() -> list[str]:
+def real_documents(data: Path = SHARED) -> list[str]:
     from pretrain.data.readers import Corpus, ReadOptions, find_files
 
-    files = find_files([SHARED / "tinyshakespeare.txt", SHARED / "zh_classics.jsonl"])
+    files = find_files([data / "tinyshakespeare.txt", data / "zh_classics.jsonl"])
     return [r.text for r in Corpus(files, ReadOptions(split_blank_lines=True)) if r.text]
 
 
@@ -80,7 +84,7 @@ def run_prepare(tokenizer_dir: Path, corpus: Path, out: Path, workers: int, fast
 
 
 def throughput(args, folder: Path, tokenizer_dir: Path) -> None:
-    corpus, text_bytes = write_corpus(folder, args.mb, real_documents())
+    corpus, text_bytes = write_corpus(folder, args.mb, real_documents(args.data))
     print(f"corpus {text_bytes / 1e6:.1f} MB of text, {os.cpu_count()} cores, workers {args.workers}, "
           f"vocab {args.vocab_size}, best of {args.repeat} interleaved runs")
     runs = {"raw encode_batch": lambda: raw_encode(tokenizer_dir, corpus, fast=False),
@@ -103,7 +107,7 @@ def throughput(args, folder: Path, tokenizer_dir: Path) -> None:
 def peak_rss(args, folder: Path, tokenizer_dir: Path) -> None:
     import psutil
 
-    corpus, text_bytes = write_corpus(folder, args.gb * 1000, real_documents())
+    corpus, text_bytes = write_corpus(folder, args.gb * 1000, real_documents(args.data))
     print(f"corpus {text_bytes / 1e9:.2f} GB of text ({corpus.stat().st_size / 1e9:.2f} GB JSONL), "
           f"workers {args.workers}")
     command = [sys.executable, "-m", "pretrain", "prepare", "--input", str(corpus), "--tokenizer",
@@ -136,24 +140,77 @@ def peak_rss(args, folder: Path, tokenizer_dir: Path) -> None:
           f"{seconds:.0f} s, {text_bytes / 1e6 / seconds:.1f} MB/s")
 
 
+def sharded(args, folder: Path, tokenizer_dir: Path) -> None:
+    corpus, text_bytes = write_corpus(folder, args.mb, real_documents(args.data))
+    lines = corpus.read_text(encoding="utf-8").splitlines(keepends=True)
+    parts = folder / "parts"
+    parts.mkdir()
+    for i in range(8):  # contiguous eighths: --tasks splits by file
+        (parts / f"part{i}.jsonl").write_text("".join(lines[i * len(lines) // 8:(i + 1) * len(lines) // 8]))
+    w = args.workers
+    print(f"corpus {text_bytes / 1e6:.1f} MB of text in 8 files, {os.cpu_count()} cores, vocab {args.vocab_size}, "
+          f"best of {args.repeat} interleaved runs")
+    runs = {f"prepare --workers {w}": ["--workers", str(w)],
+            "prepare --tasks 1": ["--tasks", "1"],
+            f"prepare --tasks {w}": ["--tasks", str(w), "--workers", str(w)]}
+    best: dict[str, dict] = {}
+    for _ in range(args.repeat):
+        for name, extra in runs.items():
+            command = [sys.executable, "-m", "pretrain", "prepare", "--input", str(parts), "--tokenizer",
+                       str(tokenizer_dir), "--out", str(folder / "out"), *extra]
+            row = _run_sampled(command)
+            meta = json.loads((folder / "out" / "meta.json").read_text())
+            row["tokens"] = sum(meta["num_tokens"].values()) - sum(meta["num_docs"].values())
+            if name not in best or row["seconds"] < best[name]["seconds"]:
+                best[name] = row
+    assert len({row["tokens"] for row in best.values()}) == 1, "every path must produce the same tokens"
+    base = best[f"prepare --workers {w}"]["seconds"]
+    for name, row in best.items():
+        print(f"  {name:22s} {row['seconds']:7.2f} s {row['tokens'] / row['seconds'] / 1e6:6.2f} M tokens/s "
+              f"{text_bytes / 1e6 / row['seconds']:6.2f} MB/s  {base / row['seconds']:5.2f}x  peak RSS per "
+              f"process {row['process'] / 2**30:.3f} GiB, tree {row['tree'] / 2**30:.3f} GiB")
+
+
+def _run_sampled(command: list[str]) -> dict:
+    """Wall time of `command` and the peak RSS (every 0.1 s) of its largest process and of its whole tree."""
+    import psutil
+
+    start = time.perf_counter()
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    peak = {"tree": 0, "process": 0}
+    parent = psutil.Process(process.pid)
+    while process.poll() is None:
+        try:
+            rss = [p.memory_info().rss for p in [parent, *parent.children(recursive=True)]]
+        except psutil.NoSuchProcess:
+            continue
+        peak["tree"], peak["process"] = max(peak["tree"], sum(rss)), max(peak["process"], *rss)
+        time.sleep(0.1)
+    if process.returncode:
+        raise SystemExit(f"{' '.join(command)} failed ({process.returncode})")
+    return {"seconds": time.perf_counter() - start, **peak}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mb", type=float, default=30, help="throughput corpus size, MB of text (default 30)")
     parser.add_argument("--repeat", type=int, default=3, help="throughput runs of each kind; the best counts")
     parser.add_argument("--rss", action="store_true", help="measure peak memory instead of throughput")
+    parser.add_argument("--sharded", action="store_true", help="prepare --tasks 1 and --tasks W vs --workers W")
+    parser.add_argument("--data", type=Path, default=SHARED, help=f"the shared corpora (default {SHARED})")
     parser.add_argument("--gb", type=float, default=1.0, help="--rss corpus size, GB of text (default 1.0)")
     parser.add_argument("--workers", type=int, default=os.cpu_count())
     parser.add_argument("--vocab-size", type=int, default=8192)
     args = parser.parse_args()
-    if not SHARED.exists():
-        sys.exit(f"{SHARED} not found: the benchmark uses the shared corpora")
+    if not args.data.exists():
+        sys.exit(f"{args.data} not found: the benchmark uses the shared corpora (--data)")
     from pretrain.data import train_tokenizer
 
     with tempfile.TemporaryDirectory(prefix="bench_prepare_") as tmp:
         folder = Path(tmp)
         tokenizer_dir = folder / "tokenizer"
-        train_tokenizer([SHARED], args.vocab_size, tokenizer_dir, split_blank_lines=True)
-        (peak_rss if args.rss else throughput)(args, folder, tokenizer_dir)
+        train_tokenizer([args.data], args.vocab_size, tokenizer_dir, split_blank_lines=True)
+        (sharded if args.sharded else peak_rss if args.rss else throughput)(args, folder, tokenizer_dir)
 
 
 if __name__ == "__main__":

@@ -25,3 +25,22 @@ def prepared(tmp_path_factory):
     train_tokenizer([str(corpus)], 512, root / "tokenizer")
     prepare([str(corpus)], str(root / "tokenizer"), root / "data", val_fraction=0.1, workers=1)
     return root / "data"
+
+
+@pytest.fixture(scope="session")
+def two_corpora(tmp_path_factory):
+    """The two vendored samples (tests/fixtures/: English Shakespeare, classical Chinese) prepared as two
+    directories with one shared 512-token BPE: the sources of a data.mixture."""
+    pytest.importorskip("torch")
+    from pathlib import Path
+
+    from pretrain.data import prepare, train_tokenizer
+
+    fixtures = Path(__file__).resolve().parent / "fixtures"
+    english, chinese = fixtures / "tinyshakespeare_head.txt", fixtures / "zh_classics_sample.jsonl"
+    root = tmp_path_factory.mktemp("mixture")
+    train_tokenizer([str(english), str(chinese)], 512, root / "tokenizer", split_blank_lines=True)
+    prepare([str(english)], str(root / "tokenizer"), root / "shakespeare", val_fraction=0.1, workers=1,
+            split_blank_lines=True)
+    prepare([str(chinese)], str(root / "tokenizer"), root / "zh", val_fraction=0.1, workers=1)
+    return {"shakespeare": root / "shakespeare", "zh": root / "zh", "tokenizer": root / "tokenizer"}

@@ -12,8 +12,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 SRC = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = SRC / "pretrain"
 
@@ -31,10 +29,6 @@ STAGE = {
     "cli": 6, "demo": 6, "config_command": 6, "__main__": 6,  # entry points
 }
 APART = {("data", "model"), ("model", "data")}  # same stage, yet independent
-
-# Upward imports in today's tree, each in a file this change may not touch: one strict xfail each below, so
-# the day one is fixed the test says so and the entry goes.
-KNOWN_UPWARD: dict[tuple[str, str], str] = {}
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -132,13 +126,6 @@ def test_data_imports_nothing_from_model_or_train():
     assert got == set()
 
 
-def test_no_other_module_imports_upward():
-    new = {key: sorted(targets) for key, targets in upward_imports().items() if key not in KNOWN_UPWARD}
-    assert new == {}, "an import against the stage map (tests/test_layers.py, docs/architecture.md)"
-
-
-@pytest.mark.parametrize("importer, part_name", [
-    pytest.param(importer, other, id=f"{importer}->{other}", marks=pytest.mark.xfail(reason=why, strict=True))
-    for (importer, other), why in KNOWN_UPWARD.items()])
-def test_known_upward_import_is_gone(importer, part_name):
-    assert (importer, part_name) not in upward_imports()
+def test_no_module_imports_upward():
+    bad = {key: sorted(targets) for key, targets in upward_imports().items()}
+    assert bad == {}, "an import against the stage map (tests/test_layers.py, docs/architecture.md)"

@@ -180,6 +180,9 @@ class DataConfig:
     verify: str = doc("auto", "checks of data.dir at train start beyond sizes and headers (always done): full = "
                       "re-hash train.bin / val.bin against meta.json's sha256, auto = full when they total at most "
                       "1 GiB, size = no hashing", ("auto", "full", "size"))
+    mixture: list[dict] = doc([], "train on several prepared directories in chosen proportions: a list of {dir, "
+                              "weight, name, max_epochs}; weights count tokens and are normalised, name defaults "
+                              "to the directory's base name; exclusive with data.dir (docs/data.md: Mixtures)")
 
 
 @dataclass(frozen=True)
@@ -484,6 +487,13 @@ def coerce(key: str, value: Any, tp: Any) -> Any:
         raise ConfigError(errors[-1])
     if origin is list:
         (inner,) = typing.get_args(tp)
+        if isinstance(value, str) and inner is dict:  # data.mixture=[{dir: a, weight: 0.7}, ...]
+            import yaml
+
+            try:
+                value = _load_yaml(value, Path(key))
+            except yaml.YAMLError as e:
+                raise ConfigError(f"{key}: not a YAML list ({' '.join(str(e).split())[:120]})") from None
         if isinstance(value, str):
             value = [v for v in value.strip("[]() ").split(",") if v.strip()]
         if not isinstance(value, (list, tuple)):
@@ -515,6 +525,10 @@ def coerce(key: str, value: Any, tp: Any) -> Any:
         if number is None:
             raise ConfigError(f"{key}: expected a number, got {_shown(value)}")
         return float(number)
+    if tp is dict:  # a data.mixture entry; on the command line the whole list is YAML: [{dir: a, weight: 1}]
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping like {{dir: DIR, weight: 0.7}}, got {_shown(value)}")
+        return dict(value)
     if tp is str:
         if isinstance(value, (dict, list)):
             raise ConfigError(f"{key}: expected a string, got {_shown(value)}")
@@ -682,6 +696,10 @@ def validate(c: Config) -> None:
     if c.data.raw_bytes and not c.data.bytes_per_token:
         raise ConfigError("data.raw_bytes: needs data.bytes_per_token too (measure it with `pretrain tokenizer "
                           "stats --tokenizer DIR --input CORPUS`)")
+    if c.data.mixture and c.data.dir:
+        raise ConfigError("data.mixture: exclusive with data.dir; remove data.dir (each mixture source names its "
+                          "own directory)")
+    mixture_sources(c.data)
     r = c.run
     for name in ("log_every", "eval_batches", "keep_checkpoints"):
         _positive(f"run.{name}", getattr(r, name))
@@ -713,6 +731,41 @@ def untrained(c: Config) -> list[str]:
 
 def _value(v) -> str:
     return str(v).lower() if isinstance(v, bool) else str(v)
+
+
+MIXTURE_KEYS = ("dir", "weight", "name", "max_epochs")
+
+
+def mixture_sources(data: DataConfig) -> list[dict]:
+    """data.mixture checked and completed: [{name, dir, weight (normalised to sum 1), max_epochs or None}].
+    The trainer and the planner both read the mixture through this, so they agree on names and shares."""
+    sources = []
+    for i, entry in enumerate(data.mixture):
+        key = f"data.mixture[{i}]"
+        unknown = [k for k in entry if k not in MIXTURE_KEYS]
+        if unknown:
+            raise ConfigError(_unknown(f"{key}.{unknown[0]}", [f"{key}.{k}" for k in MIXTURE_KEYS], "key"))
+        for required in ("dir", "weight"):
+            if entry.get(required) in (None, ""):
+                raise ConfigError(f"{key}: no {required}; each source is {{dir: DIR, weight: W}} (weights count "
+                                  "tokens)")
+        directory = coerce(f"{key}.dir", entry["dir"], str)
+        weight = coerce(f"{key}.weight", entry["weight"], float)
+        if not math.isfinite(weight) or weight <= 0:
+            raise ConfigError(f"{key}.weight: must be a finite number > 0, got {weight}")
+        max_epochs = entry.get("max_epochs")
+        if max_epochs is not None:
+            max_epochs = coerce(f"{key}.max_epochs", max_epochs, float)
+            if not math.isfinite(max_epochs) or max_epochs <= 0:
+                raise ConfigError(f"{key}.max_epochs: must be a finite number > 0, got {max_epochs}")
+        name = coerce(f"{key}.name", entry.get("name") or Path(directory.rstrip("/")).name, str)
+        if not name or "/" in name:  # names become metric keys: val_loss/<name>, source_tokens/<name>
+            raise ConfigError(f"{key}.name: {_shown(name)} is not a usable name; give a non-empty name without '/'")
+        if any(s["name"] == name for s in sources):
+            raise ConfigError(f"{key}.name: two sources are named {name!r}; give each a distinct name")
+        sources.append({"name": name, "dir": directory, "weight": weight, "max_epochs": max_epochs})
+    total = sum(s["weight"] for s in sources)
+    return [{**s, "weight": s["weight"] / total} for s in sources]
 
 
 # --- documentation -------------------------------------------------------------------------------------

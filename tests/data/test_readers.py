@@ -220,3 +220,32 @@ def test_a_multi_line_detail_is_reported_on_one_line():
     # pyarrow's messages can span lines; --strict prints the message as its one-line error.
     record = Record("f.parquet", 0, None, "unreadable", "ArrowInvalid: bad file\nIn ../reader.cc\n  line 2")
     assert record.message() == "f.parquet: unreadable file (ArrowInvalid: bad file In ../reader.cc line 2)"
+
+
+def test_fsspec_urls_are_read_as_their_local_files(tmp_path, shakespeare, bpe_dir, cli):
+    # file:// goes through fsspec like hf:// or s3:// (listing, sizes, streaming opens) without a network
+    import pyarrow as pa
+    import pyarrow.feather
+    import pyarrow.parquet
+
+    speeches = shakespeare.read_text(encoding="utf-8").split("\n\n")
+    corpus = tmp_path / "corpus"
+    (corpus / "sub").mkdir(parents=True)
+    (corpus / "a.txt").write_text("\n\n".join(speeches[:100]), encoding="utf-8")
+    with gzip.open(corpus / "b.jsonl.gz", "wt", encoding="utf-8") as f:
+        f.writelines(json.dumps({"text": s}) + "\n" for s in speeches[100:200])
+    pyarrow.parquet.write_table(pa.table({"text": speeches[200:300]}), corpus / "sub" / "c.parquet")
+    pyarrow.feather.write_feather(pa.table({"text": speeches[300:]}), corpus / "sub" / "d.arrow")
+    outputs = {}
+    for name, source in [("local", corpus), ("url", f"file://{corpus}"), ("glob", f"file://{corpus}/**")]:
+        r = cli("prepare", "--input", source, "--tokenizer", bpe_dir, "--out", tmp_path / name, "--split-blank-lines",
+                "--workers", 1)
+        assert r.returncode == 0, r.stderr
+        outputs[name] = [(tmp_path / name / f"{s}.bin").read_bytes() for s in ("train", "val")]
+    assert outputs["url"] == outputs["local"] == outputs["glob"]
+    files = json.loads((tmp_path / "url" / "meta.json").read_text())["files"]
+    assert [f["path"] for f in files] == [f"file://{corpus}/{n}" for n in
+                                          ("a.txt", "b.jsonl.gz", "sub/c.parquet", "sub/d.arrow")]
+
+    r = cli("prepare", "--input", f"file://{tmp_path}/missing", "--tokenizer", bpe_dir, "--out", tmp_path / "x")
+    assert r.returncode == 2 and "does not exist" in r.stderr and len(r.stderr.strip().splitlines()) == 1

@@ -1,12 +1,13 @@
 """The worker side of `prepare`: a chunk of documents in, their tokens (each document + <eos>) out, split.
 
-Each worker process holds one `ChunkEncoder`. A chunk carries the global index of its first document, so
-the train/validation split of a document depends on (seed, document index) only, never on which worker
-encoded it or when: the output is the same for any number of workers.
+Each worker process holds one `ChunkEncoder`. The train/validation split of a document depends on (seed, its
+text) only, never on its position, on which worker encoded it or when: the output is the same for any number
+of workers, and a corpus cut into shards (`prepare --tasks N`) splits each document as one pass would.
 """
 
 from __future__ import annotations
 
+import hashlib
 import multiprocessing
 import os
 import signal
@@ -24,7 +25,7 @@ VERIFY_EVERY = 16
 
 
 class Chunk(NamedTuple):
-    first_doc: int  # global index of texts[0]
+    first_doc: int  # index of texts[0] in its pass: picks the fast path's checked documents, names a mismatch
     texts: list[str]
 
 
@@ -39,9 +40,17 @@ class EncodedChunk(NamedTuple):
     mismatch: int | None  # index of a document where the fast path disagreed, if any
 
 
-def is_validation(seed: int, doc_indices: np.ndarray, val_fraction: float) -> np.ndarray:
-    """A document goes to validation when hash(seed, its index) < val_fraction: deterministic, whole documents."""
-    return unit_interval(seed, doc_indices) < val_fraction
+def content_keys(encoded_texts: list[bytes]) -> np.ndarray:
+    """A 64-bit key per document from its UTF-8 bytes (BLAKE2b, RFC 7693, 8-byte digest). Keyed by content, a
+    copy of a document lands in the same split as the original: no exact duplicate across train and val."""
+    return np.fromiter((int.from_bytes(hashlib.blake2b(b, digest_size=8).digest(), "little") for b in encoded_texts),
+                       dtype=np.uint64, count=len(encoded_texts))
+
+
+def is_validation(seed: int, doc_keys: np.ndarray, val_fraction: float) -> np.ndarray:
+    """A document goes to validation when hash(seed, its content key) < val_fraction: deterministic, whole
+    documents, independent of where the document sits in the corpus."""
+    return unit_interval(seed, doc_keys) < val_fraction
 
 
 class ChunkEncoder:
@@ -53,7 +62,7 @@ class ChunkEncoder:
 
     def __call__(self, chunk: Chunk) -> EncodedChunk:
         texts = chunk.texts
-        doc_indices = np.arange(chunk.first_doc, chunk.first_doc + len(texts), dtype=np.uint64)
+        encoded_texts = [t.encode("utf-8") for t in texts]
         ids, verified, mismatch = self._encode(texts, chunk.first_doc)
         lengths = np.fromiter((len(x) + 1 for x in ids), dtype=np.int64, count=len(ids))
         flat: list[int] = []
@@ -61,10 +70,10 @@ class ChunkEncoder:
             flat += x
             flat.append(self.eos_id)
         tokens = np.array(flat, dtype=self.dtype)
-        to_val = is_validation(self.seed, doc_indices, self.val_fraction)
+        to_val = is_validation(self.seed, content_keys(encoded_texts), self.val_fraction)
         token_to_val = np.repeat(to_val, lengths)
         return EncodedChunk(tokens[~token_to_val], lengths[~to_val], tokens[token_to_val], lengths[to_val],
-                            chars=sum(map(len, texts)), text_bytes=sum(len(t.encode("utf-8")) for t in texts),
+                            chars=sum(map(len, texts)), text_bytes=sum(map(len, encoded_texts)),
                             verified=verified, mismatch=mismatch)
 
     def _encode(self, texts: list[str], first_doc: int) -> tuple[list[list[int]], int, int | None]:

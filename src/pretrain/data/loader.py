@@ -14,6 +14,10 @@ epoch are dropped so ranks stay in step. So in the first epoch the windows of gl
 another order within the batch); after it, only when W divides num_windows (a single process drops
 nothing, so its epochs are longer). The whole reading state is a few integers (epoch, position), so a
 resumed run continues with exactly the batches it would have seen.
+
+A sharded dataset (`prepare --tasks N`: a top-level meta.json listing "shards") is read in place: each shard
+checked as a directory of its own, a split's tokens the shards' token files end to end (`Concatenated`), so
+windows are numbered over the whole dataset exactly as over the one file `--tasks 1` writes.
 """
 
 from __future__ import annotations
@@ -69,31 +73,91 @@ class PreparedData:
         self.vocab_size: int = self.meta["vocab_size"]
         self.eos_id: int = self.meta["eos_id"]
         self.tokenizer_dir = self.path / "tokenizer"
+        token_bytes = sum(self._num_tokens(s) for s in SPLITS) * self.dtype.itemsize
+        full = verify == "full" or (verify == "auto" and token_bytes <= VERIFY_AUTO_BYTES)
+        self.shards: list[PreparedData] | None = None
+        if "shards" in self.meta:
+            self.shards = self._open_shards("full" if full else "size")  # auto decides on the whole dataset
+            if full:
+                self._verify_tokenizer()
+            return
         for split in SPLITS:
             self._check_sizes(split)
-        token_bytes = sum(self._num_tokens(s) for s in SPLITS) * self.dtype.itemsize
-        if verify == "full" or (verify == "auto" and token_bytes <= VERIFY_AUTO_BYTES):
+        if full:
             self.verify_checksums()
 
-    def tokens(self, split: str) -> np.ndarray:
-        """The split's token ids as a read-only memory map (pages are read when touched)."""
+    def tokens(self, split: str) -> np.ndarray | Concatenated:
+        """The split's token ids as a read-only memory map (pages are read when touched); of a sharded dataset,
+        the shards' maps end to end (a view, no copy)."""
         n = self._num_tokens(split)
+        if self.shards is not None:
+            return Concatenated([shard.tokens(split) for shard in self.shards])
         if n == 0:  # an empty file cannot be memory-mapped
             return np.empty(0, dtype=self.dtype)
         return np.memmap(self.path / f"{split}.bin", dtype=self.dtype, mode="r", shape=(n,))
 
-    def doc_starts(self, split: str) -> np.ndarray:
+    def doc_starts(self, split: str) -> np.ndarray | Concatenated:
         """Offset of each document's first token in tokens(split) (int64, memory-mapped)."""
+        if self.shards is not None:
+            first_tokens = np.cumsum([0] + [shard._num_tokens(split) for shard in self.shards[:-1]])
+            return Concatenated([shard.doc_starts(split) for shard in self.shards], add=first_tokens)
         if self._num_tokens(split) == 0:  # an empty array cannot be memory-mapped
             return np.empty(0, dtype=np.int64)
         return np.load(self.path / f"{split}.idx.npy", mmap_mode="r")
 
     def verify_checksums(self) -> None:
         """Re-hash every .bin (and tokenizer.json) and compare with meta.json: reads everything once."""
+        if self.shards is not None:
+            for shard in self.shards:
+                shard.verify_checksums()
+            self._verify_tokenizer()
+            return
         for split in SPLITS:
             name = f"{split}.bin"
             if sha256_file(self.path / name) != self.meta["sha256"][name]:
                 raise self._error(self.path / name, "sha256 differs from meta.json (file corrupted or replaced)")
+        self._verify_tokenizer()
+
+    def locate(self, split: str, token: int) -> tuple[Path, int]:
+        """The file holding token `token` of tokens(split), and its index there (a shard's, when sharded)."""
+        if self.shards is None:
+            return self.path / f"{split}.bin", token
+        for shard in self.shards:
+            n = shard._num_tokens(split)
+            if token < n:
+                return shard.locate(split, token)
+            token -= n
+        raise IndexError(f"token {token:,} is past the end of the {split} split")
+
+    def _open_shards(self, verify: str) -> list[PreparedData]:
+        """Each shard checked as a dataset of its own, and against the manifest: one tokenizer and dtype for
+        all (token ids mean one thing across the dataset), the counts and checksums the manifest lists."""
+        meta_path = self.path / "meta.json"
+        names = self.meta["shards"]
+        if (not isinstance(names, list) or not names
+                or not all(isinstance(n, str) and n and not Path(n).is_absolute() and ".." not in Path(n).parts
+                           for n in names)):
+            raise self._error(meta_path, "shards is not a list of shard directories inside the dataset")
+        shards = [PreparedData(self.path / name, verify) for name in names]
+        for name, shard in zip(names, shards):
+            for key, what in (("tokenizer_sha256", "tokenizer"), ("dtype", "dtype")):
+                if shard.meta[key] != self.meta[key]:
+                    raise UsageError(f"{self.path / name}: made with another {what} ({key} {_shown(shard.meta[key])}) "
+                                     f"than the dataset's other shards ({_shown(self.meta[key])}); a sharded dataset "
+                                     "needs one tokenizer and dtype: prepare its shards together")
+            listed = {f"{split}.bin": self.meta["sha256"].get(f"{name}/{split}.bin") for split in SPLITS}
+            if listed != {k: shard.meta["sha256"][k] for k in listed}:
+                raise self._error(self.path / name, "its sha256 differ from the dataset's meta.json (a shard "
+                                                    "replaced or from another build)")
+        for key in ("num_tokens", "num_docs"):
+            for split in SPLITS:
+                total = sum(shard.meta[key][split] for shard in shards)
+                if total != self.meta[key][split]:
+                    raise self._error(meta_path, f"{key}.{split} is {self.meta[key][split]:,}, its shards hold "
+                                                 f"{total:,}")
+        return shards
+
+    def _verify_tokenizer(self) -> None:
         tokenizer = self.tokenizer_dir / "tokenizer.json"
         if tokenizer.is_file() and sha256_file(tokenizer) != self.meta["tokenizer_sha256"]:
             raise self._error(tokenizer, "sha256 differs from meta.json tokenizer_sha256")
@@ -122,7 +186,9 @@ class PreparedData:
                                     f"{TOKEN_DTYPES[meta['dtype']]:,}] (what {meta['dtype']} holds)")
         if not _is_int(eos) or not 0 <= eos < vocab:
             raise self._error(path, f"eos_id {_shown(eos)} is outside the vocabulary [0, {vocab:,})")
-        per_split = {"num_tokens": SPLITS, "num_docs": SPLITS, "sha256": [f"{s}.bin" for s in SPLITS]}
+        per_split = {"num_tokens": SPLITS, "num_docs": SPLITS}
+        if "shards" not in meta:  # a sharded dataset lists each shard's files, checked in _open_shards
+            per_split["sha256"] = [f"{s}.bin" for s in SPLITS]
         for key, names in per_split.items():
             absent = [name for name in names if not isinstance(meta[key], dict) or name not in meta[key]]
             if absent:
@@ -161,6 +227,53 @@ class PreparedData:
         if idx_path.stat().st_size != expected:  # the header is intact but the data is cut short (or too long)
             raise self._error(idx_path, f"{idx_path.stat().st_size:,} bytes, its header says {expected:,} "
                                         f"({shape[0]:,} offsets): truncated or damaged")
+
+
+class Concatenated:
+    """1-D arrays (the shards' memory maps) read as one, end to end, without a copy: the indexing the loaders
+    use (integers, slices, integer arrays of any shape) gathers each element from the part holding it.
+
+    add: a value per part added to what it reads (document starts: the part's first token in the whole).
+    """
+
+    ndim = 1
+
+    def __init__(self, parts: list[np.ndarray], add: np.ndarray | None = None):
+        keep = [i for i, part in enumerate(parts) if len(part)]  # an empty shard holds no position
+        self.parts = [parts[i] for i in keep]
+        self.add = None if add is None else np.asarray(add, dtype=np.int64)[keep]
+        self.dtype = np.dtype(np.int64) if add is not None else parts[0].dtype
+        self.starts = np.cumsum([0] + [len(p) for p in self.parts], dtype=np.int64)  # part k: [starts[k], starts[k+1])
+        self.shape = (int(self.starts[-1]),)
+        self.size = self.shape[0]
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return self[np.arange(*index.indices(self.size))]
+        if isinstance(index, (int, np.integer)):
+            return self[np.array([index])][0]
+        positions = np.asarray(index)
+        if positions.dtype.kind not in "iu":
+            raise IndexError(f"only integers, slices and integer arrays index a Concatenated, not {positions.dtype}")
+        flat = positions.astype(np.int64).ravel()
+        flat = np.where(flat < 0, flat + self.size, flat)
+        if flat.size and (flat.min() < 0 or flat.max() >= self.size):
+            raise IndexError(f"index out of range for {self.size:,} elements")
+        which = np.searchsorted(self.starts, flat, side="right") - 1
+        out = np.empty(flat.shape, dtype=self.dtype)
+        for k in np.unique(which):
+            here = which == k
+            out[here] = self.parts[k][flat[here] - self.starts[k]]
+            if self.add is not None:
+                out[here] += self.add[k]
+        return out.reshape(positions.shape)
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        """The whole as one array in memory (np.asarray): a copy, for small data and tests."""
+        return self[:].astype(dtype or self.dtype, copy=False)
 
 
 class FeistelPermutation:
@@ -286,8 +399,9 @@ def _batch(data: PreparedData, split: str, tokens: np.ndarray, windows: np.ndarr
     rows = tokens[starts[:, None] + np.arange(seq_len + 1)].astype(np.int64)  # reads only these windows
     if rows.size and rows.max() >= data.vocab_size:  # the ids are unsigned: only too large is possible
         row, column = np.unravel_index(int(rows.argmax()), rows.shape)
-        raise UsageError(f"{data.path / f'{split}.bin'}: token id {int(rows.max()):,} at token "
-                         f"{int(starts[row]) + int(column):,} is outside the vocabulary of {data.vocab_size:,} "
+        path, token = data.locate(split, int(starts[row]) + int(column))
+        raise UsageError(f"{path}: token id {int(rows.max()):,} at token "
+                         f"{token:,} is outside the vocabulary of {data.vocab_size:,} "
                          f"(meta.json): the file is damaged; run `pretrain prepare --out {data.path}` again "
                          "(data.verify=full checks every byte at start)")
     return torch.from_numpy(rows[:, :-1].copy()), torch.from_numpy(rows[:, 1:].copy())

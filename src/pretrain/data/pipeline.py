@@ -31,7 +31,7 @@ from ..plan.budget import TOKEN_DTYPES, token_dtype
 from ..progress import terminal_bar
 from .encode import Chunk, ChunkEncoder, encode_in_worker, init_worker
 from .fast_bpe import why_not_fast
-from .readers import SKIP_REASONS, Corpus, ReadOptions, find_files
+from .readers import SKIP_REASONS, Corpus, ReadOptions, file_name, find_files
 from .tokenizer import find_tokenizer
 
 SPLITS = ("train", "val")
@@ -43,6 +43,17 @@ MAX_SHOWN = 5  # bad records listed by name; the rest are counted
 META_VERSION = 1
 # What a dataset directory holds: the only names a new dataset may replace (anything else in --out is refused).
 DATASET_FILES = ("meta.json", "tokenizer", *(f"{s}.{ext}" for s in SPLITS for ext in ("bin", "idx.npy")))
+
+
+def replaceable_names(out_dir) -> tuple[str, ...]:
+    """What a new dataset may replace at --out: a dataset's files, and a sharded dataset's (sharded.py) when
+    --out holds one, as its meta.json lists them: one kind of dataset may replace the other."""
+    try:
+        shards = json.loads((Path(out_dir) / "meta.json").read_text(encoding="utf-8"))["shards"]
+        extra = tuple(name for name in shards if isinstance(name, str) and "/" not in name)
+    except (OSError, ValueError, KeyError, TypeError):
+        return DATASET_FILES
+    return (*DATASET_FILES, "job.json", "logs", *extra)
 
 
 def resolve_dtype(dtype: str, vocab_size: int) -> str:
@@ -80,7 +91,7 @@ def prepare(inputs, tokenizer, out_dir, *, val_fraction: float = 0.01, workers: 
     dtype = resolve_dtype(dtype, tok.vocab_size)
     why_not = why_not_fast(tok.json) if fast_path else "not asked for (--fast-path)"
 
-    with StagedDirectory(out_dir, "--out", DATASET_FILES) as staged:
+    with StagedDirectory(out_dir, "--out", replaceable_names(out_dir)) as staged:
         try:
             meta = _build(staged.path, corpus, tok, dtype, why_not, seed=seed, val_fraction=val_fraction,
                           workers=workers, strict=strict, progress=progress, format=format,
@@ -95,10 +106,12 @@ def prepare(inputs, tokenizer, out_dir, *, val_fraction: float = 0.01, workers: 
 
 
 def _build(out_dir: Path, corpus, tok, dtype, why_not, *, seed, val_fraction, workers, strict, progress,
-           **read_options) -> dict:
-    """The whole dataset in `out_dir` (a fresh directory), meta.json last; returns the meta dict."""
+           allow_empty: bool = False, **read_options) -> dict:
+    """The whole dataset in `out_dir` (a fresh directory), meta.json last; returns the meta dict.
+
+    allow_empty: no documents is a dataset of empty splits, not an error (one shard of many: sharded.py)."""
     args = dict(corpus=corpus, tok=tok, dtype=dtype, seed=seed, val_fraction=val_fraction, workers=workers,
-                strict=strict, out_dir=out_dir, progress=progress)
+                strict=strict, out_dir=out_dir, progress=progress, allow_empty=allow_empty)
     try:
         result = _tokenize(fast=why_not is None, **args)
     except _FastPathMismatch as e:
@@ -118,7 +131,7 @@ def _build(out_dir: Path, corpus, tok, dtype, why_not, *, seed, val_fraction, wo
         "chars_per_token": text["chars"] / text_tokens, "bytes_per_token": text["bytes"] / text_tokens,
         "text_chars": text["chars"], "text_bytes": text["bytes"],
         "skipped": skips.counts, "skipped_examples": skips.examples,
-        "files": [{"path": display_path(p), "bytes": n} for p, n in zip(corpus.files, corpus.sizes)],
+        "files": [{"path": file_name(p), "bytes": n} for p, n in zip(corpus.files, corpus.sizes)],
         "tokenizer": "tokenizer", "tokenizer_sha256": tok.sha256, "tokenizer_source": display_path(tok.source),
         "encoder": {"name": "tokenizers" if why_not else "tiktoken", "verified_docs": text["verified"],
                     **({"why_not_tiktoken": why_not} if why_not else {})},
@@ -133,7 +146,7 @@ class _FastPathMismatch(Exception):
         self.doc = doc
 
 
-def _tokenize(*, corpus, tok, dtype, seed, val_fraction, workers, strict, out_dir, progress, fast):
+def _tokenize(*, corpus, tok, dtype, seed, val_fraction, workers, strict, out_dir, progress, fast, allow_empty):
     """One pass over the corpus into the split files; returns (finished writers, skip log, text stats)."""
     skips = SkipLog(strict)
     writers = {split: SplitWriter(out_dir, split, dtype) for split in SPLITS}
@@ -150,7 +163,7 @@ def _tokenize(*, corpus, tok, dtype, seed, val_fraction, workers, strict, out_di
                 text["bytes"] += encoded.text_bytes
                 text["verified"] += encoded.verified
                 update(corpus.bytes_read, sum(w.num_tokens for w in writers.values()))
-        if not sum(w.num_docs for w in writers.values()):
+        if not allow_empty and not sum(w.num_docs for w in writers.values()):
             raise UsageError(f"no documents in {corpus.describe()} ({skips.summary() or 'empty'}); "
                              "check --format, --text-field and --split-blank-lines")
         for writer in writers.values():

@@ -7,6 +7,12 @@ documents, from --seed). Also written: train.idx.npy / val.idx.npy (document sta
 tokenizer in OUT/tokenizer/, and meta.json last (a directory without it is unfinished). The output is
 byte-identical for any --workers. Bad records (malformed JSON, missing text field, invalid UTF-8, empty
 documents, unreadable files) are skipped and counted, or are an error with --strict.
+
+  pretrain prepare --input corpus/ --tokenizer tok --out data/big --tasks 64 --executor slurm --slurm-partition cpu
+
+--tasks N splits the input files over N tasks run by datatrove (locally, as a Slurm job array, or on Ray), each
+writing OUT/shard_0000i/ in the format above; a final step writes OUT/meta.json listing the shards. Killed, the
+same command again redoes only the unfinished tasks. The shards' concatenation equals --tasks 1 byte for byte.
 """
 
 from __future__ import annotations
@@ -18,7 +24,8 @@ HELP = "tokenize a corpus into train.bin / val.bin + meta.json (streaming, paral
 
 def add_arguments(parser) -> None:
     parser.add_argument("--input", nargs="+", action="extend", required=True, metavar="PATH",
-                        help="corpus files, directories (searched recursively) or globs")
+                        help="corpus files, directories (searched recursively), globs, or URLs (hf://datasets/..., "
+                             "read with fsspec)")
     parser.add_argument("--tokenizer", required=True,
                         help="a tokenizer directory (with tokenizer.json) or a tokenizer.json path")
     parser.add_argument("--out", required=True, help="output directory")
@@ -33,6 +40,21 @@ def add_arguments(parser) -> None:
                         help="encode with tiktoken's engine (~2x faster), checked against tokenizers on every 16th "
                              "document with a fallback on any difference: a sample, not a proof (see docs/data.md)")
     add_reader_arguments(parser)
+    sharded = parser.add_argument_group("sharded preparation (datatrove; see docs/data.md)")
+    sharded.add_argument("--tasks", type=int, default=None,
+                         help="split the input files over this many tasks, one shard each (a sharded dataset); "
+                              "--workers is then the number of tasks run at once")
+    sharded.add_argument("--executor", default="local", choices=("local", "slurm", "ray"),
+                         help="what runs the tasks: this machine, a Slurm job array, or a Ray cluster "
+                              "(RAY_ADDRESS, else a local one) (default local)")
+    sharded.add_argument("--slurm-partition", default=None, help="Slurm partition of the job array")
+    sharded.add_argument("--slurm-time", default="24:00:00", help="time limit of each array task (default 24:00:00)")
+    sharded.add_argument("--slurm-mem-gb", type=int, default=2, help="memory per task in GB (default 2)")
+    sharded.add_argument("--slurm-qos", default="", help="Slurm QOS (default: the cluster's)")
+    sharded.add_argument("--slurm-env-command", default="",
+                         help="shell line each task runs first (default: activate this Python environment)")
+    sharded.add_argument("--sbatch", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
+                         help="more #SBATCH options, e.g. --sbatch account=proj constraint=cpu")
 
 
 def run(args) -> int:
@@ -47,12 +69,43 @@ def run(args) -> int:
     # previous one at --out is left as it was (Python's default would end the process without cleaning up).
     signal.signal(signal.SIGTERM, _interrupt)
     start = time.perf_counter()
+    if args.tasks is not None:
+        return _run_sharded(args, start)
     meta = prepare(args.input, args.tokenizer, args.out, val_fraction=args.val_fraction, workers=args.workers,
                    seed=args.seed, dtype=args.dtype, strict=args.strict, format=args.format,
                    text_field=args.text_field, split_blank_lines=args.split_blank_lines,
                    fast_path=args.fast_path, progress=sys.stderr.isatty())  # no bar frames in logs
     seconds = time.perf_counter() - start
     print(summary(meta, args.out, seconds, storage_bytes(sum(meta["num_tokens"].values()), meta["vocab_size"])))
+    return 0
+
+
+def _run_sharded(args, start: float) -> int:
+    import time
+
+    from ..errors import UsageError
+    from ..plan.budget import storage_bytes
+    from .sharded import SlurmOptions, prepare_sharded
+
+    slurm = None
+    if args.executor == "slurm":
+        pairs = [item.partition("=") for item in args.sbatch]
+        bad = [item for item, (key, eq, _) in zip(args.sbatch, pairs) if not key or not eq]
+        if bad:
+            raise UsageError(f"--sbatch {bad[0]!r} is not KEY=VALUE; e.g. --sbatch account=proj")
+        slurm = SlurmOptions(args.slurm_partition, args.slurm_time, args.slurm_mem_gb, args.slurm_qos,
+                             sbatch_args={k: v for k, _, v in pairs}, env_command=args.slurm_env_command)
+    meta = prepare_sharded(args.input, args.tokenizer, args.out, tasks=args.tasks, executor=args.executor,
+                           workers=args.workers, slurm=slurm, val_fraction=args.val_fraction, seed=args.seed,
+                           dtype=args.dtype, strict=args.strict, format=args.format, text_field=args.text_field,
+                           split_blank_lines=args.split_blank_lines, fast_path=args.fast_path)
+    if meta is None:
+        print(f"submitted {args.tasks} Slurm array tasks and the manifest job after them; {args.out} appears when "
+              f"they finish (logs in {args.out}.partial/logs/; if some fail, run the same command again)")
+        return 0
+    seconds = time.perf_counter() - start
+    print(summary(meta, args.out, seconds, storage_bytes(sum(meta["num_tokens"].values()), meta["vocab_size"])))
+    print(f"  shards     {len(meta['shards'])} ({args.executor} executor)")
     return 0
 
 

@@ -1,18 +1,24 @@
-"""Documents out of raw corpus files: plain text, JSONL (plain, .gz, .zst), encyclopedia JSONL and Parquet.
+"""Documents out of raw corpus files: plain text, JSONL (plain, .gz, .zst), encyclopedia JSONL, Parquet and Arrow
+(Hugging Face `datasets`: a `save_to_disk` directory, or its .arrow files).
 
 A reader never raises on bad content: a malformed line, a missing field, invalid UTF-8, an empty document or
 an unreadable file becomes a `Record` with a `skip` reason, so the caller counts it (or, with --strict,
 stops) and nothing valid is lost because of a bad neighbour. Files are read in sorted path order so the
 document order, and hence every token file built from it, is the same on every run.
-Pure Python apart from pyarrow (Parquet only) and zstandard (.zst only), imported when such a file is read.
+Pure Python apart from pyarrow (Parquet and Arrow) and zstandard (.zst only), imported when such a file is read.
+A `datasets` directory is read with pyarrow directly, batch by batch: its .arrow files are Arrow IPC streams
+(the format `datasets` writes), so no `datasets` install, and memory bounded by a batch.
 """
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import gzip
 import io
 import json
+import posixpath
+import re
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,9 +27,9 @@ from typing import Iterator, NamedTuple
 from ..errors import UsageError
 from ..files import display_path
 
-FORMATS = ("auto", "text", "jsonl", "encyclopedia", "parquet")
+FORMATS = ("auto", "text", "jsonl", "encyclopedia", "parquet", "arrow")
 # What a directory is searched for; a file named explicitly is read whatever its suffix (as text under auto).
-SUFFIXES = (".txt", ".jsonl", ".jsonl.gz", ".jsonl.zst", ".parquet")
+SUFFIXES = (".txt", ".jsonl", ".jsonl.gz", ".jsonl.zst", ".parquet", ".arrow")
 SKIP_REASONS = {
     "invalid_json": "malformed JSON",
     "missing_field": "missing text field",
@@ -31,7 +37,7 @@ SKIP_REASONS = {
     "empty": "empty document",
     "unreadable": "unreadable file",
 }
-PARQUET_BATCH_ROWS = 1024  # rows per Arrow batch: bounded memory whatever the file size
+PARQUET_BATCH_ROWS = 1024  # rows per Arrow batch: bounded memory whatever the file size (Parquet and Arrow)
 # .zst bytes decompressed per step: the step's output is this x the compression ratio (~3 for text, 1,000s for
 # a file of repeated documents). Measured: 4 KiB steps read a 25 MB JSONL at 500 MB/s, as fast as 32 KiB ones.
 ZSTD_READ_BYTES = 1 << 12
@@ -67,7 +73,83 @@ class ReadOptions:
     split_blank_lines: bool = False  # .txt: one document per blank-line-separated block instead of per file
 
 
-def find_files(inputs: list[str | Path]) -> list[Path]:
+URL = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://")  # hf://datasets/..., s3://..., https://..., file://...
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    """A corpus file behind an fsspec URL (https://filesystem-spec.readthedocs.io), read streaming through
+    fsspec: `hf://datasets/OWNER/NAME/...` (Hugging Face's HfFileSystem, network needed), `s3://`, ...
+    What the readers use of a Path: name, stat(), resolve(), and open() in place of open(path)."""
+
+    url: str
+    size: int
+    mtime_ns: int = 0  # 0 where the file system gives none
+
+    @property
+    def name(self) -> str:
+        return posixpath.basename(self.url)
+
+    def stat(self):
+        return _Stat(self.size, self.mtime_ns)
+
+    def resolve(self) -> "RemoteFile":
+        return self
+
+    def open(self):
+        import fsspec
+
+        return fsspec.open(self.url, "rb").open()
+
+    def __str__(self) -> str:
+        return self.url
+
+
+class _Stat(NamedTuple):
+    st_size: int
+    st_mtime_ns: int
+
+
+def file_name(path: Path | RemoteFile) -> str:
+    """A corpus file as text for messages and meta.json: its URL, or its path (odd bytes as \\xNN)."""
+    return path.url if isinstance(path, RemoteFile) else display_path(path)
+
+
+def _open(path: Path | RemoteFile):
+    return path.open() if isinstance(path, RemoteFile) else open(path, "rb")
+
+
+def _remote_files(url: str) -> list[RemoteFile]:
+    """The files an fsspec URL names: a file, a directory (searched recursively for SUFFIXES) or a glob."""
+    try:
+        import fsspec.core
+
+        fs, root = fsspec.core.url_to_fs(url)
+        if glob.has_magic(root):
+            paths = [p for p in fs.glob(root) if fs.isfile(p)]
+        elif fs.isdir(root):
+            paths = [p for p in fs.find(root) if p.endswith(SUFFIXES)]
+        elif fs.isfile(root):
+            paths = [root]
+        else:
+            raise UsageError(f"input {url} does not exist; give corpus files, directories or globs")
+        infos = [fs.info(p) for p in paths]
+    except UsageError:
+        raise
+    except Exception as e:  # fsspec's errors are its backends' (ImportError, ValueError, OSError, HTTP errors)
+        raise UsageError(f"input {url}: cannot list it ({type(e).__name__}: {' '.join(str(e).split())}); "
+                         "remote paths need network and the file system's fsspec package (hf:// uses "
+                         "huggingface_hub)") from None
+    return [RemoteFile(fs.unstrip_protocol(p), int(info.get("size") or 0), _mtime_ns(info))
+            for p, info in zip(paths, infos)]
+
+
+def _mtime_ns(info: dict) -> int:
+    mtime = info.get("mtime") or info.get("last_modified") or 0
+    return int(mtime * 1e9) if isinstance(mtime, (int, float)) else 0
+
+
+def find_files(inputs: list[str | Path]) -> list[Path | RemoteFile]:
     """Files named by `inputs` (files, directories searched recursively, globs), sorted and deduplicated.
 
     A file named twice (a relative and an absolute path, a symlink) is read once, under its first name in
@@ -75,10 +157,12 @@ def find_files(inputs: list[str | Path]) -> list[Path]:
     """
     if isinstance(inputs, (str, Path)):
         inputs = [inputs]
-    found: set[Path] = set()
+    found: set[Path | RemoteFile] = set()
     for item in inputs:
         item = str(item)
-        if Path(item).is_dir():
+        if URL.match(item) and not Path(item).exists():
+            found.update(_remote_files(item))
+        elif Path(item).is_dir():
             found.update(_corpus_files(Path(item)))
         elif Path(item).exists():  # before globbing: a file may be named like a glob (part[1].jsonl)
             found.add(Path(item))
@@ -98,7 +182,32 @@ def find_files(inputs: list[str | Path]) -> list[Path]:
 
 
 def _corpus_files(directory: Path) -> list[Path]:
+    hf = hf_dataset_files(directory)
+    if hf is not None:
+        return hf
     return [p for p in directory.rglob("*") if p.is_file() and p.name.endswith(SUFFIXES)]
+
+
+def hf_dataset_files(directory: Path) -> list[Path] | None:
+    """The .arrow files of a Hugging Face `datasets.Dataset.save_to_disk` directory, from its state.json (only
+    those: a cache file beside them is not the dataset); None for any other directory. A DatasetDict (one
+    directory per split) is refused: which split to read is the user's choice."""
+    if (directory / "dataset_dict.json").is_file():
+        try:
+            splits = json.loads((directory / "dataset_dict.json").read_text(encoding="utf-8"))["splits"]
+        except (ValueError, KeyError, TypeError, OSError):
+            splits = ["train"]
+        raise UsageError(f"input {directory} is a Hugging Face DatasetDict (splits {', '.join(map(str, splits))}); "
+                         f"give one split's directory, e.g. --input {directory / str(splits[0])}")
+    state = directory / "state.json"
+    if not state.is_file():
+        return None
+    try:
+        names = [entry["filename"] for entry in json.loads(state.read_text(encoding="utf-8"))["_data_files"]]
+    except (ValueError, KeyError, TypeError, OSError) as e:
+        raise UsageError(f"{state}: not a Hugging Face datasets state.json ({type(e).__name__}: {e}); give the "
+                         "directory `save_to_disk` wrote, or its .arrow files") from None
+    return [directory / name for name in names]
 
 
 class Corpus:
@@ -131,13 +240,16 @@ class Corpus:
             self._done += size
 
     def _read(self, path: Path) -> Iterator[Record]:
-        name = display_path(path)
+        name = file_name(path)
         try:
             fmt = file_format(path, self.options)
             if fmt == "parquet":
                 yield from _parquet(path, name, self.options.text_field)
                 return
-            with open(path, "rb") as raw:
+            if fmt == "arrow":
+                yield from _arrow(path, name, self.options.text_field)
+                return
+            with _open(path) as raw:
                 self._current = raw
                 if fmt == "text":
                     yield from _text(raw, name, self.options.split_blank_lines)
@@ -157,10 +269,12 @@ def file_format(path: Path, options: ReadOptions) -> str:
     name = path.name
     if name.endswith(".parquet"):
         return "parquet"
+    if name.endswith(".arrow"):
+        return "arrow"
     if not name.endswith((".jsonl", ".jsonl.gz", ".jsonl.zst")):
         return "text"
     try:
-        with open(path, "rb") as raw:
+        with _open(path) as raw:
             for _, line in zip(range(100), _lines(_decompressed(raw, name))):
                 try:
                     record = json.loads(line)
@@ -360,20 +474,56 @@ def _decoded(name: str, line: int, data: bytes) -> Record:
 def _parquet(path: Path, name: str, text_field: str) -> Iterator[Record]:
     import pyarrow.parquet as pq
 
-    with pq.ParquetFile(path) as parquet:
+    with contextlib.ExitStack() as stack:  # a local file opened by pyarrow itself (native reads, no GIL)
+        source = stack.enter_context(path.open()) if isinstance(path, RemoteFile) else path
+        parquet = stack.enter_context(pq.ParquetFile(source))
         if text_field not in parquet.schema_arrow.names:
             yield Record(name, 0, None, "missing_field", f"no column {text_field!r}")
             return
-        row = 0
-        for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=[text_field]):
-            for value in batch.column(0).to_pylist():
-                row += 1
-                if isinstance(value, bytes):
-                    yield _decoded(name, row, value)
-                elif isinstance(value, str):
-                    yield _document(name, row, value)
-                else:
-                    yield Record(name, row, None, "missing_field", f"{text_field} is {type(value).__name__}")
+        yield from _column_records(parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=[text_field]), name,
+                                   text_field)
+
+
+def _arrow(path: Path, name: str, text_field: str) -> Iterator[Record]:
+    """An Arrow IPC file: the stream format `datasets` writes, or the random-access (Feather v2) format."""
+    import pyarrow as pa
+    import pyarrow.ipc
+
+    with contextlib.ExitStack() as stack:
+        source = stack.enter_context(pa.PythonFile(stack.enter_context(path.open()), mode="r")
+                                     if isinstance(path, RemoteFile) else pa.OSFile(str(path)))
+        try:
+            reader = pa.ipc.open_stream(source)
+            batches = iter(reader)
+        except pa.ArrowInvalid:  # not a stream: the file format (magic "ARROW1" at both ends)
+            source.seek(0)
+            reader = pa.ipc.open_file(source)
+            batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
+        if text_field not in reader.schema.names:
+            yield Record(name, 0, None, "missing_field", f"no column {text_field!r}")
+            return
+        column = reader.schema.get_field_index(text_field)
+        # `datasets` writes batches of 1,000 rows (its writer_batch_size); slices keep any file's batch bounded
+        yield from _column_records((piece.select([column]) for batch in batches
+                                    for piece in _slices(batch, PARQUET_BATCH_ROWS)), name, text_field)
+
+
+def _slices(batch, rows: int):
+    return (batch.slice(start, rows) for start in range(0, batch.num_rows, rows))
+
+
+def _column_records(batches, name: str, text_field: str) -> Iterator[Record]:
+    """The documents of Arrow record batches of one column (strings, or bytes as UTF-8), numbered by row."""
+    row = 0
+    for batch in batches:
+        for value in batch.column(0).to_pylist():
+            row += 1
+            if isinstance(value, bytes):
+                yield _decoded(name, row, value)
+            elif isinstance(value, str):
+                yield _document(name, row, value)
+            else:
+                yield Record(name, row, None, "missing_field", f"{text_field} is {type(value).__name__}")
 
 
 def _unreadable_errors() -> tuple[type[BaseException], ...]:

@@ -41,7 +41,8 @@ def add_reader_arguments(parser) -> None:
     parser.add_argument("--format", default="auto", choices=FORMATS,
                         help="how to read the inputs; auto: by suffix, and encyclopedia when a JSONL record has "
                              "`sections` (default auto)")
-    parser.add_argument("--text-field", default="text", help="JSONL key / Parquet column of the text (default text)")
+    parser.add_argument("--text-field", default="text",
+                        help="JSONL key / Parquet or Arrow column of the text (default text)")
     parser.add_argument("--split-blank-lines", action="store_true",
                         help=".txt: one document per blank-line-separated block (default: one per file)")
 

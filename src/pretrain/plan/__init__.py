@@ -17,6 +17,7 @@ from .frameworks import framework_memory
 from ..gpus import gpu_spec
 from .hardware import peak_tflops
 from .memory import memory, model_state_tensors
+from .mixture import mixture_supply
 from .params import count_params, padded_vocab_size, param_shapes
 from .step_time import step_time
 
@@ -111,6 +112,9 @@ def plan_with_explain(config, advice: bool = True) -> tuple[dict, Explain]:
     supply = corpus_supply(c, tokens, ex)
     if supply:
         result["data"] = supply
+    mixture = mixture_supply(c, tokens, ex)
+    if mixture:
+        result["mixture"] = mixture
     measured = utilisation(c, fl, length["tokens_per_step"], peak, ex)
     if measured:
         result["measured"] = measured

@@ -4,7 +4,8 @@
 Every rule, its threshold and its source is listed in docs/advice.md ("Planner advice"):
   memory     the config does not fit: the cheapest change that does, found by re-planning modified copies
   tokens     tokens per parameter < 5 or > 100 (Chinchilla's compute-optimal ~20)
-  epochs     more than 4 passes over the same examples or the given corpus (Muennighoff et al. 2023)
+  epochs     more than 4 passes over the same examples, the given corpus or a mixture's source, or a source
+             past its max_epochs (Muennighoff et al. 2023)
   batch      tokens per step < 1/4 or > 8x GPT-3's batch for the size; >= 1M tokens per step with no ramp
   lr         peak learning rate more than 3x off the published peak for the size (GPT-3, LLaMA)
   warmup     warm-up outside 0.1-0.5 % of the steps (Zhao et al. 2023, LLM survey)
@@ -27,6 +28,7 @@ from .kernels import planned_native_gqa
 from .budget import CHINCHILLA_TOKENS_PER_PARAM
 from .corpus import epochs_advice
 from .hardware import COMPUTE_DTYPE
+from .mixture import mixture_advice
 
 
 TOKENS_PER_PARAM_RANGE = (5, 100)  # 4x below / 5x above Chinchilla; LLaMA-7B's 1T tokens is 148
@@ -112,7 +114,8 @@ def _tokens(c, p) -> list[str]:
 def _epochs(c, p) -> list[str]:
     t = c.train
     if not t.examples:
-        return epochs_advice(p.get("data"))  # the corpus given by data.raw_bytes or data.dir
+        # the corpus given by data.raw_bytes or data.dir, or each source of a data.mixture
+        return epochs_advice(p.get("data")) + mixture_advice(p.get("mixture"))
     unique = t.examples * t.seq_len
     epochs = p["tokens"]["total"] / unique
     if epochs <= MAX_EPOCHS:

@@ -44,6 +44,15 @@ def render(config, p: dict) -> str:
         d = p["data"]
         row("Corpus tokens", f"{d['tokens_available']:,}", f"{si_bytes(d['raw_bytes'])} of text at "
             f"{d['bytes_per_token']:.3g} bytes/token; the run reads it {d['epochs']:.3g} times")
+    for src in p.get("mixture", {}).get("sources", []):  # data.mixture (pretrain.plan.mixture)
+        if src["tokens_available"] is None:
+            row(f"Source {src['name']}", "n/a", f"weight {src['weight']:.3g}; {src['dir']} is not prepared yet")
+            continue
+        cap = f", max_epochs {src['max_epochs']:g}" + (" (reached)" if src["capped"] else "") \
+            if src["max_epochs"] else ""
+        row(f"Source {src['name']}", f"{src['tokens_available']:,}", f"tokens available, "
+            f"{si_bytes(src['storage_bytes'])} on disk; weight {src['weight']:.3g}: the run draws "
+            f"{src['tokens_planned']:,}, {src['epochs']:.3g} epochs{cap}")
     row("One checkpoint", si_bytes(p["checkpoint_bytes"]), "parameters + optimizer states")
     st = p["steps"]
     row("Optimizer steps", f"{st['total']:,}", f"{st['tokens_per_step']:,} tokens per step "

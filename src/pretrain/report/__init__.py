@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..files import write_atomic
+from .mixture import mixture_png, mixture_rows
 from .runs import read_run, summarize
 
 __all__ = ["make_report"]
@@ -21,6 +22,8 @@ def make_report(run_dirs, out_dir=None, per_panel: bool = False) -> dict:
 
     run_dirs: one run directory or a list of them. out_dir: default RUN_DIR/report for one run, ./report for
     several. per_panel: also write one PNG per panel (loss.png, lr.png, ...).
+    A mixture run (data.mixture) also gets mixture.png (mixture-K.png for the K-th of several runs): achieved
+    vs target share and epochs per source, and a table of them in the page and its summary ("mixture").
     Returns {"out_dir": str, "files": [paths written], "runs": [one summary dict per run]}.
     """
     from . import html, plots  # matplotlib: only when a report is made
@@ -40,7 +43,15 @@ def make_report(run_dirs, out_dir=None, per_panel: bool = False) -> dict:
     except OSError as e:
         raise _cannot_write(out, e) from e
     png = plots.grid_png(runs)
-    files = {out / "report.png": png, out / "report.html": html.page(runs, summaries, png).encode("utf-8")}
+    mixtures = {}  # run index -> its mixture figure (pretrain.report.mixture), mixture runs only
+    for i, (run, summary) in enumerate(zip(runs, summaries)):
+        rows = mixture_rows(run)
+        if rows:
+            summary["mixture"], mixtures[i] = rows, mixture_png(run)
+    files = {out / "report.png": png,
+             out / "report.html": html.page(runs, summaries, png, mixtures).encode("utf-8")}
+    files.update({out / ("mixture.png" if len(runs) == 1 else f"mixture-{i + 1}.png"): image
+                  for i, image in mixtures.items()})
     if per_panel:
         files.update({out / f"{p.name}.png": plots.panel_png(runs, p) for p in plots.PANELS})
     for path, data in files.items():

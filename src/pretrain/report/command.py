@@ -24,6 +24,7 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     from . import make_report
+    from .mixture import mixture_line
     from .runs import summary_line
 
     result = make_report(args.run_dirs, args.out, per_panel=args.per_panel)
@@ -31,6 +32,8 @@ def run(args) -> int:
         print(f"wrote {path}")
     for summary in result["runs"]:
         print(summary_line(summary))
+        for row in summary.get("mixture") or []:
+            print(f"  mixture {mixture_line(row)}")
         for note in summary["notes"]:
             print(f"  note: {note}")
     return 0

@@ -21,7 +21,8 @@ img { max-width: 100%; }
 _OFF_PCT = 10  # plan and run disagree by more than this: shade the cell
 
 
-def page(runs: list[Run], summaries: list[dict], png: bytes) -> str:
+def page(runs: list[Run], summaries: list[dict], png: bytes, mixtures: dict | None = None) -> str:
+    """mixtures: run index -> the PNG of its mixture (achieved vs target, epochs), for mixture runs."""
     image = base64.b64encode(png).decode("ascii")
     parts = [
         "<!DOCTYPE html>",
@@ -36,6 +37,8 @@ def page(runs: list[Run], summaries: list[dict], png: bytes) -> str:
         if s["model"]:
             parts.append(f"<p>Model {escape(s['model'])}</p>")
         parts += [f'<p class="note">{escape(n)}</p>' for n in run.notes]
+        if s.get("mixture"):
+            parts.append(_mixture_table(s["mixture"], (mixtures or {}).get(runs.index(run))))
         parts.append(_plan_table(run.plan_vs_run) if run.plan_vs_run else "<p>No plan_vs_run.json yet.</p>")
         parts.append(_events_table(run.events))
     parts.append("</body></html>\n")
@@ -77,6 +80,15 @@ def _plan_table(plan_vs_run: dict) -> str:
     caption = "<h3>Plan vs measured" + (f" on {escape(str(device))}" if device else "") + "</h3>"
     notes = "".join(f"<p>{escape(str(n))}</p>" for n in plan_vs_run.get("notes", []) if isinstance(n, str))
     return caption + _table(["quantity", "planned", "measured", "error"], rows) + notes
+
+
+def _mixture_table(rows: list[dict], png: bytes | None) -> str:
+    cells = [[escape(r["name"]), f"{100 * r['target']:.1f} %", f"{100 * r['achieved']:.1f} %",
+              f"{100 * (r['achieved'] - r['target']):+.1f} pt", units.human(r["tokens"]),
+              units.number(r["epochs"]), units.number(r["val_loss"])] for r in rows]
+    image = f'<img alt="mixture" src="data:image/png;base64,{base64.b64encode(png).decode("ascii")}">' if png else ""
+    return ("<h3>Mixture: achieved vs target</h3>" + _table(["source", "target", "achieved", "difference",
+                                                            "tokens", "epochs", "last val loss"], cells) + image)
 
 
 def _events_table(events: list[dict]) -> str:

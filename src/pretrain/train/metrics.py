@@ -50,7 +50,7 @@ class RunLog:
             return
         record = self._append(self._metrics, record)
         if self._tb is not None:
-            for key, value in record.items():
+            for key, value in _scalars(record).items():
                 if key not in ("step", "time") and isinstance(value, (int, float)) and math.isfinite(value):
                     self._tb.add_scalar(key, value, record["step"])
         if "loss" in record:
@@ -93,3 +93,11 @@ class RunLog:
             self._tb.close()
         self._metrics.close()
         self._events.close()
+
+
+def _scalars(record: dict) -> dict:
+    """A record's values, a mapping such as source_tokens {name: n} spread into source_tokens/<name>."""
+    flat = {}
+    for key, value in record.items():
+        flat.update({f"{key}/{k}": v for k, v in value.items()} if isinstance(value, dict) else {key: value})
+    return flat

@@ -97,8 +97,9 @@ def check_trainable(config, needs_data: bool = True) -> None:
         raise ConfigError(refused[0])
     if config.parallel.tensor > 1:
         check_tensor_parallel(config)
-    if needs_data and not config.data.dir:
-        raise ConfigError("data.dir: not set; prepare data with `pretrain prepare --out DIR` and set data.dir=DIR")
+    if needs_data and not (config.data.dir or config.data.mixture):
+        raise ConfigError("data.dir: not set; prepare data with `pretrain prepare --out DIR` and set data.dir=DIR "
+                          "(or data.mixture for several directories)")
 
 
 def check_tensor_parallel(config) -> None:
@@ -134,15 +135,18 @@ def run_config(config, rt, own_data: bool):
     data directory is saved absolute (export, generate and resume run from anywhere). A new object: the
     loaded config is never changed."""
     data_dir = str(Path(config.data.dir).resolve()) if own_data and config.data.dir else config.data.dir
+    mixture = [{**s, "dir": str(Path(s["dir"]).resolve())} if own_data else s for s in config.data.mixture]
     return dataclasses.replace(config, parallel=dataclasses.replace(config.parallel, gpus=rt.world_size),
-                               data=dataclasses.replace(config.data, dir=data_dir))
+                               data=dataclasses.replace(config.data, dir=data_dir, mixture=mixture))
 
 
 class Trainer:
     def __init__(self, config, rt, loader=None, quiet: bool = False):
         """`loader` replaces the data directory (e.g. synthetic tokens for `pretrain sweep`); `quiet` writes
         nothing to the run directory."""
+        from ..config import mixture_sources
         from ..data.loader import RandomWindows, SequentialWindows, open_training_data
+        from ..data.mixture import MixtureWindows, open_mixture
         from ..distributed.parallelize import parallelize
         from ..model import build_model
 
@@ -153,9 +157,13 @@ class Trainer:
         self.rt, self.run_dir = rt, Path(c.run.dir)
         check_trainable(c, needs_data=loader is None)
         check_fits_device(c, rt)
-        self.data = open_training_data(c.data.dir, c.data.verify, c.model.vocab_size) if loader is None else None
-        if self.data is not None:
-            SequentialWindows(self.data, "val", t.seq_len, rank=rt.data_rank, world_size=rt.data_size)  # enough?
+        # A mixture's sources (data/mixture.py), each with its data; otherwise None and self.data is data.dir.
+        self.mixture = open_mixture(mixture_sources(c.data), c.data.verify, c.model.vocab_size) \
+            if loader is None and c.data.mixture else None
+        self.data = open_training_data(c.data.dir, c.data.verify, c.model.vocab_size) \
+            if loader is None and not self.mixture else None
+        for data in [self.data] if self.data is not None else [s["data"] for s in self.mixture or []]:
+            SequentialWindows(data, "val", t.seq_len, rank=rt.data_rank, world_size=rt.data_size)  # enough val?
         self.lock = acquire_run_lock(self.run_dir) if rt.is_main and not quiet else None  # before any write
         if c.run.resume == "never" and not quiet and ckpt.list_checkpoints(self.run_dir):
             raise UsageError(f"run.dir {self.run_dir} already holds checkpoints of another run; continue it with "
@@ -191,6 +199,9 @@ class Trainer:
         # between data-parallel ranks as they would between the micro-batches of one process.
         torch.manual_seed(t.seed + rt.data_rank)
         self.scaler = torch.amp.GradScaler(rt.device.type) if t.precision == "fp16-mixed" else None
+        if self.mixture:
+            loader = MixtureWindows(self.mixture, t.seq_len, seed=t.seed, rank=rt.data_rank,
+                                    world_size=rt.data_size)
         loader = loader or RandomWindows(self.data, "train", t.seq_len, seed=t.seed, rank=rt.data_rank,
                                          world_size=rt.data_size)
         self.batches = Prefetcher(loader, t.micro_batch_size, rt.device)

@@ -38,6 +38,10 @@ def default_callbacks(config) -> list[Callback]:
 
     callbacks: list[Callback] = [Stability(config.stability), MetricsLogger(), PlanVsRun(), Evaluation(),
                                  Checkpointing(), Preemption()]
+    if config.data.mixture:
+        from .mixture import EpochWarnings
+
+        callbacks.insert(2, EpochWarnings())  # after MetricsLogger: the warning follows the step's metrics line
     if FaultInjection.wanted(config.debug):  # tests only: nothing of it runs in a normal run
         callbacks.append(FaultInjection(config.debug))
     return callbacks

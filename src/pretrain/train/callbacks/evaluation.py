@@ -19,21 +19,34 @@ class Evaluation(Callback):
 @torch.no_grad()
 def evaluate(trainer) -> dict:
     """Mean loss over `run.eval_batches` micro-batches of the validation split, the same windows every time,
-    averaged over ranks; logged as val_loss and val_ppl."""
-    from ...data.loader import SequentialWindows
+    averaged over ranks; logged as val_loss and val_ppl. A mixture evaluates each source's split as well
+    (val_loss/<name>, run.eval_batches micro-batches each): val_loss is then their mean weighted by the
+    mixture's token weights, the loss on validation data mixed as the training data is."""
     from ...distributed.runtime import all_reduce_mean
 
-    c, rt, par = trainer.config, trainer.rt, trainer.par
+    rt, par = trainer.rt, trainer.par
     par.set_training(False)
-    windows = SequentialWindows(trainer.data, "val", c.train.seq_len, rank=rt.data_rank, world_size=rt.data_size)
+    if trainer.mixture:
+        losses = {s["name"]: all_reduce_mean(_mean_loss(trainer, s["data"]), rt) for s in trainer.mixture}
+        val = sum(s["weight"] * losses[s["name"]] for s in trainer.mixture)
+        per_source = {f"val_loss/{name}": loss for name, loss in losses.items()}
+    else:
+        val, per_source = all_reduce_mean(_mean_loss(trainer, trainer.data), rt), {}
+    par.set_training(True)
+    record = {"step": trainer.state.step, "tokens": trainer.state.tokens, "val_loss": val,
+              "val_ppl": math.exp(min(val, 80.0)), **per_source}
+    trainer.log.metrics(record)
+    return record
+
+
+def _mean_loss(trainer, data) -> float:
+    from ...data.loader import SequentialWindows
+
+    c, rt, par = trainer.config, trainer.rt, trainer.par
+    windows = SequentialWindows(data, "val", c.train.seq_len, rank=rt.data_rank, world_size=rt.data_size)
     losses = []
     for x, y in windows.batches(c.train.micro_batch_size, c.run.eval_batches):
         x, y = x.to(rt.device), y.to(rt.device)
         with par.autocast_context():
             losses.append(float(par.forward(x, y)))
-    par.set_training(True)
-    val = all_reduce_mean(sum(losses) / len(losses), rt)
-    record = {"step": trainer.state.step, "tokens": trainer.state.tokens, "val_loss": val,
-              "val_ppl": math.exp(min(val, 80.0))}
-    trainer.log.metrics(record)
-    return record
+    return sum(losses) / len(losses)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from ...data.mixture import source_tokens
 from ...plan.flops import mfu
 from . import Callback
 
@@ -29,6 +30,8 @@ class MetricsLogger(Callback):
         record = {"step": step, "tokens": trainer.state.tokens, "loss": result.loss, "lr": result.lr,
                   "batch_tokens": result.batch_tokens, "grad_norm": result.grad_norm, "tokens_per_s": tps,
                   "mfu": utilisation, "peak_mem_bytes": peak_memory(trainer.rt.device)}
+        if trainer.mixture:  # the batches handed out so far, not those read ahead (data/mixture.py)
+            record["source_tokens"] = source_tokens(trainer.batches.state_dict())
         trainer.log.metrics(record)
         trainer.last_metrics = record
         trainer.last_interval = {"step": step, "start": self.since, "tokens_per_s": tps, "mfu": utilisation}

@@ -1,0 +1,378 @@
+"""`pretrain prepare --tasks N`: the corpus tokenized as N shards, each task run by datatrove's executors.
+
+datatrove (Hugging Face's library for LLM data processing, https://github.com/huggingface/datatrove) runs a list of
+pipeline steps as N tasks, locally (LocalPipelineExecutor), as a Slurm job array (SlurmPipelineExecutor) or on a
+Ray cluster (RayPipelineExecutor), and marks each finished task (`completions/00003`) so a rerun skips it. Our
+step, `TokenizeShard`, is today's single-dataset build (pipeline._build) run on the task's files: task i reads a
+contiguous run of the sorted input files, so the shards in order hold the documents in the order one pass reads
+them, and the train/validation split is decided per document from its content (encode.is_validation): the
+concatenated shards equal `--tasks 1` byte for byte.
+
+While it runs, everything lives in OUT.partial/ beside --out; an earlier dataset at --out stays usable:
+  job.json        what this build is for (inputs with sizes and mtimes, tokenizer sha256, split, dtype, tasks):
+                  a rerun reuses OUT.partial only when it matches, else starts over
+  tokenizer/      the tokenizer every task reads (copied once, so a task never depends on the source)
+  logs/tokenize/  datatrove's logging_dir of the tokenize tasks (completions/, logs/, stats/)
+  shard_00003/    task 3's shard, built as shard_00003.tmp/ (meta.json last) and renamed: a task that crashed
+                  leaves only a .tmp, which the manifest never accepts and the task's rerun deletes
+When every task is done, `finish` writes the manifest (meta.json: the shards, token counts, checksums,
+tokenizer sha256) and swaps OUT.partial in for --out.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import json
+import os
+import re
+import shutil
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from datatrove.pipeline.base import PipelineStep
+
+from .. import __version__
+from ..errors import UsageError
+from ..files import check_output_dir, display_path, write_atomic
+from .pipeline import DATASET_FILES, MAX_SHOWN, META_VERSION, SPLITS, _build, default_workers, resolve_dtype
+from .readers import Corpus, ReadOptions, RemoteFile, file_name, find_files
+from .tokenizer import find_tokenizer
+
+EXECUTORS = ("local", "slurm", "ray")
+SHARD_NAME = re.compile(r"shard_\d{5}")
+# What a sharded dataset directory holds besides its shards: the only names a new build may replace at --out
+# (with a single dataset's, which a sharded one may replace).
+SHARDED_FILES = ("meta.json", "tokenizer", "job.json", "logs", *DATASET_FILES)
+
+
+def shard_name(task: int) -> str:
+    return f"shard_{task:05d}"
+
+
+@dataclass(frozen=True)
+class SlurmOptions:
+    """What `sbatch` is told (https://slurm.schedmd.com/sbatch.html): every task takes one CPU."""
+
+    partition: str
+    time: str = "24:00:00"
+    mem_per_cpu_gb: int = 2  # a task's peak RSS stays under 1 GiB (benchmarks/bench_prepare.py)
+    qos: str = ""  # none unless given: a cluster without a "normal" QOS refuses one
+    job_name: str = "pretrain-prepare"
+    sbatch_args: dict = field(default_factory=dict)  # more #SBATCH lines, e.g. {"account": "proj"}
+    env_command: str = ""  # run before each task; default: activate the Python environment running prepare
+
+
+def split_files(sizes: list[int], tasks: int) -> list[range]:
+    """Task t's files: a contiguous run of the sorted files, cut after the file that carries the bytes read past
+    t/tasks of the total, so tasks get about equal bytes; every task gets at least one file (tasks <= files)."""
+    scaled = [c * tasks for c in itertools.accumulate(sizes)]  # integers: no rounding decides a cut
+    bounds = [0]
+    for t in range(1, tasks):
+        cut = bisect.bisect_left(scaled, scaled[-1] * t // tasks + (scaled[-1] * t % tasks > 0)) + 1
+        bounds.append(min(max(cut, bounds[-1] + 1), len(sizes) - (tasks - t)))
+    bounds.append(len(sizes))
+    return [range(a, b) for a, b in zip(bounds, bounds[1:])]
+
+
+def prepare_sharded(inputs, tokenizer, out_dir, *, tasks: int, executor: str = "local", workers: int | None = None,
+                    slurm: SlurmOptions | None = None, val_fraction: float = 0.01, seed: int = 1234,
+                    dtype: str = "auto", strict: bool = False, format: str = "auto", text_field: str = "text",
+                    split_blank_lines: bool = False, fast_path: bool = False) -> dict | None:
+    """Tokenize `inputs` into a sharded dataset at `out_dir`; returns its manifest (meta.json), or None for
+    Slurm, whose job array and final manifest job are submitted, not waited for.
+
+    workers: tasks run at once (local: default all cores; Ray: default the cluster's CPUs; Slurm: the array's
+    %limit, default none). Each task encodes in one process: the tasks are the parallelism.
+    """
+    if executor not in EXECUTORS:
+        raise UsageError(f"--executor {executor!r} is unknown; use one of {' | '.join(EXECUTORS)}")
+    if tasks < 1:
+        raise UsageError(f"--tasks {tasks} must be at least 1")
+    if workers is not None and workers < 1:
+        raise UsageError(f"--workers {workers} must be at least 1")
+    if executor == "slurm" and (slurm is None or not slurm.partition):
+        raise UsageError("--executor slurm needs --slurm-partition (the partition the job array runs on)")
+    if not 0 <= val_fraction < 1:
+        raise UsageError(f"--val-fraction {val_fraction} is out of range; give a fraction in [0, 1), e.g. 0.01")
+    options = ReadOptions(format, text_field, split_blank_lines)
+    corpus = Corpus(find_files(inputs), options)  # checks the format and that every input exists
+    if tasks > len(corpus.files):
+        raise UsageError(f"--tasks {tasks} is more than the {len(corpus.files)} input files: a task reads whole "
+                         f"files; use --tasks {len(corpus.files)} or fewer, or split the corpus into more files")
+    tok = find_tokenizer(tokenizer)
+    dtype = resolve_dtype(dtype, tok.vocab_size)
+    final = Path(os.path.realpath(out_dir))
+    _check_out(final)
+
+    job = Job(files=[[_absolute(corpus.files[i]) for i in r] for r in split_files(corpus.sizes, tasks)],
+              work=str(final.with_name(final.name + ".partial")), final=str(final), seed=seed,
+              val_fraction=val_fraction, dtype=dtype, strict=strict, fast_path=fast_path, format=format,
+              text_field=text_field, split_blank_lines=split_blank_lines)
+    _open_work_dir(job, corpus, tok)
+    if executor == "slurm":
+        _submit_slurm(job, tasks, workers, slurm)
+        return None
+    pipeline = [TokenizeShard(job)]
+    logs = str(Path(job.work) / "logs" / "tokenize")
+    if executor == "local":
+        import multiprocess.util
+        from datatrove.executor import LocalPipelineExecutor
+
+        # One task at a time runs in this process; more run in a pool of forked processes (this process holds no
+        # threads or tokenizer state yet). Each forked process (pool workers, datatrove's Manager) watches this one.
+        watch = LauncherWatch()  # referenced until run() returns: the registry holds it weakly
+        multiprocess.util.register_after_fork(watch, LauncherWatch.start)
+        LocalPipelineExecutor(pipeline, tasks=tasks, workers=min(tasks, workers or default_workers()),
+                              logging_dir=logs, start_method="fork").run()
+    else:
+        _run_ray(pipeline, tasks, workers, logs)
+    return finish(job)
+
+
+@dataclass(frozen=True)
+class Job:
+    """Everything a task needs, pickled into each (datatrove pickles the pipeline for its workers and jobs)."""
+
+    files: list[list[str | RemoteFile]]  # per task, absolute paths (or fsspec URLs) in read order
+    work: str  # OUT.partial
+    final: str  # --out, symlinks resolved
+    seed: int
+    val_fraction: float
+    dtype: str
+    strict: bool
+    fast_path: bool
+    format: str
+    text_field: str
+    split_blank_lines: bool
+
+    @property
+    def read_options(self) -> ReadOptions:
+        return ReadOptions(self.format, self.text_field, self.split_blank_lines)
+
+
+def _absolute(path: Path | RemoteFile) -> str | RemoteFile:
+    """A file as every task finds it, whatever its working directory: an absolute path, or the URL."""
+    return path if isinstance(path, RemoteFile) else os.path.abspath(path)
+
+
+def _check_out(final: Path) -> None:
+    """--out writable, and holding nothing a swap would delete that a dataset build did not write."""
+    check_output_dir(final, "--out")
+    if final.is_dir():
+        foreign = sorted(p.name for p in final.iterdir()
+                         if p.name not in SHARDED_FILES and not SHARD_NAME.fullmatch(p.name))
+        if foreign:
+            shown = ", ".join(map(display_path, foreign[:3])) + (" ..." if len(foreign) > 3 else "")
+            raise UsageError(f"--out {display_path(final)} holds files this command did not write ({shown}); they "
+                             "would be lost when it is replaced: give a new or empty directory")
+
+
+def _open_work_dir(job: Job, corpus: Corpus, tok) -> None:
+    """OUT.partial with job.json and tokenizer/: the one a killed run of the same command left, else a new one."""
+    work = Path(job.work)
+    fingerprint = {
+        "pretrain_version": __version__,
+        "inputs": [{"path": file_name(_absolute(p)), "bytes": p.stat().st_size,
+                    "mtime_ns": p.stat().st_mtime_ns} for p in corpus.files],
+        "tasks": [[file_name(p) for p in files] for files in job.files],
+        "tokenizer_sha256": tok.sha256, "seed": job.seed, "val_fraction": job.val_fraction, "dtype": job.dtype,
+        "strict": job.strict, "fast_path": job.fast_path, "format": job.format, "text_field": job.text_field,
+        "split_blank_lines": job.split_blank_lines,
+    }
+    text = json.dumps(fingerprint, indent=2, ensure_ascii=False) + "\n"
+    job_file = work / "job.json"
+    if job_file.is_file() and job_file.read_text(encoding="utf-8") == text and (work / "tokenizer").is_dir():
+        return  # the same command's unfinished build: its finished tasks are kept
+    shutil.rmtree(work, ignore_errors=True)  # another command's, or a build killed before writing job.json
+    work.mkdir(parents=True)
+    tok.save(work / "tokenizer")
+    write_atomic(job_file, text)  # last: a work dir with job.json is complete enough to resume
+
+
+class TokenizeShard(PipelineStep):
+    """The datatrove pipeline step of task `rank`: pipeline._build on its files into shard_{rank:05d}/.
+
+    datatrove runs a step as step.run(data, rank, world_size); this one reads its own files (a reader step's
+    Document objects would add a copy of every text and nothing we use) and passes nothing on.
+    """
+
+    name = "tokenize shard"
+    type = "pretrain"
+
+    def __init__(self, job: Job):
+        super().__init__()
+        self.job = job
+
+    def run(self, data=None, rank: int = 0, world_size: int = 1):
+        job = self.job
+        if world_size != len(job.files):
+            raise RuntimeError(f"executor runs {world_size} tasks, the job has {len(job.files)}")
+        work = Path(job.work)
+        shard = work / shard_name(rank)
+        if (shard / "meta.json").is_file():
+            return None  # finished by a run killed before datatrove marked it complete
+        staging = work / f"{shard.name}.tmp"
+        shutil.rmtree(staging, ignore_errors=True)  # a crashed attempt's
+        staging.mkdir()
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core per task: no tokenizers thread pool
+        os.environ["RAYON_NUM_THREADS"] = "1"
+        from .fast_bpe import why_not_fast
+
+        tok = find_tokenizer(work / "tokenizer")
+        why_not = why_not_fast(tok.json) if job.fast_path else "not asked for (--fast-path)"
+        corpus = Corpus([p if isinstance(p, RemoteFile) else Path(p) for p in job.files[rank]], job.read_options)
+        with self.track_time("shard"):
+            meta = _build(staging, corpus, tok, job.dtype, why_not, seed=job.seed, val_fraction=job.val_fraction,
+                          workers=1, strict=job.strict, progress=False, allow_empty=True, format=job.format,
+                          text_field=job.text_field, split_blank_lines=job.split_blank_lines)
+        os.rename(staging, shard)
+        for split in SPLITS:  # datatrove's stats.json, per task and summed
+            self.stat_update(f"{split}_tokens", value=meta["num_tokens"][split], unit="shard")
+            self.stat_update(f"{split}_docs", value=meta["num_docs"][split], unit="shard")
+        return None
+
+
+class WriteManifest(PipelineStep):
+    """The Slurm job that runs after the array: `finish` (a dependent job, as datatrove's `depends=` makes)."""
+
+    name = "write manifest"
+    type = "pretrain"
+
+    def __init__(self, job: Job):
+        super().__init__()
+        self.job = job
+
+    def run(self, data=None, rank: int = 0, world_size: int = 1):
+        finish(self.job)
+        return None
+
+
+def finish(job: Job) -> dict:
+    """The manifest (meta.json) from the shards' meta.json files, written last, then OUT.partial swapped in."""
+    work, final = Path(job.work), Path(job.final)
+    names = [shard_name(i) for i in range(len(job.files))]
+    missing = [n for n in names if not (work / n / "meta.json").is_file()]
+    if missing:
+        raise UsageError(f"{len(missing)} of {len(names)} tasks did not finish ({', '.join(missing[:3])}"
+                         f"{' ...' if len(missing) > 3 else ''}); run the same command again: it redoes only those")
+    shards = [json.loads((work / n / "meta.json").read_text(encoding="utf-8")) for n in names]
+    meta = manifest(shards, names, (work / "job.json").read_text(encoding="utf-8"))
+    if not sum(meta["num_docs"].values()):
+        raise UsageError(f"no documents in the {sum(len(f) for f in job.files):,} input files (skipped: "
+                         f"{meta['skipped']}); check --format, --text-field and --split-blank-lines")
+    write_atomic(work / "meta.json", json.dumps(meta, indent=2, ensure_ascii=False) + "\n")
+    _swap_in(work, final)
+    return meta
+
+
+def manifest(shards: list[dict], names: list[str], job_text: str) -> dict:
+    """The top-level meta.json: the keys of a single dataset's (totals), plus the shards in order and each
+    shard's checksums under its relative path."""
+    first = shards[0]
+    for name, shard in zip(names, shards):
+        for key in ("tokenizer_sha256", "dtype", "vocab_size", "eos_id", "seed", "val_fraction"):
+            if shard[key] != first[key]:
+                raise UsageError(f"{name}/meta.json: {key} {shard[key]!r} differs from {names[0]}'s {first[key]!r}; "
+                                 "delete the .partial directory and prepare again")
+    total = {key: {s: sum(m[key][s] for m in shards) for s in SPLITS} for key in ("num_tokens", "num_docs")}
+    chars, nbytes = sum(m["text_chars"] for m in shards), sum(m["text_bytes"] for m in shards)
+    text_tokens = max(1, sum(total["num_tokens"].values()) - sum(total["num_docs"].values()))
+    encoders = {m["encoder"]["name"] for m in shards}
+    job = json.loads(job_text)
+    return {
+        "version": META_VERSION, "pretrain_version": __version__,
+        "shards": names,
+        "dtype": first["dtype"], "vocab_size": first["vocab_size"], "eos_id": first["eos_id"],
+        **total,
+        "sha256": {f"{n}/{s}.bin": m["sha256"][f"{s}.bin"] for n, m in zip(names, shards) for s in SPLITS},
+        "chars_per_token": chars / text_tokens, "bytes_per_token": nbytes / text_tokens,
+        "text_chars": chars, "text_bytes": nbytes,
+        "skipped": {k: sum(m["skipped"][k] for m in shards) for k in first["skipped"]},
+        "skipped_examples": [e for m in shards for e in m["skipped_examples"]][:MAX_SHOWN],
+        "files": [f for m in shards for f in m["files"]],
+        "tokenizer": "tokenizer", "tokenizer_sha256": first["tokenizer_sha256"],
+        "tokenizer_source": first["tokenizer_source"],
+        "encoder": {"name": "tiktoken" if encoders == {"tiktoken"} else "tokenizers",
+                    "verified_docs": sum(m["encoder"]["verified_docs"] for m in shards),
+                    **({"shards_on_tokenizers": sum(m["encoder"]["name"] != "tiktoken" for m in shards)}
+                       if len(encoders) > 1 else {})},
+        "seed": first["seed"], "val_fraction": first["val_fraction"],
+        "format": job["format"], "text_field": job["text_field"], "split_blank_lines": job["split_blank_lines"],
+    }
+
+
+def _swap_in(work: Path, final: Path) -> None:
+    """Rename the finished build over --out: the old dataset renamed aside first (the name StagedDirectory
+    gives one, so a crash between the two renames is undone by the next prepare), then deleted."""
+    aside = None
+    if final.exists():
+        aside = final.with_name(f".{final.name}.{os.getpid()}.old")
+        os.rename(final, aside)
+    try:
+        os.rename(work, final)
+    except BaseException:
+        if aside is not None:
+            os.rename(aside, final)
+        raise
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
+
+
+class LauncherWatch:
+    """Started in each process datatrove's local executor forks: it exits within 0.2 s of the `pretrain prepare`
+    that forked it (killed, say). Nothing else stops them: an orphaned pool worker would go on writing its
+    shard while a rerun writes the same one, and datatrove's Manager process would wait forever."""
+
+    def __init__(self):
+        self.pid = os.getpid()
+
+    def start(self) -> None:
+        # prepare's SIGTERM handler (raise KeyboardInterrupt) is inherited by fork: the pool ends its workers
+        # with SIGTERM, which must end them, not raise inside a Manager call and leave them hanging.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        threading.Thread(target=self._watch, daemon=True, name="exit-with-launcher").start()
+
+    def _watch(self) -> None:
+        # The forked processes are the launcher's children: the kernel re-parents them the moment it exits,
+        # even while it is an unreaped zombie (which os.kill(pid, 0) would still find).
+        while os.getppid() == self.pid:
+            time.sleep(0.2)
+        os._exit(1)
+
+
+def _run_ray(pipeline, tasks: int, workers: int | None, logs: str) -> None:
+    """The tasks on Ray: the cluster at RAY_ADDRESS when set (`ray start --head` on the head node), else a
+    local one started here with `workers` CPUs (https://docs.ray.io/en/latest/ray-core/starting-ray.html)."""
+    try:
+        import ray
+    except ImportError:
+        raise UsageError("--executor ray needs ray: pip install ray") from None
+    from datatrove.executor.ray import RayPipelineExecutor
+
+    if not ray.is_initialized():
+        if os.environ.get("RAY_ADDRESS"):
+            ray.init()
+        else:
+            ray.init(num_cpus=workers or default_workers(), include_dashboard=False)
+    RayPipelineExecutor(pipeline, tasks=tasks, workers=workers or -1, logging_dir=logs, cpus_per_task=1,
+                        mem_per_cpu_gb=2).run()
+
+
+def _submit_slurm(job: Job, tasks: int, workers: int | None, slurm: SlurmOptions) -> None:
+    """The job array (one array task per datatrove task) and, depending on it, the one-task manifest job."""
+    from datatrove.executor.slurm import SlurmPipelineExecutor
+
+    env_command = slurm.env_command or (f"source {sys.prefix}/bin/activate" if sys.prefix != sys.base_prefix else "")
+    common = dict(time=slurm.time, partition=slurm.partition, cpus_per_task=1, mem_per_cpu_gb=slurm.mem_per_cpu_gb,
+                  qos=slurm.qos, sbatch_args=dict(slurm.sbatch_args), env_command=env_command or None,
+                  mail_type="NONE")
+    work = Path(job.work)
+    tokenize = SlurmPipelineExecutor([TokenizeShard(job)], tasks=tasks, workers=workers or -1,
+                                     job_name=slurm.job_name, logging_dir=str(work / "logs" / "tokenize"), **common)
+    SlurmPipelineExecutor([WriteManifest(job)], tasks=1, job_name=f"{slurm.job_name}-manifest", depends=tokenize,
+                          logging_dir=str(work / "logs" / "manifest"), **common).run()

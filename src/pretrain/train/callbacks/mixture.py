@@ -1,0 +1,44 @@
+"""Repetition in a mixture: a line in the run log (and an event) when a source passes REPEAT_WARNING_EPOCHS
+or reaches its max_epochs, once per crossing, with the evidence. Read from the batches handed out, so a
+resume does not warn again about a crossing it already made."""
+
+from __future__ import annotations
+
+from ...data.mixture import REPEAT_WARNING_EPOCHS, cap_windows, source_epochs
+from . import Callback
+
+CITATION = 'Muennighoff et al. 2023, "Scaling Data-Constrained Language Models"'
+
+
+class EpochWarnings(Callback):
+    def on_fit_start(self, trainer) -> None:
+        self.epochs, self.spent = self._read(trainer)
+
+    def on_step_end(self, trainer, result) -> None:
+        epochs, spent = self._read(trainer)
+        for source in trainer.mixture:
+            name, cap = source["name"], source["max_epochs"]
+            if spent[name] and not self.spent[name]:
+                self._warn(trainer, name, epochs[name], cap, "reached its max_epochs: no more windows from it; "
+                           "the other sources share its weight in proportion from here")
+            if self.epochs[name] <= REPEAT_WARNING_EPOCHS < epochs[name]:
+                stop = f"its max_epochs {cap:g} stops it" if cap else "set its max_epochs to stop it there"
+                self._warn(trainer, name, epochs[name], REPEAT_WARNING_EPOCHS, "is past 4 epochs: repeated "
+                           f"tokens are worth less and less beyond ~4 ({CITATION}); {stop}")
+        self.epochs, self.spent = epochs, spent
+
+    @staticmethod
+    def _read(trainer) -> tuple[dict, dict]:
+        """Epochs drawn per source, and whether each has drawn all its max_epochs allows."""
+        state = trainer.batches.state_dict()
+        spent = {s["name"]: s["max_epochs"] is not None and d["drawn"] >= cap_windows(s["max_epochs"], d["num_windows"])
+                 for s, d in zip(trainer.mixture, state["sources"])}
+        return source_epochs(state), spent
+
+    @staticmethod
+    def _warn(trainer, name: str, epochs: float, cap: float, what: str) -> None:
+        st = trainer.state
+        trainer.log.say(f"warning: mixture source {name!r} {what} ({epochs:.2f} epochs drawn by step {st.step:,}, "
+                        f"cap {cap:g})")
+        trainer.log.event({"event": "mixture_epochs", "step": st.step, "tokens": st.tokens, "source": name,
+                           "epochs": epochs, "cap": cap})

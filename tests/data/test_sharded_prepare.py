@@ -1,0 +1,361 @@
+"""`pretrain prepare --tasks N`: shards made by datatrove's executors equal one pass, survive a SIGKILL (only
+the unfinished tasks are redone), run through a stand-in Slurm and on a local Ray, and read in place."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+
+from pretrain.data.loader import PreparedData, RandomWindows
+from pretrain.data.readers import render_encyclopedia
+from pretrain.errors import UsageError
+from support import tiny
+
+SPLITS = ("train", "val")
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory, shakespeare, zh_classics) -> Path:
+    """Eight files in sorted order: the Shakespeare slice cut in six text files (blank-line documents) and the
+    Chinese JSONL cut in two, so tasks get files of both formats."""
+    folder = tmp_path_factory.mktemp("multi")
+    speeches = shakespeare.read_text(encoding="utf-8").split("\n\n")
+    for i in range(6):
+        (folder / f"a{i}.txt").write_text("\n\n".join(speeches[i::6]), encoding="utf-8")
+    lines = zh_classics.read_text(encoding="utf-8").splitlines(keepends=True)
+    (folder / "b0.jsonl").write_text("".join(lines[::2]), encoding="utf-8")
+    (folder / "b1.jsonl").write_text("".join(lines[1::2]), encoding="utf-8")
+    return folder
+
+
+def prepare(cli, corpus, bpe_dir, out, *extra, **kw):
+    r = cli("prepare", "--input", corpus, "--tokenizer", bpe_dir, "--out", out, "--split-blank-lines",
+            "--val-fraction", 0.1, *extra, **kw)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r
+
+
+def concatenated(out: Path, split: str) -> bytes:
+    meta = json.loads((out / "meta.json").read_text())
+    return b"".join((out / name / f"{split}.bin").read_bytes() for name in meta["shards"])
+
+
+@pytest.fixture(scope="module")
+def one_pass(tmp_path_factory, corpus, bpe_dir) -> Path:
+    """Today's single-process prepare of the corpus: what every sharded build must equal."""
+    out = tmp_path_factory.mktemp("one") / "out"
+    subprocess.run([sys.executable, "-m", "pretrain", "prepare", "--input", corpus, "--tokenizer", bpe_dir,
+                    "--out", out, "--split-blank-lines", "--val-fraction", "0.1", "--workers", "1"], check=True,
+                   capture_output=True)
+    return out
+
+
+def assert_same_dataset(sharded: Path, one_pass: Path) -> None:
+    single = json.loads((one_pass / "meta.json").read_text())
+    meta = json.loads((sharded / "meta.json").read_text())
+    for split in SPLITS:
+        assert concatenated(sharded, split) == (one_pass / f"{split}.bin").read_bytes(), split
+    assert meta["num_docs"] == single["num_docs"] and meta["num_tokens"] == single["num_tokens"]
+    assert meta["tokenizer_sha256"] == single["tokenizer_sha256"]
+
+
+@pytest.mark.parametrize("tasks", [1, 4])
+def test_shards_concatenate_to_one_pass(tasks, tmp_path, corpus, bpe_dir, one_pass, cli):
+    out = tmp_path / "out"
+    r = prepare(cli, corpus, bpe_dir, out, "--tasks", tasks, "--executor", "local", "--workers", 2)
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["shards"] == [f"shard_{i:05d}" for i in range(tasks)]
+    assert_same_dataset(out, one_pass)
+    assert sorted(meta["sha256"]) == sorted(f"shard_{i:05d}/{s}.bin" for i in range(tasks) for s in SPLITS)
+    assert (out / "tokenizer" / "tokenizer.json").read_bytes() == (bpe_dir / "tokenizer.json").read_bytes()
+    assert not (tmp_path / "out.partial").exists() and not list(out.rglob("*.tmp"))
+    assert f"shards     {tasks} (local executor)" in r.stdout
+
+
+def test_the_loader_reads_shards_in_place_as_one_dataset(tmp_path, corpus, bpe_dir, one_pass, cli):
+    out = tmp_path / "out"
+    prepare(cli, corpus, bpe_dir, out, "--tasks", 3)
+    sharded, single = PreparedData(out, verify="full"), PreparedData(one_pass)
+    for split in SPLITS:
+        assert np.array_equal(np.asarray(sharded.tokens(split)), single.tokens(split))
+        assert np.array_equal(np.asarray(sharded.doc_starts(split)), single.doc_starts(split))
+    # a window crossing from one shard into the next, as the trainer's batches read them
+    boundary = len(sharded.shards[0].tokens("train"))
+    rows = boundary - 5 + np.arange(10)[None, :] + np.array([[0], [1]])
+    assert np.array_equal(sharded.tokens("train")[rows], single.tokens("train")[rows])
+    # the trainer's batches: the same windows, the same tokens
+    a, b = RandomWindows(sharded, "train", 32, seed=3), RandomWindows(single, "train", 32, seed=3)
+    for _ in range(4):
+        for x, y in zip(a.next_batch(8), b.next_batch(8)):
+            assert x.equal(y)
+
+
+def test_shards_of_different_tokenizers_are_a_one_line_error(tmp_path, corpus, bpe_dir, small_corpus, cli):
+    out = tmp_path / "out"
+    prepare(cli, corpus, bpe_dir, out, "--tasks", 2)
+    from pretrain.data import train_tokenizer
+
+    other_tok = tmp_path / "other_tok"
+    train_tokenizer([small_corpus], 700, other_tok, split_blank_lines=True)
+    other = tmp_path / "other"
+    prepare(cli, corpus, other_tok, other, "--tasks", 2)
+    shutil.rmtree(out / "shard_00001")
+    shutil.copytree(other / "shard_00001", out / "shard_00001")
+    with pytest.raises(UsageError) as e:
+        PreparedData(out)
+    assert "another tokenizer" in str(e.value) and "shard_00001" in str(e.value) and "\n" not in str(e.value)
+
+
+def wait_for(predicate, proc, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"prepare ended early: {proc.stderr.read()[-2000:]}")
+        time.sleep(0.02)
+    raise AssertionError("prepare made no progress")
+
+
+def test_a_killed_prepare_redoes_only_unfinished_tasks(tmp_path, corpus, bpe_dir, one_pass, cli):
+    # 8 tasks on a corpus 6x the fixtures (each task ~0.3 s), two at a time: killed after the first finishes
+    big = tmp_path / "big"
+    big.mkdir()
+    for f in sorted(corpus.iterdir()):
+        (big / f.name).write_bytes(f.read_bytes() * 6 if f.suffix == ".jsonl" else
+                                   b"\n\n".join([f.read_bytes()] * 6))
+    out = tmp_path / "out"
+    shutil.copytree(one_pass, out)  # an earlier dataset at --out: usable until the new one is complete
+    args = ["prepare", "--input", big, "--tokenizer", bpe_dir, "--out", out, "--split-blank-lines",
+            "--val-fraction", 0.1, "--tasks", 8, "--workers", 2]
+    completions = tmp_path / "out.partial" / "logs" / "tokenize" / "completions"
+    proc = subprocess.Popen([sys.executable, "-m", "pretrain", *map(str, args)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: completions.is_dir() and any(completions.iterdir()), proc)
+    proc.kill()  # SIGKILL: nothing in prepare runs
+    proc.wait()
+    proc.stdout.close()  # not communicate(): an orphan holding the pipes would block it
+    proc.stderr.close()
+    # its forked workers and datatrove's Manager go with it (none may keep writing a shard)
+    deadline = time.time() + 5
+    while time.time() < deadline and _processes_naming(out):
+        time.sleep(0.1)
+    assert not _processes_naming(out)
+    done = sorted(p.name for p in completions.iterdir())
+    assert 0 < len(done) < 8, f"the kill came too late to test a resume: {done}"
+    kept = {name: _identity(tmp_path / "out.partial" / f"shard_{name}") for name in done}
+    old = PreparedData(out, verify="full")  # still the earlier dataset, whole
+    assert old.shards is None and np.array_equal(old.tokens("train"), PreparedData(one_pass).tokens("train"))
+
+    r = cli(*args)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"Skipping {len(done)} already completed tasks" in r.stderr
+    for name, identity in kept.items():  # finished shards are not rebuilt: the same files, untouched
+        assert _identity(out / f"shard_{name}") == identity
+    reference = tmp_path / "reference"
+    r = cli(*[str(a).replace(str(out), str(reference)) for a in args])
+    assert r.returncode == 0, r.stderr[-3000:]
+    for split in SPLITS:
+        assert concatenated(out, split) == concatenated(reference, split)
+    assert not list(out.rglob("*.tmp"))
+
+
+def _identity(shard: Path) -> tuple:
+    return tuple((f.name, f.stat().st_ino, f.stat().st_mtime_ns) for f in sorted(shard.glob("*.bin")))
+
+
+def _processes_naming(path: Path) -> list[int]:
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        if str(path) in " ".join(p.info["cmdline"] or []):
+            found.append(p.pid)
+    return found
+
+
+def test_a_changed_command_does_not_reuse_a_partial_build(tmp_path, corpus, bpe_dir, one_pass, cli):
+    out = tmp_path / "out"
+    partial = tmp_path / "out.partial"
+    prepare(cli, corpus, bpe_dir, out, "--tasks", 2, "--seed", 5)
+    out.rename(partial)  # as a killed run of another command (seed 5) would have left it, completions and all
+    (partial / "meta.json").unlink()
+    prepare(cli, corpus, bpe_dir, out, "--tasks", 2)
+    assert_same_dataset(out, one_pass)
+
+
+def _fake_slurm(bin_dir: Path) -> None:
+    """sbatch, srun and scontrol stand-ins: sbatch runs each array task of the script it is given right away
+    (SLURM_ARRAY_TASK_ID = 0, 1, ...), output to stderr, and answers "Submitted batch job ID" as sbatch does."""
+    scripts = {
+        "sbatch": r"""#!/bin/bash
+script="${@: -1}"
+cp "$script" "$FAKE_SLURM_DIR/submitted_$(ls "$FAKE_SLURM_DIR" | wc -l).slurm"
+for arg in "$@"; do
+  case "$arg" in --export=ALL,*) export ${arg#--export=ALL,};; esac
+done
+array=$(sed -n 's/^#SBATCH --array=\([0-9]*-[0-9]*\).*/\1/p' "$script")
+array=${array:-0-0}
+export SLURM_JOB_ID=$((1000 + $(ls "$FAKE_SLURM_DIR" | wc -l))) SLURM_NODELIST=localhost
+for ((i=${array%-*}; i<=${array#*-}; i++)); do
+  SLURM_ARRAY_TASK_ID=$i bash "$script" >&2 || exit 1
+done
+echo "Submitted batch job $SLURM_JOB_ID"
+""",
+        "srun": r"""#!/bin/bash
+while [ $# -gt 0 ]; do case "$1" in -n) shift 2;; -*) shift;; *) break;; esac; done
+exec "$@"
+""",
+        "scontrol": r"""#!/bin/bash
+[ "$1" = show ] && [ "$2" = hostnames ] && echo "$3"
+""",
+    }
+    bin_dir.mkdir()
+    for name, text in scripts.items():
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(stat.S_IRWXU)
+
+
+def test_slurm_job_script_runs_the_array_through_a_stand_in_sbatch(tmp_path, corpus, bpe_dir, one_pass):
+    _fake_slurm(tmp_path / "bin")
+    submitted = tmp_path / "submitted"
+    submitted.mkdir()
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}",
+           "FAKE_SLURM_DIR": str(submitted)}
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, "-m", "pretrain", "prepare", "--input", corpus, "--tokenizer", bpe_dir,
+                        "--out", out, "--split-blank-lines", "--val-fraction", "0.1", "--tasks", "3",
+                        "--executor", "slurm", "--slurm-partition", "cpu", "--slurm-time", "2:00:00",
+                        "--sbatch", "account=proj"], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "submitted 3 Slurm array tasks" in r.stdout
+    array_job = (submitted / "submitted_0.slurm").read_text()
+    for line in ("#SBATCH --array=0-2", "#SBATCH --partition=cpu", "#SBATCH --time=2:00:00",
+                 "#SBATCH --cpus-per-task=1", "#SBATCH --account=proj", "launch_pickled_pipeline"):
+        assert line in array_job, array_job
+    assert "--qos" not in array_job  # none unless asked: a cluster without a "normal" QOS refuses one
+    assert_same_dataset(out, one_pass)  # the manifest job ran after the array, and swapped the dataset in
+
+
+def test_ray_executor_on_a_local_instance(tmp_path, corpus, bpe_dir, one_pass, cli):
+    pytest.importorskip("ray")
+    out = tmp_path / "out"
+    prepare(cli, corpus, bpe_dir, out, "--tasks", 4, "--executor", "ray", "--workers", 2)  # ray.init(num_cpus=2)
+    assert_same_dataset(out, one_pass)
+    assert (tmp_path / "out" / "logs" / "tokenize" / "completions" / "00003").is_file()
+
+
+def test_hugging_face_dataset_directories_and_arrow_files(tmp_path, bpe_dir, zh_classics, cli):
+    datasets = pytest.importorskip("datasets")
+    records = [json.loads(x) for x in zh_classics.read_text(encoding="utf-8").splitlines()]
+    texts = [render_encyclopedia(r) for r in records]  # the documents prepare reads from the JSONL
+    reference = tmp_path / "reference"
+    prepare(cli, zh_classics, bpe_dir, reference, "--workers", 1)
+
+    saved = tmp_path / "hf"
+    datasets.Dataset.from_dict({"content": texts, "n": list(range(len(texts)))}).save_to_disk(str(saved))
+    from_disk = tmp_path / "from_disk"
+    prepare(cli, saved, bpe_dir, from_disk, "--text-field", "content", "--workers", 1)
+    sharded = tmp_path / "sharded"  # its .arrow files, two tasks (save_to_disk writes several when asked)
+    datasets.Dataset.from_dict({"content": texts}).save_to_disk(str(tmp_path / "hf2"), num_shards=2)
+    prepare(cli, tmp_path / "hf2", bpe_dir, sharded, "--text-field", "content", "--tasks", 2)
+    for split in SPLITS:
+        want = (reference / f"{split}.bin").read_bytes()
+        assert (from_disk / f"{split}.bin").read_bytes() == want
+        assert concatenated(sharded, split) == want
+
+    import pyarrow as pa
+    import pyarrow.feather
+
+    pyarrow.feather.write_feather(pa.table({"text": texts}), tmp_path / "file_format.arrow")
+    arrow = tmp_path / "arrow"
+    prepare(cli, tmp_path / "file_format.arrow", bpe_dir, arrow, "--workers", 1)
+    assert (arrow / "train.bin").read_bytes() == (reference / "train.bin").read_bytes()
+
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": texts})}).save_to_disk(str(tmp_path / "dd"))
+    r = cli("prepare", "--input", tmp_path / "dd", "--tokenizer", bpe_dir, "--out", tmp_path / "x")
+    assert r.returncode == 2 and "DatasetDict" in r.stderr and f"--input {tmp_path / 'dd' / 'train'}" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--tasks", "9"], "--tasks 9 is more than the 8 input files"),
+    (["--tasks", "2", "--executor", "slurm"], "--executor slurm needs --slurm-partition"),
+    (["--tasks", "0"], "--tasks 0 must be at least 1"),
+])
+def test_bad_sharding_options_are_one_line_before_any_work(extra, message, tmp_path, corpus, bpe_dir, cli):
+    r = cli("prepare", "--input", corpus, "--tokenizer", bpe_dir, "--out", tmp_path / "out", *extra)
+    assert r.returncode == 2 and message in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "out.partial").exists()
+
+
+def test_a_damaged_token_names_its_shard_file(tmp_path, corpus, bpe_dir, cli):
+    from pretrain.data.loader import SequentialWindows
+
+    out = tmp_path / "out"
+    prepare(cli, corpus, bpe_dir, out, "--tasks", 2)
+    damaged = out / "shard_00001" / "train.bin"
+    data = bytearray(damaged.read_bytes())
+    data[14:16] = (65535).to_bytes(2, "little")  # token 7 of the shard: an id past the 600-token vocabulary
+    damaged.write_bytes(bytes(data))
+    windows = SequentialWindows(PreparedData(out, verify="size"), "train", 32)
+    with pytest.raises(UsageError) as e:
+        for _ in windows.batches(64, 10_000):
+            pass
+    assert f"{damaged}: token id 65,535 at token 7 is outside the vocabulary" in str(e.value)
+
+
+def test_either_kind_of_dataset_replaces_the_other(tmp_path, corpus, bpe_dir, one_pass, cli):
+    out = tmp_path / "out"
+    prepare(cli, corpus, bpe_dir, out, "--workers", 1)
+    prepare(cli, corpus, bpe_dir, out, "--tasks", 2)
+    assert_same_dataset(out, one_pass)
+    prepare(cli, corpus, bpe_dir, out, "--workers", 1)
+    assert not list(out.glob("shard_*")) and (out / "train.bin").read_bytes() == (one_pass / "train.bin").read_bytes()
+    (out / "notes.txt").write_text("mine")
+    r = cli("prepare", "--input", corpus, "--tokenizer", bpe_dir, "--out", out, "--tasks", 2)
+    assert r.returncode == 2 and "notes.txt" in r.stderr
+
+
+def test_pretrain_train_reads_a_sharded_dataset(tmp_path, corpus, bpe_dir, cli):
+    out = tmp_path / "out"
+    prepare(cli, corpus, bpe_dir, out, "--tasks", 3)
+    r = cli("train", *tiny(out, tmp_path / "run", "model.vocab_size=600", "train.max_steps=6", "run.eval_every=3",
+                           "run.checkpoint_every=0"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows if "loss" in row] == list(range(1, 7))
+    assert any("val_loss" in row for row in rows)
+
+
+def test_a_mixture_reads_a_sharded_source_as_its_one_pass_twin(tmp_path, two_corpora, zh_classics, cli):
+    from pretrain.config import load_config, mixture_sources
+    from pretrain.data.mixture import MixtureWindows, open_mixture
+
+    lines = zh_classics.read_text(encoding="utf-8").splitlines(keepends=True)
+    parts = tmp_path / "zh_parts"
+    parts.mkdir()
+    (parts / "a.jsonl").write_text("".join(lines[:150]), encoding="utf-8")
+    (parts / "b.jsonl").write_text("".join(lines[150:]), encoding="utf-8")
+    r = cli("prepare", "--input", parts, "--tokenizer", two_corpora["tokenizer"], "--out", tmp_path / "zh_sharded",
+            "--val-fraction", 0.1, "--tasks", 2)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+    def batches(zh_dir):
+        config = load_config(None, [f"data.mixture=[{{dir: {two_corpora['shakespeare']}, weight: 0.7}}, "
+                                    f"{{dir: {zh_dir}, weight: 0.3, name: zh}}]"])
+        windows = MixtureWindows(open_mixture(mixture_sources(config.data), "auto", 512), seq_len=32, seed=1)
+        return [windows.next_batch(8) for _ in range(20)]
+
+    for (x, y), (u, v) in zip(batches(tmp_path / "zh_sharded"), batches(two_corpora["zh"])):
+        assert x.equal(u) and y.equal(v)

@@ -1,0 +1,171 @@
+"""Training on a 70/30 mixture of the two vendored corpora: tokens per source in every metrics line, validation
+per source, bitwise-exact resume after a SIGKILL, the repetition warning, and one-line refusals of bad
+mixtures."""
+
+import json
+
+import pytest
+
+from support import run_cli, start, tiny, wait_for_steps
+
+torch = pytest.importorskip("torch")
+
+
+def mixture(two_corpora, shakespeare="weight: 0.7", zh="weight: 0.3"):
+    return (f"data.mixture=[{{dir: {two_corpora['shakespeare']}, {shakespeare}}}, "
+            f"{{dir: {two_corpora['zh']}, {zh}}}]")
+
+
+def mixed(two_corpora, run_dir, *extra):
+    """The tiny run's overrides with the mixture in place of data.dir."""
+    return [a for a in tiny("unused", run_dir) if not a.startswith("data.dir=")] + [mixture(two_corpora), *extra]
+
+
+def rows(run_dir):
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def losses(run_dir):
+    """Loss per step; a later line for a step (after a resume) replaces the earlier one."""
+    return {r["step"]: r["loss"] for r in rows(run_dir) if "loss" in r}
+
+
+def params(run_dir):
+    from pretrain import load_model
+
+    return load_model(run_dir).state_dict()
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(two_corpora, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("mixture") / "run"
+    r = run_cli("train", *mixed(two_corpora, run_dir))
+    assert r.returncode == 0, r.stderr
+    return run_dir
+
+
+def test_every_training_line_carries_tokens_per_source_and_validation_is_per_source(uninterrupted):
+    train = [r for r in rows(uninterrupted) if "loss" in r]
+    assert [r["step"] for r in train] == list(range(1, 13))
+    for r in train:  # every window is seq_len tokens: the sources add up to the tokens trained on
+        assert set(r["source_tokens"]) == {"shakespeare", "zh"}
+        assert sum(r["source_tokens"].values()) == r["tokens"]
+    last = train[-1]["source_tokens"]
+    assert abs(last["shakespeare"] / train[-1]["tokens"] - 0.7) < 0.02  # 96 windows: within one or two
+    val = [r for r in rows(uninterrupted) if "val_loss" in r]
+    assert [r["step"] for r in val] == [6, 12]
+    for r in val:  # the mixture-weighted mean of the sources' losses
+        assert r["val_loss"] == pytest.approx(0.7 * r["val_loss/shakespeare"] + 0.3 * r["val_loss/zh"])
+        assert r["val_loss/shakespeare"] != r["val_loss/zh"]
+    events = b"".join(p.read_bytes() for p in (uninterrupted / "tensorboard").iterdir())
+    assert b"source_tokens/shakespeare" in events and b"val_loss/zh" in events  # TensorBoard's scalar tags
+
+
+def test_sigkill_then_resume_is_bitwise_identical(two_corpora, uninterrupted, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = start(["train", *mixed(two_corpora, run_dir, "debug.step_sleep=0.3")])
+    try:
+        wait_for_steps(run_dir, 6, proc)  # past the checkpoint of step 4, before the one of step 8
+        proc.kill()
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert max(losses(run_dir)) < 12
+    r = run_cli("train", "--resume", run_dir, "debug.step_sleep=0")
+    assert r.returncode == 0, r.stderr
+    assert "resumed from" in r.stdout
+    assert losses(run_dir) == losses(uninterrupted)
+    assert [r["source_tokens"] for r in rows(run_dir) if "loss" in r][-1] == \
+        [r["source_tokens"] for r in rows(uninterrupted) if "loss" in r][-1]
+    pa, pb = params(run_dir), params(uninterrupted)
+    assert all(torch.equal(pa[k], pb[k]) for k in pa)
+
+
+def test_a_source_past_four_epochs_is_warned_about_once_with_the_evidence(two_corpora, tmp_path):
+    """Shakespeare at seq_len 256 has 119 windows: 90 % of 8 windows a step passes 4 epochs near step 66."""
+    run_dir = tmp_path / "run"
+    args = [a for a in mixed(two_corpora, run_dir) if not a.startswith("data.mixture")]
+    r = run_cli("train", *args, mixture(two_corpora, "weight: 0.9", "weight: 0.1, max_epochs: 0.2"),
+                "train.seq_len=256", "train.max_steps=70", "run.eval_every=0", "run.checkpoint_every=0")
+    assert r.returncode == 0, r.stderr
+    warnings = [x for x in r.stdout.splitlines() if x.startswith("warning: mixture source")]
+    assert len(warnings) == 2, r.stdout
+    assert "'zh' reached its max_epochs" in warnings[0] and "cap 0.2" in warnings[0]
+    assert "'shakespeare' is past 4 epochs" in warnings[1] and "Muennighoff et al. 2023" in warnings[1]
+    assert "Scaling Data-Constrained Language Models" in warnings[1]
+    events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
+    (past,) = [e for e in events if e["event"] == "mixture_epochs" and e["source"] == "shakespeare"]
+    assert 4 < past["epochs"] < 4.1 and past["cap"] == 4
+
+
+@pytest.mark.parametrize("entries, words", [
+    ("[{dir: A, weight: 0.7}, {dir: B, weight: 0}]", ["data.mixture[1].weight", "> 0"]),
+    ("[{dir: A, weight: 1}, {dir: A, weight: 1}]", ["two sources are named"]),
+    ("[{dir: A, weigth: 1}]", ["did you mean data.mixture[0].weight"]),
+    ("[{dir: A, weight: 1, max_epochs: -1}]", ["max_epochs", "> 0"]),
+])
+def test_a_bad_mixture_is_one_line_and_exit_2(two_corpora, tmp_path, entries, words):
+    entries = entries.replace("A", str(two_corpora["shakespeare"])).replace("B", str(two_corpora["zh"]))
+    args = [a for a in mixed(two_corpora, tmp_path / "run") if not a.startswith("data.mixture")]
+    r = run_cli("train", *args, f"data.mixture={entries}")
+    assert r.returncode == 2, r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert all(w in line for w in words), line
+
+
+def test_mixture_with_data_dir_or_another_tokenizer_is_refused(two_corpora, prepared, tmp_path):
+    r = run_cli("train", *mixed(two_corpora, tmp_path / "run", f"data.dir={prepared}"))
+    assert r.returncode == 2
+    (line,) = r.stderr.strip().splitlines()
+    assert "exclusive with data.dir" in line
+    args = [a for a in mixed(two_corpora, tmp_path / "run") if not a.startswith("data.mixture")]
+    r = run_cli("train", *args, f"data.mixture=[{{dir: {two_corpora['zh']}, weight: 1}}, {{dir: {prepared}, "
+                                "weight: 1}]")
+    assert r.returncode == 2
+    (line,) = r.stderr.strip().splitlines()
+    assert "different tokenizers" in line and str(prepared) in line and str(two_corpora["zh"]) in line
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_export_of_a_mixture_run_takes_the_sources_tokenizer(uninterrupted, two_corpora, tmp_path):
+    r = run_cli("export", uninterrupted, tmp_path / "hf")
+    assert r.returncode == 0, r.stderr
+    assert "no tokenizer" not in r.stdout
+    assert (tmp_path / "hf" / "tokenizer.json").read_bytes() == \
+        (two_corpora["shakespeare"] / "tokenizer" / "tokenizer.json").read_bytes()
+
+
+def test_two_ranks_read_the_single_process_mixture(two_corpora, uninterrupted, tmp_path):
+    """torchrun, 2 CPU ranks x micro-batch 2 against the uninterrupted run's 1 process x micro-batch 4: the
+    ranks' windows together are its batches (the loss equal up to fp32 reduction order, as in
+    tests/distributed/test_torchrun.py), and rank 0 logs the tokens of both ranks per source."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("psutil")
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "pretrain",
+           "train", *mixed(two_corpora, run_dir, "train.micro_batch_size=2")]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    a, b = losses(uninterrupted), losses(run_dir)
+    assert a.keys() == b.keys() and all(b[k] == pytest.approx(a[k], rel=1e-5) for k in a)
+    drawn = [[r["source_tokens"] for r in rows(d) if "loss" in r] for d in (uninterrupted, run_dir)]
+    assert drawn[0] == drawn[1]
+
+
+def test_a_resume_with_other_sources_is_one_line_and_changes_nothing(two_corpora, uninterrupted, tmp_path):
+    import shutil
+
+    run_dir = shutil.copytree(uninterrupted, tmp_path / "run")
+    before = (run_dir / "metrics.jsonl").read_text(), (run_dir / "config.yaml").read_text()
+    r = run_cli("train", "--resume", run_dir, f"data.mixture=[{{dir: {two_corpora['zh']}, weight: 1}}]",
+                "train.max_steps=14")
+    assert r.returncode == 2, r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    # (30,703 - 1) // 32 and (50,458 - 1) // 32: the train splits of the two prepared fixtures
+    assert "shakespeare (959 windows), zh (1,576 windows)" in line and "same data.mixture sources" in line
+    assert ((run_dir / "metrics.jsonl").read_text(), (run_dir / "config.yaml").read_text()) == before
