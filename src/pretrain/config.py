@@ -110,8 +110,8 @@ class TrainConfig:
 @dataclass(frozen=True)
 class ParallelConfig:
     gpus: int = doc(1, "world size (all GPUs of the job); data parallel = gpus / (tensor x pipeline)")
-    tensor: int = doc(1, "tensor-parallel degree", trains=(1,))
-    pipeline: int = doc(1, "pipeline-parallel degree")
+    tensor: int = doc(1, "tensor-parallel degree (LLaMA family; docs/parallel.md)")
+    pipeline: int = doc(1, "pipeline-parallel degree (docs/parallel.md)")
     zero_stage: int = doc(0, "0 (DDP) | 1 (optimizer states sharded) | 2 (+ gradients) | 3 (+ weights, FSDP2)",
                           (0, 1, 2, 3))
     sequence_parallel: bool = doc(False, "shard norm/dropout activations over the tensor-parallel group")
@@ -236,6 +236,8 @@ class DebugConfig:
     inject_spike_factor: float = doc(20.0, "testing: the factor of inject_spike_batches")
     check_sharding: bool = doc(False, "assert each rank holds exactly the model-state bytes the planner "
                                "predicts for it")
+    plan_vs_run_per_rank: bool = doc(False, "every rank also writes RUN_DIR/plan_vs_run.rank<R>.json: its own "
+                                     "measured bytes beside the planner's for its place in the grid")
     step_sleep: float = doc(0.0, "testing: seconds to sleep after each optimizer step (crash tests)")
     stop_after_step: int = doc(0, "testing: behave as if preempted after this optimizer step (checkpoint, exit 0)")
     inject_disk_full_step: int = doc(0, "testing: the checkpoint of this step fails as on a full disk (ENOSPC)")

@@ -132,3 +132,21 @@ def test_nccl_data_parallel(prepared, tmp_path, stage):
     assert r.returncode == 0, r.stderr[-3000:]
     loss = losses(run_dir)
     assert loss[-1] < loss[0] - 0.5
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL tensor parallelism needs two GPUs")
+@pytest.mark.parametrize("layout", ["parallel.sequence_parallel=false", "parallel.sequence_parallel=true"])
+def test_nccl_tensor_parallel(prepared, tmp_path, layout):
+    """Tensor parallelism over two GPUs (NCCL; the CPU tests use gloo): bf16 autocast, the per-rank bytes of
+    the plan, a loss that falls (the debug preset's shapes: 2 k/v heads, one per rank)."""
+    import subprocess
+    import sys
+
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "pretrain",
+           "train", *tiny(prepared, run_dir, "train.device=cuda", "train.precision=bf16-mixed", "parallel.tensor=2",
+                          layout, "debug.check_sharding=true")]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    loss = losses(run_dir)
+    assert loss[-1] < loss[0] - 0.3  # 6.26 -> 5.70 over these 12 steps on a CPU (gloo, fp32)

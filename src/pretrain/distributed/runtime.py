@@ -22,6 +22,24 @@ class Runtime:
     world_size: int
     local_rank: int
     device: torch.device
+    tensor: int = 1    # parallel.tensor and parallel.pipeline of the run (the trainer sets them): they say
+    pipeline: int = 1  # which ranks hold the same model shard, and so which ranks split the batch
+
+    @property
+    def layout(self):
+        from .mesh import Layout
+
+        return Layout(self.pipeline, self.world_size // (self.tensor * self.pipeline), self.tensor)
+
+    @property
+    def data_rank(self) -> int:
+        """This rank's place among the data-parallel ranks: the tensor ranks of one group read the same batch."""
+        return self.layout.coords(self.rank).data
+
+    @property
+    def data_size(self) -> int:
+        """Data-parallel ranks (world / (tensor x pipeline)): the number of different batches per micro-step."""
+        return self.layout.data
 
     @property
     def is_main(self) -> bool:

@@ -86,16 +86,22 @@ class Attention(nn.Module):
         self.native_gqa: bool | None = None  # None: decided per call; the trainer fixes it before compiling
 
     def forward(self, x, rope):
-        b, s, _ = x.shape
-        q, k, v = self.qkv(x).split([self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim,
-                                     self.num_kv_heads * self.head_dim], dim=-1)
-        q = q.view(b, s, self.num_heads, self.head_dim)
-        k = k.view(b, s, self.num_kv_heads, self.head_dim)
-        v = v.view(b, s, self.num_kv_heads, self.head_dim)
+        qkv = self.qkv(x)
+        # Head counts and sequence length from the projection's output, not the config: under tensor
+        # parallelism this rank holds kv_heads / t whole k/v groups (and their q heads), and under sequence
+        # parallelism x is this rank's part of the sequence while qkv covers all of it.
+        b, s, width = qkv.shape
+        group = self.num_heads // self.num_kv_heads
+        kv_heads = width // ((group + 2) * self.head_dim)
+        heads = group * kv_heads
+        q, k, v = qkv.split([heads * self.head_dim, kv_heads * self.head_dim, kv_heads * self.head_dim], dim=-1)
+        q = q.view(b, s, heads, self.head_dim)
+        k = k.view(b, s, kv_heads, self.head_dim)
+        v = v.view(b, s, kv_heads, self.head_dim)
         if self.rotary:
             cos, sin = (t[:s, None, :].to(q.dtype) for t in rope)
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        gqa = self.num_kv_heads != self.num_heads  # grouped-query attention: each k/v head serves a group
+        gqa = group > 1  # grouped-query attention: each k/v head serves a group
         if gqa and self.attention == "sdpa" and not self.sdpa_takes_gqa(q):
             k, v = self.repeat_kv(k), self.repeat_kv(v)  # so that a fused kernel runs, not the math one
             gqa = False
@@ -107,8 +113,7 @@ class Attention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, enable_gqa=gqa)
         else:  # eager: the seq x seq scores are materialised (and kept for backward)
             if gqa:
-                repeat = self.num_heads // self.num_kv_heads
-                k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
+                k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
             scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)
             mask = torch.ones(s, s, dtype=torch.bool, device=x.device).tril()
             scores = scores.masked_fill(~mask, float("-inf"))
@@ -125,7 +130,7 @@ class Attention(nn.Module):
         """(batch, seq, kv_heads, head_dim) -> (batch, seq, heads, head_dim), each k/v head once per query head
         of its group (the Hugging Face / torchtitan order)."""
         b, s, kv, d = t.shape
-        group = self.num_heads // kv
+        group = self.num_heads // self.num_kv_heads
         return t[:, :, :, None, :].expand(b, s, kv, group, d).reshape(b, s, kv * group, d)
 
 
@@ -179,19 +184,22 @@ def _device_of(p) -> torch.device:
 
 
 @torch.no_grad()
-def _fill(p, init) -> None:
-    """Apply `init` to the whole logical tensor, in fp32 whatever the parameter's dtype. A DTensor sharded on
-    dim 0 (FSDP2: chunks of ceil(d0 / n) rows) gets this rank's rows of the full tensor, made one parameter
-    at a time."""
+def _fill(p, init, row_order=None) -> None:
+    """Apply `init` to the whole logical tensor, in fp32 whatever the parameter's dtype. A DTensor (FSDP2's
+    chunks of ceil(d0 / n) rows, tensor parallelism's rows or columns, or both) gets this rank's part of the
+    full tensor, made one parameter at a time. `row_order`: the parameter holds the full tensor's rows in
+    this order (a fused projection under tensor parallelism, pretrain.distributed.tensor_parallel)."""
     local = getattr(p, "_local_tensor", None)
     full = init(torch.empty(p.shape, dtype=torch.float32, device=_device_of(p)))
+    if row_order is not None:
+        full = full[row_order.to(full.device)]
     if local is None:
         p.copy_(full)
         return
-    mesh = p.device_mesh
-    rank, size = mesh.get_local_rank(), mesh.size()
-    chunk = -(-p.shape[0] // size)
-    local.copy_(full[rank * chunk:(rank + 1) * chunk][:local.shape[0]])
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    shape, offset = compute_local_shape_and_global_offset(p.shape, p.device_mesh, p.placements)
+    local.copy_(full[tuple(slice(o, o + n) for o, n in zip(offset, shape))])
 
 
 def _norm(cfg) -> nn.Module:
@@ -215,6 +223,8 @@ class Transformer(nn.Module):
         # Output layer + loss (no parameters of its own); padded rows take no part in the softmax.
         self.loss = build_loss(loss, loss_chunk_tokens, cfg.vocab_size)
         self.rope: tuple[torch.Tensor, torch.Tensor] | None = None  # rotary tables, built on first use
+        # Fused parameters whose rows are held in another order (tensor parallelism: name -> row order).
+        self.row_orders: dict[str, torch.Tensor] = {}
 
     def reset_parameters(self, seed: int = 0):
         """Initialise every parameter from its own generator, seeded by (seed, parameter name): the values do
@@ -225,6 +235,7 @@ class Transformer(nn.Module):
         for name, p in self.named_parameters():
             if p.is_meta:  # another pipeline stage's: that stage's rank initialises it
                 continue
+            order = self.row_orders.get(name)
             if name.endswith("norm.weight"):
                 _fill(p, lambda t: t.fill_(1.0))
             elif name.endswith(".bias"):
@@ -232,7 +243,7 @@ class Transformer(nn.Module):
             else:
                 scale = residual_std if name.endswith(("attn.proj.weight", "mlp.down.weight")) else std
                 g = torch.Generator(device=_device_of(p)).manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
-                _fill(p, lambda t, s=scale, g=g: t.normal_(0.0, s, generator=g))
+                _fill(p, lambda t, s=scale, g=g: t.normal_(0.0, s, generator=g), order)
 
     def fix_attention_kernel(self, device: torch.device, half: bool) -> bool:
         """Decide once, for this device and compute dtype, whether SDPA takes the grouped k/v heads (a

@@ -291,8 +291,8 @@ def _memory(c, p) -> list[str]:
         if q["steps"]["tokens_per_step"] != p["steps"]["tokens_per_step"]:
             notes.append(f"global batch {human(q['steps']['tokens_per_step'])} tokens, was "
                          f"{human(p['steps']['tokens_per_step'])}")
-        if "parallel.tensor" in overrides:
-            notes.append("planned only: `pretrain train` runs data parallel")
+        if "parallel.tensor" in overrides and c.model.family != "llama":
+            notes.append("planned only: `pretrain train` runs tensor parallelism for the LLaMA family")
         shown.append(f"{text} ({'; '.join(notes)})")
     return [f"{head}; cheapest fix: {shown[0]}" + "".join(f"; or: {s}" for s in shown[1:])]
 

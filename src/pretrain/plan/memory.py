@@ -54,6 +54,24 @@ def _numel(shape) -> int:
     return n
 
 
+# Tensor parallelism as the trainer splits the model (distributed/tensor_parallel.py): the q/k/v and MLP up (gate
+# and up) projections, the embedding and the output layer by rows (output features; vocabulary), the attention
+# output and MLP down projections by columns (input features).
+COLUMN_PARALLEL = (".attn.qkv.weight", ".attn.qkv.bias", ".mlp.up.weight", ".mlp.up.bias", "embed.weight",
+                   "lm_head.weight")
+ROW_PARALLEL = (".attn.proj.weight", ".mlp.down.weight")
+
+
+def tensor_parallel_shape(name: str, shape: tuple, tp: int) -> tuple:
+    """The part of parameter `name` one tensor rank holds (the trainer needs every split dimension to be a
+    multiple of t). The rest is replicated on every tensor rank: the norms, the row-parallel biases."""
+    if tp > 1 and name.endswith(COLUMN_PARALLEL) and not name.startswith("pos_embed"):
+        return (shape[0] // tp,) + tuple(shape[1:])
+    if tp > 1 and name.endswith(ROW_PARALLEL):
+        return tuple(shape[:-1]) + (shape[-1] // tp,)
+    return tuple(shape)
+
+
 def _shard_numel(shape, dp: int) -> int:
     """FSDP2 shards dim 0 in chunks of ceil(d0 / dp); rank 0 holds a full chunk (the largest share)."""
     return -(-shape[0] // dp) * _numel(shape[1:])
@@ -116,18 +134,26 @@ def decay_groups(m, shapes: list) -> list[list[int]]:
 
 def model_state_tensors(cfg, rank: int | None = None, stage: int | None = None) -> dict:
     """Bytes of the tensors one GPU holds between steps and in flight: parameters, gradients, optimizer
-    states, and working copies (half-precision or gathered parameters). Exact for tensor = 1.
+    states, and working copies (half-precision or gathered parameters).
     `rank`: that data-parallel rank's share (ranks differ under ZeRO-1 and uneven FSDP chunks); by default
     the largest share (what must fit). `stage`: that pipeline stage's parameters (pretrain.plan.stages); by
-    default the heaviest stage's."""
+    default the heaviest stage's. Exact when one of the two model splits is absent: a pipeline stage holds
+    whole tensors of its own layers; tensor parallelism alone holds each tensor rank's part of every parameter
+    (FSDP2 then shards that part over the data ranks). Both together: the heaviest stage's share of the
+    whole, an approximation (the trainer does not compose them yet)."""
     m, t, par = cfg.model, cfg.train, cfg.parallel
     dp = par.data_parallel
     model_parallel = par.tensor * par.pipeline
-    # Under a pipeline without tensor parallelism a stage holds whole tensors: its own, counted exactly.
-    by_stage = par.pipeline > 1 and par.tensor == 1
-    stage = (heaviest_stage(cfg) if par.pipeline > 1 else 0) if stage is None else stage
-    shapes = stage_param_shapes(m, stage, par.pipeline) if by_stage else param_shapes(m)
     whole = param_shapes(m)
+    stage = (heaviest_stage(cfg) if par.pipeline > 1 else 0) if stage is None else stage
+    by_stage = par.pipeline > 1 and par.tensor == 1
+    exact = by_stage or par.pipeline == 1
+    if by_stage:
+        shapes = stage_param_shapes(m, stage, par.pipeline)
+    else:
+        shapes = [(n, tensor_parallel_shape(n, s, par.tensor) if exact else s) for n, s in whole]
+    # One block's and the root's tensors as this rank holds them (a stage's list may lack block 0).
+    block_shapes = whole if par.pipeline > 1 else shapes
     mixed = t.precision.endswith("-mixed")
     param_bytes = 2 if t.precision == "bf16" else 4
     grad_bytes = 2 if (t.precision == "bf16" or (mixed and t.grad_dtype == "same")) else 4
@@ -148,30 +174,30 @@ def model_state_tensors(cfg, rank: int | None = None, stage: int | None = None) 
                    for i in owned)
     steps = 4 * len(list(owned)) if _has_step(t.optimizer) else 0
 
-    per_layer = sum(_numel(s) for n, s in whole if n.startswith("blocks.0."))
-    root = sum(_numel(s) for n, s in whole if not n.startswith("blocks."))
+    per_layer = sum(_numel(s) for n, s in block_shapes if n.startswith("blocks.0."))
+    root = sum(_numel(s) for n, s in block_shapes if not n.startswith("blocks."))
     # Matmul weights (biases are added, not multiplied: autocast's cast of a bias is not kept).
-    layer_matmul = sum(_numel(s) for n, s in whole if n.startswith("blocks.0.") and len(s) == 2)
+    layer_matmul = sum(_numel(s) for n, s in block_shapes if n.startswith("blocks.0.") and len(s) == 2)
     # The plain loss's output matmul keeps autocast's copy of its weight; the chunked one casts it per call.
     output_matmul = padded_vocab_size(m) * m.hidden_size if t.loss == "plain" else 0
     compute_bytes = 2 if (mixed or t.precision == "bf16") else 4
     if zero == 2:  # every block's parameters stay gathered from forward to backward
         copies = compute_bytes * sum(_numel(s) for _, s in shapes)
-    elif zero == 3 and model_parallel > 1:  # whole blocks of this stage, not a share of the model's
+    elif zero == 3 and par.pipeline > 1:  # whole blocks of this stage, not a share of the model's
         copies = int(compute_bytes * _zero3_gathered(cfg, whole))
     elif zero == 3:  # the block being computed, the prefetched next one, and the root's parameters
         copies = compute_bytes * (min(2, m.num_layers) * per_layer + root)
     elif mixed:  # autocast keeps a half-precision copy of each matmul weight for backward
         layers_here = len(stage_layers(m.num_layers, par.pipeline)[stage])
         layers_kept = 1 if t.activation_checkpointing == "full" else layers_here  # full: the recomputed one
-        copies = 2 * (layers_kept * layer_matmul + output_matmul) // cfg.parallel.tensor
+        copies = 2 * (layers_kept * layer_matmul + output_matmul) // (par.tensor if par.pipeline > 1 else 1)
     else:
         copies = 0
     out = dict(parameters=param_bytes * n_params, gradients=grad_bytes * n_params,
                optimizer_states=state_bytes * n_states + steps, working_copies=copies,
                optimizer_working=_optimizer_working(cfg, shapes, owned, dp, sharded, state_bytes),
                per_layer_params=_block_share(cfg, whole))
-    if model_parallel > 1 and not by_stage:  # tensor and pipeline split: the heaviest stage's share (approximate)
+    if model_parallel > 1 and not exact:  # tensor and pipeline split: the heaviest stage's share (approximate)
         scale = _stage_share(cfg, whole)
         scaled = ("parameters", "gradients", "optimizer_states", "optimizer_working")
         for key in scaled + (("working_copies",) if zero == 2 else ()):

@@ -143,6 +143,6 @@ def render(report: dict) -> str:
     return "\n".join(lines)
 
 
-def write(run_dir: Path, report: dict) -> Path:
-    path = Path(run_dir) / "plan_vs_run.json"
+def write(run_dir: Path, report: dict, name: str = "plan_vs_run.json") -> Path:
+    path = Path(run_dir) / name
     return write_atomic(path, json.dumps(report, indent=1))

@@ -67,7 +67,7 @@ def train_step(par, batches, state, *, accum: int, lr: float, grad_clip: float, 
         measured = measured or {"saved": None}
         measured["states"] = model_state_bytes(par.module, getattr(optimizer, "optim", optimizer))
     optimizer.zero_grad(set_to_none=True)
-    batch_tokens = accum * micro_batch_size * seq_len * rt.world_size
+    batch_tokens = accum * micro_batch_size * seq_len * rt.data_size  # tensor ranks share their batch
     state.step += 1
     state.tokens += batch_tokens
     return StepResult(loss=loss_mean, grad_norm=grad_norm, lr=lr, batch_tokens=batch_tokens, finite=finite,
@@ -114,7 +114,9 @@ def pipeline_train_step(par, batches, state, *, accum: int, lr: float, grad_clip
 
 def _reduce(loss_sum, accum: int, stop_asked: bool, norm, rt) -> tuple[float, bool, float]:
     """(mean loss over ranks, any rank asked to stop, grad norm) with one collective and one host copy.
-    fp64 for the loss sum over ranks, as each rank's mean is added in the same order as a float64 would be."""
+    fp64 for the loss sum over ranks, as each rank's mean is added in the same order as a float64 would be.
+    The tensor ranks of a data-parallel group hold the same loss: the mean over all ranks is the mean over
+    the data-parallel groups."""
     import torch.distributed as dist
 
     packed = torch.stack([loss_sum.double() / accum,

@@ -19,11 +19,10 @@ import torch
 import yaml
 
 from ..config import untrained
-from ..distributed.mesh import Layout
 from ..errors import ConfigError, UsageError
 from ..files import write_atomic
 from ..plan.budget import run_length
-from ..plan.params import count_params
+from ..plan.params import count_params, padded_vocab_size
 from ..plan.schedule import checked_warmup, learning_rate, micro_batches_per_step
 from . import checkpoint as ckpt
 from . import resume
@@ -104,9 +103,39 @@ def check_trainable(config, needs_data: bool = True) -> None:
         from ..distributed.pipeline import check_pipelinable
 
         check_pipelinable(config)
+    if par.tensor > 1:
+        check_tensor_parallel(config)
     if needs_data and not (config.data.dir or config.data.mixture):
         raise ConfigError("data.dir: not set; prepare data with `pretrain prepare --out DIR` and set data.dir=DIR "
                           "(or data.mixture for several directories)")
+
+
+def check_tensor_parallel(config) -> None:
+    """What the tensor-parallel split (distributed/tensor_parallel.py) needs beyond the planner's checks."""
+    m, t, par = config.model, config.train, config.parallel
+    if par.gpus % (par.tensor * par.pipeline):
+        raise ConfigError(f"parallel.tensor: {par.tensor} does not divide the {par.gpus} ranks torchrun started; "
+                          "start a multiple of it (--nproc-per-node) or change parallel.tensor")
+    if m.family != "llama":
+        raise ConfigError(f"parallel.tensor: tensor parallelism is built for the LLaMA family, not {m.family}; "
+                          "use parallel.tensor=1 (FSDP: parallel.zero_stage=3)")
+    if m.intermediate_size % par.tensor:
+        raise ConfigError(f"parallel.tensor: {par.tensor} must divide model.intermediate_size "
+                          f"{m.intermediate_size} (each rank takes whole rows of the MLP)")
+    if padded_vocab_size(m) % par.tensor:
+        raise ConfigError(f"parallel.tensor: {par.tensor} must divide the vocabulary's rows ({padded_vocab_size(m)}: "
+                          "each rank takes an equal part of the embedding and output layer); pad them with "
+                          f"model.pad_vocab_to={64 * par.tensor}")
+    if m.dropout:
+        # Tensor ranks hold the same residual stream: their dropout masks would have to agree.
+        raise ConfigError("model.dropout: not supported with parallel.tensor > 1; use model.dropout=0")
+    if par.sequence_parallel and t.seq_len % par.tensor:
+        raise ConfigError(f"parallel.sequence_parallel: train.seq_len {t.seq_len} must be a multiple of "
+                          f"parallel.tensor {par.tensor} (each rank holds an equal part of the sequence)")
+    if par.data_parallel > 1 and par.zero_stage < 2:
+        raise ConfigError(f"parallel.zero_stage: {par.zero_stage} with tensor parallelism over "
+                          f"{par.data_parallel} data-parallel groups: DDP and ZeRO-1 take no DTensor parameters; "
+                          "use parallel.zero_stage=2 or 3 (FSDP2 over the data ranks)")
 
 
 def run_config(config, rt, own_data: bool):
@@ -131,12 +160,10 @@ class Trainer:
 
         c = self.config = run_config(config, rt, own_data=loader is None)
         t = c.train
+        # This run's grid: the tensor ranks and pipeline stages of one data-parallel rank read its batches.
+        rt = dataclasses.replace(rt, tensor=c.parallel.tensor, pipeline=c.parallel.pipeline)
         self.rt, self.run_dir = rt, Path(c.run.dir)
         check_trainable(c, needs_data=loader is None)
-        # The ranks that split the batch: all of them, less the pipeline stages (and tensor ranks) that share
-        # one data-parallel rank's micro-batches.
-        layout = Layout.of(c.parallel, rt.world_size)
-        self.data_rank, self.data_world = layout.coords(rt.rank).data, layout.data
         check_fits_device(c, rt)
         # A mixture's sources (data/mixture.py), each with its data; otherwise None and self.data is data.dir.
         self.mixture = open_mixture(mixture_sources(c.data), c.data.verify, c.model.vocab_size) \
@@ -144,7 +171,7 @@ class Trainer:
         self.data = open_training_data(c.data.dir, c.data.verify, c.model.vocab_size) \
             if loader is None and not self.mixture else None
         for data in [self.data] if self.data is not None else [s["data"] for s in self.mixture or []]:
-            SequentialWindows(data, "val", t.seq_len, rank=self.data_rank, world_size=self.data_world)  # enough val?
+            SequentialWindows(data, "val", t.seq_len, rank=rt.data_rank, world_size=rt.data_size)  # enough val?
         self.lock = acquire_run_lock(self.run_dir) if rt.is_main and not quiet else None  # before any write
         if c.run.resume == "never" and not quiet and ckpt.list_checkpoints(self.run_dir):
             raise UsageError(f"run.dir {self.run_dir} already holds checkpoints of another run; continue it with "
@@ -160,15 +187,15 @@ class Trainer:
                 self.history_aside = set_aside_history(self.run_dir)
         self.total_steps = run_length(c, count_params(c.model).total)["steps"]
         self.warmup = checked_warmup(t, self.total_steps)
-        self.ramp = dict(seq_len=t.seq_len, micro_batch_size=t.micro_batch_size, data_parallel=self.data_world,
+        self.ramp = dict(seq_len=t.seq_len, micro_batch_size=t.micro_batch_size, data_parallel=rt.data_size,
                          grad_accum_steps=t.grad_accum_steps, ramp_tokens=t.batch_ramp_tokens,
                          ramp_start=t.batch_ramp_start)
         if rt.device.type == "cuda":
             torch.set_float32_matmul_precision("high")  # fp32 matmuls at TF32 speed, as the plan assumes
         restrict_kernels(rt.device, t.precision)
 
-        # FSDP materialises each rank's shard only, a pipeline stage its own layers only.
-        on_meta = (c.parallel.fsdp or c.parallel.pipeline > 1) and not c.model.init_from
+        # FSDP and tensor parallelism materialise each rank's shard only, a pipeline stage its own layers only.
+        on_meta = (c.parallel.fsdp or c.parallel.tensor > 1 or c.parallel.pipeline > 1) and not c.model.init_from
         model = build_model(c.model, attention=t.attention, device="meta" if on_meta else rt.device, seed=t.seed,
                             loss=t.loss, loss_chunk_tokens=t.loss_chunk_tokens)
         if c.model.init_from:
@@ -178,13 +205,13 @@ class Trainer:
         self.par = parallelize(model, c, rt)
         # The weights have their own generators; the global one drives dropout, whose masks must differ
         # between data-parallel ranks as they would between the micro-batches of one process.
-        torch.manual_seed(t.seed + rt.rank)
+        torch.manual_seed(t.seed + rt.data_rank)
         self.scaler = torch.amp.GradScaler(rt.device.type) if t.precision == "fp16-mixed" else None
         if self.mixture:
-            loader = MixtureWindows(self.mixture, t.seq_len, seed=t.seed, rank=self.data_rank,
-                                    world_size=self.data_world)
-        loader = loader or RandomWindows(self.data, "train", t.seq_len, seed=t.seed, rank=self.data_rank,
-                                         world_size=self.data_world)
+            loader = MixtureWindows(self.mixture, t.seq_len, seed=t.seed, rank=rt.data_rank,
+                                    world_size=rt.data_size)
+        loader = loader or RandomWindows(self.data, "train", t.seq_len, seed=t.seed, rank=rt.data_rank,
+                                         world_size=rt.data_size)
         self.batches = Prefetcher(loader, t.micro_batch_size, rt.device)
         self.state = TrainState()
         self.callbacks = default_callbacks(c)

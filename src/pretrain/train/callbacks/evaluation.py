@@ -45,8 +45,7 @@ def _mean_loss(trainer, data) -> float:
     from ...data.loader import SequentialWindows
 
     c, rt, par = trainer.config, trainer.rt, trainer.par
-    windows = SequentialWindows(data, "val", c.train.seq_len, rank=trainer.data_rank,
-                                world_size=trainer.data_world)
+    windows = SequentialWindows(data, "val", c.train.seq_len, rank=rt.data_rank, world_size=rt.data_size)
     losses = []
     for x, y in windows.batches(c.train.micro_batch_size, c.run.eval_batches):
         x, y = x.to(rt.device), y.to(rt.device)

@@ -51,15 +51,30 @@ class PlanVsRun(Callback):
             if trainer.rt.is_main:
                 plan_check.write(trainer.run_dir, report)
                 trainer.log.say(plan_check.render(report))
+            if trainer.config.debug.plan_vs_run_per_rank:
+                self._write_rank_report(trainer, report)
             self.pending = None
+
+    def _write_rank_report(self, trainer, report: dict) -> None:
+        """This rank's plan_vs_run.rank<R>.json: its place in the grid, and its model-state rows against the
+        planner's figures for that place (ranks differ under ZeRO-1 and with uneven FSDP chunks)."""
+        from ...plan.memory import model_state_tensors
+
+        rt = trainer.rt
+        planned = model_state_tensors(trainer.device_config, rank=rt.data_rank)
+        rows = [plan_check._row(r["name"], planned[r["name"]], r["measured"], r["unit"])
+                if r["name"] in ("parameters", "gradients", "optimizer_states") else r for r in report["rows"]]
+        coords = rt.layout.coords(rt.rank)
+        mine = {**report, "rank": rt.rank, "grid": {"pipeline": coords.pipeline, "data": coords.data,
+                                                    "tensor": coords.tensor}, "rows": rows}
+        plan_check.write(trainer.run_dir, mine, name=f"plan_vs_run.rank{rt.rank}.json")
 
     @staticmethod
     def _check_sharding(trainer, states: dict) -> None:
         """Debug mode: this rank holds exactly what the planner says this rank holds (one shared truth)."""
-        from ...distributed.mesh import Layout
         from ...plan.memory import model_state_tensors
 
-        coords = Layout.of(trainer.config.parallel, trainer.rt.world_size).coords(trainer.rt.rank)
+        coords = trainer.rt.layout.coords(trainer.rt.rank)
         planned = model_state_tensors(trainer.device_config, rank=coords.data, stage=coords.pipeline)
         wrong = {k: (v, planned[k]) for k, v in states.items() if v != planned[k]}
         if wrong:

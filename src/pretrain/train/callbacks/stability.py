@@ -67,7 +67,7 @@ class Stability(Callback):
             st.lr_scale = cfg.lr_scale
             st.lr_scale_until = st.step + cfg.lr_scale_steps
         skipped = [saved["micro_batches"], st.micro_batches]
-        seq_tokens = trainer.config.train.micro_batch_size * trainer.config.train.seq_len * trainer.data_world
+        seq_tokens = trainer.config.train.micro_batch_size * trainer.config.train.seq_len * trainer.rt.data_size
         trainer.log.event({"event": "rollback", "step": from_step, "tokens": from_tokens, "loss": json_float(loss),
                            "to_step": st.step, "skipped_micro_batches": skipped,
                            "skipped_tokens": [skipped[0] * seq_tokens, skipped[1] * seq_tokens]})

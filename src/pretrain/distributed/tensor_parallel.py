@@ -1,0 +1,183 @@
+"""Tensor parallelism (Megatron-LM's split of each block over `t` ranks) and sequence parallelism, with
+`torch.distributed.tensor.parallel` on the mesh's "tp" dimension.
+
+Per block (Shoeybi et al. 2019, "Megatron-LM", section 3): the q/k/v and SwiGLU gate/up projections are split
+by output rows (ColwiseParallel: each rank computes its heads and its part of the MLP width, no
+communication), the attention output and MLP down projections by input columns (RowwiseParallel: partial
+sums, one all-reduce per sub-layer). Sequence parallelism (Korthikanti et al. 2022, "Reducing Activation
+Recomputation in Large Transformer Models", section 4.2.2) keeps the residual stream, the norms and the
+dropouts split along the sequence between the sub-layers: the all-reduce becomes a reduce-scatter, and an
+all-gather brings the sequence back before the column-split matmuls, so the same bytes cross the wire and the
+norm activations are 1/t each.
+
+The embedding and the output layer are split by vocabulary rows (Megatron's vocabulary-parallel embedding:
+each rank looks up the ids in its range, the partial sums are all-reduced, or reduce-scattered along the
+sequence): their parameters, gradients and optimizer states are 1/t per rank. The loss is not split: the
+output weight is all-gathered for it (as FSDP gathers a layer) and the loss, chunked or plain, runs on each
+tensor rank over the whole sequence, the same work on every rank. A vocabulary-parallel loss (torch's
+`loss_parallel`, which needs the plain loss's full logits) would split that work too; not built. The norms are
+replicated (their gradients agree on every rank, or are summed over the sequence parts). Every parameter is a
+DTensor on the tensor mesh, so gradient clipping (`clip_grad_norm_` over DTensors) and FSDP2 on the data
+dimension see one kind of parameter.
+
+Fused projections: our q, k, v are one matrix with rows [q | k | v] and SwiGLU's gate and up one with rows
+[gate | up] (model/transformer.py). A contiguous split of those rows would give rank 0 only q; so under
+tensor parallelism the rows are put in *rank order* - rank r's q heads, k heads and v heads, then rank r+1's
+- and ColwiseParallel's contiguous split hands each rank whole heads (whole k/v groups: the planner refuses
+a degree that does not divide the k/v heads). Checkpoints keep the canonical order: `to_canonical` and
+`from_canonical` reorder the fused tensors on save and load, so a checkpoint loads in any layout and exports
+as it is.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module, distribute_tensor
+from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, PrepareModuleInput, RowwiseParallel,
+                                               SequenceParallel, parallelize_module)
+
+
+def fused_segments(name: str, cfg) -> list[int] | None:
+    """The row blocks a fused parameter stacks ([q, k, v] or [gate, up]), or None for any other."""
+    if name.endswith((".attn.qkv.weight", ".attn.qkv.bias")):
+        q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        return [q, kv, kv]
+    if name.endswith(".mlp.up.weight"):  # LLaMA only (GPT-2 is refused under tensor parallelism)
+        return [cfg.intermediate_size, cfg.intermediate_size]
+    return None
+
+
+def rank_order(segments: list[int], tp: int) -> torch.Tensor:
+    """Row i of the rank-ordered tensor is row order[i] of the canonical one: for each rank in turn, its
+    1/tp of every segment."""
+    starts = [sum(segments[:i]) for i in range(len(segments))]
+    rows = [torch.arange(start + r * (size // tp), start + (r + 1) * (size // tp))
+            for r in range(tp) for start, size in zip(starts, segments)]
+    return torch.cat(rows)
+
+
+class Replicated(ParallelStyle):
+    """The module's parameters replicated on every tensor rank, as DTensors; plain tensors in and out (a norm
+    without sequence parallelism)."""
+
+    def _apply(self, module: nn.Module, mesh) -> nn.Module:
+        def inputs(mod, args, mesh):
+            return tuple(DTensor.from_local(a, mesh, [Replicate()], run_check=False)
+                         if isinstance(a, torch.Tensor) else a for a in args)
+
+        def output(mod, out, mesh):
+            return out.to_local()
+
+        return distribute_module(module, mesh, input_fn=inputs, output_fn=output)
+
+
+class VocabularyParallelEmbedding(RowwiseParallel):
+    """RowwiseParallel on an embedding (each rank looks up the ids of its vocabulary rows), its output
+    redistributed synchronously: RowwiseParallel's asynchronous one hands the next module a waiting tensor,
+    and the backward of a block compiled around it fails (torch 2.13)."""
+
+    @staticmethod
+    def _prepare_output_fn(output_layouts, use_local_output, mod, outputs, device_mesh):
+        out = outputs.redistribute(placements=output_layouts)
+        return out.to_local() if use_local_output else out
+
+
+def _rows_split(name, module, mesh) -> None:
+    """distribute_module's partition_fn: every parameter of `module` split by rows (the output layer's vocabulary)."""
+    for key, p in list(module.named_parameters(recurse=False)):
+        module.register_parameter(key, nn.Parameter(distribute_tensor(p, mesh, [Shard(0)])))
+
+
+def apply_tensor_parallel(model: nn.Module, mesh, sequence_parallel: bool) -> None:
+    """Split `model` (our LLaMA Transformer, on the meta device or holding its canonical values) over the
+    1-D tensor mesh `mesh`, in place. `model.row_orders` keeps each fused parameter's rank order (for the
+    per-parameter init, which fills the canonical tensor and takes this rank's rows, and for checkpoints)."""
+    tp = mesh.size()
+    orders = {name: rank_order(segments, tp) for name, _ in model.named_parameters()
+              if (segments := fused_segments(name, model.config))}
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name in orders and not p.is_meta:  # values already there (init, or init_from): into rank order
+                p.copy_(p[orders[name].to(p.device)])
+    model.row_orders = orders
+    # Between sub-layers: the sequence split across ranks (sequence parallel) or whole on every rank.
+    between = Shard(1) if sequence_parallel else Replicate()
+
+    def norm():
+        return SequenceParallel() if sequence_parallel else Replicated()
+
+    for block in model.blocks:
+        parallelize_module(block, mesh, {
+            "attn_norm": norm(),
+            "attn.qkv": ColwiseParallel(input_layouts=between),
+            "attn.proj": RowwiseParallel(output_layouts=between),
+            "mlp_norm": norm(),
+            "mlp.up": ColwiseParallel(input_layouts=between),
+            "mlp.down": RowwiseParallel(output_layouts=between),
+        })
+    tied = model.lm_head.weight is model.embed.weight
+    parallelize_module(model, mesh, {
+        "embed": VocabularyParallelEmbedding(input_layouts=Replicate(), output_layouts=between),
+        "norm": norm(),
+        # The loss module takes (final-norm output, output weight, targets): the whole sequence and the whole
+        # weight on every rank, as plain tensors, so both losses run unchanged.
+        "loss": PrepareModuleInput(input_layouts=(between, Shard(0), None),
+                                   desired_input_layouts=(Replicate(), Replicate(), None), use_local_output=True),
+    })
+    if tied:
+        model.lm_head.weight = model.embed.weight
+    else:  # never called as a module (the loss takes its weight): only its parameter is split
+        distribute_module(model.lm_head, mesh, _rows_split)
+
+
+def keep_own_vocabulary_rows(model: nn.Module) -> None:
+    """Both vocabulary-split weights get gradients for the whole vocabulary, the same on every tensor rank (the
+    embedding's backward is computed replicated; the gathered output weight's comes back as a view of the
+    whole): keep a copy of this rank's rows only, so the whole one is freed at once. Hooks on the parameters
+    as they are at the end (moving a model from the meta device replaces them); under FSDP its reduce-scatter
+    makes each rank's own gradient shard anyway."""
+    def own_rows(grad):
+        return grad.redistribute(grad.device_mesh, [Shard(0)]).clone()
+
+    for p in {model.embed.weight, model.lm_head.weight}:
+        p.register_hook(own_rows)
+
+
+def _reordered(t, order: torch.Tensor):
+    """`t`'s rows taken in `order`, laid out (sharded or replicated) as `t` is."""
+    if not isinstance(t, DTensor):
+        return t[order.to(t.device)]
+    full = t.full_tensor()[order.to(t.device)]
+    return distribute_tensor(full, t.device_mesh, t.placements, src_data_rank=None)
+
+
+def _convert(sd: dict, orders: dict, canonical: bool) -> dict:
+    """The model and optimizer state dict (get_state_dict's, keyed by parameter name) with every fused
+    tensor put in canonical order (or back into rank order), new tensors in place of those."""
+    if not orders:
+        return sd
+    order = {name: torch.argsort(o) if canonical else o for name, o in orders.items()}
+    model = {k: _reordered(v, order[k]) if k in order else v for k, v in sd["model"].items()}
+    optim = sd["optimizer"]
+    if "state" in optim and isinstance(optim["state"], dict):  # nested: {"state": {name: {"exp_avg": ...}}}
+        state = {k: {s: _reordered(v, order[k]) if k in order and isinstance(v, torch.Tensor) and v.dim() else v
+                     for s, v in states.items()} for k, states in optim["state"].items()}
+        return {**sd, "model": model, "optimizer": {**optim, "state": state}}
+    flat = {}  # flattened: {"state.NAME.exp_avg": ...} (get_state_dict's flatten_optimizer_state_dict)
+    for key, v in optim.items():
+        name = key[len("state."):].rsplit(".", 1)[0] if key.startswith("state.") else None
+        flat[key] = _reordered(v, order[name]) if name in order and isinstance(v, torch.Tensor) and v.dim() else v
+    return {**sd, "model": model, "optimizer": flat}
+
+
+def to_canonical(sd: dict, orders: dict) -> dict:
+    """For a checkpoint: fused tensors in the single-process row order, the same in every layout."""
+    return _convert(sd, orders, canonical=True)
+
+
+def from_canonical(sd: dict, orders: dict) -> dict:
+    return _convert(sd, orders, canonical=False)
+
+
+__all__ = ["apply_tensor_parallel", "keep_own_vocabulary_rows", "fused_segments", "rank_order", "to_canonical", "from_canonical"]
