@@ -37,15 +37,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_modul
 from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, PrepareModuleInput, RowwiseParallel,
                                                SequenceParallel, parallelize_module)
 
-
-def fused_segments(name: str, cfg) -> list[int] | None:
-    """The row blocks a fused parameter stacks ([q, k, v] or [gate, up]), or None for any other."""
-    if name.endswith((".attn.qkv.weight", ".attn.qkv.bias")):
-        q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-        return [q, kv, kv]
-    if name.endswith(".mlp.up.weight"):  # LLaMA only (GPT-2 is refused under tensor parallelism)
-        return [cfg.intermediate_size, cfg.intermediate_size]
-    return None
+from ..plan.params import fused_rows
 
 
 def rank_order(segments: list[int], tp: int) -> torch.Tensor:
@@ -95,7 +87,7 @@ def apply_tensor_parallel(model: nn.Module, mesh, sequence_parallel: bool) -> No
     per-parameter init, which fills the canonical tensor and takes this rank's rows, and for checkpoints)."""
     tp = mesh.size()
     orders = {name: rank_order(segments, tp) for name, _ in model.named_parameters()
-              if (segments := fused_segments(name, model.config))}
+              if (segments := fused_rows(name, model.config))}
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name in orders and not p.is_meta:  # values already there (init, or init_from): into rank order
@@ -180,4 +172,4 @@ def from_canonical(sd: dict, orders: dict) -> dict:
     return _convert(sd, orders, canonical=False)
 
 
-__all__ = ["apply_tensor_parallel", "keep_own_vocabulary_rows", "fused_segments", "rank_order", "to_canonical", "from_canonical"]
+__all__ = ["apply_tensor_parallel", "keep_own_vocabulary_rows", "rank_order", "to_canonical", "from_canonical"]
