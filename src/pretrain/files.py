@@ -109,6 +109,24 @@ def write_error(e: OSError, where: str, what: str,
     return UsageError(f"{where}: {e.strerror} while writing {what}; {kept}")
 
 
+def swap_in(new: Path, final: Path, aside: Path) -> None:
+    """Put the finished directory `new` at `final`: an existing `final` renamed to `aside` first, `new` renamed
+    into place (each a rename within one directory: atomic), then the old one deleted. A failed rename puts the
+    old one back; a crash between the two renames leaves it whole under `aside`."""
+    old = None
+    if final.exists():
+        os.rename(final, aside)
+        old = aside
+    try:
+        os.rename(new, final)
+    except BaseException:
+        if old is not None:
+            os.rename(old, final)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
 class StagedDirectory:
     """A directory built under a temporary name beside its final path and swapped in by `commit` only when
     complete: until then the previous directory at that path stays whole and usable, whatever stops the
@@ -161,19 +179,8 @@ class StagedDirectory:
         """Swap the finished directory in: the old one is renamed aside, the new one renamed into place
         (each a rename within one directory: atomic), then the old one is deleted."""
         (self.path / ".owner").unlink()
-        aside = None
-        if self.final.exists():
-            aside = self._aside
-            os.rename(self.final, aside)
-        try:
-            os.rename(self.path, self.final)
-        except BaseException:
-            if aside is not None:
-                os.rename(aside, self.final)
-            raise
+        swap_in(self.path, self.final, self._aside)
         self._committed = True
-        if aside is not None:
-            shutil.rmtree(aside, ignore_errors=True)
 
     def __exit__(self, *exc) -> bool:
         if not self._committed:

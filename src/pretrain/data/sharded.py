@@ -38,7 +38,7 @@ from datatrove.pipeline.base import PipelineStep
 
 from .. import __version__
 from ..errors import UsageError
-from ..files import check_output_dir, display_path, write_atomic
+from ..files import check_output_dir, display_path, swap_in, write_atomic
 from .pipeline import DATASET_FILES, MAX_SHOWN, META_VERSION, SPLITS, _build, default_workers, resolve_dtype
 from .readers import Corpus, ReadOptions, RemoteFile, file_name, find_files
 from .tokenizer import find_tokenizer
@@ -309,18 +309,7 @@ def manifest(shards: list[dict], names: list[str], job_text: str) -> dict:
 def _swap_in(work: Path, final: Path) -> None:
     """Rename the finished build over --out: the old dataset renamed aside first (the name StagedDirectory
     gives one, so a crash between the two renames is undone by the next prepare), then deleted."""
-    aside = None
-    if final.exists():
-        aside = final.with_name(f".{final.name}.{os.getpid()}.old")
-        os.rename(final, aside)
-    try:
-        os.rename(work, final)
-    except BaseException:
-        if aside is not None:
-            os.rename(aside, final)
-        raise
-    if aside is not None:
-        shutil.rmtree(aside, ignore_errors=True)
+    swap_in(work, final, final.with_name(f".{final.name}.{os.getpid()}.old"))
 
 
 class LauncherWatch:

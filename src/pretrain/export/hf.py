@@ -5,7 +5,6 @@ its config, generation config and tokenizer. The two namings and the import live
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import uuid
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 import torch
 
 from ..errors import UsageError
+from ..files import swap_in
 from ..model.hf import CONV1D, VOCAB_ROWS, hf_pairs
 from ..plan.params import fused_rows
 
@@ -119,17 +119,7 @@ def export_hf(model, out_dir: str | Path, tokenizer_dir: str | Path | None = Non
             shutil.copyfile(path, tmp / name)
         if tokenizer and "tokenizer_config.json" not in tokenizer:
             _write_json(tmp / "tokenizer_config.json", _tokenizer_config(tokenizer, token_ids, model.config))
-        if out_dir.exists():
-            old = out_dir.with_name(f".{out_dir.name}.old-{uuid.uuid4().hex[:8]}")
-            os.rename(out_dir, old)
-            try:
-                os.rename(tmp, out_dir)
-            except BaseException:
-                os.rename(old, out_dir)
-                raise
-            shutil.rmtree(old)
-        else:
-            os.rename(tmp, out_dir)
+        swap_in(tmp, out_dir, out_dir.with_name(f".{out_dir.name}.old-{uuid.uuid4().hex[:8]}"))
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
