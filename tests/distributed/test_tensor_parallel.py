@@ -2,13 +2,14 @@
 with the same global batch does, each rank holds exactly the planner's per-rank bytes, and checkpoints
 saved on a (data 2 x tensor 2) grid resume on other grids and survive a kill -9."""
 
+import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
 from support import needs_compiler, run_cli
@@ -191,7 +192,11 @@ def test_kill_9_during_a_tensor_x_data_run_resumes_exactly(prepared, grid, tmp_p
         while time.time() < deadline and len(losses(run_dir) if (run_dir / "metrics.jsonl").exists() else {}) < 7:
             assert proc.poll() is None, proc.stderr.read()[-3000:]
             time.sleep(0.1)
-        os.killpg(proc.pid, signal.SIGKILL)
+        # torchrun starts each rank in a session of its own: kill its whole tree (a lost node), or the ranks
+        # outlive the test, blocked in a collective with the dead peers.
+        for process in [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
     finally:
         proc.wait(timeout=60)
         proc.stdout.close()
