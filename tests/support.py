@@ -53,3 +53,31 @@ def wait_for_steps(run_dir, n, proc, timeout=120):
             raise AssertionError(f"training ended early: {proc.stderr.read()}")
         time.sleep(0.05)
     raise AssertionError("training made no progress")
+
+
+def torchrun(*args, nproc: int = 2, wait: bool = True):
+    """`pretrain train ARGS` under a real torchrun with `nproc` CPU ranks (gloo). With wait=False the Popen,
+    in a session of its own so that a test can end the whole job at once."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           "-m", "pretrain", "train", *map(str, args)]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    if not wait:
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                start_new_session=True)
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+
+
+def losses(run_dir) -> dict:
+    """{step: training loss} of a run's metrics.jsonl."""
+    import json
+
+    rows = [json.loads(x) for x in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in rows if "loss" in r}
+
+
+def params(path) -> dict:
+    """The state dict of a run's newest checkpoint (or of one checkpoint)."""
+    from pretrain import load_model
+
+    return load_model(path).state_dict()
+

@@ -3,13 +3,11 @@ parallelism (ZeRO-0 and ZeRO-1 per stage), train the same model as one process w
 evaluate the same validation loss, and write checkpoints that resume at pp=2 and in one plain process."""
 
 import json
-import os
 import subprocess
-import sys
 
 import pytest
 
-from support import run_cli
+from support import params, run_cli, torchrun
 
 torch = pytest.importorskip("torch")
 
@@ -24,13 +22,6 @@ def settings(prepared, run_dir, micro_batch, *extra):
             "debug.check_sharding=true", *extra]
 
 
-def torchrun(*args, nproc):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "-m", "pretrain", "train", *map(str, args)]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
-
-
 def records(run_dir):
     """{(step, "loss" | "val_loss"): value} of a run's metrics."""
     out = {}
@@ -39,12 +30,6 @@ def records(run_dir):
             if key in row:
                 out[row["step"], key] = row[key]
     return out
-
-
-def params(path):
-    from pretrain import load_model
-
-    return load_model(path).state_dict()
 
 
 def same_run(a_dir, b_dir, rel=1e-4, atol=3e-5):

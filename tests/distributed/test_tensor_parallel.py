@@ -4,15 +4,13 @@ saved on a (data 2 x tensor 2) grid resume on other grids and survive a kill -9.
 
 import contextlib
 import json
-import os
 import subprocess
-import sys
 import time
 
 import psutil
 import pytest
 
-from support import needs_compiler, run_cli
+from support import losses, needs_compiler, params, run_cli, torchrun
 
 torch = pytest.importorskip("torch")
 
@@ -27,27 +25,6 @@ def settings(prepared, run_dir, micro_batch, *extra):
             "train.lr=3e-3", "train.warmup=1", f"train.max_steps={STEPS}", f"data.dir={prepared}",
             f"run.dir={run_dir}", "run.log_every=1", "run.eval_every=0", "run.eval_batches=2",
             "run.checkpoint_every=5", "run.progress=false", "hardware.peak_tflops=0.05", *extra]
-
-
-def torchrun(*args, nproc, wait=True):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "-m", "pretrain", "train", *map(str, args)]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    if not wait:  # its own session: a kill -9 of the group takes torchrun and every rank at once
-        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                                start_new_session=True)
-    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
-
-
-def losses(run_dir):
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: r["loss"] for r in rows if "loss" in r}
-
-
-def params(path):
-    from pretrain import load_model
-
-    return load_model(path).state_dict()
 
 
 def assert_same_run(reference, run_dir, steps=range(1, STEPS + 1)):

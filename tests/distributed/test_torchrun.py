@@ -5,13 +5,11 @@ sharded checkpoints that resume on 1 or 2 ranks, and stop together on one rank's
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
 
-from support import needs_compiler, run_cli
+from support import losses, needs_compiler, params, run_cli, torchrun
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("psutil")
@@ -30,26 +28,6 @@ def settings(prepared, run_dir, micro_batch, *extra):
             f"data.dir={prepared}", f"run.dir={run_dir}", "run.log_every=1", "run.eval_every=0",
             "run.eval_batches=2", "run.checkpoint_every=3", "run.progress=false", "hardware.peak_tflops=0.05",
             *extra]
-
-
-def torchrun(*args, nproc=2, wait=True):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "-m", "pretrain", "train", *map(str, args)]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    if not wait:
-        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
-
-
-def losses(run_dir):
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: r["loss"] for r in rows if "loss" in r}
-
-
-def params(path):
-    from pretrain import load_model
-
-    return load_model(path).state_dict()
 
 
 @pytest.fixture(scope="module")
