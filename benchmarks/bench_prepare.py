@@ -32,7 +32,8 @@ CHUNK_CHARS = 1 << 20
 
 
 def real_documents(data: Path = SHARED) -> list[str]:
-    from pretrain.data.readers import Corpus, ReadOptions, find_files
+    from pretrain.data.readers import Corpus, ReadOptions
+    from pretrain.data.sources import find_files
 
     files = find_files([data / "tinyshakespeare.txt", data / "zh_classics.jsonl"])
     return [r.text for r in Corpus(files, ReadOptions(split_blank_lines=True)) if r.text]

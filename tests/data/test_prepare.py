@@ -9,7 +9,8 @@ import pytest
 
 from pretrain.data import PreparedData, find_tokenizer, prepare
 from pretrain.data import pipeline
-from pretrain.data.readers import Corpus, ReadOptions, find_files
+from pretrain.data.readers import Corpus, ReadOptions
+from pretrain.data.sources import find_files
 from pretrain.plan.budget import storage_bytes
 
 OUTPUT_FILES = ("train.bin", "val.bin", "train.idx.npy", "val.idx.npy", "meta.json", "tokenizer/tokenizer.json")

@@ -8,7 +8,8 @@ import re
 
 import pytest
 
-from pretrain.data.readers import Corpus, ReadOptions, Record, file_format, find_files, render_encyclopedia
+from pretrain.data.readers import Corpus, ReadOptions, Record, file_format, render_encyclopedia
+from pretrain.data.sources import find_files
 from pretrain.errors import UsageError
 
 ENCYCLOPEDIA = {"title": "长城", "summary": "古代防御工程",

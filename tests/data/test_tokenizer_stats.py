@@ -72,6 +72,7 @@ def test_a_missing_tokenizer_is_one_line_before_reading(tmp_path, corpora):
 
 
 def _documents(path: Path) -> list[str]:
-    from pretrain.data.readers import Corpus, find_files
+    from pretrain.data.readers import Corpus
+    from pretrain.data.sources import find_files
 
     return [record.text for record in Corpus(find_files([path]))]

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from pretrain.data import find_tokenizer, train_tokenizer
-from pretrain.data.readers import Corpus, find_files
+from pretrain.data.readers import Corpus
+from pretrain.data.sources import find_files
 from pretrain.errors import UsageError
 
 TRICKY = ["  leading spaces", "trailing\n\n", "tabs\tand\r\nCRLF", "emoji 🦜 and é", "literal <eos> and <pad>",

@@ -31,7 +31,8 @@ from ..plan.budget import TOKEN_DTYPES, token_dtype
 from ..progress import terminal_bar
 from .encode import Chunk, ChunkEncoder, encode_in_worker, init_worker
 from .fast_bpe import why_not_fast
-from .readers import SKIP_REASONS, Corpus, ReadOptions, file_name, find_files
+from .readers import SKIP_REASONS, Corpus, ReadOptions
+from .sources import file_name, find_files
 from .tokenizer import find_tokenizer
 
 SPLITS = ("train", "val")

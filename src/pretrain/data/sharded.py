@@ -40,7 +40,8 @@ from .. import __version__
 from ..errors import UsageError
 from ..files import check_output_dir, display_path, swap_in, write_atomic
 from .pipeline import DATASET_FILES, MAX_SHOWN, META_VERSION, SPLITS, _build, default_workers, resolve_dtype
-from .readers import Corpus, ReadOptions, RemoteFile, file_name, find_files
+from .readers import Corpus, ReadOptions
+from .sources import RemoteFile, file_name, find_files
 from .tokenizer import find_tokenizer
 
 EXECUTORS = ("local", "slurm", "ray")

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..files import check_output_dir, display_path, write_atomic, write_error
-from .readers import Corpus, ReadOptions, find_files
+from .readers import Corpus, ReadOptions
+from .sources import find_files
 
 SPECIAL_TOKENS = ("<eos>", "<bos>", "<pad>")
 CONFIG_FILES = ("tokenizer_config.json", "special_tokens_map.json")

@@ -16,7 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import UsageError
-from .readers import Corpus, ReadOptions, find_files
+from .readers import Corpus, ReadOptions
+from .sources import find_files
 from .tokenizer import find_tokenizer
 
 DEFAULT_MAX_DOCS = 2000
