@@ -94,7 +94,7 @@ def prepare(inputs, tokenizer, out_dir, *, val_fraction: float = 0.01, workers: 
 
     with StagedDirectory(out_dir, "--out", replaceable_names(out_dir)) as staged:
         try:
-            meta = _build(staged.path, corpus, tok, dtype, why_not, seed=seed, val_fraction=val_fraction,
+            meta = build_dataset(staged.path, corpus, tok, dtype, why_not, seed=seed, val_fraction=val_fraction,
                           workers=workers, strict=strict, progress=progress, format=format,
                           text_field=text_field, split_blank_lines=split_blank_lines)
             staged.commit()
@@ -106,7 +106,7 @@ def prepare(inputs, tokenizer, out_dir, *, val_fraction: float = 0.01, workers: 
     return meta
 
 
-def _build(out_dir: Path, corpus, tok, dtype, why_not, *, seed, val_fraction, workers, strict, progress,
+def build_dataset(out_dir: Path, corpus, tok, dtype, why_not, *, seed, val_fraction, workers, strict, progress,
            allow_empty: bool = False, **read_options) -> dict:
     """The whole dataset in `out_dir` (a fresh directory), meta.json last; returns the meta dict.
 

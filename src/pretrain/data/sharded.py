@@ -3,7 +3,7 @@
 datatrove (Hugging Face's library for LLM data processing, https://github.com/huggingface/datatrove) runs a list of
 pipeline steps as N tasks, locally (LocalPipelineExecutor), as a Slurm job array (SlurmPipelineExecutor) or on a
 Ray cluster (RayPipelineExecutor), and marks each finished task (`completions/00003`) so a rerun skips it. Our
-step, `TokenizeShard`, is today's single-dataset build (pipeline._build) run on the task's files: task i reads a
+step, `TokenizeShard`, is today's single-dataset build (pipeline.build_dataset) run on the task's files: task i reads a
 contiguous run of the sorted input files, so the shards in order hold the documents in the order one pass reads
 them, and the train/validation split is decided per document from its content (encode.is_validation): the
 concatenated shards equal `--tasks 1` byte for byte.
@@ -39,7 +39,7 @@ from datatrove.pipeline.base import PipelineStep
 from .. import __version__
 from ..errors import UsageError
 from ..files import check_output_dir, display_path, swap_in, write_atomic
-from .pipeline import DATASET_FILES, MAX_SHOWN, META_VERSION, SPLITS, _build, default_workers, resolve_dtype
+from .pipeline import DATASET_FILES, MAX_SHOWN, META_VERSION, SPLITS, build_dataset, default_workers, resolve_dtype
 from .readers import Corpus, ReadOptions
 from .sources import RemoteFile, file_name, find_files
 from .tokenizer import find_tokenizer
@@ -196,7 +196,7 @@ def _open_work_dir(job: Job, corpus: Corpus, tok) -> None:
 
 
 class TokenizeShard(PipelineStep):
-    """The datatrove pipeline step of task `rank`: pipeline._build on its files into shard_{rank:05d}/.
+    """The datatrove pipeline step of task `rank`: pipeline.build_dataset on its files into shard_{rank:05d}/.
 
     datatrove runs a step as step.run(data, rank, world_size); this one reads its own files (a reader step's
     Document objects would add a copy of every text and nothing we use) and passes nothing on.
@@ -228,7 +228,7 @@ class TokenizeShard(PipelineStep):
         why_not = why_not_fast(tok.json) if job.fast_path else "not asked for (--fast-path)"
         corpus = Corpus([p if isinstance(p, RemoteFile) else Path(p) for p in job.files[rank]], job.read_options)
         with self.track_time("shard"):
-            meta = _build(staging, corpus, tok, job.dtype, why_not, seed=job.seed, val_fraction=job.val_fraction,
+            meta = build_dataset(staging, corpus, tok, job.dtype, why_not, seed=job.seed, val_fraction=job.val_fraction,
                           workers=1, strict=job.strict, progress=False, allow_empty=True, format=job.format,
                           text_field=job.text_field, split_blank_lines=job.split_blank_lines)
         os.rename(staging, shard)

@@ -29,7 +29,7 @@ class Runtime:
     def layout(self):
         from .mesh import Layout
 
-        return Layout(self.pipeline, self.world_size // (self.tensor * self.pipeline), self.tensor)
+        return Layout.of(self, self.world_size)  # this runtime's tensor and pipeline degrees
 
     @property
     def data_rank(self) -> int:
