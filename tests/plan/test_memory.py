@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pretrain.config import load_config
 from pretrain.plan import make_plan, plan_with_explain
-from pretrain.plan.advice import _tensor_options
+from pretrain.plan.fit_fixes import _tensor_options
 from pretrain.plan.table import render
 
 BLOCK, NORMS, VH, H = 202_383_360, 8_192, 32_000 * 4_096, 4_096

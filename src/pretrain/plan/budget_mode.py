@@ -14,7 +14,7 @@ heads), vocabulary and context kept from the config:
     8 key/value heads (grouped-query attention, LLaMA-2 70B and LLaMA-3), or 4 where 8 does not divide the
     heads (H a multiple of 512 from 1,024 on), one per head below 8 heads; untied embeddings, SwiGLU, RMSNorm.
 The shape is trained on D = C / (6 N) tokens, its own share of the compute. Whether it fits on the GPUs is the
-ordinary plan's answer; when it does not, the cheapest fix on the same GPUs from pretrain.plan.advice.fit_fixes
+ordinary plan's answer; when it does not, the cheapest fix on the same GPUs from pretrain.plan.fit_fixes
 (recomputation, micro-batch, ZeRO, tensor parallelism) is applied.
 Inference-aware row: half the parameters on twice the tokens (80 tokens per parameter, near LLaMA-13B's 1T /
 13B = 77), cheaper to serve. Each row's predicted loss comes from Hoffmann et al.'s approach 3 parametric fit
@@ -171,9 +171,9 @@ def _row(cfg, compute: float, n_target: float, best_loss: float, ex: Explain, na
 
 def _fit(cfg, overrides: dict) -> dict:
     """The ordinary plan of the shape on the budget's GPUs; when it does not fit, the cheapest fix that keeps
-    the number of GPUs (pretrain.plan.advice.fit_fixes)."""
+    the number of GPUs (pretrain.plan.fit_fixes)."""
     from . import plan_with_explain
-    from .advice import fit_fixes
+    from .fit_fixes import fit_fixes
 
     c = replaced(cfg, {**overrides, **NO_BUDGET})
     p = plan_with_explain(c, advice=False)[0]
