@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from pretrain.data import PreparedData, RandomWindows, SequentialWindows
-from pretrain.data.loader import FeistelPermutation
+from pretrain.data.hashing import FeistelPermutation
 from pretrain.errors import UsageError
 
 SEQ = 8

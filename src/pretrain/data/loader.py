@@ -32,7 +32,7 @@ import torch
 from ..errors import ConfigError, UsageError
 from ..files import sha256_file
 from ..plan.budget import TOKEN_DTYPES
-from .hashing import hash64, mix64
+from .hashing import FeistelPermutation
 
 SPLITS = ("train", "val")
 REQUIRED_KEYS = ("dtype", "vocab_size", "eos_id", "num_tokens", "num_docs", "sha256", "tokenizer_sha256")
@@ -274,39 +274,6 @@ class Concatenated:
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
         """The whole as one array in memory (np.asarray): a copy, for small data and tests."""
         return self[:].astype(dtype or self.dtype, copy=False)
-
-
-class FeistelPermutation:
-    """A keyed bijection of [0, size), evaluated per position: O(1) memory for any size.
-
-    A balanced Feistel network on the smallest even number of bits covering size (a bijection of that
-    power-of-two range for any round function), restricted to [0, size) by cycle walking: a value landing
-    outside is encrypted again until it lands inside (Black & Rogaway 2002). The range is < 4 x size, so a
-    position takes < 4 encryptions on average.
-    """
-
-    ROUNDS = 6
-
-    def __init__(self, size: int, seed: int, epoch: int):
-        bits = max(2, (size - 1).bit_length())
-        bits += bits % 2
-        self.size = size
-        self.half, self.mask = np.uint64(bits // 2), np.uint64((1 << bits // 2) - 1)
-        self.round_keys = hash64(seed, epoch * self.ROUNDS + np.arange(self.ROUNDS))
-
-    def __call__(self, positions: np.ndarray) -> np.ndarray:
-        x = self._encrypt(np.asarray(positions, dtype=np.uint64))
-        outside = x >= self.size
-        while outside.any():
-            x[outside] = self._encrypt(x[outside])
-            outside = x >= self.size
-        return x.astype(np.int64)
-
-    def _encrypt(self, x: np.ndarray) -> np.ndarray:
-        left, right = x >> self.half, x & self.mask
-        for key in self.round_keys:
-            left, right = right, left ^ (mix64(right ^ key) & self.mask)
-        return (left << self.half) | right
 
 
 class RandomWindows:

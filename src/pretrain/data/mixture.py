@@ -30,7 +30,8 @@ import torch
 
 from ..errors import UsageError
 from .hashing import hash64
-from .loader import FeistelPermutation, _batch, _num_windows, open_training_data
+from .hashing import FeistelPermutation
+from .loader import _batch, _num_windows, open_training_data
 
 GOLDEN_STEP = np.uint64(0x9E3779B97F4A7C15)  # 2^64 / phi, odd
 SLOT_KEY, SOURCE_KEY = 1 << 40, 1 << 41  # keep the mixture's hashes apart from the Feistel round keys' inputs
