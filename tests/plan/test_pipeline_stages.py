@@ -5,7 +5,7 @@ and the activations of the stage holding the most micro-batches under 1F1B."""
 from pretrain.config import load_config
 from pretrain.plan import plan_with_explain
 from pretrain.plan.activations import activation_bytes
-from pretrain.plan.memory import heaviest_stage, model_state_tensors
+from pretrain.plan.model_states import heaviest_stage, model_state_tensors
 from pretrain.plan.stages import stage_param_shapes
 
 

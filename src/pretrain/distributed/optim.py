@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ..plan.memory import decay_groups
+from ..plan.model_states import decay_groups
 from ..plan.params import param_shapes
 
 

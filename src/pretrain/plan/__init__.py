@@ -16,7 +16,8 @@ from .flops import basis, flops, utilisation
 from .frameworks import framework_memory
 from ..gpus import gpu_spec
 from .hardware import peak_tflops
-from .memory import memory, model_state_tensors
+from .memory import memory
+from .model_states import model_state_tensors
 from .mixture import mixture_supply
 from .params import count_params, padded_vocab_size, param_shapes
 from .step_time import step_time

@@ -58,7 +58,7 @@ class PlanVsRun(Callback):
     def _write_rank_report(self, trainer, report: dict) -> None:
         """This rank's plan_vs_run.rank<R>.json: its place in the grid, and its model-state rows against the
         planner's figures for that place (ranks differ under ZeRO-1 and with uneven FSDP chunks)."""
-        from ...plan.memory import model_state_tensors
+        from ...plan.model_states import model_state_tensors
 
         rt = trainer.rt
         planned = model_state_tensors(trainer.device_config, rank=rt.data_rank)
@@ -72,7 +72,7 @@ class PlanVsRun(Callback):
     @staticmethod
     def _check_sharding(trainer, states: dict) -> None:
         """Debug mode: this rank holds exactly what the planner says this rank holds (one shared truth)."""
-        from ...plan.memory import model_state_tensors
+        from ...plan.model_states import model_state_tensors
 
         coords = trainer.rt.layout.coords(trainer.rt.rank)
         planned = model_state_tensors(trainer.device_config, rank=coords.data, stage=coords.pipeline)

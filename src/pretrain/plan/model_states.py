@@ -1,0 +1,247 @@
+"""The model-state tensors one GPU holds, tensor by tensor, as the trainer holds them: parameters, gradients,
+optimizer states (ZeRO-1's partition as ZeroRedundancyOptimizer makes it, FSDP2's padded shards), working
+copies; a tensor rank's part of each parameter and a pipeline stage's own layers. memory.py adds activations,
+buffers and the phases of a step around it; `debug.check_sharding` holds each rank to it."""
+
+from __future__ import annotations
+
+import heapq
+
+from ..gpus import gpu_spec
+from .params import padded_vocab_size, param_shapes
+from .stages import stage_layers, stage_param_shapes
+
+
+def numel(shape) -> int:
+    n = 1
+    for x in shape:
+        n *= x
+    return n
+
+
+# Tensor parallelism as the trainer splits the model (distributed/tensor_parallel.py): the q/k/v and MLP up (gate
+# and up) projections, the embedding and the output layer by rows (output features; vocabulary), the attention
+# output and MLP down projections by columns (input features).
+COLUMN_PARALLEL = (".attn.qkv.weight", ".attn.qkv.bias", ".mlp.up.weight", ".mlp.up.bias", "embed.weight",
+                   "lm_head.weight")
+ROW_PARALLEL = (".attn.proj.weight", ".mlp.down.weight")
+
+
+def tensor_parallel_shape(name: str, shape: tuple, tp: int) -> tuple:
+    """The part of parameter `name` one tensor rank holds (the trainer needs every split dimension to be a
+    multiple of t). The rest is replicated on every tensor rank: the norms, the row-parallel biases."""
+    if tp > 1 and name.endswith(COLUMN_PARALLEL) and not name.startswith("pos_embed"):
+        return (shape[0] // tp,) + tuple(shape[1:])
+    if tp > 1 and name.endswith(ROW_PARALLEL):
+        return tuple(shape[:-1]) + (shape[-1] // tp,)
+    return tuple(shape)
+
+
+def _shard_numel(shape, dp: int) -> int:
+    """FSDP2 shards dim 0 in chunks of ceil(d0 / dp); rank 0 holds a full chunk (the largest share)."""
+    return -(-shape[0] // dp) * numel(shape[1:])
+
+
+def _state_numel(optimizer: str, shape, momentum: float) -> int:
+    """Elements of optimizer state for one parameter tensor (the fp32 step counter is added separately)."""
+    if optimizer == "adamw":
+        return 2 * numel(shape)  # exp_avg, exp_avg_sq
+    if optimizer == "sgd":
+        return numel(shape) if momentum else 0
+    # Adafactor (torch.optim.Adafactor): a row and a column second-moment vector per matrix, full for vectors.
+    if len(shape) >= 2:
+        return numel(shape[:-1]) + numel(shape[:-2]) * shape[-1]
+    return numel(shape)
+
+
+def zero_paper_bytes(psi: int, stage: int, dp: int, grad_bytes: int = 2, k: int = 12) -> float:
+    """Model states per GPU as the ZeRO paper counts them (section 5.1, figure 1): fp16 weights (2 bytes),
+    gradients (`grad_bytes`), K = 12 bytes of fp32 master weights, momentum and variance; stage 1 shards the
+    K bytes, stage 2 also the gradients, stage 3 also the weights, over `dp` ranks."""
+    weights, grads, states = 2 * psi, grad_bytes * psi, k * psi
+    if stage >= 1:
+        states /= dp
+    if stage >= 2:
+        grads /= dp
+    if stage >= 3:
+        weights /= dp
+    return weights + grads + states
+
+
+def _has_step(optimizer: str) -> bool:
+    return optimizer in ("adamw", "adafactor")
+
+
+def zero1_partition(shapes: list, dp: int, groups: list[list[int]]) -> list[list[int]]:
+    """Which parameter indices each rank owns under ZeroRedundancyOptimizer: group by group, largest tensors
+    first, each to the rank with the fewest elements so far over all groups (torch's `_partition_parameters`
+    keeps one count across the groups), the lowest such rank on a tie. A heap of (elements, rank) picks the
+    same rank; ranks past the number of tensors own nothing and are left out of the list, so a huge
+    data-parallel degree costs nothing."""
+    owned: list[list[int]] = [[] for _ in range(min(dp, len(shapes)))]
+    heap = [(0, r) for r in range(len(owned))]  # an unused rank beyond these is never the lowest
+    for group in groups:
+        for i in sorted(group, key=lambda j: numel(shapes[j][1]), reverse=True):
+            size, rank = heapq.heappop(heap)
+            owned[rank].append(i)
+            heapq.heappush(heap, (size + numel(shapes[i][1]), rank))
+    return owned
+
+
+def decay_groups(m, shapes: list) -> list[list[int]]:
+    """AdamW's two parameter groups: [with weight decay (matrices), without (norms, biases, tied embedding)]."""
+    decay, no_decay = [], []
+    for i, (name, shape) in enumerate(shapes):
+        tied_embedding = m.tie_embeddings and name == "embed.weight"
+        (decay if len(shape) >= 2 and not tied_embedding else no_decay).append(i)
+    return [g for g in (decay, no_decay) if g]
+
+
+def model_state_tensors(cfg, rank: int | None = None, stage: int | None = None) -> dict:
+    """Bytes of the tensors one GPU holds between steps and in flight: parameters, gradients, optimizer
+    states, and working copies (half-precision or gathered parameters).
+    `rank`: that data-parallel rank's share (ranks differ under ZeRO-1 and uneven FSDP chunks); by default
+    the largest share (what must fit). `stage`: that pipeline stage's parameters (pretrain.plan.stages); by
+    default the heaviest stage's. Exact when one of the two model splits is absent: a pipeline stage holds
+    whole tensors of its own layers; tensor parallelism alone holds each tensor rank's part of every parameter
+    (FSDP2 then shards that part over the data ranks). Both together: the heaviest stage's share of the
+    whole, an approximation (the trainer does not compose them yet)."""
+    m, t, par = cfg.model, cfg.train, cfg.parallel
+    dp = par.data_parallel
+    model_parallel = par.tensor * par.pipeline
+    whole = param_shapes(m)
+    stage = (heaviest_stage(cfg) if par.pipeline > 1 else 0) if stage is None else stage
+    by_stage = par.pipeline > 1 and par.tensor == 1
+    exact = by_stage or par.pipeline == 1
+    if by_stage:
+        shapes = stage_param_shapes(m, stage, par.pipeline)
+    else:
+        shapes = [(n, tensor_parallel_shape(n, s, par.tensor) if exact else s) for n, s in whole]
+    # One block's and the root's tensors as this rank holds them (a stage's list may lack block 0).
+    block_shapes = whole if par.pipeline > 1 else shapes
+    mixed = t.precision.endswith("-mixed")
+    param_bytes = 2 if t.precision == "bf16" else 4
+    grad_bytes = 2 if (t.precision == "bf16" or (mixed and t.grad_dtype == "same")) else 4
+    state_bytes = param_bytes  # PyTorch optimizers keep states in the parameter dtype
+    zero = par.zero_stage if dp > 1 else 0
+    sharded = zero >= 2  # FSDP2 shards parameters, gradients and states
+
+    def local(shape):
+        return _shard_numel(shape, dp) if sharded else numel(shape)
+
+    n_params = sum(local(s) for _, s in shapes)  # FSDP pads every rank's chunk to ceil(d0 / dp) rows
+    owned = range(len(shapes))
+    if zero == 1:
+        partition = zero1_partition(shapes, dp, decay_groups(m, shapes))
+        owned = (partition[rank] if rank < len(partition) else []) if rank is not None else max(
+            partition, key=lambda ix: sum(numel(shapes[i][1]) for i in ix))
+    n_states = sum(_state_numel(t.optimizer, _shape_for(shapes[i][1], dp, sharded, rank or 0), t.momentum)
+                   for i in owned)
+    steps = 4 * len(list(owned)) if _has_step(t.optimizer) else 0
+
+    per_layer = sum(numel(s) for n, s in block_shapes if n.startswith("blocks.0."))
+    root = sum(numel(s) for n, s in block_shapes if not n.startswith("blocks."))
+    # Matmul weights (biases are added, not multiplied: autocast's cast of a bias is not kept).
+    layer_matmul = sum(numel(s) for n, s in block_shapes if n.startswith("blocks.0.") and len(s) == 2)
+    # The plain loss's output matmul keeps autocast's copy of its weight; the chunked one casts it per call.
+    output_matmul = padded_vocab_size(m) * m.hidden_size if t.loss == "plain" else 0
+    compute_bytes = 2 if (mixed or t.precision == "bf16") else 4
+    if zero == 2:  # every block's parameters stay gathered from forward to backward
+        copies = compute_bytes * sum(numel(s) for _, s in shapes)
+    elif zero == 3 and par.pipeline > 1:  # whole blocks of this stage, not a share of the model's
+        copies = int(compute_bytes * _zero3_gathered(cfg, whole))
+    elif zero == 3:  # the block being computed, the prefetched next one, and the root's parameters
+        copies = compute_bytes * (min(2, m.num_layers) * per_layer + root)
+    elif mixed:  # autocast keeps a half-precision copy of each matmul weight for backward
+        layers_here = len(stage_layers(m.num_layers, par.pipeline)[stage])
+        layers_kept = 1 if t.activation_checkpointing == "full" else layers_here  # full: the recomputed one
+        copies = 2 * (layers_kept * layer_matmul + output_matmul) // (par.tensor if par.pipeline > 1 else 1)
+    else:
+        copies = 0
+    out = dict(parameters=param_bytes * n_params, gradients=grad_bytes * n_params,
+               optimizer_states=state_bytes * n_states + steps, working_copies=copies,
+               optimizer_working=_optimizer_working(cfg, shapes, owned, dp, sharded, state_bytes),
+               per_layer_params=_block_share(cfg, whole))
+    if model_parallel > 1 and not exact:  # tensor and pipeline split: the heaviest stage's share (approximate)
+        scale = stage_share(cfg, whole)
+        scaled = ("parameters", "gradients", "optimizer_states", "optimizer_working")
+        for key in scaled + (("working_copies",) if zero == 2 else ()):
+            out[key] = int(out[key] * scale)
+    return out
+
+
+def heaviest_stage(cfg) -> int:
+    """The pipeline stage with the most parameters (the first of equals): the one whose model states must fit.
+    The first holds the embedding, the last the final norm and output layer, and the later stages one layer
+    more when the layers do not divide evenly."""
+    p = cfg.parallel.pipeline
+    sizes = [sum(numel(s) for _, s in stage_param_shapes(cfg.model, k, p)) for k in range(p)]
+    return sizes.index(max(sizes))
+
+
+def _optimizer_working(cfg, shapes, owned, dp, sharded, state_bytes) -> int:
+    """Temporaries of the optimizer step. AdamW is fused (distributed/optim.py): one in-place kernel, none. SGD's
+    momentum update is in place. Adafactor's foreach implementation, the default on CUDA, makes a full-size
+    second-moment estimate of every parameter it updates (torch.optim.Adafactor's docs: "~ sizeof(params) more
+    peak memory"); on a CPU, one tensor at a time."""
+    if cfg.train.optimizer != "adafactor":
+        return 0
+    sizes = [numel(_shape_for(shapes[i][1], dp, sharded)) for i in owned]
+    if gpu_spec(cfg.hardware.gpu).name == "cpu":
+        return state_bytes * max(sizes, default=0)
+    return state_bytes * sum(sizes)
+
+
+def _shape_for(shape, dp, sharded, rank=0):
+    """A rank's unpadded share of a tensor under FSDP (optimizer states are made like the local shard)."""
+    if not sharded:
+        return shape
+    chunk = -(-shape[0] // dp)
+    return (max(0, min(chunk, shape[0] - rank * chunk)),) + tuple(shape[1:])
+
+
+def _block_share(cfg, shapes) -> int:
+    """Parameters of one block on one tensor rank: the matmuls split t ways, the norms replicated."""
+    per_layer = sum(numel(s) for n, s in shapes if n.startswith("blocks.0."))
+    layer_norms = sum(numel(s) for n, s in shapes if n.startswith("blocks.0.") and "norm" in n)
+    return (per_layer - layer_norms) // cfg.parallel.tensor + layer_norms
+
+
+def _zero3_gathered(cfg, shapes) -> float:
+    """Parameters one (pipeline stage, tensor rank) holds gathered under ZeRO-3: the block being computed and
+    the prefetched next one, both of this stage, and the root modules on it (the embedding on the first
+    stage, the final norm and output layer on the last, all three without a pipeline), split as
+    stage_share splits them."""
+    m, par = cfg.model, cfg.parallel
+    t = par.tensor
+    embed = sum(numel(s) for n, s in shapes if n in ("embed.weight", "pos_embed.weight"))
+    head = sum(numel(s) for n, s in shapes if n.startswith("norm.")) + padded_vocab_size(m) * m.hidden_size
+    if par.pipeline == 1:
+        root = (embed + head - (padded_vocab_size(m) * m.hidden_size if m.tie_embeddings else 0)) / t
+    else:  # the heavier end (a tied output layer is a second copy on the last stage)
+        root = max(embed, head) / t
+    blocks = min(2, -(-m.num_layers // par.pipeline))
+    return blocks * _block_share(cfg, shapes) + root
+
+
+def stage_share(cfg, shapes) -> float:
+    """Fraction of all parameters on the heaviest (pipeline stage, tensor rank)."""
+    m, par = cfg.model, cfg.parallel
+    total = sum(numel(s) for _, s in shapes)
+    per_layer = sum(numel(s) for n, s in shapes if n.startswith("blocks.0."))
+    layer_norms = sum(numel(s) for n, s in shapes if n.startswith("blocks.0.") and "norm" in n)
+    embed = sum(numel(s) for n, s in shapes if n in ("embed.weight", "pos_embed.weight"))
+    head = sum(numel(s) for n, s in shapes if n.startswith("norm.")) + padded_vocab_size(m) * m.hidden_size
+    layers = -(-m.num_layers // par.pipeline)
+    t = par.tensor
+
+    def split(n, replicated=0):
+        return (n - replicated) / t + replicated
+
+    body = layers * split(per_layer, layer_norms)
+    if par.pipeline == 1:
+        tied = split(padded_vocab_size(m) * m.hidden_size) if m.tie_embeddings else 0
+        stage = body + split(embed) + split(head) - tied
+    else:
+        stage = max(body + split(embed), body + split(head))
+    return stage / total
