@@ -129,3 +129,13 @@ def test_data_imports_nothing_from_model_or_train():
 def test_no_module_imports_upward():
     bad = {key: sorted(targets) for key, targets in upward_imports().items()}
     assert bad == {}, "an import against the stage map (tests/test_layers.py, docs/architecture.md)"
+
+
+def test_every_public_name_exists():
+    # `__all__` is a package's front door: a name renamed without it (plan.plan -> make_plan) breaks `import *`.
+    modules = sorted(module_name(p, PACKAGE) for p in PACKAGE.rglob("*.py") if "__all__ =" in p.read_text())
+    assert len(modules) > 5, "too few modules with __all__: the test reads nothing"
+    code = (f"import importlib\nfor m in {modules!r}:\n    mod = importlib.import_module(m)\n"
+            "    print(*[f'{m}.{n}' for n in mod.__all__ if not hasattr(mod, n)])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == []

@@ -24,7 +24,7 @@ def add_arguments(p):
 
 def tokenizer_of(model):
     """The tokenizer copy inside the run's prepared data directory, if it is still there."""
-    data = model.run_config.data
+    data = model.training_config.data
     data_dir = data.dir or (data.mixture[0]["dir"] if data.mixture else None)  # a mixture's sources share one
     path = Path(data_dir) / "tokenizer" if data_dir else None
     return path if path is not None and path.exists() else None
@@ -71,8 +71,8 @@ def run(args) -> int:
 
     check_no_overlap(args.out_dir, {"run directory": run_dir_of(args.run_dir)})
     model = load_model(args.run_dir)
-    if model.run_config.data.dir:
-        check_no_overlap(args.out_dir, {"data directory": model.run_config.data.dir})
+    if model.training_config.data.dir:
+        check_no_overlap(args.out_dir, {"data directory": model.training_config.data.dir})
     tokenizer = tokenizer_of(model)
     dtype = TORCH_DTYPES[args.dtype]
     try:

@@ -7,13 +7,13 @@ import torch
 from .transformer import Transformer
 
 
-def build_model(model_cfg, attention: str = "sdpa", device=None, init: bool = True, seed: int = 0,
+def build_model(model_cfg, attention: str = "sdpa", device=None, seed: int = 0,
                 loss: str = "chunked", loss_chunk_tokens: int = 4096) -> Transformer:
     """A Transformer for `model_cfg` (a resolved ModelConfig). On the meta device nothing is allocated.
     `loss`, `loss_chunk_tokens`: train.loss and train.loss_chunk_tokens (pretrain.model.loss)."""
     with torch.device(device or "cpu"):
         model = Transformer(model_cfg, attention=attention, loss=loss, loss_chunk_tokens=loss_chunk_tokens)
-    if init and str(device) != "meta":
+    if str(device) != "meta":
         model.reset_parameters(seed)
     return model
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ..errors import ConfigError
 from .advice import advise
-from .budget import run_length, storage_bytes, token_bytes, token_dtype, wall_clock
+from .budget import storage_bytes, token_bytes, token_dtype, training_length, wall_clock
 from .budget_mode import apply_budget, budget_requested
 from .corpus import corpus_supply
 from .explain import Explain
@@ -22,7 +22,8 @@ from .mixture import mixture_supply
 from .params import count_params, padded_vocab_size, param_shapes
 from .step_time import step_time
 
-__all__ = ["plan", "plan_with_explain", "planned_config", "count_params", "param_shapes", "storage_bytes", "model_state_tensors"]
+__all__ = ["make_plan", "plan_with_explain", "planned_config", "count_params", "param_shapes", "storage_bytes",
+           "model_state_tensors"]
 
 # The planner lists every parameter tensor (ZeRO-1's partition is greedy per tensor, as torch's is), so its
 # cost grows with the layer count: ~0.3 s at 1,000 layers, minutes and gigabytes at 10^12. 1,000 layers is
@@ -54,7 +55,7 @@ def plan_with_explain(config, advice: bool = True) -> tuple[dict, Explain]:
     ex.add("params", "flops (N of 6N)", counts.flops, "total - input embedding"
            + (" + tied output layer V x H" if c.model.tie_embeddings else ""))
 
-    length = run_length(c, counts.total, ex)
+    length = training_length(c, counts.total, ex)
     tokens = length["tokens"]
     fl = flops(c, counts, tokens, ex)
     peak, peak_source = peak_tflops(c.hardware, c.train.precision)

@@ -46,7 +46,7 @@ def _ramp_args(cfg) -> dict:
                 ramp_tokens=t.batch_ramp_tokens, ramp_start=t.batch_ramp_start)
 
 
-def run_length(cfg, total_params: int, ex: Explain | None = None) -> dict:
+def training_length(cfg, total_params: int, ex: Explain | None = None) -> dict:
     """Tokens and optimizer steps of the run: max_steps, else tokens, else examples x epochs, else Chinchilla."""
     ex = ex or Explain()
     t = cfg.train
@@ -87,7 +87,8 @@ def run_length(cfg, total_params: int, ex: Explain | None = None) -> dict:
         ex.add("tokens", "total", tokens, "no length given: Chinchilla's 20 tokens per parameter")
         ex.add("steps", "total", steps, _steps_formula(tokens, per_step, t))
     warm = warmup_steps(t.warmup, steps)
-    ex.add("steps", "warmup", warm, f"train.warmup {t.warmup}" + (f" x {steps:,} steps" if isinstance(t.warmup, float) else ""))
+    ex.add("steps", "warmup", warm,
+           f"train.warmup {t.warmup}" + (f" x {steps:,} steps" if isinstance(t.warmup, float) else ""))
     ex.add("tokens", "chinchilla", chinchilla, f"20 x {total_params:,} parameters (Hoffmann et al. 2022)")
     return dict(tokens=tokens, steps=steps, tokens_per_step=per_step, examples_per_step=examples_per_step,
                 warmup=warm, chinchilla=chinchilla, data_tokens=tokens if data is None else data)

@@ -20,7 +20,7 @@ import torch
 from ..config import Config, load_config, replaced
 from ..errors import UsageError
 from ..plan import make_plan
-from ..plan.budget import run_length
+from ..plan.budget import training_length
 from ..plan.flops import mfu
 from ..plan.params import count_params
 from ..plan.schedule import checked_warmup
@@ -173,7 +173,7 @@ def prepare_cells(config_path, overrides: list[str], sweep: dict) -> list[Cell]:
 
 def _check_length(config) -> None:
     """The schedule the Trainer refuses (a warm-up as long as the run, ...): say so now, before any cell runs."""
-    checked_warmup(config.train, run_length(config, count_params(config.model).total)["steps"])
+    checked_warmup(config.train, training_length(config, count_params(config.model).total)["steps"])
 
 
 def _set_peaks(cells: list[Cell]) -> dict:

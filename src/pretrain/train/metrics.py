@@ -11,7 +11,7 @@ from pathlib import Path
 from ..progress import terminal_bar
 
 
-class RunLog:
+class TrainingLog:
     def __init__(self, run_dir: Path, total_steps: int, progress: bool, enabled: bool = True):
         self.enabled = enabled
         self.run_dir = Path(run_dir)

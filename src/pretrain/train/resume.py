@@ -126,5 +126,5 @@ def load_model(path, device: str = "cpu") -> torch.nn.Module:
     state = {"model": model.state_dict()}
     load_state(ckpt, state)
     model.load_state_dict(state["model"])
-    model.run_config = config  # the whole run config (data directory, tokenizer) for export and generate
+    model.training_config = config  # the whole run config (data directory, tokenizer) for export and generate
     return model.eval()

@@ -21,7 +21,7 @@ import yaml
 from ..config import untrained
 from ..errors import ConfigError, UsageError
 from ..files import write_atomic
-from ..plan.budget import run_length
+from ..plan.budget import training_length
 from ..plan.params import count_params, padded_vocab_size
 from ..plan.schedule import checked_warmup, learning_rate, micro_batches_per_step
 from . import checkpoint as ckpt
@@ -34,7 +34,7 @@ from .callbacks.preemption import preempted
 from .callbacks.stability import Stability
 from .checkpointer import Checkpointer
 from .lock import acquire_run_lock
-from .metrics import RunLog
+from .metrics import TrainingLog
 from .preflight import check_fits_device, set_aside_history
 from .prefetch import Prefetcher
 from .step import StepResult, pipeline_train_step, train_step
@@ -138,7 +138,7 @@ def check_tensor_parallel(config) -> None:
                           "use parallel.zero_stage=2 or 3 (FSDP2 over the data ranks)")
 
 
-def run_config(config, rt, own_data: bool):
+def launched_config(config, rt, own_data: bool):
     """The config this process trains: the world torchrun gives is the truth (steps, batch, the plan), and the
     data directory is saved absolute (export, generate and resume run from anywhere). A new object: the
     loaded config is never changed."""
@@ -158,7 +158,7 @@ class Trainer:
         from ..distributed.parallelize import parallelize
         from ..model import build_model
 
-        c = self.config = run_config(config, rt, own_data=loader is None)
+        c = self.config = launched_config(config, rt, own_data=loader is None)
         t = c.train
         # This run's grid: the tensor ranks and pipeline stages of one data-parallel rank read its batches.
         rt = dataclasses.replace(rt, tensor=c.parallel.tensor, pipeline=c.parallel.pipeline)
@@ -185,7 +185,7 @@ class Trainer:
             resume.set_aside(corrupt)
             if not ckpt.list_checkpoints(self.run_dir):  # an earlier run's history is not this run's
                 self.history_aside = set_aside_history(self.run_dir)
-        self.total_steps = run_length(c, count_params(c.model).total)["steps"]
+        self.total_steps = training_length(c, count_params(c.model).total)["steps"]
         self.warmup = checked_warmup(t, self.total_steps)
         self.ramp = dict(seq_len=t.seq_len, micro_batch_size=t.micro_batch_size, data_parallel=rt.data_size,
                          grad_accum_steps=t.grad_accum_steps, ramp_tokens=t.batch_ramp_tokens,
@@ -227,7 +227,8 @@ class Trainer:
         self.measure_next = False
         self.step_seconds = 0.0
         self.last_metrics: dict = {}
-        self.log = RunLog(self.run_dir, self.total_steps, progress=c.run.progress, enabled=rt.is_main and not quiet)
+        self.log = TrainingLog(self.run_dir, self.total_steps, progress=c.run.progress,
+                               enabled=rt.is_main and not quiet)
 
     # --- the loop ----------------------------------------------------------------------------------------
 
