@@ -33,10 +33,9 @@ def render(config, p: dict) -> str:
     def row(label, value, note=""):
         rows.append((label, value, note))
 
-    pa = p["params"]
+    pa, tok = p["params"], p["tokens"]
     row("Parameters", f"{pa['total']:,}", f"{count(pa['total'])}; embedding {pa['embedding']:,}, "
         f"non-embedding {pa['non_embedding']:,}")
-    tok = p["tokens"]
     row("Training tokens", f"{tok['total']:,}", f"{tok['per_parameter']:.1f} per parameter; "
         f"Chinchilla-optimal {count(tok['chinchilla'])} (20 per parameter)")
     row("Tokens on disk", si_bytes(p["storage_bytes"]), f"{token_dtype(m.vocab_size)} ids")
@@ -54,10 +53,9 @@ def render(config, p: dict) -> str:
             f"{si_bytes(src['storage_bytes'])} on disk; weight {src['weight']:.3g}: the run draws "
             f"{src['tokens_planned']:,}, {src['epochs']:.3g} epochs{cap}")
     row("One checkpoint", si_bytes(p["checkpoint_bytes"]), "parameters + optimizer states")
-    st = p["steps"]
+    st, fl = p["steps"], p["flops"]
     row("Optimizer steps", f"{st['total']:,}", f"{st['tokens_per_step']:,} tokens per step "
         f"({count(st['tokens_per_step'])}), warm-up {st['warmup']:,}")
-    fl = p["flops"]
     row("FLOPs per token", f"{fl['per_token']:.3g}", f"6N + attention (PaLM); 6N over all params "
         f"{fl['per_token_6n']:.3g}; with recomputation {fl['per_token_hardware']:.3g}")
     row("Training FLOPs", f"{fl['total']:.3g}", f"6N·D = {fl['total_6n']:.3g}")
@@ -66,13 +64,15 @@ def render(config, p: dict) -> str:
         cost = f", cost {tm['cost']:,.0f}" if tm.get("cost") else ""
         row("Wall-clock time", duration(tm["seconds"]), f"{tm['gpu_hours']:,.0f} GPU-hours at utilisation "
             f"{tm['utilisation']} of {hw['peak_tflops']:g} TFLOP/s{cost}")
-        row("Throughput", f"{tm['tokens_per_second']:,.0f} tok/s", f"whole job, {tm['tokens_per_second'] / par['world']:,.0f} per GPU")
+        row("Throughput", f"{tm['tokens_per_second']:,.0f} tok/s",
+            f"whole job, {tm['tokens_per_second'] / par['world']:,.0f} per GPU")
     else:
         row("Wall-clock time", "n/a", hw["peak_source"])
     if "measured" in p:
         ms = p["measured"]
         util = f"MFU {ms['mfu']:.3f}, HFU {ms['hfu']:.3f}" if ms["mfu"] is not None else "no peak to compare"
-        row("Measured", f"{ms['achieved_tflops_per_gpu']:.1f} TFLOP/s", f"per GPU at {ms['tokens_per_second']:,.0f} tok/s; {util}")
+        row("Measured", f"{ms['achieved_tflops_per_gpu']:.1f} TFLOP/s",
+            f"per GPU at {ms['tokens_per_second']:,.0f} tok/s; {util}")
 
     mem = p["memory_bytes"]
     lines = [f"pretrain plan: {name} ({m.family}, {pa['total'] / 1e9:.3g}B), {par['world']} x {hw['gpu']} "

@@ -1,0 +1,226 @@
+"""The checks every loaded config passes (no files, no torch): each failure names the key and what is
+allowed; `resolve` fills the derived defaults first; `untrained` lists what the planner models but the trainer
+does not run; `mixture_sources` completes data.mixture for the planner and the trainer alike."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+from ..errors import ConfigError
+from ..gpus import gpu_spec
+from .reading import coerce, shown, unknown
+from .schema import SECTIONS, Config, DataConfig, shown_value
+
+
+def _positive(key: str, value, allow_zero: bool = False):
+    if value is None:
+        return
+    if value < 0 or (value == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ConfigError(f"{key}: must be {bound}, got {value}")
+
+
+LARGEST = 2**63 - 1  # int64: what the trainer's tensors and the token file's offsets hold
+
+
+def _refuse_non_finite(c: Config) -> None:
+    """NaN passes every `<` test and infinity every `>`, and a number beyond int64 overflows the planner's
+    arithmetic (GB x 1e9, TFLOP/s x 1e12 x GPUs): refuse them for every numeric key before other checks."""
+    for section in SECTIONS:
+        values = getattr(c, section)
+        for f in dataclasses.fields(values):
+            value = getattr(values, f.name)
+            for x in value if isinstance(value, list) else [value]:
+                if isinstance(x, bool) or not isinstance(x, (int, float)):
+                    continue
+                if not math.isfinite(x):
+                    raise ConfigError(f"{section}.{f.name}: must be a finite number, got {x}")
+                if abs(x) > LARGEST:
+                    raise ConfigError(f"{section}.{f.name}: {x:.3g} is too large; at most 2^63 - 1 (int64)")
+
+
+def resolve(c: Config) -> Config:
+    """The config with its derived defaults filled in (num_kv_heads, head_dim, seq_len), checked: what every
+    reader sees. A new object; the config is frozen, so no value changes after this."""
+    _refuse_non_finite(c)
+    m, t = c.model, c.train
+    for name in ("hidden_size", "num_heads", "max_seq_len"):
+        _positive(f"model.{name}", getattr(m, name))
+    if m.head_dim is None and m.hidden_size % m.num_heads:
+        raise ConfigError(f"model.num_heads: {m.num_heads} heads do not divide hidden_size {m.hidden_size}; "
+                          "pick a divisor or set model.head_dim")
+    model = dataclasses.replace(m, num_kv_heads=m.num_heads if m.num_kv_heads is None else m.num_kv_heads,
+                                head_dim=m.hidden_size // m.num_heads if m.head_dim is None else m.head_dim)
+    train = dataclasses.replace(t, seq_len=min(2048, m.max_seq_len) if t.seq_len is None else t.seq_len)
+    c = dataclasses.replace(c, model=model, train=train)
+    validate(c)
+    return c
+
+
+def validate(c: Config) -> None:
+    """Checks that need no files and no torch; each failure names the key and what is allowed."""
+    _refuse_non_finite(c)
+    m, t, p, h = c.model, c.train, c.parallel, c.hardware
+    for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "max_seq_len"):
+        _positive(f"model.{name}", getattr(m, name))
+    _positive("model.num_kv_heads", m.num_kv_heads)
+    _positive("model.head_dim", m.head_dim)
+    if m.num_heads % m.num_kv_heads:
+        raise ConfigError(f"model.num_kv_heads: {m.num_kv_heads} must divide num_heads {m.num_heads}")
+    if m.family == "gpt2":
+        if m.num_heads * m.head_dim != m.hidden_size:
+            raise ConfigError("model.head_dim: the gpt2 family needs num_heads x head_dim == hidden_size")
+        if m.num_kv_heads != m.num_heads:
+            raise ConfigError("model.num_kv_heads: the gpt2 family has no grouped-query attention; "
+                              "leave num_kv_heads unset")
+    if m.family == "llama" and m.head_dim % 2:
+        raise ConfigError(f"model.head_dim: rotary embeddings need an even head_dim, got {m.head_dim}")
+    if not 0 <= m.dropout < 1:
+        raise ConfigError(f"model.dropout: must be in [0, 1), got {m.dropout}")
+    _positive("model.norm_eps", m.norm_eps)
+    _positive("model.pad_vocab_to", m.pad_vocab_to)
+    _positive("model.init_std", m.init_std)
+
+    for name in ("seq_len", "micro_batch_size", "grad_accum_steps", "epochs"):
+        _positive(f"train.{name}", getattr(t, name))
+    for name in ("tokens", "examples", "max_steps"):
+        _positive(f"train.{name}", getattr(t, name))
+    if t.seq_len > m.max_seq_len:
+        raise ConfigError(f"train.seq_len: {t.seq_len} is longer than model.max_seq_len {m.max_seq_len}; "
+                          "lower train.seq_len or raise model.max_seq_len")
+    _positive("train.lr", t.lr)
+    if not 0 <= t.min_lr_ratio <= 1:
+        raise ConfigError(f"train.min_lr_ratio: must be in [0, 1], got {t.min_lr_ratio}")
+    if isinstance(t.warmup, float) and not 0 <= t.warmup < 1:
+        raise ConfigError(f"train.warmup: a fraction must be in [0, 1), got {t.warmup}; "
+                          "give an integer for a number of steps")
+    _positive("train.warmup", t.warmup, allow_zero=True)
+    if not 0 < t.decay_fraction <= 1:
+        raise ConfigError(f"train.decay_fraction: must be in (0, 1], got {t.decay_fraction}")
+    _positive("train.grad_clip", t.grad_clip, allow_zero=True)
+    _positive("train.weight_decay", t.weight_decay, allow_zero=True)
+    _positive("train.eps", t.eps)
+    _positive("train.batch_ramp_tokens", t.batch_ramp_tokens, allow_zero=True)
+    _positive("train.batch_ramp_start", t.batch_ramp_start)
+    if len(t.betas) != 2 or not all(0 <= b < 1 for b in t.betas):
+        raise ConfigError(f"train.betas: expected two numbers in [0, 1), got {t.betas}")
+    if isinstance(t.compile, str) and t.compile != "auto":
+        raise ConfigError(f"train.compile: {t.compile!r} is not allowed; choose one of auto | true | false")
+    _positive("train.loss_chunk_tokens", t.loss_chunk_tokens)
+    if t.device not in ("auto", "cpu", "cuda") and not t.device.startswith("cuda:"):
+        raise ConfigError(f"train.device: {t.device!r} is not allowed; choose one of auto | cpu | cuda")
+
+    for name in ("gpus", "tensor", "pipeline", "gpus_per_node"):
+        _positive(f"parallel.{name}", getattr(p, name))
+    if p.gpus % (p.tensor * p.pipeline):
+        raise ConfigError(f"parallel.gpus: {p.gpus} GPUs are not divisible by tensor x pipeline = "
+                          f"{p.tensor} x {p.pipeline}; make gpus a multiple of {p.tensor * p.pipeline}")
+    if p.tensor > 1 and m.num_heads % p.tensor:
+        raise ConfigError(f"parallel.tensor: {p.tensor} must divide model.num_heads {m.num_heads}")
+    if p.tensor > 1 and m.num_kv_heads % p.tensor:  # Megatron splits whole key/value groups over the ranks
+        raise ConfigError(f"parallel.tensor: {p.tensor} must divide model.num_kv_heads {m.num_kv_heads} "
+                          "(each tensor rank holds whole key/value heads); pick a divisor")
+    if p.pipeline > m.num_layers:
+        raise ConfigError(f"parallel.pipeline: {p.pipeline} stages for {m.num_layers} layers; "
+                          "use at most one stage per layer")
+    if p.sequence_parallel and p.tensor == 1:
+        raise ConfigError("parallel.sequence_parallel: needs parallel.tensor > 1")
+    if p.offload == "optimizer+params" and (p.zero_stage != 3 or p.gpus == p.tensor * p.pipeline):
+        # Parameters live off the GPU only when ZeRO-3 gathers them per block (DeepSpeed ZeRO-Infinity).
+        raise ConfigError("parallel.offload: optimizer+params needs parallel.zero_stage=3 with data parallel > 1 "
+                          "(parameter offload exists only with ZeRO-3); set it, or use parallel.offload=optimizer")
+
+    gpu_spec(h.gpu)  # raises with the list of known cards
+    if not 0 < h.mfu <= 1:
+        raise ConfigError(f"hardware.mfu: must be in (0, 1], got {h.mfu}")
+    if h.hfu is not None and not 0 < h.hfu <= 1:
+        raise ConfigError(f"hardware.hfu: must be in (0, 1], got {h.hfu}")
+    for name in ("peak_tflops", "memory_gb", "price_per_gpu_hour", "intra_node_gbps", "inter_node_gbps"):
+        _positive(f"hardware.{name}", getattr(h, name))
+    _positive("hardware.cuda_context_gb", h.cuda_context_gb, allow_zero=True)
+    if not 0 <= h.fragmentation < 1:
+        raise ConfigError(f"hardware.fragmentation: must be in [0, 1), got {h.fragmentation}")
+    for name in ("tokens_per_second", "iterations_per_second", "step_time_seconds"):
+        _positive(f"measured.{name}", getattr(c.measured, name))
+    given = [f"budget.{k}" for k in ("gpu_hours", "days", "cost") if getattr(c.budget, k) is not None]
+    for key in given:
+        _positive(key, getattr(c.budget, key.split(".")[1]))
+    if len(given) > 1:
+        raise ConfigError(f"budget: {' and '.join(given)} both given; give one of budget.gpu_hours, budget.days, "
+                          "budget.cost")
+    if c.budget.cost is not None and not h.price_per_gpu_hour:
+        raise ConfigError("budget.cost: needs hardware.price_per_gpu_hour (the price of one GPU-hour)")
+    _positive("data.raw_bytes", c.data.raw_bytes)
+    _positive("data.bytes_per_token", c.data.bytes_per_token)
+    if c.data.raw_bytes and not c.data.bytes_per_token:
+        raise ConfigError("data.raw_bytes: needs data.bytes_per_token too (measure it with `pretrain tokenizer "
+                          "stats --tokenizer DIR --input CORPUS`)")
+    if c.data.mixture and c.data.dir:
+        raise ConfigError("data.mixture: exclusive with data.dir; remove data.dir (each mixture source names its "
+                          "own directory)")
+    mixture_sources(c.data)
+    r = c.run
+    for name in ("log_every", "eval_batches", "keep_checkpoints"):
+        _positive(f"run.{name}", getattr(r, name))
+    for name in ("eval_every", "checkpoint_every"):
+        _positive(f"run.{name}", getattr(r, name), allow_zero=True)
+    st = c.stability
+    for name in ("window", "min_history", "threshold", "patience", "max_rollbacks", "rollback_window", "lr_scale"):
+        _positive(f"stability.{name}", getattr(st, name))
+    _positive("stability.min_rise", st.min_rise, allow_zero=True)
+    _positive("stability.lr_scale_steps", st.lr_scale_steps, allow_zero=True)
+    if st.min_history > st.window:  # the history is the window: it would never be long enough to judge
+        raise ConfigError(f"stability.min_history: {st.min_history} is more than stability.window {st.window}, so "
+                          f"no spike would ever be judged; raise stability.window or lower stability.min_history")
+
+
+def untrained(c: Config) -> list[str]:
+    """The keys set to a value the planner models but the trainer does not run, as `section.key: reason`."""
+    found = []
+    for section in SECTIONS:
+        values = getattr(c, section)
+        for f in dataclasses.fields(values):
+            trains = f.metadata["trains"]
+            if trains is not None and getattr(values, f.name) not in trains:
+                allowed = " | ".join(shown_value(v) for v in trains)
+                found.append(f"{section}.{f.name}: {shown_value(getattr(values, f.name))} is planned but not trained "
+                             f"(`pretrain plan` models it); `pretrain train` runs {allowed}")
+    return found
+
+
+
+MIXTURE_KEYS = ("dir", "weight", "name", "max_epochs")
+
+
+def mixture_sources(data: DataConfig) -> list[dict]:
+    """data.mixture checked and completed: [{name, dir, weight (normalised to sum 1), max_epochs or None}].
+    The trainer and the planner both read the mixture through this, so they agree on names and shares."""
+    sources = []
+    for i, entry in enumerate(data.mixture):
+        key = f"data.mixture[{i}]"
+        extra = [k for k in entry if k not in MIXTURE_KEYS]
+        if extra:
+            raise ConfigError(unknown(f"{key}.{extra[0]}", [f"{key}.{k}" for k in MIXTURE_KEYS], "key"))
+        for required in ("dir", "weight"):
+            if entry.get(required) in (None, ""):
+                raise ConfigError(f"{key}: no {required}; each source is {{dir: DIR, weight: W}} (weights count "
+                                  "tokens)")
+        directory = coerce(f"{key}.dir", entry["dir"], str)
+        weight = coerce(f"{key}.weight", entry["weight"], float)
+        if not math.isfinite(weight) or weight <= 0:
+            raise ConfigError(f"{key}.weight: must be a finite number > 0, got {weight}")
+        max_epochs = entry.get("max_epochs")
+        if max_epochs is not None:
+            max_epochs = coerce(f"{key}.max_epochs", max_epochs, float)
+            if not math.isfinite(max_epochs) or max_epochs <= 0:
+                raise ConfigError(f"{key}.max_epochs: must be a finite number > 0, got {max_epochs}")
+        name = coerce(f"{key}.name", entry.get("name") or Path(directory.rstrip("/")).name, str)
+        if not name or "/" in name:  # names become metric keys: val_loss/<name>, source_tokens/<name>
+            raise ConfigError(f"{key}.name: {shown(name)} is not a usable name; give a non-empty name without '/'")
+        if any(s["name"] == name for s in sources):
+            raise ConfigError(f"{key}.name: two sources are named {name!r}; give each a distinct name")
+        sources.append({"name": name, "dir": directory, "weight": weight, "max_epochs": max_epochs})
+    total = sum(s["weight"] for s in sources)
+    return [{**s, "weight": s["weight"] / total} for s in sources]

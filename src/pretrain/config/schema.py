@@ -1,0 +1,275 @@
+"""The config schema: its sections and keys, each with its default, meaning, allowed values and what the
+trainer runs (`doc`). docs/config.md's key table is generated from it (`docs_markdown`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..presets import PRESETS
+
+
+def doc(default: Any, text: str, choices: tuple | None = None, trains: tuple | None = None):
+    """A dataclass field with its documentation, the allowed values (for strings) and, when the trainer runs
+    fewer values than the planner models, the ones it runs (`trains`): `check_trainable` refuses the others
+    and docs/config.md's key table says so, both from this one place."""
+    metadata = {"doc": text, "choices": choices, "trains": trains}
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+FAMILIES = ("llama", "gpt2")
+PRECISIONS = ("fp32", "fp16-mixed", "bf16-mixed", "bf16")
+OPTIMIZERS = ("adamw", "adafactor", "sgd")
+RECOMPUTE = ("none", "selective", "full")
+SCHEDULES = ("cosine", "linear", "inverse_sqrt", "wsd")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    preset: str | None = doc(None, "named model shape: " + " | ".join(PRESETS) + "; keys given beside it override it")
+    hf_config: str | None = doc(None, "a Hugging Face config.json (or its directory) to take the shape from")
+    family: str = doc("llama", "llama (RMSNorm, RoPE, SwiGLU, no biases) | gpt2 (LayerNorm, learned positions, "
+                      "GELU MLP, biases, tied embeddings)", FAMILIES)
+    vocab_size: int = doc(32000, "vocabulary size V")
+    hidden_size: int = doc(4096, "model width H")
+    intermediate_size: int = doc(11008, "MLP width H' (SwiGLU: each of gate, up; GPT-2: 4H)")
+    num_layers: int = doc(32, "transformer blocks L")
+    num_heads: int = doc(32, "attention (query) heads")
+    num_kv_heads: int | None = doc(None, "key/value heads; fewer than num_heads = grouped-query attention "
+                                   "(default num_heads)")
+    max_seq_len: int = doc(2048, "the model's context length (GPT-2: size of the position table)")
+    head_dim: int | None = doc(None, "size of one head (default hidden_size / num_heads)")
+    tie_embeddings: bool = doc(False, "output layer shares the input embedding matrix")
+    qkv_bias: bool = doc(False, "biases on the q, k, v projections (Qwen2 style)")
+    bias: bool = doc(True, "gpt2 family: biases in linear layers and LayerNorm (false = nanoGPT bias-free)")
+    dropout: float = doc(0.0, "dropout probability (pretraining uses 0)")
+    norm_eps: float = doc(1e-5, "epsilon of RMSNorm / LayerNorm")
+    rope_theta: float = doc(10000.0, "llama family: RoPE base frequency")
+    init_std: float = doc(0.02, "std of the normal initialisation; residual projections get "
+                          "init_std / sqrt(2 * num_layers)")
+    init_from: str | None = doc(None, "a local Hugging Face model directory to start from (continued pretraining)")
+    pad_vocab_to: int = doc(1, "round the embedding and output-layer rows up to a multiple of this (64: GPT-2's "
+                            "50,257 -> 50,304, faster matmuls); the padded rows are never a target, export drops them")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    seq_len: int | None = doc(None, "tokens per training sequence (default: the model's max_seq_len, at most 2048)")
+    micro_batch_size: int = doc(1, "sequences per GPU per forward/backward")
+    grad_accum_steps: int = doc(8, "micro-batches accumulated per optimizer step")
+    tokens: int | None = doc(None, "training tokens; default: max_steps, else examples x epochs, else the "
+                             "Chinchilla-optimal 20 tokens per parameter")
+    examples: int | None = doc(None, "training examples (one example = one seq_len window); with epochs")
+    epochs: int = doc(1, "passes over `examples`")
+    max_steps: int | None = doc(None, "optimizer steps to run (takes precedence over tokens)")
+    device: str = doc("auto", "auto | cpu | cuda (train only; the planner ignores it)")
+    precision: str = doc("bf16-mixed", "fp32 | fp16-mixed | bf16-mixed (autocast, fp32 master weights) | "
+                         "bf16 (pure bf16 weights and optimizer states)", PRECISIONS)
+    optimizer: str = doc("adamw", "adamw | adafactor | sgd", OPTIMIZERS)
+    activation_checkpointing: str = doc("none", "none | selective (recompute all but matmul and attention "
+                                        "outputs) | full (recompute each block)", RECOMPUTE)
+    attention: str = doc("sdpa", "sdpa (flash / memory-efficient, no seq x seq scores kept) | eager "
+                         "(scores materialised)", ("sdpa", "eager"))
+    grad_dtype: str = doc("fp32", "fp32 | same (gradients in the compute dtype, as the ZeRO paper counts)",
+                          ("fp32", "same"))
+    batch_ramp_tokens: int = doc(0, "tokens over which the global batch grows to its target; 0 = off")
+    batch_ramp_start: int = doc(32768, "global batch in tokens at the start of the ramp (GPT-3: 32K)")
+    lr: float = doc(3e-4, "peak learning rate")
+    min_lr_ratio: float = doc(0.1, "learning-rate floor as a fraction of the peak")
+    warmup: float | int = doc(0.005, "linear warm-up: a fraction of the steps (float < 1) or a step count (int)")
+    schedule: str = doc("cosine", "decay after warm-up: cosine | linear | inverse_sqrt | wsd "
+                        "(warmup-stable-decay)", SCHEDULES)
+    decay_fraction: float = doc(0.2, "wsd: fraction of the steps spent in the final linear decay")
+    grad_clip: float = doc(1.0, "clip the global gradient norm to this value (0 = off)")
+    weight_decay: float = doc(0.1, "AdamW decoupled weight decay, on matrices only")
+    betas: list[float] = doc([0.9, 0.95], "AdamW beta1, beta2")
+    eps: float = doc(1e-8, "AdamW epsilon")
+    momentum: float = doc(0.9, "SGD momentum")
+    seed: int = doc(1234, "seed of initialisation, data order and dropout")
+    compile: bool | str = doc("auto", "torch.compile: auto (on for CUDA, off for CPU) | true | false")
+    loss: str = doc("chunked", "cross-entropy: chunked (output layer and loss a chunk of tokens at a time, fp32 "
+                    "logits only inside a chunk) | plain (full-vocabulary fp32 logits at once)",
+                    ("chunked", "plain"))
+    loss_chunk_tokens: int = doc(4096, "tokens per chunk of the chunked loss")
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    gpus: int = doc(1, "world size (all GPUs of the job); data parallel = gpus / (tensor x pipeline)")
+    tensor: int = doc(1, "tensor-parallel degree (LLaMA family; docs/parallel.md)")
+    pipeline: int = doc(1, "pipeline-parallel degree (docs/parallel.md)")
+    zero_stage: int = doc(0, "0 (DDP) | 1 (optimizer states sharded) | 2 (+ gradients) | 3 (+ weights, FSDP2)",
+                          (0, 1, 2, 3))
+    sequence_parallel: bool = doc(False, "shard norm/dropout activations over the tensor-parallel group")
+    offload: str = doc("none", "none | optimizer | optimizer+params (ZeRO-Offload: states in host memory)",
+                       ("none", "optimizer", "optimizer+params"), trains=("none",))
+    gpus_per_node: int = doc(8, "GPUs per machine (for host memory per node)")
+    grad_sync: str = doc("micro_batch", "FSDP (ZeRO 2/3) with gradient accumulation: micro_batch (reduce-scatter "
+                         "after every micro-batch: gradients stay sharded) | step (only after the last micro-batch: "
+                         "less communication, unsharded fp32 gradients held in between)", ("micro_batch", "step"))
+
+    @property
+    def data_parallel(self) -> int:
+        """Ranks that hold the same model shard and split the batch: gpus / (tensor x pipeline)."""
+        return self.gpus // (self.tensor * self.pipeline)
+
+    @property
+    def fsdp(self) -> bool:
+        """Sharded by FSDP2 (ZeRO 2/3 over more than one data-parallel rank); one rank keeps a plain model."""
+        return self.zero_stage >= 2 and self.data_parallel > 1
+
+
+@dataclass(frozen=True)
+class HardwareConfig:
+    gpu: str = doc("a100-80gb", "accelerator from the catalog (`pretrain plan --list-gpus` lists it), cpu, or "
+                   "other-gpu (a card not listed: give memory_gb and peak_tflops)")
+    mfu: float = doc(0.4, "assumed model FLOPs utilisation (fraction of peak) for time estimates")
+    hfu: float | None = doc(None, "assumed hardware FLOPs utilisation; when set, time = hardware FLOPs "
+                            "(recomputation included) / (gpus x peak x hfu)")
+    peak_tflops: float | None = doc(None, "override the catalog's dense peak TFLOP/s for the compute dtype")
+    memory_gb: float | None = doc(None, "override the card's memory (GB, 1e9 bytes)")
+    profile: str | None = doc(None, "a hardware profile JSON written by `pretrain bench`: its achievable "
+                              "TFLOP/s replaces the data-sheet peak")
+    price_per_gpu_hour: float | None = doc(None, "price of one GPU-hour, for a cost estimate")
+    intra_node_gbps: float | None = doc(None, "step-time model: GB/s per GPU per direction between GPUs of a node, "
+                                        "as measured (nccl-tests bus bandwidth); default the catalog's NVLink / "
+                                        "PCIe figure x 0.8 (h100-sxm 450, a100 300)")
+    inter_node_gbps: float | None = doc(None, "step-time model: GB/s per GPU per direction between nodes, as "
+                                        "measured; default the catalog's network x 0.8 (one 400 Gb/s NIC per "
+                                        "H100 = 50, 200 Gb/s per A100 = 25)")
+    cuda_context_gb: float = doc(1.3, "memory taken by the CUDA context and kernels (GB)")
+    fragmentation: float = doc(0.1, "fraction of the card kept free for allocator fragmentation")
+
+
+@dataclass(frozen=True)
+class MeasuredConfig:
+    tokens_per_second: float | None = doc(None, "measured throughput of the whole job")
+    iterations_per_second: float | None = doc(None, "measured optimizer steps per second")
+    step_time_seconds: float | None = doc(None, "measured seconds per optimizer step")
+
+
+@dataclass(frozen=True)
+class FlopsConfig:
+    causal_attention: bool = doc(False, "count the attention term halved (causal) instead of PaLM's full")
+    convention: str = doc("palm", "FLOPs behind time and MFU: palm (6 x non-embedding N + attention) | "
+                          "6n (6 x all parameters; 8 x with full recomputation)", ("palm", "6n"))
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    dir: str | None = doc(None, "a directory written by `pretrain prepare` (the planner reads its meta.json: tokens "
+                          "available and bytes per token)")
+    raw_bytes: float | None = doc(None, "planner: size of the raw text corpus in bytes (300e9 = 300 GB), for the "
+                                  "tokens it holds and the epochs the run needs")
+    bytes_per_token: float | None = doc(None, "planner: UTF-8 bytes per token of the tokenizer on this text (from "
+                                        "`pretrain tokenizer stats`); with data.raw_bytes")
+    verify: str = doc("auto", "checks of data.dir at train start beyond sizes and headers (always done): full = "
+                      "re-hash train.bin / val.bin against meta.json's sha256, auto = full when they total at most "
+                      "1 GiB, size = no hashing", ("auto", "full", "size"))
+    mixture: list[dict] = doc([], "train on several prepared directories in chosen proportions: a list of {dir, "
+                              "weight, name, max_epochs}; weights count tokens and are normalised, name defaults "
+                              "to the directory's base name; exclusive with data.dir (docs/data.md: Mixtures)")
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    framework: str = doc("pretrain", "memory accounting of `pretrain plan`: pretrain (what our trainer holds) | "
+                         "megatron | deepspeed | zero-paper (each framework's published formulas, added to the plan "
+                         "as `framework`; sources in --explain)", ("pretrain", "megatron", "deepspeed", "zero-paper"))
+
+
+@dataclass(frozen=True)
+class BudgetConfig:
+    gpu_hours: float | None = doc(None, "planner budget mode: GPU-hours to spend; the plan then chooses the "
+                                  "Chinchilla-optimal model and tokens for that compute (docs/plan.md: Budget mode)")
+    days: float | None = doc(None, "budget mode: days of parallel.gpus GPUs")
+    cost: float | None = doc(None, "budget mode: money to spend, at hardware.price_per_gpu_hour")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    dir: str = doc("runs/default", "everything of a run: metrics.jsonl, events.jsonl, plan_vs_run.json, "
+                   "checkpoints/, tensorboard/")
+    log_every: int = doc(10, "optimizer steps between metric lines")
+    eval_every: int = doc(200, "optimizer steps between validation passes (0 = only at the end)")
+    eval_batches: int = doc(20, "micro-batches per validation pass")
+    checkpoint_every: int = doc(500, "optimizer steps between checkpoints (0 = only at the end)")
+    keep_checkpoints: int = doc(3, "checkpoints kept; older ones are deleted")
+    resume: str = doc("never", "auto (continue from the newest complete checkpoint) | never", ("auto", "never"))
+    progress: bool = doc(True, "show a progress bar")
+
+
+@dataclass(frozen=True)
+class StabilityConfig:
+    spike_detection: bool = doc(True, "watch the loss for spikes and non-finite values, roll back on one")
+    window: int = doc(100, "recent steps whose losses form the reference (median and MAD)")
+    min_history: int = doc(20, "steps of history before spikes are judged")
+    threshold: float = doc(6.0, "a spike: loss > median + threshold x 1.4826 x MAD of the window ...")
+    min_rise: float = doc(0.1, "... and loss > median x (1 + min_rise), so a flat curve's noise is no spike")
+    patience: int = doc(3, "consecutive spike steps before a rollback (non-finite losses roll back at once)")
+    max_rollbacks: int = doc(3, "rollbacks allowed within rollback_window steps before the run stops")
+    rollback_window: int = doc(1000, "steps over which max_rollbacks is counted")
+    lr_scale: float = doc(1.0, "multiply the learning rate by this after a rollback (1 = unchanged)")
+    lr_scale_steps: int = doc(0, "steps the lowered learning rate lasts after a rollback")
+
+
+@dataclass(frozen=True)
+class DebugConfig:
+    inject_nan_batches: list[int] = doc([], "testing: micro-batches (by position in the data stream) whose "
+                                        "loss becomes NaN")
+    inject_spike_batches: list[int] = doc([], "testing: micro-batches whose loss is multiplied by "
+                                          "inject_spike_factor")
+    inject_spike_factor: float = doc(20.0, "testing: the factor of inject_spike_batches")
+    check_sharding: bool = doc(False, "assert each rank holds exactly the model-state bytes the planner "
+                               "predicts for it")
+    plan_vs_run_per_rank: bool = doc(False, "every rank also writes RUN_DIR/plan_vs_run.rank<R>.json: its own "
+                                     "measured bytes beside the planner's for its place in the grid")
+    step_sleep: float = doc(0.0, "testing: seconds to sleep after each optimizer step (crash tests)")
+    stop_after_step: int = doc(0, "testing: behave as if preempted after this optimizer step (checkpoint, exit 0)")
+    inject_disk_full_step: int = doc(0, "testing: the checkpoint of this step fails as on a full disk (ENOSPC)")
+    checkpoint_sleep: float = doc(0.0, "testing: seconds to pause in the middle of writing each checkpoint, so a "
+                                  "crash test can kill the process there")
+
+
+# The sections of a config, in the order `pretrain config` prints them. model, train, parallel and data are
+# read by the planner and the trainer alike; hardware, measured, flops, plan and budget are the planner's
+# questions (the machine, figures measured on it, what to print, what a budget buys); run, stability and debug
+# the trainer's outputs and safeguards.
+SECTIONS: dict[str, type] = {
+    "model": ModelConfig, "train": TrainConfig, "parallel": ParallelConfig, "hardware": HardwareConfig,
+    "measured": MeasuredConfig, "flops": FlopsConfig, "data": DataConfig, "plan": PlanConfig,
+    "budget": BudgetConfig, "run": RunConfig, "stability": StabilityConfig, "debug": DebugConfig,
+}
+
+# A whole config: one frozen field per section (`config.model`, `config.train`, ...), each defaulting to its
+# section's defaults. Built from SECTIONS so the list of sections is written once.
+Config = dataclasses.make_dataclass(
+    "Config", [(name, cls, field(default_factory=cls)) for name, cls in SECTIONS.items()], frozen=True,
+    namespace={"to_dict": lambda self: dataclasses.asdict(self), "__module__": __name__})
+
+
+def compile_enabled(compile_setting: bool | str, device_type: str) -> bool:
+    """train.compile resolved for a device: auto compiles on CUDA (where fusing the memory-bound chains pays)
+    and not on CPU (where compiling costs more than a short run gains)."""
+    return device_type == "cuda" if compile_setting == "auto" else bool(compile_setting)
+
+
+def shown_value(v) -> str:
+    return str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def docs_markdown() -> str:
+    """The key table of docs/config.md: every section, key, default and meaning."""
+    lines = ["| key | default | meaning |", "|---|---|---|"]
+    for section, cls in SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            shown = "null" if default is None else str(default).lower() if isinstance(default, bool) else default
+            trains = f.metadata["trains"]
+            note = f" *Planner only beyond {' / '.join(f'`{shown_value(v)}`' for v in trains)}: the trainer runs " \
+                   "only that.*" if trains else ""
+            lines.append(f"| `{section}.{f.name}` | `{shown}` | {f.metadata['doc']}{note} |")
+    return "\n".join(lines)
