@@ -17,6 +17,7 @@ same command again redoes only the unfinished tasks. The shards' concatenation e
 
 from __future__ import annotations
 
+from ..plan.budget import TOKEN_DTYPES
 from .tokenizer_command import add_reader_arguments
 
 HELP = "tokenize a corpus into train.bin / val.bin + meta.json (streaming, parallel, deterministic)"
@@ -33,7 +34,7 @@ def add_arguments(parser) -> None:
                         help="fraction of documents sent to val.bin, in [0, 1) (default 0.01)")
     parser.add_argument("--workers", type=int, default=None, help="tokenizer processes (default: all cores)")
     parser.add_argument("--seed", type=int, default=1234, help="seed of the train/validation split (default 1234)")
-    parser.add_argument("--dtype", default="auto", choices=("auto", "uint16", "uint32"),
+    parser.add_argument("--dtype", default="auto", choices=("auto", *TOKEN_DTYPES),
                         help="token id type; auto = uint16 when the vocabulary fits in 65,536 ids, else uint32")
     parser.add_argument("--strict", action="store_true", help="stop at the first bad record instead of skipping it")
     parser.add_argument("--fast-path", action="store_true",

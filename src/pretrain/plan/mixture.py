@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from ..config import mixture_sources
-from .budget import token_bytes
+from .budget import TOKEN_DTYPE_BYTES, token_bytes
 from .corpus import MAX_EPOCHS
 from .explain import Explain
 
@@ -75,7 +75,7 @@ def read_counts(path: Path, vocab_size: int) -> dict:
                               for shard in meta["shards"]], True
         train = sum(int(m["num_tokens"]["train"]) for m in metas)
         stored = sum(int(m["num_tokens"]["train"]) + int(m["num_tokens"].get("val", 0)) for m in metas)
-        width = {"uint16": 2, "uint32": 4}.get(metas[0].get("dtype"), token_bytes(vocab_size))
+        width = TOKEN_DTYPE_BYTES.get(metas[0].get("dtype"), token_bytes(vocab_size))
     except (OSError, ValueError, KeyError, TypeError):
         return {"tokens_available": None, "storage_bytes": None, "sharded": False}
     return {"tokens_available": train, "storage_bytes": stored * width, "sharded": sharded}
