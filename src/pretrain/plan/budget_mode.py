@@ -29,6 +29,7 @@ import math
 
 from ..config import replaced
 from ..errors import ConfigError
+from ..units import GiB
 from .budget import CHINCHILLA_TOKENS_PER_PARAM, storage_bytes
 from .explain import Explain
 from .hardware import peak_tflops
@@ -180,14 +181,14 @@ def _fit(cfg, overrides: dict) -> dict:
     total = p["memory_bytes"]["total"]
     if p["fits"] is not False:
         return {"fits": p["fits"], "overrides": {}, "memory_bytes": total,
-                "why": f"as configured: {total / 1024**3:.1f} GiB per GPU"}
+                "why": f"as configured: {total / GiB:.1f} GiB per GPU"}
     for fix, q in fit_fixes(c):
         if fix.get("parallel.gpus", c.parallel.gpus) == c.parallel.gpus:
             text = " ".join(f"{k}={v}" for k, v in fix.items())
             return {"fits": True, "overrides": fix, "memory_bytes": q["memory_bytes"]["total"],
-                    "why": f"with {text}: {q['memory_bytes']['total'] / 1024**3:.1f} GiB per GPU"}
+                    "why": f"with {text}: {q['memory_bytes']['total'] / GiB:.1f} GiB per GPU"}
     return {"fits": False, "overrides": {}, "memory_bytes": total,
-            "why": f"{total / 1024**3:.1f} GiB per GPU and no fix on {c.parallel.gpus} GPUs"}
+            "why": f"{total / GiB:.1f} GiB per GPU and no fix on {c.parallel.gpus} GPUs"}
 
 
 def render(budget: dict) -> list[str]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 
 from ..config_args import add_config_arguments, config_from_args
+from ..units import GiB
 
 HELP = "plan a run: parameters, FLOPs, memory per GPU, tokens, steps, time"
 
@@ -36,7 +37,7 @@ def run(args) -> int:
             peaks = ", ".join(f"{k} {v:g}" for k, v in spec.peak_tflops.items()) or "measure with pretrain bench"
             links = (f"  in a node {spec.intra_node_gbps:g} GB/s, network {spec.inter_node_gbps:g} GB/s" if spec.intra_node_gbps
                      else "")
-            print(f"{spec.name:10s} {spec.memory_bytes / 1024**3:6.1f} GiB {spec.bandwidth_gbps:6.0f} GB/s  {peaks}"
+            print(f"{spec.name:10s} {spec.memory_bytes / GiB:6.1f} GiB {spec.bandwidth_gbps:6.0f} GB/s  {peaks}"
                   f"{links}")
         return 0
     from . import plan_with_explain, planned_config

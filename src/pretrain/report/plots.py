@@ -37,7 +37,7 @@ PANELS = (
     Panel("grad_norm", "Gradient norm", "grad_norm", "global L2 norm", log=True),
     Panel("throughput", "Throughput", "tokens_per_s", "tokens/s", human_y=True),
     Panel("mfu", "Model FLOPs utilisation", "mfu", "MFU (% of peak)", scale=100),
-    Panel("memory", "Peak memory", "peak_mem_bytes", "GiB", scale=1 / 1024**3),
+    Panel("memory", "Peak memory", "peak_mem_bytes", "GiB", scale=1 / units.GiB),
 )
 
 # colour, line style, marker on the loss curve

@@ -158,7 +158,7 @@ def plot_png(result: dict) -> bytes:
         groups.setdefault(tuple(cell["values"][k] for k in others), []).append(cell)
 
     top = max(c[k] or 0 for c in cells for k in ("memory_measured_bytes", "memory_planned_bytes"))
-    mem_scale, mem_unit = (1024**3, "GiB") if top >= 1024**3 else (1024**2, "MiB")
+    mem_scale, mem_unit = (units.GiB, "GiB") if top >= units.GiB else (units.MiB, "MiB")
     fig = Figure(figsize=(12.8, 5.6), layout="constrained")
     ax_tps, ax_mem = fig.subplots(1, 2)
     colours = [f"C{i % 10}" for i in range(len(groups))]
