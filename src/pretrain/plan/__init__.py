@@ -6,6 +6,7 @@ JSON-ready dict whose keys are documented in docs/plan.md ("The JSON").
 
 from __future__ import annotations
 
+from ..config import replaced
 from ..errors import ConfigError
 from .advice import advise
 from .budget import storage_bytes, token_bytes, token_dtype, training_length, wall_clock
@@ -129,7 +130,6 @@ def plan_with_explain(config, advice: bool = True) -> tuple[dict, Explain]:
 
 def planned_config(config, result: dict):
     """The config a plan describes: `config` itself, or in budget mode the chosen model's (a new object)."""
-    from ..config import replaced
 
     return replaced(config, result["budget"]["overrides"]) if "budget" in result else config
 

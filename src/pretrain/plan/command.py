@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 
+from ..config import replaced
 from ..config_args import add_config_arguments, config_from_args
 from ..units import GiB
 
@@ -72,8 +73,6 @@ def _fit(config, args) -> int:
         return 0
     print(render(config, result, command=" ".join(["pretrain plan", *args.items])))
     if args.explain and result["candidates"]:
-        from ..config import replaced
-
         print()
         print(plan_with_explain(replaced(config, result["candidates"][0]["overrides"]), advice=False)[1].render())
     return 0

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from ..config import untrained
+from ..config import mixture_sources, untrained
 from ..errors import ConfigError, UsageError
 from ..files import write_atomic
 from ..plan.budget import training_length
@@ -152,7 +152,6 @@ class Trainer:
     def __init__(self, config, rt, loader=None, quiet: bool = False):
         """`loader` replaces the data directory (e.g. synthetic tokens for `pretrain sweep`); `quiet` writes
         nothing to the run directory."""
-        from ..config import mixture_sources
         from ..data.loader import RandomWindows, SequentialWindows, open_training_data
         from ..data.mixture import MixtureWindows, open_mixture
         from ..distributed.parallelize import parallelize
