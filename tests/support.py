@@ -67,6 +67,13 @@ def torchrun(*args, nproc: int = 2, wait: bool = True):
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
 
 
+def finished_run(run_dir, *args) -> Path:
+    """`pretrain train *args`, which must succeed: its run directory (for module-scoped fixtures)."""
+    r = run_cli("train", *args)
+    assert r.returncode == 0, r.stderr
+    return run_dir
+
+
 def losses(run_dir) -> dict:
     """{step: training loss} of a run's metrics.jsonl."""
     import json

@@ -9,7 +9,7 @@ import torch
 
 from pretrain.config import load_config
 from pretrain.model import build_model
-from support import run_cli, tiny
+from support import finished_run, tiny
 
 
 @pytest.fixture
@@ -54,6 +54,4 @@ def tokenizer_dir(tmp_path):
 def trained(prepared, tmp_path_factory):
     """A tiny run with checkpoints at steps 3 and 6, shared by the export and checkpoint-reader tests."""
     run_dir = tmp_path_factory.mktemp("trained") / "run"
-    r = run_cli("train", *tiny(prepared, run_dir, "train.max_steps=6", "run.checkpoint_every=3"))
-    assert r.returncode == 0, r.stderr
-    return run_dir
+    return finished_run(run_dir, *tiny(prepared, run_dir, "train.max_steps=6", "run.checkpoint_every=3"))

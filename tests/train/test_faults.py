@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from support import run_cli, start, tiny, wait_for_steps
+from support import params, run_cli, start, tiny, wait_for_steps
 
 torch = pytest.importorskip("torch")
 
@@ -32,12 +32,6 @@ def train_losses(run_dir):
 def final_val_loss(run_dir):
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [r["val_loss"] for r in rows if "val_loss" in r][-1]
-
-
-def params(run_dir):
-    from pretrain import load_model
-
-    return load_model(run_dir).state_dict()
 
 
 @pytest.fixture(scope="module")
@@ -141,7 +135,7 @@ def test_sigterm_checkpoints_and_exits_zero(prepared, tmp_path):
     (pre,) = events(run_dir, "preempted")
     assert pre["step"] == stopped_at
     before = len((run_dir / "metrics.jsonl").read_text().splitlines())
-    r = run_cli("train", "--resume", run_dir, "train.max_steps=40", "debug.step_sleep=0", f"train.max_steps=40")
+    r = run_cli("train", "--resume", run_dir, "train.max_steps=40", "debug.step_sleep=0")
     assert r.returncode == 0, r.stderr
     new = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()[before:]]
     assert [x["step"] for x in new if "loss" in x][0] == stopped_at + 1

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from support import run_cli, start, tiny, wait_for_steps
+from support import finished_run, losses, params, run_cli, start, tiny, wait_for_steps
 
 torch = pytest.importorskip("torch")
 
@@ -25,23 +25,10 @@ def rows(run_dir):
     return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def losses(run_dir):
-    """Loss per step; a later line for a step (after a resume) replaces the earlier one."""
-    return {r["step"]: r["loss"] for r in rows(run_dir) if "loss" in r}
-
-
-def params(run_dir):
-    from pretrain import load_model
-
-    return load_model(run_dir).state_dict()
-
-
 @pytest.fixture(scope="module")
 def uninterrupted(two_corpora, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("mixture") / "run"
-    r = run_cli("train", *mixed(two_corpora, run_dir))
-    assert r.returncode == 0, r.stderr
-    return run_dir
+    return finished_run(run_dir, *mixed(two_corpora, run_dir))
 
 
 def test_every_training_line_carries_tokens_per_source_and_validation_is_per_source(uninterrupted):

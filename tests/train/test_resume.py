@@ -1,37 +1,17 @@
 """Exact resume: a run stopped and resumed ends with bitwise the same parameters and the same losses as one
 that never stopped; a corrupt checkpoint is skipped for the one before it."""
 
-import json
-
 import pytest
 
-from support import run_cli, tiny
+from support import finished_run, losses, params, run_cli, tiny
 
 torch = pytest.importorskip("torch")
-
-
-def losses(run_dir):
-    """Loss per step; a later line for a step (after a resume) replaces the earlier one."""
-    out = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        r = json.loads(line)
-        if "loss" in r:
-            out[r["step"]] = r["loss"]
-    return out
-
-
-def params(run_dir):
-    from pretrain import load_model
-
-    return load_model(run_dir).state_dict()
 
 
 @pytest.fixture(scope="module")
 def uninterrupted(prepared, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("straight") / "run"
-    r = run_cli("train", *tiny(prepared, run_dir))
-    assert r.returncode == 0, r.stderr
-    return run_dir
+    return finished_run(run_dir, *tiny(prepared, run_dir))
 
 
 def assert_same_run(a, b):

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from support import run_cli, start, tiny, wait_for_steps
+from support import finished_run, run_cli, start, tiny, wait_for_steps
 
 torch = pytest.importorskip("torch")
 
@@ -49,9 +49,7 @@ def steps_logged(run_dir):
 def stopped(prepared, tmp_path_factory):
     """A run stopped after step 9: checkpoints of steps 0 (spike detection's), 4, 8 and 9."""
     run_dir = tmp_path_factory.mktemp("stopped") / "run"
-    r = run_cli("train", *tiny(prepared, run_dir, "debug.stop_after_step=9", "run.keep_checkpoints=5"))
-    assert r.returncode == 0, r.stderr
-    return run_dir
+    return finished_run(run_dir, *tiny(prepared, run_dir, "debug.stop_after_step=9", "run.keep_checkpoints=5"))
 
 
 @pytest.fixture
