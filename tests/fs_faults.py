@@ -19,16 +19,24 @@ def _run(*command) -> subprocess.CompletedProcess:
 
 
 @contextmanager
+def _applied(command: tuple, undo: tuple, unavailable: str):
+    """Run `command`, yield, then `undo`; skip the test (never pass it) when the command fails here."""
+    r = _run(*command)
+    if r.returncode:
+        pytest.skip(f"{unavailable} ({r.stderr.strip()})")
+    try:
+        yield
+    finally:
+        _run(*undo)
+
+
+@contextmanager
 def small_fs(path: Path, size: str = "1m"):
     """A tmpfs of `size` mounted at `path` (created): writing more than it holds is a real ENOSPC."""
     path.mkdir(parents=True, exist_ok=True)
-    r = _run("mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", path)
-    if r.returncode:
-        pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip()})")
-    try:
+    with _applied(("mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", path), ("umount", "-l", path),
+                  "cannot mount a tmpfs here"):
         yield path
-    finally:
-        _run("umount", "-l", path)
 
 
 def read_only(mount: Path) -> None:
@@ -41,10 +49,5 @@ def read_only(mount: Path) -> None:
 @contextmanager
 def immutable(path: Path):
     """`chattr +i path` for the duration: nothing inside can be created, renamed or deleted, even by root."""
-    r = _run("chattr", "+i", path)
-    if r.returncode:
-        pytest.skip(f"chattr +i is not available here ({r.stderr.strip()})")
-    try:
+    with _applied(("chattr", "+i", path), ("chattr", "-i", path), "chattr +i is not available here"):
         yield path
-    finally:
-        _run("chattr", "-i", path)
