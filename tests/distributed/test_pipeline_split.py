@@ -58,7 +58,8 @@ def test_stage_modules_chained_compute_the_models_loss():
     (("model.tie_embeddings=true",), "parallel.pipeline: a tied embedding"),
     (("parallel.zero_stage=3",), "parallel.zero_stage: FSDP (stages 2 and 3) per pipeline stage is not built"),
     (("train.precision=fp16-mixed",), "train.precision: fp16-mixed's loss scaler"),
-    (("parallel.tensor=2",), "parallel.tensor: pipeline and tensor parallelism together are not built yet"),
+    (("parallel.tensor=2", "parallel.zero_stage=1"), "parallel.zero_stage: 1 per pipeline stage takes no "
+                                                     "tensor-parallel (DTensor) parameters"),
 ])
 def test_what_the_pipelined_trainer_refuses(extra, message):
     from pretrain.distributed.pipeline import check_pipelinable

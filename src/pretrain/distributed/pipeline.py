@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from ..errors import ConfigError
 from ..plan.stages import stage_layers
@@ -42,6 +43,9 @@ class StageModule(nn.Module):
         self.norm = model.norm if self.last else None
         self.lm_head = model.lm_head if self.last else None
         self.whole = [model]  # the embedding's and rotary tables' code; a list, so not a registered submodule
+        # Tensor parallelism's row order of this stage's fused parameters (checkpoints save them canonical).
+        own = {name for name, _ in self.named_parameters()}
+        self.row_orders = {name: order for name, order in model.row_orders.items() if name in own}
 
     def forward(self, x):
         """Stage 0: token ids -> hidden states; later stages: hidden states -> hidden states (the last one's
@@ -52,7 +56,12 @@ class StageModule(nn.Module):
         rope = model.rotary(x.shape[1], x.device)
         for block in self.blocks.values():
             x = block(x, rope)
-        return self.norm(x) if self.last else x
+        x = self.norm(x) if self.last else x
+        # Under tensor parallelism the residual stream is a plain tensor (whole on every tensor rank, or this
+        # rank's part of the sequence under sequence parallelism), but the final norm's sequence-parallel
+        # output is a DTensor: the schedule wants plain tensors. The loss's input hook reads it as the
+        # sequence part it is (tensor_parallel.py).
+        return x.to_local() if isinstance(x, DTensor) else x
 
 
 def check_pipelinable(config) -> None:
@@ -68,9 +77,10 @@ def check_pipelinable(config) -> None:
     if t.precision == "fp16-mixed":
         raise ConfigError("train.precision: fp16-mixed's loss scaler would skip steps per stage, not together; "
                           "use bf16-mixed with parallel.pipeline > 1")
-    if par.tensor > 1:
-        raise ConfigError("parallel.tensor: pipeline and tensor parallelism together are not built yet; set one "
-                          "of parallel.tensor and parallel.pipeline to 1")
+    if par.tensor > 1 and par.zero_stage == 1 and par.data_parallel > 1:
+        raise ConfigError("parallel.zero_stage: 1 per pipeline stage takes no tensor-parallel (DTensor) "
+                          "parameters (ZeroRedundancyOptimizer); use parallel.zero_stage=0 with parallel.tensor > 1 "
+                          "and parallel.pipeline > 1")
 
 
 class Pipelined(Parallelized):
@@ -85,6 +95,9 @@ class Pipelined(Parallelized):
         self.index, self.stages = mesh["pp"].get_local_rank(), mesh["pp"].size()
         self.pp_group, self.dp_group = mesh["pp"].get_group(), mesh["dp"].get_group()
         self.data_parallel = mesh["dp"].size()
+        # Ranks holding the same stage's loss and gradient norm: its data-parallel replicas and, under tensor
+        # parallelism, each replica's tensor ranks (which compute the same loss and norm together).
+        self.replicas = self.data_parallel * mesh["tp"].size()
         stage = StageModule(model, self.index, self.stages)
         super().__init__(stage, config, rt)
         self.model = model
@@ -99,7 +112,7 @@ class Pipelined(Parallelized):
                 part.to("meta")  # another stage's (a model.init_from checkpoint is read whole): off this device
         if self.data_parallel > 1:  # every replica of a stage starts from rank 0's values, as DDP makes sure
             for p in stage.parameters():
-                dist.broadcast(p.data, group=self.dp_group, group_src=0)
+                dist.broadcast(_local(p.data), group=self.dp_group, group_src=0)
         self.forward = self.validation_loss
         self.schedules: dict[tuple[int, bool, int], object] = {}
 
@@ -140,6 +153,7 @@ class Pipelined(Parallelized):
         with self.autocast_context():
             schedule.step(*((tokens,) if self.index == 0 else ()), target=targets if self.is_last else None,
                           losses=losses, return_outputs=False)
+        self._settle_gradients()
         self._average_gradients()
         if not losses:
             return torch.zeros((), device=self.rt.device)
@@ -149,11 +163,19 @@ class Pipelined(Parallelized):
     def is_last(self) -> bool:
         return self.index == self.stages - 1
 
+    def _settle_gradients(self) -> None:
+        """Each tensor-parallel gradient laid out as its parameter (a replicated norm weight's gradient under
+        sequence parallelism comes back as partial sums over the sequence parts): then every rank's local
+        gradient is its own part of the whole, which the data-parallel mean and the clipping below act on."""
+        for p in self.module.parameters():
+            if isinstance(p.grad, DTensor) and p.grad.placements != p.placements:
+                p.grad = p.grad.redistribute(placements=p.placements)
+
     def _average_gradients(self) -> None:
         """The mean of this stage's gradients over its data-parallel replicas, in one flat all-reduce."""
         if self.data_parallel == 1:
             return
-        grads = [p.grad for p in self.module.parameters() if p.grad is not None]
+        grads = [_local(p.grad) for p in self.module.parameters() if p.grad is not None]
         flat = torch.cat([g.reshape(-1) for g in grads])
         dist.all_reduce(flat, group=self.dp_group)
         flat /= self.data_parallel
@@ -161,18 +183,21 @@ class Pipelined(Parallelized):
             g.copy_(part.view_as(g))
 
     def grad_norm_squared(self) -> torch.Tensor:
-        """Sum of this stage's squared gradient elements (fp32): the stages' sums add up to the model's."""
+        """Sum of this stage's squared gradient elements (fp32): the stages' sums add up to the model's. Over
+        DTensor gradients the norm is the whole stage's, the same on each of its tensor ranks."""
         grads = [p.grad for p in self.module.parameters() if p.grad is not None]
         if not grads:
             return torch.zeros((), device=self.rt.device)
-        return torch.nn.utils.get_total_norm(grads).float() ** 2
+        norm = torch.nn.utils.get_total_norm(grads)
+        return (norm.full_tensor() if isinstance(norm, DTensor) else norm).float() ** 2
 
     def clip_to(self, total_norm: float, max_norm: float) -> None:
         """Scale this stage's gradients by max_norm / total_norm when the model's norm exceeds max_norm
-        (torch's clip_grad_norm_ rule, with the norm of all stages)."""
-        if max_norm > 0:
-            grads = [p for p in self.module.parameters() if p.grad is not None]
-            torch.nn.utils.clip_grads_with_norm_(grads, max_norm, torch.tensor(total_norm, device=self.rt.device))
+        (torch's clip_grad_norm_ rule, with the norm of all stages), each rank its local part."""
+        grads = [_local(p.grad) for p in self.module.parameters() if p.grad is not None]
+        if max_norm > 0 and grads:
+            coef = max_norm / (torch.tensor(total_norm, device=self.rt.device) + 1e-6)  # clip_grads_with_norm_'s
+            torch._foreach_mul_(grads, coef.clamp(max=1.0))
 
     @torch.no_grad()
     def validation_loss(self, tokens, targets) -> torch.Tensor:
@@ -185,6 +210,11 @@ class Pipelined(Parallelized):
                     else torch.zeros((), device=self.rt.device))
         dist.broadcast(loss, group=self.pp_group, group_src=self.stages - 1)
         return loss
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a tensor-parallel DTensor (a plain tensor is its own)."""
+    return t.to_local() if isinstance(t, DTensor) else t
 
 
 class PipelinedZeRO1(Pipelined):

@@ -72,7 +72,7 @@ def memory(cfg, counts, ex: Explain) -> dict:
         ends = {0: "the embedding and ", par.pipeline - 1: "the final norm, the output layer and "}.get(k, "")
         ex.add("memory", "pipeline stage", k, f"model states above are stage {k}'s of {par.pipeline}, the heaviest: "
                f"{ends}" + (f"layers {layers.start}-{layers.stop - 1}" if len(layers) > 1 else f"layer {layers.start}")
-               + (" (tensor-parallel shares approximate)" if par.tensor > 1 else ""))
+               + (", each tensor rank's part" if par.tensor > 1 else ""))
 
     if mixed and t.optimizer == "adamw":
         # As the paper combines ZeRO with model parallelism (its table 1): each GPU holds Psi / N_m parameters,
