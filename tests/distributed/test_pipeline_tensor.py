@@ -1,5 +1,5 @@
 """Pipeline x tensor parallelism under a real torchrun on the CPU (gloo): 2 stages, each split over 2 tensor
-ranks (with and without sequence parallelism), train the tiny LLaMA as one process with the same global batch
+ranks (with and without sequence parallelism, and with 2 data-parallel replicas on 8 ranks), train the tiny LLaMA as one process with the same global batch
 does, every rank holds exactly the planner's bytes for its (stage, tensor rank), and the checkpoint is the
 single-process one: it resumes in one process and exports."""
 
@@ -96,6 +96,16 @@ def test_sequence_parallel_stages_train_as_one_process(prepared, single, tmp_pat
     run_dir = tmp_path / "run"
     r = torchrun(*settings(prepared, run_dir, "parallel.pipeline=2", "parallel.tensor=2",
                            "parallel.sequence_parallel=true", "debug.check_sharding=true"), nproc=4)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert_same_run(single, run_dir)
+
+
+def test_pipeline_x_data_x_tensor_on_eight_ranks_trains_as_one_process(prepared, single, tmp_path):
+    # 3D: each stage's two data-parallel replicas (ZeRO-0, micro-batch 4: the same global batch) average
+    # their tensor ranks' local gradients over the "dp" group.
+    run_dir = tmp_path / "run"
+    r = torchrun(*settings(prepared, run_dir, "parallel.pipeline=2", "parallel.tensor=2", "parallel.zero_stage=0",
+                           "train.micro_batch_size=4", "debug.check_sharding=true"), nproc=8)
     assert r.returncode == 0, r.stderr[-3000:]
     assert_same_run(single, run_dir)
 
