@@ -14,7 +14,13 @@ Each stage is a `StageModule` whose parameters keep their whole-model names: the
 the replicas of a stage average their gradients with one all-reduce after the step's last backward (what DDP
 does on the last micro-batch of an accumulation; DDP itself under this runtime fails on torch 2.13's second
 step, rebuilding its buckets from both micro-batches' gradients), then ZeRO-0 steps every parameter and ZeRO-1
-(ZeroRedundancyOptimizer over the dp group) each rank its share.
+each rank its share, which it then broadcasts.
+
+With tensor parallelism (a 3-D mesh) the whole model is split over mesh["tp"] first (tensor_parallel.py) and
+each stage takes its parts: a tensor rank of stage k sends its activations to the same tensor rank of stage
+k + 1, plain tensors either way (whole on every tensor rank, or under sequence parallelism each rank's part
+of the sequence, which is all the next stage's first norm needs). Gradients, their norm, the data-parallel
+mean and ZeRO-1's broadcasts act on each rank's local part of its DTensor parameters.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from torch.distributed.tensor import DTensor
 
 from ..errors import ConfigError
 from ..plan.stages import stage_layers
-from .parallelize import Parallelized, ZeRO1
+from .parallelize import Parallelized
 
 
 class StageModule(nn.Module):
@@ -77,10 +83,6 @@ def check_pipelinable(config) -> None:
     if t.precision == "fp16-mixed":
         raise ConfigError("train.precision: fp16-mixed's loss scaler would skip steps per stage, not together; "
                           "use bf16-mixed with parallel.pipeline > 1")
-    if par.tensor > 1 and par.zero_stage == 1 and par.data_parallel > 1:
-        raise ConfigError("parallel.zero_stage: 1 per pipeline stage takes no tensor-parallel (DTensor) "
-                          "parameters (ZeroRedundancyOptimizer); use parallel.zero_stage=0 with parallel.tensor > 1 "
-                          "and parallel.pipeline > 1")
 
 
 class Pipelined(Parallelized):
@@ -94,7 +96,7 @@ class Pipelined(Parallelized):
     def __init__(self, model, config, rt, mesh):
         self.index, self.stages = mesh["pp"].get_local_rank(), mesh["pp"].size()
         self.pp_group, self.dp_group = mesh["pp"].get_group(), mesh["dp"].get_group()
-        self.data_parallel = mesh["dp"].size()
+        self.data_parallel, self.mesh_dp_rank = mesh["dp"].size(), mesh["dp"].get_local_rank()
         # Ranks holding the same stage's loss and gradient norm: its data-parallel replicas and, under tensor
         # parallelism, each replica's tensor ranks (which compute the same loss and norm together).
         self.replicas = self.data_parallel * mesh["tp"].size()
@@ -218,14 +220,36 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 class PipelinedZeRO1(Pipelined):
-    """ZeRO-1 per stage: the stage's optimizer states sharded over its data-parallel group, checkpointed as
-    ZeRO1 does it."""
+    """ZeRO-1 per stage (Rajbhandari et al. 2020, "ZeRO", section 5.1, P_os): each data-parallel replica of a
+    stage keeps the optimizer states of, and updates, only the parameters it owns, then each owner broadcasts
+    its parameters to the other replicas. The partition is the planner's (plan.model_states.zero1_partition,
+    the one ZeroRedundancyOptimizer makes), over this rank's parts of the parameters. Not
+    ZeroRedundancyOptimizer itself: it broadcasts whole parameters, and a tensor-parallel one is a DTensor,
+    which has no broadcast; here each rank broadcasts its own part over its "dp" group. A checkpoint holds
+    each state once, saved by its owner, under the parameter's name (the flattened layout of every engine)."""
 
     def build_optimizer(self, config):
-        return ZeRO1.build_optimizer(self, config)
+        from ..plan.model_states import decay_groups, zero1_partition
+        from ..plan.params import param_shapes
+        from .optim import optimizer_class, param_groups
 
-    state_dict = ZeRO1.state_dict
-    load_state_dict = ZeRO1.load_state_dict
+        named = dict(self.module.named_parameters())
+        names = [n for n, _ in param_shapes(config.model) if n in named]  # param_groups' order
+        shapes = [(n, tuple(_local(named[n]).shape)) for n in names]
+        owned = zero1_partition(shapes, self.data_parallel, decay_groups(config.model, shapes))
+        self.owner = {names[i]: rank for rank, indices in enumerate(owned) for i in indices}
+        name_of = {id(p): n for n, p in named.items()}
+        groups = [{**g, "params": [p for p in g["params"] if self.owner[name_of[id(p)]] == self.mesh_dp_rank]}
+                  for g in param_groups(self.module, config.model, config.train.weight_decay)]
+        cls, kwargs = optimizer_class(config.train, self.rt.device)
+        optimizer = cls([g for g in groups if g["params"]], **kwargs)
+        optimizer.register_step_post_hook(lambda *_: self._broadcast_owned())
+        return optimizer
+
+    def _broadcast_owned(self) -> None:
+        """Every replica of the stage gets each parameter's new values from the replica that owns it."""
+        for name, p in self.module.named_parameters():
+            dist.broadcast(_local(p.data), group=self.dp_group, group_src=self.owner[name])
 
 
 def pipelined(model, config, rt, mesh) -> Pipelined:

@@ -105,7 +105,7 @@ def pipeline_train_step(par, batches, state, *, accum: int, lr: float, grad_clip
     if measure:
         measured = {"saved": None,
                     "states": model_state_bytes(par.module, getattr(optimizer, "optim", optimizer))}
-    optimizer.zero_grad(set_to_none=True)
+    par.module.zero_grad(set_to_none=True)  # every gradient of the stage: ZeRO-1's optimizer holds its own only
     batch_tokens = accum * micro_batch_size * seq_len * dp
     state.step += 1
     state.tokens += batch_tokens
