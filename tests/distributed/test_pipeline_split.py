@@ -58,8 +58,6 @@ def test_stage_modules_chained_compute_the_models_loss():
     (("model.tie_embeddings=true",), "parallel.pipeline: a tied embedding"),
     (("parallel.zero_stage=3",), "parallel.zero_stage: FSDP (stages 2 and 3) per pipeline stage is not built"),
     (("train.precision=fp16-mixed",), "train.precision: fp16-mixed's loss scaler"),
-    (("parallel.tensor=2", "parallel.zero_stage=1"), "parallel.zero_stage: 1 per pipeline stage takes no "
-                                                     "tensor-parallel (DTensor) parameters"),
 ])
 def test_what_the_pipelined_trainer_refuses(extra, message):
     from pretrain.distributed.pipeline import check_pipelinable
@@ -68,3 +66,24 @@ def test_what_the_pipelined_trainer_refuses(extra, message):
     c = config("parallel.gpus=8", "parallel.pipeline=2", *extra)
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         check_pipelinable(c)
+
+
+@pytest.mark.parametrize("zero_stage", [0, 1])
+def test_pipeline_x_tensor_x_data_is_trainable(zero_stage):
+    # A pipeline averages its stages' gradients itself (and ZeRO-1 broadcasts each rank's local parts): no
+    # DDP or ZeroRedundancyOptimizer, which take no DTensor parameters, as tensor x data without a pipeline would.
+    from pretrain.train.trainer import check_trainable
+
+    check_trainable(config("parallel.gpus=8", "parallel.pipeline=2", "parallel.tensor=2",
+                           f"parallel.zero_stage={zero_stage}"), needs_data=False)
+
+
+def test_the_planner_holds_each_stage_to_its_own_tensor_rank_parts():
+    # Pipeline x tensor: a rank holds its stage's parameters, each its tensor rank's part; the stages' parts
+    # add up to one tensor rank's part of the whole model (the planner once scaled the heaviest stage's share).
+    from pretrain.plan.model_states import model_state_tensors, numel, tensor_parallel_shape
+
+    c = config("parallel.gpus=6", "parallel.pipeline=3", "parallel.tensor=2", "train.precision=fp32")
+    per_stage = [model_state_tensors(c, stage=k)["parameters"] for k in range(3)]
+    assert sum(per_stage) == 4 * sum(numel(tensor_parallel_shape(n, s, 2)) for n, s in param_shapes(c.model))
+    assert model_state_tensors(c)["parameters"] == max(per_stage)  # the heaviest stage by default

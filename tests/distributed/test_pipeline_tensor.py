@@ -4,7 +4,6 @@ does, every rank holds exactly the planner's bytes for its (stage, tensor rank),
 single-process one: it resumes in one process and exports."""
 
 import json
-import subprocess
 
 import pytest
 

@@ -96,7 +96,7 @@ class Pipelined(Parallelized):
     def __init__(self, model, config, rt, mesh):
         self.index, self.stages = mesh["pp"].get_local_rank(), mesh["pp"].size()
         self.pp_group, self.dp_group = mesh["pp"].get_group(), mesh["dp"].get_group()
-        self.data_parallel, self.mesh_dp_rank = mesh["dp"].size(), mesh["dp"].get_local_rank()
+        self.data_parallel, self.data_rank = mesh["dp"].size(), mesh["dp"].get_local_rank()
         # Ranks holding the same stage's loss and gradient norm: its data-parallel replicas and, under tensor
         # parallelism, each replica's tensor ranks (which compute the same loss and norm together).
         self.replicas = self.data_parallel * mesh["tp"].size()
@@ -239,7 +239,7 @@ class PipelinedZeRO1(Pipelined):
         owned = zero1_partition(shapes, self.data_parallel, decay_groups(config.model, shapes))
         self.owner = {names[i]: rank for rank, indices in enumerate(owned) for i in indices}
         name_of = {id(p): n for n, p in named.items()}
-        groups = [{**g, "params": [p for p in g["params"] if self.owner[name_of[id(p)]] == self.mesh_dp_rank]}
+        groups = [{**g, "params": [p for p in g["params"] if self.owner[name_of[id(p)]] == self.data_rank]}
                   for g in param_groups(self.module, config.model, config.train.weight_decay)]
         cls, kwargs = optimizer_class(config.train, self.rt.device)
         optimizer = cls([g for g in groups if g["params"]], **kwargs)
