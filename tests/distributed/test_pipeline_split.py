@@ -87,3 +87,39 @@ def test_the_planner_holds_each_stage_to_its_own_tensor_rank_parts():
     per_stage = [model_state_tensors(c, stage=k)["parameters"] for k in range(3)]
     assert sum(per_stage) == 4 * sum(numel(tensor_parallel_shape(n, s, 2)) for n, s in param_shapes(c.model))
     assert model_state_tensors(c)["parameters"] == max(per_stage)  # the heaviest stage by default
+
+
+def test_interleaved_1f1b_gives_each_rank_chunks_p_apart():
+    from pretrain.plan.stages import bubble_fraction, chunk_indices, chunks_in_flight
+
+    assert chunk_indices(1, 4, 2) == [1, 5] and chunk_indices(1, 4, 1) == [1]
+    # 8 layers, 2 ranks x 2 chunks: rank 0 runs layers 0-1 and 4-5 (and the embedding), rank 1 the rest
+    c = config("model.num_layers=8", "parallel.gpus=2", "parallel.pipeline=2",
+               "parallel.pipeline_schedule=interleaved_1f1b")
+    held = [{n.split(".")[1] for n, _ in stage_param_shapes(c.model, k, 2, 2) if n.startswith("blocks.")}
+            for k in range(2)]
+    assert held == [{"0", "1", "4", "5"}, {"2", "3", "6", "7"}]
+    assert bubble_fraction(4, 8) == 3 / 11 and bubble_fraction(4, 8, 2) == 3 / 19
+    # The first rank's warm-up: (v - 1) p + 2 (p - 1) chunk forwards, then its first backward's: v p + p - 1
+    # chunk activations, 1 + (p - 1) / (v p) times 1F1B's p stages of v chunks (section 2.2.2).
+    assert [chunks_in_flight(k, 4, 8, 2) for k in range(4)] == [11, 9, 7, 5]
+    assert chunks_in_flight(0, 4, 2, 2) == 4  # capped by the step's v m chunk micro-batches
+
+
+def test_the_planner_counts_the_interleaved_ranks_in_flight_activations():
+    from pretrain.plan.activations import activation_bytes
+
+    base = ("model.num_layers=8", "parallel.gpus=4", "parallel.pipeline=4", "train.grad_accum_steps=8")
+    plain, inter = (config(*base, *extra) for extra in ((), ("parallel.pipeline_schedule=interleaved_1f1b",)))
+    a = activation_bytes(plain.model, plain.train, plain.parallel)
+    b = activation_bytes(inter.model, inter.train, inter.parallel)
+    assert (a["layers"], a["in_flight"]) == (2, 4)  # 2 layers x p micro-batches on the first stage
+    assert (b["layers"], b["in_flight"]) == (1, 11)  # 1-layer chunks x (v p + p - 1)
+    assert b["total"] - b["once"] == (a["total"] - a["once"]) * 11 // 8
+
+
+def test_interleaving_needs_two_layers_per_stage():
+    from pretrain.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="parallel.pipeline_schedule: interleaved_1f1b runs 2 chunks"):
+        config("parallel.gpus=4", "parallel.pipeline=4", "parallel.pipeline_schedule=interleaved_1f1b")

@@ -31,17 +31,23 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from ..errors import ConfigError
-from ..plan.stages import stage_layers
+from ..plan.stages import chunk_indices, chunks_per_stage, stage_layers
 from .parallelize import Parallelized
 
 
 class StageModule(nn.Module):
-    """The part of `model` that pipeline stage `index` of `stages` runs, under the whole model's names."""
+    """The part of `model` that pipeline stage `index` of `stages` runs, under the whole model's names.
 
-    def __init__(self, model, index: int, stages: int):
+    Under interleaved 1F1B (`chunks` > 1) the stage holds its chunks' layers and `chunks` lists one
+    StageModule per chunk (over the same blocks, not registered twice), which the schedule runs; a stage of
+    one chunk is its own."""
+
+    def __init__(self, model, index: int, stages: int, chunks: int = 1):
         super().__init__()
-        self.first, self.last = index == 0, index == stages - 1
-        layers = stage_layers(len(model.blocks), stages)[index]
+        ids = chunk_indices(index, stages, chunks)
+        self.first, self.last = 0 in ids, stages * chunks - 1 in ids
+        split = stage_layers(len(model.blocks), stages * chunks)
+        layers = [i for c in ids for i in split[c]]
         self.embed = model.embed if self.first else None
         self.pos_embed = model.pos_embed if self.first else None
         # A dict keyed by the block's index in the whole model: "blocks.5.attn.qkv.weight" on every layout.
@@ -52,6 +58,7 @@ class StageModule(nn.Module):
         # Tensor parallelism's row order of this stage's fused parameters (checkpoints save them canonical).
         own = {name for name, _ in self.named_parameters()}
         self.row_orders = {name: order for name, order in model.row_orders.items() if name in own}
+        self.chunks = [self] if chunks == 1 else [StageModule(model, c, stages * chunks) for c in ids]
 
     def forward(self, x):
         """Stage 0: token ids -> hidden states; later stages: hidden states -> hidden states (the last one's
@@ -100,7 +107,8 @@ class Pipelined(Parallelized):
         # Ranks holding the same stage's loss and gradient norm: its data-parallel replicas and, under tensor
         # parallelism, each replica's tensor ranks (which compute the same loss and norm together).
         self.replicas = self.data_parallel * mesh["tp"].size()
-        stage = StageModule(model, self.index, self.stages)
+        self.chunks = chunks_per_stage(config.parallel)
+        stage = StageModule(model, self.index, self.stages, self.chunks)
         super().__init__(stage, config, rt)
         self.model = model
         if any(p.is_meta for p in stage.parameters()):
@@ -126,12 +134,18 @@ class Pipelined(Parallelized):
         """The schedule of `micro_batches` per step of `rows` sequences in all, made once per shape (a stage
         sizes its buffers on first use; the batch ramp and a short last validation batch change it): 1F1B;
         GPipe (every forward, then every backward) for evaluation, which has no backward, and for fewer
-        micro-batches than stages (a batch ramp's first steps), where 1F1B's warm-up is all of them anyway."""
+        micro-batches than stages (a batch ramp's first steps), where 1F1B's warm-up is all of them anyway.
+        With chunks, their multi-stage forms: interleaved 1F1B, and looped BFS (GPipe's order per chunk)
+        where interleaved 1F1B does not take the count (torch's takes m with m % max(1, m // p) == 0)."""
         key = (micro_batches, training, rows)
         if key not in self.schedules:
-            from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+            from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
+                                                      ScheduleInterleaved1F1B, ScheduleLoopedBFS)
 
-            stage = PipelineStage(self.module, self.index, self.stages, self.rt.device, group=self.pp_group)
+            total = self.stages * self.chunks
+            stages = [PipelineStage(chunk, c, total, self.rt.device, group=self.pp_group) for chunk, c in
+                      zip(self.module.chunks, chunk_indices(self.index, self.stages, self.chunks))]
+            stage = stages if self.chunks > 1 else stages[0]
             model = self.model
 
             def loss_fn(h, targets):
@@ -139,10 +153,14 @@ class Pipelined(Parallelized):
                 # micro-batches, as in train_step (scale_grads=False: nothing divides again).
                 return model.loss(h, model.lm_head.weight, targets) / micro_batches
 
+            one_f_one_b, gpipe = ((ScheduleInterleaved1F1B, ScheduleLoopedBFS) if self.chunks > 1
+                                  else (Schedule1F1B, ScheduleGPipe))
             if not training:  # forward only: the last stage's output comes back, and the loss is taken here
-                self.schedules[key] = ScheduleGPipe(stage, micro_batches)
+                self.schedules[key] = gpipe(stage, micro_batches)
             else:
-                kind = Schedule1F1B if micro_batches >= self.stages else ScheduleGPipe
+                takes = micro_batches >= self.stages and (
+                    self.chunks == 1 or micro_batches % max(1, micro_batches // self.stages) == 0)
+                kind = one_f_one_b if takes else gpipe
                 self.schedules[key] = kind(stage, micro_batches, loss_fn=loss_fn, scale_grads=False)
         return self.schedules[key]
 

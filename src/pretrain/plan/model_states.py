@@ -9,7 +9,7 @@ import heapq
 
 from ..gpus import gpu_spec
 from .params import padded_vocab_size, param_shapes
-from .stages import stage_layers, stage_param_shapes
+from .stages import chunks_per_stage, stage_param_shapes
 
 
 def numel(shape) -> int:
@@ -108,7 +108,8 @@ def model_state_tensors(cfg, rank: int | None = None, stage: int | None = None) 
     dp = par.data_parallel
     whole = param_shapes(m)
     stage = (heaviest_stage(cfg) if par.pipeline > 1 else 0) if stage is None else stage
-    shapes = [(n, tensor_parallel_shape(n, s, par.tensor)) for n, s in stage_param_shapes(m, stage, par.pipeline)]
+    shapes = [(n, tensor_parallel_shape(n, s, par.tensor))
+              for n, s in stage_param_shapes(m, stage, par.pipeline, chunks_per_stage(par))]
     # One block's and the root's tensors as this rank holds them (a stage's list may lack block 0).
     block_shapes = whole if par.pipeline > 1 else shapes
     mixed = t.precision.endswith("-mixed")
@@ -145,7 +146,7 @@ def model_state_tensors(cfg, rank: int | None = None, stage: int | None = None) 
     elif zero == 3:  # the block being computed, the prefetched next one, and the root's parameters
         copies = compute_bytes * (min(2, m.num_layers) * per_layer + root)
     elif mixed:  # autocast keeps a half-precision copy of each matmul weight for backward
-        layers_here = len(stage_layers(m.num_layers, par.pipeline)[stage])
+        layers_here = len({n.split(".")[1] for n, _ in shapes if n.startswith("blocks.")})
         layers_kept = 1 if t.activation_checkpointing == "full" else layers_here  # full: the recomputed one
         copies = 2 * (layers_kept * layer_matmul + output_matmul) // (par.tensor if par.pipeline > 1 else 1)
     else:
@@ -161,8 +162,8 @@ def heaviest_stage(cfg) -> int:
     """The pipeline stage with the most parameters (the first of equals): the one whose model states must fit.
     The first holds the embedding, the last the final norm and output layer, and the later stages one layer
     more when the layers do not divide evenly; counted per tensor rank (the norms are whole on every one)."""
-    p, t = cfg.parallel.pipeline, cfg.parallel.tensor
-    sizes = [sum(numel(tensor_parallel_shape(n, s, t)) for n, s in stage_param_shapes(cfg.model, k, p))
+    p, t, v = cfg.parallel.pipeline, cfg.parallel.tensor, chunks_per_stage(cfg.parallel)
+    sizes = [sum(numel(tensor_parallel_shape(n, s, t)) for n, s in stage_param_shapes(cfg.model, k, p, v))
              for k in range(p)]
     return sizes.index(max(sizes))
 
