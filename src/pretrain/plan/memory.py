@@ -93,7 +93,9 @@ def memory(cfg, counts, ex: Explain) -> dict:
            f"{per_layer_formula} with b={t.micro_batch_size}, s={t.seq_len}, h={m.hidden_size}, "
            f"H'={m.intermediate_size}" + (f", / tensor {par.tensor}" if par.tensor > 1 else ""))
     ex.add("memory", "activations", gib(act["total"]),
-           f"{act['layers']} layers x {act['in_flight']} micro-batch(es) in flight x {act['per_layer']:,}"
+           (f"{act['layers']} layers x {act['in_flight']} micro-batch(es) in flight" if chunks_per_stage(par) == 1
+            else f"chunks of {act['layers']} layers x {act['in_flight']} chunk micro-batches in flight (interleaved)")
+           + f" x {act['per_layer']:,}"
            + (f" + one recomputed block {act['recompute_working']:,}" if act["recompute_working"] else "")
            + f" + embedding/final norm/loss {act['once']:,}")
 
