@@ -131,3 +131,20 @@ def test_a_tied_embedding_is_refused_in_one_line(prepared, tmp_path):
                  nproc=2)
     assert r.returncode != 0
     assert "pretrain train: error: parallel.pipeline: a tied embedding" in r.stderr
+
+
+def test_interleaved_1f1b_matches_one_process(prepared, tmp_path):
+    # 4 layers on 2 ranks of 2 chunks (rank 0: layers 0 and 2, rank 1: 1 and 3). Under a batch ramp the
+    # step's micro-batches go from 1 up: interleaved 1F1B runs the counts it takes (m % max(1, m // p) == 0),
+    # looped BFS the others, and both give the one-process losses.
+    extra = ("model.num_layers=4", "train.batch_ramp_tokens=4000", "train.batch_ramp_start=256")
+    one, two = tmp_path / "one", tmp_path / "two"
+    r = run_cli("train", *settings(prepared, one, 8, *extra))
+    assert r.returncode == 0, r.stderr
+    r = torchrun(*settings(prepared, two, 8, *extra, "parallel.pipeline=2",
+                           "parallel.pipeline_schedule=interleaved_1f1b"), nproc=2)
+    assert r.returncode == 0, r.stderr[-3000:]
+    accums = {json.loads(x)["batch_tokens"] // 256 for x in (two / "metrics.jsonl").read_text().splitlines()
+              if '"batch_tokens"' in x}
+    assert {1, 2, 3} <= accums  # looped BFS (fewer micro-batches than ranks), then interleaved 1F1B
+    same_run(one, two)

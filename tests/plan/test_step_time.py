@@ -84,3 +84,15 @@ def test_against_a_published_measurement():
               "hardware.gpu=a100-80gb", "train.micro_batch_size=1", "train.grad_accum_steps=1",
               "parallel.zero_stage=3", "train.activation_checkpointing=selective")
     assert st["tokens_per_second"] / 64 == pytest.approx(2973, rel=0.15)
+
+
+def test_interleaved_1f1b_shrinks_the_bubble_for_more_point_to_point():
+    # Narayanan et al. 2021, section 2.2.2: v = 2 chunks per stage, a bubble of (p-1) / (v m + p - 1), each
+    # slot sending v chunks' activations and gradients.
+    pipe = ["parallel.gpus=8", "parallel.pipeline=4", "train.grad_accum_steps=4"]
+    plain = step(*H100_8B, *pipe)
+    inter = step(*H100_8B, *pipe, "parallel.pipeline_schedule=interleaved_1f1b")
+    assert inter["pipeline_bubble"] == pytest.approx(3 / 11)
+    assert inter["pipeline_p2p_s"] == pytest.approx(2 * plain["pipeline_p2p_s"])
+    assert inter["forward_backward_s"] == pytest.approx(5.5 * (inter["micro_batch_s"] + inter["pipeline_p2p_s"]))
+    assert inter["seconds"] < plain["seconds"]

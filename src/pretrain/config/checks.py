@@ -131,6 +131,10 @@ def validate(c: Config) -> None:
         # Parameters live off the GPU only when ZeRO-3 gathers them per block (DeepSpeed ZeRO-Infinity).
         raise ConfigError("parallel.offload: optimizer+params needs parallel.zero_stage=3 with data parallel > 1 "
                           "(parameter offload exists only with ZeRO-3); set it, or use parallel.offload=optimizer")
+    if p.pipeline_schedule == "interleaved_1f1b" and p.pipeline > 1 and 2 * p.pipeline > m.num_layers:
+        raise ConfigError(f"parallel.pipeline_schedule: interleaved_1f1b runs 2 chunks of layers per stage, "
+                          f"{2 * p.pipeline} for {m.num_layers} layers; use 1f1b or parallel.pipeline <= "
+                          f"{m.num_layers // 2}")
 
     gpu_spec(h.gpu)  # raises with the list of known cards
     if not 0 < h.mfu <= 1:

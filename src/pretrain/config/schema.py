@@ -110,6 +110,9 @@ class ParallelConfig:
     grad_sync: str = doc("micro_batch", "FSDP (ZeRO 2/3) with gradient accumulation: micro_batch (reduce-scatter "
                          "after every micro-batch: gradients stay sharded) | step (only after the last micro-batch: "
                          "less communication, unsharded fp32 gradients held in between)", ("micro_batch", "step"))
+    pipeline_schedule: str = doc("1f1b", "1f1b | interleaved_1f1b (each pipeline rank runs 2 model chunks: a "
+                                 "bubble of (p-1)/(2m+p-1) for more micro-batches in flight; docs/parallel.md)",
+                                 ("1f1b", "interleaved_1f1b"))
 
     @property
     def data_parallel(self) -> int:

@@ -97,8 +97,8 @@ class Parallelized:
 
     @property
     def row_orders(self) -> dict:
-        """Tensor parallelism's row order of each fused parameter (none otherwise; a pipeline stage's module,
-        which tensor x pipeline would need, has none yet)."""
+        """Tensor parallelism's row order of each fused parameter of `module` (the whole model's, or a
+        pipeline stage's own; none without tensor parallelism)."""
         return getattr(self.module, "row_orders", {})
 
     def load_state_dict(self, sd: dict) -> None:

@@ -14,7 +14,13 @@ Each stage is a `StageModule` whose parameters keep their whole-model names: the
 the replicas of a stage average their gradients with one all-reduce after the step's last backward (what DDP
 does on the last micro-batch of an accumulation; DDP itself under this runtime fails on torch 2.13's second
 step, rebuilding its buckets from both micro-batches' gradients), then ZeRO-0 steps every parameter and ZeRO-1
-(ZeroRedundancyOptimizer over the dp group) each rank its share.
+each rank its share, which it then broadcasts.
+
+With tensor parallelism (a 3-D mesh) the whole model is split over mesh["tp"] first (tensor_parallel.py) and
+each stage takes its parts: a tensor rank of stage k sends its activations to the same tensor rank of stage
+k + 1, plain tensors either way (whole on every tensor rank, or under sequence parallelism each rank's part
+of the sequence, which is all the next stage's first norm needs). Gradients, their norm, the data-parallel
+mean and ZeRO-1's broadcasts act on each rank's local part of its DTensor parameters.
 """
 
 from __future__ import annotations
@@ -22,19 +28,26 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from ..errors import ConfigError
-from ..plan.stages import stage_layers
-from .parallelize import Parallelized, ZeRO1
+from ..plan.stages import chunk_indices, chunks_per_stage, stage_layers
+from .parallelize import Parallelized
 
 
 class StageModule(nn.Module):
-    """The part of `model` that pipeline stage `index` of `stages` runs, under the whole model's names."""
+    """The part of `model` that pipeline stage `index` of `stages` runs, under the whole model's names.
 
-    def __init__(self, model, index: int, stages: int):
+    Under interleaved 1F1B (`chunks` > 1) the stage holds its chunks' layers and `chunks` lists one
+    StageModule per chunk (over the same blocks, not registered twice), which the schedule runs; a stage of
+    one chunk is its own."""
+
+    def __init__(self, model, index: int, stages: int, chunks: int = 1):
         super().__init__()
-        self.first, self.last = index == 0, index == stages - 1
-        layers = stage_layers(len(model.blocks), stages)[index]
+        ids = chunk_indices(index, stages, chunks)
+        self.first, self.last = 0 in ids, stages * chunks - 1 in ids
+        split = stage_layers(len(model.blocks), stages * chunks)
+        layers = [i for c in ids for i in split[c]]
         self.embed = model.embed if self.first else None
         self.pos_embed = model.pos_embed if self.first else None
         # A dict keyed by the block's index in the whole model: "blocks.5.attn.qkv.weight" on every layout.
@@ -42,6 +55,10 @@ class StageModule(nn.Module):
         self.norm = model.norm if self.last else None
         self.lm_head = model.lm_head if self.last else None
         self.whole = [model]  # the embedding's and rotary tables' code; a list, so not a registered submodule
+        # Tensor parallelism's row order of this stage's fused parameters (checkpoints save them canonical).
+        own = {name for name, _ in self.named_parameters()}
+        self.row_orders = {name: order for name, order in model.row_orders.items() if name in own}
+        self.chunks = [self] if chunks == 1 else [StageModule(model, c, stages * chunks) for c in ids]
 
     def forward(self, x):
         """Stage 0: token ids -> hidden states; later stages: hidden states -> hidden states (the last one's
@@ -52,7 +69,12 @@ class StageModule(nn.Module):
         rope = model.rotary(x.shape[1], x.device)
         for block in self.blocks.values():
             x = block(x, rope)
-        return self.norm(x) if self.last else x
+        x = self.norm(x) if self.last else x
+        # Under tensor parallelism the residual stream is a plain tensor (whole on every tensor rank, or this
+        # rank's part of the sequence under sequence parallelism), but the final norm's sequence-parallel
+        # output is a DTensor: the schedule wants plain tensors. The loss's input hook reads it as the
+        # sequence part it is (tensor_parallel.py).
+        return x.to_local() if isinstance(x, DTensor) else x
 
 
 def check_pipelinable(config) -> None:
@@ -68,9 +90,6 @@ def check_pipelinable(config) -> None:
     if t.precision == "fp16-mixed":
         raise ConfigError("train.precision: fp16-mixed's loss scaler would skip steps per stage, not together; "
                           "use bf16-mixed with parallel.pipeline > 1")
-    if par.tensor > 1:
-        raise ConfigError("parallel.tensor: pipeline and tensor parallelism together are not built yet; set one "
-                          "of parallel.tensor and parallel.pipeline to 1")
 
 
 class Pipelined(Parallelized):
@@ -84,8 +103,12 @@ class Pipelined(Parallelized):
     def __init__(self, model, config, rt, mesh):
         self.index, self.stages = mesh["pp"].get_local_rank(), mesh["pp"].size()
         self.pp_group, self.dp_group = mesh["pp"].get_group(), mesh["dp"].get_group()
-        self.data_parallel = mesh["dp"].size()
-        stage = StageModule(model, self.index, self.stages)
+        self.data_parallel, self.data_rank = mesh["dp"].size(), mesh["dp"].get_local_rank()
+        # Ranks holding the same stage's loss and gradient norm: its data-parallel replicas and, under tensor
+        # parallelism, each replica's tensor ranks (which compute the same loss and norm together).
+        self.replicas = self.data_parallel * mesh["tp"].size()
+        self.chunks = chunks_per_stage(config.parallel)
+        stage = StageModule(model, self.index, self.stages, self.chunks)
         super().__init__(stage, config, rt)
         self.model = model
         if any(p.is_meta for p in stage.parameters()):
@@ -99,7 +122,7 @@ class Pipelined(Parallelized):
                 part.to("meta")  # another stage's (a model.init_from checkpoint is read whole): off this device
         if self.data_parallel > 1:  # every replica of a stage starts from rank 0's values, as DDP makes sure
             for p in stage.parameters():
-                dist.broadcast(p.data, group=self.dp_group, group_src=0)
+                dist.broadcast(_local(p.data), group=self.dp_group, group_src=0)
         self.forward = self.validation_loss
         self.schedules: dict[tuple[int, bool, int], object] = {}
 
@@ -111,12 +134,18 @@ class Pipelined(Parallelized):
         """The schedule of `micro_batches` per step of `rows` sequences in all, made once per shape (a stage
         sizes its buffers on first use; the batch ramp and a short last validation batch change it): 1F1B;
         GPipe (every forward, then every backward) for evaluation, which has no backward, and for fewer
-        micro-batches than stages (a batch ramp's first steps), where 1F1B's warm-up is all of them anyway."""
+        micro-batches than stages (a batch ramp's first steps), where 1F1B's warm-up is all of them anyway.
+        With chunks, their multi-stage forms: interleaved 1F1B, and looped BFS (GPipe's order per chunk)
+        where interleaved 1F1B does not take the count (torch's takes m with m % max(1, m // p) == 0)."""
         key = (micro_batches, training, rows)
         if key not in self.schedules:
-            from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+            from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
+                                                      ScheduleInterleaved1F1B, ScheduleLoopedBFS)
 
-            stage = PipelineStage(self.module, self.index, self.stages, self.rt.device, group=self.pp_group)
+            total = self.stages * self.chunks
+            stages = [PipelineStage(chunk, c, total, self.rt.device, group=self.pp_group) for chunk, c in
+                      zip(self.module.chunks, chunk_indices(self.index, self.stages, self.chunks))]
+            stage = stages if self.chunks > 1 else stages[0]
             model = self.model
 
             def loss_fn(h, targets):
@@ -124,10 +153,14 @@ class Pipelined(Parallelized):
                 # micro-batches, as in train_step (scale_grads=False: nothing divides again).
                 return model.loss(h, model.lm_head.weight, targets) / micro_batches
 
+            one_f_one_b, gpipe = ((ScheduleInterleaved1F1B, ScheduleLoopedBFS) if self.chunks > 1
+                                  else (Schedule1F1B, ScheduleGPipe))
             if not training:  # forward only: the last stage's output comes back, and the loss is taken here
-                self.schedules[key] = ScheduleGPipe(stage, micro_batches)
+                self.schedules[key] = gpipe(stage, micro_batches)
             else:
-                kind = Schedule1F1B if micro_batches >= self.stages else ScheduleGPipe
+                takes = micro_batches >= self.stages and (
+                    self.chunks == 1 or micro_batches % max(1, micro_batches // self.stages) == 0)
+                kind = one_f_one_b if takes else gpipe
                 self.schedules[key] = kind(stage, micro_batches, loss_fn=loss_fn, scale_grads=False)
         return self.schedules[key]
 
@@ -140,6 +173,7 @@ class Pipelined(Parallelized):
         with self.autocast_context():
             schedule.step(*((tokens,) if self.index == 0 else ()), target=targets if self.is_last else None,
                           losses=losses, return_outputs=False)
+        self._settle_gradients()
         self._average_gradients()
         if not losses:
             return torch.zeros((), device=self.rt.device)
@@ -149,11 +183,19 @@ class Pipelined(Parallelized):
     def is_last(self) -> bool:
         return self.index == self.stages - 1
 
+    def _settle_gradients(self) -> None:
+        """Each tensor-parallel gradient laid out as its parameter (a replicated norm weight's gradient under
+        sequence parallelism comes back as partial sums over the sequence parts): then every rank's local
+        gradient is its own part of the whole, which the data-parallel mean and the clipping below act on."""
+        for p in self.module.parameters():
+            if isinstance(p.grad, DTensor) and p.grad.placements != p.placements:
+                p.grad = p.grad.redistribute(placements=p.placements)
+
     def _average_gradients(self) -> None:
         """The mean of this stage's gradients over its data-parallel replicas, in one flat all-reduce."""
         if self.data_parallel == 1:
             return
-        grads = [p.grad for p in self.module.parameters() if p.grad is not None]
+        grads = [_local(p.grad) for p in self.module.parameters() if p.grad is not None]
         flat = torch.cat([g.reshape(-1) for g in grads])
         dist.all_reduce(flat, group=self.dp_group)
         flat /= self.data_parallel
@@ -161,18 +203,21 @@ class Pipelined(Parallelized):
             g.copy_(part.view_as(g))
 
     def grad_norm_squared(self) -> torch.Tensor:
-        """Sum of this stage's squared gradient elements (fp32): the stages' sums add up to the model's."""
+        """Sum of this stage's squared gradient elements (fp32): the stages' sums add up to the model's. Over
+        DTensor gradients the norm is the whole stage's, the same on each of its tensor ranks."""
         grads = [p.grad for p in self.module.parameters() if p.grad is not None]
         if not grads:
             return torch.zeros((), device=self.rt.device)
-        return torch.nn.utils.get_total_norm(grads).float() ** 2
+        norm = torch.nn.utils.get_total_norm(grads)
+        return (norm.full_tensor() if isinstance(norm, DTensor) else norm).float() ** 2
 
     def clip_to(self, total_norm: float, max_norm: float) -> None:
         """Scale this stage's gradients by max_norm / total_norm when the model's norm exceeds max_norm
-        (torch's clip_grad_norm_ rule, with the norm of all stages)."""
-        if max_norm > 0:
-            grads = [p for p in self.module.parameters() if p.grad is not None]
-            torch.nn.utils.clip_grads_with_norm_(grads, max_norm, torch.tensor(total_norm, device=self.rt.device))
+        (torch's clip_grad_norm_ rule, with the norm of all stages), each rank its local part."""
+        grads = [_local(p.grad) for p in self.module.parameters() if p.grad is not None]
+        if max_norm > 0 and grads:
+            coef = max_norm / (torch.tensor(total_norm, device=self.rt.device) + 1e-6)  # clip_grads_with_norm_'s
+            torch._foreach_mul_(grads, coef.clamp(max=1.0))
 
     @torch.no_grad()
     def validation_loss(self, tokens, targets) -> torch.Tensor:
@@ -187,15 +232,42 @@ class Pipelined(Parallelized):
         return loss
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a tensor-parallel DTensor (a plain tensor is its own)."""
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
 class PipelinedZeRO1(Pipelined):
-    """ZeRO-1 per stage: the stage's optimizer states sharded over its data-parallel group, checkpointed as
-    ZeRO1 does it."""
+    """ZeRO-1 per stage (Rajbhandari et al. 2020, "ZeRO", section 5.1, P_os): each data-parallel replica of a
+    stage keeps the optimizer states of, and updates, only the parameters it owns, then each owner broadcasts
+    its parameters to the other replicas. The partition is the planner's (plan.model_states.zero1_partition,
+    the one ZeroRedundancyOptimizer makes), over this rank's parts of the parameters. Not
+    ZeroRedundancyOptimizer itself: it broadcasts whole parameters, and a tensor-parallel one is a DTensor,
+    which has no broadcast; here each rank broadcasts its own part over its "dp" group. A checkpoint holds
+    each state once, saved by its owner, under the parameter's name (the flattened layout of every engine)."""
 
     def build_optimizer(self, config):
-        return ZeRO1.build_optimizer(self, config)
+        from ..plan.model_states import decay_groups, zero1_partition
+        from ..plan.params import param_shapes
+        from .optim import optimizer_class, param_groups
 
-    state_dict = ZeRO1.state_dict
-    load_state_dict = ZeRO1.load_state_dict
+        named = dict(self.module.named_parameters())
+        names = [n for n, _ in param_shapes(config.model) if n in named]  # param_groups' order
+        shapes = [(n, tuple(_local(named[n]).shape)) for n in names]
+        owned = zero1_partition(shapes, self.data_parallel, decay_groups(config.model, shapes))
+        self.owner = {names[i]: rank for rank, indices in enumerate(owned) for i in indices}
+        name_of = {id(p): n for n, p in named.items()}
+        groups = [{**g, "params": [p for p in g["params"] if self.owner[name_of[id(p)]] == self.data_rank]}
+                  for g in param_groups(self.module, config.model, config.train.weight_decay)]
+        cls, kwargs = optimizer_class(config.train, self.rt.device)
+        optimizer = cls([g for g in groups if g["params"]], **kwargs)
+        optimizer.register_step_post_hook(lambda *_: self._broadcast_owned())
+        return optimizer
+
+    def _broadcast_owned(self) -> None:
+        """Every replica of the stage gets each parameter's new values from the replica that owns it."""
+        for name, p in self.module.named_parameters():
+            dist.broadcast(_local(p.data), group=self.dp_group, group_src=self.owner[name])
 
 
 def pipelined(model, config, rt, mesh) -> Pipelined:

@@ -27,7 +27,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from .params import padded_vocab_size
-from .stages import in_flight as stage_in_flight, stage_layers
+from .stages import chunk_indices, chunks_in_flight, chunks_per_stage, in_flight as stage_in_flight, stage_layers
 
 COMPUTE_BYTES = {"fp32": 4, "fp16-mixed": 2, "bf16-mixed": 2, "bf16": 2}
 
@@ -211,10 +211,18 @@ def activation_bytes(m, t, parallel, b: int | None = None, native_gqa: bool = Tr
     b = b or t.micro_batch_size
     tp, pp, sp = parallel.tensor, parallel.pipeline, parallel.sequence_parallel
     # 1F1B: stage k holds up to p - k micro-batches of its layers' activations; the stage holding the most
-    # (the first, unless a later one has more layers) is the one that must fit.
-    splits = stage_layers(m.num_layers, pp)
-    stage = max(range(pp), key=lambda k: stage_in_flight(k, pp, t.grad_accum_steps) * len(splits[k]))
-    layers, in_flight = len(splits[stage]), stage_in_flight(stage, pp, t.grad_accum_steps)
+    # (the first, unless a later one has more layers) is the one that must fit. Interleaved: rank k holds
+    # chunks_in_flight (chunk, micro-batch) activations, each of a chunk's layers (its largest chunk's).
+    v = chunks_per_stage(parallel)
+    splits = stage_layers(m.num_layers, pp * v)
+
+    def held(k: int) -> tuple[int, int]:  # (layers, in flight) of rank k
+        if v == 1:
+            return len(splits[k]), stage_in_flight(k, pp, t.grad_accum_steps)
+        return (max(len(splits[c]) for c in chunk_indices(k, pp, v)),
+                chunks_in_flight(k, pp, t.grad_accum_steps, v))
+
+    layers, in_flight = max((held(k) for k in range(pp)), key=lambda x: x[0] * x[1])
     per_layer_terms = layer_terms(m, t, parallel, b, native_gqa=native_gqa)
     per_layer = _shard(per_layer_terms, tp, sp)
     once = once_terms(m, t, parallel, b)

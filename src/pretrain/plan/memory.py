@@ -38,7 +38,7 @@ from .explain import Explain
 from .hardware import device_memory_bytes
 from .model_states import heaviest_stage, model_state_tensors, numel, stage_share, zero_paper_bytes
 from .params import param_shapes
-from .stages import stage_layers
+from .stages import chunk_indices, chunks_per_stage, stage_layers
 
 PHASES = ("forward", "loss_backward", "backward", "optimizer_step")
 # Once-per-micro-batch tensors kept until the embedding's backward, the very last; the final norm's, the output
@@ -68,11 +68,14 @@ def memory(cfg, counts, ex: Explain) -> dict:
            + (f" (sharded over {dp})" if zero >= 1 else "") + (" (offloaded to the host)" if host_offload else ""))
     if par.pipeline > 1:
         k = heaviest_stage(cfg)
-        layers = stage_layers(m.num_layers, par.pipeline)[k]
+        v = chunks_per_stage(par)
+        split = stage_layers(m.num_layers, par.pipeline * v)
+        chunks = [split[c] for c in chunk_indices(k, par.pipeline, v)]  # one range without interleaving
+        held = " and ".join(f"{r.start}-{r.stop - 1}" if len(r) > 1 else f"{r.start}" for r in chunks)
         ends = {0: "the embedding and ", par.pipeline - 1: "the final norm, the output layer and "}.get(k, "")
         ex.add("memory", "pipeline stage", k, f"model states above are stage {k}'s of {par.pipeline}, the heaviest: "
-               f"{ends}" + (f"layers {layers.start}-{layers.stop - 1}" if len(layers) > 1 else f"layer {layers.start}")
-               + (" (tensor-parallel shares approximate)" if par.tensor > 1 else ""))
+               f"{ends}" + (f"layers {held}" if sum(map(len, chunks)) > 1 else f"layer {held}")
+               + (", each tensor rank's part" if par.tensor > 1 else ""))
 
     if mixed and t.optimizer == "adamw":
         # As the paper combines ZeRO with model parallelism (its table 1): each GPU holds Psi / N_m parameters,
@@ -90,7 +93,9 @@ def memory(cfg, counts, ex: Explain) -> dict:
            f"{per_layer_formula} with b={t.micro_batch_size}, s={t.seq_len}, h={m.hidden_size}, "
            f"H'={m.intermediate_size}" + (f", / tensor {par.tensor}" if par.tensor > 1 else ""))
     ex.add("memory", "activations", gib(act["total"]),
-           f"{act['layers']} layers x {act['in_flight']} micro-batch(es) in flight x {act['per_layer']:,}"
+           (f"{act['layers']} layers x {act['in_flight']} micro-batch(es) in flight" if chunks_per_stage(par) == 1
+            else f"chunks of {act['layers']} layers x {act['in_flight']} chunk micro-batches in flight (interleaved)")
+           + f" x {act['per_layer']:,}"
            + (f" + one recomputed block {act['recompute_working']:,}" if act["recompute_working"] else "")
            + f" + embedding/final norm/loss {act['once']:,}")
 

@@ -9,7 +9,7 @@ import heapq
 
 from ..gpus import gpu_spec
 from .params import padded_vocab_size, param_shapes
-from .stages import stage_layers, stage_param_shapes
+from .stages import chunks_per_stage, stage_param_shapes
 
 
 def numel(shape) -> int:
@@ -102,21 +102,14 @@ def model_state_tensors(cfg, rank: int | None = None, stage: int | None = None) 
     states, and working copies (half-precision or gathered parameters).
     `rank`: that data-parallel rank's share (ranks differ under ZeRO-1 and uneven FSDP chunks); by default
     the largest share (what must fit). `stage`: that pipeline stage's parameters (pretrain.plan.stages); by
-    default the heaviest stage's. Exact when one of the two model splits is absent: a pipeline stage holds
-    whole tensors of its own layers; tensor parallelism alone holds each tensor rank's part of every parameter
-    (FSDP2 then shards that part over the data ranks). Both together: the heaviest stage's share of the
-    whole, an approximation (the trainer does not compose them yet)."""
+    default the heaviest stage's. A rank holds its stage's parameters, each its tensor rank's part (FSDP2
+    then shards that part over the data ranks), as the trainer holds them in every layout."""
     m, t, par = cfg.model, cfg.train, cfg.parallel
     dp = par.data_parallel
-    model_parallel = par.tensor * par.pipeline
     whole = param_shapes(m)
     stage = (heaviest_stage(cfg) if par.pipeline > 1 else 0) if stage is None else stage
-    by_stage = par.pipeline > 1 and par.tensor == 1
-    exact = by_stage or par.pipeline == 1
-    if by_stage:
-        shapes = stage_param_shapes(m, stage, par.pipeline)
-    else:
-        shapes = [(n, tensor_parallel_shape(n, s, par.tensor) if exact else s) for n, s in whole]
+    shapes = [(n, tensor_parallel_shape(n, s, par.tensor))
+              for n, s in stage_param_shapes(m, stage, par.pipeline, chunks_per_stage(par))]
     # One block's and the root's tensors as this rank holds them (a stage's list may lack block 0).
     block_shapes = whole if par.pipeline > 1 else shapes
     mixed = t.precision.endswith("-mixed")
@@ -153,7 +146,7 @@ def model_state_tensors(cfg, rank: int | None = None, stage: int | None = None) 
     elif zero == 3:  # the block being computed, the prefetched next one, and the root's parameters
         copies = compute_bytes * (min(2, m.num_layers) * per_layer + root)
     elif mixed:  # autocast keeps a half-precision copy of each matmul weight for backward
-        layers_here = len(stage_layers(m.num_layers, par.pipeline)[stage])
+        layers_here = len({n.split(".")[1] for n, _ in shapes if n.startswith("blocks.")})
         layers_kept = 1 if t.activation_checkpointing == "full" else layers_here  # full: the recomputed one
         copies = 2 * (layers_kept * layer_matmul + output_matmul) // (par.tensor if par.pipeline > 1 else 1)
     else:
@@ -162,20 +155,16 @@ def model_state_tensors(cfg, rank: int | None = None, stage: int | None = None) 
                optimizer_states=state_bytes * n_states + steps, working_copies=copies,
                optimizer_working=_optimizer_working(cfg, shapes, owned, dp, sharded, state_bytes),
                per_layer_params=_block_share(cfg, whole))
-    if model_parallel > 1 and not exact:  # tensor and pipeline split: the heaviest stage's share (approximate)
-        scale = stage_share(cfg, whole)
-        scaled = ("parameters", "gradients", "optimizer_states", "optimizer_working")
-        for key in scaled + (("working_copies",) if zero == 2 else ()):
-            out[key] = int(out[key] * scale)
     return out
 
 
 def heaviest_stage(cfg) -> int:
     """The pipeline stage with the most parameters (the first of equals): the one whose model states must fit.
     The first holds the embedding, the last the final norm and output layer, and the later stages one layer
-    more when the layers do not divide evenly."""
-    p = cfg.parallel.pipeline
-    sizes = [sum(numel(s) for _, s in stage_param_shapes(cfg.model, k, p)) for k in range(p)]
+    more when the layers do not divide evenly; counted per tensor rank (the norms are whole on every one)."""
+    p, t, v = cfg.parallel.pipeline, cfg.parallel.tensor, chunks_per_stage(cfg.parallel)
+    sizes = [sum(numel(tensor_parallel_shape(n, s, t)) for n, s in stage_param_shapes(cfg.model, k, p, v))
+             for k in range(p)]
     return sizes.index(max(sizes))
 
 

@@ -54,6 +54,7 @@ from .activations import COMPUTE_BYTES, activation_bytes, kept_tensor_traffic
 from .explain import Explain
 from .flops import mfu
 from .kernels import planned_native_gqa
+from .stages import bubble_fraction, chunks_per_stage
 
 MATMUL_EFFICIENCY = 0.75  # of a data-sheet dense peak, reached by large bf16 GEMMs
 ATTENTION_EFFICIENCY = 0.7  # of the matmul rate (FlashAttention-2: 50-73% of peak forward, Dao 2023)
@@ -182,18 +183,25 @@ def _micro_batch(c, counts, fl: dict, peak: float, ex: Explain) -> dict:
 
 
 def _pipeline(c, micro_s: float, ex: Explain) -> dict:
-    """1F1B: m micro-batches in m + p - 1 slots, each slot also sending activations on and gradients back."""
+    """1F1B: m micro-batches in m + p - 1 slots, each slot also sending activations on and gradients back.
+    Interleaved 1F1B with v chunks per stage: m + (p - 1) / v slots, each sending v times (Narayanan et al.
+    2021, section 2.2.2)."""
     t, par = c.train, c.parallel
-    micro, pp = t.grad_accum_steps, par.pipeline
+    micro, pp, v = t.grad_accum_steps, par.pipeline, chunks_per_stage(par)
     intra, inter, _ = links(c)
     link = intra if par.gpus <= par.gpus_per_node else inter
     sent = 2 * COMPUTE_BYTES[t.precision] * t.micro_batch_size * t.seq_len * c.model.hidden_size
-    p2p_s = sent / (link * 1e9) if pp > 1 and link else 0.0
-    slots = micro + pp - 1
+    p2p_s = v * sent / (link * 1e9) if pp > 1 and link else 0.0  # per slot: each of the v chunks sends
+    slots = micro + (pp - 1) / v
     phase_s = slots * (micro_s + p2p_s)
-    bubble = (pp - 1) / slots
-    ex.add("step_time", "forward_backward_s", phase_s, f"({micro} micro-batches + {pp} stages - 1) x (micro-batch "
-           f"{micro_s:.4g} + point-to-point {p2p_s:.4g}); bubble (p-1)/(m+p-1) = {bubble:.3g}")
+    bubble = bubble_fraction(pp, micro, v)
+    if v == 1:
+        ex.add("step_time", "forward_backward_s", phase_s, f"({micro} micro-batches + {pp} stages - 1) x "
+               f"(micro-batch {micro_s:.4g} + point-to-point {p2p_s:.4g}); bubble (p-1)/(m+p-1) = {bubble:.3g}")
+    else:
+        ex.add("step_time", "forward_backward_s", phase_s, f"({micro} micro-batches + ({pp} stages - 1) / {v} "
+               f"chunks) x (micro-batch {micro_s:.4g} + point-to-point of {v} chunks {p2p_s:.4g}); interleaved "
+               f"bubble (p-1)/(vm+p-1) = {bubble:.3g}")
     return {"forward_backward_s": phase_s, "pipeline_bubble": bubble, "pipeline_p2p_s": p2p_s}
 
 

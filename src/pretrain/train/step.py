@@ -89,13 +89,14 @@ def pipeline_train_step(par, batches, state, *, accum: int, lr: float, grad_clip
     loss = par.run_step(torch.cat(xs), torch.cat(ys), accum)
     # One all-reduce over all ranks for the loss (only last stages add theirs), the stop request and the
     # squared gradient norms: every data-parallel replica of a stage holds the same (all-reduced) gradients,
-    # so the sum over all ranks counts each stage `data_parallel` times.
+    # and its tensor ranks the same loss and stage norm, so the sum over all ranks counts each stage
+    # `replicas` (data x tensor) times.
     packed = torch.stack([loss.double(), torch.tensor(1.0 if stop_asked else 0.0, dtype=torch.float64,
                                                       device=rt.device), par.grad_norm_squared().double()])
     torch.distributed.all_reduce(packed)
     loss_sum, stop, norm_sq = packed.tolist()
-    dp = par.data_parallel
-    grad_norm = math.sqrt(norm_sq / dp) if math.isfinite(norm_sq) else float("nan")
+    dp, replicas = par.data_parallel, par.replicas
+    grad_norm = math.sqrt(norm_sq / replicas) if math.isfinite(norm_sq) else float("nan")
     finite = math.isfinite(grad_norm)
     if finite:
         par.clip_to(grad_norm, grad_clip)
@@ -104,11 +105,11 @@ def pipeline_train_step(par, batches, state, *, accum: int, lr: float, grad_clip
     if measure:
         measured = {"saved": None,
                     "states": model_state_bytes(par.module, getattr(optimizer, "optim", optimizer))}
-    optimizer.zero_grad(set_to_none=True)
+    par.module.zero_grad(set_to_none=True)  # every gradient of the stage: ZeRO-1's optimizer holds its own only
     batch_tokens = accum * micro_batch_size * seq_len * dp
     state.step += 1
     state.tokens += batch_tokens
-    return StepResult(loss=loss_sum / dp, grad_norm=grad_norm, lr=lr, batch_tokens=batch_tokens, finite=finite,
+    return StepResult(loss=loss_sum / replicas, grad_norm=grad_norm, lr=lr, batch_tokens=batch_tokens, finite=finite,
                       stop=stop > 0, measured=measured)
 
 

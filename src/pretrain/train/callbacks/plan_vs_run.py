@@ -61,10 +61,10 @@ class PlanVsRun(Callback):
         from ...plan.model_states import model_state_tensors
 
         rt = trainer.rt
-        planned = model_state_tensors(trainer.device_config, rank=rt.data_rank)
+        coords = rt.layout.coords(rt.rank)
+        planned = model_state_tensors(trainer.device_config, rank=coords.data, stage=coords.pipeline)
         rows = [plan_check._row(r["name"], planned[r["name"]], r["measured"], r["unit"])
                 if r["name"] in ("parameters", "gradients", "optimizer_states") else r for r in report["rows"]]
-        coords = rt.layout.coords(rt.rank)
         mine = {**report, "rank": rt.rank, "grid": {"pipeline": coords.pipeline, "data": coords.data,
                                                     "tensor": coords.tensor}, "rows": rows}
         plan_check.write(trainer.run_dir, mine, name=f"plan_vs_run.rank{rt.rank}.json")
