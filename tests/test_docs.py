@@ -53,3 +53,23 @@ def test_the_readme_plan_table_is_what_the_planner_prints():
     config = load_config(path, overrides)
     table = render(config, make_plan(config))
     assert table in README, "rerun the command and paste its table into the README"
+
+
+def test_the_parallelism_guide_quotes_the_planner():
+    # docs/parallel.md's Llama-3-70B table: each row's memory, tokens/s and MFU as `pretrain plan` gives them
+    # today, so a planner change that moves them fails here until the table is redone.
+    from pretrain.plan import make_plan
+
+    doc = (ROOT / "docs" / "parallel.md").read_text()
+    section = doc[doc.index("### Llama-3-70B on 64 H100s"):doc.index("What the numbers say")]
+    base = section.split("`pretrain plan ", 1)[1].split("`", 1)[0].replace("\n", " ").split()
+    rows, keys = [r.split(" | ") for r in section.splitlines() if r.startswith("| ") and "`" in r], []
+    assert len(rows) == 4
+    for row in rows:
+        given = row[0].split("`")[1].split()
+        keys = keys + given[1:] if given[0] == "..." else given
+        p = make_plan(load_config(overrides=base + keys))
+        assert row[1] == f"{p['memory_bytes']['total'] / 2**30:.1f} GiB", keys
+        if p["fits"]:
+            st = p["step_time"]
+            assert row[3:5] == [f"{st['tokens_per_second']:,.0f}", f"{st['mfu']:.3f}"], keys
