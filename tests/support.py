@@ -74,6 +74,21 @@ def finished_run(run_dir, *args) -> Path:
     return run_dir
 
 
+def per_rank_reports(run_dir, ranks: int) -> list[tuple[dict, dict]]:
+    """Each rank's plan_vs_run.rank<R>.json (debug.plan_vs_run_per_rank) as (its place in the grid, {row name:
+    row}), after asserting that the rank holds exactly the planner's parameter, gradient and optimizer bytes."""
+    import json
+
+    reports = []
+    for r in range(ranks):
+        report = json.loads((Path(run_dir) / f"plan_vs_run.rank{r}.json").read_text())
+        rows = {x["name"]: x for x in report["rows"]}
+        for name in ("parameters", "gradients", "optimizer_states"):
+            assert rows[name]["planned"] == rows[name]["measured"], (r, name)
+        reports.append((report["grid"], rows))
+    return reports
+
+
 def losses(run_dir) -> dict:
     """{step: training loss} of a run's metrics.jsonl."""
     import json

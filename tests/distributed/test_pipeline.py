@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from support import params, run_cli, torchrun
+from support import finished_run, params, run_cli, torchrun
 
 torch = pytest.importorskip("torch")
 
@@ -45,9 +45,7 @@ def same_run(a_dir, b_dir, rel=1e-4, atol=3e-5):
 def single(prepared, tmp_path_factory):
     """One process, micro-batch 8: the global batch of (pp=2, dp=1) x 8 and (pp=2, dp=2) x 4."""
     run_dir = tmp_path_factory.mktemp("single") / "run"
-    r = run_cli("train", *settings(prepared, run_dir, 8))
-    assert r.returncode == 0, r.stderr
-    return run_dir
+    return finished_run(run_dir, *settings(prepared, run_dir, 8))
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from support import losses, params, run_cli, torchrun
+from support import finished_run, losses, params, per_rank_reports, run_cli, torchrun
 
 torch = pytest.importorskip("torch")
 
@@ -44,9 +44,7 @@ def assert_same_run(reference, run_dir, steps=range(1, STEPS + 1)):
 def single(prepared, tmp_path_factory):
     """One process: the global batch of (pipeline 2 x tensor 2), whose one data-parallel rank reads 4 x 8."""
     run_dir = tmp_path_factory.mktemp("single") / "run"
-    r = run_cli("train", *settings(prepared, run_dir))
-    assert r.returncode == 0, r.stderr
-    return run_dir
+    return finished_run(run_dir, *settings(prepared, run_dir))
 
 
 @pytest.fixture(scope="module")
@@ -71,13 +69,9 @@ def test_two_stages_of_two_tensor_ranks_train_as_one_process(single, grid):
 
 def test_every_rank_holds_its_stage_and_tensor_rank_share_as_planned(grid):
     # Ranks numbered tensor fastest, then data, then pipeline (distributed/mesh.py).
-    reports = [json.loads((grid / f"plan_vs_run.rank{r}.json").read_text()) for r in range(4)]
-    assert [(x["grid"]["pipeline"], x["grid"]["tensor"]) for x in reports] == [(0, 0), (0, 1), (1, 0), (1, 1)]
-    held = []
-    for report in reports:
-        rows = {x["name"]: x for x in report["rows"]}
-        assert all(rows[k]["planned"] == rows[k]["measured"] for k in ("parameters", "gradients", "optimizer_states"))
-        held.append(rows["parameters"]["measured"])
+    reports = per_rank_reports(grid, 4)
+    assert [(place["pipeline"], place["tensor"]) for place, _ in reports] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    held = [rows["parameters"]["measured"] for _, rows in reports]
     # The two tensor ranks of a stage hold equal parts; the stages differ (the embedding on the first, the
     # final norm and the output layer on the last); together they are the model, each split part once.
     assert held[0] == held[1] and held[2] == held[3] and held[0] != held[2]

@@ -10,7 +10,7 @@ import time
 import psutil
 import pytest
 
-from support import losses, needs_compiler, params, run_cli, torchrun
+from support import finished_run, losses, needs_compiler, params, per_rank_reports, run_cli, torchrun
 
 torch = pytest.importorskip("torch")
 
@@ -20,8 +20,8 @@ STEPS = 10
 def settings(prepared, run_dir, micro_batch, *extra):
     # The debug preset's 4 heads / 2 k/v heads split over 2 tensor ranks (one k/v group each); an odd
     # vocabulary padded to 518 rows (one padded row), 259 per tensor rank: FSDP's chunks are uneven (130 / 129).
-    return ["model.preset=debug", "model.vocab_size=517", "model.pad_vocab_to=2", "train.seq_len=32", f"train.micro_batch_size={micro_batch}",
-            "train.grad_accum_steps=2", "train.precision=fp32", "train.device=cpu", "train.optimizer=adamw",
+    return ["model.preset=debug", "model.vocab_size=517", "model.pad_vocab_to=2", "train.seq_len=32",
+            f"train.micro_batch_size={micro_batch}", "train.grad_accum_steps=2", "train.precision=fp32", "train.device=cpu", "train.optimizer=adamw",
             "train.lr=3e-3", "train.warmup=1", f"train.max_steps={STEPS}", f"data.dir={prepared}",
             f"run.dir={run_dir}", "run.log_every=1", "run.eval_every=0", "run.eval_batches=2",
             "run.checkpoint_every=5", "run.progress=false", "hardware.peak_tflops=0.05", *extra]
@@ -45,9 +45,7 @@ def assert_planned_bytes(run_dir):
 def single(prepared, tmp_path_factory):
     """One process, micro-batch 8: the global batch of every layout below."""
     run_dir = tmp_path_factory.mktemp("single") / "run"
-    r = run_cli("train", *settings(prepared, run_dir, 8))
-    assert r.returncode == 0, r.stderr
-    return run_dir
+    return finished_run(run_dir, *settings(prepared, run_dir, 8))
 
 
 @pytest.fixture(scope="module")
@@ -75,13 +73,9 @@ def test_every_rank_reports_its_own_plan_vs_run(grid):
     # Ranks numbered tensor fastest (distributed/mesh.py). A tensor rank's 259 embedding rows split 130 / 129
     # by FSDP over the data ranks: parameters and gradients are padded to equal chunks, the optimizer states are
     # made like the unpadded shard, so the two data ranks hold different state bytes, each its planned ones.
-    reports = [json.loads((grid / f"plan_vs_run.rank{r}.json").read_text()) for r in range(4)]
-    assert [(x["grid"]["data"], x["grid"]["tensor"]) for x in reports] == [(0, 0), (0, 1), (1, 0), (1, 1)]
-    held = []
-    for report in reports:
-        rows = {x["name"]: x for x in report["rows"]}
-        assert all(rows[k]["planned"] == rows[k]["measured"] for k in ("parameters", "gradients", "optimizer_states"))
-        held.append(rows["optimizer_states"]["measured"])
+    reports = per_rank_reports(grid, 4)
+    assert [(place["data"], place["tensor"]) for place, _ in reports] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    held = [rows["optimizer_states"]["measured"] for _, rows in reports]
     assert held[0] == held[1] > held[2] == held[3]
 
 

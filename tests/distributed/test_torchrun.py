@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from support import losses, needs_compiler, params, run_cli, torchrun
+from support import finished_run, losses, needs_compiler, params, run_cli, torchrun
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("psutil")
@@ -34,9 +34,7 @@ def settings(prepared, run_dir, micro_batch, *extra):
 def single(prepared, tmp_path_factory):
     """One process, micro-batch 8: the same global batch as 2 ranks x micro-batch 4."""
     run_dir = tmp_path_factory.mktemp("single") / "run"
-    r = run_cli("train", *settings(prepared, run_dir, 8))
-    assert r.returncode == 0, r.stderr
-    return run_dir
+    return finished_run(run_dir, *settings(prepared, run_dir, 8))
 
 
 @pytest.mark.parametrize("stage", [0, 1, pytest.param(2, marks=needs_cpu_fsdp), pytest.param(3, marks=needs_cpu_fsdp)])
