@@ -71,10 +71,12 @@ class SlurmOptions:
 def split_files(sizes: list[int], tasks: int) -> list[range]:
     """Task t's files: a contiguous run of the sorted files, every task at least one (tasks <= files), cut so
     that the largest run holds as few bytes as any cut can give. Tasks that run at once finish when the largest
-    does: cutting after the file that crosses each t/tasks of the bytes gave one of two tasks 5 of 8 equal files.
+    does: cutting after the file that crosses each t/tasks of the bytes gave one of two tasks 5 of 8 files of
+    about equal size (docs/benchmarks.md).
 
-    The least bound on a run's bytes that `tasks` runs can meet, by bisection (the "linear partition" problem;
-    greedy packing decides whether a bound can be met), then the runs greedy packing makes under it."""
+    The linear partition problem (Skiena, The Algorithm Design Manual, 2nd ed., sec. 8.5): the least bound on a
+    run's bytes that `tasks` runs can meet, by bisection (greedy packing decides whether a bound can be met),
+    then the runs greedy packing makes under it."""
     low, high = max(sizes), sum(sizes)
     while low < high:
         bound = (low + high) // 2
