@@ -12,7 +12,9 @@ prepare uses; one 50 MB call held 4.6 GiB) with all of `tokenizers`' threads. pr
 end, reading and writing included, `--workers` processes.
 --sharded: the same corpus cut in 8 JSONL files, each command run as a user runs it (a subprocess, the
 interpreter's start included): today's `prepare --workers W` (one process tree) against `prepare --tasks 1` and
-`--tasks W` (datatrove's local executor, W tasks at once), with the peak RSS of each process, sampled.
+`--tasks W` (datatrove's local executor, W tasks at once), with the peak RSS of each process, sampled, the CPU
+seconds of each command's process tree (the work done, whatever else runs) and each round's time ratio to
+`--workers W` (median and spread: on a shared machine the spread is the contention).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -132,8 +136,6 @@ def peak_rss(args, folder: Path, tokenizer_dir: Path) -> None:
     output = process.communicate()[0]
     sampler.join()
     seconds = time.perf_counter() - start
-    import resource
-
     max_child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024  # KiB on Linux
     print(output.rstrip())
     print(f"peak RSS: process tree {peak['tree'] / 2**30:.3f} GiB (sampled every 0.2 s), main process "
@@ -150,33 +152,46 @@ def sharded(args, folder: Path, tokenizer_dir: Path) -> None:
         (parts / f"part{i}.jsonl").write_text("".join(lines[i * len(lines) // 8:(i + 1) * len(lines) // 8]))
     w = args.workers
     print(f"corpus {text_bytes / 1e6:.1f} MB of text in 8 files, {os.cpu_count()} cores, vocab {args.vocab_size}, "
-          f"best of {args.repeat} interleaved runs")
+          f"best of {args.repeat} interleaved runs, load average {os.getloadavg()[0]:.1f} at the start")
     runs = {f"prepare --workers {w}": ["--workers", str(w)],
             "prepare --tasks 1": ["--tasks", "1"],
             f"prepare --tasks {w}": ["--tasks", str(w), "--workers", str(w)]}
     best: dict[str, dict] = {}
+    ratios: dict[str, list[float]] = {name: [] for name in runs}  # per round, vs that round's --workers W
     for _ in range(args.repeat):
+        seconds = {}
         for name, extra in runs.items():
             command = [sys.executable, "-m", "pretrain", "prepare", "--input", str(parts), "--tokenizer",
                        str(tokenizer_dir), "--out", str(folder / "out"), *extra]
             row = _run_sampled(command)
             meta = json.loads((folder / "out" / "meta.json").read_text())
             row["tokens"] = sum(meta["num_tokens"].values()) - sum(meta["num_docs"].values())
+            seconds[name] = row["seconds"]
             if name not in best or row["seconds"] < best[name]["seconds"]:
                 best[name] = row
+        for name in runs:
+            ratios[name].append(seconds[f"prepare --workers {w}"] / seconds[name])
     assert len({row["tokens"] for row in best.values()}) == 1, "every path must produce the same tokens"
     base = best[f"prepare --workers {w}"]["seconds"]
     for name, row in best.items():
         print(f"  {name:22s} {row['seconds']:7.2f} s {row['tokens'] / row['seconds'] / 1e6:6.2f} M tokens/s "
-              f"{text_bytes / 1e6 / row['seconds']:6.2f} MB/s  {base / row['seconds']:5.2f}x  peak RSS per "
-              f"process {row['process'] / 2**30:.3f} GiB, tree {row['tree'] / 2**30:.3f} GiB")
+              f"{text_bytes / 1e6 / row['seconds']:6.2f} MB/s  {base / row['seconds']:5.2f}x  CPU {row['cpu']:6.2f} s  "
+              f"peak RSS per process {row['process'] / 2**30:.3f} GiB, tree {row['tree'] / 2**30:.3f} GiB")
+    # The CPU seconds (user + system, the whole process tree) are the work done whatever the load; on a shared
+    # machine the per-round ratios' spread shows how much of a difference is contention.
+    for name, r in ratios.items():
+        print(f"  per round vs --workers {w}: {name:22s} median {statistics.median(r):.2f}x "
+              f"(min {min(r):.2f}x, max {max(r):.2f}x)")
+    print(f"  load average {os.getloadavg()[0]:.1f} at the end")
 
 
 def _run_sampled(command: list[str]) -> dict:
-    """Wall time of `command` and the peak RSS (every 0.1 s) of its largest process and of its whole tree."""
+    """Wall time and CPU seconds of `command`, and the peak RSS (every 0.1 s) of its largest process and of its
+    whole tree."""
     import psutil
 
     start = time.perf_counter()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)  # CPU of waited-for descendants: pool workers too
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     peak = {"tree": 0, "process": 0}
     parent = psutil.Process(process.pid)
@@ -189,7 +204,9 @@ def _run_sampled(command: list[str]) -> dict:
         time.sleep(0.1)
     if process.returncode:
         raise SystemExit(f"{' '.join(command)} failed ({process.returncode})")
-    return {"seconds": time.perf_counter() - start, **peak}
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    return {"seconds": time.perf_counter() - start, "cpu": cpu, **peak}
 
 
 def main() -> None:

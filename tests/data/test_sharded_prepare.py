@@ -3,8 +3,10 @@ the unfinished tasks are redone), run through a stand-in Slurm and on a local Ra
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import random
 import shutil
 import stat
 import subprocess
@@ -18,6 +20,7 @@ import pytest
 
 from pretrain.data.loader import PreparedData, RandomWindows
 from pretrain.data.readers import render_encyclopedia
+from pretrain.data.sharded import split_files
 from pretrain.errors import UsageError
 from support import tiny
 
@@ -296,6 +299,33 @@ def test_bad_sharding_options_are_one_line_before_any_work(extra, message, tmp_p
     assert r.returncode == 2 and message in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "out.partial").exists()
+
+
+def test_the_largest_task_gets_as_few_bytes_as_any_cut_gives():
+    # The eight files of `bench_prepare.py --sharded --mb 120`: cutting after the file that crossed half the bytes
+    # gave task 0 five of them (80 MB against 48 MB), and --tasks 2 took the larger task's time.
+    sizes = [15_781_956, 15_843_578, 15_856_152, 15_853_382, 16_774_339, 15_982_206, 16_027_011, 16_026_803]
+    assert split_files(sizes, 2) == [range(0, 4), range(4, 8)]
+    rng = random.Random(0)
+    for _ in range(300):  # against every possible cut of small cases, empty files included
+        sizes = [rng.choice([0, 1, 2, 3, 5, 8, 13, 100]) for _ in range(rng.randint(1, 8))]
+        tasks = rng.randint(1, len(sizes))
+        runs = split_files(sizes, tasks)
+        assert [i for r in runs for i in r] == list(range(len(sizes))) and len(runs) == tasks and all(runs)
+        best = min(max(sum(sizes[a:b]) for a, b in zip((0, *cut), (*cut, len(sizes))))
+                   for cut in itertools.combinations(range(1, len(sizes)), tasks - 1))
+        assert max(sum(sizes[i] for i in r) for r in runs) == best, (sizes, tasks, runs)
+
+
+def test_two_tasks_split_eight_files_four_and_four(tmp_path, bpe_dir, cli):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(8):  # file 4 a third larger: it crosses half the bytes
+        (corpus / f"part{i}.txt").write_text(f"speech {i} " * (40 if i == 4 else 30), encoding="utf-8")
+    prepare(cli, corpus, bpe_dir, tmp_path / "out", "--tasks", 2)
+    shards = [json.loads((tmp_path / "out" / f"shard_{i:05d}" / "meta.json").read_text()) for i in range(2)]
+    assert [[f["path"] for f in shard["files"]] for shard in shards] == [
+        [str(corpus / f"part{i}.txt") for i in range(4)], [str(corpus / f"part{i}.txt") for i in range(4, 8)]]
 
 
 def test_a_damaged_token_names_its_shard_file(tmp_path, corpus, bpe_dir, cli):

@@ -69,15 +69,37 @@ class SlurmOptions:
 
 
 def split_files(sizes: list[int], tasks: int) -> list[range]:
-    """Task t's files: a contiguous run of the sorted files, cut after the file that carries the bytes read past
-    t/tasks of the total, so tasks get about equal bytes; every task gets at least one file (tasks <= files)."""
-    scaled = [c * tasks for c in itertools.accumulate(sizes)]  # integers: no rounding decides a cut
-    bounds = [0]
-    for t in range(1, tasks):
-        cut = bisect.bisect_left(scaled, scaled[-1] * t // tasks + (scaled[-1] * t % tasks > 0)) + 1
-        bounds.append(min(max(cut, bounds[-1] + 1), len(sizes) - (tasks - t)))
-    bounds.append(len(sizes))
-    return [range(a, b) for a, b in zip(bounds, bounds[1:])]
+    """Task t's files: a contiguous run of the sorted files, every task at least one (tasks <= files), cut so
+    that the largest run holds as few bytes as any cut can give. Tasks that run at once finish when the largest
+    does: cutting after the file that crosses each t/tasks of the bytes gave one of two tasks 5 of 8 files of
+    about equal size (docs/benchmarks.md).
+
+    The linear partition problem (Skiena, The Algorithm Design Manual, 2nd ed., sec. 8.5): the least bound on a
+    run's bytes that `tasks` runs can meet, by bisection (greedy packing decides whether a bound can be met),
+    then the runs greedy packing makes under it."""
+    low, high = max(sizes), sum(sizes)
+    while low < high:
+        bound = (low + high) // 2
+        if len(_pack(sizes, bound, tasks)) - 1 <= tasks:
+            high = bound
+        else:
+            low = bound + 1
+    cuts = _pack(sizes, low, tasks)
+    return [range(a, b) for a, b in zip(cuts, cuts[1:])]
+
+
+def _pack(sizes: list[int], bound: int, tasks: int) -> list[int]:
+    """Where runs of at most `bound` bytes start (and the end), each run as long as it can be while leaving a
+    file for every later task: exactly `tasks` runs when `bound` can be met, more when it cannot."""
+    cuts, run = [0], 0
+    for i, size in enumerate(sizes):
+        later_tasks = tasks - len(cuts)  # tasks after the run being packed
+        if i > cuts[-1] and (run + size > bound or len(sizes) - i == later_tasks):
+            cuts.append(i)
+            run = 0
+        run += size
+    cuts.append(len(sizes))
+    return cuts
 
 
 def prepare_sharded(inputs, tokenizer, out_dir, *, tasks: int, executor: str = "local", workers: int | None = None,
