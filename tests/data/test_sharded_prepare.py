@@ -22,6 +22,7 @@ from pretrain.data.loader import PreparedData, RandomWindows
 from pretrain.data.readers import render_encyclopedia
 from pretrain.data.sharded import split_files
 from pretrain.errors import UsageError
+from pretrain.lock import exclusive_lock
 from support import tiny
 
 SPLITS = ("train", "val")
@@ -388,3 +389,35 @@ def test_a_mixture_reads_a_sharded_source_as_its_one_pass_twin(tmp_path, two_cor
 
     for (x, y), (u, v) in zip(batches(tmp_path / "zh_sharded"), batches(two_corpora["zh"])):
         assert x.equal(u) and y.equal(v)
+
+
+def test_a_second_prepare_of_the_same_out_is_refused_while_the_first_runs(tmp_path, corpus, bpe_dir, cli):
+    # The lock a running launcher holds beside --out, taken here: the second launcher stops before any write.
+    held = exclusive_lock(tmp_path / ".out.lock", "test", "test")
+    r = cli("prepare", "--input", corpus, "--tokenizer", bpe_dir, "--out", tmp_path / "out", "--tasks", 2)
+    assert r.returncode == 2
+    assert f"is in use by PID {os.getpid()}" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not (tmp_path / "out.partial").exists() and not (tmp_path / "out").exists()
+    held.release()
+
+
+def test_a_task_running_elsewhere_is_not_run_twice(tmp_path, corpus, bpe_dir, one_pass, cli):
+    # A partial build whose task 1 is unfinished and held by another run of the job (a Slurm array submitted
+    # twice): this run's task 1 stops without touching it, task 0 stays as it was, and the build is not swapped in.
+    out, partial = tmp_path / "out", tmp_path / "out.partial"
+    prepare(cli, corpus, bpe_dir, out, "--tasks", 2)
+    out.rename(partial)
+    (partial / "meta.json").unlink()
+    shutil.rmtree(partial / "shard_00001")
+    (partial / "logs" / "tokenize" / "completions" / "00001").unlink()
+    kept = _identity(partial / "shard_00000")
+    held = exclusive_lock(partial / "locks" / "shard_00001.lock", "test", "test")
+    r = cli("prepare", "--input", corpus, "--tokenizer", bpe_dir, "--out", out, "--split-blank-lines",
+            "--val-fraction", 0.1, "--tasks", 2)
+    assert r.returncode == 2
+    assert f"task 1 of {out} is in use by PID {os.getpid()}" in r.stderr, r.stderr[-3000:]
+    assert not out.exists() and not (partial / "shard_00001").exists() and _identity(partial / "shard_00000") == kept
+    held.release()  # that run ended: the same command finishes the build, task 1 only
+    prepare(cli, corpus, bpe_dir, out, "--tasks", 2)
+    assert_same_dataset(out, one_pass)
+    assert not (out / "locks").exists()

@@ -13,6 +13,7 @@ While it runs, everything lives in OUT.partial/ beside --out; an earlier dataset
                   a rerun reuses OUT.partial only when it matches, else starts over
   tokenizer/      the tokenizer every task reads (copied once, so a task never depends on the source)
   logs/tokenize/  datatrove's logging_dir of the tokenize tasks (completions/, logs/, stats/)
+  locks/          one lock file per task: a task run twice at once (an array submitted again) runs once
   shard_00003/    task 3's shard, built as shard_00003.tmp/ (meta.json last) and renamed: a task that crashed
                   leaves only a .tmp, which the manifest never accepts and the task's rerun deletes
 When every task is done, `finish` writes the manifest (meta.json: the shards, token counts, checksums,
@@ -21,8 +22,6 @@ tokenizer sha256) and swaps OUT.partial in for --out.
 
 from __future__ import annotations
 
-import bisect
-import itertools
 import json
 import os
 import re
@@ -39,6 +38,7 @@ from datatrove.pipeline.base import PipelineStep
 from .. import __version__
 from ..errors import UsageError
 from ..files import check_output_dir, display_path, swap_in, write_atomic
+from ..lock import exclusive_lock
 from .pipeline import DATASET_FILES, MAX_SHOWN, META_VERSION, SPLITS, build_dataset, default_workers, resolve_dtype
 from .readers import Corpus, ReadOptions
 from .sources import RemoteFile, file_name, find_files
@@ -131,6 +131,10 @@ def prepare_sharded(inputs, tokenizer, out_dir, *, tasks: int, executor: str = "
     dtype = resolve_dtype(dtype, tok.vocab_size)
     final = Path(os.path.realpath(out_dir))
     _check_out(final)
+    # One launcher per --out: a second one would rebuild or rewrite OUT.partial under the first (beside --out,
+    # not in it: a hidden file that stays, as a run directory's .lock does). Held until this function returns.
+    launcher = exclusive_lock(final.with_name(f".{final.name}.lock"), f"--out {display_path(final)}",
+                              "another `pretrain prepare` is building it: wait for it to end or stop it")
 
     job = Job(files=[[_absolute(corpus.files[i]) for i in r] for r in split_files(corpus.sizes, tasks)],
               work=str(final.with_name(final.name + ".partial")), final=str(final), seed=seed,
@@ -139,6 +143,7 @@ def prepare_sharded(inputs, tokenizer, out_dir, *, tasks: int, executor: str = "
     _open_work_dir(job, corpus, tok)
     if executor == "slurm":
         _submit_slurm(job, tasks, workers, slurm)
+        launcher.release()  # the array runs after this returns: each of its tasks takes its own lock
         return None
     pipeline = [TokenizeShard(job)]
     logs = str(Path(job.work) / "logs" / "tokenize")
@@ -217,19 +222,22 @@ def _open_work_dir(job: Job, corpus: Corpus, tok) -> None:
     write_atomic(job_file, text)  # last: a work dir with job.json is complete enough to resume
 
 
-class TokenizeShard(PipelineStep):
-    """The datatrove pipeline step of task `rank`: pipeline.build_dataset on its files into shard_{rank:05d}/.
+class JobStep(PipelineStep):
+    """A datatrove pipeline step of this job. datatrove runs a step as step.run(data, rank, world_size); ours
+    read their own files (a reader step's Document objects would add a copy of every text and nothing we use)
+    and pass nothing on."""
 
-    datatrove runs a step as step.run(data, rank, world_size); this one reads its own files (a reader step's
-    Document objects would add a copy of every text and nothing we use) and passes nothing on.
-    """
-
-    name = "tokenize shard"
     type = "pretrain"
 
     def __init__(self, job: Job):
         super().__init__()
         self.job = job
+
+
+class TokenizeShard(JobStep):
+    """Task `rank`: pipeline.build_dataset on its files into shard_{rank:05d}/."""
+
+    name = "tokenize shard"
 
     def run(self, data=None, rank: int = 0, world_size: int = 1):
         job = self.job
@@ -239,6 +247,12 @@ class TokenizeShard(PipelineStep):
         shard = work / shard_name(rank)
         if (shard / "meta.json").is_file():
             return None  # finished by a run killed before datatrove marked it complete
+        # One run of a task at a time: a Slurm array submitted again while the first still runs would
+        # otherwise delete and rewrite this task's staging directory under it.
+        lock = exclusive_lock(work / "locks" / f"{shard.name}.lock", f"task {rank} of {display_path(job.final)}",
+                              "another run of the same job is running it: wait for it to end or stop it")
+        if (shard / "meta.json").is_file():
+            return None  # finished while this run waited to start
         staging = work / f"{shard.name}.tmp"
         shutil.rmtree(staging, ignore_errors=True)  # a crashed attempt's
         staging.mkdir()
@@ -254,21 +268,17 @@ class TokenizeShard(PipelineStep):
                           workers=1, strict=job.strict, progress=False, allow_empty=True, format=job.format,
                           text_field=job.text_field, split_blank_lines=job.split_blank_lines)
         os.rename(staging, shard)
+        lock.release()
         for split in SPLITS:  # datatrove's stats.json, per task and summed
             self.stat_update(f"{split}_tokens", value=meta["num_tokens"][split], unit="shard")
             self.stat_update(f"{split}_docs", value=meta["num_docs"][split], unit="shard")
         return None
 
 
-class WriteManifest(PipelineStep):
+class WriteManifest(JobStep):
     """The Slurm job that runs after the array: `finish` (a dependent job, as datatrove's `depends=` makes)."""
 
     name = "write manifest"
-    type = "pretrain"
-
-    def __init__(self, job: Job):
-        super().__init__()
-        self.job = job
 
     def run(self, data=None, rank: int = 0, world_size: int = 1):
         finish(self.job)
@@ -288,6 +298,7 @@ def finish(job: Job) -> dict:
     if not sum(meta["num_docs"].values()):
         raise UsageError(f"no documents in the {sum(len(f) for f in job.files):,} input files (skipped: "
                          f"{meta['skipped']}); check --format, --text-field and --split-blank-lines")
+    shutil.rmtree(work / "locks", ignore_errors=True)  # every task is done: the tasks' lock files mean nothing
     write_atomic(work / "meta.json", json.dumps(meta, indent=2, ensure_ascii=False) + "\n")
     _swap_in(work, final)
     return meta

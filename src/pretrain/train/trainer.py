@@ -20,6 +20,7 @@ import yaml
 
 from ..config import mixture_sources, untrained
 from ..errors import ConfigError, UsageError
+from ..lock import exclusive_lock
 from ..files import write_atomic
 from ..plan.budget import training_length
 from ..plan.params import count_params, padded_vocab_size
@@ -33,7 +34,6 @@ from .callbacks.evaluation import evaluate
 from .callbacks.preemption import preempted
 from .callbacks.stability import Stability
 from .checkpointer import Checkpointer
-from .lock import acquire_run_lock
 from .metrics import TrainingLog
 from .preflight import check_fits_device, set_aside_history
 from .prefetch import Prefetcher
@@ -171,7 +171,9 @@ class Trainer:
             if loader is None and not self.mixture else None
         for data in [self.data] if self.data is not None else [s["data"] for s in self.mixture or []]:
             SequentialWindows(data, "val", t.seq_len, rank=rt.data_rank, world_size=rt.data_size)  # enough val?
-        self.lock = acquire_run_lock(self.run_dir) if rt.is_main and not quiet else None  # before any write
+        # One trainer per run directory, before any write.
+        self.lock = exclusive_lock(self.run_dir / ".lock", f"run.dir {self.run_dir}", "wait for that run to end or "
+                                   "stop it, or choose another run.dir") if rt.is_main and not quiet else None
         if c.run.resume == "never" and not quiet and ckpt.list_checkpoints(self.run_dir):
             raise UsageError(f"run.dir {self.run_dir} already holds checkpoints of another run; continue it with "
                              f"`pretrain train --resume {self.run_dir}` or choose a new run.dir")

@@ -1,9 +1,10 @@
-"""One trainer per run directory: an exclusive lock that the operating system releases when its process ends.
+"""One writer at a time: an exclusive lock that the operating system releases when its process ends.
 
-`flock(2)` on RUN_DIR/.lock, taken by rank 0 of a job before it writes anything and held until it exits.
-The kernel drops the lock when the process ends in any way (a crash or SIGKILL included), so a lock is never
-stale and nothing needs cleaning up by hand: the file staying behind means nothing. It holds the holder's PID
-and host, only so that a refused second start can say who holds it. On NFS, Linux emulates flock with
+`flock(2)` on a lock file: the trainer's RUN_DIR/.lock (rank 0 of a job takes it before it writes anything
+and holds it until it exits), and `pretrain prepare --tasks`' lock beside --out and one per task. The kernel
+drops the lock when the process ends in any way (a crash or SIGKILL included), so a lock is never stale and
+nothing needs cleaning up by hand: the file staying behind means nothing. It holds the holder's PID and
+host, only so that a refused second start can say who holds it. On NFS, Linux emulates flock with
 byte-range locks that the server sees (nfs(5), "Using file locks with NFS"), so two nodes exclude each other.
 """
 
@@ -15,12 +16,10 @@ import socket
 import time
 from pathlib import Path
 
-from ..errors import UsageError
-
-LOCK_NAME = ".lock"
+from .errors import UsageError
 
 
-class RunLock:
+class HeldLock:
     """A held lock; `release()` (or the process ending) gives it up."""
 
     def __init__(self, path: Path, fd: int):
@@ -35,28 +34,27 @@ class RunLock:
         self.release()
 
 
-def acquire_run_lock(run_dir) -> RunLock:
-    """Lock `run_dir` (created if needed) for this process, or raise UsageError naming the PID and host
-    that hold it. Two processes starting at the same instant: the kernel lets exactly one through."""
-    run_dir = Path(run_dir)
-    path = run_dir / LOCK_NAME
+def exclusive_lock(path: Path, what: str, fix: str) -> HeldLock:
+    """Lock `path` (its folder created if needed) for this process, or raise UsageError: "`what` is in use by
+    PID on HOST (lock `path`); `fix`". Two processes starting at the same instant: the kernel lets exactly
+    one through."""
+    path = Path(path)
     try:
-        run_dir.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
         # O_CLOEXEC: a program this process starts must not inherit (and keep alive) the lock.
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     except OSError as e:
-        raise UsageError(f"run.dir {run_dir}: cannot create its lock file {path} ({e.strerror}); choose a "
-                         "directory you can write") from None
+        raise UsageError(f"{what}: cannot create its lock file {path} ({e.strerror}); choose a directory you can "
+                         "write") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         holder = _holder(fd)
         os.close(fd)
-        raise UsageError(f"run.dir {run_dir} is in use by {holder} (lock {path}); wait for that run to end or "
-                         "stop it, or choose another run.dir") from None
+        raise UsageError(f"{what} is in use by {holder} (lock {path}); {fix}") from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
-    return RunLock(path, fd)
+    return HeldLock(path, fd)
 
 
 def _holder(fd: int) -> str:
