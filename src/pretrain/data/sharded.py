@@ -374,7 +374,7 @@ def _run_ray(pipeline, tasks: int, workers: int | None, logs: str) -> None:
     try:
         import ray
     except ImportError:
-        raise UsageError("--executor ray needs ray: pip install ray") from None
+        raise UsageError("--executor ray needs ray: pip install \"pretrain[ray]\" (or pip install ray)") from None
     from datatrove.executor.ray import RayPipelineExecutor
 
     if not ray.is_initialized():
