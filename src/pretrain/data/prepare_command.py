@@ -18,6 +18,7 @@ same command again redoes only the unfinished tasks. The shards' concatenation e
 from __future__ import annotations
 
 from ..plan.budget import TOKEN_DTYPES
+from .executors import EXECUTORS
 from .tokenizer_command import add_reader_arguments
 
 HELP = "tokenize a corpus into train.bin / val.bin + meta.json (streaming, parallel, deterministic)"
@@ -45,7 +46,7 @@ def add_arguments(parser) -> None:
     sharded.add_argument("--tasks", type=int, default=None,
                          help="split the input files over this many tasks, one shard each (a sharded dataset); "
                               "--workers is then the number of tasks run at once")
-    sharded.add_argument("--executor", default="local", choices=("local", "slurm", "ray"),
+    sharded.add_argument("--executor", default="local", choices=EXECUTORS,
                          help="what runs the tasks: this machine, a Slurm job array, or a Ray cluster "
                               "(RAY_ADDRESS, else a local one) (default local)")
     sharded.add_argument("--slurm-partition", default=None, help="Slurm partition of the job array")
@@ -86,7 +87,8 @@ def _run_sharded(args, start: float) -> int:
 
     from ..errors import UsageError
     from ..plan.budget import storage_bytes
-    from .sharded import SlurmOptions, prepare_sharded
+    from .executors import SlurmOptions
+    from .sharded import prepare_sharded
 
     slurm = None
     if args.executor == "slurm":

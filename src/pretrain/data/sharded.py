@@ -2,7 +2,7 @@
 
 datatrove (Hugging Face's library for LLM data processing, https://github.com/huggingface/datatrove) runs a list of
 pipeline steps as N tasks, locally (LocalPipelineExecutor), as a Slurm job array (SlurmPipelineExecutor) or on a
-Ray cluster (RayPipelineExecutor), and marks each finished task (`completions/00003`) so a rerun skips it. Our
+Ray cluster (RayPipelineExecutor: executors.py), and marks each finished task (`completions/00003`) so a rerun skips it. Our
 step, `TokenizeShard`, is today's single-dataset build (pipeline.build_dataset) run on the task's files: task i reads a
 contiguous run of the sorted input files, so the shards in order hold the documents in the order one pass reads
 them, and the train/validation split is decided per document from its content (encode.is_validation): the
@@ -26,11 +26,7 @@ import json
 import os
 import re
 import shutil
-import signal
-import sys
-import threading
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from datatrove.pipeline.base import PipelineStep
@@ -39,12 +35,12 @@ from .. import __version__
 from ..errors import UsageError
 from ..files import check_output_dir, display_path, swap_in, write_atomic
 from ..lock import exclusive_lock
-from .pipeline import DATASET_FILES, MAX_SHOWN, META_VERSION, SPLITS, build_dataset, default_workers, resolve_dtype
+from .executors import EXECUTORS, SlurmOptions, run_local, run_ray, submit_slurm
+from .pipeline import DATASET_FILES, MAX_SHOWN, META_VERSION, SPLITS, build_dataset, resolve_dtype
 from .readers import Corpus, ReadOptions
 from .sources import RemoteFile, file_name, find_files
 from .tokenizer import find_tokenizer
 
-EXECUTORS = ("local", "slurm", "ray")
 SHARD_NAME = re.compile(r"shard_\d{5}")
 # What a sharded dataset directory holds besides its shards: the only names a new build may replace at --out
 # (with a single dataset's, which a sharded one may replace).
@@ -53,19 +49,6 @@ SHARDED_FILES = ("meta.json", "tokenizer", "job.json", "logs", *DATASET_FILES)
 
 def shard_name(task: int) -> str:
     return f"shard_{task:05d}"
-
-
-@dataclass(frozen=True)
-class SlurmOptions:
-    """What `sbatch` is told (https://slurm.schedmd.com/sbatch.html): every task takes one CPU."""
-
-    partition: str
-    time: str = "24:00:00"
-    mem_per_cpu_gb: int = 2  # a task's peak RSS stays under 1 GiB (benchmarks/bench_prepare.py)
-    qos: str = ""  # none unless given: a cluster without a "normal" QOS refuses one
-    job_name: str = "pretrain-prepare"
-    sbatch_args: dict = field(default_factory=dict)  # more #SBATCH lines, e.g. {"account": "proj"}
-    env_command: str = ""  # run before each task; default: activate the Python environment running prepare
 
 
 def split_files(sizes: list[int], tasks: int) -> list[range]:
@@ -142,23 +125,11 @@ def prepare_sharded(inputs, tokenizer, out_dir, *, tasks: int, executor: str = "
               text_field=text_field, split_blank_lines=split_blank_lines)
     _open_work_dir(job, corpus, tok)
     if executor == "slurm":
-        _submit_slurm(job, tasks, workers, slurm)
+        submit_slurm([TokenizeShard(job)], [WriteManifest(job)], Path(job.work) / "logs", tasks, workers, slurm)
         launcher.release()  # the array runs after this returns: each of its tasks takes its own lock
         return None
-    pipeline = [TokenizeShard(job)]
-    logs = str(Path(job.work) / "logs" / "tokenize")
-    if executor == "local":
-        import multiprocess.util
-        from datatrove.executor import LocalPipelineExecutor
-
-        # One task at a time runs in this process; more run in a pool of forked processes (this process holds no
-        # threads or tokenizer state yet). Each forked process (pool workers, datatrove's Manager) watches this one.
-        watch = LauncherWatch()  # referenced until run() returns: the registry holds it weakly
-        multiprocess.util.register_after_fork(watch, LauncherWatch.start)
-        LocalPipelineExecutor(pipeline, tasks=tasks, workers=min(tasks, workers or default_workers()),
-                              logging_dir=logs, start_method="fork").run()
-    else:
-        _run_ray(pipeline, tasks, workers, logs)
+    run = run_local if executor == "local" else run_ray
+    run([TokenizeShard(job)], tasks, workers, str(Path(job.work) / "logs" / "tokenize"))
     return finish(job)
 
 
@@ -344,58 +315,3 @@ def _swap_in(work: Path, final: Path) -> None:
     """Rename the finished build over --out: the old dataset renamed aside first (the name StagedDirectory
     gives one, so a crash between the two renames is undone by the next prepare), then deleted."""
     swap_in(work, final, final.with_name(f".{final.name}.{os.getpid()}.old"))
-
-
-class LauncherWatch:
-    """Started in each process datatrove's local executor forks: it exits within 0.2 s of the `pretrain prepare`
-    that forked it (killed, say). Nothing else stops them: an orphaned pool worker would go on writing its
-    shard while a rerun writes the same one, and datatrove's Manager process would wait forever."""
-
-    def __init__(self):
-        self.pid = os.getpid()
-
-    def start(self) -> None:
-        # prepare's SIGTERM handler (raise KeyboardInterrupt) is inherited by fork: the pool ends its workers
-        # with SIGTERM, which must end them, not raise inside a Manager call and leave them hanging.
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        threading.Thread(target=self._watch, daemon=True, name="exit-with-launcher").start()
-
-    def _watch(self) -> None:
-        # The forked processes are the launcher's children: the kernel re-parents them the moment it exits,
-        # even while it is an unreaped zombie (which os.kill(pid, 0) would still find).
-        while os.getppid() == self.pid:
-            time.sleep(0.2)
-        os._exit(1)
-
-
-def _run_ray(pipeline, tasks: int, workers: int | None, logs: str) -> None:
-    """The tasks on Ray: the cluster at RAY_ADDRESS when set (`ray start --head` on the head node), else a
-    local one started here with `workers` CPUs (https://docs.ray.io/en/latest/ray-core/starting-ray.html)."""
-    try:
-        import ray
-    except ImportError:
-        raise UsageError("--executor ray needs ray: pip install \"pretrain[ray]\" (or pip install ray)") from None
-    from datatrove.executor.ray import RayPipelineExecutor
-
-    if not ray.is_initialized():
-        if os.environ.get("RAY_ADDRESS"):
-            ray.init()
-        else:
-            ray.init(num_cpus=workers or default_workers(), include_dashboard=False)
-    RayPipelineExecutor(pipeline, tasks=tasks, workers=workers or -1, logging_dir=logs, cpus_per_task=1,
-                        mem_per_cpu_gb=2).run()
-
-
-def _submit_slurm(job: Job, tasks: int, workers: int | None, slurm: SlurmOptions) -> None:
-    """The job array (one array task per datatrove task) and, depending on it, the one-task manifest job."""
-    from datatrove.executor.slurm import SlurmPipelineExecutor
-
-    env_command = slurm.env_command or (f"source {sys.prefix}/bin/activate" if sys.prefix != sys.base_prefix else "")
-    common = dict(time=slurm.time, partition=slurm.partition, cpus_per_task=1, mem_per_cpu_gb=slurm.mem_per_cpu_gb,
-                  qos=slurm.qos, sbatch_args=dict(slurm.sbatch_args), env_command=env_command or None,
-                  mail_type="NONE")
-    work = Path(job.work)
-    tokenize = SlurmPipelineExecutor([TokenizeShard(job)], tasks=tasks, workers=workers or -1,
-                                     job_name=slurm.job_name, logging_dir=str(work / "logs" / "tokenize"), **common)
-    SlurmPipelineExecutor([WriteManifest(job)], tasks=1, job_name=f"{slurm.job_name}-manifest", depends=tokenize,
-                          logging_dir=str(work / "logs" / "manifest"), **common).run()

@@ -1,0 +1,104 @@
+"""Where the tasks of `pretrain prepare --tasks N` run: datatrove's executors on this machine
+(LocalPipelineExecutor), as a Slurm job array (SlurmPipelineExecutor) or on Ray (RayPipelineExecutor). Each
+takes the pipeline steps sharded.py builds; datatrove is imported only when one runs, so `prepare --help` and
+the argument checks stay light."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import UsageError
+
+EXECUTORS = ("local", "slurm", "ray")
+
+
+@dataclass(frozen=True)
+class SlurmOptions:
+    """What `sbatch` is told (https://slurm.schedmd.com/sbatch.html): every task takes one CPU."""
+
+    partition: str
+    time: str = "24:00:00"
+    mem_per_cpu_gb: int = 2  # a task's peak RSS stays under 1 GiB (benchmarks/bench_prepare.py)
+    qos: str = ""  # none unless given: a cluster without a "normal" QOS refuses one
+    job_name: str = "pretrain-prepare"
+    sbatch_args: dict = field(default_factory=dict)  # more #SBATCH lines, e.g. {"account": "proj"}
+    env_command: str = ""  # run before each task; default: activate the Python environment running prepare
+
+
+def run_local(pipeline: list, tasks: int, workers: int | None, logs: str) -> None:
+    """The tasks on this machine: `workers` at once (default all cores)."""
+    import multiprocess.util
+    from datatrove.executor import LocalPipelineExecutor
+
+    from .pipeline import default_workers
+
+    # One task at a time runs in this process; more run in a pool of forked processes (this process holds no
+    # threads or tokenizer state yet). Each forked process (pool workers, datatrove's Manager) watches this one.
+    watch = LauncherWatch()  # referenced until run() returns: the registry holds it weakly
+    multiprocess.util.register_after_fork(watch, LauncherWatch.start)
+    LocalPipelineExecutor(pipeline, tasks=tasks, workers=min(tasks, workers or default_workers()),
+                          logging_dir=logs, start_method="fork").run()
+
+
+class LauncherWatch:
+    """Started in each process datatrove's local executor forks: it exits within 0.2 s of the `pretrain prepare`
+    that forked it (killed, say). Nothing else stops them: an orphaned pool worker would go on writing its
+    shard while a rerun writes the same one, and datatrove's Manager process would wait forever."""
+
+    def __init__(self):
+        self.pid = os.getpid()
+
+    def start(self) -> None:
+        # prepare's SIGTERM handler (raise KeyboardInterrupt) is inherited by fork: the pool ends its workers
+        # with SIGTERM, which must end them, not raise inside a Manager call and leave them hanging.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        threading.Thread(target=self._watch, daemon=True, name="exit-with-launcher").start()
+
+    def _watch(self) -> None:
+        # The forked processes are the launcher's children: the kernel re-parents them the moment it exits,
+        # even while it is an unreaped zombie (which os.kill(pid, 0) would still find).
+        while os.getppid() == self.pid:
+            time.sleep(0.2)
+        os._exit(1)
+
+
+def run_ray(pipeline, tasks: int, workers: int | None, logs: str) -> None:
+    """The tasks on Ray: the cluster at RAY_ADDRESS when set (`ray start --head` on the head node), else a
+    local one started here with `workers` CPUs (https://docs.ray.io/en/latest/ray-core/starting-ray.html)."""
+    try:
+        import ray
+    except ImportError:
+        raise UsageError("--executor ray needs ray: pip install \"pretrain[ray]\" (or pip install ray)") from None
+    from datatrove.executor.ray import RayPipelineExecutor
+
+    from .pipeline import default_workers
+
+    if not ray.is_initialized():
+        if os.environ.get("RAY_ADDRESS"):
+            ray.init()
+        else:
+            ray.init(num_cpus=workers or default_workers(), include_dashboard=False)
+    RayPipelineExecutor(pipeline, tasks=tasks, workers=workers or -1, logging_dir=logs, cpus_per_task=1,
+                        mem_per_cpu_gb=2).run()
+
+
+def submit_slurm(tokenize: list, manifest: list, logs: Path, tasks: int, workers: int | None,
+                 slurm: SlurmOptions) -> None:
+    """The job array of the `tokenize` steps (one array task per datatrove task) and, depending on it, a one-task
+    job of the `manifest` steps."""
+    from datatrove.executor.slurm import SlurmPipelineExecutor
+
+    env_command = slurm.env_command or (f"source {sys.prefix}/bin/activate" if sys.prefix != sys.base_prefix else "")
+    common = dict(time=slurm.time, partition=slurm.partition, cpus_per_task=1, mem_per_cpu_gb=slurm.mem_per_cpu_gb,
+                  qos=slurm.qos, sbatch_args=dict(slurm.sbatch_args), env_command=env_command or None,
+                  mail_type="NONE")
+    array = SlurmPipelineExecutor(tokenize, tasks=tasks, workers=workers or -1, job_name=slurm.job_name,
+                                  logging_dir=str(logs / "tokenize"), **common)
+    SlurmPipelineExecutor(manifest, tasks=1, job_name=f"{slurm.job_name}-manifest", depends=array,
+                          logging_dir=str(logs / "manifest"), **common).run()
