@@ -165,7 +165,7 @@ def test_zstd_frames_and_a_file_cut_short(tmp_path):
     import zstandard
 
     compressor = zstandard.ZstdCompressor()
-    # Two frames, each larger than a read step (readers.ZSTD_READ_BYTES), both read whole.
+    # Two frames, each larger than a read step (compression.ZSTD_READ_BYTES), both read whole.
     whole = compressor.compress(zst_lines(5000)) + compressor.compress(zst_lines(5000, 5000))
     (tmp_path / "whole.jsonl.zst").write_bytes(whole)
     assert texts([tmp_path / "whole.jsonl.zst"]) == [f"line {i}" for i in range(10000)]

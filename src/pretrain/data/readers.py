@@ -13,7 +13,6 @@ A `datasets` directory is read with pyarrow directly, batch by batch: its .arrow
 from __future__ import annotations
 
 import contextlib
-import gzip
 import io
 import json
 import zlib
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Iterator, NamedTuple
 
 from ..errors import UsageError
+from .compression import decompressed
 from .sources import RemoteFile, file_name, open_file
 
 FORMATS = ("auto", "text", "jsonl", "encyclopedia", "parquet", "arrow")
@@ -33,9 +33,6 @@ SKIP_REASONS = {
     "unreadable": "unreadable file",
 }
 PARQUET_BATCH_ROWS = 1024  # rows per Arrow batch: bounded memory whatever the file size (Parquet and Arrow)
-# .zst bytes decompressed per step: the step's output is this x the compression ratio (~3 for text, 1,000s for
-# a file of repeated documents). Measured: 4 KiB steps read a 25 MB JSONL at 500 MB/s, as fast as 32 KiB ones.
-ZSTD_READ_BYTES = 1 << 12
 # The largest document (a JSONL line, a text file or block) read: `tokenizers` holds ~90 bytes per input byte
 # while encoding (pipeline.CHUNK_CHARS), so 32 MiB already takes ~3 GB. A larger one (or an endless input such
 # as /dev/zero) is skipped as unreadable and the rest of its file with it, read in bounded memory.
@@ -114,7 +111,7 @@ class Corpus:
                 if fmt == "text":
                     yield from _text(raw, name, self.options.split_blank_lines)
                 else:
-                    yield from _jsonl(_decompressed(raw, name), name, fmt, self.options.text_field)
+                    yield from _jsonl(decompressed(raw, name), name, fmt, self.options.text_field)
         except _unreadable_errors() as e:  # unreadable from the start, or a corrupt stream part-way through
             yield Record(name, 0, None, "unreadable", f"{type(e).__name__}: {e}")
         except _TooLarge as e:
@@ -135,7 +132,7 @@ def file_format(path: Path, options: ReadOptions) -> str:
         return "text"
     try:
         with open_file(path) as raw:
-            for _, line in zip(range(100), _lines(_decompressed(raw, name))):
+            for _, line in zip(range(100), _lines(decompressed(raw, name))):
                 try:
                     record = json.loads(line)
                 except (ValueError, RecursionError):  # RecursionError: nested too deeply for json
@@ -200,54 +197,6 @@ def _document(name: str, line: int, text: str) -> Record:
     if not text.strip():
         return Record(name, line, None, "empty")
     return Record(name, line, text)
-
-
-def _decompressed(raw: io.BufferedReader, name: str):
-    if name.endswith(".gz"):
-        return gzip.GzipFile(fileobj=raw)
-    if name.endswith(".zst"):
-        return io.BufferedReader(_ZstdFrames(raw))
-    return raw
-
-
-class _ZstdFrames(io.RawIOBase):
-    """The decompressed bytes of a .zst file of one or more frames, streamed; EOFError when the file ends
-    inside a frame (a truncated download), as gzip does. zstandard's stream_reader ends there silently."""
-
-    def __init__(self, raw: io.BufferedReader):
-        import zstandard
-
-        self._raw = raw
-        self._new_frame = zstandard.ZstdDecompressor().decompressobj
-        self._frame = None  # the decompressor of the frame being read; None between frames
-        self._pending = memoryview(b"")  # decompressed, not yet read
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer) -> int:
-        while not self._pending:
-            data = self._raw.read(ZSTD_READ_BYTES)
-            if not data:
-                if self._frame is not None:
-                    raise EOFError("compressed file ended before the end-of-stream marker was reached")
-                return 0
-            self._pending = memoryview(self._decompress(data))
-        n = min(len(buffer), len(self._pending))
-        buffer[:n] = self._pending[:n]
-        self._pending = self._pending[n:]  # a view: no copy of the rest
-        return n
-
-    def _decompress(self, data: bytes) -> bytes:
-        out = []
-        while data:
-            if self._frame is None:
-                self._frame = self._new_frame()
-            out.append(self._frame.decompress(data))
-            if not self._frame.eof:
-                break  # the frame goes on in the next read
-            data, self._frame = self._frame.unused_data, None  # the next frame starts here
-        return b"".join(out)
 
 
 def _jsonl(stream, name: str, fmt: str, text_field: str) -> Iterator[Record]:
