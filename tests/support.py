@@ -74,6 +74,22 @@ def finished_run(run_dir, *args) -> Path:
     return run_dir
 
 
+def finished_torchrun(*args, nproc: int = 2) -> subprocess.CompletedProcess:
+    """`torchrun ... pretrain train *args`, which must succeed (the end of its stderr shown if not)."""
+    r = torchrun(*args, nproc=nproc)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r
+
+
+def exported_tensors(run_dir, out) -> dict:
+    """`pretrain export RUN_DIR --to hf OUT`, which must succeed: the tensors of its model.safetensors."""
+    from safetensors.torch import load_file
+
+    r = run_cli("export", run_dir, "--to", "hf", out)
+    assert r.returncode == 0, r.stderr
+    return load_file(Path(out) / "model.safetensors")
+
+
 def per_rank_reports(run_dir, ranks: int) -> list[tuple[dict, dict]]:
     """Each rank's plan_vs_run.rank<R>.json (debug.plan_vs_run_per_rank) as (its place in the grid, {row name:
     row}), after asserting that the rank holds exactly the planner's parameter, gradient and optimizer bytes."""

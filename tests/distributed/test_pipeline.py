@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from support import finished_run, params, run_cli, torchrun
+from support import finished_run, finished_torchrun, params, run_cli, torchrun
 
 torch = pytest.importorskip("torch")
 
@@ -51,8 +51,7 @@ def single(prepared, tmp_path_factory):
 @pytest.fixture(scope="module")
 def two_stages(prepared, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("pp2") / "run"
-    r = torchrun(*settings(prepared, run_dir, 8, "parallel.pipeline=2"), nproc=2)
-    assert r.returncode == 0, r.stderr[-3000:]
+    finished_torchrun(*settings(prepared, run_dir, 8, "parallel.pipeline=2"), nproc=2)
     return run_dir
 
 
@@ -73,9 +72,8 @@ def test_export_works_from_a_pipeline_checkpoint(two_stages, tmp_path):
 @pytest.mark.parametrize("zero_stage", [0, 1])
 def test_two_stages_times_two_data_parallel_match_one_process(prepared, single, tmp_path, zero_stage):
     run_dir = tmp_path / "run"
-    r = torchrun(*settings(prepared, run_dir, 4, "parallel.pipeline=2", f"parallel.zero_stage={zero_stage}"),
-                 nproc=4)
-    assert r.returncode == 0, r.stderr[-3000:]
+    finished_torchrun(*settings(prepared, run_dir, 4, "parallel.pipeline=2", f"parallel.zero_stage={zero_stage}"),
+                      nproc=4)
     same_run(single, run_dir)
 
 
@@ -84,21 +82,18 @@ def test_four_stages_match_one_process(prepared, tmp_path):
     one, four = tmp_path / "one", tmp_path / "four"
     r = run_cli("train", *settings(prepared, one, 8, *deep))
     assert r.returncode == 0, r.stderr
-    r = torchrun(*settings(prepared, four, 8, *deep, "parallel.pipeline=4"), nproc=4)
-    assert r.returncode == 0, r.stderr[-3000:]
+    finished_torchrun(*settings(prepared, four, 8, *deep, "parallel.pipeline=4"), nproc=4)
     same_run(one, four)
 
 
 def test_a_pipeline_checkpoint_resumes_at_two_stages_and_in_one_process(prepared, single, two_stages, tmp_path):
     stopped = tmp_path / "stopped"
-    r = torchrun(*settings(prepared, stopped, 8, "parallel.pipeline=2", "debug.stop_after_step=5"), nproc=2)
-    assert r.returncode == 0, r.stderr[-3000:]
+    finished_torchrun(*settings(prepared, stopped, 8, "parallel.pipeline=2", "debug.stop_after_step=5"), nproc=2)
     (tmp_path / "copy").mkdir()
     one = tmp_path / "copy" / "run"
     subprocess.run(["cp", "-r", str(stopped), str(one)], check=True)
 
-    r = torchrun("--resume", stopped, "debug.stop_after_step=0", nproc=2)
-    assert r.returncode == 0, r.stderr[-3000:]
+    finished_torchrun("--resume", stopped, "debug.stop_after_step=0", nproc=2)
     a, b = params(two_stages), params(stopped)
     assert all(torch.equal(a[k], b[k]) for k in a)  # same ranks, same order of operations: bitwise
 
@@ -116,8 +111,7 @@ def test_a_batch_ramp_and_a_short_validation_batch_match_one_process(prepared, t
     one, two = tmp_path / "one", tmp_path / "two"
     r = run_cli("train", *settings(prepared, one, 8, *ramp))
     assert r.returncode == 0, r.stderr
-    r = torchrun(*settings(prepared, two, 8, *ramp, "parallel.pipeline=2"), nproc=2)
-    assert r.returncode == 0, r.stderr[-3000:]
+    finished_torchrun(*settings(prepared, two, 8, *ramp, "parallel.pipeline=2"), nproc=2)
     batches = [json.loads(x)["batch_tokens"] for x in (two / "metrics.jsonl").read_text().splitlines()
                if '"batch_tokens"' in x]
     assert batches[0] == 256 and batches[-1] >= 512  # 1 micro-batch of 8 x 32 tokens, then 2 or more

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from support import finished_run, losses, params, per_rank_reports, run_cli, torchrun
+from support import exported_tensors, finished_run, finished_torchrun, losses, params, per_rank_reports, run_cli
 
 torch = pytest.importorskip("torch")
 
@@ -51,9 +51,8 @@ def single(prepared, tmp_path_factory):
 def grid(prepared, tmp_path_factory):
     """(pipeline 2, tensor 2) on 4 ranks; every rank asserts it holds the planner's bytes for its place."""
     run_dir = tmp_path_factory.mktemp("grid") / "run"
-    r = torchrun(*settings(prepared, run_dir, "parallel.pipeline=2", "parallel.tensor=2",
-                           "debug.check_sharding=true", "debug.plan_vs_run_per_rank=true"), nproc=4)
-    assert r.returncode == 0, r.stderr[-3000:]
+    finished_torchrun(*settings(prepared, run_dir, "parallel.pipeline=2", "parallel.tensor=2",
+                                "debug.check_sharding=true", "debug.plan_vs_run_per_rank=true"), nproc=4)
     return run_dir
 
 
@@ -87,9 +86,8 @@ def test_every_rank_holds_its_stage_and_tensor_rank_share_as_planned(grid):
 def test_sequence_parallel_stages_train_as_one_process(prepared, single, tmp_path):
     # Between the stages each tensor rank sends its part of the sequence to its peer of the next stage.
     run_dir = tmp_path / "run"
-    r = torchrun(*settings(prepared, run_dir, "parallel.pipeline=2", "parallel.tensor=2",
-                           "parallel.sequence_parallel=true", "debug.check_sharding=true"), nproc=4)
-    assert r.returncode == 0, r.stderr[-3000:]
+    finished_torchrun(*settings(prepared, run_dir, "parallel.pipeline=2", "parallel.tensor=2",
+                                "parallel.sequence_parallel=true", "debug.check_sharding=true"), nproc=4)
     assert_same_run(single, run_dir)
 
 
@@ -97,9 +95,8 @@ def test_pipeline_x_data_x_tensor_on_eight_ranks_trains_as_one_process(prepared,
     # 3D: each stage's two data-parallel replicas (ZeRO-0, micro-batch 4: the same global batch) average
     # their tensor ranks' local gradients over the "dp" group.
     run_dir = tmp_path / "run"
-    r = torchrun(*settings(prepared, run_dir, "parallel.pipeline=2", "parallel.tensor=2", "parallel.zero_stage=0",
-                           "train.micro_batch_size=4", "debug.check_sharding=true"), nproc=8)
-    assert r.returncode == 0, r.stderr[-3000:]
+    finished_torchrun(*settings(prepared, run_dir, "parallel.pipeline=2", "parallel.tensor=2", "parallel.zero_stage=0",
+                                "train.micro_batch_size=4", "debug.check_sharding=true"), nproc=8)
     assert_same_run(single, run_dir)
 
 
@@ -108,10 +105,9 @@ def test_zero1_per_stage_of_tensor_ranks_resumes_in_one_process(prepared, single
     # partition: check_sharding holds every rank to its optimizer bytes) and saves their states; the
     # checkpoint holds each state once, and one process continues with every state in place.
     run_dir = tmp_path / "run"
-    r = torchrun(*settings(prepared, run_dir, "parallel.pipeline=2", "parallel.tensor=2", "parallel.zero_stage=1",
-                           "train.micro_batch_size=4", "debug.check_sharding=true", "debug.stop_after_step=5"),
-                 nproc=8)
-    assert r.returncode == 0, r.stderr[-3000:]
+    finished_torchrun(*settings(prepared, run_dir, "parallel.pipeline=2", "parallel.tensor=2", "parallel.zero_stage=1",
+                                "train.micro_batch_size=4", "debug.check_sharding=true", "debug.stop_after_step=5"),
+                      nproc=8)
     assert_same_run(single, run_dir, steps=range(1, 6))
     r = run_cli("train", "--resume", run_dir, "debug.stop_after_step=0", "parallel.pipeline=1", "parallel.tensor=1",
                 "train.micro_batch_size=8")
@@ -122,9 +118,8 @@ def test_zero1_per_stage_of_tensor_ranks_resumes_in_one_process(prepared, single
 
 def test_a_pipeline_x_tensor_checkpoint_resumes_in_one_process(prepared, single, tmp_path):
     run_dir = tmp_path / "run"
-    r = torchrun(*settings(prepared, run_dir, "parallel.pipeline=2", "parallel.tensor=2", "debug.stop_after_step=5"),
-                 nproc=4)
-    assert r.returncode == 0, r.stderr[-3000:]
+    finished_torchrun(*settings(prepared, run_dir, "parallel.pipeline=2", "parallel.tensor=2",
+                                "debug.stop_after_step=5"), nproc=4)
     assert max(losses(run_dir)) == 5
     r = run_cli("train", "--resume", run_dir, "debug.stop_after_step=0", "parallel.pipeline=1", "parallel.tensor=1")
     assert r.returncode == 0, r.stderr
@@ -133,13 +128,7 @@ def test_a_pipeline_x_tensor_checkpoint_resumes_in_one_process(prepared, single,
 
 
 def test_export_from_a_pipeline_x_tensor_checkpoint(grid, tmp_path):
-    from safetensors.torch import load_file
-
-    out = tmp_path / "hf"
-    r = run_cli("export", grid, "--to", "hf", out)
-    assert r.returncode == 0, r.stderr
-    hf = load_file(out / "model.safetensors")
-    ours = params(grid)
+    hf, ours = exported_tensors(grid, tmp_path / "hf"), params(grid)
     q = 4 * 16  # debug preset: 4 heads of 16; block 0 on stage 0, block 1 on stage 1
     assert torch.equal(hf["model.layers.0.self_attn.q_proj.weight"], ours["blocks.0.attn.qkv.weight"][:q])
     assert torch.equal(hf["model.layers.1.self_attn.q_proj.weight"], ours["blocks.1.attn.qkv.weight"][:q])

@@ -10,7 +10,8 @@ import time
 import psutil
 import pytest
 
-from support import finished_run, losses, needs_compiler, params, per_rank_reports, run_cli, torchrun
+from support import (exported_tensors, finished_run, finished_torchrun, losses, needs_compiler, params,
+                     per_rank_reports, run_cli, torchrun)
 
 torch = pytest.importorskip("torch")
 
@@ -21,7 +22,8 @@ def settings(prepared, run_dir, micro_batch, *extra):
     # The debug preset's 4 heads / 2 k/v heads split over 2 tensor ranks (one k/v group each); an odd
     # vocabulary padded to 518 rows (one padded row), 259 per tensor rank: FSDP's chunks are uneven (130 / 129).
     return ["model.preset=debug", "model.vocab_size=517", "model.pad_vocab_to=2", "train.seq_len=32",
-            f"train.micro_batch_size={micro_batch}", "train.grad_accum_steps=2", "train.precision=fp32", "train.device=cpu", "train.optimizer=adamw",
+            f"train.micro_batch_size={micro_batch}", "train.grad_accum_steps=2", "train.precision=fp32",
+            "train.device=cpu", "train.optimizer=adamw",
             "train.lr=3e-3", "train.warmup=1", f"train.max_steps={STEPS}", f"data.dir={prepared}",
             f"run.dir={run_dir}", "run.log_every=1", "run.eval_every=0", "run.eval_batches=2",
             "run.checkpoint_every=5", "run.progress=false", "hardware.peak_tflops=0.05", *extra]
@@ -53,9 +55,8 @@ def grid(prepared, tmp_path_factory):
     """(data 2, tensor 2) on 4 ranks, FSDP (ZeRO-3) over the data ranks; every rank asserts it holds the
     planner's bytes for its (data rank, tensor rank)."""
     run_dir = tmp_path_factory.mktemp("grid") / "run"
-    r = torchrun(*settings(prepared, run_dir, 4, "parallel.tensor=2", "parallel.zero_stage=3",
-                           "debug.check_sharding=true", "debug.plan_vs_run_per_rank=true"), nproc=4)
-    assert r.returncode == 0, r.stderr[-3000:]
+    finished_torchrun(*settings(prepared, run_dir, 4, "parallel.tensor=2", "parallel.zero_stage=3",
+                                "debug.check_sharding=true", "debug.plan_vs_run_per_rank=true"), nproc=4)
     return run_dir
 
 
@@ -81,9 +82,8 @@ def test_every_rank_reports_its_own_plan_vs_run(grid):
 
 def test_sequence_parallel_on_two_tensor_ranks_trains_as_one_process(prepared, single, tmp_path):
     run_dir = tmp_path / "run"
-    r = torchrun(*settings(prepared, run_dir, 8, "parallel.tensor=2", "parallel.sequence_parallel=true",
-                           "debug.check_sharding=true"), nproc=2)
-    assert r.returncode == 0, r.stderr[-3000:]
+    finished_torchrun(*settings(prepared, run_dir, 8, "parallel.tensor=2", "parallel.sequence_parallel=true",
+                                "debug.check_sharding=true"), nproc=2)
     assert_same_run(single, run_dir)
     assert_planned_bytes(run_dir)
 
@@ -93,9 +93,8 @@ def test_tied_embeddings_on_two_tensor_ranks_train_as_one_process(prepared, tmp_
     one, two = tmp_path / "one", tmp_path / "two"
     r = run_cli("train", *settings(prepared, one, 8, "model.tie_embeddings=true"))
     assert r.returncode == 0, r.stderr
-    r = torchrun(*settings(prepared, two, 8, "model.tie_embeddings=true", "parallel.tensor=2",
-                           "debug.check_sharding=true"), nproc=2)
-    assert r.returncode == 0, r.stderr[-3000:]
+    finished_torchrun(*settings(prepared, two, 8, "model.tie_embeddings=true", "parallel.tensor=2",
+                                "debug.check_sharding=true"), nproc=2)
     assert_same_run(one, two)
     assert_planned_bytes(two)
 
@@ -110,8 +109,8 @@ def test_compiled_blocks_with_and_without_sequence_parallelism(prepared, single,
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "compile-cache"))
     for layout in ("parallel.sequence_parallel=false", "parallel.sequence_parallel=true"):
         run_dir = tmp_path / layout
-        r = torchrun(*settings(prepared, run_dir, 8, "parallel.tensor=2", layout, "train.compile=true"), nproc=2)
-        assert r.returncode == 0, r.stderr[-3000:]
+        r = finished_torchrun(*settings(prepared, run_dir, 8, "parallel.tensor=2", layout, "train.compile=true"),
+                              nproc=2)
         assert "Graph break" not in r.stderr
         a, b = losses(single), losses(run_dir)
         assert all(b[k] == pytest.approx(a[k], rel=2e-3) for k in a), layout
@@ -119,15 +118,13 @@ def test_compiled_blocks_with_and_without_sequence_parallelism(prepared, single,
 
 def test_a_data_2_tensor_2_checkpoint_resumes_on_data_4_and_on_one_process(prepared, single, tmp_path):
     saved = tmp_path / "saved"
-    r = torchrun(*settings(prepared, saved, 4, "parallel.tensor=2", "parallel.zero_stage=3",
-                           "debug.stop_after_step=5"), nproc=4)
-    assert r.returncode == 0, r.stderr[-3000:]
+    finished_torchrun(*settings(prepared, saved, 4, "parallel.tensor=2", "parallel.zero_stage=3",
+                                "debug.stop_after_step=5"), nproc=4)
     # Data 4 x tensor 1 (FSDP over all 4 ranks, micro-batch 2: the same global batch).
     four = tmp_path / "four"
     subprocess.run(["cp", "-r", saved, four], check=True)
-    r = torchrun("--resume", four, "debug.stop_after_step=0", "parallel.tensor=1", "train.micro_batch_size=2",
-                 nproc=4)
-    assert r.returncode == 0, r.stderr[-3000:]
+    r = finished_torchrun("--resume", four, "debug.stop_after_step=0", "parallel.tensor=1", "train.micro_batch_size=2",
+                          nproc=4)
     assert "resumed from" in r.stdout
     assert_same_run(single, four, steps=range(6, STEPS + 1))
     # One process (data 1 x tensor 1, micro-batch 8).
@@ -139,13 +136,7 @@ def test_a_data_2_tensor_2_checkpoint_resumes_on_data_4_and_on_one_process(prepa
 
 
 def test_export_from_a_tensor_parallel_checkpoint(grid, tmp_path):
-    from safetensors.torch import load_file
-
-    out = tmp_path / "hf"
-    r = run_cli("export", grid, "--to", "hf", out)
-    assert r.returncode == 0, r.stderr
-    hf = load_file(out / "model.safetensors")
-    ours = params(grid)
+    hf, ours = exported_tensors(grid, tmp_path / "hf"), params(grid)
     q = 4 * 16  # debug preset: 4 heads of 16
     assert torch.equal(hf["model.layers.0.self_attn.q_proj.weight"], ours["blocks.0.attn.qkv.weight"][:q])
     assert torch.equal(hf["model.layers.1.mlp.up_proj.weight"], ours["blocks.1.mlp.up.weight"][176:])
@@ -173,8 +164,7 @@ def test_kill_9_during_a_tensor_x_data_run_resumes_exactly(prepared, grid, tmp_p
         proc.stdout.close()
         proc.stderr.close()
     assert max(losses(run_dir)) < STEPS  # killed mid-run
-    r = torchrun("--resume", run_dir, nproc=4)
-    assert r.returncode == 0, r.stderr[-3000:]
+    r = finished_torchrun("--resume", run_dir, nproc=4)
     assert "resumed from" in r.stdout and "step 5," in r.stdout
     a, b = losses(grid), losses(run_dir)
     assert all(b[k] == a[k] for k in range(6, STEPS + 1))

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from support import finished_run, losses, needs_compiler, params, run_cli, torchrun
+from support import finished_run, finished_torchrun, losses, needs_compiler, params, run_cli, torchrun
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("psutil")
@@ -41,8 +41,7 @@ def single(prepared, tmp_path_factory):
 def test_data_parallel_matches_one_process(prepared, single, tmp_path, stage):
     run_dir = tmp_path / "run"
     # debug.check_sharding: every rank asserts it holds exactly the planner's per-rank model-state bytes.
-    r = torchrun(*settings(prepared, run_dir, 4, f"parallel.zero_stage={stage}", "debug.check_sharding=true"))
-    assert r.returncode == 0, r.stderr[-3000:]
+    finished_torchrun(*settings(prepared, run_dir, 4, f"parallel.zero_stage={stage}", "debug.check_sharding=true"))
     # The logged loss is the global batch's mean: it equals the single process's (fp32 reduction order
     # differs, hence a tolerance of 1e-5 relative; parameters after 6 AdamW steps within 3e-5 absolute:
     # AdamW divides each gradient element by its own running RMS, so an element whose gradient is nearly
@@ -64,8 +63,7 @@ def test_data_parallel_matches_one_process(prepared, single, tmp_path, stage):
 def test_activations_under_ddp_with_full_recomputation_match_the_plan(prepared, tmp_path):
     # The meter sees the DDP wrapper, not our model: the recomputed block it must add is the wrapped one's.
     run_dir = tmp_path / "run"
-    r = torchrun(*settings(prepared, run_dir, 4, "parallel.zero_stage=0", "train.activation_checkpointing=full"))
-    assert r.returncode == 0, r.stderr[-3000:]
+    finished_torchrun(*settings(prepared, run_dir, 4, "parallel.zero_stage=0", "train.activation_checkpointing=full"))
     rows = {x["name"]: x for x in json.loads((run_dir / "plan_vs_run.json").read_text())["rows"]}
     assert rows["activations"]["measured"] == rows["activations"]["planned"]
 
@@ -77,8 +75,7 @@ def test_fsdp_compiles_block_by_block_without_graph_breaks(prepared, single, tmp
     a whole-model compile falls back to eager at them). Same losses as one eager process."""
     monkeypatch.setenv("TORCH_LOGS", "graph_breaks")
     run_dir = tmp_path / "run"
-    r = torchrun(*settings(prepared, run_dir, 4, "parallel.zero_stage=3", "train.compile=true"))
-    assert r.returncode == 0, r.stderr[-3000:]
+    r = finished_torchrun(*settings(prepared, run_dir, 4, "parallel.zero_stage=3", "train.compile=true"))
     assert "Graph break" not in r.stderr
     a, b = losses(single), losses(run_dir)
     assert b[1] == pytest.approx(a[1], rel=1e-5)
@@ -90,22 +87,18 @@ def test_sharded_checkpoint_resumes_on_one_and_two_ranks(prepared, tmp_path):
     from pretrain.train.checkpoint import checkpoint_dir
 
     straight = tmp_path / "straight"
-    r = torchrun(*settings(prepared, straight, 4, "parallel.zero_stage=3"))
-    assert r.returncode == 0, r.stderr[-3000:]
+    finished_torchrun(*settings(prepared, straight, 4, "parallel.zero_stage=3"))
     shards = list((checkpoint_dir(straight, 3) / "state").glob("*.distcp"))
     assert len(shards) == 2  # one file per rank: the checkpoint is sharded
 
     two = tmp_path / "two"
-    r = torchrun(*settings(prepared, two, 4, "parallel.zero_stage=3", "debug.stop_after_step=3"))
-    assert r.returncode == 0, r.stderr[-3000:]
-    r = torchrun("--resume", two, "debug.stop_after_step=0")
-    assert r.returncode == 0, r.stderr[-3000:]
+    r = finished_torchrun(*settings(prepared, two, 4, "parallel.zero_stage=3", "debug.stop_after_step=3"))
+    finished_torchrun("--resume", two, "debug.stop_after_step=0")
     a, b = params(straight), params(two)
     assert all(torch.equal(a[k], b[k]) for k in a)  # same ranks, same order of operations: bitwise
 
     one = tmp_path / "one"
-    r = torchrun(*settings(prepared, one, 4, "parallel.zero_stage=3", "debug.stop_after_step=3"))
-    assert r.returncode == 0, r.stderr[-3000:]
+    r = finished_torchrun(*settings(prepared, one, 4, "parallel.zero_stage=3", "debug.stop_after_step=3"))
     r = run_cli("train", "--resume", one, "debug.stop_after_step=0", "train.micro_batch_size=8")
     assert r.returncode == 0, r.stderr
     assert "resumed from" in r.stdout
@@ -143,9 +136,8 @@ def test_ranks_agree_on_a_rollback(prepared, tmp_path):
     """A NaN on one micro-batch of the data stream (every rank reads its share of it): the global loss is
     NaN on every rank, so all roll back together to the same checkpoint and skip the same data."""
     run_dir = tmp_path / "run"
-    r = torchrun(*settings(prepared, run_dir, 4, "parallel.zero_stage=1", "train.max_steps=8",
-                           "run.checkpoint_every=2", "debug.inject_nan_batches=[8]"))
-    assert r.returncode == 0, r.stderr[-3000:]
+    finished_torchrun(*settings(prepared, run_dir, 4, "parallel.zero_stage=1", "train.max_steps=8",
+                                "run.checkpoint_every=2", "debug.inject_nan_batches=[8]"))
     events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
     (rollback,) = [e for e in events if e["event"] == "rollback"]
     assert (rollback["step"], rollback["to_step"]) == (5, 4)
