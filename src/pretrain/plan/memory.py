@@ -36,7 +36,7 @@ from .kernels import planned_native_gqa
 from ..units import gib
 from .explain import Explain
 from .hardware import device_memory_bytes
-from .model_states import heaviest_stage, model_state_tensors, zero_paper_bytes
+from .model_states import model_state_tensors, zero_paper_bytes
 from .phases import PHASES, cuda_context, held_gradients, loss_part, resident, step_phases
 from .stages import chunk_indices, chunks_per_stage, stage_layers
 
@@ -61,7 +61,7 @@ def memory(cfg, counts, ex: Explain) -> dict:
            f"{t.optimizer} states {st['optimizer_states']:,}" + (f" + fp32 master weights {st['parameters']:,}" if mixed else "")
            + (f" (sharded over {dp})" if zero >= 1 else "") + (" (offloaded to the host)" if host_offload else ""))
     if par.pipeline > 1:
-        k = heaviest_stage(cfg)
+        k = st["stage"]
         v = chunks_per_stage(par)
         split = stage_layers(m.num_layers, par.pipeline * v)
         chunks = [split[c] for c in chunk_indices(k, par.pipeline, v)]  # one range without interleaving

@@ -99,7 +99,7 @@ def decay_groups(m, shapes: list) -> list[list[int]]:
 
 def model_state_tensors(cfg, rank: int | None = None, stage: int | None = None) -> dict:
     """Bytes of the tensors one GPU holds between steps and in flight: parameters, gradients, optimizer
-    states, and working copies (half-precision or gathered parameters).
+    states, and working copies (half-precision or gathered parameters); `stage` names the stage counted.
     `rank`: that data-parallel rank's share (ranks differ under ZeRO-1 and uneven FSDP chunks); by default
     the largest share (what must fit). `stage`: that pipeline stage's parameters (pretrain.plan.stages); by
     default the heaviest stage's. A rank holds its stage's parameters, each its tensor rank's part (FSDP2
@@ -154,17 +154,22 @@ def model_state_tensors(cfg, rank: int | None = None, stage: int | None = None) 
     out = dict(parameters=param_bytes * n_params, gradients=grad_bytes * n_params,
                optimizer_states=state_bytes * n_states + steps, working_copies=copies,
                optimizer_working=_optimizer_working(cfg, shapes, owned, dp, sharded, state_bytes),
-               per_layer_params=_block_share(cfg, whole))
+               per_layer_params=_block_share(cfg, whole), stage=stage)
     return out
+
+
+def _stage_sizes(cfg) -> list[int]:
+    """Parameters of each pipeline stage on one tensor rank (the norms are whole on every one)."""
+    p, t, v = cfg.parallel.pipeline, cfg.parallel.tensor, chunks_per_stage(cfg.parallel)
+    return [sum(numel(tensor_parallel_shape(n, s, t)) for n, s in stage_param_shapes(cfg.model, k, p, v))
+            for k in range(p)]
 
 
 def heaviest_stage(cfg) -> int:
     """The pipeline stage with the most parameters (the first of equals): the one whose model states must fit.
     The first holds the embedding, the last the final norm and output layer, and the later stages one layer
-    more when the layers do not divide evenly; counted per tensor rank (the norms are whole on every one)."""
-    p, t, v = cfg.parallel.pipeline, cfg.parallel.tensor, chunks_per_stage(cfg.parallel)
-    sizes = [sum(numel(tensor_parallel_shape(n, s, t)) for n, s in stage_param_shapes(cfg.model, k, p, v))
-             for k in range(p)]
+    more when the layers do not divide evenly; counted per tensor rank."""
+    sizes = _stage_sizes(cfg)
     return sizes.index(max(sizes))
 
 
@@ -199,8 +204,8 @@ def _block_share(cfg, shapes) -> int:
 def _zero3_gathered(cfg, shapes) -> float:
     """Parameters one (pipeline stage, tensor rank) holds gathered under ZeRO-3: the block being computed and
     the prefetched next one, both of this stage, and the root modules on it (the embedding on the first
-    stage, the final norm and output layer on the last, all three without a pipeline), split as
-    stage_share splits them."""
+    stage, the final norm and output layer on the last, all three without a pipeline), each its tensor
+    rank's part."""
     m, par = cfg.model, cfg.parallel
     t = par.tensor
     embed = sum(numel(s) for n, s in shapes if n in ("embed.weight", "pos_embed.weight"))
@@ -213,24 +218,7 @@ def _zero3_gathered(cfg, shapes) -> float:
     return blocks * _block_share(cfg, shapes) + root
 
 
-def stage_share(cfg, shapes) -> float:
-    """Fraction of all parameters on the heaviest (pipeline stage, tensor rank)."""
-    m, par = cfg.model, cfg.parallel
-    total = sum(numel(s) for _, s in shapes)
-    per_layer = sum(numel(s) for n, s in shapes if n.startswith("blocks.0."))
-    layer_norms = sum(numel(s) for n, s in shapes if n.startswith("blocks.0.") and "norm" in n)
-    embed = sum(numel(s) for n, s in shapes if n in ("embed.weight", "pos_embed.weight"))
-    head = sum(numel(s) for n, s in shapes if n.startswith("norm.")) + padded_vocab_size(m) * m.hidden_size
-    layers = -(-m.num_layers // par.pipeline)
-    t = par.tensor
-
-    def split(n, replicated=0):
-        return (n - replicated) / t + replicated
-
-    body = layers * split(per_layer, layer_norms)
-    if par.pipeline == 1:
-        tied = split(padded_vocab_size(m) * m.hidden_size) if m.tie_embeddings else 0
-        stage = body + split(embed) + split(head) - tied
-    else:
-        stage = max(body + split(embed), body + split(head))
-    return stage / total
+def stage_share(cfg) -> float:
+    """Fraction of all parameters on the heaviest (pipeline stage, tensor rank): the stages as the trainer
+    splits them (pretrain.plan.stages), each tensor its tensor rank's part."""
+    return max(_stage_sizes(cfg)) / sum(numel(s) for _, s in param_shapes(cfg.model))

@@ -62,7 +62,7 @@ def _unsharded_gradients(cfg, block_and_root: bool = False) -> int:
         per_layer = sum(numel(s) for name, s in shapes if name.startswith("blocks.0."))
         n -= (cfg.model.num_layers - 1) * per_layer
     if cfg.parallel.tensor * cfg.parallel.pipeline > 1:
-        n = int(n * stage_share(cfg, shapes))
+        n = int(n * stage_share(cfg))
     return (2 if cfg.train.precision == "bf16" else 4) * n
 
 
