@@ -24,6 +24,7 @@ from pretrain.distributed.recompute import apply_activation_checkpointing
 from pretrain.distributed.runtime import init_runtime
 from pretrain.model import build_model
 from pretrain.plan import make_plan
+from pretrain.plan.flops import mfu
 from pretrain.config import compile_enabled
 from pretrain.precision import autocast as precision_context
 from pretrain.train.trainer import Trainer
@@ -135,9 +136,9 @@ def main():
     peak = config.hardware.peak_tflops
     for name, tps in speed.items():
         spread = [tokens / s for s in seconds[name]]
-        mfu = f", MFU {tps * flops_per_token / (peak * 1e12):.1%} of {peak:g} TFLOP/s" if peak else ""
+        util = f", MFU {mfu(tps, flops_per_token, 1, peak):.1%} of {peak:g} TFLOP/s" if peak else ""
         print(f"  {name:9s} {tps:12,.0f} tokens/s (median of {args.rounds}; min {min(spread):,.0f}, "
-              f"max {max(spread):,.0f}){mfu}")
+              f"max {max(spread):,.0f}){util}")
     print(f"  ratio pretrain / minimal = {speed['pretrain'] / speed['minimal']:.3f}")
 
 

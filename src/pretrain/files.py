@@ -109,6 +109,18 @@ def write_error(e: OSError, where: str, what: str,
     return UsageError(f"{where}: {e.strerror} while writing {what}; {kept}")
 
 
+def hidden_prefix(final: Path) -> str:
+    """The name our temporary, aside and lock files beside `final` start with: ".NAME" (a long NAME cut so our
+    suffixes still fit a file name's 255 bytes). StagedDirectory finds the leftovers of killed builds by it."""
+    name = final.name
+    return "." + (name if len(os.fsencode(name)) <= 100 else name[:50])
+
+
+def aside_path(final: Path) -> Path:
+    """Where `swap_in` puts the directory it replaces, under this process's name."""
+    return final.with_name(f"{hidden_prefix(final)}.{os.getpid()}.old")
+
+
 def swap_in(new: Path, final: Path, aside: Path) -> None:
     """Put the finished directory `new` at `final`: an existing `final` renamed to `aside` first, `new` renamed
     into place (each a rename within one directory: atomic), then the old one deleted. A failed rename puts the
@@ -147,9 +159,9 @@ class StagedDirectory:
         if not name:
             raise UsageError(f"{flag} {display_path(final)}: the root directory cannot be replaced; give a directory "
                              "below it")
-        self._prefix = "." + (name if len(os.fsencode(name)) <= 100 else name[:50])  # room for our suffixes
+        self._prefix = hidden_prefix(self.final)
         self.path = self.final.with_name(f"{self._prefix}.{os.getpid()}.tmp")
-        self._aside = self.final.with_name(f"{self._prefix}.{os.getpid()}.old")
+        self._aside = aside_path(self.final)
         self._replaceable = replaceable
         self._committed = False
 

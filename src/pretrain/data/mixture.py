@@ -29,15 +29,11 @@ import numpy as np
 import torch
 
 from ..errors import UsageError
-from .hashing import hash64
-from .hashing import FeistelPermutation
+from .hashing import FeistelPermutation, hash64
 from .loader import _batch, _num_windows, open_training_data
 
 GOLDEN_STEP = np.uint64(0x9E3779B97F4A7C15)  # 2^64 / phi, odd
 SLOT_KEY, SOURCE_KEY = 1 << 40, 1 << 41  # keep the mixture's hashes apart from the Feistel round keys' inputs
-# Repeating data beyond ~4 epochs gains little and then costs (Muennighoff et al. 2023, "Scaling
-# Data-Constrained Language Models", NeurIPS): a source past it is reported in the run log.
-REPEAT_WARNING_EPOCHS = 4
 
 
 def open_mixture(sources: list[dict], verify: str, model_vocab_size: int) -> list[dict]:

@@ -33,7 +33,7 @@ from datatrove.pipeline.base import PipelineStep
 
 from .. import __version__
 from ..errors import UsageError
-from ..files import check_output_dir, display_path, swap_in, write_atomic
+from ..files import aside_path, check_output_dir, display_path, hidden_prefix, swap_in, write_atomic
 from ..lock import exclusive_lock
 from .executors import EXECUTORS, SlurmOptions, run_local, run_ray, submit_slurm
 from .pipeline import DATASET_FILES, MAX_SHOWN, META_VERSION, SPLITS, build_dataset, resolve_dtype
@@ -116,7 +116,7 @@ def prepare_sharded(inputs, tokenizer, out_dir, *, tasks: int, executor: str = "
     _check_out(final)
     # One launcher per --out: a second one would rebuild or rewrite OUT.partial under the first (beside --out,
     # not in it: a hidden file that stays, as a run directory's .lock does). Held until this function returns.
-    launcher = exclusive_lock(final.with_name(f".{final.name}.lock"), f"--out {display_path(final)}",
+    launcher = exclusive_lock(final.with_name(f"{hidden_prefix(final)}.lock"), f"--out {display_path(final)}",
                               "another `pretrain prepare` is building it: wait for it to end or stop it")
 
     job = Job(files=[[_absolute(corpus.files[i]) for i in r] for r in split_files(corpus.sizes, tasks)],
@@ -271,7 +271,9 @@ def finish(job: Job) -> dict:
                          f"{meta['skipped']}); check --format, --text-field and --split-blank-lines")
     shutil.rmtree(work / "locks", ignore_errors=True)  # every task is done: the tasks' lock files mean nothing
     write_atomic(work / "meta.json", json.dumps(meta, indent=2, ensure_ascii=False) + "\n")
-    _swap_in(work, final)
+    # The old dataset goes aside under the name StagedDirectory gives it, so a crash between the two renames
+    # is undone by the next prepare.
+    swap_in(work, final, aside_path(final))
     return meta
 
 
@@ -309,9 +311,3 @@ def manifest(shards: list[dict], names: list[str], job_text: str) -> dict:
         "seed": first["seed"], "val_fraction": first["val_fraction"],
         "format": job["format"], "text_field": job["text_field"], "split_blank_lines": job["split_blank_lines"],
     }
-
-
-def _swap_in(work: Path, final: Path) -> None:
-    """Rename the finished build over --out: the old dataset renamed aside first (the name StagedDirectory
-    gives one, so a crash between the two renames is undone by the next prepare), then deleted."""
-    swap_in(work, final, final.with_name(f".{final.name}.{os.getpid()}.old"))

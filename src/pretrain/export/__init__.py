@@ -1,4 +1,4 @@
-"""Leaving the workbench: Hugging Face export and import (`pretrain.export.hf`), text generation
+"""Leaving the workbench: Hugging Face export (`pretrain.export.hf`; the import is `pretrain.model.hf`), text generation
 (`pretrain.export.generate`).
 
 Import from the submodules. This file stays empty so that the CLI's command modules in this package import

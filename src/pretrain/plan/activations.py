@@ -239,6 +239,12 @@ def activation_bytes(m, t, parallel, b: int | None = None, native_gqa: bool = Tr
                 recompute_working=working, layer_terms=per_layer_terms, once_terms=once)
 
 
+def weight_reads(t) -> int:
+    """How often a micro-batch reads the matmul weights: forward, backward for the activations' gradients and
+    for the weights' gradients (3), and once more with full recomputation, which reruns the forward."""
+    return 4 if t.activation_checkpointing == "full" else 3
+
+
 def kept_tensor_traffic(m, t, parallel, b: int | None = None, native_gqa: bool = True) -> tuple[float, dict]:
     """Bytes per GPU that the tensors kept for backward move: each written once in forward and read once in
     backward. Recomputed tensors are written and read all the same, so counted as if nothing were recomputed.

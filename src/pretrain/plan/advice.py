@@ -20,18 +20,17 @@ from __future__ import annotations
 import math
 
 from .fit_fixes import MAX_GPUS, fit_fixes
-from ..gpus import gpu_spec
+from ..config.schema import shown_value
+from ..gpus import COMPUTE_DTYPE, gpu_spec
 from ..units import GiB, human
-from .activations import COMPUTE_BYTES, kept_tensor_traffic
+from .activations import COMPUTE_BYTES, kept_tensor_traffic, weight_reads
 from .kernels import planned_native_gqa
 from .budget import CHINCHILLA_TOKENS_PER_PARAM
-from .corpus import epochs_advice
-from .hardware import COMPUTE_DTYPE
+from .corpus import MAX_EPOCHS, epochs_advice
 from .mixture import mixture_advice
 
 
 TOKENS_PER_PARAM_RANGE = (5, 100)  # 4x below / 5x above Chinchilla; LLaMA-7B's 1T tokens is 148
-MAX_EPOCHS = 4  # Muennighoff et al. 2023: up to ~4 epochs, repeated tokens are worth almost as much as new
 SMALL_MODEL = 50_000_000  # below this, the size-dependent rules stay silent
 BATCH_RULE_MIN_PARAMS = 100_000_000
 BATCH_RANGE = (1 / 4, 8)  # of GPT-3's batch for the size; LLaMA and Qwen's 4M is 2x-8x GPT-3 at 0.5B-7B
@@ -218,8 +217,7 @@ def step_intensity(c, p, b: int | None = None) -> tuple[float, float]:
     b = b or t.micro_batch_size
     model_parallel = par.tensor * par.pipeline
     flops = p["flops"]["per_token_hardware"] * b * t.seq_len / model_parallel
-    reads = 4 if t.activation_checkpointing == "full" else 3
-    weights = reads * COMPUTE_BYTES[t.precision] * p["params"]["flops"] / model_parallel
+    weights = weight_reads(t) * COMPUTE_BYTES[t.precision] * p["params"]["flops"] / model_parallel
     traffic, _ = kept_tensor_traffic(m, t, par, b, native_gqa=planned_native_gqa(c))
     return flops, weights + traffic
 
@@ -259,7 +257,7 @@ def _bandwidth(c, p) -> list[str]:
     else:
         fix = (f"micro-batch >= {need} would be compute-bound but does not fit (largest that fits: {largest}); "
                "a longer train.seq_len raises the intensity too")
-    reads = 4 if t.activation_checkpointing == "full" else 3
+    reads = weight_reads(t)
     return [f"bandwidth: micro-batch {t.micro_batch_size} x seq {t.seq_len} moves {moved / 1e9:.3g} GB (weights "
             f"read {reads}x in {COMPUTE_DTYPE[t.precision]}, activations written and read back) for "
             f"{flops / 1e9:.3g} GFLOP: {flops / moved:.3g} FLOP/byte, below the {spec.name}'s {ratio:.0f} "
@@ -281,7 +279,7 @@ def _memory(c, p) -> list[str]:
                 f"tensor parallel 8: try {offload}a card with more memory"]
     shown = []
     for overrides, q in fixes:
-        text = " ".join(f"{k}={_value(v)}" for k, v in overrides.items())
+        text = " ".join(f"{k}={shown_value(v)}" for k, v in overrides.items())
         notes = [f"{q['memory_bytes']['total'] / GiB:.1f} GiB"]
         if q["steps"]["tokens_per_step"] != p["steps"]["tokens_per_step"]:
             notes.append(f"global batch {human(q['steps']['tokens_per_step'])} tokens, was "
@@ -290,10 +288,6 @@ def _memory(c, p) -> list[str]:
             notes.append("planned only: `pretrain train` runs tensor parallelism for the LLaMA family")
         shown.append(f"{text} ({'; '.join(notes)})")
     return [f"{head}; cheapest fix: {shown[0]}" + "".join(f"; or: {s}" for s in shown[1:])]
-
-
-def _value(v) -> str:
-    return str(v).lower() if isinstance(v, bool) else str(v)
 
 
 def _times(x: float) -> str:

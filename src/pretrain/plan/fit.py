@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 
 from ..config import replaced
+from ..config.schema import RECOMPUTE
 from ..errors import ConfigError
 from ..units import GiB
 from .explain import Explain
@@ -30,7 +31,6 @@ from .hardware import peak_tflops
 from .params import count_params
 from .step_time import dominant_cost, step_time
 
-RECOMPUTE = ("none", "selective", "full")
 
 
 def _divisors(n: int) -> list[int]:

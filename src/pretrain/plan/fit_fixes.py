@@ -7,9 +7,9 @@ from __future__ import annotations
 import math
 
 from ..config import replaced
+from ..config.schema import RECOMPUTE
 from ..errors import ConfigError
 
-RECOMPUTE_ORDER = ("none", "selective", "full")
 MAX_GPUS = 16384  # the "more GPUs" fix stops here
 
 
@@ -87,8 +87,8 @@ def _fits(config, overrides: dict) -> bool:
 
 
 def _recompute_options(config, state):
-    current = RECOMPUTE_ORDER.index(_get(config, state, "train.activation_checkpointing"))
-    options = [{"train.activation_checkpointing": r} for r in RECOMPUTE_ORDER[current + 1:]]
+    current = RECOMPUTE.index(_get(config, state, "train.activation_checkpointing"))
+    options = [{"train.activation_checkpointing": r} for r in RECOMPUTE[current + 1:]]
     return options, (options[-1] if options else None)
 
 

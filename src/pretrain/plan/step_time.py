@@ -50,7 +50,7 @@ from __future__ import annotations
 import math
 
 from ..gpus import gpu_spec
-from .activations import COMPUTE_BYTES, activation_bytes, kept_tensor_traffic
+from .activations import COMPUTE_BYTES, activation_bytes, kept_tensor_traffic, weight_reads
 from .explain import Explain
 from .flops import mfu
 from .kernels import planned_native_gqa
@@ -145,7 +145,7 @@ def _micro_batch(c, counts, fl: dict, peak: float, ex: Explain) -> dict:
 
     hbm = _hbm_gbps(c)
     bw_how = f"{spec.bandwidth_gbps:g} GB/s x {BANDWIDTH_EFFICIENCY}" if hbm else "no HBM figure: not modelled"
-    reads = 4 if full else 3
+    reads = weight_reads(t)
     weights = reads * a * counts.flops / shard
     weight_s = weights / (hbm * 1e9) if hbm else 0.0
     ex.add("step_time", "weight_read_s", weight_s, f"{reads} reads x {a} bytes x {counts.flops:,} / {shard} = "

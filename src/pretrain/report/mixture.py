@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 from ..config import mixture_sources
 from ..errors import ConfigError
+from ..plan.corpus import MAX_EPOCHS
 from ..plan.mixture import read_counts
 from .runs import Run
 
@@ -80,8 +81,8 @@ def mixture_png(run: Run) -> bytes | None:
     share_ax.set_ylabel("% of tokens")
     epoch_ax.set_title("Epochs per source")
     epoch_ax.set_ylabel("epochs")
-    if any(v > 3 for e in epochs.values() for v in e):
-        epoch_ax.axhline(4, color="tab:red", linestyle=":", linewidth=0.9, label="4 epochs")
+    if any(v > MAX_EPOCHS - 1 for e in epochs.values() for v in e):
+        epoch_ax.axhline(MAX_EPOCHS, color="tab:red", linestyle=":", linewidth=0.9, label=f"{MAX_EPOCHS} epochs")
     for ax in (share_ax, epoch_ax):
         ax.set_xlabel("tokens")
         ax.xaxis.set_major_formatter(_AXIS)

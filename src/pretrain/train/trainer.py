@@ -18,10 +18,11 @@ from pathlib import Path
 import torch
 import yaml
 
-from ..config import mixture_sources, untrained
+from ..config import mixture_sources, replaced, untrained
 from ..errors import ConfigError, UsageError
 from ..lock import exclusive_lock
 from ..files import write_atomic
+from ..plan import make_plan
 from ..plan.budget import training_length
 from ..plan.params import count_params, padded_vocab_size
 from ..plan.schedule import checked_warmup, learning_rate, micro_batches_per_step
@@ -247,8 +248,8 @@ class Trainer:
     def _fit(self) -> dict:
         self.resume_or_start()
         self.peak, _ = plan_check.peak_tflops(self.device_config, self.rt.device)
-        self.plan = plan_check.make_plan(dataclasses.replace(  # the plan's tokens/s at the peak behind MFU
-            self.device_config, hardware=dataclasses.replace(self.device_config.hardware, peak_tflops=self.peak)))
+        # the plan's tokens/s at the peak behind MFU
+        self.plan = make_plan(replaced(self.device_config, {"hardware.peak_tflops": self.peak}))
         for cb in self.callbacks:
             cb.on_fit_start(self)
         while self.state.step < self.total_steps:

@@ -1,10 +1,11 @@
-"""Repetition in a mixture: a line in the run log (and an event) when a source passes REPEAT_WARNING_EPOCHS
+"""Repetition in a mixture: a line in the run log (and an event) when a source passes plan.corpus.MAX_EPOCHS
 or reaches its max_epochs, once per crossing, with the evidence. Read from the batches handed out, so a
 resume does not warn again about a crossing it already made."""
 
 from __future__ import annotations
 
-from ...data.mixture import REPEAT_WARNING_EPOCHS, cap_windows, source_epochs
+from ...data.mixture import cap_windows, source_epochs
+from ...plan.corpus import MAX_EPOCHS
 from . import Callback
 
 CITATION = 'Muennighoff et al. 2023, "Scaling Data-Constrained Language Models"'
@@ -21,10 +22,10 @@ class EpochWarnings(Callback):
             if spent[name] and not self.spent[name]:
                 self._warn(trainer, name, epochs[name], cap, "reached its max_epochs: no more windows from it; "
                            "the other sources share its weight in proportion from here")
-            if self.epochs[name] <= REPEAT_WARNING_EPOCHS < epochs[name]:
+            if self.epochs[name] <= MAX_EPOCHS < epochs[name]:
                 stop = f"its max_epochs {cap:g} stops it" if cap else "set its max_epochs to stop it there"
-                self._warn(trainer, name, epochs[name], REPEAT_WARNING_EPOCHS, "is past 4 epochs: repeated "
-                           f"tokens are worth less and less beyond ~4 ({CITATION}); {stop}")
+                self._warn(trainer, name, epochs[name], MAX_EPOCHS, f"is past {MAX_EPOCHS} epochs: repeated "
+                           f"tokens are worth less and less beyond ~{MAX_EPOCHS} ({CITATION}); {stop}")
         self.epochs, self.spent = epochs, spent
 
     @staticmethod
