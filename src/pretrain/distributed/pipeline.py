@@ -34,6 +34,10 @@ from ..errors import ConfigError
 from ..plan.stages import chunk_indices, chunks_per_stage, stage_layers
 from .parallelize import Parallelized
 
+# Gradient elements per data-parallel all-reduce (64 MB in fp32): messages this large run at a link's full
+# bandwidth (DDP's own buckets are 25 MB), and the copy each needs stays a small part of a stage's gradients.
+BUCKET_ELEMENTS = 1 << 24
+
 
 class StageModule(nn.Module):
     """The part of `model` that pipeline stage `index` of `stages` runs, under the whole model's names.
@@ -192,10 +196,22 @@ class Pipelined(Parallelized):
                 p.grad = p.grad.redistribute(placements=p.placements)
 
     def _average_gradients(self) -> None:
-        """The mean of this stage's gradients over its data-parallel replicas, in one flat all-reduce."""
+        """The mean of this stage's gradients over its data-parallel replicas: an all-reduce per bucket of
+        about BUCKET_ELEMENTS (a few large messages, as DDP sends; one flat copy of all of a large stage's
+        gradients would be a second copy of them)."""
         if self.data_parallel == 1:
             return
-        grads = [_local(p.grad) for p in self.module.parameters() if p.grad is not None]
+        bucket, size = [], 0
+        for g in [_local(p.grad) for p in self.module.parameters() if p.grad is not None]:
+            bucket.append(g)
+            size += g.numel()
+            if size >= BUCKET_ELEMENTS:
+                self._average(bucket)
+                bucket, size = [], 0
+        if bucket:
+            self._average(bucket)
+
+    def _average(self, grads: list[torch.Tensor]) -> None:
         flat = torch.cat([g.reshape(-1) for g in grads])
         dist.all_reduce(flat, group=self.dp_group)
         flat /= self.data_parallel
@@ -271,6 +287,6 @@ class PipelinedZeRO1(Pipelined):
 
 
 def pipelined(model, config, rt, mesh) -> Pipelined:
-    check_pipelinable(config)
+    """The engine for `mesh` (check_pipelinable has passed: the trainer's check_trainable runs it)."""
     engine = PipelinedZeRO1 if config.parallel.zero_stage == 1 and mesh["dp"].size() > 1 else Pipelined
     return engine(model, config, rt, mesh)
