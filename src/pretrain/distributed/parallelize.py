@@ -3,9 +3,9 @@
   cast (pure bf16) -> tensor parallelism -> activation checkpointing -> compile (block by block) -> data
   parallelism -> materialise (a model built on the meta device gets its shard's values) -> optimizer
 
-The process grid's DeviceMesh ("pp", "dp", "tp", distributed/mesh.py) is built once here and kept on the
-result (`Parallelized.mesh`): tensor parallelism splits each block over mesh["tp"] (tensor_parallel.py), the
-data-parallel engine below works over mesh["dp"].
+The process grid's DeviceMesh ("pp", "dp", "tp", distributed/mesh.py) is built once here, where a layout
+splits over it: tensor parallelism splits each block over mesh["tp"] (tensor_parallel.py), FSDP and the
+pipeline's engines work over mesh["dp"] (and "pp").
 
 Data parallelism with PyTorch's own engines, chosen by `parallel.zero_stage` (the planner's key):
   0  DistributedDataParallel: every rank holds everything; gradients all-reduced in buckets, which are the
@@ -50,10 +50,9 @@ class Parallelized:
 
     autocast = True     # False under FSDP: its mixed-precision policy casts instead
     measurable = True   # saved-tensor hooks see plain tensors (not FSDP's gathered parameters)
-    dp_group = None     # the data-parallel process group (None: all ranks)
 
     def __init__(self, module, config, rt: Runtime, mesh=None):
-        self.module, self.forward, self.rt, self.mesh = module, module, rt, mesh
+        self.module, self.forward, self.rt = module, module, rt
         self.optimizer = None
         self.autocast_context = (precision.autocast(config.train.precision, rt.device) if self.autocast
                                  else contextlib.nullcontext)
@@ -138,7 +137,7 @@ class ZeRO1(DDP):
 
         groups = param_groups(self.module, config.model, config.train.weight_decay)
         cls, kwargs = optimizer_class(config.train, self.rt.device)
-        optimizer = ZeroRedundancyOptimizer(groups[0]["params"], optimizer_class=cls, process_group=self.dp_group,
+        optimizer = ZeroRedundancyOptimizer(groups[0]["params"], optimizer_class=cls,
                                             weight_decay=groups[0]["weight_decay"], **kwargs)
         for group in groups[1:]:
             optimizer.add_param_group(group)
@@ -236,7 +235,10 @@ def parallelize(model, config, rt: Runtime) -> Parallelized:
     if t.precision == "bf16":
         model = model.to(precision.weight_dtype(t.precision))
     layout = Layout.of(config.parallel, rt.world_size)
-    mesh = layout.build_mesh(rt.device.type) if rt.distributed else None
+    # The grid's DeviceMesh, where something splits over it: DDP and ZeRO-1 need none (each mesh dimension
+    # would make a process group, an NCCL communicator, at start-up).
+    wants_mesh = layout.tensor > 1 or layout.pipeline > 1 or (layout.data > 1 and config.parallel.fsdp)
+    mesh = layout.build_mesh(rt.device.type) if rt.distributed and wants_mesh else None
     if config.parallel.tensor > 1:
         apply_tensor_parallel(model, mesh["tp"], config.parallel.sequence_parallel)
     apply_activation_checkpointing(model, t.activation_checkpointing)

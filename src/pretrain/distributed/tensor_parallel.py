@@ -151,13 +151,8 @@ def _convert(sd: dict, orders: dict, canonical: bool) -> dict:
         return sd
     order = {name: torch.argsort(o) if canonical else o for name, o in orders.items()}
     model = {k: _reordered(v, order[k]) if k in order else v for k, v in sd["model"].items()}
-    optim = sd["optimizer"]
-    if "state" in optim and isinstance(optim["state"], dict):  # nested: {"state": {name: {"exp_avg": ...}}}
-        state = {k: {s: _reordered(v, order[k]) if k in order and isinstance(v, torch.Tensor) and v.dim() else v
-                     for s, v in states.items()} for k, states in optim["state"].items()}
-        return {**sd, "model": model, "optimizer": {**optim, "state": state}}
-    flat = {}  # flattened: {"state.NAME.exp_avg": ...} (get_state_dict's flatten_optimizer_state_dict)
-    for key, v in optim.items():
+    flat = {}  # every engine's optimizer state is flattened: {"state.NAME.exp_avg": ...}
+    for key, v in sd["optimizer"].items():
         name = key[len("state."):].rsplit(".", 1)[0] if key.startswith("state.") else None
         flat[key] = _reordered(v, order[name]) if name in order and isinstance(v, torch.Tensor) and v.dim() else v
     return {**sd, "model": model, "optimizer": flat}

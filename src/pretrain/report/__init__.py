@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..files import write_atomic
-from .mixture import mixture_png, mixture_rows
+from .mixture import mixture_png, mixture_rows, mixture_series
 from .runs import read_run, summarize
 
 __all__ = ["make_report"]
@@ -45,9 +45,9 @@ def make_report(run_dirs, out_dir=None, per_panel: bool = False) -> dict:
     png = plots.grid_png(runs)
     mixtures = {}  # run index -> its mixture figure (pretrain.report.mixture), mixture runs only
     for i, (run, summary) in enumerate(zip(runs, summaries)):
-        rows = mixture_rows(run)
-        if rows:
-            summary["mixture"], mixtures[i] = rows, mixture_png(run)
+        series = mixture_series(run)  # None for a run without a mixture or without source_tokens yet
+        if series:
+            summary["mixture"], mixtures[i] = mixture_rows(run, series), mixture_png(run, series)
     files = {out / "report.png": png,
              out / "report.html": html.page(runs, summaries, png, mixtures).encode("utf-8")}
     files.update({out / ("mixture.png" if len(runs) == 1 else f"mixture-{i + 1}.png"): image

@@ -32,13 +32,13 @@ def page(runs: list[Run], summaries: list[dict], png: bytes, mixtures: dict | No
         _summary_table(summaries),
         f'<img alt="training curves" src="data:image/png;base64,{image}">',
     ]
-    for run, s in zip(runs, summaries):
+    for i, (run, s) in enumerate(zip(runs, summaries)):
         parts.append(f"<h2>{escape(run.name)}</h2><p>{escape(str(run.path))}</p>")
         if s["model"]:
             parts.append(f"<p>Model {escape(s['model'])}</p>")
         parts += [f'<p class="note">{escape(n)}</p>' for n in run.notes]
         if s.get("mixture"):
-            parts.append(_mixture_table(s["mixture"], (mixtures or {}).get(runs.index(run))))
+            parts.append(_mixture_table(s["mixture"], (mixtures or {}).get(i)))
         parts.append(_plan_table(run.plan_vs_run) if run.plan_vs_run else "<p>No plan_vs_run.json yet.</p>")
         parts.append(_events_table(run.events))
     parts.append("</body></html>\n")

@@ -19,12 +19,8 @@ from ..plan.mixture import read_counts
 from .runs import Run
 
 
-def mixture_rows(run: Run) -> list[dict] | None:
-    """[{name, target, achieved, tokens, epochs, val_loss}] at the run's last line; None for a run without a
-    mixture or without source_tokens yet."""
-    series = mixture_series(run)
-    if not series:
-        return None
+def mixture_rows(run: Run, series) -> list[dict]:
+    """[{name, target, achieved, tokens, epochs, val_loss}] at the run's last line, from its mixture_series."""
     tokens, shares, epochs, sources = series
     last_val = run.evals[-1] if run.evals else {}
     return [{"name": s["name"], "target": s["weight"], "achieved": shares[s["name"]][-1],
@@ -58,12 +54,9 @@ def mixture_series(run: Run):
     return tokens, shares, epochs, sources
 
 
-def mixture_png(run: Run) -> bytes | None:
-    """Two panels: each source's achieved share of the tokens (solid) against its target (dashed), and its
-    epochs so far (4 epochs marked: Muennighoff et al. 2023)."""
-    series = mixture_series(run)
-    if not series:
-        return None
+def mixture_png(run: Run, series) -> bytes:
+    """Two panels of a run's mixture_series: each source's achieved share of the tokens (solid) against its
+    target (dashed), and its epochs so far (MAX_EPOCHS marked: Muennighoff et al. 2023)."""
     from matplotlib.figure import Figure
 
     from .plots import _AXIS

@@ -96,10 +96,11 @@ def check_trainable(config, needs_data: bool = True) -> None:
     refused = untrained(config)
     if refused:
         raise ConfigError(refused[0])
-    if par.pipeline > 1 and par.gpus % par.pipeline:
-        raise ConfigError(f"parallel.pipeline: {par.pipeline} stages need a multiple of {par.pipeline} processes, "
-                          f"this run has {par.gpus}; launch with torchrun --nproc-per-node={par.pipeline} (or a "
-                          "multiple) or set parallel.pipeline=1")
+    if par.gpus % (par.tensor * par.pipeline):  # the world torchrun gave (launched_config), not the YAML's
+        grid = par.tensor * par.pipeline
+        raise ConfigError(f"parallel.tensor x parallel.pipeline: {par.tensor} x {par.pipeline} = {grid} ranks per "
+                          f"model replica do not divide the {par.gpus} processes torchrun started; launch a "
+                          f"multiple of {grid} (--nproc-per-node) or lower parallel.tensor / parallel.pipeline")
     if par.pipeline > 1:
         from ..distributed.pipeline import check_pipelinable
 
@@ -114,9 +115,6 @@ def check_trainable(config, needs_data: bool = True) -> None:
 def check_tensor_parallel(config) -> None:
     """What the tensor-parallel split (distributed/tensor_parallel.py) needs beyond the planner's checks."""
     m, t, par = config.model, config.train, config.parallel
-    if par.gpus % (par.tensor * par.pipeline):
-        raise ConfigError(f"parallel.tensor: {par.tensor} does not divide the {par.gpus} ranks torchrun started; "
-                          "start a multiple of it (--nproc-per-node) or change parallel.tensor")
     if m.family != "llama":
         raise ConfigError(f"parallel.tensor: tensor parallelism is built for the LLaMA family, not {m.family}; "
                           "use parallel.tensor=1 (FSDP: parallel.zero_stage=3)")
