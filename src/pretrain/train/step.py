@@ -35,8 +35,7 @@ def train_step(par, batches, state, *, accum: int, lr: float, grad_clip: float, 
     """Run one step on `par` (a Parallelized) with `accum` micro-batches from `batches` (a Prefetcher), and
     advance `state`'s counters (step, tokens, micro_batches)."""
     optimizer, rt = par.optimizer, par.rt
-    for group in optimizer.param_groups:
-        group["lr"] = lr
+    _set_lr(optimizer, lr)
     autocast = par.autocast_context
     measured = None
     loss_sum = torch.zeros((), device=rt.device)
@@ -67,9 +66,7 @@ def train_step(par, batches, state, *, accum: int, lr: float, grad_clip: float, 
         measured = measured or {"saved": None}
         measured["states"] = model_state_bytes(par.module, getattr(optimizer, "optim", optimizer))
     optimizer.zero_grad(set_to_none=True)
-    batch_tokens = accum * micro_batch_size * seq_len * rt.data_size  # tensor ranks share their batch
-    state.step += 1
-    state.tokens += batch_tokens
+    batch_tokens = _advance(state, accum * micro_batch_size * seq_len * rt.data_size)
     return StepResult(loss=loss_mean, grad_norm=grad_norm, lr=lr, batch_tokens=batch_tokens, finite=finite,
                       stop=stop, measured=measured)
 
@@ -82,8 +79,7 @@ def pipeline_train_step(par, batches, state, *, accum: int, lr: float, grad_clip
     pipeline reads the same micro-batches (its data-parallel rank's): stage 0 needs the tokens, the last
     stage the targets."""
     optimizer, rt = par.optimizer, par.rt
-    for group in optimizer.param_groups:
-        group["lr"] = lr
+    _set_lr(optimizer, lr)
     xs, ys = zip(*(batches.next_batch() for _ in range(accum)))
     state.micro_batches += accum
     loss = par.run_step(torch.cat(xs), torch.cat(ys), accum)
@@ -91,11 +87,10 @@ def pipeline_train_step(par, batches, state, *, accum: int, lr: float, grad_clip
     # squared gradient norms: every data-parallel replica of a stage holds the same (all-reduced) gradients,
     # and its tensor ranks the same loss and stage norm, so the sum over all ranks counts each stage
     # `replicas` (data x tensor) times.
-    packed = torch.stack([loss.double(), torch.tensor(1.0 if stop_asked else 0.0, dtype=torch.float64,
-                                                      device=rt.device), par.grad_norm_squared().double()])
+    packed = torch.stack([loss.double(), _flag(stop_asked, rt.device), par.grad_norm_squared().double()])
     torch.distributed.all_reduce(packed)
     loss_sum, stop, norm_sq = packed.tolist()
-    dp, replicas = par.data_parallel, par.replicas
+    replicas = par.replicas
     grad_norm = math.sqrt(norm_sq / replicas) if math.isfinite(norm_sq) else float("nan")
     finite = math.isfinite(grad_norm)
     if finite:
@@ -103,14 +98,11 @@ def pipeline_train_step(par, batches, state, *, accum: int, lr: float, grad_clip
         optimizer.step()
     measured = None
     if measure:
-        measured = {"saved": None,
-                    "states": model_state_bytes(par.module, getattr(optimizer, "optim", optimizer))}
+        measured = {"saved": None, "states": model_state_bytes(par.module, optimizer)}
     par.module.zero_grad(set_to_none=True)  # every gradient of the stage: ZeRO-1's optimizer holds its own only
-    batch_tokens = accum * micro_batch_size * seq_len * dp
-    state.step += 1
-    state.tokens += batch_tokens
-    return StepResult(loss=loss_sum / replicas, grad_norm=grad_norm, lr=lr, batch_tokens=batch_tokens, finite=finite,
-                      stop=stop > 0, measured=measured)
+    batch_tokens = _advance(state, accum * micro_batch_size * seq_len * rt.data_size)
+    return StepResult(loss=loss_sum / replicas, grad_norm=grad_norm, lr=lr, batch_tokens=batch_tokens,
+                      finite=finite, stop=stop > 0, measured=measured)
 
 
 def _reduce(loss_sum, accum: int, stop_asked: bool, norm, rt) -> tuple[float, bool, float]:
@@ -120,9 +112,26 @@ def _reduce(loss_sum, accum: int, stop_asked: bool, norm, rt) -> tuple[float, bo
     the data-parallel groups."""
     import torch.distributed as dist
 
-    packed = torch.stack([loss_sum.double() / accum,
-                          torch.tensor(1.0 if stop_asked else 0.0, dtype=torch.float64, device=rt.device)])
+    packed = torch.stack([loss_sum.double() / accum, _flag(stop_asked, rt.device)])
     if rt.distributed:
         dist.all_reduce(packed)
     loss, stop, grad_norm = torch.cat([packed, norm.detach().double().reshape(1)]).tolist()
     return loss / rt.world_size, stop > 0, grad_norm
+
+
+def _set_lr(optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+def _flag(on: bool, device) -> torch.Tensor:
+    """A rank's yes/no (a stop request) as a number an all-reduce sums: any rank's yes makes it positive."""
+    return torch.tensor(1.0 if on else 0.0, dtype=torch.float64, device=device)
+
+
+def _advance(state, batch_tokens: int) -> int:
+    """Count the step and its tokens (every data-parallel rank's micro-batches: the tensor ranks and pipeline
+    stages of a replica share its batch) in `state`."""
+    state.step += 1
+    state.tokens += batch_tokens
+    return batch_tokens
