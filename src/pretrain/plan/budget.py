@@ -21,8 +21,8 @@ CHINCHILLA_TOKENS_PER_PARAM = 20
 
 # The token files' id types and the ids each holds; `pretrain prepare --dtype auto` takes the smallest that
 # holds the vocabulary, and the planner counts storage by the same rule.
-TOKEN_DTYPES = {"uint16": 1 << 16, "uint32": 1 << 32}
 TOKEN_DTYPE_BYTES = {"uint16": 2, "uint32": 4}
+TOKEN_DTYPES = {name: 1 << 8 * width for name, width in TOKEN_DTYPE_BYTES.items()}
 
 
 def token_dtype(vocab_size: int) -> str:
