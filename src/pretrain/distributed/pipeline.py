@@ -115,20 +115,25 @@ class Pipelined(Parallelized):
         stage = StageModule(model, self.index, self.stages, self.chunks)
         super().__init__(stage, config, rt)
         self.model = model
-        if any(p.is_meta for p in stage.parameters()):
-            # Only this stage's tensors are made: the rest of the model stays on the meta device. The
-            # per-parameter seeded init gives them the values one process gives them.
-            stage.to_empty(device=rt.device)
-            model.reset_parameters(config.train.seed)
+        # Only this stage's tensors are made (parallelize materialises the module, the stage, from the meta
+        # device); the rest of the model stays there, or goes there when a model.init_from checkpoint was read.
         mine = set(stage.modules())
         for part in [*model.blocks, model.embed, model.pos_embed, model.norm, model.lm_head]:
             if part is not None and part not in mine:
-                part.to("meta")  # another stage's (a model.init_from checkpoint is read whole): off this device
-        if self.data_parallel > 1:  # every replica of a stage starts from rank 0's values, as DDP makes sure
-            for p in stage.parameters():
-                dist.broadcast(_local(p.data), group=self.dp_group, group_src=0)
+                part.to("meta")
         self.forward = self.validation_loss
         self.schedules: dict[tuple[int, bool, int], object] = {}
+
+    def build_optimizer(self, config):
+        self._same_start()
+        return super().build_optimizer(config)
+
+    def _same_start(self) -> None:
+        """Every replica of the stage starts from its rank 0's values, as DDP makes sure (called once the
+        stage holds its values, before the optimizer is built)."""
+        if self.data_parallel > 1:
+            for p in self.module.parameters():
+                dist.broadcast(_local(p.data), group=self.dp_group, group_src=0)
 
     def set_training(self, on: bool) -> None:
         self.module.train(on)
@@ -266,6 +271,8 @@ class PipelinedZeRO1(Pipelined):
         from ..plan.model_states import decay_groups, zero1_partition
         from ..plan.params import param_shapes
         from .optim import optimizer_class, param_groups
+
+        self._same_start()
 
         named = dict(self.module.named_parameters())
         names = [n for n, _ in param_shapes(config.model) if n in named]  # param_groups' order
