@@ -122,6 +122,11 @@ def test_export_of_a_mixture_run_takes_the_sources_tokenizer(uninterrupted, two_
     assert "no tokenizer" not in r.stdout
     assert (tmp_path / "hf" / "tokenizer.json").read_bytes() == \
         (two_corpora["shakespeare"] / "tokenizer" / "tokenizer.json").read_bytes()
+    # Into a source's directory: refused, as into data.dir (--overwrite would replace what the run read).
+    before = sorted(p.name for p in two_corpora["zh"].iterdir())
+    r = run_cli("export", uninterrupted, two_corpora["zh"] / "hf", "--overwrite")
+    assert r.returncode == 2 and "overlaps the data.mixture source" in r.stderr, r.stderr[-2000:]
+    assert sorted(p.name for p in two_corpora["zh"].iterdir()) == before
 
 
 def test_two_ranks_read_the_single_process_mixture(two_corpora, uninterrupted, tmp_path):

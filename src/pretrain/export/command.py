@@ -71,8 +71,9 @@ def run(args) -> int:
 
     check_no_overlap(args.out_dir, {"run directory": run_dir_of(args.run_dir)})
     model = load_model(args.run_dir)
-    if model.training_config.data.dir:
-        check_no_overlap(args.out_dir, {"data directory": model.training_config.data.dir})
+    data = model.training_config.data
+    check_no_overlap(args.out_dir, {**({"data directory": data.dir} if data.dir else {}),
+                                    **{f"data.mixture source {e['dir']}": e["dir"] for e in data.mixture}})
     tokenizer = tokenizer_of(model)
     dtype = TORCH_DTYPES[args.dtype]
     try:
