@@ -44,3 +44,37 @@ def test_the_package_root_hands_out_the_planner_without_shadowing_its_package():
 
     assert callable(pretrain.make_plan) and pretrain.make_plan(load_config({}))["params"]["total"] > 0
     assert pretrain.plan.__name__ == "pretrain.plan"  # the package, not a function of the same name
+
+
+@pytest.mark.parametrize("text, value", [("15T", 15 * 10**12), ("1.5B", 1_500_000_000), ("32k", 32_000),
+                                         ("4M", 4_000_000), ("2_000", 2000), ("4e9", 4 * 10**9)])
+def test_counts_take_the_papers_suffixes(text, value):
+    # Llama 3 trained on "15T tokens" (Dubey et al. 2024, sec. 3.1): a count is written the way papers write it.
+    assert load_config(overrides=[f"train.tokens={text}"]).train.tokens == value
+    assert load_config({"train": {"tokens": text}}).train.tokens == value  # a YAML file reads the same
+
+
+@pytest.mark.parametrize("text", ["1.5Q", "1.2345K", "K", "15 TB"])
+def test_a_count_that_is_not_whole_is_one_line(text):
+    with pytest.raises(ConfigError, match=r"train.tokens: expected a whole number .*15T"):
+        load_config(overrides=[f"train.tokens={text}"])
+
+
+def test_a_ramp_that_starts_above_its_batch_is_refused():
+    # 4 x 128 x 2 = 1,024 tokens per step: a ramp from 32K would be no ramp at all, silently.
+    base = ["model.max_seq_len=128", "train.seq_len=128", "train.micro_batch_size=4", "train.grad_accum_steps=2",
+            "train.batch_ramp_tokens=1e6"]
+    with pytest.raises(ConfigError, match=r"train.batch_ramp_start: 32,768 tokens is above the global batch 1,024"):
+        load_config(overrides=base)
+    assert load_config(overrides=[*base, "train.batch_ramp_start=256"]).train.batch_ramp_start == 256
+    assert load_config(overrides=[*base, "parallel.gpus=32"]).train.batch_ramp_start == 32768  # 32K per step
+
+
+def test_count_flags_take_suffixes_too():
+    import argparse
+
+    from pretrain.config.reading import count_argument
+
+    assert count_argument("32K") == 32_000 and count_argument("2000") == 2000
+    with pytest.raises(argparse.ArgumentTypeError, match="2K"):
+        count_argument("2.5x")

@@ -117,6 +117,11 @@ def validate(c: Config) -> None:
     if p.gpus % (p.tensor * p.pipeline):
         raise ConfigError(f"parallel.gpus: {p.gpus} GPUs are not divisible by tensor x pipeline = "
                           f"{p.tensor} x {p.pipeline}; make gpus a multiple of {p.tensor * p.pipeline}")
+    global_batch = t.micro_batch_size * t.seq_len * t.grad_accum_steps * (p.gpus // (p.tensor * p.pipeline))
+    if t.batch_ramp_tokens and t.batch_ramp_start > global_batch:  # the ramp would start above its end: no ramp
+        raise ConfigError(f"train.batch_ramp_start: {t.batch_ramp_start:,} tokens is above the global batch "
+                          f"{global_batch:,} the ramp grows to; lower it (e.g. {global_batch // 8:,}) or set "
+                          "train.batch_ramp_tokens=0 for no ramp")
     if p.tensor > 1 and m.num_heads % p.tensor:
         raise ConfigError(f"parallel.tensor: {p.tensor} must divide model.num_heads {m.num_heads}")
     if p.tensor > 1 and m.num_kv_heads % p.tensor:  # Megatron splits whole key/value groups over the ranks

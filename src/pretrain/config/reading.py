@@ -209,10 +209,14 @@ def coerce(key: str, value: Any, tp: Any) -> Any:
             return int(str(value).replace("_", ""))
         except ValueError:
             pass
+        counted = suffixed_count(value)
+        if counted is not None:
+            return counted
         number = _number(value)  # 1.4e12 and 2_000 are integers too
         if number is not None and float(number).is_integer():
             return int(number)
-        raise ConfigError(f"{key}: expected an integer, got {shown(value)}")
+        raise ConfigError(f"{key}: expected a whole number (4096, 4e9, 15T; K/M/B/T are 1e3/1e6/1e9/1e12), "
+                          f"got {shown(value)}")
     if tp is float:
         if isinstance(value, bool):
             raise ConfigError(f"{key}: expected a number, got {shown(value)}")
@@ -229,6 +233,39 @@ def coerce(key: str, value: Any, tp: Any) -> Any:
             raise ConfigError(f"{key}: expected a string, got {shown(value)}")
         return str(value)
     raise ConfigError(f"{key}: unsupported type {tp}")  # pragma: no cover - schema bug
+
+
+# Counts as practitioners write them: 15T tokens, a 4M-token batch, a 32K vocabulary. Decimal, as in papers
+# (Llama 3's "15T tokens" is 15e12), never binary.
+COUNT_SUFFIXES = {"K": 10**3, "M": 10**6, "B": 10**9, "T": 10**12}
+
+
+def suffixed_count(value: Any) -> int | None:
+    """15T -> 15_000_000_000_000, 1.5B -> 1_500_000_000, 32k -> 32_000; None when `value` has no such suffix
+    or is not a whole number once scaled (exact: 1.5B is not rounded through a float)."""
+    from fractions import Fraction
+
+    if not isinstance(value, str) or len(value.strip()) < 2:
+        return None
+    text = value.strip().replace("_", "")
+    scale = COUNT_SUFFIXES.get(text[-1].upper())
+    if scale is None:
+        return None
+    try:
+        number = Fraction(text[:-1].strip()) * scale
+    except (ValueError, ZeroDivisionError):
+        return None
+    return int(number) if number.denominator == 1 else None
+
+
+def count_argument(text: str) -> int:
+    """argparse's type for a count flag (--vocab-size 32K, --max-docs 2K): an integer, with K/M/B/T allowed."""
+    import argparse
+
+    try:
+        return coerce("count", text, int)
+    except ConfigError:
+        raise argparse.ArgumentTypeError(f"expected a whole number such as 2000 or 2K, got {text!r}") from None
 
 
 def _number(value: Any) -> float | None:

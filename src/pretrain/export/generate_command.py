@@ -6,13 +6,15 @@
 
 from __future__ import annotations
 
+from ..config.reading import count_argument
+
 HELP = "sample text from a run's newest checkpoint"
 
 
 def add_arguments(p):
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (newest checkpoint) or one checkpoint")
     p.add_argument("--prompt", default="", help="text to continue (empty: start from <bos>)")
-    p.add_argument("--max-new-tokens", type=int, default=100)
+    p.add_argument("--max-new-tokens", type=count_argument, default=100)
     p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=None)
     p.add_argument("--top-p", type=float, default=None)
