@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+import tempfile
+from pathlib import Path
 
 from .errors import UsageError
 
@@ -56,6 +59,24 @@ def build_parser() -> Parser:
     return parser
 
 
+def first_to_report() -> bool:
+    """Whether this process prints its error: always outside torchrun; under torchrun, only the first rank of
+    this launch on this node to fail. Every rank reads the same config, so a bad key would otherwise be printed
+    once per process. The claim is a file created exclusively, named by the launch: torchrun's run id and its
+    agent, the workers' parent process (a rerun with the same --rdzv-id has a new agent)."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    if run_id is None:
+        return True
+    claim = Path(tempfile.gettempdir()) / f"pretrain-error-{run_id}-{os.getppid()}"
+    try:
+        os.close(os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except FileExistsError:
+        return False
+    except OSError:  # no writable temp directory: print, as outside torchrun
+        return True
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
@@ -67,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         code = args._run(args)
     except UsageError as e:
-        print(f"pretrain {args.command}: error: {e}", file=sys.stderr)
+        if first_to_report():
+            print(f"pretrain {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"pretrain {args.command}: interrupted", file=sys.stderr)

@@ -149,3 +149,12 @@ def test_fsdp_on_cpus_with_an_old_torch_is_refused_in_one_line(prepared, tmp_pat
     r = torchrun(*settings(prepared, tmp_path / "run", 4, "parallel.zero_stage=3"))
     assert r.returncode != 0
     assert "pretrain train: error: parallel.zero_stage: FSDP (stages 2 and 3) on CPUs needs torch >= 2.9" in r.stderr
+
+
+def test_a_bad_config_is_said_once_not_once_per_rank(tmp_path):
+    # Every rank reads the same config and fails the same way; the user reads the line once.
+    r = torchrun("model.preset=debug", f"data.dir={tmp_path / 'absent'}", f"run.dir={tmp_path / 'run'}",
+                 "train.device=cpu", nproc=2)
+    assert r.returncode != 0
+    lines = [x for x in r.stderr.splitlines() if x.startswith("pretrain train: error:")]
+    assert len(lines) == 1 and "absent: no meta.json" in lines[0], r.stderr[-2000:]
