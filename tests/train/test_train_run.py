@@ -15,7 +15,8 @@ METRIC_KEYS = {"step", "tokens", "loss", "lr", "batch_tokens", "grad_norm", "tok
 @pytest.fixture(scope="module")
 def run(prepared, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("run") / "run"
-    r = run_cli("train", *tiny(prepared, run_dir, "train.max_steps=24", "train.lr=1e-2"))
+    # hardware.mfu 0.9 is beyond what runs reach: the plan warns, and the run must say so too.
+    r = run_cli("train", *tiny(prepared, run_dir, "train.max_steps=24", "train.lr=1e-2", "hardware.mfu=0.9"))
     assert r.returncode == 0, r.stderr
     return run_dir, r.stdout
 
@@ -59,6 +60,17 @@ def test_plan_vs_run_is_written_and_exact_on_cpu(run):
     assert "plan vs run" in stdout
     # The SDPA backend that ran (a contract key): CPUs have a flash kernel for fp32 causal attention.
     assert report["attention_kernel"] == "flash"
+
+
+def test_the_plans_advice_reaches_the_run(run):
+    run_dir, stdout = run
+    (advice,) = json.loads((run_dir / "plan_vs_run.json").read_text())["advice"]
+    assert advice.startswith("mfu: assumed hardware.mfu=0.9") and f"! {advice}" in stdout
+    from pretrain.report import make_report
+
+    make_report([run_dir], run_dir / "report")
+    html = (run_dir / "report" / "report.html").read_text()
+    assert "advice for this run" in html and "assumed hardware.mfu=0.9" in html
 
 
 def test_checkpoints_are_kept_and_load(run):

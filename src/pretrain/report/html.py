@@ -79,6 +79,10 @@ def _plan_table(plan_vs_run: dict) -> str:
     device = plan_vs_run.get("device")
     caption = "<h3>Plan vs measured" + (f" on {escape(str(device))}" if device else "") + "</h3>"
     notes = "".join(f"<p>{escape(str(n))}</p>" for n in plan_vs_run.get("notes", []) if isinstance(n, str))
+    advice = [a for a in plan_vs_run.get("advice", []) if isinstance(a, str)]  # the plan's warnings
+    if advice:
+        notes += "<h4>The plan's advice for this run</h4>" + "".join(f'<p class="note">! {escape(a)}</p>'
+                                                                     for a in advice)
     return caption + _table(["quantity", "planned", "measured", "error"], rows) + notes
 
 

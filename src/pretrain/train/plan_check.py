@@ -122,7 +122,7 @@ def compare(p: dict, states: dict, saved: dict | None, peak_allocated: int | Non
         notes.append(f"measured MFU {mfu:.2f} > 1: the peak {hw['peak_tflops']:.4g} TFLOP/s ({hw['peak_source']}) is "
                      f"below what this run achieved, so it was measured on a busy machine or set too low; measure "
                      f"it on an idle one (`pretrain bench --out profile.json`, then hardware.profile=profile.json)")
-    return {"device": device, "rows": rows, "notes": notes,
+    return {"device": device, "rows": rows, "notes": notes, "advice": p.get("advice", []),
             "plan": {k: p[k] for k in ("params", "memory_bytes", "model_states", "hardware", "flops")}}
 
 
@@ -139,7 +139,7 @@ def render(report: dict) -> str:
             return f"{v:,.0f}"
         err = "" if r["error_pct"] is None else f"{r['error_pct']:+.1f}%"
         lines.append(f"  {r['name']:28} {show(r['planned']):>14} {show(r['measured']):>14} {err:>8}")
-    lines += [f"  ! {note}" for note in report.get("notes", [])]
+    lines += [f"  ! {note}" for note in report.get("notes", [])]  # the plan's advice was said at start
     return "\n".join(lines)
 
 

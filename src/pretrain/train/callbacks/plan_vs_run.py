@@ -19,6 +19,8 @@ MEASURE_STEP = 2  # optimizer states exist after the first step; measure the pla
 class PlanVsRun(Callback):
     def on_fit_start(self, trainer) -> None:
         trainer.log.say(plan_check.summary(trainer.plan, trainer.device_config))
+        for line in trainer.plan.get("advice", []):  # what `pretrain plan` warns about, said where it matters
+            trainer.log.say(f"  ! {line}")
         self.pending = None
         self.reset_peak = False
         self.kernel = kernel_that_runs(trainer.config, trainer.rt.device)
