@@ -78,3 +78,21 @@ def test_count_flags_take_suffixes_too():
     assert count_argument("32K") == 32_000 and count_argument("2000") == 2000
     with pytest.raises(argparse.ArgumentTypeError, match="2K"):
         count_argument("2.5x")
+
+
+def test_a_global_batch_fixes_accumulation_on_every_layout():
+    # Llama 3 8B's 4M-token batch at seq 8192 (Dubey et al. 2024, table 4): 512 sequences per step.
+    c = load_config(overrides=["model.preset=llama3-8b", "train.seq_len=8192", "train.global_batch_tokens=4194304",
+                               "parallel.gpus=64"])
+    assert c.train.grad_accum_steps == 8
+    assert replaced(c, {"parallel.gpus": 512}).train.grad_accum_steps == 1
+    assert replaced(c, {"parallel.gpus": 512, "parallel.tensor": 8}).train.grad_accum_steps == 8
+    assert replaced(c, {"train.micro_batch_size": 2}).train.grad_accum_steps == 4
+
+
+def test_a_global_batch_that_does_not_divide_is_one_line_with_the_nearest():
+    with pytest.raises(ConfigError, match=r"train.global_batch_tokens: 4,000,000 is not a multiple of micro-batch 1 "
+                                          r"x seq 8192 x 64 data-parallel ranks = 524,288 tokens; the nearest that "
+                                          r"are: 3,670,016 or 4,194,304"):
+        load_config(overrides=["model.preset=llama3-8b", "train.seq_len=8192", "train.global_batch_tokens=4M",
+                               "parallel.gpus=64"])

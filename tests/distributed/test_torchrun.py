@@ -158,3 +158,14 @@ def test_a_bad_config_is_said_once_not_once_per_rank(tmp_path):
     assert r.returncode != 0
     lines = [x for x in r.stderr.splitlines() if x.startswith("pretrain train: error:")]
     assert len(lines) == 1 and "absent: no meta.json" in lines[0], r.stderr[-2000:]
+
+
+def test_a_global_batch_stays_the_same_on_two_ranks(prepared, single, tmp_path):
+    # train.global_batch_tokens=512 is the single process's batch (micro-batch 8 x 2 steps x 32 tokens); on 2
+    # ranks at micro-batch 2 the trainer derives 4 accumulation steps itself (2 x 32 x 2 ranks x 4 = 512).
+    run_dir = tmp_path / "run"
+    finished_torchrun(*settings(prepared, run_dir, 2, "train.global_batch_tokens=512", "train.grad_accum_steps=1"))
+    a, b = losses(single), losses(run_dir)
+    assert a.keys() == b.keys() and all(b[k] == pytest.approx(a[k], rel=1e-5) for k in a)
+    train = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if '"loss"' in x]
+    assert {r["batch_tokens"] for r in train} == {512}

@@ -91,7 +91,7 @@ def test_large_batch_without_ramp():
     assert tags(lines) == ["batch"]
     assert "4.19M tokens per step" in lines[0] and "32K" in lines[0] and "train.batch_ramp_tokens=4e9" in lines[0]
     # The suggested ramp is a value the config reads back.
-    assert load_config(overrides=["train.batch_ramp_tokens=4e9"]).train.batch_ramp_tokens == 4_000_000_000
+    assert load_config(overrides=[*SANE, "train.batch_ramp_tokens=4e9"]).train.batch_ramp_tokens == 4_000_000_000
 
 
 def test_small_batches_are_fine_for_small_models():
@@ -152,9 +152,9 @@ def test_bandwidth_bound_micro_batch_from_a_v100_log():
 
 
 def test_bandwidth_on_the_sane_config_and_cpu():
-    _, lines = advice("train.seq_len=1", "train.micro_batch_size=1")
+    _, lines = advice("train.seq_len=1", "train.micro_batch_size=1", "train.batch_ramp_tokens=0")
     assert "bandwidth" in tags(lines) and "a100-80gb's 153" in lines[-1]
-    _, lines = advice("train.seq_len=1", "train.micro_batch_size=1", "hardware.gpu=cpu", "hardware.peak_tflops=2")
+    _, lines = advice("train.seq_len=1", "train.micro_batch_size=1", "train.batch_ramp_tokens=0", "hardware.gpu=cpu", "hardware.peak_tflops=2")
     assert "bandwidth" not in tags(lines)  # no memory bandwidth in the catalog for a CPU
 
 
@@ -167,7 +167,8 @@ def _fix_overrides(line: str, which: int = 0) -> list[str]:
     ["parallel.zero_stage=0"],                                             # DDP on 64: 195 GiB
     ["parallel.gpus=8", "train.micro_batch_size=16", "train.grad_accum_steps=3"],
     ["model.preset=llama-65b", "parallel.gpus=8", "train.micro_batch_size=1"],
-    ["model.preset=llama-7b", "parallel.gpus=1", "parallel.zero_stage=0", "train.micro_batch_size=1"],
+    ["model.preset=llama-7b", "parallel.gpus=1", "parallel.zero_stage=0", "train.micro_batch_size=1",
+     "train.batch_ramp_tokens=0"],  # 16K tokens per step: below the 32K a ramp would start from
 ])
 def test_memory_fix_really_fits(overrides):
     p, lines = advice(*overrides)

@@ -129,3 +129,17 @@ def test_runnable_keeps_what_the_trainer_runs():
     for c in result["candidates"]:
         o = c["overrides"]
         assert (o["parallel.tensor"], o["parallel.pipeline"], o["parallel.offload"]) == (1, 1, "none")
+
+
+def test_fit_keeps_the_global_batch_on_every_row():
+    from pretrain.config import load_config
+    from pretrain.plan.fit import fit
+
+    c = load_config(overrides=["model.preset=llama3-8b", "hardware.gpu=h100-sxm", "parallel.gpus=64",
+                               "train.seq_len=8192", "train.global_batch_tokens=4194304"])
+    rows = fit(c, 10)["candidates"]
+    assert rows
+    for row in rows:
+        o = {**{"parallel.tensor": 1, "parallel.pipeline": 1}, **row["overrides"]}
+        data = 64 // (o["parallel.tensor"] * o["parallel.pipeline"])
+        assert o["train.micro_batch_size"] * o["train.grad_accum_steps"] * data * 8192 == 4194304, row

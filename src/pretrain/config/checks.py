@@ -54,9 +54,31 @@ def resolve(c: Config) -> Config:
     model = dataclasses.replace(m, num_kv_heads=m.num_heads if m.num_kv_heads is None else m.num_kv_heads,
                                 head_dim=m.hidden_size // m.num_heads if m.head_dim is None else m.head_dim)
     train = dataclasses.replace(t, seq_len=min(2048, m.max_seq_len) if t.seq_len is None else t.seq_len)
+    if t.global_batch_tokens is not None:
+        train = dataclasses.replace(train, grad_accum_steps=_accumulation(train, c.parallel))
     c = dataclasses.replace(c, model=model, train=train)
     validate(c)
     return c
+
+
+def _accumulation(t, p) -> int:
+    """grad_accum_steps for train.global_batch_tokens on this layout: the global batch is the user's, fixed;
+    what one micro-batch step of every data-parallel rank adds (micro-batch x seq x data ranks) must divide
+    it. Said in one line with the nearest valid batches when it does not."""
+    _positive("train.global_batch_tokens", t.global_batch_tokens)
+    for key in ("micro_batch_size", "seq_len"):
+        _positive(f"train.{key}", getattr(t, key))
+    for key in ("gpus", "tensor", "pipeline"):
+        _positive(f"parallel.{key}", getattr(p, key))
+    data = max(1, p.gpus // (p.tensor * p.pipeline))
+    unit = t.micro_batch_size * t.seq_len * data
+    accum, rest = divmod(t.global_batch_tokens, unit)
+    if rest or not accum:
+        nearest = " or ".join(f"{k * unit:,}" for k in (accum, accum + 1) if k)
+        raise ConfigError(f"train.global_batch_tokens: {t.global_batch_tokens:,} is not a multiple of micro-batch "
+                          f"{t.micro_batch_size} x seq {t.seq_len} x {data} data-parallel ranks = {unit:,} tokens; "
+                          f"the nearest that are: {nearest}")
+    return accum
 
 
 def validate(c: Config) -> None:

@@ -59,7 +59,12 @@ class ModelConfig:
 class TrainConfig:
     seq_len: int | None = doc(None, "tokens per training sequence (default: the model's max_seq_len, at most 2048)")
     micro_batch_size: int = doc(1, "sequences per GPU per forward/backward")
-    grad_accum_steps: int = doc(8, "micro-batches accumulated per optimizer step")
+    grad_accum_steps: int = doc(8, "micro-batches accumulated per optimizer step (derived from "
+                                "global_batch_tokens when that is set)")
+    global_batch_tokens: int | None = doc(None, "tokens per optimizer step over all GPUs (e.g. 4M, as LLaMA and "
+                                          "Qwen use): grad_accum_steps is derived from it, so the global batch "
+                                          "stays the same on any GPU count, layout or micro-batch; it must be a "
+                                          "multiple of micro_batch_size x seq_len x data-parallel ranks")
     tokens: int | None = doc(None, "training tokens; default: max_steps, else examples x epochs, else the "
                              "Chinchilla-optimal 20 tokens per parameter")
     examples: int | None = doc(None, "training examples (one example = one seq_len window); with epochs")

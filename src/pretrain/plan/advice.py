@@ -141,8 +141,15 @@ def _batch(c, p) -> list[str]:
                    f"gradients and many small steps; train.grad_accum_steps={accum} gives "
                    f"{human(per_step * accum / t.grad_accum_steps)} (or more parallel.gpus)")
     elif per_step > ref * BATCH_RANGE[1]:
+        unit = per_step // t.grad_accum_steps  # one micro-batch on every data-parallel rank
+        batch = unit * max(1, round(ref / unit))
+        fix = (f"train.global_batch_tokens={human(batch, 4)} ({batch:,}) keeps the batch there on any GPU count"
+               if batch <= ref * BATCH_RANGE[1] else f"even one micro-batch per rank makes {human(unit)} tokens: "
+               "fewer data-parallel ranks (parallel.tensor or parallel.pipeline)"
+               + (" or a smaller train.micro_batch_size" if t.micro_batch_size > 1 else ""))
         out.append(f"batch: {per_step:,} tokens per step ({shape}) is {_times(per_step / ref)} above {gpt3}: "
-                   "beyond the critical batch size extra tokens per step stop reducing the number of steps needed")
+                   "beyond the critical batch size extra tokens per step stop reducing the number of steps needed; "
+                   + fix)
     if per_step >= RAMP_MIN_TOKENS and not t.batch_ramp_tokens:
         ramp = _round(min(4e9, 0.03 * p["tokens"]["total"]))
         out.append(f"batch: {human(per_step)} tokens per step from the first step (train.batch_ramp_tokens=0): "

@@ -76,7 +76,7 @@ def _complete(config, overrides: dict) -> dict:
     sequences = t.micro_batch_size * t.grad_accum_steps * _data_parallel(config, {})
     per_step = _get(config, out, "train.micro_batch_size") * _data_parallel(config, out)
     accum = max(1, round(sequences / per_step))
-    if accum != t.grad_accum_steps:
+    if accum != t.grad_accum_steps and t.global_batch_tokens is None:  # else the config derives it itself
         out["train.grad_accum_steps"] = accum
     return out
 
