@@ -24,6 +24,7 @@ from pretrain.data.sharded import split_files
 from pretrain.errors import UsageError
 from pretrain.lock import exclusive_lock
 from support import tiny
+from test_prepare_reliability import snapshot
 
 SPLITS = ("train", "val")
 
@@ -421,3 +422,19 @@ def test_a_task_running_elsewhere_is_not_run_twice(tmp_path, corpus, bpe_dir, on
     prepare(cli, corpus, bpe_dir, out, "--tasks", 2)
     assert_same_dataset(out, one_pass)
     assert not (out / "locks").exists()
+
+
+def test_sharded_names_in_a_single_dataset_are_a_users(tmp_path, corpus, bpe_dir, one_pass, cli):
+    # logs/ and shard_00009/ are a sharded dataset's only where its manifest lists them: in a single dataset's
+    # --out they are a user's, refused, never deleted.
+    out = tmp_path / "out"
+    shutil.copytree(one_pass, out)
+    (out / "logs").mkdir()
+    (out / "logs" / "run.txt").write_text("a user's log")
+    (out / "shard_00009").mkdir()
+    before = snapshot(out)
+    r = cli("prepare", "--input", corpus, "--tokenizer", bpe_dir, "--out", out, "--tasks", 2)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr[-3000:]
+    assert "holds files this command did not write (logs, shard_00009)" in r.stderr, r.stderr
+    assert snapshot(out) == before and (out / "shard_00009").is_dir()
+    assert not (tmp_path / "out.partial").exists()

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,19 +32,13 @@ from datatrove.pipeline.base import PipelineStep
 
 from .. import __version__
 from ..errors import UsageError
-from ..files import aside_path, check_output_dir, display_path, hidden_prefix, swap_in, write_atomic
+from ..files import aside_path, check_output_dir, display_path, refuse_foreign, swap_in, write_atomic, writer_lock
 from ..lock import exclusive_lock
 from .executors import EXECUTORS, SlurmOptions, run_local, run_ray, submit_slurm
-from .pipeline import DATASET_FILES, MAX_SHOWN, META_VERSION, SPLITS, build_dataset, resolve_dtype
+from .pipeline import MAX_SHOWN, META_VERSION, SPLITS, build_dataset, replaceable_names, resolve_dtype
 from .readers import Corpus, ReadOptions
 from .sources import RemoteFile, file_name, find_files
 from .tokenizer import find_tokenizer
-
-SHARD_NAME = re.compile(r"shard_\d{5}")
-# What a sharded dataset directory holds besides its shards: the only names a new build may replace at --out
-# (with a single dataset's, which a sharded one may replace).
-SHARDED_FILES = ("meta.json", "tokenizer", "job.json", "logs", *DATASET_FILES)
-
 
 def shard_name(task: int) -> str:
     return f"shard_{task:05d}"
@@ -113,11 +106,11 @@ def prepare_sharded(inputs, tokenizer, out_dir, *, tasks: int, executor: str = "
     tok = find_tokenizer(tokenizer)
     dtype = resolve_dtype(dtype, tok.vocab_size)
     final = Path(os.path.realpath(out_dir))
-    _check_out(final)
-    # One launcher per --out: a second one would rebuild or rewrite OUT.partial under the first (beside --out,
-    # not in it: a hidden file that stays, as a run directory's .lock does). Held until this function returns.
-    launcher = exclusive_lock(final.with_name(f"{hidden_prefix(final)}.lock"), f"--out {display_path(final)}",
-                              "another `pretrain prepare` is building it: wait for it to end or stop it")
+    check_output_dir(final, "--out")
+    # One writer per --out, a plain prepare included: a second launcher would rebuild or rewrite OUT.partial under
+    # the first. Held until this function returns.
+    launcher = writer_lock(final, "--out")
+    refuse_foreign(final, "--out", replaceable_names(final))
 
     job = Job(files=[[_absolute(corpus.files[i]) for i in r] for r in split_files(corpus.sizes, tasks)],
               work=str(final.with_name(final.name + ".partial")), final=str(final), seed=seed,
@@ -157,18 +150,6 @@ class Job:
 def _absolute(path: Path | RemoteFile) -> str | RemoteFile:
     """A file as every task finds it, whatever its working directory: an absolute path, or the URL."""
     return path if isinstance(path, RemoteFile) else os.path.abspath(path)
-
-
-def _check_out(final: Path) -> None:
-    """--out writable, and holding nothing a swap would delete that a dataset build did not write."""
-    check_output_dir(final, "--out")
-    if final.is_dir():
-        foreign = sorted(p.name for p in final.iterdir()
-                         if p.name not in SHARDED_FILES and not SHARD_NAME.fullmatch(p.name))
-        if foreign:
-            shown = ", ".join(map(display_path, foreign[:3])) + (" ..." if len(foreign) > 3 else "")
-            raise UsageError(f"--out {display_path(final)} holds files this command did not write ({shown}); they "
-                             "would be lost when it is replaced: give a new or empty directory")
 
 
 def _open_work_dir(job: Job, corpus: Corpus, tok) -> None:
