@@ -9,12 +9,14 @@ import glob
 import hashlib
 import json
 import os
+import re
 import shutil
 import socket
 import tempfile
 from pathlib import Path
 
 from .errors import ConfigError, UsageError
+from .lock import HeldLock, exclusive_lock
 
 # Errors of writing that the user fixes (space, permissions, the file system), as opposed to bugs.
 WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO}
@@ -41,7 +43,7 @@ def write_atomic(path: str | Path, data: str | bytes) -> Path:
     """Write `data` to a temporary file beside `path`, then rename it over `path` (atomic on POSIX).
     On any error the old file, if there was one, is left as it was and the temporary file is removed."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # ATOMIC_TEMP matches it
     try:
         if isinstance(data, str):
             tmp.write_text(data, encoding="utf-8")
@@ -51,6 +53,10 @@ def write_atomic(path: str | Path, data: str | bytes) -> Path:
     finally:
         tmp.unlink(missing_ok=True)
     return path
+
+
+# write_atomic's temporary file: what a writer killed between its write and its rename leaves beside `path`.
+ATOMIC_TEMP = re.compile(r"\.(?P<name>.+)\.\d+\.tmp")
 
 
 def sha256_file(path: str | Path) -> str:
@@ -116,6 +122,28 @@ def hidden_prefix(final: Path) -> str:
     return "." + (name if len(os.fsencode(name)) <= 100 else name[:50])
 
 
+def writer_lock(final: Path, flag: str) -> HeldLock:
+    """One writer of the directory `final` at a time, whichever command writes it (a plain `prepare` or a
+    `prepare --tasks` launcher): the lock `.NAME.lock` beside it (lock.py: released when its holder ends in
+    any way; the file stays and then means nothing)."""
+    return exclusive_lock(final.with_name(f"{hidden_prefix(final)}.lock"), f"{flag} {display_path(final)}",
+                          "another `pretrain prepare` is building it: wait for it to end or stop it")
+
+
+def refuse_foreign(final: Path, flag: str, ours: tuple[str, ...]) -> None:
+    """A one-line UsageError when the existing directory `final` holds a name that is not one of `ours`, nor
+    write_atomic's temporary file of one of ours (ATOMIC_TEMP): replacing `final` would delete what a user
+    keeps there. Any other name is foreign, whatever it ends with (a user's draft.tmp, a backup.tmp/)."""
+    if not final.is_dir():
+        return
+    foreign = sorted(p.name for p in final.iterdir() if p.name not in ours
+                     and not ((m := ATOMIC_TEMP.fullmatch(p.name)) and m["name"] in ours))
+    if foreign:
+        shown = ", ".join(map(display_path, foreign[:3])) + (" ..." if len(foreign) > 3 else "")
+        raise UsageError(f"{flag} {display_path(final)} holds files this command did not write ({shown}); they "
+                         "would be lost when it is replaced: give a new or empty directory")
+
+
 def aside_path(final: Path) -> Path:
     """Where `swap_in` puts the directory it replaces, under this process's name."""
     return final.with_name(f"{hidden_prefix(final)}.{os.getpid()}.old")
@@ -148,6 +176,7 @@ class StagedDirectory:
     A build killed outright (SIGKILL) leaves its temporary directory; the next build of the same path on
     this host removes it, once the process that made it is gone. Only `replaceable` names may be in an
     existing final directory: whatever else a user keeps there is never deleted by a swap (refused instead).
+    One build of a path at a time (writer_lock, held from the checks to the end): a second is refused.
     """
 
     def __init__(self, final: str | Path, flag: str, replaceable: tuple[str, ...]):
@@ -167,24 +196,22 @@ class StagedDirectory:
 
     def __enter__(self) -> "StagedDirectory":
         check_output_dir(self.final, self.flag)
-        if self.final.is_dir():
-            foreign = sorted(p.name for p in self.final.iterdir()
-                             if p.name not in self._replaceable and not p.name.endswith(".tmp"))
-            if foreign:
-                shown = ", ".join(map(display_path, foreign[:3])) + (" ..." if len(foreign) > 3 else "")
-                raise UsageError(f"{self.flag} {display_path(self.final)} holds files this command did not write "
-                                 f"({shown}); they would be lost when it is replaced: give a new or empty directory")
+        self._lock = writer_lock(self.final, self.flag)  # held until __exit__
         try:
+            refuse_foreign(self.final, self.flag, self._replaceable)
             self.final.parent.mkdir(parents=True, exist_ok=True)
             self._remove_leftovers()
             self.path.mkdir()
             (self.path / ".owner").write_text(f"{socket.gethostname()} {os.getpid()}\n")
         except OSError as e:  # a disk that filled up since the check: one line, and no half-made directory
-            shutil.rmtree(self.path, ignore_errors=True)
+            self.__exit__()
             error = write_error(e, f"{self.flag} {display_path(self.final)}", "its temporary directory")
             if error is None:
                 raise
             raise error from None
+        except BaseException:
+            self.__exit__()
+            raise
         return self
 
     def commit(self) -> None:
@@ -197,6 +224,7 @@ class StagedDirectory:
     def __exit__(self, *exc) -> bool:
         if not self._committed:
             shutil.rmtree(self.path, ignore_errors=True)
+        self._lock.release()
         return False
 
     def _remove_leftovers(self) -> None:

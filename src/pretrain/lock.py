@@ -14,6 +14,7 @@ import fcntl
 import os
 import socket
 import time
+from contextlib import suppress
 from pathlib import Path
 
 from .errors import UsageError
@@ -52,8 +53,11 @@ def exclusive_lock(path: Path, what: str, fix: str) -> HeldLock:
         holder = _holder(fd)
         os.close(fd)
         raise UsageError(f"{what} is in use by {holder} (lock {path}); {fix}") from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
+    # Who holds it, only for a refused second start to name: a full disk leaves it unsaid, not the lock untaken
+    # (the holder then meets the full disk where it writes what it is for, in one line).
+    with suppress(OSError):
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
     return HeldLock(path, fd)
 
 

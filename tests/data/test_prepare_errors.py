@@ -115,7 +115,7 @@ def test_interrupted_run_keeps_the_old_dataset_and_a_rerun_succeeds(tmp_path, sm
         prepare([small_corpus], bpe_dir, out, workers=2)
     assert (out / "meta.json").read_text() == old_meta  # the new dataset was never swapped in
     PreparedData(out, verify="full")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # nothing half-built left beside it
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".out.lock", "out"]  # nothing half-built beside it
     monkeypatch.undo()
     prepare([small_corpus], bpe_dir, out, workers=1)
     PreparedData(out, verify="full")

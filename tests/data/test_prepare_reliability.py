@@ -57,11 +57,16 @@ def old(tmp_path, jsonl, bpe_dir):
     return out, snapshot(out)
 
 
+def leftovers(out: Path) -> list[str]:
+    """What a build left beside --out: its hidden directories, not the lock file (which stays: lock.py)."""
+    return [p.name for p in out.parent.iterdir()
+            if p.name.startswith(f".{out.name}") and p.name != f".{out.name}.lock"]
+
+
 def assert_intact(out: Path, before: dict) -> None:
     assert snapshot(out) == before
     PreparedData(out, verify="full")
-    leftovers = [p.name for p in out.parent.iterdir() if p.name.startswith(f".{out.name}")]
-    assert not leftovers, leftovers
+    assert not leftovers(out), leftovers(out)
 
 
 def one_line(r) -> str:
@@ -120,10 +125,29 @@ def test_a_stopped_prepare_keeps_the_old_dataset(sig, tmp_path, old, bpe_dir, cl
         r = cli("prepare", "--input", corpus, "--tokenizer", bpe_dir, "--out", out, "--val-fraction", 0)
         assert r.returncode == 0, r.stderr
         assert PreparedData(out, verify="full").meta["num_docs"] == {"train": 1, "val": 0}
-        assert not [p.name for p in out.parent.iterdir() if p.name.startswith(f".{out.name}")]
+        assert not leftovers(out)
     else:
         assert stderr.strip().splitlines() == ["pretrain prepare: interrupted"]
         assert_intact(out, before)
+
+
+@pytest.mark.parametrize("second", ["plain", "--tasks"])
+def test_one_writer_per_out_whatever_the_mode(second, tmp_path, old, bpe_dir, cli):
+    # A real plain prepare over --out, blocked reading its input: a second build of the same --out, plain or
+    # sharded, is refused naming it, and the first one's dataset is the one that ends up there.
+    out, before = old
+    proc, writer = _fifo_prepare(tmp_path, out, bpe_dir)
+    corpus = tmp_path / "other.txt"
+    corpus.write_text("the second build's document")
+    extra = ["--tasks", 1] if second == "--tasks" else []
+    r = cli("prepare", "--input", corpus, "--tokenizer", bpe_dir, "--out", out, "--val-fraction", 0, *extra)
+    line = one_line(r)
+    assert f"--out {out} is in use by PID {proc.pid}" in line, line
+    assert snapshot(out) == before and not (tmp_path / "out.partial").exists()
+    writer.close()  # the first build's input ends: it finishes
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr
+    assert sum(PreparedData(out, verify="full").meta["num_docs"].values()) == 1
 
 
 def test_killing_prepare_does_not_flood_stderr_with_worker_tracebacks(tmp_path, pydoc, bpe_dir):
@@ -189,6 +213,31 @@ def test_an_unwritable_out_is_one_line_before_any_work(command, fault, tmp_path,
         line = one_line(r)
         assert line.startswith(f"pretrain {command}: error: --out ") and expected in line.lower(), line
         assert r.stdout == ""  # refused before the first step
+
+
+@pytest.mark.parametrize("tasks", [[], ["--tasks", 1]])
+def test_out_holding_a_users_tmp_files_is_refused(tasks, tmp_path, old, bpe_dir, cli):
+    # Only the temporary name prepare itself may leave there (write_atomic's .NAME.PID.tmp of its own files) is
+    # not the user's: a draft.tmp or a backup.tmp/ is, and replacing --out would delete it.
+    out, before = old
+    corpus = tmp_path / "new.txt"
+    corpus.write_text("a new document")
+    (out / "draft.tmp").write_text("a user's draft")
+    (out / "backup.tmp").mkdir()
+    (out / "backup.tmp" / "train.bin").write_bytes(b"a user's backup")
+    r = cli("prepare", "--input", corpus, "--tokenizer", bpe_dir, "--out", out, "--val-fraction", 0, *tasks)
+    line = one_line(r)
+    assert f"--out {out} holds files this command did not write (backup.tmp, draft.tmp)" in line, line
+    assert (out / "draft.tmp").read_text() == "a user's draft"
+    assert (out / "backup.tmp" / "train.bin").read_bytes() == b"a user's backup"
+    (out / "draft.tmp").unlink()
+    (out / "backup.tmp" / "train.bin").unlink()
+    (out / "backup.tmp").rmdir()
+    assert_intact(out, before)
+    (out / ".meta.json.4242.tmp").write_text("{")  # a writer of meta.json killed before its rename
+    r = cli("prepare", "--input", corpus, "--tokenizer", bpe_dir, "--out", out, "--val-fraction", 0, *tasks)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert PreparedData(out, verify="full").meta["num_docs"] == {"train": 1, "val": 0}
 
 
 class _nothing:

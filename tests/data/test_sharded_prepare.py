@@ -20,10 +20,11 @@ import pytest
 
 from pretrain.data.loader import PreparedData, RandomWindows
 from pretrain.data.readers import render_encyclopedia
-from pretrain.data.sharded import split_files
+from pretrain.data.sharded import PARTIAL_MARK, split_files
 from pretrain.errors import UsageError
 from pretrain.lock import exclusive_lock
 from support import tiny
+from test_prepare_reliability import snapshot
 
 SPLITS = ("train", "val")
 
@@ -186,12 +187,19 @@ def _processes_naming(path: Path) -> list[int]:
     return found
 
 
+def as_killed(build: Path, partial: Path) -> Path:
+    """A finished build copied to `partial` as prepare leaves one killed after its last task: its shards and
+    completion marks, prepare's mark, no manifest."""
+    shutil.copytree(build, partial)
+    (partial / "meta.json").unlink()
+    (partial / PARTIAL_MARK).write_text("made by `pretrain prepare --tasks`\n")
+    return partial
+
+
 def test_a_changed_command_does_not_reuse_a_partial_build(tmp_path, corpus, bpe_dir, one_pass, cli):
     out = tmp_path / "out"
-    partial = tmp_path / "out.partial"
-    prepare(cli, corpus, bpe_dir, out, "--tasks", 2, "--seed", 5)
-    out.rename(partial)  # as a killed run of another command (seed 5) would have left it, completions and all
-    (partial / "meta.json").unlink()
+    prepare(cli, corpus, bpe_dir, tmp_path / "seed5", "--tasks", 2, "--seed", 5)
+    as_killed(tmp_path / "seed5", tmp_path / "out.partial")  # a killed run of another command (seed 5)
     prepare(cli, corpus, bpe_dir, out, "--tasks", 2)
     assert_same_dataset(out, one_pass)
 
@@ -343,6 +351,12 @@ def test_a_damaged_token_names_its_shard_file(tmp_path, corpus, bpe_dir, cli):
         for _ in windows.batches(64, 10_000):
             pass
     assert f"{damaged}: token id 65,535 at token 7 is outside the vocabulary" in str(e.value)
+    # what rebuilds it: the whole dataset, by the same --tasks (no command rebuilds one shard)
+    assert f"run `pretrain prepare --out {out} --tasks 2` again" in str(e.value), str(e.value)
+    with pytest.raises(UsageError) as e:
+        PreparedData(out, verify="full")
+    assert str(e.value) == (f"{damaged}: sha256 differs from meta.json (file corrupted or replaced); "
+                            f"run `pretrain prepare --out {out} --tasks 2` again")
 
 
 def test_either_kind_of_dataset_replaces_the_other(tmp_path, corpus, bpe_dir, one_pass, cli):
@@ -404,10 +418,9 @@ def test_a_second_prepare_of_the_same_out_is_refused_while_the_first_runs(tmp_pa
 def test_a_task_running_elsewhere_is_not_run_twice(tmp_path, corpus, bpe_dir, one_pass, cli):
     # A partial build whose task 1 is unfinished and held by another run of the job (a Slurm array submitted
     # twice): this run's task 1 stops without touching it, task 0 stays as it was, and the build is not swapped in.
-    out, partial = tmp_path / "out", tmp_path / "out.partial"
-    prepare(cli, corpus, bpe_dir, out, "--tasks", 2)
-    out.rename(partial)
-    (partial / "meta.json").unlink()
+    out = tmp_path / "out"
+    prepare(cli, corpus, bpe_dir, tmp_path / "build", "--tasks", 2)
+    partial = as_killed(tmp_path / "build", tmp_path / "out.partial")
     shutil.rmtree(partial / "shard_00001")
     (partial / "logs" / "tokenize" / "completions" / "00001").unlink()
     kept = _identity(partial / "shard_00000")
@@ -421,3 +434,95 @@ def test_a_task_running_elsewhere_is_not_run_twice(tmp_path, corpus, bpe_dir, on
     prepare(cli, corpus, bpe_dir, out, "--tasks", 2)
     assert_same_dataset(out, one_pass)
     assert not (out / "locks").exists()
+
+
+@pytest.fixture(scope="module")
+def two_shards(tmp_path_factory, corpus, bpe_dir) -> Path:
+    """A finished `--tasks 2` build of the corpus: killed builds are made from copies of it."""
+    out = tmp_path_factory.mktemp("two") / "out"
+    subprocess.run([sys.executable, "-m", "pretrain", "prepare", "--input", corpus, "--tokenizer", bpe_dir,
+                    "--out", out, "--split-blank-lines", "--val-fraction", "0.1", "--tasks", "2"], check=True,
+                   capture_output=True)
+    return out
+
+
+@pytest.mark.parametrize("fault", ["train.bin cut short", "meta.json lost", "meta.json and completion mark lost"])
+def test_a_finished_shard_a_rerun_cannot_use_is_redone(fault, tmp_path, corpus, bpe_dir, one_pass, two_shards,
+                                                        cli):
+    # A build killed after its tasks, then a finished shard damaged in OUT.partial: the same command again redoes
+    # that shard (it is prepare's own), keeps the other, and only then replaces the old dataset at --out.
+    out = tmp_path / "out"
+    shutil.copytree(one_pass, out)
+    partial = as_killed(two_shards, tmp_path / "out.partial")
+    kept = _identity(partial / "shard_00000")
+    shard = partial / "shard_00001"
+    if fault == "train.bin cut short":
+        os.truncate(shard / "train.bin", (shard / "train.bin").stat().st_size - 10)
+    else:
+        (shard / "meta.json").unlink()
+    if fault == "meta.json and completion mark lost":
+        (partial / "logs" / "tokenize" / "completions" / "00001").unlink()
+    r = cli("prepare", "--input", corpus, "--tokenizer", bpe_dir, "--out", out, "--split-blank-lines",
+            "--val-fraction", 0.1, "--tasks", 2)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "Skipping 1 already completed tasks" in r.stderr
+    assert _identity(out / "shard_00000") == kept
+    assert_same_dataset(out, one_pass)
+    PreparedData(out, verify="full")
+
+
+def test_a_shard_changed_since_its_task_is_never_swapped_in(tmp_path, corpus, bpe_dir, one_pass, two_shards, cli):
+    # 10 bytes of a finished shard changed, its size kept: the check before the swap re-hashes every shard,
+    # removes that one and refuses; the old dataset stays; the same command again rebuilds only that shard.
+    out = tmp_path / "out"
+    shutil.copytree(one_pass, out)
+    before = snapshot(out)
+    partial = as_killed(two_shards, tmp_path / "out.partial")
+    with open(partial / "shard_00001" / "train.bin", "r+b") as f:  # the size kept: only the sha256 tells
+        f.seek(20)
+        f.write(b"\x01" * 10)
+    args = ["prepare", "--input", corpus, "--tokenizer", bpe_dir, "--out", out, "--split-blank-lines",
+            "--val-fraction", 0.1, "--tasks", 2]
+    r = cli(*args)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and lines[-1] == (
+        f"pretrain prepare: error: {partial / 'shard_00001' / 'train.bin'}: sha256 differs from meta.json (file "
+        "corrupted or replaced); shard removed: run the same command again, it rebuilds only the removed shards"), \
+        r.stderr[-3000:]
+    assert "Traceback" not in r.stderr
+    assert snapshot(out) == before
+    assert not (partial / "shard_00001").exists()
+    assert not (partial / "logs" / "tokenize" / "completions" / "00001").exists()
+    kept = _identity(partial / "shard_00000")
+    r = cli(*args)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert _identity(out / "shard_00000") == kept
+    assert_same_dataset(out, one_pass)
+
+
+def test_a_directory_at_out_partial_that_prepare_did_not_make_is_refused(tmp_path, corpus, bpe_dir, one_pass,
+                                                                           cli):
+    # A user's complete dataset under the name a sharded build stages in: refused in one line, never deleted.
+    partial = tmp_path / "web.partial"
+    shutil.copytree(one_pass, partial)
+    before = snapshot(partial)
+    r = cli("prepare", "--input", corpus, "--tokenizer", bpe_dir, "--out", tmp_path / "web", "--tasks", 2)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr[-3000:]
+    assert f"{partial} is in the way" in r.stderr and "move it away" in r.stderr, r.stderr
+    assert snapshot(partial) == before and not (tmp_path / "web").exists()
+
+
+def test_sharded_names_in_a_single_dataset_are_a_users(tmp_path, corpus, bpe_dir, one_pass, cli):
+    # logs/ and shard_00009/ are a sharded dataset's only where its manifest lists them: in a single dataset's
+    # --out they are a user's, refused, never deleted.
+    out = tmp_path / "out"
+    shutil.copytree(one_pass, out)
+    (out / "logs").mkdir()
+    (out / "logs" / "run.txt").write_text("a user's log")
+    (out / "shard_00009").mkdir()
+    before = snapshot(out)
+    r = cli("prepare", "--input", corpus, "--tokenizer", bpe_dir, "--out", out, "--tasks", 2)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr[-3000:]
+    assert "holds files this command did not write (logs, shard_00009)" in r.stderr, r.stderr
+    assert snapshot(out) == before and (out / "shard_00009").is_dir()
+    assert not (tmp_path / "out.partial").exists()

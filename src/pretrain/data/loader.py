@@ -24,22 +24,22 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
-import torch
 
 from ..errors import ConfigError, UsageError
 from ..files import sha256_file
 from ..plan.budget import TOKEN_DTYPES
 from .hashing import FeistelPermutation
 
+if TYPE_CHECKING:  # imported where a batch is made: the checks on open (prepare --tasks runs them) need no torch
+    import torch
 SPLITS = ("train", "val")
 REQUIRED_KEYS = ("dtype", "vocab_size", "eos_id", "num_tokens", "num_docs", "sha256", "tokenizer_sha256")
 VERIFY = ("auto", "full", "size")  # the values of data.verify
-# data.verify=auto re-hashes the token files when together they are at most this size: ~1 s at the ~1 GB/s
-# sha256 runs on one core, next to minutes of training. Larger ones get the size and header checks only
-# (and data.verify=full on request).
+# data.verify=auto re-hashes the token files when together at most this size: ~1 s at sha256's ~1 GB/s on one core,
+# next to minutes of training. Larger ones get the size and header checks only (data.verify=full on request).
 VERIFY_AUTO_BYTES = 1 << 30
 
 
@@ -64,10 +64,11 @@ class PreparedData:
     Every batch read from it is checked for token ids >= vocab_size (a corrupted file that passed the size
     checks): cheap next to the model's step, and the only check a large dataset gets without "full"."""
 
-    def __init__(self, path: str | Path, verify: str = "auto"):
+    def __init__(self, path: str | Path, verify: str = "auto", advice: str | None = None):
         if verify not in VERIFY:
             raise ConfigError(f"data.verify: {verify!r} is unknown; use one of {' | '.join(VERIFY)}")
         self.path = Path(path)
+        self.advice = advice or f"run `pretrain prepare --out {self.path}` again"  # the end of each error
         self.meta = self._read_meta()
         self.dtype = np.dtype(self.meta["dtype"]).newbyteorder("<")
         self.vocab_size: int = self.meta["vocab_size"]
@@ -77,7 +78,7 @@ class PreparedData:
         full = verify == "full" or (verify == "auto" and token_bytes <= VERIFY_AUTO_BYTES)
         self.shards: list[PreparedData] | None = None
         if "shards" in self.meta:
-            self.shards = self._open_shards("full" if full else "size")  # auto decides on the whole dataset
+            self.shards = self._open_shards("full" if full else "size", advice)  # auto: on the whole dataset
             if full:
                 self._verify_tokenizer()
             return
@@ -129,7 +130,7 @@ class PreparedData:
             token -= n
         raise IndexError(f"token {token:,} is past the end of the {split} split")
 
-    def _open_shards(self, verify: str) -> list[PreparedData]:
+    def _open_shards(self, verify: str, advice: str | None) -> list[PreparedData]:
         """Each shard checked as a dataset of its own, and against the manifest: one tokenizer and dtype for
         all (token ids mean one thing across the dataset), the counts and checksums the manifest lists."""
         meta_path = self.path / "meta.json"
@@ -138,7 +139,9 @@ class PreparedData:
                 or not all(isinstance(n, str) and n and not Path(n).is_absolute() and ".." not in Path(n).parts
                            for n in names)):
             raise self._error(meta_path, "shards is not a list of shard directories inside the dataset")
-        shards = [PreparedData(self.path / name, verify) for name in names]
+        if advice is None:  # a shard is rebuilt only with its whole dataset, by the same prepare --tasks
+            self.advice = f"run `pretrain prepare --out {self.path} --tasks {len(names)}` again"
+        shards = [PreparedData(self.path / name, verify, self.advice) for name in names]
         for name, shard in zip(names, shards):
             for key, what in (("tokenizer_sha256", "tokenizer"), ("dtype", "dtype")):
                 if shard.meta[key] != self.meta[key]:
@@ -163,7 +166,7 @@ class PreparedData:
             raise self._error(tokenizer, "sha256 differs from meta.json tokenizer_sha256")
 
     def _error(self, path: Path, reason: str) -> UsageError:
-        return UsageError(f"{path}: {reason}; run `pretrain prepare --out {self.path}` again")
+        return UsageError(f"{path}: {reason}; {self.advice}")
 
     def _read_meta(self) -> dict:
         path = self.path / "meta.json"
@@ -369,8 +372,9 @@ def _batch(data: PreparedData, split: str, tokens: np.ndarray, windows: np.ndarr
         path, token = data.locate(split, int(starts[row]) + int(column))
         raise UsageError(f"{path}: token id {int(rows.max()):,} at token "
                          f"{token:,} is outside the vocabulary of {data.vocab_size:,} "
-                         f"(meta.json): the file is damaged; run `pretrain prepare --out {data.path}` again "
+                         f"(meta.json): the file is damaged; {data.advice} "
                          "(data.verify=full checks every byte at start)")
+    import torch
     return torch.from_numpy(rows[:, :-1].copy()), torch.from_numpy(rows[:, 1:].copy())
 
 

@@ -6,7 +6,7 @@ train/validation; the main process writes the results in chunk order. At most a 
 per worker, so memory stays flat however large the corpus. The new dataset is built in a temporary
 directory beside --out (meta.json written last) and swapped in only when complete: until then an earlier
 dataset at --out stays whole and usable, whatever stops the build (bad input, Ctrl-C, SIGTERM, SIGKILL, a
-full disk).
+full disk). One build of an --out at a time, plain or sharded (the lock beside it: files.writer_lock).
 """
 
 from __future__ import annotations

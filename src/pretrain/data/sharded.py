@@ -9,6 +9,8 @@ them, and the train/validation split is decided per document from its content (e
 concatenated shards equal `--tasks 1` byte for byte.
 
 While it runs, everything lives in OUT.partial/ beside --out; an earlier dataset at --out stays usable:
+  .pretrain-partial  written first, removed just before the swap: what marks the directory as this command's
+                  (one without it is a user's, never deleted)
   job.json        what this build is for (inputs with sizes and mtimes, tokenizer sha256, split, dtype, tasks):
                   a rerun reuses OUT.partial only when it matches, else starts over
   tokenizer/      the tokenizer every task reads (copied once, so a task never depends on the source)
@@ -16,15 +18,16 @@ While it runs, everything lives in OUT.partial/ beside --out; an earlier dataset
   locks/          one lock file per task: a task run twice at once (an array submitted again) runs once
   shard_00003/    task 3's shard, built as shard_00003.tmp/ (meta.json last) and renamed: a task that crashed
                   leaves only a .tmp, which the manifest never accepts and the task's rerun deletes
-When every task is done, `finish` writes the manifest (meta.json: the shards, token counts, checksums,
-tokenizer sha256) and swaps OUT.partial in for --out.
+A rerun first forgets (removes, with its completion mark) every finished shard it cannot use: its meta.json
+lost, a file of the wrong size. When every task is done, `finish` re-hashes every shard against its meta.json,
+writes the manifest (meta.json: the shards, token counts, checksums, tokenizer sha256) and swaps OUT.partial in
+for --out.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,22 +36,24 @@ from datatrove.pipeline.base import PipelineStep
 
 from .. import __version__
 from ..errors import UsageError
-from ..files import aside_path, check_output_dir, display_path, hidden_prefix, swap_in, write_atomic
+from ..files import aside_path, check_output_dir, display_path, refuse_foreign, swap_in, write_atomic, writer_lock
 from ..lock import exclusive_lock
 from .executors import EXECUTORS, SlurmOptions, run_local, run_ray, submit_slurm
-from .pipeline import DATASET_FILES, MAX_SHOWN, META_VERSION, SPLITS, build_dataset, resolve_dtype
+from .pipeline import MAX_SHOWN, META_VERSION, SPLITS, build_dataset, replaceable_names, resolve_dtype
 from .readers import Corpus, ReadOptions
 from .sources import RemoteFile, file_name, find_files
 from .tokenizer import find_tokenizer
 
-SHARD_NAME = re.compile(r"shard_\d{5}")
-# What a sharded dataset directory holds besides its shards: the only names a new build may replace at --out
-# (with a single dataset's, which a sharded one may replace).
-SHARDED_FILES = ("meta.json", "tokenizer", "job.json", "logs", *DATASET_FILES)
+PARTIAL_MARK = ".pretrain-partial"  # in OUT.partial from its creation to the swap: it is ours to reuse or delete
 
 
 def shard_name(task: int) -> str:
     return f"shard_{task:05d}"
+
+
+def completion_mark(work: Path, task: int) -> Path:
+    """datatrove's mark of a finished task (the tokenize tasks' logging_dir is OUT.partial/logs/tokenize)."""
+    return work / "logs" / "tokenize" / "completions" / f"{task:05d}"
 
 
 def split_files(sizes: list[int], tasks: int) -> list[range]:
@@ -113,17 +118,18 @@ def prepare_sharded(inputs, tokenizer, out_dir, *, tasks: int, executor: str = "
     tok = find_tokenizer(tokenizer)
     dtype = resolve_dtype(dtype, tok.vocab_size)
     final = Path(os.path.realpath(out_dir))
-    _check_out(final)
-    # One launcher per --out: a second one would rebuild or rewrite OUT.partial under the first (beside --out,
-    # not in it: a hidden file that stays, as a run directory's .lock does). Held until this function returns.
-    launcher = exclusive_lock(final.with_name(f"{hidden_prefix(final)}.lock"), f"--out {display_path(final)}",
-                              "another `pretrain prepare` is building it: wait for it to end or stop it")
+    check_output_dir(final, "--out")
+    # One writer per --out, a plain prepare included: a second launcher would rebuild or rewrite OUT.partial under
+    # the first. Held until this function returns.
+    launcher = writer_lock(final, "--out")
+    refuse_foreign(final, "--out", replaceable_names(final))
 
     job = Job(files=[[_absolute(corpus.files[i]) for i in r] for r in split_files(corpus.sizes, tasks)],
               work=str(final.with_name(final.name + ".partial")), final=str(final), seed=seed,
               val_fraction=val_fraction, dtype=dtype, strict=strict, fast_path=fast_path, format=format,
               text_field=text_field, split_blank_lines=split_blank_lines)
     _open_work_dir(job, corpus, tok)
+    _forget_unusable_shards(job)
     if executor == "slurm":
         submit_slurm([TokenizeShard(job)], [WriteManifest(job)], Path(job.work) / "logs", tasks, workers, slurm)
         launcher.release()  # the array runs after this returns: each of its tasks takes its own lock
@@ -159,21 +165,13 @@ def _absolute(path: Path | RemoteFile) -> str | RemoteFile:
     return path if isinstance(path, RemoteFile) else os.path.abspath(path)
 
 
-def _check_out(final: Path) -> None:
-    """--out writable, and holding nothing a swap would delete that a dataset build did not write."""
-    check_output_dir(final, "--out")
-    if final.is_dir():
-        foreign = sorted(p.name for p in final.iterdir()
-                         if p.name not in SHARDED_FILES and not SHARD_NAME.fullmatch(p.name))
-        if foreign:
-            shown = ", ".join(map(display_path, foreign[:3])) + (" ..." if len(foreign) > 3 else "")
-            raise UsageError(f"--out {display_path(final)} holds files this command did not write ({shown}); they "
-                             "would be lost when it is replaced: give a new or empty directory")
-
-
 def _open_work_dir(job: Job, corpus: Corpus, tok) -> None:
-    """OUT.partial with job.json and tokenizer/: the one a killed run of the same command left, else a new one."""
+    """OUT.partial with job.json and tokenizer/: the one a killed run of the same command left, else a new one.
+    An OUT.partial without our mark was not made here (a user's dataset, say): refused, never deleted."""
     work = Path(job.work)
+    if (work.exists() or work.is_symlink()) and not (work / PARTIAL_MARK).is_file():
+        raise UsageError(f"{display_path(work)} is in the way: `prepare --tasks` builds --out there, and did not make "
+                         f"this one (no {PARTIAL_MARK} in it); move it away, then run again")
     fingerprint = {
         "pretrain_version": __version__,
         "inputs": [{"path": file_name(_absolute(p)), "bytes": p.stat().st_size,
@@ -189,8 +187,32 @@ def _open_work_dir(job: Job, corpus: Corpus, tok) -> None:
         return  # the same command's unfinished build: its finished tasks are kept
     shutil.rmtree(work, ignore_errors=True)  # another command's, or a build killed before writing job.json
     work.mkdir(parents=True)
+    (work / PARTIAL_MARK).write_text(f"made by `pretrain prepare --tasks` for --out {display_path(job.final)}\n")
     tok.save(work / "tokenizer")
     write_atomic(job_file, text)  # last: a work dir with job.json is complete enough to resume
+
+
+def _forget_unusable_shards(job: Job) -> None:
+    """A finished shard this run cannot use (its meta.json lost, a file cut short, a directory left without
+    meta.json) is removed with its completion mark, so the executor runs its task again: it is in our own
+    OUT.partial. The checks that read every byte (sha256) wait for `finish`, where every shard is checked."""
+    from .loader import PreparedData
+
+    work = Path(job.work)
+    for task in range(len(job.files)):
+        shard = work / shard_name(task)
+        try:
+            if shard.exists():
+                PreparedData(shard, verify="size")
+            elif completion_mark(work, task).exists():
+                _forget(work, task)
+        except UsageError:
+            _forget(work, task)
+
+
+def _forget(work: Path, task: int) -> None:
+    shutil.rmtree(work / shard_name(task), ignore_errors=True)
+    completion_mark(work, task).unlink(missing_ok=True)
 
 
 class JobStep(PipelineStep):
@@ -264,6 +286,7 @@ def finish(job: Job) -> dict:
     if missing:
         raise UsageError(f"{len(missing)} of {len(names)} tasks did not finish ({', '.join(missing[:3])}"
                          f"{' ...' if len(missing) > 3 else ''}); run the same command again: it redoes only those")
+    _check_shards(work, names)
     shards = [json.loads((work / n / "meta.json").read_text(encoding="utf-8")) for n in names]
     meta = manifest(shards, names, (work / "job.json").read_text(encoding="utf-8"))
     if not sum(meta["num_docs"].values()):
@@ -271,10 +294,37 @@ def finish(job: Job) -> dict:
                          f"{meta['skipped']}); check --format, --text-field and --split-blank-lines")
     shutil.rmtree(work / "locks", ignore_errors=True)  # every task is done: the tasks' lock files mean nothing
     write_atomic(work / "meta.json", json.dumps(meta, indent=2, ensure_ascii=False) + "\n")
+    (work / PARTIAL_MARK).unlink(missing_ok=True)  # a dataset now: renamed OUT.partial, never deleted
     # The old dataset goes aside under the name StagedDirectory gives it, so a crash between the two renames
     # is undone by the next prepare.
     swap_in(work, final, aside_path(final))
     return meta
+
+
+def _check_shards(work: Path, names: list[str]) -> None:
+    """Every shard re-read against its meta.json (sizes, sha256) before it is swapped in: a damaged one (a file
+    changed since its task wrote it) is removed with its completion mark and the swap refused, so the same
+    command again rebuilds only it. One shard per core at a time (hashlib releases the GIL while it hashes)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from .loader import PreparedData
+    from .pipeline import default_workers
+
+    def damage(name: str) -> str | None:
+        try:
+            PreparedData(work / name, verify="full", advice="shard removed: run the same command again, it "
+                                                            "rebuilds only the removed shards")
+        except UsageError as e:
+            return str(e)
+        return None
+
+    with ThreadPoolExecutor(default_workers()) as pool:
+        errors = {task: error for task, error in enumerate(pool.map(damage, names)) if error}
+    for task in errors:
+        _forget(work, task)
+    if errors:
+        more = f" (and {len(errors) - 1} more damaged, removed too)" if len(errors) > 1 else ""
+        raise UsageError(next(iter(errors.values())) + more)
 
 
 def manifest(shards: list[dict], names: list[str], job_text: str) -> dict:
