@@ -186,10 +186,15 @@ class PlanConfig:
 
 @dataclass(frozen=True)
 class BudgetConfig:
-    gpu_hours: float | None = doc(None, "planner budget mode: GPU-hours to spend; the plan then chooses the "
-                                  "Chinchilla-optimal model and tokens for that compute (docs/plan.md: Budget mode)")
-    days: float | None = doc(None, "budget mode: days of parallel.gpus GPUs")
-    cost: float | None = doc(None, "budget mode: money to spend, at hardware.price_per_gpu_hour")
+    gpu_hours: float | None = doc(None, "planner budget mode: GPU-hours to spend. No model given: the plan chooses "
+                                  "the Chinchilla-optimal model and tokens for that compute; a model given "
+                                  "(model.preset, model.hf_config or a shape key away from its default): it keeps "
+                                  "that model and sets train.tokens to what the budget buys at the plan's own time; "
+                                  "train.tokens, max_steps or examples beside a budget are refused (docs/plan.md: "
+                                  "Budget mode)")
+    days: float | None = doc(None, "budget mode: days of parallel.gpus GPUs (as budget.gpu_hours)")
+    cost: float | None = doc(None, "budget mode: money to spend, at hardware.price_per_gpu_hour (as "
+                             "budget.gpu_hours)")
 
 
 @dataclass(frozen=True)
