@@ -98,7 +98,7 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class ParallelConfig:
-    gpus: int = doc(1, "world size (all GPUs of the job); data parallel = gpus / (tensor x pipeline)")
+    gpus: int = doc(1, "world size (all GPUs of the job), at most 2^20; data parallel = gpus / (tensor x pipeline)")
     tensor: int = doc(1, "tensor-parallel degree (LLaMA family; docs/parallel.md)")
     pipeline: int = doc(1, "pipeline-parallel degree (docs/parallel.md)")
     zero_stage: int = doc(0, "0 (DDP) | 1 (optimizer states sharded) | 2 (+ gradients) | 3 (+ weights, FSDP2)",
