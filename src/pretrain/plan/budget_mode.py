@@ -173,9 +173,10 @@ def apply_budget(cfg, ex: Explain):
     length = next((k for k in LENGTH_KEYS if getattr(cfg.train, k) is not None), None)
     if length:
         key, value = budget_key(cfg), f"train.{length}={getattr(cfg.train, length)}"
-        raise ConfigError(f"{key}: buys the training tokens of the model given ({given}), and {value} fixes them "
-                          f"too; drop train.{length} to train on what the budget buys, or drop {key}" if given else
-                          f"{key}: chooses the model and its tokens, and {value} fixes the tokens; drop train."
+        if given:
+            raise ConfigError(f"{key}: buys the training tokens of the model given ({given}), and {value} fixes "
+                              f"them too; drop train.{length} to train on what the budget buys, or drop {key}")
+        raise ConfigError(f"{key}: chooses the model and its tokens, and {value} fixes the tokens; drop train."
                           f"{length}, or give the model (model.preset or its shape keys) for the budget to buy its "
                           "tokens")
     seconds, how = gpu_seconds(cfg)
