@@ -7,7 +7,8 @@ import pytest
 
 from pretrain.config import load_config
 from pretrain.plan import make_plan, plan_with_explain
-from pretrain.plan.budget_mode import approach_3_optimum, chinchilla_loss, llama_shape
+from pretrain.plan.budget_mode import (INFERENCE_AWARE_SHRINK, approach_3_optimum, chinchilla_loss,
+                                       llama_shape, spendable_compute)
 from support import run_cli
 
 A100_14_DAYS = ["budget.days=14", "parallel.gpus=8", "hardware.gpu=a100-80gb"]
@@ -123,3 +124,80 @@ def test_the_loaded_config_is_never_changed():
     m = p["budget"]["model"]
     assert f"{p['params']['total'] / 1e9:.3g}B" in table.stdout.split("pretrain plan:")[1].splitlines()[0]
     assert f"H {m['hidden_size']}, L {m['num_layers']}" in table.stdout
+
+
+LLAMA3_8B_BUDGET = ["model.preset=llama3-8b", "hardware.gpu=h100-sxm", "parallel.gpus=8", "budget.gpu_hours=1000"]
+
+
+@pytest.mark.parametrize("extra, given", [([], "model.preset=llama3-8b"),
+                                          (["hardware.hfu=0.5"], "model.preset=llama3-8b")])
+def test_a_given_model_is_kept_and_the_budget_buys_its_tokens(extra, given):
+    # The issue: this plan used to be a 3.41B "custom" model. The model given stays; the budget buys the tokens
+    # whose planned time (the plan's own, at hardware.mfu or hfu) is the budget's 1,000 GPU-hours.
+    p = make_plan(load_config(overrides=[*LLAMA3_8B_BUDGET, *extra]))
+    b = p["budget"]
+    plain = make_plan(load_config(overrides=[*LLAMA3_8B_BUDGET[:3], *extra]))
+    assert p["model"] == plain["model"] and p["params"] == plain["params"]
+    assert b["model_given"] == given and b["overrides"]["train.tokens"] == b["model_tokens"] == p["tokens"]["total"]
+    assert p["time"]["gpu_hours"] == pytest.approx(1000, rel=1e-9) and p["time"]["gpu_hours"] <= 1000
+    # Exactly the plan of those tokens, the budget block beside it.
+    by_hand = make_plan(load_config(overrides=[*LLAMA3_8B_BUDGET[:3], *extra, f"train.tokens={b['model_tokens']}"]))
+    assert {k: v for k, v in p.items() if k != "budget"} == by_hand
+    assert b["loss"] == pytest.approx(chinchilla_loss(b["model_params"], b["model_tokens"])) and b["loss_penalty"] > 0
+
+
+def test_shape_keys_fix_the_model_too_and_the_table_says_so():
+    r = run_cli("plan", "model.hidden_size=2048", "model.num_heads=16", "hardware.gpu=h100-sxm", "parallel.gpus=8",
+                "budget.days=1")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("budget: 192 GPU-hours buy ") and "(model.hidden_size=2048)" in r.stdout
+    assert "custom (llama, 2.83B)" in r.stdout.split("pretrain plan:")[1].splitlines()[0]
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (LLAMA3_8B_BUDGET + ["train.tokens=1e9"], "budget.gpu_hours: buys the training tokens of the model given "
+     "(model.preset=llama3-8b), and train.tokens=1000000000 fixes them too; drop train.tokens"),
+    (["hardware.gpu=h100-sxm", "budget.days=2", "train.max_steps=100"], "budget.days: chooses the model and its "
+     "tokens, and train.max_steps=100 fixes the tokens; drop train.max_steps"),
+])
+def test_a_length_beside_a_budget_is_a_contradiction_in_one_line(overrides, message):
+    r = run_cli("plan", *overrides)
+    assert r.returncode == 2 and message in r.stderr and r.stderr.count("\n") == 1, r.stderr
+
+
+@pytest.mark.parametrize("overrides, message", [
+    # Budget mode choosing the model: 1e12 GPU-hours used to fail on model.num_layers, 1e-6 to plan 0.0B tokens.
+    (["budget.gpu_hours=1e12"], "parameters budget mode builds"),
+    (["budget.gpu_hours=1e-6"], "parameters budget mode builds"),
+    # A model given: less than one optimizer step, or more tokens than train.tokens holds.
+    (["budget.gpu_hours=1e-6", "model.preset=llama3-8b"], "less than one optimizer step"),
+    (["budget.gpu_hours=1e12", "model.preset=llama3-8b"], "more than train.tokens holds"),
+])
+def test_budgets_out_of_range_name_the_key_and_its_range(overrides, message):
+    r = run_cli("plan", "hardware.gpu=h100-sxm", "parallel.gpus=8", *overrides)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith("pretrain plan: error: budget.gpu_hours: ") and message in r.stderr
+    low, high = (float(x) for x in r.stderr.split("give budget.gpu_hours from ")[1].split(" (")[0].split(" to "))
+    # The range's ends plan (at the low end: a model of the family, on at least one step's tokens).
+    p = make_plan(load_config(overrides=["hardware.gpu=h100-sxm", "parallel.gpus=8", *overrides[1:],
+                                         f"budget.gpu_hours={low * 1.01}"]))
+    assert p["tokens"]["total"] >= p["steps"]["tokens_per_step"]
+    assert low < high
+
+
+def test_the_range_ends_are_the_smallest_and_largest_models_budget_mode_builds():
+    # Chosen models: N_opt = sqrt(C / 120) from twice the smallest shape (width 128, one layer: the
+    # inference-aware row's N_opt / 2 is then that shape) to the largest (width 65,536 at the planner's
+    # 1,000-layer limit), so every shape within the range is one the planner plans.
+    from pretrain.plan import MAX_LAYERS
+
+    low, high = spendable_compute(32000, 2048)
+    top = llama_shape(math.sqrt(high / 120), 32000, 2048)
+    assert (top["hidden_size"], top["num_layers"]) == (65536, MAX_LAYERS)
+    assert llama_shape(math.sqrt(high * 1.01 / 120), 32000, 2048)["num_layers"] > MAX_LAYERS
+    bottom = llama_shape(math.sqrt(low / 120) / INFERENCE_AWARE_SHRINK, 32000, 2048)
+    assert (bottom["hidden_size"], bottom["num_layers"]) == (128, 1)
+    # The refusal gives that range in the key's own units: GPU-hours at 989.4 TFLOP/s x hardware.mfu 0.4.
+    r = run_cli("plan", "hardware.gpu=h100-sxm", "budget.gpu_hours=1e12")
+    per_hour = 3600 * 989.4e12 * 0.4
+    assert f"give budget.gpu_hours from {low / per_hour:.3g} to {high / per_hour:.3g} (" in r.stderr

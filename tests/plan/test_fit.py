@@ -143,3 +143,29 @@ def test_fit_keeps_the_global_batch_on_every_row():
         o = {**{"parallel.tensor": 1, "parallel.pipeline": 1}, **row["overrides"]}
         data = 64 // (o["parallel.tensor"] * o["parallel.pipeline"])
         assert o["train.micro_batch_size"] * o["train.grad_accum_steps"] * data * 8192 == 4194304, row
+
+
+def test_the_micro_batch_search_is_bounded_by_what_fits_not_by_the_batch():
+    # A global batch of 8 x 2^40 sequences: the micro-batch sizes were every divisor of a rank's 2^43
+    # sequences, found by trying each number up to it (hours); now only those up to the largest that fits.
+    r = run_cli("plan", *LLAMA3_8B_8_H100, "train.grad_accum_steps=1099511627776", "--fit", "--json", "--top", "2",
+                timeout=120)
+    assert r.returncode == 0, r.stderr
+    for cand in json.loads(r.stdout)["candidates"]:
+        o = cand["overrides"]
+        assert o["train.micro_batch_size"] * o["train.grad_accum_steps"] * 8 // (
+            o["parallel.tensor"] * o["parallel.pipeline"]) == 8 * 2**40
+    from pretrain.plan.fit import _divisors
+
+    for n in (1, 12, 36, 97, 360, 1024):
+        for most in (None, 1, 5, 6, 19, 1000):
+            assert _divisors(n, most) == [k for k in range(1, n + 1) if n % k == 0 and (most is None or k <= most)]
+    assert _divisors(2**62, 8) == [1, 2, 4, 8] and len(_divisors(2**40)) == 41
+
+
+def test_gpus_beyond_the_documented_maximum_are_refused_in_one_line():
+    # 10^9 GPUs is a slip of the keyboard: refused before any planning (its --fit took seconds for nothing).
+    r = run_cli("plan", "model.preset=llama3-70b", "hardware.gpu=h100-sxm", "parallel.gpus=1000000000", "--fit")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "parallel.gpus: 1,000,000,000 is more than the 1,048,576 (2^20)" in r.stderr
+    assert run_cli("plan", "model.preset=llama3-70b", "hardware.gpu=h100-sxm", f"parallel.gpus={2**20}").returncode == 0

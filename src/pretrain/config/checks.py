@@ -23,6 +23,9 @@ def _positive(key: str, value, allow_zero: bool = False):
 
 
 LARGEST = 2**63 - 1  # int64: what the trainer's tensors and the token file's offsets hold
+# The largest world size taken: ten times the largest clusters built (~10^5 GPUs). More is a slip of the keyboard
+# (1e9 for 1e3) that every plan would answer with figures for a machine that cannot exist.
+MOST_GPUS = 2**20
 
 
 def _refuse_non_finite(c: Config) -> None:
@@ -136,6 +139,9 @@ def validate(c: Config) -> None:
 
     for name in ("gpus", "tensor", "pipeline", "gpus_per_node"):
         _positive(f"parallel.{name}", getattr(p, name))
+    if p.gpus > MOST_GPUS:
+        raise ConfigError(f"parallel.gpus: {p.gpus:,} is more than the {MOST_GPUS:,} (2^20) a config takes, ten "
+                          "times the largest clusters built; give the job's world size")
     if p.gpus % (p.tensor * p.pipeline):
         raise ConfigError(f"parallel.gpus: {p.gpus} GPUs are not divisible by tensor x pipeline = "
                           f"{p.tensor} x {p.pipeline}; make gpus a multiple of {p.tensor * p.pipeline}")

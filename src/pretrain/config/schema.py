@@ -103,7 +103,7 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class ParallelConfig:
-    gpus: int = doc(1, "world size (all GPUs of the job); data parallel = gpus / (tensor x pipeline)")
+    gpus: int = doc(1, "world size (all GPUs of the job), at most 2^20; data parallel = gpus / (tensor x pipeline)")
     tensor: int = doc(1, "tensor-parallel degree (LLaMA family; docs/parallel.md)")
     pipeline: int = doc(1, "pipeline-parallel degree (docs/parallel.md)")
     zero_stage: int = doc(0, "0 (DDP) | 1 (optimizer states sharded) | 2 (+ gradients) | 3 (+ weights, FSDP2)",
@@ -191,10 +191,15 @@ class PlanConfig:
 
 @dataclass(frozen=True)
 class BudgetConfig:
-    gpu_hours: float | None = doc(None, "planner budget mode: GPU-hours to spend; the plan then chooses the "
-                                  "Chinchilla-optimal model and tokens for that compute (docs/plan.md: Budget mode)")
-    days: float | None = doc(None, "budget mode: days of parallel.gpus GPUs")
-    cost: float | None = doc(None, "budget mode: money to spend, at hardware.price_per_gpu_hour")
+    gpu_hours: float | None = doc(None, "planner budget mode: GPU-hours to spend. No model given: the plan chooses "
+                                  "the Chinchilla-optimal model and tokens for that compute; a model given "
+                                  "(model.preset, model.hf_config or a shape key away from its default): it keeps "
+                                  "that model and sets train.tokens to what the budget buys at the plan's own time; "
+                                  "train.tokens, max_steps or examples beside a budget are refused (docs/plan.md: "
+                                  "Budget mode)")
+    days: float | None = doc(None, "budget mode: days of parallel.gpus GPUs (as budget.gpu_hours)")
+    cost: float | None = doc(None, "budget mode: money to spend, at hardware.price_per_gpu_hour (as "
+                             "budget.gpu_hours)")
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,11 @@ micro-batches in a pipeline, so no more memory). Memory falls with recomputation
 a (t, p) that does not fit with ZeRO-3 and full recomputation is rejected whole, unplanned further.
 Speed: pretrain.plan.step_time for every (layout, micro-batch); the fastest are planned again exactly with
 their overrides, so a candidate's figures are what `pretrain plan CONFIG OVERRIDES` prints.
+The work is bounded whatever the GPUs and the batch: at most (tensor degrees within a node) x (divisors of the
+layers: at most 32 below the planner's 1,000) splits, each with at most 12 memory plans (4 ZeRO stages x 3
+recomputations) and a step-time score per micro-batch that fits (divisors of the rank's sequences, found up to
+the largest that fits). A plan costs O(layers), so the splits that divide the GPUs set the time: Llama-3-70B
+on 512 GPUs has 20 (pipeline 1-16), on 640 all 40 (pipeline 1-80).
 """
 
 from __future__ import annotations
@@ -28,13 +33,21 @@ from ..units import GiB
 from .explain import Explain
 from .flops import flops
 from .hardware import peak_tflops
+from .memory import memory
 from .params import count_params
 from .step_time import dominant_cost, step_time
 
 
 
-def _divisors(n: int) -> list[int]:
-    return [k for k in range(1, n + 1) if n % k == 0]
+def _divisors(n: int, most: int | None = None) -> list[int]:
+    """The divisors of n up to `most` (default n), ascending, in at most min(most, sqrt(n)) steps: the micro-batch
+    sizes of a huge global batch (2^40 sequences) cost what the micro-batches that fit do."""
+    most = n if most is None else min(n, most)
+    if most * most <= n:
+        return [k for k in range(1, most + 1) if n % k == 0]
+    small = [k for k in range(1, math.isqrt(n) + 1) if n % k == 0]
+    large = [n // k for k in reversed(small) if n // k != k]
+    return [k for k in small + large if k <= most]
 
 
 def layouts(c, runnable: bool = False) -> tuple[list[dict], list[dict]]:
@@ -43,8 +56,8 @@ def layouts(c, runnable: bool = False) -> tuple[list[dict], list[dict]]:
     m, par, t = c.model, c.parallel, c.train
     sequences = t.micro_batch_size * t.grad_accum_steps * par.data_parallel
     found, refused = [], []
-    for tp in _divisors(math.gcd(m.num_heads, m.num_kv_heads)):
-        if tp > par.gpus_per_node or par.gpus % tp or (runnable and tp > 1):
+    for tp in _divisors(math.gcd(m.num_heads, m.num_kv_heads), 1 if runnable else par.gpus_per_node):
+        if par.gpus % tp:
             continue
         for pp in _divisors(m.num_layers):
             if par.gpus % (tp * pp) or (runnable and pp > 1):
@@ -85,7 +98,8 @@ def fit(config, top: int = 10, runnable: bool = False) -> dict:
             break
         p = plan_with_explain(replaced(config, overrides), advice=False)[0]  # exactly what `pretrain plan` says
         if p["fits"] is False:
-            rejected.append({"overrides": overrides, "why": _no_fit(p)})
+            rejected.append({"overrides": overrides, "why": _no_fit(p["memory_bytes"]["total"],
+                                                                 p["usable_memory_bytes"])})
             continue
         st = p["step_time"]
         candidates.append({"overrides": overrides, "memory_bytes": p["memory_bytes"], "fits": p["fits"],
@@ -104,8 +118,6 @@ def fit(config, top: int = 10, runnable: bool = False) -> dict:
 
 def _search(config, split: dict, offload: str, counts, peak: float, rejected: list) -> list[tuple]:
     """The fitting (ZeRO stage, recomputation, micro-batch) of one (tensor, pipeline) split, scored."""
-    from . import plan_with_explain
-
     dp, per_rank = split["data"], split["per_rank"]
     shared = {"parallel.tensor": split["tensor"], "parallel.pipeline": split["pipeline"],
               "parallel.sequence_parallel": split["tensor"] > 1, "parallel.offload": offload}
@@ -122,16 +134,15 @@ def _search(config, split: dict, offload: str, counts, peak: float, rejected: li
             except ConfigError as e:  # a rule of the config's own (e.g. offload needs ZeRO-3)
                 rejected.append({"overrides": layout, "why": str(e)})
                 break
-            p = plan_with_explain(c, advice=False)[0]
-            if p["fits"] is False:
+            mem = memory(c, counts, Explain())  # the plan's memory and fit, without the rest of the plan
+            if mem["fit"]["fits"] is False:
                 lighter = " (so neither does less recomputation)" if recompute != "none" else ""
-                rejected.append({"overrides": layout, "why": _no_fit(p) + lighter})
+                rejected.append({"overrides": layout, "why": _no_fit(mem["memory_bytes"]["total"],
+                                                                     mem["fit"]["usable_bytes"]) + lighter})
                 break
-            largest = p["max_micro_batch_size"] or per_rank  # None: no memory limit (a CPU)
+            largest = mem["fit"]["max_micro_batch_size"]  # None: no memory limit (a CPU)
             fl = flops(c, counts, 1, Explain())
-            for b in _divisors(per_rank):
-                if b > largest:
-                    break
+            for b in _divisors(per_rank, largest):
                 overrides = {**layout, "train.micro_batch_size": b, "train.grad_accum_steps": per_rank // b}
                 step = step_time(replaced(c, overrides), counts, fl, peak)
                 out.append((step["seconds"], overrides, step))
@@ -144,9 +155,8 @@ def _layout_key(overrides: dict) -> tuple:
     return tuple(v for k, v in overrides.items() if k not in ("train.micro_batch_size", "train.grad_accum_steps"))
 
 
-def _no_fit(p: dict) -> str:
-    return (f"does not fit: {p['memory_bytes']['total'] / GiB:.1f} GiB > {p['usable_memory_bytes'] / GiB:.1f} GiB "
-            "usable")
+def _no_fit(total: int, usable: int) -> str:
+    return f"does not fit: {total / GiB:.1f} GiB > {usable / GiB:.1f} GiB usable"
 
 
 def command_line(overrides: dict) -> str:

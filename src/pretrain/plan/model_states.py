@@ -9,7 +9,7 @@ import heapq
 
 from ..gpus import gpu_spec
 from .params import padded_vocab_size, param_shapes
-from .stages import chunks_per_stage, stage_param_shapes
+from .stages import chunks_per_stage, param_stages, stage_param_shapes
 
 
 def numel(shape) -> int:
@@ -161,8 +161,11 @@ def model_state_tensors(cfg, rank: int | None = None, stage: int | None = None) 
 def _stage_sizes(cfg) -> list[int]:
     """Parameters of each pipeline stage on one tensor rank (the norms are whole on every one)."""
     p, t, v = cfg.parallel.pipeline, cfg.parallel.tensor, chunks_per_stage(cfg.parallel)
-    return [sum(numel(tensor_parallel_shape(n, s, t)) for n, s in stage_param_shapes(cfg.model, k, p, v))
-            for k in range(p)]
+    shapes = param_shapes(cfg.model)
+    sizes = [0] * p
+    for (n, s), k in zip(shapes, param_stages(cfg.model, shapes, p, v)):
+        sizes[k] += numel(tensor_parallel_shape(n, s, t))
+    return sizes
 
 
 def heaviest_stage(cfg) -> int:

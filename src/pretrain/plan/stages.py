@@ -70,15 +70,19 @@ def stage_param_shapes(model_cfg, stage: int, stages: int, chunks: int = 1) -> l
     shapes = param_shapes(model_cfg)
     if stages == 1:
         return shapes
+    return [named for named, k in zip(shapes, param_stages(model_cfg, shapes, stages, chunks)) if k == stage]
+
+
+def param_stages(model_cfg, shapes: list, stages: int, chunks: int = 1) -> list[int]:
+    """The pipeline rank holding each of `shapes` (param_shapes(model_cfg)): its block's chunk's rank (chunk c
+    runs on rank c mod p, chunk_indices), the embedding on the first, the final norm and output layer on the
+    last. One pass over the model for all the stages at once (the planner sizes every stage of every layout)."""
     split = stage_layers(model_cfg.num_layers, stages * chunks)
-    layers = {i for c in chunk_indices(stage, stages, chunks) for i in split[c]}
-    first, last = stage == 0, stage == stages - 1
+    rank_of_layer = [c % stages for c, layers in enumerate(split) for _ in layers]
 
-    def held(name: str) -> bool:
+    def rank(name: str) -> int:
         if name.startswith("blocks."):
-            return int(name.split(".")[1]) in layers
-        if name.startswith(("embed.", "pos_embed.")):
-            return first
-        return last  # the final norm and the output layer
+            return rank_of_layer[int(name.split(".")[1])]
+        return 0 if name.startswith(("embed.", "pos_embed.")) else stages - 1
 
-    return [(name, shape) for name, shape in shapes if held(name)]
+    return [rank(name) for name, _ in shapes]
