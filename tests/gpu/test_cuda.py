@@ -64,8 +64,8 @@ def test_bf16_mixed_on_cuda_matches_the_plan(prepared, tmp_path, recompute):
 
 
 def test_compiled_bf16_mixed_on_cuda_against_the_plan(prepared, tmp_path):
-    """Compiled: model states exact, no activation row (not measurable), the peak against the plan's compiled
-    figure where the planner models one (memory_bytes.compiled, a number), else at most the eager plan's."""
+    """Compiled: model states exact, the peak against the plan's compiled figure where the planner models one
+    (memory_bytes.compiled, a number), else at most the eager plan's (compiling keeps less, not more)."""
     run_dir = tmp_path / "run"
     train(prepared, run_dir, "train.precision=bf16-mixed", "train.activation_checkpointing=selective",
           compile=True)
@@ -74,7 +74,7 @@ def test_compiled_bf16_mixed_on_cuda_against_the_plan(prepared, tmp_path):
         assert r[name]["measured"] == r[name]["planned"], name
     mem = json.loads((run_dir / "plan_vs_run.json").read_text())["plan"]["memory_bytes"]
     peak = r["peak allocated"]["measured"]
-    if isinstance(mem["compiled"], (int, float)):
+    if isinstance(mem.get("compiled"), (int, float)):
         planned = mem["compiled"] - mem["cuda_context"]
         assert abs(peak - planned) <= 0.15 * planned, (peak, planned)
     else:
