@@ -155,6 +155,47 @@ def test_second_signal_exits_at_once(prepared, tmp_path):
     assert proc.returncode == 128 + signal.SIGTERM
 
 
+def test_checkpoint_every_0_writes_no_checkpoint_not_even_at_the_end(prepared, tmp_path):
+    from pretrain.train.checkpoint import list_checkpoints
+
+    run_dir = tmp_path / "run"
+    r = run_cli("train", *tiny(prepared, run_dir, "train.max_steps=6", "run.checkpoint_every=0"))
+    assert r.returncode == 0, r.stderr
+    assert list_checkpoints(run_dir) == [] and events(run_dir, "checkpoint") == []
+    assert "final validation loss" in r.stdout
+
+
+def test_sigterm_with_checkpoint_every_0_stops_without_one_and_says_so(prepared, tmp_path):
+    from pretrain.train.checkpoint import list_checkpoints
+
+    run_dir = tmp_path / "run"
+    proc = start(["train", *tiny(prepared, run_dir, "train.max_steps=40", "debug.step_sleep=0.2",
+                                 "run.checkpoint_every=0")])
+    wait_for_steps(run_dir, 3, proc)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert "stopping after this step without a checkpoint (run.checkpoint_every=0)" in err
+    assert "no checkpoint written (run.checkpoint_every=0), so this run cannot be resumed" in out
+    assert list_checkpoints(run_dir) == []
+    (pre,) = events(run_dir, "preempted")
+    assert pre["path"] is None and pre["step"] >= 3
+
+
+def test_a_nan_with_checkpoint_every_0_stops_with_one_line(prepared, tmp_path):
+    """No checkpoint, no rollback target (spike detection saves no step-0 one either): the run stops and says
+    why, instead of searching the run directory for a checkpoint it was told not to write."""
+    from pretrain.train.checkpoint import list_checkpoints
+
+    run_dir = tmp_path / "run"
+    r = run_cli("train", *tiny(prepared, run_dir, "train.max_steps=16", "debug.inject_nan_batches=[14]",
+                               "run.checkpoint_every=0"))
+    assert r.returncode == 2, r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert "at step 8" in line and "run.checkpoint_every=0 keeps no checkpoint to roll back to" in line
+    assert list_checkpoints(run_dir) == [] and events(run_dir, "stopped")[0]["step"] == 8
+
+
 def test_sigkill_at_random_moments_loses_nothing(prepared, tmp_path):
     """The crash harness: 10 SIGKILLs (half of them while a checkpoint is being written), a resume after
     each; the final parameters are bitwise those of an uninterrupted run."""

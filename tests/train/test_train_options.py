@@ -2,7 +2,6 @@
 one-line errors the trainer gives before it builds anything."""
 
 import json
-import re
 
 import pytest
 
@@ -50,9 +49,8 @@ def test_compiled_step_trains_like_eager(prepared, tmp_path):
     # AdamW turns rounding-level gradient differences into whole updates where gradients are tiny (torch 2.6:
     # 8e-4 relative by step 6; 2.13: 1e-5): later losses agree to 2e-3.
     assert compiled == pytest.approx(eager, rel=2e-3)
-    # One graph for training; evaluation (no_grad) gets its own, once: every recompile is for the grad mode.
-    reasons = re.findall(r"triggered by the following guard failure\(s\):\n.*?- \d+/\d+: (.*)", log)
-    assert log.count("Recompiling") == len(reasons) and set(reasons) <= {"GLOBAL_STATE changed: grad_mode "}
+    # One graph, for training: evaluation (every 6 steps here, and at the end) runs eager, compiling nothing.
+    assert "Recompiling" not in log, log[-3000:]
 
 
 def test_batch_ramp_grows_the_global_batch(prepared, tmp_path):

@@ -209,7 +209,9 @@ class RunConfig:
     log_every: int = doc(10, "optimizer steps between metric lines")
     eval_every: int = doc(200, "optimizer steps between validation passes (0 = only at the end)")
     eval_batches: int = doc(20, "micro-batches per validation pass")
-    checkpoint_every: int = doc(500, "optimizer steps between checkpoints (0 = only at the end)")
+    checkpoint_every: int = doc(500, "optimizer steps between checkpoints, and one at the end; 0 = none at all (a "
+                                "benchmark: a SIGTERM then stops without one, a loss spike or NaN stops the run "
+                                "instead of rolling back)")
     keep_checkpoints: int = doc(3, "checkpoints kept; older ones are deleted")
     resume: str = doc("never", "auto (continue from the newest complete checkpoint) | never", ("auto", "never"))
     progress: bool = doc(True, "show a progress bar")

@@ -6,9 +6,23 @@ from __future__ import annotations
 import gzip
 import io
 
+from ..errors import UsageError
+
 # .zst bytes decompressed per step: the step's output is this x the compression ratio (~3 for text, 1,000s for
 # a file of repeated documents). Measured: 4 KiB steps read a 25 MB JSONL at 500 MB/s, as fast as 32 KiB ones.
 ZSTD_READ_BYTES = 1 << 12
+
+
+def check_codecs(names) -> None:
+    """A .zst input needs the `zstandard` package (an optional dependency): say so before anything is read."""
+    zst = next((name for name in map(str, names) if name.endswith(".zst")), None)
+    if zst is None:
+        return
+    try:
+        import zstandard  # noqa: F401
+    except ImportError:
+        raise UsageError(f"{zst}: reading .zst files needs the zstandard package: pip install zstandard "
+                         "(or decompress the files first)") from None
 
 
 def decompressed(raw: io.BufferedReader, name: str):

@@ -88,7 +88,14 @@ def _run_sharded(args, start: float) -> int:
     from ..errors import UsageError
     from ..plan.budget import storage_bytes
     from .executors import SlurmOptions
-    from .sharded import prepare_sharded
+
+    try:  # an optional dependency: the one-pass prepare needs none of it
+        from .sharded import prepare_sharded
+    except ModuleNotFoundError as e:
+        if e.name != "datatrove" and not (e.name or "").startswith("datatrove."):
+            raise
+        raise UsageError("prepare --tasks: the sharded preparation runs on datatrove, which is not installed: "
+                         "pip install datatrove (or leave out --tasks)") from None
 
     slurm = None
     if args.executor == "slurm":

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Iterator, NamedTuple
 
 from ..errors import UsageError
-from .compression import decompressed
+from .compression import check_codecs, decompressed
 from .sources import RemoteFile, file_name, open_file
 
 FORMATS = ("auto", "text", "jsonl", "encyclopedia", "parquet", "arrow")
@@ -73,6 +73,7 @@ class Corpus:
     def __init__(self, files: list[Path], options: ReadOptions = ReadOptions()):
         if options.format not in FORMATS:
             raise UsageError(f"unknown format {options.format!r}; use one of {' | '.join(FORMATS)}")
+        check_codecs(files)
         self.files = files
         self.options = options
         self.sizes = [p.stat().st_size for p in files]

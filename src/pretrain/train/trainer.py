@@ -304,7 +304,7 @@ class Trainer:
             self.log.say(f"moved the history of an earlier run without a checkpoint to {self.history_aside}")
         if self.config.run.resume == "auto":
             self.log.say(f"warning: no complete checkpoint in {self.run_dir}; starting from the beginning")
-        if self.config.stability.spike_detection:
+        if self.config.stability.spike_detection and self.config.run.checkpoint_every:
             self.save()  # step 0: a rollback target before the first regular checkpoint
 
     def save(self) -> Path:

@@ -1,5 +1,6 @@
 """SIGTERM / SIGINT (a scheduler's preemption, Ctrl-C): finish the step, checkpoint, exit 0; a second signal
-exits at once. One rank's signal stops every rank: the request travels in the step's one all-reduce."""
+exits at once. One rank's signal stops every rank: the request travels in the step's one all-reduce.
+With run.checkpoint_every=0 (no checkpoints) the run stops without one and says it cannot be resumed."""
 
 from __future__ import annotations
 
@@ -13,12 +14,15 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 class Preemption(Callback):
     def on_fit_start(self, trainer) -> None:
+        keep = ("with a checkpoint" if trainer.config.run.checkpoint_every else
+                "without a checkpoint (run.checkpoint_every=0)")
+
         def handler(signum, frame):
             if trainer.stop_signal:  # a second signal: leave at once
                 os._exit(128 + signum)
             trainer.stop_signal = signum
             name = signal.Signals(signum).name
-            os.write(2, f"pretrain train: {name}: stopping after this step with a checkpoint ({name} again "
+            os.write(2, f"pretrain train: {name}: stopping after this step {keep} ({name} again "
                         f"exits at once)\n".encode())  # os.write: safe inside a signal handler
 
         self.previous = {sig: signal.signal(sig, handler) for sig in SIGNALS}
@@ -29,12 +33,19 @@ class Preemption(Callback):
 
 
 def preempted(trainer) -> dict:
-    """The run stops here: checkpoint (unless this step already wrote one), say how to resume."""
-    path = trainer.checkpointer.saved_now() or trainer.save()
+    """The run stops here: checkpoint (unless this step already wrote one, or the run keeps none), say how to
+    resume."""
+    keeps = trainer.config.run.checkpoint_every > 0
+    path = (trainer.checkpointer.saved_now() or trainer.save()) if keeps else None
     name = (signal.Signals(trainer.stop_signal).name if trainer.stop_signal else trainer.stop_reason
             or "a signal on another rank")
     st = trainer.state
-    trainer.log.event({"event": "preempted", "step": st.step, "tokens": st.tokens, "signal": name, "path": str(path)})
-    trainer.log.say(f"stopped by {name} after step {st.step:,}; checkpoint {path}; resume with: "
-                    f"pretrain train --resume {trainer.run_dir}")
+    trainer.log.event({"event": "preempted", "step": st.step, "tokens": st.tokens, "signal": name,
+                       "path": str(path) if path else None})
+    if keeps:
+        trainer.log.say(f"stopped by {name} after step {st.step:,}; checkpoint {path}; resume with: "
+                        f"pretrain train --resume {trainer.run_dir}")
+    else:
+        trainer.log.say(f"stopped by {name} after step {st.step:,}; no checkpoint written (run.checkpoint_every=0), "
+                        f"so this run cannot be resumed")
     return {"step": st.step, "tokens": st.tokens, "preempted": True, "run_dir": str(trainer.run_dir)}

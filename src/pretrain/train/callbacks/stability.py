@@ -53,6 +53,12 @@ class Stability(Callback):
                                   f"{st.step}, loss {loss:.4g}); the run keeps diverging: lower train.lr, check the "
                                   f"data, or raise stability.max_rollbacks, then `pretrain train --resume {run_dir}`")
         target = latest_checkpoint(run_dir, good_only=True, before_step=st.step)
+        if target is None and not trainer.config.run.checkpoint_every:
+            trainer.log.event({"event": "stopped", "step": st.step, "tokens": st.tokens, "loss": json_float(loss),
+                               "reason": "no checkpoint to roll back to"})
+            raise TrainingStopped(f"loss {loss:.4g} at step {st.step} asks for a rollback, but run.checkpoint_every=0 "
+                                  f"keeps no checkpoint to roll back to; set run.checkpoint_every (and "
+                                  f"stability.spike_detection=true) to have one, or lower train.lr")
         if target is None:
             raise TrainingStopped(f"loss spike at step {st.step} and no good checkpoint to roll back to in "
                                   f"{run_dir}; lower train.lr or enable stability.spike_detection")
