@@ -90,7 +90,7 @@ def run(args) -> int:
     out = check_output_dir(args.out, "--out")
     config = demo_config(out, args.items)
     claim_directories(out, {"data.dir": config.data.dir, "run.dir": config.run.dir})
-    corpus = write_sample_corpus(out / "corpus")
+    corpus = write_sample_corpus(out / "corpus", docstrings=True)
     if not (config.hardware.peak_tflops or config.hardware.profile):  # a CPU has no data-sheet peak
         from .train.plan_check import peak_tflops
 

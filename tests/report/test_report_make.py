@@ -41,7 +41,7 @@ def test_two_runs_on_the_same_axes(tmp_path, run_dir, make_run):
     assert all((tmp_path / "cmp" / n).read_bytes()[:8] == PNG_SIGNATURE for n in names if n.endswith(".png"))
     assert [s["name"] for s in result["runs"]] == ["gpt2-small", "cpu-run"]
     page = (tmp_path / "cmp" / "report.html").read_text()
-    assert "<h2>gpt2-small</h2>" in page and "<h2>cpu-run</h2>" in page
+    assert "<h2>gpt2-small: " in page and "<h2>cpu-run: " in page  # with what each trained
 
 
 def test_same_dir_names_are_told_apart_by_path(tmp_path, make_run):
@@ -83,3 +83,28 @@ def test_loss_panel_marks_events_and_uses_log_scale(run_dir):
     assert len(ax.lines) == 2 + 4 + 1
     assert ax.get_yscale() == "log"  # 10.8 -> 3.3 spans more than a factor 3
     assert ax.get_xaxis().get_major_formatter()(2_000_000, 0) == "2M"
+
+
+def test_a_mixtures_validation_per_source_is_drawn_and_the_title_says_what_trained(tmp_path):
+    import yaml
+
+    from pretrain.config import load_config
+
+    run_dir = tmp_path / "mix"
+    run_dir.mkdir()
+    lines = [{"step": s, "tokens": 256 * s, "loss": 6.0 - 0.1 * s} for s in range(1, 7)]
+    lines += [{"step": s, "tokens": 256 * s, "val_loss": 5.5 - 0.1 * s, "val_loss/shakespeare": 5.0 - 0.1 * s,
+               "val_loss/zh": 6.0 - 0.1 * s} for s in (3, 6)]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    config = load_config(overrides=["model.preset=debug", "train.seq_len=32", "train.micro_batch_size=4",
+                                    "train.grad_accum_steps=2", "train.precision=fp32", "train.lr=3e-3"])
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config.to_dict()))
+    run = read_run(run_dir)
+    ax = Figure().subplots()
+    plots.draw(ax, plots.PANELS[0], [run])
+    assert len(ax.lines) == 2 + 2  # train, validation, and one dotted curve per source
+    labels = [h.get_label() for h in plots._legend([run])]
+    assert labels == ["mix", "val_loss: shakespeare", "val_loss: zh"]
+    from pretrain.report.runs import title_line
+
+    assert title_line(run) == "mix: debug 158K (2 x 64), seq 32, 256 tokens/step, lr 0.003 cosine, fp32"

@@ -7,7 +7,7 @@ import base64
 from html import escape
 
 from .. import units
-from .runs import Run
+from .runs import Run, title_line
 
 _CSS = """
 body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
@@ -33,7 +33,7 @@ def page(runs: list[Run], summaries: list[dict], png: bytes, mixtures: dict | No
         f'<img alt="training curves" src="data:image/png;base64,{image}">',
     ]
     for i, (run, s) in enumerate(zip(runs, summaries)):
-        parts.append(f"<h2>{escape(run.name)}</h2><p>{escape(str(run.path))}</p>")
+        parts.append(f"<h2>{escape(title_line(run))}</h2><p>{escape(str(run.path))}</p>")
         if s["model"]:
             parts.append(f"<p>Model {escape(s['model'])}</p>")
         parts += [f'<p class="note">{escape(n)}</p>' for n in run.notes]

@@ -15,7 +15,7 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter
 
 from .. import units
-from .runs import MARKED_EVENTS, Run
+from .runs import MARKED_EVENTS, Run, title_line
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,7 @@ EVENT_STYLE = {
     "nonfinite_skip": ("tab:purple", ":", "v"),
     "resumed": ("0.45", "-.", "o"),
 }
+SOURCE_MARKERS = ("s", "D", "P", "*", "h", "<", ">", "p")  # val_loss/<source>, dotted: one marker each
 _FEW_POINTS = 50  # below this, draw markers: a run that has just started is a handful of dots
 _LOG_RANGE = 3  # log scale only when the values span more than this factor; a narrow range reads better linear
 _AXIS = FuncFormatter(lambda v, _: units.human(v, digits=4))  # 4 digits: ticks at 51,250 and 51,500 differ
@@ -63,7 +64,7 @@ def grid_png(runs: list[Run]) -> bytes:
     for ax in axes[len(PANELS):]:
         ax.axis("off")
     axes[len(PANELS)].legend(handles=_legend(runs), loc="center", frameon=False)
-    fig.suptitle("pretrain report: " + ", ".join(r.name for r in runs))
+    fig.suptitle("pretrain report: " + "; ".join(title_line(r) for r in runs), wrap=True)
     return _png(fig)
 
 
@@ -86,6 +87,8 @@ def draw(ax, panel: Panel, runs: list[Run]) -> None:
         values += _curve(ax, run, panel.key, panel.scale, color, "-")
         if panel.key == "loss":
             values += _curve(ax, run, "val_loss", panel.scale, color, "--", marker="o")
+            for key, marker in zip(run.source_keys(), SOURCE_MARKERS):  # a mixture's validation per source
+                values += _curve(ax, run, key, panel.scale, color, ":", marker=marker)
     if not values:  # e.g. MFU of a run with no known peak: the trainer logs null
         ax.text(0.5, 0.5, "no data", transform=ax.transAxes, ha="center", va="center", color="0.5",
                 fontsize="large")
@@ -139,6 +142,9 @@ def _mark_events(ax, runs: list[Run], loss_markers: bool) -> None:
 
 def _legend(runs: list[Run]) -> list[Line2D]:
     handles = [Line2D([], [], color=c, label=r.name) for c, r in zip(_colors(runs), runs)]
+    sources = sorted({key for r in runs for key in r.source_keys()})
+    handles += [Line2D([], [], color="0.3", linestyle=":", marker=marker, label=key.replace("/", ": "))
+                for key, marker in zip(sources, SOURCE_MARKERS)]
     kinds = {e.get("event") for r in runs for e in r.events}
     for kind in MARKED_EVENTS:
         if kind in kinds:

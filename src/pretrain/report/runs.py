@@ -32,6 +32,10 @@ class Run:
     config: dict | None = None
     notes: list[str] = field(default_factory=list)  # optional files that could not be read
 
+    def source_keys(self) -> list[str]:
+        """val_loss/<source> keys of a data.mixture run's validation lines, in name order."""
+        return sorted({k for r in self.evals for k in r if k.startswith("val_loss/")})
+
     def series(self, key: str) -> tuple[list[float], list[float]]:
         """(tokens, values) of a metric, finite values only: a null mfu on a CPU gives empty lists."""
         rows = self.evals if key.startswith("val_") else self.train
@@ -163,3 +167,21 @@ def model_line(config: dict | None) -> str | None:
         ("hidden_size", "hidden"), ("num_layers", "layers"), ("num_heads", "heads"),
         ("vocab_size", "vocab"), ("max_seq_len", "context")) if model.get(key) is not None]
     return f"{model.get('preset') or 'custom'}: " + ", ".join(sizes)
+
+
+def title_line(run: Run) -> str:
+    """The run's name with what it trained: 'run: llama 3.43M (4 x 256), seq 256, 4.1K tokens/step, lr 0.002
+    cosine, fp32'; the name alone without a readable config.yaml."""
+    try:
+        from ..config import from_dict
+        from ..plan.params import count_params
+
+        c = from_dict(run.config or {})
+    except Exception:  # noqa: BLE001 - any unreadable config: the title falls back to the name
+        return run.name
+    m, t = c.model, c.train
+    per_step = t.micro_batch_size * t.seq_len * t.grad_accum_steps * max(1, c.parallel.data_parallel)
+    what = f"{m.preset or m.family} {units.human(count_params(m).total)} ({m.num_layers} x {m.hidden_size})"
+    return (f"{run.name}: {what}, seq {t.seq_len}, {units.human(per_step)} tokens/step, lr {t.lr:g} {t.schedule}, "
+            f"{t.precision}")
+
