@@ -16,15 +16,17 @@ ZeRO stages shard over the data-parallel group (world / (tensor x pipeline)), as
      half-precision parameters of every block stay gathered from forward to backward.
   3  FSDP2: everything sharded; only the blocks in flight (the current one and the prefetched next) and the
      root (embedding, final norm, output layer) are gathered; with a pipeline, those of the stage's own.
-Buffers: FSDP's reduce-scatter of one block's gradients (of one tensor rank's share of the block) and the
+Buffers: FSDP's reduce-scatter of one block's gradients (of one tensor rank's share of the block), the
 loss's working set at the end of forward (train.loss: the plain loss's logits in the compute dtype and in
-fp32, or one chunk's logits). DDP's gradient buckets (a fused buffer of the gradients, 1.5B params -> 6 GB in
-fp32, as the ZeRO paper notes) are the gradients themselves: our DDP uses gradient_as_bucket_view.
+fp32, or one chunk's logits) and, between GPUs, NCCL's communicators' buffers (plan/phases.py). DDP's
+gradient buckets (a fused buffer of the gradients, 1.5B params -> 6 GB in fp32, as the ZeRO paper notes) are
+the gradients themselves: our DDP uses gradient_as_bucket_view.
 Not all of it is alive at once. The peak (`total`) is the largest of four phases of an optimizer step, each
 counted from what our trainer holds on CUDA (plan/phases.py): the end of forward with the loss, the loss's
 backward, the first block's backward (the last of the pass) and the optimizer step. Gradients exist from the
 first backward until the step frees them (`zero_grad(set_to_none=True)`), so with one micro-batch they are
-never beside the full activations.
+never beside the full activations. With train.compile on, `compiled` is the same peak with each block keeping
+what torch.compile saves (plan/activations.py); `total`, the larger, still judges the fit.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from ..units import gib
 from .explain import Explain
 from .hardware import device_memory_bytes
 from .model_states import model_state_tensors, zero_paper_bytes
-from .phases import PHASES, cuda_context, held_gradients, loss_part, resident, step_phases
+from .phases import PHASES, cuda_context, held_gradients, loss_part, nccl_buffers, resident, step_phases
 from .stages import chunk_indices, chunks_per_stage, stage_layers
 
 def memory(cfg, counts, ex: Explain) -> dict:
@@ -109,9 +111,7 @@ def memory(cfg, counts, ex: Explain) -> dict:
     peak_phase = max(PHASES, key=lambda name: totals[name])  # the first of equal ones
     total = totals[peak_phase]
     ex.add("memory", "total", gib(total), f"the largest phase: {peak_phase} {total:,}")
-    compiled = _compiled_note(cfg)
-    ex.add("memory", "compiled", compiled or "eager", "train.compile resolves to torch.compile for this device: "
-           "the figures above are eager mode's" if compiled else "train.compile resolves to eager for this device")
+    compiled, compiled_basis = _compiled_peak(cfg, st, ex)
 
     # The trainer builds the model on the GPU (FSDP: on the meta device, then each rank its shard), so host
     # memory holds only offloaded states, and a whole imported checkpoint while model.init_from is read.
@@ -124,26 +124,49 @@ def memory(cfg, counts, ex: Explain) -> dict:
     device = device_memory_bytes(hw)
     result = dict(weights=weights, gradients=gradients, optimizer=optimizer, activations=act["total"],
                   buffers=buffers, cuda_context=context, total=total, peak_phase=peak_phase, phases=totals,
-                  compiled=compiled, host=host)
+                  compiled=compiled, compiled_basis=compiled_basis, host=host)
     fit = dict(device_bytes=device, usable_bytes=None, fits=None, max_micro_batch_size=None)
     if device is not None:
         usable = int(device * (1 - hw.fragmentation))
         fit.update(usable_bytes=usable, fits=total <= usable)
         fit["max_micro_batch_size"] = _max_micro_batch(cfg, st, usable)
+        on_gpu = gpu_spec(hw.gpu).name != "cpu"
         ex.add("memory", "fits", fit["fits"], f"total {gib(total)} <= {gib(device)} x (1 - fragmentation "
-               f"{hw.fragmentation}) = {gib(usable)}")
+               f"{hw.fragmentation}) = {gib(usable)}" + (f"; {FRAGMENTATION_WHY}" if on_gpu else ""))
         ex.add("memory", "max_micro_batch_size", fit["max_micro_batch_size"],
                "largest train.micro_batch_size whose peak phase fits")
     tensors = {k: st[k] for k in ("parameters", "gradients", "optimizer_states", "working_copies")}
     return dict(memory_bytes=result, model_states=tensors, fit=fit, activation_detail=act)
 
 
-def _compiled_note(cfg) -> str | None:
-    """The planner counts what eager mode keeps; say so wherever train.compile turns the compiler on."""
+# Expandable segments grow in place in 2 MiB pages instead of a new segment being cut for each new largest size
+# (pytorch/pytorch#96995); what they leave is measured nowhere public, so the default stays 10%, a margin that
+# also holds what no phase counts: cuBLAS / cuDNN workspaces, inductor's scratch, NCCL's trees and NVLS.
+FRAGMENTATION_WHY = ("hardware.fragmentation is 10% by default even with PYTORCH_CUDA_ALLOC_CONF="
+                     "expandable_segments:True, which the trainer sets unless the variable is set: it removes most "
+                     "fragmentation (no public figure says how much stays), and the margin also holds library "
+                     "workspaces that no phase counts")
+COMPILED_BASIS = ("eager phases with the blocks' saved tensors as inductor's partitioner keeps them "
+                  "(measured on CPU, torch 2.13)")
+
+
+def _compiled_peak(cfg, st, ex: Explain) -> tuple[int | None, str | None]:
+    """The step's peak where train.compile turns the compiler on: the same phases, each block keeping what
+    torch.compile saves (pretrain.plan.activations); the fit stays judged on the eager peak, the larger."""
     device = "cpu" if gpu_spec(cfg.hardware.gpu).name == "cpu" else "cuda"
     if not compile_enabled(cfg.train.compile, device):
-        return None
-    return "not modelled: eager figures; torch.compile usually keeps less"
+        ex.add("memory", "compiled", "eager", "train.compile resolves to eager for this device")
+        return None, None
+    t, par = cfg.train, cfg.parallel
+    act = activation_bytes(cfg.model, t, par, native_gqa=planned_native_gqa(cfg), compiled=True)
+    ex.add("memory", "activations per layer, compiled", gib(act["per_layer"]),
+           " + ".join(x.formula for x in act["layer_terms"]) + (f", / tensor {par.tensor}" if par.tensor > 1 else ""))
+    totals = {name: sum(n for _, n in parts)
+              for name, parts in step_phases(cfg, st, t.micro_batch_size, compiled=True).items()}
+    phase = max(PHASES, key=lambda name: totals[name])
+    ex.add("memory", "compiled", gib(totals[phase]), f"the largest phase with compiled blocks: {phase} "
+           f"{totals[phase]:,} ({', '.join(f'{k} {v:,}' for k, v in totals.items())}); {COMPILED_BASIS}")
+    return totals[phase], COMPILED_BASIS
 
 
 def _buffers(cfg, st, zero: int) -> tuple[int, str]:
@@ -157,6 +180,10 @@ def _buffers(cfg, st, zero: int) -> tuple[int, str]:
         parts.append(rs)
         why.append(f"FSDP reduce-scatter of one block's fp32 gradients {rs:,} (4 x {st['per_layer_params']:,} "
                    + ("parameters per tensor rank)" if t > 1 else "parameters)"))
+    nccl, nccl_why = nccl_buffers(cfg)
+    if nccl:
+        parts.append(nccl)
+        why.append(f"{nccl_why} {nccl:,}")
     return sum(parts), " + ".join(why)
 
 

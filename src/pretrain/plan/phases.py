@@ -35,6 +35,33 @@ def cuda_context(cfg) -> int:
     return int(cfg.hardware.cuda_context_gb * 1e9) if gpu_spec(cfg.hardware.gpu).name != "cpu" else 0
 
 
+# NCCL's buffers, outside PyTorch's allocator, from each communicator's first collective to the end of the run.
+# A ring channel connects each rank to the next; every connection has a FIFO per protocol: LL 512 KiB, LL128
+# 4,915,200 bytes and Simple NCCL_BUFFSIZE 4 MiB (DEFAULT_*_BUFFSIZE in NCCL's src/init.cc), 9.19 MiB that
+# NCCL maps as one 10 MiB allocation (its 2 MiB granularity: the 10,485,760-byte ALLOC lines in
+# NVIDIA/nccl#1685), one connection's set per rank and channel. NCCL opens up to 32 channels between NVLink'd
+# H100s (#1685's log), and memory is linear in channels with a ring's two connections whatever the scale
+# (NVIDIA/nccl#986, #1450). Trees between nodes, NVLS and the pipeline's send/recv add some more: not counted.
+NCCL_CHANNELS = 32
+NCCL_CONNECTION_BYTES = 10 * 2**20
+
+
+def nccl_buffers(cfg) -> tuple[int, str]:
+    """NCCL's buffers per GPU: 0 on one GPU or a CPU (gloo). One communicator for the whole job (the default
+    process group: DDP's gradients, the loss's all-reduce, barriers), and one per mesh dimension of more than
+    one rank when the trainer builds a DeviceMesh (tensor or pipeline parallelism, FSDP)."""
+    par = cfg.parallel
+    if par.gpus == 1 or gpu_spec(cfg.hardware.gpu).name == "cpu":
+        return 0, ""
+    groups = ["the job's"]
+    if par.tensor > 1 or par.pipeline > 1 or par.fsdp:
+        sizes = {"data": par.data_parallel, "tensor": par.tensor, "pipeline": par.pipeline}
+        groups += [f"{name} parallel {n}" for name, n in sizes.items() if n > 1]
+    per = NCCL_CHANNELS * NCCL_CONNECTION_BYTES
+    return len(groups) * per, (f"NCCL buffers of {len(groups)} communicator(s) ({', '.join(groups)}) x "
+                               f"{NCCL_CHANNELS} ring channels x 10 MiB (LL + LL128 + Simple NCCL_BUFFSIZE FIFOs)")
+
+
 def held_gradients(cfg, st) -> tuple[int, str]:
     """Gradients alive while a micro-batch's forward runs. The trainer frees them after each optimizer step
     (`zero_grad(set_to_none=True)`), so with one micro-batch they do not exist yet at the activation peak."""
@@ -76,7 +103,7 @@ def _backward_copies(cfg, st) -> int:
     return 0
 
 
-def _backward_activations(cfg, act: dict, b: int, first: bool) -> int:
+def _backward_activations(cfg, act: dict, b: int, first: bool, compiled: bool) -> int:
     """Activations alive while one block runs its backward, with the gradient flowing down the residual
     stream into and out of it and the embedding's inputs (the final norm's, output layer's and loss's are
     gone). `first`: the first block backward runs (the model's last), every block's tensors still alive and
@@ -85,7 +112,7 @@ def _backward_activations(cfg, act: dict, b: int, first: bool) -> int:
     m, t, par = cfg.model, cfg.train, cfg.parallel
     tp, sp = par.tensor, par.sequence_parallel
     if first:
-        blocks = act["in_flight"] * act["layers"] * act["per_layer"] + _recomputed(cfg, act, b)
+        blocks = act["in_flight"] * act["layers"] * act["per_layer"] + _recomputed(cfg, act, b, compiled)
     else:
         blocks = (act["in_flight"] * act["layers"] - (act["layers"] - 1)) * act["per_layer"] + \
             act["recompute_working"]
@@ -94,7 +121,7 @@ def _backward_activations(cfg, act: dict, b: int, first: bool) -> int:
     return blocks + embedding + residual // (tp if sp else 1)
 
 
-def _recomputed(cfg, act: dict, b: int) -> int:
+def _recomputed(cfg, act: dict, b: int, compiled: bool) -> int:
     """What recomputation makes again for one block during its backward: full, the block's tensors; selective,
     what the block keeps without it less what it keeps with it (the norms' and the MLP activation's)."""
     t = cfg.train
@@ -104,12 +131,12 @@ def _recomputed(cfg, act: dict, b: int) -> int:
     par = cfg.parallel
 
     def kept(mode):
-        return _shard(layer_terms(cfg.model, t, par, b, recompute=mode, native_gqa=gqa), par.tensor,
-                      par.sequence_parallel)
+        return _shard(layer_terms(cfg.model, t, par, b, recompute=mode, native_gqa=gqa, compiled=compiled),
+                      par.tensor, par.sequence_parallel)
     return kept("none") - kept("selective")
 
 
-def step_phases(cfg, st, b: int) -> dict[str, list[tuple[str, int]]]:
+def step_phases(cfg, st, b: int, compiled: bool = False) -> dict[str, list[tuple[str, int]]]:
     """What each phase of an optimizer step holds, as (what, bytes) parts, for micro-batch b:
       forward         end of the last micro-batch's forward with the loss: all activations, the loss's working set,
                       the gradients held across micro-batches;
@@ -121,12 +148,14 @@ def step_phases(cfg, st, b: int) -> dict[str, list[tuple[str, int]]]:
                       a second V x H one);
       optimizer_step  gradients, states and the optimizer's working memory.
     Parameters, optimizer states, DDP's gradient buckets (allocated when DDP wraps the model) and the CUDA
-    context are alive in all four. Recomputed tensors exist only in backward: not in the first two."""
+    context are alive in all four. Recomputed tensors exist only in backward: not in the first two.
+    compiled: the blocks' activations as torch.compile keeps them (pretrain.plan.activations), the rest as in
+    eager mode."""
     t, par = cfg.train, cfg.parallel
     dp = par.data_parallel
     mixed = t.precision.endswith("-mixed")
     params, optimizer, _ = resident(cfg, st)
-    act = activation_bytes(cfg.model, t, par, b, native_gqa=planned_native_gqa(cfg))
+    act = activation_bytes(cfg.model, t, par, b, native_gqa=planned_native_gqa(cfg), compiled=compiled)
     always = [("parameters", params),
                 (f"{t.optimizer} states" + (" + fp32 master weights" if mixed else ""), optimizer)]
     if dp > 1 and par.zero_stage <= 1:
@@ -136,6 +165,7 @@ def step_phases(cfg, st, b: int) -> dict[str, list[tuple[str, int]]]:
         always.append(("DDP gradient buckets (the gradients)", st["gradients"]))
         st = dict(st, gradients=0)
     always.append(("cuda_context", cuda_context(cfg)))
+    always.append(("NCCL buffers", nccl_buffers(cfg)[0]))
     held, _ = held_gradients(cfg, st)
     held_name = "unsharded gradients" if cfg.parallel.fsdp and par.grad_sync == "step" else "gradients"
     copies = ("working copies", st["working_copies"])
@@ -146,8 +176,8 @@ def step_phases(cfg, st, b: int) -> dict[str, list[tuple[str, int]]]:
     reduce_scatter = 4 * st["per_layer_params"] if cfg.parallel.fsdp else 0
     first = [copies, (held_name, max(held, _first_block_gradients(cfg, st))),
              ("first block backward runs: all activations, its recomputed ones, the residual gradients",
-              _backward_activations(cfg, act, b, first=True))]
-    rest = _backward_activations(cfg, act, b, first=False)
+              _backward_activations(cfg, act, b, first=True, compiled=compiled))]
+    rest = _backward_activations(cfg, act, b, first=False, compiled=compiled)
     if cfg.parallel.fsdp:  # gradients arrive unsharded in the reduce-scatter buffer, sharded ones already counted
         last = [("working copies", _backward_copies(cfg, st)), ("gradients", gradients),
                 ("last block backward runs: its activations, the residual gradients", rest),
@@ -160,7 +190,7 @@ def step_phases(cfg, st, b: int) -> dict[str, list[tuple[str, int]]]:
                 ("the last block backward runs: its activations and copies, or its gradients",
                  max(block + _backward_copies(cfg, st), block_grads)),
                 ("the residual gradients and the embedding's inputs", rest)]
-    checkpoints = ("checkpoints' CPU generator states", _checkpoint_rng_states(cfg, act))
+    checkpoints = ("checkpoints' CPU generator states", _checkpoint_rng_states(cfg, act, compiled))
     first.append(checkpoints)
     phases = {
         "forward": [copies, (held_name, held), forward_act, checkpoints, ("loss working set", _loss_buffer(cfg, b))],
@@ -197,10 +227,12 @@ def _block_gradients(cfg, st) -> int:
 CPU_RNG_STATE_BYTES = 5056
 
 
-def _checkpoint_rng_states(cfg, act: dict) -> int:
+def _checkpoint_rng_states(cfg, act: dict, compiled: bool) -> int:
     """CPU plans only: the generator states recomputation keeps, per checkpointed call (selective: both norms
-    and the MLP activation of each block; full: each block)."""
-    calls = {"none": 0, "selective": 3, "full": 1}[cfg.train.activation_checkpointing]
+    and the MLP activation of each block; full: each block). A compiled block keeps one with full
+    recomputation and none with selective, whose recomputation the partitioner moves into the backward graph
+    (measured with saved_tensors_hooks, torch 2.13)."""
+    calls = {"none": 0, "selective": 0 if compiled else 3, "full": 1}[cfg.train.activation_checkpointing]
     if gpu_spec(cfg.hardware.gpu).name != "cpu":
         return 0
     return CPU_RNG_STATE_BYTES * calls * act["layers"] * act["in_flight"]

@@ -108,8 +108,9 @@ def render(config, p: dict) -> str:
                     f"after {config.hardware.fragmentation:.0%} fragmentation): {fits}; "
                     f"largest micro-batch that fits: {p['max_micro_batch_size']}")
     lines.append(f"    {'total':<14} {mem['total'] / GiB:>9.2f}   {verdict}")
-    if mem["compiled"]:
-        lines.append(f"    {'compiled':<14} {'-':>9}   {mem['compiled']} (train.compile)")
+    if mem["compiled"] is not None:  # train.compile is on: the same step with compiled blocks
+        lines.append(f"    {'compiled':<14} {mem['compiled'] / GiB:>9.2f}   peak with train.compile: "
+                     "blocks' saved tensors as inductor keeps them (measured on CPU)")
     if mem["host"]:  # offloaded states, or a model.init_from checkpoint being read
         lines.append(f"    {'host per node':<14} {mem['host'] / GiB:>9.2f}   RAM for offloaded states / the import")
     if "framework" in p:  # plan.framework: another framework's accounting (pretrain.plan.frameworks)

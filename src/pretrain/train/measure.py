@@ -76,10 +76,13 @@ class SavedTensorMeter:
                 self._keep(a)
 
     @contextlib.contextmanager
-    def __call__(self):
+    def __call__(self, checkpoints: bool = True):
         # A checkpointed module's inputs are held by the checkpoint itself, not through the saved-tensor hooks:
-        # a forward pre-hook on each such module sees them.
-        hooks = [m.register_forward_pre_hook(self._observe) for m in checkpointed_modules(self.model)]
+        # a forward pre-hook on each such module sees them. Not in a compiled block (checkpoints=False): no
+        # checkpoint runs there, the partitioner saves what recomputation needs through the hooks, and a hook
+        # inside the graph would break it.
+        modules = checkpointed_modules(self.model) if checkpoints else []
+        hooks = [m.register_forward_pre_hook(self._observe) for m in modules]
         try:
             with torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t):
                 yield self
