@@ -123,3 +123,14 @@ def test_a_validation_split_too_small_fails_before_training(prepared, tmp_path):
     r = run_cli("train", *tiny(tmp_path / "data", tmp_path / "run"))
     assert r.returncode == 2 and "val split" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "run").exists()
+
+
+def test_the_runs_peak_is_labelled_with_where_it_came_from(prepared, tmp_path):
+    # No hardware.peak_tflops on a CPU: the peak is this machine's cached measurement, and the start-up line
+    # says so (it named hardware.peak_tflops, the key the trainer passed the value through).
+    run_dir = tmp_path / "run"
+    args = [a for a in tiny(prepared, run_dir, "train.max_steps=3") if not a.startswith("hardware.peak_tflops")]
+    r = run_cli("train", *args)
+    assert r.returncode == 0, r.stderr
+    (line,) = [x for x in r.stdout.splitlines() if x.startswith("plan:") and "TFLOP/s" in x]
+    assert "measured once" in line and "(hardware.peak_tflops)" not in line

@@ -245,9 +245,11 @@ class Trainer:
 
     def _fit(self) -> dict:
         self.resume_or_start()
-        self.peak, _ = plan_check.peak_tflops(self.device_config, self.rt.device)
-        # the plan's tokens/s at the peak behind MFU
+        self.peak, source = plan_check.peak_tflops(self.device_config, self.rt.device)
+        # the plan's tokens/s at the peak behind MFU, labelled with where that peak came from (the catalog, a
+        # profile, the key, or this machine's cached measurement), not with the key it is passed through
         self.plan = make_plan(replaced(self.device_config, {"hardware.peak_tflops": self.peak}))
+        self.plan["hardware"]["peak_source"] = source
         for cb in self.callbacks:
             cb.on_fit_start(self)
         while self.state.step < self.total_steps:
