@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from support import finished_run, losses, params, run_cli, start, tiny, wait_for_steps
+from support import ROOT, finished_run, losses, params, run_cli, start, tiny, wait_for_steps
 
 torch = pytest.importorskip("torch")
 
@@ -162,3 +162,25 @@ def test_a_resume_with_other_sources_is_one_line_and_changes_nothing(two_corpora
     # (30,703 - 1) // 32 and (50,458 - 1) // 32: the train splits of the two prepared fixtures
     assert "shakespeare (1,040 windows), zh (1,684 windows)" in line and "same data.mixture sources" in line
     assert ((run_dir / "metrics.jsonl").read_text(), (run_dir / "config.yaml").read_text()) == before
+
+
+def test_sources_with_another_end_of_document_id_are_refused(two_corpora, tmp_path):
+    """The same tokenizer.json, but one source's tokenizer_config.json names <pad> as its eos_token: its
+    documents end with id 2, the other's with 0. One line naming both ids, before any training."""
+    import shutil
+
+    from pretrain.data import prepare
+
+    tokenizer = shutil.copytree(two_corpora["tokenizer"], tmp_path / "tokenizer")
+    config = json.loads((tokenizer / "tokenizer_config.json").read_text())
+    (tokenizer / "tokenizer_config.json").write_text(json.dumps({**config, "eos_token": "<pad>"}))
+    padded = tmp_path / "zh_pad"
+    prepare([str(ROOT / "tests" / "fixtures" / "zh_classics_sample.jsonl")], str(tokenizer), padded,
+            val_fraction=0.1, workers=1)
+    args = [a for a in mixed(two_corpora, tmp_path / "run") if not a.startswith("data.mixture")]
+    r = run_cli("train", *args, f"data.mixture=[{{dir: {two_corpora['shakespeare']}, weight: 1}}, "
+                                f"{{dir: {padded}, weight: 1}}]")
+    assert r.returncode == 2, r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert "token id 0" in line and "token id 2" in line and str(padded) in line, line
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()

@@ -38,7 +38,8 @@ SLOT_KEY, SOURCE_KEY = 1 << 40, 1 << 41  # keep the mixture's hashes apart from 
 
 def open_mixture(sources: list[dict], verify: str, model_vocab_size: int) -> list[dict]:
     """Each source of `config.mixture_sources` opened (`open_training_data`) as {..., "data": PreparedData};
-    all must share one tokenizer: a token id means the same text in every source or the mixture is noise."""
+    all must share one tokenizer and end-of-document id: a token id means the same text in every source, and
+    <eos> the same boundary, or the mixture is noise."""
     opened = [{**s, "data": open_training_data(s["dir"], verify, model_vocab_size)} for s in sources]
     first = opened[0]["data"]
     for s in opened[1:]:
@@ -48,6 +49,11 @@ def open_mixture(sources: list[dict], verify: str, model_vocab_size: int) -> lis
                              f"(tokenizer_sha256 {first.meta['tokenizer_sha256'][:12]} vs "
                              f"{d.meta['tokenizer_sha256'][:12]}, vocab {first.vocab_size:,} vs {d.vocab_size:,}); "
                              "prepare every source with the same --tokenizer")
+        if d.eos_id != first.eos_id:  # one tokenizer.json, another eos_token in a tokenizer_config.json
+            raise UsageError(f"data.mixture: {first.path} ends its documents with token id {first.eos_id} and "
+                             f"{d.path} with token id {d.eos_id} (meta.json eos_id; the same tokenizer.json with "
+                             "another eos_token in tokenizer_config.json); prepare every source with the same "
+                             "tokenizer directory")
     return opened
 
 
