@@ -184,3 +184,25 @@ def test_sources_with_another_end_of_document_id_are_refused(two_corpora, tmp_pa
     (line,) = r.stderr.strip().splitlines()
     assert "token id 0" in line and "token id 2" in line and str(padded) in line, line
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_a_resume_switching_between_mixture_and_data_dir_is_one_line_both_ways(two_corpora, prepared,
+                                                                                 uninterrupted, tmp_path):
+    import shutil
+
+    run_dir = shutil.copytree(uninterrupted, tmp_path / "mixed")
+    before = (run_dir / "metrics.jsonl").read_text(), (run_dir / "config.yaml").read_text()
+    r = run_cli("train", "--resume", run_dir, "data.mixture=[]", f"data.dir={prepared}", "train.max_steps=14")
+    assert r.returncode == 2, r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert "the checkpoint's data state is for data.mixture (shakespeare, zh)" in line, line
+    assert f"this run reads data.dir {prepared}" in line, line
+    assert ((run_dir / "metrics.jsonl").read_text(), (run_dir / "config.yaml").read_text()) == before
+
+    plain = tmp_path / "plain"
+    finished_run(plain, *tiny(prepared, plain, "train.max_steps=4", "run.eval_every=0"))
+    r = run_cli("train", "--resume", plain, "data.dir=null", mixture(two_corpora), "train.max_steps=6")
+    assert r.returncode == 2, r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert f"the checkpoint's data state is for data.dir {prepared}" in line, line
+    assert "this run reads data.mixture (shakespeare, zh)" in line, line
