@@ -206,3 +206,20 @@ def test_a_resume_switching_between_mixture_and_data_dir_is_one_line_both_ways(t
     (line,) = r.stderr.strip().splitlines()
     assert f"the checkpoint's data state is for data.dir {prepared}" in line, line
     assert "this run reads data.mixture (shakespeare, zh)" in line, line
+
+
+def test_a_resume_with_other_weights_says_so_in_the_log_and_as_an_event(two_corpora, uninterrupted, tmp_path):
+    import shutil
+
+    run_dir = shutil.copytree(uninterrupted, tmp_path / "run")
+    r = run_cli("train", "--resume", run_dir, mixture(two_corpora, "weight: 7", "weight: 3"), "train.max_steps=13")
+    assert r.returncode == 0, r.stderr
+    assert "mixture weights changed" not in r.stdout  # 7 / 3 is 0.7 / 0.3
+    r = run_cli("train", "--resume", run_dir, mixture(two_corpora, "weight: 1", "weight: 1"), "train.max_steps=14")
+    assert r.returncode == 0, r.stderr
+    (line,) = [x for x in r.stdout.splitlines() if "mixture weights changed" in x]
+    assert "at step 13: shakespeare 0.7 -> 0.5, zh 0.3 -> 0.5" in line, line
+    events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
+    (changed,) = [e for e in events if e["event"] == "mixture_weights"]
+    assert changed["step"] == 13 and changed["old"] == {"shakespeare": 0.7, "zh": 0.3}
+    assert changed["new"] == {"shakespeare": 0.5, "zh": 0.5}
