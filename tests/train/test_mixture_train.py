@@ -223,3 +223,44 @@ def test_a_resume_with_other_weights_says_so_in_the_log_and_as_an_event(two_corp
     (changed,) = [e for e in events if e["event"] == "mixture_weights"]
     assert changed["step"] == 13 and changed["old"] == {"shakespeare": 0.7, "zh": 0.3}
     assert changed["new"] == {"shakespeare": 0.5, "zh": 0.5}
+
+
+@pytest.mark.parametrize("fault", ["truncate train.bin", "delete the source", "truncate val.bin"])
+def test_a_source_changed_under_the_run_stops_it_with_a_checkpoint_and_one_line(two_corpora, uninterrupted,
+                                                                                 tmp_path, fault):
+    """The run reads copies of the sources; zh's is damaged after step 5. Truncating a token file under a memory
+    map killed the trainer by SIGBUS; deleting the source or truncating val.bin was a traceback at the next
+    evaluation. Now: exit 2, one line naming the source, a checkpoint of the last complete step, and a resume
+    once the source is restored continues bitwise as if nothing had happened."""
+    import os
+    import shutil
+
+    from pretrain.train.checkpoint import list_checkpoints, step_of
+
+    copies = {name: shutil.copytree(two_corpora[name], tmp_path / "sources" / name) for name in ("shakespeare", "zh")}
+    run_dir = tmp_path / "run"
+    proc = start(["train", *mixed(copies, run_dir, "debug.step_sleep=0.3")])
+    try:
+        wait_for_steps(run_dir, 5, proc)  # past the checkpoint of step 4, before the evaluation of step 6
+        if fault == "delete the source":
+            shutil.rmtree(copies["zh"])
+        else:
+            path = copies["zh"] / fault.split()[1]
+            os.truncate(path, path.stat().st_size // 2)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 2, stderr
+    (line,) = stderr.strip().splitlines()
+    assert "data.mixture source 'zh'" in line and str(copies["zh"]) in line, line
+    assert ("was deleted" if fault == "delete the source" else "was truncated") in line, line
+    stopped = max(losses(run_dir))
+    assert step_of(list_checkpoints(run_dir)[-1]) == stopped and f"after step {stopped}" in line, line
+    shutil.rmtree(copies["zh"], ignore_errors=True)
+    shutil.copytree(two_corpora["zh"], copies["zh"])
+    r = run_cli("train", "--resume", run_dir, "debug.step_sleep=0")
+    assert r.returncode == 0, r.stderr
+    assert losses(run_dir) == losses(uninterrupted)
+    pa, pb = params(run_dir), params(uninterrupted)
+    assert all(torch.equal(pa[k], pb[k]) for k in pa)

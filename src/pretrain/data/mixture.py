@@ -64,7 +64,6 @@ class MixtureWindows:
                  split: str = "train"):
         self.sources, self.split = sources, split
         self.seq_len, self.seed, self.rank, self.world_size = seq_len, seed, rank, world_size
-        self.tokens = [s["data"].tokens(split) for s in sources]
         self.num_windows = [_num_windows(s["data"], split, seq_len, rank, world_size) for s in sources]
         self.weights = np.array([s["weight"] for s in sources], dtype=np.float64)
         self.caps = [cap_windows(s["max_epochs"], n) if s.get("max_epochs") else None
@@ -82,8 +81,9 @@ class MixtureWindows:
         y = torch.empty_like(x)
         for s in np.unique(source):
             rows = np.flatnonzero(source == s)
-            data = self.sources[s]["data"]
-            x[rows], y[rows] = _batch(data, self.split, self.tokens[s], self._windows(s, k[rows]), self.seq_len)
+            x[rows], y[rows] = _batch(self.sources[s]["data"], self.split, self._windows(s, k[rows]), self.seq_len)
+        for s in set(range(len(self.sources))) - set(source.tolist()):  # a change to a source is found at once,
+            self.sources[s]["data"].check(self.split)                    # not when its weight next draws from it
         return x, y
 
     def state_dict(self) -> dict:
