@@ -257,6 +257,9 @@ def test_a_source_changed_under_the_run_stops_it_with_a_checkpoint_and_one_line(
     assert ("was deleted" if fault == "delete the source" else "was truncated") in line, line
     stopped = max(losses(run_dir))
     assert step_of(list_checkpoints(run_dir)[-1]) == stopped and f"after step {stopped}" in line, line
+    events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
+    (changed,) = [e for e in events if e["event"] == "data_changed"]
+    assert changed["step"] == stopped and changed["source"] == "data.mixture source 'zh'"
     shutil.rmtree(copies["zh"], ignore_errors=True)
     shutil.copytree(two_corpora["zh"], copies["zh"])
     r = run_cli("train", "--resume", run_dir, "debug.step_sleep=0")
