@@ -33,9 +33,10 @@ from . import plan_check
 from .attention import restrict_kernels
 from .callbacks import default_callbacks
 from .callbacks.evaluation import evaluate
-from .callbacks.preemption import preempted, stopped_by_data_change
+from .callbacks.preemption import preempted
 from .callbacks.stability import Stability
 from .checkpointer import Checkpointer
+from .data_changes import stopped_by_data_change
 from .metrics import TrainingLog
 from .preflight import check_fits_device, set_aside_history
 from .prefetch import Prefetcher
@@ -226,7 +227,7 @@ class Trainer:
         self.plan, self.peak = None, None
         self.stop_signal, self.stop_reason = 0, ""
         self.measure_next = False
-        self.in_step = None  # while a step runs: where a data fault mid-step rewinds to (preemption.py)
+        self.in_step = None  # while a step runs: where a data fault mid-step rewinds to (data_changes.py)
         self.step_seconds = 0.0
         self.last_metrics: dict = {}
         self.log = TrainingLog(self.run_dir, self.total_steps, progress=c.run.progress,
