@@ -73,3 +73,17 @@ def test_the_parallelism_guide_quotes_the_planner():
         if p["fits"]:
             st = p["step_time"]
             assert row[3:5] == [f"{st['tokens_per_second']:,.0f}", f"{st['mfu']:.3f}"], keys
+
+
+def test_every_guarantee_names_tests_that_exist():
+    # The README's Guarantees table is a promise backed by tests: a renamed or deleted test must fail here.
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("## Guarantees"):]
+    table = table[:table.index("\n## ")]
+    refs = re.findall(r"`(tests/[\w/]+\.py)(?:::(\w+))?`", table)
+    assert len(refs) > 20
+    for path, name in refs:
+        source = (ROOT / path).read_text()
+        assert not name or re.search(rf"^def {name}\(", source, re.M), f"{path}::{name} is not a test"

@@ -94,10 +94,11 @@ def test_the_loader_reads_shards_in_place_as_one_dataset(tmp_path, corpus, bpe_d
     for split in SPLITS:
         assert np.array_equal(np.asarray(sharded.tokens(split)), single.tokens(split))
         assert np.array_equal(np.asarray(sharded.doc_starts(split)), single.doc_starts(split))
-    # a window crossing from one shard into the next, as the trainer's batches read them
+    # a window crossing from one shard into the next, through the maps and as the trainer's batches read them
     boundary = len(sharded.shards[0].tokens("train"))
     rows = boundary - 5 + np.arange(10)[None, :] + np.array([[0], [1]])
     assert np.array_equal(sharded.tokens("train")[rows], single.tokens("train")[rows])
+    assert np.array_equal(sharded.read("train", rows[:, 0], 10), single.tokens("train")[rows])
     # the trainer's batches: the same windows, the same tokens
     a, b = RandomWindows(sharded, "train", 32, seed=3), RandomWindows(single, "train", 32, seed=3)
     for _ in range(4):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import tracemalloc
 
 import numpy as np
@@ -58,6 +59,31 @@ def take(loader, batches, batch_size=4) -> list[int]:
 
 
 # --- PreparedData ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("change, words", [
+    (lambda f: truncate(f, 4), "was truncated to"),
+    (lambda f: f.unlink(), "was deleted"),
+    (lambda f: (f.with_name("new").write_bytes(f.read_bytes()), f.with_name("new").replace(f)), "was replaced"),
+    # a rewrite in place of the same size: only the modification time tells (set ahead: a real write within the
+    # file system's clock tick of the fixture's would keep it)
+    (lambda f: os.utime(f, ns=(0, f.stat().st_mtime_ns + 10**9)), "was rewritten"),
+])
+def test_a_token_file_changed_after_open_is_one_line_at_the_next_read(data, change, words):
+    """Reads are pread against the file as checked at open: a change is DataChanged naming the file, never a
+    SIGBUS (a truncated memory map) or a window of other data."""
+    from pretrain.data.token_files import DataChanged
+
+    train, val = RandomWindows(data, "train", SEQ, seed=0), SequentialWindows(data, "val", SEQ)
+    train.next_batch(4)
+    change(data.path / "train.bin")
+    with pytest.raises(DataChanged) as e:
+        train.next_batch(4)
+    assert str(e.value).startswith(f"{data.path / 'train.bin'} {words}"), e.value
+    assert e.value.path == data.path / "train.bin" and "\n" not in str(e.value)
+    assert len(list(val.batches(2, 1))) == 1  # val.bin is unchanged: it reads on
+    with pytest.raises(DataChanged):
+        data.check("train")
 
 
 def test_opens_and_memory_maps(data):

@@ -240,3 +240,27 @@ def test_disk_full_keeps_the_previous_checkpoint(prepared, tmp_path):
     done = list_checkpoints(run_dir)
     assert done[-1].name == "step_00000004" and verify(done[-1]) is None
     assert not list((run_dir / "checkpoints").glob("*.tmp"))
+
+
+def test_data_dir_truncated_under_the_run_stops_it_with_a_checkpoint(prepared, tmp_path):
+    """As for a mixture source (tests/train/test_mixture_train.py): a SIGBUS before the reads were pread."""
+    import os
+    import shutil
+
+    from pretrain.train.checkpoint import list_checkpoints, step_of
+
+    data = shutil.copytree(prepared, tmp_path / "data")
+    run_dir = tmp_path / "run"
+    proc = start(["train", *tiny(data, run_dir, "debug.step_sleep=0.3")])
+    try:
+        wait_for_steps(run_dir, 2, proc)
+        os.truncate(data / "train.bin", (data / "train.bin").stat().st_size // 2)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 2, stderr
+    (line,) = stderr.strip().splitlines()
+    assert line.startswith(f"pretrain train: error: data.dir: {data / 'train.bin'} was truncated to"), line
+    assert step_of(list_checkpoints(run_dir)[-1]) == max(json.loads(x)["step"] for x in
+                                                         (run_dir / "metrics.jsonl").read_text().splitlines())

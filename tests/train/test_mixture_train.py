@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from support import finished_run, losses, params, run_cli, start, tiny, wait_for_steps
+from support import ROOT, finished_run, losses, params, run_cli, start, tiny, wait_for_steps
 
 torch = pytest.importorskip("torch")
 
@@ -162,3 +162,108 @@ def test_a_resume_with_other_sources_is_one_line_and_changes_nothing(two_corpora
     # (30,703 - 1) // 32 and (50,458 - 1) // 32: the train splits of the two prepared fixtures
     assert "shakespeare (1,040 windows), zh (1,684 windows)" in line and "same data.mixture sources" in line
     assert ((run_dir / "metrics.jsonl").read_text(), (run_dir / "config.yaml").read_text()) == before
+
+
+def test_sources_with_another_end_of_document_id_are_refused(two_corpora, tmp_path):
+    """The same tokenizer.json, but one source's tokenizer_config.json names <pad> as its eos_token: its
+    documents end with id 2, the other's with 0. One line naming both ids, before any training."""
+    import shutil
+
+    from pretrain.data import prepare
+
+    tokenizer = shutil.copytree(two_corpora["tokenizer"], tmp_path / "tokenizer")
+    config = json.loads((tokenizer / "tokenizer_config.json").read_text())
+    (tokenizer / "tokenizer_config.json").write_text(json.dumps({**config, "eos_token": "<pad>"}))
+    padded = tmp_path / "zh_pad"
+    prepare([str(ROOT / "tests" / "fixtures" / "zh_classics_sample.jsonl")], str(tokenizer), padded,
+            val_fraction=0.1, workers=1)
+    args = [a for a in mixed(two_corpora, tmp_path / "run") if not a.startswith("data.mixture")]
+    r = run_cli("train", *args, f"data.mixture=[{{dir: {two_corpora['shakespeare']}, weight: 1}}, "
+                                f"{{dir: {padded}, weight: 1}}]")
+    assert r.returncode == 2, r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert "token id 0" in line and "token id 2" in line and str(padded) in line, line
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_a_resume_switching_between_mixture_and_data_dir_is_one_line_both_ways(two_corpora, prepared,
+                                                                                 uninterrupted, tmp_path):
+    import shutil
+
+    run_dir = shutil.copytree(uninterrupted, tmp_path / "mixed")
+    before = (run_dir / "metrics.jsonl").read_text(), (run_dir / "config.yaml").read_text()
+    r = run_cli("train", "--resume", run_dir, "data.mixture=[]", f"data.dir={prepared}", "train.max_steps=14")
+    assert r.returncode == 2, r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert "the checkpoint's data state is for data.mixture (shakespeare, zh)" in line, line
+    assert f"this run reads data.dir {prepared}" in line, line
+    assert ((run_dir / "metrics.jsonl").read_text(), (run_dir / "config.yaml").read_text()) == before
+
+    plain = tmp_path / "plain"
+    finished_run(plain, *tiny(prepared, plain, "train.max_steps=4", "run.eval_every=0"))
+    r = run_cli("train", "--resume", plain, "data.dir=null", mixture(two_corpora), "train.max_steps=6")
+    assert r.returncode == 2, r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert f"the checkpoint's data state is for data.dir {prepared}" in line, line
+    assert "this run reads data.mixture (shakespeare, zh)" in line, line
+
+
+def test_a_resume_with_other_weights_says_so_in_the_log_and_as_an_event(two_corpora, uninterrupted, tmp_path):
+    import shutil
+
+    run_dir = shutil.copytree(uninterrupted, tmp_path / "run")
+    r = run_cli("train", "--resume", run_dir, mixture(two_corpora, "weight: 7", "weight: 3"), "train.max_steps=13")
+    assert r.returncode == 0, r.stderr
+    assert "mixture weights changed" not in r.stdout  # 7 / 3 is 0.7 / 0.3
+    r = run_cli("train", "--resume", run_dir, mixture(two_corpora, "weight: 1", "weight: 1"), "train.max_steps=14")
+    assert r.returncode == 0, r.stderr
+    (line,) = [x for x in r.stdout.splitlines() if "mixture weights changed" in x]
+    assert "at step 13: shakespeare 0.7 -> 0.5, zh 0.3 -> 0.5" in line, line
+    events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
+    (changed,) = [e for e in events if e["event"] == "mixture_weights"]
+    assert changed["step"] == 13 and changed["old"] == {"shakespeare": 0.7, "zh": 0.3}
+    assert changed["new"] == {"shakespeare": 0.5, "zh": 0.5}
+
+
+@pytest.mark.parametrize("fault", ["truncate train.bin", "delete the source", "truncate val.bin"])
+def test_a_source_changed_under_the_run_stops_it_with_a_checkpoint_and_one_line(two_corpora, uninterrupted,
+                                                                                 tmp_path, fault):
+    """The run reads copies of the sources; zh's is damaged after step 5. Truncating a token file under a memory
+    map killed the trainer by SIGBUS; deleting the source or truncating val.bin was a traceback at the next
+    evaluation. Now: exit 2, one line naming the source, a checkpoint of the last complete step, and a resume
+    once the source is restored continues bitwise as if nothing had happened."""
+    import os
+    import shutil
+
+    from pretrain.train.checkpoint import list_checkpoints, step_of
+
+    copies = {name: shutil.copytree(two_corpora[name], tmp_path / "sources" / name) for name in ("shakespeare", "zh")}
+    run_dir = tmp_path / "run"
+    proc = start(["train", *mixed(copies, run_dir, "debug.step_sleep=0.3")])
+    try:
+        wait_for_steps(run_dir, 5, proc)  # past the checkpoint of step 4, before the evaluation of step 6
+        if fault == "delete the source":
+            shutil.rmtree(copies["zh"])
+        else:
+            path = copies["zh"] / fault.split()[1]
+            os.truncate(path, path.stat().st_size // 2)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 2, stderr
+    (line,) = stderr.strip().splitlines()
+    assert "data.mixture source 'zh'" in line and str(copies["zh"]) in line, line
+    assert ("was deleted" if fault == "delete the source" else "was truncated") in line, line
+    stopped = max(losses(run_dir))
+    assert step_of(list_checkpoints(run_dir)[-1]) == stopped and f"after step {stopped}" in line, line
+    events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
+    (changed,) = [e for e in events if e["event"] == "data_changed"]
+    assert changed["step"] == stopped and changed["source"] == "data.mixture source 'zh'"
+    shutil.rmtree(copies["zh"], ignore_errors=True)
+    shutil.copytree(two_corpora["zh"], copies["zh"])
+    r = run_cli("train", "--resume", run_dir, "debug.step_sleep=0")
+    assert r.returncode == 0, r.stderr
+    assert losses(run_dir) == losses(uninterrupted)
+    pa, pb = params(run_dir), params(uninterrupted)
+    assert all(torch.equal(pa[k], pb[k]) for k in pa)

@@ -32,6 +32,7 @@ from ..errors import ConfigError, UsageError
 from ..files import sha256_file
 from ..plan.budget import TOKEN_DTYPES
 from .hashing import FeistelPermutation
+from .token_files import Concatenated, TokenFile
 
 if TYPE_CHECKING:  # imported where a batch is made: the checks on open (prepare --tasks runs them) need no torch
     import torch
@@ -77,6 +78,7 @@ class PreparedData:
         token_bytes = sum(self._num_tokens(s) for s in SPLITS) * self.dtype.itemsize
         full = verify == "full" or (verify == "auto" and token_bytes <= VERIFY_AUTO_BYTES)
         self.shards: list[PreparedData] | None = None
+        self.files: dict[str, TokenFile] = {}  # split -> its token file as checked here (not when sharded)
         if "shards" in self.meta:
             self.shards = self._open_shards("full" if full else "size", advice)  # auto: on the whole dataset
             if full:
@@ -89,13 +91,39 @@ class PreparedData:
 
     def tokens(self, split: str) -> np.ndarray | Concatenated:
         """The split's token ids as a read-only memory map (pages are read when touched); of a sharded dataset,
-        the shards' maps end to end (a view, no copy)."""
+        the shards' maps end to end (a view, no copy). For looking at the data: training reads `read`."""
         n = self._num_tokens(split)
         if self.shards is not None:
             return Concatenated([shard.tokens(split) for shard in self.shards])
         if n == 0:  # an empty file cannot be memory-mapped
             return np.empty(0, dtype=self.dtype)
         return np.memmap(self.path / f"{split}.bin", dtype=self.dtype, mode="r", shape=(n,))
+
+    def read(self, split: str, starts: np.ndarray, length: int) -> np.ndarray:
+        """Tokens [start, start + length) of tokens(split) for each start, as rows: read with pread from the
+        files checked at open, DataChanged if one changed since (token_files.py: never a SIGBUS)."""
+        out = np.empty((len(starts), length), dtype=self.dtype)
+        if self.shards is None:
+            self.files[split].read([(row, int(start)) for row, start in zip(out, starts)])
+            return out
+        bounds = np.cumsum([0] + [shard._num_tokens(split) for shard in self.shards])
+        pieces: dict[int, list] = {}  # shard -> its (row part, first token) pieces: one open per shard
+        for row, start in zip(out, starts):
+            done = 0
+            while done < length:  # a window may cross from one shard into the next
+                at = int(start) + done
+                k = int(np.searchsorted(bounds, at, side="right")) - 1
+                n = min(length - done, int(bounds[k + 1]) - at)
+                pieces.setdefault(k, []).append((row[done:done + n], at - int(bounds[k])))
+                done += n
+        for k, parts in pieces.items():
+            self.shards[k].files[split].read(parts)
+        return out
+
+    def check(self, split: str) -> None:
+        """DataChanged unless the split's files are those checked at open (a stat each)."""
+        for shard in self.shards or [self]:
+            shard.files[split].check()
 
     def doc_starts(self, split: str) -> np.ndarray | Concatenated:
         """Offset of each document's first token in tokens(split) (int64, memory-mapped)."""
@@ -212,8 +240,9 @@ class PreparedData:
         expected = self._num_tokens(split) * self.dtype.itemsize
         if not bin_path.is_file():
             raise self._error(bin_path, "missing")
-        if bin_path.stat().st_size != expected:
-            raise self._error(bin_path, f"{bin_path.stat().st_size:,} bytes, meta.json says {expected:,} "
+        self.files[split] = TokenFile(bin_path)  # what reads compare the file with, from this check on
+        if self.files[split].size != expected:
+            raise self._error(bin_path, f"{self.files[split].size:,} bytes, meta.json says {expected:,} "
                                         f"({self.meta['num_tokens'][split]:,} {self.dtype.name} tokens)")
         if not idx_path.is_file():
             raise self._error(idx_path, "missing")
@@ -232,53 +261,6 @@ class PreparedData:
                                         f"({shape[0]:,} offsets): truncated or damaged")
 
 
-class Concatenated:
-    """1-D arrays (the shards' memory maps) read as one, end to end, without a copy: the indexing the loaders
-    use (integers, slices, integer arrays of any shape) gathers each element from the part holding it.
-
-    add: a value per part added to what it reads (document starts: the part's first token in the whole).
-    """
-
-    ndim = 1
-
-    def __init__(self, parts: list[np.ndarray], add: np.ndarray | None = None):
-        keep = [i for i, part in enumerate(parts) if len(part)]  # an empty shard holds no position
-        self.parts = [parts[i] for i in keep]
-        self.add = None if add is None else np.asarray(add, dtype=np.int64)[keep]
-        self.dtype = np.dtype(np.int64) if add is not None else parts[0].dtype
-        self.starts = np.cumsum([0] + [len(p) for p in self.parts], dtype=np.int64)  # part k: [starts[k], starts[k+1])
-        self.shape = (int(self.starts[-1]),)
-        self.size = self.shape[0]
-
-    def __len__(self) -> int:
-        return self.size
-
-    def __getitem__(self, index):
-        if isinstance(index, slice):
-            return self[np.arange(*index.indices(self.size))]
-        if isinstance(index, (int, np.integer)):
-            return self[np.array([index])][0]
-        positions = np.asarray(index)
-        if positions.dtype.kind not in "iu":
-            raise IndexError(f"only integers, slices and integer arrays index a Concatenated, not {positions.dtype}")
-        flat = positions.astype(np.int64).ravel()
-        flat = np.where(flat < 0, flat + self.size, flat)
-        if flat.size and (flat.min() < 0 or flat.max() >= self.size):
-            raise IndexError(f"index out of range for {self.size:,} elements")
-        which = np.searchsorted(self.starts, flat, side="right") - 1
-        out = np.empty(flat.shape, dtype=self.dtype)
-        for k in np.unique(which):
-            here = which == k
-            out[here] = self.parts[k][flat[here] - self.starts[k]]
-            if self.add is not None:
-                out[here] += self.add[k]
-        return out.reshape(positions.shape)
-
-    def __array__(self, dtype=None, copy=None) -> np.ndarray:
-        """The whole as one array in memory (np.asarray): a copy, for small data and tests."""
-        return self[:].astype(dtype or self.dtype, copy=False)
-
-
 class RandomWindows:
     """Training batches: random windows, each once per epoch, disjoint across ranks, resumable (see module doc).
 
@@ -287,7 +269,7 @@ class RandomWindows:
 
     def __init__(self, data: PreparedData, split: str, seq_len: int, seed: int, rank: int = 0,
                  world_size: int = 1):
-        self.data, self.split, self.tokens = data, split, data.tokens(split)
+        self.data, self.split = data, split
         self.num_windows = _num_windows(data, split, seq_len, rank, world_size)
         self.seq_len, self.seed, self.rank, self.world_size = seq_len, seed, rank, world_size
         self.windows_per_epoch = self.num_windows // world_size
@@ -299,7 +281,7 @@ class RandomWindows:
         windows = [FeistelPermutation(self.num_windows, self.seed, epoch)(
                        first + self.rank + self.world_size * np.arange(count, dtype=np.uint64))
                    for epoch, first, count in self._advance(batch_size)]
-        return _batch(self.data, self.split, self.tokens, np.concatenate(windows), self.seq_len)
+        return _batch(self.data, self.split, np.concatenate(windows), self.seq_len)
 
     def state_dict(self) -> dict:
         return {"seed": self.seed, "epoch": self.epoch, "position": self.position,
@@ -336,7 +318,7 @@ class SequentialWindows:
     """
 
     def __init__(self, data: PreparedData, split: str, seq_len: int, rank: int = 0, world_size: int = 1):
-        self.data, self.split, self.tokens = data, split, data.tokens(split)
+        self.data, self.split = data, split
         self.num_windows = _num_windows(data, split, seq_len, rank, world_size)
         self.seq_len, self.rank, self.world_size = seq_len, rank, world_size
 
@@ -344,14 +326,14 @@ class SequentialWindows:
         total = min(batch_size * num_batches, self.num_windows // self.world_size)
         for start in range(0, total, batch_size):
             local = np.arange(start, min(start + batch_size, total))
-            yield _batch(self.data, self.split, self.tokens, self.rank + self.world_size * local, self.seq_len)
+            yield _batch(self.data, self.split, self.rank + self.world_size * local, self.seq_len)
 
 
 def _num_windows(data: PreparedData, split: str, seq_len: int, rank: int, world_size: int) -> int:
     if seq_len < 1 or world_size < 1 or not 0 <= rank < world_size:
         raise UsageError(f"need seq_len >= 1 and 0 <= rank < world_size, got seq_len {seq_len}, rank {rank}, "
                          f"world_size {world_size}")
-    n = len(data.tokens(split))
+    n = data._num_tokens(split)  # the size checked at open: a file changed since is found by the reads
     if n < seq_len + 1:
         fraction = "larger" if split == "val" else "smaller"  # --val-fraction moves documents from train to val
         raise UsageError(f"{split} split of {data.path} has {n:,} tokens; seq_len {seq_len} needs at least "
@@ -363,10 +345,9 @@ def _num_windows(data: PreparedData, split: str, seq_len: int, rank: int, world_
     return windows
 
 
-def _batch(data: PreparedData, split: str, tokens: np.ndarray, windows: np.ndarray,
-           seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _batch(data: PreparedData, split: str, windows: np.ndarray, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
     starts = np.asarray(windows, dtype=np.int64) * seq_len
-    rows = tokens[starts[:, None] + np.arange(seq_len + 1)].astype(np.int64)  # reads only these windows
+    rows = data.read(split, starts, seq_len + 1).astype(np.int64)  # reads only these windows
     if rows.size and rows.max() >= data.vocab_size:  # the ids are unsigned: only too large is possible
         row, column = np.unravel_index(int(rows.argmax()), rows.shape)
         path, token = data.locate(split, int(starts[row]) + int(column))

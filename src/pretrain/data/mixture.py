@@ -38,7 +38,8 @@ SLOT_KEY, SOURCE_KEY = 1 << 40, 1 << 41  # keep the mixture's hashes apart from 
 
 def open_mixture(sources: list[dict], verify: str, model_vocab_size: int) -> list[dict]:
     """Each source of `config.mixture_sources` opened (`open_training_data`) as {..., "data": PreparedData};
-    all must share one tokenizer: a token id means the same text in every source or the mixture is noise."""
+    all must share one tokenizer and end-of-document id: a token id means the same text in every source, and
+    <eos> the same boundary, or the mixture is noise."""
     opened = [{**s, "data": open_training_data(s["dir"], verify, model_vocab_size)} for s in sources]
     first = opened[0]["data"]
     for s in opened[1:]:
@@ -48,6 +49,11 @@ def open_mixture(sources: list[dict], verify: str, model_vocab_size: int) -> lis
                              f"(tokenizer_sha256 {first.meta['tokenizer_sha256'][:12]} vs "
                              f"{d.meta['tokenizer_sha256'][:12]}, vocab {first.vocab_size:,} vs {d.vocab_size:,}); "
                              "prepare every source with the same --tokenizer")
+        if d.eos_id != first.eos_id:  # one tokenizer.json, another eos_token in a tokenizer_config.json
+            raise UsageError(f"data.mixture: {first.path} ends its documents with token id {first.eos_id} and "
+                             f"{d.path} with token id {d.eos_id} (meta.json eos_id; the same tokenizer.json with "
+                             "another eos_token in tokenizer_config.json); prepare every source with the same "
+                             "tokenizer directory")
     return opened
 
 
@@ -58,7 +64,6 @@ class MixtureWindows:
                  split: str = "train"):
         self.sources, self.split = sources, split
         self.seq_len, self.seed, self.rank, self.world_size = seq_len, seed, rank, world_size
-        self.tokens = [s["data"].tokens(split) for s in sources]
         self.num_windows = [_num_windows(s["data"], split, seq_len, rank, world_size) for s in sources]
         self.weights = np.array([s["weight"] for s in sources], dtype=np.float64)
         self.caps = [cap_windows(s["max_epochs"], n) if s.get("max_epochs") else None
@@ -76,8 +81,9 @@ class MixtureWindows:
         y = torch.empty_like(x)
         for s in np.unique(source):
             rows = np.flatnonzero(source == s)
-            data = self.sources[s]["data"]
-            x[rows], y[rows] = _batch(data, self.split, self.tokens[s], self._windows(s, k[rows]), self.seq_len)
+            x[rows], y[rows] = _batch(self.sources[s]["data"], self.split, self._windows(s, k[rows]), self.seq_len)
+        for s in set(range(len(self.sources))) - set(source.tolist()):  # a change to a source is found at once,
+            self.sources[s]["data"].check(self.split)                    # not when its weight next draws from it
         return x, y
 
     def state_dict(self) -> dict:

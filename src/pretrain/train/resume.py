@@ -71,11 +71,14 @@ SHAPE_KEYS = ("family", "vocab_size", "pad_vocab_to", "hidden_size", "intermedia
 
 
 def check_resume_compatible(path: Path, config) -> None:
-    """A resume must build the model the checkpoint holds: compare the checkpoint's own (verified)
-    config.yaml with the resumed config before any tensor is loaded, and name the first key that differs."""
+    """A resume must build the model the checkpoint holds and read the kind of data it read: compare the
+    checkpoint's own (verified) config.yaml with the resumed config before any tensor is loaded, and name the
+    first key that differs."""
     import yaml
 
-    saved = (yaml.safe_load((Path(path) / "config.yaml").read_text()) or {}).get("model") or {}
+    saved_config = yaml.safe_load((Path(path) / "config.yaml").read_text()) or {}
+    check_same_data_kind(path, saved_config.get("data") or {}, config.data)
+    saved = saved_config.get("model") or {}
     now = config.to_dict()["model"]
     for key in SHAPE_KEYS:
         if key == "max_seq_len" and saved.get("family") != "gpt2":
@@ -84,6 +87,25 @@ def check_resume_compatible(path: Path, config) -> None:
             raise UsageError(f"model.{key}: {now.get(key)!r} here, but checkpoint {path} was trained with "
                              f"{saved[key]!r}; a resume keeps the model's shape: drop the override, or start a "
                              "new run.dir")
+
+
+def check_same_data_kind(path: Path, saved: dict, data) -> None:
+    """data.dir and data.mixture keep different reading states (a position in one permutation; a position and
+    the windows drawn per source): a resume cannot switch between them."""
+    from ..config import mixture_sources
+    from ..config.schema import DataConfig
+
+    def described(mixture, directory) -> str:
+        if mixture:
+            names = ", ".join(s["name"] for s in mixture_sources(DataConfig(mixture=mixture)))
+            return f"data.mixture ({names})"
+        return f"data.dir {directory}"
+
+    if bool(saved.get("mixture")) != bool(data.mixture):
+        then, now = described(saved.get("mixture"), saved.get("dir")), described(data.mixture, data.dir)
+        raise UsageError(f"the checkpoint's data state is for {then}, but this run reads {now}; a resume continues "
+                         f"the data stream it started: resume with checkpoint {path}'s {then.split(' ')[0]} (drop the "
+                         "override), or start a new run.dir")
 
 
 def resolve_checkpoint(path) -> Path:

@@ -19,6 +19,7 @@ import torch
 import yaml
 
 from ..config import mixture_sources, replaced, untrained
+from ..data.token_files import DataChanged
 from ..errors import ConfigError, UsageError
 from ..lock import exclusive_lock
 from ..files import write_atomic
@@ -35,6 +36,7 @@ from .callbacks.evaluation import evaluate
 from .callbacks.preemption import preempted
 from .callbacks.stability import Stability
 from .checkpointer import Checkpointer
+from .data_changes import stopped_by_data_change
 from .metrics import TrainingLog
 from .preflight import check_fits_device, set_aside_history
 from .prefetch import Prefetcher
@@ -225,6 +227,7 @@ class Trainer:
         self.plan, self.peak = None, None
         self.stop_signal, self.stop_reason = 0, ""
         self.measure_next = False
+        self.in_step = None  # while a step runs: where a data fault mid-step rewinds to (data_changes.py)
         self.step_seconds = 0.0
         self.last_metrics: dict = {}
         self.log = TrainingLog(self.run_dir, self.total_steps, progress=c.run.progress,
@@ -252,19 +255,26 @@ class Trainer:
         self.plan["hardware"]["peak_source"] = source
         for cb in self.callbacks:
             cb.on_fit_start(self)
-        while self.state.step < self.total_steps:
-            for cb in self.callbacks:
-                cb.on_step_start(self)
-            t0 = time.perf_counter()
-            result = self.step()
-            self.step_seconds = time.perf_counter() - t0
-            for cb in self.callbacks:
-                cb.on_step_end(self, result)
-                if result.rolled_back:
-                    break
-            if result.stop and not result.rolled_back:
-                return preempted(self)
-        final = evaluate(self)
+        try:
+            while self.state.step < self.total_steps:
+                for cb in self.callbacks:
+                    cb.on_step_start(self)
+                # Where a data fault mid-step rewinds to; the RNG only where a step draws from it (dropout).
+                self.in_step = (self.state.micro_batches, self.batches.state_dict(),
+                                ckpt.rng_state() if self.config.model.dropout else None)
+                t0 = time.perf_counter()
+                result = self.step()
+                self.step_seconds = time.perf_counter() - t0
+                self.in_step = None
+                for cb in self.callbacks:
+                    cb.on_step_end(self, result)
+                    if result.rolled_back:
+                        break
+                if result.stop and not result.rolled_back:
+                    return preempted(self)
+            final = evaluate(self)
+        except DataChanged as e:  # a token file truncated, deleted or replaced under the run
+            raise stopped_by_data_change(self, e) from None
         self.log.say(f"done: {self.state.step:,} steps, {self.state.tokens:,} tokens, final validation loss "
                      f"{final['val_loss']:.4f}")
         return {"step": self.state.step, "tokens": self.state.tokens, "val_loss": final["val_loss"],

@@ -1,9 +1,16 @@
-"""Repetition in a mixture: a line in the run log (and an event) when a source passes plan.corpus.MAX_EPOCHS
-or reaches its max_epochs, once per crossing, with the evidence. Read from the batches handed out, so a
-resume does not warn again about a crossing it already made."""
+"""A mixture's run log. Repetition: a line (and an event) when a source passes plan.corpus.MAX_EPOCHS or
+reaches its max_epochs, once per crossing, with the evidence; read from the batches handed out, so a resume
+does not warn again about a crossing it already made. Weights: a resume with other weights than the
+checkpoint's says so (old -> new), as a line and a `mixture_weights` event: the stream goes on from its
+position with the new shares, the tokens drawn so far stay as they were drawn."""
 
 from __future__ import annotations
 
+import math
+from pathlib import Path
+
+from ...config import mixture_sources
+from ...config.schema import DataConfig
 from ...data.mixture import cap_windows, source_epochs
 from ...plan.corpus import MAX_EPOCHS
 from . import Callback
@@ -14,6 +21,8 @@ CITATION = 'Muennighoff et al. 2023, "Scaling Data-Constrained Language Models"'
 class EpochWarnings(Callback):
     def on_fit_start(self, trainer) -> None:
         self.epochs, self.spent = self._read(trainer)
+        if trainer.resume_from is not None:
+            self._say_reweighting(trainer)
 
     def on_step_end(self, trainer, result) -> None:
         epochs, spent = self._read(trainer)
@@ -43,3 +52,20 @@ class EpochWarnings(Callback):
                         f"cap {cap:g})")
         trainer.log.event({"event": "mixture_epochs", "step": st.step, "tokens": st.tokens, "source": name,
                            "epochs": epochs, "cap": cap})
+
+    @staticmethod
+    def _say_reweighting(trainer) -> None:
+        """The weights of the resumed checkpoint's own config (normalised as this run's are) against this run's;
+        the resume has already checked that the sources are the same, in the same order."""
+        import yaml
+
+        saved = yaml.safe_load((Path(trainer.resume_from) / "config.yaml").read_text())["data"]["mixture"]
+        old = {s["name"]: s["weight"] for s in mixture_sources(DataConfig(mixture=saved))}
+        new = {s["name"]: s["weight"] for s in trainer.mixture}
+        if all(math.isclose(old[name], new[name], rel_tol=1e-9) for name in new):  # 7/3 is 0.7/0.3
+            return
+        st = trainer.state
+        change = ", ".join(f"{name} {old[name]:.4g} -> {new[name]:.4g}" for name in new)
+        trainer.log.say(f"mixture weights changed on resume at step {st.step:,}: {change} (the tokens drawn so far "
+                        "stay as drawn; the new weights apply from this step)")
+        trainer.log.event({"event": "mixture_weights", "step": st.step, "tokens": st.tokens, "old": old, "new": new})
