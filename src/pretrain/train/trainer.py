@@ -29,7 +29,7 @@ from ..plan.schedule import checked_warmup, learning_rate, micro_batches_per_ste
 from . import checkpoint as ckpt
 from . import resume
 from . import plan_check
-from .attention import restrict_kernels
+from .attention import kernel_context
 from .callbacks import default_callbacks
 from .callbacks.evaluation import evaluate
 from .callbacks.preemption import preempted
@@ -192,7 +192,7 @@ class Trainer:
                          ramp_start=t.batch_ramp_start)
         if rt.device.type == "cuda":
             torch.set_float32_matmul_precision("high")  # fp32 matmuls at TF32 speed, as the plan assumes
-        restrict_kernels(rt.device, t.precision)
+        self.attention_kernels = kernel_context(rt.device, t.precision)  # entered by each step, not for good
 
         # FSDP and tensor parallelism materialise each rank's shard only, a pipeline stage its own layers only.
         on_meta = (c.parallel.fsdp or c.parallel.tensor > 1 or c.parallel.pipeline > 1) and not c.model.init_from
@@ -276,13 +276,15 @@ class Trainer:
                            min_ratio=t.min_lr_ratio, schedule=t.schedule,
                            decay_fraction=t.decay_fraction) * st.lr_multiplier()
         measure, self.measure_next = self.measure_next, False
-        if self.config.parallel.pipeline > 1:
-            return pipeline_train_step(self.par, self.batches, st, accum=accum, lr=lr, grad_clip=t.grad_clip,
-                                       micro_batch_size=t.micro_batch_size, seq_len=t.seq_len,
-                                       stop_asked=bool(self.stop_signal or self.stop_reason), measure=measure)
-        return train_step(self.par, self.batches, st, accum=accum, lr=lr, grad_clip=t.grad_clip,
-                          micro_batch_size=t.micro_batch_size, seq_len=t.seq_len, scaler=self.scaler,
-                          stop_asked=bool(self.stop_signal or self.stop_reason), measure=measure)
+        stop_asked = bool(self.stop_signal or self.stop_reason)
+        with self.attention_kernels():
+            if self.config.parallel.pipeline > 1:
+                return pipeline_train_step(self.par, self.batches, st, accum=accum, lr=lr, grad_clip=t.grad_clip,
+                                           micro_batch_size=t.micro_batch_size, seq_len=t.seq_len,
+                                           stop_asked=stop_asked, measure=measure)
+            return train_step(self.par, self.batches, st, accum=accum, lr=lr, grad_clip=t.grad_clip,
+                              micro_batch_size=t.micro_batch_size, seq_len=t.seq_len, scaler=self.scaler,
+                              stop_asked=stop_asked, measure=measure)
 
     # --- checkpoints ---------------------------------------------------------------------------------------
 
