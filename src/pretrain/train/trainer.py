@@ -11,7 +11,6 @@ is a callback in train/callbacks/, deciding for itself when it acts.
 from __future__ import annotations
 
 import dataclasses
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -225,7 +224,6 @@ class Trainer:
         self.plan, self.peak = None, None
         self.stop_signal, self.stop_reason = 0, ""
         self.measure_next = False
-        self.step_seconds = 0.0
         self.last_metrics: dict = {}
         self.log = TrainingLog(self.run_dir, self.total_steps, progress=c.run.progress,
                                enabled=rt.is_main and not quiet)
@@ -253,9 +251,7 @@ class Trainer:
         while self.state.step < self.total_steps:
             for cb in self.callbacks:
                 cb.on_step_start(self)
-            t0 = time.perf_counter()
             result = self.step()
-            self.step_seconds = time.perf_counter() - t0
             for cb in self.callbacks:
                 cb.on_step_end(self, result)
                 if result.rolled_back:
