@@ -10,9 +10,9 @@ memory in one copy that the host waits for while the GPU runs the optimizer. The
 device: the fused AdamW takes the step's overflow flag (a 0-d tensor, as a loss scaler hands it over) and
 leaves the weights, its moments and its step count alone when it is set; an optimizer without that input
 waits for the copy and is stepped or not on the host. A loss scaler decides by its own overflow check, which
-under FSDP2 and tensor parallelism sees only this rank's shards of the gradients: torch (>= 2.5) reduces its
-flag by MAX over the gradients' mesh (DTensor's handler for the unscale op), so every rank skips the same
-steps and lowers its scale alike (tests/distributed/test_torchrun.py).
+under FSDP2 and tensor parallelism sees only this rank's shards of the gradients: torch reduces its flag by
+MAX over the gradients' mesh (DTensor's handler for the unscale op, checked on torch 2.13), so every rank
+skips the same steps and lowers its scale alike (tests/distributed/test_torchrun.py).
 """
 
 from __future__ import annotations
