@@ -158,3 +158,19 @@ def test_the_compiled_output_layer_and_loss_are_one_graph(loss):
     explained = torch._dynamo.explain(model.loss.forward)(h, par.module.lm_head.weight, y)
     assert explained.graph_break_count == 0, explained.break_reasons
     assert explained.graph_count == 1
+
+
+def test_the_cuda_allocator_grows_segments_unless_the_user_chose(monkeypatch):
+    from pretrain.train import use_expandable_segments
+
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
+    use_expandable_segments()
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:512")
+    use_expandable_segments()
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:512"  # the user's choice stands
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF")
+    monkeypatch.setenv("PYTORCH_ALLOC_CONF", "max_split_size_mb:512")  # its newer name (torch >= 2.9)
+    use_expandable_segments()
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in os.environ
