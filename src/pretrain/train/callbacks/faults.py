@@ -64,7 +64,7 @@ class FaultInjection(Callback):
         if not self.debug.inject_inf_grad_batches:
             return
         optimizer = getattr(trainer.par.optimizer, "optim", trainer.par.optimizer)
-        steps = {int(state["step"]) for state in optimizer.state.values()}
+        steps = {int(state["step"]) for state in optimizer.state.values() if "step" in state}  # SGD counts none
         record = {"optimizer_steps": sorted(steps),
                   "loss_scale": trainer.scaler.get_scale() if trainer.scaler is not None else None}
         write_atomic(trainer.run_dir / f"faults.rank{trainer.rt.rank}.json", json.dumps(record))
