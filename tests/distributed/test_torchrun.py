@@ -144,6 +144,22 @@ def test_ranks_agree_on_a_rollback(prepared, tmp_path):
     assert losses(run_dir)[8] == losses(run_dir)[8]  # finished with a finite loss
 
 
+@needs_cpu_fsdp
+def test_ranks_skip_an_overflow_in_one_ranks_shard_alike(prepared, tmp_path):
+    """fp16 with a loss scaler under FSDP: at step 3 rank 0's gradient of one embedding row becomes inf (the
+    loss stays finite), and after the reduce-scatter only the rank holding that row's shard sees it. Both
+    ranks must skip that step and lower their scale alike (the scaler's flag is reduced over the mesh), or
+    their shards drift apart: each rank's AdamW step count and loss scale are what it applied."""
+    run_dir = tmp_path / "run"
+    finished_torchrun(*settings(prepared, run_dir, 4, "parallel.zero_stage=3", "train.precision=fp16-mixed",
+                                "debug.inject_inf_grad_batches=[4]"))
+    events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in events if e["event"] == "nonfinite_skip"] == [3]
+    ranks = [json.loads((run_dir / f"faults.rank{r}.json").read_text()) for r in range(2)]
+    # 6 steps, 1 skipped; GradScaler starts at 2^16 and halves once (it grows only after 2000 good steps).
+    assert ranks[0] == ranks[1] == {"optimizer_steps": [5], "loss_scale": 2.0 ** 15}
+
+
 @pytest.mark.skipif(not OLD_TORCH, reason="this torch runs FSDP2 on CPUs")
 def test_fsdp_on_cpus_with_an_old_torch_is_refused_in_one_line(prepared, tmp_path):
     r = torchrun(*settings(prepared, tmp_path / "run", 4, "parallel.zero_stage=3"))

@@ -84,6 +84,20 @@ def test_spike_detection_without_a_spike_changes_nothing(prepared, clean, tmp_pa
     assert train_losses(run_dir) == train_losses(clean)
 
 
+def test_an_inf_gradient_under_a_finite_loss_skips_the_update_only(prepared, tmp_path):
+    # Micro-batch 4 is the first of step 3: one embedding row's gradient becomes inf while the loss stays
+    # finite, as in an fp16 overflow. The fused AdamW is handed the overflow flag on the device and leaves
+    # that step out (its step count says 5 of 6); nothing rolls back, the weights stay finite.
+    run_dir = tmp_path / "run"
+    r = run_cli("train", *tiny(prepared, run_dir, "train.max_steps=6", "run.eval_every=0",
+                               "debug.inject_inf_grad_batches=[4]"))
+    assert r.returncode == 0, r.stderr
+    assert [e["step"] for e in events(run_dir, "nonfinite_skip")] == [3]
+    assert not events(run_dir, "rollback")
+    assert json.loads((run_dir / "faults.rank0.json").read_text())["optimizer_steps"] == [5]
+    assert all(torch.isfinite(p).all() for p in params(run_dir).values())
+
+
 def test_a_rollback_discards_the_checkpoints_it_abandons(prepared, tmp_path):
     from pretrain.train.checkpoint import list_checkpoints
 

@@ -2,6 +2,8 @@
 MFU peak comes from a stable source, the SDPA kernel that runs is named, compiled blocks have no graph break."""
 
 import json
+import math
+import os
 
 import pytest
 
@@ -71,6 +73,51 @@ def test_the_attention_kernel_that_runs_is_named(extra, kernel):
     assert kernel_that_runs(config, torch.device("cpu")) == kernel
 
 
+def test_the_hopper_kernel_order_holds_for_the_step_only():
+    # cuDNN, then flash, on compute capability 9.0+ in 16-bit, entered around a step and undone after it:
+    # the process's flags stay on, so an fp32 attention after it (a precision sweep's next cell) finds every
+    # kernel. The choice used to be made by switching the math and memory-efficient kernels off for good.
+    from torch.nn.attention import SDPBackend
+
+    from pretrain.train.attention import SET_PRIORITY, kernel_choice, preferred_kernels
+
+    backends = preferred_kernels("bf16-mixed", (9, 0))
+    assert backends[:2] == [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION]
+    assert preferred_kernels("fp32", (9, 0)) is None and preferred_kernels("bf16-mixed", (8, 0)) is None
+    assert preferred_kernels("bf16", None) is None  # not a GPU: torch's own choice
+    flags, order = sdp_flags(), torch._C._get_sdp_priority_order()
+    q = torch.randn(1, 2, 8, 16, dtype=torch.bfloat16)
+    with kernel_choice(backends)():
+        if SET_PRIORITY:
+            assert torch._C._get_sdp_priority_order()[:2] == [int(b) for b in backends[:2]]
+        torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+    assert sdp_flags() == flags and torch._C._get_sdp_priority_order() == order
+    assert torch.backends.cuda.math_sdp_enabled() and torch.backends.cuda.mem_efficient_sdp_enabled()
+
+
+def test_a_16_bit_run_then_an_fp32_run_in_one_process(prepared, tmp_path):
+    from pretrain.distributed.runtime import init_runtime
+    from pretrain.train.trainer import Trainer
+
+    flags = sdp_flags()
+    for precision in ("bf16-mixed", "fp32"):
+        config = load_config(None, ["model.preset=debug", "train.seq_len=32", "train.micro_batch_size=2",
+                                    "train.max_steps=2", f"train.precision={precision}", "train.device=cpu",
+                                    "stability.spike_detection=false", f"data.dir={prepared}",
+                                    f"run.dir={tmp_path / precision}", "hardware.peak_tflops=0.05"])
+        trainer = Trainer(config, init_runtime("cpu"), quiet=True)
+        try:
+            assert math.isfinite(trainer.step().loss)
+        finally:
+            trainer.batches.close()
+        assert sdp_flags() == flags
+
+
+def sdp_flags() -> tuple:
+    b = torch.backends.cuda
+    return b.flash_sdp_enabled(), b.mem_efficient_sdp_enabled(), b.math_sdp_enabled(), b.cudnn_sdp_enabled()
+
+
 @needs_compiler
 @pytest.mark.slow
 @pytest.mark.parametrize("recompute", ["none", "selective", "full"])
@@ -111,3 +158,19 @@ def test_the_compiled_output_layer_and_loss_are_one_graph(loss):
     explained = torch._dynamo.explain(model.loss.forward)(h, par.module.lm_head.weight, y)
     assert explained.graph_break_count == 0, explained.break_reasons
     assert explained.graph_count == 1
+
+
+def test_the_cuda_allocator_grows_segments_unless_the_user_chose(monkeypatch):
+    from pretrain.train import use_expandable_segments
+
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
+    use_expandable_segments()
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:512")
+    use_expandable_segments()
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:512"  # the user's choice stands
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF")
+    monkeypatch.setenv("PYTORCH_ALLOC_CONF", "max_split_size_mb:512")  # its newer name (torch >= 2.9)
+    use_expandable_segments()
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in os.environ

@@ -238,6 +238,9 @@ class DebugConfig:
     inject_spike_batches: list[int] = doc([], "testing: micro-batches whose loss is multiplied by "
                                           "inject_spike_factor")
     inject_spike_factor: float = doc(20.0, "testing: the factor of inject_spike_batches")
+    inject_inf_grad_batches: list[int] = doc([], "testing: micro-batches in which rank 0's gradient of one "
+                                             "embedding row becomes inf (an fp16 overflow that one rank's "
+                                             "shard holds); each rank writes RUN_DIR/faults.rank<R>.json")
     check_sharding: bool = doc(False, "assert each rank holds exactly the model-state bytes the planner "
                                "predicts for it")
     plan_vs_run_per_rank: bool = doc(False, "every rank also writes RUN_DIR/plan_vs_run.rank<R>.json: its own "

@@ -2,9 +2,23 @@
 
 from __future__ import annotations
 
+import os
+
+# PyTorch's CUDA allocator then grows segments in place instead of caching blocks of fixed sizes: less memory
+# lost to fragmentation as the batch ramp and evaluation change the shapes (torchtitan sets it too).
+ALLOCATOR_CONF = "expandable_segments:True"
+
+
+def use_expandable_segments() -> None:
+    """Set PYTORCH_CUDA_ALLOC_CONF for this process unless the user set it (or its newer name,
+    PYTORCH_ALLOC_CONF). The allocator reads it once, when CUDA starts: call this before any CUDA call."""
+    if "PYTORCH_CUDA_ALLOC_CONF" not in os.environ and "PYTORCH_ALLOC_CONF" not in os.environ:
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = ALLOCATOR_CONF
+
 
 def train(config) -> dict:
     """Train from a resolved Config; returns a summary (steps, tokens, final validation loss, run_dir)."""
+    use_expandable_segments()
     from ..distributed.runtime import init_runtime, shutdown
     from ..files import write_error
     from .trainer import Trainer

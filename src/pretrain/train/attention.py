@@ -1,15 +1,24 @@
-"""Which SDPA kernel attention runs on, chosen on Hopper and newer, and recorded everywhere.
+"""Which SDPA kernel attention runs on, chosen per step on Hopper and newer, and recorded everywhere.
 
 On an H100 the cuDNN and flash kernels are the fast ones for training shapes, and the memory-efficient one can
 be up to 2x slower; torch picks by a priority list that has changed between releases. In 16-bit on compute
-capability 9.0+, the trainer leaves SDPA only those two. Which one ran is found by running one attention of
-the run's shape and watching the aten op it dispatches to, and goes into plan_vs_run.json.
+capability 9.0+, a training step runs under `sdpa_kernel` with cuDNN first, then flash (the memory-efficient
+and math kernels stay behind them for shapes neither takes): a context around the step's forward and
+backward, so the process's own flags are as they were after it, and an fp32 attention later in the same
+process (the fp32 cells of a precision sweep, an evaluation) finds every kernel. Which one ran is found by
+running one attention of the run's shape under the same choice and watching the aten op it dispatches to,
+and goes into plan_vs_run.json.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import inspect
+
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import precision as precisions
@@ -24,15 +33,36 @@ KERNELS = {
 }
 
 
-def restrict_kernels(device: torch.device, precision: str) -> bool:
-    """On Hopper and newer in 16-bit: SDPA may use only cuDNN and flash attention. Returns whether it did."""
-    if device.type != "cuda" or precisions.half_dtype(precision) is None:
-        return False
-    if torch.cuda.get_device_capability(device) < (9, 0):
-        return False
-    torch.backends.cuda.enable_mem_efficient_sdp(False)
-    torch.backends.cuda.enable_math_sdp(False)
-    return True
+# cuDNN, then flash; the others only for shapes neither takes.
+HOPPER_ORDER = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                SDPBackend.MATH]
+# torch >= 2.6 takes the list as a priority order; an older one only as a set, in its own order: there the
+# set is the two fast kernels alone, as the trainer's choice was before set_priority existed.
+SET_PRIORITY = "set_priority" in inspect.signature(sdpa_kernel).parameters
+
+
+def preferred_kernels(precision: str, capability: tuple[int, int] | None) -> list[SDPBackend] | None:
+    """The SDPA kernels, in priority order, for a run in `precision` on a GPU of compute `capability` (None:
+    not a GPU); None where torch's own choice stands."""
+    if capability is None or capability < (9, 0) or precisions.half_dtype(precision) is None:
+        return None
+    return HOPPER_ORDER
+
+
+def kernel_choice(backends: list[SDPBackend] | None):
+    """A context factory: SDPA restricted to `backends`, in that order, while it is entered; the flags and
+    the priority order as they were after it."""
+    if backends is None:
+        return contextlib.nullcontext
+    if SET_PRIORITY:
+        return functools.partial(sdpa_kernel, backends, set_priority=True)
+    return functools.partial(sdpa_kernel, backends[:2])
+
+
+def kernel_context(device: torch.device, precision: str):
+    """The context a training step of this run enters around its forward and backward passes."""
+    capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    return kernel_choice(preferred_kernels(precision, capability))
 
 
 class _Ops(TorchDispatchMode):
@@ -46,7 +76,8 @@ class _Ops(TorchDispatchMode):
 
 
 def kernel_that_runs(config, device: torch.device) -> str:
-    """flash | cudnn | efficient | math: the kernel one training attention of this run's shape runs on."""
+    """flash | cudnn | efficient | math: the kernel one training attention of this run's shape runs on, under
+    the kernel choice its steps make."""
     m, t = config.model, config.train
     if t.attention == "eager":
         return "math"
@@ -57,6 +88,6 @@ def kernel_that_runs(config, device: torch.device) -> str:
     q = torch.zeros(1, m.num_heads, t.seq_len, m.head_dim, device=device, dtype=dtype, requires_grad=True)
     k = torch.zeros(1, kv_heads, t.seq_len, m.head_dim, device=device, dtype=dtype, requires_grad=True)
     ops = _Ops()
-    with ops:
+    with kernel_context(device, t.precision)(), ops:
         F.scaled_dot_product_attention(q, k, k, dropout_p=m.dropout, is_causal=True, enable_gqa=gqa)
     return next((KERNELS[name] for name in ops.names if name in KERNELS), "math")

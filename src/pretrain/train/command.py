@@ -89,7 +89,8 @@ def check_saved_config(saved: Path) -> None:
 
 
 def run(args) -> int:
-    from . import train
+    from . import train, use_expandable_segments
 
+    use_expandable_segments()  # before the config's checks, which may ask CUDA about the GPU
     result = train(resolve(args))
     return 0 if result else 1

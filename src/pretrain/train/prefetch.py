@@ -1,4 +1,6 @@
-"""Batches read ahead on a background thread, pinned on CUDA, so the copy to the GPU overlaps compute.
+"""Batches read ahead on a background thread, pinned on CUDA, so the copy to the GPU overlaps compute. The
+current CUDA device is per thread: the thread sets the run's, or pinning would create a context (and hold its
+memory) on GPU 0 from every rank of the node.
 
 The loader's resume state stays what it was (a few integers): the thread records the loader's state after
 each batch it reads, and `state_dict()` answers with the state after the last batch *handed out*, so a
@@ -63,6 +65,8 @@ class Prefetcher:
 
     def _produce(self) -> None:
         try:
+            if self.pin:
+                torch.cuda.set_device(self.device)
             while not self._stop.is_set():
                 x, y = self.loader.next_batch(self.batch_size)
                 if self.pin:

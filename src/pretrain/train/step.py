@@ -4,12 +4,20 @@
 clip the global gradient norm (the norm before clipping is what is logged); skip the update when it is not
 finite (a loss scaler skips by itself and lowers its scale); AdamW at the given learning rate.
 
-On a GPU the host waits for the device once per step: the loss sum, this rank's stop request and the grad
-norm travel in one small tensor, through one all-reduce, to the host in one copy.
+On a GPU the host waits for the device once per step, and not before the update is queued: the loss sum,
+this rank's stop request and the grad norm travel in one small tensor, through one all-reduce, to pinned host
+memory in one copy that the host waits for while the GPU runs the optimizer. The skip is decided on the
+device: the fused AdamW takes the step's overflow flag (a 0-d tensor, as a loss scaler hands it over) and
+leaves the weights, its moments and its step count alone when it is set; an optimizer without that input
+waits for the copy and is stepped or not on the host. A loss scaler decides by its own overflow check, which
+under FSDP2 and tensor parallelism sees only this rank's shards of the gradients: torch reduces its flag by
+MAX over the gradients' mesh (DTensor's handler for the unscale op, checked on torch 2.13), so every rank
+skips the same steps and lowers its scale alike (tests/distributed/test_torchrun.py).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -55,13 +63,14 @@ def train_step(par, batches, state, *, accum: int, lr: float, grad_clip: float, 
     if scaler is not None:
         scaler.unscale_(optimizer)
     norm = par.clip(grad_clip)
-    loss_mean, stop, grad_norm = _reduce(loss_sum, accum, stop_asked, norm, rt)
-    finite = math.isfinite(grad_norm)
+    numbers = HostCopy(_reduce(loss_sum, accum, stop_asked, norm, rt))
     if scaler is not None:
         scaler.step(optimizer)  # skips the update itself on inf/NaN and lowers the scale
         scaler.update()
-    elif finite:
-        optimizer.step()
+    else:
+        _step_unless_overflow(optimizer, norm, numbers)
+    loss_mean, stop, grad_norm = numbers.values
+    loss_mean, stop, finite = loss_mean / rt.world_size, stop > 0, math.isfinite(grad_norm)
     if measure:
         measured = measured or {"saved": None}
         measured["states"] = model_state_bytes(par.module, getattr(optimizer, "optim", optimizer))
@@ -105,18 +114,52 @@ def pipeline_train_step(par, batches, state, *, accum: int, lr: float, grad_clip
                       finite=finite, stop=stop > 0, measured=measured)
 
 
-def _reduce(loss_sum, accum: int, stop_asked: bool, norm, rt) -> tuple[float, bool, float]:
-    """(mean loss over ranks, any rank asked to stop, grad norm) with one collective and one host copy.
-    fp64 for the loss sum over ranks, as each rank's mean is added in the same order as a float64 would be.
-    The tensor ranks of a data-parallel group hold the same loss: the mean over all ranks is the mean over
-    the data-parallel groups."""
+def _reduce(loss_sum, accum: int, stop_asked: bool, norm, rt) -> torch.Tensor:
+    """[sum over ranks of each rank's mean loss, ranks asking to stop, grad norm] on the device, with one
+    collective. fp64 for the loss sum over ranks, as each rank's mean is added in the same order as a float64
+    would be. The tensor ranks of a data-parallel group hold the same loss: the mean over all ranks is the mean
+    over the data-parallel groups."""
     import torch.distributed as dist
 
     packed = torch.stack([loss_sum.double() / accum, _flag(stop_asked, rt.device)])
     if rt.distributed:
         dist.all_reduce(packed)
-    loss, stop, grad_norm = torch.cat([packed, norm.detach().double().reshape(1)]).tolist()
-    return loss / rt.world_size, stop > 0, grad_norm
+    return torch.cat([packed, norm.detach().double().reshape(1)])
+
+
+class HostCopy:
+    """A small device tensor's values on their way to the host. On CUDA: a non-blocking copy into pinned
+    memory and an event after it (torchtitan's way), so that reading them waits for the work queued before
+    the copy, not for what was queued after it."""
+
+    def __init__(self, t: torch.Tensor):
+        self.event = None
+        if t.device.type == "cuda":
+            self.host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.host = t
+
+    @functools.cached_property
+    def values(self) -> list[float]:
+        if self.event is not None:
+            self.event.synchronize()
+        return self.host.tolist()
+
+
+def _step_unless_overflow(optimizer, norm: torch.Tensor, numbers: HostCopy) -> None:
+    """The optimizer's update unless the global grad norm (the same on every rank) is inf or NaN: decided on
+    the device by an optimizer that takes an overflow flag (fused AdamW: GradScaler's `found_inf`), else on
+    the host."""
+    if getattr(optimizer, "_step_supports_amp_scaling", False):
+        optimizer.grad_scale, optimizer.found_inf = None, norm.isfinite().logical_not().float()
+        try:
+            optimizer.step()
+        finally:
+            del optimizer.grad_scale, optimizer.found_inf
+    elif math.isfinite(numbers.values[2]):
+        optimizer.step()
 
 
 def _set_lr(optimizer, lr: float) -> None:
@@ -125,8 +168,9 @@ def _set_lr(optimizer, lr: float) -> None:
 
 
 def _flag(on: bool, device) -> torch.Tensor:
-    """A rank's yes/no (a stop request) as a number an all-reduce sums: any rank's yes makes it positive."""
-    return torch.tensor(1.0 if on else 0.0, dtype=torch.float64, device=device)
+    """A rank's yes/no (a stop request) as a number an all-reduce sums: any rank's yes makes it positive.
+    Filled on the device: a Python number copied into a CUDA tensor would wait for everything queued."""
+    return torch.full((), 1.0 if on else 0.0, dtype=torch.float64, device=device)
 
 
 def _advance(state, batch_tokens: int) -> int:

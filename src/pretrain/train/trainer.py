@@ -11,7 +11,6 @@ is a callback in train/callbacks/, deciding for itself when it acts.
 from __future__ import annotations
 
 import dataclasses
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -30,7 +29,7 @@ from ..plan.schedule import checked_warmup, learning_rate, micro_batches_per_ste
 from . import checkpoint as ckpt
 from . import resume
 from . import plan_check
-from .attention import restrict_kernels
+from .attention import kernel_context
 from .callbacks import default_callbacks
 from .callbacks.evaluation import evaluate
 from .callbacks.preemption import preempted
@@ -194,7 +193,7 @@ class Trainer:
                          ramp_start=t.batch_ramp_start)
         if rt.device.type == "cuda":
             torch.set_float32_matmul_precision("high")  # fp32 matmuls at TF32 speed, as the plan assumes
-        restrict_kernels(rt.device, t.precision)
+        self.attention_kernels = kernel_context(rt.device, t.precision)  # entered by each step, not for good
 
         # FSDP and tensor parallelism materialise each rank's shard only, a pipeline stage its own layers only.
         on_meta = (c.parallel.fsdp or c.parallel.tensor > 1 or c.parallel.pipeline > 1) and not c.model.init_from
@@ -228,7 +227,6 @@ class Trainer:
         self.stop_signal, self.stop_reason = 0, ""
         self.measure_next = False
         self.in_step = None  # while a step runs: where a data fault mid-step rewinds to (data_changes.py)
-        self.step_seconds = 0.0
         self.last_metrics: dict = {}
         self.log = TrainingLog(self.run_dir, self.total_steps, progress=c.run.progress,
                                enabled=rt.is_main and not quiet)
@@ -262,9 +260,7 @@ class Trainer:
                 # Where a data fault mid-step rewinds to; the RNG only where a step draws from it (dropout).
                 self.in_step = (self.state.micro_batches, self.batches.state_dict(),
                                 ckpt.rng_state() if self.config.model.dropout else None)
-                t0 = time.perf_counter()
                 result = self.step()
-                self.step_seconds = time.perf_counter() - t0
                 self.in_step = None
                 for cb in self.callbacks:
                     cb.on_step_end(self, result)
@@ -288,13 +284,15 @@ class Trainer:
                            min_ratio=t.min_lr_ratio, schedule=t.schedule,
                            decay_fraction=t.decay_fraction) * st.lr_multiplier()
         measure, self.measure_next = self.measure_next, False
-        if self.config.parallel.pipeline > 1:
-            return pipeline_train_step(self.par, self.batches, st, accum=accum, lr=lr, grad_clip=t.grad_clip,
-                                       micro_batch_size=t.micro_batch_size, seq_len=t.seq_len,
-                                       stop_asked=bool(self.stop_signal or self.stop_reason), measure=measure)
-        return train_step(self.par, self.batches, st, accum=accum, lr=lr, grad_clip=t.grad_clip,
-                          micro_batch_size=t.micro_batch_size, seq_len=t.seq_len, scaler=self.scaler,
-                          stop_asked=bool(self.stop_signal or self.stop_reason), measure=measure)
+        stop_asked = bool(self.stop_signal or self.stop_reason)
+        with self.attention_kernels():
+            if self.config.parallel.pipeline > 1:
+                return pipeline_train_step(self.par, self.batches, st, accum=accum, lr=lr, grad_clip=t.grad_clip,
+                                           micro_batch_size=t.micro_batch_size, seq_len=t.seq_len,
+                                           stop_asked=stop_asked, measure=measure)
+            return train_step(self.par, self.batches, st, accum=accum, lr=lr, grad_clip=t.grad_clip,
+                              micro_batch_size=t.micro_batch_size, seq_len=t.seq_len, scaler=self.scaler,
+                              stop_asked=stop_asked, measure=measure)
 
     # --- checkpoints ---------------------------------------------------------------------------------------
 

@@ -1,10 +1,16 @@
 """A metrics line every `run.log_every` steps: loss, learning rate, batch, grad norm, tokens/s, MFU, memory.
 
-tokens/s is measured over the interval since the last line (so a slow first step, compilation included,
-stays in its own interval); MFU = tokens/s x the plan's FLOPs per token / (peak x ranks).
+tokens/s = the tokens trained since the last line / the wall-clock seconds since it (nanoGPT's measure): what
+the run really does, with everything a step costs (the callbacks, an evaluation or checkpoint in the
+interval, the optimizer's work that overlaps the next step); a slow first step, compilation included, stays
+in its own interval with log_every=1. On a GPU the clock is read after the device has finished the
+interval's work (the one synchronisation, on log steps only). MFU = tokens/s x the plan's FLOPs per token /
+(peak x ranks).
 """
 
 from __future__ import annotations
+
+import time
 
 import torch
 
@@ -15,17 +21,17 @@ from . import Callback
 
 class MetricsLogger(Callback):
     def on_fit_start(self, trainer) -> None:
-        self.tokens, self.seconds, self.since = 0, 0.0, trainer.state.step
+        self.tokens, self.since, self.started = 0, trainer.state.step, device_clock(trainer.rt.device)
         convention = trainer.config.flops.convention
         self.flops_per_token = trainer.plan["flops"]["per_token" if convention == "palm" else "per_token_6n"]
 
     def on_step_end(self, trainer, result) -> None:
         self.tokens += result.batch_tokens
-        self.seconds += trainer.step_seconds
         step = trainer.state.step
         if step % trainer.config.run.log_every and step != trainer.total_steps:
             return
-        tps = self.tokens / max(self.seconds, 1e-9)
+        now = device_clock(trainer.rt.device)
+        tps = self.tokens / max(now - self.started, 1e-9)
         utilisation = mfu(tps, self.flops_per_token, trainer.rt.world_size, trainer.peak)
         record = {"step": step, "tokens": trainer.state.tokens, "loss": result.loss, "lr": result.lr,
                   "batch_tokens": result.batch_tokens, "grad_norm": result.grad_norm, "tokens_per_s": tps,
@@ -35,7 +41,14 @@ class MetricsLogger(Callback):
         trainer.log.metrics(record)
         trainer.last_metrics = record
         trainer.last_interval = {"step": step, "start": self.since, "tokens_per_s": tps, "mfu": utilisation}
-        self.tokens, self.seconds, self.since = 0, 0.0, step
+        self.tokens, self.since, self.started = 0, step, now
+
+
+def device_clock(device: torch.device) -> float:
+    """Seconds on a monotonic clock once the device has done the work queued so far."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
 
 
 def peak_memory(device: torch.device) -> int:
