@@ -149,3 +149,11 @@ def test_fsdp_on_cpus_with_an_old_torch_is_refused_in_one_line(prepared, tmp_pat
     r = torchrun(*settings(prepared, tmp_path / "run", 4, "parallel.zero_stage=3"))
     assert r.returncode != 0
     assert "pretrain train: error: parallel.zero_stage: FSDP (stages 2 and 3) on CPUs needs torch >= 2.9" in r.stderr
+
+
+def test_a_layout_for_more_processes_than_torchrun_started_says_to_change_nproc(prepared, tmp_path):
+    r = torchrun(*settings(prepared, tmp_path / "run", 4, "model.num_layers=4", "parallel.pipeline=4"))
+    assert r.returncode != 0
+    assert ("pretrain train: error: parallel.tensor x parallel.pipeline = 1 x 4 = 4 ranks per model replica do not "
+            "divide the 2 processes torchrun started: change --nproc-per-node so that they are a multiple of 4"
+            ) in r.stderr

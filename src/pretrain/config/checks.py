@@ -14,6 +14,15 @@ from .reading import coerce, shown, unknown
 from .schema import SECTIONS, Config, DataConfig, shown_value
 
 
+class GridError(ConfigError):
+    """parallel.gpus is not a multiple of tensor x pipeline. `pretrain train` says how many processes to launch
+    instead (its gpus is the number torchrun started, not a figure to edit)."""
+
+    def __init__(self, message: str, parallel):
+        super().__init__(message)
+        self.tensor, self.pipeline = parallel.tensor, parallel.pipeline
+
+
 def _positive(key: str, value, allow_zero: bool = False):
     if value is None:
         return
@@ -115,8 +124,8 @@ def validate(c: Config) -> None:
     for name in ("gpus", "tensor", "pipeline", "gpus_per_node"):
         _positive(f"parallel.{name}", getattr(p, name))
     if p.gpus % (p.tensor * p.pipeline):
-        raise ConfigError(f"parallel.gpus: {p.gpus} GPUs are not divisible by tensor x pipeline = "
-                          f"{p.tensor} x {p.pipeline}; make gpus a multiple of {p.tensor * p.pipeline}")
+        raise GridError(f"parallel.gpus: {p.gpus} GPUs are not divisible by tensor x pipeline = "
+                        f"{p.tensor} x {p.pipeline}; make gpus a multiple of {p.tensor * p.pipeline}", p)
     if p.tensor > 1 and m.num_heads % p.tensor:
         raise ConfigError(f"parallel.tensor: {p.tensor} must divide model.num_heads {m.num_heads}")
     if p.tensor > 1 and m.num_kv_heads % p.tensor:  # Megatron splits whole key/value groups over the ranks
