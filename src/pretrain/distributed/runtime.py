@@ -119,6 +119,15 @@ def barrier(rt: Runtime) -> None:
         dist.barrier()
 
 
+def gather_to_main(value, rt: Runtime) -> list | None:
+    """Every rank's `value` (any picklable object) on rank 0, in rank order; None on the other ranks."""
+    if not rt.distributed:
+        return [value]
+    gathered = [None] * rt.world_size if rt.is_main else None
+    dist.gather_object(value, gathered, dst=0)
+    return gathered
+
+
 def shutdown(rt: Runtime) -> None:
     if rt.distributed and dist.is_initialized():
         # The trainer sits in reference cycles (modules, hooks): free its sharded tensors and gloo's last work
