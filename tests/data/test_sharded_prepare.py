@@ -131,13 +131,18 @@ def wait_for(predicate, proc, timeout=120):
     raise AssertionError("prepare made no progress")
 
 
-def test_a_killed_prepare_redoes_only_unfinished_tasks(tmp_path, corpus, bpe_dir, one_pass, cli):
-    # 8 tasks on a corpus 6x the fixtures (each task ~0.3 s), two at a time: killed after the first finishes
-    big = tmp_path / "big"
-    big.mkdir()
+def bigger(corpus: Path, folder: Path, times: int = 6) -> Path:
+    """The corpus with each file `times` as long (each of 8 tasks ~0.3 s for 6)."""
+    folder.mkdir()
     for f in sorted(corpus.iterdir()):
-        (big / f.name).write_bytes(f.read_bytes() * 6 if f.suffix == ".jsonl" else
-                                   b"\n\n".join([f.read_bytes()] * 6))
+        (folder / f.name).write_bytes(f.read_bytes() * times if f.suffix == ".jsonl" else
+                                      b"\n\n".join([f.read_bytes()] * times))
+    return folder
+
+
+def test_a_killed_prepare_redoes_only_unfinished_tasks(tmp_path, corpus, bpe_dir, one_pass, cli):
+    # 8 tasks on a corpus 6x the fixtures, two at a time: killed after the first finishes
+    big = bigger(corpus, tmp_path / "big")
     out = tmp_path / "out"
     shutil.copytree(one_pass, out)  # an earlier dataset at --out: usable until the new one is complete
     args = ["prepare", "--input", big, "--tokenizer", bpe_dir, "--out", out, "--split-blank-lines",
@@ -255,6 +260,36 @@ def test_ray_executor_on_a_local_instance(tmp_path, corpus, bpe_dir, one_pass, c
     prepare(cli, corpus, bpe_dir, out, "--tasks", 4, "--executor", "ray", "--workers", 2)  # ray.init(num_cpus=2)
     assert_same_dataset(out, one_pass)
     assert (tmp_path / "out" / "logs" / "tokenize" / "completions" / "00003").is_file()
+
+
+def test_a_killed_launcher_takes_its_local_ray_instance_with_it(tmp_path, corpus, bpe_dir):
+    pytest.importorskip("ray")
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "pretrain", "prepare", "--input", bigger(corpus, tmp_path / "big", 30),
+                             "--tokenizer", bpe_dir, "--out", out, "--split-blank-lines", "--tasks", "8",
+                             "--workers", "2", "--executor", "ray"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    wait_for(lambda: list((tmp_path / "out.partial").glob("shard_*")), proc)  # the Ray tasks are running
+    instance = psutil.Process(proc.pid).children(recursive=True)  # GCS, raylet, agents, workers, their forks
+    assert any(p.name().startswith("ray::") for p in instance)
+    proc.kill()  # SIGKILL: nothing in prepare runs
+    proc.wait()
+    deadline = time.time() + 10
+    while time.time() < deadline and _running(instance):
+        time.sleep(0.2)
+    assert not _running(instance), [p.name() for p in _running(instance)]
+
+
+def _running(processes: list[psutil.Process]) -> list[psutil.Process]:
+    """Those still running (a zombie has ended: its parent, perhaps init, has not collected it yet)."""
+    alive = []
+    for p in processes:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                alive.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
 
 
 def test_hugging_face_dataset_directories_and_arrow_files(tmp_path, bpe_dir, zh_classics, cli):

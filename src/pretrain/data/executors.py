@@ -70,7 +70,11 @@ class LauncherWatch:
 
 def run_ray(pipeline, tasks: int, workers: int | None, logs: str) -> None:
     """The tasks on Ray: the cluster at RAY_ADDRESS when set (`ray start --head` on the head node), else a
-    local one started here with `workers` CPUs (https://docs.ray.io/en/latest/ray-core/starting-ray.html)."""
+    local one started here with `workers` CPUs (https://docs.ray.io/en/latest/ray-core/starting-ray.html).
+
+    A cluster the user started is left running; the tasks are actors of this driver, which Ray ends when the
+    driver ends, however it ends (an actor's lifetime is its owner's unless it is "detached"), and datatrove
+    cancels them when run() raises. A local instance ends with this process, however it ends: RayReaper."""
     try:
         import ray
     except ImportError:
@@ -79,13 +83,77 @@ def run_ray(pipeline, tasks: int, workers: int | None, logs: str) -> None:
 
     from .pipeline import default_workers
 
+    reaper = None
     if not ray.is_initialized():
         if os.environ.get("RAY_ADDRESS"):
             ray.init()
         else:
+            reaper = RayReaper()
             ray.init(num_cpus=workers or default_workers(), include_dashboard=False)
-    RayPipelineExecutor(pipeline, tasks=tasks, workers=workers or -1, logging_dir=logs, cpus_per_task=1,
-                        mem_per_cpu_gb=2).run()
+    try:
+        RayPipelineExecutor(pipeline, tasks=tasks, workers=workers or -1, logging_dir=logs, cpus_per_task=1,
+                            mem_per_cpu_gb=2).run()
+    finally:
+        if reaper is not None:
+            ray.shutdown()
+            reaper.release()
+
+
+class RayReaper:
+    """Ends every process of the local Ray instance this process starts when this process ends, SIGKILL
+    included. ray.init's own fate sharing takes the GCS and the raylet with a killed driver, but not the
+    raylet's agents (DashboardAgent, RuntimeEnvAgent), nor always the task workers and what they fork.
+
+    A watchdog process, started before Ray, follows this process's descendants (every Ray process is one:
+    the GCS and raylet are its children, the agents and workers the raylet's) until this process ends (EOF on
+    its stdin: the pipe's only writer is this process), then kills every one it saw that still runs, and
+    their children."""
+
+    def __init__(self):
+        import subprocess
+
+        # Its own session: a Ctrl-C in the terminal does not end it before it has swept.
+        self.watchdog = subprocess.Popen([sys.executable, "-c", f"from {__name__} import RayReaper; "
+                                          f"RayReaper.watch({os.getpid()})"], stdin=subprocess.PIPE,
+                                         start_new_session=True)
+
+    def release(self) -> None:
+        """After ray.shutdown(): the watchdog sweeps what remains, now."""
+        self.watchdog.stdin.close()
+        self.watchdog.wait()
+
+    @staticmethod
+    def watch(launcher_pid: int) -> None:
+        import select
+
+        import psutil
+
+        launcher, seen = psutil.Process(launcher_pid), {}
+
+        def look(process):  # its descendants but this watchdog, as psutil.Process (pid and start time)
+            for child in process.children(recursive=True):
+                if child.pid != os.getpid():
+                    seen.setdefault(child.pid, child)
+
+        # Orphans are re-parented away from the launcher at once: look often enough to have seen each.
+        while not select.select([sys.stdin], [], [], 0.1)[0]:
+            try:
+                look(launcher)
+            except psutil.NoSuchProcess:
+                break
+        for _ in range(50):  # a dying raylet may still start a worker: sweep until none is left
+            alive = []
+            for process in list(seen.values()):
+                try:
+                    look(process)
+                    if process.status() != psutil.STATUS_ZOMBIE:
+                        process.kill()
+                        alive.append(process)
+                except psutil.NoSuchProcess:
+                    del seen[process.pid]
+            if not alive:
+                return
+            psutil.wait_procs(alive, timeout=0.2)
 
 
 def submit_slurm(tokenize: list, manifest: list, logs: Path, tasks: int, workers: int | None,
