@@ -5,8 +5,11 @@ the argument checks stay light."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -14,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import UsageError
+from ..files import write_atomic
 
 EXECUTORS = ("local", "slurm", "ray")
 
@@ -110,8 +114,6 @@ class RayReaper:
     their children."""
 
     def __init__(self):
-        import subprocess
-
         # Its own session: a Ctrl-C in the terminal does not end it before it has swept.
         self.watchdog = subprocess.Popen([sys.executable, "-c", f"from {__name__} import RayReaper; "
                                           f"RayReaper.watch({os.getpid()})"], stdin=subprocess.PIPE,
@@ -157,9 +159,9 @@ class RayReaper:
 
 
 def submit_slurm(tokenize: list, manifest: list, logs: Path, tasks: int, workers: int | None,
-                 slurm: SlurmOptions) -> None:
+                 slurm: SlurmOptions, record: Path) -> None:
     """The job array of the `tokenize` steps (one array task per datatrove task) and, depending on it, a one-task
-    job of the `manifest` steps."""
+    job of the `manifest` steps; their job ids go to `record` (see refuse_while_slurm_builds)."""
     from datatrove.executor.slurm import SlurmPipelineExecutor
 
     env_command = slurm.env_command or (f"source {sys.prefix}/bin/activate" if sys.prefix != sys.base_prefix else "")
@@ -168,5 +170,36 @@ def submit_slurm(tokenize: list, manifest: list, logs: Path, tasks: int, workers
                   mail_type="NONE")
     array = SlurmPipelineExecutor(tokenize, tasks=tasks, workers=workers or -1, job_name=slurm.job_name,
                                   logging_dir=str(logs / "tokenize"), **common)
-    SlurmPipelineExecutor(manifest, tasks=1, job_name=f"{slurm.job_name}-manifest", depends=array,
-                          logging_dir=str(logs / "manifest"), **common).run()
+    last = SlurmPipelineExecutor(manifest, tasks=1, job_name=f"{slurm.job_name}-manifest", depends=array,
+                                 logging_dir=str(logs / "manifest"), **common)
+    try:
+        last.run()  # submits the array first
+    except subprocess.CalledProcessError as e:  # sbatch printed why on stderr
+        raise UsageError(f"sbatch refused the job (exit {e.returncode}, its message is above): fix the --slurm-* "
+                         "or --sbatch options and run the same command again") from None
+    jobs = [str(job) for job in (array.job_id, last.job_id) if job not in (None, -1)]  # -1: nothing to run
+    write_atomic(record, json.dumps({"jobs": jobs}) + "\n")
+
+
+def refuse_while_slurm_builds(record: Path, what: str) -> None:
+    """UsageError while a Slurm job that an earlier `prepare` submitted for `what` has not ended: its launcher
+    returns at once, and a second one would delete or rewrite OUT.partial under the running array. `record`
+    holds the job ids (the array's, then the manifest job's, which waits for the array); squeue lists a job
+    until it ends, and forgets it some minutes later ("Invalid job id")."""
+    if not record.is_file():
+        return
+    jobs = json.loads(record.read_text(encoding="utf-8"))["jobs"]
+    ids = ",".join(jobs)
+    if jobs and shutil.which("squeue") is None:
+        raise UsageError(f"{what} was submitted as Slurm job {ids} and squeue is not here to tell whether it "
+                         f"still runs: run this where Slurm is, or once the job has ended delete {record}")
+    queued = subprocess.run(["squeue", "--noheader", "--format=%i %T %r", f"--jobs={ids}"], capture_output=True,
+                            text=True) if jobs else None
+    if queued and queued.returncode and "Invalid job id" not in queued.stderr:
+        raise UsageError(f"squeue --jobs={ids} failed ({' '.join(queued.stderr.split())[:200]}); {what} was "
+                         f"submitted as Slurm job {ids}: run this again once squeue works")
+    live = queued.stdout.splitlines() if queued and not queued.returncode else []
+    if live:
+        raise UsageError(f"{what} is being built by Slurm job {ids} (squeue: {live[-1]}); wait for it to end, or "
+                         f"stop it with `scancel {' '.join(jobs)}`")
+    record.unlink()

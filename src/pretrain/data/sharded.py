@@ -35,7 +35,7 @@ from .. import __version__
 from ..errors import UsageError
 from ..files import aside_path, check_output_dir, display_path, hidden_prefix, swap_in, write_atomic
 from ..lock import exclusive_lock
-from .executors import EXECUTORS, SlurmOptions, run_local, run_ray, submit_slurm
+from .executors import EXECUTORS, SlurmOptions, refuse_while_slurm_builds, run_local, run_ray, submit_slurm
 from .pipeline import DATASET_FILES, MAX_SHOWN, META_VERSION, SPLITS, build_dataset, resolve_dtype
 from .readers import Corpus, ReadOptions
 from .sources import RemoteFile, file_name, find_files
@@ -103,6 +103,9 @@ def prepare_sharded(inputs, tokenizer, out_dir, *, tasks: int, executor: str = "
         raise UsageError(f"--workers {workers} must be at least 1")
     if executor == "slurm" and (slurm is None or not slurm.partition):
         raise UsageError("--executor slurm needs --slurm-partition (the partition the job array runs on)")
+    if executor == "slurm" and shutil.which("sbatch") is None:
+        raise UsageError("--executor slurm needs Slurm's sbatch, which is not on PATH: run prepare on a node that "
+                         "submits jobs (a login node), or use --executor local")
     if not 0 <= val_fraction < 1:
         raise UsageError(f"--val-fraction {val_fraction} is out of range; give a fraction in [0, 1), e.g. 0.01")
     options = ReadOptions(format, text_field, split_blank_lines)
@@ -118,6 +121,9 @@ def prepare_sharded(inputs, tokenizer, out_dir, *, tasks: int, executor: str = "
     # not in it: a hidden file that stays, as a run directory's .lock does). Held until this function returns.
     launcher = exclusive_lock(final.with_name(f"{hidden_prefix(final)}.lock"), f"--out {display_path(final)}",
                               "another `pretrain prepare` is building it: wait for it to end or stop it")
+    # A Slurm build outlives its launcher, and so this lock: the job ids stand in for it.
+    slurm_jobs = final.with_name(f"{hidden_prefix(final)}.slurm-jobs.json")
+    refuse_while_slurm_builds(slurm_jobs, f"--out {display_path(final)}")
 
     job = Job(files=[[_absolute(corpus.files[i]) for i in r] for r in split_files(corpus.sizes, tasks)],
               work=str(final.with_name(final.name + ".partial")), final=str(final), seed=seed,
@@ -125,7 +131,8 @@ def prepare_sharded(inputs, tokenizer, out_dir, *, tasks: int, executor: str = "
               text_field=text_field, split_blank_lines=split_blank_lines)
     _open_work_dir(job, corpus, tok)
     if executor == "slurm":
-        submit_slurm([TokenizeShard(job)], [WriteManifest(job)], Path(job.work) / "logs", tasks, workers, slurm)
+        submit_slurm([TokenizeShard(job)], [WriteManifest(job)], Path(job.work) / "logs", tasks, workers, slurm,
+                     slurm_jobs)
         launcher.release()  # the array runs after this returns: each of its tasks takes its own lock
         return None
     run = run_local if executor == "local" else run_ray
