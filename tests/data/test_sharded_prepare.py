@@ -168,7 +168,7 @@ def test_a_killed_prepare_redoes_only_unfinished_tasks(tmp_path, corpus, bpe_dir
 
     r = cli(*args)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert f"Skipping {len(done)} already completed tasks" in r.stderr
+    assert f"{len(done)} of 8 tasks were done by an earlier run; running the other {8 - len(done)}" in r.stderr
     for name, identity in kept.items():  # finished shards are not rebuilt: the same files, untouched
         assert _identity(out / f"shard_{name}") == identity
     reference = tmp_path / "reference"
@@ -292,6 +292,23 @@ def test_a_second_launcher_is_refused_while_the_slurm_job_runs(tmp_path, corpus,
     assert_same_dataset(out, one_pass)
 
 
+def test_a_failing_task_is_one_line_on_the_terminal_and_details_in_its_log(tmp_path, corpus, bpe_dir, jsonl, cli):
+    bad = tmp_path / "bad"
+    shutil.copytree(corpus, bad)
+    jsonl(bad / "b2.jsonl", [{"text": "fine"}, b"{not json"])  # the last task's file: its task fails (--strict)
+    r = cli("prepare", "--input", bad, "--tokenizer", bpe_dir, "--out", tmp_path / "out", "--split-blank-lines",
+            "--tasks", 3, "--workers", 2, "--strict")
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert len(r.stderr.splitlines()) <= 5, r.stderr[-3000:]
+    last = r.stderr.splitlines()[-1]
+    assert last.startswith("pretrain prepare: error: ") and "b2.jsonl:2: malformed JSON" in last
+    assert "Traceback" not in r.stderr and "datatrove" not in r.stderr
+    logs = tmp_path / "out.partial" / "logs" / "tokenize"
+    task_log = (logs / "logs" / "task_00002.log").read_text()
+    assert "b2.jsonl:2: malformed JSON" in task_log and "Traceback" in task_log  # datatrove's details
+    assert "tasks completed" in (logs / "launcher.log").read_text()
+
+
 def test_slurm_without_sbatch_is_one_line_and_creates_nothing(tmp_path, corpus, bpe_dir):
     (tmp_path / "empty").mkdir()
     out = tmp_path / "out"
@@ -308,8 +325,9 @@ def test_slurm_without_sbatch_is_one_line_and_creates_nothing(tmp_path, corpus, 
 def test_ray_executor_on_a_local_instance(tmp_path, corpus, bpe_dir, one_pass, cli):
     pytest.importorskip("ray")
     out = tmp_path / "out"
-    prepare(cli, corpus, bpe_dir, out, "--tasks", 4, "--executor", "ray", "--workers", 2)  # ray.init(num_cpus=2)
+    r = prepare(cli, corpus, bpe_dir, out, "--tasks", 4, "--executor", "ray", "--workers", 2)  # ray.init(num_cpus=2)
     assert_same_dataset(out, one_pass)
+    assert not r.stderr  # Ray's and datatrove's logs are in the log files
     assert (tmp_path / "out" / "logs" / "tokenize" / "completions" / "00003").is_file()
 
 

@@ -5,6 +5,7 @@ the argument checks stay light."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -18,6 +19,7 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..files import write_atomic
+from ..progress import counting_bar
 
 EXECUTORS = ("local", "slurm", "ray")
 
@@ -35,6 +37,42 @@ class SlurmOptions:
     env_command: str = ""  # run before each task; default: activate the Python environment running prepare
 
 
+@contextlib.contextmanager
+def logs_aside(logs: str, tasks: int | None = None):
+    """datatrove's logs (the launcher's and those of the tasks it runs or forks) go to LOGS/launcher.log and
+    each task's to LOGS/logs/task_NNNNN.log, not to the terminal: a failing task's traceback and every task's
+    pipeline and stats would bury the one-line error `prepare` ends with. With `tasks`, the terminal shows how
+    many are done (a bar, on a terminal only) from datatrove's completion marks."""
+    from datatrove.utils.logging import setup_default_logger
+
+    terminal, log_file = sys.stderr, Path(logs) / "launcher.log"
+    done = len(list((Path(logs) / "completions").glob("*"))) if tasks else 0
+    if done:
+        print(f"{done} of {tasks} tasks were done by an earlier run; running the other {tasks - done}", file=terminal)
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_file, "a", buffering=1) as log, contextlib.redirect_stderr(log):
+        setup_default_logger()  # datatrove's sink: sys.stderr as it is now; each task adds the same
+        try:
+            with counting_bar("tokenize", enabled=bool(tasks), file=terminal) as advance:
+                stop = threading.Event()
+                if advance is not None:
+                    threading.Thread(target=_count_completions, args=(logs, tasks, advance, stop),
+                                     daemon=True).start()
+                try:
+                    yield
+                finally:
+                    stop.set()
+        finally:
+            sys.stderr = terminal
+            setup_default_logger()
+
+
+def _count_completions(logs: str, tasks: int, advance, stop: threading.Event) -> None:
+    completions = Path(logs) / "completions"
+    while not stop.wait(0.5):
+        advance(len(list(completions.glob("*"))) if completions.is_dir() else 0, tasks, "tasks")
+
+
 def run_local(pipeline: list, tasks: int, workers: int | None, logs: str) -> None:
     """The tasks on this machine: `workers` at once (default all cores)."""
     import multiprocess.util
@@ -46,8 +84,9 @@ def run_local(pipeline: list, tasks: int, workers: int | None, logs: str) -> Non
     # threads or tokenizer state yet). Each forked process (pool workers, datatrove's Manager) watches this one.
     watch = LauncherWatch()  # referenced until run() returns: the registry holds it weakly
     multiprocess.util.register_after_fork(watch, LauncherWatch.start)
-    LocalPipelineExecutor(pipeline, tasks=tasks, workers=min(tasks, workers or default_workers()),
-                          logging_dir=logs, start_method="fork").run()
+    with logs_aside(logs, tasks):
+        LocalPipelineExecutor(pipeline, tasks=tasks, workers=min(tasks, workers or default_workers()),
+                              logging_dir=logs, start_method="fork").run()
 
 
 class LauncherWatch:
@@ -88,19 +127,22 @@ def run_ray(pipeline, tasks: int, workers: int | None, logs: str) -> None:
     from .pipeline import default_workers
 
     reaper = None
-    if not ray.is_initialized():
-        if os.environ.get("RAY_ADDRESS"):
-            ray.init()
-        else:
-            reaper = RayReaper()
-            ray.init(num_cpus=workers or default_workers(), include_dashboard=False)
-    try:
-        RayPipelineExecutor(pipeline, tasks=tasks, workers=workers or -1, logging_dir=logs, cpus_per_task=1,
-                            mem_per_cpu_gb=2).run()
-    finally:
-        if reaper is not None:
-            ray.shutdown()
-            reaper.release()
+    with logs_aside(logs, tasks):
+        # The tasks' output stays in their log files (log_to_driver), Ray's own goes where sys.stderr does now.
+        if not ray.is_initialized():
+            if os.environ.get("RAY_ADDRESS"):
+                ray.init(log_to_driver=False, configure_logging=False)
+            else:
+                reaper = RayReaper()
+                ray.init(num_cpus=workers or default_workers(), include_dashboard=False, log_to_driver=False,
+                         configure_logging=False)
+        try:
+            RayPipelineExecutor(pipeline, tasks=tasks, workers=workers or -1, logging_dir=logs, cpus_per_task=1,
+                                mem_per_cpu_gb=2).run()
+        finally:
+            if reaper is not None:
+                ray.shutdown()
+                reaper.release()
 
 
 class RayReaper:
@@ -173,7 +215,8 @@ def submit_slurm(tokenize: list, manifest: list, logs: Path, tasks: int, workers
     last = SlurmPipelineExecutor(manifest, tasks=1, job_name=f"{slurm.job_name}-manifest", depends=array,
                                  logging_dir=str(logs / "manifest"), **common)
     try:
-        last.run()  # submits the array first
+        with logs_aside(str(logs)):
+            last.run()  # submits the array first
     except subprocess.CalledProcessError as e:  # sbatch printed why on stderr
         raise UsageError(f"sbatch refused the job (exit {e.returncode}, its message is above): fix the --slurm-* "
                          "or --sbatch options and run the same command again") from None

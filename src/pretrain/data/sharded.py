@@ -270,7 +270,9 @@ def finish(job: Job) -> dict:
     missing = [n for n in names if not (work / n / "meta.json").is_file()]
     if missing:
         raise UsageError(f"{len(missing)} of {len(names)} tasks did not finish ({', '.join(missing[:3])}"
-                         f"{' ...' if len(missing) > 3 else ''}); run the same command again: it redoes only those")
+                         f"{' ...' if len(missing) > 3 else ''}; why: "
+                         f"{display_path(work / 'logs' / 'tokenize' / 'logs')}/task_NNNNN.log); run the same command "
+                         "again: it redoes only those")
     shards = [json.loads((work / n / "meta.json").read_text(encoding="utf-8")) for n in names]
     meta = manifest(shards, names, (work / "job.json").read_text(encoding="utf-8"))
     if not sum(meta["num_docs"].values()):
