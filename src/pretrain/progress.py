@@ -8,14 +8,15 @@ import contextlib
 
 def terminal_bar(*columns, enabled: bool = True, transient: bool = False, file=None):
     """A rich `Progress` with these columns, or None when disabled or stderr is not a terminal. `file`: the
-    stream to draw on, when sys.stderr is redirected meanwhile (default: sys.stderr, whatever it is then)."""
+    stream to draw on when the caller sends sys.stderr elsewhere meanwhile (a log file), which the bar then
+    leaves there (default: sys.stderr, whose writes rich shows above the bar)."""
     from rich.console import Console
     from rich.progress import Progress
 
     console = Console(stderr=True) if file is None else Console(file=file)
     if not enabled or not console.is_terminal:
         return None
-    return Progress(*columns, console=console, transient=transient)
+    return Progress(*columns, console=console, transient=transient, redirect_stderr=file is None)
 
 
 @contextlib.contextmanager
