@@ -215,7 +215,7 @@ def submit_slurm(tokenize: list, manifest: list, logs: Path, tasks: int, workers
     last = SlurmPipelineExecutor(manifest, tasks=1, job_name=f"{slurm.job_name}-manifest", depends=array,
                                  logging_dir=str(logs / "manifest"), **common)
     try:
-        with logs_aside(str(logs)):
+        with logs_aside(str(logs / "tokenize")):
             last.run()  # submits the array first
     except subprocess.CalledProcessError as e:  # sbatch printed why on stderr
         raise UsageError(f"sbatch refused the job (exit {e.returncode}, its message is above): fix the --slurm-* "
