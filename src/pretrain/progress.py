@@ -6,28 +6,30 @@ from __future__ import annotations
 import contextlib
 
 
-def terminal_bar(*columns, enabled: bool = True, transient: bool = False):
-    """A rich `Progress` with these columns, or None when disabled or stderr is not a terminal."""
+def terminal_bar(*columns, enabled: bool = True, transient: bool = False, file=None):
+    """A rich `Progress` with these columns, or None when disabled or stderr is not a terminal. `file`: the
+    stream to draw on when the caller sends sys.stderr elsewhere meanwhile (a log file), which the bar then
+    leaves there (default: sys.stderr, whose writes rich shows above the bar)."""
     from rich.console import Console
     from rich.progress import Progress
 
-    console = Console(stderr=True)
+    console = Console(stderr=True) if file is None else Console(file=file)
     if not enabled or not console.is_terminal:
         return None
-    return Progress(*columns, console=console, transient=transient)
+    return Progress(*columns, console=console, transient=transient, redirect_stderr=file is None)
 
 
 @contextlib.contextmanager
-def counting_bar(label: str, enabled: bool = True, eta: bool = False):
+def counting_bar(label: str, enabled: bool = True, eta: bool = False, file=None):
     """Yields `advance(done, total, description)` for a loop over items (sweep cells, benchmark shapes), or
-    None; transient: the result table replaces it."""
+    None; transient: the result table replaces it. `file`: as terminal_bar's."""
     from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     columns = [TextColumn(f"{label} {{task.description:<36}}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn()]
     if eta:
         columns += [TextColumn("ETA"), TimeRemainingColumn()]
-    bar = terminal_bar(*columns, enabled=enabled, transient=True)
+    bar = terminal_bar(*columns, enabled=enabled, transient=True, file=file)
     if bar is None:
         yield None
         return

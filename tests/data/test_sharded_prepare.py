@@ -133,13 +133,18 @@ def wait_for(predicate, proc, timeout=120):
     raise AssertionError("prepare made no progress")
 
 
-def test_a_killed_prepare_redoes_only_unfinished_tasks(tmp_path, corpus, bpe_dir, one_pass, cli):
-    # 8 tasks on a corpus 6x the fixtures (each task ~0.3 s), two at a time: killed after the first finishes
-    big = tmp_path / "big"
-    big.mkdir()
+def bigger(corpus: Path, folder: Path, times: int = 6) -> Path:
+    """The corpus with each file `times` as long (each of 8 tasks ~0.3 s for 6)."""
+    folder.mkdir()
     for f in sorted(corpus.iterdir()):
-        (big / f.name).write_bytes(f.read_bytes() * 6 if f.suffix == ".jsonl" else
-                                   b"\n\n".join([f.read_bytes()] * 6))
+        (folder / f.name).write_bytes(f.read_bytes() * times if f.suffix == ".jsonl" else
+                                      b"\n\n".join([f.read_bytes()] * times))
+    return folder
+
+
+def test_a_killed_prepare_redoes_only_unfinished_tasks(tmp_path, corpus, bpe_dir, one_pass, cli):
+    # 8 tasks on a corpus 6x the fixtures, two at a time: killed after the first finishes
+    big = bigger(corpus, tmp_path / "big")
     out = tmp_path / "out"
     shutil.copytree(one_pass, out)  # an earlier dataset at --out: usable until the new one is complete
     args = ["prepare", "--input", big, "--tokenizer", bpe_dir, "--out", out, "--split-blank-lines",
@@ -165,7 +170,7 @@ def test_a_killed_prepare_redoes_only_unfinished_tasks(tmp_path, corpus, bpe_dir
 
     r = cli(*args)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert f"Skipping {len(done)} already completed tasks" in r.stderr
+    assert f"{len(done)} of 8 tasks were done by an earlier run; running the other {8 - len(done)}" in r.stderr
     for name, identity in kept.items():  # finished shards are not rebuilt: the same files, untouched
         assert _identity(out / f"shard_{name}") == identity
     reference = tmp_path / "reference"
@@ -206,8 +211,9 @@ def test_a_changed_command_does_not_reuse_a_partial_build(tmp_path, corpus, bpe_
 
 
 def _fake_slurm(bin_dir: Path) -> None:
-    """sbatch, srun and scontrol stand-ins: sbatch runs each array task of the script it is given right away
-    (SLURM_ARRAY_TASK_ID = 0, 1, ...), output to stderr, and answers "Submitted batch job ID" as sbatch does."""
+    """sbatch, srun, scontrol and squeue stand-ins: sbatch runs each array task of the script it is given right
+    away (SLURM_ARRAY_TASK_ID = 0, 1, ...), output to stderr, and answers "Submitted batch job ID" as sbatch
+    does; with FAKE_SLURM_QUEUE set it runs nothing and queues the job there instead, for squeue to list."""
     scripts = {
         "sbatch": r"""#!/bin/bash
 script="${@: -1}"
@@ -218,10 +224,19 @@ done
 array=$(sed -n 's/^#SBATCH --array=\([0-9]*-[0-9]*\).*/\1/p' "$script")
 array=${array:-0-0}
 export SLURM_JOB_ID=$((1000 + $(ls "$FAKE_SLURM_DIR" | wc -l))) SLURM_NODELIST=localhost
-for ((i=${array%-*}; i<=${array#*-}; i++)); do
-  SLURM_ARRAY_TASK_ID=$i bash "$script" >&2 || exit 1
-done
+if [ -n "$FAKE_SLURM_QUEUE" ]; then
+  echo "$SLURM_JOB_ID PENDING Dependency" >> "$FAKE_SLURM_QUEUE"
+else
+  for ((i=${array%-*}; i<=${array#*-}; i++)); do
+    SLURM_ARRAY_TASK_ID=$i bash "$script" >&2 || exit 1
+  done
+fi
 echo "Submitted batch job $SLURM_JOB_ID"
+""",
+        "squeue": r"""#!/bin/bash
+for arg in "$@"; do case "$arg" in --jobs=*) jobs=${arg#--jobs=};; esac; done
+[ -f "$FAKE_SLURM_QUEUE" ] && grep -E "^(${jobs//,/|}) " "$FAKE_SLURM_QUEUE"
+exit 0
 """,
         "srun": r"""#!/bin/bash
 while [ $# -gt 0 ]; do case "$1" in -n) shift 2;; -*) shift;; *) break;; esac; done
@@ -258,12 +273,101 @@ def test_slurm_job_script_runs_the_array_through_a_stand_in_sbatch(tmp_path, cor
     assert_same_dataset(out, one_pass)  # the manifest job ran after the array, and swapped the dataset in
 
 
+def test_a_second_launcher_is_refused_while_the_slurm_job_runs(tmp_path, corpus, bpe_dir, one_pass):
+    # The launcher returns once the array is queued; until the job ends, OUT.partial is the job's.
+    _fake_slurm(tmp_path / "bin")
+    (tmp_path / "submitted").mkdir()
+    queue = tmp_path / "queue"
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}",
+           "FAKE_SLURM_DIR": str(tmp_path / "submitted"), "FAKE_SLURM_QUEUE": str(queue)}
+    out = tmp_path / "out"
+    args = [sys.executable, "-m", "pretrain", "prepare", "--input", corpus, "--tokenizer", bpe_dir, "--out", out,
+            "--split-blank-lines", "--val-fraction", "0.1", "--tasks", "3"]
+    slurm = ["--executor", "slurm", "--slurm-partition", "cpu"]
+    r = subprocess.run([*args, *slurm], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0 and "submitted 3 Slurm array tasks" in r.stdout, r.stderr[-3000:]
+    partial = tmp_path / "out.partial"
+    before = sorted((p.relative_to(partial), p.stat().st_mtime_ns) for p in partial.rglob("*"))
+    for again in (slurm, ["--seed", "7", *slurm], ["--executor", "local"]):  # the same command, another, local
+        r = subprocess.run([*args, *again], capture_output=True, text=True, env=env, timeout=300)
+        assert r.returncode == 2, r.stderr[-3000:]
+        (line,) = r.stderr.strip().splitlines()
+        assert "is being built by Slurm job 1001,1003 (squeue: 1003 PENDING Dependency)" in line, line
+        assert "scancel 1001 1003" in line  # the array and the manifest job (1002: datatrove's stats job)
+    assert sorted((p.relative_to(partial), p.stat().st_mtime_ns) for p in partial.rglob("*")) == before
+    queue.write_text("")  # the job has ended (cancelled): the next launcher goes on
+    r = subprocess.run([*args, "--executor", "local"], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert_same_dataset(out, one_pass)
+
+
+def test_a_failing_task_is_one_line_on_the_terminal_and_details_in_its_log(tmp_path, corpus, bpe_dir, jsonl, cli):
+    bad = tmp_path / "bad"
+    shutil.copytree(corpus, bad)
+    jsonl(bad / "b2.jsonl", [{"text": "fine"}, b"{not json"])  # the last task's file: its task fails (--strict)
+    r = cli("prepare", "--input", bad, "--tokenizer", bpe_dir, "--out", tmp_path / "out", "--split-blank-lines",
+            "--tasks", 3, "--workers", 2, "--strict")
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert len(r.stderr.splitlines()) <= 5, r.stderr[-3000:]
+    last = r.stderr.splitlines()[-1]
+    assert last.startswith("pretrain prepare: error: ") and "b2.jsonl:2: malformed JSON" in last
+    assert "Traceback" not in r.stderr and "datatrove" not in r.stderr
+    logs = tmp_path / "out.partial" / "logs" / "tokenize"
+    task_log = (logs / "logs" / "task_00002.log").read_text()
+    assert "b2.jsonl:2: malformed JSON" in task_log and "Traceback" in task_log  # datatrove's details
+    assert "tasks completed" in (logs / "launcher.log").read_text()
+
+
+def test_slurm_without_sbatch_is_one_line_and_creates_nothing(tmp_path, corpus, bpe_dir):
+    (tmp_path / "empty").mkdir()
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, "-m", "pretrain", "prepare", "--input", corpus, "--tokenizer", bpe_dir,
+                        "--out", out, "--tasks", "3", "--executor", "slurm", "--slurm-partition", "cpu"],
+                       capture_output=True, text=True, env={**os.environ, "PATH": str(tmp_path / "empty")},
+                       timeout=300)
+    assert r.returncode == 2, r.stderr[-3000:]
+    (line,) = r.stderr.strip().splitlines()
+    assert "--executor slurm needs Slurm's sbatch, which is not on PATH" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty"]  # no out, no out.partial, no lock
+
+
 def test_ray_executor_on_a_local_instance(tmp_path, corpus, bpe_dir, one_pass, cli):
     pytest.importorskip("ray")
     out = tmp_path / "out"
-    prepare(cli, corpus, bpe_dir, out, "--tasks", 4, "--executor", "ray", "--workers", 2)  # ray.init(num_cpus=2)
+    r = prepare(cli, corpus, bpe_dir, out, "--tasks", 4, "--executor", "ray", "--workers", 2)  # ray.init(num_cpus=2)
     assert_same_dataset(out, one_pass)
+    assert not r.stderr  # Ray's and datatrove's logs are in the log files
     assert (tmp_path / "out" / "logs" / "tokenize" / "completions" / "00003").is_file()
+
+
+def test_a_killed_launcher_takes_its_local_ray_instance_with_it(tmp_path, corpus, bpe_dir):
+    pytest.importorskip("ray")
+    out, big = tmp_path / "out", bigger(corpus, tmp_path / "big", 30)
+    proc = subprocess.Popen([sys.executable, "-m", "pretrain", "prepare", "--input", big, "--tokenizer", bpe_dir,
+                             "--out", out, "--split-blank-lines", "--tasks", "8",
+                             "--workers", "2", "--executor", "ray"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    wait_for(lambda: list((tmp_path / "out.partial").glob("shard_*")), proc)  # the Ray tasks are running
+    instance = psutil.Process(proc.pid).children(recursive=True)  # GCS, raylet, agents, workers, their forks
+    assert any(p.name().startswith("ray::") for p in instance)
+    proc.kill()  # SIGKILL: nothing in prepare runs
+    proc.wait()
+    deadline = time.time() + 10
+    while time.time() < deadline and _running(instance):
+        time.sleep(0.2)
+    assert not _running(instance), [p.name() for p in _running(instance)]
+
+
+def _running(processes: list[psutil.Process]) -> list[psutil.Process]:
+    """Those still running (a zombie has ended: its parent, perhaps init, has not collected it yet)."""
+    alive = []
+    for p in processes:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                alive.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
 
 
 def test_hugging_face_dataset_directories_and_arrow_files(tmp_path, bpe_dir, zh_classics, cli):

@@ -82,14 +82,47 @@ def test_fsdp_compiles_block_by_block_without_graph_breaks(prepared, single, tmp
     assert all(b[k] == pytest.approx(a[k], rel=2e-3) for k in a)  # see test_compiled_step_trains_like_eager
 
 
-@needs_cpu_fsdp
-def test_sharded_checkpoint_resumes_on_one_and_two_ranks(prepared, tmp_path):
-    from pretrain.train.checkpoint import checkpoint_dir
+# Imported first by every Python process (PYTHONPATH): each rank's process lists the checkpoint files it opens
+# for reading, through Python's audit hook on open() (https://peps.python.org/pep-0578/).
+OPENED_FILES = """
+import os, sys
 
+def _audit(event, args):
+    if event == "open" and isinstance(args[0], str) and "/checkpoints/" in args[0] and isinstance(args[1], str) \\
+            and "r" in args[1] and "+" not in args[1]:
+        with open(os.path.join(os.environ["OPENED_FILES_DIR"], f"rank{os.environ['RANK']}.txt"), "a") as f:
+            f.write(args[0] + "\\n")
+
+if "RANK" in os.environ:
+    sys.addaudithook(_audit)
+"""
+
+
+@needs_cpu_fsdp
+def test_sharded_checkpoint_resumes_on_one_and_two_ranks(prepared, tmp_path, monkeypatch):
+    from pretrain.train.checkpoint import _files, checkpoint_dir, checksums
+
+    opened = tmp_path / "opened"
+    opened.mkdir()
+    (opened / "sitecustomize.py").write_text(OPENED_FILES)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(opened), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    monkeypatch.setenv("OPENED_FILES_DIR", str(opened))
     straight = tmp_path / "straight"
     finished_torchrun(*settings(prepared, straight, 4, "parallel.zero_stage=3"))
-    shards = list((checkpoint_dir(straight, 3) / "state").glob("*.distcp"))
+    monkeypatch.undo()
+    checkpoint = checkpoint_dir(straight, 3)
+    shards = list((checkpoint / "state").glob("*.distcp"))
     assert len(shards) == 2  # one file per rank: the checkpoint is sharded
+    # The manifest the ranks hashed together is the one a single hasher of every file makes ...
+    manifest = json.loads((checkpoint / "manifest.json").read_text())["files"]
+    assert manifest == checksums(checkpoint, _files(checkpoint))
+    # ... and each rank read only its own files to hash them: rank 0 never rank 1's.
+    read = {r: (opened / f"rank{r}.txt").read_text().splitlines() for r in (0, 1)}
+    step = str(checkpoint.name)
+    assert any(f"{step}.tmp/state/__1_0.distcp" in f for f in read[1])
+    assert any(f"{step}.tmp/rng_rank1.pt" in f for f in read[1])
+    assert not [f for f in read[0] if "__1_" in f or "rng_rank1" in f], read[0]
+    assert not [f for f in read[1] if "__0_" in f or "rng_rank0" in f or ".metadata" in f], read[1]
 
     two = tmp_path / "two"
     r = finished_torchrun(*settings(prepared, two, 4, "parallel.zero_stage=3", "debug.stop_after_step=3"))
@@ -185,3 +218,11 @@ def test_a_global_batch_stays_the_same_on_two_ranks(prepared, single, tmp_path):
     assert a.keys() == b.keys() and all(b[k] == pytest.approx(a[k], rel=1e-5) for k in a)
     train = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if '"loss"' in x]
     assert {r["batch_tokens"] for r in train} == {512}
+
+
+def test_a_layout_for_more_processes_than_torchrun_started_says_to_change_nproc(prepared, tmp_path):
+    r = torchrun(*settings(prepared, tmp_path / "run", 4, "model.num_layers=4", "parallel.pipeline=4"))
+    assert r.returncode != 0
+    assert ("pretrain train: error: parallel.tensor x parallel.pipeline = 1 x 4 = 4 ranks per model replica do not "
+            "divide the 2 processes torchrun started: change --nproc-per-node so that they are a multiple of 4"
+            ) in r.stderr

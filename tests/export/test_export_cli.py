@@ -46,9 +46,11 @@ def test_generate_bad_input_is_one_line(trained, tmp_path, tokenizer_dir, case):
     from tokenizers import Tokenizer, models
 
     big = tmp_path / "big.json"  # a tokenizer of 1,000 ids: the debug model has 512
-    Tokenizer(models.WordLevel({f"w{i}": i for i in range(1000)}, unk_token="w0")).save(str(big))
+    tokenizer = Tokenizer(models.WordLevel({**{f"w{i}": i for i in range(999)}, "<eos>": 999}, unk_token="w0"))
+    tokenizer.add_special_tokens(["<eos>"])  # an end-of-document token, as prepare requires
+    tokenizer.save(str(big))
     extra = {"max new tokens": ["--max-new-tokens", "-5"], "prompt bytes": ["--prompt", b"caf\xe9"],
-             "tokenizer": ["--tokenizer", big, "--prompt", "w999"]}[case]
+             "tokenizer": ["--tokenizer", big, "--prompt", "w998"]}[case]
     r = subprocess.run([sys.executable, "-m", "pretrain", "generate", trained, "--max-new-tokens", "3", *extra],
                        capture_output=True)
     lines = r.stderr.decode(errors="replace").strip().splitlines()

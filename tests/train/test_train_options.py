@@ -92,6 +92,16 @@ def test_config_errors_are_one_line(prepared, tmp_path, args, key):
     assert not (tmp_path / "run" / "checkpoints").exists()  # failed before anything was built or written
 
 
+@pytest.mark.parametrize("extra", [[], ["parallel.gpus=2"]])  # the check of every config, and the trainer's
+def test_a_layout_for_more_processes_says_to_launch_them_with_torchrun(prepared, tmp_path, extra):
+    # A config's parallel.gpus is what the planner plans; `pretrain train` runs the processes it is given.
+    r = run_cli("train", *tiny(prepared, tmp_path / "run", "parallel.pipeline=2", *extra))
+    assert r.returncode == 2, r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert "launch with `torchrun --nproc-per-node 2 -m pretrain train ...`" in line, line
+    assert "gpus" not in line
+
+
 def test_missing_or_mismatched_data_directory(prepared, tmp_path):
     r = run_cli("train", *tiny(tmp_path / "nowhere", tmp_path / "run"))
     assert r.returncode == 2 and "nowhere" in r.stderr and len(r.stderr.strip().splitlines()) == 1

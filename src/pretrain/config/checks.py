@@ -14,6 +14,15 @@ from .reading import coerce, shown, unknown
 from .schema import SECTIONS, Config, DataConfig, shown_value
 
 
+class GridError(ConfigError):
+    """parallel.gpus is not a multiple of tensor x pipeline. `pretrain train` says how many processes to launch
+    instead (its gpus is the number torchrun started, not a figure to edit)."""
+
+    def __init__(self, message: str, parallel):
+        super().__init__(message)
+        self.tensor, self.pipeline = parallel.tensor, parallel.pipeline
+
+
 def _positive(key: str, value, allow_zero: bool = False):
     if value is None:
         return
@@ -143,8 +152,8 @@ def validate(c: Config) -> None:
         raise ConfigError(f"parallel.gpus: {p.gpus:,} is more than the {MOST_GPUS:,} (2^20) a config takes, ten "
                           "times the largest clusters built; give the job's world size")
     if p.gpus % (p.tensor * p.pipeline):
-        raise ConfigError(f"parallel.gpus: {p.gpus} GPUs are not divisible by tensor x pipeline = "
-                          f"{p.tensor} x {p.pipeline}; make gpus a multiple of {p.tensor * p.pipeline}")
+        raise GridError(f"parallel.gpus: {p.gpus} GPUs are not divisible by tensor x pipeline = "
+                        f"{p.tensor} x {p.pipeline}; make gpus a multiple of {p.tensor * p.pipeline}", p)
     global_batch = t.micro_batch_size * t.seq_len * t.grad_accum_steps * (p.gpus // (p.tensor * p.pipeline))
     if t.batch_ramp_tokens and t.batch_ramp_start > global_batch:  # the ramp would start above its end: no ramp
         raise ConfigError(f"train.batch_ramp_start: {t.batch_ramp_start:,} tokens is above the global batch "

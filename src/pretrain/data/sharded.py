@@ -36,9 +36,10 @@ from datatrove.pipeline.base import PipelineStep
 
 from .. import __version__
 from ..errors import UsageError
-from ..files import aside_path, check_output_dir, display_path, refuse_foreign, swap_in, write_atomic, writer_lock
+from ..files import (aside_path, check_output_dir, display_path, hidden_prefix, refuse_foreign, swap_in, write_atomic,
+                     writer_lock)
 from ..lock import exclusive_lock
-from .executors import EXECUTORS, SlurmOptions, run_local, run_ray, submit_slurm
+from .executors import EXECUTORS, SlurmOptions, refuse_while_slurm_builds, run_local, run_ray, submit_slurm
 from .pipeline import MAX_SHOWN, META_VERSION, SPLITS, build_dataset, replaceable_names, resolve_dtype
 from .readers import Corpus, ReadOptions
 from .sources import RemoteFile, file_name, find_files
@@ -108,6 +109,9 @@ def prepare_sharded(inputs, tokenizer, out_dir, *, tasks: int, executor: str = "
         raise UsageError(f"--workers {workers} must be at least 1")
     if executor == "slurm" and (slurm is None or not slurm.partition):
         raise UsageError("--executor slurm needs --slurm-partition (the partition the job array runs on)")
+    if executor == "slurm" and shutil.which("sbatch") is None:
+        raise UsageError("--executor slurm needs Slurm's sbatch, which is not on PATH: run prepare on a node that "
+                         "submits jobs (a login node), or use --executor local")
     if not 0 <= val_fraction < 1:
         raise UsageError(f"--val-fraction {val_fraction} is out of range; give a fraction in [0, 1), e.g. 0.01")
     options = ReadOptions(format, text_field, split_blank_lines)
@@ -123,6 +127,9 @@ def prepare_sharded(inputs, tokenizer, out_dir, *, tasks: int, executor: str = "
     # the first. Held until this function returns.
     launcher = writer_lock(final, "--out")
     refuse_foreign(final, "--out", replaceable_names(final))
+    # A Slurm build outlives its launcher, and so this lock: the job ids stand in for it.
+    slurm_jobs = final.with_name(f"{hidden_prefix(final)}.slurm-jobs.json")
+    refuse_while_slurm_builds(slurm_jobs, f"--out {display_path(final)}")
 
     job = Job(files=[[_absolute(corpus.files[i]) for i in r] for r in split_files(corpus.sizes, tasks)],
               work=str(final.with_name(final.name + ".partial")), final=str(final), seed=seed,
@@ -131,7 +138,8 @@ def prepare_sharded(inputs, tokenizer, out_dir, *, tasks: int, executor: str = "
     _open_work_dir(job, corpus, tok)
     _forget_unusable_shards(job)
     if executor == "slurm":
-        submit_slurm([TokenizeShard(job)], [WriteManifest(job)], Path(job.work) / "logs", tasks, workers, slurm)
+        submit_slurm([TokenizeShard(job)], [WriteManifest(job)], Path(job.work) / "logs", tasks, workers, slurm,
+                     slurm_jobs)
         launcher.release()  # the array runs after this returns: each of its tasks takes its own lock
         return None
     run = run_local if executor == "local" else run_ray
@@ -285,7 +293,9 @@ def finish(job: Job) -> dict:
     missing = [n for n in names if not (work / n / "meta.json").is_file()]
     if missing:
         raise UsageError(f"{len(missing)} of {len(names)} tasks did not finish ({', '.join(missing[:3])}"
-                         f"{' ...' if len(missing) > 3 else ''}); run the same command again: it redoes only those")
+                         f"{' ...' if len(missing) > 3 else ''}; why: "
+                         f"{display_path(work / 'logs' / 'tokenize' / 'logs')}/task_NNNNN.log); run the same command "
+                         "again: it redoes only those")
     _check_shards(work, names)
     shards = [json.loads((work / n / "meta.json").read_text(encoding="utf-8")) for n in names]
     meta = manifest(shards, names, (work / "job.json").read_text(encoding="utf-8"))

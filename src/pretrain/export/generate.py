@@ -78,24 +78,18 @@ def _sample(logits, temperature, top_k, top_p, generator) -> torch.Tensor:
 def generate_text(model, tokenizer_path: str | Path, prompt: str, **kw) -> str:
     """The prompt and its continuation, decoded. `tokenizer_path`: a tokenizer.json or its directory.
 
-    `kw` goes to `generate` (max_new_tokens is required); eos_id defaults to the tokenizer's <eos>, and an
-    empty prompt starts from <bos>.
+    `kw` goes to `generate` (max_new_tokens is required); eos_id defaults to the tokenizer's end-of-document
+    token, and an empty prompt starts from <bos>. The prompt is encoded as `prepare` encodes a document
+    (TokenizerFiles.load): the text "<eos>" in it is those five characters, as the model saw such text in
+    training, not the end-of-document token.
     """
-    from tokenizers import Tokenizer
+    from ..data.tokenizer import find_tokenizer
 
-    path = Path(tokenizer_path)
-    if path.is_dir():
-        path = path / "tokenizer.json"
-    if not path.is_file():
-        raise UsageError(f"{path}: no such tokenizer file; give a tokenizer.json or its directory")
-    try:
-        tokenizer = Tokenizer.from_file(str(path))
-    except Exception as e:  # tokenizers raises a bare Exception for a malformed file
-        raise UsageError(f"{path}: not a tokenizer.json ({' '.join(str(e).split())[:200]})") from None
-    size = max(tokenizer.get_vocab(with_added_tokens=True).values(), default=-1) + 1
-    if size > model.config.vocab_size:
-        raise UsageError(f"{path}: its ids go up to {size - 1:,}, beyond the model's vocabulary of "
-                         f"{model.config.vocab_size:,}: not the tokenizer this model was trained with (give the "
+    files = find_tokenizer(tokenizer_path)
+    tokenizer = files.load()
+    if files.vocab_size > model.config.vocab_size:
+        raise UsageError(f"{files.source}: its ids go up to {files.vocab_size - 1:,}, beyond the model's vocabulary "
+                         f"of {model.config.vocab_size:,}: not the tokenizer this model was trained with (give the "
                          "run's, e.g. DATA_DIR/tokenizer)")
     try:
         prompt.encode("utf-8")
@@ -107,7 +101,7 @@ def generate_text(model, tokenizer_path: str | Path, prompt: str, **kw) -> str:
         ids = [bos]
     if not ids:
         raise UsageError("generate: the prompt is empty and the tokenizer has no <bos> to start from")
-    kw.setdefault("eos_id", tokenizer.token_to_id("<eos>"))
+    kw.setdefault("eos_id", files.eos_id)
     device = next(model.parameters()).device
     out = generate(model, torch.tensor([ids], device=device), **kw)
     return tokenizer.decode(out[0].tolist(), skip_special_tokens=True)

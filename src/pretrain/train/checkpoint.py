@@ -6,7 +6,8 @@ Layout of RUN_DIR/checkpoints/step_00000100/:
   trainer.json         step, tokens, data-loader position, schedule and stability state, version, "good"
   rng_rank{r}.pt       RNG states of every rank (torch, CUDA, numpy, python)
   config.yaml          the resolved config of the run
-  manifest.json        sha256 and size of every file above; written last
+  manifest.json        sha256 and size of every file above, each hashed by the rank that wrote it (rank 0
+                       gathers them and writes the manifest last)
 A checkpoint is written into `step_N.tmp/` and renamed to `step_N/` only when complete, so a crash at any
 moment leaves either the previous checkpoint or a `.tmp` directory that the next run deletes.
 
@@ -84,8 +85,10 @@ warnings.filterwarnings("ignore", message="TypedStorage is deprecated", module="
 
 
 def save_checkpoint(run_dir, step: int, state_dict: dict, trainer: dict, config_yaml: str, rank: int = 0,
-                    barrier=lambda: None, fail_disk_full: bool = False, pause: float = 0.0) -> Path:
+                    barrier=lambda: None, gather=lambda value: [value], fail_disk_full: bool = False,
+                    pause: float = 0.0) -> Path:
     """Write checkpoint `step` atomically. `state_dict` holds the model/optimizer state (DCP-ready).
+    `gather(value)`: every rank's value on rank 0, in rank order (runtime.gather_to_main).
     `fail_disk_full` and `pause` are fault injection for tests: the write fails half-way as on a full disk,
     or waits half-way so that a test can kill the process there."""
     final = checkpoint_dir(run_dir, step)
@@ -100,12 +103,16 @@ def save_checkpoint(run_dir, step: int, state_dict: dict, trainer: dict, config_
         if fail_disk_full:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp))
         time.sleep(pause)
-        barrier()
+        # Each rank hashes the files it wrote, all at once: rank 0 hashing a 70B model's shards alone would
+        # keep the other ranks at the next collective past NCCL's timeout.
+        hashed = gather(checksums(tmp, own_files(tmp, rank)))
         if rank == 0:
             _write_json(tmp / "trainer.json", trainer)
             (tmp / "config.yaml").write_text(config_yaml)
-            manifest = {str(p.relative_to(tmp)): {"sha256": sha256_file(p), "bytes": p.stat().st_size}
-                        for p in _files(tmp)}
+            hashed = {name: entry for part in hashed for name, entry in part.items()}
+            rest = [p for p in _files(tmp) if str(p.relative_to(tmp)) not in hashed]  # .metadata, trainer.json ...
+            hashed.update(checksums(tmp, rest))
+            manifest = {str(p.relative_to(tmp)): hashed[str(p.relative_to(tmp))] for p in _files(tmp)}
             _write_json(tmp / "manifest.json", {"step": step, "files": manifest})
             _fsync_dir(tmp)
             if final.exists():  # a checkpoint of the same step from an earlier attempt: replace it
@@ -125,6 +132,17 @@ def save_checkpoint(run_dir, step: int, state_dict: dict, trainer: dict, config_
                              f"with `pretrain train --resume {run_dir}`") from None
         raise
     return final
+
+
+def own_files(directory: Path, rank: int) -> list[Path]:
+    """The files of a checkpoint being written that `rank` wrote: its RNG states and its DCP data files
+    (FileSystemWriter names rank r's files state/__r_N.distcp). Rank 0 hashes whatever no rank claims."""
+    return [directory / f"rng_rank{rank}.pt", *sorted((directory / "state").glob(f"__{rank}_*.distcp"))]
+
+
+def checksums(directory: Path, files: list[Path]) -> dict[str, dict]:
+    """{path relative to `directory`: {"sha256", "bytes"}}: the manifest's entries of these files."""
+    return {str(p.relative_to(directory)): {"sha256": sha256_file(p), "bytes": p.stat().st_size} for p in files}
 
 
 def _fsync_dir(path: Path) -> None:

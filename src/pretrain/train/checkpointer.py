@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 from .. import __version__
-from ..distributed.runtime import barrier
+from ..distributed.runtime import barrier, gather_to_main
 from . import checkpoint as ckpt
 
 
@@ -35,6 +35,7 @@ class Checkpointer:
                    "good": good, "version": __version__, "total_steps": self.total_steps}
         path = ckpt.save_checkpoint(self.run_dir, step, self.tensors.state_dict(), trainer, self.config_yaml,
                                     rank=self.rt.rank, barrier=lambda: barrier(self.rt),
+                                    gather=lambda value: gather_to_main(value, self.rt),
                                     # the tests' fault injection (see checkpoint.save_checkpoint)
                                     fail_disk_full=step == self.debug.inject_disk_full_step > 0,
                                     pause=self.debug.checkpoint_sleep)

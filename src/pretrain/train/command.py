@@ -27,6 +27,8 @@ def add_arguments(p):
 def resolve(args):
     """The config of `pretrain train`: a file, or a run directory's saved config when resuming."""
     from ..config import load_config
+    from ..config.checks import GridError
+    from ..errors import ConfigError
 
     path, overrides = split_items(args.items)
     if args.resume:
@@ -39,7 +41,12 @@ def resolve(args):
         overrides = [f"run.dir={args.resume}", "run.resume=auto", *overrides]
     if "WORLD_SIZE" in os.environ:  # under torchrun the world is the truth, also for the config's checks
         overrides = [*overrides, f"parallel.gpus={os.environ['WORLD_SIZE']}"]
-    return load_config(path, overrides)
+    try:
+        return load_config(path, overrides)
+    except GridError as e:  # the fix is how many processes to launch, not parallel.gpus
+        from ..distributed.runtime import wrong_process_count
+
+        raise ConfigError(wrong_process_count(e.tensor, e.pipeline, int(os.environ.get("WORLD_SIZE", 1)))) from None
 
 
 def check_same_run_dir(run_dir: Path, overrides: list[str]) -> None:

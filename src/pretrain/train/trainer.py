@@ -19,6 +19,7 @@ import yaml
 
 from ..config import mixture_sources, replaced, untrained
 from ..data.token_files import DataChanged
+from ..distributed.runtime import wrong_process_count
 from ..errors import ConfigError, UsageError
 from ..lock import exclusive_lock
 from ..files import write_atomic
@@ -98,10 +99,7 @@ def check_trainable(config, needs_data: bool = True) -> None:
     if refused:
         raise ConfigError(refused[0])
     if par.gpus % (par.tensor * par.pipeline):  # the world torchrun gave (launched_config), not the YAML's
-        grid = par.tensor * par.pipeline
-        raise ConfigError(f"parallel.tensor x parallel.pipeline: {par.tensor} x {par.pipeline} = {grid} ranks per "
-                          f"model replica do not divide the {par.gpus} processes torchrun started; launch a "
-                          f"multiple of {grid} (--nproc-per-node) or lower parallel.tensor / parallel.pipeline")
+        raise ConfigError(wrong_process_count(par.tensor, par.pipeline, par.gpus))
     if par.pipeline > 1:
         from ..distributed.pipeline import check_pipelinable
 
