@@ -100,6 +100,8 @@ def validate(c: Config) -> None:
         if m.num_kv_heads != m.num_heads:
             raise ConfigError("model.num_kv_heads: the gpt2 family has no grouped-query attention; "
                               "leave num_kv_heads unset")
+        if m.qk_norm:
+            raise ConfigError("model.qk_norm: the gpt2 family has no QK-norm; set model.qk_norm=false")
     if m.family == "llama" and m.head_dim % 2:
         raise ConfigError(f"model.head_dim: rotary embeddings need an even head_dim, got {m.head_dim}")
     if not 0 <= m.dropout < 1:
