@@ -109,3 +109,8 @@ def test_qwen3_counts_as_transformers_builds_it(tmp_path):
         theirs = transformers.AutoModelForCausalLM.from_config(hf)
     assert count_params(m).total == sum(p.numel() for p in theirs.parameters())
     assert count_params(m).norm == 2 * (2 * 256 + 2 * 32) + 256  # QK-norm: 2 x head_dim a layer
+
+
+def test_gpt2_has_no_qk_norm():
+    with pytest.raises(ConfigError, match="model.qk_norm: the gpt2 family has no QK-norm"):
+        load_config(overrides=["model.preset=gpt2", "model.qk_norm=true"])
