@@ -1,7 +1,7 @@
 """`model:` keys from a Hugging Face `config.json` (`model.hf_config`, and the import of a checkpoint).
 
 Every field of a supported family's config.json is in `FIELDS`, so nothing is dropped without a word:
-  READ     becomes a `model:` key (or caps one: a sliding window caps max_seq_len, see `_window`);
+  READ     becomes a `model:` key (a sliding window: model.sliding_window, which bounds train.seq_len);
   IGNORED  no part of the function the model computes: token ids, dtypes, caching, output options, dropout
            (a training choice: model.dropout sets ours), a sequence-classification head's settings;
   Neutral  refused by name unless at a value our model computes the same way (a bias we do not build,
@@ -155,8 +155,8 @@ def _llama_keys(hf: dict, kind: str, where: str) -> dict:
     if hf.get("head_dim"):
         keys["head_dim"] = hf["head_dim"]
     window = _window(hf, kind, layers, where)
-    if window is not None:
-        keys["max_seq_len"] = min(keys["max_seq_len"], window)
+    if window is not None and window < keys["max_seq_len"]:
+        keys["sliding_window"] = window
     return keys
 
 
@@ -175,8 +175,8 @@ def _rope_theta(hf: dict, where: str) -> float:
 
 def _window(hf: dict, kind: str, layers: int, where: str) -> int | None:
     """The sliding attention window some layer uses, or None. Our attention is full causal attention, which
-    is the window's exactly for sequences no longer than it: the window caps max_seq_len (and so
-    train.seq_len). Mistral slides in every layer; Qwen2/3 only with use_sliding_window, in the layers
+    is the window's exactly for sequences no longer than it: model.sliding_window bounds train.seq_len
+    (config/checks.py). Mistral slides in every layer; Qwen2/3 only with use_sliding_window, in the layers
     layer_types names (by default those from max_window_layers on), as transformers builds them."""
     window = hf.get("sliding_window")
     if kind != "mistral" and not hf.get("use_sliding_window", False):

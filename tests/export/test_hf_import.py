@@ -25,7 +25,7 @@ def native(kind: str):
         "qwen2": lambda: t.Qwen2ForCausalLM(t.Qwen2Config(**LLAMA_SHAPE, tie_word_embeddings=True)),
         # QK-norm; head_dim 32 is not hidden / heads, and a window that use_sliding_window switches off
         "qwen3": lambda: t.Qwen3ForCausalLM(t.Qwen3Config(**LLAMA_SHAPE, head_dim=32, sliding_window=16)),
-        # A window below max_position_embeddings: the import caps max_seq_len to it.
+        # A window below max_position_embeddings: model.sliding_window, which bounds train.seq_len.
         "mistral": lambda: t.MistralForCausalLM(t.MistralConfig(**LLAMA_SHAPE, sliding_window=64)),
         "gpt2": lambda: t.GPT2LMHeadModel(t.GPT2Config(vocab_size=300, n_embd=64, n_layer=2, n_head=4,
                                                        n_positions=128)),
@@ -59,7 +59,7 @@ def test_native_checkpoint_imports_and_agrees(kind, tmp_path):
     assert keys["family"] == ("gpt2" if kind == "gpt2" else "llama")
     assert keys.get("qkv_bias", False) == (kind == "qwen2")
     assert keys.get("qk_norm", False) == (kind == "qwen3")
-    assert keys["max_seq_len"] == (64 if kind == "mistral" else 128)
+    assert keys["max_seq_len"] == 128 and keys.get("sliding_window") == (64 if kind == "mistral" else None)
 
 
 def _original_gpt2_layout(model, folder):

@@ -78,24 +78,33 @@ def test_other_families_are_refused_naming_what_is_missing(tmp_path):
     assert "no model_type" in _refusal(tmp_path, **LLAMA_SHAPE)
 
 
-@pytest.mark.parametrize("model_type, changes, max_seq_len", [
+@pytest.mark.parametrize("model_type, changes, window", [
     ("mistral", dict(sliding_window=128), 128),  # every layer slides: full attention up to the window
-    ("mistral", dict(sliding_window=None), 512),
-    ("mistral", dict(sliding_window=4096), 512),  # Mistral-7B v0.1: a window beyond the context
-    ("qwen2", dict(sliding_window=128, use_sliding_window=False), 512),  # Qwen2.5's: switched off
-    ("qwen2", dict(sliding_window=128, use_sliding_window=True, max_window_layers=2), 512),  # no layer slides
+    ("mistral", dict(sliding_window=None), None),
+    ("mistral", dict(sliding_window=4096), None),  # a window beyond the context changes nothing
+    ("qwen2", dict(sliding_window=128, use_sliding_window=False), None),  # Qwen2.5's: switched off
+    ("qwen2", dict(sliding_window=128, use_sliding_window=True, max_window_layers=2), None),  # no layer slides
     ("qwen3", dict(sliding_window=128, use_sliding_window=True, max_window_layers=1), 128),
     ("qwen3", dict(sliding_window=128, use_sliding_window=True,
                    layer_types=["full_attention", "sliding_attention"]), 128),
 ])
-def test_a_sliding_window_caps_the_context(tmp_path, model_type, changes, max_seq_len):
-    assert _model(tmp_path, model_type=model_type, **LLAMA_SHAPE, **changes).max_seq_len == max_seq_len
+def test_a_sliding_window_bounds_the_sequence(tmp_path, model_type, changes, window):
+    m = _model(tmp_path, model_type=model_type, **LLAMA_SHAPE, **changes)
+    assert (m.sliding_window, m.max_seq_len) == (window, 512)
 
 
-def test_a_sequence_beyond_the_window_is_refused(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps(dict(model_type="mistral", **LLAMA_SHAPE, sliding_window=32)))
-    with pytest.raises(ConfigError, match="train.seq_len: 64 is longer than model.max_seq_len 32"):
-        load_config(overrides=[f"model.hf_config={tmp_path}", "train.seq_len=64"])
+def test_mistral_7b_trains_within_its_window_and_refuses_beyond_it(tmp_path):
+    # Mistral-7B v0.1: a 4,096-token window, 32,768 positions
+    hf = dict(model_type="mistral", **{**LLAMA_SHAPE, "max_position_embeddings": 32768}, sliding_window=4096)
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    source = f"model.hf_config={tmp_path}"
+    assert load_config(overrides=[source, "train.seq_len=4096"]).train.seq_len == 4096
+    assert load_config(overrides=[source]).train.seq_len == 2048
+    with pytest.raises(ConfigError, match=r"train.seq_len: 8192 is longer than model.sliding_window 4096, .*"
+                                          r"use train.seq_len <= 4096$"):
+        load_config(overrides=[source, "train.seq_len=8192"])
+    (tmp_path / "config.json").write_text(json.dumps({**hf, "sliding_window": 1024}))
+    assert load_config(overrides=[source]).train.seq_len == 1024  # the default length stays within it
 
 
 def test_qwen3_counts_as_transformers_builds_it(tmp_path):
