@@ -45,17 +45,18 @@ _LLAMA_LIKE = _COMMON | dict.fromkeys((
     "rope_scaling": Neutral((None,), "remove it from config.json to train at the original context"),
 }
 _BIAS_FREE = {  # LlamaConfig / Qwen3Config: attention_bias biases o_proj too, mlp_bias every MLP projection
-    "attention_bias": Neutral((False,), "pretrain has q/k/v biases only (model.qkv_bias, as Qwen2); use a config without it"),
+    "attention_bias": Neutral((False,), "pretrain has q/k/v biases only (model.qkv_bias, as Qwen2); use a "
+                                        "config without it"),
     "mlp_bias": Neutral((False,), "pretrain's MLP has no biases; use a config without it"),
 }
-_SLIDING = dict.fromkeys(("sliding_window", "use_sliding_window", "max_window_layers", "layer_types"), READ)
+_QWEN_WINDOW = dict.fromkeys(("sliding_window", "use_sliding_window", "max_window_layers", "layer_types"), READ)
 
 FIELDS: dict[str, dict] = {
     # pretraining_tp: Meta's matmuls split in slices, the same product (transformers 5 no longer reads it)
     "llama": _LLAMA_LIKE | _BIAS_FREE | {"pretraining_tp": IGNORED},
-    "mistral": _LLAMA_LIKE | _SLIDING,
-    "qwen2": _LLAMA_LIKE | _SLIDING,  # q/k/v biases always: model.qkv_bias
-    "qwen3": _LLAMA_LIKE | _SLIDING | {"attention_bias": _BIAS_FREE["attention_bias"]},  # QK-norm always
+    "mistral": _LLAMA_LIKE | {"sliding_window": READ},  # in every layer
+    "qwen2": _LLAMA_LIKE | _QWEN_WINDOW,  # q/k/v biases always: model.qkv_bias
+    "qwen3": _LLAMA_LIKE | _QWEN_WINDOW | {"attention_bias": _BIAS_FREE["attention_bias"]},  # QK-norm always
     "gpt2": _COMMON | dict.fromkeys((
         "vocab_size", "n_embd", "n_layer", "n_head", "n_inner", "n_positions", "layer_norm_epsilon"), READ) | {
         "n_ctx": IGNORED,  # older configs: n_positions sizes the position table
@@ -64,9 +65,12 @@ FIELDS: dict[str, dict] = {
         # GPT2DoubleHeadsModel's classification head, not the language model
         **dict.fromkeys(("summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
                          "summary_first_dropout"), IGNORED),
-        "activation_function": Neutral(("gelu_new", "gelu_pytorch_tanh"), "pretrain's GPT-2 MLP is gelu_new; use a gelu_new config"),
-        "scale_attn_weights": Neutral((True,), "pretrain scales attention scores by 1/sqrt(head_dim); set it to true"),
-        "scale_attn_by_inverse_layer_idx": Neutral((False,), "pretrain scales no layer's scores by its depth; set it to false"),
+        "activation_function": Neutral(("gelu_new", "gelu_pytorch_tanh"),
+                                       "pretrain's GPT-2 MLP is gelu_new; use a gelu_new config"),
+        "scale_attn_weights": Neutral((True,), "pretrain scales attention scores by 1/sqrt(head_dim); set it to "
+                                               "true"),
+        "scale_attn_by_inverse_layer_idx": Neutral((False,), "pretrain scales no layer's scores by its depth; set "
+                                                             "it to false"),
         "add_cross_attention": Neutral((False,), "pretrain builds decoder-only blocks; set it to false"),
     },
 }
@@ -94,6 +98,7 @@ def from_hf_config(path: str | Path) -> dict:
         path = path / "config.json"
     hf = _read(path)
     kind = hf.get("model_type")
+    kind = kind if isinstance(kind, str) else None
     where = f"model.hf_config: {path}"
     if kind not in FIELDS:
         what = f"{kind}: {_unbuilt(kind, hf)} are not built" if kind else "no model_type"
@@ -127,7 +132,7 @@ def _refusal(name: str, value, rule: Neutral) -> str:
     return f"{name} ({shown}) is not built yet: {rule.fix}"
 
 
-def _unbuilt(kind, hf: dict) -> str:
+def _unbuilt(kind: str, hf: dict) -> str:
     if kind in UNBUILT:
         return UNBUILT[kind]
     known = set().union(*FIELDS.values())
@@ -179,17 +184,17 @@ def _window(hf: dict, kind: str, layers: int, where: str) -> int | None:
     (config/checks.py). Mistral slides in every layer; Qwen2/3 only with use_sliding_window, in the layers
     layer_types names (by default those from max_window_layers on), as transformers builds them."""
     window = hf.get("sliding_window")
-    if kind != "mistral" and not hf.get("use_sliding_window", False):
-        window = None
     types = hf.get("layer_types")
-    if types is not None:
-        other = sorted(set(types) - {"full_attention", "sliding_attention"})
+    if kind == "mistral":
+        slides = True
+    elif isinstance(types, list):
+        other = sorted({str(t) for t in types} - {"full_attention", "sliding_attention"})
         if other:
             raise ConfigError(f"{where}: layer_types {other[0]!r} is not built (pretrain builds full_attention "
                               "and sliding_attention up to the window); use a config without it")
-        slides = "sliding_attention" in types
+        slides = "sliding_attention" in types and hf.get("use_sliding_window", False)
     else:
-        slides = kind == "mistral" or hf.get("max_window_layers", layers) < layers
+        slides = hf.get("use_sliding_window", False) and hf.get("max_window_layers", layers) < layers
     if window is None or not slides:
         return None
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:

@@ -76,6 +76,7 @@ def test_other_families_are_refused_naming_what_is_missing(tmp_path):
     message = _refusal(tmp_path, model_type="falcon", **LLAMA_SHAPE, parallel_attn=True, alibi=False)
     assert "falcon: parallel_attn are not built" in message
     assert "no model_type" in _refusal(tmp_path, **LLAMA_SHAPE)
+    assert "no model_type" in _refusal(tmp_path, model_type=["llama"], **LLAMA_SHAPE)
 
 
 @pytest.mark.parametrize("model_type, changes, window", [

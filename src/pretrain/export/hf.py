@@ -55,8 +55,9 @@ def hf_config(model_cfg, token_ids: dict[str, int] | None = None, dtype: torch.d
 
     LLaMA with q/k/v biases is exported as Qwen2: LlamaConfig's `attention_bias` would add an output
     projection bias too, which our model does not have. LLaMA with QK-norm is Qwen3 (whose `attention_bias`
-    also biases the output projection, so QK-norm with q/k/v biases has no architecture). Token ids are written even when unknown (null):
-    left out, LlamaConfig and GPT2Config would fill in their own defaults (1/2, 50256).
+    also biases the output projection, so QK-norm with q/k/v biases has no architecture). Token ids are
+    written even when unknown (null): left out, LlamaConfig and GPT2Config would fill in their own defaults
+    (1/2, 50256).
     """
     m = model_cfg
     ids = {f"{k}_token_id": (token_ids or {}).get(k) for k in SPECIAL_TOKENS}
