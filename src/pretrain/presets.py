@@ -7,10 +7,7 @@ parameter counts agree.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from .errors import ConfigError
-from .files import read_json
 
 _GPT2 = dict(family="gpt2", vocab_size=50257, max_seq_len=1024, tie_embeddings=True, bias=True,
              norm_eps=1e-5)
@@ -68,63 +65,3 @@ def preset(name: str) -> dict:
     if name not in PRESETS:
         raise ConfigError(f"model.preset: unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
     return dict(PRESETS[name])
-
-
-_HF_FAMILIES = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "gpt2": "gpt2"}
-
-
-def from_hf_config(path: str | Path) -> dict:
-    """`model:` keys from a Hugging Face `config.json` (a file, or a directory holding one)."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / "config.json"
-    hf = _read_hf_config(path)
-    kind = hf.get("model_type")
-    if kind not in _HF_FAMILIES:
-        raise ConfigError(f"model.hf_config: model_type {kind!r} in {path} is not supported; "
-                          f"supported: {', '.join(_HF_FAMILIES)}")
-    try:
-        return _gpt2_keys(hf) if _HF_FAMILIES[kind] == "gpt2" else _llama_keys(hf, kind, path)
-    except KeyError as e:
-        raise ConfigError(f"model.hf_config: {path} has no {e.args[0]!r}, which a {kind} config.json needs; "
-                          "give the model's complete config.json") from None
-
-
-def _read_hf_config(path: Path) -> dict:
-    fix = "give a Hugging Face config.json"
-    hf = read_json(path, "model.hf_config", fix)
-    if not isinstance(hf, dict):
-        raise ConfigError(f"model.hf_config: {path} holds a JSON {type(hf).__name__}, not a mapping of keys; {fix}")
-    return hf
-
-
-def _gpt2_keys(hf: dict) -> dict:
-    h = hf["n_embd"]
-    return dict(family="gpt2", vocab_size=hf["vocab_size"], hidden_size=h, num_layers=hf["n_layer"],
-                num_heads=hf["n_head"], intermediate_size=hf.get("n_inner") or 4 * h,
-                max_seq_len=hf["n_positions"], tie_embeddings=hf.get("tie_word_embeddings", True),
-                bias=True, norm_eps=hf.get("layer_norm_epsilon", 1e-5))
-
-
-def _llama_keys(hf: dict, kind: str, path: Path) -> dict:
-    # LlamaConfig's attention_bias also biases o_proj, mlp_bias every MLP projection: our blocks have neither
-    # (only Qwen2's q/k/v biases, model.qkv_bias), and dropping them would change the count. Mistral and
-    # Qwen2 ignore both keys.
-    for key, what in (("attention_bias", "o_proj.bias"), ("mlp_bias", "gate/up/down_proj biases")):
-        if kind == "llama" and hf.get(key):
-            raise ConfigError(f"model.hf_config: {path} sets {key}: true, and pretrain's llama has no place for "
-                              f"{what} (it has only q/k/v biases, model.qkv_bias); use a config without {key}")
-    rope = hf.get("rope_parameters")
-    theta = hf.get("rope_theta") or (rope.get("rope_theta") if isinstance(rope, dict) else None) or 10000.0
-    if isinstance(theta, bool) or not isinstance(theta, (int, float)):
-        raise ConfigError(f"model.hf_config: {path}: rope_theta {theta!r} is not a number; fix the config.json")
-    keys = dict(family="llama", vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
-                intermediate_size=hf["intermediate_size"], num_layers=hf["num_hidden_layers"],
-                num_heads=hf["num_attention_heads"],
-                num_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
-                max_seq_len=hf.get("max_position_embeddings", 2048),
-                tie_embeddings=hf.get("tie_word_embeddings", False), qkv_bias=kind == "qwen2",
-                norm_eps=hf.get("rms_norm_eps", 1e-6), rope_theta=float(theta))
-    if hf.get("head_dim"):
-        keys["head_dim"] = hf["head_dim"]
-    return keys

@@ -175,6 +175,7 @@ def test_kill_9_during_a_tensor_x_data_run_resumes_exactly(prepared, grid, tmp_p
     (["parallel.zero_stage=1"], "parallel.zero_stage: 1 with tensor parallelism over 2 data-parallel groups"),
     (["model.intermediate_size=175"], "parallel.tensor: 2 must divide model.intermediate_size 175"),
     (["model.dropout=0.1"], "model.dropout: not supported with parallel.tensor > 1"),
+    (["model.qk_norm=true"], "model.qk_norm: not built with parallel.tensor > 1 yet"),
     (["model.vocab_size=515"], r"parallel.tensor: 2 must divide the vocabulary's rows \(515: .* "
                                "model.pad_vocab_to=128"),
 ])

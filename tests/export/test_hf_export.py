@@ -20,11 +20,12 @@ VARIANTS = {
     "llama-tied": ["model.tie_embeddings=true"],
     "llama-head_dim": ["model.num_kv_heads=4", "model.head_dim=32"],  # head_dim != hidden / heads
     "qwen2": ["model.qkv_bias=true", "model.tie_embeddings=true"],
+    "qwen3": ["model.qk_norm=true", "model.num_kv_heads=4", "model.head_dim=32"],
     "gpt2-tied": GPT2 + ["model.tie_embeddings=true"],
     "gpt2-untied-nobias": GPT2 + ["model.tie_embeddings=false", "model.bias=false"],  # zero biases exported
 }
 ARCHITECTURES = {"llama-gqa": "LlamaForCausalLM", "llama-tied": "LlamaForCausalLM",
-                 "llama-head_dim": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                 "llama-head_dim": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                  "gpt2-tied": "GPT2LMHeadModel", "gpt2-untied-nobias": "GPT2LMHeadModel"}
 
 
@@ -75,8 +76,8 @@ def test_round_trip_is_exact(variant, make_model, batch, tmp_path):
     with torch.no_grad():
         assert torch.equal(again(batch), model(batch))
     for key in ("family", "vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
-                "max_seq_len", "tie_embeddings", "norm_eps"):
-        assert keys[key] == getattr(model.config, key), key
+                "max_seq_len", "tie_embeddings", "norm_eps", "qkv_bias", "qk_norm", "init_std"):
+        assert getattr(again.config, key) == getattr(model.config, key), key
 
 
 def test_bfloat16_export(make_model, tmp_path):
@@ -165,3 +166,9 @@ def test_padded_vocabulary_is_trimmed_on_export(variant, make_model, tmp_path):
     load_hf_into(again, out)
     with torch.no_grad():
         assert torch.equal(again(batch), ours)
+
+
+def test_qk_norm_with_qkv_bias_has_no_architecture(make_model, tmp_path):
+    with pytest.raises(UsageError, match="model.qk_norm with model.qkv_bias has no Hugging Face architecture"):
+        export_hf(make_model(["model.qk_norm=true", "model.qkv_bias=true"]), tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()

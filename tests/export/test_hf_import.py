@@ -23,7 +23,9 @@ def native(kind: str):
         "llama": lambda: t.LlamaForCausalLM(t.LlamaConfig(**LLAMA_SHAPE)),
         "llama-tied": lambda: t.LlamaForCausalLM(t.LlamaConfig(**LLAMA_SHAPE, tie_word_embeddings=True)),
         "qwen2": lambda: t.Qwen2ForCausalLM(t.Qwen2Config(**LLAMA_SHAPE, tie_word_embeddings=True)),
-        # A window below max_position_embeddings: the import caps max_seq_len to it.
+        # QK-norm; head_dim 32 is not hidden / heads, and a window that use_sliding_window switches off
+        "qwen3": lambda: t.Qwen3ForCausalLM(t.Qwen3Config(**LLAMA_SHAPE, head_dim=32, sliding_window=16)),
+        # A window below max_position_embeddings: model.sliding_window, which bounds train.seq_len.
         "mistral": lambda: t.MistralForCausalLM(t.MistralConfig(**LLAMA_SHAPE, sliding_window=64)),
         "gpt2": lambda: t.GPT2LMHeadModel(t.GPT2Config(vocab_size=300, n_embd=64, n_layer=2, n_head=4,
                                                        n_positions=128)),
@@ -48,7 +50,7 @@ def assert_same_logits(ours, theirs):
         assert (ours(tokens) - theirs(tokens).logits).abs().max() < 1e-4
 
 
-@pytest.mark.parametrize("kind", ["llama", "llama-tied", "qwen2", "mistral", "gpt2"])
+@pytest.mark.parametrize("kind", ["llama", "llama-tied", "qwen2", "qwen3", "mistral", "gpt2"])
 def test_native_checkpoint_imports_and_agrees(kind, tmp_path):
     theirs = native(kind)
     theirs.save_pretrained(tmp_path)
@@ -56,7 +58,8 @@ def test_native_checkpoint_imports_and_agrees(kind, tmp_path):
     assert_same_logits(ours, theirs)
     assert keys["family"] == ("gpt2" if kind == "gpt2" else "llama")
     assert keys.get("qkv_bias", False) == (kind == "qwen2")
-    assert keys["max_seq_len"] == (64 if kind == "mistral" else 128)
+    assert keys.get("qk_norm", False) == (kind == "qwen3")
+    assert keys["max_seq_len"] == 128 and keys.get("sliding_window") == (64 if kind == "mistral" else None)
 
 
 def _original_gpt2_layout(model, folder):
@@ -114,14 +117,14 @@ def test_unsupported_checkpoints_are_refused(tmp_path):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     _write_config(tmp_path / "scaled", rope_parameters=dict(rope_type="llama3", rope_theta=5e5, factor=8.0))
-    with pytest.raises(UsageError, match="RoPE scaling 'llama3'"):
+    with pytest.raises(UsageError, match="rope_type 'llama3' .*not built"):
         from_hf(tmp_path / "scaled")
     _write_config(tmp_path / "gelu", hidden_act="gelu")
-    with pytest.raises(UsageError, match="activation 'gelu'"):
+    with pytest.raises(UsageError, match="hidden_act .'gelu'. is not built"):
         from_hf(tmp_path / "gelu")
     # attention_bias puts a bias on o_proj too, which our model does not have.
     LlamaForCausalLM(LlamaConfig(**LLAMA_SHAPE, attention_bias=True)).save_pretrained(tmp_path / "biased")
-    with pytest.raises(UsageError, match=r"no place .*o_proj\.bias"):
+    with pytest.raises(UsageError, match=r"attention_bias \(True\) is not built"):
         from_hf(tmp_path / "biased")
     _write_config(tmp_path / "empty")
     with pytest.raises(UsageError, match="no model.safetensors"):

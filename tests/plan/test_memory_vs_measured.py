@@ -72,6 +72,16 @@ def test_activations_and_copies_exact(shape, precision, recompute, attention, lo
         assert saved["activations"] == planned
 
 
+@pytest.mark.parametrize("precision, recompute, attention", list(itertools.product(
+    ["fp32", "bf16-mixed", "bf16"], ["none", "selective"], ["sdpa", "eager"])))
+def test_qk_norm_activations_exact(precision, recompute, attention):
+    # Qwen3's QK-norm keeps a norm's fp32 tensors per head of q and k; in fp32 its input is a view of the qkv
+    # output, which eager attention otherwise lets go.
+    p, _, saved = measure(["model.preset=debug", "model.qk_norm=true", f"train.precision={precision}",
+                           f"train.activation_checkpointing={recompute}", f"train.attention={attention}"])
+    assert saved["activations"] == p["memory_bytes"]["activations"]
+
+
 @pytest.mark.parametrize("shape, precision, optimizer", list(itertools.product(
     {**SHAPES, **PADDED}, ["fp32", "bf16-mixed", "bf16"], ["adamw", "adafactor", "sgd"])))
 def test_model_states_exact(shape, precision, optimizer):

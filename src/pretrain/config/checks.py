@@ -65,7 +65,8 @@ def resolve(c: Config) -> Config:
                           "pick a divisor or set model.head_dim")
     model = dataclasses.replace(m, num_kv_heads=m.num_heads if m.num_kv_heads is None else m.num_kv_heads,
                                 head_dim=m.hidden_size // m.num_heads if m.head_dim is None else m.head_dim)
-    train = dataclasses.replace(t, seq_len=min(2048, m.max_seq_len) if t.seq_len is None else t.seq_len)
+    default_len = min(2048, m.max_seq_len, m.sliding_window or m.max_seq_len)
+    train = dataclasses.replace(t, seq_len=default_len if t.seq_len is None else t.seq_len)
     if t.global_batch_tokens is not None:
         train = dataclasses.replace(train, grad_accum_steps=_accumulation(train, c.parallel))
     c = dataclasses.replace(c, model=model, train=train)
@@ -101,6 +102,7 @@ def validate(c: Config) -> None:
         _positive(f"model.{name}", getattr(m, name))
     _positive("model.num_kv_heads", m.num_kv_heads)
     _positive("model.head_dim", m.head_dim)
+    _positive("model.sliding_window", m.sliding_window)
     if m.num_heads % m.num_kv_heads:
         raise ConfigError(f"model.num_kv_heads: {m.num_kv_heads} must divide num_heads {m.num_heads}")
     if m.family == "gpt2":
@@ -109,6 +111,8 @@ def validate(c: Config) -> None:
         if m.num_kv_heads != m.num_heads:
             raise ConfigError("model.num_kv_heads: the gpt2 family has no grouped-query attention; "
                               "leave num_kv_heads unset")
+        if m.qk_norm:
+            raise ConfigError("model.qk_norm: the gpt2 family has no QK-norm; set model.qk_norm=false")
     if m.family == "llama" and m.head_dim % 2:
         raise ConfigError(f"model.head_dim: rotary embeddings need an even head_dim, got {m.head_dim}")
     if not 0 <= m.dropout < 1:
@@ -124,6 +128,10 @@ def validate(c: Config) -> None:
     if t.seq_len > m.max_seq_len:
         raise ConfigError(f"train.seq_len: {t.seq_len} is longer than model.max_seq_len {m.max_seq_len}; "
                           "lower train.seq_len or raise model.max_seq_len")
+    if m.sliding_window is not None and t.seq_len > m.sliding_window:
+        raise ConfigError(f"train.seq_len: {t.seq_len} is longer than model.sliding_window {m.sliding_window}, "
+                          "beyond which the checkpoint's sliding-window attention is not built (pretrain's full "
+                          f"attention equals it only within the window); use train.seq_len <= {m.sliding_window}")
     _positive("train.lr", t.lr)
     if not 0 <= t.min_lr_ratio <= 1:
         raise ConfigError(f"train.min_lr_ratio: must be in [0, 1], got {t.min_lr_ratio}")

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any, Union
 
 from ..errors import ConfigError
-from ..presets import from_hf_config, preset
+from ..hf_config import from_hf_config
+from ..presets import preset
 
 
 def read_yaml(path) -> dict:

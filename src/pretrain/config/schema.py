@@ -42,8 +42,14 @@ class ModelConfig:
                                    "(default num_heads)")
     max_seq_len: int = doc(2048, "the model's context length (GPT-2: size of the position table)")
     head_dim: int | None = doc(None, "size of one head (default hidden_size / num_heads)")
+    sliding_window: int | None = doc(None, "the attention window of a checkpoint's config.json (model.hf_config "
+                                     "sets it: Mistral, Qwen2/3 with use_sliding_window); pretrain's full "
+                                     "attention is the window's exactly while train.seq_len <= it, so a longer "
+                                     "train.seq_len is refused")
     tie_embeddings: bool = doc(False, "output layer shares the input embedding matrix")
     qkv_bias: bool = doc(False, "biases on the q, k, v projections (Qwen2 style)")
+    qk_norm: bool = doc(False, "llama family: RMSNorm over each head's query and key before RoPE, a weight of "
+                        "head_dim each (Qwen3 style)")
     bias: bool = doc(True, "gpt2 family: biases in linear layers and LayerNorm (false = nanoGPT bias-free)")
     dropout: float = doc(0.0, "dropout probability (pretraining uses 0)")
     norm_eps: float = doc(1e-5, "epsilon of RMSNorm / LayerNorm")

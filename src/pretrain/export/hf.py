@@ -1,4 +1,4 @@
-"""Export a model as a Hugging Face directory: LlamaForCausalLM / Qwen2ForCausalLM / GPT2LMHeadModel, with
+"""Export a model as a Hugging Face directory: Llama / Qwen2 / Qwen3ForCausalLM or GPT2LMHeadModel, with
 its config, generation config and tokenizer. The two namings and the import live in model/hf.py.
 """
 
@@ -54,8 +54,10 @@ def hf_config(model_cfg, token_ids: dict[str, int] | None = None, dtype: torch.d
     """config.json of the exported model. `token_ids`: bos/eos/pad ids ({"eos": 2, ...}) from the tokenizer.
 
     LLaMA with q/k/v biases is exported as Qwen2: LlamaConfig's `attention_bias` would add an output
-    projection bias too, which our model does not have. Token ids are written even when unknown (null):
-    left out, LlamaConfig and GPT2Config would fill in their own defaults (1/2, 50256).
+    projection bias too, which our model does not have. LLaMA with QK-norm is Qwen3 (whose `attention_bias`
+    also biases the output projection, so QK-norm with q/k/v biases has no architecture). Token ids are
+    written even when unknown (null): left out, LlamaConfig and GPT2Config would fill in their own defaults
+    (1/2, 50256).
     """
     m = model_cfg
     ids = {f"{k}_token_id": (token_ids or {}).get(k) for k in SPECIAL_TOKENS}
@@ -66,19 +68,24 @@ def hf_config(model_cfg, token_ids: dict[str, int] | None = None, dtype: torch.d
                     n_layer=m.num_layers, n_head=m.num_heads, n_inner=m.intermediate_size,
                     n_positions=m.max_seq_len, activation_function="gelu_new", layer_norm_epsilon=m.norm_eps,
                     resid_pdrop=m.dropout, embd_pdrop=m.dropout, attn_pdrop=m.dropout, **common)
-    qwen2 = m.qkv_bias
-    config = dict(architectures=["Qwen2ForCausalLM" if qwen2 else "LlamaForCausalLM"],
-                  model_type="qwen2" if qwen2 else "llama", hidden_size=m.hidden_size,
+    if m.qk_norm and m.qkv_bias:
+        raise UsageError("model.qk_norm with model.qkv_bias has no Hugging Face architecture (Qwen3's "
+                         "attention_bias biases o_proj too); train without one of them to export")
+    kind = "qwen3" if m.qk_norm else "qwen2" if m.qkv_bias else "llama"
+    architecture = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}[kind]
+    config = dict(architectures=[architecture], model_type=kind, hidden_size=m.hidden_size,
                   intermediate_size=m.intermediate_size, num_hidden_layers=m.num_layers,
                   num_attention_heads=m.num_heads, num_key_value_heads=m.num_kv_heads, head_dim=m.head_dim,
                   max_position_embeddings=m.max_seq_len, hidden_act="silu", rms_norm_eps=m.norm_eps,
                   # transformers 4 reads rope_theta, 5 reads rope_parameters
                   rope_theta=m.rope_theta, rope_parameters=dict(rope_type="default", rope_theta=m.rope_theta),
                   attention_dropout=m.dropout, **common)
-    if qwen2:
+    if kind != "llama":
         config.update(use_sliding_window=False, sliding_window=None)
-    else:
-        config.update(attention_bias=False, mlp_bias=False)
+    if kind != "qwen2":
+        config.update(attention_bias=False)
+    if kind == "llama":
+        config.update(mlp_bias=False)
     return config
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from ..errors import UsageError
-from ..presets import from_hf_config
+from ..hf_config import from_hf_config
 
 # Our parameter name -> its Hugging Face name, or names when our tensor is theirs stacked along dim 0.
 NAMES: dict[str, dict[str, str | tuple[str, ...]]] = {
@@ -33,6 +33,8 @@ NAMES: dict[str, dict[str, str | tuple[str, ...]]] = {
                                      "model.layers.{i}.self_attn.k_proj.bias",
                                      "model.layers.{i}.self_attn.v_proj.bias"),
         "blocks.{i}.attn.proj.weight": "model.layers.{i}.self_attn.o_proj.weight",
+        "blocks.{i}.attn.q_norm.weight": "model.layers.{i}.self_attn.q_norm.weight",  # Qwen3's QK-norm
+        "blocks.{i}.attn.k_norm.weight": "model.layers.{i}.self_attn.k_norm.weight",
         "blocks.{i}.mlp_norm.weight": "model.layers.{i}.post_attention_layernorm.weight",
         "blocks.{i}.mlp.up.weight": ("model.layers.{i}.mlp.gate_proj.weight",
                                      "model.layers.{i}.mlp.up_proj.weight"),
@@ -81,17 +83,18 @@ def hf_pairs(family: str, num_layers: int) -> list[tuple[str, tuple[str, ...]]]:
 # --- import ---------------------------------------------------------------------------------------------
 
 def from_hf(hf_dir: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
-    """(`model:` keys, state dict with our names) of a local Hugging Face LLaMA, Mistral, Qwen2 or GPT-2.
+    """(`model:` keys, state dict with our names) of a local Hugging Face LLaMA, Mistral, Qwen2, Qwen3 or GPT-2.
 
     The state dict has the keys of our model's `state_dict()`, so `load_state_dict(state)` is strict.
 
     Reads model.safetensors or pytorch_model.bin, sharded (with an index) or not. Refuses a checkpoint our
-    model would compute differently (RoPE scaling, another activation, tensors it has no place for).
+    model would compute differently (pretrain.hf_config names the config.json fields; tensors it has no
+    place for here).
     """
     hf_dir = Path(hf_dir)
     if not hf_dir.is_dir():
         raise UsageError(f"{hf_dir} is not a directory; give a local Hugging Face model directory")
-    keys = _model_keys(hf_dir)
+    keys = from_hf_config(hf_dir)  # refuses, by name, every config.json field our model would compute otherwise
     family = keys["family"]
     tensors = {}
     for name, tensor in _read_weights(hf_dir).items():
@@ -120,30 +123,6 @@ def from_hf(hf_dir: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
                          "the architecture has parts pretrain does not build (e.g. output-projection or MLP "
                          "biases)")
     return keys, state
-
-
-def _model_keys(hf_dir: Path) -> dict:
-    """`model:` keys of the checkpoint's config.json, refusing settings our model does not implement."""
-    keys = from_hf_config(hf_dir)
-    hf = json.loads((hf_dir / "config.json").read_text())
-    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if keys["family"] == "llama":
-        activation, allowed = hf.get("hidden_act", "silu"), ("silu",)
-    else:
-        activation, allowed = hf.get("activation_function", "gelu_new"), ("gelu_new", "gelu_pytorch_tanh")
-    problems = [f"activation {activation!r} (pretrain: {allowed[0]})"] if activation not in allowed else []
-    if rope_type != "default":
-        problems.append(f"RoPE scaling {rope_type!r} (pretrain: plain RoPE)")
-    if hf.get("scale_attn_by_inverse_layer_idx"):
-        problems.append("scale_attn_by_inverse_layer_idx")
-    if problems:
-        raise UsageError(f"{hf_dir}: pretrain's model cannot reproduce this checkpoint: {'; '.join(problems)}")
-    # Mistral's sliding-window attention equals our full attention up to the window: use no longer context.
-    window = hf.get("sliding_window") if hf.get("use_sliding_window", True) else None
-    if window and window < keys["max_seq_len"]:
-        keys["max_seq_len"] = window
-    return keys
 
 
 def _read_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
@@ -186,7 +165,7 @@ def load_hf_into(model, hf_dir: str | Path) -> None:
     extra = sorted(state.keys() - params.keys())
     if extra:
         raise UsageError(f"{hf_dir} has {', '.join(hf_names[n] for n in extra)}, which the model lacks "
-                         f"(tie_embeddings, bias or qkv_bias differ); {fix}")
+                         f"(tie_embeddings, bias, qkv_bias or qk_norm differ); {fix}")
     with torch.no_grad():
         for name, param in params.items():
             param[:state[name].shape[0]].copy_(state[name])

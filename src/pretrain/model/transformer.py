@@ -1,7 +1,7 @@
 """Decoder-only transformers, LLaMA and GPT-2 families, built from the `model:` config section.
 
 LLaMA: RMSNorm, rotary positions (Hugging Face's rotate-half layout), SwiGLU MLP, grouped-query attention,
-no biases (q/k/v biases for Qwen2), optional tied embeddings.
+no biases (q/k/v biases for Qwen2), optional QK-norm (Qwen3), optional tied embeddings.
 GPT-2: LayerNorm, learned positions, GELU MLP, biases, tied embeddings.
 
 q, k, v are one fused matmul (`qkv`) and the SwiGLU gate and up projections another (`mlp.up`): one kernel
@@ -81,6 +81,9 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(cfg.hidden_size, q_width + 2 * kv_width, bias=cfg.bias if gpt2 else cfg.qkv_bias)
         self.proj = nn.Linear(q_width, cfg.hidden_size, bias=cfg.bias if gpt2 else False)
         self.rotary = not gpt2
+        # Qwen3's QK-norm: one RMSNorm weight of head_dim, shared by every query head (and one by every key head)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else None
         self.attention = attention
         self.dropout = cfg.dropout
         self.native_gqa: bool | None = None  # None: decided per call; the trainer fixes it before compiling
@@ -98,6 +101,8 @@ class Attention(nn.Module):
         q = q.view(b, s, heads, self.head_dim)
         k = k.view(b, s, kv_heads, self.head_dim)
         v = v.view(b, s, kv_heads, self.head_dim)
+        if self.q_norm is not None:  # over each head's vector, before the rotation (transformers' Qwen3Attention)
+            q, k = self.q_norm(q), self.k_norm(k)
         if self.rotary:
             cos, sin = (t[:s, None, :].to(q.dtype) for t in rope)
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)

@@ -145,7 +145,7 @@ def _unsharded(c) -> dict:
 
 def _params_formula(m, counts) -> str:
     if m.family == "llama" and m.num_kv_heads == m.num_heads and m.head_dim * m.num_heads == m.hidden_size \
-            and not m.qkv_bias:
+            and not m.qkv_bias and not m.qk_norm:
         V, H, I, L = padded_vocab_size(m), m.hidden_size, m.intermediate_size, m.num_layers
         head = "2VH" if not m.tie_embeddings else "VH"
         padded = f" (vocabulary {m.vocab_size:,} padded to a multiple of {m.pad_vocab_to})" if V != m.vocab_size else ""

@@ -8,7 +8,8 @@ terms are that count redone for what `pretrain.model` really keeps (checked tens
     term is gone); `train.attention: eager` keeps the fp32 softmax and its cast instead. With grouped-query
     attention, where no fused kernel takes grouped heads, SDPA keeps k and v repeated per query head.
   - No dropout, no masks (the 2-byte dropout outputs and 1-byte masks are gone).
-  - Norms run in fp32: RMSNorm keeps its fp32 input, the reciprocal RMS and the fp32 normalised x.
+  - Norms run in fp32: RMSNorm keeps its fp32 input, the reciprocal RMS and the fp32 normalised x (Qwen3's
+    QK-norm too, per head of q and k, and never recomputed).
   - Under autocast each matmul keeps its own half-precision copy of its input; SwiGLU keeps the fused
     gate|up output, silu(gate) and the product (4 * b*s*H' where GELU keeps 2 * b*s*H').
   - The loss (`loss_terms`): the plain one keeps the fp32 log-softmax over the vocabulary (4 * b*s*V bytes,
@@ -106,6 +107,14 @@ def layer_terms(m, t, parallel, b: int, recompute: str | None = None, native_gqa
         add("qkv output", a * bs * 3 * h, f"{a} x b*s*3h")
     if llama and a != 4:
         add("rotary cos/sin casts", a * s * d, f"{a} x s*head_dim", sharded=False)
+    if m.qk_norm:  # Qwen3's RMSNorm over each head of q and k: the fp32 terms of a norm, per head
+        heads, width = nh + m.num_kv_heads, qw + kvw
+        add("QK-norm reciprocal rms", 4 * bs * heads, f"4 x b*s*(heads {nh} + kv heads {m.num_kv_heads})")
+        add("QK-norm fp32 normalised q, k", 4 * bs * width, f"4 x b*s*(q {qw} + kv {kvw})")
+        if a != 4:
+            add("QK-norm fp32 inputs", 4 * bs * width, f"4 x b*s*(q {qw} + kv {kvw})")
+        elif eager or not (kvw == qw or native_gqa):  # its input is a view of the qkv output: that stays whole
+            add("qkv output (held by QK-norm)", a * bs * (qw + 2 * kvw), f"{a} x b*s*(q {qw} + 2 x kv {kvw})")
     if eager:
         add("causal mask", s * s, "s*s (bool)", sharded=False)
         add("fp32 softmax", 4 * b * nh * s * s, "4 x b*heads*s*s")

@@ -119,7 +119,7 @@ def _shape(h: int, layers: int, vocab_size: int, max_seq_len: int) -> dict:
 def _count(keys: dict):
     from types import SimpleNamespace
 
-    m = SimpleNamespace(qkv_bias=False, bias=False, pad_vocab_to=1, **keys)
+    m = SimpleNamespace(qkv_bias=False, qk_norm=False, bias=False, pad_vocab_to=1, **keys)
     return count_params(m)
 
 

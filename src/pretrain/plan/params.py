@@ -3,7 +3,7 @@
 LLaMA family, V vocabulary, H width, H' MLP width, L layers, with n_q query and n_kv key/value heads of size d:
     per layer  = H*(n_q*d) + 2*H*(n_kv*d) + (n_q*d)*H      attention q, k, v, o (+ q,k,v biases for Qwen2)
                + 3*H*H'                                    SwiGLU gate, up, down
-               + 2*H                                       two RMSNorm weights
+               + 2*H                                       two RMSNorm weights (+ 2*d: Qwen3's QK-norm)
     total      = V*H (embedding) + L*per_layer + H (final norm) + V*H (output, unless tied)
 With n_q = n_kv and d = H/n_q this is the textbook 2VH + H + L(4H^2 + 3HH' + 2H): LLaMA-7B = 6,738,415,616.
 
@@ -74,7 +74,7 @@ def count_params(model) -> ParamCounts:
         if model.qkv_bias:
             attention += q_width + 2 * kv_width
         mlp = 3 * H * I
-        norms = 2 * H
+        norms = 2 * H + (2 * model.head_dim if model.qk_norm else 0)
         final_norm = H
         positions = 0
     else:  # gpt2: fused qkv (c_attn) and c_proj; MLP c_fc and c_proj; LayerNorm weight (+ bias)
@@ -134,6 +134,8 @@ def param_shapes(model) -> list[tuple[str, tuple[int, ...]]]:
         norm(f"{p}.attn_norm")
         linear(f"{p}.attn.qkv", q_width + 2 * kv_width, H, bias or (llama and model.qkv_bias))
         linear(f"{p}.attn.proj", H, q_width, bias)
+        if llama and model.qk_norm:
+            shapes += [(f"{p}.attn.q_norm.weight", (model.head_dim,)), (f"{p}.attn.k_norm.weight", (model.head_dim,))]
         norm(f"{p}.mlp_norm")
         linear(f"{p}.mlp.up", 2 * I if llama else I, H, bias)
         linear(f"{p}.mlp.down", H, I, bias)

@@ -67,7 +67,7 @@ def set_aside(corrupt: list[tuple[Path, str]]) -> list[Path]:
 # The model keys that decide which tensors exist and their shapes (the rest: dropout, init, RoPE base, ...
 # may change on a resume). max_seq_len sizes GPT-2's position table only: a LLaMA may extend its context.
 SHAPE_KEYS = ("family", "vocab_size", "pad_vocab_to", "hidden_size", "intermediate_size", "num_layers",
-              "num_heads", "num_kv_heads", "head_dim", "max_seq_len", "tie_embeddings", "qkv_bias", "bias")
+              "num_heads", "num_kv_heads", "head_dim", "max_seq_len", "tie_embeddings", "qkv_bias", "qk_norm", "bias")
 
 
 def check_resume_compatible(path: Path, config) -> None:

@@ -127,6 +127,11 @@ def check_tensor_parallel(config) -> None:
     if m.dropout:
         # Tensor ranks hold the same residual stream: their dropout masks would have to agree.
         raise ConfigError("model.dropout: not supported with parallel.tensor > 1; use model.dropout=0")
+    if m.qk_norm:
+        # Each tensor rank norms its own heads with the one shared weight: its gradient would have to be summed
+        # over the ranks, which the tensor-parallel plan does not do yet.
+        raise ConfigError("model.qk_norm: not built with parallel.tensor > 1 yet; use parallel.tensor=1 "
+                          "(FSDP: parallel.zero_stage=3)")
     if par.sequence_parallel and t.seq_len % par.tensor:
         raise ConfigError(f"parallel.sequence_parallel: train.seq_len {t.seq_len} must be a multiple of "
                           f"parallel.tensor {par.tensor} (each rank holds an equal part of the sequence)")

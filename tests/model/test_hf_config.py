@@ -1,0 +1,126 @@
+"""model.hf_config: every field of a supported family's config.json is read, ignored as no part of the model's
+math, or refused by name; none is dropped without a word."""
+
+import json
+
+import pytest
+
+from pretrain.config import load_config
+from pretrain.errors import ConfigError
+from pretrain.hf_config import FIELDS, IGNORED, READ, Neutral
+from pretrain.plan.params import count_params
+
+transformers = pytest.importorskip("transformers")
+
+CLASSES = {"llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config",
+           "gpt2": "GPT2Config"}
+LLAMA_SHAPE = dict(vocab_size=1000, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+
+
+@pytest.mark.parametrize("kind", CLASSES)
+def test_every_field_of_transformers_config_is_classified(kind):
+    # A field a new transformers adds fails here instead of being dropped silently.
+    config = getattr(transformers, CLASSES[kind])()
+    assert set(config.to_dict()) <= set(FIELDS[kind]), sorted(set(config.to_dict()) - set(FIELDS[kind]))
+    # ... and the defaults transformers writes are accepted: every refused field has its default neutral.
+    for name, rule in FIELDS[kind].items():
+        assert rule in (READ, IGNORED) or isinstance(rule, Neutral)
+        if isinstance(rule, Neutral) and name in config.to_dict():
+            assert config.to_dict()[name] in rule.values, name
+
+
+def _model(tmp_path, **hf):
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    return load_config(overrides=[f"model.hf_config={tmp_path}", "train.seq_len=64"]).model
+
+
+def _refusal(tmp_path, **hf) -> str:
+    with pytest.raises(ConfigError) as e:
+        _model(tmp_path, **hf)
+    message = str(e.value)
+    assert "\n" not in message
+    return message
+
+
+@pytest.mark.parametrize("model_type, field, value", [
+    ("llama", "rope_scaling", {"rope_type": "llama3", "factor": 8.0}),  # Llama-3.1's
+    ("llama", "hidden_act", "gelu"),
+    ("llama", "attention_bias", True),
+    ("llama", "mlp_bias", True),
+    ("qwen3", "attention_bias", True),
+    ("mistral", "hidden_act", "relu"),
+])
+def test_a_field_not_at_its_neutral_value_is_refused_by_name(tmp_path, model_type, field, value):
+    message = _refusal(tmp_path, model_type=model_type, **LLAMA_SHAPE, **{field: value})
+    assert f"{field} (" in message and "not built" in message
+
+
+def test_llama31_rope_scaling_is_refused_with_the_fix(tmp_path):
+    message = _refusal(tmp_path, model_type="llama", **LLAMA_SHAPE, rope_theta=500000.0,
+                       rope_scaling={"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192})
+    assert "rope_scaling ('llama3') is not built yet: remove it from config.json" in message
+    # transformers 5 writes it as rope_parameters
+    message = _refusal(tmp_path, model_type="llama", **LLAMA_SHAPE,
+                       rope_parameters={"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0})
+    assert "rope_type 'llama3' (RoPE scaling) is not built yet" in message
+
+
+def test_other_families_are_refused_naming_what_is_missing(tmp_path):
+    gemma2 = transformers.Gemma2Config(**LLAMA_SHAPE).to_dict()
+    message = _refusal(tmp_path, **gemma2)
+    assert message.startswith(f"model.hf_config: {tmp_path / 'config.json'}: gemma2: attn_logit_softcapping, "
+                              "final_logit_softcapping")
+    assert message.endswith("are not built; supported model_type: llama, mistral, qwen2, qwen3, gpt2")
+    # A family not in the list: its fields that no supported family has
+    message = _refusal(tmp_path, model_type="falcon", **LLAMA_SHAPE, parallel_attn=True, alibi=False)
+    assert "falcon: parallel_attn are not built" in message
+    assert "no model_type" in _refusal(tmp_path, **LLAMA_SHAPE)
+    assert "no model_type" in _refusal(tmp_path, model_type=["llama"], **LLAMA_SHAPE)
+
+
+@pytest.mark.parametrize("model_type, changes, window", [
+    ("mistral", dict(sliding_window=128), 128),  # every layer slides: full attention up to the window
+    ("mistral", dict(sliding_window=None), None),
+    ("mistral", dict(sliding_window=4096), None),  # a window beyond the context changes nothing
+    ("qwen2", dict(sliding_window=128, use_sliding_window=False), None),  # Qwen2.5's: switched off
+    ("qwen2", dict(sliding_window=128, use_sliding_window=True, max_window_layers=2), None),  # no layer slides
+    ("qwen3", dict(sliding_window=128, use_sliding_window=True, max_window_layers=1), 128),
+    ("qwen3", dict(sliding_window=128, use_sliding_window=True,
+                   layer_types=["full_attention", "sliding_attention"]), 128),
+])
+def test_a_sliding_window_bounds_the_sequence(tmp_path, model_type, changes, window):
+    m = _model(tmp_path, model_type=model_type, **LLAMA_SHAPE, **changes)
+    assert (m.sliding_window, m.max_seq_len) == (window, 512)
+
+
+def test_mistral_7b_trains_within_its_window_and_refuses_beyond_it(tmp_path):
+    # Mistral-7B v0.1: a 4,096-token window, 32,768 positions
+    hf = dict(model_type="mistral", **{**LLAMA_SHAPE, "max_position_embeddings": 32768}, sliding_window=4096)
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    source = f"model.hf_config={tmp_path}"
+    assert load_config(overrides=[source, "train.seq_len=4096"]).train.seq_len == 4096
+    assert load_config(overrides=[source]).train.seq_len == 2048
+    with pytest.raises(ConfigError, match=r"train.seq_len: 8192 is longer than model.sliding_window 4096, .*"
+                                          r"use train.seq_len <= 4096$"):
+        load_config(overrides=[source, "train.seq_len=8192"])
+    (tmp_path / "config.json").write_text(json.dumps({**hf, "sliding_window": 1024}))
+    assert load_config(overrides=[source]).train.seq_len == 1024  # the default length stays within it
+
+
+def test_qwen3_counts_as_transformers_builds_it(tmp_path):
+    import torch
+
+    hf = transformers.Qwen3Config(**LLAMA_SHAPE, head_dim=32, tie_word_embeddings=True)
+    hf.save_pretrained(tmp_path)
+    m = load_config(overrides=[f"model.hf_config={tmp_path}"]).model
+    assert m.qk_norm and not m.qkv_bias and m.head_dim == 32
+    with torch.device("meta"):
+        theirs = transformers.AutoModelForCausalLM.from_config(hf)
+    assert count_params(m).total == sum(p.numel() for p in theirs.parameters())
+    assert count_params(m).norm == 2 * (2 * 256 + 2 * 32) + 256  # QK-norm: 2 x head_dim a layer
+
+
+def test_gpt2_has_no_qk_norm():
+    with pytest.raises(ConfigError, match="model.qk_norm: the gpt2 family has no QK-norm"):
+        load_config(overrides=["model.preset=gpt2", "model.qk_norm=true"])
