@@ -570,7 +570,7 @@ def test_a_finished_shard_a_rerun_cannot_use_is_redone(fault, tmp_path, corpus, 
     r = cli("prepare", "--input", corpus, "--tokenizer", bpe_dir, "--out", out, "--split-blank-lines",
             "--val-fraction", 0.1, "--tasks", 2)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "Skipping 1 already completed tasks" in r.stderr
+    assert "1 of 2 tasks were done by an earlier run; running the other 1" in r.stderr
     assert _identity(out / "shard_00000") == kept
     assert_same_dataset(out, one_pass)
     PreparedData(out, verify="full")
