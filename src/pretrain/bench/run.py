@@ -111,10 +111,9 @@ def run_bench(config: Config | str | Path | dict | None = None, overrides=(), dt
                                advance, f" (round {r + 1})" if rounds > 1 else ""))
     shapes = []
     for first in runs[0]["shapes"]:  # a later round's budget may have stopped short of a shape: its rounds only
-        key = [first[k] for k in ("dtype", "m", "n", "k")]
-        seconds = statistics.median(s["seconds"] for run in runs for s in run["shapes"]
-                                    if [s[k] for k in ("dtype", "m", "n", "k")] == key)
-        shapes.append({**first, "seconds": seconds, "tflops": 2 * first["m"] * first["n"] * first["k"] / seconds / 1e12})
+        seconds = statistics.median(s["seconds"] for run in runs for s in run["shapes"] if _shape(s) == _shape(first))
+        flops = 2 * first["m"] * first["n"] * first["k"]
+        shapes.append({**first, "seconds": seconds, "tflops": flops / seconds / 1e12})
     peaks, medians = {}, {}
     for dtype in measured:
         peaks[dtype], medians[dtype] = matmul.summary([s for s in shapes if s["dtype"] == dtype])
@@ -147,7 +146,7 @@ def run_bench(config: Config | str | Path | dict | None = None, overrides=(), dt
         "spread_pct": noise,
         "warnings": [f"warning: {name}: spread {pct:.0f}% over {rounds} rounds, above {NOISY_SPREAD_PCT:.0f}%: the "
                      "machine is busy; measure on a quiet one" for name, pct in _flat(noise)
-                     if pct > NOISY_SPREAD_PCT],  # _flat leaves out a single round's None
+                     if pct > NOISY_SPREAD_PCT],
     }
 
 
@@ -166,6 +165,10 @@ def _round(cfg: Config, dev: torch.device, budget: float, quick: bool, dtypes: l
     block = block_throughput(cfg, dev, budget * SHARE["block"], None)  # its MFU comes with all rounds' peaks
     advance(f"transformer block{label}")
     return {"shapes": shapes, "copy": copy, "host_to_device": h2d, "block": block}
+
+
+def _shape(result: dict) -> tuple:
+    return result["dtype"], result["m"], result["n"], result["k"]
 
 
 def _spreads(runs: list[dict], dtypes: list[str]) -> dict:

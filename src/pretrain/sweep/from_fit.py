@@ -1,5 +1,6 @@
 """`pretrain sweep --from-fit N`: the planner's N fastest layouts (`pretrain plan --fit`), each timed with the
-real training step on this machine, measured beside predicted; the fastest that ran is the choice.
+real training step on this machine in interleaved rounds (the median, with its spread), measured beside
+predicted; the fastest that ran is the choice.
 
 The fit is made for the hardware the sweep runs on (the detected GPU or the CPU, this world size) at the peak
 the sweep's MFU uses (the catalog's, a profile's, or the one-time measurement), so predicted and measured

@@ -2,8 +2,9 @@
 
 Each cell builds its own Config (the base, the fixed overrides, the cell's values), a `Trainer` fed with
 synthetic tokens, runs `warmup_steps` optimizer steps (the second one measures memory tensor by tensor, as
-`pretrain train` does) and then times `steps` more. Beside every figure stands the planner's, for the same
-config on this device, so a sweep is also a test of the planner.
+`pretrain train` does) and then times `steps` more, `rounds` times in interleaved rounds (each figure the
+median round's, with the spread). Beside every figure stands the planner's, for the same config on this
+device, so a sweep is also a test of the planner.
 """
 
 from __future__ import annotations
