@@ -9,7 +9,8 @@ from .timing import NOISY_SPREAD_PCT
 
 def table(profile: dict) -> Table:
     """Best and median TFLOP/s per dtype, bandwidths, and the block's tokens/s and MFU."""
-    threads = f", {profile['threads']} CPU threads ({profile['threads_chosen_as']})" if profile["threads"] else ""
+    threads = (f", {profile['threads']} CPU thread{'s' if profile['threads'] != 1 else ''} "
+               f"({profile['threads_chosen_as']})" if profile["threads"] else "")
     t = Table(title=f"{profile['device']} ({profile['device_type']}, torch {profile['torch']}): median of "
                     f"{profile['rounds']} rounds{threads}", caption="spread: (max - min) / median of the rounds",
               caption_justify="left")

@@ -120,7 +120,8 @@ def _measured_rank(ran: list[dict]) -> int | None:
 
 
 def render(result: dict) -> str:
-    threads = f", {result['threads']} CPU threads ({result['threads_chosen_as']})" if result["threads"] else ""
+    threads = (f", {result['threads']} CPU thread{'s' if result['threads'] != 1 else ''} "
+               f"({result['threads_chosen_as']})" if result["threads"] else "")
     lines = [f"pretrain sweep --from-fit on {result['device']} (peak {result['peak_tflops']:.4g} TFLOP/s: "
              f"{result['peak_source']}); measured: median of {result['rounds']} interleaved rounds{threads}", "",
              f"  {'#':>2}  {'layout':<58} {'predicted':>11} {'measured':>11} {'spread':>7} {'error':>8}  status"]
