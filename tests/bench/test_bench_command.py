@@ -33,6 +33,7 @@ def test_json_profile_from_the_command(profile_file):
     assert set(profile["peak_tflops"]) == {"fp32", "tf32", "bf16"}
     assert profile["peak_tflops"]["tf32"] == profile["peak_tflops"]["fp32"] > 0
     assert profile["block"]["tokens_per_s"] > 0 and profile["block"]["config"]["model"]["hidden_size"] == 64
+    assert profile["rounds"] == 3 and profile["threads"] >= 1 and "block_tokens_per_s" in profile["spread_pct"]
 
 
 @pytest.mark.skipif(importlib.util.find_spec("pretrain.plan.command") is None,
@@ -50,6 +51,7 @@ def test_table_output():
     assert result.returncode == 0, result.stderr
     for row in ("bf16 matmul", "device memory copy", "block fwd+bwd", "block MFU"):
         assert row in result.stdout
+    assert "median of 3 rounds" in result.stdout and "spread" in result.stdout
 
 
 @pytest.mark.parametrize("args, message", [
@@ -58,6 +60,8 @@ def test_table_output():
     (["model.hidden_sise=64"], "unknown config key 'model.hidden_sise'; did you mean model.hidden_size?"),
     (["--out", "/proc/profile.json"], "--out /proc/profile.json:"),  # refused before measuring
     (["--out", "/"], "is a directory"),
+    (["--rounds", "0"], "--rounds: must be at least 1"),
+    (["--threads", "0"], "--threads: must be at least 1"),
 ])
 def test_bad_input_is_one_line_on_stderr_and_exit_2(args, message):
     result = pretrain("bench", *args)

@@ -15,7 +15,8 @@ from pretrain.plan.hardware import load_profile
 
 # The keys docs/bench.md documents.
 PROFILE_KEYS = {"device", "device_type", "torch", "date", "peak_tflops", "median_tflops", "shapes",
-                "memory_bandwidth_gbps", "host_to_device_gbps", "block"}
+                "memory_bandwidth_gbps", "host_to_device_gbps", "block", "rounds", "threads", "threads_chosen_as",
+                "spread_pct", "warnings"}
 
 
 @pytest.fixture
@@ -107,3 +108,41 @@ def test_bad_input_is_a_usage_error_that_names_the_fix(tmp_path, tiny_config):
 def test_cuda_without_a_gpu_is_a_usage_error():
     with pytest.raises(UsageError, match="no CUDA GPU is visible.*use --device cpu"):
         resolve_device("cuda", "--device")
+
+
+def test_rounds_measure_every_figure_in_turn_and_report_medians_and_spreads(tiny_bench, tiny_config, monkeypatch):
+    from pretrain.bench import run as bench_run
+
+    order, real_sweep, real_block = [], matmul.sweep, bench_run.block_throughput
+
+    def sweep(*args, **kw):
+        order.append(("matmul", torch.get_num_threads()))
+        return real_sweep(*args, **kw)
+
+    def block(*args, **kw):
+        order.append(("block", torch.get_num_threads()))
+        return real_block(*args, **kw)
+
+    monkeypatch.setattr(matmul, "sweep", sweep)
+    monkeypatch.setattr(bench_run, "block_throughput", block)
+    before = torch.get_num_threads()
+    profile = run_bench(tiny_config, dtypes="fp32", seconds=0.6, device="cpu", rounds=3, threads=2)
+    assert order == [("matmul", 2), ("block", 2)] * 3  # round by round, not each figure 3 times in a row
+    assert torch.get_num_threads() == before
+    assert (profile["rounds"], profile["threads"], profile["threads_chosen_as"]) == (3, 2, "--threads")
+    noise = profile["spread_pct"]
+    assert set(noise) == {"peak_tflops", "memory_bandwidth_gbps", "host_to_device_gbps", "block_tokens_per_s"}
+    assert noise["peak_tflops"]["fp32"] >= 0 and noise["block_tokens_per_s"] >= 0
+    assert noise["host_to_device_gbps"] is None  # a CPU has no transfer
+    noisy = [k for k, v in [*noise["peak_tflops"].items(), *noise.items()] if isinstance(v, float) and v > 10]
+    assert len(profile["warnings"]) == len(noisy)
+    for s in profile["shapes"]:
+        assert s["tflops"] == pytest.approx(2 * s["m"] * s["n"] * s["k"] / s["seconds"] / 1e12)
+    assert profile["peak_tflops"]["fp32"] == max(s["tflops"] for s in profile["shapes"])
+
+
+def test_one_round_has_no_spread(tiny_bench, tiny_config):
+    profile = run_bench(tiny_config, dtypes="fp32", seconds=0.3, device="cpu", rounds=1, threads=1)
+    assert profile["spread_pct"]["block_tokens_per_s"] is None and profile["warnings"] == []
+    with pytest.raises(UsageError, match="--rounds: must be at least 1"):
+        run_bench(tiny_config, device="cpu", rounds=0)

@@ -22,7 +22,8 @@ GRID = ["model.preset=debug", "train.precision=fp32", "train.device=cpu", "train
 def test_acceptance_sweep_json(tmp_path):
     # No hardware.peak_tflops: the sweep measures this CPU's matmul peak once for the MFU.
     started = time.monotonic()
-    done = run_cli("sweep", *GRID, "--json", "--out", tmp_path / "out", env=ENV, timeout=300)
+    done = run_cli("sweep", *GRID, "--rounds", "2", "--threads", "1", "--json", "--out", tmp_path / "out", env=ENV,
+                   timeout=300)
     elapsed = time.monotonic() - started
     assert done.returncode == 0, done.stderr
     assert elapsed < 120
@@ -32,6 +33,10 @@ def test_acceptance_sweep_json(tmp_path):
     for c in cells:
         assert c["it_per_s"] > 0 and c["tokens_per_s"] > 0 and c["achieved_tflops"] > 0 and 0 < c["mfu"]
         assert abs(c["memory_error_pct"]) < 10  # the brief's bar; on a CPU the planner is exact
+        assert c["rounds"] == 2 and len(c["tokens_per_s_each_round"]) == 2 and c["threads"] == 1
+        assert c["tokens_per_s_min"] <= c["tokens_per_s"] <= c["tokens_per_s_max"] and c["spread_pct"] >= 0
+    assert (result["rounds"], result["threads"]) == (2, 1)
+    assert done.stderr.count("warning: cell") == sum(c["noisy"] for c in cells)  # the noisy ones, on stderr
     assert "measured once" in result["peak_tflops"]["fp32"]["source"]
     for name in ("sweep.csv", "sweep.json", "sweep.png"):
         assert (tmp_path / "out" / name).stat().st_size > 0
@@ -55,6 +60,8 @@ def test_one_cell_table(tmp_path):
     (["train.precision=fp32,fp64"], "train.precision: 'fp64' is not allowed"),
     (["train.seq_len=32,"], "train.seq_len: empty value"),
     (["--warmup-steps", "1"], "--warmup-steps: must be at least 2"),
+    (["--rounds", "0"], "--rounds: must be at least 1"),
+    (["--threads", "0"], "--threads: must be at least 1"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, words):
     done = run_cli("sweep", *args, "--out", tmp_path / "out", env=ENV, timeout=120)

@@ -15,8 +15,8 @@ TINY = ["model.preset=debug", "train.device=cpu", "train.precision=fp32", "train
 
 
 def test_three_candidates_measured_beside_predicted(tmp_path):
-    done = run_cli("sweep", *TINY, "--from-fit", "3", "--steps", "2", "--json", "--out", tmp_path, env=ENV,
-                   timeout=300)
+    done = run_cli("sweep", *TINY, "--from-fit", "3", "--steps", "2", "--rounds", "2", "--json", "--out", tmp_path,
+                   env=ENV, timeout=300)
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     rows = result["candidates"]
@@ -27,8 +27,12 @@ def test_three_candidates_measured_beside_predicted(tmp_path):
         o = r["overrides"]
         # The global batch of 8 sequences is kept by every candidate.
         assert o["train.micro_batch_size"] * o["train.grad_accum_steps"] == 8
-        assert r["measured_tokens_per_s"] > 0
+        assert r["measured_tokens_per_s"] > 0 and r["rounds"] == 2
+        each = r["measured_tokens_per_s_each_round"]
+        assert r["measured_tokens_per_s"] == pytest.approx(sum(each) / 2)  # the median of two rounds
+        assert r["spread_pct"] == pytest.approx(100 * (max(each) - min(each)) / r["measured_tokens_per_s"])
         assert r["error_pct"] == pytest.approx(100 * (r["measured_tokens_per_s"] / r["predicted_tokens_per_s"] - 1))
+    assert result["rounds"] == 2 and result["threads"] >= 1 and result["threads_chosen_as"].startswith("auto")
     fastest = max(rows, key=lambda r: r["measured_tokens_per_s"])
     assert result["chosen"] == fastest
     errors = [abs(r["error_pct"]) for r in rows]
@@ -59,3 +63,23 @@ def test_bad_input_is_one_line(tmp_path, args, words):
     done = run_cli("sweep", "model.preset=debug", "train.device=cpu", *args, "--out", tmp_path / "o", env=ENV)
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and words in done.stderr, done.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_the_candidates_are_timed_in_interleaved_rounds(tmp_path, monkeypatch):
+    from pretrain.plan.fit import command_line
+    from pretrain.sweep import from_fit
+
+    order, real = [], from_fit.run_sweep
+
+    def run_sweep(path, items, *args, **kw):
+        order.append(" ".join(items))
+        assert kw["rounds"] == 1 and kw["threads"] == 1
+        return real(path, items, *args, **kw)
+
+    monkeypatch.setattr(from_fit, "run_sweep", run_sweep)
+    result = from_fit.run_from_fit(None, [*TINY, "hardware.peak_tflops=0.05"], 2, steps=1, rounds=2, threads=1,
+                                   out_dir=None)
+    first, second = (command_line(r["overrides"]) for r in result["candidates"])
+    assert order[0].endswith(first) and order[1].endswith(second) and first != second
+    assert order == [order[0], order[1], order[0], order[1]]  # A B A B
+    assert [r["rounds"] for r in result["candidates"]] == [2, 2]

@@ -1,6 +1,8 @@
 """`run_sweep` in process on a tiny model: figures, memory against the planner, budget, fit, OOM, errors."""
 
 import json
+import statistics
+import time
 import types
 
 import pytest
@@ -28,6 +30,7 @@ def one_thread():
 
 
 def sweep(tmp_path, overrides=(), grid=None, **kw):
+    kw.setdefault("rounds", 1)  # one round where the spread is not the point: the tests stay fast
     return run_sweep(None, [*TINY, *overrides], grid or {}, out_dir=tmp_path / "out", progress=False, **kw)
 
 
@@ -166,9 +169,10 @@ def test_a_batch_ramp_does_not_shrink_the_timed_steps(tmp_path):
 
 def test_progress_callback_sees_every_cell(tmp_path):
     seen = []
-    run_sweep(None, [*TINY, "train.micro_batch_size=1"], {"train.seq_len": [32, 64]}, out_dir=None,
-              progress=lambda done, total, what: seen.append((done, total, what)))
-    assert seen == [(0, 2, "seq_len=32"), (1, 2, "seq_len=64"), (2, 2, "plot")]
+    run_sweep(None, [*TINY, "train.micro_batch_size=1"], {"train.seq_len": [32, 64]}, out_dir=None, rounds=2,
+              steps=1, progress=lambda done, total, what: seen.append((done, total, what)))
+    assert seen == [(0, 4, "seq_len=32, round 1"), (1, 4, "seq_len=64, round 1"), (2, 4, "seq_len=32, round 2"),
+                    (3, 4, "seq_len=64, round 2"), (4, 4, "plot")]
 
 
 @pytest.mark.parametrize("overrides, grid, error, words", [
@@ -184,7 +188,55 @@ def test_bad_cells_fail_before_any_cell_runs(tmp_path, overrides, grid, error, w
 
 
 @pytest.mark.parametrize("kw, words", [({"warmup_steps": 1}, "--warmup-steps"), ({"steps": 0}, "--steps"),
+                                       ({"rounds": 0}, "--rounds"), ({"threads": 0}, "--threads"),
                                        ({"budget_seconds": 0}, "--budget-seconds")])
 def test_bad_options(tmp_path, kw, words):
     with pytest.raises(UsageError, match=words):
         sweep(tmp_path, **kw)
+
+
+def test_rounds_interleave_the_cells_and_each_figure_is_their_median_with_its_spread(tmp_path, monkeypatch):
+    from pretrain.train.trainer import Trainer
+
+    order, threads, real_run_cell, real_step = [], set(), sweep_run.run_cell, Trainer.step
+
+    def run_cell(cell, *args):
+        order.append(cell.values["train.seq_len"])
+        return real_run_cell(cell, *args)
+
+    def step(self):
+        threads.add(torch.get_num_threads())
+        if self.config.train.seq_len == 64 and order.count(64) == 2:
+            time.sleep(0.3)  # a busy spell on the machine during one round of one cell
+        return real_step(self)
+
+    monkeypatch.setattr(sweep_run, "run_cell", run_cell)
+    monkeypatch.setattr(Trainer, "step", step)
+    result = sweep(tmp_path, ["train.micro_batch_size=1"], {"train.seq_len": [32, 64]}, rounds=3, steps=1,
+                   threads=2)
+    assert order == [32, 64, 32, 64, 32, 64]  # A B A B, not A A A B B B
+    assert threads == {2} and torch.get_num_threads() == 1  # set for the cells, restored after
+    assert (result["rounds"], result["threads"], result["threads_chosen_as"]) == (3, 2, "--threads")
+    for c in result["cells"]:
+        each = c["tokens_per_s_each_round"]
+        assert c["rounds"] == 3 and len(each) == 3 and len(c["step_seconds_each"]) == 3 and c["threads"] == 2
+        assert c["tokens_per_s"] == statistics.median(each)
+        assert (c["tokens_per_s_min"], c["tokens_per_s_max"]) == (min(each), max(each))
+        assert c["spread_pct"] == pytest.approx(100 * (max(each) - min(each)) / statistics.median(each))
+    slowed = result["cells"][1]
+    assert slowed["noisy"] and slowed["spread_pct"] > 100  # 0.3 s against a step of a few ms
+    assert any("seq_len=64" in w and "spread" in w for w in result["warnings"])
+    assert len(result["warnings"]) == sum(c["noisy"] for c in result["cells"])
+    csv = (tmp_path / "out" / "sweep.csv").read_text().splitlines()
+    assert csv[0].endswith("rounds,tokens_per_s_min,tokens_per_s_max,spread_pct,threads")
+
+
+def test_the_default_threads_are_the_free_cores():
+    import os
+
+    from pretrain.bench.timing import cpu_threads
+
+    threads, why = cpu_threads(None)
+    cores = min(len(os.sched_getaffinity(0)), torch.get_num_threads())
+    assert 1 <= threads <= cores and why.startswith("auto: ")
+    assert cpu_threads(3) == (3, "--threads")

@@ -77,7 +77,7 @@ def test_a_second_trainer_is_refused_and_a_killed_one_leaves_no_lock(prepared, t
         if first.poll() is None:
             first.kill()
     assert len(steps_logged(run_dir)) >= len(before)
-    r = run_cli("train", "--resume", run_dir, "train.max_steps=8", "debug.step_sleep=0")
+    r = run_cli("train", "--resume", run_dir, "train.max_steps=8", "train.schedule_restart=true", "debug.step_sleep=0")
     assert r.returncode == 0, r.stderr
     assert "resumed from" in r.stdout
 
@@ -113,7 +113,7 @@ def test_rank_0_of_a_torchrun_job_holds_the_lock(prepared, tmp_path):
     finally:
         os.killpg(job.pid, signal.SIGKILL)  # the launcher and both ranks
         job.communicate(timeout=60)
-    r = run_cli("train", "--resume", run_dir, "train.max_steps=4", "debug.step_sleep=0")
+    r = run_cli("train", "--resume", run_dir, "train.max_steps=4", "train.schedule_restart=true", "debug.step_sleep=0")
     assert r.returncode == 0, r.stderr
 
 
@@ -156,8 +156,8 @@ def test_resume_with_every_checkpoint_corrupt_exits_2_and_changes_nothing(run_di
 def test_a_corrupt_checkpoint_is_set_aside_never_pruned_or_overwritten(run_dir):
     corrupt = flip_a_byte(run_dir / "checkpoints" / "step_00000009")
     # keep_checkpoints=1 prunes all but the newest; checkpoint_every=3 writes a step 9 of its own.
-    r = run_cli("train", "--resume", run_dir, "train.max_steps=16", "run.keep_checkpoints=1",
-                "run.checkpoint_every=3")
+    r = run_cli("train", "--resume", run_dir, "train.max_steps=16", "train.schedule_restart=true",
+                "run.keep_checkpoints=1", "run.checkpoint_every=3")
     assert r.returncode == 0, r.stderr
     assert "step_00000009" in r.stderr and "corrupt" in r.stderr
     assert "resumed from" in r.stdout and "step 8" in r.stdout
@@ -239,7 +239,8 @@ def test_stray_entries_in_checkpoints_are_ignored_with_one_warning(run_dir):
     (root / "step_00000099").mkdir()
     (root / "step_00000099" / "junk.bin").write_bytes(os.urandom(100))
     (root / "notes.txt").write_text("a user's note")
-    r = run_cli("train", "--resume", run_dir, "train.max_steps=16", "run.keep_checkpoints=1")
+    r = run_cli("train", "--resume", run_dir, "train.max_steps=16", "train.schedule_restart=true",
+                "run.keep_checkpoints=1")
     assert r.returncode == 0, r.stderr
     assert "resumed from" in r.stdout and "step 9" in r.stdout
     stray = [x for x in r.stderr.splitlines() if "step_00000006_backup" in x]

@@ -4,6 +4,7 @@ memory and host-to-device bandwidth, and one transformer block's forward/backwar
   pretrain bench                                   # default small model, print a table
   pretrain bench --quick --out profile.json        # then: pretrain plan hardware.profile=profile.json
   pretrain bench configs/my.yaml train.micro_batch_size=8 --dtypes bf16,fp8 --json
+  pretrain bench --rounds 5 --threads 1            # on a busy machine: medians of 5 rounds, one thread
 
 CONFIG and key=value overrides pick the block: model.*, train.seq_len, train.micro_batch_size, train.precision.
 See docs/bench.md for how each figure is measured and the profile's format.
@@ -26,10 +27,15 @@ def add_arguments(parser) -> None:
     parser.add_argument("--quick", action="store_true", help="fewer shapes and a short budget (6 s CPU, 30 s GPU)")
     parser.add_argument("--out", metavar="FILE", help="write the hardware profile JSON here")
     parser.add_argument("--json", action="store_true", help="print the profile JSON instead of the table")
+    parser.add_argument("--rounds", type=int, default=3, metavar="N", help="measure everything N times in turn, a "
+                        "1/N share of the budget each; report medians and the spread, warn above 10%% (default 3)")
+    parser.add_argument("--threads", type=int, metavar="N", help="torch CPU threads (default on a CPU: its cores "
+                        "less the 1-minute load average, at least 1; see docs/bench.md)")
 
 
 def run(args) -> int:
     import json
+    import sys
 
     from rich.console import Console
 
@@ -43,7 +49,9 @@ def run(args) -> int:
         check_profile_path(args.out)
     with counting_bar("bench", enabled=not args.json) as progress:
         profile = run_bench(path, overrides, dtypes=args.dtypes, seconds=args.seconds, device=args.device,
-                            quick=args.quick, progress=progress)
+                            quick=args.quick, progress=progress, rounds=args.rounds, threads=args.threads)
+    for line in profile["warnings"]:  # stderr: --json keeps stdout a JSON document
+        print(line, file=sys.stderr)
     if args.out:
         write_profile(profile, args.out)
     if args.json:

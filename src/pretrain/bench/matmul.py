@@ -98,13 +98,15 @@ def measure(m: int, n: int, k: int, dtype: str, device: torch.device, budget: fl
     return {"dtype": dtype, "m": m, "n": n, "k": k, "seconds": seconds, "tflops": 2 * m * n * k / seconds / 1e12}
 
 
-def sweep(dtype: str, device: torch.device, budget: float, quick: bool = False, on_shape=None) -> list[dict]:
-    """Measure `dtype` over the shape list, smallest first, within about `budget` seconds.
+def sweep(dtype: str, device: torch.device, budget: float, quick: bool = False, on_shape=None,
+          todo: list[tuple[int, int, int]] | None = None) -> list[dict]:
+    """Measure `dtype` over the shape list (or `todo`: a later round's, the first round's shapes), smallest
+    first, within about `budget` seconds.
 
     Stops before a shape whose estimated cost exceeds what is left (the smallest shape always runs).
     `on_shape(result or None)` is called once per shape of the list, None for a skipped one.
     """
-    todo = shapes(device, quick)
+    todo = todo or shapes(device, quick)
     work = [m * n * k for m, n, k in todo]
     results: list[dict] = []
     left = budget

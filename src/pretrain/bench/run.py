@@ -6,6 +6,7 @@ import dataclasses
 import datetime
 import json
 import platform
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -16,11 +17,13 @@ from ..config import Config, load_config
 from ..distributed.runtime import resolve_device
 from ..errors import UsageError
 from ..files import write_atomic
+from ..plan.flops import mfu
 from ..plan.hardware import peak_tflops
 from ..precision import matmul_dtype
 from . import DTYPES, matmul
 from .bandwidth import device_copy_gbps, host_to_device_gbps
 from .block import block_throughput
+from .timing import NOISY_SPREAD_PCT, check_rounds, check_threads, cpu_threads, spread, torch_threads
 
 # Seconds of measurement; small shapes finish early. On 2 CPU cores the default run took 24 s in all
 # (docs/bench.md, "Measured").
@@ -59,17 +62,23 @@ def bench_config(path=None, overrides=(), device: torch.device = torch.device("c
 
 def run_bench(config: Config | str | Path | dict | None = None, overrides=(), dtypes=None,
               seconds: float | None = None, device: str | None = None, quick: bool = False,
-              progress=None) -> dict:
+              progress=None, rounds: int = 3, threads: int | None = None) -> dict:
     """Measure matmul TFLOP/s per dtype, memory and host-to-device bandwidth, and one block of `config`.
 
     `config`: a Config, a YAML path or a dict (with `overrides`), or None for the default small model.
     `seconds`: the measurement budget (default DEFAULT_SECONDS, or QUICK_SECONDS with `quick`).
+    `rounds`: everything is measured this many times in turn (round 1 measures every figure once, then
+      round 2 ...), a 1/rounds share of the budget each; each figure is the median of its rounds, with
+      their spread in `spread_pct` and a warning above timing.NOISY_SPREAD_PCT.
+    `threads`: torch's CPU threads; None: the free cores (timing.cpu_threads).
     `progress(done, total, description)` is called as the work advances.
     """
     dev = resolve_device(device, "--device")
     wanted = parse_dtypes(dtypes)
     if seconds is not None and not seconds > 0:
         raise UsageError(f"--seconds: must be a positive number of seconds, got {seconds}")
+    check_rounds(rounds)
+    check_threads(threads)
     budget = seconds or (QUICK_SECONDS if quick else DEFAULT_SECONDS)[dev.type]
     cfg = config if isinstance(config, Config) else bench_config(config, overrides, dev)
     started = time.perf_counter()
@@ -82,8 +91,7 @@ def run_bench(config: Config | str | Path | dict | None = None, overrides=(), dt
         if "fp32" not in measured:
             measured.insert(0, "fp32")
 
-    shapes_per_dtype = len(matmul.shapes(dev, quick))
-    total = len(measured) * shapes_per_dtype + 3
+    total = rounds * (len(measured) * len(matmul.shapes(dev, quick)) + 3)
     done = 0
 
     def advance(description: str):
@@ -94,41 +102,96 @@ def run_bench(config: Config | str | Path | dict | None = None, overrides=(), dt
 
     if progress:
         progress(0, total, "matmul")
-    results, peaks, medians = [], {}, {}
+    n_threads, chosen_as = cpu_threads(threads) if dev.type == "cpu" or threads else (None, None)
+    runs = []
+    with torch_threads(n_threads or torch.get_num_threads()):
+        for r in range(rounds):
+            # Round 1 chooses the shapes its budget pays for; the later rounds measure the same ones.
+            runs.append(_round(cfg, dev, budget / rounds, quick, measured, runs[0]["shapes"] if runs else None,
+                               advance, f" (round {r + 1})" if rounds > 1 else ""))
+    shapes = []
+    for first in runs[0]["shapes"]:  # a later round's budget may have stopped short of a shape: its rounds only
+        seconds = statistics.median(s["seconds"] for run in runs for s in run["shapes"] if _shape(s) == _shape(first))
+        flops = 2 * first["m"] * first["n"] * first["k"]
+        shapes.append({**first, "seconds": seconds, "tflops": flops / seconds / 1e12})
+    peaks, medians = {}, {}
     for dtype in measured:
-        swept = matmul.sweep(dtype, dev, budget * SHARE["matmul"] / len(measured), quick,
-                             on_shape=lambda result, d=dtype: advance(f"matmul {d}"))
-        results += swept
-        peaks[dtype], medians[dtype] = matmul.summary(swept)
+        peaks[dtype], medians[dtype] = matmul.summary([s for s in shapes if s["dtype"] == dtype])
     if dev.type == "cpu" and "tf32" in wanted:
         peaks["tf32"], medians["tf32"] = peaks["fp32"], medians["fp32"]
-
-    copy = device_copy_gbps(dev, budget * SHARE["copy"])
-    advance("device memory bandwidth")
-    h2d = host_to_device_gbps(dev, budget * SHARE["host_to_device"])
-    advance("host-to-device bandwidth")
-    block = _block(cfg, dev, budget * SHARE["block"], peaks)
-    advance("transformer block")
+    noise = _spreads(runs, measured)
+    h2d = [run["host_to_device"] for run in runs]
+    # The block of the median round (median_low: a round that ran, with its own step time), its MFU against
+    # the peaks of all rounds.
+    block = sorted((run["block"] for run in runs), key=lambda b: b["tokens_per_s"])[(rounds - 1) // 2]
+    block = _block(cfg, dev, peaks, block)
 
     return {
         "device": _device_name(dev),
         "device_type": dev.type,
         "torch": torch.__version__,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "threads": torch.get_num_threads() if dev.type == "cpu" else None,
+        "threads": n_threads,
+        "threads_chosen_as": chosen_as,
+        "rounds": rounds,
         "budget_seconds": budget,
         "elapsed_seconds": time.perf_counter() - started,
         "peak_tflops": _in_order(peaks),
         "median_tflops": _in_order(medians),
         "skipped": skipped,
-        "shapes": results,
-        "memory_bandwidth_gbps": copy,
-        "host_to_device_gbps": h2d,
+        "shapes": shapes,
+        "memory_bandwidth_gbps": statistics.median(run["copy"] for run in runs),
+        "host_to_device_gbps": None if h2d[0] is None else statistics.median(h2d),
         "block": block,
+        "spread_pct": noise,
+        "warnings": [f"warning: {name}: spread {pct:.0f}% over {rounds} rounds, above {NOISY_SPREAD_PCT:.0f}%: the "
+                     "machine is busy; measure on a quiet one" for name, pct in _flat(noise)
+                     if pct > NOISY_SPREAD_PCT],
     }
 
 
-def _block(cfg: Config, dev: torch.device, budget: float, peaks: dict) -> dict:
+def _round(cfg: Config, dev: torch.device, budget: float, quick: bool, dtypes: list[str], first: list | None,
+           advance, label: str) -> dict:
+    """One measurement of every figure within `budget` seconds; the matmuls over `first`'s shapes if given."""
+    shapes = []
+    for dtype in dtypes:
+        todo = [(s["m"], s["n"], s["k"]) for s in first if s["dtype"] == dtype] if first else None
+        shapes += matmul.sweep(dtype, dev, budget * SHARE["matmul"] / len(dtypes), quick, todo=todo,
+                               on_shape=lambda result, d=dtype: advance(f"matmul {d}{label}"))
+    copy = device_copy_gbps(dev, budget * SHARE["copy"])
+    advance(f"device memory bandwidth{label}")
+    h2d = host_to_device_gbps(dev, budget * SHARE["host_to_device"])
+    advance(f"host-to-device bandwidth{label}")
+    block = block_throughput(cfg, dev, budget * SHARE["block"], None)  # its MFU comes with all rounds' peaks
+    advance(f"transformer block{label}")
+    return {"shapes": shapes, "copy": copy, "host_to_device": h2d, "block": block}
+
+
+def _shape(result: dict) -> tuple:
+    return result["dtype"], result["m"], result["n"], result["k"]
+
+
+def _spreads(runs: list[dict], dtypes: list[str]) -> dict:
+    """(max - min) / median in % over the rounds, of each dtype's best TFLOP/s, each bandwidth, the block."""
+    def pct(values):
+        return None if values[0] is None else spread(values)["spread_pct"]  # None for one round
+
+    return {"peak_tflops": {d: pct([max(s["tflops"] for s in run["shapes"] if s["dtype"] == d) for run in runs])
+                            for d in dtypes},
+            "memory_bandwidth_gbps": pct([run["copy"] for run in runs]),
+            "host_to_device_gbps": pct([run["host_to_device"] for run in runs]),
+            "block_tokens_per_s": pct([run["block"]["tokens_per_s"] for run in runs])}
+
+
+def _flat(noise: dict) -> list[tuple[str, float]]:
+    pairs = [(f"{d} matmul", p) for d, p in noise["peak_tflops"].items()]
+    pairs += [(name, noise[key]) for name, key in (("memory copy", "memory_bandwidth_gbps"),
+                                                   ("host to device", "host_to_device_gbps"),
+                                                   ("block", "block_tokens_per_s"))]
+    return [(name, p) for name, p in pairs if p is not None]
+
+
+def _block(cfg: Config, dev: torch.device, peaks: dict, result: dict) -> dict:
     """The block's figures, with its MFU against this run's best of the compute dtype, else the catalog."""
     dtype = matmul_dtype(cfg.train.precision, dev.type)
     if dtype in peaks:
@@ -136,12 +199,11 @@ def _block(cfg: Config, dev: torch.device, budget: float, peaks: dict) -> dict:
     else:  # on a CPU no GPU's data sheet applies, whatever hardware.gpu says
         hardware = cfg.hardware if dev.type == "cuda" else dataclasses.replace(cfg.hardware, gpu="cpu")
         peak, source = peak_tflops(hardware, cfg.train.precision)
-    result = block_throughput(cfg, dev, budget, peak)
     t = cfg.train
-    result.update(peak_tflops=peak, peak_source=source, compute_dtype=dtype, config={
-        "model": dataclasses.asdict(cfg.model), "seq_len": t.seq_len, "micro_batch_size": t.micro_batch_size,
-        "precision": t.precision, "attention": t.attention})
-    return result
+    return {**result, "mfu": mfu(result["tokens_per_s"], result["flops_per_token"], 1, peak), "peak_tflops": peak,
+            "peak_source": source, "compute_dtype": dtype, "config": {
+                "model": dataclasses.asdict(cfg.model), "seq_len": t.seq_len, "micro_batch_size": t.micro_batch_size,
+                "precision": t.precision, "attention": t.attention}}
 
 
 def _in_order(by_dtype: dict) -> dict:

@@ -94,6 +94,10 @@ class TrainConfig:
     schedule: str = doc("cosine", "decay after warm-up: cosine | linear | inverse_sqrt | wsd "
                         "(warmup-stable-decay)", SCHEDULES)
     decay_fraction: float = doc(0.2, "wsd: fraction of the steps spent in the final linear decay")
+    schedule_restart: bool = doc(False, "on a --resume that changes the run's length, follow the cosine or "
+                                 "linear schedule of the new length (the LR jumps to it); without it such a resume "
+                                 "is refused. wsd extends its stable phase and inverse_sqrt has no end: both go on "
+                                 "without it (docs/train.md)")
     grad_clip: float = doc(1.0, "clip the global gradient norm to this value (0 = off)")
     weight_decay: float = doc(0.1, "AdamW decoupled weight decay, on matrices only")
     betas: list[float] = doc([0.9, 0.95], "AdamW beta1, beta2")

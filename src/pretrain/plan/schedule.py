@@ -8,6 +8,7 @@ down to whole micro-batches, at least one per data-parallel rank.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from ..errors import ConfigError
@@ -101,6 +102,7 @@ def _wsd_decay_steps(decay_fraction: float, total_steps: int) -> int:
 def learning_rate(step: int, *, total_steps: int, warmup: int, peak: float, min_ratio: float,
                   schedule: str, decay_fraction: float = 0.2) -> float:
     """LR for optimizer step `step` (0-based): linear warm-up to `peak`, then decay to `min_ratio * peak`.
+    A resume into a longer or shorter run follows the schedule of its new length (resumed_schedule).
 
     cosine: half a cosine; linear: a straight line; inverse_sqrt: peak * sqrt(warmup / step), floored;
     wsd: constant, then a linear decay over the last `decay_fraction` of the steps (warmup-stable-decay).
@@ -123,3 +125,38 @@ def learning_rate(step: int, *, total_steps: int, warmup: int, peak: float, min_
             return peak
         return peak - (peak - floor) * min(1.0, (step - decay_start + 1) / decay_steps)
     raise ValueError(f"unknown schedule {schedule!r}")
+
+
+def resumed_schedule(train, saved: dict, total_steps: int) -> tuple[int, dict | None]:
+    """(warm-up steps, the `schedule_changed` event or None) of a resume from a checkpoint whose trainer.json
+    is `saved`, into a run now `total_steps` long.
+
+    A run whose length changed (train.max_steps or train.tokens overridden on --resume) follows the schedule of
+    its new length from the checkpoint's step on; the warm-up keeps the steps the checkpoint saved (it is done,
+    and a fraction of a new length would move inverse_sqrt's curve). wsd extends its stable phase and decays anew
+    over the last decay_fraction of the new length, as WSD runs are extended (Hu et al. 2024, MiniCPM; Hägele
+    et al. 2024): from a checkpoint already inside the old decay the LR goes back up to the stable one, said in
+    the event. inverse_sqrt has no end: its LR does not change. cosine and linear would jump (their whole
+    curve stretches): refused unless train.schedule_restart=true accepts the new curve.
+    """
+    step, old_total = saved["step"], saved.get("total_steps", total_steps)
+    warmup = saved.get("warmup_steps", warmup_steps(train.warmup, old_total))
+    kept = dataclasses.replace(train, warmup=int(warmup))
+    if old_total == total_steps or step >= total_steps:
+        return checked_warmup(kept, total_steps), None
+    args = dict(warmup=warmup, peak=train.lr, min_ratio=train.min_lr_ratio, schedule=train.schedule,
+                decay_fraction=train.decay_fraction)
+    before = learning_rate(step, total_steps=old_total, **args)
+    after = learning_rate(step, total_steps=total_steps, **args)
+    if train.schedule in ("cosine", "linear") and not train.schedule_restart:
+        raise ConfigError(f"train.schedule_restart: the run was {old_total} steps and is now {total_steps}: its "
+                          f"{train.schedule} schedule would stretch and the learning rate at step {step} jump from "
+                          f"{before:.3g} to {after:.3g}; set train.schedule_restart=true to follow the {total_steps}-"
+                          f"step {train.schedule} from here, or keep the run's length")
+    event = {"event": "schedule_changed", "step": step, "schedule": train.schedule, "old_total": old_total,
+             "new_total": total_steps, "lr_at_resume_before": before, "lr_at_resume_after": after}
+    if train.schedule == "wsd":
+        old_start = old_total - _wsd_decay_steps(train.decay_fraction, old_total)
+        event.update(decay_start=total_steps - _wsd_decay_steps(train.decay_fraction, total_steps),
+                     old_decay_start=old_start, inside_old_decay=step > old_start)
+    return checked_warmup(kept, total_steps), event

@@ -1,10 +1,12 @@
 """Time the real training step for every combination of config values, beside the planner's figures.
 
-  pretrain sweep [CONFIG.yaml] [section.key=v1,v2,... ...] [--budget-seconds S] [--json] [--out DIR]
-  pretrain sweep [CONFIG.yaml] [section.key=value ...] --from-fit N [--json] [--out DIR]
+  pretrain sweep [CONFIG.yaml] [section.key=v1,v2,... ...] [--budget-seconds S] [--rounds N] [--threads N]
+                 [--json] [--out DIR]
+  pretrain sweep [CONFIG.yaml] [section.key=value ...] --from-fit N [--rounds N] [--json] [--out DIR]
 
 A comma list sweeps a key (a list-typed key such as train.betas keeps its own syntax); every combination is a
-cell: a few warm-up and timed optimizer steps of the training step on synthetic tokens, on this device. Each
+cell: a few warm-up and timed optimizer steps of the training step on synthetic tokens, on this device, run
+--rounds times in interleaved rounds (the median and the spread are reported, a spread above 10% warned). Each
 cell reports it/s, tokens/s, achieved TFLOP/s, MFU, and memory measured and planned, or OOM.
 
 Examples:
@@ -37,6 +39,11 @@ def add_arguments(p) -> None:
     p.add_argument("--from-fit", type=int, metavar="N", help="time the N fastest layouts of `pretrain plan --fit` "
                    "on this machine, measured beside predicted")
     p.add_argument("--steps", type=int, default=3, metavar="N", help="timed optimizer steps per cell (default 3)")
+    p.add_argument("--rounds", type=int, default=3, metavar="N", help="runs of every cell, interleaved (round 1 "
+                   "runs each cell once, then round 2 ...); figures are the medians, with their spread; a spread "
+                   "above 10%% is a warning (default 3)")
+    p.add_argument("--threads", type=int, metavar="N", help="torch CPU threads for every cell (default on a CPU: "
+                   "its cores less the 1-minute load average, at least 1; see docs/sweep.md)")
 
 
 def run(args) -> int:
@@ -46,7 +53,9 @@ def run(args) -> int:
     if args.from_fit is not None:
         return _from_fit(args, path, overrides, swept)
     result = run_sweep(path, overrides, swept, budget_seconds=args.budget_seconds, try_all=args.try_all,
-                       warmup_steps=args.warmup_steps, steps=args.steps, out_dir=args.out, progress=not args.json)
+                       warmup_steps=args.warmup_steps, steps=args.steps, out_dir=args.out, progress=not args.json,
+                       rounds=args.rounds, threads=args.threads)
+    _warn(result)
     if args.json:
         from .output import to_json
 
@@ -64,6 +73,14 @@ def run(args) -> int:
     return 0
 
 
+def _warn(result: dict) -> None:
+    """The noise warnings on stderr, where --json keeps stdout a JSON document."""
+    import sys
+
+    for line in result["warnings"]:
+        print(line, file=sys.stderr)
+
+
 def _from_fit(args, path, overrides, swept) -> int:
     from ..errors import UsageError
 
@@ -73,7 +90,8 @@ def _from_fit(args, path, overrides, swept) -> int:
     from .from_fit import render, run_from_fit
 
     result = run_from_fit(path, overrides, args.from_fit, warmup_steps=args.warmup_steps, steps=args.steps,
-                          out_dir=args.out)
+                          out_dir=args.out, rounds=args.rounds, threads=args.threads)
+    _warn(result)
     if args.json:
         from .output import to_json
 

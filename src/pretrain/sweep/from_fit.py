@@ -1,5 +1,6 @@
 """`pretrain sweep --from-fit N`: the planner's N fastest layouts (`pretrain plan --fit`), each timed with the
-real training step on this machine, measured beside predicted; the fastest that ran is the choice.
+real training step on this machine in interleaved rounds (the median, with its spread), measured beside
+predicted; the fastest that ran is the choice.
 
 The fit is made for the hardware the sweep runs on (the detected GPU or the CPU, this world size) at the peak
 the sweep's MFU uses (the catalog's, a profile's, or the one-time measurement), so predicted and measured
@@ -10,8 +11,12 @@ their mean absolute value, and whether the predicted fastest is the measured fas
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
+import torch
+
+from ..bench.timing import NOISY_SPREAD_PCT, check_rounds, check_threads, cpu_threads, spread, torch_threads
 from ..config import load_config, replaced
 from ..errors import UsageError
 from ..plan import make_plan
@@ -24,59 +29,87 @@ DATA_PARALLEL = {"parallel.tensor": 1, "parallel.pipeline": 1, "parallel.sequenc
 
 
 def run_from_fit(config_path, overrides: list[str], n: int, warmup_steps: int = 2, steps: int = 3,
-                 out_dir: str | Path | None = "sweep") -> dict:
-    """Time the top `n` candidates of `fit`; returns {"device", "candidates": [...], "chosen", "error"}."""
+                 out_dir: str | Path | None = "sweep", rounds: int = 3, threads: int | None = None) -> dict:
+    """Time the top `n` candidates of `fit`, each `rounds` times in interleaved rounds (run_sweep's); returns
+    {"device", "candidates": [...], "chosen", "error", "warnings", ...}."""
     from ..distributed.runtime import init_runtime
     from ..train import plan_check
     from ..train.trainer import check_trainable
 
     if n < 1:
         raise UsageError(f"--from-fit: must be at least 1 candidate, got {n}")
+    check_rounds(rounds)
+    check_threads(threads)
     config = load_config(config_path, overrides)
     # What the trainer would refuse whatever the layout: one line now, before any fit or cell.
     check_trainable(replaced(config, DATA_PARALLEL), needs_data=False)
     rt = init_runtime(config.train.device)
-    here = plan_check.config_for_device(config, rt)
-    peak, source = plan_check.peak_tflops(here, rt.device)
-    pinned = []
-    if make_plan(here)["hardware"]["peak_tflops"] is None:  # measured: the same peak for the fit and every cell
-        pinned = [f"hardware.peak_tflops={peak!r}"]
-        here = replaced(here, {"hardware.peak_tflops": peak})
-    found = fit(here, top=n, runnable=True)  # data parallel, no offload: what the trainer runs
-    if not found["candidates"]:
-        raise UsageError("--from-fit: no layout fits on this machine (pretrain plan --fit says why)")
-    out = Path(out_dir) if out_dir is not None else None
-    if out is not None:
-        output.make_dir(out)
-
-    rows = []
-    for rank, cand in enumerate(found["candidates"], 1):
-        items = [*overrides, *pinned, *command_line(cand["overrides"]).split()]
-        try:
-            cell = run_sweep(config_path, items, {}, warmup_steps=warmup_steps, steps=steps, out_dir=None,
-                             progress=False)["cells"][0]
-        except UsageError as e:  # a layout the trainer refuses: said in its row, the others still run
-            cell = {"status": f"not run: {e}", "tokens_per_s": None, "step_seconds": None, "mfu": None}
-        measured = cell["tokens_per_s"]
-        rows.append({"rank": rank, "overrides": cand["overrides"], "status": cell["status"],
-                     "predicted_tokens_per_s": cand["tokens_per_s"], "measured_tokens_per_s": measured,
-                     "error_pct": None if measured is None else 100 * (measured / cand["tokens_per_s"] - 1),
-                     "predicted_step_s": cand["step_time_s"], "measured_step_s": cell["step_seconds"],
-                     "memory_planned_bytes": cand["memory_bytes"]["total"], "mfu": cell["mfu"]})
-    ran = [r for r in rows if r["measured_tokens_per_s"] is not None]
-    chosen = max(ran, key=lambda r: r["measured_tokens_per_s"]) if ran else None
-    errors = [abs(r["error_pct"]) for r in ran]
+    n_threads, chosen_as = cpu_threads(threads) if rt.device.type == "cpu" or threads else (None, None)
+    with torch_threads(n_threads or torch.get_num_threads()):
+        here = plan_check.config_for_device(config, rt)
+        peak, source = plan_check.peak_tflops(here, rt.device)
+        pinned = []
+        if make_plan(here)["hardware"]["peak_tflops"] is None:  # measured: the same peak for the fit and every cell
+            pinned = [f"hardware.peak_tflops={peak!r}"]
+            here = replaced(here, {"hardware.peak_tflops": peak})
+        found = fit(here, top=n, runnable=True)  # data parallel, no offload: what the trainer runs
+        if not found["candidates"]:
+            raise UsageError("--from-fit: no layout fits on this machine (pretrain plan --fit says why)")
+        out = Path(out_dir) if out_dir is not None else None
+        if out is not None:
+            output.make_dir(out)
+        candidates = list(enumerate(found["candidates"], 1))
+        ran = {rank: [] for rank, _ in candidates}  # each round's cell
+        failed = {}  # rank -> why it runs no more rounds
+        for _ in range(rounds):  # A B A B: a busy spell slows every candidate alike, not the one it hits
+            for rank, cand in candidates:
+                if rank in failed:
+                    continue
+                items = [*overrides, *pinned, *command_line(cand["overrides"]).split()]
+                try:
+                    cell = run_sweep(config_path, items, {}, warmup_steps=warmup_steps, steps=steps, out_dir=None,
+                                     progress=False, rounds=1, threads=n_threads)["cells"][0]
+                except UsageError as e:  # a layout the trainer refuses: said in its row, the others still run
+                    failed[rank] = f"not run: {e}"
+                    continue
+                if cell["status"] != "ok":
+                    failed[rank] = cell["status"]
+                else:
+                    ran[rank].append(cell)
+    rows = [_row(rank, cand, [] if rank in failed else ran[rank], failed.get(rank, "ok"))
+            for rank, cand in candidates]
+    measured = [r for r in rows if r["measured_tokens_per_s"] is not None]
+    chosen = max(measured, key=lambda r: r["measured_tokens_per_s"]) if measured else None
+    errors = [abs(r["error_pct"]) for r in measured]
     result = {
-        "device": _device_name(rt.device), "peak_tflops": peak, "peak_source": source, "candidates": rows,
-        "chosen": chosen,
+        "device": _device_name(rt.device), "peak_tflops": peak, "peak_source": source, "threads": n_threads,
+        "threads_chosen_as": chosen_as, "rounds": rounds, "candidates": rows, "chosen": chosen,
         "error": {"mean_abs_pct": sum(errors) / len(errors) if errors else None,
-                  "predicted_fastest_is_fastest": bool(ran) and chosen["rank"] == min(r["rank"] for r in ran),
-                  "measured_rank_of_predicted_fastest": _measured_rank(ran)},
+                  "predicted_fastest_is_fastest": bool(measured) and chosen["rank"] == min(r["rank"] for r in measured),
+                  "measured_rank_of_predicted_fastest": _measured_rank(measured)},
+        "warnings": [f"warning: #{r['rank']}: measured tokens/s spread {r['spread_pct']:.0f}% over {r['rounds']} "
+                     f"rounds, above {NOISY_SPREAD_PCT:.0f}%: the machine is busy and the choice may be noise; "
+                     "run on a quiet machine or with more --rounds" for r in rows if r["noisy"]],
     }
     if out is not None:
         output._write(out, "from_fit.json", output.to_json(result).encode())  # temp + rename
         result["file"] = str(out / "from_fit.json")
     return result
+
+
+def _row(rank: int, cand: dict, cells: list[dict], status: str) -> dict:
+    """A candidate's row: predicted beside the median of its rounds, with their spread."""
+    noise = spread([c["tokens_per_s"] for c in cells]) if cells else None
+    measured = noise and noise["median"]
+    median = (lambda key: statistics.median(c[key] for c in cells) if cells and cells[0][key] is not None
+              else None)
+    return {"rank": rank, "overrides": cand["overrides"], "status": status,
+            "predicted_tokens_per_s": cand["tokens_per_s"], "measured_tokens_per_s": measured,
+            "error_pct": None if measured is None else 100 * (measured / cand["tokens_per_s"] - 1),
+            "predicted_step_s": cand["step_time_s"], "measured_step_s": median("step_seconds"),
+            "memory_planned_bytes": cand["memory_bytes"]["total"], "mfu": median("mfu"), "rounds": len(cells),
+            "measured_tokens_per_s_each_round": [c["tokens_per_s"] for c in cells],
+            "spread_pct": noise and noise["spread_pct"], "noisy": bool(noise and noise["noisy"])}
 
 
 def _measured_rank(ran: list[dict]) -> int | None:
@@ -87,9 +120,11 @@ def _measured_rank(ran: list[dict]) -> int | None:
 
 
 def render(result: dict) -> str:
+    threads = (f", {result['threads']} CPU thread{'s' if result['threads'] != 1 else ''} "
+               f"({result['threads_chosen_as']})" if result["threads"] else "")
     lines = [f"pretrain sweep --from-fit on {result['device']} (peak {result['peak_tflops']:.4g} TFLOP/s: "
-             f"{result['peak_source']})", "",
-             f"  {'#':>2}  {'layout':<58} {'predicted':>11} {'measured':>11} {'error':>8}  status"]
+             f"{result['peak_source']}); measured: median of {result['rounds']} interleaved rounds{threads}", "",
+             f"  {'#':>2}  {'layout':<58} {'predicted':>11} {'measured':>11} {'spread':>7} {'error':>8}  status"]
     for r in result["candidates"]:
         o = r["overrides"]
         layout = (f"micro {o['train.micro_batch_size']} x {o['train.grad_accum_steps']}, recompute "
@@ -97,8 +132,9 @@ def render(result: dict) -> str:
                   f"PP {o['parallel.pipeline']}")
         measured = "-" if r["measured_tokens_per_s"] is None else f"{r['measured_tokens_per_s']:,.0f}"
         error = "-" if r["error_pct"] is None else f"{r['error_pct']:+.0f}%"
+        noise = "-" if r["rounds"] < 2 else f"{r['spread_pct']:.0f}%" + ("!" if r["noisy"] else "")
         lines.append(f"  {r['rank']:>2}  {layout:<58} {r['predicted_tokens_per_s']:>11,.0f} {measured:>11} "
-                     f"{error:>8}  {r['status']}")
+                     f"{noise:>7} {error:>8}  {r['status']}")
     e = result["error"]
     if result["chosen"] is None:
         lines += ["", "  none ran: nothing to choose"]

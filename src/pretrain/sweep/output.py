@@ -13,6 +13,7 @@ import json
 import math
 from pathlib import Path
 
+from ..bench.timing import NOISY_SPREAD_PCT
 from ..errors import UsageError
 from ..files import write_atomic
 from .. import units
@@ -20,7 +21,8 @@ from .. import units
 FILES = {"csv": "sweep.csv", "json": "sweep.json", "png": "sweep.png"}
 CSV_COLUMNS = ("status", "plan_verdict", "it_per_s", "tokens_per_s", "achieved_tflops", "mfu",
                "memory_measured_bytes", "memory_planned_bytes", "memory_error_pct", "planned_tokens_per_s",
-               "tokens_per_step", "step_seconds", "peak_tflops", "loss", "seconds", "error")
+               "tokens_per_step", "step_seconds", "peak_tflops", "loss", "seconds", "error", "rounds",
+               "tokens_per_s_min", "tokens_per_s_max", "spread_pct", "threads")
 
 
 # --- files -------------------------------------------------------------------------------------------------------
@@ -87,6 +89,14 @@ def to_csv(result: dict) -> str:
     return buf.getvalue()
 
 
+def noise_warnings(records: list[dict]) -> list[str]:
+    """One line per cell whose rounds' tokens/s differ by more than NOISY_SPREAD_PCT: its figure is noise."""
+    return [f"warning: cell {' '.join(f'{k}={v}' for k, v in r['values'].items()) or '(base config)'}: tokens/s "
+            f"spread {r['spread_pct']:.0f}% over {r['rounds']} rounds ({units.human(r['tokens_per_s_min'])} to "
+            f"{units.human(r['tokens_per_s_max'])}), above {NOISY_SPREAD_PCT:.0f}%: the machine is busy; compare "
+            "cells on a quiet one, or with more --rounds" for r in records if r["noisy"]]
+
+
 # --- terminal ----------------------------------------------------------------------------------------------------
 
 def column_names(keys: list[str]) -> dict[str, str]:
@@ -101,26 +111,29 @@ def table(result: dict):
     keys = list(result["swept"])
     names = column_names(keys)
     peaks = "; ".join(f"{prec} {p['tflops']:.4g} TFLOP/s ({p['source']})" for prec, p in result["peak_tflops"].items())
+    threads = f", {result['threads']} CPU thread{'s' if result['threads'] != 1 else ''}" if result["threads"] else ""
     t = Table(title=f"pretrain sweep on {result['device']}: {result['warmup_steps']} warm-up + {result['steps']} "
-                    "timed steps per cell", caption=f"MFU against peak {peaks}\nmemory: "
-                    f"{result['memory_measured_as']}", caption_justify="left")
+                    f"timed steps per cell, median of {result['rounds']} interleaved rounds{threads}",
+              caption=f"MFU against peak {peaks}\nmemory: {result['memory_measured_as']}\nspread: (max - min) / "
+                      f"median tokens/s of the rounds, ! above {NOISY_SPREAD_PCT:.0f}%", caption_justify="left")
     with_status = any(cell["status"] != "ok" for cell in result["cells"])  # OOM, skipped: a column of its own
     for k in keys:
         t.add_column(names[k])
     if with_status:
         t.add_column("status")
-    for name in ("it/s", "tokens/s", "TFLOP/s", "MFU", "memory", "planned", "error"):
+    for name in ("it/s", "tokens/s", "spread", "TFLOP/s", "MFU", "memory", "planned", "error"):
         t.add_column(name, justify="right")
     t.add_column("plan")
     for cell in result["cells"]:
         first = [str(cell["values"][k]) for k in keys] + ([cell["status"]] if with_status else [])
         planned = units.nbytes(cell["memory_planned_bytes"])
         if cell["status"] != "ok":
-            t.add_row(*first, "", "", "", "", "", planned, "", cell["plan_verdict"],
+            t.add_row(*first, "", "", "", "", "", "", planned, "", cell["plan_verdict"],
                       style="red" if cell["status"] == "OOM" else "dim")
             continue
         err = cell["memory_error_pct"]
-        t.add_row(*first, f"{cell['it_per_s']:.3g}", units.human(cell["tokens_per_s"]),
+        noise = f"{cell['spread_pct']:.0f}%" + (" !" if cell["noisy"] else "") if cell["rounds"] > 1 else "-"
+        t.add_row(*first, f"{cell['it_per_s']:.3g}", units.human(cell["tokens_per_s"]), noise,
                   f"{cell['achieved_tflops']:.3g}", "-" if cell["mfu"] is None else f"{100 * cell['mfu']:.1f}%",
                   units.nbytes(cell["memory_measured_bytes"]), planned, "-" if err is None else f"{err:+.1f}%",
                   cell["plan_verdict"])

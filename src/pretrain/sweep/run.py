@@ -2,8 +2,9 @@
 
 Each cell builds its own Config (the base, the fixed overrides, the cell's values), a `Trainer` fed with
 synthetic tokens, runs `warmup_steps` optimizer steps (the second one measures memory tensor by tensor, as
-`pretrain train` does) and then times `steps` more. Beside every figure stands the planner's, for the same
-config on this device, so a sweep is also a test of the planner.
+`pretrain train` does) and then times `steps` more, `rounds` times in interleaved rounds (each figure the
+median round's, with the spread). Beside every figure stands the planner's, for the same config on this
+device, so a sweep is also a test of the planner.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 import torch
 
 from ..config import Config, load_config, replaced
+from ..bench.timing import check_rounds, check_threads, cpu_threads, spread, torch_threads
 from ..errors import UsageError
 from ..plan import make_plan
 from ..plan.budget import training_length
@@ -70,16 +72,21 @@ class Cell:
 
 def run_sweep(config_path: str | Path | dict | None = None, overrides=(), sweep: dict | None = None,
               budget_seconds: float | None = None, try_all: bool = False, warmup_steps: int = 2, steps: int = 3,
-              out_dir: str | Path | None = "sweep", progress=True) -> dict:
+              out_dir: str | Path | None = "sweep", progress=True, rounds: int = 3,
+              threads: int | None = None) -> dict:
     """Time the real training step for every combination of `sweep` values; return the JSON-ready result.
 
     config_path: a YAML file (or a dict, or None for the defaults), with `overrides` (`section.key=value`
       strings) on top, as `pretrain plan` reads them.
     sweep: {"train.seq_len": [256, 1024], ...}: every combination is one cell; {} or None is one cell.
     budget_seconds: no cell starts once this many seconds have passed (a started cell runs to its end);
-      the rest are reported as "skipped: budget".
+      a cell with no round run by then is reported as "skipped: budget".
     try_all: also run the cells whose plan says they do not fit (plan["fits"] is False).
     warmup_steps, steps: untimed steps (at least 2: the 2nd measures memory), then timed ones.
+    rounds: every cell is run this many times, in interleaved rounds (A B A B: round 1 runs each cell once,
+      then round 2 ...), so that a machine busy for a while slows every cell alike, not one; each figure is
+      the median of the rounds, with their spread.
+    threads: torch's CPU threads for every cell; None: the free cores (bench.timing.cpu_threads).
     out_dir: where sweep.csv, sweep.json and sweep.png go (rewritten after each cell); None writes nothing.
     progress: True for a bar on stderr (on a terminal), False, or a callable(done, total, description).
 
@@ -94,47 +101,76 @@ def run_sweep(config_path: str | Path | dict | None = None, overrides=(), sweep:
         raise UsageError(f"--steps: must be at least 1 timed step, got {steps}")
     if budget_seconds is not None and not budget_seconds > 0:
         raise UsageError(f"--budget-seconds: must be a positive number of seconds, got {budget_seconds}")
+    check_rounds(rounds)
+    check_threads(threads)
     sweep = {k: list(v) for k, v in (sweep or {}).items()}
     cells = prepare_cells(config_path, list(overrides), sweep)
-    peaks = _set_peaks(cells)
-
-    result = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "device": _device_name(cells[0].rt.device), "device_type": cells[0].rt.device.type,
-        "torch": torch.__version__,
-        "threads": torch.get_num_threads() if cells[0].rt.device.type == "cpu" else None,
-        "config": str(config_path) if isinstance(config_path, (str, Path)) else None,
-        "overrides": list(overrides),
-        "swept": {k: list(dict.fromkeys(c.values[k] for c in cells)) for k in sweep},
-        "warmup_steps": warmup_steps, "steps": steps, "budget_seconds": budget_seconds, "try_all": try_all,
-        "memory_measured_as": memory_method(cells[0].rt.device),
-        "peak_tflops": peaks, "cells": [], "elapsed_seconds": None, "files": {},
-    }
-    out = Path(out_dir) if out_dir is not None else None
-    if out is not None:
-        output.make_dir(out)  # an unwritable --out fails now, not after the first cell
-
-    with _progress(progress) as advance:
-        for cell in cells:
+    on_cpu = cells[0].rt.device.type == "cpu"
+    n_threads, chosen_as = cpu_threads(threads) if on_cpu or threads else (None, None)
+    with torch_threads(n_threads or torch.get_num_threads()):
+        peaks = _set_peaks(cells)
+        result = {
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "device": _device_name(cells[0].rt.device), "device_type": cells[0].rt.device.type,
+            "torch": torch.__version__, "threads": n_threads, "threads_chosen_as": chosen_as,
+            "config": str(config_path) if isinstance(config_path, (str, Path)) else None,
+            "overrides": list(overrides),
+            "swept": {k: list(dict.fromkeys(c.values[k] for c in cells)) for k in sweep},
+            "warmup_steps": warmup_steps, "steps": steps, "rounds": rounds, "budget_seconds": budget_seconds,
+            "try_all": try_all, "memory_measured_as": memory_method(cells[0].rt.device),
+            "peak_tflops": peaks, "cells": [], "warnings": [], "elapsed_seconds": None, "files": {},
+        }
+        out = Path(out_dir) if out_dir is not None else None
+        if out is not None:
+            output.make_dir(out)  # an unwritable --out fails now, not after the first cell
+        runs = {cell.index: [] for cell in cells}      # each round's measurement
+        ended: dict[int, tuple[str, str | None]] = {}  # a cell that runs no more rounds: (status, error)
+        seconds = dict.fromkeys(runs, 0.0)
+        with _progress(progress) as advance:
+            for done, (round_, cell) in enumerate((r, c) for r in range(rounds) for c in cells):
+                if cell.index in ended:
+                    continue
+                if advance:
+                    advance(done, rounds * len(cells), _describe(cell) + (f", round {round_ + 1}" if rounds > 1
+                                                                          else ""))
+                cell_started = time.perf_counter()
+                if budget_seconds is not None and cell_started - started >= budget_seconds:
+                    ended[cell.index] = (OK if runs[cell.index] else SKIPPED_BUDGET, None)
+                    continue
+                if cell.plan["fits"] is False and not try_all:
+                    ended[cell.index] = (SKIPPED_FIT, None)
+                    continue
+                ran = run_cell(cell, warmup_steps, steps)
+                seconds[cell.index] += time.perf_counter() - cell_started
+                if "measured" in ran:
+                    runs[cell.index].append(ran["measured"])
+                else:
+                    ended[cell.index] = (ran["status"], ran["error"])
+                result["cells"] = _records(cells, runs, ended, seconds, n_threads)
+                result["elapsed_seconds"] = round(time.perf_counter() - started, 3)
+                if out is not None:
+                    result["files"] = output.write_tables(result, out)
             if advance:
-                advance(cell.index, len(cells), _describe(cell))
-            cell_started = time.perf_counter()
-            if budget_seconds is not None and cell_started - started >= budget_seconds:
-                record = _record(cell, SKIPPED_BUDGET)
-            elif cell.plan["fits"] is False and not try_all:
-                record = _record(cell, SKIPPED_FIT)
-            else:
-                record = _record(cell, **run_cell(cell, warmup_steps, steps))
-            record["seconds"] = round(time.perf_counter() - cell_started, 3)
-            result["cells"].append(record)
-            result["elapsed_seconds"] = round(time.perf_counter() - started, 3)
-            if out is not None:
-                result["files"] = output.write_tables(result, out)
-        if advance:
-            advance(len(cells), len(cells), "plot")
-    if out is not None:
-        result["files"] = output.write_all(result, out)
+                advance(rounds * len(cells), rounds * len(cells), "plot")
+        result["cells"] = _records(cells, runs, ended, seconds, n_threads)
+        result["warnings"] = output.noise_warnings(result["cells"])
+        result["elapsed_seconds"] = round(time.perf_counter() - started, 3)
+        if out is not None:
+            result["files"] = output.write_all(result, out)
     return result
+
+
+def _records(cells: list[Cell], runs: dict, ended: dict, seconds: dict, threads: int | None) -> list[dict]:
+    """The rows of the cells that ran a round or ended, in cell order."""
+    rows = []
+    for cell in cells:
+        if not runs[cell.index] and cell.index not in ended:
+            continue
+        status, error = ended.get(cell.index, (OK, None))
+        record = _record(cell, status, runs[cell.index] if status == OK else None, error)
+        record.update(seconds=round(seconds[cell.index], 3), threads=threads)
+        rows.append(record)
+    return rows
 
 
 # --- before any cell runs ------------------------------------------------------------------------------------
@@ -275,8 +311,9 @@ def planned_memory(p: dict, dev: torch.device) -> int:
     return sum(p["model_states"].values()) + mem["activations"]
 
 
-def _record(cell: Cell, status: str = OK, measured: dict | None = None, error: str | None = None) -> dict:
-    """One row of the result: the cell's values, the plan's figures, and the measured ones where it ran."""
+def _record(cell: Cell, status: str = OK, measured: list[dict] | None = None, error: str | None = None) -> dict:
+    """One row of the result: the cell's values, the plan's figures, and the measured ones (a list: one per
+    round) where it ran."""
     c, p, dev = cell.config, cell.plan, cell.rt.device
     world = cell.rt.world_size
     fits = p["fits"]
@@ -295,15 +332,23 @@ def _record(cell: Cell, status: str = OK, measured: dict | None = None, error: s
         "planned_tokens_per_s": p["time"].get("tokens_per_second"), "assumed_mfu": c.hardware.mfu,
         "modelled_tokens_per_s": p["time"].get("modelled_tokens_per_second"),  # pretrain.plan.step_time
         "measured_detail": None, "loss": None, "error": error,
+        "rounds": 0, "tokens_per_s_each_round": [], "tokens_per_s_min": None, "tokens_per_s_max": None,
+        "spread_pct": None, "noisy": False,
     }
-    if measured is None:
+    if not measured:
         return record
-    step_seconds = sum(measured["times"]) / len(measured["times"])
-    tokens_per_s = measured["tokens"] / sum(measured["times"])
+    # Each figure is the median of the rounds; memory is the first round's (the same tensors every round).
+    per_round = [r["tokens"] / sum(r["times"]) for r in measured]
+    noise = spread(per_round)
+    tokens_per_s = noise["median"]
+    step_seconds = record["tokens_per_step"] / tokens_per_s  # the median round's (no batch ramp in a sweep)
     achieved = tokens_per_s * flops_per_token / 1e12
-    record.update(step_seconds=step_seconds, step_seconds_each=measured["times"], it_per_s=1.0 / step_seconds,
-                  tokens_per_s=tokens_per_s, achieved_tflops=achieved,
-                  mfu=mfu(tokens_per_s, flops_per_token, world, peak), loss=measured["loss"])
+    record.update(step_seconds=step_seconds, step_seconds_each=[t for r in measured for t in r["times"]],
+                  it_per_s=1.0 / step_seconds, tokens_per_s=tokens_per_s, achieved_tflops=achieved,
+                  mfu=mfu(tokens_per_s, flops_per_token, world, peak), loss=measured[-1]["loss"],
+                  rounds=len(measured), tokens_per_s_each_round=per_round, tokens_per_s_min=noise["min"],
+                  tokens_per_s_max=noise["max"], spread_pct=noise["spread_pct"], noisy=noise["noisy"])
+    measured = measured[0]
     m = measured["measurement"]
     detail = None
     if m is not None:

@@ -20,11 +20,12 @@ from . import checkpoint as ckpt
 
 
 class Checkpointer:
-    def __init__(self, run_dir, rt, tensors, counters, parts: dict, config, total_steps: int):
+    def __init__(self, run_dir, rt, tensors, counters, parts: dict, config, total_steps: int,
+                 warmup_steps: int):
         self.run_dir, self.rt = Path(run_dir), rt
         self.tensors, self.counters, self.parts = tensors, counters, parts
         self.config_yaml = yaml.safe_dump(config.to_dict(), sort_keys=False)
-        self.total_steps = total_steps
+        self.total_steps, self.warmup_steps = total_steps, warmup_steps  # the schedule a resume continues
         self.debug = config.debug
         self.last_saved: tuple[int, Path] | None = None
 
@@ -32,7 +33,8 @@ class Checkpointer:
         """Write the checkpoint of the current step (all ranks call this)."""
         step = self.counters.step
         trainer = {**self.counters.state_dict(), **{name: part.state_dict() for name, part in self.parts.items()},
-                   "good": good, "version": __version__, "total_steps": self.total_steps}
+                   "good": good, "version": __version__, "total_steps": self.total_steps,
+                   "warmup_steps": self.warmup_steps}
         path = ckpt.save_checkpoint(self.run_dir, step, self.tensors.state_dict(), trainer, self.config_yaml,
                                     rank=self.rt.rank, barrier=lambda: barrier(self.rt),
                                     gather=lambda value: gather_to_main(value, self.rt),

@@ -26,7 +26,7 @@ from ..files import write_atomic
 from ..plan import make_plan
 from ..plan.budget import training_length
 from ..plan.params import count_params, padded_vocab_size
-from ..plan.schedule import checked_warmup, learning_rate, micro_batches_per_step
+from ..plan.schedule import learning_rate, micro_batches_per_step, resumed_schedule
 from . import checkpoint as ckpt
 from . import resume
 from . import plan_check
@@ -190,7 +190,9 @@ class Trainer:
             if not ckpt.list_checkpoints(self.run_dir):  # an earlier run's history is not this run's
                 self.history_aside = set_aside_history(self.run_dir)
         self.total_steps = training_length(c, count_params(c.model).total)["steps"]
-        self.warmup = checked_warmup(t, self.total_steps)
+        # A resume into a run of another length follows the new length's schedule, said in an event.
+        saved = ckpt.read_trainer_state(self.resume_from) if self.resume_from is not None else {"step": 0}
+        self.warmup, self.schedule_change = resumed_schedule(t, saved, self.total_steps)
         self.ramp = dict(seq_len=t.seq_len, micro_batch_size=t.micro_batch_size, data_parallel=rt.data_size,
                          grad_accum_steps=t.grad_accum_steps, ramp_tokens=t.batch_ramp_tokens,
                          ramp_start=t.batch_ramp_start)
@@ -224,7 +226,7 @@ class Trainer:
         for cb in self.callbacks:
             parts.update(cb.stateful())
         self.checkpointer = Checkpointer(self.run_dir, rt, TensorState(self.par, self.scaler), self.state, parts, c,
-                                         self.total_steps)
+                                         self.total_steps, self.warmup)
         self.device_config = plan_check.config_for_device(c, rt)
         self.plan, self.peak = None, None
         self.stop_signal, self.stop_reason = 0, ""
@@ -311,6 +313,8 @@ class Trainer:
             self.log.start_at(st.step)
             self.log.say(f"resumed from {found} (step {st.step:,}, {st.tokens:,} tokens)")
             self.log.event({"event": "resumed", "step": st.step, "tokens": st.tokens, "path": str(found)})
+            if self.schedule_change:
+                self.say_schedule_change(self.schedule_change)
             return
         self._write_config()
         if self.history_aside:
@@ -319,6 +323,14 @@ class Trainer:
             self.log.say(f"warning: no complete checkpoint in {self.run_dir}; starting from the beginning")
         if self.config.stability.spike_detection and self.config.run.checkpoint_every:
             self.save()  # step 0: a rollback target before the first regular checkpoint
+
+    def say_schedule_change(self, e: dict) -> None:
+        decayed = (f"; the checkpoint is inside the old decay (from step {e['old_decay_start']:,}): the LR goes "
+                   "back up to the stable phase" if e.get("inside_old_decay") else "")
+        self.log.say(f"schedule: {e['schedule']} over {e['new_total']:,} steps (was {e['old_total']:,}); the "
+                     f"learning rate at step {e['step']:,} is {e['lr_at_resume_after']:.3g} (was "
+                     f"{e['lr_at_resume_before']:.3g}){decayed}")
+        self.log.event(e)
 
     def save(self) -> Path:
         """Checkpoint the current step (every rank), keep the newest, say so."""
