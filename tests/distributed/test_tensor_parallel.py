@@ -181,7 +181,7 @@ def test_kill_9_during_a_tensor_x_data_run_resumes_exactly(prepared, grid, tmp_p
 def test_what_tensor_parallelism_refuses(overrides, message):
     from pretrain.config import load_config
     from pretrain.errors import ConfigError
-    from pretrain.train.trainer import check_trainable
+    from pretrain.config.trainable import check_trainable
 
     base = ["model.preset=debug", "parallel.gpus=4", "parallel.tensor=2", "parallel.zero_stage=3"]
     with pytest.raises(ConfigError, match=message):

@@ -20,7 +20,7 @@ autocast. One process gets the same interface with no communication.
 With tensor parallelism the data-parallel engine is FSDP2 over mesh["dp"] (2-D: each parameter is a DTensor
 sharded over "dp" and split or replicated over "tp"), or none when all ranks are tensor ranks (data = 1).
 DDP and ZeroRedundancyOptimizer do not take DTensor parameters, so ZeRO 0/1 with tensor x data > 1 rank is
-refused (train/trainer.py: check_trainable): parallel.zero_stage=2 is ZeRO-1/2's memory and more.
+refused (config/trainable.py: check_tensor_parallel): parallel.zero_stage=2 is ZeRO-1/2's memory and more.
 """
 
 from __future__ import annotations

@@ -30,7 +30,6 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from ..errors import ConfigError
 from ..plan.stages import chunk_indices, chunks_per_stage, stage_layers
 from .parallelize import Parallelized
 
@@ -79,21 +78,6 @@ class StageModule(nn.Module):
         # output is a DTensor: the schedule wants plain tensors. The loss's input hook reads it as the
         # sequence part it is (tensor_parallel.py).
         return x.to_local() if isinstance(x, DTensor) else x
-
-
-def check_pipelinable(config) -> None:
-    """What the pipelined trainer refuses, before anything is built."""
-    m, t, par = config.model, config.train, config.parallel
-    if m.tie_embeddings:
-        raise ConfigError("parallel.pipeline: a tied embedding would live on the first and the last stage at "
-                          "once; the trainer does not synchronise the two copies: use model.tie_embeddings=false "
-                          "or parallel.pipeline=1")
-    if par.zero_stage >= 2 and par.data_parallel > 1:
-        raise ConfigError("parallel.zero_stage: FSDP (stages 2 and 3) per pipeline stage is not built; use "
-                          "parallel.zero_stage=0 or 1 with parallel.pipeline > 1")
-    if t.precision == "fp16-mixed":
-        raise ConfigError("train.precision: fp16-mixed's loss scaler would skip steps per stage, not together; "
-                          "use bf16-mixed with parallel.pipeline > 1")
 
 
 class Pipelined(Parallelized):
@@ -294,6 +278,6 @@ class PipelinedZeRO1(Pipelined):
 
 
 def pipelined(model, config, rt, mesh) -> Pipelined:
-    """The engine for `mesh` (check_pipelinable has passed: the trainer's check_trainable runs it)."""
+    """The engine for `mesh` (config/trainable.py: check_pipelinable has passed)."""
     engine = PipelinedZeRO1 if config.parallel.zero_stage == 1 and mesh["dp"].size() > 1 else Pipelined
     return engine(model, config, rt, mesh)
