@@ -71,7 +71,3 @@ def check_tensor_parallel(config) -> None:
     if par.sequence_parallel and t.seq_len % par.tensor:
         raise ConfigError(f"parallel.sequence_parallel: train.seq_len {t.seq_len} must be a multiple of "
                           f"parallel.tensor {par.tensor} (each rank holds an equal part of the sequence)")
-    if par.data_parallel > 1 and par.zero_stage < 2 and par.pipeline == 1:  # a pipeline averages its own
-        raise ConfigError(f"parallel.zero_stage: {par.zero_stage} with tensor parallelism over "
-                          f"{par.data_parallel} data-parallel groups: DDP and ZeRO-1 take no DTensor parameters; "
-                          "use parallel.zero_stage=2 or 3 (FSDP2 over the data ranks)")

@@ -11,8 +11,8 @@ The search, with the global batch (sequences per optimizer step) held fixed:
               as crossing PCIe every step is always slower than a layout that fits on the GPUs.
 Trained: every layout passes the trainer's own check (config/trainable.py: check_trainable, what `pretrain
 train` refuses with) before it is planned; a refused one is a rejected row with the trainer's reason, so every
-candidate is one `pretrain train` runs (offload, ZeRO 2/3 per pipeline stage, tensor parallelism beside DDP
-or ZeRO-1 and a pipeline of tied embeddings are planned, not trained: they lose here, saying so).
+candidate is one `pretrain train` runs (offload, ZeRO 2/3 per pipeline stage and a pipeline of tied embeddings
+are planned, not trained: they lose here, saying so).
 Memory: one plan per layout at micro-batch 1 (`plan()`'s fits and largest micro-batch that fits, the
 fragmentation allowance included); the micro-batches up to that largest one fit (a larger b means fewer
 micro-batches in a pipeline, so no more memory). Memory falls with recomputation and with the ZeRO stage, so
