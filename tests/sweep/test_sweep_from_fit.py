@@ -59,3 +59,22 @@ def test_bad_input_is_one_line(tmp_path, args, words):
     done = run_cli("sweep", "model.preset=debug", "train.device=cpu", *args, "--out", tmp_path / "o", env=ENV)
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and words in done.stderr, done.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_layouts_of_several_ranks_are_measured_under_torchrun(tmp_path):
+    # 4 CPU ranks: the fit for this world ranks tensor 2 x data 2 (ZeRO 0-3) right behind data 4, and every
+    # row is measured on the 4 ranks, tensor parallelism beside DDP and ZeRO-1 included. Before, --from-fit
+    # kept data-parallel layouts only.
+    import os
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4", "-m", "pretrain",
+           "sweep", *TINY, "hardware.peak_tflops=0.05", "parallel.gpus_per_node=4", "--from-fit", "8",
+           "--steps", "1", "--out", str(tmp_path)]
+    done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **ENV}, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads((tmp_path / "from_fit.json").read_text())["candidates"]
+    layouts = {(r["overrides"]["parallel.tensor"], r["overrides"]["parallel.zero_stage"]) for r in rows}
+    assert {(2, 0), (2, 1), (1, 0)} <= layouts
+    assert all(r["status"] == "ok" and r["measured_tokens_per_s"] > 0 for r in rows)

@@ -53,7 +53,8 @@ def run_from_fit(config_path, overrides: list[str], n: int, warmup_steps: int = 
 
     rows = []
     for rank, cand in enumerate(found["candidates"], 1):
-        items = [*overrides, *pinned, *command_line(cand["overrides"]).split()]
+        # The world the fit was made for: a layout of tensor x pipeline ranks is valid only on it.
+        items = [*overrides, *pinned, f"parallel.gpus={rt.world_size}", *command_line(cand["overrides"]).split()]
         try:
             cell = run_sweep(config_path, items, {}, warmup_steps=warmup_steps, steps=steps, out_dir=None,
                              progress=False)["cells"][0]
