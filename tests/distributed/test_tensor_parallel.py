@@ -70,19 +70,34 @@ def test_tensor_x_data_parallel_trains_as_one_process(single, grid):
         torch.testing.assert_close(pb[k], pa[k], rtol=1e-5, atol=3e-5)
 
 
-@pytest.mark.parametrize("zero, extra", [(0, ["parallel.sequence_parallel=true"]), (1, [])], ids=["ddp-sp", "zero1"])
-def test_tensor_x_ddp_and_zero1_train_as_one_process(prepared, single, tmp_path, zero, extra):
-    # Megatron's layout, tensor 2 x data 2 with DDP (ZeRO-0) or ZeRO-1 over the data ranks: each rank averages
-    # (and under ZeRO-1 updates and broadcasts) its own parts of the DTensor parameters (distributed/
-    # data_parts.py; DDP takes no DTensor). Refused by the trainer before; each rank holds the planned bytes.
+def test_tensor_x_ddp_trains_as_one_process(prepared, single, tmp_path):
+    # Megatron's layout, tensor 2 x data 2 with DDP (ZeRO-0) over the data ranks: each rank averages its own
+    # parts of the DTensor gradients (distributed/data_parts.py; DDP takes no DTensor), sequence parallel.
+    # Refused by the trainer before; each rank holds the planned bytes.
     run_dir = tmp_path / "run"
-    finished_torchrun(*settings(prepared, run_dir, 4, "parallel.tensor=2", f"parallel.zero_stage={zero}", *extra,
-                                "debug.check_sharding=true"), nproc=4)
+    finished_torchrun(*settings(prepared, run_dir, 4, "parallel.tensor=2", "parallel.zero_stage=0",
+                                "parallel.sequence_parallel=true", "debug.check_sharding=true"), nproc=4)
     assert_same_run(single, run_dir)
     assert_planned_bytes(run_dir)
     pa, pb = params(single), params(run_dir)
     for k in pa:
         torch.testing.assert_close(pb[k], pa[k], rtol=1e-5, atol=3e-5)
+
+
+def test_tensor_x_zero1_trains_as_one_process_and_resumes_in_one(prepared, single, tmp_path):
+    # ZeRO-1 over the data ranks of tensor 2 x data 2: each replica updates and broadcasts the parameter parts
+    # it owns (the planner's partition: check_sharding holds each rank to its optimizer bytes) and saves their
+    # states; one process continues from step 5 with every state in place. Refused by the trainer before.
+    run_dir = tmp_path / "run"
+    finished_torchrun(*settings(prepared, run_dir, 4, "parallel.tensor=2", "parallel.zero_stage=1",
+                                "debug.check_sharding=true", "debug.stop_after_step=5"), nproc=4)
+    a, b = losses(single), losses(run_dir)
+    assert sorted(b) == [1, 2, 3, 4, 5] and all(b[k] == pytest.approx(a[k], rel=1e-4) for k in b)
+    r = run_cli("train", "--resume", run_dir, "debug.stop_after_step=0", "parallel.tensor=1",
+                "train.micro_batch_size=8")
+    assert r.returncode == 0, r.stderr
+    assert "resumed from" in r.stdout and "step 5," in r.stdout
+    assert_same_run(single, run_dir)
 
 
 def test_every_rank_reports_its_own_plan_vs_run(grid):
