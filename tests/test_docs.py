@@ -87,3 +87,75 @@ def test_every_guarantee_names_tests_that_exist():
     for path, name in refs:
         source = (ROOT / path).read_text()
         assert not name or re.search(rf"^def {name}\(", source, re.M), f"{path}::{name} is not a test"
+
+
+WHAT_TRAINS = ("<!-- what-trains:start -->\n", "\n<!-- what-trains:end -->")
+
+
+def _what_trains() -> str:
+    """docs/parallel.md's "what trains" table, from the trainer's own acceptance check (what `pretrain train`
+    refuses with, and `pretrain plan --fit` weighs every layout by) on 8 ranks of the LLaMA debug model."""
+    from pretrain.config.trainable import check_trainable
+    from pretrain.errors import ConfigError
+
+    lines = ["| tensor | pipeline | tied embeddings | ZeRO 0 | ZeRO 1 | ZeRO 2 | ZeRO 3 |", "|---|---|---|---|---|---|---|"]
+    for tensor in (1, 2):
+        for pipeline in (1, 2):
+            for tied in ("no", "yes"):
+                cells = []
+                for zero in range(4):
+                    config = load_config(overrides=[
+                        "model.preset=debug", "parallel.gpus=8", f"parallel.tensor={tensor}",
+                        f"parallel.pipeline={pipeline}", f"parallel.zero_stage={zero}",
+                        f"model.tie_embeddings={tied == 'yes'}"])
+                    try:
+                        check_trainable(config, needs_data=False)
+                        cells.append("trains")
+                    except ConfigError as e:
+                        cells.append(f"refused (`{str(e).split(':')[0]}`)")
+                lines.append(f"| {tensor} | {pipeline} | {tied} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def test_the_what_trains_table_is_the_trainers_own_check():
+    # A doc that says a layout trains where `pretrain train` refuses it, or the reverse, fails here.
+    doc = (ROOT / "docs" / "parallel.md").read_text()
+    start, end = WHAT_TRAINS
+    assert doc[doc.index(start) + len(start):doc.index(end)] == _what_trains(), \
+        "redo docs/parallel.md's what-trains table from the trainer's check (tests/test_docs.py: _what_trains)"
+
+
+def _documented_train_commands():
+    """Every `... -m pretrain train ...` command of docs/*.md with a literal world size, continuation lines
+    joined: (where, world, its parallel.* and train.* overrides)."""
+    import re
+    import shlex
+
+    for path in sorted((ROOT / "docs").glob("*.md")):
+        text = path.read_text().replace("\\\n", " ")
+        for line in text.splitlines():
+            if "-m pretrain train" not in line:
+                continue
+            words = shlex.split(line.split("#")[0].replace("'", " "))
+            flag = {w: n for w, n in zip(words, words[1:]) if w in ("--nproc-per-node", "--nnodes")}
+            if not all(n.isdigit() for n in flag.values()):
+                continue  # a world size from the scheduler ($SLURM_NNODES): not one layout
+            flag = {w: int(n) for w, n in flag.items()}
+            world = flag.get("--nproc-per-node", 1) * flag.get("--nnodes", 1)
+            items = [w for w in words[words.index("train") + 1:] if re.fullmatch(r"(parallel|train)\.\w+=[\w.-]+", w)]
+            yield f"{path.name}: {line.strip()[:60]}", world, items
+
+
+def test_every_documented_train_command_is_one_the_trainer_accepts():
+    # The layouts the docs launch with torchrun, on a LLaMA model of 32 heads (8 key/value heads), 32 layers.
+    from pretrain.config.trainable import check_trainable
+    from pretrain.errors import ConfigError
+
+    commands = [c for c in _documented_train_commands() if any(i.startswith("parallel.") for i in c[2])]
+    assert len(commands) >= 8
+    for where, world, items in commands:
+        try:
+            check_trainable(load_config(overrides=["model.preset=llama3-8b", f"parallel.gpus={world}", *items]),
+                            needs_data=False)
+        except ConfigError as e:
+            pytest.fail(f"{where}: `pretrain train` refuses it: {e}")

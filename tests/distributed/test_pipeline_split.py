@@ -60,7 +60,7 @@ def test_stage_modules_chained_compute_the_models_loss():
     (("train.precision=fp16-mixed",), "train.precision: fp16-mixed's loss scaler"),
 ])
 def test_what_the_pipelined_trainer_refuses(extra, message):
-    from pretrain.distributed.pipeline import check_pipelinable
+    from pretrain.config.trainable import check_pipelinable
     from pretrain.errors import ConfigError
 
     c = config("parallel.gpus=8", "parallel.pipeline=2", *extra)
@@ -72,7 +72,7 @@ def test_what_the_pipelined_trainer_refuses(extra, message):
 def test_pipeline_x_tensor_x_data_is_trainable(zero_stage):
     # A pipeline averages its stages' gradients itself (and ZeRO-1 broadcasts each rank's local parts): no
     # DDP or ZeroRedundancyOptimizer, which take no DTensor parameters, as tensor x data without a pipeline would.
-    from pretrain.train.trainer import check_trainable
+    from pretrain.config.trainable import check_trainable
 
     check_trainable(config("parallel.gpus=8", "parallel.pipeline=2", "parallel.tensor=2",
                            f"parallel.zero_stage={zero_stage}"), needs_data=False)

@@ -70,6 +70,36 @@ def test_tensor_x_data_parallel_trains_as_one_process(single, grid):
         torch.testing.assert_close(pb[k], pa[k], rtol=1e-5, atol=3e-5)
 
 
+def test_tensor_x_ddp_trains_as_one_process(prepared, single, tmp_path):
+    # Megatron's layout, tensor 2 x data 2 with DDP (ZeRO-0) over the data ranks: each rank averages its own
+    # parts of the DTensor gradients (distributed/data_parts.py; DDP takes no DTensor), sequence parallel.
+    # Refused by the trainer before; each rank holds the planned bytes.
+    run_dir = tmp_path / "run"
+    finished_torchrun(*settings(prepared, run_dir, 4, "parallel.tensor=2", "parallel.zero_stage=0",
+                                "parallel.sequence_parallel=true", "debug.check_sharding=true"), nproc=4)
+    assert_same_run(single, run_dir)
+    assert_planned_bytes(run_dir)
+    pa, pb = params(single), params(run_dir)
+    for k in pa:
+        torch.testing.assert_close(pb[k], pa[k], rtol=1e-5, atol=3e-5)
+
+
+def test_tensor_x_zero1_trains_as_one_process_and_resumes_in_one(prepared, single, tmp_path):
+    # ZeRO-1 over the data ranks of tensor 2 x data 2: each replica updates and broadcasts the parameter parts
+    # it owns (the planner's partition: check_sharding holds each rank to its optimizer bytes) and saves their
+    # states; one process continues from step 5 with every state in place. Refused by the trainer before.
+    run_dir = tmp_path / "run"
+    finished_torchrun(*settings(prepared, run_dir, 4, "parallel.tensor=2", "parallel.zero_stage=1",
+                                "debug.check_sharding=true", "debug.stop_after_step=5"), nproc=4)
+    a, b = losses(single), losses(run_dir)
+    assert sorted(b) == [1, 2, 3, 4, 5] and all(b[k] == pytest.approx(a[k], rel=1e-4) for k in b)
+    r = run_cli("train", "--resume", run_dir, "debug.stop_after_step=0", "parallel.tensor=1",
+                "train.micro_batch_size=8")
+    assert r.returncode == 0, r.stderr
+    assert "resumed from" in r.stdout and "step 5," in r.stdout
+    assert_same_run(single, run_dir)
+
+
 def test_every_rank_reports_its_own_plan_vs_run(grid):
     # Ranks numbered tensor fastest (distributed/mesh.py). A tensor rank's 259 embedding rows split 130 / 129
     # by FSDP over the data ranks: parameters and gradients are padded to equal chunks, the optimizer states are
@@ -172,7 +202,6 @@ def test_kill_9_during_a_tensor_x_data_run_resumes_exactly(prepared, grid, tmp_p
 
 @pytest.mark.parametrize("overrides, message", [
     (["model.preset=gpt2"], "parallel.tensor: tensor parallelism is built for the LLaMA family, not gpt2"),
-    (["parallel.zero_stage=1"], "parallel.zero_stage: 1 with tensor parallelism over 2 data-parallel groups"),
     (["model.intermediate_size=175"], "parallel.tensor: 2 must divide model.intermediate_size 175"),
     (["model.dropout=0.1"], "model.dropout: not supported with parallel.tensor > 1"),
     (["model.qk_norm=true"], "model.qk_norm: not built with parallel.tensor > 1 yet"),
@@ -182,7 +211,7 @@ def test_kill_9_during_a_tensor_x_data_run_resumes_exactly(prepared, grid, tmp_p
 def test_what_tensor_parallelism_refuses(overrides, message):
     from pretrain.config import load_config
     from pretrain.errors import ConfigError
-    from pretrain.train.trainer import check_trainable
+    from pretrain.config.trainable import check_trainable
 
     base = ["model.preset=debug", "parallel.gpus=4", "parallel.tensor=2", "parallel.zero_stage=3"]
     with pytest.raises(ConfigError, match=message):

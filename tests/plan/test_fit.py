@@ -6,8 +6,10 @@ import math
 
 import pytest
 
-from pretrain.config import load_config
-from pretrain.plan.fit import command_line, fit
+from pretrain.config import load_config, replaced
+from pretrain.config.trainable import check_trainable
+from pretrain.errors import ConfigError
+from pretrain.plan.fit import REFUSED, command_line, fit, render
 from support import run_cli
 
 LLAMA3_8B_8_H100 = ["model.preset=llama3-8b", "parallel.gpus=8", "hardware.gpu=h100-sxm", "train.seq_len=8192"]
@@ -68,10 +70,15 @@ def test_the_table_ranks_and_says_why_the_others_lost():
     assert "[step_time]" in explained.stdout and "bubble (p-1)/(m+p-1)" in explained.stdout
 
 
-def test_offload_is_searched_only_when_nothing_fits_without_it():
-    # Llama-3-8B on one H100: 18 bytes/param of model states (144 GB) fit only with the optimizer on the host.
-    result = fit(load_config(overrides=["model.preset=llama3-8b", "parallel.gpus=1", "hardware.gpu=h100-sxm"]))
-    assert result["candidates"] and all(c["overrides"]["parallel.offload"] != "none" for c in result["candidates"])
+def test_offload_is_searched_only_when_nothing_fits_without_it_and_refused_as_the_trainer_refuses_it():
+    # Llama-3-8B on one H100: 18 bytes/param of model states (144 GB) fit only with the optimizer on the host,
+    # which the planner models and `pretrain train` does not run: no candidate, and the rows say why.
+    config = load_config(overrides=["model.preset=llama3-8b", "parallel.gpus=1", "hardware.gpu=h100-sxm"])
+    result = fit(config)
+    assert not result["candidates"]
+    offloaded = [r for r in result["rejected"] if r["overrides"].get("parallel.offload", "none") != "none"]
+    assert offloaded and all(r["why"].startswith(f"{REFUSED}: parallel.offload: ") for r in offloaded)
+    assert "(none fits, or none is one `pretrain train` runs: see below)" in render(config, result)
     with_gpus = fit(load_config(overrides=LLAMA3_8B_8_H100))
     assert all(c["overrides"]["parallel.offload"] == "none" for c in with_gpus["candidates"])
 
@@ -122,13 +129,57 @@ def test_the_documented_fit_table_is_what_the_planner_prints():
     assert shown == table + "\n", "rerun the command and paste its table into docs/plan.md"
 
 
-def test_runnable_keeps_what_the_trainer_runs():
-    # `pretrain sweep --from-fit` times only layouts `pretrain train` runs: data parallel, ZeRO 0-3, no offload.
-    result = fit(load_config(overrides=LLAMA3_8B_8_H100), runnable=True)
-    assert result["candidates"]
+def _trainer_says(config, overrides: dict) -> str | None:
+    """The trainer's own acceptance check (what `pretrain train` refuses with): None, or its one line."""
+    try:
+        check_trainable(replaced(config, overrides), needs_data=False)
+    except ConfigError as e:
+        return str(e)
+    return None
+
+
+TINY_8_RANKS = ["model.preset=debug", "model.num_kv_heads=4", "parallel.gpus=8", "parallel.gpus_per_node=4",
+                "hardware.gpu=h100-sxm", "train.seq_len=64", "train.micro_batch_size=2", "train.grad_accum_steps=4"]
+
+
+STAGES = {(1, 1), (2, 1), (4, 1)}  # (tensor, pipeline) without a pipeline
+
+
+@pytest.mark.parametrize("extra, grid", [
+    ([], STAGES | {(1, 2), (2, 2), (4, 2)}),
+    (["model.tie_embeddings=true"], STAGES),  # the trainer does not synchronise a tied embedding across stages
+    (["train.precision=fp16-mixed"], STAGES),  # nor skip an fp16 step on every stage together
+    (["model.family=gpt2"], {(1, 1), (1, 2)}),  # tensor parallelism is built for LLaMA
+], ids=["llama", "tied", "fp16", "gpt2"])
+def test_every_layout_the_fit_can_emit_is_one_the_trainer_accepts(extra, grid):
+    # A tiny model on 8 ranks, every layout the fit weighs (tensor 1/2/4, pipeline 1/2, ZeRO 0-3): whatever
+    # `--top`, the fit emits its candidates and, each layout once, the slower ones that fit: every one passes
+    # `pretrain train`'s own check, and each row rejected as refused is refused by it, in its words. Without
+    # the check in fit, tied embeddings across stages and ZeRO 2/3 per stage were emitted (and here 41 more).
+    config = load_config(overrides=TINY_8_RANKS + extra)
+    result = fit(config)
+    emitted = result["candidates"] + [r for r in result["rejected"] if r["why"].startswith("slower")]
+    assert len(emitted) > 10
+    for c in emitted:
+        assert _trainer_says(config, c["overrides"]) is None, c["overrides"]
+    for r in result["rejected"]:
+        if r["why"].startswith(REFUSED):
+            assert r["why"] == f"{REFUSED}: {_trainer_says(config, r['overrides'])}"
+    assert {(c["overrides"]["parallel.tensor"], c["overrides"]["parallel.pipeline"]) for c in emitted} == grid
+
+
+def test_every_llama3_70b_row_on_64_h100s_is_one_the_trainer_accepts():
+    # The issue's case: tensor 4 x pipeline 8 with ZeRO 2/3 ranked first, and `pretrain train` refused them.
+    config = load_config(overrides=LLAMA3_70B_64_H100)
+    result = fit(config)
+    assert len(result["candidates"]) == 10
     for c in result["candidates"]:
-        o = c["overrides"]
-        assert (o["parallel.tensor"], o["parallel.pipeline"], o["parallel.offload"]) == (1, 1, "none")
+        assert _trainer_says(config, c["overrides"]) is None, c["overrides"]
+    refusals = {r["why"].split(":")[1].strip() for r in result["rejected"] if r["why"].startswith(REFUSED)}
+    assert refusals == {"parallel.zero_stage"}  # FSDP per stage; DDP / ZeRO-1 beside tensor parallelism
+    table = render(config, result)
+    assert f"x {REFUSED}; e.g. TP 1 PP 2 ZeRO 3 micro 1 offload none: parallel.zero_stage: FSDP (stages 2 and 3) " \
+           "per pipeline stage is not built" in table
 
 
 def test_fit_keeps_the_global_batch_on_every_row():

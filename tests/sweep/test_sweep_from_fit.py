@@ -83,3 +83,22 @@ def test_the_candidates_are_timed_in_interleaved_rounds(tmp_path, monkeypatch):
     assert order[0].endswith(first) and order[1].endswith(second) and first != second
     assert order == [order[0], order[1], order[0], order[1]]  # A B A B
     assert [r["rounds"] for r in result["candidates"]] == [2, 2]
+
+
+def test_layouts_of_several_ranks_are_measured_under_torchrun(tmp_path):
+    # 4 CPU ranks: the fit for this world ranks tensor 2 x data 2 (ZeRO 0-3) right behind data 4, and every
+    # row is measured on the 4 ranks, tensor parallelism beside DDP and ZeRO-1 included. Before, --from-fit
+    # kept data-parallel layouts only.
+    import os
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4", "-m", "pretrain",
+           "sweep", *TINY, "hardware.peak_tflops=0.05", "parallel.gpus_per_node=4", "--from-fit", "8",
+           "--steps", "1", "--out", str(tmp_path)]
+    done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **ENV}, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads((tmp_path / "from_fit.json").read_text())["candidates"]
+    layouts = {(r["overrides"]["parallel.tensor"], r["overrides"]["parallel.zero_stage"]) for r in rows}
+    assert {(2, 0), (2, 1), (1, 0)} <= layouts
+    assert all(r["status"] == "ok" and r["measured_tokens_per_s"] > 0 for r in rows)

@@ -301,3 +301,9 @@ def docs_markdown() -> str:
                    "only that.*" if trains else ""
             lines.append(f"| `{section}.{f.name}` | `{shown}` | {f.metadata['doc']}{note} |")
     return "\n".join(lines)
+
+
+def padded_vocab_size(model) -> int:
+    """Rows of the embedding and output layer: model.vocab_size rounded up to a multiple of model.pad_vocab_to.
+    The one place that computes it; the model, the planner and the export all call it."""
+    return -(-model.vocab_size // model.pad_vocab_to) * model.pad_vocab_to

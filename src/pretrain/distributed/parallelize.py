@@ -17,10 +17,10 @@ Data parallelism with PyTorch's own engines, chosen by `parallel.zero_stage` (th
 Under FSDP, mixed precision is FSDP's policy (bf16 compute, fp32 master weights and gradient reduction), not
 autocast. One process gets the same interface with no communication.
 
-With tensor parallelism the data-parallel engine is FSDP2 over mesh["dp"] (2-D: each parameter is a DTensor
-sharded over "dp" and split or replicated over "tp"), or none when all ranks are tensor ranks (data = 1).
-DDP and ZeroRedundancyOptimizer do not take DTensor parameters, so ZeRO 0/1 with tensor x data > 1 rank is
-refused (train/trainer.py: check_trainable): parallel.zero_stage=2 is ZeRO-1/2's memory and more.
+With tensor parallelism the data-parallel engine is FSDP2 over mesh["dp"] for ZeRO 2/3 (2-D: each parameter
+is a DTensor sharded over "dp" and split or replicated over "tp"); for ZeRO 0/1 it is data_parts.py's, by hand
+over each rank's parts (DDP and ZeroRedundancyOptimizer take no DTensor parameters); none when all ranks are
+tensor ranks (data = 1).
 """
 
 from __future__ import annotations
@@ -266,6 +266,10 @@ def parallelize(model, config, rt: Runtime) -> Parallelized:
     engine = Parallelized
     if config.parallel.pipeline > 1:
         from .pipeline import pipelined as engine
+    elif layout.data > 1 and layout.tensor > 1 and not config.parallel.fsdp:
+        from .data_parts import TensorDDP, TensorZeRO1
+
+        engine = TensorZeRO1 if config.parallel.zero_stage == 1 else TensorDDP
     elif layout.data > 1:
         engine = FSDP if config.parallel.fsdp else ZeRO1 if config.parallel.zero_stage == 1 else DDP
     par = engine(model, config, rt, mesh)

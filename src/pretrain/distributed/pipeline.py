@@ -30,13 +30,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from ..errors import ConfigError
 from ..plan.stages import chunk_indices, chunks_per_stage, stage_layers
+from .data_parts import DataParts, local as _local
 from .parallelize import Parallelized
 
-# Gradient elements per data-parallel all-reduce (64 MB in fp32): messages this large run at a link's full
-# bandwidth (DDP's own buckets are 25 MB), and the copy each needs stays a small part of a stage's gradients.
-BUCKET_ELEMENTS = 1 << 24
 
 
 class StageModule(nn.Module):
@@ -81,22 +78,7 @@ class StageModule(nn.Module):
         return x.to_local() if isinstance(x, DTensor) else x
 
 
-def check_pipelinable(config) -> None:
-    """What the pipelined trainer refuses, before anything is built."""
-    m, t, par = config.model, config.train, config.parallel
-    if m.tie_embeddings:
-        raise ConfigError("parallel.pipeline: a tied embedding would live on the first and the last stage at "
-                          "once; the trainer does not synchronise the two copies: use model.tie_embeddings=false "
-                          "or parallel.pipeline=1")
-    if par.zero_stage >= 2 and par.data_parallel > 1:
-        raise ConfigError("parallel.zero_stage: FSDP (stages 2 and 3) per pipeline stage is not built; use "
-                          "parallel.zero_stage=0 or 1 with parallel.pipeline > 1")
-    if t.precision == "fp16-mixed":
-        raise ConfigError("train.precision: fp16-mixed's loss scaler would skip steps per stage, not together; "
-                          "use bf16-mixed with parallel.pipeline > 1")
-
-
-class Pipelined(Parallelized):
+class Pipelined(DataParts, Parallelized):
     """This rank's pipeline stage, data parallel over its "dp" group, and the schedules that run it.
 
     `module` is the StageModule (what the optimizer updates and a checkpoint saves); `forward(x, y)` is the
@@ -127,13 +109,6 @@ class Pipelined(Parallelized):
     def build_optimizer(self, config):
         self._same_start()
         return super().build_optimizer(config)
-
-    def _same_start(self) -> None:
-        """Every replica of the stage starts from its rank 0's values, as DDP makes sure (called once the
-        stage holds its values, before the optimizer is built)."""
-        if self.data_parallel > 1:
-            for p in self.module.parameters():
-                dist.broadcast(_local(p.data), group=self.dp_group, group_src=0)
 
     def set_training(self, on: bool) -> None:
         self.module.train(on)
@@ -192,37 +167,6 @@ class Pipelined(Parallelized):
     def is_last(self) -> bool:
         return self.index == self.stages - 1
 
-    def _settle_gradients(self) -> None:
-        """Each tensor-parallel gradient laid out as its parameter (a replicated norm weight's gradient under
-        sequence parallelism comes back as partial sums over the sequence parts): then every rank's local
-        gradient is its own part of the whole, which the data-parallel mean and the clipping below act on."""
-        for p in self.module.parameters():
-            if isinstance(p.grad, DTensor) and p.grad.placements != p.placements:
-                p.grad = p.grad.redistribute(placements=p.placements)
-
-    def _average_gradients(self) -> None:
-        """The mean of this stage's gradients over its data-parallel replicas: an all-reduce per bucket of
-        about BUCKET_ELEMENTS (a few large messages, as DDP sends; one flat copy of all of a large stage's
-        gradients would be a second copy of them)."""
-        if self.data_parallel == 1:
-            return
-        bucket, size = [], 0
-        for g in [_local(p.grad) for p in self.module.parameters() if p.grad is not None]:
-            bucket.append(g)
-            size += g.numel()
-            if size >= BUCKET_ELEMENTS:
-                self._average(bucket)
-                bucket, size = [], 0
-        if bucket:
-            self._average(bucket)
-
-    def _average(self, grads: list[torch.Tensor]) -> None:
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat, group=self.dp_group)
-        flat /= self.data_parallel
-        for g, part in zip(grads, flat.split([g.numel() for g in grads])):
-            g.copy_(part.view_as(g))
-
     def grad_norm_squared(self) -> torch.Tensor:
         """Sum of this stage's squared gradient elements (fp32): the stages' sums add up to the model's. Over
         DTensor gradients the norm is the whole stage's, the same on each of its tensor ranks."""
@@ -253,47 +197,15 @@ class Pipelined(Parallelized):
         return loss
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """This rank's part of a tensor-parallel DTensor (a plain tensor is its own)."""
-    return t.to_local() if isinstance(t, DTensor) else t
-
-
 class PipelinedZeRO1(Pipelined):
-    """ZeRO-1 per stage (Rajbhandari et al. 2020, "ZeRO", section 5.1, P_os): each data-parallel replica of a
-    stage keeps the optimizer states of, and updates, only the parameters it owns, then each owner broadcasts
-    its parameters to the other replicas. The partition is the planner's (plan.model_states.zero1_partition,
-    the one ZeroRedundancyOptimizer makes), over this rank's parts of the parameters. Not
-    ZeroRedundancyOptimizer itself: it broadcasts whole parameters, and a tensor-parallel one is a DTensor,
-    which has no broadcast; here each rank broadcasts its own part over its "dp" group. A checkpoint holds
-    each state once, saved by its owner, under the parameter's name (the flattened layout of every engine)."""
+    """ZeRO-1 per stage (data_parts.py): each data-parallel replica of a stage keeps the optimizer states of,
+    and updates, only the parameters it owns, then broadcasts its parts of them over its "dp" group."""
 
     def build_optimizer(self, config):
-        from ..plan.model_states import decay_groups, zero1_partition
-        from ..plan.params import param_shapes
-        from .optim import optimizer_class, param_groups
-
-        self._same_start()
-
-        named = dict(self.module.named_parameters())
-        names = [n for n, _ in param_shapes(config.model) if n in named]  # param_groups' order
-        shapes = [(n, tuple(_local(named[n]).shape)) for n in names]
-        owned = zero1_partition(shapes, self.data_parallel, decay_groups(config.model, shapes))
-        self.owner = {names[i]: rank for rank, indices in enumerate(owned) for i in indices}
-        name_of = {id(p): n for n, p in named.items()}
-        groups = [{**g, "params": [p for p in g["params"] if self.owner[name_of[id(p)]] == self.data_rank]}
-                  for g in param_groups(self.module, config.model, config.train.weight_decay)]
-        cls, kwargs = optimizer_class(config.train, self.rt.device)
-        optimizer = cls([g for g in groups if g["params"]], **kwargs)
-        optimizer.register_step_post_hook(lambda *_: self._broadcast_owned())
-        return optimizer
-
-    def _broadcast_owned(self) -> None:
-        """Every replica of the stage gets each parameter's new values from the replica that owns it."""
-        for name, p in self.module.named_parameters():
-            dist.broadcast(_local(p.data), group=self.dp_group, group_src=self.owner[name])
+        return self._zero1_optimizer(config)
 
 
 def pipelined(model, config, rt, mesh) -> Pipelined:
-    """The engine for `mesh` (check_pipelinable has passed: the trainer's check_trainable runs it)."""
+    """The engine for `mesh` (config/trainable.py: check_pipelinable has passed)."""
     engine = PipelinedZeRO1 if config.parallel.zero_stage == 1 and mesh["dp"].size() > 1 else Pipelined
     return engine(model, config, rt, mesh)

@@ -63,18 +63,6 @@ def init_runtime(device: str = "auto") -> Runtime:
     return Runtime(rank=rank, world_size=world, local_rank=local_rank, device=dev)
 
 
-def wrong_process_count(tensor: int, pipeline: int, processes: int) -> str:
-    """The fix when tensor x pipeline ranks per model replica do not divide the processes of `pretrain train`:
-    alone, start it under torchrun; under torchrun, start another number of processes."""
-    grid = tensor * pipeline
-    layout = f"parallel.tensor x parallel.pipeline = {tensor} x {pipeline} = {grid} ranks per model replica"
-    if "WORLD_SIZE" not in os.environ:
-        return (f"{layout}, and this is one process: launch with `torchrun --nproc-per-node {grid} -m pretrain "
-                "train ...`, or lower parallel.tensor / parallel.pipeline")
-    return (f"{layout} do not divide the {processes} processes torchrun started: change --nproc-per-node so that "
-            f"they are a multiple of {grid}, or lower parallel.tensor / parallel.pipeline")
-
-
 def resolve_device(name: str | None, setting: str, local_rank: int = 0) -> torch.device:
     """auto | cpu | cuda | cuda:N, checked against what this machine has; `setting` names it in errors
     (train.device, --device). Plain cuda is this process's own GPU: under torchrun its local rank's (a launcher

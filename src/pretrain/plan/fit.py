@@ -9,6 +9,10 @@ The search, with the global batch (sequences per optimizer step) held fixed:
   micro-batch b  a divisor of the d-rank's sequences, accumulation = sequences / (d x b);
   offload     optimizer (any stage), optimizer+params (ZeRO-3): searched only when nothing fits without it,
               as crossing PCIe every step is always slower than a layout that fits on the GPUs.
+Trained: every layout passes the trainer's own check (config/trainable.py: check_trainable, what `pretrain
+train` refuses with) before it is planned; a refused one is a rejected row with the trainer's reason, so every
+candidate is one `pretrain train` runs (offload, ZeRO 2/3 per pipeline stage and a pipeline of tied embeddings
+are planned, not trained: they lose here, saying so).
 Memory: one plan per layout at micro-batch 1 (`plan()`'s fits and largest micro-batch that fits, the
 fragmentation allowance included); the micro-batches up to that largest one fit (a larger b means fewer
 micro-batches in a pipeline, so no more memory). Memory falls with recomputation and with the ZeRO stage, so
@@ -25,9 +29,11 @@ on 512 GPUs has 20 (pipeline 1-16), on 640 all 40 (pipeline 1-80).
 from __future__ import annotations
 
 import math
+import re
 
 from ..config import replaced
 from ..config.schema import RECOMPUTE
+from ..config.trainable import check_trainable
 from ..errors import ConfigError
 from ..units import GiB
 from .explain import Explain
@@ -37,6 +43,7 @@ from .memory import memory
 from .params import count_params
 from .step_time import dominant_cost, step_time
 
+REFUSED = "`pretrain train` refuses it"  # a rejected row's why, before the trainer's own words
 
 
 def _divisors(n: int, most: int | None = None) -> list[int]:
@@ -50,17 +57,16 @@ def _divisors(n: int, most: int | None = None) -> list[int]:
     return [k for k in small + large if k <= most]
 
 
-def layouts(c, runnable: bool = False) -> tuple[list[dict], list[dict]]:
-    """(tensor, pipeline, data) splits the rules allow, and those refused with why; `runnable`: only data
-    parallelism, as `pretrain train` runs it."""
+def layouts(c) -> tuple[list[dict], list[dict]]:
+    """(tensor, pipeline, data) splits the rules allow, and those refused with why."""
     m, par, t = c.model, c.parallel, c.train
     sequences = t.micro_batch_size * t.grad_accum_steps * par.data_parallel
     found, refused = [], []
-    for tp in _divisors(math.gcd(m.num_heads, m.num_kv_heads), 1 if runnable else par.gpus_per_node):
+    for tp in _divisors(math.gcd(m.num_heads, m.num_kv_heads), par.gpus_per_node):
         if par.gpus % tp:
             continue
         for pp in _divisors(m.num_layers):
-            if par.gpus % (tp * pp) or (runnable and pp > 1):
+            if par.gpus % (tp * pp):
                 continue
             dp = par.gpus // (tp * pp)
             split = {"parallel.tensor": tp, "parallel.pipeline": pp}
@@ -72,21 +78,20 @@ def layouts(c, runnable: bool = False) -> tuple[list[dict], list[dict]]:
     return found, refused
 
 
-def fit(config, top: int = 10, runnable: bool = False) -> dict:
-    """{"candidates": [...] fastest first (at most `top`), "rejected": [{"overrides", "why"}, ...]}.
-    `runnable`: only the layouts `pretrain train` runs (data parallel, ZeRO 0-3, no offload), for
-    `pretrain sweep --from-fit`."""
+def fit(config, top: int = 10) -> dict:
+    """{"candidates": [...] fastest first (at most `top`), "rejected": [{"overrides", "why"}, ...]}; every
+    candidate is a layout `pretrain train` runs."""
     from . import plan_with_explain
 
     peak, source = peak_tflops(config.hardware, config.train.precision)
     if not peak:
         raise ConfigError(f"--fit ranks layouts by speed and needs a peak FLOP/s: {source}")
     counts = count_params(config.model)
-    splits, rejected = layouts(config, runnable)
+    splits, rejected = layouts(config)
     scored = []  # (seconds, overrides, step)
     for split in splits:
         scored += _search(config, split, "none", counts, peak, rejected)
-    if not scored and not runnable:  # nothing fits on the GPUs: the same search with the states in host memory
+    if not scored:  # nothing fits on the GPUs: the same search with the states in host memory
         for split in splits:
             for offload in ("optimizer", "optimizer+params"):
                 scored += _search(config, split, offload, counts, peak, rejected)
@@ -126,6 +131,11 @@ def _search(config, split: dict, offload: str, counts, peak: float, rejected: li
         stages = [3] if dp > 1 else []
     out = []
     for zero in stages:
+        refused = _refused(config, {**shared, "parallel.zero_stage": zero, "train.micro_batch_size": 1,
+                                    "train.grad_accum_steps": per_rank})
+        if refused:
+            rejected.append(refused)
+            continue
         for recompute in reversed(RECOMPUTE):  # full first: if it does not fit, nothing lighter does
             layout = {**shared, "parallel.zero_stage": zero, "train.activation_checkpointing": recompute,
                       "train.micro_batch_size": 1, "train.grad_accum_steps": per_rank}
@@ -146,9 +156,22 @@ def _search(config, split: dict, offload: str, counts, peak: float, rejected: li
                 overrides = {**layout, "train.micro_batch_size": b, "train.grad_accum_steps": per_rank // b}
                 step = step_time(replaced(c, overrides), counts, fl, peak)
                 out.append((step["seconds"], overrides, step))
-        if not out and zero == stages[0]:
-            break  # ZeRO-3 (or the strongest stage) with full recomputation does not fit: no lower stage does
+        if not out:
+            break  # the strongest stage the trainer runs does not fit with full recomputation: no lower stage does
     return out
+
+
+def _refused(config, layout: dict) -> dict | None:
+    """A rejected row if `pretrain train` refuses this layout (its own check, its own words), else None."""
+    try:
+        c = replaced(config, layout)
+    except ConfigError:
+        return None  # a rule of the config's own: the search says it in its words
+    try:
+        check_trainable(c, needs_data=False)
+    except ConfigError as e:
+        return {"overrides": layout, "why": f"{REFUSED}: {e}"}
+    return None
 
 
 def _layout_key(overrides: dict) -> tuple:
@@ -182,17 +205,20 @@ def render(config, result: dict, shown: int = 10, command: str = "pretrain plan 
                      f"{cand['memory_bytes']['total'] / GiB:>10.1f} {cand['tokens_per_s']:>11,.0f} "
                      f"{cand['mfu']:>6.3f} {cand['step_time_s']:>8.3g}")
     if not result["candidates"]:
-        lines.append("  (none fits: see below; more GPUs or a card with more memory)")
+        lines.append("  (none fits, or none is one `pretrain train` runs: see below)")
     reasons: dict[str, list] = {}
     for r in result["rejected"]:
         reason = r["why"].split(":")[0] if r["why"].startswith(("does not fit", "slower")) else r["why"]
         if r["why"].startswith("slower"):
             reason = "slower: " + r["why"].rsplit("; ", 1)[1]
+        if r["why"].startswith(REFUSED):  # one line per refusal, whatever its figures (the data-parallel size)
+            reason = re.sub(r"\d+", "#", r["why"])
         reasons.setdefault(reason, []).append(r)
     if reasons:
         lines += ["", "  Why the others lost:"]
         for reason, rs in sorted(reasons.items(), key=lambda kv: -len(kv[1])):
-            example = rs[0]["why"].split("; ")[0].removeprefix("slower: ")
+            example = rs[0]["why"].removeprefix(f"{REFUSED}: ").split("; ")[0].removeprefix("slower: ")
+            reason = REFUSED if reason.startswith(REFUSED) else reason
             lines.append(f"    {len(rs):>4} x {reason}; e.g. {_short(rs[0]['overrides'])}: {example}")
     if result["candidates"]:
         lines += ["", f"  The fastest, to plan or train: {command} " + command_line(result["candidates"][0]["overrides"]),

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..config.schema import padded_vocab_size
+
 
 @dataclass(frozen=True)
 class ParamCounts:
@@ -56,12 +58,6 @@ class ParamCounts:
                     token_embedding=self.token_embedding, position_embedding=self.position_embedding,
                     attention=self.attention, mlp=self.mlp, norm=self.norm, output=self.output,
                     per_layer=self.per_layer, flops=self.flops)
-
-
-def padded_vocab_size(model) -> int:
-    """Rows of the embedding and output layer: model.vocab_size rounded up to a multiple of model.pad_vocab_to.
-    The one place that computes it; the model, the planner and the export all call it."""
-    return -(-model.vocab_size // model.pad_vocab_to) * model.pad_vocab_to
 
 
 def count_params(model) -> ParamCounts:

@@ -4,9 +4,11 @@ predicted; the fastest that ran is the choice.
 
 The fit is made for the hardware the sweep runs on (the detected GPU or the CPU, this world size) at the peak
 the sweep's MFU uses (the catalog's, a profile's, or the one-time measurement), so predicted and measured
-speak of the same machine, and among the layouts the trainer runs (data parallel with ZeRO 0-3, no tensor or
-pipeline parallelism, no offload); a candidate the trainer still refuses is reported "not run: why". The ranking model's error is printed: per candidate (measured / predicted - 1),
-their mean absolute value, and whether the predicted fastest is the measured fastest.
+speak of the same machine. The fit proposes only layouts the trainer runs (config/trainable.py), for this
+world: one process measures the single-process layouts, `torchrun --nproc-per-node N -m pretrain sweep ...`
+the layouts of N ranks (tensor, pipeline, data parallel), each cell on all of them. A candidate a cell still
+refuses is reported "not run: why". The ranking model's error is printed: per candidate (measured /
+predicted - 1), their mean absolute value, and whether the predicted fastest is the measured fastest.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ def run_from_fit(config_path, overrides: list[str], n: int, warmup_steps: int = 
     {"device", "candidates": [...], "chosen", "error", "warnings", ...}."""
     from ..distributed.runtime import init_runtime
     from ..train import plan_check
-    from ..train.trainer import check_trainable
+    from ..config.trainable import check_trainable
 
     if n < 1:
         raise UsageError(f"--from-fit: must be at least 1 candidate, got {n}")
@@ -52,7 +54,7 @@ def run_from_fit(config_path, overrides: list[str], n: int, warmup_steps: int = 
         if make_plan(here)["hardware"]["peak_tflops"] is None:  # measured: the same peak for the fit and every cell
             pinned = [f"hardware.peak_tflops={peak!r}"]
             here = replaced(here, {"hardware.peak_tflops": peak})
-        found = fit(here, top=n, runnable=True)  # data parallel, no offload: what the trainer runs
+        found = fit(here, top=n)  # only layouts the trainer runs (config/trainable.py)
         if not found["candidates"]:
             raise UsageError("--from-fit: no layout fits on this machine (pretrain plan --fit says why)")
         out = Path(out_dir) if out_dir is not None else None
@@ -65,7 +67,8 @@ def run_from_fit(config_path, overrides: list[str], n: int, warmup_steps: int = 
             for rank, cand in candidates:
                 if rank in failed:
                     continue
-                items = [*overrides, *pinned, *command_line(cand["overrides"]).split()]
+                # The world the fit was made for: a layout of tensor x pipeline ranks is valid only on it.
+                items = [*overrides, *pinned, f"parallel.gpus={rt.world_size}", *command_line(cand["overrides"]).split()]
                 try:
                     cell = run_sweep(config_path, items, {}, warmup_steps=warmup_steps, steps=steps, out_dir=None,
                                      progress=False, rounds=1, threads=n_threads)["cells"][0]

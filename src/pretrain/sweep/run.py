@@ -179,7 +179,7 @@ def prepare_cells(config_path, overrides: list[str], sweep: dict) -> list[Cell]:
     """Load, check and plan every cell; raises on the first bad one, naming its key (and the cell)."""
     from ..distributed.runtime import init_runtime
     from ..train import plan_check
-    from ..train.trainer import check_trainable
+    from ..config.trainable import check_trainable
 
     runtimes: dict[str, object] = {}
     cells = []

@@ -44,7 +44,7 @@ def resolve(args):
     try:
         return load_config(path, overrides)
     except GridError as e:  # the fix is how many processes to launch, not parallel.gpus
-        from ..distributed.runtime import wrong_process_count
+        from ..config.trainable import wrong_process_count
 
         raise ConfigError(wrong_process_count(e.tensor, e.pipeline, int(os.environ.get("WORLD_SIZE", 1)))) from None
 

@@ -74,7 +74,7 @@ def train_step(par, batches, state, *, accum: int, lr: float, grad_clip: float, 
     if measure:
         measured = measured or {"saved": None}
         measured["states"] = model_state_bytes(par.module, getattr(optimizer, "optim", optimizer))
-    optimizer.zero_grad(set_to_none=True)
+    par.module.zero_grad(set_to_none=True)  # every gradient: a ZeRO-1 optimizer by hand holds its own only
     batch_tokens = _advance(state, accum * micro_batch_size * seq_len * rt.data_size)
     return StepResult(loss=loss_mean, grad_norm=grad_norm, lr=lr, batch_tokens=batch_tokens, finite=finite,
                       stop=stop, measured=measured)

@@ -17,15 +17,15 @@ from pathlib import Path
 import torch
 import yaml
 
-from ..config import mixture_sources, replaced, untrained
+from ..config import mixture_sources, replaced
+from ..config.trainable import check_trainable
 from ..data.token_files import DataChanged
-from ..distributed.runtime import wrong_process_count
-from ..errors import ConfigError, UsageError
+from ..errors import UsageError
 from ..lock import exclusive_lock
 from ..files import write_atomic
 from ..plan import make_plan
 from ..plan.budget import training_length
-from ..plan.params import count_params, padded_vocab_size
+from ..plan.params import count_params
 from ..plan.schedule import learning_rate, micro_batches_per_step, resumed_schedule
 from . import checkpoint as ckpt
 from . import resume
@@ -87,58 +87,6 @@ class TensorState:
         self.par.load_state_dict(sd)
         if self.scaler is not None and "scaler" in sd:
             self.scaler.load_state_dict(sd["scaler"])
-
-
-def check_trainable(config, needs_data: bool = True) -> None:
-    """Config errors the trainer (not the planner) refuses, before anything heavy is built."""
-    t, par = config.train, config.parallel
-    if t.grad_dtype == "same" and t.precision.endswith("-mixed"):
-        raise ConfigError("train.grad_dtype: same (half-precision gradients) is a planning option; autocast keeps "
-                          "fp32 gradients: use train.grad_dtype=fp32 or train.precision=bf16")
-    refused = untrained(config)
-    if refused:
-        raise ConfigError(refused[0])
-    if par.gpus % (par.tensor * par.pipeline):  # the world torchrun gave (launched_config), not the YAML's
-        raise ConfigError(wrong_process_count(par.tensor, par.pipeline, par.gpus))
-    if par.pipeline > 1:
-        from ..distributed.pipeline import check_pipelinable
-
-        check_pipelinable(config)
-    if par.tensor > 1:
-        check_tensor_parallel(config)
-    if needs_data and not (config.data.dir or config.data.mixture):
-        raise ConfigError("data.dir: not set; prepare data with `pretrain prepare --out DIR` and set data.dir=DIR "
-                          "(or data.mixture for several directories)")
-
-
-def check_tensor_parallel(config) -> None:
-    """What the tensor-parallel split (distributed/tensor_parallel.py) needs beyond the planner's checks."""
-    m, t, par = config.model, config.train, config.parallel
-    if m.family != "llama":
-        raise ConfigError(f"parallel.tensor: tensor parallelism is built for the LLaMA family, not {m.family}; "
-                          "use parallel.tensor=1 (FSDP: parallel.zero_stage=3)")
-    if m.intermediate_size % par.tensor:
-        raise ConfigError(f"parallel.tensor: {par.tensor} must divide model.intermediate_size "
-                          f"{m.intermediate_size} (each rank takes whole rows of the MLP)")
-    if padded_vocab_size(m) % par.tensor:
-        raise ConfigError(f"parallel.tensor: {par.tensor} must divide the vocabulary's rows ({padded_vocab_size(m)}: "
-                          "each rank takes an equal part of the embedding and output layer); pad them with "
-                          f"model.pad_vocab_to={64 * par.tensor}")
-    if m.dropout:
-        # Tensor ranks hold the same residual stream: their dropout masks would have to agree.
-        raise ConfigError("model.dropout: not supported with parallel.tensor > 1; use model.dropout=0")
-    if m.qk_norm:
-        # Each tensor rank norms its own heads with the one shared weight: its gradient would have to be summed
-        # over the ranks, which the tensor-parallel plan does not do yet.
-        raise ConfigError("model.qk_norm: not built with parallel.tensor > 1 yet; use parallel.tensor=1 "
-                          "(FSDP: parallel.zero_stage=3)")
-    if par.sequence_parallel and t.seq_len % par.tensor:
-        raise ConfigError(f"parallel.sequence_parallel: train.seq_len {t.seq_len} must be a multiple of "
-                          f"parallel.tensor {par.tensor} (each rank holds an equal part of the sequence)")
-    if par.data_parallel > 1 and par.zero_stage < 2 and par.pipeline == 1:  # a pipeline averages its own
-        raise ConfigError(f"parallel.zero_stage: {par.zero_stage} with tensor parallelism over "
-                          f"{par.data_parallel} data-parallel groups: DDP and ZeRO-1 take no DTensor parameters; "
-                          "use parallel.zero_stage=2 or 3 (FSDP2 over the data ranks)")
 
 
 def launched_config(config, rt, own_data: bool):

@@ -1,0 +1,89 @@
+"""What `pretrain train` runs, as one rule (no torch): `check_trainable` raises the ConfigError the trainer
+refuses a config with, before anything heavy is built.
+
+The trainer calls it first thing; `pretrain plan --fit` calls it on every layout it weighs and rejects the
+refused ones with the trainer's own reason, so the fit never proposes a layout the trainer would refuse;
+`pretrain sweep` calls it on every cell. The planner models more (offload, ZeRO 2/3 per pipeline stage, ...):
+those values plan, and this is where they stop at training.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ..errors import ConfigError
+from .checks import untrained
+from .schema import padded_vocab_size
+
+
+def check_trainable(config, needs_data: bool = True) -> None:
+    """Config errors the trainer (not the planner) refuses; `needs_data`: a data directory must be set."""
+    t, par = config.train, config.parallel
+    if t.grad_dtype == "same" and t.precision.endswith("-mixed"):
+        raise ConfigError("train.grad_dtype: same (half-precision gradients) is a planning option; autocast keeps "
+                          "fp32 gradients: use train.grad_dtype=fp32 or train.precision=bf16")
+    refused = untrained(config)
+    if refused:
+        raise ConfigError(refused[0])
+    if par.gpus % (par.tensor * par.pipeline):  # the world torchrun gave (launched_config), not the YAML's
+        raise ConfigError(wrong_process_count(par.tensor, par.pipeline, par.gpus))
+    if par.pipeline > 1:
+        check_pipelinable(config)
+    if par.tensor > 1:
+        check_tensor_parallel(config)
+    if needs_data and not (config.data.dir or config.data.mixture):
+        raise ConfigError("data.dir: not set; prepare data with `pretrain prepare --out DIR` and set data.dir=DIR "
+                          "(or data.mixture for several directories)")
+
+
+def check_pipelinable(config) -> None:
+    """What the pipelined trainer (distributed/pipeline.py) refuses."""
+    m, t, par = config.model, config.train, config.parallel
+    if m.tie_embeddings:
+        raise ConfigError("parallel.pipeline: a tied embedding would live on the first and the last stage at "
+                          "once; the trainer does not synchronise the two copies: use model.tie_embeddings=false "
+                          "or parallel.pipeline=1")
+    if par.zero_stage >= 2 and par.data_parallel > 1:
+        raise ConfigError("parallel.zero_stage: FSDP (stages 2 and 3) per pipeline stage is not built; use "
+                          "parallel.zero_stage=0 or 1 with parallel.pipeline > 1")
+    if t.precision == "fp16-mixed":
+        raise ConfigError("train.precision: fp16-mixed's loss scaler would skip steps per stage, not together; "
+                          "use bf16-mixed with parallel.pipeline > 1")
+
+
+def check_tensor_parallel(config) -> None:
+    """What the tensor-parallel split (distributed/tensor_parallel.py) needs beyond the planner's checks."""
+    m, t, par = config.model, config.train, config.parallel
+    if m.family != "llama":
+        raise ConfigError(f"parallel.tensor: tensor parallelism is built for the LLaMA family, not {m.family}; "
+                          "use parallel.tensor=1 (FSDP: parallel.zero_stage=3)")
+    if m.intermediate_size % par.tensor:
+        raise ConfigError(f"parallel.tensor: {par.tensor} must divide model.intermediate_size "
+                          f"{m.intermediate_size} (each rank takes whole rows of the MLP)")
+    if padded_vocab_size(m) % par.tensor:
+        raise ConfigError(f"parallel.tensor: {par.tensor} must divide the vocabulary's rows ({padded_vocab_size(m)}: "
+                          "each rank takes an equal part of the embedding and output layer); pad them with "
+                          f"model.pad_vocab_to={64 * par.tensor}")
+    if m.dropout:
+        # Tensor ranks hold the same residual stream: their dropout masks would have to agree.
+        raise ConfigError("model.dropout: not supported with parallel.tensor > 1; use model.dropout=0")
+    if m.qk_norm:
+        # Each tensor rank norms its own heads with the one shared weight: its gradient would have to be summed
+        # over the ranks, which the tensor-parallel plan does not do yet.
+        raise ConfigError("model.qk_norm: not built with parallel.tensor > 1 yet; use parallel.tensor=1 "
+                          "(FSDP: parallel.zero_stage=3)")
+    if par.sequence_parallel and t.seq_len % par.tensor:
+        raise ConfigError(f"parallel.sequence_parallel: train.seq_len {t.seq_len} must be a multiple of "
+                          f"parallel.tensor {par.tensor} (each rank holds an equal part of the sequence)")
+
+
+def wrong_process_count(tensor: int, pipeline: int, processes: int) -> str:
+    """The fix when tensor x pipeline ranks per model replica do not divide the processes of `pretrain train`:
+    alone, start it under torchrun; under torchrun, start another number of processes."""
+    grid = tensor * pipeline
+    layout = f"parallel.tensor x parallel.pipeline = {tensor} x {pipeline} = {grid} ranks per model replica"
+    if "WORLD_SIZE" not in os.environ:
+        return (f"{layout}, and this is one process: launch with `torchrun --nproc-per-node {grid} -m pretrain "
+                "train ...`, or lower parallel.tensor / parallel.pipeline")
+    return (f"{layout} do not divide the {processes} processes torchrun started: change --nproc-per-node so that "
+            f"they are a multiple of {grid}, or lower parallel.tensor / parallel.pipeline")
