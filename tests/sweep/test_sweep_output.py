@@ -73,3 +73,13 @@ def test_a_spread_above_ten_percent_is_a_warning_naming_the_cell():
     console = Console(width=200, record=True)
     console.print(output.table(result([quiet, busy], {"train.seq_len": [32, 64]})))
     assert "274% !" in console.export_text() and "4% !" not in console.export_text()
+
+
+def test_planned_lines_that_coincide_are_dashed_in_turn():
+    # Two groups whose planned figures are equal (a swept key the plan does not see) drew one line over the
+    # other: each group's dashes now start where the previous group's end, so both colours show.
+    from pretrain.sweep.output import _interleaved
+
+    assert _interleaved(0, 1) == "-"
+    (a_start, (a_on, a_off)), (b_start, (b_on, _)) = _interleaved(0, 2), _interleaved(1, 2)
+    assert a_start + a_on <= b_start < a_start + a_on + a_off and a_on == b_on

@@ -154,6 +154,16 @@ def _is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+def _interleaved(index: int, count: int):
+    """The planned line of group `index` of `count`: solid alone; else dashes that leave gaps for the other
+    groups' dashes, so lines the plan draws on top of each other (a swept key that changes no planned figure,
+    e.g. train.compile) show every colour in turn instead of the last one drawn."""
+    if count == 1:
+        return "-"
+    dash = 4
+    return (index * dash, (dash, dash * (count - 1)))
+
+
 def plot_png(result: dict) -> bytes:
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
@@ -176,7 +186,7 @@ def plot_png(result: dict) -> bytes:
     ax_tps, ax_mem = fig.subplots(1, 2)
     colours = [f"C{i % 10}" for i in range(len(groups))]
     handles = []
-    for colour, (group, members) in zip(colours, groups.items()):
+    for index, (colour, (group, members)) in enumerate(zip(colours, groups.items())):
         members = sorted(members, key=lambda c: position(c["values"][xk]) if xk else 0)
         x = [position(c["values"][xk]) if xk else 0 for c in members]
         label = ", ".join(f"{names[k]}={v}" for k, v in zip(others, group)) or "measured"
@@ -185,7 +195,7 @@ def plot_png(result: dict) -> bytes:
                                              (ax_mem, "memory_measured_bytes", "memory_planned_bytes", mem_scale)):
             line = [(xi, c[planned] / scale) for xi, c in zip(x, members) if c[planned] is not None]
             if line:
-                ax.plot(*zip(*line), color=colour, linestyle="-", linewidth=1.2, alpha=0.8)
+                ax.plot(*zip(*line), color=colour, linestyle=_interleaved(index, len(groups)), linewidth=1.4)
             points = [(xi, c[measured] / scale) for xi, c in zip(x, members) if c[measured] is not None]
             if points:
                 ax.plot(*zip(*points), color=colour, linestyle="none", marker="o", markersize=6)
