@@ -6,13 +6,16 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import struct
+import subprocess
+import sys
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from pretrain.config import ConfigError, load_config
-from support import run_cli, tiny
+from support import run_cli, tiny, wait_for_steps
 
 pytest.importorskip("wandb")
 pytest.importorskip("mlflow")
@@ -40,12 +43,12 @@ def expected_scalars(run_dir) -> dict:
     return out
 
 
-def wandb_history(path) -> list[dict]:
-    """The history rows of an offline run's .wandb file: a LevelDB-style log (7-byte file header, 32 KiB
-    blocks of records each with a 7-byte header: CRC, length, type) of protobuf Records."""
+def wandb_records(path) -> list:
+    """The records of an offline run's .wandb file: a LevelDB-style log (7-byte file header, 32 KiB blocks of
+    records each with a 7-byte header: CRC, length, type) of protobuf Records."""
     from wandb.proto import wandb_internal_pb2 as pb
 
-    raw, pos, block, part, rows = path.read_bytes(), 7, 32768, b"", []
+    raw, pos, block, part, records = path.read_bytes(), 7, 32768, b"", []
     while pos + 7 <= len(raw):
         if block - pos % block < 7:  # a block's tail too short for a header is padding
             pos += block - pos % block
@@ -55,21 +58,26 @@ def wandb_history(path) -> list[dict]:
             break
         part, pos = part + raw[pos + 7:pos + 7 + n], pos + 7 + n
         if kind in (1, 4):  # FULL or LAST: a whole record
-            record = pb.Record()
-            record.ParseFromString(part)
+            records.append(pb.Record())
+            records[-1].ParseFromString(part)
             part = b""
-            if record.WhichOneof("record_type") == "history":
-                rows.append({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item})
-    return rows
+    return records
 
 
 @pytest.mark.slow
-def test_wandb_and_mlflow_get_tensorboards_scalars_and_a_resume_continues_their_runs(prepared, tmp_path,
-                                                                                    monkeypatch):
+def test_wandb_and_mlflow_get_tensorboards_scalars_and_continue_their_runs_after_sigterm(prepared, tmp_path,
+                                                                                         monkeypatch):
     run_dir, env = tmp_path / "run", offline_env(tmp_path)
     args = tiny(prepared, run_dir, "train.max_steps=8", "run.loggers=[tensorboard,wandb,mlflow]")
-    first = run_cli("train", *args, "debug.stop_after_step=4", env=env)
-    assert first.returncode == 0, first.stderr
+    # SIGTERM to the whole process group, as a scheduler sends it: W&B's service process gets it too
+    first = subprocess.Popen([sys.executable, "-m", "pretrain", "train", *args, "debug.step_sleep=0.3"],
+                             env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             start_new_session=True)
+    wait_for_steps(run_dir, 2, first)
+    service = subprocess.run(["pgrep", "-P", str(first.pid)], capture_output=True, text=True).stdout.split()
+    os.killpg(first.pid, signal.SIGTERM)
+    assert first.wait(timeout=120) == 0, first.stderr.read()
+    assert service and not any(os.path.exists(f"/proc/{pid}") for pid in service)  # W&B's service ended
     ids = json.loads((run_dir / "loggers.json").read_text())
     assert set(ids) == {"wandb", "mlflow"}
     second = run_cli("train", "--resume", run_dir, env=env)
@@ -86,8 +94,12 @@ def test_wandb_and_mlflow_get_tensorboards_scalars_and_a_resume_continues_their_
     assert len(sessions) == 2 and all(s.name.endswith(ids["wandb"]) for s in sessions)
     logged = {}
     for session in sessions:
-        for row in wandb_history(session / f"run-{ids['wandb']}.wandb"):
-            logged.update({(k, row["step"]): v for k, v in row.items() if not k.startswith("_") and k != "step"})
+        records = wandb_records(session / f"run-{ids['wandb']}.wandb")
+        assert records[-1].WhichOneof("record_type") == "exit"  # finished, the SIGTERMed session included
+        for r in records:
+            if r.WhichOneof("record_type") == "history":
+                row = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
+                logged.update({(k, row["step"]): v for k, v in row.items() if not k.startswith("_") and k != "step"})
     assert logged == pytest.approx(expected, rel=1e-12)
 
     from mlflow.tracking import MlflowClient
