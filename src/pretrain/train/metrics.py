@@ -1,5 +1,6 @@
 """Where a run reports: metrics.jsonl and events.jsonl (one JSON object per line), the loggers of run.loggers
-(TensorBoard, W&B, MLflow: loggers.py), and the terminal (a rich progress bar, or plain lines when the output is not a terminal). Rank 0 only."""
+(TensorBoard, W&B, MLflow: loggers.py), and the terminal (a rich progress bar, or plain lines when the output
+is not a terminal). Rank 0 only."""
 
 from __future__ import annotations
 
