@@ -148,9 +148,10 @@ def build_section(section: str, cls: type, values: dict):
     for f in dataclasses.fields(cls):
         choices = f.metadata.get("choices")
         value = getattr(obj, f.name)
-        if choices and value not in choices:
-            allowed = " | ".join(str(c) for c in choices)
-            raise ConfigError(f"{section}.{f.name}: {shown(value)} is not allowed; choose one of {allowed}")
+        for one in value if isinstance(value, list) else [value]:  # a list's choices apply to each item
+            if choices and one not in choices:
+                allowed = " | ".join(str(c) for c in choices)
+                raise ConfigError(f"{section}.{f.name}: {shown(one)} is not allowed; choose one of {allowed}")
     return obj
 
 

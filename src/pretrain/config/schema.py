@@ -25,6 +25,7 @@ PRECISIONS = ("fp32", "fp16-mixed", "bf16-mixed", "bf16")
 OPTIMIZERS = ("adamw", "adafactor", "sgd")
 RECOMPUTE = ("none", "selective", "full")
 SCHEDULES = ("cosine", "linear", "inverse_sqrt", "wsd")
+LOGGERS = ("tensorboard", "wandb", "mlflow")
 
 
 @dataclass(frozen=True)
@@ -225,6 +226,10 @@ class RunConfig:
     keep_checkpoints: int = doc(3, "checkpoints kept; older ones are deleted")
     resume: str = doc("never", "auto (continue from the newest complete checkpoint) | never", ("auto", "never"))
     progress: bool = doc(True, "show a progress bar")
+    loggers: list[str] = doc(["tensorboard"], "where the scalars of metrics.jsonl also go, any of: tensorboard, "
+                             "wandb (pretrain[wandb]; offline into RUN_DIR/wandb/ unless WANDB_MODE or a W&B login "
+                             "says otherwise), mlflow (pretrain[mlflow]; RUN_DIR/mlruns/ unless "
+                             "MLFLOW_TRACKING_URI is set)", LOGGERS)
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
-"""Where a run reports: metrics.jsonl and events.jsonl (one JSON object per line), TensorBoard, and the
-terminal (a rich progress bar, or plain lines when the output is not a terminal). Rank 0 only."""
+"""Where a run reports: metrics.jsonl and events.jsonl (one JSON object per line), the loggers of run.loggers
+(TensorBoard, W&B, MLflow: loggers.py), and the terminal (a rich progress bar, or plain lines when the output
+is not a terminal). Rank 0 only."""
 
 from __future__ import annotations
 
@@ -9,26 +10,23 @@ import time
 from pathlib import Path
 
 from ..progress import terminal_bar
+from .loggers import open_sinks
 
 
 class TrainingLog:
-    def __init__(self, run_dir: Path, total_steps: int, progress: bool, enabled: bool = True):
+    def __init__(self, run_dir: Path, total_steps: int, progress: bool, enabled: bool = True,
+                 loggers=("tensorboard",), config: dict | None = None):
         self.enabled = enabled
         self.run_dir = Path(run_dir)
         self.started = time.time()
-        self._tb = None
+        self._sinks = []
         self._bar = None
         if not enabled:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._metrics = open(self.run_dir / "metrics.jsonl", "a")
         self._events = open(self.run_dir / "events.jsonl", "a")
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
-        except ImportError:  # tensorboard is a dependency, but a broken install must not stop training
-            self._tb = None
+        self._sinks = open_sinks(loggers, self.run_dir, config or {})
         from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
 
         self._bar = terminal_bar(TextColumn("train"), BarColumn(), MofNCompleteColumn(),
@@ -49,10 +47,10 @@ class TrainingLog:
         if not self.enabled:
             return
         record = self._append(self._metrics, record)
-        if self._tb is not None:
-            for key, value in _scalars(record).items():
-                if key not in ("step", "time") and isinstance(value, (int, float)) and math.isfinite(value):
-                    self._tb.add_scalar(key, value, record["step"])
+        scalars = {key: value for key, value in _scalars(record).items()
+                   if key not in ("step", "time") and isinstance(value, (int, float)) and math.isfinite(value)}
+        for sink in self._sinks:
+            sink.scalars(scalars, record["step"])
         if "loss" in record:
             status = f"loss {record['loss']:.4f}  {record['tokens_per_s']:,.0f} tok/s"
             if self._bar is not None:
@@ -89,8 +87,8 @@ class TrainingLog:
             return
         if self._bar is not None:
             self._bar.stop()
-        if self._tb is not None:
-            self._tb.close()
+        for sink in self._sinks:
+            sink.close()
         self._metrics.close()
         self._events.close()
 

@@ -11,7 +11,8 @@ from ..errors import ConfigError
 from ..units import GiB
 
 # What a run writes besides its checkpoints: the history of one run.
-HISTORY = ("metrics.jsonl", "events.jsonl", "tensorboard", "plan_vs_run.json", "config.yaml")
+HISTORY = ("metrics.jsonl", "events.jsonl", "tensorboard", "plan_vs_run.json", "config.yaml", "loggers.json",
+           "wandb", "mlruns")
 
 
 def host_memory_bytes() -> int:

@@ -37,6 +37,7 @@ from .callbacks.preemption import preempted
 from .callbacks.stability import Stability
 from .checkpointer import Checkpointer
 from .data_changes import stopped_by_data_change
+from .loggers import check_installed
 from .metrics import TrainingLog
 from .preflight import check_fits_device, set_aside_history
 from .prefetch import Prefetcher
@@ -115,6 +116,7 @@ class Trainer:
         self.rt, self.run_dir = rt, Path(c.run.dir)
         check_trainable(c, needs_data=loader is None)
         check_fits_device(c, rt)
+        check_installed(c.run.loggers)
         # A mixture's sources (data/mixture.py), each with its data; otherwise None and self.data is data.dir.
         self.mixture = open_mixture(mixture_sources(c.data), c.data.verify, c.model.vocab_size) \
             if loader is None and c.data.mixture else None
@@ -182,7 +184,7 @@ class Trainer:
         self.in_step = None  # while a step runs: where a data fault mid-step rewinds to (data_changes.py)
         self.last_metrics: dict = {}
         self.log = TrainingLog(self.run_dir, self.total_steps, progress=c.run.progress,
-                               enabled=rt.is_main and not quiet)
+                               enabled=rt.is_main and not quiet, loggers=c.run.loggers, config=c.to_dict())
 
     # --- the loop ----------------------------------------------------------------------------------------
 
