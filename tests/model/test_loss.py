@@ -111,6 +111,34 @@ def test_chunked_loss_keeps_only_the_two_gradients():
     assert sorted(tuple(t.shape) for t in saved) == [(18, 8), (50, 8)]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_chunks_share_one_scratch(dtype):
+    """Logsumexp's temporary, the half-precision product and the chunk's gradient are made in one scratch for
+    all chunks: per chunk, only its fp32 logits are a new chunk-sized allocation (a fresh one per op costs
+    about as much as the op on a CPU)."""
+    from torch._C._profiler import _EventType
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.manual_seed(0)
+    chunk, vocab = 5, 96  # 6 full chunks of 32 tokens and a short one; no other tensor has a chunk's sizes
+    h = torch.randn(2, 16, 6, dtype=dtype, requires_grad=True)
+    w = torch.randn(vocab, 6, dtype=dtype, requires_grad=True)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        ChunkedCrossEntropy(chunk)(h, w, torch.randint(0, vocab, (2, 16)))
+    sizes = []
+
+    def walk(node):
+        if node.tag == _EventType.Allocation:
+            sizes.append(node.extra_fields.alloc_size)
+        for child in node.children:
+            walk(child)
+
+    for root in prof.profiler.kineto_results.experimental_event_tree():
+        walk(root)
+    chunk_sized = [n for n in sizes if n in (2 * chunk * vocab, 4 * chunk * vocab)]  # in bf16 or fp32
+    assert chunk_sized == [4 * chunk * vocab] * (1 + 6)  # the scratch, then each full chunk's logits
+
+
 @needs_compiler
 def test_output_layer_and_loss_compile_as_one_graph():
     torch.manual_seed(0)

@@ -54,32 +54,60 @@ def _chunks(hidden, weight, targets, chunk_tokens: int, vocab_size: int | None, 
     if gradients:
         grad_hidden = torch.empty(n, width, dtype=dtype, device=hidden.device)
         grad_weight = torch.zeros(weight.shape, dtype=kept_weight_grad_dtype(dtype), device=hidden.device)
+    # One fp32 scratch of a chunk's logits' size, made once for all chunks: in eager mode on a CPU a fresh
+    # chunk-sized tensor per op costs about as much as the op (each is new memory, faulted in page by page). None
+    # when compiled: the compiler plans the graph's buffers itself, and would copy in and out of this one.
+    scratch = None if torch.compiler.is_compiling() else \
+        torch.empty(min(chunk_tokens, n) * w.shape[0], dtype=torch.float32, device=hidden.device)
     for start in range(0, n, chunk_tokens):
         end = min(start + chunk_tokens, n)
         loss_sum = loss_sum + _chunk(hidden[start:end].to(dtype), w, targets[start:end], vocab_size,
-                                     None if grad_hidden is None else grad_hidden[start:end], grad_weight)
+                                     None if grad_hidden is None else grad_hidden[start:end], grad_weight, scratch)
     return loss_sum, grad_hidden, grad_weight
 
 
-def _chunk(h, w, y, vocab_size: int | None, grad_hidden, grad_weight):
-    """One chunk's loss sum; with gradients, writes its rows of dL/dh and adds its share of dL/dW. Its
-    tensors die on return: one chunk's logits exist at a time."""
-    logits = (h @ w.t()).float()  # fp32 only for this chunk: log-softmax loses precision in bf16
+def _chunk(h, w, y, vocab_size: int | None, grad_hidden, grad_weight, scratch):
+    """One chunk's loss sum; with gradients, writes its rows of dL/dh and adds its share of dL/dW. Its tensors
+    die on return, its matmul dtype's product, logsumexp's temporary and its gradient are made in `scratch` (each
+    dead before the next is written): one chunk's logits exist at a time."""
+    shape, full = (h.shape[0], w.shape[0]), h.dtype == torch.float32
+    # fp32 only for this chunk: log-softmax loses precision in bf16
+    logits = h @ w.t() if full else torch.mm(h, w.t(), out=_view(scratch, shape, h.dtype)).float()
     if vocab_size is not None and vocab_size < logits.shape[1]:
         logits[:, vocab_size:] = float("-inf")  # padded rows: no share of the softmax
-    lse = torch.logsumexp(logits, dim=-1)
+    lse = _logsumexp(logits, _view(scratch, shape, torch.float32))
     loss = (lse - logits.gather(1, y[:, None]).squeeze(1)).sum()
     if grad_hidden is not None:
-        logits.sub_(lse[:, None]).exp_()  # softmax, in place
-        logits[torch.arange(y.shape[0], device=y.device), y] -= 1.0  # softmax - onehot: dL_sum/dz
-        g = logits.to(h.dtype)
-        del logits  # the fp32 chunk goes before the weight's product is made (pretrain.plan.activations)
+        # The softmax in place, or in fp32 in the scratch, which then holds the chunk's gradient either way.
+        probs = torch.sub(logits, lse[:, None], out=_view(scratch, shape, torch.float32) if full else logits).exp_()
+        probs[torch.arange(y.shape[0], device=y.device), y] -= 1.0  # softmax - onehot: dL_sum/dz
+        g = probs if full else _cast(probs, _view(scratch, shape, h.dtype), h.dtype)
+        del logits, probs  # the fp32 chunk goes before the weight's product is made (pretrain.plan.activations)
         torch.mm(g, w, out=grad_hidden)
         if grad_weight.dtype == g.dtype:  # accumulated inside the matmul: no V x h temporary
             torch.addmm(grad_weight, g.t(), h, out=grad_weight)
         else:  # fp16: each chunk's product summed in fp32
             grad_weight.add_(g.t() @ h)
     return loss
+
+
+def _logsumexp(z, out):
+    """torch.logsumexp(z, -1), bit for bit (its own steps: max, exp(z - max) summed, log + max), with its
+    z-sized temporary in `out`."""
+    top = z.amax(dim=-1, keepdim=True)
+    top.masked_fill_(top.abs() == float("inf"), 0)  # an all -inf row: exp(-inf - 0) = 0, no NaN
+    return torch.sub(z, top, out=out).exp_().sum(dim=-1).log_().add_(top.squeeze(1))
+
+
+def _view(buffer, shape: tuple[int, int], dtype: torch.dtype):
+    """The first rows x cols elements of a flat buffer as a tensor of `dtype` (no larger than the buffer's); None
+    without a buffer, for ops to make their own outputs."""
+    return None if buffer is None else buffer.view(dtype)[:shape[0] * shape[1]].view(shape)
+
+
+def _cast(x, out, dtype: torch.dtype):
+    """x in `dtype`, written into `out` when there is one."""
+    return x.to(dtype) if out is None else out.copy_(x)
 
 
 class _LinearCrossEntropy(torch.autograd.Function):

@@ -198,8 +198,9 @@ def loss_terms(m, t, parallel, b: int) -> dict[str, list[Term]]:
     made in forward:
       kept       a x b*s*h (dL/dh) + g x Vp*h (dL/dW in the matmul dtype, g = a; fp32 under fp16: g = 4)
       forward    r x b*s*h (its input, the final norm's output, not kept) + a chunk: 8 x c*Vp (its fp32
-                 logits and logsumexp's temporary of their size; the half-precision product is gone by then), or
-                 under fp16 the chunk's gradient a x c*Vp beside its product with h, a x Vp*h, if larger
+                 logits and an fp32 scratch of their size, made once for all chunks, which holds in turn the
+                 half-precision product, logsumexp's temporary and the chunk's gradient), or under fp16 the
+                 scratch 4 x c*Vp beside the gradient's product with h, a x Vp*h, if larger
                  (elsewhere the product accumulates in place); + a x Vp*h when the weight is cast for the
                  matmul (autocast), + a x c*h when the chunk of h is
       backward   r x b*s*h + w x Vp*h: the scaled gradients handed to autograd (w: the weight's bytes).
@@ -224,10 +225,10 @@ def loss_terms(m, t, parallel, b: int) -> dict[str, list[Term]]:
     g = 4 if t.precision == "fp16-mixed" else a
     kept = [Term("loss: dL/dh", a * bs * h, f"{a} x b*s*h", False),
             Term("loss: dL/dW of the output layer", g * Vp * h, f"{g} x {v}*h", True)]
-    # The chunk's fp32 logits and logsumexp's temporary of the same size (logits - max, exponentiated in place).
-    if g != a:  # fp16: or the chunk's gradient beside its product with h
-        chunk = max(8 * c * Vp, a * c * Vp + a * Vp * h)
-        chunk_formula = f"max(8 x c*{v}, {a} x (c*{v} + {v}*h))"
+    # The chunk's fp32 logits and the fp32 scratch of the same size (logsumexp's temporary: logits - max).
+    if g != a:  # fp16: or the scratch, which holds the chunk's gradient, beside its product with h
+        chunk = max(8 * c * Vp, 4 * c * Vp + a * Vp * h)
+        chunk_formula = f"max(8 x c*{v}, 4 x c*{v} + {a} x {v}*h)"
     else:
         chunk, chunk_formula = 8 * c * Vp, f"8 x c*{v}"
     forward = [Term("loss input h", r * bs * h, f"{r} x b*s*h", False),
