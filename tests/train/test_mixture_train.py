@@ -156,7 +156,7 @@ def test_a_resume_with_other_sources_is_one_line_and_changes_nothing(two_corpora
     run_dir = shutil.copytree(uninterrupted, tmp_path / "run")
     before = (run_dir / "metrics.jsonl").read_text(), (run_dir / "config.yaml").read_text()
     r = run_cli("train", "--resume", run_dir, f"data.mixture=[{{dir: {two_corpora['zh']}, weight: 1}}]",
-                "train.max_steps=14")
+                "train.max_steps=14", "train.schedule_restart=true")  # the longer cosine is not what is tested
     assert r.returncode == 2, r.stderr
     (line,) = r.stderr.strip().splitlines()
     # (30,703 - 1) // 32 and (50,458 - 1) // 32: the train splits of the two prepared fixtures
@@ -212,10 +212,12 @@ def test_a_resume_with_other_weights_says_so_in_the_log_and_as_an_event(two_corp
     import shutil
 
     run_dir = shutil.copytree(uninterrupted, tmp_path / "run")
-    r = run_cli("train", "--resume", run_dir, mixture(two_corpora, "weight: 7", "weight: 3"), "train.max_steps=13")
+    r = run_cli("train", "--resume", run_dir, mixture(two_corpora, "weight: 7", "weight: 3"), "train.max_steps=13",
+                "train.schedule_restart=true")  # a longer run, its cosine restretched on purpose
     assert r.returncode == 0, r.stderr
     assert "mixture weights changed" not in r.stdout  # 7 / 3 is 0.7 / 0.3
-    r = run_cli("train", "--resume", run_dir, mixture(two_corpora, "weight: 1", "weight: 1"), "train.max_steps=14")
+    r = run_cli("train", "--resume", run_dir, mixture(two_corpora, "weight: 1", "weight: 1"), "train.max_steps=14",
+                "train.schedule_restart=true")
     assert r.returncode == 0, r.stderr
     (line,) = [x for x in r.stdout.splitlines() if "mixture weights changed" in x]
     assert "at step 13: shakespeare 0.7 -> 0.5, zh 0.3 -> 0.5" in line, line

@@ -20,7 +20,7 @@ import torch
 
 from ..config import Config, load_config, replaced
 from ..bench.timing import check_rounds, check_threads, cpu_threads, spread, torch_threads
-from ..errors import UsageError
+from ..errors import ConfigError, UsageError
 from ..plan import make_plan
 from ..plan.budget import training_length
 from ..plan.flops import mfu
@@ -200,7 +200,7 @@ def prepare_cells(config_path, overrides: list[str], sweep: dict) -> list[Cell]:
             device_config = plan_check.config_for_device(config, rt)
             p = make_plan(device_config)
         except UsageError as e:
-            raise type(e)(f"{e}{where}") from None
+            raise (ConfigError if isinstance(e, ConfigError) else UsageError)(f"{e}{where}") from None
         resolved = {key: getattr(getattr(config, key.split(".", 1)[0]), key.split(".", 1)[1]) for key in values}
         cells.append(Cell(index=index, values=resolved, overrides=own, config=config, device_config=device_config,
                           rt=rt, plan=p))

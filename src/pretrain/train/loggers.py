@@ -45,6 +45,7 @@ class TensorBoard:
     run_id = None
 
     def __init__(self, run_dir: Path, run_id, config: dict):
+        quiet_write_errors_in_threads()  # before the writer: it writes the file's header from its thread at once
         try:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -59,6 +60,27 @@ class TensorBoard:
     def close(self) -> None:
         if self._writer is not None:
             self._writer.close()
+
+
+def quiet_write_errors_in_threads() -> None:
+    """TensorBoard writes its event file from a thread of its own. On a full disk that thread's traceback would
+    land on stderr beside the trainer's one line about the same fault, which the writer hands to the main
+    thread (at its creation, next write or close). Other threads' other errors print as before."""
+    import threading
+
+    from ..files import WRITE_ERRNOS
+
+    previous = threading.excepthook
+    if getattr(previous, "quiet_write_errors", False):
+        return
+
+    def hook(args) -> None:
+        if isinstance(args.exc_value, OSError) and args.exc_value.errno in WRITE_ERRNOS:
+            return
+        previous(args)
+
+    hook.quiet_write_errors = True
+    threading.excepthook = hook
 
 
 def wandb_mode() -> str:
