@@ -6,7 +6,9 @@ One micro-batch on one GPU (a tensor rank of a pipeline stage) takes
   R        achievable FLOP/s: `hardware.profile`'s measured TFLOP/s (a profile is already what a large matmul
            reaches), else the peak (catalog or hardware.peak_tflops) x 0.75, what a large bf16 GEMM reaches
            of the dense data-sheet figure. Attention kernels reach less of it than GEMMs (FlashAttention-2
-           reaches 50-73% of peak forward and less backward: Dao 2023): 0.7 of R.
+           reaches 50-73% of peak forward and less backward: Dao 2023): 0.7 of R. On Hopper the same kernel
+           (PyTorch's SDPA flash, llm-foundry's) reaches only 35% of the dense peak ("FlashAttention-2 achieves
+           only 35% utilization on the H100 GPU", Shah et al. 2024, FlashAttention-3, abstract): 0.35 of peak.
   tile     matmuls run in tiles of 128 rows of tokens: b*s rows use b*s / (128 x ceil(b*s / 128)) of the
            tensor cores ("tile quantization", NVIDIA's Matrix Multiplication Background guide). GPUs only.
   weights  the compute-dtype matmul weights are read 3 times (forward, activation gradients, weight
@@ -29,8 +31,10 @@ The step is the pipeline's (1F1B, Narayanan et al. 2021): (m + p - 1) micro-batc
 (point-to-point), then the data-parallel communication left exposed, then the optimizer:
   DDP      all-reduce of the gradients, 2 (d-1)/d x gradient bytes, overlapped with the last micro-batch's
            backward (2/3 of its compute) except the last 25 MB bucket (DDP's bucket_cap_mb).
-  ZeRO-1   the same all-reduce, then every rank's updated share broadcast: (d-1)/d x parameter bytes, after the
-           optimizer step (not overlapped).
+  ZeRO-1   the distributed optimizer (Megatron-LM's, docs/source/distrib_optimizer.md): a reduce-scatter of
+           the gradients, (d-1)/d x gradient bytes, overlapped with backward as DDP's (--overlap-grad-reduce),
+           and an all-gather of the updated compute-dtype parameters, (d-1)/d x their bytes, overlapped with the
+           next step's first forward (--overlap-param-gather), each exposing its last bucket.
   ZeRO-2/3 FSDP: per micro-batch (parallel.grad_sync=micro_batch; once with step) a reduce-scatter of the
            gradients, (d-1)/d x gradient bytes, and all-gathers of the compute-dtype parameters, once per
            micro-batch (ZeRO-2) or for forward and again for backward (ZeRO-3); prefetched, so hidden behind
@@ -58,6 +62,8 @@ from .stages import bubble_fraction, chunks_per_stage
 
 MATMUL_EFFICIENCY = 0.75  # of a data-sheet dense peak, reached by large bf16 GEMMs
 ATTENTION_EFFICIENCY = 0.7  # of the matmul rate (FlashAttention-2: 50-73% of peak forward, Dao 2023)
+HOPPER_ATTENTION_PEAK = 0.35  # of the dense peak: FlashAttention-2 on an H100 (Shah et al. 2024, abstract)
+HOPPER_GPUS = ("h100-pcie", "h100-sxm", "h800", "h200")
 TILE_ROWS = 128
 KERNELS_PER_LAYER = 60  # forward: norms, 4-7 matmuls, rotary, attention, activation, adds (~20); backward 2x
 RECOMPUTED_KERNELS = {"none": 0, "selective": 6, "full": 20}  # norms and activation again; the whole forward
@@ -135,13 +141,17 @@ def _micro_batch(c, counts, fl: dict, peak: float, ex: Explain) -> dict:
     attention = fl["attention_per_token"] * (4 / 3 if full else 1)  # full recomputation redoes its forward
     matmul = fl["per_token_hardware"] - attention
     matmul_s = matmul * tokens / shard / (rate * 1e12 * tile)
-    attention_s = attention * tokens / shard / (rate * 1e12 * ATTENTION_EFFICIENCY)
+    hopper = spec.name in HOPPER_GPUS and not (hw.profile and not hw.peak_tflops)
+    attention_rate = peak * HOPPER_ATTENTION_PEAK if hopper else rate * ATTENTION_EFFICIENCY
+    attention_how = f"peak {peak:g} x {HOPPER_ATTENTION_PEAK} (FlashAttention-2 on Hopper)" if hopper else \
+        f"{rate:.4g} x {ATTENTION_EFFICIENCY}"
+    attention_s = attention * tokens / shard / (attention_rate * 1e12)
     ex.add("step_time", "achievable_tflops", rate, rate_how)
     ex.add("step_time", "matmul_s", matmul_s, f"{matmul:,} hardware FLOPs/token (no attention) x b*s {tokens:,} / "
            f"(tensor {tp} x pipeline {pp}) / ({rate:.4g} TFLOP/s x tile {tile:.3g})"
            + ("" if on_gpu else "; no tiles on a CPU"))
     ex.add("step_time", "attention_s", attention_s, f"{attention:,.0f} attention FLOPs/token (as the plan counts "
-           f"them) x {tokens:,} / {shard} / ({rate:.4g} x {ATTENTION_EFFICIENCY})")
+           f"them) x {tokens:,} / {shard} / ({attention_how})")
 
     hbm = _hbm_gbps(c)
     bw_how = f"{spec.bandwidth_gbps:g} GB/s x {BANDWIDTH_EFFICIENCY}" if hbm else "no HBM figure: not modelled"
@@ -226,16 +236,26 @@ def _data_parallel(c, counts, step: dict, ex: Explain) -> dict:
     params = counts.total / (tp * pp)  # on one GPU before ZeRO's sharding (a stage's share, taken as even)
     grad_b, param_b = _bytes_per_value(t)
     a, micro = COMPUTE_BYTES[t.precision], t.grad_accum_steps
-    after_s = 0.0
-    if zero <= 1:
+    after_s = hidden_gather_s = 0.0
+    if zero == 0:
         total_s = _ring(grad_b * params, dp, link, 2)
         last_s = _ring(min(DDP_BUCKET_BYTES, grad_b * params), dp, link, 2)
         window = 2 / 3 * (step["matmul_s"] + step["attention_s"])  # the last micro-batch's backward
         what = f"all-reduce 2 x ({dp}-1)/{dp} x {grad_b * params:.4g} gradient bytes"
-        if zero == 1:
-            after_s = _ring(param_b * params, dp, link, 1)
-            what += f"; then the updated shares broadcast, ({dp}-1)/{dp} x {param_b * params:.4g} bytes, {after_s:.4g} s"
         how = "overlapped with the last micro-batch's backward except the last 25 MB bucket"
+    elif zero == 1:
+        compute = step["matmul_s"] + step["attention_s"]
+        scatter_s = _ring(grad_b * params, dp, link, 1)
+        gather_s = _ring(a * params, dp, link, 1)
+        last_s = _ring(min(DDP_BUCKET_BYTES, grad_b * params), dp, link, 1)
+        last_gather_s = _ring(min(DDP_BUCKET_BYTES, a * params), dp, link, 1)
+        window = 2 / 3 * compute
+        after_s = max(gather_s - compute / 3, last_gather_s)  # behind the next step's first forward
+        total_s, hidden_gather_s = scatter_s, gather_s - after_s
+        what = (f"reduce-scatter ({dp}-1)/{dp} x {grad_b * params:.4g} gradient bytes; then "
+                                    f"the all-gather of {a * params:.4g} parameter bytes, {gather_s:.4g} s, of "
+                                    f"which {after_s:.4g} s not behind the next forward")
+        how = "the reduce-scatter overlapped with the last micro-batch's backward except the last 25 MB bucket"
     else:
         syncs = micro if par.grad_sync == "micro_batch" else 1
         gathers = 2 if zero == 3 else 1
@@ -246,10 +266,10 @@ def _data_parallel(c, counts, step: dict, ex: Explain) -> dict:
                 f"all-gather(s) of {a * params:.4g} parameter bytes, each ({dp}-1)/{dp} of it")
         how = "prefetched behind the micro-batches' compute except one block's worth"
     exposed_s = max(total_s - window, last_s) + after_s
-    ex.add("step_time", "data_parallel_s", total_s, f"{what}, over {where} {link:.4g} GB/s ({link_how})")
+    ex.add("step_time", "data_parallel_s", total_s + hidden_gather_s + after_s, f"{what}, over {where} {link:.4g} GB/s ({link_how})")
     ex.add("step_time", "data_parallel_exposed_s", exposed_s, f"{how}: max({total_s:.4g} - {window:.4g}, "
            f"{last_s:.4g}) + {after_s:.4g}")
-    return {"data_parallel_s": total_s, "data_parallel_exposed_s": exposed_s}
+    return {"data_parallel_s": total_s + hidden_gather_s + after_s, "data_parallel_exposed_s": exposed_s}
 
 
 def _optimizer_step(c, counts, ex: Explain) -> dict:
