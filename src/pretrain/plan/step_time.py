@@ -2,13 +2,19 @@
 
 One micro-batch on one GPU (a tensor rank of a pipeline stage) takes
     t_mb = max(matmul FLOPs / R x tile(b*s) + attention FLOPs / (R x 0.7), weights read / HBM)
-           + activation traffic / HBM + tensor-parallel collectives
+           + GEMM operands / HBM + activation traffic / HBM + tensor-parallel collectives
   R        achievable FLOP/s: `hardware.profile`'s measured TFLOP/s (a profile is already what a large matmul
            reaches), else the peak (catalog or hardware.peak_tflops) x 0.75, what a large bf16 GEMM reaches
            of the dense data-sheet figure. Attention kernels reach less of it than GEMMs (FlashAttention-2
            reaches 50-73% of peak forward and less backward: Dao 2023): 0.7 of R. On Hopper the same kernel
            (PyTorch's SDPA flash, llm-foundry's) reaches only 35% of the dense peak ("FlashAttention-2 achieves
            only 35% utilization on the H100 GPU", Shah et al. 2024, FlashAttention-3, abstract): 0.35 of peak.
+  operands a GEMM's activations (K in, N out per token) stream through HBM as it runs: t = FLOPs / R +
+           bytes / HBM, the additive ("smooth") roofline, so a GEMM's efficiency falls with its arithmetic
+           intensity 2 K N / (a (K + N)), the block's GEMMs taken together: narrow models (GPT-2 small, MPT-760M
+           at hidden 1536) and GPUs with more FLOPs per byte of HBM (an H100: ~300 FLOPs/byte against an
+           A100's ~150) reach less of the large-GEMM rate (Williams et al. 2009, Roofline; NVIDIA's Matrix
+           Multiplication Background guide, "Understanding Performance").
   tile     matmuls run in tiles of 128 rows of tokens: b*s rows use b*s / (128 x ceil(b*s / 128)) of the
            tensor cores ("tile quantization", NVIDIA's Matrix Multiplication Background guide). GPUs only.
   weights  the compute-dtype matmul weights are read 3 times (forward, activation gradients, weight
@@ -123,6 +129,16 @@ def _hbm_gbps(c) -> float:
     return gpu_spec(c.hardware.gpu).bandwidth_gbps * BANDWIDTH_EFFICIENCY
 
 
+def gemm_intensity(m, tp: int, a: int) -> float:
+    """FLOPs per byte of a block's token-major GEMMs (x @ W, K -> N per token): 2 K N FLOPs for a (K + N) bytes
+    of activations read and written; the weights, reused over the b*s rows, are left out."""
+    q, kv = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
+    up = 2 * m.intermediate_size if m.family == "llama" else m.intermediate_size  # SwiGLU: gate and up
+    shapes = [(m.hidden_size, (q + 2 * kv) / tp), (q / tp, m.hidden_size), (m.hidden_size, up / tp),
+              (m.intermediate_size / tp, m.hidden_size)]
+    return sum(2 * k * n for k, n in shapes) / sum(a * (k + n) for k, n in shapes)
+
+
 def _micro_batch(c, counts, fl: dict, peak: float, ex: Explain) -> dict:
     """One micro-batch's forward and backward on one GPU (a tensor rank of a pipeline stage)."""
     m, t, par, hw = c.model, c.train, c.parallel, c.hardware
@@ -140,6 +156,9 @@ def _micro_batch(c, counts, fl: dict, peak: float, ex: Explain) -> dict:
     tile = tokens / (TILE_ROWS * math.ceil(tokens / TILE_ROWS)) if on_gpu else 1.0
     attention = fl["attention_per_token"] * (4 / 3 if full else 1)  # full recomputation redoes its forward
     matmul = fl["per_token_hardware"] - attention
+    intensity = gemm_intensity(m, tp, a)
+    hbm = _hbm_gbps(c)
+    operand_s = matmul * tokens / shard / intensity / (hbm * 1e9) if on_gpu and hbm else 0.0
     matmul_s = matmul * tokens / shard / (rate * 1e12 * tile)
     hopper = spec.name in HOPPER_GPUS and not (hw.profile and not hw.peak_tflops)
     attention_rate = peak * HOPPER_ATTENTION_PEAK if hopper else rate * ATTENTION_EFFICIENCY
@@ -150,10 +169,11 @@ def _micro_batch(c, counts, fl: dict, peak: float, ex: Explain) -> dict:
     ex.add("step_time", "matmul_s", matmul_s, f"{matmul:,} hardware FLOPs/token (no attention) x b*s {tokens:,} / "
            f"(tensor {tp} x pipeline {pp}) / ({rate:.4g} TFLOP/s x tile {tile:.3g})"
            + ("" if on_gpu else "; no tiles on a CPU"))
+    ex.add("step_time", "gemm_operand_s", operand_s, f"the same FLOPs / {intensity:.4g} FLOPs per byte of "
+           "activations the GEMMs read and write / HBM" + ("" if on_gpu else "; not modelled on a CPU"))
     ex.add("step_time", "attention_s", attention_s, f"{attention:,.0f} attention FLOPs/token (as the plan counts "
            f"them) x {tokens:,} / {shard} / ({attention_how})")
 
-    hbm = _hbm_gbps(c)
     bw_how = f"{spec.bandwidth_gbps:g} GB/s x {BANDWIDTH_EFFICIENCY}" if hbm else "no HBM figure: not modelled"
     reads = weight_reads(t)
     weights = reads * a * counts.flops / shard
@@ -182,13 +202,13 @@ def _micro_batch(c, counts, fl: dict, peak: float, ex: Explain) -> dict:
     ex.add("step_time", "kernel_overhead_s", overhead_s, f"({layers} layers x {per_layer} + {KERNELS_OUTSIDE}) "
            f"kernels x {KERNEL_OVERHEAD_S * 1e6:g} us (eager PyTorch's dispatch and launch)")
     compute_s = matmul_s + attention_s
-    micro_s = max(compute_s, weight_s) + traffic_s + tp_s + overhead_s
+    micro_s = max(compute_s, weight_s) + operand_s + traffic_s + tp_s + overhead_s
     bound = "compute" if compute_s >= weight_s else "memory"
     ex.add("step_time", "micro_batch_s", micro_s, f"max(compute {compute_s:.4g}, weight reads {weight_s:.4g}) + "
-           f"activation traffic {traffic_s:.4g} + TP {tp_s:.4g} + kernel overhead {overhead_s:.4g}: "
+           f"GEMM operands {operand_s:.4g} + activation traffic {traffic_s:.4g} + TP {tp_s:.4g} + kernel overhead {overhead_s:.4g}: "
            + ("compute-bound" if bound == "compute" else "memory-bound (the weights' reads set the floor)"))
     return {"achievable_tflops": rate, "micro_batch_s": micro_s, "matmul_s": matmul_s, "attention_s": attention_s,
-            "weight_read_s": weight_s, "activation_traffic_s": traffic_s, "tensor_parallel_s": tp_s,
+            "weight_read_s": weight_s, "gemm_operand_s": operand_s, "activation_traffic_s": traffic_s, "tensor_parallel_s": tp_s,
             "kernel_overhead_s": overhead_s, "bound": bound}
 
 
@@ -315,7 +335,7 @@ def _costs(step: dict) -> dict:
         "data-parallel communication": step["data_parallel_exposed_s"],
         "optimizer step (offload)": step["optimizer_s"],
         "memory-bound micro-batch (weight reads)": max(0.0, step["weight_read_s"] - compute) * slots,
-        "activation traffic": step["activation_traffic_s"] * slots,
+        "activation traffic": (step["activation_traffic_s"] + step["gemm_operand_s"]) * slots,
         "per-kernel overhead of small micro-batches": step["kernel_overhead_s"] * slots,
         "recomputation / small-matmul compute": compute * slots,
     }
