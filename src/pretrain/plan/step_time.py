@@ -50,8 +50,9 @@ The step is the pipeline's (1F1B, Narayanan et al. 2021): (m + p - 1) micro-batc
            host's memory bandwidth runs the update (ZeRO-Offload, Ren et al. 2021).
 Links: a group whose ranks lie within one node (tensor ranks are adjacent, then data, then pipeline: Megatron's
 order) uses NVLink, hardware.intra_node_gbps; otherwise the network, hardware.inter_node_gbps (per GPU per
-direction). Defaults: the catalog's data-sheet figures x 0.8, about what copies and NCCL's ring collectives
-reach of a link's rate; a key given is taken as measured (nccl-tests' bus bandwidth).
+direction; a data-parallel group across nodes runs one NCCL ring per NIC, so its k ranks in a node move
+data over k NICs at once, NVLink's rate at most). Defaults: the catalog's data-sheet figures x 0.8, about
+what copies and NCCL's ring collectives reach of a link's rate; a key given is taken as measured (nccl-tests' bus bandwidth).
 Pure Python, as the rest of the planner.
 """
 
@@ -252,7 +253,11 @@ def _data_parallel(c, counts, step: dict, ex: Explain) -> dict:
         return {"data_parallel_s": 0.0, "data_parallel_exposed_s": 0.0}
     intra, inter, link_how = links(c)
     inside = tp * dp <= par.gpus_per_node  # tensor ranks adjacent, then data: Megatron's rank order
-    link, where = (intra, "NVLink") if inside else (inter, "network")
+    # Across nodes NCCL runs one ring per NIC (rail-aligned, one NIC per GPU): each of the group's k ranks in a
+    # node carries 1/k of the data over its own NIC, so the group's bus bandwidth is k NICs', NVLink's at most
+    # (nccl-tests' all-reduce busbw on DGX A100 nodes, 8 x 200 Gb/s: ~190 GB/s, not one NIC's 25).
+    k = min(dp, max(1, par.gpus_per_node // tp))
+    link, where = (intra, "NVLink") if inside else (min(intra, k * inter), f"network, {k} NICs per node")
     params = counts.total / (tp * pp)  # on one GPU before ZeRO's sharding (a stage's share, taken as even)
     grad_b, param_b = _bytes_per_value(t)
     a, micro = COMPUTE_BYTES[t.precision], t.grad_accum_steps
