@@ -80,7 +80,7 @@ def test_a_gemm_streams_its_operands_through_hbm():
     intensity = sum(2 * k * n for k, n in shapes) / sum(2 * (k + n) for k, n in shapes)
     st = step(*H100_8B, "parallel.gpus=8")
     fl = make_plan(load_config(overrides=[*H100_8B, "parallel.gpus=8"]))["flops"]
-    rate, hbm = 989.4e12 * 0.75, 3350e9 * 0.8
+    rate, hbm = 989.4e12 * 0.75 * 0.801 / 0.859, 3350e9 * 0.8  # an H100's best matmul: 80.1% against 85.9%
     matmul = (fl["per_token_hardware"] - fl["attention_per_token"]) * 8192
     assert st["matmul_s"] == pytest.approx(matmul / rate)
     assert st["gemm_operand_s"] == pytest.approx(matmul / intensity / hbm)
@@ -118,7 +118,7 @@ def test_against_a_published_measurement():
     # tokens/s per GPU (MFU 58.2%). The model, which knows nothing of that cluster beyond the data sheets,
     # lands within 15%: it predicts 3,385 (14% high), the FSDP traffic over the node's 8 x 200 Gb/s InfiniBand
     # hidden behind the micro-batch but for one block's worth. (The same page's H100 figure, 5,762 tokens/s per
-    # GPU at a 500 W power limit and HBM2e, is 1.5x below the model's 8,900 for a full-power H100 SXM.)
+    # GPU at a 500 W power limit and HBM2e, is 1.5x below the model's 8,600 for a full-power H100 SXM.)
     st = step("model.preset=llama3-8b", "model.max_seq_len=8192", "train.seq_len=8192", "parallel.gpus=64",
               "hardware.gpu=a100-80gb", "train.micro_batch_size=1", "train.grad_accum_steps=1",
               "parallel.zero_stage=3", "train.activation_checkpointing=selective")
