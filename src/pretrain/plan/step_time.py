@@ -2,11 +2,20 @@
 
 One micro-batch on one GPU (a tensor rank of a pipeline stage) takes
     t_mb = max(matmul FLOPs / R x tile(b*s) + attention FLOPs / (R x 0.7), weights read / HBM)
-           + activation traffic / HBM + tensor-parallel collectives
+           + GEMM operands / HBM + activation traffic / HBM + tensor-parallel collectives
   R        achievable FLOP/s: `hardware.profile`'s measured TFLOP/s (a profile is already what a large matmul
            reaches), else the peak (catalog or hardware.peak_tflops) x 0.75, what a large bf16 GEMM reaches
-           of the dense data-sheet figure. Attention kernels reach less of it than GEMMs (FlashAttention-2
-           reaches 50-73% of peak forward and less backward: Dao 2023): 0.7 of R.
+           of the dense data-sheet figure on an A100; on Hopper x 0.801 / 0.859, the two cards' best-shape
+           matmuls (HOPPER_MATMUL_SHARE). Attention kernels reach less of it than GEMMs (FlashAttention-2
+           reaches 50-73% of peak forward and less backward: Dao 2023): 0.7 of R. On Hopper the same kernel
+           (PyTorch's SDPA flash, llm-foundry's) reaches only 35% of the dense peak ("FlashAttention-2 achieves
+           only 35% utilization on the H100 GPU", Shah et al. 2024, FlashAttention-3, abstract): 0.35 of peak.
+  operands a GEMM's activations (K in, N out per token) stream through HBM as it runs: t = FLOPs / R +
+           bytes / HBM, the additive ("smooth") roofline, so a GEMM's efficiency falls with its arithmetic
+           intensity 2 K N / (a (K + N)), the block's GEMMs taken together: narrow models (GPT-2 small, MPT-760M
+           at hidden 1536) and GPUs with more FLOPs per byte of HBM (an H100: ~300 FLOPs/byte against an
+           A100's ~150) reach less of the large-GEMM rate (Williams et al. 2009, Roofline; NVIDIA's Matrix
+           Multiplication Background guide, "Understanding Performance").
   tile     matmuls run in tiles of 128 rows of tokens: b*s rows use b*s / (128 x ceil(b*s / 128)) of the
            tensor cores ("tile quantization", NVIDIA's Matrix Multiplication Background guide). GPUs only.
   weights  the compute-dtype matmul weights are read 3 times (forward, activation gradients, weight
@@ -29,8 +38,10 @@ The step is the pipeline's (1F1B, Narayanan et al. 2021): (m + p - 1) micro-batc
 (point-to-point), then the data-parallel communication left exposed, then the optimizer:
   DDP      all-reduce of the gradients, 2 (d-1)/d x gradient bytes, overlapped with the last micro-batch's
            backward (2/3 of its compute) except the last 25 MB bucket (DDP's bucket_cap_mb).
-  ZeRO-1   the same all-reduce, then every rank's updated share broadcast: (d-1)/d x parameter bytes, after the
-           optimizer step (not overlapped).
+  ZeRO-1   the distributed optimizer (Megatron-LM's, docs/source/distrib_optimizer.md): a reduce-scatter of
+           the gradients, (d-1)/d x gradient bytes, overlapped with backward as DDP's (--overlap-grad-reduce),
+           and an all-gather of the updated compute-dtype parameters, (d-1)/d x their bytes, overlapped with the
+           next step's first forward (--overlap-param-gather), each exposing its last bucket.
   ZeRO-2/3 FSDP: per micro-batch (parallel.grad_sync=micro_batch; once with step) a reduce-scatter of the
            gradients, (d-1)/d x gradient bytes, and all-gathers of the compute-dtype parameters, once per
            micro-batch (ZeRO-2) or for forward and again for backward (ZeRO-3); prefetched, so hidden behind
@@ -40,8 +51,9 @@ The step is the pipeline's (1F1B, Narayanan et al. 2021): (m + p - 1) micro-batc
            host's memory bandwidth runs the update (ZeRO-Offload, Ren et al. 2021).
 Links: a group whose ranks lie within one node (tensor ranks are adjacent, then data, then pipeline: Megatron's
 order) uses NVLink, hardware.intra_node_gbps; otherwise the network, hardware.inter_node_gbps (per GPU per
-direction). Defaults: the catalog's data-sheet figures x 0.8, about what copies and NCCL's ring collectives
-reach of a link's rate; a key given is taken as measured (nccl-tests' bus bandwidth).
+direction; a data-parallel group across nodes runs one NCCL ring per NIC, so its k ranks in a node move
+data over k NICs at once, NVLink's rate at most). Defaults: the catalog's data-sheet figures x 0.8, about
+what copies and NCCL's ring collectives reach of a link's rate; a key given is taken as measured (nccl-tests' bus bandwidth).
 Pure Python, as the rest of the planner.
 """
 
@@ -58,6 +70,12 @@ from .stages import bubble_fraction, chunks_per_stage
 
 MATMUL_EFFICIENCY = 0.75  # of a data-sheet dense peak, reached by large bf16 GEMMs
 ATTENTION_EFFICIENCY = 0.7  # of the matmul rate (FlashAttention-2: 50-73% of peak forward, Dao 2023)
+HOPPER_ATTENTION_PEAK = 0.35  # of the dense peak: FlashAttention-2 on an H100 (Shah et al. 2024, abstract)
+HOPPER_GPUS = ("h100-pcie", "h100-sxm", "h800", "h200")
+# The 0.75 is an A100's; an H100 SXM's best-shape bf16 matmul reaches 792.1 of 989 TFLOP/s (80.1%), an A100
+# SXM's 267.9 of 312 (85.9%): "Maximum Achievable Matmul FLOPS" table, stas00/ml-engineering,
+# compute/accelerator/README.md (CUDA 12.1 rows).
+HOPPER_MATMUL_SHARE = 0.801 / 0.859
 TILE_ROWS = 128
 KERNELS_PER_LAYER = 60  # forward: norms, 4-7 matmuls, rotary, attention, activation, adds (~20); backward 2x
 RECOMPUTED_KERNELS = {"none": 0, "selective": 6, "full": 20}  # norms and activation again; the whole forward
@@ -117,6 +135,16 @@ def _hbm_gbps(c) -> float:
     return gpu_spec(c.hardware.gpu).bandwidth_gbps * BANDWIDTH_EFFICIENCY
 
 
+def gemm_intensity(m, tp: int, a: int) -> float:
+    """FLOPs per byte of a block's token-major GEMMs (x @ W, K -> N per token): 2 K N FLOPs for a (K + N) bytes
+    of activations read and written; the weights, reused over the b*s rows, are left out."""
+    q, kv = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
+    up = 2 * m.intermediate_size if m.family == "llama" else m.intermediate_size  # SwiGLU: gate and up
+    shapes = [(m.hidden_size, (q + 2 * kv) / tp), (q / tp, m.hidden_size), (m.hidden_size, up / tp),
+              (m.intermediate_size / tp, m.hidden_size)]
+    return sum(2 * k * n for k, n in shapes) / sum(a * (k + n) for k, n in shapes)
+
+
 def _micro_batch(c, counts, fl: dict, peak: float, ex: Explain) -> dict:
     """One micro-batch's forward and backward on one GPU (a tensor rank of a pipeline stage)."""
     m, t, par, hw = c.model, c.train, c.parallel, c.hardware
@@ -129,21 +157,32 @@ def _micro_batch(c, counts, fl: dict, peak: float, ex: Explain) -> dict:
     if hw.profile and not hw.peak_tflops:
         rate, rate_how = peak, "hardware.profile's measured TFLOP/s"
     else:
-        rate, rate_how = peak * MATMUL_EFFICIENCY, f"peak {peak:g} x {MATMUL_EFFICIENCY} (large-GEMM efficiency)"
+        share = HOPPER_MATMUL_SHARE if spec.name in HOPPER_GPUS else 1.0
+        rate = peak * MATMUL_EFFICIENCY * share
+        rate_how = f"peak {peak:g} x {MATMUL_EFFICIENCY} (large-GEMM efficiency)" + (
+            f" x {share:.3g} (Hopper: best matmul 80.1% of peak against an A100's 85.9%)" if share != 1 else "")
     on_gpu = spec.name != "cpu"
     tile = tokens / (TILE_ROWS * math.ceil(tokens / TILE_ROWS)) if on_gpu else 1.0
     attention = fl["attention_per_token"] * (4 / 3 if full else 1)  # full recomputation redoes its forward
     matmul = fl["per_token_hardware"] - attention
+    intensity = gemm_intensity(m, tp, a)
+    hbm = _hbm_gbps(c)
+    operand_s = matmul * tokens / shard / intensity / (hbm * 1e9) if on_gpu and hbm else 0.0
     matmul_s = matmul * tokens / shard / (rate * 1e12 * tile)
-    attention_s = attention * tokens / shard / (rate * 1e12 * ATTENTION_EFFICIENCY)
+    hopper = spec.name in HOPPER_GPUS and not (hw.profile and not hw.peak_tflops)
+    attention_rate = peak * HOPPER_ATTENTION_PEAK if hopper else rate * ATTENTION_EFFICIENCY
+    attention_how = f"peak {peak:g} x {HOPPER_ATTENTION_PEAK} (FlashAttention-2 on Hopper)" if hopper else \
+        f"{rate:.4g} x {ATTENTION_EFFICIENCY}"
+    attention_s = attention * tokens / shard / (attention_rate * 1e12)
     ex.add("step_time", "achievable_tflops", rate, rate_how)
     ex.add("step_time", "matmul_s", matmul_s, f"{matmul:,} hardware FLOPs/token (no attention) x b*s {tokens:,} / "
            f"(tensor {tp} x pipeline {pp}) / ({rate:.4g} TFLOP/s x tile {tile:.3g})"
            + ("" if on_gpu else "; no tiles on a CPU"))
+    ex.add("step_time", "gemm_operand_s", operand_s, f"the same FLOPs / {intensity:.4g} FLOPs per byte of "
+           "activations the GEMMs read and write / HBM" + ("" if on_gpu else "; not modelled on a CPU"))
     ex.add("step_time", "attention_s", attention_s, f"{attention:,.0f} attention FLOPs/token (as the plan counts "
-           f"them) x {tokens:,} / {shard} / ({rate:.4g} x {ATTENTION_EFFICIENCY})")
+           f"them) x {tokens:,} / {shard} / ({attention_how})")
 
-    hbm = _hbm_gbps(c)
     bw_how = f"{spec.bandwidth_gbps:g} GB/s x {BANDWIDTH_EFFICIENCY}" if hbm else "no HBM figure: not modelled"
     reads = weight_reads(t)
     weights = reads * a * counts.flops / shard
@@ -172,13 +211,13 @@ def _micro_batch(c, counts, fl: dict, peak: float, ex: Explain) -> dict:
     ex.add("step_time", "kernel_overhead_s", overhead_s, f"({layers} layers x {per_layer} + {KERNELS_OUTSIDE}) "
            f"kernels x {KERNEL_OVERHEAD_S * 1e6:g} us (eager PyTorch's dispatch and launch)")
     compute_s = matmul_s + attention_s
-    micro_s = max(compute_s, weight_s) + traffic_s + tp_s + overhead_s
+    micro_s = max(compute_s, weight_s) + operand_s + traffic_s + tp_s + overhead_s
     bound = "compute" if compute_s >= weight_s else "memory"
     ex.add("step_time", "micro_batch_s", micro_s, f"max(compute {compute_s:.4g}, weight reads {weight_s:.4g}) + "
-           f"activation traffic {traffic_s:.4g} + TP {tp_s:.4g} + kernel overhead {overhead_s:.4g}: "
+           f"GEMM operands {operand_s:.4g} + activation traffic {traffic_s:.4g} + TP {tp_s:.4g} + kernel overhead {overhead_s:.4g}: "
            + ("compute-bound" if bound == "compute" else "memory-bound (the weights' reads set the floor)"))
     return {"achievable_tflops": rate, "micro_batch_s": micro_s, "matmul_s": matmul_s, "attention_s": attention_s,
-            "weight_read_s": weight_s, "activation_traffic_s": traffic_s, "tensor_parallel_s": tp_s,
+            "weight_read_s": weight_s, "gemm_operand_s": operand_s, "activation_traffic_s": traffic_s, "tensor_parallel_s": tp_s,
             "kernel_overhead_s": overhead_s, "bound": bound}
 
 
@@ -222,20 +261,34 @@ def _data_parallel(c, counts, step: dict, ex: Explain) -> dict:
         return {"data_parallel_s": 0.0, "data_parallel_exposed_s": 0.0}
     intra, inter, link_how = links(c)
     inside = tp * dp <= par.gpus_per_node  # tensor ranks adjacent, then data: Megatron's rank order
-    link, where = (intra, "NVLink") if inside else (inter, "network")
+    # Across nodes NCCL runs one ring per NIC (rail-aligned, one NIC per GPU): each of the group's k ranks in a
+    # node carries 1/k of the data over its own NIC, so the group's bus bandwidth is k NICs', NVLink's at most
+    # (nccl-tests' all-reduce busbw on DGX A100 nodes, 8 x 200 Gb/s: ~190 GB/s, not one NIC's 25).
+    k = min(dp, max(1, par.gpus_per_node // tp))
+    link, where = (intra, "NVLink") if inside else (min(intra, k * inter), f"network, {k} NICs per node")
     params = counts.total / (tp * pp)  # on one GPU before ZeRO's sharding (a stage's share, taken as even)
     grad_b, param_b = _bytes_per_value(t)
     a, micro = COMPUTE_BYTES[t.precision], t.grad_accum_steps
-    after_s = 0.0
-    if zero <= 1:
+    after_s = hidden_gather_s = 0.0
+    if zero == 0:
         total_s = _ring(grad_b * params, dp, link, 2)
         last_s = _ring(min(DDP_BUCKET_BYTES, grad_b * params), dp, link, 2)
         window = 2 / 3 * (step["matmul_s"] + step["attention_s"])  # the last micro-batch's backward
         what = f"all-reduce 2 x ({dp}-1)/{dp} x {grad_b * params:.4g} gradient bytes"
-        if zero == 1:
-            after_s = _ring(param_b * params, dp, link, 1)
-            what += f"; then the updated shares broadcast, ({dp}-1)/{dp} x {param_b * params:.4g} bytes, {after_s:.4g} s"
         how = "overlapped with the last micro-batch's backward except the last 25 MB bucket"
+    elif zero == 1:
+        compute = step["matmul_s"] + step["attention_s"]
+        scatter_s = _ring(grad_b * params, dp, link, 1)
+        gather_s = _ring(a * params, dp, link, 1)
+        last_s = _ring(min(DDP_BUCKET_BYTES, grad_b * params), dp, link, 1)
+        last_gather_s = _ring(min(DDP_BUCKET_BYTES, a * params), dp, link, 1)
+        window = 2 / 3 * compute
+        after_s = max(gather_s - compute / 3, last_gather_s)  # behind the next step's first forward
+        total_s, hidden_gather_s = scatter_s, gather_s - after_s
+        what = (f"reduce-scatter ({dp}-1)/{dp} x {grad_b * params:.4g} gradient bytes; then "
+                                    f"the all-gather of {a * params:.4g} parameter bytes, {gather_s:.4g} s, of "
+                                    f"which {after_s:.4g} s not behind the next forward")
+        how = "the reduce-scatter overlapped with the last micro-batch's backward except the last 25 MB bucket"
     else:
         syncs = micro if par.grad_sync == "micro_batch" else 1
         gathers = 2 if zero == 3 else 1
@@ -246,10 +299,10 @@ def _data_parallel(c, counts, step: dict, ex: Explain) -> dict:
                 f"all-gather(s) of {a * params:.4g} parameter bytes, each ({dp}-1)/{dp} of it")
         how = "prefetched behind the micro-batches' compute except one block's worth"
     exposed_s = max(total_s - window, last_s) + after_s
-    ex.add("step_time", "data_parallel_s", total_s, f"{what}, over {where} {link:.4g} GB/s ({link_how})")
+    ex.add("step_time", "data_parallel_s", total_s + hidden_gather_s + after_s, f"{what}, over {where} {link:.4g} GB/s ({link_how})")
     ex.add("step_time", "data_parallel_exposed_s", exposed_s, f"{how}: max({total_s:.4g} - {window:.4g}, "
            f"{last_s:.4g}) + {after_s:.4g}")
-    return {"data_parallel_s": total_s, "data_parallel_exposed_s": exposed_s}
+    return {"data_parallel_s": total_s + hidden_gather_s + after_s, "data_parallel_exposed_s": exposed_s}
 
 
 def _optimizer_step(c, counts, ex: Explain) -> dict:
@@ -295,7 +348,7 @@ def _costs(step: dict) -> dict:
         "data-parallel communication": step["data_parallel_exposed_s"],
         "optimizer step (offload)": step["optimizer_s"],
         "memory-bound micro-batch (weight reads)": max(0.0, step["weight_read_s"] - compute) * slots,
-        "activation traffic": step["activation_traffic_s"] * slots,
+        "activation traffic": (step["activation_traffic_s"] + step["gemm_operand_s"]) * slots,
         "per-kernel overhead of small micro-batches": step["kernel_overhead_s"] * slots,
         "recomputation / small-matmul compute": compute * slots,
     }
