@@ -263,7 +263,8 @@ def _data_parallel(c, counts, step: dict, ex: Explain) -> dict:
     inside = tp * dp <= par.gpus_per_node  # tensor ranks adjacent, then data: Megatron's rank order
     # Across nodes NCCL runs one ring per NIC (rail-aligned, one NIC per GPU): each of the group's k ranks in a
     # node carries 1/k of the data over its own NIC, so the group's bus bandwidth is k NICs', NVLink's at most
-    # (nccl-tests' all-reduce busbw on DGX A100 nodes, 8 x 200 Gb/s: ~190 GB/s, not one NIC's 25).
+    # (a DGX node's 8 x 200 Gb/s NICs give its rings 200 GB/s together, not one NIC's 25; the NCCL docs'
+    # NCCL_CROSS_NIC describes the rail-aligned rings).
     k = min(dp, max(1, par.gpus_per_node // tp))
     link, where = (intra, "NVLink") if inside else (min(intra, k * inter), f"network, {k} NICs per node")
     params = counts.total / (tp * pp)  # on one GPU before ZeRO's sharding (a stage's share, taken as even)
