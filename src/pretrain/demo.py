@@ -91,13 +91,16 @@ def run(args) -> int:
     config = demo_config(out, args.items)
     claim_directories(out, {"data.dir": config.data.dir, "run.dir": config.run.dir})
     corpus = write_sample_corpus(out / "corpus", docstrings=True)
+    # The plan shown is at this CPU's measured peak; the run reads the same cached measurement itself and says so
+    # (passed on as hardware.peak_tflops, it would be labelled as a key the user set).
+    planned = config
     if not (config.hardware.peak_tflops or config.hardware.profile):  # a CPU has no data-sheet peak
         from .train.plan_check import peak_tflops
 
-        config = replaced(config, {"hardware.peak_tflops": round(peak_tflops(config)[0], 4)})
+        planned = replaced(config, {"hardware.peak_tflops": round(peak_tflops(config)[0], 4)})
 
     print(f"== 1/6 plan ({config.run.dir}), at the measured matmul peak of this CPU")
-    print(render(config, make_plan(config)))
+    print(render(planned, make_plan(planned)))
 
     print(f"\n== 2/6 tokenizer: byte-level BPE, {VOCAB_SIZE} tokens, trained on {corpus}")
     tokenizer_dir = out / "tokenizer"
