@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import os
 import platform
 import statistics
 import tempfile
@@ -222,14 +223,20 @@ def _device_name(dev: torch.device) -> str:
     return platform.processor() or platform.machine() or "cpu"
 
 
+PROFILE_BYTES = 64 * 1024  # a profile's JSON is a few KiB; the probe writes more than that
+
+
 def check_profile_path(path: str | Path) -> None:
     """Before the minutes of measuring: --out must be a file that can be written."""
     path = Path(path)
     if path.is_dir():
         raise UsageError(f"--out {path}: is a directory; give a writable file path")
-    try:  # a probe file where the profile's temporary file will go
+    try:  # a probe file where the profile's temporary file will go, as large as a profile: a full disk fails here
         path.parent.mkdir(parents=True, exist_ok=True)
-        tempfile.TemporaryFile(dir=path.parent).close()
+        with tempfile.TemporaryFile(dir=path.parent) as probe:
+            probe.write(bytes(PROFILE_BYTES))
+            probe.flush()
+            os.fsync(probe.fileno())
     except OSError as e:
         raise UsageError(f"--out {path}: cannot write there ({e.strerror}); give a writable file path") from None
 
