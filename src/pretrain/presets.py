@@ -57,6 +57,11 @@ PRESETS: dict[str, dict] = {
     # A tiny model for tests and CPU smoke runs (torchtitan's "debug model" idea).
     "debug": dict(family="llama", vocab_size=512, hidden_size=64, intermediate_size=176, num_layers=2,
                   num_heads=4, num_kv_heads=2, max_seq_len=256, norm_eps=1e-5),
+    # A tiny Mixture-of-Experts for tests: 8 routed experts, top-2, one shared expert, a dense first block.
+    "moe-debug": dict(family="llama", vocab_size=512, hidden_size=64, intermediate_size=176, num_layers=2,
+                      num_heads=4, num_kv_heads=2, max_seq_len=256, norm_eps=1e-5, num_experts=8,
+                      experts_per_token=2, moe_intermediate_size=32, num_shared_experts=1, first_dense_layers=1,
+                      qk_norm=True),
 }
 
 

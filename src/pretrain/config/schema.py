@@ -60,6 +60,23 @@ class ModelConfig:
     init_from: str | None = doc(None, "a local Hugging Face model directory to start from (continued pretraining)")
     pad_vocab_to: int = doc(1, "round the embedding and output-layer rows up to a multiple of this (64: GPT-2's "
                             "50,257 -> 50,304, faster matmuls); the padded rows are never a target, export drops them")
+    num_experts: int = doc(0, "Mixture-of-Experts (llama family): routed experts per MoE layer; 0 = a dense model "
+                           "(docs/moe.md)")
+    experts_per_token: int = doc(2, "MoE: routed experts each token is sent to (top-k token-choice routing)")
+    moe_intermediate_size: int | None = doc(None, "MoE: SwiGLU width of one routed or shared expert (default "
+                                            "intermediate_size)")
+    num_shared_experts: int = doc(0, "MoE: always-on experts of moe_intermediate_size that every token passes")
+    first_dense_layers: int = doc(0, "MoE: the first blocks keep a dense MLP of intermediate_size (DeepSeek-V3: 3)")
+    router: str = doc("softmax", "MoE: router scores: softmax (Mixtral, Qwen3, OLMoE) | sigmoid (DeepSeek-V3)",
+                      ("softmax", "sigmoid"))
+    norm_topk_prob: bool = doc(True, "MoE: rescale the top-k routing weights to sum to 1 (Mixtral, Qwen3: yes; "
+                               "OLMoE: no)")
+    router_aux_loss_coef: float = doc(0.01, "MoE: weight of the Switch-style load-balancing loss (0 = off)")
+    router_z_loss_coef: float = doc(0.0, "MoE: weight of the router z-loss, mean squared logsumexp of the router "
+                                    "logits (OLMoE: 0.001)")
+    router_bias_update_rate: float = doc(0.0, "MoE: DeepSeek-V3's auxiliary-loss-free balancing: after each "
+                                         "optimizer step every expert's routing bias moves by this towards equal "
+                                         "load (0 = off; DeepSeek-V3: 0.001)")
 
 
 @dataclass(frozen=True)
