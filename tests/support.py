@@ -119,3 +119,14 @@ def params(path) -> dict:
 
     return load_model(path).state_dict()
 
+
+
+def serve_planner(*items):
+    """`pretrain plan ITEMS --serve --port 0` in the background: (the process, its page's URL). The caller
+    ends it (proc.terminate())."""
+    proc = start(["plan", *items, "--serve", "--port", "0"])
+    line = proc.stdout.readline()  # "pretrain plan: serving the planner at URL (Ctrl-C stops it)"
+    if " at http://" not in line:
+        proc.kill()
+        raise AssertionError(f"the planner did not serve: {line}{proc.stderr.read()}")
+    return proc, line.split(" at ", 1)[1].split()[0]

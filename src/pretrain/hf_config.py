@@ -96,10 +96,13 @@ def from_hf_config(path: str | Path) -> dict:
     path = Path(path)
     if path.is_dir():
         path = path / "config.json"
-    hf = _read(path)
+    return model_keys(_read(path), f"model.hf_config: {path}")
+
+
+def model_keys(hf: dict, where: str) -> dict:
+    """`model:` keys from a config.json's contents; `where` starts each error (the file, or the pasted text)."""
     kind = hf.get("model_type")
     kind = kind if isinstance(kind, str) else None
-    where = f"model.hf_config: {path}"
     if kind not in FIELDS:
         what = f"{kind}: {_unbuilt(kind, hf)} are not built" if kind else "no model_type"
         raise ConfigError(f"{where}: {what}; supported model_type: {', '.join(SUPPORTED)}")

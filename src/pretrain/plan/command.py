@@ -2,6 +2,7 @@
 
   pretrain plan [CONFIG.yaml] [section.key=value ...] [--json] [--explain]
   pretrain plan [CONFIG.yaml] [section.key=value ...] --fit [--top N] [--json] [--explain]
+  pretrain plan [CONFIG.yaml] [section.key=value ...] --serve [--port P]    the planner as a local web page
 
 Examples:
   pretrain plan model.preset=llama-7b parallel.gpus=64 hardware.gpu=h100-sxm train.tokens=1e12
@@ -28,6 +29,10 @@ def add_arguments(p):
                    "pipeline degrees and offload for the fastest layout that fits (global batch kept)")
     p.add_argument("--top", type=int, default=10, metavar="N", help="--fit: candidates to keep (default 10)")
     p.add_argument("--list-gpus", action="store_true", help="list the accelerator catalog and exit")
+    p.add_argument("--serve", action="store_true", help="serve the planner as a local web page (docs/plan.md "
+                   "\"The page\"); the config and overrides given are its starting state")
+    p.add_argument("--port", type=int, default=8765, metavar="P", help="--serve: the port on 127.0.0.1 "
+                   "(default 8765; 0 picks a free one)")
 
 
 def run(args) -> int:
@@ -41,6 +46,10 @@ def run(args) -> int:
             print(f"{spec.name:10s} {spec.memory_bytes / GiB:6.1f} GiB {spec.bandwidth_gbps:6.0f} GB/s  {peaks}"
                   f"{links}")
         return 0
+    if args.serve:
+        from .serve import serve
+
+        return serve(args.items, args.port)
     from . import plan_with_explain, planned_config
     from .table import render
 
@@ -49,7 +58,7 @@ def run(args) -> int:
         return _fit(config, args)
     result, explain = plan_with_explain(config)
     if args.json:
-        print(json.dumps(result, indent=2))
+        print(as_json(result))
         return 0
     print(render(planned_config(config, result), result))  # budget mode: the chosen model's settings
     if args.explain:
@@ -58,18 +67,32 @@ def run(args) -> int:
     return 0
 
 
-def _fit(config, args) -> int:
-    from ..errors import UsageError
-    from . import make_plan, plan_with_explain, planned_config
-    from .fit import fit, render
+def as_json(result: dict) -> str:
+    """The text of `--json` (without print's newline); the page's /api/plan and /api/fit answer the same."""
+    return json.dumps(result, indent=2)
 
-    if args.top < 1:
-        raise UsageError(f"--top: must be at least 1, got {args.top}")
-    if "budget" in (first := make_plan(config)):  # budget mode: the layouts of the model the budget buys
-        config = planned_config(config, first)
-    result = fit(config, top=args.top)
+
+def fit_result(config, top: int):
+    """(the config whose layouts were searched, the --fit ranking): in budget mode, the model it buys."""
+    from ..errors import UsageError
+    from . import plan_with_explain, planned_config
+    from .budget_mode import budget_requested
+    from .fit import fit
+
+    if top < 1:
+        raise UsageError(f"--top: must be at least 1, got {top}")
+    if budget_requested(config):  # budget mode: the layouts of the model the budget buys (its advice unread)
+        config = planned_config(config, plan_with_explain(config, advice=False)[0])
+    return config, fit(config, top=top)
+
+
+def _fit(config, args) -> int:
+    from . import plan_with_explain
+    from .fit import render
+
+    config, result = fit_result(config, args.top)
     if args.json:
-        print(json.dumps(result, indent=2))
+        print(as_json(result))
         return 0
     print(render(config, result, command=" ".join(["pretrain plan", *args.items])))
     if args.explain and result["candidates"]:
