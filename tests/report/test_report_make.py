@@ -19,10 +19,14 @@ def test_one_run_writes_png_and_self_contained_html(run_dir):
     assert png.startswith(PNG_SIGNATURE)
     page = (out / "report.html").read_text()
     assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
-    # the figure is inlined, and nothing is fetched from elsewhere
-    images = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
+    # the figure is inlined, plotly.js too (one script, no src), and nothing is fetched from elsewhere
+    scripts = re.findall(r"<script\b([^>]*)>", page)
+    assert sum("plotly" in s for s in re.findall(r"<script\b[^>]*>(.*?)</script>", page, re.S)) >= 1
+    assert not any("src=" in attrs for attrs in scripts)
+    html = re.sub(r"<script\b[^>]*>.*?</script>", "", page, flags=re.S)  # plotly.js holds its own data URIs
+    images = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', html)
     assert [base64.b64decode(i) for i in images] == [png]
-    assert not re.search(r'(src|href)="(?!data:)', page)
+    assert not re.search(r'(src|href)="(?!data:)', html)
     # plan vs measured, in GiB / MiB with the error; the 15.7 % miss is shaded
     assert "Plan vs measured on NVIDIA H100 80GB HBM3" in page
     assert "<td>12.10 GiB</td><td>14.00 GiB</td><td class=\"off\">+15.7 %</td>" in page
@@ -108,3 +112,28 @@ def test_a_mixtures_validation_per_source_is_drawn_and_the_title_says_what_train
     from pretrain.report.runs import title_line
 
     assert title_line(run) == "mix: debug 158K (2 x 64), seq 32, 256 tokens/step, lr 0.003 cosine, fp32"
+
+
+def test_interactive_curves_hold_every_series_and_event(tmp_path, run_dir, make_run):
+    from pretrain.report.interactive import curves_figure
+
+    make_run(tmp_path / "cpu-run", steps=120, gpu=False, seed=1)
+    with (tmp_path / "cpu-run" / "metrics.jsonl").open("a") as f:  # after the half-written line: a new line
+        f.write("\n" + "".join(json.dumps({"step": s, "tokens": 40_000 * s, "eval/hellaswag": 0.25 + s / 1000,
+                                           "moe/load_imbalance": 1.5 - s / 100}) + "\n" for s in (30, 60)))
+    gpu, cpu = read_run(run_dir), read_run(tmp_path / "cpu-run")
+    fig = curves_figure([gpu, cpu])
+    titles = [a.text for a in fig.layout.annotations]
+    assert titles == [p.title for p in plots.PANELS] + ["eval/hellaswag", "moe/load_imbalance"]
+    loss = [t for t in fig.data if t.legendgroup == "gpt2-small" and t.xaxis == "x" and t.line.dash == "solid"]
+    assert list(loss[0].y) == gpu.series("loss")[1] and list(loss[0].customdata) == gpu.steps("loss")
+    memory = next(t for t in fig.data if t.legendgroup == "gpt2-small" and t.hovertemplate.startswith(
+        "gpt2-small<br>peak_mem_bytes"))
+    assert abs(memory.y[0] - 21.4) < 1e-6  # GiB, as report.png
+    hellaswag = next(t for t in fig.data if "eval/hellaswag" in t.hovertemplate)
+    assert (list(hellaswag.x), list(hellaswag.y)) == ([1_200_000, 2_400_000], [0.28, 0.31])
+    # one legend entry per run, which toggles it on every panel
+    assert [t.name for t in fig.data if t.showlegend] == ["gpt2-small", "cpu-run"]
+    # spike, rollback, nonfinite_skip and resumed of both runs on all 9 panels; the spike marked on the loss
+    assert len(fig.layout.shapes) == 2 * 4 * 9
+    assert sum(t.name.endswith(": spike") for t in fig.data) == 2

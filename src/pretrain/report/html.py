@@ -1,5 +1,5 @@
-"""The report as one self-contained HTML page: the figure inlined as a data URI, so it can be mailed or
-copied off a cluster as a single file."""
+"""The report as one self-contained HTML page: interactive curves (plotly.js inline, interactive.py), the
+figure inlined as a data URI, so it can be mailed or copied off a cluster as a single file that works offline."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import base64
 from html import escape
 
 from .. import units
+from .interactive import curves_html
 from .runs import Run, title_line
 
 _CSS = """
@@ -16,6 +17,8 @@ th, td { border: 1px solid #ccc; padding: 0.25em 0.7em; text-align: right; }
 th:first-child, td:first-child { text-align: left; }
 td.off { background: #fde2e1; }
 img { max-width: 100%; }
+.runs { display: flex; flex-wrap: wrap; gap: 0 2em; }
+.run { flex: 1 1 30em; min-width: 0; overflow-x: auto; }
 .note { color: #a15c00; }
 """
 _OFF_PCT = 10  # plan and run disagree by more than this: shade the cell
@@ -30,18 +33,21 @@ def page(runs: list[Run], summaries: list[dict], png: bytes, mixtures: dict | No
         f"<style>{_CSS}</style></head><body>",
         f"<h1>pretrain report: {escape(', '.join(r.name for r in runs))}</h1>",
         _summary_table(summaries),
-        f'<img alt="training curves" src="data:image/png;base64,{image}">',
+        curves_html(runs),
+        f'<details><summary>The same curves as one image (report.png)</summary><img alt="training curves" '
+        f'src="data:image/png;base64,{image}"></details>',
+        '<div class="runs">',
     ]
-    for i, (run, s) in enumerate(zip(runs, summaries)):
-        parts.append(f"<h2>{escape(title_line(run))}</h2><p>{escape(str(run.path))}</p>")
+    for i, (run, s) in enumerate(zip(runs, summaries)):  # side by side, one column per run
+        parts.append(f'<section class="run"><h2>{escape(title_line(run))}</h2><p>{escape(str(run.path))}</p>')
         if s["model"]:
             parts.append(f"<p>Model {escape(s['model'])}</p>")
         parts += [f'<p class="note">{escape(n)}</p>' for n in run.notes]
         if s.get("mixture"):
             parts.append(_mixture_table(s["mixture"], (mixtures or {}).get(i)))
         parts.append(_plan_table(run.plan_vs_run) if run.plan_vs_run else "<p>No plan_vs_run.json yet.</p>")
-        parts.append(_events_table(run.events))
-    parts.append("</body></html>\n")
+        parts.append(_events_table(run.events) + "</section>")
+    parts.append("</div></body></html>\n")
     return "\n".join(parts)
 
 

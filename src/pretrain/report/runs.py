@@ -27,6 +27,7 @@ class Run:
     name: str
     train: list[dict]  # one line per logged step (the latest line for each step), by step
     evals: list[dict]  # one line per validation pass, by step
+    lines: list[dict] = field(default_factory=list)  # every line of the current history (other series too)
     events: list[dict] = field(default_factory=list)
     plan_vs_run: dict | None = None
     config: dict | None = None
@@ -37,10 +38,17 @@ class Run:
         return sorted({k for r in self.evals for k in r if k.startswith("val_loss/")})
 
     def series(self, key: str) -> tuple[list[float], list[float]]:
-        """(tokens, values) of a metric, finite values only: a null mfu on a CPU gives empty lists."""
-        rows = self.evals if key.startswith("val_") else self.train
-        points = [(r["tokens"], r[key]) for r in rows if _is_number(r.get(key))]
-        return [t for t, _ in points], [v for _, v in points]
+        """(tokens, values) of a metric, finite values only: a null mfu on a CPU gives empty lists. A key
+        belongs to one kind of line (loss to training lines, val_loss to evaluations, eval/* to its own)."""
+        rows = self._rows(key)
+        return [r["tokens"] for r in rows], [r[key] for r in rows]
+
+    def steps(self, key: str) -> list[int]:
+        """The steps of `series(key)`'s points."""
+        return [r["step"] for r in self._rows(key)]
+
+    def _rows(self, key: str) -> list[dict]:
+        return [r for r in self.lines if _is_number(r.get(key))]
 
 
 def read_run(path: str | Path, name: str | None = None) -> Run:
@@ -53,7 +61,7 @@ def read_run(path: str | Path, name: str | None = None) -> Run:
                          "after its first logged step")
     lines = current_history(read_jsonl(metrics))
     run = Run(path=path, name=name or path.resolve().name, train=[r for r in lines if "loss" in r],
-              evals=[r for r in lines if "val_loss" in r])
+              evals=[r for r in lines if "val_loss" in r], lines=lines)
     if (path / "events.jsonl").is_file():
         run.events = read_jsonl(path / "events.jsonl")
     run.plan_vs_run = _read_optional(path / "plan_vs_run.json", json.loads, run.notes)
