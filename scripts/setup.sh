@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up .venv for pretrain: torch first (the CPU build unless an NVIDIA GPU is present, so a laptop never
-# downloads multi-GB CUDA wheels), then the package. `bash scripts/setup.sh dev` adds the test tools.
+# downloads multi-GB CUDA wheels), then the package. `bash scripts/setup.sh dev` adds the test tools (and the
+# headless Chromium the browser tests drive).
 # Idempotent: a second run installs nothing new.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,6 +16,17 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
 fi
 if [ "${1:-}" = "dev" ]; then
   .venv/bin/pip install -e ".[dev]"
+  # tests/pages drive a headless Chromium through chromedriver: Debian's chromium and chromium-driver, installed
+  # only where they are missing and apt-get runs as root; elsewhere those tests skip, saying so.
+  if ! command -v chromedriver >/dev/null 2>&1 || ! { command -v chromium >/dev/null 2>&1 \
+      || command -v chromium-browser >/dev/null 2>&1 || command -v google-chrome >/dev/null 2>&1; }; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver
+    else
+      echo "setup.sh: no chromium/chromedriver, and no root apt-get to install them: tests/pages will skip" \
+           "(sudo apt-get install chromium chromium-driver)" >&2
+    fi
+  fi
 else
   .venv/bin/pip install -e .
 fi

@@ -65,7 +65,7 @@ def curves_figure(runs: list[Run]):
                     showlegend=i == 0 and key == panel.key, mode="lines+markers" if symbol or len(ys) <= 50
                     else "lines", line={"color": color, "dash": dash, "width": 1.5},
                     marker={"symbol": symbol or "circle", "size": 5},
-                    hovertemplate=f"{run.name}<br>{key} %{{y:.4g}}<br>step %{{customdata}}, tokens %{{x:,}}"
+                    hovertemplate=f"{run.name}<br>{key} %{{y:.4~g}}<br>step %{{customdata}}, tokens %{{x:,}}"
                                   "<extra></extra>"), row=row, col=col)
             shapes += _events(fig, go, run, color, row, col, axis, markers=panel.key == "loss")
         if panel.log and values and min(values) > 0 and max(values) > _LOG_RANGE * min(values):
@@ -93,7 +93,7 @@ def _events(fig, go, run: Run, color: str, row: int, col: int, axis: str, marker
                 name=f"{run.name}: {kind}", legendgroup=run.name, showlegend=False,
                 marker={"symbol": SYMBOL[marker], "size": 10, "color": color, "line": {"color": "black", "width": 1}},
                 customdata=[e["step"] for e in shown],
-                hovertemplate=f"{run.name}: {kind} at step %{{customdata}}<br>loss %{{y:.4g}}<extra></extra>"),
+                hovertemplate=f"{run.name}: {kind} at step %{{customdata}}<br>loss %{{y:.4~g}}<extra></extra>"),
                 row=row, col=col)
     return lines
 
