@@ -34,8 +34,8 @@ def page(runs: list[Run], summaries: list[dict], png: bytes, mixtures: dict | No
         f"<h1>pretrain report: {escape(', '.join(r.name for r in runs))}</h1>",
         _summary_table(summaries),
         curves_html(runs),
-        f'<details><summary>The same curves as one image (report.png)</summary><img alt="training curves" '
-        f'src="data:image/png;base64,{image}"></details>',
+        (f'<details><summary>The same curves as one image (report.png)</summary><img alt="training curves" '
+         f'src="data:image/png;base64,{image}"></details>'),
         '<div class="runs">',
     ]
     for i, (run, s) in enumerate(zip(runs, summaries)):  # side by side, one column per run
