@@ -209,14 +209,17 @@ class Handler(BaseHTTPRequestHandler):
         self._send(status, body, kind, elapsed=time.perf_counter() - start)
 
     def _send(self, status: int, body: bytes, kind: str, cache: bool = False, elapsed: float | None = None):
-        self.send_response(status)
-        self.send_header("Content-Type", f"{kind}; charset=utf-8")
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Cache-Control", "max-age=86400" if cache else "no-store")
-        if elapsed is not None:  # the page shows how long the planner took
-            self.send_header("Server-Timing", f"plan;dur={1000 * elapsed:.1f}")
-        self.end_headers()
-        self.wfile.write(body)
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", f"{kind}; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Cache-Control", "max-age=86400" if cache else "no-store")
+            if elapsed is not None:  # the page shows how long the planner took
+                self.send_header("Server-Timing", f"plan;dur={1000 * elapsed:.1f}")
+            self.end_headers()
+            self.wfile.write(body)
+        except (BrokenPipeError, ConnectionResetError):  # the tab was closed or reloaded mid-answer
+            pass
 
     def log_message(self, format, *args):  # quiet: one line per keystroke would bury the URL
         pass
