@@ -66,7 +66,8 @@ from __future__ import annotations
 import math
 
 from ..gpus import gpu_spec
-from .activations import COMPUTE_BYTES, activation_bytes, kept_tensor_traffic, weight_reads
+from ..config import compile_enabled
+from .activations import COMPUTE_BYTES, activation_bytes, eager_elementwise_traffic, kept_tensor_traffic, weight_reads
 from .explain import Explain
 from .flops import mfu
 from .kernels import planned_native_gqa
@@ -198,9 +199,16 @@ def _micro_batch(c, counts, fl: dict, peak: float, ex: Explain) -> dict:
     traffic, act = kept_tensor_traffic(m, t, par, native_gqa=native)
     if t.activation_checkpointing != "none":  # what the recomputation writes again in backward
         traffic += act["layers"] * (act["per_layer"] - activation_bytes(m, t, par, native_gqa=native)["per_layer"])
+    kept_how = (f"{traffic:.4g} bytes: those kept for backward written and read"
+                + (", the recomputed ones written again" if t.activation_checkpointing != "none" else ""))
+    if not compile_enabled(t.compile, "cpu" if not on_gpu else "cuda"):  # eager: every elementwise op a kernel
+        eager = eager_elementwise_traffic(m, t, par, act["layers"])
+        if eager > traffic:
+            kept_how = (f"{eager:.4g} bytes that eager mode's elementwise kernels read and write (more than "
+                        f"the kept tensors' {traffic:.4g}; train.compile off)")
+            traffic = eager
     traffic_s = traffic / (hbm * 1e9) if hbm else 0.0
-    ex.add("step_time", "activation_traffic_s", traffic_s, f"{traffic:.4g} bytes: those kept for backward written "
-           f"and read{', the recomputed ones written again' if t.activation_checkpointing != 'none' else ''} / {bw_how}")
+    ex.add("step_time", "activation_traffic_s", traffic_s, f"{kept_how} / {bw_how}")
 
     intra, _, link_how = links(c)
     layers = act["layers"]
