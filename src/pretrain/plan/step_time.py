@@ -65,8 +65,8 @@ from __future__ import annotations
 
 import math
 
-from ..gpus import gpu_spec
 from ..config import compile_enabled
+from ..gpus import gpu_spec
 from .activations import COMPUTE_BYTES, activation_bytes, eager_elementwise_traffic, kept_tensor_traffic, weight_reads
 from .explain import Explain
 from .flops import mfu
