@@ -46,6 +46,10 @@ The step is the pipeline's (1F1B, Narayanan et al. 2021): (m + p - 1) micro-batc
            gradients, (d-1)/d x gradient bytes, and all-gathers of the compute-dtype parameters, once per
            micro-batch (ZeRO-2) or for forward and again for backward (ZeRO-3); prefetched, so hidden behind
            the micro-batches' compute except one block's worth (the first gather / the last reduce-scatter).
+  overlap  hidden communication is not free: NCCL's kernels take SMs and HBM bandwidth from the compute beside
+           them, which runs 18.9% slower on average for as long as they overlap (A100s and H100s, GPT and
+           LLaMA layers: "Characterizing Compute-Communication Overlap in GPU-Accelerated Distributed Deep
+           Learning", arXiv 2507.03114, abstract); so each hidden second of communication costs 0.189 s.
   optimizer  memory-bound: parameters and states read and written, gradients read, at HBM bandwidth; with
            parallel.offload the gradients go to the host and the parameters come back over PCIe, and the
            host's memory bandwidth runs the update (ZeRO-Offload, Ren et al. 2021).
@@ -61,8 +65,9 @@ from __future__ import annotations
 
 import math
 
+from ..config import compile_enabled
 from ..gpus import gpu_spec
-from .activations import COMPUTE_BYTES, activation_bytes, kept_tensor_traffic, weight_reads
+from .activations import COMPUTE_BYTES, activation_bytes, eager_elementwise_traffic, kept_tensor_traffic, weight_reads
 from .explain import Explain
 from .flops import mfu
 from .kernels import planned_native_gqa
@@ -83,6 +88,7 @@ KERNELS_OUTSIDE = 20  # embedding, final norm, output layer, loss, their backwar
 KERNEL_OVERHEAD_S = 10e-6
 BANDWIDTH_EFFICIENCY = 0.8  # of a data-sheet HBM / NVLink / network rate
 DDP_BUCKET_BYTES = 25 * 1024**2  # torch DDP's default bucket_cap_mb
+OVERLAP_SLOWDOWN = 0.189  # compute beside an overlapped collective: 18.9% slower (arXiv 2507.03114)
 PCIE_GBPS = 25.0  # host <-> GPU, PCIe Gen4 x16 per direction as reached by pinned copies
 HOST_GBPS_PER_GPU = 20.0  # a two-socket host's ~160 GB/s of memory bandwidth shared by 8 GPU processes
 
@@ -193,9 +199,16 @@ def _micro_batch(c, counts, fl: dict, peak: float, ex: Explain) -> dict:
     traffic, act = kept_tensor_traffic(m, t, par, native_gqa=native)
     if t.activation_checkpointing != "none":  # what the recomputation writes again in backward
         traffic += act["layers"] * (act["per_layer"] - activation_bytes(m, t, par, native_gqa=native)["per_layer"])
+    kept_how = (f"{traffic:.4g} bytes: those kept for backward written and read"
+                + (", the recomputed ones written again" if t.activation_checkpointing != "none" else ""))
+    if not compile_enabled(t.compile, "cpu" if not on_gpu else "cuda"):  # eager: every elementwise op a kernel
+        eager = eager_elementwise_traffic(m, t, par, act["layers"])
+        if eager > traffic:
+            kept_how = (f"{eager:.4g} bytes that eager mode's elementwise kernels read and write (more than "
+                        f"the kept tensors' {traffic:.4g}; train.compile off)")
+            traffic = eager
     traffic_s = traffic / (hbm * 1e9) if hbm else 0.0
-    ex.add("step_time", "activation_traffic_s", traffic_s, f"{traffic:.4g} bytes: those kept for backward written "
-           f"and read{', the recomputed ones written again' if t.activation_checkpointing != 'none' else ''} / {bw_how}")
+    ex.add("step_time", "activation_traffic_s", traffic_s, f"{kept_how} / {bw_how}")
 
     intra, _, link_how = links(c)
     layers = act["layers"]
@@ -300,9 +313,13 @@ def _data_parallel(c, counts, step: dict, ex: Explain) -> dict:
                 f"all-gather(s) of {a * params:.4g} parameter bytes, each ({dp}-1)/{dp} of it")
         how = "prefetched behind the micro-batches' compute except one block's worth"
     exposed_s = max(total_s - window, last_s) + after_s
+    hidden_s = total_s + hidden_gather_s - (exposed_s - after_s)  # what runs beside the compute
+    contention_s = OVERLAP_SLOWDOWN * hidden_s
     ex.add("step_time", "data_parallel_s", total_s + hidden_gather_s + after_s, f"{what}, over {where} {link:.4g} GB/s ({link_how})")
-    ex.add("step_time", "data_parallel_exposed_s", exposed_s, f"{how}: max({total_s:.4g} - {window:.4g}, "
-           f"{last_s:.4g}) + {after_s:.4g}")
+    ex.add("step_time", "data_parallel_exposed_s", exposed_s + contention_s, f"{how}: max({total_s:.4g} - "
+           f"{window:.4g}, {last_s:.4g}) + {after_s:.4g}, + {OVERLAP_SLOWDOWN} x the {hidden_s:.4g} s hidden "
+           "behind compute, which runs that much slower beside it (arXiv 2507.03114)")
+    exposed_s += contention_s
     return {"data_parallel_s": total_s + hidden_gather_s + after_s, "data_parallel_exposed_s": exposed_s}
 
 
