@@ -2,11 +2,11 @@
 
 import pytest
 import torch
-from support import run_cli
 
 from pretrain.config import load_config
 from pretrain.errors import ConfigError
 from pretrain.model.rope import inverse_frequencies
+from support import run_cli
 
 LLAMA31 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
            "original_max_position_embeddings": 8192}
