@@ -132,8 +132,10 @@ def validate(c: Config) -> None:
     for name in ("tokens", "examples", "max_steps"):
         _positive(f"train.{name}", getattr(t, name))
     if t.seq_len > m.max_seq_len:
+        extend = " (for a LLaMA pretrained at a shorter context, with model.rope_scaling as llama3.1-8b does: " \
+                 "docs/train.md, Long context)" if m.family == "llama" else ""
         raise ConfigError(f"train.seq_len: {t.seq_len} is longer than model.max_seq_len {m.max_seq_len}; "
-                          "lower train.seq_len or raise model.max_seq_len")
+                          f"lower train.seq_len or raise model.max_seq_len{extend}")
     if m.sliding_window is not None and t.seq_len > m.sliding_window:
         raise ConfigError(f"train.seq_len: {t.seq_len} is longer than model.sliding_window {m.sliding_window}, "
                           "beyond which the checkpoint's sliding-window attention is not built (pretrain's full "
