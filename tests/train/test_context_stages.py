@@ -1,6 +1,6 @@
-"""Staged context extension: `--resume` at a longer train.seq_len continues the run as a new stage (the same
-tokens per step under train.global_batch_tokens, the data stream at the same share of its epoch), said in
-events.jsonl; resuming the new stage again is bitwise; a change that leaves the run's length ill-defined is
+"""Staged context extension: `--resume` at a longer train.seq_len (here with model.rope_scaling) continues the
+run as a new stage (the same tokens per step under train.global_batch_tokens, the data stream at the same
+share of its epoch), said in events.jsonl; resuming the new stage again is bitwise; a change that leaves the run's length ill-defined is
 one line before any tensor is loaded."""
 
 import json
@@ -28,7 +28,9 @@ def test_a_longer_seq_len_on_resume_is_a_new_stage_and_resumes_bitwise(prepared,
     finished_run(first, *tiny(prepared, first, "train.max_steps=null", "train.tokens=2048", "run.eval_every=0",
                               "train.global_batch_tokens=256", "debug.stop_after_step=4"))
     shutil.copytree(first, second)
-    r = run_cli("train", "--resume", first, "train.seq_len=64", "debug.stop_after_step=0")
+    # Stage 2 doubles the window and stretches RoPE to it as YaRN does (2 x the 32 positions of stage 1).
+    yarn = "model.rope_scaling={rope_type: yarn, factor: 2, original_max_position_embeddings: 32}"
+    r = run_cli("train", "--resume", first, "train.seq_len=64", yarn, "debug.stop_after_step=0")
     assert r.returncode == 0, r.stderr
     assert "new stage from step 4: train.seq_len 32 -> 64, 256 tokens per step" in r.stdout
     [stage] = events(first, "stage_changed")
@@ -39,8 +41,9 @@ def test_a_longer_seq_len_on_resume_is_a_new_stage_and_resumes_bitwise(prepared,
     loss = losses(first)
     assert sorted(loss) == list(range(1, 9)) and all(math.isfinite(x) for x in loss.values())
 
-    # The same stage change, stopped after step 6 and resumed again (now at its own seq_len): bitwise the same.
-    r = run_cli("train", "--resume", second, "train.seq_len=64", "debug.stop_after_step=6")
+    # The same stage change, stopped after step 6 and resumed again (now at its own seq_len and RoPE scaling,
+    # read back from the run's config.yaml): bitwise the same.
+    r = run_cli("train", "--resume", second, "train.seq_len=64", yarn, "debug.stop_after_step=6")
     assert r.returncode == 0, r.stderr
     r = run_cli("train", "--resume", second, "debug.stop_after_step=0")
     assert r.returncode == 0, r.stderr
