@@ -20,7 +20,7 @@ STAGE = {
     # the ground floor: errors, files, units, precision rules, the GPU catalog, presets, config.json fields
     # and the config schema
     "errors": 0, "files": 0, "units": 0, "progress": 0, "precision": 0, "gpus": 0, "presets": 0, "hf_config": 0,
-    "config": 0,
+    "rope_scaling": 0, "config": 0,
     "config_args": 0, "lock": 0,
     "plan": 1,  # the planner: arithmetic on a config, never torch
     "data": 2, "model": 2,  # side by side: neither imports the other

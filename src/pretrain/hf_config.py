@@ -5,7 +5,7 @@ Every field of a supported family's config.json is in `FIELDS`, so nothing is dr
   IGNORED  no part of the function the model computes: token ids, dtypes, caching, output options, dropout
            (a training choice: model.dropout sets ours), a sequence-classification head's settings;
   Neutral  refused by name unless at a value our model computes the same way (a bias we do not build,
-           another activation, RoPE scaling ...).
+           another activation ...).
 tests/model/test_hf_config.py walks every field of each transformers Config class and fails on one that is
 not here. A field no family of ours knows (another model's) is ignored: transformers ignores it too.
 """
@@ -17,6 +17,7 @@ from pathlib import Path
 
 from .errors import ConfigError
 from .files import read_json
+from .rope_scaling import checked_rope_scaling
 
 READ, IGNORED = "read", "ignored"
 
@@ -38,11 +39,10 @@ _COMMON = dict.fromkeys((
 _LLAMA_LIKE = _COMMON | dict.fromkeys((
     "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
     "num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps", "rope_theta",
-    "rope_parameters",  # its rope_theta is read; a rope_type other than default is refused in _rope_theta
+    "rope_parameters", "rope_scaling",  # model.rope_theta and model.rope_scaling (_rope)
 ), READ) | {
     "attention_dropout": IGNORED,
     "hidden_act": Neutral(("silu",), "pretrain's MLP is SwiGLU; use a silu config"),
-    "rope_scaling": Neutral((None,), "remove it from config.json to train at the original context"),
 }
 _BIAS_FREE = {  # LlamaConfig / Qwen3Config: attention_bias biases o_proj too, mlp_bias every MLP projection
     "attention_bias": Neutral((False,), "pretrain has q/k/v biases only (model.qkv_bias, as Qwen2); use a "
@@ -159,7 +159,8 @@ def _llama_keys(hf: dict, kind: str, where: str) -> dict:
                 num_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
                 max_seq_len=hf.get("max_position_embeddings", 2048),
                 tie_embeddings=hf.get("tie_word_embeddings", False), qkv_bias=kind == "qwen2",
-                qk_norm=kind == "qwen3", norm_eps=hf.get("rms_norm_eps", 1e-6), rope_theta=_rope_theta(hf, where))
+                qk_norm=kind == "qwen3", norm_eps=hf.get("rms_norm_eps", 1e-6))
+    keys["rope_theta"], keys["rope_scaling"] = _rope(hf, where)
     if hf.get("head_dim"):
         keys["head_dim"] = hf["head_dim"]
     window = _window(hf, kind, layers, where)
@@ -168,17 +169,21 @@ def _llama_keys(hf: dict, kind: str, where: str) -> dict:
     return keys
 
 
-def _rope_theta(hf: dict, where: str) -> float:
-    rope = hf.get("rope_parameters")
-    rope = rope if isinstance(rope, dict) else {}
-    kind = rope.get("rope_type", rope.get("type", "default"))
-    if kind != "default":
-        raise ConfigError(f"{where}: rope_parameters rope_type {kind!r} (RoPE scaling) is not built yet; remove "
-                          "it from config.json to train at the original context")
-    theta = hf.get("rope_theta") or rope.get("rope_theta") or 10000.0
+def _rope(hf: dict, where: str) -> tuple[float, dict | None]:
+    """(model.rope_theta, model.rope_scaling). transformers 4 writes rope_theta beside a rope_scaling mapping;
+    transformers 5 one rope_parameters mapping holding both, and reads a rope_scaling mapping before it."""
+    rope = hf.get("rope_scaling") or hf.get("rope_parameters")
+    rope = dict(rope) if isinstance(rope, dict) else {}
+    theta = hf.get("rope_theta") or rope.pop("rope_theta", None) or 10000.0
+    rope.pop("rope_theta", None)
     if isinstance(theta, bool) or not isinstance(theta, (int, float)):
         raise ConfigError(f"{where}: rope_theta {theta!r} is not a number; fix the config.json")
-    return float(theta)
+    if rope.pop("partial_rotary_factor", 1.0) != 1.0:
+        raise ConfigError(f"{where}: partial_rotary_factor (rotary on part of each head) is not built; use a "
+                          "config that rotates whole heads")
+    if rope.get("rope_type", rope.get("type")) in ("llama3", "yarn"):  # as transformers standardises it
+        rope.setdefault("original_max_position_embeddings", hf.get("max_position_embeddings"))
+    return float(theta), checked_rope_scaling(rope or None, where=f"{where}: rope_scaling")
 
 
 def _window(hf: dict, kind: str, layers: int, where: str) -> int | None:

@@ -17,6 +17,13 @@ _LLAMA3 = dict(family="llama", vocab_size=128256, norm_eps=1e-5, rope_theta=5000
 _QWEN25 = dict(family="llama", vocab_size=151936, max_seq_len=32768, qkv_bias=True, norm_eps=1e-6,
                rope_theta=1000000.0)
 
+
+def _llama3_rope(factor: float) -> dict:
+    """Llama 3.1 / 3.2's RoPE scaling of the 8K pretraining context (their config.json's rope_scaling)."""
+    return dict(rope_type="llama3", factor=factor, low_freq_factor=1.0, high_freq_factor=4.0,
+                original_max_position_embeddings=8192)
+
+
 PRESETS: dict[str, dict] = {
     # GPT-2 (openai-community/gpt2*): n_embd, n_layer, n_head; MLP is 4 x n_embd.
     "gpt2": dict(_GPT2, hidden_size=768, num_layers=12, num_heads=12, intermediate_size=3072),
@@ -37,10 +44,15 @@ PRESETS: dict[str, dict] = {
                       num_kv_heads=8, max_seq_len=8192),
     "llama3-70b": dict(_LLAMA3, hidden_size=8192, intermediate_size=28672, num_layers=80, num_heads=64,
                        num_kv_heads=8, max_seq_len=8192),
+    # Llama 3.1 8B: Llama 3 8B's shape, its context extended to 128K by RoPE scaling (meta-llama/Llama-3.1-8B)
+    "llama3.1-8b": dict(_LLAMA3, hidden_size=4096, intermediate_size=14336, num_layers=32, num_heads=32,
+                        num_kv_heads=8, max_seq_len=131072, rope_scaling=_llama3_rope(8.0)),
     "llama3.2-1b": dict(_LLAMA3, hidden_size=2048, intermediate_size=8192, num_layers=16, num_heads=32,
-                        num_kv_heads=8, head_dim=64, tie_embeddings=True, max_seq_len=131072),
+                        num_kv_heads=8, head_dim=64, tie_embeddings=True, max_seq_len=131072,
+                        rope_scaling=_llama3_rope(32.0)),
     "llama3.2-3b": dict(_LLAMA3, hidden_size=3072, intermediate_size=8192, num_layers=28, num_heads=24,
-                        num_kv_heads=8, head_dim=128, tie_embeddings=True, max_seq_len=131072),
+                        num_kv_heads=8, head_dim=128, tie_embeddings=True, max_seq_len=131072,
+                        rope_scaling=_llama3_rope(32.0)),
     "tinyllama-1.1b": dict(_LLAMA2, hidden_size=2048, intermediate_size=5632, num_layers=22, num_heads=32,
                            num_kv_heads=4, max_seq_len=2048),
     # Qwen2.5 (Qwen/Qwen2.5-*): biases on q, k, v only.

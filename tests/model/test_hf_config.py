@@ -44,7 +44,6 @@ def _refusal(tmp_path, **hf) -> str:
 
 
 @pytest.mark.parametrize("model_type, field, value", [
-    ("llama", "rope_scaling", {"rope_type": "llama3", "factor": 8.0}),  # Llama-3.1's
     ("llama", "hidden_act", "gelu"),
     ("llama", "attention_bias", True),
     ("llama", "mlp_bias", True),
@@ -56,14 +55,32 @@ def test_a_field_not_at_its_neutral_value_is_refused_by_name(tmp_path, model_typ
     assert f"{field} (" in message and "not built" in message
 
 
-def test_llama31_rope_scaling_is_refused_with_the_fix(tmp_path):
-    message = _refusal(tmp_path, model_type="llama", **LLAMA_SHAPE, rope_theta=500000.0,
-                       rope_scaling={"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192})
-    assert "rope_scaling ('llama3') is not built yet: remove it from config.json" in message
-    # transformers 5 writes it as rope_parameters
+LLAMA31 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+           "original_max_position_embeddings": 8192}
+
+
+def test_rope_scaling_is_read_as_either_transformers_writes_it(tmp_path):
+    # transformers 4: rope_theta beside rope_scaling; 5: one rope_parameters mapping holding both
+    four = _model(tmp_path, model_type="llama", **LLAMA_SHAPE, rope_theta=500000.0, rope_scaling=LLAMA31)
+    five = _model(tmp_path, model_type="llama", **LLAMA_SHAPE, rope_parameters={**LLAMA31, "rope_theta": 5e5})
+    assert four.rope_scaling == five.rope_scaling == LLAMA31 and four.rope_theta == five.rope_theta == 5e5
+    # transformers fills a missing original_max_position_embeddings from max_position_embeddings
+    yarn = _model(tmp_path, model_type="qwen2", **LLAMA_SHAPE, rope_scaling={"type": "yarn", "factor": 4.0})
+    assert yarn.rope_scaling == {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 512}
+    default = _model(tmp_path, model_type="llama", **LLAMA_SHAPE, rope_parameters={"rope_type": "default",
+                                                                                   "rope_theta": 5e5})
+    assert default.rope_scaling is None and default.rope_theta == 5e5
+
+
+def test_rope_scaling_not_built_is_refused_by_name(tmp_path):
     message = _refusal(tmp_path, model_type="llama", **LLAMA_SHAPE,
-                       rope_parameters={"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0})
-    assert "rope_type 'llama3' (RoPE scaling) is not built yet" in message
+                       rope_parameters={"rope_type": "longrope", "rope_theta": 5e5, "factor": 8.0})
+    assert "rope_scaling: rope_type 'longrope' is not built; choose one of llama3 | yarn" in message
+    message = _refusal(tmp_path, model_type="llama", **LLAMA_SHAPE, rope_scaling={"rope_type": "llama3", "factor": 8})
+    assert "rope_type llama3 needs low_freq_factor, high_freq_factor" in message
+    message = _refusal(tmp_path, model_type="llama", **LLAMA_SHAPE,
+                       rope_parameters={"rope_type": "default", "rope_theta": 5e5, "partial_rotary_factor": 0.5})
+    assert "partial_rotary_factor (rotary on part of each head) is not built" in message
 
 
 def test_other_families_are_refused_naming_what_is_missing(tmp_path):

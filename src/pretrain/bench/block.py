@@ -35,7 +35,8 @@ def block_step(config, device: torch.device):
     apply_activation_checkpointing(block, t.activation_checkpointing)  # the recomputation a run would do
     x = torch.randn(t.micro_batch_size, t.seq_len, m.hidden_size, device=device, dtype=width, requires_grad=True)
     grad = torch.randn_like(x)
-    rope = None if m.family == "gpt2" else rotary_tables(m.head_dim, t.seq_len, m.rope_theta, device=device)
+    rope = None if m.family == "gpt2" else \
+        rotary_tables(m.head_dim, t.seq_len, m.rope_theta, device=device, scaling=m.rope_scaling)
     autocast = precision.autocast(t.precision, device)()  # as the trainer casts
 
     def step():

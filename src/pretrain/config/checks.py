@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from ..gpus import gpu_spec
+from ..rope_scaling import checked_rope_scaling
 from .reading import coerce, shown, unknown
 from .schema import SECTIONS, Config, DataConfig, shown_value
 
@@ -64,7 +65,8 @@ def resolve(c: Config) -> Config:
         raise ConfigError(f"model.num_heads: {m.num_heads} heads do not divide hidden_size {m.hidden_size}; "
                           "pick a divisor or set model.head_dim")
     model = dataclasses.replace(m, num_kv_heads=m.num_heads if m.num_kv_heads is None else m.num_kv_heads,
-                                head_dim=m.hidden_size // m.num_heads if m.head_dim is None else m.head_dim)
+                                head_dim=m.hidden_size // m.num_heads if m.head_dim is None else m.head_dim,
+                                rope_scaling=checked_rope_scaling(m.rope_scaling))
     default_len = min(2048, m.max_seq_len, m.sliding_window or m.max_seq_len)
     train = dataclasses.replace(t, seq_len=default_len if t.seq_len is None else t.seq_len)
     if t.global_batch_tokens is not None:
@@ -113,6 +115,10 @@ def validate(c: Config) -> None:
                               "leave num_kv_heads unset")
         if m.qk_norm:
             raise ConfigError("model.qk_norm: the gpt2 family has no QK-norm; set model.qk_norm=false")
+        if m.rope_scaling is not None:
+            raise ConfigError("model.rope_scaling: the gpt2 family has learned positions, no RoPE; leave "
+                              "model.rope_scaling unset")
+    checked_rope_scaling(m.rope_scaling)
     if m.family == "llama" and m.head_dim % 2:
         raise ConfigError(f"model.head_dim: rotary embeddings need an even head_dim, got {m.head_dim}")
     if not 0 <= m.dropout < 1:
@@ -126,8 +132,10 @@ def validate(c: Config) -> None:
     for name in ("tokens", "examples", "max_steps"):
         _positive(f"train.{name}", getattr(t, name))
     if t.seq_len > m.max_seq_len:
+        extend = " (for a LLaMA pretrained at a shorter context, with model.rope_scaling as llama3.1-8b does: " \
+                 "docs/train.md, Long context)" if m.family == "llama" else ""
         raise ConfigError(f"train.seq_len: {t.seq_len} is longer than model.max_seq_len {m.max_seq_len}; "
-                          "lower train.seq_len or raise model.max_seq_len")
+                          f"lower train.seq_len or raise model.max_seq_len{extend}")
     if m.sliding_window is not None and t.seq_len > m.sliding_window:
         raise ConfigError(f"train.seq_len: {t.seq_len} is longer than model.sliding_window {m.sliding_window}, "
                           "beyond which the checkpoint's sliding-window attention is not built (pretrain's full "

@@ -226,9 +226,16 @@ def coerce(key: str, value: Any, tp: Any) -> Any:
         if number is None:
             raise ConfigError(f"{key}: expected a number, got {shown(value)}")
         return float(number)
-    if tp is dict:  # a data.mixture entry; on the command line the whole list is YAML: [{dir: a, weight: 1}]
+    if tp is dict:  # a data.mixture entry (on the command line the whole list is YAML), model.rope_scaling
+        if isinstance(value, str):  # model.rope_scaling={rope_type: yarn, factor: 4, ...}
+            import yaml
+
+            try:
+                value = _load_yaml(value, Path(key))
+            except yaml.YAMLError as e:
+                raise ConfigError(f"{key}: not a YAML mapping ({' '.join(str(e).split())[:120]})") from None
         if not isinstance(value, dict):
-            raise ConfigError(f"{key}: expected a mapping like {{dir: DIR, weight: 0.7}}, got {shown(value)}")
+            raise ConfigError(f"{key}: expected a mapping like {{name: value, ...}}, got {shown(value)}")
         return dict(value)
     if tp is str:
         if isinstance(value, (dict, list)):

@@ -55,6 +55,11 @@ class ModelConfig:
     dropout: float = doc(0.0, "dropout probability (pretraining uses 0)")
     norm_eps: float = doc(1e-5, "epsilon of RMSNorm / LayerNorm")
     rope_theta: float = doc(10000.0, "llama family: RoPE base frequency")
+    rope_scaling: dict | None = doc(None, "llama family: RoPE stretched for a longer context, a mapping as Hugging "
+                                    "Face writes it: {rope_type: llama3, factor: 8, low_freq_factor: 1, "
+                                    "high_freq_factor: 4, original_max_position_embeddings: 8192} (Llama 3.1) or "
+                                    "{rope_type: yarn, factor, original_max_position_embeddings, beta_fast, "
+                                    "beta_slow, attention_factor} (docs/train.md: Long context)")
     init_std: float = doc(0.02, "std of the normal initialisation; residual projections get "
                           "init_std / sqrt(2 * num_layers)")
     init_from: str | None = doc(None, "a local Hugging Face model directory to start from (continued pretraining)")

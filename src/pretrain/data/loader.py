@@ -13,7 +13,8 @@ epoch are dropped so ranks stay in step. So in the first epoch the windows of gl
 (b+1) x W x B) are exactly those a single process reading batches of W x B would see as its batch b (in
 another order within the batch); after it, only when W divides num_windows (a single process drops
 nothing, so its epochs are longer). The whole reading state is a few integers (epoch, position), so a
-resumed run continues with exactly the batches it would have seen.
+resumed run continues with exactly the batches it would have seen (at another seq_len, a new stage of context
+extension, from the same share of the epoch: RandomWindows._new_stage).
 
 A sharded dataset (`prepare --tasks N`: a top-level meta.json listing "shards") is read in place: each shard
 checked as a directory of its own, a split's tokens the shards' token files end to end (`Concatenated`), so
@@ -288,12 +289,27 @@ class RandomWindows:
                 "num_windows": self.num_windows, "seq_len": self.seq_len}
 
     def load_state_dict(self, state: dict) -> None:
+        if state["seq_len"] != self.seq_len:
+            state = self._new_stage(state)
         if (state["num_windows"], state["seq_len"], state["seed"]) != (self.num_windows, self.seq_len, self.seed):
             raise UsageError(f"data state is for {state['num_windows']:,} windows of {state['seq_len']} tokens, "
                              f"seed {state['seed']}; this loader has {self.num_windows:,} of {self.seq_len}, "
                              f"seed {self.seed}: resume with the same data, seq_len and seed")
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
         self._roll_over()  # the state may come from a run with another world size
+
+    def _new_stage(self, state: dict) -> dict:
+        """A state saved at another seq_len, by a run now continued with longer (or shorter) windows: a stage of
+        context extension (docs/train.md). The same epoch, at the same share of it in tokens (to one window per
+        rank below); the rest of the epoch reads windows of the new length in their own permutation, so within
+        this one epoch a token may be read twice or not at all. A state of other data or another seed is left
+        for the check that names it."""
+        if state["seed"] != self.seed or state["num_windows"] != (self.data._num_tokens(self.split) - 1) // \
+                state["seq_len"]:
+            return state
+        tokens_read = state["position"] * state["seq_len"]  # of this epoch, all ranks together
+        position = tokens_read // self.seq_len // self.world_size * self.world_size
+        return {**state, "seq_len": self.seq_len, "num_windows": self.num_windows, "position": position}
 
     def _advance(self, n: int) -> Iterator[tuple[int, int, int]]:
         """Consume n windows of this rank: yields runs (epoch, first global position, windows of this rank)."""

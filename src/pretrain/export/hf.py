@@ -77,9 +77,12 @@ def hf_config(model_cfg, token_ids: dict[str, int] | None = None, dtype: torch.d
                   intermediate_size=m.intermediate_size, num_hidden_layers=m.num_layers,
                   num_attention_heads=m.num_heads, num_key_value_heads=m.num_kv_heads, head_dim=m.head_dim,
                   max_position_embeddings=m.max_seq_len, hidden_act="silu", rms_norm_eps=m.norm_eps,
-                  # transformers 4 reads rope_theta, 5 reads rope_parameters
-                  rope_theta=m.rope_theta, rope_parameters=dict(rope_type="default", rope_theta=m.rope_theta),
+                  # transformers 4 reads rope_theta and rope_scaling (below), 5 rope_parameters
+                  rope_theta=m.rope_theta,
+                  rope_parameters={**(m.rope_scaling or dict(rope_type="default")), "rope_theta": m.rope_theta},
                   attention_dropout=m.dropout, **common)
+    if m.rope_scaling:  # transformers 5 reads it before rope_parameters: the same mapping, the same frequencies
+        config.update(rope_scaling=m.rope_scaling)
     if kind != "llama":
         config.update(use_sliding_window=False, sliding_window=None)
     if kind != "qwen2":

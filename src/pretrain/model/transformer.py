@@ -25,6 +25,7 @@ from torch import nn
 from ..plan.kernels import native_gqa
 from ..plan.params import padded_vocab_size
 from .loss import build_loss
+from .rope import inverse_frequencies
 
 
 class RMSNorm(nn.Module):
@@ -53,11 +54,13 @@ class RMSNorm(nn.Module):
 _HAS_RMS_NORM = hasattr(F, "rms_norm")
 
 
-def rotary_tables(head_dim: int, seq_len: int, theta: float, device=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of position * theta^(-2i/d), shape (seq_len, head_dim / 2), fp32."""
-    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim)
+def rotary_tables(head_dim: int, seq_len: int, theta: float, device=None,
+                  scaling: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of position * theta^(-2i/d), shape (seq_len, head_dim / 2), fp32; with model.rope_scaling
+    the frequencies are stretched and both tables scaled by YaRN's attention factor (model/rope.py)."""
+    inv_freq, attention_factor = inverse_frequencies(head_dim, theta, scaling, device=device)
     angles = torch.outer(torch.arange(seq_len, dtype=torch.float32, device=device), inv_freq)
-    return angles.cos(), angles.sin()
+    return angles.cos() * attention_factor, angles.sin() * attention_factor  # x 1.0 leaves them bitwise as they are
 
 
 def apply_rotary(x, cos, sin):
@@ -265,7 +268,8 @@ class Transformer(nn.Module):
             return None
         if self.rope is None or self.rope[0].shape[0] < seq_len or self.rope[0].device != device:
             cfg = self.config
-            self.rope = rotary_tables(cfg.head_dim, max(seq_len, 1), cfg.rope_theta, device=device)
+            self.rope = rotary_tables(cfg.head_dim, max(seq_len, 1), cfg.rope_theta, device=device,
+                                      scaling=cfg.rope_scaling)
         return self.rope
 
     def embed_tokens(self, tokens):

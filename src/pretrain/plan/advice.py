@@ -11,6 +11,8 @@ Every rule, its threshold and its source is listed in docs/advice.md ("Planner a
   warmup     warm-up outside 0.1-0.5 % of the steps (Zhao et al. 2023, LLM survey)
   mfu        an assumed utilisation outside 0.3-0.55 with no measured profile (PaLM's MFU table, Megatron-LM)
   bandwidth  the step's arithmetic intensity below the card's FLOP/byte ratio (the roofline model)
+  context    windows of >= 32K tokens (mask attention to each document, Llama 3); RoPE's slowest wavelength
+             shorter than the window, or the window beyond what model.rope_scaling stretches RoPE to
 Rules that describe large-scale practice (tokens, batch, lr, warm-up, bandwidth) are silent for models under
 50M parameters (100M for the batch): demo and debug models are small and short on purpose.
 """
@@ -43,6 +45,8 @@ WARMUP_MIN_STEPS = 1000  # shorter runs (smoke tests) warm up over more than a f
 # End-to-end MFU: 21-46 % in PaLM's table 3 (GPT-3, Gopher, MT-NLG, PaLM), 52 % for Megatron-LM at 1T parameters
 # (Narayanan et al. 2021).
 MFU_RANGE = (0.3, 0.55)
+# Windows from this length on are long context: Llama 3 trained at 8K, then extended to 128K in stages (sec. 3.4.2)
+LONG_CONTEXT = 32_768
 
 # GPT-3 (Brown et al. 2020, table 2.1): parameters, batch size in tokens, peak learning rate. The table's
 # "0.5M", "1M", "2M", "3.2M" are 256, 512, 1024 and 1536 sequences of 2048 tokens.
@@ -80,7 +84,7 @@ def loglog(points: list[tuple[float, float]], x: float) -> float:
 def advise(config, plan: dict) -> list[str]:
     """The warnings for a config and its plan; empty when every rule is in range."""
     rules = (_memory, _tokens, _epochs, _batch, _lr, _warmup, _mfu, _bandwidth)
-    return [line for rule in rules for line in rule(config, plan)]
+    return [line for rule in rules for line in rule(config, plan)] + context_advice(config)
 
 
 # --- the rules -----------------------------------------------------------------------------------------
@@ -270,6 +274,37 @@ def _bandwidth(c, p) -> list[str]:
             f"{flops / 1e9:.3g} GFLOP: {flops / moved:.3g} FLOP/byte, below the {spec.name}'s {ratio:.0f} "
             f"({peak:g} TFLOP/s / {spec.bandwidth_gbps:,.0f} GB/s): memory-bandwidth-bound, the assumed "
             f"utilisation is out of reach; {fix}"]
+
+
+def context_advice(c) -> list[str]:
+    """The long-context lines: `pretrain plan` prints them among the advice and `--fit` under its table."""
+    m, s = c.model, c.train.seq_len
+    lines = []
+    if s >= LONG_CONTEXT:
+        lines.append(f"context: windows of {s:,} tokens pack many documents, and every token attends across their "
+                     "boundaries to unrelated text; Llama 3 masks attention to each document and found it important "
+                     "for training on very long sequences (Dubey et al. 2024, sec. 3.2): mask documents "
+                     "(train.document_masking)")
+    if m.family != "llama":
+        return lines
+    scaling = m.rope_scaling or {}
+    factor = scaling.get("factor", 1.0)
+    # The slowest rotary dimension, theta^(-(d-2)/d), turns once per this many positions; the scaling slows it
+    # by its factor (llama3 and yarn both divide the lowest frequencies by it).
+    wavelength = 2 * math.pi * m.rope_theta ** ((m.head_dim - 2) / m.head_dim) * factor
+    if wavelength < s:
+        lines.append(f"rope: RoPE's slowest dimension turns once every {wavelength:,.0f} tokens (2 pi x rope_theta "
+                     f"{m.rope_theta:g}^((d-2)/d){f' x factor {factor:g}' if scaling else ''}), fewer than the "
+                     f"{s:,} of a window: distant positions alias; raise model.rope_theta (Llama 3: 500000, Xiong "
+                     "et al. 2023 raise it for long context) or set model.rope_scaling")
+    # YaRN's factor is the extension itself (transformers warns when it is not max_position_embeddings over the
+    # original); Llama 3.1's is not (factor 8 of 8K, trained to 128K).
+    stretched = factor * scaling.get("original_max_position_embeddings", 0)
+    if scaling.get("rope_type") == "yarn" and s > stretched:
+        lines.append(f"rope: train.seq_len {s:,} is beyond the {stretched:,.0f} positions YaRN stretches RoPE to "
+                     f"(factor {factor:g} x original_max_position_embeddings "
+                     f"{scaling['original_max_position_embeddings']:,}); raise its factor or shorten the windows")
+    return lines
 
 
 # --- does not fit: search for the cheapest change --------------------------------------------------------

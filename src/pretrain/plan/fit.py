@@ -36,6 +36,7 @@ from ..config.schema import RECOMPUTE
 from ..config.trainable import check_trainable
 from ..errors import ConfigError
 from ..units import GiB
+from .advice import context_advice
 from .explain import Explain
 from .flops import flops
 from .hardware import peak_tflops
@@ -118,7 +119,8 @@ def fit(config, top: int = 10) -> dict:
             rejected.append({"overrides": overrides, "why": f"slower: {step['tokens_per_second']:,.0f} tokens/s, "
                              f"{step['tokens_per_second'] / best['tokens_per_second']:.0%} of the fastest; "
                              f"{dominant_cost(step, best)}"})
-    return {"candidates": candidates, "rejected": rejected}
+    advice = context_advice(config)
+    return {"candidates": candidates, "rejected": rejected, **({"advice": advice} if advice else {})}
 
 
 def _search(config, split: dict, offload: str, counts, peak: float, rejected: list) -> list[tuple]:
@@ -220,6 +222,7 @@ def render(config, result: dict, shown: int = 10, command: str = "pretrain plan 
             example = rs[0]["why"].removeprefix(f"{REFUSED}: ").split("; ")[0].removeprefix("slower: ")
             reason = REFUSED if reason.startswith(REFUSED) else reason
             lines.append(f"    {len(rs):>4} x {reason}; e.g. {_short(rs[0]['overrides'])}: {example}")
+    lines += [""] * bool(result.get("advice")) + [f"  ! {line}" for line in result.get("advice", [])]
     if result["candidates"]:
         lines += ["", f"  The fastest, to plan or train: {command} " + command_line(result["candidates"][0]["overrides"]),
                   "  (step-time model: pretrain.plan.step_time; --explain prints its terms for the fastest)"]

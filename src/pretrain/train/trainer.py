@@ -131,8 +131,10 @@ class Trainer:
             raise UsageError(f"run.dir {self.run_dir} already holds checkpoints of another run; continue it with "
                              f"`pretrain train --resume {self.run_dir}` or choose a new run.dir")
         self.resume_from, corrupt = resume.resume_point(self.run_dir) if c.run.resume == "auto" else (None, [])
+        self.stage_change = None  # a resume at another train.seq_len: a stage of context extension
         if self.resume_from is not None:
             resume.check_resume_compatible(self.resume_from, c)
+            self.stage_change = resume.stage_change(self.resume_from, c)
         self.barrier()  # every rank has verified before rank 0 renames anything
         self.history_aside = None
         if rt.is_main and not quiet:
@@ -263,6 +265,8 @@ class Trainer:
             self.log.start_at(st.step)
             self.log.say(f"resumed from {found} (step {st.step:,}, {st.tokens:,} tokens)")
             self.log.event({"event": "resumed", "step": st.step, "tokens": st.tokens, "path": str(found)})
+            if self.stage_change:
+                self.say_stage_change(self.stage_change)
             if self.schedule_change:
                 self.say_schedule_change(self.schedule_change)
             return
@@ -273,6 +277,16 @@ class Trainer:
             self.log.say(f"warning: no complete checkpoint in {self.run_dir}; starting from the beginning")
         if self.config.stability.spike_detection and self.config.run.checkpoint_every:
             self.save()  # step 0: a rollback target before the first regular checkpoint
+
+    def say_stage_change(self, e: dict) -> None:
+        """The new stage's windows, batch and data position (the loader kept its share of the epoch)."""
+        st, data = self.state, self.batches.state_dict()
+        e = {**e, "step": st.step, "tokens": st.tokens, "data_epoch": data.get("epoch"),
+             "data_position": data.get("position")}
+        self.log.say(f"new stage from step {st.step:,}: train.seq_len {e['seq_len_before']:,} -> "
+                     f"{e['seq_len_after']:,}, {e['tokens_per_step_after']:,} tokens per step (was "
+                     f"{e['tokens_per_step_before']:,}); memory planned for the new length")
+        self.log.event(e)
 
     def say_schedule_change(self, e: dict) -> None:
         decayed = (f"; the checkpoint is inside the old decay (from step {e['old_decay_start']:,}): the LR goes "
