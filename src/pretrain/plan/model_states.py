@@ -8,15 +8,8 @@ from __future__ import annotations
 import heapq
 
 from ..gpus import gpu_spec
-from .params import padded_vocab_size, param_shapes
+from .params import numel, padded_vocab_size, param_shapes
 from .stages import chunks_per_stage, param_stages, stage_param_shapes
-
-
-def numel(shape) -> int:
-    n = 1
-    for x in shape:
-        n *= x
-    return n
 
 
 # Tensor parallelism as the trainer splits the model (distributed/tensor_parallel.py): the q/k/v and MLP up (gate
