@@ -213,3 +213,45 @@ def test_fused_rows_cover_every_fused_tensor(preset):
     assert fused and all(sum(rows) == shape[0] for shape, rows in fused.values())
     assert any(".attn.qkv." in name for name in fused)
     assert any(".mlp.up." in name for name in fused) == (m.family == "llama")  # GPT-2's c_fc is one tensor
+
+
+DEEPSEEK_V3 = dict(  # deepseek-ai/DeepSeek-V3's config.json, the fields that size it
+    model_type="deepseek_v3", vocab_size=129280, hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048,
+    num_hidden_layers=61, num_attention_heads=128, num_key_value_heads=128, n_shared_experts=1, n_routed_experts=256,
+    num_experts_per_tok=8, first_k_dense_replace=3, q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128,
+    qk_rope_head_dim=64, v_head_dim=128, n_group=8, topk_group=4, moe_layer_freq=1, scoring_func="sigmoid",
+    rope_scaling={"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096},
+    max_position_embeddings=163840, num_nextn_predict_layers=1, rope_theta=10000, routed_scaling_factor=2.5)
+GPT_OSS_120B = dict(  # openai/gpt-oss-120b's
+    model_type="gpt_oss", vocab_size=201088, hidden_size=2880, intermediate_size=2880, num_hidden_layers=36,
+    num_attention_heads=64, num_key_value_heads=8, head_dim=64, num_local_experts=128, num_experts_per_tok=4,
+    experts_per_token=4, attention_bias=True, sliding_window=128, max_position_embeddings=131072,
+    layer_types=["sliding_attention", "full_attention"] * 18, rope_theta=150000, swiglu_limit=7.0,
+    rope_scaling={"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096})
+GPT_OSS_20B = dict(GPT_OSS_120B, num_hidden_layers=24, num_local_experts=32,
+                   layer_types=["sliding_attention", "full_attention"] * 12)
+
+
+@pytest.mark.parametrize("hf, total, active", [
+    (DEEPSEEK_V3, 671_026_404_352, 37_552_282_624),  # published 671B / 37B (37.6B with the embedding)
+    # OpenAI's 5.1B and 3.6B active leave the input embedding out: our active_no_embedding
+    (GPT_OSS_120B, 116_829_156_672, 5_132_849_472 + 201088 * 2880),
+    (GPT_OSS_20B, 20_914_757_184, 3_608_307_264 + 201088 * 2880),
+], ids=["deepseek-v3", "gpt-oss-120b", "gpt-oss-20b"])
+def test_planner_only_models_match_transformers(tmp_path, hf, total, active):
+    from pretrain.config.trainable import check_trainable
+    from pretrain.errors import ConfigError
+
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    m = _from_json(tmp_path, **hf)
+    counts = count_params(m)
+    assert (counts.total, counts.active) == (total, active)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.from_pretrained(tmp_path))
+    assert sum(p.numel() for p in model.parameters()) == total
+    # The trainer refuses them, in one line naming what is not built, before any data is needed.
+    with pytest.raises(ConfigError, match="not built yet") as refused:
+        check_trainable(load_config(overrides=[f"model.hf_config={tmp_path}"]), needs_data=False)
+    assert "\n" not in str(refused.value)
+    assert ("multi-head latent attention" if hf is DEEPSEEK_V3 else "attention sinks") in str(refused.value)
