@@ -36,6 +36,9 @@ def render(config, p: dict) -> str:
     pa, tok = p["params"], p["tokens"]
     row("Parameters", f"{pa['total']:,}", f"{count(pa['total'])}; embedding {pa['embedding']:,}, "
         f"non-embedding {pa['non_embedding']:,}")
+    if "routed_experts" in pa:  # Mixture-of-Experts (pretrain.plan.params)
+        row("Active parameters", f"{pa['active']:,}", f"{count(pa['active'])} per token: {m.experts_per_token} of "
+            f"{m.num_experts} routed experts; {pa['active_no_embedding']:,} without the embedding")
     row("Training tokens", f"{tok['total']:,}", f"{tok['per_parameter']:.1f} per parameter; "
         f"Chinchilla-optimal {count(tok['chinchilla'])} (20 per parameter)")
     row("Tokens on disk", si_bytes(p["storage_bytes"]), f"{token_dtype(m.vocab_size)} ids")
@@ -56,8 +59,13 @@ def render(config, p: dict) -> str:
     st, fl = p["steps"], p["flops"]
     row("Optimizer steps", f"{st['total']:,}", f"{st['tokens_per_step']:,} tokens per step "
         f"({count(st['tokens_per_step'])}), warm-up {st['warmup']:,}")
-    row("FLOPs per token", f"{fl['per_token']:.3g}", f"6N + attention (PaLM); 6N over all params "
+    row("FLOPs per token", f"{fl['per_token']:.3g}", f"6N + attention (PaLM); 6N over all {'active ' * ('moe' in fl)}params "
         f"{fl['per_token_6n']:.3g}; with recomputation {fl['per_token_hardware']:.3g}")
+    if "moe" in fl:
+        mo = fl["moe"]
+        row("  MoE conventions", f"{mo['per_token_causal_attention']:.3g}", f"active N, causal attention; full "
+            f"square {mo['per_token_full_attention']:.3g} ({mo['full_over_causal']:.2f}x); 6N active "
+            f"{mo['per_token_6n_active']:.3g} (on all params {mo['per_token_6n_total']:.3g}: MFU overstated)")
     row("Training FLOPs", f"{fl['total']:.3g}", f"6N·D = {fl['total_6n']:.3g}")
     tm = p["time"]
     if tm["seconds"]:
