@@ -53,3 +53,55 @@ def test_dense_plans_have_no_moe_figures():
     p = _plan(preset="debug")
     assert "moe" not in p["flops"] and p["params"]["active"] == p["params"]["total"]
     assert "routed_experts" not in p["params"]
+
+
+def test_experts_are_sharded_over_expert_parallel_then_zero():
+    experts = 8 * 2 * 32 * 64 + 8 * 64 * 32  # moe-debug's stacked experts: up (8, 64, 64), down (8, 64, 32)
+    assert experts == 49_152
+    ep2 = _plan("parallel.gpus=2", "parallel.expert=2")["model_states"]
+    assert ep2["parameters"] == 4 * (TOTAL - experts // 2)  # fp32 parameters, half the experts on each rank
+    # ZeRO-3 over 4 ranks: the experts split 4 ways whether EP 2 x ZeRO 2 or ZeRO 4 alone
+    zero3 = [_plan("parallel.gpus=4", "parallel.zero_stage=3", f"parallel.expert={ep}")["model_states"]
+             for ep in (1, 2, 4)]
+    assert zero3[0]["parameters"] == zero3[1]["parameters"] == zero3[2]["parameters"]
+
+
+def test_routed_activations_follow_the_imbalance_only_under_expert_parallelism():
+    def act(*overrides):
+        p = _plan("parallel.gpus=2", "train.micro_batch_size=8", "model.first_dense_layers=0", *overrides)
+        return p["memory_bytes"]["activations"], p["moe"]
+
+    one, moe = act("plan.routing_imbalance=1")
+    assert moe["routed_load"] == 1 and moe["fits_up_to_imbalance"] is None  # no device: nothing to fit
+    assert act("plan.routing_imbalance=3")[0] == one  # every expert on the rank: b*s*k tokens whatever the load
+    balanced, _ = act("parallel.expert=2", "plan.routing_imbalance=1")
+    skewed, moe = act("parallel.expert=2", "plan.routing_imbalance=1.5")
+    assert moe["routed_load"] == 1.5
+    # Per routed token, bf16 (2 bytes): its input and output 2 x 2 x h 64, its SwiGLU 4 x 2 x H_e 32; the busiest
+    # rank computes 0.5 x b*s*k = 0.5 x 8 x 256 x 2 more of them in each of the 2 (now MoE) blocks.
+    routed_token = 2 * 2 * 64 + 4 * 2 * 32
+    assert skewed - balanced == 2 * (8 * 256 * 2 // 2) * routed_token
+
+
+def test_explain_says_at_which_imbalance_the_run_stops_fitting():
+    base = ["parallel.gpus=2", "parallel.expert=2", "train.micro_batch_size=64", "hardware.gpu=h100-sxm"]
+
+    def peak(f):
+        return _plan(*base, f"plan.routing_imbalance={f}")["memory_bytes"]["total"]
+
+    memory_gb = (peak(1.2) + peak(1.4)) / 2 / 0.9 / 1e9  # usable: 90 % of the card, between the two
+    p = _plan(*base, f"hardware.memory_gb={memory_gb}")
+    limit = p["moe"]["fits_up_to_imbalance"]
+    assert 1.2 < limit < 1.4 and p["fits"] is False  # planned at the default 1.72
+    assert _plan(*base, f"hardware.memory_gb={memory_gb}", f"plan.routing_imbalance={limit}")["fits"]
+    assert not _plan(*base, f"hardware.memory_gb={memory_gb}", f"plan.routing_imbalance={limit + 0.01}")["fits"]
+    _, ex = plan_with_explain(load_config(overrides=["model.preset=moe-debug", *base,
+                                                     f"hardware.memory_gb={memory_gb}"]), advice=False)
+    why = next(f for s, n, _, f in ex.lines if (s, n) == ("memory", "fits up to imbalance"))
+    assert why.startswith(f"stops fitting above a routing imbalance of {limit:.3g}")
+
+
+def test_other_frameworks_do_not_model_moe():
+    for framework in ("megatron", "deepspeed", "zero-paper"):
+        fw = _plan(f"plan.framework={framework}")["framework"]
+        assert "memory_bytes" not in fw and fw["not_modelled"].startswith("Mixture-of-Experts is not modelled")

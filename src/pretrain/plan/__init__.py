@@ -108,6 +108,8 @@ def plan_with_explain(config, advice: bool = True) -> tuple[dict, Explain]:
         "hardware": {"gpu": spec.name, "peak_tflops": peak, "peak_source": peak_source,
                      "memory_bytes": mem["fit"]["device_bytes"], "bandwidth_gbps": spec.bandwidth_gbps},
     }
+    if "moe" in mem:  # Mixture-of-Experts: expert parallelism and the routing imbalance the run can take
+        result["moe"] = mem["moe"]
     if budget:
         result["budget"] = budget
     if c.plan.framework != "pretrain":  # the default plan stays as it was, key for key

@@ -98,10 +98,10 @@ def model_state_tensors(cfg, rank: int | None = None, stage: int | None = None) 
     default the heaviest stage's. A rank holds its stage's parameters, each its tensor rank's part (FSDP2
     then shards that part over the data ranks), as the trainer holds them in every layout."""
     m, t, par = cfg.model, cfg.train, cfg.parallel
-    dp = par.data_parallel
-    whole = param_shapes(m)
+    dp, ep = par.data_parallel, par.expert
+    whole = [(n, expert_parallel_shape(n, s, ep)) for n, s in param_shapes(m)]
     stage = (heaviest_stage(cfg) if par.pipeline > 1 else 0) if stage is None else stage
-    shapes = [(n, tensor_parallel_shape(n, s, par.tensor))
+    shapes = [(n, expert_parallel_shape(n, tensor_parallel_shape(n, s, par.tensor), ep))
               for n, s in stage_param_shapes(m, stage, par.pipeline, chunks_per_stage(par))]
     # One block's and the root's tensors as this rank holds them (a stage's list may lack block 0).
     block_shapes = whole if par.pipeline > 1 else shapes
@@ -112,23 +112,22 @@ def model_state_tensors(cfg, rank: int | None = None, stage: int | None = None) 
     zero = par.zero_stage if dp > 1 else 0
     sharded = zero >= 2  # FSDP2 shards parameters, gradients and states
 
-    def local(shape):
-        return _shard_numel(shape, dp) if sharded else numel(shape)
+    def group(name):  # the ranks ZeRO shards a tensor over: an expert's are the dp / ep that hold it
+        return dp // ep if is_expert(name) else dp
 
-    n_params = sum(local(s) for _, s in shapes)  # FSDP pads every rank's chunk to ceil(d0 / dp) rows
-    owned = range(len(shapes))
-    if zero == 1:
-        partition = zero1_partition(shapes, dp, decay_groups(m, shapes))
-        owned = (partition[rank] if rank < len(partition) else []) if rank is not None else max(
-            partition, key=lambda ix: sum(numel(shapes[i][1]) for i in ix))
-    n_states = sum(_state_numel(t.optimizer, _shape_for(shapes[i][1], dp, sharded, rank or 0), t.momentum)
-                   for i in owned)
-    steps = 4 * len(list(owned)) if _has_step(t.optimizer) else 0
+    n_params = sum(_shard_numel(s, group(n)) if sharded else numel(s) for n, s in shapes)  # FSDP pads chunks
+    owned = list(range(len(shapes)))
+    if zero == 1:  # each rank owns its share of the dense tensors (over dp) and of its experts' (over dp / ep)
+        owned = _zero1_owned(m, shapes, dp, ep, rank)
+    n_states = sum(_state_numel(t.optimizer, _shape_for(shapes[i][1], group(shapes[i][0]), sharded, rank or 0),
+                                t.momentum) for i in owned)
+    steps = 4 * len(owned) if _has_step(t.optimizer) else 0
 
-    per_layer = sum(numel(s) for n, s in block_shapes if n.startswith("blocks.0."))
+    per_layer = _heaviest_block(block_shapes)
     root = sum(numel(s) for n, s in block_shapes if not n.startswith("blocks."))
-    # Matmul weights (biases are added, not multiplied: autocast's cast of a bias is not kept).
-    layer_matmul = sum(numel(s) for n, s in block_shapes if n.startswith("blocks.0.") and len(s) == 2)
+    # Matmul weights (biases are added, not multiplied: autocast's cast of a bias is not kept); MoE's stacked
+    # experts are 3-D, each grouped GEMM keeping its cast too.
+    layer_matmul = _heaviest_block(block_shapes, matmul=True)
     # The plain loss's output matmul keeps autocast's copy of its weight; the chunked one casts it per call.
     output_matmul = padded_vocab_size(m) * m.hidden_size if t.loss == "plain" else 0
     compute_bytes = 2 if (mixed or t.precision == "bf16") else 4
@@ -149,6 +148,45 @@ def model_state_tensors(cfg, rank: int | None = None, stage: int | None = None) 
                optimizer_working=_optimizer_working(cfg, shapes, owned, dp, sharded, state_bytes),
                per_layer_params=_block_share(cfg, whole), stage=stage)
     return out
+
+
+def is_expert(name: str) -> bool:
+    """A routed experts' stacked tensor (pretrain.plan.params): split over the expert-parallel group."""
+    return ".mlp.experts." in name
+
+
+def expert_parallel_shape(name: str, shape: tuple, ep: int) -> tuple:
+    """The part of a parameter one expert-parallel rank holds: E / ep of the routed experts, the rest whole."""
+    if ep > 1 and is_expert(name):
+        return (shape[0] // ep,) + tuple(shape[1:])
+    return tuple(shape)
+
+
+def _zero1_owned(m, shapes, dp: int, ep: int, rank: int | None) -> list[int]:
+    """The tensors whose optimizer states one rank keeps under ZeRO-1 (`rank`; None: the largest share). With
+    expert parallelism the experts' tensors are partitioned apart, over the dp / ep ranks that hold the same
+    experts (the largest shares of both parts added: an upper bound)."""
+    owned = []
+    for experts, ranks in ((False, dp), (True, dp // ep)) if ep > 1 else ((None, dp),):
+        ix = [i for i, (n, _) in enumerate(shapes) if experts is None or is_expert(n) == experts]
+        part = [shapes[i] for i in ix]
+        partition = zero1_partition(part, ranks, decay_groups(m, part))
+        r = None if rank is None else rank % ranks
+        mine = (partition[r] if r < len(partition) else []) if r is not None else max(
+            partition, key=lambda own: sum(numel(part[i][1]) for i in own), default=[])
+        owned += [ix[i] for i in mine]
+    return owned
+
+
+def _heaviest_block(shapes, matmul: bool = False) -> int:
+    """Parameters of the largest block in `shapes` (an MoE block or a dense one; all equal in a dense model);
+    `matmul`: its matrices only."""
+    sizes: dict[str, int] = {}
+    for n, s in shapes:
+        if n.startswith("blocks.") and (len(s) >= 2 or not matmul):
+            block = n.split(".")[1]
+            sizes[block] = sizes.get(block, 0) + numel(s)
+    return max(sizes.values(), default=0)
 
 
 def _stage_sizes(cfg) -> list[int]:
@@ -192,8 +230,13 @@ def _shape_for(shape, dp, sharded, rank=0):
 
 def _block_share(cfg, shapes) -> int:
     """Parameters of one block on one tensor rank: the matmuls split t ways, the norms replicated."""
-    per_layer = sum(numel(s) for n, s in shapes if n.startswith("blocks.0."))
-    layer_norms = sum(numel(s) for n, s in shapes if n.startswith("blocks.0.") and "norm" in n)
+    blocks: dict[str, list[int]] = {}  # block -> [parameters, of which norms]
+    for n, s in shapes:
+        if n.startswith("blocks."):
+            sizes = blocks.setdefault(n.split(".")[1], [0, 0])
+            sizes[0] += numel(s)
+            sizes[1] += numel(s) if "norm" in n else 0
+    per_layer, layer_norms = max(blocks.values(), default=[0, 0])
     return (per_layer - layer_norms) // cfg.parallel.tensor + layer_norms
 
 

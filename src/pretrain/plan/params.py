@@ -179,8 +179,9 @@ def _qk_norm_shapes(model) -> list[tuple[str, tuple[int, ...]]]:
 
 def fused_rows(name: str, model) -> list[int] | None:
     """The row blocks a fused parameter stacks, in order: [q, k, v] for `attn.qkv` (weight and bias), [gate,
-    up] for LLaMA's `mlp.up` and an MoE block's `mlp.shared.up`; None for any other parameter. The export splits them into Hugging Face's
-    separate tensors and tensor parallelism hands each rank its share of every block."""
+    up] for LLaMA's `mlp.up` and an MoE block's `mlp.shared.up`; None for any other parameter. The export
+    splits them into Hugging Face's separate tensors and tensor parallelism hands each rank its share of every
+    block."""
     if name.endswith((".attn.qkv.weight", ".attn.qkv.bias")):
         q, kv = model.num_heads * model.head_dim, model.num_kv_heads * model.head_dim
         return [q, kv, kv]

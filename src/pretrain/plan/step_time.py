@@ -190,9 +190,11 @@ def _micro_batch(c, counts, fl: dict, peak: float, ex: Explain) -> dict:
     ex.add("step_time", "weight_read_s", weight_s, f"{reads} reads x {a} bytes x {counts.flops:,} / {shard} = "
            f"{weights:.4g} bytes / {bw_how}")
     native = planned_native_gqa(c)
-    traffic, act = kept_tensor_traffic(m, t, par, native_gqa=native)
+    imbalance = c.plan.routing_imbalance
+    traffic, act = kept_tensor_traffic(m, t, par, native_gqa=native, imbalance=imbalance)
     if t.activation_checkpointing != "none":  # what the recomputation writes again in backward
-        traffic += act["layers"] * (act["per_layer"] - activation_bytes(m, t, par, native_gqa=native)["per_layer"])
+        recomputed = activation_bytes(m, t, par, native_gqa=native, imbalance=imbalance)["per_layer"]
+        traffic += act["layers"] * (act["per_layer"] - recomputed)
     traffic_s = traffic / (hbm * 1e9) if hbm else 0.0
     ex.add("step_time", "activation_traffic_s", traffic_s, f"{traffic:.4g} bytes: those kept for backward written "
            f"and read{', the recomputed ones written again' if t.activation_checkpointing != 'none' else ''} / {bw_how}")

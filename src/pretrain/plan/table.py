@@ -119,9 +119,19 @@ def render(config, p: dict) -> str:
     if mem["compiled"] is not None:  # train.compile is on: the same step with compiled blocks
         lines.append(f"    {'compiled':<14} {mem['compiled'] / GiB:>9.2f}   peak with train.compile: "
                      "blocks' saved tensors as inductor keeps them (measured on CPU)")
+    if "moe" in p:  # Mixture-of-Experts (pretrain.plan.memory): the imbalance the routed tokens are planned at
+        mo = p["moe"]
+        limit = mo["fits_up_to_imbalance"]
+        limit = "" if limit is None else (": does not fit even balanced" if not limit else
+                                          f"; fits up to imbalance {limit:g}")
+        lines.append(f"    {'experts':<14} {mo['experts_per_rank']:>9}   a rank (expert parallel "
+                     f"{mo['expert_parallel']}); routed tokens at plan.routing_imbalance {mo['routing_imbalance']:g}"
+                     f" = load {mo['routed_load']:g}{limit}")
     if mem["host"]:  # offloaded states, or a model.init_from checkpoint being read
         lines.append(f"    {'host per node':<14} {mem['host'] / GiB:>9.2f}   RAM for offloaded states / the import")
-    if "framework" in p:  # plan.framework: another framework's accounting (pretrain.plan.frameworks)
+    if "framework" in p and "not_modelled" in p["framework"]:  # MoE: no dense formula stands in for it
+        lines.append(f"    {'as ' + p['framework']['name']:<14} {'n/a':>9}   not modelled for Mixture-of-Experts")
+    elif "framework" in p:  # plan.framework: another framework's accounting (pretrain.plan.frameworks)
         fw, fm = p["framework"], p["framework"]["memory_bytes"]
         fits = "" if fw["fits"] is None else (": fits" if fw["fits"] else ": does NOT fit")
         lines.append(f"    {'as ' + fw['name']:<14} {fm['total'] / GiB:>9.2f}   model states "
