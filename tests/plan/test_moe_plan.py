@@ -105,3 +105,34 @@ def test_other_frameworks_do_not_model_moe():
     for framework in ("megatron", "deepspeed", "zero-paper"):
         fw = _plan(f"plan.framework={framework}")["framework"]
         assert "memory_bytes" not in fw and fw["not_modelled"].startswith("Mixture-of-Experts is not modelled")
+
+
+def test_step_time_adds_the_all_to_all_and_the_busiest_rank():
+    from pretrain.plan.step_time import links
+
+    base = ["parallel.gpus=16", "hardware.gpu=h100-sxm", "train.seq_len=4096"]
+    one = _plan(*base, preset="qwen3-30b-a3b")["step_time"]
+    assert one["all_to_all_s"] == 0 and one["expert_imbalance_s"] == 0  # every expert on the rank: no load
+    config = load_config(overrides=["model.preset=qwen3-30b-a3b", *base, "parallel.expert=8"])
+    step = make_plan(config)["step_time"]
+    intra, _, _ = links(config)
+    # 48 MoE layers x 4 all-to-alls (dispatch, combine; forward, backward) x load 1.72 x 7/8 of b*s*k*h bf16
+    assert step["all_to_all_s"] == 48 * 4 * 1.72 * 7 / 8 * (2 * 4096 * 8 * 2048) / (intra * 1e9)
+    # the busiest rank runs 0.72 x its routed experts' FLOPs more: 6 x 48 layers x k 8 x 3 x 2048 x 768 a token
+    assert step["expert_imbalance_s"] == 0.72 * (6 * 48 * 8 * 3 * 2048 * 768) * 4096 / (step["achievable_tflops"] * 1e12)
+    assert step["micro_batch_s"] > one["micro_batch_s"]
+
+
+def test_fit_searches_the_expert_parallel_degree():
+    from pretrain.plan.fit import fit, layouts
+
+    config = load_config(overrides=["model.preset=moe-debug", "parallel.gpus=4", "hardware.gpu=h100-sxm"])
+    found, _ = layouts(config)
+    # divisors of gcd(E 8, data parallel): 4 data-parallel ranks take EP 1, 2, 4; 2 (beside TP 2) take 1, 2
+    assert sorted((s["tensor"], s["expert"]) for s in found if s["pipeline"] == 1) == [
+        (1, 1), (1, 2), (1, 4), (2, 1), (2, 2)]
+    result = fit(config, top=3)
+    assert all(c["overrides"]["parallel.expert"] == 1 for c in result["candidates"])
+    # until expert parallelism trains (parallel.expert trains 1), --fit names why EP 2 and 4 lose
+    refused = [r for r in result["rejected"] if r["overrides"].get("parallel.expert", 1) > 1]
+    assert refused and all("parallel.expert" in r["why"] for r in refused)

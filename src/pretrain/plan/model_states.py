@@ -99,10 +99,12 @@ def model_state_tensors(cfg, rank: int | None = None, stage: int | None = None) 
     then shards that part over the data ranks), as the trainer holds them in every layout."""
     m, t, par = cfg.model, cfg.train, cfg.parallel
     dp, ep = par.data_parallel, par.expert
-    whole = [(n, expert_parallel_shape(n, s, ep)) for n, s in param_shapes(m)]
+    whole = param_shapes(m)
     stage = (heaviest_stage(cfg) if par.pipeline > 1 else 0) if stage is None else stage
-    shapes = [(n, expert_parallel_shape(n, tensor_parallel_shape(n, s, par.tensor), ep))
+    shapes = [(n, tensor_parallel_shape(n, s, par.tensor))
               for n, s in stage_param_shapes(m, stage, par.pipeline, chunks_per_stage(par))]
+    if ep > 1:  # each rank holds E / ep of the routed experts
+        whole, shapes = ([(n, expert_parallel_shape(n, s, ep)) for n, s in x] for x in (whole, shapes))
     # One block's and the root's tensors as this rank holds them (a stage's list may lack block 0).
     block_shapes = whole if par.pipeline > 1 else shapes
     mixed = t.precision.endswith("-mixed")
@@ -113,7 +115,7 @@ def model_state_tensors(cfg, rank: int | None = None, stage: int | None = None) 
     sharded = zero >= 2  # FSDP2 shards parameters, gradients and states
 
     def group(name):  # the ranks ZeRO shards a tensor over: an expert's are the dp / ep that hold it
-        return dp // ep if is_expert(name) else dp
+        return dp // ep if ep > 1 and is_expert(name) else dp
 
     n_params = sum(_shard_numel(s, group(n)) if sharded else numel(s) for n, s in shapes)  # FSDP pads chunks
     owned = list(range(len(shapes)))
@@ -123,11 +125,11 @@ def model_state_tensors(cfg, rank: int | None = None, stage: int | None = None) 
                                 t.momentum) for i in owned)
     steps = 4 * len(owned) if _has_step(t.optimizer) else 0
 
-    per_layer = _heaviest_block(block_shapes)
+    per_layer = _heaviest_block(m, block_shapes)
     root = sum(numel(s) for n, s in block_shapes if not n.startswith("blocks."))
     # Matmul weights (biases are added, not multiplied: autocast's cast of a bias is not kept); MoE's stacked
     # experts are 3-D, each grouped GEMM keeping its cast too.
-    layer_matmul = _heaviest_block(block_shapes, matmul=True)
+    layer_matmul = _heaviest_block(m, block_shapes, matmul=True)
     # The plain loss's output matmul keeps autocast's copy of its weight; the chunked one casts it per call.
     output_matmul = padded_vocab_size(m) * m.hidden_size if t.loss == "plain" else 0
     compute_bytes = 2 if (mixed or t.precision == "bf16") else 4
@@ -178,15 +180,16 @@ def _zero1_owned(m, shapes, dp: int, ep: int, rank: int | None) -> list[int]:
     return owned
 
 
-def _heaviest_block(shapes, matmul: bool = False) -> int:
+def _block_kinds(m) -> set[str]:
+    """A block of each kind, by name prefix: the first, and the first MoE block after the dense ones."""
+    return {"blocks.0.", f"blocks.{m.first_dense_layers if m.num_experts else 0}."}
+
+
+def _heaviest_block(m, shapes, matmul: bool = False) -> int:
     """Parameters of the largest block in `shapes` (an MoE block or a dense one; all equal in a dense model);
     `matmul`: its matrices only."""
-    sizes: dict[str, int] = {}
-    for n, s in shapes:
-        if n.startswith("blocks.") and (len(s) >= 2 or not matmul):
-            block = n.split(".")[1]
-            sizes[block] = sizes.get(block, 0) + numel(s)
-    return max(sizes.values(), default=0)
+    return max(sum(numel(s) for n, s in shapes if n.startswith(kind) and (len(s) >= 2 or not matmul))
+               for kind in _block_kinds(m))
 
 
 def _stage_sizes(cfg) -> list[int]:
@@ -230,14 +233,11 @@ def _shape_for(shape, dp, sharded, rank=0):
 
 def _block_share(cfg, shapes) -> int:
     """Parameters of one block on one tensor rank: the matmuls split t ways, the norms replicated."""
-    blocks: dict[str, list[int]] = {}  # block -> [parameters, of which norms]
-    for n, s in shapes:
-        if n.startswith("blocks."):
-            sizes = blocks.setdefault(n.split(".")[1], [0, 0])
-            sizes[0] += numel(s)
-            sizes[1] += numel(s) if "norm" in n else 0
-    per_layer, layer_norms = max(blocks.values(), default=[0, 0])
-    return (per_layer - layer_norms) // cfg.parallel.tensor + layer_norms
+    def share(kind):
+        per_layer = sum(numel(s) for n, s in shapes if n.startswith(kind))
+        layer_norms = sum(numel(s) for n, s in shapes if n.startswith(kind) and "norm" in n)
+        return (per_layer - layer_norms) // cfg.parallel.tensor + layer_norms
+    return max(share(kind) for kind in _block_kinds(cfg.model))
 
 
 def _zero3_gathered(cfg, shapes) -> float:

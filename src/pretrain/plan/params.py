@@ -199,36 +199,30 @@ def param_shapes(model) -> list[tuple[str, tuple[int, ...]]]:
     q_width, kv_width = model.num_heads * model.head_dim, model.num_kv_heads * model.head_dim
     llama = model.family == "llama"
     bias = (not llama) and model.bias
+
+    def norm(prefix):
+        return [(f"{prefix}.weight", (H,))] + ([(f"{prefix}.bias", (H,))] if bias else [])
+
+    def linear(prefix, out_features, in_features, has_bias):
+        return [(f"{prefix}.weight", (out_features, in_features))] + (
+            [(f"{prefix}.bias", (out_features,))] if has_bias else [])
+
+    # One block of each kind, by name suffix, then every block (the planner lists the tensors of 1,000 layers).
+    if llama:
+        attention = [(f".attn.{name}", shape) for name, shape in _attention_shapes(model) + _qk_norm_shapes(model)]
+    else:
+        attention = linear(".attn.qkv", q_width + 2 * kv_width, H, bias) + linear(".attn.proj", H, q_width, bias)
+    dense = norm(".attn_norm") + attention + norm(".mlp_norm") + linear(".mlp.up", 2 * I if llama else I, H, bias) \
+        + linear(".mlp.down", H, I, bias)
+    sparse = norm(".attn_norm") + attention + norm(".mlp_norm") + _moe_shapes(model, ".mlp") if moe_layers(model) \
+        else dense
     shapes: list[tuple[str, tuple[int, ...]]] = [("embed.weight", (V, H))]
     if not llama:
         shapes.append(("pos_embed.weight", (model.max_seq_len, H)))
-
-    def norm(prefix):
-        shapes.append((f"{prefix}.weight", (H,)))
-        if bias:
-            shapes.append((f"{prefix}.bias", (H,)))
-
-    def linear(prefix, out_features, in_features, has_bias):
-        shapes.append((f"{prefix}.weight", (out_features, in_features)))
-        if has_bias:
-            shapes.append((f"{prefix}.bias", (out_features,)))
-
     for i in range(model.num_layers):
         p = f"blocks.{i}"
-        norm(f"{p}.attn_norm")
-        if llama:
-            shapes.extend((f"{p}.attn.{name}", shape) for name, shape in _attention_shapes(model))
-            shapes.extend((f"{p}.attn.{name}", shape) for name, shape in _qk_norm_shapes(model))
-        else:
-            linear(f"{p}.attn.qkv", q_width + 2 * kv_width, H, bias)
-            linear(f"{p}.attn.proj", H, q_width, bias)
-        norm(f"{p}.mlp_norm")
-        if llama and model.num_experts and i >= model.first_dense_layers:
-            shapes.extend(_moe_shapes(model, f"{p}.mlp"))
-            continue
-        linear(f"{p}.mlp.up", 2 * I if llama else I, H, bias)
-        linear(f"{p}.mlp.down", H, I, bias)
-    norm("norm")
+        shapes += [(p + name, shape) for name, shape in (sparse if i >= model.first_dense_layers else dense)]
+    shapes += norm("norm")
     if not model.tie_embeddings:
         shapes.append(("lm_head.weight", (V, H)))
     return shapes
