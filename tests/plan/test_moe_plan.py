@@ -10,7 +10,7 @@ experts of H_e 32, top-2, per-head QK-norm.
 """
 
 from pretrain.config import load_config
-from pretrain.plan import count_params, make_plan, plan_with_explain
+from pretrain.plan import count_params, make_plan, param_shapes, plan_with_explain
 
 TOTAL, ACTIVE, VH = 173_952, 137_088, 512 * 64
 
@@ -136,3 +136,9 @@ def test_fit_searches_the_expert_parallel_degree():
     # until expert parallelism trains (parallel.expert trains 1), --fit names why EP 2 and 4 lose
     refused = [r for r in result["rejected"] if r["overrides"].get("parallel.expert", 1) > 1]
     assert refused and all("parallel.expert" in r["why"] for r in refused)
+
+
+def test_the_checkpoint_holds_every_expert_whatever_the_expert_parallelism():
+    one, ep = (_plan("parallel.gpus=4", f"parallel.expert={e}")["checkpoint_bytes"] for e in (1, 4))
+    tensors = len(param_shapes(load_config(overrides=["model.preset=moe-debug"]).model))
+    assert one == ep == 12 * TOTAL + 4 * tensors  # fp32 weights, m and v of every parameter; a step count a tensor

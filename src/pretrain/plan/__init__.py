@@ -141,7 +141,7 @@ def _unsharded(c) -> dict:
     import dataclasses
 
     single = dataclasses.replace(c, parallel=dataclasses.replace(c.parallel, gpus=1, tensor=1, pipeline=1,
-                                                                   zero_stage=0))
+                                                                   zero_stage=0, expert=1))
     return model_state_tensors(single)
 
 
