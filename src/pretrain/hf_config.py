@@ -74,7 +74,31 @@ FIELDS: dict[str, dict] = {
         "add_cross_attention": Neutral((False,), "pretrain builds decoder-only blocks; set it to false"),
     },
 }
-SUPPORTED = tuple(FIELDS)
+
+# Planner only (`pretrain plan` counts them; config/trainable.py refuses to train them): every field that sizes a
+# parameter or a FLOP is read; how tokens are routed, RoPE scaling, the quantised storage of the published weights
+# and the sliding window of half of gpt-oss's layers change no count (its attention FLOPs are counted over the full
+# sequence in every layer, an upper bound), so they are ignored here rather than refused.
+_PLANNED = _LLAMA_LIKE | dict.fromkeys(("rope_scaling", "quantization_config", "auto_map", "output_router_logits"),
+                                       IGNORED) | dict.fromkeys(("num_experts_per_tok", "router_aux_loss_coef"), READ)
+PLANNED = {
+    # num_nextn_predict_layers: DeepSeek-V3's multi-token-prediction module, which transformers does not build
+    # either (the hub's 685B = 671B + 14B of it)
+    "deepseek_v3": _PLANNED | dict.fromkeys((
+        "moe_intermediate_size", "n_routed_experts", "n_shared_experts", "first_k_dense_replace", "q_lora_rank",
+        "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "qk_head_dim", "scoring_func",
+        "norm_topk_prob"), READ) | dict.fromkeys((
+        "n_group", "topk_group", "routed_scaling_factor", "topk_method", "rope_interleave", "ep_size",
+        "aux_loss_alpha", "seq_aux", "num_nextn_predict_layers", "pretraining_tp"), IGNORED) | {
+        "attention_bias": _BIAS_FREE["attention_bias"],
+        "moe_layer_freq": Neutral((1,), "pretrain plans an MoE layer in every block after first_k_dense_replace"),
+    },
+    # swiglu_alpha, swiglu_limit: gpt-oss's clamped SwiGLU, the same parameters and FLOPs as ours
+    "gpt_oss": _PLANNED | dict.fromkeys(("num_local_experts", "experts_per_token", "attention_bias"), READ)
+    | dict.fromkeys(("sliding_window", "layer_types", "initial_context_length", "swiglu_alpha", "swiglu_limit"),
+                    IGNORED),
+}
+FIELDS.update(PLANNED)
 
 # What a few well-known families build beyond ours, to name in the refusal (other types: their unknown fields).
 UNBUILT = {
@@ -105,13 +129,15 @@ def model_keys(hf: dict, where: str) -> dict:
     kind = kind if isinstance(kind, str) else None
     if kind not in FIELDS:
         what = f"{kind}: {_unbuilt(kind, hf)} are not built" if kind else "no model_type"
-        raise ConfigError(f"{where}: {what}; supported model_type: {', '.join(SUPPORTED)}")
+        raise ConfigError(f"{where}: {what}; supported model_type: {', '.join(k for k in FIELDS if k not in PLANNED)}"
+                          f" (planner only: {', '.join(PLANNED)})")
     refused = [_refusal(name, hf[name], rule) for name, rule in FIELDS[kind].items()
                if isinstance(rule, Neutral) and name in hf and hf[name] not in rule.values]
     if refused:
         raise ConfigError(f"{where}: {kind}: {'; '.join(refused)}")
     try:
-        keys = _gpt2_keys(hf) if kind == "gpt2" else _llama_keys(hf, kind, where)
+        keys = (_gpt2_keys(hf) if kind == "gpt2" else _planned_keys(hf, kind) if kind in PLANNED
+                else _llama_keys(hf, kind, where))
     except KeyError as e:
         raise ConfigError(f"{where} has no {e.args[0]!r}, which a {kind} config.json needs; "
                           "give the model's complete config.json") from None
@@ -167,6 +193,35 @@ def _llama_keys(hf: dict, kind: str, where: str) -> dict:
     if window is not None and window < keys["max_seq_len"]:
         keys["sliding_window"] = window
     return keys
+
+
+def _planned_keys(hf: dict, kind: str) -> dict:
+    """DeepSeek-V3 (MLA, shared and routed experts, dense first blocks) and gpt-oss (attention sinks, biases on
+    attention and experts) as `model:` keys that `pretrain plan` counts exactly as transformers builds them."""
+    rope = hf.get("rope_parameters") if isinstance(hf.get("rope_parameters"), dict) else {}
+    keys = dict(family="llama", vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
+                intermediate_size=hf["intermediate_size"], num_layers=hf["num_hidden_layers"],
+                num_heads=hf["num_attention_heads"],
+                num_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
+                max_seq_len=hf.get("max_position_embeddings", 2048),
+                tie_embeddings=hf.get("tie_word_embeddings", False), norm_eps=hf.get("rms_norm_eps", 1e-6),
+                rope_theta=float(hf.get("rope_theta") or rope.get("rope_theta") or 10000.0),
+                experts_per_token=hf.get("num_experts_per_tok") or hf["experts_per_token"])
+    if "router_aux_loss_coef" in hf:
+        keys["router_aux_loss_coef"] = hf["router_aux_loss_coef"]
+    if kind == "deepseek_v3":  # MLA's heads: no grouped keys/values; head_dim is the query/key head, nope + rope
+        rope_dim = hf["qk_rope_head_dim"]
+        return keys | dict(
+            num_kv_heads=hf["num_attention_heads"], head_dim=hf["qk_nope_head_dim"] + rope_dim,
+            qk_rope_head_dim=rope_dim, v_head_dim=hf["v_head_dim"], kv_lora_rank=hf["kv_lora_rank"],
+            q_lora_rank=hf.get("q_lora_rank") or 0, num_experts=hf["n_routed_experts"],
+            moe_intermediate_size=hf["moe_intermediate_size"], num_shared_experts=hf.get("n_shared_experts") or 0,
+            first_dense_layers=hf.get("first_k_dense_replace", 0), router=hf.get("scoring_func", "sigmoid"),
+            norm_topk_prob=hf.get("norm_topk_prob", True))
+    bias = hf.get("attention_bias", True)
+    return keys | dict(head_dim=hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"],
+                       num_experts=hf["num_local_experts"], moe_intermediate_size=hf["intermediate_size"],
+                       attention_bias=bias, attention_sinks=True, expert_bias=True)
 
 
 def _rope(hf: dict, where: str) -> tuple[float, dict | None]:

@@ -16,6 +16,8 @@ _LLAMA2 = dict(family="llama", vocab_size=32000, max_seq_len=4096, norm_eps=1e-5
 _LLAMA3 = dict(family="llama", vocab_size=128256, norm_eps=1e-5, rope_theta=500000.0)
 _QWEN25 = dict(family="llama", vocab_size=151936, max_seq_len=32768, qkv_bias=True, norm_eps=1e-6,
                rope_theta=1000000.0)
+_QWEN3_MOE = dict(family="llama", vocab_size=151936, head_dim=128, max_seq_len=40960, norm_eps=1e-6,
+                  rope_theta=1000000.0, qk_norm=True, num_experts=128, experts_per_token=8, router_aux_loss_coef=0.001)
 
 
 def _llama3_rope(factor: float) -> dict:
@@ -69,11 +71,28 @@ PRESETS: dict[str, dict] = {
     # A tiny model for tests and CPU smoke runs (torchtitan's "debug model" idea).
     "debug": dict(family="llama", vocab_size=512, hidden_size=64, intermediate_size=176, num_layers=2,
                   num_heads=4, num_kv_heads=2, max_seq_len=256, norm_eps=1e-5),
-    # A tiny Mixture-of-Experts for tests: 8 routed experts, top-2, one shared expert, a dense first block.
+    # Mixture-of-Experts (docs/moe.md), each counted against transformers' class of the same config.json:
+    # Mixtral 8x7B (mistralai/Mixtral-8x7B-v0.1): 8 experts of the dense width, top-2, no shared expert.
+    "mixtral-8x7b": dict(family="llama", vocab_size=32000, hidden_size=4096, intermediate_size=14336,
+                         num_layers=32, num_heads=32, num_kv_heads=8, max_seq_len=32768, norm_eps=1e-5,
+                         rope_theta=1000000.0, num_experts=8, experts_per_token=2, moe_intermediate_size=14336,
+                         router_aux_loss_coef=0.02),
+    # Qwen3 MoE (Qwen/Qwen3-30B-A3B, Qwen/Qwen3-235B-A22B): 128 experts, top-8, per-head QK-norm.
+    "qwen3-30b-a3b": dict(_QWEN3_MOE, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+                          num_layers=48, num_heads=32, num_kv_heads=4),
+    "qwen3-235b-a22b": dict(_QWEN3_MOE, hidden_size=4096, intermediate_size=12288, moe_intermediate_size=1536,
+                            num_layers=94, num_heads=64, num_kv_heads=4),
+    # OLMoE-1B-7B (allenai/OLMoE-1B-7B-0924): 64 experts, top-8 without renormalising, QK-norm over the whole
+    # q and k projections.
+    "olmoe-1b-7b": dict(family="llama", vocab_size=50304, hidden_size=2048, intermediate_size=1024,
+                        moe_intermediate_size=1024, num_layers=16, num_heads=16, max_seq_len=4096, norm_eps=1e-5,
+                        rope_theta=10000.0, num_experts=64, experts_per_token=8, norm_topk_prob=False,
+                        qk_norm=True, qk_norm_over="projection", router_z_loss_coef=0.001),
+    # A tiny Mixture-of-Experts for tests, shaped as transformers' Qwen3MoeForCausalLM builds it (a dense first
+    # block = its mlp_only_layers [0]; Qwen3-MoE has no shared expert): 8 routed experts, top-2, QK-norm.
     "moe-debug": dict(family="llama", vocab_size=512, hidden_size=64, intermediate_size=176, num_layers=2,
                       num_heads=4, num_kv_heads=2, max_seq_len=256, norm_eps=1e-5, num_experts=8,
-                      experts_per_token=2, moe_intermediate_size=32, num_shared_experts=1, first_dense_layers=1,
-                      qk_norm=True),
+                      experts_per_token=2, moe_intermediate_size=32, first_dense_layers=1, qk_norm=True),
 }
 
 

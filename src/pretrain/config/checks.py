@@ -76,6 +76,23 @@ def resolve(c: Config) -> Config:
     return c
 
 
+def _check_experts(c: Config) -> None:
+    """The Mixture-of-Experts keys the planner needs consistent: k of E experts, experts split evenly over the
+    expert-parallel ranks, which are data-parallel ranks, and an imbalance no smaller than perfect balance."""
+    m, p = c.model, c.parallel
+    _positive("parallel.expert", p.expert)
+    if m.num_experts and not 0 < m.experts_per_token <= m.num_experts:
+        raise ConfigError(f"model.experts_per_token: {m.experts_per_token} must be in 1..model.num_experts "
+                          f"{m.num_experts}")
+    if p.expert > 1 and (not m.num_experts or m.num_experts % p.expert or p.data_parallel % p.expert):
+        raise ConfigError(f"parallel.expert: {p.expert} must divide model.num_experts {m.num_experts} and the "
+                          f"data-parallel degree {p.data_parallel} (experts are split over data-parallel ranks); "
+                          "pick a common divisor or 1")
+    if c.plan.routing_imbalance < 1:
+        raise ConfigError(f"plan.routing_imbalance: {c.plan.routing_imbalance} is below 1; the busiest expert "
+                          "carries at least the mean load (1 = perfectly balanced)")
+
+
 def _accumulation(t, p) -> int:
     """grad_accum_steps for train.global_batch_tokens on this layout: the global batch is the user's, fixed;
     what one micro-batch step of every data-parallel rank adds (micro-batch x seq x data ranks) must divide
@@ -185,6 +202,7 @@ def validate(c: Config) -> None:
                           "use at most one stage per layer")
     if p.sequence_parallel and p.tensor == 1:
         raise ConfigError("parallel.sequence_parallel: needs parallel.tensor > 1")
+    _check_experts(c)
     if p.offload == "optimizer+params" and (p.zero_stage != 3 or p.gpus == p.tensor * p.pipeline):
         # Parameters live off the GPU only when ZeRO-3 gathers them per block (DeepSpeed ZeRO-Infinity).
         raise ConfigError("parallel.offload: optimizer+params needs parallel.zero_stage=3 with data parallel > 1 "

@@ -82,6 +82,20 @@ class ModelConfig:
     router_bias_update_rate: float = doc(0.0, "MoE: DeepSeek-V3's auxiliary-loss-free balancing: after each "
                                          "optimizer step every expert's routing bias moves by this towards equal "
                                          "load (0 = off; DeepSeek-V3: 0.001)")
+    qk_norm_over: str = doc("head", "what model.qk_norm normalises: head (each head's query and key, weights of "
+                            "head_dim: Qwen3) | projection (the whole q and k projections, weights of their widths: "
+                            "OLMoE)", ("head", "projection"))
+    kv_lora_rank: int = doc(0, "multi-head latent attention (DeepSeek-V3), planner only: width of the compressed "
+                            "key/value latent; 0 = ordinary attention. head_dim is then the query/key head (nope + "
+                            "rope parts)")
+    q_lora_rank: int = doc(0, "MLA: width of the compressed query latent (0 = a direct query projection)")
+    qk_rope_head_dim: int = doc(0, "MLA: the rotary part of each query/key head, with its key shared by all heads")
+    v_head_dim: int | None = doc(None, "MLA: size of a value head (default head_dim)")
+    attention_bias: bool = doc(False, "biases on q, k, v and the attention output projection (gpt-oss), planner "
+                               "only; model.qkv_bias is q, k, v alone")
+    attention_sinks: bool = doc(False, "a learned sink logit per attention head (gpt-oss), planner only")
+    expert_bias: bool = doc(False, "MoE: biases on the router and on every expert's projections (gpt-oss), "
+                            "planner only")
 
 
 @dataclass(frozen=True)
@@ -139,6 +153,9 @@ class ParallelConfig:
     gpus: int = doc(1, "world size (all GPUs of the job), at most 2^20; data parallel = gpus / (tensor x pipeline)")
     tensor: int = doc(1, "tensor-parallel degree (LLaMA family; docs/parallel.md)")
     pipeline: int = doc(1, "pipeline-parallel degree (docs/parallel.md)")
+    expert: int = doc(1, "expert-parallel degree (MoE): the routed experts are split over groups of this many "
+                      "data-parallel ranks, tokens exchanged by all-to-all; it divides model.num_experts and the "
+                      "data-parallel degree (docs/moe.md)", trains=(1,))
     zero_stage: int = doc(0, "0 (DDP) | 1 (optimizer states sharded) | 2 (+ gradients) | 3 (+ weights, FSDP2)",
                           (0, 1, 2, 3))
     sequence_parallel: bool = doc(False, "shard norm/dropout activations over the tensor-parallel group")
@@ -220,6 +237,10 @@ class PlanConfig:
     framework: str = doc("pretrain", "memory accounting of `pretrain plan`: pretrain (what our trainer holds) | "
                          "megatron | deepspeed | zero-paper (each framework's published formulas, added to the plan "
                          "as `framework`; sources in --explain)", ("pretrain", "megatron", "deepspeed", "zero-paper"))
+    routing_imbalance: float = doc(1.72, "MoE: the busiest expert's tokens over the mean, for the routed tokens' "
+                                   "activations and the expert GEMMs' time; 1.72 = 1 + MaxVio_global 0.72 of the "
+                                   "auxiliary-loss-balanced 1B MoE of Wang et al. 2024 (arXiv 2408.15664, table 2); "
+                                   "1 = perfectly balanced (docs/moe.md)")
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,9 @@ def check_trainable(config, needs_data: bool = True) -> None:
     if t.grad_dtype == "same" and t.precision.endswith("-mixed"):
         raise ConfigError("train.grad_dtype: same (half-precision gradients) is a planning option; autocast keeps "
                           "fp32 gradients: use train.grad_dtype=fp32 or train.precision=bf16")
+    unbuilt = unbuilt_architecture(config.model)
+    if unbuilt:
+        raise ConfigError(unbuilt)
     refused = untrained(config)
     if refused:
         raise ConfigError(refused[0])
@@ -34,6 +37,17 @@ def check_trainable(config, needs_data: bool = True) -> None:
     if needs_data and not (config.data.dir or config.data.mixture):
         raise ConfigError("data.dir: not set; prepare data with `pretrain prepare --out DIR` and set data.dir=DIR "
                           "(or data.mixture for several directories)")
+
+
+def unbuilt_architecture(m) -> str | None:
+    """The refusal of a model the planner counts (DeepSeek-V3, gpt-oss from model.hf_config) but whose blocks the
+    model does not build yet, or None."""
+    what = ("model.kv_lora_rank: multi-head latent attention (DeepSeek-V3)" if m.kv_lora_rank else
+            "model.attention_sinks: attention sinks (gpt-oss)" if m.attention_sinks else
+            "model.attention_bias: an attention output-projection bias (gpt-oss)" if m.attention_bias else
+            "model.expert_bias: router and expert biases (gpt-oss)" if m.expert_bias else None)
+    return what and (f"{what} is not built yet: `pretrain plan` counts this model, `pretrain train` cannot run it; "
+                     "train a Mixtral, Qwen3-MoE or OLMoE shape instead (docs/moe.md)")
 
 
 def check_pipelinable(config) -> None:

@@ -108,6 +108,8 @@ def plan_with_explain(config, advice: bool = True) -> tuple[dict, Explain]:
         "hardware": {"gpu": spec.name, "peak_tflops": peak, "peak_source": peak_source,
                      "memory_bytes": mem["fit"]["device_bytes"], "bandwidth_gbps": spec.bandwidth_gbps},
     }
+    if "moe" in mem:  # Mixture-of-Experts: expert parallelism and the routing imbalance the run can take
+        result["moe"] = mem["moe"]
     if budget:
         result["budget"] = budget
     if c.plan.framework != "pretrain":  # the default plan stays as it was, key for key
@@ -139,7 +141,7 @@ def _unsharded(c) -> dict:
     import dataclasses
 
     single = dataclasses.replace(c, parallel=dataclasses.replace(c.parallel, gpus=1, tensor=1, pipeline=1,
-                                                                   zero_stage=0))
+                                                                   zero_stage=0, expert=1))
     return model_state_tensors(single)
 
 

@@ -27,6 +27,13 @@ and down input; no fp32 normalised x, no residual stream in fp32, no SiLU(gate).
 `train.attention: eager`, not measured compiled, are counted as eager mode keeps them. For Llama-3.2-1B's block
 (bf16-mixed, seq 2048) that is 0.70x the eager bytes without recomputation and 0.77x with selective (0.66x
 and 0.80x with FSDP's bf16 residual stream).
+Mixture-of-Experts blocks keep, instead of the MLP's terms, the router's fp32 probabilities (b*s*E) and its
+top-k weights and expert ids, and per routed token (b*s*k of them) its gathered input, the expert's SwiGLU
+terms at width H_e and its output before the weighted sum; the shared experts keep the MLP's terms at
+num_shared_experts x H_e. With expert parallelism a rank computes the tokens every rank of its group sends to
+its experts: the busiest rank is counted at `plan.routing_imbalance` x the mean (the busiest expert's ratio, an
+upper bound for a rank of several experts). Dropless, one rank holding every expert computes b*s*k routed
+tokens whatever the imbalance. Under torch.compile the MoE terms are counted as eager (not measured compiled).
 Tensor parallelism divides the attention and MLP terms by t; the norm terms are divided only with sequence
 parallelism, as in Korthikanti et al. Pipeline parallelism (1F1B): the first stage holds min(p, m)
 micro-batches of L/p layers in flight.
@@ -37,7 +44,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from .params import padded_vocab_size
+from .params import expert_width, padded_vocab_size
 from .stages import chunk_indices, chunks_in_flight, chunks_per_stage, in_flight as stage_in_flight, stage_layers
 
 COMPUTE_BYTES = {"fp32": 4, "fp16-mixed": 2, "bf16-mixed": 2, "bf16": 2}
@@ -60,7 +67,7 @@ class Term:
 
 
 def layer_terms(m, t, parallel, b: int, recompute: str | None = None, native_gqa: bool = True,
-                compiled: bool = False) -> list[Term]:
+                compiled: bool = False, imbalance: float = 1.0) -> list[Term]:
     """What one transformer block keeps for one micro-batch of b sequences. native_gqa: SDPA takes grouped
     k/v heads itself (pretrain.plan.kernels decides); compiled: the block runs under torch.compile (what
     inductor's min-cut partitioner saves, below)."""
@@ -127,7 +134,9 @@ def layer_terms(m, t, parallel, b: int, recompute: str | None = None, native_gqa
         add("output projection's output", a * bs * h, f"{a} x b*s*h", sharded=False)
 
     # MLP.
-    if compiled:  # SiLU(gate) is remade from gate|up in backward; with selective, the down input too
+    if m.num_experts:
+        _moe_terms(add, m, parallel, bs, a, recompute, imbalance)
+    elif compiled:  # SiLU(gate) is remade from gate|up in backward; with selective, the down input too
         if llama:
             add("gate|up output", a * bs * 2 * I, f"{a} x b*s*2H'")
         else:
@@ -145,6 +154,33 @@ def layer_terms(m, t, parallel, b: int, recompute: str | None = None, native_gqa
     if m.dropout:
         add("residual dropout masks", 2 * bs * h, "2 x b*s*h (bool)", sharded=False)
     return terms
+
+
+def routed_load(m, parallel, imbalance: float) -> float:
+    """The busiest rank's routed tokens over b*s*k: `imbalance` under expert parallelism (at most what the group
+    can send it: ep ranks' tokens, each to min(k, E/ep) of its experts), 1 with every expert on the rank."""
+    ep = parallel.expert
+    if ep == 1:
+        return 1.0
+    return min(imbalance, ep * min(m.experts_per_token, m.num_experts // ep) / m.experts_per_token)
+
+
+def _moe_terms(add, m, parallel, bs: int, a: int, recompute: str, imbalance: float) -> None:
+    """An MoE block's feed-forward terms (module docstring); experts are not split over tensor ranks."""
+    E, k, He, h = m.num_experts, m.experts_per_token, expert_width(m), m.hidden_size
+    load = routed_load(m, parallel, imbalance)
+    tokens = int(bs * k * load)
+    at = f" x load {load:.3g}" if load != 1 else ""
+    add("router fp32 probabilities", 4 * bs * E, f"4 x b*s*E {E}", sharded=False)
+    add("top-k weights and expert ids", 12 * bs * k, f"12 x b*s*k {k}", sharded=False)
+    add("routed tokens: expert inputs and outputs", 2 * a * tokens * h, f"2 x {a} x b*s*k*h{at}", sharded=False)
+    swiglu = 3 if recompute == "selective" else 4  # selective remakes silu(gate) from gate|up
+    add("routed tokens: gate|up output, silu(gate), down input", swiglu * a * tokens * He,
+        f"{swiglu} x {a} x b*s*k*H_e {He}{at}", sharded=False)
+    if m.num_shared_experts:
+        width = m.num_shared_experts * He
+        add("shared experts: gate|up output, silu(gate), down input", swiglu * a * bs * width,
+            f"{swiglu} x {a} x b*s*{width}")
 
 
 def _compiled_norms(add, llama: bool, recompute: str, autocast: bool, a: int, r: int, bs: int, h: int) -> None:
@@ -255,9 +291,11 @@ def _shard(terms: list[Term], tensor: int, sequence_parallel: bool) -> int:
     return sum(x.bytes // tensor if (x.sharded or sequence_parallel) else x.bytes for x in terms)
 
 
-def activation_bytes(m, t, parallel, b: int | None = None, native_gqa: bool = True, compiled: bool = False) -> dict:
+def activation_bytes(m, t, parallel, b: int | None = None, native_gqa: bool = True, compiled: bool = False,
+                     imbalance: float = 1.0) -> dict:
     """Activation bytes per GPU for micro-batch b (default train.micro_batch_size), with the terms; compiled:
-    the blocks run under torch.compile."""
+    the blocks run under torch.compile; imbalance: plan.routing_imbalance (MoE). With dense blocks before the
+    MoE ones, every block is counted as the larger of the two kinds."""
     b = b or t.micro_batch_size
     tp, pp, sp = parallel.tensor, parallel.pipeline, parallel.sequence_parallel
     # 1F1B: stage k holds up to p - k micro-batches of its layers' activations; the stage holding the most
@@ -273,8 +311,12 @@ def activation_bytes(m, t, parallel, b: int | None = None, native_gqa: bool = Tr
                 chunks_in_flight(k, pp, t.grad_accum_steps, v))
 
     layers, in_flight = max((held(k) for k in range(pp)), key=lambda x: x[0] * x[1])
-    per_layer_terms = layer_terms(m, t, parallel, b, native_gqa=native_gqa, compiled=compiled)
-    per_layer = _shard(per_layer_terms, tp, sp)
+    kinds = [m, dataclasses.replace(m, num_experts=0)] if m.num_experts and m.first_dense_layers else [m]
+    options = []
+    for kind in kinds:
+        terms = layer_terms(kind, t, parallel, b, native_gqa=native_gqa, compiled=compiled, imbalance=imbalance)
+        options.append((_shard(terms, tp, sp), terms, kind))
+    per_layer, per_layer_terms, m = max(options, key=lambda option: option[0])
     once = once_terms(m, t, parallel, b)
     once_bytes = _shard(once, tp, sp)
     total = layers * in_flight * per_layer
@@ -282,7 +324,7 @@ def activation_bytes(m, t, parallel, b: int | None = None, native_gqa: bool = Tr
     if t.activation_checkpointing == "full":
         # Backward recomputes one block at a time and holds its tensors until its gradients are done.
         working = _shard(layer_terms(m, t, parallel, b, recompute="none", native_gqa=native_gqa,
-                                     compiled=compiled), tp, sp) - \
+                                     compiled=compiled, imbalance=imbalance), tp, sp) - \
             _overlap(m, t, parallel, b) // (tp if sp else 1)
         total += working
     total += once_bytes
@@ -326,9 +368,11 @@ def eager_elementwise_traffic(m, t, parallel, layers: int, b: int | None = None)
     return int(b * t.seq_len * layers * (3 * per_token + again))
 
 
-def kept_tensor_traffic(m, t, parallel, b: int | None = None, native_gqa: bool = True) -> tuple[float, dict]:
+def kept_tensor_traffic(m, t, parallel, b: int | None = None, native_gqa: bool = True,
+                        imbalance: float = 1.0) -> tuple[float, dict]:
     """Bytes per GPU that the tensors kept for backward move: each written once in forward and read once in
     backward. Recomputed tensors are written and read all the same, so counted as if nothing were recomputed.
     Also returns that count's activation_bytes (its "layers" is the layers on this GPU)."""
-    act = activation_bytes(m, dataclasses.replace(t, activation_checkpointing="none"), parallel, b, native_gqa)
+    act = activation_bytes(m, dataclasses.replace(t, activation_checkpointing="none"), parallel, b, native_gqa,
+                           imbalance=imbalance)
     return 2 * (act["layers"] * act["per_layer"] + act["once"]), act

@@ -229,7 +229,7 @@ def step_intensity(c, p, b: int | None = None) -> tuple[float, float]:
     model_parallel = par.tensor * par.pipeline
     flops = p["flops"]["per_token_hardware"] * b * t.seq_len / model_parallel
     weights = weight_reads(t) * COMPUTE_BYTES[t.precision] * p["params"]["flops"] / model_parallel
-    traffic, _ = kept_tensor_traffic(m, t, par, b, native_gqa=planned_native_gqa(c))
+    traffic, _ = kept_tensor_traffic(m, t, par, b, native_gqa=planned_native_gqa(c), imbalance=c.plan.routing_imbalance)
     return flops, weights + traffic
 
 

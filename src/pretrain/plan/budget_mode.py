@@ -117,10 +117,9 @@ def _shape(h: int, layers: int, vocab_size: int, max_seq_len: int) -> dict:
 
 
 def _count(keys: dict):
-    from types import SimpleNamespace
+    from ..config.schema import ModelConfig
 
-    m = SimpleNamespace(qkv_bias=False, qk_norm=False, bias=False, pad_vocab_to=1, **keys)
-    return count_params(m)
+    return count_params(ModelConfig(**keys))  # every other key at its default: a dense LLaMA block
 
 
 def gpu_seconds(cfg) -> tuple[float, str]:

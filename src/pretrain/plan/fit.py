@@ -7,6 +7,7 @@ The search, with the global batch (sequences per optimizer step) held fixed:
   ZeRO        0-3 (0 only when d = 1); sequence parallelism on whenever t > 1 (same traffic, less memory);
   recompute   none, selective, full;
   micro-batch b  a divisor of the d-rank's sequences, accumulation = sequences / (d x b);
+  expert ep   MoE only: divides the experts and d (the experts split over ep data-parallel ranks);
   offload     optimizer (any stage), optimizer+params (ZeRO-3): searched only when nothing fits without it,
               as crossing PCIe every step is always slower than a layout that fits on the GPUs.
 Trained: every layout passes the trainer's own check (config/trainable.py: check_trainable, what `pretrain
@@ -75,7 +76,12 @@ def layouts(c) -> tuple[list[dict], list[dict]]:
                 refused.append({"overrides": split, "why": f"the global batch of {sequences} sequences does not "
                                 f"divide over data parallel {dp}"})
                 continue
-            found.append({"tensor": tp, "pipeline": pp, "data": dp, "per_rank": sequences // dp})
+            layout = {"tensor": tp, "pipeline": pp, "data": dp, "per_rank": sequences // dp}
+            if not m.num_experts:
+                found.append(layout)
+                continue
+            # MoE: the experts split over ep of the data-parallel ranks, ep dividing both
+            found += [dict(layout, expert=ep) for ep in _divisors(math.gcd(m.num_experts, dp))]
     return found, refused
 
 
@@ -128,6 +134,8 @@ def _search(config, split: dict, offload: str, counts, peak: float, rejected: li
     dp, per_rank = split["data"], split["per_rank"]
     shared = {"parallel.tensor": split["tensor"], "parallel.pipeline": split["pipeline"],
               "parallel.sequence_parallel": split["tensor"] > 1, "parallel.offload": offload}
+    if "expert" in split:  # MoE: the expert-parallel degree is searched with the split
+        shared["parallel.expert"] = split["expert"]
     stages = [3, 2, 1, 0] if dp > 1 else [0]
     if offload == "optimizer+params":  # parameters live on the host only under ZeRO-3 (config.validate)
         stages = [3] if dp > 1 else []
@@ -205,7 +213,8 @@ def render(config, result: dict, shown: int = 10, command: str = "pretrain plan 
         lines.append(f"  {i:>2}  {mb:<13} {o['train.activation_checkpointing']:<9} {o['parallel.zero_stage']:>4} "
                      f"{o['parallel.tensor']:>3} {o['parallel.pipeline']:>3} {dp:>4} {o['parallel.offload']:<16} "
                      f"{cand['memory_bytes']['total'] / GiB:>10.1f} {cand['tokens_per_s']:>11,.0f} "
-                     f"{cand['mfu']:>6.3f} {cand['step_time_s']:>8.3g}")
+                     f"{cand['mfu']:>6.3f} {cand['step_time_s']:>8.3g}"
+                     + (f"  EP {o['parallel.expert']}" if "parallel.expert" in o else ""))
     if not result["candidates"]:
         lines.append("  (none fits, or none is one `pretrain train` runs: see below)")
     reasons: dict[str, list] = {}
@@ -232,5 +241,5 @@ def render(config, result: dict, shown: int = 10, command: str = "pretrain plan 
 def _short(overrides: dict) -> str:
     keys = {"parallel.tensor": "TP", "parallel.pipeline": "PP", "parallel.zero_stage": "ZeRO",
             "train.activation_checkpointing": "recompute", "train.micro_batch_size": "micro",
-            "parallel.offload": "offload"}
+            "parallel.offload": "offload", "parallel.expert": "EP"}
     return " ".join(f"{short} {overrides[k]}" for k, short in keys.items() if k in overrides)

@@ -7,6 +7,13 @@ second term is attention's QK^T and AV (forward 4*L*H*seq, backward twice that).
 seq x seq square; `flops.causal_attention: true` halves it, as causal kernels only compute the lower half.
 GPT-3 and Chinchilla count 6 * N * D with N = all parameters (`per_token_6n`).
 
+Mixture-of-Experts: N and the 6N count are the ACTIVE parameters (pretrain.plan.params: the router, the shared
+experts and k of the E routed experts per token), as MFU must be: a token never runs the other experts (prime-rl
+#778 computed it on total parameters). The plan states MoE per-token FLOPs under each convention in use, with and
+without causal halving (`flops.moe`), because their ratio moves an MoE run's MFU the most: its attention is a
+large share of the little compute per token. Multi-head latent attention has query/key heads of head_dim and
+value heads of v_head_dim, so its attention term is 6 * L * n_heads * (head_dim + v_head_dim) * seq.
+
 Hardware FLOPs add what recomputation does again (Korthikanti et al. 2022). The papers' full recomputation
 repeats the whole forward (8 * N * D, kept as `per_token_hardware_6n`). Ours checkpoints each block, so what
 runs again is every block's forward but the output layer's, and torch's checkpoint stops re-running a block
@@ -19,34 +26,39 @@ agrees with these counts (tests/plan/test_flops_vs_measured.py).
 from __future__ import annotations
 
 from .explain import Explain
+from .params import expert_width, moe_layers
 
 
 def flops(cfg, counts, tokens: int, ex: Explain) -> dict:
     m, t = cfg.model, cfg.train
     N = counts.flops
-    attention = 12 * m.num_layers * m.num_heads * m.head_dim * t.seq_len
+    v_dim = m.v_head_dim or m.head_dim
+    full_attention = 6 * m.num_layers * m.num_heads * (m.head_dim + v_dim) * t.seq_len
     causal = cfg.flops.causal_attention
-    if causal:
-        attention //= 2
-    ex.add("flops", "attention_per_token", attention,
-           f"12 x L {m.num_layers} x heads {m.num_heads} x head_dim {m.head_dim} x seq {t.seq_len}"
+    attention = full_attention // 2 if causal else full_attention
+    heads = (f"6 x L {m.num_layers} x heads {m.num_heads} x (head_dim {m.head_dim} + v_head_dim {v_dim})"
+             if v_dim != m.head_dim else f"12 x L {m.num_layers} x heads {m.num_heads} x head_dim {m.head_dim}")
+    ex.add("flops", "attention_per_token", attention, f"{heads} x seq {t.seq_len}"
            + (" / 2 (causal)" if causal else " (PaLM: full square)"))
     per_token = 6 * N + attention
+    active = " active" if counts.inactive else ""
     ex.add("flops", "per_token", per_token,
-           f"6 x N {N:,} (all but the input-embedding lookup) + attention {attention:,}")
-    per_token_6n = 6 * counts.total
-    ex.add("flops", "per_token_6n", per_token_6n, f"6 x all parameters {counts.total:,} (GPT-3 / Chinchilla)")
+           f"6 x N {N:,} (all{active} but the input-embedding lookup) + attention {attention:,}")
+    per_token_6n = 6 * counts.active
+    ex.add("flops", "per_token_6n", per_token_6n, f"6 x all{active} parameters {counts.active:,} (GPT-3 / "
+           "Chinchilla)" + (f"; over all {counts.total:,} it would be {6 * counts.total:.4g}" if active else ""))
 
     # What recomputation adds: full re-runs each block's forward (a third of its FLOPs) but the last matmul.
     recompute = t.activation_checkpointing
     extra = extra_6n = 0
     if recompute == "full":
-        skipped = 0 if m.dropout else m.num_layers * m.intermediate_size * m.hidden_size
-        extra = 2 * (m.num_layers * counts.per_layer - skipped) + attention // 3
-        extra_6n = 2 * counts.total
+        skipped = 0 if m.dropout else _down_projections(m)
+        extra = 2 * (counts.active_blocks - skipped) + attention // 3
+        extra_6n = 2 * counts.active
+        blocks = (f"L {m.num_layers} x per-layer {counts.per_layer:,}" if not counts.inactive
+                  else f"the blocks' active parameters {counts.active_blocks:,}")
         ex.add("flops", "recomputed_per_token", extra,
-               f"2 x (L {m.num_layers} x per-layer {counts.per_layer:,} - down projections {skipped:,}, "
-               f"not re-run) + attention forward {attention // 3:,}")
+               f"2 x ({blocks} - down projections {skipped:,}, not re-run) + attention forward {attention // 3:,}")
     per_token_hw = per_token + extra
     ex.add("flops", "per_token_hardware", per_token_hw,
            f"per_token + recomputed forward {extra:,} ({recompute} recomputation)")
@@ -67,10 +79,37 @@ def flops(cfg, counts, tokens: int, ex: Explain) -> dict:
                     "hardware: + recomputed forward (blocks but their down projections; 6n: 8 N D with full "
                     "recomputation)"),
     )
+    if counts.inactive:
+        out["moe"] = _moe_conventions(counts, full_attention, ex)
     ex.add("flops", "total", out["total"], f"per_token {per_token:,} x tokens {tokens:,}")
-    ex.add("flops", "total_6n", out["total_6n"], f"6 x {counts.total:,} x {tokens:,}")
+    ex.add("flops", "total_6n", out["total_6n"], f"6 x {counts.active:,} x {tokens:,}")
     if recompute == "full":
-        ex.add("flops", "total_hardware_6n", out["total_hardware_6n"], f"8 x {counts.total:,} x {tokens:,}")
+        ex.add("flops", "total_hardware_6n", out["total_hardware_6n"], f"8 x {counts.active:,} x {tokens:,}")
+    return out
+
+
+def _down_projections(m) -> int:
+    """Down-projection weights a token runs per pass: each dense block's, and in an MoE block those of its k
+    routed and its shared experts."""
+    sparse = moe_layers(m)
+    experts = m.experts_per_token + m.num_shared_experts
+    return (m.num_layers - sparse) * m.intermediate_size * m.hidden_size + sparse * experts * expert_width(m) * \
+        m.hidden_size
+
+
+def _moe_conventions(counts, full_attention: int, ex: Explain) -> dict:
+    """An MoE token's FLOPs under each convention in use: ours (6 x active non-embedding N + attention) with the
+    attention square full (PaLM, torchtitan) or halved (causal kernels), and 6N over the active parameters
+    (GPT-3, Chinchilla) or, the mistake to avoid, over all of them. MFU scales with the one chosen."""
+    N = counts.flops
+    out = dict(per_token_full_attention=6 * N + full_attention, per_token_causal_attention=6 * N + full_attention // 2,
+               per_token_6n_active=6 * counts.active, per_token_6n_total=6 * counts.total)
+    out["full_over_causal"] = out["per_token_full_attention"] / out["per_token_causal_attention"]
+    ex.add("flops", "moe conventions", out["full_over_causal"],
+           f"6N + attention full {out['per_token_full_attention']:,} / causal {out['per_token_causal_attention']:,}; "
+           f"6N over active {out['per_token_6n_active']:,}, over total {out['per_token_6n_total']:,} "
+           f"({out['per_token_6n_total'] / out['per_token_6n_active']:.3g}x: MFU on total parameters overstates "
+           "an MoE run by this)")
     return out
 
 

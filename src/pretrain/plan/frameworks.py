@@ -200,10 +200,18 @@ def framework_states(name: str, psi: int, dp: int, stage: int, offload: str = "n
     return dict(weights=int(weights), gradients=int(grads), optimizer=int(optimizer), host=int(host), formula=formula)
 
 
+MOE_NOT_MODELLED = ("Mixture-of-Experts is not modelled in this framework's published accounting (Megatron's "
+                    "theoretical memory ignores MoE activations, Megatron-LM #1784; DeepSpeed's and the ZeRO "
+                    "paper's estimators are dense): see the plan's own memory_bytes")
+
+
 def framework_memory(cfg, ex: Explain) -> dict:
     """The plan's "framework" entry: {"name", "memory_bytes": {...}, "fits", "sources"}."""
     name = cfg.plan.framework
     ex.add("framework", "name", name, SOURCES[name])
+    if cfg.model.num_experts:  # their published formulas are dense: a number from them would be wrong
+        ex.add("framework", "not modelled", name, MOE_NOT_MODELLED)
+        return {"name": name, "not_modelled": MOE_NOT_MODELLED, "sources": [SOURCES[name]]}
     states = model_states(cfg, ex)
     act = activations(cfg, ex)
     on_gpu = gpu_spec(cfg.hardware.gpu).name != "cpu"

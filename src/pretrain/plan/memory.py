@@ -31,9 +31,11 @@ what torch.compile saves (plan/activations.py); `total`, the larger, still judge
 
 from __future__ import annotations
 
+import dataclasses
+
 from ..config import compile_enabled
 from ..gpus import gpu_spec
-from .activations import activation_bytes
+from .activations import activation_bytes, routed_load
 from .kernels import planned_native_gqa
 from ..units import gib
 from .explain import Explain
@@ -83,7 +85,7 @@ def memory(cfg, counts, ex: Explain) -> dict:
                + (f" / model parallel {mp} (tensor {par.tensor} x pipeline {par.pipeline})" if mp > 1 else "")
                + f", stage {zero} sharding over {dp}; ours above counts what autocast/FSDP really hold")
 
-    act = activation_bytes(m, t, par, native_gqa=planned_native_gqa(cfg))
+    act = activation_bytes(m, t, par, native_gqa=planned_native_gqa(cfg), imbalance=cfg.plan.routing_imbalance)
     per_layer_formula = " + ".join(x.formula for x in act["layer_terms"])
     ex.add("memory", "activations per layer", gib(act["per_layer"]),
            f"{per_layer_formula} with b={t.micro_batch_size}, s={t.seq_len}, h={m.hidden_size}, "
@@ -142,7 +144,44 @@ def memory(cfg, counts, ex: Explain) -> dict:
         ex.add("memory", "max_micro_batch_size", fit["max_micro_batch_size"],
                "largest train.micro_batch_size whose peak phase fits")
     tensors = {k: st[k] for k in ("parameters", "gradients", "optimizer_states", "working_copies")}
-    return dict(memory_bytes=result, model_states=tensors, fit=fit, activation_detail=act)
+    out = dict(memory_bytes=result, model_states=tensors, fit=fit, activation_detail=act)
+    if m.num_experts:
+        out["moe"] = _moe_fit(cfg, st, fit["usable_bytes"], ex)
+    return out
+
+
+def _moe_fit(cfg, st, usable: int | None, ex: Explain) -> dict:
+    """The MoE figures of the memory plan: the busiest rank's routed load, and the routing imbalance up to which
+    the step still fits (bisected over plan.routing_imbalance: each phase grows with it, linearly)."""
+    m, par, f = cfg.model, cfg.parallel, cfg.plan.routing_imbalance
+    load = routed_load(m, par, f)
+    ex.add("memory", "routed load", load, f"the busiest rank's routed tokens / b*s*k: " + (
+        f"plan.routing_imbalance {f} (expert parallel {par.expert}: {m.num_experts // par.expert} experts a rank)"
+        if par.expert > 1 else "1: every expert on the rank computes the b*s*k routed tokens, whatever the imbalance"))
+    out = dict(expert_parallel=par.expert, experts_per_rank=m.num_experts // par.expert, routing_imbalance=f,
+               routed_load=load, fits_up_to_imbalance=None)
+    if usable is None or par.expert == 1:
+        return out
+    ceiling = routed_load(m, par, float("inf"))  # the group's every token on this rank's experts
+
+    def fits(imbalance: float) -> bool:
+        c = dataclasses.replace(cfg, plan=dataclasses.replace(cfg.plan, routing_imbalance=imbalance))
+        return max(sum(n for _, n in parts) for parts in step_phases(c, st, cfg.train.micro_batch_size).values()) \
+            <= usable
+
+    if not fits(1.0):
+        limit, why = 0.0, "does not fit even with perfectly balanced routing"
+    elif fits(ceiling):
+        limit, why = ceiling, f"fits even at {ceiling:g}, every token of the group on this rank's experts"
+    else:
+        lo, hi = 1.0, ceiling
+        while hi - lo > 1e-3:
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+        limit, why = round(lo, 3), f"stops fitting above a routing imbalance of {lo:.3g} (planned at {f})"
+    out["fits_up_to_imbalance"] = limit
+    ex.add("memory", "fits up to imbalance", limit, why)
+    return out
 
 
 # Expandable segments grow in place in 2 MiB pages instead of a new segment being cut for each new largest size
@@ -164,7 +203,8 @@ def _compiled_peak(cfg, st, ex: Explain) -> tuple[int | None, str | None]:
         ex.add("memory", "compiled", "eager", "train.compile resolves to eager for this device")
         return None, None
     t, par = cfg.train, cfg.parallel
-    act = activation_bytes(cfg.model, t, par, native_gqa=planned_native_gqa(cfg), compiled=True)
+    act = activation_bytes(cfg.model, t, par, native_gqa=planned_native_gqa(cfg), compiled=True,
+                           imbalance=cfg.plan.routing_imbalance)
     ex.add("memory", "activations per layer, compiled", gib(act["per_layer"]),
            " + ".join(x.formula for x in act["layer_terms"]) + (f", / tensor {par.tensor}" if par.tensor > 1 else ""))
     totals = {name: sum(n for _, n in parts)

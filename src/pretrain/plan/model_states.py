@@ -8,15 +8,8 @@ from __future__ import annotations
 import heapq
 
 from ..gpus import gpu_spec
-from .params import padded_vocab_size, param_shapes
+from .params import numel, padded_vocab_size, param_shapes
 from .stages import chunks_per_stage, param_stages, stage_param_shapes
-
-
-def numel(shape) -> int:
-    n = 1
-    for x in shape:
-        n *= x
-    return n
 
 
 # Tensor parallelism as the trainer splits the model (distributed/tensor_parallel.py): the q/k/v and MLP up (gate
@@ -105,11 +98,13 @@ def model_state_tensors(cfg, rank: int | None = None, stage: int | None = None) 
     default the heaviest stage's. A rank holds its stage's parameters, each its tensor rank's part (FSDP2
     then shards that part over the data ranks), as the trainer holds them in every layout."""
     m, t, par = cfg.model, cfg.train, cfg.parallel
-    dp = par.data_parallel
+    dp, ep = par.data_parallel, par.expert
     whole = param_shapes(m)
     stage = (heaviest_stage(cfg) if par.pipeline > 1 else 0) if stage is None else stage
     shapes = [(n, tensor_parallel_shape(n, s, par.tensor))
               for n, s in stage_param_shapes(m, stage, par.pipeline, chunks_per_stage(par))]
+    if ep > 1:  # each rank holds E / ep of the routed experts
+        whole, shapes = ([(n, expert_parallel_shape(n, s, ep)) for n, s in x] for x in (whole, shapes))
     # One block's and the root's tensors as this rank holds them (a stage's list may lack block 0).
     block_shapes = whole if par.pipeline > 1 else shapes
     mixed = t.precision.endswith("-mixed")
@@ -119,23 +114,22 @@ def model_state_tensors(cfg, rank: int | None = None, stage: int | None = None) 
     zero = par.zero_stage if dp > 1 else 0
     sharded = zero >= 2  # FSDP2 shards parameters, gradients and states
 
-    def local(shape):
-        return _shard_numel(shape, dp) if sharded else numel(shape)
+    def group(name):  # the ranks ZeRO shards a tensor over: an expert's are the dp / ep that hold it
+        return dp // ep if ep > 1 and is_expert(name) else dp
 
-    n_params = sum(local(s) for _, s in shapes)  # FSDP pads every rank's chunk to ceil(d0 / dp) rows
-    owned = range(len(shapes))
-    if zero == 1:
-        partition = zero1_partition(shapes, dp, decay_groups(m, shapes))
-        owned = (partition[rank] if rank < len(partition) else []) if rank is not None else max(
-            partition, key=lambda ix: sum(numel(shapes[i][1]) for i in ix))
-    n_states = sum(_state_numel(t.optimizer, _shape_for(shapes[i][1], dp, sharded, rank or 0), t.momentum)
-                   for i in owned)
-    steps = 4 * len(list(owned)) if _has_step(t.optimizer) else 0
+    n_params = sum(_shard_numel(s, group(n)) if sharded else numel(s) for n, s in shapes)  # FSDP pads chunks
+    owned = list(range(len(shapes)))
+    if zero == 1:  # each rank owns its share of the dense tensors (over dp) and of its experts' (over dp / ep)
+        owned = _zero1_owned(m, shapes, dp, ep, rank)
+    n_states = sum(_state_numel(t.optimizer, _shape_for(shapes[i][1], group(shapes[i][0]), sharded, rank or 0),
+                                t.momentum) for i in owned)
+    steps = 4 * len(owned) if _has_step(t.optimizer) else 0
 
-    per_layer = sum(numel(s) for n, s in block_shapes if n.startswith("blocks.0."))
+    per_layer = _heaviest_block(m, block_shapes)
     root = sum(numel(s) for n, s in block_shapes if not n.startswith("blocks."))
-    # Matmul weights (biases are added, not multiplied: autocast's cast of a bias is not kept).
-    layer_matmul = sum(numel(s) for n, s in block_shapes if n.startswith("blocks.0.") and len(s) == 2)
+    # Matmul weights (biases are added, not multiplied: autocast's cast of a bias is not kept); MoE's stacked
+    # experts are 3-D, each grouped GEMM keeping its cast too.
+    layer_matmul = _heaviest_block(m, block_shapes, matmul=True)
     # The plain loss's output matmul keeps autocast's copy of its weight; the chunked one casts it per call.
     output_matmul = padded_vocab_size(m) * m.hidden_size if t.loss == "plain" else 0
     compute_bytes = 2 if (mixed or t.precision == "bf16") else 4
@@ -156,6 +150,46 @@ def model_state_tensors(cfg, rank: int | None = None, stage: int | None = None) 
                optimizer_working=_optimizer_working(cfg, shapes, owned, dp, sharded, state_bytes),
                per_layer_params=_block_share(cfg, whole), stage=stage)
     return out
+
+
+def is_expert(name: str) -> bool:
+    """A routed experts' stacked tensor (pretrain.plan.params): split over the expert-parallel group."""
+    return ".mlp.experts." in name
+
+
+def expert_parallel_shape(name: str, shape: tuple, ep: int) -> tuple:
+    """The part of a parameter one expert-parallel rank holds: E / ep of the routed experts, the rest whole."""
+    if ep > 1 and is_expert(name):
+        return (shape[0] // ep,) + tuple(shape[1:])
+    return tuple(shape)
+
+
+def _zero1_owned(m, shapes, dp: int, ep: int, rank: int | None) -> list[int]:
+    """The tensors whose optimizer states one rank keeps under ZeRO-1 (`rank`; None: the largest share). With
+    expert parallelism the experts' tensors are partitioned apart, over the dp / ep ranks that hold the same
+    experts (the largest shares of both parts added: an upper bound)."""
+    owned = []
+    for experts, ranks in ((False, dp), (True, dp // ep)) if ep > 1 else ((None, dp),):
+        ix = [i for i, (n, _) in enumerate(shapes) if experts is None or is_expert(n) == experts]
+        part = [shapes[i] for i in ix]
+        partition = zero1_partition(part, ranks, decay_groups(m, part))
+        r = None if rank is None else rank % ranks
+        mine = (partition[r] if r < len(partition) else []) if r is not None else max(
+            partition, key=lambda own: sum(numel(part[i][1]) for i in own), default=[])
+        owned += [ix[i] for i in mine]
+    return owned
+
+
+def _block_kinds(m) -> set[str]:
+    """A block of each kind, by name prefix: the first, and the first MoE block after the dense ones."""
+    return {"blocks.0.", f"blocks.{m.first_dense_layers if m.num_experts else 0}."}
+
+
+def _heaviest_block(m, shapes, matmul: bool = False) -> int:
+    """Parameters of the largest block in `shapes` (an MoE block or a dense one; all equal in a dense model);
+    `matmul`: its matrices only."""
+    return max(sum(numel(s) for n, s in shapes if n.startswith(kind) and (len(s) >= 2 or not matmul))
+               for kind in _block_kinds(m))
 
 
 def _stage_sizes(cfg) -> list[int]:
@@ -199,9 +233,11 @@ def _shape_for(shape, dp, sharded, rank=0):
 
 def _block_share(cfg, shapes) -> int:
     """Parameters of one block on one tensor rank: the matmuls split t ways, the norms replicated."""
-    per_layer = sum(numel(s) for n, s in shapes if n.startswith("blocks.0."))
-    layer_norms = sum(numel(s) for n, s in shapes if n.startswith("blocks.0.") and "norm" in n)
-    return (per_layer - layer_norms) // cfg.parallel.tensor + layer_norms
+    def share(kind):
+        per_layer = sum(numel(s) for n, s in shapes if n.startswith(kind))
+        layer_norms = sum(numel(s) for n, s in shapes if n.startswith(kind) and "norm" in n)
+        return (per_layer - layer_norms) // cfg.parallel.tensor + layer_norms
+    return max(share(kind) for kind in _block_kinds(cfg.model))
 
 
 def _zero3_gathered(cfg, shapes) -> float:

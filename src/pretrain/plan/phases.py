@@ -84,10 +84,8 @@ def _unsharded_gradients(cfg, block_and_root: bool = False) -> int:
     the last micro-batch's backward are not yet reduce-scattered when that block, the last to run, does its
     backward."""
     shapes = param_shapes(cfg.model)
-    n = sum(numel(s) for _, s in shapes)
-    if block_and_root:
-        per_layer = sum(numel(s) for name, s in shapes if name.startswith("blocks.0."))
-        n -= (cfg.model.num_layers - 1) * per_layer
+    n = sum(numel(s) for name, s in shapes
+            if not block_and_root or not name.startswith("blocks.") or name.startswith("blocks.0."))
     if cfg.parallel.tensor * cfg.parallel.pipeline > 1:
         n = int(n * stage_share(cfg))
     return (2 if cfg.train.precision == "bf16" else 4) * n
@@ -131,7 +129,8 @@ def _recomputed(cfg, act: dict, b: int, compiled: bool) -> int:
     par = cfg.parallel
 
     def kept(mode):
-        return _shard(layer_terms(cfg.model, t, par, b, recompute=mode, native_gqa=gqa, compiled=compiled),
+        return _shard(layer_terms(cfg.model, t, par, b, recompute=mode, native_gqa=gqa, compiled=compiled,
+                                  imbalance=cfg.plan.routing_imbalance),
                       par.tensor, par.sequence_parallel)
     return kept("none") - kept("selective")
 
@@ -155,7 +154,8 @@ def step_phases(cfg, st, b: int, compiled: bool = False) -> dict[str, list[tuple
     dp = par.data_parallel
     mixed = t.precision.endswith("-mixed")
     params, optimizer, _ = resident(cfg, st)
-    act = activation_bytes(cfg.model, t, par, b, native_gqa=planned_native_gqa(cfg), compiled=compiled)
+    act = activation_bytes(cfg.model, t, par, b, native_gqa=planned_native_gqa(cfg), compiled=compiled,
+                           imbalance=cfg.plan.routing_imbalance)
     always = [("parameters", params),
                 (f"{t.optimizer} states" + (" + fp32 master weights" if mixed else ""), optimizer)]
     if dp > 1 and par.zero_stage <= 1:

@@ -33,6 +33,8 @@ One micro-batch on one GPU (a tensor rank of a pipeline stage) takes
            forward); sequence parallelism replaces each all-reduce by an all-gather + reduce-scatter of the
            same volume (Korthikanti et al. 2022, section 4.2.2). A ring moves 2 (t-1)/t x bytes per GPU. Not
            overlapped with compute.
+  MoE      the expert-parallel all-to-alls and the busiest rank's extra routed tokens (pretrain.plan.
+           expert_parallel); all of the rank's experts' weights are read.
 The step is the pipeline's (1F1B, Narayanan et al. 2021): (m + p - 1) micro-batch slots for m micro-batches
 (bubble (p-1) / (m+p-1)), each slot also sending the b*s*h activations forward and their gradients back
 (point-to-point), then the data-parallel communication left exposed, then the optimizer:
@@ -68,6 +70,7 @@ import math
 from ..config import compile_enabled
 from ..gpus import gpu_spec
 from .activations import COMPUTE_BYTES, activation_bytes, eager_elementwise_traffic, kept_tensor_traffic, weight_reads
+from .expert_parallel import moe_seconds, rank_params, weight_params
 from .explain import Explain
 from .flops import mfu
 from .kernels import planned_native_gqa
@@ -191,14 +194,17 @@ def _micro_batch(c, counts, fl: dict, peak: float, ex: Explain) -> dict:
 
     bw_how = f"{spec.bandwidth_gbps:g} GB/s x {BANDWIDTH_EFFICIENCY}" if hbm else "no HBM figure: not modelled"
     reads = weight_reads(t)
-    weights = reads * a * counts.flops / shard
+    read = weight_params(c, counts)
+    weights = reads * a * read / shard
     weight_s = weights / (hbm * 1e9) if hbm else 0.0
-    ex.add("step_time", "weight_read_s", weight_s, f"{reads} reads x {a} bytes x {counts.flops:,} / {shard} = "
+    ex.add("step_time", "weight_read_s", weight_s, f"{reads} reads x {a} bytes x {read:,} / {shard} = "
            f"{weights:.4g} bytes / {bw_how}")
     native = planned_native_gqa(c)
-    traffic, act = kept_tensor_traffic(m, t, par, native_gqa=native)
+    imbalance = c.plan.routing_imbalance
+    traffic, act = kept_tensor_traffic(m, t, par, native_gqa=native, imbalance=imbalance)
     if t.activation_checkpointing != "none":  # what the recomputation writes again in backward
-        traffic += act["layers"] * (act["per_layer"] - activation_bytes(m, t, par, native_gqa=native)["per_layer"])
+        recomputed = activation_bytes(m, t, par, native_gqa=native, imbalance=imbalance)["per_layer"]
+        traffic += act["layers"] * (act["per_layer"] - recomputed)
     kept_how = (f"{traffic:.4g} bytes: those kept for backward written and read"
                 + (", the recomputed ones written again" if t.activation_checkpointing != "none" else ""))
     if not compile_enabled(t.compile, "cpu" if not on_gpu else "cuda"):  # eager: every elementwise op a kernel
@@ -210,7 +216,7 @@ def _micro_batch(c, counts, fl: dict, peak: float, ex: Explain) -> dict:
     traffic_s = traffic / (hbm * 1e9) if hbm else 0.0
     ex.add("step_time", "activation_traffic_s", traffic_s, f"{kept_how} / {bw_how}")
 
-    intra, _, link_how = links(c)
+    intra, inter, link_how = links(c)
     layers = act["layers"]
     collectives = 6 if full else 4
     tp_bytes = a * tokens * m.hidden_size
@@ -223,15 +229,17 @@ def _micro_batch(c, counts, fl: dict, peak: float, ex: Explain) -> dict:
     overhead_s = (layers * per_layer + KERNELS_OUTSIDE) * KERNEL_OVERHEAD_S
     ex.add("step_time", "kernel_overhead_s", overhead_s, f"({layers} layers x {per_layer} + {KERNELS_OUTSIDE}) "
            f"kernels x {KERNEL_OVERHEAD_S * 1e6:g} us (eager PyTorch's dispatch and launch)")
-    compute_s = matmul_s + attention_s
-    micro_s = max(compute_s, weight_s) + operand_s + traffic_s + tp_s + overhead_s
+    moe = moe_seconds(c, tokens, rate, intra, inter, link_how, ex) if m.num_experts else {}
+    compute_s = matmul_s + attention_s + moe.get("expert_imbalance_s", 0.0)
+    micro_s = max(compute_s, weight_s) + operand_s + traffic_s + tp_s + overhead_s + moe.get("all_to_all_s", 0.0)
     bound = "compute" if compute_s >= weight_s else "memory"
     ex.add("step_time", "micro_batch_s", micro_s, f"max(compute {compute_s:.4g}, weight reads {weight_s:.4g}) + "
-           f"GEMM operands {operand_s:.4g} + activation traffic {traffic_s:.4g} + TP {tp_s:.4g} + kernel overhead {overhead_s:.4g}: "
+           f"GEMM operands {operand_s:.4g} + activation traffic {traffic_s:.4g} + TP {tp_s:.4g} + kernel overhead {overhead_s:.4g}"
+           + (f" + all-to-all {moe['all_to_all_s']:.4g}" if moe else "") + ": "
            + ("compute-bound" if bound == "compute" else "memory-bound (the weights' reads set the floor)"))
     return {"achievable_tflops": rate, "micro_batch_s": micro_s, "matmul_s": matmul_s, "attention_s": attention_s,
             "weight_read_s": weight_s, "gemm_operand_s": operand_s, "activation_traffic_s": traffic_s, "tensor_parallel_s": tp_s,
-            "kernel_overhead_s": overhead_s, "bound": bound}
+            "kernel_overhead_s": overhead_s, "bound": bound, **moe}
 
 
 def _pipeline(c, micro_s: float, ex: Explain) -> dict:
@@ -280,7 +288,7 @@ def _data_parallel(c, counts, step: dict, ex: Explain) -> dict:
     # NCCL_CROSS_NIC describes the rail-aligned rings).
     k = min(dp, max(1, par.gpus_per_node // tp))
     link, where = (intra, "NVLink") if inside else (min(intra, k * inter), f"network, {k} NICs per node")
-    params = counts.total / (tp * pp)  # on one GPU before ZeRO's sharding (a stage's share, taken as even)
+    params = rank_params(c, counts) / (tp * pp)  # on one GPU before ZeRO (a stage's share, taken as even)
     grad_b, param_b = _bytes_per_value(t)
     a, micro = COMPUTE_BYTES[t.precision], t.grad_accum_steps
     after_s = hidden_gather_s = 0.0
@@ -328,7 +336,7 @@ def _optimizer_step(c, counts, ex: Explain) -> dict:
     t, par = c.train, c.parallel
     shard = par.tensor * par.pipeline
     dp = par.gpus // shard
-    params = counts.total / shard
+    params = rank_params(c, counts) / shard
     owned = params / (dp if dp > 1 and par.zero_stage >= 1 else 1)
     grad_b, param_b = _bytes_per_value(t)
     states = {"adamw": 2, "sgd": 1 if t.momentum else 0, "adafactor": 0}[t.optimizer]
@@ -361,6 +369,7 @@ def _costs(step: dict) -> dict:
     compute = step["matmul_s"] + step["attention_s"]
     return {
         "TP all-reduce dominates": step["tensor_parallel_s"] * slots,
+        "expert all-to-all": step.get("all_to_all_s", 0.0) * slots,
         "pipeline bubble": step["pipeline_bubble"] * step["forward_backward_s"],
         "pipeline point-to-point": step["pipeline_p2p_s"] * slots,
         "data-parallel communication": step["data_parallel_exposed_s"],

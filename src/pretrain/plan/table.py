@@ -36,6 +36,9 @@ def render(config, p: dict) -> str:
     pa, tok = p["params"], p["tokens"]
     row("Parameters", f"{pa['total']:,}", f"{count(pa['total'])}; embedding {pa['embedding']:,}, "
         f"non-embedding {pa['non_embedding']:,}")
+    if "routed_experts" in pa:  # Mixture-of-Experts (pretrain.plan.params)
+        row("Active parameters", f"{pa['active']:,}", f"{count(pa['active'])} per token: {m.experts_per_token} of "
+            f"{m.num_experts} routed experts; {pa['active_no_embedding']:,} without the embedding")
     row("Training tokens", f"{tok['total']:,}", f"{tok['per_parameter']:.1f} per parameter; "
         f"Chinchilla-optimal {count(tok['chinchilla'])} (20 per parameter)")
     row("Tokens on disk", si_bytes(p["storage_bytes"]), f"{token_dtype(m.vocab_size)} ids")
@@ -56,8 +59,13 @@ def render(config, p: dict) -> str:
     st, fl = p["steps"], p["flops"]
     row("Optimizer steps", f"{st['total']:,}", f"{st['tokens_per_step']:,} tokens per step "
         f"({count(st['tokens_per_step'])}), warm-up {st['warmup']:,}")
-    row("FLOPs per token", f"{fl['per_token']:.3g}", f"6N + attention (PaLM); 6N over all params "
+    row("FLOPs per token", f"{fl['per_token']:.3g}", f"6N + attention (PaLM); 6N over all {'active ' * ('moe' in fl)}params "
         f"{fl['per_token_6n']:.3g}; with recomputation {fl['per_token_hardware']:.3g}")
+    if "moe" in fl:
+        mo = fl["moe"]
+        row("  MoE conventions", f"{mo['per_token_causal_attention']:.3g}", f"active N, causal attention; full "
+            f"square {mo['per_token_full_attention']:.3g} ({mo['full_over_causal']:.2f}x); 6N active "
+            f"{mo['per_token_6n_active']:.3g} (on all params {mo['per_token_6n_total']:.3g}: MFU overstated)")
     row("Training FLOPs", f"{fl['total']:.3g}", f"6N·D = {fl['total_6n']:.3g}")
     tm = p["time"]
     if tm["seconds"]:
@@ -111,9 +119,19 @@ def render(config, p: dict) -> str:
     if mem["compiled"] is not None:  # train.compile is on: the same step with compiled blocks
         lines.append(f"    {'compiled':<14} {mem['compiled'] / GiB:>9.2f}   peak with train.compile: "
                      "blocks' saved tensors as inductor keeps them (measured on CPU)")
+    if "moe" in p:  # Mixture-of-Experts (pretrain.plan.memory): the imbalance the routed tokens are planned at
+        mo = p["moe"]
+        limit = mo["fits_up_to_imbalance"]
+        limit = "" if limit is None else (": does not fit even balanced" if not limit else
+                                          f"; fits up to imbalance {limit:g}")
+        lines.append(f"    {'experts':<14} {mo['experts_per_rank']:>9}   a rank (expert parallel "
+                     f"{mo['expert_parallel']}); routed tokens at plan.routing_imbalance {mo['routing_imbalance']:g}"
+                     f" = load {mo['routed_load']:g}{limit}")
     if mem["host"]:  # offloaded states, or a model.init_from checkpoint being read
         lines.append(f"    {'host per node':<14} {mem['host'] / GiB:>9.2f}   RAM for offloaded states / the import")
-    if "framework" in p:  # plan.framework: another framework's accounting (pretrain.plan.frameworks)
+    if "framework" in p and "not_modelled" in p["framework"]:  # MoE: no dense formula stands in for it
+        lines.append(f"    {'as ' + p['framework']['name']:<14} {'n/a':>9}   not modelled for Mixture-of-Experts")
+    elif "framework" in p:  # plan.framework: another framework's accounting (pretrain.plan.frameworks)
         fw, fm = p["framework"], p["framework"]["memory_bytes"]
         fits = "" if fw["fits"] is None else (": fits" if fw["fits"] else ": does NOT fit")
         lines.append(f"    {'as ' + fw['name']:<14} {fm['total'] / GiB:>9.2f}   model states "
