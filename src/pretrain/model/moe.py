@@ -73,7 +73,7 @@ def _swiglu(h):
 class MoE(nn.Module):
     """The routed feed-forward of one block (see the module docstring). After a training forward,
     `router_loss` holds this micro-batch's aux + z losses (a graph tensor the model adds to its loss), and
-    the step's statistics accumulate in `expert_counts`, `aux_sum`, `z_sum` until `end_step`."""
+    the step's statistics accumulate in `step_sums` until `end_step`."""
 
     def __init__(self, cfg, shared: nn.Module | None = None):
         super().__init__()
@@ -85,16 +85,16 @@ class MoE(nn.Module):
         self.experts = Experts(cfg.num_experts, cfg.hidden_size, width)
         self.shared = shared  # the shared experts' SwiGLU (the block builds it: a dense MLP of their width)
         self.register_buffer("expert_bias", torch.zeros(cfg.num_experts))  # persistent: in every checkpoint
-        self.register_buffer("expert_counts", torch.zeros(cfg.num_experts), persistent=False)
-        self.register_buffer("aux_sum", torch.zeros(()), persistent=False)
-        self.register_buffer("z_sum", torch.zeros(()), persistent=False)
         self.router_loss: torch.Tensor | None = None
+        # The step's sums so far: tokens per expert, aux loss, z-loss. Not a buffer: DDP would overwrite each
+        # rank's with rank 0's at every forward (it broadcasts buffers).
+        self.step_sums: torch.Tensor | None = None
 
     @torch.no_grad()
     def reset_buffers(self) -> None:
-        """Zero routing biases and statistics (a model materialised from the meta device has garbage there)."""
-        for buffer in (self.expert_bias, self.expert_counts, self.aux_sum, self.z_sum):
-            buffer.zero_()
+        """Zero routing biases (a model materialised from the meta device has garbage there)."""
+        self.expert_bias.zero_()
+        self.step_sums = None
 
     def forward(self, x):
         shape = x.shape
@@ -127,10 +127,8 @@ class MoE(nn.Module):
         aux = self.num_experts * (share * mean_score).sum()
         z = logits.logsumexp(-1).square().mean()
         self.router_loss = self.aux_coef * aux + self.z_coef * z
-        with torch.no_grad():
-            self.expert_counts += counts
-            self.aux_sum += aux
-            self.z_sum += z
+        sums = torch.cat([counts.float(), aux.detach()[None], z.detach()[None]])
+        self.step_sums = sums if self.step_sums is None else self.step_sums + sums
 
 
 def moe_layers(model) -> list[MoE]:
@@ -154,7 +152,7 @@ def end_step(model, micro_batches: int, update: bool = True) -> dict:
     layers, rate = moe_layers(model), model.config.router_bias_update_rate
     if not layers:
         return {}
-    stats = torch.stack([torch.cat([m.expert_counts, m.aux_sum[None], m.z_sum[None]]) for m in layers])
+    stats = torch.stack([m.step_sums for m in layers])
     if torch.distributed.is_initialized():
         torch.distributed.all_reduce(stats)
         stats[:, -2:] /= torch.distributed.get_world_size()
@@ -163,9 +161,7 @@ def end_step(model, micro_batches: int, update: bool = True) -> dict:
     for m, c, avg in zip(layers, counts, mean):
         if rate and update:
             m.expert_bias += rate * torch.sign(avg - c)
-        m.expert_counts.zero_()
-        m.aux_sum.zero_()
-        m.z_sum.zero_()
+        m.step_sums = None
     load = (counts.max(-1).values / mean.squeeze(-1)).tolist()
     return {"moe/aux_loss": aux.mean().item(), "moe/z_loss": z.mean().item(), "moe/load_max_over_mean": max(load),
             "moe/load_max_over_mean_per_layer": [round(v, 4) for v in load], "moe/dropped_fraction": 0.0}
