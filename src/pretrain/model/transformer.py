@@ -82,9 +82,12 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(cfg.hidden_size, q_width + 2 * kv_width, bias=cfg.bias if gpt2 else cfg.qkv_bias)
         self.proj = nn.Linear(q_width, cfg.hidden_size, bias=cfg.bias if gpt2 else False)
         self.rotary = not gpt2
-        # Qwen3's QK-norm: one RMSNorm weight of head_dim, shared by every query head (and one by every key head)
-        self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else None
-        self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else None
+        # Qwen3's QK-norm: one RMSNorm weight of head_dim, shared by every query head (and one by every key head);
+        # OLMoE's (qk_norm_over: projection): one over the whole q projection and one over the whole k
+        self.whole_qk_norm = cfg.qk_norm_over == "projection"
+        q_norm_width, k_norm_width = (q_width, kv_width) if self.whole_qk_norm else (cfg.head_dim, cfg.head_dim)
+        self.q_norm = RMSNorm(q_norm_width, cfg.norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(k_norm_width, cfg.norm_eps) if cfg.qk_norm else None
         self.attention = attention
         self.dropout = cfg.dropout
         self.native_gqa: bool | None = None  # None: decided per call; the trainer fixes it before compiling
@@ -99,10 +102,12 @@ class Attention(nn.Module):
         kv_heads = width // ((group + 2) * self.head_dim)
         heads = group * kv_heads
         q, k, v = qkv.split([heads * self.head_dim, kv_heads * self.head_dim, kv_heads * self.head_dim], dim=-1)
+        if self.q_norm is not None and self.whole_qk_norm:  # over the projection (transformers' OlmoeAttention)
+            q, k = self.q_norm(q), self.k_norm(k)
         q = q.view(b, s, heads, self.head_dim)
         k = k.view(b, s, kv_heads, self.head_dim)
         v = v.view(b, s, kv_heads, self.head_dim)
-        if self.q_norm is not None:  # over each head's vector, before the rotation (transformers' Qwen3Attention)
+        if self.q_norm is not None and not self.whole_qk_norm:  # over each head's vector, before the rotation (transformers' Qwen3Attention)
             q, k = self.q_norm(q), self.k_norm(k)
         if self.rotary:
             cos, sin = (t[:s, None, :].to(q.dtype) for t in rope)
