@@ -107,7 +107,8 @@ class Attention(nn.Module):
         q = q.view(b, s, heads, self.head_dim)
         k = k.view(b, s, kv_heads, self.head_dim)
         v = v.view(b, s, kv_heads, self.head_dim)
-        if self.q_norm is not None and not self.whole_qk_norm:  # over each head's vector, before the rotation (transformers' Qwen3Attention)
+        if self.q_norm is not None and not self.whole_qk_norm:
+            # over each head's vector, before the rotation (transformers' Qwen3Attention)
             q, k = self.q_norm(q), self.k_norm(k)
         if self.rotary:
             cos, sin = (t[:s, None, :].to(q.dtype) for t in rope)
