@@ -162,6 +162,7 @@ def end_step(model, micro_batches: int, update: bool = True) -> dict:
         if rate and update:
             m.expert_bias += rate * torch.sign(avg - c)
         m.step_sums = None
-    load = (counts.max(-1).values / mean.squeeze(-1)).tolist()
-    return {"moe/aux_loss": aux.mean().item(), "moe/z_loss": z.mean().item(), "moe/load_max_over_mean": max(load),
+    load = counts.max(-1).values / mean.squeeze(-1)
+    aux, z, *load = torch.cat([aux.mean()[None], z.mean()[None], load]).tolist()  # one copy to the host
+    return {"moe/aux_loss": aux, "moe/z_loss": z, "moe/load_max_over_mean": max(load),
             "moe/load_max_over_mean_per_layer": [round(v, 4) for v in load], "moe/dropped_fraction": 0.0}
