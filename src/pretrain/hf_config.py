@@ -74,6 +74,23 @@ FIELDS: dict[str, dict] = {
         "add_cross_attention": Neutral((False,), "pretrain builds decoder-only blocks; set it to false"),
     },
 }
+# Mixture-of-Experts families (the keys of docs/moe.md). Their routers' options are read; a router's training
+# noise (Mixtral's jitter) and the router-logit outputs are training choices, ignored like dropout.
+_MOE = {"num_experts_per_tok": READ, "norm_topk_prob": READ, "router_aux_loss_coef": READ,
+        "output_router_logits": IGNORED}
+FIELDS |= {
+    "mixtral": FIELDS["mistral"] | _MOE | {"num_local_experts": READ, "router_jitter_noise": IGNORED},
+    "qwen3_moe": FIELDS["qwen3"] | _MOE | {
+        "num_experts": READ, "num_local_experts": READ, "moe_intermediate_size": READ, "mlp_only_layers": READ,
+        "decoder_sparse_step": Neutral((1,), "pretrain's MoE blocks are every block after the dense ones "
+                                             "(model.first_dense_layers); use decoder_sparse_step 1"),
+    },
+    "olmoe": _LLAMA_LIKE | _MOE | {
+        "num_experts": READ, "attention_bias": _BIAS_FREE["attention_bias"],
+        "clip_qkv": Neutral((None,), "pretrain does not clamp q, k, v; use a config without clip_qkv"),
+    },
+}
+
 
 # Planner only (`pretrain plan` counts them; config/trainable.py refuses to train them): every field that sizes a
 # parameter or a FLOP is read; how tokens are routed, RoPE scaling, the quantised storage of the published weights
@@ -107,9 +124,7 @@ UNBUILT = {
               "(hidden_activation), pre/post-feedforward norms, embeddings scaled by sqrt(hidden_size)",
     "gemma3": "GeGLU MLP (hidden_activation), QK-norm with (1 + weight), pre/post-feedforward norms, "
               "local/global rope_parameters, embeddings scaled by sqrt(hidden_size)",
-    "mixtral": "mixture-of-experts MLP (num_local_experts, num_experts_per_tok)",
     "qwen2_moe": "mixture-of-experts MLP (num_experts, shared_expert_intermediate_size)",
-    "qwen3_moe": "mixture-of-experts MLP (num_experts, num_experts_per_tok, moe_intermediate_size)",
     "phi3": "fused qkv_proj / gate_up_proj naming, partial rotary, rope_scaling (longrope)",
     "gpt_neox": "parallel attention and MLP (use_parallel_residual), partial rotary (rotary_pct), LayerNorm",
 }
@@ -185,13 +200,39 @@ def _llama_keys(hf: dict, kind: str, where: str) -> dict:
                 num_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
                 max_seq_len=hf.get("max_position_embeddings", 2048),
                 tie_embeddings=hf.get("tie_word_embeddings", False), qkv_bias=kind == "qwen2",
-                qk_norm=kind == "qwen3", norm_eps=hf.get("rms_norm_eps", 1e-6))
+                qk_norm=kind in ("qwen3", "qwen3_moe"), norm_eps=hf.get("rms_norm_eps", 1e-6))
     keys["rope_theta"], keys["rope_scaling"] = _rope(hf, where)
     if hf.get("head_dim"):
         keys["head_dim"] = hf["head_dim"]
     window = _window(hf, kind, layers, where)
     if window is not None and window < keys["max_seq_len"]:
         keys["sliding_window"] = window
+    if kind in ("mixtral", "qwen3_moe", "olmoe"):
+        keys.update(_moe_keys(hf, kind, where))
+    return keys
+
+
+def _moe_keys(hf: dict, kind: str, where: str) -> dict:
+    """The Mixture-of-Experts keys of a Mixtral, Qwen3-MoE or OLMoE config.json. None has shared experts or a
+    routing bias; all route with a softmax. Mixtral always renormalises the top-k weights. transformers' aux
+    loss is E * sum_i (tokens routed to i / tokens) * P_i, k times ours (whose f_i divides by the k routed
+    pairs per token, as Switch and Megatron): its coefficient is multiplied by k to give the same gradient."""
+    experts = hf.get("num_local_experts") if kind == "mixtral" else hf.get("num_experts", hf.get("num_local_experts"))
+    if experts is None:
+        raise KeyError("num_local_experts" if kind == "mixtral" else "num_experts")
+    k = hf["num_experts_per_tok"]
+    keys = dict(num_experts=experts, experts_per_token=k, router="softmax",
+                norm_topk_prob=True if kind == "mixtral" else bool(hf.get("norm_topk_prob", False)),
+                router_aux_loss_coef=k * hf.get("router_aux_loss_coef", 0.001 if kind != "olmoe" else 0.01))
+    if kind == "qwen3_moe":
+        keys["moe_intermediate_size"] = hf["moe_intermediate_size"]
+        dense = sorted(hf.get("mlp_only_layers") or [])
+        if dense != list(range(len(dense))):
+            raise ConfigError(f"{where}: mlp_only_layers {dense} is not built: pretrain's dense blocks are the "
+                              "first ones (model.first_dense_layers); use a config whose dense layers come first")
+        keys["first_dense_layers"] = len(dense)
+    if kind == "olmoe":
+        keys.update(qk_norm=True, qk_norm_over="projection")  # OLMoE norms the whole q and k projections
     return keys
 
 
@@ -248,7 +289,7 @@ def _window(hf: dict, kind: str, layers: int, where: str) -> int | None:
     layer_types names (by default those from max_window_layers on), as transformers builds them."""
     window = hf.get("sliding_window")
     types = hf.get("layer_types")
-    if kind == "mistral":
+    if kind in ("mistral", "mixtral"):
         slides = True
     elif isinstance(types, list):
         other = sorted({str(t) for t in types} - {"full_attention", "sliding_attention"})

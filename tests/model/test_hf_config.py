@@ -13,7 +13,8 @@ from pretrain.plan.params import count_params
 transformers = pytest.importorskip("transformers")
 
 CLASSES = {"llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config",
-           "gpt2": "GPT2Config", "deepseek_v3": "DeepseekV3Config", "gpt_oss": "GptOssConfig"}
+           "gpt2": "GPT2Config", "mixtral": "MixtralConfig", "qwen3_moe": "Qwen3MoeConfig", "olmoe": "OlmoeConfig",
+           "deepseek_v3": "DeepseekV3Config", "gpt_oss": "GptOssConfig"}
 LLAMA_SHAPE = dict(vocab_size=1000, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
 
@@ -88,8 +89,8 @@ def test_other_families_are_refused_naming_what_is_missing(tmp_path):
     message = _refusal(tmp_path, **gemma2)
     assert message.startswith(f"model.hf_config: {tmp_path / 'config.json'}: gemma2: attn_logit_softcapping, "
                               "final_logit_softcapping")
-    assert message.endswith("are not built; supported model_type: llama, mistral, qwen2, qwen3, gpt2 "
-                            "(planner only: deepseek_v3, gpt_oss)")
+    assert message.endswith("are not built; supported model_type: llama, mistral, qwen2, qwen3, gpt2, mixtral, "
+                            "qwen3_moe, olmoe (planner only: deepseek_v3, gpt_oss)")
     # A family not in the list: its fields that no supported family has
     message = _refusal(tmp_path, model_type="falcon", **LLAMA_SHAPE, parallel_attn=True, alibi=False)
     assert "falcon: parallel_attn are not built" in message

@@ -51,6 +51,9 @@ class ModelConfig:
     qkv_bias: bool = doc(False, "biases on the q, k, v projections (Qwen2 style)")
     qk_norm: bool = doc(False, "llama family: RMSNorm over each head's query and key before RoPE, a weight of "
                         "head_dim each (Qwen3 style)")
+    qk_norm_over: str = doc("head", "model.qk_norm's extent: head (Qwen3: one weight of head_dim shared by the "
+                            "heads) | projection (OLMoE: one weight over the whole q and the whole k projection)",
+                            ("head", "projection"))
     bias: bool = doc(True, "gpt2 family: biases in linear layers and LayerNorm (false = nanoGPT bias-free)")
     dropout: float = doc(0.0, "dropout probability (pretraining uses 0)")
     norm_eps: float = doc(1e-5, "epsilon of RMSNorm / LayerNorm")
@@ -82,9 +85,6 @@ class ModelConfig:
     router_bias_update_rate: float = doc(0.0, "MoE: DeepSeek-V3's auxiliary-loss-free balancing: after each "
                                          "optimizer step every expert's routing bias moves by this towards equal "
                                          "load (0 = off; DeepSeek-V3: 0.001)")
-    qk_norm_over: str = doc("head", "what model.qk_norm normalises: head (each head's query and key, weights of "
-                            "head_dim: Qwen3) | projection (the whole q and k projections, weights of their widths: "
-                            "OLMoE)", ("head", "projection"))
     kv_lora_rank: int = doc(0, "multi-head latent attention (DeepSeek-V3), planner only: width of the compressed "
                             "key/value latent; 0 = ordinary attention. head_dim is then the query/key head (nope + "
                             "rope parts)")

@@ -28,6 +28,8 @@ def check_trainable(config, needs_data: bool = True) -> None:
     refused = untrained(config)
     if refused:
         raise ConfigError(refused[0])
+    if config.model.num_experts:
+        check_moe(config)
     if par.gpus % (par.tensor * par.pipeline):  # the world torchrun gave (launched_config), not the YAML's
         raise ConfigError(wrong_process_count(par.tensor, par.pipeline, par.gpus))
     if par.pipeline > 1:
@@ -48,6 +50,27 @@ def unbuilt_architecture(m) -> str | None:
             "model.expert_bias: router and expert biases (gpt-oss)" if m.expert_bias else None)
     return what and (f"{what} is not built yet: `pretrain plan` counts this model, `pretrain train` cannot run it; "
                      "train a Mixtral, Qwen3-MoE or OLMoE shape instead (docs/moe.md)")
+
+
+def check_moe(config) -> None:
+    """What the Mixture-of-Experts layer (model/moe.py) is not built with yet (docs/moe.md)."""
+    m, t, par = config.model, config.train, config.parallel
+    if m.family != "llama":
+        raise ConfigError(f"model.num_experts: Mixture-of-Experts is built for the LLaMA family, not {m.family}; "
+                          "use model.family=llama or model.num_experts=0")
+    if m.experts_per_token > m.num_experts:
+        raise ConfigError(f"model.experts_per_token: {m.experts_per_token} is more than model.num_experts "
+                          f"{m.num_experts}; route each token to at most num_experts experts")
+    if par.tensor > 1 or par.pipeline > 1:
+        raise ConfigError("model.num_experts: Mixture-of-Experts with tensor or pipeline parallelism is not built "
+                          "yet; use parallel.tensor=1 parallel.pipeline=1 (data parallel and FSDP work)")
+    if t.activation_checkpointing != "none":
+        # A recomputed MoE layer would count its tokens twice in the step's expert load.
+        raise ConfigError("train.activation_checkpointing: not built with Mixture-of-Experts yet; use "
+                          "train.activation_checkpointing=none")
+    if t.compile is True:
+        raise ConfigError("train.compile: Mixture-of-Experts runs eager (its token counts and grouped GEMM "
+                          "offsets are data-dependent shapes); use train.compile=false")
 
 
 def check_pipelinable(config) -> None:

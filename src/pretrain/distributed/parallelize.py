@@ -243,7 +243,8 @@ def parallelize(model, config, rt: Runtime) -> Parallelized:
         apply_tensor_parallel(model, mesh["tp"], config.parallel.sequence_parallel)
     apply_activation_checkpointing(model, t.activation_checkpointing)
     model.fix_attention_kernel(rt.device, half=t.precision != "fp32")
-    compiled = compile_enabled(t.compile, rt.device.type)
+    # MoE runs eager: train.compile=true is refused (config/trainable.py), auto stays off
+    compiled = compile_enabled(t.compile, rt.device.type) and not config.model.num_experts
     if compiled and config.parallel.tensor > 1:
         # AOTAutograd's on-disk cache hands a block compiled for one tensor-parallel layout to another with the
         # same shapes (with and without sequence parallelism, torch 2.13): measured, the run then trains wrong

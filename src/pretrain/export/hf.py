@@ -13,7 +13,7 @@ import torch
 
 from ..errors import UsageError
 from ..files import swap_in
-from ..model.hf import CONV1D, VOCAB_ROWS, hf_pairs
+from ..model.hf import CONV1D, EXPERT_TENSORS, VOCAB_ROWS, hf_pairs, model_moe_naming
 from ..plan.params import fused_rows
 
 # The tokens `pretrain tokenizer` reserves; a tokenizer_config.json naming others takes precedence.
@@ -32,9 +32,13 @@ def to_hf_state_dict(model) -> dict[str, torch.Tensor]:
     no id reaches them, and the exported vocabulary is the real one.
     """
     cfg = model.config
+    if any(b.any() for name, b in model.named_buffers() if name.endswith(".expert_bias")):
+        raise UsageError("the model's MoE routing biases (model.router_bias_update_rate) are not zero, and "
+                         "Mixtral, Qwen3-MoE and OLMoE have none: their routing would differ; keep the pretrain "
+                         "checkpoint")
     params = dict(model.named_parameters())  # a tied lm_head is listed once, as embed.weight
     out = {}
-    for ours, theirs in hf_pairs(cfg.family, cfg.num_layers):
+    for ours, theirs in hf_pairs(cfg.family, cfg.num_layers, model_moe_naming(cfg)):
         tensor = params.get(ours)
         if ours in VOCAB_ROWS and tensor is not None:
             tensor = tensor[:cfg.vocab_size]
@@ -44,7 +48,10 @@ def to_hf_state_dict(model) -> dict[str, torch.Tensor]:
         if tensor is None:  # not in this model: a tied lm_head, LLaMA's q/k/v biases
             continue
         tensor = tensor.detach()
-        parts = tensor.split(fused_rows(ours, cfg)) if len(theirs) > 1 else [tensor]
+        if ours.endswith(EXPERT_TENSORS):  # [E, rows, cols]: each expert's projections, in the order of `theirs`
+            parts = tensor.reshape(len(theirs), -1, tensor.shape[-1]).unbind()
+        else:
+            parts = tensor.split(fused_rows(ours, cfg)) if len(theirs) > 1 else [tensor]
         for name, part in zip(theirs, parts):
             out[name] = part.t() if CONV1D.search(name) else part
     return out
@@ -71,6 +78,11 @@ def hf_config(model_cfg, token_ids: dict[str, int] | None = None, dtype: torch.d
     if m.qk_norm and m.qkv_bias:
         raise UsageError("model.qk_norm with model.qkv_bias has no Hugging Face architecture (Qwen3's "
                          "attention_bias biases o_proj too); train without one of them to export")
+    if m.num_experts:
+        return _moe_config(m, common)
+    if m.qk_norm and m.qk_norm_over == "projection":
+        raise UsageError("model.qk_norm_over: projection is OLMoE's QK-norm; a dense model with it has no Hugging "
+                         "Face architecture here (Qwen3's is per head): keep the pretrain checkpoint")
     kind = "qwen3" if m.qk_norm else "qwen2" if m.qkv_bias else "llama"
     architecture = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}[kind]
     config = dict(architectures=[architecture], model_type=kind, hidden_size=m.hidden_size,
@@ -89,6 +101,49 @@ def hf_config(model_cfg, token_ids: dict[str, int] | None = None, dtype: torch.d
         config.update(attention_bias=False)
     if kind == "llama":
         config.update(mlp_bias=False)
+    return config
+
+
+MOE_ARCHITECTURES = {"mixtral": "MixtralForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
+                     "olmoe": "OlmoeForCausalLM"}
+
+
+def _moe_config(m, common: dict) -> dict:
+    """config.json of a Mixture-of-Experts model: Mixtral without QK-norm, Qwen3-MoE with it per head, OLMoE
+    over the projection (model.hf.moe_naming). Refused, in one line: what none of them builds."""
+    kind, _ = model_moe_naming(m)
+    name = MOE_ARCHITECTURES[kind]
+    unbuilt = [what for what, present in (
+        ("shared experts (model.num_shared_experts)", m.num_shared_experts),
+        ("a sigmoid router (model.router)", m.router != "softmax"),
+        ("q/k/v biases (model.qkv_bias)", m.qkv_bias),
+        ("dense first blocks (model.first_dense_layers)", m.first_dense_layers and kind != "qwen3_moe"),
+        ("un-normalised top-k weights (model.norm_topk_prob=false)", not m.norm_topk_prob and kind == "mixtral"),
+        ("a sliding window (model.sliding_window)", m.sliding_window and kind != "mixtral"),
+        ("experts of another width than the dense MLP (model.moe_intermediate_size)",
+         kind != "qwen3_moe" and m.moe_intermediate_size not in (None, m.intermediate_size)),
+    ) if present]
+    if unbuilt:
+        raise UsageError(f"{name} (chosen by model.qk_norm / model.qk_norm_over) has no {unbuilt[0]}; "
+                         "train without it to export, or keep the pretrain checkpoint")
+    config = dict(architectures=[name], model_type=kind, hidden_size=m.hidden_size,
+                  intermediate_size=m.intermediate_size, num_hidden_layers=m.num_layers,
+                  num_attention_heads=m.num_heads, num_key_value_heads=m.num_kv_heads, head_dim=m.head_dim,
+                  max_position_embeddings=m.max_seq_len, hidden_act="silu", rms_norm_eps=m.norm_eps,
+                  rope_theta=m.rope_theta, rope_parameters=dict(rope_type="default", rope_theta=m.rope_theta),
+                  attention_dropout=m.dropout, num_experts_per_tok=m.experts_per_token,
+                  # transformers' aux loss is k times ours (pretrain.hf_config._moe_keys)
+                  router_aux_loss_coef=m.router_aux_loss_coef / m.experts_per_token, **common)
+    if kind == "mixtral":
+        config.update(num_local_experts=m.num_experts, sliding_window=m.sliding_window, router_jitter_noise=0.0)
+    else:
+        config.update(num_experts=m.num_experts, norm_topk_prob=m.norm_topk_prob, attention_bias=False)
+    if kind == "qwen3_moe":
+        config.update(moe_intermediate_size=m.moe_intermediate_size or m.intermediate_size, decoder_sparse_step=1,
+                      mlp_only_layers=list(range(m.first_dense_layers)), use_sliding_window=False,
+                      sliding_window=None)
+    if kind == "olmoe":
+        config.update(clip_qkv=None)
     return config
 
 

@@ -62,6 +62,18 @@ NAMES: dict[str, dict[str, str | tuple[str, ...]]] = {
         "lm_head.weight": "lm_head.weight",
     },
 }
+# Mixture-of-Experts blocks (docs/moe.md), as the checkpoints on the Hub and transformers' save_pretrained
+# store them: the router, and each expert's gate, up and down projections apart. Ours stack the experts:
+# `mlp.experts.up` [E, 2I, H] holds expert 0's gate and up rows, then expert 1's ..., `mlp.experts.down`
+# [E, H, I] each expert's down projection.
+MOE_NAMES = {  # kind -> (router, one expert's prefix, its gate / up / down projections)
+    "mixtral": ("model.layers.{i}.block_sparse_moe.gate.weight", "model.layers.{i}.block_sparse_moe.experts.{e}.",
+                ("w1", "w3", "w2")),
+    "qwen3_moe": ("model.layers.{i}.mlp.gate.weight", "model.layers.{i}.mlp.experts.{e}.",
+                  ("gate_proj", "up_proj", "down_proj")),
+}
+MOE_NAMES["olmoe"] = MOE_NAMES["qwen3_moe"]
+EXPERT_TENSORS = (".mlp.experts.up", ".mlp.experts.down")
 # GPT-2's Conv1D weights, stored transposed.
 CONV1D = re.compile(r"\.h\.\d+\.(attn|mlp)\.c_\w+\.weight$")
 # Our tensors with one row per vocabulary id (padded by model.pad_vocab_to).
@@ -70,20 +82,42 @@ VOCAB_ROWS = ("embed.weight", "lm_head.weight")
 IGNORED = re.compile(r"(\.attn\.(masked_)?bias|\.rotary_emb\.inv_freq)$")
 
 
-def hf_pairs(family: str, num_layers: int) -> list[tuple[str, tuple[str, ...]]]:
-    """(our name, Hugging Face names) of every tensor a model of this family and depth can have."""
+def hf_pairs(family: str, num_layers: int, moe: tuple[str, int] | None = None) -> list[tuple[str, tuple[str, ...]]]:
+    """(our name, Hugging Face names) of every tensor a model of this family and depth can have; `moe`: the
+    Mixture-of-Experts kind and expert count (moe_naming)."""
     pairs = []
     for ours, theirs in NAMES[family].items():
         theirs = (theirs,) if isinstance(theirs, str) else theirs
         for i in range(num_layers) if "{i}" in ours else [0]:
             pairs.append((ours.format(i=i), tuple(name.format(i=i) for name in theirs)))
+    if moe is not None:
+        (router, expert, (gate, up, down)), experts = MOE_NAMES[moe[0]], range(moe[1])
+        for i in range(num_layers):
+            names = {proj: [f"{expert.format(i=i, e=e)}{proj}.weight" for e in experts] for proj in (gate, up, down)}
+            pairs += [(f"blocks.{i}.mlp.router.weight", (router.format(i=i),)),
+                      (f"blocks.{i}.mlp.experts.up", tuple(n for pair in zip(names[gate], names[up]) for n in pair)),
+                      (f"blocks.{i}.mlp.experts.down", tuple(names[down]))]
     return pairs
+
+
+def moe_naming(num_experts: int, qk_norm: bool, qk_norm_over: str) -> tuple[str, int] | None:
+    """The Hugging Face MoE class a model of ours is (None: dense): QK-norm per head is Qwen3-MoE's, over the
+    projection OLMoE's, none Mixtral's."""
+    if not num_experts:
+        return None
+    kind = ("olmoe" if qk_norm_over == "projection" else "qwen3_moe") if qk_norm else "mixtral"
+    return kind, num_experts
+
+
+def model_moe_naming(cfg) -> tuple[str, int] | None:
+    return moe_naming(cfg.num_experts, cfg.qk_norm, cfg.qk_norm_over)
 
 
 # --- import ---------------------------------------------------------------------------------------------
 
 def from_hf(hf_dir: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
-    """(`model:` keys, state dict with our names) of a local Hugging Face LLaMA, Mistral, Qwen2, Qwen3 or GPT-2.
+    """(`model:` keys, state dict with our names) of a local Hugging Face LLaMA, Mistral, Qwen2, Qwen3, GPT-2,
+    Mixtral, Qwen3-MoE or OLMoE.
 
     The state dict has the keys of our model's `state_dict()`, so `load_state_dict(state)` is strict.
 
@@ -105,7 +139,8 @@ def from_hf(hf_dir: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
     if keys["tie_embeddings"]:
         tensors.pop("lm_head.weight", None)  # some tied checkpoints store the shared matrix twice
     state = {}
-    for ours, theirs in hf_pairs(family, keys["num_layers"]):
+    moe = moe_naming(keys.get("num_experts", 0), keys.get("qk_norm", False), keys.get("qk_norm_over", "head"))
+    for ours, theirs in hf_pairs(family, keys["num_layers"], moe):
         present = [name for name in theirs if name in tensors]
         if not present:
             continue
@@ -115,6 +150,8 @@ def from_hf(hf_dir: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
         parts = [tensors.pop(name) for name in theirs]
         parts = [p.t() if CONV1D.search(name) else p for name, p in zip(theirs, parts)]
         state[ours] = torch.cat(parts) if len(parts) > 1 else parts[0].contiguous()
+        if ours.endswith(EXPERT_TENSORS):  # [E x rows, cols] -> [E, rows, cols]
+            state[ours] = state[ours].view(keys["num_experts"], -1, state[ours].shape[-1])
     if keys["tie_embeddings"] and "embed.weight" in state:
         state["lm_head.weight"] = state["embed.weight"]  # as in our model's state_dict(): one tensor, two names
     if tensors:
@@ -149,7 +186,10 @@ def load_hf_into(model, hf_dir: str | Path) -> None:
     keys, state = from_hf(hf_dir)
     params = model.state_dict(keep_vars=True)  # the parameters themselves, a tied one under both names
     cfg = model.config
-    hf_names = {ours: " + ".join(theirs) for ours, theirs in hf_pairs(cfg.family, cfg.num_layers)}
+    for name in [n for n in params if n.endswith(".expert_bias")]:
+        del params[name]  # MoE routing biases: none in these classes, they start at 0 (model/moe.py)
+    hf_names = {ours: " + ".join(theirs) for ours, theirs in hf_pairs(cfg.family, cfg.num_layers,
+                                                                       model_moe_naming(cfg))}
     fix = f"take the model: keys from the checkpoint (model.hf_config: {hf_dir})"
     # The other way round is fine: an untied model starts its output layer as a copy of the embedding.
     if cfg.tie_embeddings and not keys["tie_embeddings"]:

@@ -25,6 +25,7 @@ from torch import nn
 from ..plan.kernels import native_gqa
 from ..plan.params import padded_vocab_size
 from .loss import build_loss
+from .moe import MoE, moe_width, router_loss
 from .rope import inverse_frequencies
 
 
@@ -84,9 +85,12 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(cfg.hidden_size, q_width + 2 * kv_width, bias=cfg.bias if gpt2 else cfg.qkv_bias)
         self.proj = nn.Linear(q_width, cfg.hidden_size, bias=cfg.bias if gpt2 else False)
         self.rotary = not gpt2
-        # Qwen3's QK-norm: one RMSNorm weight of head_dim, shared by every query head (and one by every key head)
-        self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else None
-        self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else None
+        # Qwen3's QK-norm: one RMSNorm weight of head_dim, shared by every query head (and one by every key head);
+        # OLMoE's (qk_norm_over: projection): one over the whole q projection and one over the whole k
+        self.whole_qk_norm = cfg.qk_norm_over == "projection"
+        q_norm_width, k_norm_width = (q_width, kv_width) if self.whole_qk_norm else (cfg.head_dim, cfg.head_dim)
+        self.q_norm = RMSNorm(q_norm_width, cfg.norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(k_norm_width, cfg.norm_eps) if cfg.qk_norm else None
         self.attention = attention
         self.dropout = cfg.dropout
         self.native_gqa: bool | None = None  # None: decided per call; the trainer fixes it before compiling
@@ -101,10 +105,13 @@ class Attention(nn.Module):
         kv_heads = width // ((group + 2) * self.head_dim)
         heads = group * kv_heads
         q, k, v = qkv.split([heads * self.head_dim, kv_heads * self.head_dim, kv_heads * self.head_dim], dim=-1)
+        if self.q_norm is not None and self.whole_qk_norm:  # over the projection (transformers' OlmoeAttention)
+            q, k = self.q_norm(q), self.k_norm(k)
         q = q.view(b, s, heads, self.head_dim)
         k = k.view(b, s, kv_heads, self.head_dim)
         v = v.view(b, s, kv_heads, self.head_dim)
-        if self.q_norm is not None:  # over each head's vector, before the rotation (transformers' Qwen3Attention)
+        if self.q_norm is not None and not self.whole_qk_norm:
+            # over each head's vector, before the rotation (transformers' Qwen3Attention)
             q, k = self.q_norm(q), self.k_norm(k)
         if self.rotary:
             cos, sin = (t[:s, None, :].to(q.dtype) for t in rope)
@@ -152,14 +159,14 @@ class SwiGLU(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg):
+    def __init__(self, cfg, intermediate_size: int | None = None):
         super().__init__()
         swiglu = cfg.family == "llama"
         bias = cfg.bias if cfg.family == "gpt2" else False
-        width = 2 * cfg.intermediate_size if swiglu else cfg.intermediate_size
-        self.up = nn.Linear(cfg.hidden_size, width, bias=bias)  # SwiGLU: gate and up, fused
+        inner = intermediate_size or cfg.intermediate_size  # another width: MoE's shared experts
+        self.up = nn.Linear(cfg.hidden_size, 2 * inner if swiglu else inner, bias=bias)  # SwiGLU: gate, up fused
         self.act = SwiGLU() if swiglu else nn.GELU(approximate="tanh")  # GPT-2's gelu_new
-        self.down = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=bias)
+        self.down = nn.Linear(inner, cfg.hidden_size, bias=bias)
 
     def forward(self, x):
         return self.down(self.act(self.up(x)))
@@ -169,12 +176,12 @@ class Block(nn.Module):
     """Pre-norm residual block. Activation checkpointing is applied from outside
     (pretrain.distributed.recompute): the block itself always computes and keeps everything."""
 
-    def __init__(self, cfg, attention: str):
+    def __init__(self, cfg, attention: str, index: int = 0):
         super().__init__()
         self.attn_norm = _norm(cfg)
         self.attn = Attention(cfg, attention)
         self.mlp_norm = _norm(cfg)
-        self.mlp = MLP(cfg)
+        self.mlp = MLP(cfg) if not is_moe_block(cfg, index) else MoE(cfg, shared_experts(cfg))
         self.dropout = cfg.dropout
 
     def forward(self, x, rope):
@@ -184,6 +191,15 @@ class Block(nn.Module):
     def _dropout(self, x):
         # Only when asked: even p=0 dropout keeps a mask for backward.
         return F.dropout(x, self.dropout, self.training) if self.dropout else x
+
+
+def is_moe_block(cfg, index: int) -> bool:
+    """Block `index`'s feed-forward is routed experts (model.num_experts), after model.first_dense_layers."""
+    return cfg.num_experts > 0 and index >= cfg.first_dense_layers
+
+
+def shared_experts(cfg) -> MLP | None:
+    return MLP(cfg, cfg.num_shared_experts * moe_width(cfg)) if cfg.num_shared_experts else None
 
 
 def _device_of(p) -> torch.device:
@@ -216,6 +232,11 @@ def _norm(cfg) -> nn.Module:
     return nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps, bias=cfg.bias)
 
 
+# The matmuls that write into the residual stream (their init is scaled down with depth); MoE: the experts'
+# down projections and the shared experts' (`mlp.shared.down.weight`).
+RESIDUAL_OUTPUTS = ("attn.proj.weight", "mlp.down.weight", "mlp.experts.down", "shared.down.weight")
+
+
 class Transformer(nn.Module):
     def __init__(self, cfg, attention: str = "sdpa", loss: str = "chunked", loss_chunk_tokens: int = 4096):
         super().__init__()
@@ -223,7 +244,7 @@ class Transformer(nn.Module):
         rows = padded_vocab_size(cfg)  # model.pad_vocab_to: whole tensor-core tiles for the output matmul
         self.embed = nn.Embedding(rows, cfg.hidden_size)
         self.pos_embed = nn.Embedding(cfg.max_seq_len, cfg.hidden_size) if cfg.family == "gpt2" else None
-        self.blocks = nn.ModuleList(Block(cfg, attention) for _ in range(cfg.num_layers))
+        self.blocks = nn.ModuleList(Block(cfg, attention, i) for i in range(cfg.num_layers))
         self.norm = _norm(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, rows, bias=False)
         if cfg.tie_embeddings:
@@ -233,6 +254,7 @@ class Transformer(nn.Module):
         self.rope: tuple[torch.Tensor, torch.Tensor] | None = None  # rotary tables, built on first use
         # Fused parameters whose rows are held in another order (tensor parallelism: name -> row order).
         self.row_orders: dict[str, torch.Tensor] = {}
+        self.lm_loss: torch.Tensor | None = None  # MoE: the last training loss without the balancing terms
 
     def reset_parameters(self, seed: int = 0):
         """Initialise every parameter from its own generator, seeded by (seed, parameter name): the values do
@@ -249,9 +271,12 @@ class Transformer(nn.Module):
             elif name.endswith(".bias"):
                 _fill(p, lambda t: t.zero_())
             else:
-                scale = residual_std if name.endswith(("attn.proj.weight", "mlp.down.weight")) else std
+                scale = residual_std if name.endswith(RESIDUAL_OUTPUTS) else std
                 g = torch.Generator(device=_device_of(p)).manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
                 _fill(p, lambda t, s=scale, g=g: t.normal_(0.0, s, generator=g), order)
+        for module in self.modules():
+            if isinstance(module, MoE):
+                module.reset_buffers()
 
     def fix_attention_kernel(self, device: torch.device, half: bool) -> bool:
         """Decide once, for this device and compute dtype, whether SDPA takes the grouped k/v heads (a
@@ -294,4 +319,9 @@ class Transformer(nn.Module):
             # Padded rows (model.pad_vocab_to) are for the matmul's shape only: no token is one of them, so
             # they are never sampled and the distribution is the exported model's.
             return self.lm_head(x)[..., :self.config.vocab_size]
-        return self.loss(x, self.lm_head.weight, targets)
+        loss = self.loss(x, self.lm_head.weight, targets)
+        balancing = router_loss(self) if self.config.num_experts else None
+        if balancing is None:
+            return loss
+        self.lm_loss = loss.detach()  # what the trainer reports as the loss: cross-entropy alone
+        return loss + balancing

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..model.moe import end_step
 from .measure import measure_forward, model_state_bytes
 
 
@@ -36,6 +37,7 @@ class StepResult:
     stop: bool           # some rank asked to stop after this step
     measured: dict | None = None  # bytes held, on a measurement step (see measure.py)
     rolled_back: bool = False     # set by the stability callback: the step was undone
+    moe: dict | None = None       # Mixture-of-Experts: balancing losses and expert load (model.moe.end_step)
 
 
 def train_step(par, batches, state, *, accum: int, lr: float, grad_clip: float, micro_batch_size: int,
@@ -57,7 +59,8 @@ def train_step(par, batches, state, *, accum: int, lr: float, grad_clip: float, 
                 with autocast():
                     loss = par.forward(x, y)
             state.micro_batches += 1
-            loss_sum += loss.detach().float()
+            lm_loss = getattr(par.module, "lm_loss", None)  # MoE: reported without the balancing losses
+            loss_sum += (loss if lm_loss is None else lm_loss).detach().float()
             scaled = loss / accum
             (scaler.scale(scaled) if scaler is not None else scaled).backward()
     if scaler is not None:
@@ -71,13 +74,14 @@ def train_step(par, batches, state, *, accum: int, lr: float, grad_clip: float, 
         _step_unless_overflow(optimizer, norm, numbers)
     loss_mean, stop, grad_norm = numbers.values
     loss_mean, stop, finite = loss_mean / rt.world_size, stop > 0, math.isfinite(grad_norm)
+    moe = end_step(par.module, accum, update=finite) if par.module.config.num_experts else None
     if measure:
         measured = measured or {"saved": None}
         measured["states"] = model_state_bytes(par.module, getattr(optimizer, "optim", optimizer))
     par.module.zero_grad(set_to_none=True)  # every gradient: a ZeRO-1 optimizer by hand holds its own only
     batch_tokens = _advance(state, accum * micro_batch_size * seq_len * rt.data_size)
     return StepResult(loss=loss_mean, grad_norm=grad_norm, lr=lr, batch_tokens=batch_tokens, finite=finite,
-                      stop=stop, measured=measured)
+                      stop=stop, measured=measured, moe=moe)
 
 
 def pipeline_train_step(par, batches, state, *, accum: int, lr: float, grad_clip: float, micro_batch_size: int,

@@ -36,6 +36,8 @@ class MetricsLogger(Callback):
         record = {"step": step, "tokens": trainer.state.tokens, "loss": result.loss, "lr": result.lr,
                   "batch_tokens": result.batch_tokens, "grad_norm": result.grad_norm, "tokens_per_s": tps,
                   "mfu": utilisation, "peak_mem_bytes": peak_memory(trainer.rt.device)}
+        if result.moe:  # the last step's balancing losses and expert load (pretrain.model.moe)
+            record.update(result.moe)
         if trainer.mixture:  # the batches handed out so far, not those read ahead (data/mixture.py)
             record["source_tokens"] = source_tokens(trainer.batches.state_dict())
         trainer.log.metrics(record)

@@ -1,0 +1,95 @@
+"""The routed MoE feed-forward (pretrain.model.moe) on the tiny moe-debug model: the grouped GEMM and the
+per-expert loop agree, routing follows the keys, the balancing terms are what their formulas say."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from pretrain.config import load_config  # noqa: E402
+from pretrain.model import build_model  # noqa: E402
+from pretrain.model.moe import MoE, end_step, moe_layers  # noqa: E402
+
+
+def model(*overrides, grouped=None):
+    m = build_model(load_config(None, ["model.preset=moe-debug", *overrides]).model, seed=3)
+    for layer in moe_layers(m):
+        layer.experts.grouped = grouped
+    return m
+
+
+def tokens(seed=0, batch=3, seq=16):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 512, (batch, seq), generator=g), torch.randint(0, 512, (batch, seq), generator=g)
+
+
+def loss_and_grads(m):
+    x, y = tokens()
+    loss = m(x, y)
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in m.named_parameters()}
+
+
+def test_blocks_before_first_dense_layers_keep_the_dense_mlp():
+    m = model()
+    assert not isinstance(m.blocks[0].mlp, MoE) and isinstance(m.blocks[1].mlp, MoE)
+    moe = m.blocks[1].mlp
+    assert moe.experts.up.shape == (8, 64, 64) and moe.experts.down.shape == (8, 64, 32)  # [E, ...]
+    assert moe.shared.up.weight.shape == (64, 64)  # one shared expert of width 32: gate and up
+
+
+@pytest.mark.parametrize("router", ["softmax", "sigmoid"])
+def test_grouped_gemm_and_loop_agree_bitwise_in_fp32(router):
+    """torch._grouped_mm and one matmul per expert: the same loss and gradients, bitwise on the CPU."""
+    grouped, loop = model(f"model.router={router}", grouped=None), model(f"model.router={router}", grouped=False)
+    assert moe_layers(grouped)[0].experts.uses_grouped_mm(torch.zeros(1, dtype=torch.float32))
+    (la, ga), (lb, gb) = loss_and_grads(grouped), loss_and_grads(loop)
+    assert torch.equal(la, lb)
+    for name in ga:
+        assert torch.equal(ga[name], gb[name]), name
+    assert ga["blocks.1.mlp.experts.up"].abs().sum() > 0
+
+
+def test_grouped_gemm_and_loop_agree_in_bf16():
+    grouped, loop = model(grouped=None), model(grouped=False)
+    x, _ = tokens()
+    with torch.autocast("cpu", torch.bfloat16):
+        a, b = grouped(x), loop(x)
+    torch.testing.assert_close(a.float(), b.float(), rtol=1e-2, atol=1e-2)
+
+
+def test_routing_matches_its_definition():
+    """Each token's output is the score-weighted sum of its top-k experts' SwiGLUs plus the shared expert,
+    computed here token by token from the weights."""
+    m = model("model.norm_topk_prob=false")
+    moe = m.blocks[1].mlp
+    moe.expert_bias.copy_(torch.linspace(-0.05, 0.05, 8))  # the bias changes the choice, not the weights
+    x = torch.randn(5, 64)
+    with torch.no_grad():
+        out = moe(x)
+        scores = moe.router(x).softmax(-1)
+        for t in range(5):
+            want = moe.shared(x[t])
+            for e in (scores[t] + moe.expert_bias).topk(2).indices:
+                gate, up = (moe.experts.up[e] @ x[t]).chunk(2)
+                want = want + scores[t, e] * (moe.experts.down[e] @ (torch.nn.functional.silu(gate) * up))
+            torch.testing.assert_close(out[t], want, rtol=1e-5, atol=1e-6)
+
+
+def test_balancing_losses_and_bias_update():
+    m = model("model.router_aux_loss_coef=0.1", "model.router_z_loss_coef=0.01", "model.router_bias_update_rate=0.5")
+    m.train()
+    x, y = tokens()
+    total = m(x, y)
+    moe = m.blocks[1].mlp
+    assert total.item() > m.lm_loss.item()
+    counts = moe.step_sums[:8].clone()
+    assert counts.sum() == x.numel() * 2  # top-2, dropless: every token twice
+    metrics = end_step(m, micro_batches=1)
+    assert metrics["moe/dropped_fraction"] == 0.0
+    assert metrics["moe/load_max_over_mean"] == pytest.approx((counts.max() / counts.mean()).item())
+    torch.testing.assert_close(total - m.lm_loss, torch.tensor(0.1 * metrics["moe/aux_loss"] + 0.01
+                                                                 * metrics["moe/z_loss"]), rtol=1e-5, atol=0)
+    # Overloaded experts' biases go down, underloaded ones' up, by exactly the rate.
+    want = 0.5 * torch.sign(counts.mean() - counts)
+    assert torch.equal(moe.expert_bias, want)
+    assert moe.step_sums is None
