@@ -30,7 +30,7 @@ def loss_and_grads(m):
 
 
 def test_blocks_before_first_dense_layers_keep_the_dense_mlp():
-    m = model()
+    m = model("model.num_shared_experts=1")
     assert not isinstance(m.blocks[0].mlp, MoE) and isinstance(m.blocks[1].mlp, MoE)
     moe = m.blocks[1].mlp
     assert moe.experts.up.shape == (8, 64, 64) and moe.experts.down.shape == (8, 64, 32)  # [E, ...]
@@ -60,7 +60,7 @@ def test_grouped_gemm_and_loop_agree_in_bf16():
 def test_routing_matches_its_definition():
     """Each token's output is the score-weighted sum of its top-k experts' SwiGLUs plus the shared expert,
     computed here token by token from the weights."""
-    m = model("model.norm_topk_prob=false")
+    m = model("model.norm_topk_prob=false", "model.num_shared_experts=1")
     moe = m.blocks[1].mlp
     moe.expert_bias.copy_(torch.linspace(-0.05, 0.05, 8))  # the bias changes the choice, not the weights
     x = torch.randn(5, 64)
