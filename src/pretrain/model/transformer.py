@@ -24,6 +24,7 @@ from torch import nn
 
 from ..plan.kernels import native_gqa
 from ..plan.params import padded_vocab_size
+from . import documents as docs
 from .loss import build_loss
 
 
@@ -88,7 +89,10 @@ class Attention(nn.Module):
         self.dropout = cfg.dropout
         self.native_gqa: bool | None = None  # None: decided per call; the trainer fixes it before compiling
 
-    def forward(self, x, rope):
+    def forward(self, x, rope, mask=None):
+        """`rope`: the (cos, sin) tables by position (seq rows and up), or per token (batch, seq, head_dim / 2)
+        when positions restart at each document; `mask`: None (causal), a boolean (batch, 1, seq, seq) mask
+        (True = attends) or a FlexAttention block mask (pretrain.model.documents)."""
         qkv = self.qkv(x)
         # Head counts and sequence length from the projection's output, not the config: under tensor
         # parallelism this rank holds kv_heads / t whole k/v groups (and their q heads), and under sequence
@@ -104,23 +108,28 @@ class Attention(nn.Module):
         if self.q_norm is not None:  # over each head's vector, before the rotation (transformers' Qwen3Attention)
             q, k = self.q_norm(q), self.k_norm(k)
         if self.rotary:
-            cos, sin = (t[:s, None, :].to(q.dtype) for t in rope)
+            cos, sin = ((t[:s, None, :] if t.dim() == 2 else t[:, :, None, :]).to(q.dtype) for t in rope)
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         gqa = group > 1  # grouped-query attention: each k/v head serves a group
-        if gqa and self.attention == "sdpa" and not self.sdpa_takes_gqa(q):
+        flex = mask is not None and not isinstance(mask, torch.Tensor)
+        if gqa and self.attention == "sdpa" and not flex and not self.sdpa_takes_gqa(q):
             k, v = self.repeat_kv(k), self.repeat_kv(v)  # so that a fused kernel runs, not the math one
             gqa = False
         # (batch, heads, seq, head_dim) views of (batch, seq, heads, head_dim) memory: attention kernels
         # return their output in the same layout, so the transpose back below is free.
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         dropout = self.dropout if self.training else 0.0
-        if self.attention == "sdpa":
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, enable_gqa=gqa)
+        if flex:  # FlexAttention's block mask (CUDA): no dropout, refused at start (documents.document_kernel)
+            y = docs.flex_attention(q, k, v, mask, enable_gqa=gqa)
+        elif self.attention == "sdpa":
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=mask is None,
+                                               enable_gqa=gqa)
         else:  # eager: the seq x seq scores are materialised (and kept for backward)
             if gqa:
                 k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
             scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)
-            mask = torch.ones(s, s, dtype=torch.bool, device=x.device).tril()
+            if mask is None:
+                mask = torch.ones(s, s, dtype=torch.bool, device=x.device).tril()
             scores = scores.masked_fill(~mask, float("-inf"))
             probs = scores.float().softmax(dim=-1).to(q.dtype)  # softmax in fp32 on every device
             y = (F.dropout(probs, dropout, self.training) if dropout else probs) @ v
@@ -174,8 +183,8 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
         self.dropout = cfg.dropout
 
-    def forward(self, x, rope):
-        x = x + self._dropout(self.attn(self.attn_norm(x), rope))
+    def forward(self, x, rope, mask=None):
+        x = x + self._dropout(self.attn(self.attn_norm(x), rope, mask))
         return x + self._dropout(self.mlp(self.mlp_norm(x)))
 
     def _dropout(self, x):
@@ -228,6 +237,8 @@ class Transformer(nn.Module):
         # Output layer + loss (no parameters of its own); padded rows take no part in the softmax.
         self.loss = build_loss(loss, loss_chunk_tokens, cfg.vocab_size)
         self.rope: tuple[torch.Tensor, torch.Tensor] | None = None  # rotary tables, built on first use
+        # The documents of a window (train.document_masking, model.position_reset); None: packing as is.
+        self.documents: docs.Documents | None = None
         # Fused parameters whose rows are held in another order (tensor parallelism: name -> row order).
         self.row_orders: dict[str, torch.Tensor] = {}
 
@@ -268,12 +279,14 @@ class Transformer(nn.Module):
             self.rope = rotary_tables(cfg.head_dim, max(seq_len, 1), cfg.rope_theta, device=device)
         return self.rope
 
-    def embed_tokens(self, tokens):
+    def embed_tokens(self, tokens, positions=None):
         """tokens (batch, seq) -> the residual stream's input (batch, seq, hidden): what the first pipeline
-        stage computes before its blocks."""
+        stage computes before its blocks. `positions` (batch, seq): each token's place in its document (GPT-2's
+        learned positions restart with it), else 0 .. seq-1."""
         x = self.embed(tokens)
         if self.pos_embed is not None:
-            x = x + self.pos_embed(torch.arange(tokens.shape[1], device=tokens.device))
+            x = x + self.pos_embed(torch.arange(tokens.shape[1], device=tokens.device) if positions is None
+                                   else positions)
         if self.config.dropout:
             x = F.dropout(x, self.config.dropout, self.training)
         return x
@@ -281,10 +294,13 @@ class Transformer(nn.Module):
     def forward(self, tokens, targets=None):
         """tokens (batch, seq) -> logits (batch, seq, vocab), or the mean cross-entropy when targets are given."""
         s = tokens.shape[1]
-        x = self.embed_tokens(tokens)
+        positions, mask = docs.layout(tokens, self.documents)
+        x = self.embed_tokens(tokens, positions)
         rope = self.rotary(s, tokens.device)
+        if rope is not None and positions is not None:
+            rope = tuple(t[positions] for t in rope)  # each token's angle: its place in its document
         for block in self.blocks:
-            x = block(x, rope)
+            x = block(x, rope, mask)
         x = self.norm(x)
         if targets is None:
             # Padded rows (model.pad_vocab_to) are for the matmul's shape only: no token is one of them, so
