@@ -14,13 +14,15 @@ from ..errors import UsageError
 CHECKED_STARTS = 1 << 16
 
 
-def length_histogram(lengths: np.ndarray) -> dict[str, int]:
-    """Document lengths in tokens (<eos> included) -> {"lo": documents with lo <= length < 2 lo}, lo a power
-    of two, in increasing order (meta.json's doc_length_histogram, per split)."""
-    lengths = np.asarray(lengths, dtype=np.int64)
-    if not lengths.size:
-        return {}
-    bins = np.bincount(np.floor(np.log2(np.maximum(lengths, 1))).astype(np.int64))
+def length_bins(lengths: np.ndarray) -> np.ndarray:
+    """Document lengths in tokens (<eos> included) -> counts per power-of-two bin: bin k holds the documents
+    of 2^k <= length < 2^(k+1) (64 bins: any int64 length)."""
+    k = np.floor(np.log2(np.maximum(np.asarray(lengths, dtype=np.int64), 1))).astype(np.int64)
+    return np.bincount(k, minlength=64)
+
+
+def length_histogram(bins: np.ndarray) -> dict[str, int]:
+    """Counts per bin -> meta.json's doc_length_histogram of a split: {"lo": documents of lo <= length < 2 lo}."""
     return {str(1 << k): int(n) for k, n in enumerate(bins) if n}
 
 

@@ -18,18 +18,21 @@ agrees with these counts (tests/plan/test_flops_vs_measured.py).
 
 from __future__ import annotations
 
+from .documents import attention_context
 from .explain import Explain
 
 
 def flops(cfg, counts, tokens: int, ex: Explain) -> dict:
     m, t = cfg.model, cfg.train
     N = counts.flops
-    attention = 12 * m.num_layers * m.num_heads * m.head_dim * t.seq_len
+    context, lengths_from = attention_context(cfg, ex)  # seq, or sum L_i^2 / seq with document masking
+    attention = round(12 * m.num_layers * m.num_heads * m.head_dim * context)
     causal = cfg.flops.causal_attention
     if causal:
         attention //= 2
+    keys = f"seq {t.seq_len}" if lengths_from is None else f"context {context:,.1f} (document masking)"
     ex.add("flops", "attention_per_token", attention,
-           f"12 x L {m.num_layers} x heads {m.num_heads} x head_dim {m.head_dim} x seq {t.seq_len}"
+           f"12 x L {m.num_layers} x heads {m.num_heads} x head_dim {m.head_dim} x {keys}"
            + (" / 2 (causal)" if causal else " (PaLM: full square)"))
     per_token = 6 * N + attention
     ex.add("flops", "per_token", per_token,
@@ -67,6 +70,10 @@ def flops(cfg, counts, tokens: int, ex: Explain) -> dict:
                     "hardware: + recomputed forward (blocks but their down projections; 6n: 8 N D with full "
                     "recomputation)"),
     )
+    if lengths_from is not None:  # the masked window's attention: its documents' squares, from these lengths
+        out["document_lengths"] = lengths_from
+        out["convention"] += ("; attention over each window's documents (document masking): sum L_i^2 / seq "
+                              "keys per query, the pairs a block-sparse kernel computes")
     ex.add("flops", "total", out["total"], f"per_token {per_token:,} x tokens {tokens:,}")
     ex.add("flops", "total_6n", out["total_6n"], f"6 x {counts.total:,} x {tokens:,}")
     if recompute == "full":
