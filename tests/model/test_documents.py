@@ -40,10 +40,10 @@ def test_document_ids_and_positions_restart_after_each_eos():
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
-@pytest.mark.parametrize("attention", ["sdpa", "eager"])
-def test_second_document_equals_itself_alone(family, attention):
+@pytest.mark.parametrize("attention, kernel", [("sdpa", "loop"), ("sdpa", "mask"), ("eager", "mask")])
+def test_second_document_equals_itself_alone(family, attention, kernel):
     tokens, alone = window()
-    masked = tiny_model(family, Documents(EOS, masking=True, position_reset=True))
+    masked = tiny_model(family, Documents(EOS, masking=True, position_reset=True, kernel=kernel))
     masked.blocks[0].attn.attention = masked.blocks[1].attn.attention = attention
     with torch.no_grad():
         inside = masked(tokens)[0, 6:16]
@@ -51,6 +51,19 @@ def test_second_document_equals_itself_alone(family, attention):
         packed = tiny_model(family, None)(tokens)[0, 6:16]
     assert torch.allclose(inside, by_itself, rtol=0, atol=1e-6), (inside - by_itself).abs().max()
     assert not torch.allclose(packed, by_itself, rtol=0, atol=1e-3)  # without masking the first document leaks in
+
+
+def test_the_per_document_loop_equals_the_dense_mask():
+    """The CPU's kernel (SDPA per document) against the boolean mask, forward and backward."""
+    g = torch.Generator().manual_seed(2)
+    tokens = torch.randint(0, 64, (3, 48), generator=g)  # ids 0 (<eos>) one in 64: some rows of one document
+    tokens[1, ::7] = EOS
+    grads = []
+    for kernel in ("loop", "mask"):
+        model = tiny_model("llama", Documents(EOS, masking=True, position_reset=True, kernel=kernel)).train()
+        model(tokens, tokens.roll(-1, 1)).backward()
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    assert torch.allclose(grads[0], grads[1], rtol=1e-4, atol=1e-7)
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
@@ -80,7 +93,7 @@ def test_masked_training_equals_training_each_document_alone(family):
         rows = torch.randint(1, 64, (2, 33), generator=g)
         rows[rows < 8] = EOS  # about one token in eight ends a document
         batches.append((rows[:, :-1], rows[:, 1:]))
-    masked = tiny_model(family, Documents(EOS, masking=True, position_reset=True)).train().double()
+    masked = tiny_model(family, Documents(EOS, masking=True, position_reset=True, kernel="loop")).train().double()
     alone = tiny_model(family, None).train().double()
     opt_masked = torch.optim.AdamW(masked.parameters(), lr=1e-2)
     opt_alone = torch.optim.AdamW(alone.parameters(), lr=1e-2)

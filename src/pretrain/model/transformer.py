@@ -91,8 +91,8 @@ class Attention(nn.Module):
 
     def forward(self, x, rope, mask=None):
         """`rope`: the (cos, sin) tables by position (seq rows and up), or per token (batch, seq, head_dim / 2)
-        when positions restart at each document; `mask`: None (causal), a boolean (batch, 1, seq, seq) mask
-        (True = attends) or a FlexAttention block mask (pretrain.model.documents)."""
+        when positions restart at each document; `mask`: None (causal), each row's document lengths, a boolean
+        (batch, 1, seq, seq) mask (True = attends) or a FlexAttention block mask (pretrain.model.documents)."""
         qkv = self.qkv(x)
         # Head counts and sequence length from the projection's output, not the config: under tensor
         # parallelism this rank holds kv_heads / t whole k/v groups (and their q heads), and under sequence
@@ -111,7 +111,7 @@ class Attention(nn.Module):
             cos, sin = ((t[:s, None, :] if t.dim() == 2 else t[:, :, None, :]).to(q.dtype) for t in rope)
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         gqa = group > 1  # grouped-query attention: each k/v head serves a group
-        flex = mask is not None and not isinstance(mask, torch.Tensor)
+        flex = mask is not None and not isinstance(mask, (torch.Tensor, tuple))
         if gqa and self.attention == "sdpa" and not flex and not self.sdpa_takes_gqa(q):
             k, v = self.repeat_kv(k), self.repeat_kv(v)  # so that a fused kernel runs, not the math one
             gqa = False
@@ -121,6 +121,11 @@ class Attention(nn.Module):
         dropout = self.dropout if self.training else 0.0
         if flex:  # FlexAttention's block mask (CUDA): no dropout, refused at start (documents.document_kernel)
             y = docs.flex_attention(q, k, v, mask, enable_gqa=gqa)
+        elif isinstance(mask, tuple):  # each row's document lengths (CPU): causal SDPA on each document alone
+            y = torch.cat([torch.cat([F.scaled_dot_product_attention(*qkv, dropout_p=dropout, is_causal=True,
+                                                                     enable_gqa=gqa)
+                                      for qkv in zip(*(t[row:row + 1].split(lengths, dim=2) for t in (q, k, v)))],
+                                     dim=2) for row, lengths in enumerate(mask)])
         elif self.attention == "sdpa":
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=mask is None,
                                                enable_gqa=gqa)
