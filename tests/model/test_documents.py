@@ -118,3 +118,25 @@ def test_masked_training_equals_training_each_document_alone(family):
         opt.step()
         opt.zero_grad()
     assert (unmasked.lm_head.weight - alone.lm_head.weight).norm() > 1e-3 * alone.lm_head.weight.norm()
+
+
+def test_the_kernel_follows_the_device_and_never_falls_back_unmasked():
+    from pretrain.errors import UsageError
+    from pretrain.model.documents import documents_of_run
+
+    def kernel(device="cpu", eos=EOS, **train):
+        c = load_config({"model": {"preset": "debug"}, "train": {"document_masking": True, **train}})
+        return documents_of_run(c.model, c.train, torch.device(device), eos).kernel
+
+    assert kernel() == "loop"
+    assert kernel(compile=True) == "mask"  # the loop's lengths change per batch: a recompilation each
+    assert kernel(attention="eager") == "mask"
+    with pytest.raises(UsageError, match="no masked attention kernel for device meta"):
+        kernel("meta")
+    with pytest.raises(UsageError, match="reads no prepared data"):
+        kernel(eos=None)
+    off = load_config({"model": {"preset": "debug"}})
+    assert documents_of_run(off.model, off.train, torch.device("cpu"), EOS) is None  # today's packing
+    reset = load_config({"model": {"preset": "debug", "position_reset": True}})
+    assert documents_of_run(reset.model, reset.train, torch.device("cpu"), EOS) == \
+        Documents(EOS, masking=False, position_reset=True)

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..config.schema import compile_enabled
 from ..errors import UsageError
 
 
@@ -131,7 +132,9 @@ def flex_attention(q, k, v, block_mask, enable_gqa: bool):
 
 def documents_of_run(model_cfg, train_cfg, device: torch.device, eos_id: int | None) -> Documents | None:
     """The Documents a run's model reads (None: packing as is, the default), from train.document_masking and
-    model.position_reset (null: as the masking), the data's <eos> id and the device's masked kernel."""
+    model.position_reset (null: as the masking), the data's <eos> id and the device's masked kernel. A compiled
+    CPU run takes the boolean mask: the loop's document lengths differ per batch, and torch.compile would
+    compile the model again for each."""
     masking = train_cfg.document_masking
     reset = masking if model_cfg.position_reset is None else model_cfg.position_reset
     if not (masking or reset):
@@ -140,4 +143,6 @@ def documents_of_run(model_cfg, train_cfg, device: torch.device, eos_id: int | N
         raise UsageError("train.document_masking / model.position_reset: documents are found by the data's <eos> "
                          "id, and this run reads no prepared data; set data.dir or turn them off")
     kernel = document_kernel(device, model_cfg.dropout) if masking and train_cfg.attention == "sdpa" else "mask"
+    if kernel == "loop" and compile_enabled(train_cfg.compile, device.type):
+        kernel = "mask"
     return Documents(eos_id, masking, reset, kernel)

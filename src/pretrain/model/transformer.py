@@ -296,14 +296,20 @@ class Transformer(nn.Module):
             x = F.dropout(x, self.config.dropout, self.training)
         return x
 
-    def forward(self, tokens, targets=None):
-        """tokens (batch, seq) -> logits (batch, seq, vocab), or the mean cross-entropy when targets are given."""
-        s = tokens.shape[1]
+    def window_layout(self, tokens):
+        """(positions, rope, mask) of a batch of windows: each token's place in its document (None: 0 .. seq-1),
+        the rotary tables or each token's rows of them, and the attention mask (None: causal) that every block
+        takes (pretrain.model.documents)."""
         positions, mask = docs.layout(tokens, self.documents)
-        x = self.embed_tokens(tokens, positions)
-        rope = self.rotary(s, tokens.device)
+        rope = self.rotary(tokens.shape[1], tokens.device)
         if rope is not None and positions is not None:
             rope = tuple(t[positions] for t in rope)  # each token's angle: its place in its document
+        return positions, rope, mask
+
+    def forward(self, tokens, targets=None):
+        """tokens (batch, seq) -> logits (batch, seq, vocab), or the mean cross-entropy when targets are given."""
+        positions, rope, mask = self.window_layout(tokens)
+        x = self.embed_tokens(tokens, positions)
         for block in self.blocks:
             x = block(x, rope, mask)
         x = self.norm(x)
