@@ -3,6 +3,8 @@
   python benchmarks/document_masking.py                  # both parts, a few minutes on one core
   python benchmarks/document_masking.py --part cost      # (a) only
   python benchmarks/document_masking.py --part loss      # (b) only
+  python benchmarks/document_masking.py --out result.json # the result JSON also in a file (the trainer logs
+                                                          # to stdout too)
 
 (a) cost: one training step (forward, backward, AdamW) of a small LLaMA (hidden 256, 4 layers, 4 heads of 64,
     vocabulary 512) on 2 windows of seq 1024 whose documents are ~300 tokens (lengths drawn from a geometric
@@ -105,6 +107,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=6, help="(a): timed A B rounds")
     p.add_argument("--steps", type=int, default=300, help="(b): optimizer steps per model")
     p.add_argument("--data", type=Path, default=SHARED)
+    p.add_argument("--out", type=Path, help="also write the result JSON here (the runs' logs share stdout)")
     args = p.parse_args()
     torch.set_num_threads(1)
     out = {}
@@ -112,7 +115,12 @@ def main() -> None:
         out["cost"] = cost(args.rounds)
     if args.part in ("loss", "both"):
         out["loss"] = loss(args.data, args.steps)
-    print(json.dumps(out, indent=2))
+    text = json.dumps(out, indent=2) + "\n"
+    print(text, end="")
+    if args.out:
+        from pretrain.files import write_atomic
+
+        write_atomic(args.out, text)
 
 
 if __name__ == "__main__":
