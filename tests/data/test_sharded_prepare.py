@@ -71,6 +71,7 @@ def assert_same_dataset(sharded: Path, one_pass: Path) -> None:
     for split in SPLITS:
         assert concatenated(sharded, split) == (one_pass / f"{split}.bin").read_bytes(), split
     assert meta["num_docs"] == single["num_docs"] and meta["num_tokens"] == single["num_tokens"]
+    assert meta["doc_length_histogram"] == single["doc_length_histogram"]  # the shards' merged
     assert meta["tokenizer_sha256"] == single["tokenizer_sha256"]
 
 

@@ -63,6 +63,9 @@ class ModelConfig:
                                     "high_freq_factor: 4, original_max_position_embeddings: 8192} (Llama 3.1) or "
                                     "{rope_type: yarn, factor, original_max_position_embeddings, beta_fast, "
                                     "beta_slow, attention_factor} (docs/train.md: Long context)")
+    position_reset: bool | None = doc(None, "positions restart at 0 after each <eos> (RoPE angles; GPT-2's learned "
+                                      "positions): null = as train.document_masking (docs/train.md: Document "
+                                      "masking)")
     init_std: float = doc(0.02, "std of the normal initialisation; residual projections get "
                           "init_std / sqrt(2 * num_layers)")
     init_from: str | None = doc(None, "a local Hugging Face model directory to start from (continued pretraining)")
@@ -121,6 +124,8 @@ class TrainConfig:
                                         "outputs) | full (recompute each block)", RECOMPUTE)
     attention: str = doc("sdpa", "sdpa (flash / memory-efficient, no seq x seq scores kept) | eager "
                          "(scores materialised)", ("sdpa", "eager"))
+    document_masking: bool = doc(False, "each token attends only to earlier tokens of its own document in the "
+                                 "window, the documents found from the <eos> ids (docs/train.md: Document masking)")
     grad_dtype: str = doc("fp32", "fp32 | same (gradients in the compute dtype, as the ZeRO paper counts)",
                           ("fp32", "same"))
     batch_ramp_tokens: int = doc(0, "tokens over which the global batch grows to its target; 0 = off")
@@ -227,6 +232,9 @@ class DataConfig:
     verify: str = doc("auto", "checks of data.dir at train start beyond sizes and headers (always done): full = "
                       "re-hash train.bin / val.bin against meta.json's sha256, auto = full when they total at most "
                       "1 GiB, size = no hashing", ("auto", "full", "size"))
+    mean_doc_tokens: float | None = doc(None, "planner: mean document length in tokens (<eos> included), for the "
+                                        "attention FLOPs of train.document_masking when data.dir's meta.json has "
+                                        "no doc_length_histogram")
     mixture: list[dict] = doc([], "train on several prepared directories in chosen proportions: a list of {dir, "
                               "weight, name, max_epochs}; weights count tokens and are normalised, name defaults "
                               "to the directory's base name; exclusive with data.dir (docs/data.md: Mixtures)")

@@ -83,6 +83,9 @@ def check_pipelinable(config) -> None:
     if par.zero_stage >= 2 and par.data_parallel > 1:
         raise ConfigError("parallel.zero_stage: FSDP (stages 2 and 3) per pipeline stage is not built; use "
                           "parallel.zero_stage=0 or 1 with parallel.pipeline > 1")
+    if t.document_masking or m.position_reset:
+        raise ConfigError("train.document_masking / model.position_reset: a later pipeline stage sees no tokens to "
+                          "find the documents in; use parallel.pipeline=1 or turn them off")
     if t.precision == "fp16-mixed":
         raise ConfigError("train.precision: fp16-mixed's loss scaler would skip steps per stage, not together; "
                           "use bf16-mixed with parallel.pipeline > 1")

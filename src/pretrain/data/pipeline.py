@@ -29,6 +29,7 @@ from ..errors import UsageError
 from ..files import StagedDirectory, display_path, write_atomic, write_error
 from ..plan.budget import TOKEN_DTYPES, token_dtype
 from ..progress import terminal_bar
+from .documents import length_bins, length_histogram
 from .encode import Chunk, ChunkEncoder, encode_in_worker, init_worker
 from .fast_bpe import why_not_fast
 from .readers import SKIP_REASONS, Corpus, ReadOptions
@@ -128,6 +129,7 @@ def build_dataset(out_dir: Path, corpus, tok, dtype, why_not, *, seed, val_fract
         "version": META_VERSION, "pretrain_version": __version__,
         "dtype": dtype, "vocab_size": tok.vocab_size, "eos_id": tok.eos_id,
         "num_tokens": num_tokens, "num_docs": num_docs,
+        "doc_length_histogram": {s: length_histogram(w.length_bins) for s, w in writers.items()},
         "sha256": {f"{s}.bin": w.sha256.hexdigest() for s, w in writers.items()},
         "chars_per_token": text["chars"] / text_tokens, "bytes_per_token": text["bytes"] / text_tokens,
         "text_chars": text["chars"], "text_bytes": text["bytes"],
@@ -244,6 +246,7 @@ class SplitWriter:
         self.dtype = np.dtype(dtype).newbyteorder("<")  # little-endian on disk, whatever the machine
         self.sha256 = hashlib.sha256()
         self.num_tokens = self.num_docs = 0
+        self.length_bins = np.zeros(64, dtype=np.int64)  # documents per power-of-two length (data/documents.py)
         self._tokens = open(self._bin_tmp, "wb")
         self._starts = open(self._idx_tmp, "wb")  # raw int64 document starts; made a .npy in finish()
 
@@ -255,6 +258,7 @@ class SplitWriter:
         self.sha256.update(data)
         self.num_tokens += len(tokens)
         self.num_docs += len(lengths)
+        self.length_bins += length_bins(lengths)
 
     def finish(self) -> None:
         self._tokens.close()

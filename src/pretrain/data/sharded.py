@@ -39,6 +39,7 @@ from ..errors import UsageError
 from ..files import (aside_path, check_output_dir, display_path, hidden_prefix, refuse_foreign, swap_in, write_atomic,
                      writer_lock)
 from ..lock import exclusive_lock
+from .documents import merge_histograms
 from .executors import EXECUTORS, SlurmOptions, refuse_while_slurm_builds, run_local, run_ray, submit_slurm
 from .pipeline import MAX_SHOWN, META_VERSION, SPLITS, build_dataset, replaceable_names, resolve_dtype
 from .readers import Corpus, ReadOptions
@@ -356,6 +357,8 @@ def manifest(shards: list[dict], names: list[str], job_text: str) -> dict:
         "shards": names,
         "dtype": first["dtype"], "vocab_size": first["vocab_size"], "eos_id": first["eos_id"],
         **total,
+        "doc_length_histogram": {s: merge_histograms([m.get("doc_length_histogram", {}).get(s, {}) for m in shards])
+                                 for s in SPLITS},
         "sha256": {f"{n}/{s}.bin": m["sha256"][f"{s}.bin"] for n, m in zip(names, shards) for s in SPLITS},
         "chars_per_token": chars / text_tokens, "bytes_per_token": nbytes / text_tokens,
         "text_chars": chars, "text_bytes": nbytes,

@@ -24,6 +24,7 @@ from torch import nn
 
 from ..plan.kernels import native_gqa
 from ..plan.params import padded_vocab_size
+from . import documents as docs
 from .loss import build_loss
 from .moe import MoE, moe_width, router_loss
 from .rope import inverse_frequencies
@@ -95,7 +96,10 @@ class Attention(nn.Module):
         self.dropout = cfg.dropout
         self.native_gqa: bool | None = None  # None: decided per call; the trainer fixes it before compiling
 
-    def forward(self, x, rope):
+    def forward(self, x, rope, mask=None):
+        """`rope`: the (cos, sin) tables by position (seq rows and up), or per token (batch, seq, head_dim / 2)
+        when positions restart at each document; `mask`: None (causal), each row's document lengths, a boolean
+        (batch, 1, seq, seq) mask (True = attends) or a FlexAttention block mask (pretrain.model.documents)."""
         qkv = self.qkv(x)
         # Head counts and sequence length from the projection's output, not the config: under tensor
         # parallelism this rank holds kv_heads / t whole k/v groups (and their q heads), and under sequence
@@ -114,23 +118,33 @@ class Attention(nn.Module):
             # over each head's vector, before the rotation (transformers' Qwen3Attention)
             q, k = self.q_norm(q), self.k_norm(k)
         if self.rotary:
-            cos, sin = (t[:s, None, :].to(q.dtype) for t in rope)
+            cos, sin = ((t[:s, None, :] if t.dim() == 2 else t[:, :, None, :]).to(q.dtype) for t in rope)
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         gqa = group > 1  # grouped-query attention: each k/v head serves a group
-        if gqa and self.attention == "sdpa" and not self.sdpa_takes_gqa(q):
+        flex = mask is not None and not isinstance(mask, (torch.Tensor, tuple))
+        if gqa and self.attention == "sdpa" and not flex and not self.sdpa_takes_gqa(q):
             k, v = self.repeat_kv(k), self.repeat_kv(v)  # so that a fused kernel runs, not the math one
             gqa = False
         # (batch, heads, seq, head_dim) views of (batch, seq, heads, head_dim) memory: attention kernels
         # return their output in the same layout, so the transpose back below is free.
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         dropout = self.dropout if self.training else 0.0
-        if self.attention == "sdpa":
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, enable_gqa=gqa)
+        if flex:  # FlexAttention's block mask (CUDA): no dropout, refused at start (documents.document_kernel)
+            y = docs.flex_attention(q, k, v, mask, enable_gqa=gqa)
+        elif isinstance(mask, tuple):  # each row's document lengths (CPU): causal SDPA on each document alone
+            y = torch.cat([torch.cat([F.scaled_dot_product_attention(*qkv, dropout_p=dropout, is_causal=True,
+                                                                     enable_gqa=gqa)
+                                      for qkv in zip(*(t[row:row + 1].split(lengths, dim=2) for t in (q, k, v)))],
+                                     dim=2) for row, lengths in enumerate(mask)])
+        elif self.attention == "sdpa":
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=mask is None,
+                                               enable_gqa=gqa)
         else:  # eager: the seq x seq scores are materialised (and kept for backward)
             if gqa:
                 k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
             scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)
-            mask = torch.ones(s, s, dtype=torch.bool, device=x.device).tril()
+            if mask is None:
+                mask = torch.ones(s, s, dtype=torch.bool, device=x.device).tril()
             scores = scores.masked_fill(~mask, float("-inf"))
             probs = scores.float().softmax(dim=-1).to(q.dtype)  # softmax in fp32 on every device
             y = (F.dropout(probs, dropout, self.training) if dropout else probs) @ v
@@ -184,8 +198,8 @@ class Block(nn.Module):
         self.mlp = MLP(cfg) if not is_moe_block(cfg, index) else MoE(cfg, shared_experts(cfg))
         self.dropout = cfg.dropout
 
-    def forward(self, x, rope):
-        x = x + self._dropout(self.attn(self.attn_norm(x), rope))
+    def forward(self, x, rope, mask=None):
+        x = x + self._dropout(self.attn(self.attn_norm(x), rope, mask))
         return x + self._dropout(self.mlp(self.mlp_norm(x)))
 
     def _dropout(self, x):
@@ -252,6 +266,8 @@ class Transformer(nn.Module):
         # Output layer + loss (no parameters of its own); padded rows take no part in the softmax.
         self.loss = build_loss(loss, loss_chunk_tokens, cfg.vocab_size)
         self.rope: tuple[torch.Tensor, torch.Tensor] | None = None  # rotary tables, built on first use
+        # The documents of a window (train.document_masking, model.position_reset); None: packing as is.
+        self.documents: docs.Documents | None = None
         # Fused parameters whose rows are held in another order (tensor parallelism: name -> row order).
         self.row_orders: dict[str, torch.Tensor] = {}
         self.lm_loss: torch.Tensor | None = None  # MoE: the last training loss without the balancing terms
@@ -297,23 +313,34 @@ class Transformer(nn.Module):
                                       scaling=cfg.rope_scaling)
         return self.rope
 
-    def embed_tokens(self, tokens):
+    def embed_tokens(self, tokens, positions=None):
         """tokens (batch, seq) -> the residual stream's input (batch, seq, hidden): what the first pipeline
-        stage computes before its blocks."""
+        stage computes before its blocks. `positions` (batch, seq): each token's place in its document (GPT-2's
+        learned positions restart with it), else 0 .. seq-1."""
         x = self.embed(tokens)
         if self.pos_embed is not None:
-            x = x + self.pos_embed(torch.arange(tokens.shape[1], device=tokens.device))
+            x = x + self.pos_embed(torch.arange(tokens.shape[1], device=tokens.device) if positions is None
+                                   else positions)
         if self.config.dropout:
             x = F.dropout(x, self.config.dropout, self.training)
         return x
 
+    def window_layout(self, tokens):
+        """(positions, rope, mask) of a batch of windows: each token's place in its document (None: 0 .. seq-1),
+        the rotary tables or each token's rows of them, and the attention mask (None: causal) that every block
+        takes (pretrain.model.documents)."""
+        positions, mask = docs.layout(tokens, self.documents)
+        rope = self.rotary(tokens.shape[1], tokens.device)
+        if rope is not None and positions is not None:
+            rope = tuple(t[positions] for t in rope)  # each token's angle: its place in its document
+        return positions, rope, mask
+
     def forward(self, tokens, targets=None):
         """tokens (batch, seq) -> logits (batch, seq, vocab), or the mean cross-entropy when targets are given."""
-        s = tokens.shape[1]
-        x = self.embed_tokens(tokens)
-        rope = self.rotary(s, tokens.device)
+        positions, rope, mask = self.window_layout(tokens)
+        x = self.embed_tokens(tokens, positions)
         for block in self.blocks:
-            x = block(x, rope)
+            x = block(x, rope, mask)
         x = self.norm(x)
         if targets is None:
             # Padded rows (model.pad_vocab_to) are for the matmul's shape only: no token is one of them, so

@@ -25,6 +25,7 @@ agrees with these counts (tests/plan/test_flops_vs_measured.py).
 
 from __future__ import annotations
 
+from .documents import attention_context
 from .explain import Explain
 from .params import expert_width, moe_layers
 
@@ -33,12 +34,14 @@ def flops(cfg, counts, tokens: int, ex: Explain) -> dict:
     m, t = cfg.model, cfg.train
     N = counts.flops
     v_dim = m.v_head_dim or m.head_dim
-    full_attention = 6 * m.num_layers * m.num_heads * (m.head_dim + v_dim) * t.seq_len
+    context, lengths_from = attention_context(cfg, ex)  # seq, or sum L_i^2 / seq with document masking
+    full_attention = round(6 * m.num_layers * m.num_heads * (m.head_dim + v_dim) * context)
     causal = cfg.flops.causal_attention
     attention = full_attention // 2 if causal else full_attention
     heads = (f"6 x L {m.num_layers} x heads {m.num_heads} x (head_dim {m.head_dim} + v_head_dim {v_dim})"
              if v_dim != m.head_dim else f"12 x L {m.num_layers} x heads {m.num_heads} x head_dim {m.head_dim}")
-    ex.add("flops", "attention_per_token", attention, f"{heads} x seq {t.seq_len}"
+    keys = f"seq {t.seq_len}" if lengths_from is None else f"context {context:,.1f} (document masking)"
+    ex.add("flops", "attention_per_token", attention, f"{heads} x {keys}"
            + (" / 2 (causal)" if causal else " (PaLM: full square)"))
     per_token = 6 * N + attention
     active = " active" if counts.inactive else ""
@@ -81,6 +84,10 @@ def flops(cfg, counts, tokens: int, ex: Explain) -> dict:
     )
     if counts.inactive:
         out["moe"] = _moe_conventions(counts, full_attention, ex)
+    if lengths_from is not None:  # the masked window's attention: its documents' squares, from these lengths
+        out["document_lengths"] = lengths_from
+        out["convention"] += ("; attention over each window's documents (document masking): sum L_i^2 / seq "
+                              "keys per query, the pairs a block-sparse kernel computes")
     ex.add("flops", "total", out["total"], f"per_token {per_token:,} x tokens {tokens:,}")
     ex.add("flops", "total_6n", out["total_6n"], f"6 x {counts.active:,} x {tokens:,}")
     if recompute == "full":

@@ -76,18 +76,23 @@ class _Ops(TorchDispatchMode):
 
 
 def kernel_that_runs(config, device: torch.device) -> str:
-    """flash | cudnn | efficient | math: the kernel one training attention of this run's shape runs on, under
-    the kernel choice its steps make."""
+    """flash | cudnn | efficient | math | flex: the kernel one training attention of this run's shape runs on,
+    under the kernel choice its steps make (with train.document_masking: under its mask)."""
     m, t = config.model, config.train
     if t.attention == "eager":
         return "math"
+    if t.document_masking and device.type == "cuda":
+        return "flex"  # pretrain.model.documents.document_kernel: FlexAttention or a refusal, never unmasked
     half = precisions.half_dtype(t.precision)
     dtype = half or torch.float32
     gqa = m.num_kv_heads != m.num_heads and takes_gqa(device, half is not None, m.head_dim)
     kv_heads = m.num_kv_heads if gqa else m.num_heads
     q = torch.zeros(1, m.num_heads, t.seq_len, m.head_dim, device=device, dtype=dtype, requires_grad=True)
     k = torch.zeros(1, kv_heads, t.seq_len, m.head_dim, device=device, dtype=dtype, requires_grad=True)
+    mask = torch.ones(1, 1, t.seq_len, t.seq_len, dtype=torch.bool, device=device).tril() \
+        if t.document_masking else None
     ops = _Ops()
     with kernel_context(device, t.precision)(), ops:
-        F.scaled_dot_product_attention(q, k, k, dropout_p=m.dropout, is_causal=True, enable_gqa=gqa)
+        F.scaled_dot_product_attention(q, k, k, attn_mask=mask, dropout_p=m.dropout, is_causal=mask is None,
+                                       enable_gqa=gqa)
     return next((KERNELS[name] for name in ops.names if name in KERNELS), "math")

@@ -127,5 +127,5 @@ def measure_forward(model, tokens, targets, autocast) -> tuple[torch.Tensor, dic
             held = [t for t in meter.storages.values() if t.dim() == 3 and t.shape[:2] == tokens.shape]
             x = held[0].detach().requires_grad_(True)
             with autocast():
-                forward_without_checkpoint(blocks[0], x, inner.rotary(tokens.shape[1], tokens.device))
+                forward_without_checkpoint(blocks[0], x, *inner.window_layout(tokens)[1:])
     return loss, meter.split()

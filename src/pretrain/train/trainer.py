@@ -19,9 +19,11 @@ import yaml
 
 from ..config import mixture_sources, replaced
 from ..config.trainable import check_trainable
+from ..data.documents import check_document_index
 from ..data.token_files import DataChanged
 from ..errors import UsageError
 from ..lock import exclusive_lock
+from ..model.documents import documents_of_run
 from ..files import write_atomic
 from ..plan import make_plan
 from ..plan.budget import training_length
@@ -148,6 +150,13 @@ class Trainer:
         self.ramp = dict(seq_len=t.seq_len, micro_batch_size=t.micro_batch_size, data_parallel=rt.data_size,
                          grad_accum_steps=t.grad_accum_steps, ramp_tokens=t.batch_ramp_tokens,
                          ramp_start=t.batch_ramp_start)
+        # The documents of a window (train.document_masking): their <eos> id, checked against each offset index.
+        opened = [self.data] if self.data is not None else [s["data"] for s in self.mixture or []]
+        self.documents = documents_of_run(c.model, t, rt.device, opened[0].eos_id if opened else None)
+        if self.documents is not None:
+            for data in opened:
+                for split in ("train", "val"):
+                    check_document_index(data, split)
         if rt.device.type == "cuda":
             torch.set_float32_matmul_precision("high")  # fp32 matmuls at TF32 speed, as the plan assumes
         self.attention_kernels = kernel_context(rt.device, t.precision)  # entered by each step, not for good
@@ -155,7 +164,7 @@ class Trainer:
         # FSDP and tensor parallelism materialise each rank's shard only, a pipeline stage its own layers only.
         on_meta = (c.parallel.fsdp or c.parallel.tensor > 1 or c.parallel.pipeline > 1) and not c.model.init_from
         model = build_model(c.model, attention=t.attention, device="meta" if on_meta else rt.device, seed=t.seed,
-                            loss=t.loss, loss_chunk_tokens=t.loss_chunk_tokens)
+                            loss=t.loss, loss_chunk_tokens=t.loss_chunk_tokens, documents=self.documents)
         if c.model.init_from:
             from ..model.hf import load_hf_into
 

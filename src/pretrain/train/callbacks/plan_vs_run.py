@@ -50,6 +50,7 @@ class PlanVsRun(Callback):
                                         interval["tokens_per_s"], interval["mfu"], trainer.config.hardware.mfu,
                                         str(device))
             report["attention_kernel"] = self.kernel
+            report["document_masking"] = trainer.config.train.document_masking
             if trainer.rt.is_main:
                 plan_check.write(trainer.run_dir, report)
                 trainer.log.say(plan_check.render(report))
