@@ -96,8 +96,8 @@ def test_a_pasted_config_json_plans_as_the_file(base, tmp_path):
     assert pasted == from_file
     status, text = get(f"{base}/api/hf_config", b'{"model_type": "llama",')
     assert status == 400 and text.startswith("the pasted config.json is not valid JSON") and "\n" not in text
-    status, text = get(f"{base}/api/hf_config", json.dumps({"model_type": "mixtral"}).encode())
-    assert status == 400 and "mixture-of-experts" in text
+    status, text = get(f"{base}/api/hf_config", json.dumps({"model_type": "gemma"}).encode())
+    assert status == 400 and "GeGLU MLP" in text and "\n" not in text
 
 
 def test_the_command_and_yaml_plan_the_same(base, tmp_path):
