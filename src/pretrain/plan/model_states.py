@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import heapq
 
-from ..gpus import gpu_spec
+from ..gpus import gpu_spec, mixed_precision
 from .params import padded_vocab_size, param_shapes
 from .stages import chunks_per_stage, param_stages, stage_param_shapes
 
@@ -112,7 +112,7 @@ def model_state_tensors(cfg, rank: int | None = None, stage: int | None = None) 
               for n, s in stage_param_shapes(m, stage, par.pipeline, chunks_per_stage(par))]
     # One block's and the root's tensors as this rank holds them (a stage's list may lack block 0).
     block_shapes = whole if par.pipeline > 1 else shapes
-    mixed = t.precision.endswith("-mixed")
+    mixed = mixed_precision(t.precision)
     param_bytes = 2 if t.precision == "bf16" else 4
     grad_bytes = 2 if (t.precision == "bf16" or (mixed and t.grad_dtype == "same")) else 4
     state_bytes = param_bytes  # PyTorch optimizers keep states in the parameter dtype

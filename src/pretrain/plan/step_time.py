@@ -61,7 +61,7 @@ from __future__ import annotations
 
 import math
 
-from ..gpus import gpu_spec
+from ..gpus import gpu_spec, mixed_precision
 from .activations import COMPUTE_BYTES, activation_bytes, kept_tensor_traffic, weight_reads
 from .explain import Explain
 from .flops import mfu
@@ -246,7 +246,7 @@ def _pipeline(c, micro_s: float, ex: Explain) -> dict:
 
 def _bytes_per_value(t) -> tuple[int, int]:
     """(gradient, parameter) bytes: as pretrain.plan.memory holds them."""
-    mixed = t.precision.endswith("-mixed")
+    mixed = mixed_precision(t.precision)
     grad_b = 2 if t.precision == "bf16" or (mixed and t.grad_dtype == "same") else 4
     return grad_b, 2 if t.precision == "bf16" else 4
 

@@ -50,6 +50,8 @@ class PlanVsRun(Callback):
                                         interval["tokens_per_s"], interval["mfu"], trainer.config.hardware.mfu,
                                         str(device))
             report["attention_kernel"] = self.kernel
+            if trainer.par.fp8:
+                report["fp8"] = trainer.par.fp8
             if trainer.rt.is_main:
                 plan_check.write(trainer.run_dir, report)
                 trainer.log.say(plan_check.render(report))
