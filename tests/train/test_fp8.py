@@ -1,0 +1,97 @@
+"""train.precision=fp8 on a CPU (torchao's float8 casts round to e4m3 there as on a GPU): the tiny LLaMA
+trains to the bf16-mixed run's validation loss, resumes bitwise, exports a bf16 model transformers loads;
+without torchao it is one line and exit 2. Speed is a GPU's question (tests/bench/test_gpu_acceptance.py)."""
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from support import exported_tensors, finished_run, losses, params, run_cli, tiny
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("torchao")
+
+# The debug preset's linears are 64-352 wide: a minimum of 16 converts all 8 of the blocks' (the default
+# 1024 is a real model's) and leaves the output layer bf16. Checkpoints at 10 and 20, one eval at the end.
+STEPS = 20
+FP8 = ["train.precision=fp8", "train.fp8_min_features=16", f"train.max_steps={STEPS}", "run.eval_every=0",
+       "run.eval_batches=4", "run.checkpoint_every=10", "train.grad_accum_steps=1"]
+
+
+def run_with(prepared, run_dir, *extra):
+    return finished_run(run_dir, *tiny(prepared, run_dir, *FP8, *extra))
+
+
+def final_val_loss(run_dir) -> float:
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r["val_loss"] for r in rows if "val_loss" in r][-1]
+
+
+@pytest.fixture(scope="module")
+def runs(prepared, tmp_path_factory):
+    """The same tiny run in bf16-mixed and in fp8 with each recipe."""
+    root = tmp_path_factory.mktemp("fp8")
+    return {name: run_with(prepared, root / name, *extra) for name, extra in [
+        ("bf16", ["train.precision=bf16-mixed"]), ("tensorwise", ["train.fp8_recipe=tensorwise"]),
+        ("rowwise", ["train.fp8_recipe=rowwise"])]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_fp8_ends_within_2_percent_of_bf16_with_no_non_finite_step(runs, recipe):
+    fp8, bf16 = final_val_loss(runs[recipe]), final_val_loss(runs["bf16"])
+    assert abs(fp8 - bf16) / bf16 < 0.02, (fp8, bf16)
+    assert len(losses(runs[recipe])) == STEPS and all(map(math.isfinite, losses(runs[recipe]).values()))
+    assert losses(runs[recipe]) != losses(runs["bf16"])  # float8 really multiplied: the losses are its own
+    events = (runs[recipe] / "events.jsonl").read_text()
+    assert not any(e in events for e in ("nonfinite_skip", "spike", "rollback", "stopped"))
+    report = json.loads((runs[recipe] / "plan_vs_run.json").read_text())
+    assert report["fp8"] == {"recipe": recipe, "linears": 8, "skipped": 1}
+
+
+@pytest.mark.slow
+def test_fp8_resumes_bitwise_and_exports_bf16_that_transformers_loads(prepared, runs, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    run_dir = tmp_path / "run"
+    first = run_cli("train", *tiny(prepared, run_dir, *FP8, "debug.stop_after_step=10"))
+    assert first.returncode == 0, first.stderr
+    second = run_cli("train", "--resume", run_dir, "debug.stop_after_step=0")
+    assert second.returncode == 0, second.stderr
+    assert losses(run_dir) == losses(runs["tensorwise"])
+    pa, pb = params(run_dir), params(runs["tensorwise"])
+    assert pa.keys() == pb.keys() and all(torch.equal(pa[k], pb[k]) for k in pa)
+
+    tensors = exported_tensors(run_dir, tmp_path / "hf")
+    assert {t.dtype for t in tensors.values()} == {torch.bfloat16}
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+    assert model.dtype == torch.bfloat16
+    logits = model(torch.tensor([[1, 2, 3, 4]])).logits
+    assert torch.isfinite(logits).all()
+
+
+def test_fp8_without_torchao_is_one_line(prepared, tmp_path):
+    block = ("import runpy, sys\n"
+             "sys.modules['torchao'] = None\n"  # how Python reports a missing module: import raises
+             "sys.argv = ['pretrain', *sys.argv[1:]]\n"
+             "runpy.run_module('pretrain', run_name='__main__')\n")
+    r = subprocess.run([sys.executable, "-c", block, "train", *tiny(prepared, tmp_path / "run", *FP8)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.count("\n") == 1 and "pretrain[fp8]" in r.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_filter_converts_what_the_planner_counts():
+    from pretrain.config import load_config
+    from pretrain.distributed.fp8 import converts
+
+    assert converts("blocks.0.mlp.up", 4096, 28672, 1024)
+    assert not converts("lm_head", 4096, 128256, 1024)  # the output layer stays bf16
+    assert not converts("blocks.0.attn.qkv", 4096, 4104, 16)  # 4104 is no multiple of 16
+    assert not converts("blocks.0.attn.proj", 768, 768, 1024)  # below the minimum
+    assert converts("blocks.0.attn.proj", 1024, 1024, 1024)
+    assert load_config(overrides=["train.precision=fp8"]).train.fp8_min_features == 1024
