@@ -1,7 +1,7 @@
 """train.precision=fp8: the blocks' linears multiply in float8 through torchao's `convert_to_float8_training`
 (pretrain[fp8]); everything else is bf16-mixed (fp32 master weights, autocast to bf16).
 
-Which linears (`converts`, the planner's pretrain.plan.fp8 applies the same rule without torch):
+Which linears (pretrain.plan.fp8.converts, the rule the planner counts with):
   - only those inside the blocks: the output layer stays bf16 (its matmul feeds the softmax, where float8's
     3 significant bits cost the most, and torchtitan leaves it out too);
   - both dimensions multiples of 16 (float8 tensor cores need it);
@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 
 from ..errors import UsageError
+from ..plan.fp8 import converts
 
 FIX = "pip install 'pretrain[fp8]' (torchao) or use train.precision=bf16-mixed"
 
@@ -39,19 +40,13 @@ def _float8():
     for log in loggers:
         log.setLevel(logging.ERROR)
     try:
-        import torchao.float8 as float8
+        from torchao import float8
     except ImportError as e:
         raise UsageError(f"train.precision: fp8 needs torchao, which is not installed ({e}); {FIX}") from None
     finally:
         for log, level in zip(loggers, levels):
             log.setLevel(level)
     return float8
-
-
-def converts(name: str, in_features: int, out_features: int, min_features: int) -> bool:
-    """Whether the linear `name` (its path in the model) multiplies in float8."""
-    return (name.startswith("blocks.") and in_features % 16 == 0 and out_features % 16 == 0
-            and min(in_features, out_features) >= min_features)
 
 
 def convert(model, train, fsdp: bool) -> dict:

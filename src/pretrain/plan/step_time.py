@@ -62,6 +62,7 @@ from __future__ import annotations
 import math
 
 from ..gpus import gpu_spec, mixed_precision
+from . import fp8
 from .activations import COMPUTE_BYTES, activation_bytes, kept_tensor_traffic, weight_reads
 from .explain import Explain
 from .flops import mfu
@@ -128,6 +129,8 @@ def step_time(c, counts, fl: dict, peak: float | None, ex: Explain | None = None
     ex.add("step_time", "tokens_per_second", tokens / seconds, f"{tokens:,} tokens per step / {seconds:.4g} s")
     ex.add("step_time", "mfu", utilisation, f"tokens/s x {model_per_token:,} model FLOPs/token / ({par.gpus} x {peak:g} "
            "TFLOP/s)")
+    if t.precision == "fp8":  # the MFU against both peaks, `mfu` being the bf16 one (plan/fp8.py)
+        out.update(fp8.mfu_fields(c, fl, utilisation, model_per_token))
     return {"seconds": seconds, "tokens_per_second": tokens / seconds, "mfu": utilisation, **out}
 
 
@@ -169,6 +172,10 @@ def _micro_batch(c, counts, fl: dict, peak: float, ex: Explain) -> dict:
     hbm = _hbm_gbps(c)
     operand_s = matmul * tokens / shard / intensity / (hbm * 1e9) if on_gpu and hbm else 0.0
     matmul_s = matmul * tokens / shard / (rate * 1e12 * tile)
+    cast_s = 0.0
+    if t.precision == "fp8":  # the converted linears' GEMMs at the fp8 rate, their casts at HBM (plan/fp8.py)
+        matmul_s, cast_s, fp8_how = fp8.matmul_seconds(c, matmul, tokens, shard, rate, tile, hbm if on_gpu else 0)
+        ex.add("step_time", "fp8_cast_s", cast_s, fp8_how)
     hopper = spec.name in HOPPER_GPUS and not (hw.profile and not hw.peak_tflops)
     attention_rate = peak * HOPPER_ATTENTION_PEAK if hopper else rate * ATTENTION_EFFICIENCY
     attention_how = f"peak {peak:g} x {HOPPER_ATTENTION_PEAK} (FlashAttention-2 on Hopper)" if hopper else \
@@ -211,14 +218,16 @@ def _micro_batch(c, counts, fl: dict, peak: float, ex: Explain) -> dict:
     ex.add("step_time", "kernel_overhead_s", overhead_s, f"({layers} layers x {per_layer} + {KERNELS_OUTSIDE}) "
            f"kernels x {KERNEL_OVERHEAD_S * 1e6:g} us (eager PyTorch's dispatch and launch)")
     compute_s = matmul_s + attention_s
-    micro_s = max(compute_s, weight_s) + operand_s + traffic_s + tp_s + overhead_s
+    micro_s = max(compute_s, weight_s) + operand_s + traffic_s + tp_s + overhead_s + cast_s
     bound = "compute" if compute_s >= weight_s else "memory"
     ex.add("step_time", "micro_batch_s", micro_s, f"max(compute {compute_s:.4g}, weight reads {weight_s:.4g}) + "
-           f"GEMM operands {operand_s:.4g} + activation traffic {traffic_s:.4g} + TP {tp_s:.4g} + kernel overhead {overhead_s:.4g}: "
+           f"GEMM operands {operand_s:.4g} + activation traffic {traffic_s:.4g} + TP {tp_s:.4g} + kernel overhead {overhead_s:.4g}"
+           + (f" + fp8 casts {cast_s:.4g}" if t.precision == "fp8" else "") + ": "
            + ("compute-bound" if bound == "compute" else "memory-bound (the weights' reads set the floor)"))
-    return {"achievable_tflops": rate, "micro_batch_s": micro_s, "matmul_s": matmul_s, "attention_s": attention_s,
-            "weight_read_s": weight_s, "gemm_operand_s": operand_s, "activation_traffic_s": traffic_s, "tensor_parallel_s": tp_s,
-            "kernel_overhead_s": overhead_s, "bound": bound}
+    out = {"achievable_tflops": rate, "micro_batch_s": micro_s, "matmul_s": matmul_s, "attention_s": attention_s,
+           "weight_read_s": weight_s, "gemm_operand_s": operand_s, "activation_traffic_s": traffic_s, "tensor_parallel_s": tp_s,
+           "kernel_overhead_s": overhead_s, "bound": bound}
+    return {**out, "fp8_cast_s": cast_s} if t.precision == "fp8" else out
 
 
 def _pipeline(c, micro_s: float, ex: Explain) -> dict:
