@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from support import exported_tensors, finished_run, losses, params, run_cli, tiny
+from support import exported_tensors, finished_run, finished_torchrun, losses, params, run_cli, tiny
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("torchao")
@@ -73,6 +73,18 @@ def test_fp8_resumes_bitwise_and_exports_bf16_that_transformers_loads(prepared, 
     assert torch.isfinite(logits).all()
 
 
+@pytest.mark.slow
+def test_fsdp_gathers_fp8_weights_and_holds_the_planned_bytes(prepared, tmp_path):
+    # ZeRO-3 over 2 ranks, tensorwise: torchao's float8 all-gather wraps each sharded weight; every rank
+    # still holds exactly the planner's parameter, gradient and optimizer bytes (debug.check_sharding).
+    run_dir = tmp_path / "run"
+    finished_torchrun(*tiny(prepared, run_dir, *FP8, "train.max_steps=4", "parallel.gpus=2",
+                            "parallel.zero_stage=3", "debug.check_sharding=true"))
+    report = json.loads((run_dir / "plan_vs_run.json").read_text())
+    assert report["fp8"] == {"recipe": "tensorwise", "linears": 8, "skipped": 1}
+    assert all(math.isfinite(x) for x in losses(run_dir).values())
+
+
 def test_fp8_without_torchao_is_one_line(prepared, tmp_path):
     block = ("import runpy, sys\n"
              "sys.modules['torchao'] = None\n"  # how Python reports a missing module: import raises
@@ -87,7 +99,7 @@ def test_fp8_without_torchao_is_one_line(prepared, tmp_path):
 
 def test_the_filter_converts_what_the_planner_counts():
     from pretrain.config import load_config
-    from pretrain.distributed.fp8 import converts
+    from pretrain.plan.fp8 import converts
 
     assert converts("blocks.0.mlp.up", 4096, 28672, 1024)
     assert not converts("lm_head", 4096, 128256, 1024)  # the output layer stays bf16

@@ -106,8 +106,8 @@ PAYS = 1.10  # a modelled speed-up below this is not worth float8's numerics (it
 
 def advice(c, p: dict) -> list[str]:
     """fp8 where the model says it will not pay: the speed-up over bf16-mixed, modelled, for this shape."""
-    if c.train.precision != "fp8" or not p.get("step_time"):
-        return []
+    if c.train.precision != "fp8" or not p.get("step_time") or not peaks(c)[0]:
+        return []  # a CPU or a card the catalog lacks: no float8 rate to weigh
     from ..config import replaced
     from . import plan_with_explain
 
