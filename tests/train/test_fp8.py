@@ -107,3 +107,17 @@ def test_the_filter_converts_what_the_planner_counts():
     assert not converts("blocks.0.attn.proj", 768, 768, 1024)  # below the minimum
     assert converts("blocks.0.attn.proj", 1024, 1024, 1024)
     assert load_config(overrides=["train.precision=fp8"]).train.fp8_min_features == 1024
+
+
+def test_the_run_reports_mfu_against_both_peaks():
+    from pretrain.config import load_config
+    from pretrain.plan import make_plan
+    from pretrain.train.plan_check import compare
+
+    p = make_plan(load_config(overrides=["model.preset=llama3-8b", "hardware.gpu=h100", "train.precision=fp8"]))
+    states = {k: p["model_states"][k] for k in ("parameters", "gradients", "optimizer_states")}
+    rows = {r["name"]: r for r in compare(p, states, None, None, 1000.0, 0.5, 0.4, "cuda:0")["rows"]}
+    to_mixed = p["step_time"]["mfu_mixed_peak"] / p["step_time"]["mfu"]
+    assert 0.5 < to_mixed < 1  # the mixed peak lies between the bf16 and the fp8 peak
+    assert rows["mfu"]["measured"] == 0.5
+    assert rows["mfu_mixed_peak"]["measured"] == pytest.approx(0.5 * to_mixed)
