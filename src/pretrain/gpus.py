@@ -73,7 +73,14 @@ CATALOG = {name: (replace(spec, intra_node_gbps=LINKS[name][0], inter_node_gbps=
 
 ALIASES = {"h100": "h100-sxm", "a100": "a100-80gb", "v100": "v100-32gb", "a800": "a800-80gb"}
 # What each training precision multiplies in (the catalog's peaks are per dtype).
-COMPUTE_DTYPE = {"fp32": "tf32", "fp16-mixed": "fp16", "bf16-mixed": "bf16", "bf16": "bf16"}
+# fp8: the converted linears multiply in e4m3 (their peak is the catalog's fp8), everything else in bf16: the
+# peak behind time and MFU is bf16's, the comparable figure (docs/train.md: FP8 training).
+COMPUTE_DTYPE = {"fp32": "tf32", "fp16-mixed": "fp16", "bf16-mixed": "bf16", "bf16": "bf16", "fp8": "bf16"}
+
+
+def mixed_precision(precision: str) -> bool:
+    """fp32 master weights with autocast: the *-mixed precisions, and fp8, whose other ops autocast to bf16."""
+    return precision.endswith("-mixed") or precision == "fp8"
 
 
 def gpu_spec(name: str) -> GpuSpec:

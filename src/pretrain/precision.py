@@ -5,6 +5,7 @@
   fp16-mixed  fp32 weights, autocast to fp16 (with a loss scaler)
   bf16-mixed  fp32 weights, autocast to bf16
   bf16        pure bf16 weights, gradients and optimizer states
+  fp8         as bf16-mixed, and the blocks' linears multiply in float8 (torchao, distributed/fp8.py)
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import functools
 
 import torch
 
-from .gpus import COMPUTE_DTYPE
+from .gpus import COMPUTE_DTYPE, mixed_precision
 
 # Matmul dtypes by the planner's names; tf32 is fp32 tensors with TF32 matmuls allowed.
 TORCH_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -28,8 +29,9 @@ def matmul_dtype(precision: str, device_type: str) -> str:
 
 
 def half_dtype(precision: str) -> torch.dtype | None:
-    """The 16-bit dtype the matmuls run in, or None for fp32."""
-    return {"fp16-mixed": torch.float16, "bf16-mixed": torch.bfloat16, "bf16": torch.bfloat16}.get(precision)
+    """The 16-bit dtype the matmuls run in (fp8: those outside the converted linears), or None for fp32."""
+    return {"fp16-mixed": torch.float16, "bf16-mixed": torch.bfloat16, "bf16": torch.bfloat16,
+            "fp8": torch.bfloat16}.get(precision)
 
 
 def weight_dtype(precision: str) -> torch.dtype:
@@ -38,8 +40,8 @@ def weight_dtype(precision: str) -> torch.dtype:
 
 
 def autocast(precision: str, device: torch.device):
-    """A context factory: autocast for the *-mixed precisions, nothing otherwise. No weight-cast cache: the
+    """A context factory: autocast for the *-mixed precisions and fp8, nothing otherwise. No weight-cast cache: the
     planner counts the casts each matmul keeps for backward, and a cache would keep them for the whole step."""
-    if precision.endswith("-mixed"):
+    if mixed_precision(precision):
         return functools.partial(torch.autocast, device.type, dtype=half_dtype(precision), cache_enabled=False)
     return contextlib.nullcontext

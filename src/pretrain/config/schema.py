@@ -21,7 +21,7 @@ def doc(default: Any, text: str, choices: tuple | None = None, trains: tuple | N
 
 
 FAMILIES = ("llama", "gpt2")
-PRECISIONS = ("fp32", "fp16-mixed", "bf16-mixed", "bf16")
+PRECISIONS = ("fp32", "fp16-mixed", "bf16-mixed", "bf16", "fp8")
 OPTIMIZERS = ("adamw", "adafactor", "sgd")
 RECOMPUTE = ("none", "selective", "full")
 SCHEDULES = ("cosine", "linear", "inverse_sqrt", "wsd")
@@ -118,7 +118,14 @@ class TrainConfig:
     max_steps: int | None = doc(None, "optimizer steps to run (takes precedence over tokens)")
     device: str = doc("auto", "auto | cpu | cuda (train only; the planner ignores it)")
     precision: str = doc("bf16-mixed", "fp32 | fp16-mixed | bf16-mixed (autocast, fp32 master weights) | "
-                         "bf16 (pure bf16 weights and optimizer states)", PRECISIONS)
+                         "bf16 (pure bf16 weights and optimizer states) | fp8 (bf16-mixed, and the blocks' linears "
+                         "multiply in float8 through torchao: pretrain[fp8]; docs/train.md: FP8 training)",
+                         PRECISIONS)
+    fp8_recipe: str = doc("tensorwise", "fp8: scaling of the float8 casts: tensorwise (one scale per tensor; "
+                          "FSDP all-gathers the weights in float8) | rowwise (one per row: closer to bf16, slower)",
+                          ("tensorwise", "rowwise"))
+    fp8_min_features: int = doc(1024, "fp8: a linear whose in or out features are below this stays bf16 (small "
+                                "GEMMs gain less than the casts cost: torchao's H100 tables skip out <= 1024)")
     optimizer: str = doc("adamw", "adamw | adafactor | sgd", OPTIMIZERS)
     activation_checkpointing: str = doc("none", "none | selective (recompute all but matmul and attention "
                                         "outputs) | full (recompute each block)", RECOMPUTE)

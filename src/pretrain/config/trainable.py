@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 
 from ..errors import ConfigError
+from ..gpus import mixed_precision
 from .checks import untrained
 from .schema import padded_vocab_size
 
@@ -19,7 +20,7 @@ from .schema import padded_vocab_size
 def check_trainable(config, needs_data: bool = True) -> None:
     """Config errors the trainer (not the planner) refuses; `needs_data`: a data directory must be set."""
     t, par = config.train, config.parallel
-    if t.grad_dtype == "same" and t.precision.endswith("-mixed"):
+    if t.grad_dtype == "same" and mixed_precision(t.precision):
         raise ConfigError("train.grad_dtype: same (half-precision gradients) is a planning option; autocast keeps "
                           "fp32 gradients: use train.grad_dtype=fp32 or train.precision=bf16")
     unbuilt = unbuilt_architecture(config.model)
@@ -36,6 +37,10 @@ def check_trainable(config, needs_data: bool = True) -> None:
         check_pipelinable(config)
     if par.tensor > 1:
         check_tensor_parallel(config)
+    if t.precision == "fp8" and par.tensor > 1:
+        # torchao's float8 needs its own tensor-parallel styles (Float8ColwiseParallel, ...), not built here
+        raise ConfigError("train.precision: fp8 with parallel.tensor > 1 is not built; use parallel.tensor=1 "
+                          "(FSDP: parallel.zero_stage=3) or train.precision=bf16-mixed")
     if needs_data and not (config.data.dir or config.data.mixture):
         raise ConfigError("data.dir: not set; prepare data with `pretrain prepare --out DIR` and set data.dir=DIR "
                           "(or data.mixture for several directories)")

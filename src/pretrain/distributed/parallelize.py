@@ -32,6 +32,7 @@ import torch
 from .. import precision
 from ..config import compile_enabled
 from ..errors import ConfigError
+from ..gpus import mixed_precision
 from ..plan.kernels import torch_version_tuple
 from .mesh import Layout
 from .optim import build_optimizer
@@ -50,6 +51,7 @@ class Parallelized:
 
     autocast = True     # False under FSDP: its mixed-precision policy casts instead
     measurable = True   # saved-tensor hooks see plain tensors (not FSDP's gathered parameters)
+    fp8 = None          # train.precision=fp8: {"recipe", "linears", "skipped"} (fp8.py), for plan_vs_run.json
 
     def __init__(self, module, config, rt: Runtime, mesh=None):
         self.module, self.forward, self.rt = module, module, rt
@@ -180,7 +182,7 @@ class FSDP(Parallelized):
         dp = mesh["dp"]
         half = precision.half_dtype(config.train.precision)
         mp = MixedPrecisionPolicy()
-        if config.train.precision.endswith("-mixed"):
+        if mixed_precision(config.train.precision):
             mp = MixedPrecisionPolicy(param_dtype=half, reduce_dtype=torch.float32)
         reshard = config.parallel.zero_stage == 3
         for block in module.blocks:
@@ -235,6 +237,11 @@ def parallelize(model, config, rt: Runtime) -> Parallelized:
     if t.precision == "bf16":
         model = model.to(precision.weight_dtype(t.precision))
     layout = Layout.of(config.parallel, rt.world_size)
+    fp8 = None
+    if t.precision == "fp8":  # on the plain model: wrappers would rename the linears the filter chooses by
+        from .fp8 import convert
+
+        fp8 = convert(model, t, fsdp=config.parallel.fsdp)
     # The grid's DeviceMesh, where something splits over it: DDP and ZeRO-1 need none (each mesh dimension
     # would make a process group, an NCCL communicator, at start-up).
     wants_mesh = layout.tensor > 1 or layout.pipeline > 1 or (layout.data > 1 and config.parallel.fsdp)
@@ -274,6 +281,7 @@ def parallelize(model, config, rt: Runtime) -> Parallelized:
     elif layout.data > 1:
         engine = FSDP if config.parallel.fsdp else ZeRO1 if config.parallel.zero_stage == 1 else DDP
     par = engine(model, config, rt, mesh)
+    par.fp8 = fp8
     # The meter's hooks would break the compiled graphs; under tensor parallelism autograd saves DTensors,
     # whose storage the meter cannot read (the parameter, gradient and optimizer bytes are still measured).
     par.measurable = par.measurable and not compiled and config.parallel.tensor == 1

@@ -18,7 +18,8 @@ def add_arguments(p):
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (newest checkpoint) or one checkpoint")
     p.add_argument("--to", choices=["hf"], default="hf", help="format (hf: Hugging Face transformers)")
     p.add_argument("out_dir", metavar="OUT_DIR", help="directory to write (refused if it exists, unless --overwrite)")
-    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="dtype of the written weights")
+    p.add_argument("--dtype", choices=["fp32", "bf16"], default=None,
+                   help="dtype of the written weights (default fp32; bf16 for a train.precision=fp8 run)")
     p.add_argument("--overwrite", action="store_true", help="replace OUT_DIR if it exists")
 
 
@@ -75,7 +76,10 @@ def run(args) -> int:
     check_no_overlap(args.out_dir, {**({"data directory": data.dir} if data.dir else {}),
                                     **{f"data.mixture source {e['dir']}": e["dir"] for e in data.mixture}})
     tokenizer = tokenizer_of(model)
-    dtype = TORCH_DTYPES[args.dtype]
+    # float8 is how an fp8 run multiplied, not a format to ship: its model goes out in bf16, as it was
+    # autocast outside the float8 linears.
+    default = "bf16" if model.training_config.train.precision == "fp8" else "fp32"
+    dtype = TORCH_DTYPES[args.dtype or default]
     try:
         out = export_hf(model, args.out_dir, tokenizer_dir=tokenizer, dtype=dtype, overwrite=args.overwrite)
     except (OSError, SafetensorError) as e:  # export_hf removed its temporary directory; an old OUT_DIR is as it was

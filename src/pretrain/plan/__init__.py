@@ -14,6 +14,7 @@ from .budget_mode import apply_budget, budget_requested
 from .corpus import corpus_supply
 from .explain import Explain
 from .flops import basis, flops, utilisation
+from .fp8 import CONVENTION as FP8_CONVENTION
 from .frameworks import framework_memory
 from ..gpus import gpu_spec
 from .hardware import peak_tflops
@@ -59,6 +60,8 @@ def plan_with_explain(config, advice: bool = True) -> tuple[dict, Explain]:
     length = training_length(c, counts.total, ex)
     tokens = length["tokens"]
     fl = flops(c, counts, tokens, ex)
+    if c.train.precision == "fp8":
+        fl["convention"] += FP8_CONVENTION
     peak, peak_source = peak_tflops(c.hardware, c.train.precision)
     model_pt, hw_pt, _ = basis(c, fl)
     time = wall_clock(c, model_pt * tokens, hw_pt * tokens, peak, ex)

@@ -44,16 +44,17 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from ..gpus import mixed_precision
 from .params import expert_width, padded_vocab_size
 from .stages import chunk_indices, chunks_in_flight, chunks_per_stage, in_flight as stage_in_flight, stage_layers
 
-COMPUTE_BYTES = {"fp32": 4, "fp16-mixed": 2, "bf16-mixed": 2, "bf16": 2}
+COMPUTE_BYTES = {"fp32": 4, "fp16-mixed": 2, "bf16-mixed": 2, "bf16": 2, "fp8": 2}
 
 
 def residual_bytes(t, parallel) -> int:
     """Bytes per element of the residual stream. Autocast leaves the embedding output, and so every residual
     add, in fp32; pure bf16, and FSDP's mixed precision (which casts the parameters), keep it in bf16."""
-    if t.precision == "bf16" or (t.precision.endswith("-mixed") and parallel.fsdp):
+    if t.precision == "bf16" or (mixed_precision(t.precision) and parallel.fsdp):
         return 2
     return 4
 
@@ -88,7 +89,7 @@ def layer_terms(m, t, parallel, b: int, recompute: str | None = None, native_gqa
 
     # Norms (two per block).
     if compiled:
-        _compiled_norms(add, llama, recompute, t.precision.endswith("-mixed"), a, r, bs, h)
+        _compiled_norms(add, llama, recompute, mixed_precision(t.precision), a, r, bs, h)
     elif recompute == "selective":
         add("norm inputs (held by recomputation)", 2 * r * bs * h, f"2 x {r} x b*s*h", sharded=False)
     elif llama:
@@ -257,7 +258,7 @@ def loss_terms(m, t, parallel, b: int) -> dict[str, list[Term]]:
         return {"kept": kept, "forward": forward, "backward": backward}
     c = min(t.loss_chunk_tokens, bs)
     v = "Vp" if Vp != V else "V"
-    weight = 2 if t.precision == "bf16" or (t.precision.endswith("-mixed") and parallel.fsdp) else 4
+    weight = 2 if t.precision == "bf16" or (mixed_precision(t.precision) and parallel.fsdp) else 4
     g = 4 if t.precision == "fp16-mixed" else a
     kept = [Term("loss: dL/dh", a * bs * h, f"{a} x b*s*h", False),
             Term("loss: dL/dW of the output layer", g * Vp * h, f"{g} x {v}*h", True)]

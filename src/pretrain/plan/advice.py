@@ -13,6 +13,7 @@ Every rule, its threshold and its source is listed in docs/advice.md ("Planner a
   bandwidth  the step's arithmetic intensity below the card's FLOP/byte ratio (the roofline model)
   context    windows of >= 32K tokens (mask attention to each document, Llama 3); RoPE's slowest wavelength
              shorter than the window, or the window beyond what model.rope_scaling stretches RoPE to
+  fp8        train.precision=fp8 modelled below 1.10x bf16-mixed's speed (small GEMMs: plan/fp8.py)
 Rules that describe large-scale practice (tokens, batch, lr, warm-up, bandwidth) are silent for models under
 50M parameters (100M for the batch): demo and debug models are small and short on purpose.
 """
@@ -29,6 +30,7 @@ from .activations import COMPUTE_BYTES, kept_tensor_traffic, weight_reads
 from .kernels import planned_native_gqa
 from .budget import CHINCHILLA_TOKENS_PER_PARAM
 from .corpus import MAX_EPOCHS, epochs_advice
+from .fp8 import advice as fp8_advice
 from .mixture import mixture_advice
 
 
@@ -83,7 +85,7 @@ def loglog(points: list[tuple[float, float]], x: float) -> float:
 
 def advise(config, plan: dict) -> list[str]:
     """The warnings for a config and its plan; empty when every rule is in range."""
-    rules = (_memory, _tokens, _epochs, _batch, _lr, _warmup, _mfu, _bandwidth)
+    rules = (_memory, _tokens, _epochs, _batch, _lr, _warmup, _mfu, _bandwidth, fp8_advice)
     return [line for rule in rules for line in rule(config, plan)] + context_advice(config)
 
 

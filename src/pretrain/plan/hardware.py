@@ -41,6 +41,9 @@ def peak_tflops(hardware, precision: str) -> tuple[float | None, str]:
         raise ConfigError(f"hardware.profile: {hardware.profile} has no {dtype} figure; rerun `pretrain bench`")
     spec = gpu_spec(hardware.gpu)
     peaks = spec.peak_tflops
+    if precision == "fp8" and peaks and "fp8" not in peaks:
+        raise ConfigError(f"train.precision: {spec.name} has no float8 tensor cores (Hopper, Ada, Blackwell and "
+                          "MI300 have); use train.precision=bf16-mixed")
     if not peaks:
         return None, f"{spec.name}: no data-sheet peak; set hardware.profile or hardware.peak_tflops"
     if dtype == "tf32" and "tf32" not in peaks:

@@ -34,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..config import compile_enabled
-from ..gpus import gpu_spec
+from ..gpus import gpu_spec, mixed_precision
 from .activations import activation_bytes, routed_load
 from .kernels import planned_native_gqa
 from ..units import gib
@@ -47,7 +47,7 @@ from .stages import chunk_indices, chunks_per_stage, stage_layers
 def memory(cfg, counts, ex: Explain) -> dict:
     m, t, par, hw = cfg.model, cfg.train, cfg.parallel, cfg.hardware
     dp = par.data_parallel
-    mixed = t.precision.endswith("-mixed")
+    mixed = mixed_precision(t.precision)
     st = model_state_tensors(cfg)
     zero = par.zero_stage if dp > 1 else 0
 
@@ -55,7 +55,8 @@ def memory(cfg, counts, ex: Explain) -> dict:
     weights = st["working_copies"] + params
     gradients = st["gradients"]
     what = {"fp32": "fp32 parameters", "bf16": "bf16 parameters",
-            "fp16-mixed": "fp16 working copies", "bf16-mixed": "bf16 working copies"}[t.precision]
+            "fp16-mixed": "fp16 working copies", "bf16-mixed": "bf16 working copies",
+            "fp8": "bf16 and float8 working copies"}[t.precision]
     ex.add("memory", "weights", gib(weights), f"{what}: {weights:,} bytes"
            + (f" (ZeRO-{zero}, data parallel {dp})" if zero else ""))
     grad_dtype = "bf16" if t.precision == "bf16" or (mixed and t.grad_dtype == "same") else "fp32"

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import heapq
 
-from ..gpus import gpu_spec
+from ..gpus import gpu_spec, mixed_precision
+from . import fp8
 from .params import numel, padded_vocab_size, param_shapes
 from .stages import chunks_per_stage, param_stages, stage_param_shapes
 
@@ -107,7 +108,7 @@ def model_state_tensors(cfg, rank: int | None = None, stage: int | None = None) 
         whole, shapes = ([(n, expert_parallel_shape(n, s, ep)) for n, s in x] for x in (whole, shapes))
     # One block's and the root's tensors as this rank holds them (a stage's list may lack block 0).
     block_shapes = whole if par.pipeline > 1 else shapes
-    mixed = t.precision.endswith("-mixed")
+    mixed = mixed_precision(t.precision)
     param_bytes = 2 if t.precision == "bf16" else 4
     grad_bytes = 2 if (t.precision == "bf16" or (mixed and t.grad_dtype == "same")) else 4
     state_bytes = param_bytes  # PyTorch optimizers keep states in the parameter dtype
@@ -133,16 +134,25 @@ def model_state_tensors(cfg, rank: int | None = None, stage: int | None = None) 
     # The plain loss's output matmul keeps autocast's copy of its weight; the chunked one casts it per call.
     output_matmul = padded_vocab_size(m) * m.hidden_size if t.loss == "plain" else 0
     compute_bytes = 2 if (mixed or t.precision == "bf16") else 4
+    # fp8 (plan/fp8.py): torchao keeps no autocast copy of a converted weight, and tensorwise under FSDP
+    # gathers it in float8, a byte an element less than bf16.
+    converted = fp8.converted_numel_per_layer(cfg) // (par.tensor if par.pipeline == 1 else 1) \
+        if t.precision == "fp8" else 0  # as block_shapes holds them
+    gathered_saved = fp8.gathered_bytes_saved(cfg, converted) if converted else 0
+    if par.pipeline > 1 and zero >= 2:
+        gathered_saved = 0  # ZeRO 2/3 per pipeline stage is planned, not trained: no float8 gather counted
     if zero == 2:  # every block's parameters stay gathered from forward to backward
-        copies = compute_bytes * sum(numel(s) for _, s in shapes)
+        layers_here = len({n.split(".")[1] for n, _ in shapes if n.startswith("blocks.")})
+        copies = compute_bytes * sum(numel(s) for _, s in shapes) - layers_here * gathered_saved
     elif zero == 3 and par.pipeline > 1:  # whole blocks of this stage, not a share of the model's
         copies = int(compute_bytes * _zero3_gathered(cfg, whole))
     elif zero == 3:  # the block being computed, the prefetched next one, and the root's parameters
-        copies = compute_bytes * (min(2, m.num_layers) * per_layer + root)
+        copies = compute_bytes * (min(2, m.num_layers) * per_layer + root) - min(2, m.num_layers) * gathered_saved
     elif mixed:  # autocast keeps a half-precision copy of each matmul weight for backward
         layers_here = len({n.split(".")[1] for n, _ in shapes if n.startswith("blocks.")})
         layers_kept = 1 if t.activation_checkpointing == "full" else layers_here  # full: the recomputed one
-        copies = 2 * (layers_kept * layer_matmul + output_matmul) // (par.tensor if par.pipeline > 1 else 1)
+        copies = 2 * (layers_kept * (layer_matmul - converted) + output_matmul) // (par.tensor if par.pipeline > 1
+                                                                                    else 1)
     else:
         copies = 0
     out = dict(parameters=param_bytes * n_params, gradients=grad_bytes * n_params,

@@ -5,7 +5,7 @@ recomputation makes again, the loss's working sets, DDP's buckets, FSDP's reduce
 
 from __future__ import annotations
 
-from ..gpus import gpu_spec
+from ..gpus import gpu_spec, mixed_precision
 from .activations import _shard, activation_bytes, layer_terms, loss_terms, residual_bytes
 from .kernels import planned_native_gqa
 from .model_states import numel, stage_share
@@ -20,7 +20,7 @@ EMBEDDING_SIDE = ("token ids", "target ids", "position ids", "rotary tables", "e
 def resident(cfg, st) -> tuple[int, int, int]:
     """(parameters outside the working copies, optimizer states with autocast's fp32 master weights, the bytes
     of both offloaded to the host): on the GPU from start to end of every step."""
-    mixed = cfg.train.precision.endswith("-mixed")
+    mixed = mixed_precision(cfg.train.precision)
     params = 0 if mixed else st["parameters"]  # autocast: the fp32 parameters are the master weights
     optimizer = st["optimizer_states"] + (st["parameters"] if mixed else 0)
     host = 0
@@ -95,7 +95,7 @@ def _backward_copies(cfg, st) -> int:
     """Working copies alive while the last block the backward pass runs (the model's first) does its backward."""
     if cfg.parallel.fsdp:
         return st["working_copies"]  # FSDP's gathered parameters: counted as in forward (an upper bound)
-    if cfg.train.precision.endswith("-mixed"):  # the other blocks' casts went with their saved tensors
+    if mixed_precision(cfg.train.precision):  # the other blocks' casts went with their saved tensors
         matmul = sum(numel(s) for n, s in param_shapes(cfg.model) if n.startswith("blocks.0.") and len(s) == 2)
         return 2 * matmul // cfg.parallel.tensor
     return 0
@@ -152,7 +152,7 @@ def step_phases(cfg, st, b: int, compiled: bool = False) -> dict[str, list[tuple
     eager mode."""
     t, par = cfg.train, cfg.parallel
     dp = par.data_parallel
-    mixed = t.precision.endswith("-mixed")
+    mixed = mixed_precision(t.precision)
     params, optimizer, _ = resident(cfg, st)
     act = activation_bytes(cfg.model, t, par, b, native_gqa=planned_native_gqa(cfg), compiled=compiled,
                            imbalance=cfg.plan.routing_imbalance)

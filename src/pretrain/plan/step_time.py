@@ -68,7 +68,8 @@ from __future__ import annotations
 import math
 
 from ..config import compile_enabled
-from ..gpus import gpu_spec
+from ..gpus import gpu_spec, mixed_precision
+from . import fp8
 from .activations import COMPUTE_BYTES, activation_bytes, eager_elementwise_traffic, kept_tensor_traffic, weight_reads
 from .expert_parallel import moe_seconds, rank_params, weight_params
 from .explain import Explain
@@ -137,6 +138,8 @@ def step_time(c, counts, fl: dict, peak: float | None, ex: Explain | None = None
     ex.add("step_time", "tokens_per_second", tokens / seconds, f"{tokens:,} tokens per step / {seconds:.4g} s")
     ex.add("step_time", "mfu", utilisation, f"tokens/s x {model_per_token:,} model FLOPs/token / ({par.gpus} x {peak:g} "
            "TFLOP/s)")
+    if t.precision == "fp8":  # the MFU against both peaks, `mfu` being the bf16 one (plan/fp8.py)
+        out.update(fp8.mfu_fields(c, fl, utilisation, model_per_token))
     return {"seconds": seconds, "tokens_per_second": tokens / seconds, "mfu": utilisation, **out}
 
 
@@ -178,6 +181,10 @@ def _micro_batch(c, counts, fl: dict, peak: float, ex: Explain) -> dict:
     hbm = _hbm_gbps(c)
     operand_s = matmul * tokens / shard / intensity / (hbm * 1e9) if on_gpu and hbm else 0.0
     matmul_s = matmul * tokens / shard / (rate * 1e12 * tile)
+    cast_s = 0.0
+    if t.precision == "fp8":  # the converted linears' GEMMs at the fp8 rate, their casts at HBM (plan/fp8.py)
+        matmul_s, cast_s, fp8_how = fp8.matmul_seconds(c, matmul, tokens, shard, rate, tile, hbm if on_gpu else 0)
+        ex.add("step_time", "fp8_cast_s", cast_s, fp8_how)
     hopper = spec.name in HOPPER_GPUS and not (hw.profile and not hw.peak_tflops)
     attention_rate = peak * HOPPER_ATTENTION_PEAK if hopper else rate * ATTENTION_EFFICIENCY
     attention_how = f"peak {peak:g} x {HOPPER_ATTENTION_PEAK} (FlashAttention-2 on Hopper)" if hopper else \
@@ -231,15 +238,18 @@ def _micro_batch(c, counts, fl: dict, peak: float, ex: Explain) -> dict:
            f"kernels x {KERNEL_OVERHEAD_S * 1e6:g} us (eager PyTorch's dispatch and launch)")
     moe = moe_seconds(c, tokens, rate, intra, inter, link_how, ex) if m.num_experts else {}
     compute_s = matmul_s + attention_s + moe.get("expert_imbalance_s", 0.0)
-    micro_s = max(compute_s, weight_s) + operand_s + traffic_s + tp_s + overhead_s + moe.get("all_to_all_s", 0.0)
+    micro_s = (max(compute_s, weight_s) + operand_s + traffic_s + tp_s + overhead_s + cast_s
+               + moe.get("all_to_all_s", 0.0))
     bound = "compute" if compute_s >= weight_s else "memory"
     ex.add("step_time", "micro_batch_s", micro_s, f"max(compute {compute_s:.4g}, weight reads {weight_s:.4g}) + "
            f"GEMM operands {operand_s:.4g} + activation traffic {traffic_s:.4g} + TP {tp_s:.4g} + kernel overhead {overhead_s:.4g}"
+           + (f" + fp8 casts {cast_s:.4g}" if t.precision == "fp8" else "")
            + (f" + all-to-all {moe['all_to_all_s']:.4g}" if moe else "") + ": "
            + ("compute-bound" if bound == "compute" else "memory-bound (the weights' reads set the floor)"))
-    return {"achievable_tflops": rate, "micro_batch_s": micro_s, "matmul_s": matmul_s, "attention_s": attention_s,
-            "weight_read_s": weight_s, "gemm_operand_s": operand_s, "activation_traffic_s": traffic_s, "tensor_parallel_s": tp_s,
-            "kernel_overhead_s": overhead_s, "bound": bound, **moe}
+    out = {"achievable_tflops": rate, "micro_batch_s": micro_s, "matmul_s": matmul_s, "attention_s": attention_s,
+           "weight_read_s": weight_s, "gemm_operand_s": operand_s, "activation_traffic_s": traffic_s, "tensor_parallel_s": tp_s,
+           "kernel_overhead_s": overhead_s, "bound": bound, **moe}
+    return {**out, "fp8_cast_s": cast_s} if t.precision == "fp8" else out
 
 
 def _pipeline(c, micro_s: float, ex: Explain) -> dict:
@@ -267,7 +277,7 @@ def _pipeline(c, micro_s: float, ex: Explain) -> dict:
 
 def _bytes_per_value(t) -> tuple[int, int]:
     """(gradient, parameter) bytes: as pretrain.plan.memory holds them."""
-    mixed = t.precision.endswith("-mixed")
+    mixed = mixed_precision(t.precision)
     grad_b = 2 if t.precision == "bf16" or (mixed and t.grad_dtype == "same") else 4
     return grad_b, 2 if t.precision == "bf16" else 4
 

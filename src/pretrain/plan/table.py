@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..gpus import mixed_precision
 from ..units import GiB, human as count
 from .budget import token_dtype
 
@@ -92,8 +93,8 @@ def render(config, p: dict) -> str:
     lines.append("")
     lines.append(f"  Memory per GPU (GiB), micro-batch {t.micro_batch_size} x seq {t.seq_len}:")
     notes = {
-        "weights": "working copies" if t.precision.endswith("mixed") else "parameters",
-        "optimizer": f"{t.optimizer} states" + (" + fp32 master weights" if t.precision.endswith("mixed") else ""),
+        "weights": "working copies" if mixed_precision(t.precision) else "parameters",
+        "optimizer": f"{t.optimizer} states" + (" + fp32 master weights" if mixed_precision(t.precision) else ""),
         "activations": f"recompute {t.activation_checkpointing}, attention {t.attention}",
         "buffers": "loss working set, gradient communication",
     }

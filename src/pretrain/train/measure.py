@@ -35,6 +35,7 @@ def model_state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer |
         if not isinstance(t, torch.Tensor):
             return 0
         t = getattr(t, "_local_tensor", t)  # DTensor (FSDP2): this rank's shard
+        t = getattr(t, "_tensor", t)  # fp8 tensorwise under FSDP2: torchao's wrapper of the fp32 weight
         key = _storage_key(t)
         if key in seen or t.device.type == "meta":
             return 0

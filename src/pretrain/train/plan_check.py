@@ -116,6 +116,11 @@ def compare(p: dict, states: dict, saved: dict | None, peak_allocated: int | Non
         rows.append(_row("peak allocated", planned_peak, peak_allocated, "bytes"))
     rows.append(_row("tokens_per_s", p["time"].get("tokens_per_second"), tokens_per_s, "tokens/s"))
     rows.append(_row("mfu", assumed_mfu, mfu, "fraction"))
+    st = p.get("step_time") or {}
+    if st.get("mfu_mixed_peak"):  # fp8: the same speed against the peak of the GEMM mix (plan/fp8.py)
+        to_mixed = st["mfu_mixed_peak"] / st["mfu"]
+        rows.append(_row("mfu_mixed_peak", assumed_mfu * to_mixed, mfu * to_mixed if mfu is not None else None,
+                         "fraction"))
     notes = []
     if mfu is not None and mfu > 1:
         hw = p["hardware"]

@@ -21,6 +21,7 @@ from ..config import mixture_sources, replaced
 from ..config.trainable import check_trainable
 from ..data.documents import check_document_index
 from ..data.token_files import DataChanged
+from ..distributed.fp8 import check_installed as check_fp8_installed
 from ..errors import UsageError
 from ..lock import exclusive_lock
 from ..model.documents import documents_of_run
@@ -119,6 +120,7 @@ class Trainer:
         check_trainable(c, needs_data=loader is None)
         check_fits_device(c, rt)
         check_installed(c.run.loggers)
+        check_fp8_installed(t.precision)
         # A mixture's sources (data/mixture.py), each with its data; otherwise None and self.data is data.dir.
         self.mixture = open_mixture(mixture_sources(c.data), c.data.verify, c.model.vocab_size) \
             if loader is None and c.data.mixture else None

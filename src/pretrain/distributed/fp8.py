@@ -1,0 +1,66 @@
+"""train.precision=fp8: the blocks' linears multiply in float8 through torchao's `convert_to_float8_training`
+(pretrain[fp8]); everything else is bf16-mixed (fp32 master weights, autocast to bf16).
+
+Which linears (pretrain.plan.fp8.converts, the rule the planner counts with):
+  - only those inside the blocks: the output layer stays bf16 (its matmul feeds the softmax, where float8's
+    3 significant bits cost the most, and torchtitan leaves it out too);
+  - both dimensions multiples of 16 (float8 tensor cores need it);
+  - in and out features >= train.fp8_min_features (small GEMMs gain less than the casts cost).
+
+Recipes (torchao's names): tensorwise scales each tensor by one number (amax / e4m3's 448); under FSDP2 the
+weights are all-gathered already in float8, half the bytes of bf16. rowwise scales each row of each operand:
+closer to bf16, slower casts, and its all-gather stays bf16.
+
+The weights stay plain fp32 nn.Parameters under their names (Float8Linear subclasses nn.Linear), so
+checkpoints, resume and export are those of a bf16-mixed run: an exported model is bf16 and loads anywhere.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ..errors import UsageError
+from ..plan.fp8 import converts
+
+FIX = "pip install 'pretrain[fp8]' (torchao) or use train.precision=bf16-mixed"
+
+
+def check_installed(precision: str) -> None:
+    """Before any heavy work: fp8 without torchao is one line naming the extra."""
+    if precision == "fp8":
+        _float8()
+
+
+def _float8():
+    """torchao.float8, imported quietly: torchao's wheel also carries CUDA kernels (mxfp8, cutlass) that fail to
+    load on a CPU-only torch, and registers an enum torch 2.13 calls deprecated; both say so on every import,
+    and float8 training needs neither."""
+    loggers = [logging.getLogger(name) for name in ("torchao", "torch.utils._pytree")]
+    levels = [log.level for log in loggers]
+    for log in loggers:
+        log.setLevel(logging.ERROR)
+    try:
+        from torchao import float8
+    except ImportError as e:
+        raise UsageError(f"train.precision: fp8 needs torchao, which is not installed ({e}); {FIX}") from None
+    finally:
+        for log, level in zip(loggers, levels):
+            log.setLevel(level)
+    return float8
+
+
+def convert(model, train, fsdp: bool) -> dict:
+    """Swap the chosen linears of `model` (plain, before any wrapping or sharding) for torchao's Float8Linear;
+    returns what plan_vs_run.json records: {"recipe", "linears": converted, "skipped": linears left bf16}."""
+    import torch
+
+    float8 = _float8()
+    if train.fp8_recipe == "tensorwise":
+        config = float8.Float8LinearConfig(enable_fsdp_float8_all_gather=fsdp)
+    else:
+        config = float8.Float8LinearConfig.from_recipe_name(train.fp8_recipe)
+    linears = {name: m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    chosen = {name for name, m in linears.items()
+              if converts(name, m.in_features, m.out_features, train.fp8_min_features)}
+    float8.convert_to_float8_training(model, config=config, module_filter_fn=lambda m, name: name in chosen)
+    return {"recipe": train.fp8_recipe, "linears": len(chosen), "skipped": len(linears) - len(chosen)}

@@ -1,0 +1,123 @@
+"""train.precision=fp8 in the planner: which GEMMs run in float8, what they cost and save, and the MFU under
+two peaks. Pure Python; the trainer converts by the same rule (`converts`, distributed/fp8.py).
+
+  GEMMs    each block linear whose dimensions are multiples of 16 and >= train.fp8_min_features; the output
+           layer stays bf16. Their 6 K N FLOPs per token (8 K N with full recomputation) run at the catalog's
+           fp8 peak x the same large-GEMM efficiency as bf16's; the rest at the bf16 rate.
+  casts    torchao scales and casts each operand before its GEMM: memory-bound kernels that do not overlap
+           the matmuls. Per micro-batch and linear, its activations (b*s x (K + N) elements, forward input
+           and backward gradient, each used twice) cost CAST_BYTES each (tensorwise: read bf16 for the amax,
+           read it again and write float8 = 5 bytes; rowwise casts each operand again along the other axis
+           for backward: 7), its weight 9 bytes an element (fp32 read twice, float8 written). A modelled
+           assumption, not a measurement: what makes small shapes gain little or lose (pytorch/ao #572),
+           since the casts grow with K + N and the GEMM with K N.
+  memory   the converted weights keep no bf16 autocast copy (torchao saves the fp32 weight and casts again
+           in backward); under FSDP with tensorwise scaling they are all-gathered in float8 (1 byte, not 2).
+           Scales (one fp32 per tensor or per row) are left out: kilobytes.
+  MFU      `mfu` is against the bf16 dense peak, the figure comparable with a bf16 run
+           (`mfu_bf16_peak`); `mfu_mixed_peak` is against the peak of the job's own GEMM mix, the FLOPs-weighted
+           harmonic mean of the fp8 and bf16 peaks (torchtitan reports no MFU under float8 for want of it).
+"""
+
+from __future__ import annotations
+
+from ..gpus import gpu_spec
+from .params import param_shapes
+
+MULTIPLE = 16  # float8 tensor cores take dimensions in multiples of 16
+CAST_BYTES = {"tensorwise": 5, "rowwise": 7}
+WEIGHT_CAST_BYTES = 9
+
+
+def converts(name: str, in_features: int, out_features: int, min_features: int) -> bool:
+    """Whether the linear `name` (its path in the model: `blocks.3.mlp.up`) multiplies in float8."""
+    return (name.startswith("blocks.") and in_features % MULTIPLE == 0 and out_features % MULTIPLE == 0
+            and min(in_features, out_features) >= min_features)
+
+
+def gemms(c) -> dict:
+    """The linears of the model under the filter: how many convert and are skipped (the output layer among
+    them), the (K, N) of one block's converted ones, and the model FLOPs per token they carry."""
+    m, t = c.model, c.train
+    block = [(n.removesuffix(".weight"), s) for n, s in param_shapes(m) if len(s) == 2 and n.startswith("blocks.0.")]
+    shapes = [(s[1], s[0]) for n, s in block if converts(n, s[1], s[0], t.fp8_min_features)]  # (out, in) rows
+    return {"recipe": t.fp8_recipe, "linears": len(shapes) * m.num_layers,  # + 1 skipped: the output layer
+            "skipped": (len(block) - len(shapes)) * m.num_layers + 1, "shapes": shapes,
+            "per_token": 6 * sum(k * n for k, n in shapes) * m.num_layers}
+
+
+def peaks(c) -> tuple[float | None, float | None]:
+    """(fp8, bf16) data-sheet peaks of the card, None where the catalog has none (a CPU, another GPU)."""
+    spec = gpu_spec(c.hardware.gpu).peak_tflops
+    return spec.get("fp8"), spec.get("bf16")
+
+
+def mixed_peak(fp8_flops: float, flops: float, fp8: float, bf16: float) -> float:
+    """The peak of a FLOP mix: the harmonic mean of the two peaks weighted by the FLOPs each runs."""
+    return flops / (fp8_flops / fp8 + (flops - fp8_flops) / bf16)
+
+
+def matmul_seconds(c, matmul: float, tokens: int, shard: int, rate: float, tile: float, hbm: float) -> tuple:
+    """(GEMM seconds, cast seconds, the line for --explain) of one micro-batch's `matmul` hardware FLOPs per
+    token under fp8: the converted GEMMs at the fp8 rate, the rest at `rate`, the casts at HBM bandwidth."""
+    g = gemms(c)
+    recompute = 8 / 6 if c.train.activation_checkpointing == "full" else 1.0  # forward again
+    fp8_flops = min(g["per_token"] * recompute, matmul)
+    fp8_peak, bf16_peak = peaks(c)
+    speedup = fp8_peak / bf16_peak if fp8_peak and bf16_peak else 1.0
+    gemm_s = ((matmul - fp8_flops) + fp8_flops / speedup) * tokens / shard / (rate * 1e12 * tile)
+    layers = c.model.num_layers / c.parallel.pipeline
+    cast_bytes = layers / c.parallel.tensor * sum(CAST_BYTES[c.train.fp8_recipe] * 2 * tokens * (k + n)
+                                                  + WEIGHT_CAST_BYTES * k * n for k, n in g["shapes"])
+    cast_s = cast_bytes / (hbm * 1e9) if hbm else 0.0
+    how = (f"{fp8_flops:,.0f} of {matmul:,.0f} FLOPs/token in float8 ({g['linears']} linears) at {speedup:g}x the "
+           f"rate, the rest at {rate:.4g} TFLOP/s; casts {cast_bytes:.4g} bytes at HBM"
+           + ("" if hbm else " (no HBM figure: not modelled)"))
+    return gemm_s, cast_s, how
+
+
+def mfu_fields(c, fl: dict, mfu_bf16: float, model_per_token: float) -> dict:
+    """`mfu_bf16_peak` (= mfu) and `mfu_mixed_peak` of a modelled or measured speed."""
+    fp8_peak, bf16_peak = peaks(c)
+    out = {"mfu_bf16_peak": mfu_bf16, "mfu_mixed_peak": None}
+    if fp8_peak and bf16_peak and mfu_bf16 is not None:
+        peak = mixed_peak(min(gemms(c)["per_token"], model_per_token), model_per_token, fp8_peak, bf16_peak)
+        out["mfu_mixed_peak"] = mfu_bf16 * bf16_peak / peak
+    return out
+
+
+CONVENTION = ("; mfu: against the bf16 dense peak (= mfu_bf16_peak, comparable with a bf16 run); "
+              "mfu_mixed_peak: against the FLOPs-weighted harmonic mean of the fp8 peak (the converted linears' "
+              "FLOPs) and the bf16 peak (the rest)")
+
+
+def gathered_bytes_saved(c, converted_numel: int) -> int:
+    """Bytes FSDP's gathered copies save when tensorwise all-gathers the converted weights in float8."""
+    return converted_numel if c.train.fp8_recipe == "tensorwise" and c.parallel.fsdp else 0
+
+
+def converted_numel_per_layer(c) -> int:
+    """Elements of one block's converted weights (all tensor ranks together)."""
+    return sum(k * n for k, n in gemms(c)["shapes"])
+
+
+PAYS = 1.10  # a modelled speed-up below this is not worth float8's numerics (its risk is the run's)
+
+
+def advice(c, p: dict) -> list[str]:
+    """fp8 where the model says it will not pay: the speed-up over bf16-mixed, modelled, for this shape."""
+    if c.train.precision != "fp8" or not p.get("step_time") or not peaks(c)[0]:
+        return []  # a CPU or a card the catalog lacks: no float8 rate to weigh
+    from ..config import replaced
+    from . import plan_with_explain
+
+    bf16 = plan_with_explain(replaced(c, {"train.precision": "bf16-mixed"}), advice=False)[0]["step_time"]
+    speedup = bf16["seconds"] / p["step_time"]["seconds"]
+    if speedup >= PAYS:
+        return []
+    g = gemms(c)
+    what = (f"no linear passes the filter (train.fp8_min_features={c.train.fp8_min_features})" if not g["linears"]
+            else f"{g['linears']} linears in float8, whose casts take back what their faster GEMMs save at hidden "
+                 f"{c.model.hidden_size:,} and {c.train.micro_batch_size} x {c.train.seq_len:,} tokens")
+    return [(f"fp8: modelled at {speedup:.2f}x bf16-mixed's speed ({what}); below {PAYS:.2f}x float8 does not "
+             "pay for its numerics: use train.precision=bf16-mixed")]

@@ -1,0 +1,107 @@
+"""train.precision=fp8 in the planner (pretrain.plan.fp8): refused where the card has no float8, the GEMMs the
+filter converts, the MFU under both peaks, the casts that make small shapes lose, the memory it saves, and
+torchtitan's published float8 rows."""
+
+import pytest
+
+from pretrain.config import load_config
+from pretrain.plan import make_plan
+from support import run_cli
+
+GiB = 2**30
+# torchtitan's benchmarks/llama3_h100_202412_torchtitan.md (Dec 2024, H100 96 GB HBM2e at 500 W, torch.compile,
+# FSDP2 with float8 all-gather, tensorwise): table 1, Llama 3.1 8B on 8 GPUs, local batch 2 x 8,192, selective
+# recomputation: FSDP + compile 6,667 tokens/s per GPU at 77.0 GiB, + Float8 8,532 at 76.8 GiB.
+TT_8B = ["model.preset=llama3-8b", "model.max_seq_len=8192", "train.seq_len=8192", "hardware.gpu=h100-sxm",
+         "parallel.gpus=8", "parallel.zero_stage=3", "train.micro_batch_size=2", "train.grad_accum_steps=1",
+         "train.activation_checkpointing=selective"]
+# Table 4: Llama 3.1 70B on 256 GPUs, FSDP 32 x TP 8 (sequence parallel), compile + Float8, local batch 16,
+# full recomputation: 829 tokens/s per GPU at 71.9 GiB (no bf16 row for it).
+TT_70B = ["model.preset=llama3-70b", "model.max_seq_len=8192", "train.seq_len=8192", "hardware.gpu=h100-sxm",
+          "parallel.gpus=256", "parallel.tensor=8", "parallel.sequence_parallel=true", "parallel.zero_stage=3",
+          "train.micro_batch_size=16", "train.grad_accum_steps=1", "train.activation_checkpointing=full"]
+
+
+def plan(*overrides):
+    return make_plan(load_config(overrides=list(overrides)))
+
+
+def test_a_card_without_float8_is_refused_in_one_line():
+    r = run_cli("plan", "model.preset=llama3-8b", "hardware.gpu=a100", "train.precision=fp8")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert "a100-80gb has no float8" in r.stderr and "train.precision=bf16-mixed" in r.stderr
+    assert plan("model.preset=llama3-8b", "hardware.gpu=b200", "train.precision=fp8")["step_time"]
+
+
+def test_the_filter_counts_the_trainers_linears():
+    from pretrain.plan.fp8 import gemms
+
+    # the tiny run of tests/train/test_fp8.py converts 8 and leaves the output layer: the same count here
+    g = gemms(load_config(overrides=["model.preset=debug", "train.precision=fp8", "train.fp8_min_features=16"]))
+    assert (g["linears"], g["skipped"]) == (8, 1)
+    # Llama 3 8B: q/k/v (4096 -> 6144), o, gate/up (4096 -> 28672), down in 32 blocks; the default 1024 keeps
+    # all 128, GPT-2's 768-wide ones stay bf16.
+    eight = gemms(load_config(overrides=["model.preset=llama3-8b", "train.precision=fp8"]))
+    assert (eight["linears"], eight["skipped"]) == (128, 1)
+    assert eight["per_token"] == 6 * 32 * 4096 * (6144 + 4096 + 28672 + 14336)
+    assert gemms(load_config(overrides=["model.preset=gpt2", "train.precision=fp8"]))["linears"] == 0
+
+
+def test_mfu_is_against_the_bf16_peak_and_the_mixed_peak_is_beside_it():
+    p = plan(*TT_8B, "train.precision=fp8")
+    st, fl = p["step_time"], p["flops"]
+    assert st["mfu"] == st["mfu_bf16_peak"]
+    assert p["hardware"]["peak_tflops"] == 989.4  # the bf16 peak behind mfu and the time estimate
+    fp8_share = 6 * 32 * 4096 * (6144 + 4096 + 28672 + 14336) / fl["per_token"]
+    mixed = 1 / (fp8_share / 1978.9 + (1 - fp8_share) / 989.4)
+    assert st["mfu_mixed_peak"] == pytest.approx(st["mfu"] * 989.4 / mixed)
+    assert "mfu: against the bf16 dense peak" in fl["convention"] and "mfu_mixed_peak" in fl["convention"]
+    bf16 = plan(*TT_8B, "train.precision=bf16-mixed")
+    assert "mfu_mixed_peak" not in bf16["step_time"] and "mfu:" not in bf16["flops"]["convention"]
+
+
+def test_large_gemms_gain_and_small_ones_lose_to_their_casts():
+    def speedup(*overrides):
+        return plan(*overrides, "train.precision=bf16-mixed")["step_time"]["seconds"] / \
+            plan(*overrides, "train.precision=fp8")["step_time"]["seconds"]
+
+    assert 1.15 < speedup(*TT_8B) < 1.5
+    small = ["model.preset=gpt2", "hardware.gpu=h100", "train.seq_len=1024", "train.micro_batch_size=8",
+             "train.fp8_min_features=16"]
+    assert speedup(*small) < 1.0  # casts of 768-wide operands cost more than the faster GEMMs save
+    advice = [a for a in plan(*small, "train.precision=fp8")["advice"] if a.startswith("fp8:")]
+    assert len(advice) == 1 and f"{speedup(*small):.2f}x" in advice[0] and "bf16-mixed" in advice[0]
+    assert not [a for a in plan(*TT_8B, "train.precision=fp8")["advice"] if a.startswith("fp8:")]
+
+
+def test_converted_weights_keep_no_bf16_copy_and_gather_in_float8():
+    converted = 4096 * (6144 + 4096 + 28672 + 14336)
+    one = ["model.preset=llama3-8b", "hardware.gpu=h100", "train.seq_len=1024"]
+    copies = {p: plan(*one, f"train.precision={p}")["model_states"]["working_copies"] for p in ("bf16-mixed", "fp8")}
+    assert copies["bf16-mixed"] - copies["fp8"] == 2 * 32 * converted
+    fsdp = [*one, "parallel.gpus=8", "parallel.zero_stage=3"]
+    gathered = {r: plan(*fsdp, "train.precision=fp8", f"train.fp8_recipe={r}")["model_states"]["working_copies"]
+                for r in ("tensorwise", "rowwise")}
+    assert gathered["rowwise"] == plan(*fsdp, "train.precision=bf16-mixed")["model_states"]["working_copies"]
+    assert gathered["rowwise"] - gathered["tensorwise"] == 2 * converted  # two blocks in flight, a byte less each
+
+
+def test_against_torchtitans_float8_rows():
+    # The bf16 cases' tolerance is 15 % (test_step_time.py). Modelled / published, 2026-11-26:
+    #   8B  speed-up over bf16 1.214 / 1.280 = 0.95  (the ratio the float8 model adds)
+    #   8B  float8 tokens/s    10,437 / 8,532 = 1.22 (outside 15 %: the bf16 compiled row is 8,596 / 6,667 =
+    #       1.29 already, this page's 500 W HBM2e H100s against a full-power SXM's data sheet)
+    #   8B  memory (compiled)  80.2 / 76.8 GiB = 1.04
+    #   70B float8 tokens/s    911 / 829 = 1.10
+    #   70B memory (compiled)  30.9 / 71.9 GiB = 0.43 (far outside: torchtitan's reserved memory at a local
+    #       batch of 16 x 8,192 holds what the plan does not model; reported, not asserted)
+    fp8, bf16 = plan(*TT_8B, "train.precision=fp8"), plan(*TT_8B, "train.precision=bf16-mixed")
+    speedup = fp8["step_time"]["tokens_per_second"] / bf16["step_time"]["tokens_per_second"]
+    assert speedup / (8532 / 6667) == pytest.approx(1, rel=0.15)
+    # float8 adds no error of its own to the bf16 row's: the two ratios to the page agree within 15 %
+    ratio_fp8 = fp8["step_time"]["tokens_per_second"] / 8 / 8532
+    ratio_bf16 = bf16["step_time"]["tokens_per_second"] / 8 / 6667
+    assert ratio_fp8 / ratio_bf16 == pytest.approx(1, rel=0.15)
+    assert fp8["memory_bytes"]["compiled"] / GiB == pytest.approx(76.8, rel=0.15)
+    big = plan(*TT_70B, "train.precision=fp8")
+    assert big["step_time"]["tokens_per_second"] / 256 == pytest.approx(829, rel=0.15)
