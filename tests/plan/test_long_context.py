@@ -36,6 +36,8 @@ def test_fit_at_128k_returns_layouts_that_fit_and_says_to_mask_documents():
     assert "train.document_masking" in result["advice"][0]
     assert "advice" not in fit(load_config(overrides=[*LLAMA31_128K[:1], "parallel.gpus=8", "hardware.gpu=h100-sxm",
                                                       "train.seq_len=8192"]))
+    # with documents masked the advice has nothing left to say
+    assert not context_advice(load_config(overrides=[*LLAMA31_128K, "train.document_masking=true"]))
 
 
 @pytest.mark.parametrize("recompute", ["none", "full"])

@@ -282,7 +282,7 @@ def context_advice(c) -> list[str]:
     """The long-context lines: `pretrain plan` prints them among the advice and `--fit` under its table."""
     m, s = c.model, c.train.seq_len
     lines = []
-    if s >= LONG_CONTEXT:
+    if s >= LONG_CONTEXT and not c.train.document_masking:
         lines.append(f"context: windows of {s:,} tokens pack many documents, and every token attends across their "
                      "boundaries to unrelated text; Llama 3 masks attention to each document and found it important "
                      "for training on very long sequences (Dubey et al. 2024, sec. 3.2): mask documents "
