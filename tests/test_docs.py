@@ -46,13 +46,15 @@ def test_the_readme_plan_table_is_what_the_planner_prints():
     from pretrain.plan import make_plan
     from pretrain.plan.table import render
 
-    start = README.index("$ pretrain plan ")
-    command = README[start + 2:README.index("\n", README.index("hardware.price_per_gpu_hour", start))]
-    items = shlex.split(command.replace("\\\n", " "))[2:]
-    path, overrides = split_items(items)
-    config = load_config(path, overrides)
-    table = render(config, make_plan(config))
-    assert table in README, "rerun the command and paste its table into the README"
+    examples = README.split("$ pretrain plan ")[1:]
+    assert len(examples) == 2  # a dense model and a Mixture-of-Experts one
+    for example in examples:
+        command = example.split("\npretrain plan: ", 1)[0]  # up to the table's first line
+        items = shlex.split(command.replace("\\\n", " "))
+        path, overrides = split_items(items)
+        config = load_config(path, overrides)
+        table = render(config, make_plan(config))
+        assert table in README, f"rerun `pretrain plan {command}` and paste its table into the README"
 
 
 def test_the_parallelism_guide_quotes_the_planner():
