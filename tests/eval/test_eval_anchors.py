@@ -18,10 +18,9 @@ def test_acc_and_acc_norm_equal_olmo_evals_own_metric(run_and_export):
 
     from pretrain import load_model
     from pretrain.data.tokenizer import find_tokenizer
-    from pretrain.eval.scoring import loglikelihoods, task_metrics
-    from pretrain.eval.tasks import load_tasks
     from pretrain.eval.models import OurModel
-    from pretrain.eval.tasks import olmo_tokenizer
+    from pretrain.eval.scoring import loglikelihoods, task_metrics
+    from pretrain.eval.tasks import load_tasks, olmo_tokenizer
     from pretrain.export.command import tokenizer_of
 
     run_dir, _ = run_and_export
@@ -77,9 +76,9 @@ metric_list:
     anchor = out["results"]["python_mc"]
     r = run_cli("eval", run_dir, "--tasks", local_task, "--json", "--batch-size", "5")  # our model, the run's tokenizer
     assert r.returncode == 0, r.stderr
+    from pretrain.eval.models import load_target
     from pretrain.eval.scoring import loglikelihoods, task_metrics
     from pretrain.eval.tasks import load_tasks
-    from pretrain.eval.models import load_target
 
     lm, tokenizer = load_target(str(hf_dir), "cpu")  # the export, through transformers, with its own tokenizer
     [task] = load_tasks([str(local_task)], tokenizer, lm.max_len)

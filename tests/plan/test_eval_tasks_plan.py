@@ -20,7 +20,7 @@ def test_eval_tasks_cost_follows_the_task_sizes_the_limit_and_the_cadence():
     plan = make_plan(load_config(None, BASE + ["run.eval_tasks=[hellaswag,piqa]", "run.eval_tasks_limit=100",
                                               "run.eval_tasks_every=500"]))
     ev = plan["eval_tasks"]
-    examples, requests, size = TASK_SIZES["hellaswag"]
+    size = TASK_SIZES["hellaswag"][2]
     assert ev["tasks"]["hellaswag"] == {"examples": 100, "requests": 400, "tokens": round(400 * size / 4.0)}
     assert ev["evaluations"] == (plan["steps"]["total"] - 1) // 500 + 1
     assert ev["flops_per_evaluation"] == ev["tokens_per_evaluation"] * plan["flops"]["per_token"] / 3

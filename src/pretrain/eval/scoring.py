@@ -60,16 +60,15 @@ def per_example(requests, lls) -> dict[str, list[float]]:
     for doc in sorted(docs):
         choices = [(ll, r) for _, ll, r in sorted(docs[doc], key=lambda t: t[0])]
         gold = choices[0][1].gold
-
-        def best(score) -> float:
-            scores = [score(ll, r) for ll, r in choices]
-            return float(scores.index(max(scores)) == gold)  # index(): the first of tied maxima
-
-        values["acc"].append(best(lambda ll, r: ll))
-        values["acc_norm"].append(best(lambda ll, r: ll / r.chars))
-        values["acc_bytes"].append(best(lambda ll, r: ll / r.bytes))
+        values["acc"].append(_hit([ll for ll, _ in choices], gold))
+        values["acc_norm"].append(_hit([ll / r.chars for ll, r in choices], gold))
+        values["acc_bytes"].append(_hit([ll / r.bytes for ll, r in choices], gold))
         values["bits_per_byte"].append(-choices[gold][0] / choices[gold][1].bytes / math.log(2))
     return values
+
+
+def _hit(scores: list[float], gold: int) -> float:
+    return float(scores.index(max(scores)) == gold)  # index(): the first of tied maxima, as argmax
 
 
 def moments(values: dict[str, list[float]]) -> dict[str, list[float]]:
