@@ -138,10 +138,11 @@ MC_EXAMPLES = [
 ]
 
 
-def write_mc_task(path) -> Path:
-    """MC_EXAMPLES as a local task file for `pretrain eval` / run.eval_tasks ({context, choices, gold} lines)."""
+def write_mc_task(path, examples: int = len(MC_EXAMPLES)) -> Path:
+    """The first `examples` of MC_EXAMPLES as a local task file for `pretrain eval` / run.eval_tasks
+    ({context, choices, gold} lines)."""
     import json
 
     Path(path).write_text("".join(json.dumps({"context": c, "choices": ch, "gold": g}) + "\n"
-                                  for c, ch, g in MC_EXAMPLES))
+                                  for c, ch, g in MC_EXAMPLES[:examples]))
     return Path(path)

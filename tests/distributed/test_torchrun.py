@@ -33,8 +33,11 @@ def settings(prepared, run_dir, micro_batch, *extra):
 
 @pytest.fixture(scope="module")
 def mc_task(tmp_path_factory):
-    """A local downstream task for run.eval_tasks (every 3 steps): data parallel ranks split its examples."""
-    return ["run.eval_tasks_every=3", f"run.eval_tasks=[{write_mc_task(tmp_path_factory.mktemp('mc') / 'mc.jsonl')}]"]
+    """A local downstream task for run.eval_tasks (every 3 steps): data parallel ranks split its examples. Nine
+    examples: at micro-batch 4, rank 0 scores 13 requests in 4 batches, rank 1 11 in 3 (FSDP's ranks must still
+    run as many forwards)."""
+    path = write_mc_task(tmp_path_factory.mktemp("mc") / "mc.jsonl", examples=9)
+    return ["run.eval_tasks_every=3", f"run.eval_tasks=[{path}]"]
 
 
 @pytest.fixture(scope="module")
@@ -52,10 +55,9 @@ def task_rows(run_dir) -> dict:
 @pytest.mark.parametrize("stage", [0, 1, pytest.param(2, marks=needs_cpu_fsdp), pytest.param(3, marks=needs_cpu_fsdp)])
 def test_data_parallel_matches_one_process(prepared, single, mc_task, tmp_path, stage):
     run_dir = tmp_path / "run"
-    tasks = mc_task if stage < 2 else []  # in-loop tasks: DDP and ZeRO-1 only (FSDP is refused)
     # debug.check_sharding: every rank asserts it holds exactly the planner's per-rank model-state bytes.
     finished_torchrun(*settings(prepared, run_dir, 4, f"parallel.zero_stage={stage}", "debug.check_sharding=true",
-                                *tasks))
+                                *mc_task))
     # The logged loss is the global batch's mean: it equals the single process's (fp32 reduction order
     # differs, hence a tolerance of 1e-5 relative; parameters after 6 AdamW steps within 3e-5 absolute:
     # AdamW divides each gradient element by its own running RMS, so an element whose gradient is nearly
@@ -72,11 +74,11 @@ def test_data_parallel_matches_one_process(prepared, single, mc_task, tmp_path, 
     rows = {x["name"]: x for x in report["rows"]}
     for name in ("parameters", "gradients", "optimizer_states"):
         assert rows[name]["planned"] == rows[name]["measured"]
-    if tasks:  # each rank scored half of the examples; the reduced metrics are the single process's
-        a, b = task_rows(single), task_rows(run_dir)
-        assert list(a) == list(b) == [3, 6]
-        for step in a:
-            assert a[step] == pytest.approx(b[step], rel=1e-5)
+    # run.eval_tasks: each rank scored half of the examples; the reduced metrics are the single process's
+    a, b = task_rows(single), task_rows(run_dir)
+    assert list(a) == list(b) == [3, 6]
+    for step in a:
+        assert a[step] == pytest.approx(b[step], rel=1e-5)
 
 
 def test_activations_under_ddp_with_full_recomputation_match_the_plan(prepared, tmp_path):

@@ -31,12 +31,11 @@ def check_trainable(config, needs_data: bool = True) -> None:
         check_pipelinable(config)
     if par.tensor > 1:
         check_tensor_parallel(config)
-    if config.run.eval_tasks and (par.fsdp or par.tensor > 1 or par.pipeline > 1):
-        # each rank scores its own examples with the whole model: FSDP's ranks would have to run as many
-        # forwards as each other, tensor and pipeline ranks hold part of the model
-        raise ConfigError("run.eval_tasks: evaluated under data parallelism only (DDP, ZeRO-1), not with FSDP "
-                          "(zero_stage 2/3), tensor or pipeline parallelism; score checkpoints with `pretrain "
-                          "eval` instead")
+    if config.run.eval_tasks and (par.tensor > 1 or par.pipeline > 1):
+        # each rank scores its own examples with the whole model (FSDP gathers it); tensor and pipeline ranks
+        # hold part of it
+        raise ConfigError("run.eval_tasks: evaluated under data parallelism (DDP, ZeRO-1, FSDP), not with "
+                          "tensor or pipeline parallelism; score checkpoints with `pretrain eval` instead")
     if needs_data and not (config.data.dir or config.data.mixture):
         raise ConfigError("data.dir: not set; prepare data with `pretrain prepare --out DIR` and set data.dir=DIR "
                           "(or data.mixture for several directories)")

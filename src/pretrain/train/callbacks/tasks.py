@@ -2,7 +2,8 @@
 and at the end, the first run.eval_tasks_limit examples of each task, scored as `pretrain eval` scores them.
 
 Under data parallelism each rank scores every data_size-th example and the ranks add up each metric's count,
-sum and sum of squares: the means and standard errors are those of one process. One line in metrics.jsonl:
+sum and sum of squares: the means and standard errors are those of one process. Under FSDP a rank with fewer
+batches runs empty forwards until every rank has run as many (each forward gathers the shards with the others). One line in metrics.jsonl:
 {"step", "tokens", "eval/<task>/acc", "eval/<task>/acc_norm", ...}. An evaluation at a step trained again (a
 rollback, or a resume from an earlier checkpoint) is logged again: the report keeps the later line.
 """
@@ -49,7 +50,7 @@ class TaskEvaluation(Callback):
 
 @torch.no_grad()
 def evaluate_tasks(trainer) -> dict:
-    from ...distributed.runtime import all_reduce_sum
+    from ...distributed.runtime import all_reduce_max, all_reduce_sum
     from ...eval.models import OurModel
     from ...eval.scoring import METRICS, loglikelihoods, moments, per_example, summarize
 
@@ -60,7 +61,13 @@ def evaluate_tasks(trainer) -> dict:
     lm = OurModel(par.module, c.train.seq_len)
     with torch.compiler.set_stance("force_eager"), par.autocast_context():  # as the validation pass
         for task, requests in cb.tasks:
-            local = moments(per_example(requests, loglikelihoods(lm, requests, c.train.micro_batch_size)))
+            batch = c.train.micro_batch_size
+            lls = loglikelihoods(lm, requests, batch)
+            if c.parallel.fsdp:  # every rank's forward gathers the shards: all ranks run as many forwards
+                batches = -(-len(requests) // batch)
+                for _ in range(int(all_reduce_max(batches, rt)) - batches):
+                    par.module(torch.zeros(1, 1, dtype=torch.long, device=rt.device))
+            local = moments(per_example(requests, lls))
             flat = all_reduce_sum([x for m in METRICS for x in local[m]], rt)
             result = summarize({m: flat[3 * i:3 * i + 3] for i, m in enumerate(METRICS)}, task.chance)
             record.update({f"eval/{task.name}/{k}": result[k] for k in LOGGED})
