@@ -21,14 +21,18 @@ def _gather_logprobs(logits, targets) -> torch.Tensor:
 
 
 class OurModel:
-    """Our Transformer (any module whose forward gives logits, e.g. FSDP's root in the trainer)."""
+    """Our Transformer. `whole`: run its forward and keep the scored positions' logits, for a model whose
+    parts only its forward may call (FSDP's root gathers the embedding and the output layer in its forward)."""
 
-    def __init__(self, model, max_len: int):
-        self.model, self.max_len = model, max_len
+    def __init__(self, model, max_len: int, whole: bool = False):
+        self.model, self.max_len, self.whole = model, max_len, whole
         self.device = next(model.parameters()).device
 
     def token_logprobs(self, x, rows, cols, targets) -> torch.Tensor:
-        return _gather_logprobs(self.model(x)[rows, cols], targets)
+        if self.whole:
+            return _gather_logprobs(self.model(x)[rows, cols], targets)
+        hidden = self.model.hidden_states(x)[rows, cols]
+        return _gather_logprobs(self.model.lm_head(hidden)[..., :self.model.config.vocab_size], targets)
 
 
 class HFModel:

@@ -278,14 +278,17 @@ class Transformer(nn.Module):
             x = F.dropout(x, self.config.dropout, self.training)
         return x
 
-    def forward(self, tokens, targets=None):
-        """tokens (batch, seq) -> logits (batch, seq, vocab), or the mean cross-entropy when targets are given."""
-        s = tokens.shape[1]
+    def hidden_states(self, tokens):
+        """tokens (batch, seq) -> the final norm's output (batch, seq, hidden): what the output layer reads."""
         x = self.embed_tokens(tokens)
-        rope = self.rotary(s, tokens.device)
+        rope = self.rotary(tokens.shape[1], tokens.device)
         for block in self.blocks:
             x = block(x, rope)
-        x = self.norm(x)
+        return self.norm(x)
+
+    def forward(self, tokens, targets=None):
+        """tokens (batch, seq) -> logits (batch, seq, vocab), or the mean cross-entropy when targets are given."""
+        x = self.hidden_states(tokens)
         if targets is None:
             # Padded rows (model.pad_vocab_to) are for the matmul's shape only: no token is one of them, so
             # they are never sampled and the distribution is the exported model's.

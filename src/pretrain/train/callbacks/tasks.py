@@ -58,7 +58,7 @@ def evaluate_tasks(trainer) -> dict:
     c, rt, par = trainer.config, trainer.rt, trainer.par
     record = {"step": trainer.state.step, "tokens": trainer.state.tokens}
     par.set_training(False)
-    lm = OurModel(par.module, c.train.seq_len)
+    lm = OurModel(par.module, c.train.seq_len, whole=c.parallel.fsdp)
     with torch.compiler.set_stance("force_eager"), par.autocast_context():  # as the validation pass
         for task, requests in cb.tasks:
             batch = c.train.micro_batch_size
