@@ -14,6 +14,12 @@ from pretrain.plan.eval_tasks import TASK_SIZES
 BASE = ["model.preset=gpt2", "train.tokens=1e9", "run.eval_every=1000"]
 
 
+def test_every_named_task_has_its_size():
+    from pretrain.task_catalog import ALL
+
+    assert set(TASK_SIZES) == set(ALL)
+
+
 def test_eval_tasks_cost_follows_the_task_sizes_the_limit_and_the_cadence():
     plain = make_plan(load_config(None, BASE))
     assert "eval_tasks" not in plain and "eval_tasks_seconds" not in plain["time"]

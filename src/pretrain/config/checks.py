@@ -239,7 +239,7 @@ def _check_eval_tasks(c: Config) -> None:
         _positive("run.eval_tasks_limit", r.eval_tasks_limit)
     if not r.eval_tasks:
         return
-    from ..eval.tasks import task_names
+    from ..task_catalog import task_names
 
     try:
         task_names(",".join(r.eval_tasks))

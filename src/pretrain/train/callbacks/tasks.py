@@ -19,17 +19,17 @@ LOGGED = ("acc", "acc_stderr", "acc_norm", "acc_norm_stderr", "acc_bytes", "bits
 
 class TaskEvaluation(Callback):
     def __init__(self, config):
-        from ...eval.tasks import check_tasks, task_names
+        from ...eval.tasks import check_tasks
+        from ...task_catalog import task_names
 
         self.names = task_names(",".join(config.run.eval_tasks))
         self.checked = check_tasks(self.names)  # pretrain[eval] installed, local files readable: before training
         self.tasks = None
 
     def on_fit_start(self, trainer) -> None:
-        from ...data.tokenizer import find_tokenizer
+        from ...data.tokenizer import data_tokenizer, find_tokenizer
         from ...errors import UsageError
         from ...eval.tasks import load_tasks
-        from ...export.command import data_tokenizer
 
         c, rt = trainer.config, trainer.rt
         path = data_tokenizer(c.data)
