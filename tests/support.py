@@ -130,3 +130,30 @@ def serve_planner(*items):
         proc.kill()
         raise AssertionError(f"the planner did not serve: {line}{proc.stderr.read()}")
     return proc, line.split(" at ", 1)[1].split()[0]
+
+# Short multiple-choice examples in the words of the sample corpus (Python's documentation): choices of
+# different lengths, so that acc and acc_norm can disagree.
+MC_EXAMPLES = [
+    ("The for statement", [" iterates over the items of any sequence", " is a fish", " returns"], 0),
+    ("A function is defined with the keyword", [" def", " class", " import", " banana"], 0),
+    ("Python is an interpreted", [" language", " mountain range in the north"], 0),
+    ("To read a file, call", [" open()", " the doctor", " sleep"], 0),
+    ("The dictionary maps keys to", [" values", " trees", " nothing at all today"], 0),
+    ("An exception is raised when", [" an error occurs", " the sun sets"], 1),
+    ("Lists are", [" mutable sequences", " purple"], 0),
+    ("The module", [" os", " sys", " provides functions for the operating system"], 2),
+    ("import", [" os", " the"], 1),
+    ("A class defines", [" a new type of object", " a river"], 0),
+    ("Strings in Python are", [" immutable", " loud", " made of glass"], 0),
+    ("The return statement", [" exits a function", " is green"], 1),
+]
+
+
+def write_mc_task(path, examples: int = len(MC_EXAMPLES)) -> Path:
+    """The first `examples` of MC_EXAMPLES as a local task file for `pretrain eval` / run.eval_tasks
+    ({context, choices, gold} lines)."""
+    import json
+
+    Path(path).write_text("".join(json.dumps({"context": c, "choices": ch, "gold": g}) + "\n"
+                                  for c, ch, g in MC_EXAMPLES[:examples]))
+    return Path(path)

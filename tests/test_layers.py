@@ -21,12 +21,13 @@ STAGE = {
     # and the config schema
     "errors": 0, "files": 0, "units": 0, "progress": 0, "precision": 0, "gpus": 0, "presets": 0, "hf_config": 0,
     "rope_scaling": 0, "config": 0,
-    "config_args": 0, "lock": 0,
+    "config_args": 0, "lock": 0, "task_catalog": 0,
     "plan": 1,  # the planner: arithmetic on a config, never torch
     "data": 2, "model": 2,  # side by side: neither imports the other
     "distributed": 3,  # wrapping a model for DDP / FSDP / ZeRO
     "bench": 3,  # measuring the device (matmul, bandwidth, one block): the trainer measures its peak with it
     "train": 4,  # the trainer, its step, checkpoints and callbacks
+    "eval": 4,  # downstream tasks scored: by `pretrain eval` and by the trainer's in-loop callback
     "sweep": 5, "report": 5, "export": 5,  # tools built on training runs
     "cli": 6, "demo": 6, "config_command": 6, "__main__": 6,  # entry points
 }

@@ -26,6 +26,7 @@ COMMANDS = {
     "report": "pretrain.report.command",
     "export": "pretrain.export.command",
     "generate": "pretrain.export.generate_command",
+    "eval": "pretrain.eval.command",
     "demo": "pretrain.demo",
 }
 

@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from support import finished_run, finished_torchrun, losses, needs_compiler, params, run_cli, torchrun
+from support import (finished_run, finished_torchrun, losses, needs_compiler, params, run_cli, torchrun,
+                     write_mc_task)
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("psutil")
@@ -31,17 +32,32 @@ def settings(prepared, run_dir, micro_batch, *extra):
 
 
 @pytest.fixture(scope="module")
-def single(prepared, tmp_path_factory):
+def mc_task(tmp_path_factory):
+    """A local downstream task for run.eval_tasks (every 3 steps): data parallel ranks split its examples. Nine
+    examples: at micro-batch 4, rank 0 scores 13 requests in 4 batches, rank 1 11 in 3 (FSDP's ranks must still
+    run as many forwards)."""
+    path = write_mc_task(tmp_path_factory.mktemp("mc") / "mc.jsonl", examples=9)
+    return ["run.eval_tasks_every=3", f"run.eval_tasks=[{path}]"]
+
+
+@pytest.fixture(scope="module")
+def single(prepared, mc_task, tmp_path_factory):
     """One process, micro-batch 8: the same global batch as 2 ranks x micro-batch 4."""
     run_dir = tmp_path_factory.mktemp("single") / "run"
-    return finished_run(run_dir, *settings(prepared, run_dir, 8))
+    return finished_run(run_dir, *settings(prepared, run_dir, 8, *mc_task))
+
+
+def task_rows(run_dir) -> dict:
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: {k: v for k, v in r.items() if k.startswith("eval/")} for r in rows if "eval/mc/acc" in r}
 
 
 @pytest.mark.parametrize("stage", [0, 1, pytest.param(2, marks=needs_cpu_fsdp), pytest.param(3, marks=needs_cpu_fsdp)])
-def test_data_parallel_matches_one_process(prepared, single, tmp_path, stage):
+def test_data_parallel_matches_one_process(prepared, single, mc_task, tmp_path, stage):
     run_dir = tmp_path / "run"
     # debug.check_sharding: every rank asserts it holds exactly the planner's per-rank model-state bytes.
-    finished_torchrun(*settings(prepared, run_dir, 4, f"parallel.zero_stage={stage}", "debug.check_sharding=true"))
+    finished_torchrun(*settings(prepared, run_dir, 4, f"parallel.zero_stage={stage}", "debug.check_sharding=true",
+                                *mc_task))
     # The logged loss is the global batch's mean: it equals the single process's (fp32 reduction order
     # differs, hence a tolerance of 1e-5 relative; parameters after 6 AdamW steps within 3e-5 absolute:
     # AdamW divides each gradient element by its own running RMS, so an element whose gradient is nearly
@@ -58,6 +74,11 @@ def test_data_parallel_matches_one_process(prepared, single, tmp_path, stage):
     rows = {x["name"]: x for x in report["rows"]}
     for name in ("parameters", "gradients", "optimizer_states"):
         assert rows[name]["planned"] == rows[name]["measured"]
+    # run.eval_tasks: each rank scored half of the examples; the reduced metrics are the single process's
+    a, b = task_rows(single), task_rows(run_dir)
+    assert list(a) == list(b) == [3, 6]
+    for step in a:
+        assert a[step] == pytest.approx(b[step], rel=1e-5)
 
 
 def test_activations_under_ddp_with_full_recomputation_match_the_plan(prepared, tmp_path):

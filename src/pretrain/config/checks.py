@@ -8,7 +8,7 @@ import dataclasses
 import math
 from pathlib import Path
 
-from ..errors import ConfigError
+from ..errors import ConfigError, UsageError
 from ..gpus import gpu_spec
 from ..rope_scaling import checked_rope_scaling
 from .reading import coerce, shown, unknown
@@ -246,6 +246,7 @@ def validate(c: Config) -> None:
         _positive(f"run.{name}", getattr(r, name))
     for name in ("eval_every", "checkpoint_every"):
         _positive(f"run.{name}", getattr(r, name), allow_zero=True)
+    _check_eval_tasks(c)
     st = c.stability
     for name in ("window", "min_history", "threshold", "patience", "max_rollbacks", "rollback_window", "lr_scale"):
         _positive(f"stability.{name}", getattr(st, name))
@@ -254,6 +255,22 @@ def validate(c: Config) -> None:
     if st.min_history > st.window:  # the history is the window: it would never be long enough to judge
         raise ConfigError(f"stability.min_history: {st.min_history} is more than stability.window {st.window}, so "
                           f"no spike would ever be judged; raise stability.window or lower stability.min_history")
+
+
+def _check_eval_tasks(c: Config) -> None:
+    r = c.run
+    if r.eval_tasks_every is not None:
+        _positive("run.eval_tasks_every", r.eval_tasks_every, allow_zero=True)
+    if r.eval_tasks_limit is not None:
+        _positive("run.eval_tasks_limit", r.eval_tasks_limit)
+    if not r.eval_tasks:
+        return
+    from ..task_catalog import task_names
+
+    try:
+        task_names(",".join(r.eval_tasks))
+    except UsageError as e:
+        raise ConfigError(f"run.eval_tasks: {e}") from None
 
 
 def untrained(c: Config) -> list[str]:

@@ -278,6 +278,11 @@ class RunConfig:
     log_every: int = doc(10, "optimizer steps between metric lines")
     eval_every: int = doc(200, "optimizer steps between validation passes (0 = only at the end)")
     eval_batches: int = doc(20, "micro-batches per validation pass")
+    eval_tasks: list[str] = doc([], "downstream multiple-choice tasks scored in the loop, as `pretrain eval --tasks`: "
+                                "names (pretrain[eval]), small, all, or .jsonl paths (docs/eval.md)")
+    eval_tasks_every: int | None = doc(None, "optimizer steps between task evaluations (default run.eval_every; 0 = "
+                                       "only at the end)")
+    eval_tasks_limit: int | None = doc(500, "examples per task in each in-loop evaluation (null: all)")
     checkpoint_every: int = doc(500, "optimizer steps between checkpoints, and one at the end; 0 = none at all (a "
                                 "benchmark: a SIGTERM then stops without one, a loss spike or NaN stops the run "
                                 "instead of rolling back)")

@@ -41,6 +41,11 @@ def check_trainable(config, needs_data: bool = True) -> None:
         # torchao's float8 needs its own tensor-parallel styles (Float8ColwiseParallel, ...), not built here
         raise ConfigError("train.precision: fp8 with parallel.tensor > 1 is not built; use parallel.tensor=1 "
                           "(FSDP: parallel.zero_stage=3) or train.precision=bf16-mixed")
+    if config.run.eval_tasks and (par.tensor > 1 or par.pipeline > 1):
+        # each rank scores its own examples with the whole model (FSDP gathers it); tensor and pipeline ranks
+        # hold part of it
+        raise ConfigError("run.eval_tasks: evaluated under data parallelism (DDP, ZeRO-1, FSDP), not with "
+                          "tensor or pipeline parallelism; score checkpoints with `pretrain eval` instead")
     if needs_data and not (config.data.dir or config.data.mixture):
         raise ConfigError("data.dir: not set; prepare data with `pretrain prepare --out DIR` and set data.dir=DIR "
                           "(or data.mixture for several directories)")

@@ -186,3 +186,9 @@ def _write_all(out_dir: Path, files: dict[str, bytes]) -> None:
 def _json_bytes(obj) -> bytes:
     return (json.dumps(obj, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
 
+
+def data_tokenizer(data):
+    """The tokenizer copy inside the prepared data directory of a config's data section, if it is there."""
+    data_dir = data.dir or (data.mixture[0]["dir"] if data.mixture else None)  # a mixture's sources share one
+    path = Path(data_dir) / "tokenizer" if data_dir else None
+    return path if path is not None and path.exists() else None

@@ -102,6 +102,15 @@ def all_reduce_max(value: float, rt: Runtime) -> float:
     return float(t.item())
 
 
+def all_reduce_sum(values: list[float], rt: Runtime) -> list[float]:
+    """Element-wise sums over all ranks, in float64 (counts and sums of squares stay exact)."""
+    if not rt.distributed:
+        return [float(v) for v in values]
+    t = torch.tensor(values, dtype=torch.float64, device=rt.device)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
 def barrier(rt: Runtime) -> None:
     if rt.distributed:
         dist.barrier()

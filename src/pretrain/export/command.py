@@ -25,10 +25,9 @@ def add_arguments(p):
 
 def tokenizer_of(model):
     """The tokenizer copy inside the run's prepared data directory, if it is still there."""
-    data = model.training_config.data
-    data_dir = data.dir or (data.mixture[0]["dir"] if data.mixture else None)  # a mixture's sources share one
-    path = Path(data_dir) / "tokenizer" if data_dir else None
-    return path if path is not None and path.exists() else None
+    from ..data.tokenizer import data_tokenizer
+
+    return data_tokenizer(model.training_config.data)
 
 
 def run_dir_of(source) -> Path:

@@ -335,13 +335,17 @@ class Transformer(nn.Module):
             rope = tuple(t[positions] for t in rope)  # each token's angle: its place in its document
         return positions, rope, mask
 
-    def forward(self, tokens, targets=None):
-        """tokens (batch, seq) -> logits (batch, seq, vocab), or the mean cross-entropy when targets are given."""
+    def hidden_states(self, tokens):
+        """tokens (batch, seq) -> the final norm's output (batch, seq, hidden): what the output layer reads."""
         positions, rope, mask = self.window_layout(tokens)
         x = self.embed_tokens(tokens, positions)
         for block in self.blocks:
             x = block(x, rope, mask)
-        x = self.norm(x)
+        return self.norm(x)
+
+    def forward(self, tokens, targets=None):
+        """tokens (batch, seq) -> logits (batch, seq, vocab), or the mean cross-entropy when targets are given."""
+        x = self.hidden_states(tokens)
         if targets is None:
             # Padded rows (model.pad_vocab_to) are for the matmul's shape only: no token is one of them, so
             # they are never sampled and the distribution is the exported model's.

@@ -12,6 +12,7 @@ from .advice import advise
 from .budget import storage_bytes, token_bytes, token_dtype, training_length, wall_clock
 from .budget_mode import apply_budget, budget_requested
 from .corpus import corpus_supply
+from .eval_tasks import eval_tasks_cost
 from .explain import Explain
 from .flops import basis, flops, utilisation
 from .fp8 import CONVENTION as FP8_CONVENTION
@@ -123,6 +124,11 @@ def plan_with_explain(config, advice: bool = True) -> tuple[dict, Explain]:
     mixture = mixture_supply(c, tokens, ex)
     if mixture:
         result["mixture"] = mixture
+    tasks = eval_tasks_cost(c, length["steps"], model_pt, peak, (supply or {}).get("bytes_per_token"),
+                            time["seconds"], ex)
+    if tasks:  # run.eval_tasks: the in-loop evaluations' time beside the training's
+        result["eval_tasks"] = tasks
+        time["eval_tasks_seconds"], time["eval_tasks_share"] = tasks["seconds"], tasks["share_of_run"]
     measured = utilisation(c, fl, length["tokens_per_step"], peak, ex)
     if measured:
         result["measured"] = measured

@@ -77,6 +77,11 @@ def render(config, p: dict) -> str:
             f"whole job, {tm['tokens_per_second'] / par['world']:,.0f} per GPU")
     else:
         row("Wall-clock time", "n/a", hw["peak_source"])
+    if "eval_tasks" in p:  # run.eval_tasks
+        ev = p["eval_tasks"]
+        share = f", {ev['share_of_run']:.1%} of the run" if ev["share_of_run"] is not None else ""
+        row("Eval tasks", duration(ev["seconds"]), f"{ev['evaluations']:,} evaluations x {ev['tokens_per_evaluation']:,} tokens "
+            f"({', '.join(ev['tasks'])}), forward only{share}")
     if "measured" in p:
         ms = p["measured"]
         util = f"MFU {ms['mfu']:.3f}, HFU {ms['hfu']:.3f}" if ms["mfu"] is not None else "no peak to compare"

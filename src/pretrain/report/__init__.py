@@ -13,6 +13,7 @@ from ..errors import UsageError
 from ..files import write_atomic
 from .mixture import mixture_png, mixture_rows, mixture_series
 from .runs import read_run, summarize
+from .tasks import tasks_png
 
 __all__ = ["make_report"]
 
@@ -22,6 +23,8 @@ def make_report(run_dirs, out_dir=None, per_panel: bool = False) -> dict:
 
     run_dirs: one run directory or a list of them. out_dir: default RUN_DIR/report for one run, ./report for
     several. per_panel: also write one PNG per panel (loss.png, lr.png, ...).
+    Runs that evaluated downstream tasks in the loop (run.eval_tasks) also get tasks.png: a panel per task,
+    accuracy against tokens with the chance line, also in the page.
     A mixture run (data.mixture) also gets mixture.png (mixture-K.png for the K-th of several runs): achieved
     vs target share and epochs per source, and a table of them in the page and its summary ("mixture").
     Returns {"out_dir": str, "files": [paths written], "runs": [one summary dict per run]}.
@@ -43,13 +46,16 @@ def make_report(run_dirs, out_dir=None, per_panel: bool = False) -> dict:
     except OSError as e:
         raise _cannot_write(out, e) from e
     png = plots.grid_png(runs)
+    task_png = tasks_png(runs)
     mixtures = {}  # run index -> its mixture figure (pretrain.report.mixture), mixture runs only
     for i, (run, summary) in enumerate(zip(runs, summaries)):
         series = mixture_series(run)  # None for a run without a mixture or without source_tokens yet
         if series:
             summary["mixture"], mixtures[i] = mixture_rows(run, series), mixture_png(run, series)
     files = {out / "report.png": png,
-             out / "report.html": html.page(runs, summaries, png, mixtures).encode("utf-8")}
+             out / "report.html": html.page(runs, summaries, png, mixtures, task_png).encode("utf-8")}
+    if task_png is not None:
+        files[out / "tasks.png"] = task_png
     files.update({out / ("mixture.png" if len(runs) == 1 else f"mixture-{i + 1}.png"): image
                   for i, image in mixtures.items()})
     if per_panel:

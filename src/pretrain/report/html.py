@@ -24,8 +24,10 @@ img { max-width: 100%; }
 _OFF_PCT = 10  # plan and run disagree by more than this: shade the cell
 
 
-def page(runs: list[Run], summaries: list[dict], png: bytes, mixtures: dict | None = None) -> str:
-    """mixtures: run index -> the PNG of its mixture (achieved vs target, epochs), for mixture runs."""
+def page(runs: list[Run], summaries: list[dict], png: bytes, mixtures: dict | None = None,
+         tasks: bytes | None = None) -> str:
+    """mixtures: run index -> the PNG of its mixture (achieved vs target, epochs), for mixture runs; tasks:
+    the PNG of the downstream tasks' panels, for runs that evaluated some."""
     image = base64.b64encode(png).decode("ascii")
     parts = [
         "<!DOCTYPE html>",
@@ -38,6 +40,8 @@ def page(runs: list[Run], summaries: list[dict], png: bytes, mixtures: dict | No
          f'src="data:image/png;base64,{image}"></details>'),
         '<div class="runs">',
     ]
+    if tasks is not None:
+        parts.append(f'<img alt="downstream tasks" src="data:image/png;base64,{base64.b64encode(tasks).decode()}">')
     for i, (run, s) in enumerate(zip(runs, summaries)):  # side by side, one column per run
         parts.append(f'<section class="run"><h2>{escape(title_line(run))}</h2><p>{escape(str(run.path))}</p>')
         if s["model"]:

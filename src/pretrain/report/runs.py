@@ -28,6 +28,7 @@ class Run:
     train: list[dict]  # one line per logged step (the latest line for each step), by step
     evals: list[dict]  # one line per validation pass, by step
     lines: list[dict] = field(default_factory=list)  # every line of the current history (other series too)
+    tasks: list[dict] = field(default_factory=list)  # one line per downstream-task evaluation (eval/<task>/...)
     events: list[dict] = field(default_factory=list)
     plan_vs_run: dict | None = None
     config: dict | None = None
@@ -36,6 +37,10 @@ class Run:
     def source_keys(self) -> list[str]:
         """val_loss/<source> keys of a data.mixture run's validation lines, in name order."""
         return sorted({k for r in self.evals for k in r if k.startswith("val_loss/")})
+
+    def task_names(self) -> list[str]:
+        """The downstream tasks of run.eval_tasks evaluated in the loop, in name order."""
+        return sorted({k.split("/")[1] for r in self.tasks for k in r if k.startswith("eval/")})
 
     def series(self, key: str) -> tuple[list[float], list[float]]:
         """(tokens, values) of a metric, finite values only: a null mfu on a CPU gives empty lists. A key
@@ -60,8 +65,9 @@ def read_run(path: str | Path, name: str | None = None) -> Run:
         raise UsageError(f"{metrics}: not found; is {path} a run directory? `pretrain train` writes it "
                          "after its first logged step")
     lines = current_history(read_jsonl(metrics))
-    run = Run(path=path, name=name or path.resolve().name, train=[r for r in lines if "loss" in r],
-              evals=[r for r in lines if "val_loss" in r], lines=lines)
+    run = Run(path=path, name=name or path.resolve().name, train=[r for r in lines if _kind(r) == "train"],
+              evals=[r for r in lines if _kind(r) == "val"], tasks=[r for r in lines if _kind(r) == "tasks"],
+              lines=lines)
     if (path / "events.jsonl").is_file():
         run.events = read_jsonl(path / "events.jsonl")
     run.plan_vs_run = _read_optional(path / "plan_vs_run.json", json.loads, run.notes)
@@ -87,16 +93,21 @@ def read_jsonl(path: Path) -> list[dict]:
 def current_history(rows: list[dict]) -> list[dict]:
     """The lines of the trajectory the run is on now, in step order. A training line for step s abandons
     every line logged for step s or later (a rollback, or a resume from an older checkpoint, trains them
-    again); an evaluation line replaces earlier evaluations at its step or later."""
+    again); an evaluation line replaces earlier evaluations of its kind (validation loss, downstream tasks) at
+    its step or later, and keeps the other lines it trims."""
     kept: list[dict] = []  # in step order: every backward step trims the tail
     for row in rows:
         tail = []
         while kept and kept[-1]["step"] >= row["step"]:
             tail.append(kept.pop())
-        if "loss" not in row:  # an evaluation keeps the training lines it trims
-            kept += [r for r in reversed(tail) if "val_loss" not in r]
+        if _kind(row) != "train":
+            kept += [r for r in reversed(tail) if _kind(r) != _kind(row)]
         kept.append(row)
     return kept
+
+
+def _kind(row: dict) -> str:
+    return "train" if "loss" in row else "val" if "val_loss" in row else "tasks"
 
 
 def _read_optional(path: Path, parse, notes: list[str]) -> dict | None:

@@ -61,6 +61,11 @@ class TrainingLog:
         elif "val_loss" in record:
             self.say(f"step {record['step']}: validation loss {record['val_loss']:.4f} "
                      f"(perplexity {record['val_ppl']:.2f})")
+        else:  # downstream tasks (callbacks/tasks.py)
+            tasks = sorted({key.split("/")[1] for key in record if key.startswith("eval/")})
+            self.say(f"step {record['step']}: " + ", ".join(
+                f"{t} acc_norm {record[f'eval/{t}/acc_norm']:.3f} (chance {record[f'eval/{t}/chance']:.3f})"
+                for t in tasks))
 
     def event(self, record: dict) -> None:
         if not self.enabled:

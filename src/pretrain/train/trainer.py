@@ -38,6 +38,7 @@ from .callbacks import default_callbacks
 from .callbacks.evaluation import evaluate
 from .callbacks.preemption import preempted
 from .callbacks.stability import Stability
+from .callbacks.tasks import evaluate_tasks
 from .checkpointer import Checkpointer
 from .data_changes import stopped_by_data_change
 from .loggers import check_installed
@@ -237,6 +238,8 @@ class Trainer:
                 if result.stop and not result.rolled_back:
                     return preempted(self)
             final = evaluate(self)
+            if self.config.run.eval_tasks:
+                evaluate_tasks(self)
         except DataChanged as e:  # a token file truncated, deleted or replaced under the run
             raise stopped_by_data_change(self, e) from None
         self.log.say(f"done: {self.state.step:,} steps, {self.state.tokens:,} tokens, final validation loss "

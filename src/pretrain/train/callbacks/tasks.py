@@ -1,0 +1,76 @@
+"""Downstream tasks in the loop (run.eval_tasks): every run.eval_tasks_every steps (default run.eval_every)
+and at the end, the first run.eval_tasks_limit examples of each task, scored as `pretrain eval` scores them.
+
+Under data parallelism each rank scores every data_size-th example and the ranks add up each metric's count,
+sum and sum of squares: the means and standard errors are those of one process. Under FSDP a rank with fewer
+batches runs empty forwards until every rank has run as many (each forward gathers the shards with the
+others). One line in metrics.jsonl: {"step", "tokens", "eval/<task>/acc", "eval/<task>/acc_norm", ...}. An evaluation at a step trained again (a
+rollback, or a resume from an earlier checkpoint) is logged again: the report keeps the later line.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import Callback
+
+LOGGED = ("acc", "acc_stderr", "acc_norm", "acc_norm_stderr", "acc_bytes", "bits_per_byte", "chance")
+
+
+class TaskEvaluation(Callback):
+    def __init__(self, config):
+        from ...eval.tasks import check_tasks
+        from ...task_catalog import task_names
+
+        self.names = task_names(",".join(config.run.eval_tasks))
+        self.checked = check_tasks(self.names)  # pretrain[eval] installed, local files readable: before training
+        self.tasks = None
+
+    def on_fit_start(self, trainer) -> None:
+        from ...data.tokenizer import data_tokenizer, find_tokenizer
+        from ...errors import UsageError
+        from ...eval.tasks import load_tasks
+
+        c, rt = trainer.config, trainer.rt
+        path = data_tokenizer(c.data)
+        if path is None:
+            raise UsageError("run.eval_tasks: the data directory holds no tokenizer/ to encode the tasks with; "
+                             "prepare the data with `pretrain prepare` or remove run.eval_tasks")
+        tasks = load_tasks(self.names, find_tokenizer(path).load(), c.train.seq_len, c.run.eval_tasks_limit,
+                           self.checked)
+        # This rank's share: every data_size-th example, all of its choices.
+        self.tasks = [(task, [r for r in task.requests if r.doc % rt.data_size == rt.data_rank]) for task in tasks]
+
+    def on_step_end(self, trainer, result) -> None:
+        run, step = trainer.config.run, trainer.state.step
+        every = run.eval_every if run.eval_tasks_every is None else run.eval_tasks_every
+        if every and step % every == 0 and step < trainer.total_steps:
+            evaluate_tasks(trainer)
+
+
+@torch.no_grad()
+def evaluate_tasks(trainer) -> dict:
+    from ...distributed.runtime import all_reduce_max, all_reduce_sum
+    from ...eval.models import OurModel
+    from ...eval.scoring import METRICS, loglikelihoods, moments, per_example, summarize
+
+    cb = next(cb for cb in trainer.callbacks if isinstance(cb, TaskEvaluation))
+    c, rt, par = trainer.config, trainer.rt, trainer.par
+    record = {"step": trainer.state.step, "tokens": trainer.state.tokens}
+    par.set_training(False)
+    lm = OurModel(par.module, c.train.seq_len, whole=c.parallel.fsdp)
+    with torch.compiler.set_stance("force_eager"), par.autocast_context():  # as the validation pass
+        for task, requests in cb.tasks:
+            batch = c.train.micro_batch_size
+            lls = loglikelihoods(lm, requests, batch)
+            if c.parallel.fsdp:  # every rank's forward gathers the shards: all ranks run as many forwards
+                batches = -(-len(requests) // batch)
+                for _ in range(int(all_reduce_max(batches, rt)) - batches):
+                    par.module(torch.zeros(1, 1, dtype=torch.long, device=rt.device))
+            local = moments(per_example(requests, lls))
+            flat = all_reduce_sum([x for m in METRICS for x in local[m]], rt)
+            result = summarize({m: flat[3 * i:3 * i + 3] for i, m in enumerate(METRICS)}, task.chance)
+            record.update({f"eval/{task.name}/{k}": result[k] for k in LOGGED})
+    par.set_training(True)
+    trainer.log.metrics(record)
+    return record

@@ -1,0 +1,50 @@
+"""The plan prices run.eval_tasks: forward FLOPs per evaluation from the task sizes and the limit, its time as
+a share of the run; a plan without it is unchanged."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from pretrain.config import load_config
+from pretrain.plan import make_plan
+from pretrain.plan.eval_tasks import TASK_SIZES
+
+BASE = ["model.preset=gpt2", "train.tokens=1e9", "run.eval_every=1000"]
+
+
+def test_every_named_task_has_its_size():
+    from pretrain.task_catalog import ALL
+
+    assert set(TASK_SIZES) == set(ALL)
+
+
+def test_eval_tasks_cost_follows_the_task_sizes_the_limit_and_the_cadence():
+    plain = make_plan(load_config(None, BASE))
+    assert "eval_tasks" not in plain and "eval_tasks_seconds" not in plain["time"]
+    plan = make_plan(load_config(None, BASE + ["run.eval_tasks=[hellaswag,piqa]", "run.eval_tasks_limit=100",
+                                              "run.eval_tasks_every=500"]))
+    ev = plan["eval_tasks"]
+    size = TASK_SIZES["hellaswag"][2]
+    assert ev["tasks"]["hellaswag"] == {"examples": 100, "requests": 400, "tokens": round(400 * size / 4.0)}
+    assert ev["evaluations"] == (plan["steps"]["total"] - 1) // 500 + 1
+    assert ev["flops_per_evaluation"] == ev["tokens_per_evaluation"] * plan["flops"]["per_token"] / 3
+    train = plan["time"]["seconds"]
+    assert train == plain["time"]["seconds"]  # training's own time is the same
+    assert ev["share_of_run"] == pytest.approx(ev["seconds"] / (train + ev["seconds"]))
+    assert plan["time"]["eval_tasks_share"] == ev["share_of_run"]
+    double = make_plan(load_config(None, BASE + ["run.eval_tasks=[hellaswag,piqa]", "run.eval_tasks_limit=200",
+                                                "run.eval_tasks_every=500"]))["eval_tasks"]
+    assert double["tokens_per_evaluation"] == pytest.approx(2 * ev["tokens_per_evaluation"], rel=1e-4)
+
+
+def test_a_local_task_file_is_sized_from_the_file_and_the_plan_imports_no_torch(tmp_path):
+    path = tmp_path / "mine.jsonl"
+    path.write_text(json.dumps({"context": "abcd", "choices": ["efgh", "ijklmnop"], "gold": 0}) + "\n")
+    plan = make_plan(load_config(None, BASE + [f"run.eval_tasks=[{path}]"]))
+    assert plan["eval_tasks"]["tasks"][str(path)] == {"examples": 1, "requests": 2, "tokens": 5}  # 10 bytes / 4
+    code = ("import sys; from pretrain.config import load_config; from pretrain.plan import make_plan; "
+            f"make_plan(load_config(None, {BASE + ['run.eval_tasks=[small]']!r})); print('torch' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip() == "False", r.stderr
