@@ -2,6 +2,7 @@
 
     python benchmarks/gpu_acceptance.py targets [--budget S] [--nanogpt DIR]   # one 10-minute command, H100
     python benchmarks/gpu_acceptance.py memory  [--budget S] [--cells N]       # resumable: call it again
+    python benchmarks/gpu_acceptance.py features [--budget S]                 # fp8, document masking, MoE
     python benchmarks/gpu_acceptance.py targets --dry-run                      # the same code, tiny, on a CPU
 
 targets, most wanted first: the Llama-3.2-1B shape at seq 2048, bf16-mixed, accumulation 4, compiled (tokens/s,
@@ -14,6 +15,12 @@ memory: precision x recomputation x micro-batch x accumulation x vocabulary, eag
 sweep` process per cell (a fresh torch.compile cache each: one process for all of them would run the later
 "compiled" cells eager once dynamo's recompile limit is reached). Each cell's row is written as it finishes;
 a cell already in the results file is not run again, so later calls carry on where the last one stopped.
+
+features: this round's training features against their baseline on the same shape, each pair run back to back:
+the Llama-3.2-1B shape compiled in bf16-mixed and in fp8 (torchao tensorwise: the speed-up the planner models,
+both MFUs), with train.document_masking off and on (FlexAttention's document mask: its cost against plain causal
+SDPA), and a small Qwen3-MoE-like model (64 experts, top 8) eager, the grouped GEMM's tokens/s and MFU on active
+parameters. fp8 needs torchao on the GPU machine; a run that fails is recorded as not measured.
 
 Results: benchmarks/results/<gpu>-<YYYY-MM-DD>.json (--out to choose; a dry run writes WORK/dry-run.json),
 rewritten atomically after every figure: gpu, torch, mfu_llama_1b, tokens_per_s_llama_1b, attention_kernel,
@@ -47,7 +54,7 @@ ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src
 # Seconds a run is expected to take on one H100 (compile included) and on the 2-core CPU with --dry-run: a run
 # starts only if this much of the budget is left. Rewrite them from the results' "seconds" after a session.
 EXPECTED = {"llama_1b": (150, 120), "llama_1b_eager": (90, 30), "gpt2": (70, 25), "nanogpt": (80, 25),
-            "memory_cell": (60, 12), "memory_cell_compiled": (120, 60)}
+            "memory_cell": (60, 12), "memory_cell_compiled": (120, 60), "feature": (150, 40)}
 CELL_LIMIT = 300  # a memory cell still running after this long is recorded as timed out, not retried
 
 
@@ -109,7 +116,8 @@ def device_facts() -> dict:
 def run(cmd: list, timeout: float, **kw) -> subprocess.CompletedProcess | None:
     """A subprocess; None (and its last output) when it fails or outlives `timeout`."""
     try:
-        r = subprocess.run([str(x) for x in cmd], capture_output=True, text=True, timeout=max(timeout, 1), **kw)
+        limit = None if timeout == float("inf") else max(timeout, 1)  # no --budget: no limit
+        r = subprocess.run([str(x) for x in cmd], capture_output=True, text=True, timeout=limit, **kw)
     except subprocess.TimeoutExpired as e:
         print(f"stopped after {timeout:.0f} s: {' '.join(map(str, cmd[:6]))} ...", flush=True)
         print((e.stderr or b"")[-2000:].decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr or "")
@@ -302,6 +310,48 @@ def memory(results: Results, work: Path, dry: bool, budget: Budget, cells: int |
         results.put(shown=rows[-1], memory_matrix=rows)
 
 
+def features(results: Results, work: Path, dry: bool, budget: Budget) -> None:
+    """Each feature beside its baseline on one shape: (figure name, overrides) pairs, run in this order, each
+    recorded as it finishes; a ratio once both sides of a pair are in."""
+    device, steps = ("cpu", 6) if dry else ("cuda", 20)
+    llama = ["configs/llama-1b.yaml", "parallel.gpus=1", "parallel.zero_stage=0", "train.grad_accum_steps=4",
+             "train.micro_batch_size=8", "train.batch_ramp_tokens=0", f"train.device={device}",
+             "hardware.gpu=h100-sxm"]
+    moe = ["model.preset=moe-debug", "model.hidden_size=1024", "model.num_heads=16", "model.num_kv_heads=4",
+           "model.intermediate_size=2816", "model.moe_intermediate_size=512", "model.num_experts=64",
+           "model.experts_per_token=8", "model.num_layers=8", "model.vocab_size=8192", "train.seq_len=2048",
+           "train.micro_batch_size=4", "train.grad_accum_steps=2", "train.precision=bf16-mixed",
+           f"train.device={device}", "hardware.gpu=h100-sxm"]
+    if dry:
+        tiny = ["model.num_layers=2", "model.hidden_size=128", "model.intermediate_size=256", "model.num_heads=4",
+                "model.num_kv_heads=2", "model.vocab_size=8192", "train.seq_len=64", "train.micro_batch_size=2",
+                "hardware.peak_tflops=0.1"]
+        llama += tiny
+        moe += [*tiny, "model.moe_intermediate_size=64", "model.num_experts=8", "model.experts_per_token=2"]
+    compiled = f"train.compile={str(not dry).lower()}"
+    runs = [("bf16", [*llama, compiled, "train.precision=bf16-mixed"]),
+            ("fp8", [*llama, compiled, "train.precision=fp8", "train.fp8_min_features=16" if dry else ""]),
+            ("unmasked", [*llama, compiled, "train.precision=bf16-mixed"]),
+            ("masked", [*llama, compiled, "train.precision=bf16-mixed", "train.document_masking=true"]),
+            ("moe", [*moe, "train.compile=false"])]
+    data = prepare_data(work, 8192)
+    got: dict[str, dict] = {}
+    for name, overrides in runs:
+        if not budget.allows("feature", dry):
+            return
+        started = time.monotonic()
+        figures = train_run(f"feature-{name}", work, data, [x for x in overrides if x], steps, budget.left())
+        if figures is None:
+            results.put((f"feature-{name}", time.monotonic() - started), shown={name: "not measured"})
+            continue
+        got[name] = figures
+        shown = {f"{name}_{k}": v for k, v in figures.items() if k != "peak"}
+        for new, base in (("fp8", "bf16"), ("masked", "unmasked")):
+            if name == new and base in got:
+                shown[f"{new}_over_{base}_tokens_per_s"] = figures["tokens_per_s"] / got[base]["tokens_per_s"]
+        results.put((f"feature-{name}", time.monotonic() - started), **shown)
+
+
 def nanogpt_dir(given: Path | None) -> Path | None:
     """--nanogpt, else the first of NANOGPT_DIRS that holds nanoGPT's files; None (skipped, said) if none does."""
     for d in [given] if given else NANOGPT_DIRS:
@@ -317,7 +367,7 @@ def nanogpt_dir(given: Path | None) -> Path | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("part", choices=("targets", "memory"))
+    parser.add_argument("part", choices=("targets", "memory", "features"))
     parser.add_argument("--out", type=Path, help="results file (default benchmarks/results/<gpu>-<date>.json)")
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "pretrain-gpu")
     parser.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU: checks the code path")
@@ -345,6 +395,8 @@ def main() -> None:
     results.put(shown=facts)  # the machine, first: what ran where even if nothing else is measured
     if args.part == "targets":
         targets(results, work, args.dry_run, budget, nanogpt)
+    elif args.part == "features":
+        features(results, work, args.dry_run, budget)
     else:
         memory(results, work, args.dry_run, budget, args.cells)
     print(f"{args.part}: done in {budget.elapsed():.0f} s; results in {out}", flush=True)

@@ -6,6 +6,7 @@
 #                                                           # pytest's wheels into benchmarks/peers/ (git-ignored)
 # and take benchmarks/peers/ along with the repo. Then, on the GPU machine, `targets` first:
 #   bash benchmarks/gpu_session.sh targets # Llama-3.2-1B shape MFU (compiled, eager), GPT-2 124M vs nanoGPT
+#   bash benchmarks/gpu_session.sh features # fp8 vs bf16, document masking on vs off, an MoE step (1B shape)
 #   bash benchmarks/gpu_session.sh memory  # planned vs measured peak, cell by cell: repeat until it says 0 to go
 #   bash benchmarks/gpu_session.sh tests   # tests/gpu (bf16/fp16/fp32, compile, resume, bench, sweep on CUDA)
 #   bash benchmarks/gpu_session.sh train   # matmul ceiling; GPT-2 124M and a ~1.2B LLaMA at seq 2048, compiled
@@ -20,7 +21,7 @@
 # gpu-results/): one log per part and results-PART.tgz with every plan_vs_run.json, metrics.jsonl and table.
 # Copy the figures into docs/benchmarks.md with the date, the machine and these commands.
 set -uo pipefail
-usage="usage: gpu_session.sh prepare|targets|memory|tests|train|sweep [--dry-run] [--nanogpt DIR] [--budget SECONDS]"
+usage="usage: gpu_session.sh prepare|targets|features|memory|tests|train|sweep [--dry-run] [--nanogpt DIR] [--budget SECONDS]"
 part=${1:?$usage}
 shift
 dry=() nanogpt=() budget=
@@ -49,6 +50,9 @@ if [ "$part" = prepare ]; then  # here, with ../shared and a package index; noth
     # pytest for `tests` (the GPU image has none): pure-Python wheels, unpacked there with the standard library.
     if "$py" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -d "$peers/wheels" \
         pytest pluggy iniconfig packaging pygments; then
+        # torchao for `features`' fp8 run: its manylinux wheel for the GPU image's Python
+        "$py" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 \
+            -d "$peers/wheels" "torchao==0.18.0" || echo "gpu_session: prepare: torchao's wheel not downloaded: fp8 skips"
         echo "downloaded pytest's wheels to $peers/wheels/"
     else
         echo "gpu_session: prepare: pytest's wheels could not be downloaded; \`tests\` needs pytest on the GPU machine"
@@ -78,6 +82,13 @@ prepare_data() {  # Python's bundled documentation with an 8K BPE: the step time
     pretrain prepare --input "$work/corpus" --tokenizer "$work/tokenizer" --out "$work/data" --val-fraction 0.05
 }
 
+use_wheels() {  # MODULE: where the image lacks it, the wheels `prepare` brought, unpacked (a wheel is a zip)
+    if ! "$py" -c "import $1" 2>/dev/null && ls "$peers"/wheels/*.whl >/dev/null 2>&1; then
+        for w in "$peers"/wheels/*.whl; do "$py" -m zipfile -e "$w" "$work/site"; done
+        export PYTHONPATH=$PYTHONPATH:$work/site
+    fi
+}
+
 run_train() {  # NAME CONFIG OVERRIDES...: plan, then a short run whose plan_vs_run.json holds memory and MFU
     local name=$1 config=$2
     shift 2
@@ -91,8 +102,9 @@ run_train() {  # NAME CONFIG OVERRIDES...: plan, then a short run whose plan_vs_
 }
 
 case $part in
-targets|memory)
-    default=$([ "$part" = targets ] && echo 420 || echo 540)
+targets|memory|features)
+    [ "$part" = features ] && use_wheels torchao
+    default=$([ "$part" = memory ] && echo 540 || echo 420)
     budget=${budget:-$default}
     timeout $((${budget%.*} + 40)) "$py" benchmarks/gpu_acceptance.py "$part" --work "$work" --budget "$budget" \
         "${dry[@]}" "${nanogpt[@]}"
@@ -100,10 +112,7 @@ targets|memory)
     cp benchmarks/results/*.json "$work/dry-run.json" "$out"/ 2>/dev/null
     ;;
 tests)
-    if ! "$py" -c "import pytest" 2>/dev/null && ls "$peers"/wheels/*.whl >/dev/null 2>&1; then
-        for w in "$peers"/wheels/*.whl; do "$py" -m zipfile -e "$w" "$work/site"; done  # pure Python: unpacked
-        export PYTHONPATH=$PYTHONPATH:$work/site                                          # is installed
-    fi
+    use_wheels pytest
     "$py" -c "import pytest" || { echo "gpu_session: pytest is missing: run \`gpu_session.sh prepare\` first"; exit 2; }
     timeout "${budget:-560}" "$py" -m pytest tests/gpu tests/plan/test_flops_vs_measured.py -v -p no:cacheprovider \
         -o addopts="" -rs --basetemp="$work/pytest"
