@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from fs_faults import read_only, small_fs
-from support import run_cli, tiny
+from support import run_cli, run_here, tiny
 
 pytest.importorskip("torch")
 
@@ -22,7 +22,7 @@ def inputs(prepared, tmp_path_factory):
     root = tmp_path_factory.mktemp("inputs")
     corpus = prepared.parent / "corpus"
     run_dir = root / "run"
-    r = run_cli("train", *tiny(prepared, run_dir, "train.max_steps=4", "train.warmup=1", "run.eval_every=0"))
+    r = run_here("train", *tiny(prepared, run_dir, "train.max_steps=4", "train.warmup=1", "run.eval_every=0"))
     assert r.returncode == 0, r.stderr
     return {"corpus": corpus, "tokenizer": prepared.parent / "tokenizer", "data": prepared, "run": run_dir}
 

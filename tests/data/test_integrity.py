@@ -13,7 +13,7 @@ from pretrain.config import load_config
 from pretrain.data import PreparedData, RandomWindows, SequentialWindows, open_training_data
 from pretrain.data import loader
 from pretrain.errors import ConfigError, UsageError
-from support import run_cli, tiny
+from support import run_here, tiny
 from test_windows import SEQ, edit_meta, write_prepared
 
 
@@ -99,6 +99,6 @@ def test_train_refuses_a_damaged_dataset_in_one_line(prepared, tmp_path, damage,
     data = tmp_path / "data"
     shutil.copytree(prepared, data)
     damage(data)
-    r = run_cli("train", *tiny(data, tmp_path / "run"))
+    r = run_here("train", *tiny(data, tmp_path / "run"))
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and message in lines[0], r.stderr[-2000:]

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from support import finished_run, finished_torchrun, params, run_cli, torchrun
+from support import finished_run, finished_torchrun, params, run_here, torchrun
 
 torch = pytest.importorskip("torch")
 
@@ -64,7 +64,7 @@ def test_two_stages_match_one_process(single, two_stages):
 
 
 def test_export_works_from_a_pipeline_checkpoint(two_stages, tmp_path):
-    r = run_cli("export", two_stages, "--to", "hf", tmp_path / "hf")
+    r = run_here("export", two_stages, "--to", "hf", tmp_path / "hf")
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "hf" / "config.json").is_file()
 
@@ -80,7 +80,7 @@ def test_two_stages_times_two_data_parallel_match_one_process(prepared, single, 
 def test_four_stages_match_one_process(prepared, tmp_path):
     deep = ("model.num_layers=4",)
     one, four = tmp_path / "one", tmp_path / "four"
-    r = run_cli("train", *settings(prepared, one, 8, *deep))
+    r = run_here("train", *settings(prepared, one, 8, *deep))
     assert r.returncode == 0, r.stderr
     finished_torchrun(*settings(prepared, four, 8, *deep, "parallel.pipeline=4"), nproc=4)
     same_run(one, four)
@@ -97,7 +97,7 @@ def test_a_pipeline_checkpoint_resumes_at_two_stages_and_in_one_process(prepared
     a, b = params(two_stages), params(stopped)
     assert all(torch.equal(a[k], b[k]) for k in a)  # same ranks, same order of operations: bitwise
 
-    r = run_cli("train", "--resume", one, "debug.stop_after_step=0", "parallel.pipeline=1")
+    r = run_here("train", "--resume", one, "debug.stop_after_step=0", "parallel.pipeline=1")
     assert r.returncode == 0, r.stderr
     assert "resumed from" in r.stdout
     la, lb = records(single), records(one)
@@ -109,7 +109,7 @@ def test_a_batch_ramp_and_a_short_validation_batch_match_one_process(prepared, t
     # the whole validation split is read, its last batch shorter than the others (each shape its schedule).
     ramp = ("train.batch_ramp_tokens=4000", "train.batch_ramp_start=256", "run.eval_batches=1000")
     one, two = tmp_path / "one", tmp_path / "two"
-    r = run_cli("train", *settings(prepared, one, 8, *ramp))
+    r = run_here("train", *settings(prepared, one, 8, *ramp))
     assert r.returncode == 0, r.stderr
     finished_torchrun(*settings(prepared, two, 8, *ramp, "parallel.pipeline=2"), nproc=2)
     batches = [json.loads(x)["batch_tokens"] for x in (two / "metrics.jsonl").read_text().splitlines()
@@ -131,7 +131,7 @@ def test_interleaved_1f1b_matches_one_process(prepared, tmp_path):
     # looped BFS the others, and both give the one-process losses.
     extra = ("model.num_layers=4", "train.batch_ramp_tokens=4000", "train.batch_ramp_start=256")
     one, two = tmp_path / "one", tmp_path / "two"
-    r = run_cli("train", *settings(prepared, one, 8, *extra))
+    r = run_here("train", *settings(prepared, one, 8, *extra))
     assert r.returncode == 0, r.stderr
     r = torchrun(*settings(prepared, two, 8, *extra, "parallel.pipeline=2",
                            "parallel.pipeline_schedule=interleaved_1f1b"), nproc=2)

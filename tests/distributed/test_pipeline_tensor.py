@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from support import exported_tensors, finished_run, finished_torchrun, losses, params, per_rank_reports, run_cli
+from support import exported_tensors, finished_run, finished_torchrun, losses, params, per_rank_reports, run_here
 
 torch = pytest.importorskip("torch")
 
@@ -109,8 +109,8 @@ def test_zero1_per_stage_of_tensor_ranks_resumes_in_one_process(prepared, single
                                 "train.micro_batch_size=4", "debug.check_sharding=true", "debug.stop_after_step=5"),
                       nproc=8)
     assert_same_run(single, run_dir, steps=range(1, 6))
-    r = run_cli("train", "--resume", run_dir, "debug.stop_after_step=0", "parallel.pipeline=1", "parallel.tensor=1",
-                "train.micro_batch_size=8")
+    r = run_here("train", "--resume", run_dir, "debug.stop_after_step=0", "parallel.pipeline=1", "parallel.tensor=1",
+                 "train.micro_batch_size=8")
     assert r.returncode == 0, r.stderr
     assert "resumed from" in r.stdout and "step 5," in r.stdout
     assert_same_run(single, run_dir)
@@ -121,7 +121,7 @@ def test_a_pipeline_x_tensor_checkpoint_resumes_in_one_process(prepared, single,
     finished_torchrun(*settings(prepared, run_dir, "parallel.pipeline=2", "parallel.tensor=2",
                                 "debug.stop_after_step=5"), nproc=4)
     assert max(losses(run_dir)) == 5
-    r = run_cli("train", "--resume", run_dir, "debug.stop_after_step=0", "parallel.pipeline=1", "parallel.tensor=1")
+    r = run_here("train", "--resume", run_dir, "debug.stop_after_step=0", "parallel.pipeline=1", "parallel.tensor=1")
     assert r.returncode == 0, r.stderr
     assert "resumed from" in r.stdout and "step 5," in r.stdout
     assert_same_run(single, run_dir, steps=range(6, STEPS + 1))

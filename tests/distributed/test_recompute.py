@@ -26,7 +26,7 @@ from pretrain.distributed.recompute import (apply_activation_checkpointing, chec
 from pretrain.model import build_model  # noqa: E402
 from pretrain.model.transformer import Block, rotary_tables  # noqa: E402
 from pretrain.plan.kernels import torch_version_tuple  # noqa: E402
-from support import ROOT, needs_compiler, run_cli, tiny  # noqa: E402
+from support import needs_compiler, ROOT, run_here, tiny  # noqa: E402
 
 MODES = ["none", "selective", "full"]
 SHAPES = {"llama": ["model.preset=debug"],
@@ -138,7 +138,7 @@ def test_fsdp_with_full_recomputation_trains_as_one_process(prepared, tmp_path):
         args = tiny(prepared, tmp_path / name, f"train.micro_batch_size={micro_batch}", "train.max_steps=4",
                     "run.eval_every=0", "train.activation_checkpointing=full", "parallel.zero_stage=3")
         if nproc == 1:
-            r = run_cli("train", *args)
+            r = run_here("train", *args)
         else:
             r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                                 f"--nproc-per-node={nproc}", "-m", "pretrain", "train", *args], capture_output=True,

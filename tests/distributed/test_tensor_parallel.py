@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from support import (exported_tensors, finished_run, finished_torchrun, losses, needs_compiler, params,
-                     per_rank_reports, run_cli, torchrun)
+                     per_rank_reports, run_here, torchrun)
 
 torch = pytest.importorskip("torch")
 
@@ -93,8 +93,8 @@ def test_tensor_x_zero1_trains_as_one_process_and_resumes_in_one(prepared, singl
                                 "debug.check_sharding=true", "debug.stop_after_step=5"), nproc=4)
     a, b = losses(single), losses(run_dir)
     assert sorted(b) == [1, 2, 3, 4, 5] and all(b[k] == pytest.approx(a[k], rel=1e-4) for k in b)
-    r = run_cli("train", "--resume", run_dir, "debug.stop_after_step=0", "parallel.tensor=1",
-                "train.micro_batch_size=8")
+    r = run_here("train", "--resume", run_dir, "debug.stop_after_step=0", "parallel.tensor=1",
+                 "train.micro_batch_size=8")
     assert r.returncode == 0, r.stderr
     assert "resumed from" in r.stdout and "step 5," in r.stdout
     assert_same_run(single, run_dir)
@@ -121,7 +121,7 @@ def test_sequence_parallel_on_two_tensor_ranks_trains_as_one_process(prepared, s
 def test_tied_embeddings_on_two_tensor_ranks_train_as_one_process(prepared, tmp_path):
     # One vocabulary-split tensor serves as the embedding and the output layer.
     one, two = tmp_path / "one", tmp_path / "two"
-    r = run_cli("train", *settings(prepared, one, 8, "model.tie_embeddings=true"))
+    r = run_here("train", *settings(prepared, one, 8, "model.tie_embeddings=true"))
     assert r.returncode == 0, r.stderr
     finished_torchrun(*settings(prepared, two, 8, "model.tie_embeddings=true", "parallel.tensor=2",
                                 "debug.check_sharding=true"), nproc=2)
@@ -160,7 +160,7 @@ def test_a_data_2_tensor_2_checkpoint_resumes_on_data_4_and_on_one_process(prepa
     # One process (data 1 x tensor 1, micro-batch 8).
     one = tmp_path / "one"
     subprocess.run(["cp", "-r", saved, one], check=True)
-    r = run_cli("train", "--resume", one, "debug.stop_after_step=0", "parallel.tensor=1", "train.micro_batch_size=8")
+    r = run_here("train", "--resume", one, "debug.stop_after_step=0", "parallel.tensor=1", "train.micro_batch_size=8")
     assert r.returncode == 0, r.stderr
     assert_same_run(single, one, steps=range(6, STEPS + 1))
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from support import (finished_run, finished_torchrun, losses, needs_compiler, params, run_cli, torchrun,
+from support import (finished_run, finished_torchrun, losses, needs_compiler, params, run_cli, run_here, torchrun,
                      write_mc_task)
 
 torch = pytest.importorskip("torch")
@@ -153,7 +153,7 @@ def test_sharded_checkpoint_resumes_on_one_and_two_ranks(prepared, tmp_path, mon
 
     one = tmp_path / "one"
     r = finished_torchrun(*settings(prepared, one, 4, "parallel.zero_stage=3", "debug.stop_after_step=3"))
-    r = run_cli("train", "--resume", one, "debug.stop_after_step=0", "train.micro_batch_size=8")
+    r = run_here("train", "--resume", one, "debug.stop_after_step=0", "train.micro_batch_size=8")
     assert r.returncode == 0, r.stderr
     assert "resumed from" in r.stdout
     la, lb = losses(straight), losses(one)

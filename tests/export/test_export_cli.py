@@ -2,7 +2,7 @@
 
 import pytest
 
-from support import run_cli, tiny
+from support import run_cli, run_here, tiny
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -12,7 +12,7 @@ def test_export_loads_in_transformers_with_the_same_logits(trained, tmp_path):
     from pretrain import load_model
 
     out = tmp_path / "hf"
-    r = run_cli("export", trained, "--to", "hf", out)
+    r = run_here("export", trained, "--to", "hf", out)
     assert r.returncode == 0, r.stderr
     hf = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
     ours = load_model(trained)
@@ -23,17 +23,17 @@ def test_export_loads_in_transformers_with_the_same_logits(trained, tmp_path):
     tok = transformers.AutoTokenizer.from_pretrained(out)
     generated = hf.generate(tok("The", return_tensors="pt").input_ids, max_new_tokens=5, do_sample=False)
     assert generated.shape[1] > 1
-    assert run_cli("export", trained, "--to", "hf", out).returncode == 2  # exists: refused, one line
-    assert run_cli("export", trained, "--to", "hf", out, "--overwrite").returncode == 0
+    assert run_here("export", trained, "--to", "hf", out).returncode == 2  # exists: refused, one line
+    assert run_here("export", trained, "--to", "hf", out, "--overwrite").returncode == 0
 
 
 def test_export_of_one_checkpoint(trained, tmp_path):
-    r = run_cli("export", trained / "checkpoints" / "step_00000003", "--to", "hf", tmp_path / "hf3")
+    r = run_here("export", trained / "checkpoints" / "step_00000003", "--to", "hf", tmp_path / "hf3")
     assert r.returncode == 0, r.stderr
 
 
 def test_generate_prints_text(trained):
-    r = run_cli("generate", trained, "--prompt", "The for statement", "--max-new-tokens", "8", "--temperature", "0")
+    r = run_here("generate", trained, "--prompt", "The for statement", "--max-new-tokens", "8", "--temperature", "0")
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("The for statement")
 
@@ -63,9 +63,9 @@ def test_continued_pretraining_starts_from_the_export(prepared, trained, tmp_pat
     from pretrain import load_model
 
     out = tmp_path / "hf"
-    assert run_cli("export", trained, "--to", "hf", out).returncode == 0
+    assert run_here("export", trained, "--to", "hf", out).returncode == 0
     run_dir = tmp_path / "continued"
-    r = run_cli("train", *tiny(prepared, run_dir, "train.max_steps=3", f"model.hf_config={out}",
+    r = run_here("train", *tiny(prepared, run_dir, "train.max_steps=3", f"model.hf_config={out}",
                                f"model.init_from={out}"))
     assert r.returncode == 0, r.stderr
     start = load_model(run_dir / "checkpoints" / "step_00000000")  # written before the first step
@@ -76,7 +76,7 @@ def test_continued_pretraining_starts_from_the_export(prepared, trained, tmp_pat
     import shutil
 
     shutil.rmtree(out)
-    r = run_cli("export", run_dir, "--to", "hf", tmp_path / "again")
+    r = run_here("export", run_dir, "--to", "hf", tmp_path / "again")
     assert r.returncode == 0 and "no tokenizer" not in r.stdout, r.stderr
 
 
@@ -93,7 +93,7 @@ def test_a_relative_data_dir_is_saved_absolute(prepared, tmp_path):
 def test_an_unwritable_output_is_one_line(trained, tmp_path):
     (tmp_path / "afile").write_text("x")
     for out in (tmp_path / "afile", tmp_path / "afile" / "sub"):
-        r = run_cli("export", trained, "--to", "hf", out)
+        r = run_here("export", trained, "--to", "hf", out)
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
@@ -104,7 +104,7 @@ def own_run(prepared, tmp_path_factory):
 
     root = tmp_path_factory.mktemp("overlap")
     shutil.copytree(prepared, root / "data")
-    r = run_cli("train", *tiny(root / "data", root / "runs" / "run", "train.max_steps=3", "run.checkpoint_every=3",
+    r = run_here("train", *tiny(root / "data", root / "runs" / "run", "train.max_steps=3", "run.checkpoint_every=3",
                                "train.warmup=1"))
     assert r.returncode == 0, r.stderr
     return root
@@ -118,7 +118,7 @@ def test_export_refuses_an_output_overlapping_what_it_reads(own_run, target):
                    "a checkpoint": (run_dir / "checkpoints" / "step_00000003", run_dir),
                    "inside the run": (run_dir, run_dir / "checkpoints" / "hf"),
                    "parent": (run_dir, own_run / "runs"), "data": (run_dir, data)}[target]
-    r = run_cli("export", source, "--to", "hf", out, "--overwrite")
+    r = run_here("export", source, "--to", "hf", out, "--overwrite")
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and "overlaps the" in lines[0], r.stderr[-2000:]
     assert sorted(p for p in own_run.rglob("*") if p.is_file()) == before

@@ -8,7 +8,7 @@ from torch import nn
 
 from pretrain.errors import UsageError
 from pretrain.export.generate import generate, generate_text
-from support import run_cli
+from support import run_here
 
 
 class FixedDistribution(nn.Module):
@@ -140,8 +140,8 @@ def test_special_token_text_in_the_prompt_is_plain_text_as_in_prepare(trained):
     # prepare encodes the text "<eos>" in a document as its five characters (TokenizerFiles.load), so the model
     # never saw the end-of-document id there: the prompt is read the same way and comes back whole.
     prompt = "x = 1 <eos> y <bos>"
-    r = run_cli("generate", trained, "--prompt", prompt, "--max-new-tokens", 0)
+    r = run_here("generate", trained, "--prompt", prompt, "--max-new-tokens", 0)
     assert r.returncode == 0, r.stderr
     assert r.stdout == prompt + "\n"
-    r = run_cli("generate", trained, "--prompt", prompt, "--max-new-tokens", 5, "--temperature", 0)
+    r = run_here("generate", trained, "--prompt", prompt, "--max-new-tokens", 5, "--temperature", 0)
     assert r.returncode == 0 and r.stdout.startswith(prompt), r.stdout + r.stderr

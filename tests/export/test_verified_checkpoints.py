@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from support import run_cli
+from support import run_cli, run_here
 
 torch = pytest.importorskip("torch")
 
@@ -46,7 +46,7 @@ def test_a_named_checkpoint_that_fails_verification_is_refused(run_dir, tmp_path
     else:
         (step / "manifest.json").write_text(json.dumps({"step": 3, "files": {}}))
     for args in readers(step, tmp_path / "hf"):
-        r = run_cli(*args)
+        r = run_here(*args)
         (line,) = r.stderr.strip().splitlines()
         assert r.returncode == 2 and "step_00000003" in line and all(w in line for w in words), r.stderr
     assert not (tmp_path / "hf").exists()
@@ -59,7 +59,7 @@ def test_a_run_whose_every_checkpoint_is_corrupt_is_one_line(run_dir, tmp_path):
     for step in (run_dir / "checkpoints").iterdir():
         corrupt(step)
     for args in readers(run_dir, tmp_path / "hf"):
-        r = run_cli(*args)
+        r = run_here(*args)
         assert r.returncode == 2 and "corrupt" in r.stderr.strip().splitlines()[-1], r.stderr
 
 

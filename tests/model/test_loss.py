@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 from pretrain.config import load_config  # noqa: E402
 from pretrain.model import build_model  # noqa: E402
 from pretrain.model.loss import ChunkedCrossEntropy, CrossEntropy  # noqa: E402
-from support import needs_compiler, run_cli, tiny  # noqa: E402
+from support import needs_compiler, run_here, tiny  # noqa: E402
 
 SHAPES = {
     "llama": ["model.preset=debug"],
@@ -160,7 +160,7 @@ def test_a_training_run_with_the_default_loss_matches_plain(prepared, tmp_path):
     """`pretrain train` with the default (chunked, 40-token chunks: not a divisor of 4 x 32) against
     train.loss=plain: the logged losses within 1e-6 relative over the run (fp32)."""
     def losses(name, *extra):
-        r = run_cli("train", *tiny(prepared, tmp_path / name, "train.max_steps=6", "run.eval_every=6", *extra))
+        r = run_here("train", *tiny(prepared, tmp_path / name, "train.max_steps=6", "run.eval_every=6", *extra))
         assert r.returncode == 0, r.stderr
         rows = [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
         return [(row["step"], row["loss"]) for row in rows if "loss" in row]

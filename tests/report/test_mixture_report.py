@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from support import run_cli, tiny
+from support import run_here, tiny
 
 pytest.importorskip("torch")
 
@@ -16,15 +16,15 @@ def mixture_run(two_corpora, tmp_path_factory):
     """200 steps of the tiny run's 8 windows on shakespeare / zh at 70 / 30."""
     run_dir = tmp_path_factory.mktemp("mixture") / "run"
     args = [a for a in tiny("unused", run_dir) if not a.startswith("data.dir=")]
-    r = run_cli("train", *args, f"data.mixture=[{{dir: {two_corpora['shakespeare']}, weight: 0.7}}, "
+    r = run_here("train", *args, f"data.mixture=[{{dir: {two_corpora['shakespeare']}, weight: 0.7}}, "
                                 f"{{dir: {two_corpora['zh']}, weight: 0.3}}]",
-                "train.max_steps=200", "run.eval_every=0", "run.checkpoint_every=0")
+                 "train.max_steps=200", "run.eval_every=0", "run.checkpoint_every=0")
     assert r.returncode == 0, r.stderr
     return run_dir
 
 
 def test_the_report_shows_achieved_vs_target_within_one_percent(mixture_run, two_corpora):
-    r = run_cli("report", mixture_run)
+    r = run_here("report", mixture_run)
     assert r.returncode == 0, r.stderr
     shares = dict(re.findall(r"mixture (\w+): target [\d.]+ %, achieved ([\d.]+) %", r.stdout))
     assert abs(float(shares["shakespeare"]) - 70) < 1 and abs(float(shares["zh"]) - 30) < 1, r.stdout
@@ -42,7 +42,7 @@ def test_the_report_shows_achieved_vs_target_within_one_percent(mixture_run, two
 
 
 def test_a_run_without_a_mixture_has_no_mixture_section(run_dir):
-    r = run_cli("report", run_dir)
+    r = run_here("report", run_dir)
     assert r.returncode == 0, r.stderr
     assert "  mixture " not in r.stdout
     assert not (run_dir / "report" / "mixture.png").exists()

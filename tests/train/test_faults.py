@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from support import params, run_cli, start, tiny, wait_for_steps
+from support import params, run_cli, run_here, start, tiny, wait_for_steps
 
 torch = pytest.importorskip("torch")
 
@@ -37,14 +37,14 @@ def final_val_loss(run_dir):
 @pytest.fixture(scope="module")
 def clean(prepared, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("clean") / "run"
-    assert run_cli("train", *tiny(prepared, run_dir, "train.max_steps=16")).returncode == 0
+    assert run_here("train", *tiny(prepared, run_dir, "train.max_steps=16")).returncode == 0
     return run_dir
 
 
 def test_nan_batch_is_skipped_and_rolled_back(prepared, clean, tmp_path):
     run_dir = tmp_path / "run"
     # Micro-batch 14 is the first of step 8 (2 micro-batches per step): its loss becomes NaN.
-    r = run_cli("train", *tiny(prepared, run_dir, "train.max_steps=16", "debug.inject_nan_batches=[14]"))
+    r = run_here("train", *tiny(prepared, run_dir, "train.max_steps=16", "debug.inject_nan_batches=[14]"))
     assert r.returncode == 0, r.stderr
     skip = events(run_dir, "nonfinite_skip")
     assert [e["step"] for e in skip] == [8]
@@ -59,7 +59,7 @@ def test_persistent_spike_rolls_back_to_a_good_checkpoint(prepared, clean, tmp_p
     run_dir = tmp_path / "run"
     # The checkpoint of step 8 is written during the spike, so the rollback (at step 9) must skip it and go
     # to step 4.
-    r = run_cli("train", *tiny(prepared, run_dir, "train.max_steps=16", *SPIKE_AT_STEPS_7_TO_9,
+    r = run_here("train", *tiny(prepared, run_dir, "train.max_steps=16", *SPIKE_AT_STEPS_7_TO_9,
                                "stability.lr_scale=0.5", "stability.lr_scale_steps=3"))
     assert r.returncode == 0, r.stderr
     assert [e["step"] for e in events(run_dir, "spike")] == [7, 8]
@@ -79,7 +79,7 @@ def test_persistent_spike_rolls_back_to_a_good_checkpoint(prepared, clean, tmp_p
 def test_spike_detection_without_a_spike_changes_nothing(prepared, clean, tmp_path):
     # Spike detection saves a step-0 checkpoint; making its optimizer states must not count as an Adam step.
     run_dir = tmp_path / "run"
-    r = run_cli("train", *tiny(prepared, run_dir, "train.max_steps=16", "stability.spike_detection=false"))
+    r = run_here("train", *tiny(prepared, run_dir, "train.max_steps=16", "stability.spike_detection=false"))
     assert r.returncode == 0, r.stderr
     assert train_losses(run_dir) == train_losses(clean)
 
@@ -89,7 +89,7 @@ def test_an_inf_gradient_under_a_finite_loss_skips_the_update_only(prepared, tmp
     # finite, as in an fp16 overflow. The fused AdamW is handed the overflow flag on the device and leaves
     # that step out (its step count says 5 of 6); nothing rolls back, the weights stay finite.
     run_dir = tmp_path / "run"
-    r = run_cli("train", *tiny(prepared, run_dir, "train.max_steps=6", "run.eval_every=0",
+    r = run_here("train", *tiny(prepared, run_dir, "train.max_steps=6", "run.eval_every=0",
                                "debug.inject_inf_grad_batches=[4]"))
     assert r.returncode == 0, r.stderr
     assert [e["step"] for e in events(run_dir, "nonfinite_skip")] == [3]
@@ -105,7 +105,7 @@ def test_a_rollback_discards_the_checkpoints_it_abandons(prepared, tmp_path):
     # Spike at steps 7-9 -> back to step 4 (step 8's checkpoint was written in the spike); then a NaN at the
     # next step stops the run (max one rollback) before step 8 is reached again: nothing newer than the
     # rollback target may be left for a resume to pick up.
-    r = run_cli("train", *tiny(prepared, run_dir, "train.max_steps=16", *SPIKE_AT_STEPS_7_TO_9,
+    r = run_here("train", *tiny(prepared, run_dir, "train.max_steps=16", *SPIKE_AT_STEPS_7_TO_9,
                                "debug.inject_nan_batches=[18]", "stability.max_rollbacks=1"))
     assert r.returncode == 2, r.stderr
     assert [(e["step"], e["to_step"]) for e in events(run_dir, "rollback")] == [(9, 4)]
@@ -115,7 +115,7 @@ def test_a_rollback_discards_the_checkpoints_it_abandons(prepared, tmp_path):
 
 def test_a_stop_at_a_checkpoint_step_writes_it_once(prepared, tmp_path):
     run_dir = tmp_path / "run"
-    r = run_cli("train", *tiny(prepared, run_dir, "debug.stop_after_step=4"))  # checkpoint_every=4
+    r = run_here("train", *tiny(prepared, run_dir, "debug.stop_after_step=4"))  # checkpoint_every=4
     assert r.returncode == 0, r.stderr
     assert [e["step"] for e in events(run_dir, "checkpoint")] == [0, 4]
     assert events(run_dir, "preempted")[0]["path"].endswith("step_00000004")
@@ -124,7 +124,7 @@ def test_a_stop_at_a_checkpoint_step_writes_it_once(prepared, tmp_path):
 def test_too_many_rollbacks_stop_with_a_message(prepared, tmp_path):
     run_dir = tmp_path / "run"
     bad = ",".join(str(i) for i in range(6, 400))  # the data is poisoned from step 4 on
-    r = run_cli("train", *tiny(prepared, run_dir, "train.max_steps=16", f"debug.inject_nan_batches=[{bad}]",
+    r = run_here("train", *tiny(prepared, run_dir, "train.max_steps=16", f"debug.inject_nan_batches=[{bad}]",
                                "stability.max_rollbacks=2"))
     assert r.returncode == 2
     (line,) = r.stderr.strip().splitlines()
@@ -173,7 +173,7 @@ def test_checkpoint_every_0_writes_no_checkpoint_not_even_at_the_end(prepared, t
     from pretrain.train.checkpoint import list_checkpoints
 
     run_dir = tmp_path / "run"
-    r = run_cli("train", *tiny(prepared, run_dir, "train.max_steps=6", "run.checkpoint_every=0"))
+    r = run_here("train", *tiny(prepared, run_dir, "train.max_steps=6", "run.checkpoint_every=0"))
     assert r.returncode == 0, r.stderr
     assert list_checkpoints(run_dir) == [] and events(run_dir, "checkpoint") == []
     assert "final validation loss" in r.stdout
@@ -202,7 +202,7 @@ def test_a_nan_with_checkpoint_every_0_stops_with_one_line(prepared, tmp_path):
     from pretrain.train.checkpoint import list_checkpoints
 
     run_dir = tmp_path / "run"
-    r = run_cli("train", *tiny(prepared, run_dir, "train.max_steps=16", "debug.inject_nan_batches=[14]",
+    r = run_here("train", *tiny(prepared, run_dir, "train.max_steps=16", "debug.inject_nan_batches=[14]",
                                "run.checkpoint_every=0"))
     assert r.returncode == 2, r.stderr
     (line,) = r.stderr.strip().splitlines()
@@ -247,7 +247,7 @@ def test_disk_full_keeps_the_previous_checkpoint(prepared, tmp_path):
     from pretrain.train.checkpoint import list_checkpoints, verify
 
     run_dir = tmp_path / "run"
-    r = run_cli("train", *tiny(prepared, run_dir, "debug.inject_disk_full_step=8"))
+    r = run_here("train", *tiny(prepared, run_dir, "debug.inject_disk_full_step=8"))
     assert r.returncode == 2
     (line,) = r.stderr.strip().splitlines()
     assert "disk full" in line and "step_00000004 is intact" in line

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from support import ROOT, finished_run, losses, params, run_cli, start, tiny, wait_for_steps
+from support import finished_run, losses, params, ROOT, run_cli, run_here, start, tiny, wait_for_steps
 
 torch = pytest.importorskip("torch")
 
@@ -74,8 +74,8 @@ def test_a_source_past_four_epochs_is_warned_about_once_with_the_evidence(two_co
     passes 4 epochs near step 71."""
     run_dir = tmp_path / "run"
     args = [a for a in mixed(two_corpora, run_dir) if not a.startswith("data.mixture")]
-    r = run_cli("train", *args, mixture(two_corpora, "weight: 0.9", "weight: 0.1, max_epochs: 0.2"),
-                "train.seq_len=256", "train.max_steps=80", "run.eval_every=0", "run.checkpoint_every=0")
+    r = run_here("train", *args, mixture(two_corpora, "weight: 0.9", "weight: 0.1, max_epochs: 0.2"),
+                 "train.seq_len=256", "train.max_steps=80", "run.eval_every=0", "run.checkpoint_every=0")
     assert r.returncode == 0, r.stderr
     warnings = [x for x in r.stdout.splitlines() if x.startswith("warning: mixture source")]
     assert len(warnings) == 2, r.stdout
@@ -96,19 +96,19 @@ def test_a_source_past_four_epochs_is_warned_about_once_with_the_evidence(two_co
 def test_a_bad_mixture_is_one_line_and_exit_2(two_corpora, tmp_path, entries, words):
     entries = entries.replace("A", str(two_corpora["shakespeare"])).replace("B", str(two_corpora["zh"]))
     args = [a for a in mixed(two_corpora, tmp_path / "run") if not a.startswith("data.mixture")]
-    r = run_cli("train", *args, f"data.mixture={entries}")
+    r = run_here("train", *args, f"data.mixture={entries}")
     assert r.returncode == 2, r.stderr
     (line,) = r.stderr.strip().splitlines()
     assert all(w in line for w in words), line
 
 
 def test_mixture_with_data_dir_or_another_tokenizer_is_refused(two_corpora, prepared, tmp_path):
-    r = run_cli("train", *mixed(two_corpora, tmp_path / "run", f"data.dir={prepared}"))
+    r = run_here("train", *mixed(two_corpora, tmp_path / "run", f"data.dir={prepared}"))
     assert r.returncode == 2
     (line,) = r.stderr.strip().splitlines()
     assert "exclusive with data.dir" in line
     args = [a for a in mixed(two_corpora, tmp_path / "run") if not a.startswith("data.mixture")]
-    r = run_cli("train", *args, f"data.mixture=[{{dir: {two_corpora['zh']}, weight: 1}}, {{dir: {prepared}, "
+    r = run_here("train", *args, f"data.mixture=[{{dir: {two_corpora['zh']}, weight: 1}}, {{dir: {prepared}, "
                                 "weight: 1}]")
     assert r.returncode == 2
     (line,) = r.stderr.strip().splitlines()
@@ -117,14 +117,14 @@ def test_mixture_with_data_dir_or_another_tokenizer_is_refused(two_corpora, prep
 
 
 def test_export_of_a_mixture_run_takes_the_sources_tokenizer(uninterrupted, two_corpora, tmp_path):
-    r = run_cli("export", uninterrupted, tmp_path / "hf")
+    r = run_here("export", uninterrupted, tmp_path / "hf")
     assert r.returncode == 0, r.stderr
     assert "no tokenizer" not in r.stdout
     assert (tmp_path / "hf" / "tokenizer.json").read_bytes() == \
         (two_corpora["shakespeare"] / "tokenizer" / "tokenizer.json").read_bytes()
     # Into a source's directory: refused, as into data.dir (--overwrite would replace what the run read).
     before = sorted(p.name for p in two_corpora["zh"].iterdir())
-    r = run_cli("export", uninterrupted, two_corpora["zh"] / "hf", "--overwrite")
+    r = run_here("export", uninterrupted, two_corpora["zh"] / "hf", "--overwrite")
     assert r.returncode == 2 and "overlaps the data.mixture source" in r.stderr, r.stderr[-2000:]
     assert sorted(p.name for p in two_corpora["zh"].iterdir()) == before
 
@@ -155,8 +155,8 @@ def test_a_resume_with_other_sources_is_one_line_and_changes_nothing(two_corpora
 
     run_dir = shutil.copytree(uninterrupted, tmp_path / "run")
     before = (run_dir / "metrics.jsonl").read_text(), (run_dir / "config.yaml").read_text()
-    r = run_cli("train", "--resume", run_dir, f"data.mixture=[{{dir: {two_corpora['zh']}, weight: 1}}]",
-                "train.max_steps=14", "train.schedule_restart=true")  # the longer cosine is not what is tested
+    r = run_here("train", "--resume", run_dir, f"data.mixture=[{{dir: {two_corpora['zh']}, weight: 1}}]",
+                 "train.max_steps=14", "train.schedule_restart=true")  # the longer cosine is not what is tested
     assert r.returncode == 2, r.stderr
     (line,) = r.stderr.strip().splitlines()
     # (30,703 - 1) // 32 and (50,458 - 1) // 32: the train splits of the two prepared fixtures
@@ -178,7 +178,7 @@ def test_sources_with_another_end_of_document_id_are_refused(two_corpora, tmp_pa
     prepare([str(ROOT / "tests" / "fixtures" / "zh_classics_sample.jsonl")], str(tokenizer), padded,
             val_fraction=0.1, workers=1)
     args = [a for a in mixed(two_corpora, tmp_path / "run") if not a.startswith("data.mixture")]
-    r = run_cli("train", *args, f"data.mixture=[{{dir: {two_corpora['shakespeare']}, weight: 1}}, "
+    r = run_here("train", *args, f"data.mixture=[{{dir: {two_corpora['shakespeare']}, weight: 1}}, "
                                 f"{{dir: {padded}, weight: 1}}]")
     assert r.returncode == 2, r.stderr
     (line,) = r.stderr.strip().splitlines()
@@ -192,7 +192,7 @@ def test_a_resume_switching_between_mixture_and_data_dir_is_one_line_both_ways(t
 
     run_dir = shutil.copytree(uninterrupted, tmp_path / "mixed")
     before = (run_dir / "metrics.jsonl").read_text(), (run_dir / "config.yaml").read_text()
-    r = run_cli("train", "--resume", run_dir, "data.mixture=[]", f"data.dir={prepared}", "train.max_steps=14")
+    r = run_here("train", "--resume", run_dir, "data.mixture=[]", f"data.dir={prepared}", "train.max_steps=14")
     assert r.returncode == 2, r.stderr
     (line,) = r.stderr.strip().splitlines()
     assert "the checkpoint's data state is for data.mixture (shakespeare, zh)" in line, line
@@ -201,7 +201,7 @@ def test_a_resume_switching_between_mixture_and_data_dir_is_one_line_both_ways(t
 
     plain = tmp_path / "plain"
     finished_run(plain, *tiny(prepared, plain, "train.max_steps=4", "run.eval_every=0"))
-    r = run_cli("train", "--resume", plain, "data.dir=null", mixture(two_corpora), "train.max_steps=6")
+    r = run_here("train", "--resume", plain, "data.dir=null", mixture(two_corpora), "train.max_steps=6")
     assert r.returncode == 2, r.stderr
     (line,) = r.stderr.strip().splitlines()
     assert f"the checkpoint's data state is for data.dir {prepared}" in line, line
@@ -212,12 +212,12 @@ def test_a_resume_with_other_weights_says_so_in_the_log_and_as_an_event(two_corp
     import shutil
 
     run_dir = shutil.copytree(uninterrupted, tmp_path / "run")
-    r = run_cli("train", "--resume", run_dir, mixture(two_corpora, "weight: 7", "weight: 3"), "train.max_steps=13",
-                "train.schedule_restart=true")  # a longer run, its cosine restretched on purpose
+    r = run_here("train", "--resume", run_dir, mixture(two_corpora, "weight: 7", "weight: 3"), "train.max_steps=13",
+                 "train.schedule_restart=true")  # a longer run, its cosine restretched on purpose
     assert r.returncode == 0, r.stderr
     assert "mixture weights changed" not in r.stdout  # 7 / 3 is 0.7 / 0.3
-    r = run_cli("train", "--resume", run_dir, mixture(two_corpora, "weight: 1", "weight: 1"), "train.max_steps=14",
-                "train.schedule_restart=true")
+    r = run_here("train", "--resume", run_dir, mixture(two_corpora, "weight: 1", "weight: 1"), "train.max_steps=14",
+                 "train.schedule_restart=true")
     assert r.returncode == 0, r.stderr
     (line,) = [x for x in r.stdout.splitlines() if "mixture weights changed" in x]
     assert "at step 13: shakespeare 0.7 -> 0.5, zh 0.3 -> 0.5" in line, line

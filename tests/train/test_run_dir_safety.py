@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from support import finished_run, run_cli, start, tiny, wait_for_steps
+from support import finished_run, run_cli, run_here, start, tiny, wait_for_steps
 
 torch = pytest.importorskip("torch")
 
@@ -124,17 +124,17 @@ def test_rank_0_of_a_torchrun_job_holds_the_lock(prepared, tmp_path):
                                             (["model.num_layers=3"], "model.num_layers")])
 def test_a_resume_that_changes_the_model_is_one_line_and_changes_nothing(run_dir, overrides, key):
     before = snapshot(run_dir)
-    r = run_cli("train", "--resume", run_dir, *overrides)
+    r = run_here("train", "--resume", run_dir, *overrides)
     one_line(r, key, "step_00000009")
     assert snapshot(run_dir) == before  # config.yaml above all: a plain --resume must still work
-    r = run_cli("train", "--resume", run_dir, "debug.stop_after_step=10")
+    r = run_here("train", "--resume", run_dir, "debug.stop_after_step=10")
     assert r.returncode == 0, r.stderr
     assert "step 9" in r.stdout
 
 
 def test_a_resume_may_change_what_leaves_the_tensors_alone(run_dir):
-    r = run_cli("train", "--resume", run_dir, "model.max_seq_len=512", "model.dropout=0.1",
-                "debug.stop_after_step=10")  # a LLaMA has no position table: its context may grow
+    r = run_here("train", "--resume", run_dir, "model.max_seq_len=512", "model.dropout=0.1",
+                 "debug.stop_after_step=10")  # a LLaMA has no position table: its context may grow
     assert r.returncode == 0, r.stderr
     assert "step 9" in r.stdout
 
@@ -147,7 +147,7 @@ def test_resume_with_every_checkpoint_corrupt_exits_2_and_changes_nothing(run_di
     for c in checkpoints:
         flip_a_byte(c)
     before = snapshot(run_dir)
-    r = run_cli("train", "--resume", run_dir)
+    r = run_here("train", "--resume", run_dir)
     line = one_line(r, "corrupt", run_dir)
     assert "step 0" not in r.stdout and "starting from the beginning" not in r.stdout, line
     assert snapshot(run_dir) == before
@@ -156,8 +156,8 @@ def test_resume_with_every_checkpoint_corrupt_exits_2_and_changes_nothing(run_di
 def test_a_corrupt_checkpoint_is_set_aside_never_pruned_or_overwritten(run_dir):
     corrupt = flip_a_byte(run_dir / "checkpoints" / "step_00000009")
     # keep_checkpoints=1 prunes all but the newest; checkpoint_every=3 writes a step 9 of its own.
-    r = run_cli("train", "--resume", run_dir, "train.max_steps=16", "train.schedule_restart=true",
-                "run.keep_checkpoints=1", "run.checkpoint_every=3")
+    r = run_here("train", "--resume", run_dir, "train.max_steps=16", "train.schedule_restart=true",
+                 "run.keep_checkpoints=1", "run.checkpoint_every=3")
     assert r.returncode == 0, r.stderr
     assert "step_00000009" in r.stderr and "corrupt" in r.stderr
     assert "resumed from" in r.stdout and "step 8" in r.stdout
@@ -167,7 +167,7 @@ def test_a_corrupt_checkpoint_is_set_aside_never_pruned_or_overwritten(run_dir):
 
 def test_a_missing_manifest_is_named_not_skipped_silently(run_dir):
     (run_dir / "checkpoints" / "step_00000009" / "manifest.json").unlink()
-    r = run_cli("train", "--resume", run_dir, "debug.stop_after_step=10")
+    r = run_here("train", "--resume", run_dir, "debug.stop_after_step=10")
     assert r.returncode == 0, r.stderr
     assert "step_00000009" in r.stderr and "manifest.json" in r.stderr
     assert "resumed from" in r.stdout and "step 8" in r.stdout
@@ -178,7 +178,7 @@ def test_an_empty_manifest_does_not_vouch_for_a_tampered_trainer_state(run_dir):
     (step9 / "manifest.json").write_text(json.dumps({"step": 9, "files": {}}))
     trainer = json.loads((step9 / "trainer.json").read_text())
     (step9 / "trainer.json").write_text(json.dumps({**trainer, "step": 7}))
-    r = run_cli("train", "--resume", run_dir, "debug.stop_after_step=10")
+    r = run_here("train", "--resume", run_dir, "debug.stop_after_step=10")
     assert r.returncode == 0, r.stderr
     assert "step_00000009" in r.stderr and "trainer.json" in r.stderr
     assert "resumed from" in r.stdout and "step 8" in r.stdout
@@ -226,7 +226,7 @@ def test_a_fresh_run_sets_an_old_history_aside(prepared, tmp_path):
 
 def test_resume_into_another_run_dir_is_refused(run_dir, tmp_path):
     other = tmp_path / "other"
-    r = run_cli("train", "--resume", run_dir, f"run.dir={other}")
+    r = run_here("train", "--resume", run_dir, f"run.dir={other}")
     one_line(r, "run.dir", run_dir)
     assert not other.exists()
 
@@ -239,8 +239,8 @@ def test_stray_entries_in_checkpoints_are_ignored_with_one_warning(run_dir):
     (root / "step_00000099").mkdir()
     (root / "step_00000099" / "junk.bin").write_bytes(os.urandom(100))
     (root / "notes.txt").write_text("a user's note")
-    r = run_cli("train", "--resume", run_dir, "train.max_steps=16", "train.schedule_restart=true",
-                "run.keep_checkpoints=1")
+    r = run_here("train", "--resume", run_dir, "train.max_steps=16", "train.schedule_restart=true",
+                 "run.keep_checkpoints=1")
     assert r.returncode == 0, r.stderr
     assert "resumed from" in r.stdout and "step 9" in r.stdout
     stray = [x for x in r.stderr.splitlines() if "step_00000006_backup" in x]
@@ -270,5 +270,5 @@ def test_a_model_too_big_for_the_host_is_refused_before_it_is_allocated(prepared
 @pytest.mark.parametrize("text", ["", "{}\n", "[not, a, mapping]\n", "model: {hidden_size: [\n"])
 def test_a_broken_run_config_names_the_file_and_the_copy_to_recover_from(run_dir, text):
     (run_dir / "config.yaml").write_text(text)
-    r = run_cli("train", "--resume", run_dir)
+    r = run_here("train", "--resume", run_dir)
     one_line(r, run_dir / "config.yaml", "step_00000009/config.yaml")

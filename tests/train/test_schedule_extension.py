@@ -5,7 +5,7 @@ train.schedule_restart=true; inverse_sqrt has no end and goes on unchanged."""
 import json
 import pytest
 
-from support import finished_run, run_cli, tiny
+from support import finished_run, run_here, tiny
 
 pytest.importorskip("torch")
 
@@ -26,7 +26,7 @@ def test_a_finished_wsd_run_extended_keeps_its_stable_lr_and_decays_anew_at_the_
     # 12 steps, lr 3e-3, the decay over the last 3 (steps 10-12) down to 3e-4.
     finished_run(run_dir, *tiny(prepared, run_dir, "train.schedule=wsd", "train.decay_fraction=0.25"))
     assert lrs(run_dir)[12] == pytest.approx(3e-4)
-    r = run_cli("train", "--resume", run_dir, "train.max_steps=20")
+    r = run_here("train", "--resume", run_dir, "train.max_steps=20")
     assert r.returncode == 0, r.stderr
     lr = lrs(run_dir)
     # 20 steps: the decay is the last 5 (steps 16-20); steps 13-15 are back at the stable LR.
@@ -43,12 +43,12 @@ def test_a_cosine_run_lengthened_is_refused_in_one_line_unless_schedule_restart(
     run_dir = tmp_path / "run"
     finished_run(run_dir, *tiny(prepared, run_dir))  # cosine, 12 steps
     before = sorted(p.name for p in (run_dir / "checkpoints").iterdir()), (run_dir / "config.yaml").read_text()
-    r = run_cli("train", "--resume", run_dir, "train.max_steps=16")
+    r = run_here("train", "--resume", run_dir, "train.max_steps=16")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "train.schedule_restart=true" in r.stderr and "Traceback" not in r.stderr
     assert (sorted(p.name for p in (run_dir / "checkpoints").iterdir()), (run_dir / "config.yaml").read_text()) \
         == before
-    r = run_cli("train", "--resume", run_dir, "train.max_steps=16", "train.schedule_restart=true")
+    r = run_here("train", "--resume", run_dir, "train.max_steps=16", "train.schedule_restart=true")
     assert r.returncode == 0, r.stderr
     from pretrain.plan.schedule import learning_rate
 
@@ -64,7 +64,7 @@ def test_a_cosine_run_lengthened_is_refused_in_one_line_unless_schedule_restart(
 def test_a_linear_run_interrupted_and_shortened_is_refused_too(prepared, tmp_path):
     run_dir = tmp_path / "run"
     finished_run(run_dir, *tiny(prepared, run_dir, "train.schedule=linear", "debug.stop_after_step=4"))
-    r = run_cli("train", "--resume", run_dir, "train.max_steps=8")
+    r = run_here("train", "--resume", run_dir, "train.max_steps=8")
     assert r.returncode == 2 and "train.schedule_restart" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 

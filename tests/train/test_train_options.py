@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from support import needs_compiler, run_cli, tiny
+from support import needs_compiler, run_cli, run_here, tiny
 
 torch = pytest.importorskip("torch")
 
@@ -24,7 +24,7 @@ def train_lines(run_dir):
 ], ids=["fp16-scaler", "bf16-adafactor", "bf16-mixed-full-sgd", "gpt2-selective-wsd"])
 def test_precisions_and_options_train(prepared, tmp_path, extra):
     run_dir = tmp_path / "run"
-    r = run_cli("train", *tiny(prepared, run_dir, "stability.spike_detection=false", *extra))
+    r = run_here("train", *tiny(prepared, run_dir, "stability.spike_detection=false", *extra))
     assert r.returncode == 0, r.stderr
     lines = train_lines(run_dir)
     assert len(lines) == 12 and all(x["loss"] == x["loss"] for x in lines)  # no NaN
@@ -56,7 +56,7 @@ def test_compiled_step_trains_like_eager(prepared, tmp_path):
 def test_batch_ramp_grows_the_global_batch(prepared, tmp_path):
     run_dir = tmp_path / "run"
     # Target 4 micro-batches x 4 x 32 = 512 tokens per step, from 128 over the first 2,048 tokens.
-    r = run_cli("train", *tiny(prepared, run_dir, "train.grad_accum_steps=4", "train.batch_ramp_tokens=2048",
+    r = run_here("train", *tiny(prepared, run_dir, "train.grad_accum_steps=4", "train.batch_ramp_tokens=2048",
                                "train.batch_ramp_start=128"))
     assert r.returncode == 0, r.stderr
     batches = [x["batch_tokens"] for x in train_lines(run_dir)]
@@ -85,7 +85,7 @@ def test_batch_ramp_grows_the_global_batch(prepared, tmp_path):
     (["train.grad_dtype=same", "train.precision=bf16-mixed"], "train.grad_dtype"),
 ])
 def test_config_errors_are_one_line(prepared, tmp_path, args, key):
-    r = run_cli("train", *tiny(prepared, tmp_path / "run", *args))
+    r = run_here("train", *tiny(prepared, tmp_path / "run", *args))
     assert r.returncode == 2, r.stderr
     (line,) = r.stderr.strip().splitlines()
     assert key in line and "Traceback" not in r.stderr
@@ -95,7 +95,7 @@ def test_config_errors_are_one_line(prepared, tmp_path, args, key):
 @pytest.mark.parametrize("extra", [[], ["parallel.gpus=2"]])  # the check of every config, and the trainer's
 def test_a_layout_for_more_processes_says_to_launch_them_with_torchrun(prepared, tmp_path, extra):
     # A config's parallel.gpus is what the planner plans; `pretrain train` runs the processes it is given.
-    r = run_cli("train", *tiny(prepared, tmp_path / "run", "parallel.pipeline=2", *extra))
+    r = run_here("train", *tiny(prepared, tmp_path / "run", "parallel.pipeline=2", *extra))
     assert r.returncode == 2, r.stderr
     (line,) = r.stderr.strip().splitlines()
     assert "launch with `torchrun --nproc-per-node 2 -m pretrain train ...`" in line, line
@@ -103,7 +103,7 @@ def test_a_layout_for_more_processes_says_to_launch_them_with_torchrun(prepared,
 
 
 def test_missing_or_mismatched_data_directory(prepared, tmp_path):
-    r = run_cli("train", *tiny(tmp_path / "nowhere", tmp_path / "run"))
+    r = run_here("train", *tiny(tmp_path / "nowhere", tmp_path / "run"))
     assert r.returncode == 2 and "nowhere" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     import shutil
 
@@ -111,16 +111,16 @@ def test_missing_or_mismatched_data_directory(prepared, tmp_path):
     shutil.copytree(prepared, broken)
     with open(broken / "train.bin", "ab") as f:
         f.write(b"\0\0")  # one token more than meta.json says
-    r = run_cli("train", *tiny(broken, tmp_path / "run2"))
+    r = run_here("train", *tiny(broken, tmp_path / "run2"))
     assert r.returncode == 2 and "train.bin" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
 def test_a_new_run_never_overwrites_an_old_one(prepared, tmp_path):
     run_dir = tmp_path / "run"
-    assert run_cli("train", *tiny(prepared, run_dir, "train.max_steps=3")).returncode == 0
+    assert run_here("train", *tiny(prepared, run_dir, "train.max_steps=3")).returncode == 0
     # The lock file aside: each trainer writes its PID there.
     before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and p.name != ".lock"}
-    r = run_cli("train", *tiny(prepared, run_dir, "train.max_steps=3", "train.lr=0.5"))
+    r = run_here("train", *tiny(prepared, run_dir, "train.max_steps=3", "train.lr=0.5"))
     assert r.returncode == 2 and "--resume" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and p.name != ".lock"} == before
 
@@ -130,7 +130,7 @@ def test_a_validation_split_too_small_fails_before_training(prepared, tmp_path):
 
     root = prepared.parent
     prepare([str(root / "corpus")], str(root / "tokenizer"), tmp_path / "data", val_fraction=0.0, workers=1)
-    r = run_cli("train", *tiny(tmp_path / "data", tmp_path / "run"))
+    r = run_here("train", *tiny(tmp_path / "data", tmp_path / "run"))
     assert r.returncode == 2 and "val split" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "run").exists()
 

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from support import run_cli, tiny
+from support import run_here, tiny
 
 torch = pytest.importorskip("torch")
 
@@ -16,7 +16,7 @@ METRIC_KEYS = {"step", "tokens", "loss", "lr", "batch_tokens", "grad_norm", "tok
 def run(prepared, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("run") / "run"
     # hardware.mfu 0.9 is beyond what runs reach: the plan warns, and the run must say so too.
-    r = run_cli("train", *tiny(prepared, run_dir, "train.max_steps=24", "train.lr=1e-2", "hardware.mfu=0.9"))
+    r = run_here("train", *tiny(prepared, run_dir, "train.max_steps=24", "train.lr=1e-2", "hardware.mfu=0.9"))
     assert r.returncode == 0, r.stderr
     return run_dir, r.stdout
 
@@ -90,7 +90,7 @@ def test_checkpoints_are_kept_and_load(run):
 def test_resume_of_a_finished_run_does_nothing_more(run, prepared):
     run_dir, _ = run
     before = (run_dir / "metrics.jsonl").read_text()
-    r = run_cli("train", "--resume", run_dir)
+    r = run_here("train", "--resume", run_dir)
     assert r.returncode == 0, r.stderr
     after = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text()[len(before):].splitlines()]
     assert all("loss" not in r for r in after)  # no training step, only the final evaluation
@@ -118,7 +118,7 @@ def test_tokens_per_s_is_wall_clock_between_metrics_lines(prepared, tmp_path):
     # (each line's "time" is stamped as it is written, a moment after the clock is read: 3% covers that).
     # Timing step() alone, as before, gave 3.7x this figure here (6,678 tokens/s for 1,822).
     run_dir = tmp_path / "run"
-    r = run_cli("train", *tiny(prepared, run_dir, "train.max_steps=8", "run.log_every=2", "run.eval_every=0",
+    r = run_here("train", *tiny(prepared, run_dir, "train.max_steps=8", "run.log_every=2", "run.eval_every=0",
                                "debug.step_sleep=0.1"))
     assert r.returncode == 0, r.stderr
     train = [x for x in lines(run_dir / "metrics.jsonl") if "loss" in x]
