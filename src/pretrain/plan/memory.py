@@ -156,7 +156,7 @@ def _moe_fit(cfg, st, usable: int | None, ex: Explain) -> dict:
     the step still fits (bisected over plan.routing_imbalance: each phase grows with it, linearly)."""
     m, par, f = cfg.model, cfg.parallel, cfg.plan.routing_imbalance
     load = routed_load(m, par, f)
-    ex.add("memory", "routed load", load, f"the busiest rank's routed tokens / b*s*k: " + (
+    ex.add("memory", "routed load", load, "the busiest rank's routed tokens / b*s*k: " + (
         f"plan.routing_imbalance {f} (expert parallel {par.expert}: {m.num_experts // par.expert} experts a rank)"
         if par.expert > 1 else "1: every expert on the rank computes the b*s*k routed tokens, whatever the imbalance"))
     out = dict(expert_parallel=par.expert, experts_per_rank=m.num_experts // par.expert, routing_imbalance=f,
