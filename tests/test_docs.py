@@ -129,7 +129,7 @@ def test_the_what_trains_table_is_the_trainers_own_check():
 
 def _documented_train_commands():
     """Every `... -m pretrain train ...` command of docs/*.md with a literal world size, continuation lines
-    joined: (where, world, its parallel.* and train.* overrides)."""
+    joined: (where, world, its parallel.* and train.* overrides and its model.preset)."""
     import re
     import shlex
 
@@ -144,12 +144,14 @@ def _documented_train_commands():
                 continue  # a world size from the scheduler ($SLURM_NNODES): not one layout
             flag = {w: int(n) for w, n in flag.items()}
             world = flag.get("--nproc-per-node", 1) * flag.get("--nnodes", 1)
-            items = [w for w in words[words.index("train") + 1:] if re.fullmatch(r"(parallel|train)\.\w+=[\w.-]+", w)]
+            items = [w for w in words[words.index("train") + 1:]
+                     if re.fullmatch(r"(parallel|train)\.\w+=[\w.-]+|model\.preset=[\w.-]+", w)]
             yield f"{path.name}: {line.strip()[:60]}", world, items
 
 
 def test_every_documented_train_command_is_one_the_trainer_accepts():
-    # The layouts the docs launch with torchrun, on a LLaMA model of 32 heads (8 key/value heads), 32 layers.
+    # The layouts the docs launch with torchrun, on a LLaMA model of 32 heads (8 key/value heads), 32 layers,
+    # or on the preset the command names.
     from pretrain.config.trainable import check_trainable
     from pretrain.errors import ConfigError
 

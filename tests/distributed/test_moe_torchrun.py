@@ -1,10 +1,13 @@
-"""The tiny Mixture-of-Experts under a real torchrun on the CPU (gloo, 2 processes, FSDP2): the same losses
-and weights as one process with the same global batch, and the same routing biases, which every rank moves
-from the expert counts summed over the ranks."""
+"""The tiny Mixture-of-Experts under a real torchrun on the CPU (gloo, 2 processes): FSDP2 gives the same
+losses and weights as one process with the same global batch, and the same routing biases, which every rank
+moves from the expert counts summed over the ranks; expert parallelism (each rank 4 of the 8 experts, tokens
+exchanged by all-to-all) gives the same losses, and its checkpoint resumes in one process."""
+
+import json
 
 import pytest
 
-from support import finished_run, finished_torchrun, losses, params
+from support import finished_run, finished_torchrun, losses, params, run_cli
 
 torch = pytest.importorskip("torch")
 
@@ -21,9 +24,14 @@ def settings(prepared, run_dir, micro_batch, *extra):
             "run.eval_every=0", "run.checkpoint_every=4", "run.progress=false", "hardware.peak_tflops=0.05", *extra]
 
 
+@pytest.fixture(scope="module")
+def single(prepared, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("single")
+    return finished_run(run_dir, *settings(prepared, run_dir, 8))
+
+
 @pytest.mark.skipif(torch_version_tuple(torch.__version__) < FSDP_CPU_TORCH, reason="FSDP2 on CPUs needs torch 2.9")
-def test_fsdp_matches_one_process(prepared, tmp_path):
-    single = finished_run(tmp_path / "single", *settings(prepared, tmp_path / "single", 8))
+def test_fsdp_matches_one_process(prepared, single, tmp_path):
     finished_torchrun(*settings(prepared, tmp_path / "fsdp", 4, "parallel.zero_stage=3"))
     a, b = losses(single), losses(tmp_path / "fsdp")
     assert a.keys() == b.keys()
@@ -34,3 +42,24 @@ def test_fsdp_matches_one_process(prepared, tmp_path):
         torch.testing.assert_close(pb[k], pa[k], rtol=1e-5, atol=3e-5)
     bias = pb["blocks.1.mlp.expert_bias"]
     assert bias.abs().sum() > 0 and torch.equal(bias, pa["blocks.1.mlp.expert_bias"])
+
+
+def test_expert_parallel_matches_one_process_and_resumes_in_one(prepared, single, tmp_path):
+    # EP=2 x DP=2 on 2 processes (one expert-parallel group) for 3 steps, then its checkpoint (experts gathered
+    # to the full [E, ...]) resumed at EP=1 in one process for step 4: the losses of one process throughout.
+    ep = tmp_path / "ep"
+    finished_torchrun(*settings(prepared, ep, 4, "parallel.expert=2", "debug.stop_after_step=3"))
+    report = json.loads((ep / "plan_vs_run.json").read_text())
+    held = next(r for r in report["rows"] if r["name"] == "parameters")
+    sizes = report["plan"]["params"]
+    assert held["measured"] == held["planned"] == 4 * (sizes["total"] - sizes["routed_experts"] // 2)  # E/2 each
+    r = run_cli("train", "--resume", ep, "debug.stop_after_step=0", "train.micro_batch_size=8", "parallel.expert=1")
+    assert r.returncode == 0, r.stderr
+    assert "resumed from" in r.stdout
+    a, b = losses(single), losses(ep)
+    assert a.keys() == b.keys() == {1, 2, 3, 4}
+    assert all(b[k] == pytest.approx(a[k], rel=1e-4) for k in a), (a, b)
+    pa, pb = params(single), params(ep)
+    assert pb["blocks.1.mlp.experts.up"].shape == pa["blocks.1.mlp.experts.up"].shape
+    for k in pa:
+        torch.testing.assert_close(pb[k], pa[k], rtol=1e-4, atol=1e-4)

@@ -55,6 +55,7 @@ GPT2 = ("model.family=gpt2", "model.num_kv_heads=4", "model.qk_norm=false")
     (("parallel.pipeline=2", "parallel.gpus=2"), "tensor or pipeline"),
     (("train.activation_checkpointing=full",), "train.activation_checkpointing"),
     (("train.compile=true",), "train.compile"),
+    (("parallel.expert=2", "parallel.gpus=2", "parallel.zero_stage=1"), "parallel.expert"),
     (("model.experts_per_token=9",), "model.experts_per_token"),
 ])
 def test_what_is_not_built_is_refused_in_one_line(overrides, named):

@@ -167,7 +167,7 @@ class ParallelConfig:
     pipeline: int = doc(1, "pipeline-parallel degree (docs/parallel.md)")
     expert: int = doc(1, "expert-parallel degree (MoE): the routed experts are split over groups of this many "
                       "data-parallel ranks, tokens exchanged by all-to-all; it divides model.num_experts and the "
-                      "data-parallel degree (docs/moe.md)", trains=(1,))
+                      "data-parallel degree (docs/moe.md)")
     zero_stage: int = doc(0, "0 (DDP) | 1 (optimizer states sharded) | 2 (+ gradients) | 3 (+ weights, FSDP2)",
                           (0, 1, 2, 3))
     sequence_parallel: bool = doc(False, "shard norm/dropout activations over the tensor-parallel group")

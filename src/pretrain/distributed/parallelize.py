@@ -278,6 +278,8 @@ def parallelize(model, config, rt: Runtime) -> Parallelized:
         from .data_parts import TensorDDP, TensorZeRO1
 
         engine = TensorZeRO1 if config.parallel.zero_stage == 1 else TensorDDP
+    elif layout.data > 1 and config.parallel.expert > 1:
+        from .expert_parallel import ExpertDDP as engine
     elif layout.data > 1:
         engine = FSDP if config.parallel.fsdp else ZeRO1 if config.parallel.zero_stage == 1 else DDP
     par = engine(model, config, rt, mesh)

@@ -1,0 +1,162 @@
+"""Expert parallelism (`parallel.expert` = ep): the routed experts sharded over groups of ep data-parallel
+ranks, each rank holding E/ep of every MoE layer's experts, tokens sent to the owning rank and back with
+all-to-all (GShard's dispatch and combine, Lepikhin et al. 2020).
+
+Groups (data ranks numbered 0..dp-1; tensor and pipeline are 1 with MoE):
+  expert-parallel group        ranks g*ep .. g*ep + ep-1: together they hold all E experts, rank i of the
+                               group experts i*E/ep .. (i+1)*E/ep - 1;
+  expert-data-parallel group   the dp/ep ranks with the same experts (rank % ep equal): they average those
+                               experts' gradients.
+Everything but the routed experts stays plain DDP over all dp ranks (DDP ignores the expert tensors).
+
+Dispatch, per MoE layer: the router runs on every rank over all E experts and sorts its (token, expert) pairs
+by expert (model/moe.py), so the pairs for each owning rank are one contiguous slice; one all-to-all of the
+per-expert counts tells every rank how many rows it receives, a second moves the rows, the owner runs its
+experts on them (re-sorted by expert), and a third all-to-all sends the outputs back in the sender's order.
+The all-to-all is differentiable (its backward is the reverse all-to-all), so an expert's gradient sums every
+group rank's tokens' contributions.
+
+Gradient scale: DDP averages each gradient over the dp ranks. An expert's gradient on its owner already sums
+the ep ranks of its group; summed over the expert-data-parallel group it sums all dp ranks, so it is divided
+by dp: the same mean as one process over the global batch. The global norm for clipping counts each expert
+shard once: the replicated parameters' squared norm plus the sum over the expert-parallel group of the
+shards' squared norms.
+
+Checkpoints stay canonical: `state_dict` gathers every expert tensor (weights and optimizer moments) to the
+full [E, ...] over the expert-parallel group, and `load_state_dict` keeps this rank's slice, so a checkpoint
+written at one ep loads at any other (and in one process).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..model.moe import Experts, moe_layers
+from .parallelize import DDP
+
+
+class _AllToAll(torch.autograd.Function):
+    """all_to_all_single of rows with uneven splits; backward is the same exchange reversed."""
+
+    @staticmethod
+    def forward(ctx, x, out_splits, in_splits, group):
+        ctx.splits, ctx.group = (out_splits, in_splits), group
+        out = x.new_empty((sum(out_splits), *x.shape[1:]))
+        dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        out_splits, in_splits = ctx.splits
+        return _AllToAll.apply(grad, in_splits, out_splits, ctx.group), None, None, None
+
+
+class ShardedExperts(Experts):
+    """This rank's E/ep experts of one layer (the same parameter names as `Experts`), called with every
+    expert's pairs of this rank: it dispatches them to their owners and returns their outputs in order."""
+
+    def __init__(self, full: Experts, group, rank: int, size: int):
+        nn.Module.__init__(self)
+        n = full.up.shape[0] // size
+        own = slice(rank * n, (rank + 1) * n)
+        self.up = nn.Parameter(full.up.detach()[own].clone())
+        self.down = nn.Parameter(full.down.detach()[own].clone())
+        self.grouped, self.group, self.size = full.grouped, group, size
+
+    def forward(self, x, counts):
+        """x: (pairs, H) sorted by expert over all E, counts[e] of them expert e's -> (pairs, H)."""
+        n = self.up.shape[0]
+        received = torch.empty_like(counts).view(self.size, n)
+        dist.all_to_all_single(received, counts.view(self.size, n), group=self.group)  # [source, own expert]
+        send = counts.view(self.size, n).sum(1).tolist()
+        recv = received.sum(1).tolist()
+        rows = _AllToAll.apply(x, recv, send, self.group)  # ordered by source, then expert
+        expert = torch.arange(n, device=x.device).repeat(self.size).repeat_interleave(received.flatten())
+        order = expert.argsort(stable=True)  # by expert, then source
+        out = super().forward(rows[order], received.sum(0))
+        return _AllToAll.apply(out[order.argsort()], send, recv, self.group)
+
+
+def expert_groups(world: int, ep: int):
+    """(this rank's expert-parallel group, its expert-data-parallel group, its rank in the first). Every
+    rank creates every group (new_group is collective)."""
+    rank = dist.get_rank()
+    ep_group = edp_group = None
+    for g in range(world // ep):
+        group = dist.new_group(list(range(g * ep, (g + 1) * ep)))
+        if rank // ep == g:
+            ep_group = group
+    for i in range(ep):
+        group = dist.new_group(list(range(i, world, ep)))
+        if rank % ep == i:
+            edp_group = group
+    return ep_group, edp_group, rank % ep
+
+
+def expert_names(module) -> set[str]:
+    return {n for n, p in module.named_parameters() if ".experts." in n}
+
+
+class ExpertDDP(DDP):
+    """DDP over all ranks for everything but the routed experts, which are sharded over expert-parallel
+    groups (see the module docstring)."""
+
+    def __init__(self, module, config, rt, mesh=None):
+        self.ep = config.parallel.expert
+        self.ep_group, self.edp_group, ep_rank = expert_groups(rt.world_size, self.ep)
+        for moe in moe_layers(module):
+            moe.experts = ShardedExperts(moe.experts, self.ep_group, ep_rank, self.ep)
+        self.experts = expert_names(module)
+        from torch.nn.parallel import DistributedDataParallel
+
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(module, sorted(self.experts))
+        super().__init__(module, config, rt, mesh)
+
+    def _expert_params(self, want: bool) -> list:
+        return [p for n, p in self.module.named_parameters() if (n in self.experts) == want and p.grad is not None]
+
+    @contextlib.contextmanager
+    def no_sync(self, last: bool):
+        with super().no_sync(last):
+            yield
+        if last:  # DDP averaged the rest; the experts: summed over their data-parallel group, over dp
+            for p in self._expert_params(True):
+                dist.all_reduce(p.grad, group=self.edp_group)
+                p.grad /= self.rt.world_size
+
+    def clip(self, max_norm: float) -> torch.Tensor:
+        dense, experts = self._expert_params(False), self._expert_params(True)
+        sq = torch.nn.utils.get_total_norm([p.grad for p in experts]) ** 2
+        dist.all_reduce(sq, group=self.ep_group)  # each shard once: the group holds every expert once
+        norm = (torch.nn.utils.get_total_norm([p.grad for p in dense]) ** 2 + sq).sqrt()
+        if max_norm > 0:
+            torch.nn.utils.clip_grads_with_norm_(dense + experts, max_norm, norm)
+        return norm
+
+    def state_dict(self) -> dict:
+        sd = super().state_dict()
+        for part in sd.values():
+            for key, value in part.items():
+                if self._is_expert(key, value):
+                    shards = [torch.empty_like(value) for _ in range(self.ep)]
+                    dist.all_gather(shards, value.contiguous(), group=self.ep_group)
+                    part[key] = torch.cat(shards)
+        return sd
+
+    def load_state_dict(self, sd: dict) -> None:
+        rank = dist.get_rank(self.ep_group)
+        for part in sd.values():
+            for key, value in part.items():
+                if self._is_expert(key, value):
+                    n = value.shape[0] // self.ep
+                    part[key] = value[rank * n:(rank + 1) * n].clone()
+        super().load_state_dict(sd)
+
+    def _is_expert(self, key: str, value) -> bool:
+        """A model or optimizer-state tensor of a routed-expert parameter ("state.NAME.exp_avg", "NAME")."""
+        name = key.removeprefix("state.").rsplit(".", 1)[0] if key.startswith("state.") else key
+        return name in self.experts and isinstance(value, torch.Tensor) and value.dim() > 0
