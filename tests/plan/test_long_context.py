@@ -4,7 +4,6 @@ sequence under SDPA and the chunked loss, and the long-context advice (docs/advi
 import pytest
 
 from pretrain.config import load_config
-from pretrain.errors import ConfigError
 from pretrain.plan import make_plan
 from pretrain.plan.advice import context_advice
 from pretrain.plan.fit import fit

@@ -105,7 +105,7 @@ def fit(config, top: int = 10) -> dict:
     scored.sort(key=lambda s: s[0])
 
     candidates, best = [], None
-    for seconds, overrides, step in scored:
+    for _seconds, overrides, _step in scored:
         if len(candidates) >= top:
             break
         p = plan_with_explain(replaced(config, overrides), advice=False)[0]  # exactly what `pretrain plan` says
@@ -119,7 +119,7 @@ def fit(config, top: int = 10) -> dict:
         best = best or st
     # The others that fit, each layout once (at its fastest micro-batch): why they lost to the fastest.
     seen = {_layout_key(c["overrides"]) for c in candidates}
-    for seconds, overrides, step in scored:
+    for _seconds, overrides, step in scored:
         if _layout_key(overrides) not in seen and best is not None:
             seen.add(_layout_key(overrides))
             rejected.append({"overrides": overrides, "why": f"slower: {step['tokens_per_second']:,.0f} tokens/s, "
@@ -233,7 +233,8 @@ def render(config, result: dict, shown: int = 10, command: str = "pretrain plan 
             lines.append(f"    {len(rs):>4} x {reason}; e.g. {_short(rs[0]['overrides'])}: {example}")
     lines += [""] * bool(result.get("advice")) + [f"  ! {line}" for line in result.get("advice", [])]
     if result["candidates"]:
-        lines += ["", f"  The fastest, to plan or train: {command} " + command_line(result["candidates"][0]["overrides"]),
+        lines += ["", f"  The fastest, to plan or train: {command} "
+                  + command_line(result["candidates"][0]["overrides"]),
                   "  (step-time model: pretrain.plan.step_time; --explain prints its terms for the fastest)"]
     return "\n".join(lines)
 

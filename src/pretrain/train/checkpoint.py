@@ -11,7 +11,8 @@ Layout of RUN_DIR/checkpoints/step_00000100/:
 A checkpoint is written into `step_N.tmp/` and renamed to `step_N/` only when complete, so a crash at any
 moment leaves either the previous checkpoint or a `.tmp` directory that the next run deletes.
 
-Every reader (resume, rollback, export, generate, `load_model`: train/resume.py) goes through `verify`: the manifest must exist,
+Every reader (resume, rollback, export, generate, `load_model`: train/resume.py) goes through `verify`: the manifest
+must exist,
 list every file the format requires and every file present, and each must match its size and sha256. A
 corrupt checkpoint is never used, deleted or written over: a resume takes the newest one that verifies and
 renames the corrupt ones after it to `step_N.corrupt/` (kept for a person to look at); when none verifies,

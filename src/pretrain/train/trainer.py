@@ -23,16 +23,15 @@ from ..data.documents import check_document_index
 from ..data.token_files import DataChanged
 from ..distributed.fp8 import check_installed as check_fp8_installed
 from ..errors import UsageError
+from ..files import write_atomic
 from ..lock import exclusive_lock
 from ..model.documents import documents_of_run
-from ..files import write_atomic
 from ..plan import make_plan
 from ..plan.budget import training_length
 from ..plan.params import count_params
 from ..plan.schedule import learning_rate, micro_batches_per_step, resumed_schedule
 from . import checkpoint as ckpt
-from . import resume
-from . import plan_check
+from . import plan_check, resume
 from .attention import kernel_context
 from .callbacks import default_callbacks
 from .callbacks.evaluation import evaluate
@@ -43,8 +42,8 @@ from .checkpointer import Checkpointer
 from .data_changes import stopped_by_data_change
 from .loggers import check_installed
 from .metrics import TrainingLog
-from .preflight import check_fits_device, set_aside_history
 from .prefetch import Prefetcher
+from .preflight import check_fits_device, set_aside_history
 from .step import StepResult, pipeline_train_step, train_step
 
 
