@@ -33,7 +33,7 @@ from torch.distributed.tensor import DTensor
 from ..plan.stages import chunk_indices, chunks_per_stage, stage_layers
 from .data_parts import DataParts
 from .data_parts import local as _local
-from .parallelize import Parallelized
+from .engines import Parallelized
 
 
 class StageModule(nn.Module):
