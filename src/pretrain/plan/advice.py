@@ -21,6 +21,7 @@ Rules that describe large-scale practice (tokens, batch, lr, warm-up, bandwidth)
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from ..config.schema import shown_value
 from ..gpus import COMPUTE_DTYPE, gpu_spec
@@ -71,7 +72,7 @@ LR_REFERENCE = _lr_reference()
 BATCH_REFERENCE = [(n, batch) for n, batch, _ in GPT3]
 
 
-def loglog(points: list[tuple[float, float]], x: float) -> float:
+def loglog(points: Sequence[tuple[float, float]], x: float) -> float:
     """Interpolate y(x) linearly in log-log space; constant beyond the ends of the table."""
     if x <= points[0][0]:
         return points[0][1]

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 import re
+from typing import cast
 
 from ..config import replaced
 from ..config.schema import RECOMPUTE
@@ -164,7 +165,8 @@ def _search(config, split: dict, offload: str, counts, peak: float, rejected: li
             fl = flops(c, counts, 1, Explain())
             for b in _divisors(per_rank, largest):
                 overrides = {**layout, "train.micro_batch_size": b, "train.grad_accum_steps": per_rank // b}
-                step = step_time(replaced(c, overrides), counts, fl, peak)
+                # a dict, not None: fit refused to search without a peak
+                step = cast(dict, step_time(replaced(c, overrides), counts, fl, peak))
                 out.append((step["seconds"], overrides, step))
         if not out:
             break  # the strongest stage the trainer runs does not fit with full recomputation: no lower stage does
