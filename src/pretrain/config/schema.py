@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, get_type_hints
 
 from ..presets import PRESETS
 
@@ -355,7 +355,7 @@ class Config:
 
 
 # The sections by name, read from Config's fields so the list is written once.
-SECTIONS: dict[str, type] = {f.name: f.default_factory for f in dataclasses.fields(Config)}  # type: ignore[misc]
+SECTIONS: dict[str, type] = get_type_hints(Config)
 
 
 def compile_enabled(compile_setting: bool | str, device_type: str) -> bool:
