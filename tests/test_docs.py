@@ -100,7 +100,8 @@ def _what_trains() -> str:
     from pretrain.config.trainable import check_trainable
     from pretrain.errors import ConfigError
 
-    lines = ["| tensor | pipeline | tied embeddings | ZeRO 0 | ZeRO 1 | ZeRO 2 | ZeRO 3 |", "|---|---|---|---|---|---|---|"]
+    lines = ["| tensor | pipeline | tied embeddings | ZeRO 0 | ZeRO 1 | ZeRO 2 | ZeRO 3 |",
+             "|---|---|---|---|---|---|---|"]
     for tensor in (1, 2):
         for pipeline in (1, 2):
             for tied in ("no", "yes"):

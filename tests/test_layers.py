@@ -39,12 +39,17 @@ def module_name(path: Path, root: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imported_modules(path: Path, root: Path) -> set[str]:
-    """Every module of `root`'s package that `path` imports, anywhere in the file, relative imports resolved."""
+def imported_modules(path: Path, root: Path, module_level: bool = False) -> set[str]:
+    """Every module of `root`'s package that `path` imports, anywhere in the file, relative imports resolved.
+
+    module_level: only the imports that run when the module is imported (not those inside a function, nor under
+    `if TYPE_CHECKING:`), and `from . import step` counts as importing the module step, not its package too.
+    """
     name = module_name(path, root)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    tree = ast.parse(path.read_text(encoding="utf-8"))
     found = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in (_run_on_import(tree) if module_level else ast.walk(tree)):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -53,11 +58,25 @@ def imported_modules(path: Path, root: Path) -> set[str]:
                 module = ".".join(base + ([node.module] if node.module else []))
             else:
                 module = node.module
-            found.add(module)
             # `from .. import precision` imports a module; `from ..config import load_config` a name.
-            found.update(f"{module}.{alias.name}" for alias in node.names
-                         if _is_module(root.parent, f"{module}.{alias.name}"))
+            modules = {f"{module}.{alias.name}" for alias in node.names
+                       if _is_module(root.parent, f"{module}.{alias.name}")}
+            found.update(modules)
+            if not (module_level and len(modules) == len(node.names)):
+                found.add(module)
     return {m for m in found if m.split(".")[0] == root.name}
+
+
+def _run_on_import(node: ast.AST):
+    """The statements that run when a module is imported: not function bodies, not `if TYPE_CHECKING:` blocks."""
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            continue
+        if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+            yield from (n for s in child.orelse for n in [s, *_run_on_import(s)])
+            continue
+        yield child
+        yield from _run_on_import(child)
 
 
 def _is_module(src: Path, dotted: str) -> bool:
@@ -91,6 +110,26 @@ def upward_imports() -> dict[tuple[str, str], set[str]]:
     return bad
 
 
+def import_cycles(module_level: bool = True) -> list[list[str]]:
+    """Each import cycle among src/pretrain's modules, as the modules in it (module_level: see imported_modules)."""
+    graph = {module_name(path, PACKAGE): imported_modules(path, PACKAGE, module_level)
+             for path in sorted(PACKAGE.rglob("*.py"))}
+    cycles, done = [], set()
+    for start in sorted(graph):
+        # depth-first from `start`, through modules after it in order only: each cycle is found once, from its
+        # smallest module
+        stack = [(start, [start])]
+        while stack:
+            module, trail = stack.pop()
+            for target in sorted(graph.get(module, ())):
+                if target == start:
+                    cycles.append(trail)
+                elif target > start and target not in trail and (start, target) not in done:
+                    done.add((start, target))
+                    stack.append((target, [*trail, target]))
+    return cycles
+
+
 def test_every_part_has_a_stage():
     parts = {p.stem if p.is_file() else p.name for p in PACKAGE.iterdir()
              if (p.suffix == ".py" and p.name != "__init__.py") or (p / "__init__.py").is_file()}
@@ -106,6 +145,40 @@ def test_the_reader_sees_relative_and_function_local_imports(tmp_path):
     (root / "low" / "__init__.py").write_text("from .a import f\n")
     assert imported_modules(root / "low" / "a.py", root) == {"pkg.low", "pkg.low.b", "pkg.top"}
     assert imported_modules(root / "low" / "__init__.py", root) == {"pkg.low.a"}
+
+
+def test_module_level_reader_skips_function_bodies_and_type_checking(tmp_path):
+    root = tmp_path / "pkg"
+    root.mkdir()
+    for name in ("__init__.py", "a.py", "b.py", "c.py", "d.py"):
+        (root / name).touch()
+    (root / "a.py").write_text("from typing import TYPE_CHECKING\nfrom . import b\ntry:\n    from .c import x\n"
+                               "except ImportError:\n    pass\nif TYPE_CHECKING:\n    from .d import y\n\n"
+                               "def f():\n    from .d import z\n")
+    assert imported_modules(root / "a.py", root, module_level=True) == {"pkg.b", "pkg.c"}
+
+
+def test_no_import_cycles():
+    """No module imports, at its top level, a module that imports it back, directly or through others.
+
+    A cycle makes the import order matter (the first module half-initialised while the second runs) and the two
+    modules one. Imports inside a function are allowed and not counted: they run after every module is loaded.
+    """
+    assert import_cycles() == [], "import cycles (break each: move the shared name down, or import it in the function)"
+
+
+# Modules that call each other's functions through function-local imports, on purpose: `plan --serve` starts the
+# server from the command, and the server answers with the command's JSON.
+CALL_EACH_OTHER = [["pretrain.plan.command", "pretrain.plan.serve"]]
+
+
+def test_no_function_local_loops_between_modules():
+    """Function-local imports too: two modules that need each other's names are one idea split in two, or share a
+    name that belongs below both (train/state.py, distributed/engines.py, checkpoint.latest_checkpoint). A loop
+    through a package's __init__ is not one: its lazy front door imports its parts when asked."""
+    packages = {module_name(p, PACKAGE) for p in PACKAGE.rglob("__init__.py")}
+    loops = [c for c in import_cycles(module_level=False) if not packages & set(c)]
+    assert loops == CALL_EACH_OTHER
 
 
 def test_the_planner_imports_no_torch():

@@ -46,12 +46,7 @@ def build_parser() -> Parser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     parser.commands = {}  # name -> its parser: an unknown flag is reported by the command it was given to
     for name, module_name in COMMANDS.items():
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as e:
-            if e.name != module_name:
-                raise
-            continue  # a stage not built yet
+        module = importlib.import_module(module_name)
         p = sub.add_parser(name, help=module.HELP, description=module.__doc__,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         module.add_arguments(p)

@@ -19,7 +19,8 @@ MARKER = ".pretrain-demo.json"
 
 
 def add_arguments(p):
-    p.add_argument("items", nargs="*", metavar="KEY=VALUE", help="overrides of the demo config (e.g. train.max_steps=50)")
+    p.add_argument("items", nargs="*", metavar="KEY=VALUE",
+                   help="overrides of the demo config (e.g. train.max_steps=50)")
     p.add_argument("--out", default="demo", help="directory for everything the demo writes (default: ./demo)")
 
 
@@ -77,15 +78,14 @@ def unigram_entropy(data_dir: Path) -> float:
 def run(args) -> int:
     import time
 
+    from .config import replaced
     from .data import prepare, train_tokenizer, write_sample_corpus
     from .data.prepare_command import summary
+    from .files import check_output_dir
     from .plan import make_plan
     from .plan.budget import storage_bytes
     from .plan.table import render
     from .train import train
-
-    from .config import replaced
-    from .files import check_output_dir
 
     out = check_output_dir(args.out, "--out")
     config = demo_config(out, args.items)
@@ -129,8 +129,8 @@ def run(args) -> int:
         print(f"  {f}")
 
     print("\n== 6/6 export to Hugging Face and generate")
-    from .export.hf import export_hf
     from .export.generate import generate_text
+    from .export.hf import export_hf
     from .train import load_model
 
     model = load_model(config.run.dir)

@@ -194,7 +194,7 @@ class StagedDirectory:
         self._replaceable = replaceable
         self._committed = False
 
-    def __enter__(self) -> "StagedDirectory":
+    def __enter__(self) -> StagedDirectory:
         check_output_dir(self.final, self.flag)
         self._lock = writer_lock(self.final, self.flag)  # held until __exit__
         try:

@@ -7,8 +7,8 @@ import torch
 
 from pretrain.bench import bandwidth, matmul, run_bench, write_profile
 from pretrain.bench.run import bench_config, parse_dtypes
-from pretrain.distributed.runtime import resolve_device
 from pretrain.config import load_config
+from pretrain.distributed.runtime import resolve_device
 from pretrain.errors import UsageError
 from pretrain.plan import make_plan
 from pretrain.plan.hardware import load_profile

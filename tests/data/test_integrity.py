@@ -8,13 +8,12 @@ import shutil
 
 import numpy as np
 import pytest
+from test_windows import SEQ, edit_meta, write_prepared
 
 from pretrain.config import load_config
-from pretrain.data import PreparedData, RandomWindows, SequentialWindows, open_training_data
-from pretrain.data import loader
+from pretrain.data import PreparedData, RandomWindows, SequentialWindows, loader, open_training_data
 from pretrain.errors import ConfigError, UsageError
 from support import run_here, tiny
-from test_windows import SEQ, edit_meta, write_prepared
 
 
 def corrupt(path, offset: int, data: bytes) -> None:

@@ -7,8 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from pretrain.data import PreparedData, find_tokenizer, prepare
-from pretrain.data import pipeline
+from pretrain.data import PreparedData, find_tokenizer, pipeline, prepare
 from pretrain.data.readers import Corpus, ReadOptions
 from pretrain.data.sources import find_files
 from pretrain.plan.budget import storage_bytes

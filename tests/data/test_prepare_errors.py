@@ -9,8 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from pretrain.data import PreparedData, find_tokenizer, prepare
-from pretrain.data import pipeline
+from pretrain.data import PreparedData, find_tokenizer, pipeline, prepare
 from pretrain.errors import UsageError
 
 

@@ -253,7 +253,7 @@ def test_a_file_name_that_is_not_utf8(tmp_path, bpe_dir, cli):
     corpus.mkdir()
     name = os.fsencode(corpus) + b"/caf\xe9.txt"  # Latin-1 bytes: not a UTF-8 file name
     with open(name, "wb") as f:
-        f.write("a document under a Latin-1 name".encode())
+        f.write(b"a document under a Latin-1 name")
     r = cli("prepare", "--input", corpus, "--tokenizer", bpe_dir, "--out", tmp_path / "out", "--val-fraction", 0)
     assert r.returncode == 0, r.stderr
     meta = json.loads((tmp_path / "out" / "meta.json").read_text(encoding="utf-8"))

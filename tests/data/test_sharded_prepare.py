@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
+from test_prepare_reliability import snapshot
 
 from pretrain.data.loader import PreparedData, RandomWindows
 from pretrain.data.readers import render_encyclopedia
@@ -24,7 +25,6 @@ from pretrain.data.sharded import PARTIAL_MARK, split_files
 from pretrain.errors import UsageError
 from pretrain.lock import exclusive_lock
 from support import tiny
-from test_prepare_reliability import snapshot
 
 SPLITS = ("train", "val")
 

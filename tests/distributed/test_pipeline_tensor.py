@@ -1,5 +1,6 @@
 """Pipeline x tensor parallelism under a real torchrun on the CPU (gloo): 2 stages, each split over 2 tensor
-ranks (with and without sequence parallelism, and with 2 data-parallel replicas on 8 ranks, ZeRO 0 and 1), train the tiny LLaMA as one process with the same global batch
+ranks (with and without sequence parallelism, and with 2 data-parallel replicas on 8 ranks, ZeRO 0 and 1), train the
+tiny LLaMA as one process with the same global batch
 does, every rank holds exactly the planner's bytes for its (stage, tensor rank), and the checkpoint is the
 single-process one: it resumes in one process and exports."""
 

@@ -19,14 +19,13 @@ torch = pytest.importorskip("torch")
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 from pretrain.bench.block import block_step  # noqa: E402
-from pretrain.distributed.parallelize import FSDP_CPU_TORCH  # noqa: E402
 from pretrain.config import load_config  # noqa: E402
-from pretrain.distributed.recompute import (apply_activation_checkpointing, checkpointed_modules,  # noqa: E402
-                                            is_checkpointed)
+from pretrain.distributed.parallelize import FSDP_CPU_TORCH  # noqa: E402
+from pretrain.distributed.recompute import apply_activation_checkpointing, checkpointed_modules, is_checkpointed  # noqa: E402
 from pretrain.model import build_model  # noqa: E402
 from pretrain.model.transformer import Block, rotary_tables  # noqa: E402
 from pretrain.plan.kernels import torch_version_tuple  # noqa: E402
-from support import needs_compiler, ROOT, run_here, tiny  # noqa: E402
+from support import ROOT, needs_compiler, run_here, tiny  # noqa: E402
 
 MODES = ["none", "selective", "full"]
 SHAPES = {"llama": ["model.preset=debug"],

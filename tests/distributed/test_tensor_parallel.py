@@ -10,8 +10,17 @@ import time
 import psutil
 import pytest
 
-from support import (exported_tensors, finished_run, finished_torchrun, losses, needs_compiler, params,
-                     per_rank_reports, run_here, torchrun)
+from support import (
+    exported_tensors,
+    finished_run,
+    finished_torchrun,
+    losses,
+    needs_compiler,
+    params,
+    per_rank_reports,
+    run_here,
+    torchrun,
+)
 
 torch = pytest.importorskip("torch")
 
@@ -210,8 +219,8 @@ def test_kill_9_during_a_tensor_x_data_run_resumes_exactly(prepared, grid, tmp_p
 ])
 def test_what_tensor_parallelism_refuses(overrides, message):
     from pretrain.config import load_config
-    from pretrain.errors import ConfigError
     from pretrain.config.trainable import check_trainable
+    from pretrain.errors import ConfigError
 
     base = ["model.preset=debug", "parallel.gpus=4", "parallel.tensor=2", "parallel.zero_stage=3"]
     with pytest.raises(ConfigError, match=message):

@@ -9,8 +9,7 @@ import time
 
 import pytest
 
-from support import (finished_run, finished_torchrun, losses, needs_compiler, params, run_here, torchrun,
-                     write_mc_task)
+from support import finished_run, finished_torchrun, losses, needs_compiler, params, run_here, torchrun, write_mc_task
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("psutil")

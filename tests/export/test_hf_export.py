@@ -11,8 +11,8 @@ from pretrain.errors import UsageError
 from pretrain.export import hf
 from pretrain.export.generate import generate
 from pretrain.export.hf import export_hf
-from pretrain.model.hf import from_hf, load_hf_into
 from pretrain.model import build_model
+from pretrain.model.hf import from_hf, load_hf_into
 
 GPT2 = ["model.family=gpt2", "model.num_kv_heads=4", "model.intermediate_size=256"]
 VARIANTS = {

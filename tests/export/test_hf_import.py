@@ -7,8 +7,8 @@ import torch
 
 from pretrain.config import load_config
 from pretrain.errors import UsageError
-from pretrain.model.hf import from_hf, load_hf_into
 from pretrain.model import build_model
+from pretrain.model.hf import from_hf, load_hf_into
 
 LLAMA_SHAPE = dict(vocab_size=300, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-6,

@@ -5,6 +5,7 @@ import json
 from urllib.parse import parse_qsl, urlsplit
 
 import pytest
+
 from support import run_cli, serve_planner
 
 START = ("model.preset=llama3-8b", "parallel.gpus=64", "hardware.gpu=h100-sxm")

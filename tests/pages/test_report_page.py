@@ -31,7 +31,8 @@ def test_hover_reads_a_points_value(browser, wait, report):
     x, y = browser.execute_script("""
         const gd = document.getElementById('curves'), box = gd.getBoundingClientRect();
         const xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis;
-        return [box.left + xa._offset + xa.l2p(xa.c2l(4096 * 12)), box.top + ya._offset + ya.l2p(ya.c2l(10 - 0.15 * 12))];
+        return [box.left + xa._offset + xa.l2p(xa.c2l(4096 * 12)),
+                box.top + ya._offset + ya.l2p(ya.c2l(10 - 0.15 * 12))];
     """)
     actions = ActionChains(browser)
     actions.w3c_actions.pointer_action.move_to_location(int(x), int(y))
@@ -40,7 +41,8 @@ def test_hover_reads_a_points_value(browser, wait, report):
                 "document.querySelector('#curves .hoverlayer').textContent")
     assert text == "run-bloss 8.2step 12, tokens 49,152"  # the label's lines, as textContent joins them
 
-    hidden = "document.getElementById('curves').data.filter(t => t.legendgroup === 'run-a' && t.visible === 'legendonly').length"
+    hidden = ("document.getElementById('curves').data.filter(t => t.legendgroup === 'run-a' "
+              "&& t.visible === 'legendonly').length")
     assert browser.execute_script(f"return {hidden}") == 0
     browser.find_element("css selector", "#curves .legend .traces").click()  # the first entry: run-a
     # every one of run-a's curves (7 panels with data or not, and the eval/hellaswag panel) is hidden

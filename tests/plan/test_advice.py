@@ -7,10 +7,10 @@ import re
 
 import pytest
 
-from support import ROOT, run_cli
 from pretrain.config import load_config
 from pretrain.plan import make_plan
 from pretrain.plan.advice import LR_REFERENCE, loglog
+from support import ROOT, run_cli
 
 # LLaMA-7B on 64 A100-80GB with ZeRO-3: 1.4e11 tokens (20.8 per parameter, Chinchilla's ~20), 4.19M tokens
 # per step (4 x 2048 x 8 x 64; LLaMA used 4M) ramped over the first 4B tokens as GPT-3 did, LLaMA's peak
@@ -153,7 +153,8 @@ def test_bandwidth_bound_micro_batch_from_a_v100_log():
 def test_bandwidth_on_the_sane_config_and_cpu():
     _, lines = advice("train.seq_len=1", "train.micro_batch_size=1", "train.batch_ramp_tokens=0")
     assert "bandwidth" in tags(lines) and "a100-80gb's 153" in lines[-1]
-    _, lines = advice("train.seq_len=1", "train.micro_batch_size=1", "train.batch_ramp_tokens=0", "hardware.gpu=cpu", "hardware.peak_tflops=2")
+    _, lines = advice("train.seq_len=1", "train.micro_batch_size=1", "train.batch_ramp_tokens=0",
+                      "hardware.gpu=cpu", "hardware.peak_tflops=2")
     assert "bandwidth" not in tags(lines)  # no memory bandwidth in the catalog for a CPU
 
 

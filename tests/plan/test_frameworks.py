@@ -6,8 +6,7 @@ import pytest
 
 from pretrain.config import load_config
 from pretrain.plan import make_plan, plan_with_explain
-from pretrain.plan.frameworks import (framework_states, korthikanti_flops_per_token, layer_activation_bytes,
-                                      shard_params)
+from pretrain.plan.frameworks import framework_states, korthikanti_flops_per_token, layer_activation_bytes, shard_params
 from support import run_cli
 
 GB, GiB, MiB = 1e9, 1024**3, 1024**2
@@ -26,9 +25,10 @@ def test_zero_paper_figure_1():
 
 
 def test_deepspeed_zero2_estimator_table():
-    # DeepSpeed docs/code-docs/source/memory.rst ("Memory Requirements"), estimate_zero2_model_states_mem_needs_all_cold(
-    # total_params=2851e6, num_gpus_per_node=8, num_nodes=1): per GPU 15.93GB (offload_optimizer=none) and 5.31GB
-    # (offload_optimizer=cpu), per CPU 127.45GB in both rows (the estimator prints GiB as "GB").
+    # DeepSpeed docs/code-docs/source/memory.rst ("Memory Requirements"),
+    # estimate_zero2_model_states_mem_needs_all_cold(total_params=2851e6, num_gpus_per_node=8, num_nodes=1): per GPU
+    # 15.93GB (offload_optimizer=none) and 5.31GB (offload_optimizer=cpu), per CPU 127.45GB in both rows (the estimator
+    # prints GiB as "GB").
     psi = 2_851_000_000
     assert round(_states("deepspeed", psi, 8, 2) / GiB, 2) == 15.93
     assert round(_states("deepspeed", psi, 8, 2, offload="optimizer") / GiB, 2) == 5.31

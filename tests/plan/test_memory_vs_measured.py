@@ -11,17 +11,18 @@ import functools
 import itertools
 
 import pytest
+
 from support import needs_compiler
 
 torch = pytest.importorskip("torch")
 
 from pretrain.config import load_config  # noqa: E402
+from pretrain.distributed.optim import build_optimizer  # noqa: E402
 from pretrain.distributed.recompute import apply_activation_checkpointing  # noqa: E402
 from pretrain.model import build_model  # noqa: E402
 from pretrain.plan import make_plan  # noqa: E402
 from pretrain.plan.activations import activation_bytes  # noqa: E402
 from pretrain.train.measure import measure_forward, model_state_bytes  # noqa: E402
-from pretrain.distributed.optim import build_optimizer  # noqa: E402
 
 SHAPES = {
     "llama-gqa": ["model.preset=debug"],

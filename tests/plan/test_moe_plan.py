@@ -119,7 +119,8 @@ def test_step_time_adds_the_all_to_all_and_the_busiest_rank():
     # 48 MoE layers x 4 all-to-alls (dispatch, combine; forward, backward) x load 1.72 x 7/8 of b*s*k*h bf16
     assert step["all_to_all_s"] == 48 * 4 * 1.72 * 7 / 8 * (2 * 4096 * 8 * 2048) / (intra * 1e9)
     # the busiest rank runs 0.72 x its routed experts' FLOPs more: 6 x 48 layers x k 8 x 3 x 2048 x 768 a token
-    assert step["expert_imbalance_s"] == 0.72 * (6 * 48 * 8 * 3 * 2048 * 768) * 4096 / (step["achievable_tflops"] * 1e12)
+    assert step["expert_imbalance_s"] == 0.72 * (6 * 48 * 8 * 3 * 2048 * 768) * 4096 / (
+        step["achievable_tflops"] * 1e12)
     assert step["micro_batch_s"] > one["micro_batch_s"]
 
 

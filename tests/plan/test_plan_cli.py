@@ -13,7 +13,8 @@ JSON_KEYS = {"params", "flops", "tokens", "storage_bytes", "checkpoint_bytes", "
 
 
 def test_importing_the_planner_does_not_import_torch():
-    code = "import sys, pretrain.plan, pretrain.config, pretrain.cli; print('torch' in sys.modules, 'numpy' in sys.modules)"
+    code = ("import sys, pretrain.plan, pretrain.config, pretrain.cli; "
+            "print('torch' in sys.modules, 'numpy' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False False"
 
@@ -45,7 +46,8 @@ def test_measured_section_gives_mfu_and_hfu():
     r = run_cli("plan", "model.preset=gpt2", "measured.tokens_per_second=57000", "hardware.gpu=a100-80gb",
                 "train.activation_checkpointing=full", "--json")
     p = json.loads(r.stdout)
-    assert p["mfu"] > 0 and p["hfu"] == pytest.approx(p["mfu"] * p["flops"]["per_token_hardware"] / p["flops"]["per_token"])
+    assert p["mfu"] > 0
+    assert p["hfu"] == pytest.approx(p["mfu"] * p["flops"]["per_token_hardware"] / p["flops"]["per_token"])
 
 
 def test_table_and_explain():

@@ -26,7 +26,8 @@ def test_every_preset_plans(preset):
 def test_zero_stages_shrink_model_states(precision, optimizer):
     states = []
     for stage in range(4):
-        p = make_plan(load_config(overrides=["model.preset=llama-7b", "parallel.gpus=16", f"parallel.zero_stage={stage}",
+        p = make_plan(load_config(overrides=["model.preset=llama-7b", "parallel.gpus=16",
+                                        f"parallel.zero_stage={stage}",
                                         f"train.precision={precision}", f"train.optimizer={optimizer}"]))
         m = p["memory_bytes"]
         states.append(m["weights"] + m["gradients"] + m["optimizer"])
@@ -72,8 +73,9 @@ def test_fits_and_max_micro_batch():
     assert big["fits"] is False and big["max_micro_batch_size"] == 0
     # The largest micro-batch that fits does fit, one more does not.
     b = p["max_micro_batch_size"]
-    at = make_plan(load_config(overrides=["model.preset=gpt2", "hardware.gpu=a100-80gb", f"train.micro_batch_size={b}"]))
-    over = make_plan(load_config(overrides=["model.preset=gpt2", "hardware.gpu=a100-80gb", f"train.micro_batch_size={b + 1}"]))
+    gpt2 = ["model.preset=gpt2", "hardware.gpu=a100-80gb"]
+    at = make_plan(load_config(overrides=[*gpt2, f"train.micro_batch_size={b}"]))
+    over = make_plan(load_config(overrides=[*gpt2, f"train.micro_batch_size={b + 1}"]))
     assert at["fits"] and not over["fits"]
 
 

@@ -6,6 +6,7 @@ import urllib.request
 from urllib.parse import urlsplit
 
 import pytest
+
 from support import run_cli, serve_planner
 
 START = ("model.preset=llama3-8b", "parallel.gpus=64", "hardware.gpu=h100-sxm")

@@ -4,8 +4,13 @@ import math
 
 import pytest
 
-from pretrain.plan.schedule import (learning_rate, micro_batches_per_step, steps_for_tokens, tokens_for_steps,
-                                    warmup_steps)
+from pretrain.plan.schedule import (
+    learning_rate,
+    micro_batches_per_step,
+    steps_for_tokens,
+    tokens_for_steps,
+    warmup_steps,
+)
 
 LR = dict(total_steps=1000, warmup=10, peak=3e-4, min_ratio=0.1)
 

@@ -23,7 +23,8 @@ def train_line(step: int, tokens: int, batch: int, rng: random.Random, gpu: bool
 
 
 def write_run(path, steps: int = 300, eval_every: int = 50, gpu: bool = True, seed: int = 0) -> None:
-    """A run with a batch ramp, a non-finite step at 1/3 of the steps (skipped by the trainer), a loss spike at 2/3 of the steps rolled back 20 steps, a preemption at 5/6
+    """A run with a batch ramp, a non-finite step at 1/3 of the steps (skipped by the trainer), a loss spike at 2/3
+    of the steps rolled back 20 steps, a preemption at 5/6
     resumed from a checkpoint 10 steps earlier (with 300 steps: spike at 200, replay of 180-200, preemption
     at 250, replay of 240-250; the later lines are the truth), and a half-written last line."""
     rng = random.Random(seed)

@@ -2,9 +2,9 @@ import json
 
 import pytest
 
+from pretrain import units
 from pretrain.errors import UsageError
 from pretrain.report.runs import read_run, summarize, summary_line
-from pretrain import units
 
 
 def test_later_line_for_a_step_replaces_the_earlier_one(run_dir):

@@ -1,6 +1,7 @@
 """Staged context extension: `--resume` at a longer train.seq_len (here with model.rope_scaling) continues the
 run as a new stage (the same tokens per step under train.global_batch_tokens, the data stream at the same
-share of its epoch), said in events.jsonl; resuming the new stage again is bitwise; a change that leaves the run's length ill-defined is
+share of its epoch), said in events.jsonl; resuming the new stage again is bitwise; a change that leaves the run's
+length ill-defined is
 one line before any tensor is loaded."""
 
 import json

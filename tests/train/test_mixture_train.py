@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from support import finished_run, losses, params, ROOT, run_cli, run_here, start, tiny, wait_for_steps
+from support import ROOT, finished_run, losses, params, run_cli, run_here, start, tiny, wait_for_steps
 
 torch = pytest.importorskip("torch")
 

@@ -8,7 +8,6 @@ import platform
 from pathlib import Path
 
 import pytest
-
 from record_reference_losses import CASES, run_case
 
 torch = pytest.importorskip("torch")

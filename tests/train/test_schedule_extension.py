@@ -3,6 +3,7 @@ extends its stable phase and decays anew at the new end; cosine and linear are r
 train.schedule_restart=true; inverse_sqrt has no end and goes on unchanged."""
 
 import json
+
 import pytest
 
 from support import finished_run, run_here, tiny

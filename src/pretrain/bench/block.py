@@ -19,6 +19,7 @@ from ..plan.flops import mfu
 from .matmul import fp32_precision
 from .timing import median_seconds
 
+
 def block_flops_per_token(config) -> int:
     """Model FLOPs per token of one block, from the planner: 6 x per-layer parameters + attention / L."""
     p = make_plan(config)

@@ -39,8 +39,8 @@ def run(args) -> int:
 
     from rich.console import Console
 
-    from . import run_bench, write_profile
     from ..progress import counting_bar
+    from . import run_bench, write_profile
     from .display import table
     from .run import check_profile_path
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, get_type_hints
 
 from ..presets import PRESETS
 
 
-def doc(default: Any, text: str, choices: tuple | None = None, trains: tuple | None = None):
+def doc(default: Any, text: str, choices: tuple | None = None, trains: tuple | None = None) -> Any:
     """A dataclass field with its documentation, the allowed values (for strings) and, when the trainer runs
     fewer values than the planner models, the ones it runs (`trains`): `check_trainable` refuses the others
     and docs/config.md's key table says so, both from this one place."""
@@ -330,21 +330,32 @@ class DebugConfig:
                                   "crash test can kill the process there")
 
 
-# The sections of a config, in the order `pretrain config` prints them. model, train, parallel and data are
-# read by the planner and the trainer alike; hardware, measured, flops, plan and budget are the planner's
-# questions (the machine, figures measured on it, what to print, what a budget buys); run, stability and debug
-# the trainer's outputs and safeguards.
-SECTIONS: dict[str, type] = {
-    "model": ModelConfig, "train": TrainConfig, "parallel": ParallelConfig, "hardware": HardwareConfig,
-    "measured": MeasuredConfig, "flops": FlopsConfig, "data": DataConfig, "plan": PlanConfig,
-    "budget": BudgetConfig, "run": RunConfig, "stability": StabilityConfig, "debug": DebugConfig,
-}
-
 # A whole config: one frozen field per section (`config.model`, `config.train`, ...), each defaulting to its
-# section's defaults. Built from SECTIONS so the list of sections is written once.
-Config = dataclasses.make_dataclass(
-    "Config", [(name, cls, field(default_factory=cls)) for name, cls in SECTIONS.items()], frozen=True,
-    namespace={"to_dict": lambda self: dataclasses.asdict(self), "__module__": __name__})
+# section's defaults, in the order `pretrain config` prints them. model, train, parallel and data are read by the
+# planner and the trainer alike; hardware, measured, flops, plan and budget are the planner's questions (the
+# machine, figures measured on it, what to print, what a budget buys); run, stability and debug the trainer's
+# outputs and safeguards. Written out (not made from a list) so a type checker and an editor see each section.
+@dataclass(frozen=True)
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    measured: MeasuredConfig = field(default_factory=MeasuredConfig)
+    flops: FlopsConfig = field(default_factory=FlopsConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    plan: PlanConfig = field(default_factory=PlanConfig)
+    budget: BudgetConfig = field(default_factory=BudgetConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+    stability: StabilityConfig = field(default_factory=StabilityConfig)
+    debug: DebugConfig = field(default_factory=DebugConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# The sections by name, read from Config's fields so the list is written once.
+SECTIONS: dict[str, type] = get_type_hints(Config)
 
 
 def compile_enabled(compile_setting: bool | str, device_type: str) -> bool:

@@ -24,8 +24,9 @@ windows are numbered over the whole dataset exactly as over the one file `--task
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
 

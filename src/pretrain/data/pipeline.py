@@ -16,11 +16,10 @@ import json
 import multiprocessing
 import os
 import shutil
-from contextlib import suppress
 from collections import deque
-from contextlib import contextmanager
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 

@@ -16,9 +16,10 @@ import contextlib
 import io
 import json
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, NamedTuple
+from typing import NamedTuple
 
 from ..errors import UsageError
 from .compression import check_codecs, decompressed

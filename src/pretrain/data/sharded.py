@@ -2,7 +2,8 @@
 
 datatrove (Hugging Face's library for LLM data processing, https://github.com/huggingface/datatrove) runs a list of
 pipeline steps as N tasks, locally (LocalPipelineExecutor), as a Slurm job array (SlurmPipelineExecutor) or on a
-Ray cluster (RayPipelineExecutor: executors.py), and marks each finished task (`completions/00003`) so a rerun skips it. Our
+Ray cluster (RayPipelineExecutor: executors.py), and marks each finished task (`completions/00003`) so a rerun skips
+it. Our
 step, `TokenizeShard`, is today's single-dataset build (pipeline.build_dataset) run on the task's files: task i reads a
 contiguous run of the sorted input files, so the shards in order hold the documents in the order one pass reads
 them, and the train/validation split is decided per document from its content (encode.is_validation): the
@@ -36,8 +37,16 @@ from datatrove.pipeline.base import PipelineStep
 
 from .. import __version__
 from ..errors import UsageError
-from ..files import (aside_path, check_output_dir, display_path, hidden_prefix, refuse_foreign, swap_in, write_atomic,
-                     writer_lock)
+from ..files import (
+    aside_path,
+    check_output_dir,
+    display_path,
+    hidden_prefix,
+    refuse_foreign,
+    swap_in,
+    write_atomic,
+    writer_lock,
+)
 from ..lock import exclusive_lock
 from .documents import merge_histograms
 from .executors import EXECUTORS, SlurmOptions, refuse_while_slurm_builds, run_local, run_ray, submit_slurm

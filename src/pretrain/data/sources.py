@@ -37,7 +37,7 @@ class RemoteFile:
     def stat(self):
         return _Stat(self.size, self.mtime_ns)
 
-    def resolve(self) -> "RemoteFile":
+    def resolve(self) -> RemoteFile:
         return self
 
     def open(self):

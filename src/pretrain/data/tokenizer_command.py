@@ -22,7 +22,8 @@ def add_arguments(parser) -> None:
                            formatter_class=parser.formatter_class)
     train.add_argument("--input", nargs="+", action="extend", required=True, metavar="PATH",
                        help="corpus files, directories (searched recursively) or globs")
-    train.add_argument("--vocab-size", type=count_argument, required=True, help="vocabulary size, special tokens included")
+    train.add_argument("--vocab-size", type=count_argument, required=True,
+                       help="vocabulary size, special tokens included")
     train.add_argument("--out", required=True, help="directory to write the tokenizer to")
     train.add_argument("--min-frequency", type=int, default=2, help="pairs seen fewer times are not merged")
     add_reader_arguments(train)
@@ -32,7 +33,8 @@ def add_arguments(parser) -> None:
                        help="tokenizer directories (or tokenizer.json files); the first is the reference")
     stats.add_argument("--input", nargs="+", action="extend", required=True, metavar="PATH",
                        help="corpus files, directories (searched recursively) or globs")
-    stats.add_argument("--max-docs", type=count_argument, default=2000, help="documents sampled, from the start (default 2000)")
+    stats.add_argument("--max-docs", type=count_argument, default=2000,
+                       help="documents sampled, from the start (default 2000)")
     stats.add_argument("--json", action="store_true", help="print the figures as JSON")
     add_reader_arguments(stats)
 

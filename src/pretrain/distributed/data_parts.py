@@ -12,7 +12,7 @@ each rank acts on its own local part over the mesh's "dp" group, which holds the
           parameter's name (the flattened layout of every engine).
 
 Used by each pipeline stage (pipeline.py: Pipelined) and by tensor parallelism beside ZeRO 0/1 without a
-pipeline (TensorDDP, TensorZeRO1 below; FSDP2 is the engine for ZeRO 2/3, parallelize.py).
+pipeline (TensorDDP, TensorZeRO1 below; FSDP2 is the engine for ZeRO 2/3, engines.py).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from .parallelize import Parallelized
+from .engines import Parallelized
 
 # Gradient elements per data-parallel all-reduce (64 MB in fp32): messages this large run at a link's full
 # bandwidth (DDP's own buckets are 25 MB), and the copy each needs stays a small part of a rank's gradients.

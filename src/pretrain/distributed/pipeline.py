@@ -31,9 +31,9 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from ..plan.stages import chunk_indices, chunks_per_stage, stage_layers
-from .data_parts import DataParts, local as _local
-from .parallelize import Parallelized
-
+from .data_parts import DataParts
+from .data_parts import local as _local
+from .engines import Parallelized
 
 
 class StageModule(nn.Module):
@@ -123,8 +123,13 @@ class Pipelined(DataParts, Parallelized):
         where interleaved 1F1B does not take the count (torch's takes m with m % max(1, m // p) == 0)."""
         key = (micro_batches, training, rows)
         if key not in self.schedules:
-            from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
-                                                      ScheduleInterleaved1F1B, ScheduleLoopedBFS)
+            from torch.distributed.pipelining import (
+                PipelineStage,
+                Schedule1F1B,
+                ScheduleGPipe,
+                ScheduleInterleaved1F1B,
+                ScheduleLoopedBFS,
+            )
 
             total = self.stages * self.chunks
             stages = [PipelineStage(chunk, c, total, self.rt.device, group=self.pp_group) for chunk, c in

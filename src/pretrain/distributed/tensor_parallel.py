@@ -34,8 +34,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module, distribute_tensor
-from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, PrepareModuleInput, RowwiseParallel,
-                                               SequenceParallel, parallelize_module)
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    ParallelStyle,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
 
 from ..plan.params import fused_rows
 

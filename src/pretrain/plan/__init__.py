@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from ..config import replaced
 from ..errors import ConfigError
+from ..gpus import gpu_spec
 from .advice import advise
 from .budget import storage_bytes, token_bytes, token_dtype, training_length, wall_clock
 from .budget_mode import apply_budget, budget_requested
@@ -17,11 +18,10 @@ from .explain import Explain
 from .flops import basis, flops, utilisation
 from .fp8 import CONVENTION as FP8_CONVENTION
 from .frameworks import framework_memory
-from ..gpus import gpu_spec
 from .hardware import peak_tflops
 from .memory import memory
-from .model_states import model_state_tensors
 from .mixture import mixture_supply
+from .model_states import model_state_tensors
 from .params import count_params, padded_vocab_size, param_shapes
 from .step_time import step_time
 

@@ -46,7 +46,8 @@ from dataclasses import dataclass
 
 from ..gpus import mixed_precision
 from .params import expert_width, padded_vocab_size
-from .stages import chunk_indices, chunks_in_flight, chunks_per_stage, in_flight as stage_in_flight, stage_layers
+from .stages import chunk_indices, chunks_in_flight, chunks_per_stage, stage_layers
+from .stages import in_flight as stage_in_flight
 
 COMPUTE_BYTES = {"fp32": 4, "fp16-mixed": 2, "bf16-mixed": 2, "bf16": 2, "fp8": 2}
 

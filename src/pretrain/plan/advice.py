@@ -21,18 +21,18 @@ Rules that describe large-scale practice (tokens, batch, lr, warm-up, bandwidth)
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
-from .fit_fixes import MAX_GPUS, fit_fixes
 from ..config.schema import shown_value
 from ..gpus import COMPUTE_DTYPE, gpu_spec
 from ..units import GiB, human
 from .activations import COMPUTE_BYTES, kept_tensor_traffic, weight_reads
-from .kernels import planned_native_gqa
 from .budget import CHINCHILLA_TOKENS_PER_PARAM
 from .corpus import MAX_EPOCHS, epochs_advice
+from .fit_fixes import MAX_GPUS, fit_fixes
 from .fp8 import advice as fp8_advice
+from .kernels import planned_native_gqa
 from .mixture import mixture_advice
-
 
 TOKENS_PER_PARAM_RANGE = (5, 100)  # 4x below / 5x above Chinchilla; LLaMA-7B's 1T tokens is 148
 SMALL_MODEL = 50_000_000  # below this, the size-dependent rules stay silent
@@ -72,7 +72,7 @@ LR_REFERENCE = _lr_reference()
 BATCH_REFERENCE = [(n, batch) for n, batch, _ in GPT3]
 
 
-def loglog(points: list[tuple[float, float]], x: float) -> float:
+def loglog(points: Sequence[tuple[float, float]], x: float) -> float:
     """Interpolate y(x) linearly in log-log space; constant beyond the ends of the table."""
     if x <= points[0][0]:
         return points[0][1]

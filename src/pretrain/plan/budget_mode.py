@@ -331,8 +331,9 @@ def render(budget: dict) -> list[str]:
     opt = {"model": budget["model"], "params": budget["model_params"], "tokens": budget["model_tokens"],
            "loss": budget["loss"], "loss_penalty": budget["loss_penalty"], "fit": budget["fit"]}
     small = budget["inference_aware"]
-    lines = [f"budget: {_hours(budget['gpu_hours'])} GPU-hours = {budget['compute_flops']:.3g} FLOPs; Chinchilla-optimal "
-             f"N {budget['params'] / 1e9:.2f}B, D {budget['tokens'] / 1e9:,.1f}B tokens (Hoffmann et al. 2022)",
+    lines = [f"budget: {_hours(budget['gpu_hours'])} GPU-hours = {budget['compute_flops']:.3g} FLOPs; "
+             f"Chinchilla-optimal N {budget['params'] / 1e9:.2f}B, D {budget['tokens'] / 1e9:,.1f}B tokens "
+             f"(Hoffmann et al. 2022)",
              row("compute-optimal", opt),
              row("inference-aware", small),
              f"  predicted loss: Hoffmann et al.'s approach 3 fit; (+x) above its optimum {budget['loss_optimum']:.3f} "

@@ -41,8 +41,8 @@ def run(args) -> int:
 
         for spec in CATALOG.values():
             peaks = ", ".join(f"{k} {v:g}" for k, v in spec.peak_tflops.items()) or "measure with pretrain bench"
-            links = (f"  in a node {spec.intra_node_gbps:g} GB/s, network {spec.inter_node_gbps:g} GB/s" if spec.intra_node_gbps
-                     else "")
+            links = (f"  in a node {spec.intra_node_gbps:g} GB/s, network {spec.inter_node_gbps:g} GB/s"
+                     if spec.intra_node_gbps else "")
             print(f"{spec.name:10s} {spec.memory_bytes / GiB:6.1f} GiB {spec.bandwidth_gbps:6.0f} GB/s  {peaks}"
                   f"{links}")
         return 0

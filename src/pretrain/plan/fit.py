@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 import re
+from typing import cast
 
 from ..config import replaced
 from ..config.schema import RECOMPUTE
@@ -105,7 +106,7 @@ def fit(config, top: int = 10) -> dict:
     scored.sort(key=lambda s: s[0])
 
     candidates, best = [], None
-    for seconds, overrides, step in scored:
+    for _seconds, overrides, _step in scored:
         if len(candidates) >= top:
             break
         p = plan_with_explain(replaced(config, overrides), advice=False)[0]  # exactly what `pretrain plan` says
@@ -119,7 +120,7 @@ def fit(config, top: int = 10) -> dict:
         best = best or st
     # The others that fit, each layout once (at its fastest micro-batch): why they lost to the fastest.
     seen = {_layout_key(c["overrides"]) for c in candidates}
-    for seconds, overrides, step in scored:
+    for _seconds, overrides, step in scored:
         if _layout_key(overrides) not in seen and best is not None:
             seen.add(_layout_key(overrides))
             rejected.append({"overrides": overrides, "why": f"slower: {step['tokens_per_second']:,.0f} tokens/s, "
@@ -164,7 +165,8 @@ def _search(config, split: dict, offload: str, counts, peak: float, rejected: li
             fl = flops(c, counts, 1, Explain())
             for b in _divisors(per_rank, largest):
                 overrides = {**layout, "train.micro_batch_size": b, "train.grad_accum_steps": per_rank // b}
-                step = step_time(replaced(c, overrides), counts, fl, peak)
+                # a dict, not None: fit refused to search without a peak
+                step = cast(dict, step_time(replaced(c, overrides), counts, fl, peak))
                 out.append((step["seconds"], overrides, step))
         if not out:
             break  # the strongest stage the trainer runs does not fit with full recomputation: no lower stage does
@@ -233,7 +235,8 @@ def render(config, result: dict, shown: int = 10, command: str = "pretrain plan 
             lines.append(f"    {len(rs):>4} x {reason}; e.g. {_short(rs[0]['overrides'])}: {example}")
     lines += [""] * bool(result.get("advice")) + [f"  ! {line}" for line in result.get("advice", [])]
     if result["candidates"]:
-        lines += ["", f"  The fastest, to plan or train: {command} " + command_line(result["candidates"][0]["overrides"]),
+        lines += ["", f"  The fastest, to plan or train: {command} "
+                  + command_line(result["candidates"][0]["overrides"]),
                   "  (step-time model: pretrain.plan.step_time; --explain prints its terms for the fastest)"]
     return "\n".join(lines)
 

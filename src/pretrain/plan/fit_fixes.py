@@ -5,6 +5,7 @@ line and budget mode's fit read it."""
 from __future__ import annotations
 
 import math
+from typing import cast
 
 from ..config import replaced
 from ..config.schema import RECOMPUTE
@@ -40,7 +41,7 @@ def fit_fixes(config, limit: int = 2) -> list[tuple[dict, dict]]:
             first = fixes[0][0]
             if gpus > _get(config, first, "parallel.gpus") or first.items() <= fix.items():
                 continue
-        fixes.append((fix, _replan(config, fix)))
+        fixes.append((fix, cast(dict, _replan(config, fix))))  # a plan: every fix passed _fits
         if len(fixes) == limit:
             break
     return sorted(fixes, key=lambda f: _get(config, f[0], "parallel.gpus"))  # cheapest: fewest GPUs

@@ -25,6 +25,8 @@ agrees with these counts (tests/plan/test_flops_vs_measured.py).
 
 from __future__ import annotations
 
+from typing import Any
+
 from .documents import attention_context
 from .explain import Explain
 from .params import expert_width, moe_layers
@@ -65,7 +67,7 @@ def flops(cfg, counts, tokens: int, ex: Explain) -> dict:
     per_token_hw = per_token + extra
     ex.add("flops", "per_token_hardware", per_token_hw,
            f"per_token + recomputed forward {extra:,} ({recompute} recomputation)")
-    out = dict(
+    out: dict[str, Any] = dict(
         per_token=per_token,
         per_token_no_attention=6 * N,
         per_token_6n=per_token_6n,
@@ -155,7 +157,7 @@ def utilisation(cfg, fl: dict, tokens_per_step: int, peak_tflops: float | None, 
     ex.add("measured", "tokens_per_second", tps, how)
     ex.add("measured", "achieved_tflops_per_gpu", achieved,
            f"{tps:,.6g} tokens/s x {model_pt:,} FLOPs/token ({name}) / {gpus} GPUs / 1e12")
-    out = dict(tokens_per_second=tps, achieved_tflops_per_gpu=achieved,
+    out: dict[str, Any] = dict(tokens_per_second=tps, achieved_tflops_per_gpu=achieved,
                achieved_hardware_tflops_per_gpu=achieved_hw, mfu=None, hfu=None)
     if peak_tflops:
         out["mfu"] = mfu(tps, model_pt, gpus, peak_tflops)

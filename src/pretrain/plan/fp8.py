@@ -76,7 +76,7 @@ def matmul_seconds(c, matmul: float, tokens: int, shard: int, rate: float, tile:
     return gemm_s, cast_s, how
 
 
-def mfu_fields(c, fl: dict, mfu_bf16: float, model_per_token: float) -> dict:
+def mfu_fields(c, fl: dict, mfu_bf16: float | None, model_per_token: float) -> dict:
     """`mfu_bf16_peak` (= mfu) and `mfu_mixed_peak` of a modelled or measured speed."""
     fp8_peak, bf16_peak = peaks(c)
     out = {"mfu_bf16_peak": mfu_bf16, "mfu_mixed_peak": None}

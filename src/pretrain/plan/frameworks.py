@@ -70,7 +70,8 @@ def layer_activation_bytes(s: int, b: int, h: int, heads: int, t: int = 1, seque
     return s * b * h * (replicated + (sharded + scores) / t)
 
 
-def korthikanti_flops_per_token(s: int, layers: int, h: int, vocab: int, recompute: str = "none") -> tuple[float, float]:
+def korthikanti_flops_per_token(s: int, layers: int, h: int, vocab: int,
+                                recompute: str = "none") -> tuple[float, float]:
     """(model, hardware) FLOPs per token, Korthikanti et al. 2022, appendix A (and section 6's table 5):
     model 72 l h^2 (1 + s/6h + V/12lh) per token (their 72Bslh^2 per iteration over Bs tokens); selective
     recomputation adds the attention scores' forward, 72 l h^2 (1 + s/3h + V/12lh); full recomputation

@@ -10,6 +10,7 @@ from ..errors import ConfigError
 from ..files import read_json
 from ..gpus import COMPUTE_DTYPE, gpu_spec
 
+
 def load_profile(path: str | Path) -> dict:
     """A hardware profile JSON from `pretrain bench`: {"device", "peak_tflops": {dtype: best}, ...}."""
     path = Path(path)

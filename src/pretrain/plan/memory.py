@@ -35,14 +35,15 @@ import dataclasses
 
 from ..config import compile_enabled
 from ..gpus import gpu_spec, mixed_precision
-from .activations import activation_bytes, routed_load
-from .kernels import planned_native_gqa
 from ..units import gib
+from .activations import activation_bytes, routed_load
 from .explain import Explain
 from .hardware import device_memory_bytes
+from .kernels import planned_native_gqa
 from .model_states import model_state_tensors, zero_paper_bytes
 from .phases import PHASES, cuda_context, held_gradients, loss_part, nccl_buffers, resident, step_phases
 from .stages import chunk_indices, chunks_per_stage, stage_layers
+
 
 def memory(cfg, counts, ex: Explain) -> dict:
     m, t, par, hw = cfg.model, cfg.train, cfg.parallel, cfg.hardware
@@ -63,7 +64,8 @@ def memory(cfg, counts, ex: Explain) -> dict:
     ex.add("memory", "gradients", gib(gradients), f"{grad_dtype} gradients: {gradients:,} bytes"
            + (f", sharded over {dp}" if zero >= 2 else ""))
     ex.add("memory", "optimizer", gib(optimizer),
-           f"{t.optimizer} states {st['optimizer_states']:,}" + (f" + fp32 master weights {st['parameters']:,}" if mixed else "")
+           f"{t.optimizer} states {st['optimizer_states']:,}"
+           + (f" + fp32 master weights {st['parameters']:,}" if mixed else "")
            + (f" (sharded over {dp})" if zero >= 1 else "") + (" (offloaded to the host)" if host_offload else ""))
     if par.pipeline > 1:
         k = st["stage"]

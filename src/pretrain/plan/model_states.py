@@ -12,7 +12,6 @@ from . import fp8
 from .params import numel, padded_vocab_size, param_shapes
 from .stages import chunks_per_stage, param_stages, stage_param_shapes
 
-
 # Tensor parallelism as the trainer splits the model (distributed/tensor_parallel.py): the q/k/v and MLP up (gate
 # and up) projections, the embedding and the output layer by rows (output features; vocabulary), the attention
 # output and MLP down projections by columns (input features).

@@ -233,7 +233,7 @@ def _moe_shapes(model, prefix: str) -> list[tuple[str, tuple[int, ...]]]:
     as in the dense MLP, rows of every expert after each other: the grouped GEMM's operand) and the shared
     experts fused into one SwiGLU of num_shared_experts x H_e."""
     E, H, He, S = model.num_experts, model.hidden_size, expert_width(model), model.num_shared_experts
-    out = [(f"{prefix}.router.weight", (E, H))]
+    out: list[tuple[str, tuple[int, ...]]] = [(f"{prefix}.router.weight", (E, H))]
     if model.expert_bias:
         out.append((f"{prefix}.router.bias", (E,)))
     out += [(f"{prefix}.experts.up", (E, 2 * He, H)), (f"{prefix}.experts.down", (E, H, He))]

@@ -160,7 +160,7 @@ def step_phases(cfg, st, b: int, compiled: bool = False) -> dict[str, list[tuple
                 (f"{t.optimizer} states" + (" + fp32 master weights" if mixed else ""), optimizer)]
     if dp > 1 and par.zero_stage <= 1:
         # DDP (ZeRO-1 runs on it too) allocates its gradient buckets when it wraps the model, and with
-        # gradient_as_bucket_view (distributed/parallelize.py) the gradients are views into them: alive in
+        # gradient_as_bucket_view (distributed/engines.py) the gradients are views into them: alive in
         # every phase, even before the first backward, and never a second time.
         always.append(("DDP gradient buckets (the gradients)", st["gradients"]))
         st = dict(st, gradients=0)

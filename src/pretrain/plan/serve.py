@@ -177,7 +177,7 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self):  # http.server calls it by this name
         url = urlsplit(self.path)
         if url.path == "/":
-            self._send(200, resources.files(__package__).joinpath("page.html").read_bytes(), "text/html")
+            self._send(200, resources.files("pretrain.plan").joinpath("page.html").read_bytes(), "text/html")
         elif url.path == "/plotly.min.js":
             self._send(200, _plotly_js(), "text/javascript", cache=True)
         elif url.path in GET:

@@ -59,7 +59,8 @@ Links: a group whose ranks lie within one node (tensor ranks are adjacent, then 
 order) uses NVLink, hardware.intra_node_gbps; otherwise the network, hardware.inter_node_gbps (per GPU per
 direction; a data-parallel group across nodes runs one NCCL ring per NIC, so its k ranks in a node move
 data over k NICs at once, NVLink's rate at most). Defaults: the catalog's data-sheet figures x 0.8, about
-what copies and NCCL's ring collectives reach of a link's rate; a key given is taken as measured (nccl-tests' bus bandwidth).
+what copies and NCCL's ring collectives reach of a link's rate; a key given is taken as measured (nccl-tests' bus
+bandwidth).
 Pure Python, as the rest of the planner.
 """
 
@@ -136,8 +137,8 @@ def step_time(c, counts, fl: dict, peak: float | None, ex: Explain | None = None
     ex.add("step_time", "seconds", seconds, f"forward/backward {out['forward_backward_s']:.4g} + exposed data "
            f"parallel {out['data_parallel_exposed_s']:.4g} + optimizer {out['optimizer_s']:.4g}")
     ex.add("step_time", "tokens_per_second", tokens / seconds, f"{tokens:,} tokens per step / {seconds:.4g} s")
-    ex.add("step_time", "mfu", utilisation, f"tokens/s x {model_per_token:,} model FLOPs/token / ({par.gpus} x {peak:g} "
-           "TFLOP/s)")
+    ex.add("step_time", "mfu", utilisation, f"tokens/s x {model_per_token:,} model FLOPs/token / "
+           f"({par.gpus} x {peak:g} TFLOP/s)")
     if t.precision == "fp8":  # the MFU against both peaks, `mfu` being the bf16 one (plan/fp8.py)
         out.update(fp8.mfu_fields(c, fl, utilisation, model_per_token))
     return {"seconds": seconds, "tokens_per_second": tokens / seconds, "mfu": utilisation, **out}
@@ -242,13 +243,14 @@ def _micro_batch(c, counts, fl: dict, peak: float, ex: Explain) -> dict:
                + moe.get("all_to_all_s", 0.0))
     bound = "compute" if compute_s >= weight_s else "memory"
     ex.add("step_time", "micro_batch_s", micro_s, f"max(compute {compute_s:.4g}, weight reads {weight_s:.4g}) + "
-           f"GEMM operands {operand_s:.4g} + activation traffic {traffic_s:.4g} + TP {tp_s:.4g} + kernel overhead {overhead_s:.4g}"
+           f"GEMM operands {operand_s:.4g} + activation traffic {traffic_s:.4g} + TP {tp_s:.4g} "
+           f"+ kernel overhead {overhead_s:.4g}"
            + (f" + fp8 casts {cast_s:.4g}" if t.precision == "fp8" else "")
            + (f" + all-to-all {moe['all_to_all_s']:.4g}" if moe else "") + ": "
            + ("compute-bound" if bound == "compute" else "memory-bound (the weights' reads set the floor)"))
     out = {"achievable_tflops": rate, "micro_batch_s": micro_s, "matmul_s": matmul_s, "attention_s": attention_s,
-           "weight_read_s": weight_s, "gemm_operand_s": operand_s, "activation_traffic_s": traffic_s, "tensor_parallel_s": tp_s,
-           "kernel_overhead_s": overhead_s, "bound": bound, **moe}
+           "weight_read_s": weight_s, "gemm_operand_s": operand_s, "activation_traffic_s": traffic_s,
+           "tensor_parallel_s": tp_s, "kernel_overhead_s": overhead_s, "bound": bound, **moe}
     return {**out, "fp8_cast_s": cast_s} if t.precision == "fp8" else out
 
 
@@ -333,7 +335,8 @@ def _data_parallel(c, counts, step: dict, ex: Explain) -> dict:
     exposed_s = max(total_s - window, last_s) + after_s
     hidden_s = total_s + hidden_gather_s - (exposed_s - after_s)  # what runs beside the compute
     contention_s = OVERLAP_SLOWDOWN * hidden_s
-    ex.add("step_time", "data_parallel_s", total_s + hidden_gather_s + after_s, f"{what}, over {where} {link:.4g} GB/s ({link_how})")
+    ex.add("step_time", "data_parallel_s", total_s + hidden_gather_s + after_s,
+           f"{what}, over {where} {link:.4g} GB/s ({link_how})")
     ex.add("step_time", "data_parallel_exposed_s", exposed_s + contention_s, f"{how}: max({total_s:.4g} - "
            f"{window:.4g}, {last_s:.4g}) + {after_s:.4g}, + {OVERLAP_SLOWDOWN} x the {hidden_s:.4g} s hidden "
            "behind compute, which runs that much slower beside it (arXiv 2507.03114)")

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from ..gpus import mixed_precision
-from ..units import GiB, human as count
+from ..units import GiB
+from ..units import human as count
 from .budget import token_dtype
 
 
@@ -60,7 +61,8 @@ def render(config, p: dict) -> str:
     st, fl = p["steps"], p["flops"]
     row("Optimizer steps", f"{st['total']:,}", f"{st['tokens_per_step']:,} tokens per step "
         f"({count(st['tokens_per_step'])}), warm-up {st['warmup']:,}")
-    row("FLOPs per token", f"{fl['per_token']:.3g}", f"6N + attention (PaLM); 6N over all {'active ' * ('moe' in fl)}params "
+    row("FLOPs per token", f"{fl['per_token']:.3g}", f"6N + attention (PaLM); "
+        f"6N over all {'active ' * ('moe' in fl)}params "
         f"{fl['per_token_6n']:.3g}; with recomputation {fl['per_token_hardware']:.3g}")
     if "moe" in fl:
         mo = fl["moe"]
@@ -80,7 +82,8 @@ def render(config, p: dict) -> str:
     if "eval_tasks" in p:  # run.eval_tasks
         ev = p["eval_tasks"]
         share = f", {ev['share_of_run']:.1%} of the run" if ev["share_of_run"] is not None else ""
-        row("Eval tasks", duration(ev["seconds"]), f"{ev['evaluations']:,} evaluations x {ev['tokens_per_evaluation']:,} tokens "
+        row("Eval tasks", duration(ev["seconds"]), f"{ev['evaluations']:,} evaluations "
+            f"x {ev['tokens_per_evaluation']:,} tokens "
             f"({', '.join(ev['tasks'])}), forward only{share}")
     if "measured" in p:
         ms = p["measured"]

@@ -14,8 +14,8 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import UsageError
 from .. import units
+from ..errors import UsageError
 
 # Events drawn on the plots; checkpoints are routine and would only add clutter.
 MARKED_EVENTS = ("rollback", "spike", "nonfinite_skip", "resumed")

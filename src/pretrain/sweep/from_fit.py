@@ -34,9 +34,9 @@ def run_from_fit(config_path, overrides: list[str], n: int, warmup_steps: int = 
                  out_dir: str | Path | None = "sweep", rounds: int = 3, threads: int | None = None) -> dict:
     """Time the top `n` candidates of `fit`, each `rounds` times in interleaved rounds (run_sweep's); returns
     {"device", "candidates": [...], "chosen", "error", "warnings", ...}."""
+    from ..config.trainable import check_trainable
     from ..distributed.runtime import init_runtime
     from ..train import plan_check
-    from ..config.trainable import check_trainable
 
     if n < 1:
         raise UsageError(f"--from-fit: must be at least 1 candidate, got {n}")
@@ -68,7 +68,8 @@ def run_from_fit(config_path, overrides: list[str], n: int, warmup_steps: int = 
                 if rank in failed:
                     continue
                 # The world the fit was made for: a layout of tensor x pipeline ranks is valid only on it.
-                items = [*overrides, *pinned, f"parallel.gpus={rt.world_size}", *command_line(cand["overrides"]).split()]
+                items = [*overrides, *pinned, f"parallel.gpus={rt.world_size}",
+                         *command_line(cand["overrides"]).split()]
                 try:
                     cell = run_sweep(config_path, items, {}, warmup_steps=warmup_steps, steps=steps, out_dir=None,
                                      progress=False, rounds=1, threads=n_threads)["cells"][0]
@@ -104,8 +105,8 @@ def _row(rank: int, cand: dict, cells: list[dict], status: str) -> dict:
     """A candidate's row: predicted beside the median of its rounds, with their spread."""
     noise = spread([c["tokens_per_s"] for c in cells]) if cells else None
     measured = noise and noise["median"]
-    median = (lambda key: statistics.median(c[key] for c in cells) if cells and cells[0][key] is not None
-              else None)
+    def median(key):
+        return statistics.median(c[key] for c in cells) if cells and cells[0][key] is not None else None
     return {"rank": rank, "overrides": cand["overrides"], "status": status,
             "predicted_tokens_per_s": cand["tokens_per_s"], "measured_tokens_per_s": measured,
             "error_pct": None if measured is None else 100 * (measured / cand["tokens_per_s"] - 1),

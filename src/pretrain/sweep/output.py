@@ -13,10 +13,10 @@ import json
 import math
 from pathlib import Path
 
+from .. import units
 from ..bench.timing import NOISY_SPREAD_PCT
 from ..errors import UsageError
 from ..files import write_atomic
-from .. import units
 
 FILES = {"csv": "sweep.csv", "json": "sweep.json", "png": "sweep.png"}
 CSV_COLUMNS = ("status", "plan_verdict", "it_per_s", "tokens_per_s", "achieved_tflops", "mfu",

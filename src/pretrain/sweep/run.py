@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-from ..config import Config, load_config, replaced
 from ..bench.timing import check_rounds, check_threads, cpu_threads, spread, torch_threads
+from ..config import Config, load_config, replaced
 from ..errors import ConfigError, UsageError
 from ..plan import make_plan
 from ..plan.budget import training_length
@@ -177,9 +177,9 @@ def _records(cells: list[Cell], runs: dict, ended: dict, seconds: dict, threads:
 
 def prepare_cells(config_path, overrides: list[str], sweep: dict) -> list[Cell]:
     """Load, check and plan every cell; raises on the first bad one, naming its key (and the cell)."""
+    from ..config.trainable import check_trainable
     from ..distributed.runtime import init_runtime
     from ..train import plan_check
-    from ..config.trainable import check_trainable
 
     runtimes: dict[str, object] = {}
     cells = []
@@ -240,9 +240,9 @@ def _set_peaks(cells: list[Cell]) -> dict:
 
 def run_cell(cell: Cell, warmup_steps: int, steps: int) -> dict:
     """Build the Trainer, run the warm-up and timed steps; {'measured': ...} or {'status': OOM, 'error': ...}."""
+    from ..bench.timing import synchronize
     from ..train.callbacks.plan_vs_run import MEASURE_STEP
     from ..train.trainer import Trainer
-    from ..bench.timing import synchronize
 
     dev = cell.rt.device
     free_memory(dev)

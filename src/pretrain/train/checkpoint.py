@@ -11,7 +11,8 @@ Layout of RUN_DIR/checkpoints/step_00000100/:
 A checkpoint is written into `step_N.tmp/` and renamed to `step_N/` only when complete, so a crash at any
 moment leaves either the previous checkpoint or a `.tmp` directory that the next run deletes.
 
-Every reader (resume, rollback, export, generate, `load_model`: train/resume.py) goes through `verify`: the manifest must exist,
+Every reader (resume, rollback, export, generate, `load_model`: train/resume.py) goes through `verify`: the manifest
+must exist,
 list every file the format requires and every file present, and each must match its size and sha256. A
 corrupt checkpoint is never used, deleted or written over: a resume takes the newest one that verifies and
 renames the corrupt ones after it to `step_N.corrupt/` (kept for a person to look at); when none verifies,
@@ -124,8 +125,6 @@ def save_checkpoint(run_dir, step: int, state_dict: dict, trainer: dict, config_
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
         if e.errno == errno.ENOSPC:
-            from .resume import latest_checkpoint
-
             previous = latest_checkpoint(run_dir)
             kept = f"the previous checkpoint {previous.name} is intact" if previous else "no earlier checkpoint"
             raise UsageError(f"disk full while writing checkpoint {final}; {kept}; free space and resume "
@@ -228,6 +227,21 @@ def _loaded(rel: str) -> bool:
 
 def read_trainer_state(path: Path) -> dict:
     return json.loads((Path(path) / "trainer.json").read_text())
+
+
+def latest_checkpoint(run_dir, good_only: bool = False, before_step: int | None = None) -> Path | None:
+    """Newest checkpoint that verifies (optionally: written while no loss spike was active)."""
+    for path in reversed(list_checkpoints(run_dir)):
+        if before_step is not None and step_of(path) > before_step:
+            continue
+        problem = verify(path)
+        if problem:
+            warnings.warn(f"checkpoint {path} is corrupt ({problem}); using the one before it", stacklevel=2)
+            continue
+        if good_only and not read_trainer_state(path).get("good", True):
+            continue
+        return path
+    return None
 
 
 def _ours(path: Path) -> bool:

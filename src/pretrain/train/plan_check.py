@@ -11,11 +11,10 @@ from pathlib import Path
 import torch
 
 from ..files import write_atomic
-from ..precision import matmul_dtype
-from ..plan import make_plan
 from ..gpus import catalog_name
+from ..plan import make_plan
+from ..precision import matmul_dtype
 from ..units import GiB, nbytes
-
 
 
 def config_for_device(config, rt):
@@ -137,9 +136,9 @@ def render(report: dict) -> str:
         def show(v):
             if v is None:
                 return "n/a"
-            if r["unit"] == "bytes":
+            if r["unit"] == "bytes":  # noqa: B023 (called within the iteration that defines it)
                 return nbytes(v)
-            if r["unit"] == "fraction":
+            if r["unit"] == "fraction":  # noqa: B023 (likewise)
                 return f"{v:.3f}"
             return f"{v:,.0f}"
         err = "" if r["error_pct"] is None else f"{r['error_pct']:+.1f}%"

@@ -12,22 +12,7 @@ from pathlib import Path
 import torch
 
 from ..errors import UsageError
-from .checkpoint import CHECKPOINT_NAME, list_checkpoints, load_state, read_trainer_state, step_of, verify
-
-
-def latest_checkpoint(run_dir, good_only: bool = False, before_step: int | None = None) -> Path | None:
-    """Newest checkpoint that verifies (optionally: written while no loss spike was active)."""
-    for path in reversed(list_checkpoints(run_dir)):
-        if before_step is not None and step_of(path) > before_step:
-            continue
-        problem = verify(path)
-        if problem:
-            warnings.warn(f"checkpoint {path} is corrupt ({problem}); using the one before it", stacklevel=2)
-            continue
-        if good_only and not read_trainer_state(path).get("good", True):
-            continue
-        return path
-    return None
+from .checkpoint import CHECKPOINT_NAME, latest_checkpoint, list_checkpoints, load_state, verify
 
 
 def resume_point(run_dir) -> tuple[Path | None, list[tuple[Path, str]]]:

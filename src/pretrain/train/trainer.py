@@ -11,7 +11,6 @@ is a callback in train/callbacks/, deciding for itself when it acts.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -23,16 +22,15 @@ from ..data.documents import check_document_index
 from ..data.token_files import DataChanged
 from ..distributed.fp8 import check_installed as check_fp8_installed
 from ..errors import UsageError
+from ..files import write_atomic
 from ..lock import exclusive_lock
 from ..model.documents import documents_of_run
-from ..files import write_atomic
 from ..plan import make_plan
 from ..plan.budget import training_length
 from ..plan.params import count_params
 from ..plan.schedule import learning_rate, micro_batches_per_step, resumed_schedule
 from . import checkpoint as ckpt
-from . import resume
-from . import plan_check
+from . import plan_check, resume
 from .attention import kernel_context
 from .callbacks import default_callbacks
 from .callbacks.evaluation import evaluate
@@ -43,37 +41,10 @@ from .checkpointer import Checkpointer
 from .data_changes import stopped_by_data_change
 from .loggers import check_installed
 from .metrics import TrainingLog
-from .preflight import check_fits_device, set_aside_history
 from .prefetch import Prefetcher
+from .preflight import check_fits_device, set_aside_history
+from .state import TrainState
 from .step import StepResult, pipeline_train_step, train_step
-
-
-class TrainingStopped(UsageError):
-    """The run cannot go on without a person (e.g. it keeps diverging); the message says what to do."""
-
-
-@dataclass
-class TrainState:
-    """The trainer's counters: what a resume needs besides tensors, RNG states and the callbacks' states."""
-    step: int = 0
-    tokens: int = 0            # tokens trained on, all ranks together
-    micro_batches: int = 0     # micro-batches drawn from the data stream per rank (survives rollbacks)
-    lr_scale: float = 1.0
-    lr_scale_until: int = 0
-    rollbacks: list = field(default_factory=list)
-    nonfinite_skips: int = 0
-
-    def lr_multiplier(self) -> float:
-        """The learning-rate factor a rollback set (stability.lr_scale), for its stability.lr_scale_steps."""
-        return self.lr_scale if self.step < self.lr_scale_until else 1.0
-
-    def state_dict(self) -> dict:
-        return asdict(self)
-
-    def load_state_dict(self, saved: dict) -> None:
-        for name in self.__dataclass_fields__:
-            if name in saved:
-                setattr(self, name, saved[name])
 
 
 class TensorState:

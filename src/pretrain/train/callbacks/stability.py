@@ -9,8 +9,8 @@ checkpoint ~100 steps earlier and skip the data around the spike, Chowdhery et a
 from __future__ import annotations
 
 from .. import checkpoint as ckpt
-from ..resume import latest_checkpoint
 from ..stability import SpikeDetector
+from ..state import TrainingStopped
 from . import Callback
 
 
@@ -42,8 +42,6 @@ class Stability(Callback):
             result.rolled_back = True
 
     def rollback(self, trainer, loss: float) -> None:
-        from ..trainer import TrainingStopped
-
         st, cfg, run_dir = trainer.state, self.cfg, trainer.run_dir
         recent = [s for s in st.rollbacks if st.step - s < cfg.rollback_window]
         if len(recent) >= cfg.max_rollbacks:
@@ -52,7 +50,7 @@ class Stability(Callback):
             raise TrainingStopped(f"{len(recent)} rollbacks within {cfg.rollback_window} steps (last at step "
                                   f"{st.step}, loss {loss:.4g}); the run keeps diverging: lower train.lr, check the "
                                   f"data, or raise stability.max_rollbacks, then `pretrain train --resume {run_dir}`")
-        target = latest_checkpoint(run_dir, good_only=True, before_step=st.step)
+        target = ckpt.latest_checkpoint(run_dir, good_only=True, before_step=st.step)
         if target is None and not trainer.config.run.checkpoint_every:
             trainer.log.event({"event": "stopped", "step": st.step, "tokens": st.tokens, "loss": json_float(loss),
                                "reason": "no checkpoint to roll back to"})

@@ -4,7 +4,8 @@ and at the end, the first run.eval_tasks_limit examples of each task, scored as 
 Under data parallelism each rank scores every data_size-th example and the ranks add up each metric's count,
 sum and sum of squares: the means and standard errors are those of one process. Under FSDP a rank with fewer
 batches runs empty forwards until every rank has run as many (each forward gathers the shards with the
-others). One line in metrics.jsonl: {"step", "tokens", "eval/<task>/acc", "eval/<task>/acc_norm", ...}. An evaluation at a step trained again (a
+others). One line in metrics.jsonl: {"step", "tokens", "eval/<task>/acc", "eval/<task>/acc_norm", ...}. An evaluation
+at a step trained again (a
 rollback, or a resume from an earlier checkpoint) is logged again: the report keeps the later line.
 """
 

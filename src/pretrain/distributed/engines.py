@@ -1,0 +1,224 @@
+"""The data-parallel engines that parallelize.py chooses from: one process's view of the model being trained.
+
+Data parallelism with PyTorch's own engines, chosen by `parallel.zero_stage` (the planner's key):
+  0  DistributedDataParallel: every rank holds everything; gradients all-reduced in buckets, which are the
+     gradients themselves (`gradient_as_bucket_view`: no second copy of every gradient).
+  1  DDP + ZeroRedundancyOptimizer: optimizer states sharded over ranks (parameters and gradients whole).
+  2  FSDP2 (`fully_shard` per block) without resharding after forward: parameters, gradients and optimizer
+     states sharded; gathered parameters stay until backward.
+  3  FSDP2 resharding after forward (ZeRO-3): only the blocks in flight are gathered.
+Under FSDP, mixed precision is FSDP's policy (bf16 compute, fp32 master weights and gradient reduction), not
+autocast. One process gets the same interface with no communication.
+
+With tensor parallelism the data-parallel engine is FSDP2 over mesh["dp"] for ZeRO 2/3 (2-D: each parameter
+is a DTensor sharded over "dp" and split or replicated over "tp"); for ZeRO 0/1 it is data_parts.py's, by hand
+over each rank's parts (DDP and ZeroRedundancyOptimizer take no DTensor parameters); none when all ranks are
+tensor ranks (data = 1).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from .. import precision
+from ..errors import ConfigError
+from ..gpus import mixed_precision
+from ..plan.kernels import torch_version_tuple
+from .optim import build_optimizer
+from .runtime import Runtime
+from .tensor_parallel import from_canonical, to_canonical
+
+FSDP_CPU_TORCH = (2, 9)  # gloo: FSDP2 fails on CPU streams in torch 2.6 and sums instead of averaging in 2.7
+
+
+class Parallelized:
+    """One process's view of the model being trained.
+
+    `module` is our Transformer (its parameters, possibly sharded, are what the optimizer updates); `forward`
+    is what a training micro-batch calls (DDP's wrapper, or the module itself)."""
+
+    autocast = True     # False under FSDP: its mixed-precision policy casts instead
+    measurable = True   # saved-tensor hooks see plain tensors (not FSDP's gathered parameters)
+    fp8 = None          # train.precision=fp8: {"recipe", "linears", "skipped"} (fp8.py), for plan_vs_run.json
+
+    def __init__(self, module, config, rt: Runtime, mesh=None):
+        self.module, self.forward, self.rt = module, module, rt
+        self.optimizer = None
+        self.autocast_context = (precision.autocast(config.train.precision, rt.device) if self.autocast
+                                 else contextlib.nullcontext)
+
+    def no_sync(self, last: bool):
+        """The context of one micro-batch's forward and backward: gradients are communicated now, or deferred
+        to the step's last micro-batch."""
+        return contextlib.nullcontext()
+
+    def build_optimizer(self, config):
+        return build_optimizer(self.module, config.model, config.train)
+
+    def set_training(self, on: bool) -> None:
+        """Training mode (dropout on) or evaluation mode."""
+        self.module.train(on)
+
+    def clip(self, max_norm: float) -> torch.Tensor:
+        """Global L2 norm of the gradients before clipping, as a 0-d tensor on the device (no host sync);
+        clipping only when max_norm > 0."""
+        params = [p for p in self.module.parameters() if p.grad is not None]
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"))
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+
+    def state_dict(self) -> dict:
+        """Model and optimizer state keyed by parameter names (sharded tensors stay sharded), for DCP. The
+        optimizer's is flattened ("state.NAME.exp_avg", "param_groups.NAME.lr"): every key names one
+        parameter, so pipeline stages, which hold different parameters in their groups, save disjoint keys and
+        a checkpoint loads whatever groups the loading layout has."""
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        fresh = not self.optimizer.state
+        model_sd, optim_sd = get_state_dict(self.module, self.optimizer, options=_flat_options())
+        if fresh:  # get_state_dict made the states with a zero-gradient step: make them as a new optimizer's
+            _zero_step_counters(self.optimizer.state.values())
+            for key, value in optim_sd.items():
+                if key.startswith("state.") and key.endswith(".step"):
+                    optim_sd[key] = value.zero_() if isinstance(value, torch.Tensor) else 0
+        # Fused projections in their single-process row order (tensor parallelism holds them in rank order):
+        # a checkpoint is the same in every layout.
+        return to_canonical({"model": model_sd, "optimizer": optim_sd}, self.row_orders)
+
+    @property
+    def row_orders(self) -> dict:
+        """Tensor parallelism's row order of each fused parameter of `module` (the whole model's, or a
+        pipeline stage's own; none without tensor parallelism)."""
+        return getattr(self.module, "row_orders", {})
+
+    def load_state_dict(self, sd: dict) -> None:
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        sd = from_canonical(sd, self.row_orders)
+        set_state_dict(self.module, self.optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optimizer"],
+                       options=_flat_options())
+
+
+class DDP(Parallelized):
+    def __init__(self, module, config, rt: Runtime, mesh=None):
+        super().__init__(module, config, rt, mesh)
+        from torch.nn.parallel import DistributedDataParallel
+
+        ids = [rt.device.index] if rt.device.type == "cuda" else None
+        self.ddp = DistributedDataParallel(module, device_ids=ids, gradient_as_bucket_view=True)
+        self.forward = self.ddp
+
+    def set_training(self, on: bool) -> None:
+        self.ddp.train(on)
+
+    def no_sync(self, last: bool):
+        # Gradient accumulation: all-reduce once, on the last micro-batch (the gradients are whole anyway).
+        return contextlib.nullcontext() if last else self.ddp.no_sync()
+
+
+class ZeRO1(DDP):
+    """DDP + ZeroRedundancyOptimizer. Its checkpoint holds, per rank, the states of the parameters that
+    rank owns, under the parameters' names: the same layout `get_state_dict` gives for every other mode, so
+    a checkpoint loads on any number of ranks and in any mode."""
+
+    def build_optimizer(self, config):
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        from .optim import optimizer_class, param_groups
+
+        groups = param_groups(self.module, config.model, config.train.weight_decay)
+        cls, kwargs = optimizer_class(config.train, self.rt.device)
+        optimizer = ZeroRedundancyOptimizer(groups[0]["params"], optimizer_class=cls,
+                                            weight_decay=groups[0]["weight_decay"], **kwargs)
+        for group in groups[1:]:
+            optimizer.add_param_group(group)
+        return optimizer
+
+    def state_dict(self) -> dict:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        local = self.optimizer.optim
+        if not local.state:
+            _materialize(self.optimizer)
+        names = {p: n for n, p in self.module.named_parameters()}
+        optim = {f"state.{names[p]}.{k}": v for g in local.param_groups for p in g["params"]
+                 for k, v in local.state[p].items()}
+        optim.update({f"param_groups.{names[p]}.{k}": v for g in self.optimizer.param_groups for p in g["params"]
+                      for k, v in g.items() if k != "params"})  # the flattened layout, as get_state_dict's
+        return {"model": get_model_state_dict(self.module), "optimizer": optim}
+
+    def load_state_dict(self, sd: dict) -> None:
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+        set_model_state_dict(self.module, sd["model"])  # the optimizer's state tensors were filled in place
+        names = {p: n for n, p in self.module.named_parameters()}
+        for group in self.optimizer.param_groups:
+            first = names[group["params"][0]]
+            group.update({k: sd["optimizer"][f"param_groups.{first}.{k}"] for k in group if k != "params"})
+
+
+class FSDP(Parallelized):
+    autocast = False
+    measurable = False
+
+    def __init__(self, module, config, rt: Runtime, mesh=None):
+        super().__init__(module, config, rt, mesh)
+        if rt.device.type == "cpu" and torch_version_tuple(torch.__version__) < FSDP_CPU_TORCH:
+            raise ConfigError(f"parallel.zero_stage: FSDP (stages 2 and 3) on CPUs needs torch >= 2.9, this is "
+                              f"{torch.__version__}; use parallel.zero_stage=1 or a newer torch")
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        dp = mesh["dp"]
+        half = precision.half_dtype(config.train.precision)
+        mp = MixedPrecisionPolicy()
+        if mixed_precision(config.train.precision):
+            mp = MixedPrecisionPolicy(param_dtype=half, reduce_dtype=torch.float32)
+        reshard = config.parallel.zero_stage == 3
+        for block in module.blocks:
+            fully_shard(block, mesh=dp, reshard_after_forward=reshard, mp_policy=mp)
+        fully_shard(module, mesh=dp, reshard_after_forward=reshard, mp_policy=mp)
+        # micro_batch: reduce-scatter after every micro-batch, so only sharded gradients are ever held; step:
+        # defer to the last micro-batch, holding every block's unsharded fp32 gradient in between.
+        self.defer = config.parallel.grad_sync == "step"
+
+    def no_sync(self, last: bool):
+        self.module.set_requires_gradient_sync(last or not self.defer)
+        return contextlib.nullcontext()
+
+
+def _flat_options():
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(flatten_optimizer_state_dict=True)
+
+
+def _materialize(optimizer) -> None:
+    """Create ZeroRedundancyOptimizer's states (as the first step would) without changing a weight: a step on
+    zero gradients with a learning rate of 0. Loading a checkpoint needs tensors to load into."""
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    lrs = [g["lr"] for g in optimizer.param_groups]
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    for g in optimizer.param_groups:
+        g["lr"] = 0.0
+    optimizer.step()
+    for g, lr in zip(optimizer.param_groups, lrs):
+        g["lr"] = lr
+    optimizer.zero_grad(set_to_none=True)
+    _zero_step_counters(optimizer.optim.state.values())
+
+
+def _zero_step_counters(states) -> None:
+    """A zero-gradient step leaves zero moments but counts a step, which would shift Adam's and Adafactor's
+    bias correction for the whole run; back to 0 the states equal those a first real step creates."""
+    for state in states:
+        step = state.get("step") if isinstance(state, dict) else None
+        if isinstance(step, torch.Tensor):
+            step.zero_()
+        elif step is not None:
+            state["step"] = 0
+
+
+__all__ = ["Parallelized", "DDP", "ZeRO1", "FSDP", "FSDP_CPU_TORCH"]
