@@ -36,7 +36,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..model.moe import Experts, moe_layers
-from .parallelize import DDP
+from .engines import DDP
 
 
 class _AllToAll(torch.autograd.Function):
