@@ -1,0 +1,63 @@
+"""The step-time model against published, measured training runs (tests/plan/published_runs.yaml: the shared
+golden set's 25 cases and our own, each with its citation), scored in process as benchmarks/published_runs.py
+prints it. Issue #32's targets are not met yet: a ratchet keeps the model from getting worse, and a strict
+xfail turns red the day the targets hold, so that the ratchet is then raised to them."""
+
+import importlib.util
+import math
+
+import pytest
+
+from support import ROOT
+
+_spec = importlib.util.spec_from_file_location("published_runs", ROOT / "benchmarks" / "published_runs.py")
+published = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(published)
+
+# Measured 2026-11-26 on main at 380fc65 (benchmarks/published_runs.py): 20 of 41 cases within +-15 %, median
+# |log ratio| 0.148, ratios 0.71-1.50. Raise these as the model improves; never lower them to pass.
+WITHIN_15_TODAY = 20 / 41
+MEDIAN_ABS_LOG_TODAY = 0.148
+# The ratchet's bounds on any single case: wider than the issue's x1.5 / x0.67, which one case misses today.
+RATCHET_RANGE = (0.6, 1.6)
+
+
+@pytest.fixture(scope="module")
+def cases():
+    return published.load_cases()
+
+
+@pytest.fixture(scope="module")
+def rows(cases):
+    return [published.score(c) for c in cases]
+
+
+def test_every_case_is_cited_and_complete(cases):
+    ids = [c["id"] for c in cases]
+    assert len(ids) == len(set(ids))
+    assert sum(c["origin"] == "golden" for c in cases) == 25 and sum(c["origin"] == "own" for c in cases) >= 8
+    for c in cases:
+        assert c["origin"] in ("golden", "own") and c["tier"] in ("A", "B"), c["id"]
+        assert c["source"].get("url") and (c["source"].get("commit") or c["source"].get("paper")), c["id"]
+        assert c["framework"] and c["hardware"] and c["layout"] and c["notes"], c["id"]
+        m = c["measured"]
+        assert m.get("tokens_per_s_per_gpu", 0) > 0 or 0 < m.get("mfu", 0) < 1, c["id"]
+
+
+def test_the_model_is_no_worse_than_today(rows):
+    lo, hi = RATCHET_RANGE
+    outside = {r["id"]: round(r["ratio"], 2) for r in rows if not lo <= r["ratio"] <= hi}
+    assert not outside, f"planned / measured beyond x{lo}-x{hi}: {outside}"
+    s = published.summary(rows)
+    assert s["within_15"] >= WITHIN_15_TODAY - 1e-9, s
+    assert s["median_abs_log"] <= MEDIAN_ABS_LOG_TODAY + 5e-4, s
+
+
+@pytest.mark.xfail(strict=True, reason="issue #32 targets not met yet")
+def test_issue_32_targets(rows):
+    s = published.summary(rows)
+    lo, hi = published.TARGET_RANGE
+    worst = max(rows, key=lambda r: abs(math.log(r["ratio"])))
+    assert s["within_15"] >= published.TARGET_WITHIN_15, s
+    assert s["median_abs_log"] <= published.TARGET_MEDIAN_ABS_LOG, s
+    assert lo <= worst["ratio"] <= hi, (worst["id"], worst["ratio"])
