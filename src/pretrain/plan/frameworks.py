@@ -6,13 +6,16 @@
               parallel.zero_stage >= 1): 18 or 6 + 12/dp bytes per parameter of the most loaded shard,
               (layers / pp + embedding) / tp, plus the untied output layer when pp = 1 (Megatron-LM
               megatron/training/theoretical_memory_usage.py, commit 00caa53).
-  deepspeed   DeepSpeed ZeRO's model-state estimators, estimate_zero2_model_states_mem_needs (stage_1_and_2.py:
-              ZeRO-1 and -2 share its optimizer and its estimate) and estimate_zero3_model_states_mem_needs
-              (stage3.py), as documented in DeepSpeed's docs/code-docs/source/memory.rst ("Memory
-              Requirements", commit 0cca539): 4 + 16/N bytes per parameter for stages 1-2, 2 with the optimizer
-              offloaded; 18/N for stage 3 plus 4 x the largest layer gathered (2/N with the optimizer
-              offloaded, nothing but the layer with parameters offloaded too); host RAM as the estimator counts
-              it (zero_init=1). Stage 0 is the ZeRO paper's baseline, 16 bytes per parameter.
+  deepspeed   DeepSpeed ZeRO's model-state estimators, estimate_zero2_model_states_mem_needs (ZeRO-1 and -2
+              share its optimizer and its estimate) and estimate_zero3_model_states_mem_needs, as the code that
+              printed the tables of DeepSpeed's docs/code-docs/source/memory.rst ("Memory Requirements": t5-3b on
+              8 GPUs, t5-large on 4) computes them (DeepSpeed #965, commit 0c1802c; stage 3 unchanged through
+              38327e0): per GPU 4 + 16/N bytes per parameter for stages 1-2, 2 with the optimizer offloaded;
+              4 x the largest layer gathered + 18/N for stage 3 (+ 2/N with the optimizer offloaded, nothing more
+              with parameters offloaded too); per node the host RAM the estimator adds its 1.5 buffer to (stage
+              3: with zero.Init, zero_init=1, as our trainer builds a sharded model, and without it). Since
+              v0.14.3 (#5099) the stage 1-2 estimate is 2 + 18/N: --explain gives both.
+              Stage 0 is the ZeRO paper's baseline, 16 bytes per parameter.
   zero-paper  Rajbhandari et al. 2020 ("ZeRO: Memory Optimizations Toward Training Trillion Parameter Models",
               section 5.1, figure 1): fp16 weights 2, fp16 gradients 2 and K = 12 bytes of fp32 master weights,
               momentum and variance per parameter; stage 1 shards the 12, stage 2 also the gradients, stage 3
@@ -46,7 +49,8 @@ SOURCES = {
     "megatron": "Megatron-LM megatron/training/theoretical_memory_usage.py (commit 00caa53): 18 bytes/param, "
                 "6 + 12/dp with the distributed optimizer, on the most loaded shard (layers/pp + embedding)/tp",
     "deepspeed": "DeepSpeed estimate_zero2/zero3_model_states_mem_needs (deepspeed/runtime/zero/stage_1_and_2.py, "
-                 "stage3.py) as docs/code-docs/source/memory.rst 'Memory Requirements' (commit 0cca539) gives them",
+                 "stage3.py) as they printed docs/code-docs/source/memory.rst 'Memory Requirements' tables "
+                 "(DeepSpeed #965, commit 0c1802c)",
     "zero-paper": "Rajbhandari et al. 2020, ZeRO, section 5.1 and figure 1: (2 + 2 + 12) bytes/param, K = 12",
     "activations": "Korthikanti et al. 2022, 'Reducing Activation Recomputation in Large Transformer Models', "
                    "section 4 and table 2 (16-bit activations)",
@@ -155,6 +159,10 @@ def model_states(cfg, ex: Explain) -> dict:
                               par.offload, largest_layer_params(cfg), min(par.gpus, par.gpus_per_node), par.gpus)
     ex.add("framework", "model states", gib(states["weights"] + states["gradients"] + states["optimizer"]),
            states.pop("formula"))
+    if "host_formula" in states:
+        ex.add("framework", "host per node", gib(states["host"]), states.pop("host_formula"))
+    if "differs" in states:
+        ex.add("framework", "differs", cfg.plan.framework, states.pop("differs"))
     return states
 
 
@@ -162,7 +170,8 @@ def framework_states(name: str, psi: int, dp: int, stage: int, offload: str = "n
                      gpus_per_node: int = 8, gpus: int = 1) -> dict:
     """Model-state bytes per GPU of `psi` parameters (one model-parallel rank's) over `dp` data-parallel ranks,
     and host bytes per node, under framework `name`'s formulas (the module docstring lists their sources)."""
-    host = 0.0
+    if name == "deepspeed" and stage >= 1:
+        return deepspeed_states(psi, dp, stage, offload, largest, gpus_per_node, gpus)
     if name == "megatron":
         distributed = stage >= 1
         weights, grads, optimizer = 2 * psi, 4 * psi, 12 * psi / (dp if distributed else 1)
@@ -174,31 +183,62 @@ def framework_states(name: str, psi: int, dp: int, stage: int, offload: str = "n
         grads = 2 * psi / (dp if stage >= 2 else 1)
         optimizer = 12 * psi / (dp if stage >= 1 else 1)
         formula = f"2 + 2 + K=12 bytes x {psi:,} params per model-parallel rank, stage {stage} over data parallel {dp}"
-    elif stage == 0:  # deepspeed without ZeRO
+    else:  # deepspeed without ZeRO
         weights, grads, optimizer = 2 * psi, 2 * psi, 12 * psi
         formula = f"no ZeRO: (2 + 2 + 12) x {psi:,} params (the ZeRO paper's baseline)"
-    elif stage in (1, 2):  # the estimators' host RAM: the fp32 model each process builds, or the offloaded states
-        weights, grads, optimizer = 2 * psi, 2 * psi + 4 * psi / dp, 12 * psi / dp
-        host = psi * max(4 * gpus_per_node, 16) * DEEPSPEED_HOST_BUFFER
-        formula = f"estimate_zero2: 4 x {psi:,} + 16 x {psi:,} / {dp} GPUs"
-        if offload != "none":
-            grads, optimizer = 0, 0
-            formula = f"estimate_zero2, offload_optimizer=cpu: 2 x {psi:,}"
+    return dict(weights=int(weights), gradients=int(grads), optimizer=int(optimizer), host=0, formula=formula)
+
+
+def deepspeed_states(psi: int, n: int, stage: int, offload: str, largest: int, gpus_per_node: int,
+                     gpus: int) -> dict:
+    """DeepSpeed's estimate_zero2/zero3_model_states_mem_needs for `psi` params over `n` GPUs, integer for integer:
+    its per-GPU gpu_mem split into 16-bit weights, gradients and the fp32 master weights with Adam's moments
+    (the optimizer), and its per-node cpu_mem as `host` (zero_init=1) and, for stage 3, `host_without_zero_init`.
+    The tables of memory.rst are these figures in GiB (printed "GB") for t5-3b on one node of 8 GPUs."""
+    buffer = DEEPSPEED_HOST_BUFFER
+    optimizer = int(12 * psi / n)  # 4 fp32 master weights + 4 momentum + 4 variance, partitioned
+    if stage in (1, 2) and offload != "none":  # only the 16-bit weights stay: gpu_mem = 2 * total_params
+        return dict(weights=2 * psi, gradients=0, optimizer=0, host=int(psi * max(4 * gpus, 16) * buffer),
+                    formula=f"estimate_zero2, offload_optimizer=cpu: 2 x {psi:,}",
+                    host_formula=f"estimate_zero2, offload_optimizer=cpu: {psi:,} x max(4 x {gpus} GPUs, 16) x "
+                                 f"{buffer} (the estimator's code counts all GPUs here, its docs' prose the node's: "
+                                 "the same on one node)")
+    if stage in (1, 2):
+        gpu = 4 * psi + int(16 * psi / n)  # the tables' (#965) gpu_mem: 16-bit weights and gradients whole
+        now = 2 * psi + int(18 * psi / n)
+        return dict(weights=2 * psi, gradients=gpu - 2 * psi - optimizer, optimizer=optimizer,
+                    host=int(psi * 4 * gpus_per_node * buffer),
+                    formula=f"estimate_zero2: 4 x {psi:,} + 16 x {psi:,} / {n} GPUs",
+                    host_formula=f"estimate_zero2: {psi:,} x 4 x {gpus_per_node} GPUs per node x {buffer} (the "
+                                 "fp32 model each process builds before the engine moves it to its GPU)",
+                    differs=f"DeepSpeed's code since v0.14.3 (#5099, commit f4cb866) estimates 2 x {psi:,} + 18 x "
+                            f"{psi:,} / {n} = {gib(now)} per GPU, counting the 16-bit gradients partitioned "
+                            "with the fp32 states; the published tables and this mode keep #965's 4 + 16/N "
+                            f"({gib(gpu)}): 16-bit weights and gradients whole on every GPU")
+    live = 4 * largest  # the largest layer gathered: its 2-byte params and their 2-byte gradients
+    nodes = gpus / gpus_per_node
+    factor = 1 / nodes  # the estimator's gpus_factor
+    if offload == "optimizer+params":
+        weights, grads, optimizer = live // 2, live - live // 2, 0
+        host, cold = psi * 18 * factor * buffer, psi * max(4 * gpus_per_node, 18 * factor) * buffer
+        formula = f"estimate_zero3, offload_param=cpu, offload_optimizer=cpu: 4 x largest layer {largest:,}"
+        host_formula = f"{psi:,} x 18 (fp32 params, grads, Adam moments + 16-bit params) / {nodes:g} nodes"
+    elif offload == "optimizer":
+        weights, grads, optimizer = live // 2 + int(2 * psi / n), live - live // 2, 0
+        host, cold = psi * 16 * factor * buffer, psi * max(4 * gpus_per_node, 16 * factor) * buffer
+        formula = f"estimate_zero3, offload_optimizer=cpu: 4 x largest layer {largest:,} + 2 x {psi:,} / {n} GPUs"
+        host_formula = f"{psi:,} x 16 (fp32 params, grads, Adam moments) / {nodes:g} nodes"
     else:
-        live = 2 * largest  # gathered 2-byte params and their 2-byte gradients: 4 x largest_layer_params
-        weights, grads, optimizer = 2 * psi / dp + live, 4 * psi / dp + live, 12 * psi / dp
-        host = largest * 4 * gpus_per_node * DEEPSPEED_HOST_BUFFER
-        formula = f"estimate_zero3: 4 x largest layer {largest:,} + 18 x {psi:,} / {dp} GPUs"
-        gpus_factor = gpus_per_node / gpus
-        if offload == "optimizer":
-            grads, optimizer = live, 0
-            host = psi * 16 * gpus_factor * DEEPSPEED_HOST_BUFFER
-            formula = f"estimate_zero3, offload_optimizer=cpu: 4 x largest layer {largest:,} + 2 x {psi:,} / {dp} GPUs"
-        elif offload == "optimizer+params":
-            weights, grads, optimizer = live, live, 0
-            host = psi * 18 * gpus_factor * DEEPSPEED_HOST_BUFFER
-            formula = f"estimate_zero3, offload_param=cpu, offload_optimizer=cpu: 4 x largest layer {largest:,}"
-    return dict(weights=int(weights), gradients=int(grads), optimizer=int(optimizer), host=int(host), formula=formula)
+        gpu = live + int(18 * psi / n)  # 16-bit params 2 + fp32 params 4, gradients 4, moments 8, partitioned
+        grads = live - live // 2 + int(4 * psi / n)
+        weights = gpu - grads - optimizer
+        host, cold = largest * 4 * gpus_per_node * buffer, psi * 4 * gpus_per_node * buffer
+        formula = f"estimate_zero3: 4 x largest layer {largest:,} + 18 x {psi:,} / {n} GPUs"
+        host_formula = f"largest layer {largest:,} x 4 (fp32) x {gpus_per_node} GPUs per node"
+    return dict(weights=weights, gradients=grads, optimizer=optimizer, host=int(host),
+                host_without_zero_init=int(cold), formula=formula,
+                host_formula=f"zero_init=1: {host_formula} x {buffer}; zero_init=0 (each of the {gpus_per_node} "
+                             f"processes builds the fp32 model on the host first): {gib(cold)}")
 
 
 MOE_NOT_MODELLED = ("Mixture-of-Experts is not modelled in this framework's published accounting (Megatron's "
@@ -226,6 +266,8 @@ def framework_memory(cfg, ex: Explain) -> dict:
     device = device_memory_bytes(cfg.hardware)
     fits = None if device is None else mem["total"] <= int(device * (1 - cfg.hardware.fragmentation))
     out = {"name": name, "memory_bytes": mem, "fits": fits, "sources": [SOURCES[name], SOURCES["activations"]]}
+    if "host_without_zero_init" in states:  # DeepSpeed ZeRO-3: the estimator's zero_init=0 row
+        out["host_without_zero_init"] = states["host_without_zero_init"]
     m = cfg.model
     model_flops, hardware_flops = korthikanti_flops_per_token(cfg.train.seq_len, m.num_layers, m.hidden_size,
                                                               m.vocab_size, cfg.train.activation_checkpointing)

@@ -146,6 +146,10 @@ def render(config, p: dict) -> str:
         lines.append(f"    {'as ' + fw['name']:<14} {fm['total'] / GiB:>9.2f}   model states "
                      f"{(fm['weights'] + fm['gradients'] + fm['optimizer']) / GiB:.2f} + activations "
                      f"{fm['activations'] / GiB:.2f} + context{fits} (formulas and sources: --explain)")
+        if fm["host"]:  # DeepSpeed's estimators count host RAM per node too
+            cold = fw.get("host_without_zero_init")
+            lines.append(f"    {'  host':<14} {fm['host'] / GiB:>9.2f}   per node as {fw['name']} counts it"
+                         + ("" if cold is None else f" with zero.Init ({cold / GiB:.2f} without)"))
     if "budget" in p:  # budget mode: what the budget buys, above the plan of the chosen model
         from .budget_mode import render as budget_lines
 
