@@ -28,6 +28,11 @@ from ..config import mixture_sources
 from .explain import Explain
 
 
+def position_reset(m, t) -> bool:
+    """model.position_reset as the model reads it: null follows train.document_masking."""
+    return t.document_masking if m.position_reset is None else m.position_reset
+
+
 def squared_pieces(length: float, seq: int) -> float:
     """f(L): the expected sum of squared pieces a document of `length` tokens leaves in windows of `seq`."""
     if length <= seq:
