@@ -79,3 +79,38 @@ def test_the_histogram_of_data_dir_prices_the_attention(tmp_path):
     unknown = make_plan(config("train.document_masking=true"))["flops"]
     assert unknown["document_lengths"] == "none"
     assert unknown["attention_per_token"] == make_plan(config())["flops"]["attention_per_token"]
+
+
+def test_a_mixture_weights_its_sources_histograms(two_corpora, tmp_path):
+    """Each window comes from one source, a share w_s of the tokens: the planned context is sum w_s C_s, each
+    C_s from that source's own prepared histogram (worked by hand here, bin by bin)."""
+    seq, dirs = 256, (two_corpora["shakespeare"], two_corpora["zh"])
+
+    def by_hand(directory) -> float:
+        bins = json.loads((directory / "meta.json").read_text())["doc_length_histogram"]["train"]
+        middles = {(3 * int(lo) - 1) / 2: n for lo, n in bins.items()}
+        lengths = sum(length * n for length, n in middles.items())
+        squares = 0.0
+        for length, n in middles.items():
+            cut = length * length - length * (length * length - 1) / (3 * seq) if length <= seq else \
+                length * seq - (seq * seq - 1) / 3
+            squares += cut * n
+        return squares / lengths
+
+    def attention(*extra):
+        flops = make_plan(config("train.document_masking=true", f"train.seq_len={seq}", *extra))["flops"]
+        return flops["attention_per_token"], flops["document_lengths"]
+
+    english, chinese = by_hand(dirs[0]), by_hand(dirs[1])
+    assert abs(english - chinese) > 10  # the two corpora's documents differ, so the weights matter
+    per_key = 12 * 2 * 4 * 16  # layers x heads x head_dim of the debug preset, two layers
+    mixture = f"data.mixture=[{{dir: {dirs[0]}, weight: 7}}, {{dir: {dirs[1]}, weight: 3}}]"
+    assert attention(mixture, "data.mean_doc_tokens=5") == (round(per_key * (0.7 * english + 0.3 * chinese)),
+                                                            "meta.json")
+    alone = attention(f"data.dir={dirs[0]}")  # one source: as data.dir reads it, unchanged by the mixture's rule
+    assert alone == (round(per_key * english), "meta.json")
+    assert attention(f"data.mixture=[{{dir: {dirs[0]}, weight: 1}}]") == alone
+    (tmp_path / "meta.json").write_text(json.dumps({"num_tokens": {"train": 1000, "val": 10}}))  # no histogram
+    fallback = attention(f"data.mixture=[{{dir: {dirs[0]}, weight: 1}}, {{dir: {tmp_path}, weight: 1}}]",
+                         "data.mean_doc_tokens=5")
+    assert fallback == (round(per_key * mean_context({5: 1}, seq)), "data.mean_doc_tokens")

@@ -19,9 +19,10 @@ torch = pytest.importorskip("torch")
 from pretrain.config import load_config  # noqa: E402
 from pretrain.distributed.optim import build_optimizer  # noqa: E402
 from pretrain.distributed.recompute import apply_activation_checkpointing  # noqa: E402
-from pretrain.model import build_model  # noqa: E402
+from pretrain.model import Documents, build_model  # noqa: E402
 from pretrain.plan import make_plan  # noqa: E402
 from pretrain.plan.activations import activation_bytes  # noqa: E402
+from pretrain.plan.kernels import planned_document_kernel, planned_native_gqa  # noqa: E402
 from pretrain.train.measure import measure_forward, model_state_bytes  # noqa: E402
 
 SHAPES = {
@@ -36,21 +37,37 @@ PADDED = {"llama-padded": ["model.preset=debug", "model.vocab_size=500", "model.
           "gpt2-padded": SHAPES["gpt2"] + ["model.vocab_size=500", "model.pad_vocab_to=64"]}
 
 
-def measure(overrides, optimizer="adamw"):
-    c = load_config(overrides=["model.num_layers=3", "train.seq_len=32", "train.micro_batch_size=2",
-                               "hardware.gpu=cpu", f"train.optimizer={optimizer}", *overrides])
+BASE = ["model.num_layers=3", "train.seq_len=32", "train.micro_batch_size=2", "hardware.gpu=cpu"]
+EOS = 0  # the end-of-document id of the masked runs
+
+
+def batch(vocab_size: int, masked: bool):
+    """Two windows of 32 tokens and their targets; masked: <eos> cuts them into 3 and 2 documents."""
+    x, y = torch.randint(0, vocab_size, (2, 32)), torch.randint(0, vocab_size, (2, 32))
+    if masked:
+        x[x == EOS] = 1
+        x[0, [5, 20]] = x[1, 11] = EOS
+    return x, y
+
+
+def measure(overrides, optimizer="adamw", kernel=None):
+    """kernel: train.document_masking's attention kernel (pretrain.model.documents), positions reset with it."""
+    c = load_config(overrides=[*BASE, f"train.optimizer={optimizer}", *overrides])
     torch.manual_seed(0)
     model = build_model(c.model, attention=c.train.attention, loss=c.train.loss,
-                        loss_chunk_tokens=c.train.loss_chunk_tokens)
+                        loss_chunk_tokens=c.train.loss_chunk_tokens,
+                        documents=Documents(EOS, True, True, kernel) if kernel else None)
     if c.train.precision == "bf16":
         model = model.to(torch.bfloat16)
     apply_activation_checkpointing(model, c.train.activation_checkpointing)
     opt = build_optimizer(model, c.model, c.train)
-    V = c.model.vocab_size
-    x, y = torch.randint(0, V, (2, 32)), torch.randint(0, V, (2, 32))
+    x, y = batch(c.model.vocab_size, kernel is not None)
     autocast = functools.partial(torch.autocast, "cpu", dtype=torch.bfloat16, cache_enabled=False,
                                  enabled=c.train.precision.endswith("-mixed"))
     loss, saved = measure_forward(model, x, y, autocast)
+    if kernel:  # the rotary tables gathered per token: full recomputation's blocks hold them in a (cos, sin)
+        # tuple, which the meter's pre-hook on a checkpointed block does not open (it sees the mask)
+        saved["rotary_per_token"] = sum(t.numel() * t.element_size() for t in model.window_layout(x)[1] or ())
     loss.backward()
     opt.step()
     return make_plan(c), model_state_bytes(model, opt), saved
@@ -81,6 +98,29 @@ def test_qk_norm_activations_exact(precision, recompute, attention):
     p, _, saved = measure(["model.preset=debug", "model.qk_norm=true", f"train.precision={precision}",
                            f"train.activation_checkpointing={recompute}", f"train.attention={attention}"])
     assert saved["activations"] == p["memory_bytes"]["activations"]
+
+
+@pytest.mark.parametrize("shape, precision, recompute, attention, kernel", [
+    (*case, *kernel) for case in itertools.product(["llama-gqa", "gpt2"], ["fp32", "bf16-mixed"],
+                                                   ["none", "selective", "full"])
+    for kernel in [("eager", "mask"), ("sdpa", "loop"), ("sdpa", "mask")]])
+def test_masked_activations_exact(shape, precision, recompute, attention, kernel):
+    # train.document_masking, positions reset with it: eager attention's masked_fill keeps the inverted
+    # (b, 1, s, s) mask per block; SDPA under the boolean mask (the compiled CPU kernel, run eagerly here: its
+    # compiled graph keeps the same) an additive mask in the compute dtype per block; the CPU's loop of SDPA
+    # calls each document's output; the rotary tables (GPT-2's position ids) are per token, and full
+    # recomputation holds the mask and the tables as the blocks' inputs. The plan's activations are the
+    # trainer's kernel's: the mask under eager attention, the loop under SDPA on the CPU.
+    overrides = [*SHAPES[shape], f"train.precision={precision}", f"train.activation_checkpointing={recompute}",
+                 f"train.attention={attention}", "train.document_masking=true"]
+    p, _, saved = measure(overrides, kernel=kernel)
+    held = saved["rotary_per_token"] if recompute == "full" and precision != "fp32" else 0  # fp32: saved
+    c = load_config(overrides=[*BASE, *overrides])
+    planned = activation_bytes(c.model, c.train, c.parallel, native_gqa=planned_native_gqa(c),
+                               documents=kernel)["total"]
+    assert saved["activations"] + held == planned
+    if (attention, kernel) != ("sdpa", "mask"):
+        assert p["memory_bytes"]["activations"] == planned
 
 
 @pytest.mark.parametrize("shape, precision, optimizer", list(itertools.product(
@@ -131,35 +171,58 @@ def test_peak_over_phases_against_the_allocator(shape, precision, recompute, acc
                                "hardware.gpu=cpu", f"train.grad_accum_steps={accum}", f"train.loss={loss}",
                                *{**SHAPES, **PADDED}[shape],
                                f"train.precision={precision}", f"train.activation_checkpointing={recompute}"])
+    planned = make_plan(c)["memory_bytes"]["total"]
+    assert _step_peak(c) == pytest.approx(planned, rel=0.07 if recompute == "full" else 0.001)
+
+
+@pytest.mark.parametrize("shape, precision, recompute, loss, attention, kernel", [
+    ("llama-gqa", "bf16-mixed", "none", "chunked", "sdpa", "loop"),
+    ("llama-gqa", "fp32", "none", "plain", "eager", "mask"),
+    ("gpt2", "fp32", "selective", "chunked", "eager", "mask"),
+    ("gpt2", "bf16-mixed", "none", "plain", "sdpa", "loop")])
+def test_masked_peak_against_the_allocator(shape, precision, recompute, loss, attention, kernel):
+    # train.document_masking's step, as above to 0.1%: the boolean mask, document ids and per-token positions
+    # are made once per micro-batch and gone when its blocks have run (the loss's peak comes after); what the
+    # blocks keep of them is in the activations (test_masked_activations_exact).
+    c = load_config(overrides=[*BASE, f"train.loss={loss}", *SHAPES[shape], f"train.precision={precision}",
+                               f"train.activation_checkpointing={recompute}", f"train.attention={attention}",
+                               "train.document_masking=true"])
+    assert _step_peak(c, kernel) == pytest.approx(make_plan(c)["memory_bytes"]["total"], rel=0.001)
+
+
+def _step_peak(c, kernel=None) -> int:
+    """Model states + the allocator's peak over a whole step (optimizer states made by a first step, as in
+    every later one); kernel: train.document_masking's (pretrain.model.documents), positions reset with it."""
+    t = c.train
     torch.manual_seed(0)
-    model = build_model(c.model, attention=c.train.attention, loss=loss, loss_chunk_tokens=c.train.loss_chunk_tokens)
-    if precision == "bf16":
+    model = build_model(c.model, attention=t.attention, loss=t.loss, loss_chunk_tokens=t.loss_chunk_tokens,
+                        documents=Documents(EOS, True, True, kernel) if kernel else None)
+    if t.precision == "bf16":
         model = model.to(torch.bfloat16)
-    apply_activation_checkpointing(model, recompute)
-    opt = build_optimizer(model, c.model, c.train)
+    apply_activation_checkpointing(model, t.activation_checkpointing)
+    opt = build_optimizer(model, c.model, t)
     autocast = functools.partial(torch.autocast, "cpu", dtype=torch.bfloat16, cache_enabled=False,
-                                 enabled=precision.endswith("-mixed"))  # as the trainer: no weight-cast cache
+                                 enabled=t.precision.endswith("-mixed"))  # as the trainer: no weight-cast cache
 
     def step():
-        for _ in range(accum):
-            x, y = torch.randint(0, c.model.vocab_size, (2, 32)), torch.randint(0, c.model.vocab_size, (2, 32))
+        for _ in range(t.grad_accum_steps):
+            x, y = batch(c.model.vocab_size, kernel is not None)
             with autocast():
                 loss = model(x, y)
-            (loss / accum).backward()
+            (loss / t.grad_accum_steps).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
 
     step()
-    measured = sum(model_state_bytes(model, opt).values()) + _allocator_peak(step)
-    planned = make_plan(c)["memory_bytes"]["total"]
-    assert measured == pytest.approx(planned, rel=0.07 if recompute == "full" else 0.001)
+    return sum(model_state_bytes(model, opt).values()) + _allocator_peak(step)
 
 
 @needs_compiler
 @pytest.mark.slow
-@pytest.mark.parametrize("shape, precision, recompute", [("llama-gqa", "bf16-mixed", "selective"),
-                                                         ("gpt2", "bf16-mixed", "none")])
-def test_compiled_step_against_the_plan(shape, precision, recompute):
+@pytest.mark.parametrize("shape, precision, recompute, masked", [("llama-gqa", "bf16-mixed", "selective", False),
+                                                                 ("gpt2", "bf16-mixed", "none", False),
+                                                                 ("llama-gqa", "bf16-mixed", "selective", True)])
+def test_compiled_step_against_the_plan(shape, precision, recompute, masked):
     # Issue 31, item 3: a step with the trainer's torch.compile (parallelize(): each block, and the output layer
     # with the loss, compiled) on the CPU. What the compiled graphs save is exactly the plan's compiled
     # activations (pretrain.plan.activations: the partitioner's per-layer tensors, the working copies); the
@@ -167,7 +230,8 @@ def test_compiled_step_against_the_plan(shape, precision, recompute):
     # LLaMA and 0.991 for GPT-2 (the eager peak: 0.947 and 0.984). The phases are eager mode's, and the
     # compiled backward's temporaries differ from eager's: other settings, measured the same way, land from
     # 0.957 (the plain loss, whose compiled graph keeps less than eager's log-softmax) to 1.030 (fp32 LLaMA
-    # without recomputation); full recomputation 0.995.
+    # without recomputation); full recomputation 0.995. Masked (train.document_masking), SDPA runs under the
+    # boolean mask, and each compiled block keeps it as an additive bf16 mask, as eager SDPA does.
     from pretrain.distributed.parallelize import parallelize
     from pretrain.distributed.runtime import init_runtime
     from pretrain.train.measure import SavedTensorMeter
@@ -176,16 +240,18 @@ def test_compiled_step_against_the_plan(shape, precision, recompute):
     c = load_config(overrides=["model.num_layers=3", "train.seq_len=32", "train.micro_batch_size=2",
                                "hardware.gpu=cpu", "train.grad_accum_steps=1", "train.compile=true",
                                "train.loss_chunk_tokens=24", *SHAPES[shape], f"train.precision={precision}",
-                               f"train.activation_checkpointing={recompute}"])
+                               f"train.activation_checkpointing={recompute}", f"train.document_masking={masked}"])
     torch.manual_seed(0)
-    par = parallelize(build_model(c.model, loss=c.train.loss, loss_chunk_tokens=c.train.loss_chunk_tokens), c,
-                      init_runtime("cpu"))
+    kernel = planned_document_kernel(c, compiled=True)  # the boolean mask, as pretrain.model.documents picks it
+    model = build_model(c.model, loss=c.train.loss, loss_chunk_tokens=c.train.loss_chunk_tokens,
+                        documents=Documents(EOS, True, True, kernel) if masked else None)
+    par = parallelize(model, c, init_runtime("cpu"))
     autocast = functools.partial(torch.autocast, "cpu", dtype=torch.bfloat16, cache_enabled=False,
                                  enabled=precision.endswith("-mixed"))
     meter = SavedTensorMeter(par.module)
 
     def step(count=False):
-        x, y = torch.randint(0, c.model.vocab_size, (2, 32)), torch.randint(0, c.model.vocab_size, (2, 32))
+        x, y = batch(c.model.vocab_size, masked)
         with meter(checkpoints=False) if count else contextlib.nullcontext(), autocast():
             loss = par.module(x, y)
         saved = meter.split() if count else None  # before the step changes the weights its casts are found by
@@ -197,7 +263,7 @@ def test_compiled_step_against_the_plan(shape, precision, recompute):
     saved = step(count=True)  # compiles, and counts what the compiled graphs save
     meter.storages.clear()
     p = make_plan(c)
-    planned = activation_bytes(c.model, c.train, c.parallel, compiled=True)["total"]
+    planned = activation_bytes(c.model, c.train, c.parallel, compiled=True, documents=kernel)["total"]
     assert saved == {"activations": planned, "working_copies": p["model_states"]["working_copies"]}
     measured = sum(model_state_bytes(par.module, par.optimizer).values()) + _allocator_peak(step)
     assert measured == pytest.approx(p["memory_bytes"]["compiled"], rel=0.01)

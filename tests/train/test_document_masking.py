@@ -22,6 +22,8 @@ def test_a_masked_run_says_so_in_plan_vs_run(prepared, tmp_path):
     report = json.loads((tmp_path / "run" / "plan_vs_run.json").read_text())
     assert report["document_masking"] is True
     assert report["attention_kernel"] == "flash"  # the CPU's fused kernel takes the boolean mask
+    rows = {r["name"]: r for r in report["rows"]}  # the loop's per-document outputs and per-token tables planned
+    assert rows["activations"]["measured"] == rows["activations"]["planned"]
 
 
 def test_an_offset_index_that_disagrees_with_the_eos_ids_is_one_line(prepared, tmp_path):

@@ -240,8 +240,8 @@ class DataConfig:
                       "re-hash train.bin / val.bin against meta.json's sha256, auto = full when they total at most "
                       "1 GiB, size = no hashing", ("auto", "full", "size"))
     mean_doc_tokens: float | None = doc(None, "planner: mean document length in tokens (<eos> included), for the "
-                                        "attention FLOPs of train.document_masking when data.dir's meta.json has "
-                                        "no doc_length_histogram")
+                                        "attention FLOPs of train.document_masking when data.dir's meta.json (or "
+                                        "a data.mixture source's) has no doc_length_histogram")
     mixture: list[dict] = doc([], "train on several prepared directories in chosen proportions: a list of {dir, "
                               "weight, name, max_epochs}; weights count tokens and are normalised, name defaults "
                               "to the directory's base name; exclusive with data.dir (docs/data.md: Mixtures)")

@@ -15,6 +15,9 @@ terms are that count redone for what `pretrain.model` really keeps (checked tens
   - The loss (`loss_terms`): the plain one keeps the fp32 log-softmax over the vocabulary (4 * b*s*V bytes,
     for a 128K vocabulary larger than several layers); the chunked one only the two gradients it computed in
     forward, b*s*h + V*h elements.
+Document masking (`documents`: the kernel, pretrain.plan.kernels): each block keeps eager attention's inverted
+(b, 1, s, s) bool mask, SDPA's additive mask (a x b*s*s) made from it, or the CPU loop's per-document outputs;
+reset positions gather the rotary tables per token (b*s rows); full recomputation holds mask and tables.
 Recomputation: `selective` recomputes norms and the MLP activation (their inputs stay); `full` keeps each
 block's input and, during backward, one block's tensors at a time.
 Under torch.compile (`compiled`) a block saves what inductor's min-cut partitioner picks from the joint
@@ -45,6 +48,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from ..gpus import mixed_precision
+from .documents import position_reset
 from .params import expert_width, padded_vocab_size
 from .stages import chunk_indices, chunks_in_flight, chunks_per_stage, stage_layers
 from .stages import in_flight as stage_in_flight
@@ -69,10 +73,10 @@ class Term:
 
 
 def layer_terms(m, t, parallel, b: int, recompute: str | None = None, native_gqa: bool = True,
-                compiled: bool = False, imbalance: float = 1.0) -> list[Term]:
+                compiled: bool = False, imbalance: float = 1.0, documents: str | None = None) -> list[Term]:
     """What one transformer block keeps for one micro-batch of b sequences. native_gqa: SDPA takes grouped
     k/v heads itself (pretrain.plan.kernels decides); compiled: the block runs under torch.compile (what
-    inductor's min-cut partitioner saves, below)."""
+    inductor's min-cut partitioner saves, below); documents: the masked attention's kernel (None: causal)."""
     recompute = recompute or t.activation_checkpointing
     s, h, I, nh, d = t.seq_len, m.hidden_size, m.intermediate_size, m.num_heads, m.head_dim
     qw, kvw = nh * d, m.num_kv_heads * d
@@ -115,7 +119,8 @@ def layer_terms(m, t, parallel, b: int, recompute: str | None = None, native_gqa
     else:  # SDPA keeps q, k, v: views of the fused qkv output
         add("qkv output", a * bs * 3 * h, f"{a} x b*s*3h")
     if llama and a != 4:
-        add("rotary cos/sin casts", a * s * d, f"{a} x s*head_dim", sharded=False)
+        rows = bs if position_reset(m, t) else s  # reset: each token's rows of the tables
+        add("rotary cos/sin casts", a * rows * d, f"{a} x {'b*s' if rows == bs else 's'}*head_dim", sharded=False)
     if m.qk_norm:  # Qwen3's RMSNorm over each head of q and k: the fp32 terms of a norm, per head
         heads, width = nh + m.num_kv_heads, qw + kvw
         add("QK-norm reciprocal rms", 4 * bs * heads, f"4 x b*s*(heads {nh} + kv heads {m.num_kv_heads})")
@@ -125,12 +130,19 @@ def layer_terms(m, t, parallel, b: int, recompute: str | None = None, native_gqa
         elif eager or not (kvw == qw or native_gqa):  # its input is a view of the qkv output: that stays whole
             add("qkv output (held by QK-norm)", a * bs * (qw + 2 * kvw), f"{a} x b*s*(q {qw} + 2 x kv {kvw})")
     if eager:
-        add("causal mask", s * s, "s*s (bool)", sharded=False)
+        if documents:  # masked_fill keeps ~mask: one per block, of the batch's own documents
+            add("document mask, inverted", bs * s, "b*s*s (bool)", sharded=False)
+        else:
+            add("causal mask", s * s, "s*s (bool)", sharded=False)
         add("fp32 softmax", 4 * b * nh * s * s, "4 x b*heads*s*s")
         if a != 4:
             add("softmax cast", a * b * nh * s * s, f"{a} x b*heads*s*s")
     else:
         add("log-sum-exp", 4 * b * nh * s, "4 x b*heads*s")
+    if documents == "mask" and not eager:
+        add("document mask as SDPA's additive mask", a * bs * s, f"{a} x b*s*s", sharded=False)
+    elif documents == "loop":  # each call's output, kept by its backward, beside the row's concatenation
+        add("each document's attention output", a * bs * qw, f"{a} x b*s*q {qw}")
     add("attention output (the output projection's input)", a * bs * qw, f"{a} x b*s*q {qw}")
     if compiled:  # the second norm's input, the residual stream, is remade from it and the block input
         add("output projection's output", a * bs * h, f"{a} x b*s*h", sharded=False)
@@ -200,19 +212,24 @@ def _compiled_norms(add, llama: bool, recompute: str, autocast: bool, a: int, r:
         add("qkv and MLP matmul inputs", 2 * a * bs * h, f"2 x {a} x b*s*h", sharded=False)
 
 
-def once_terms(m, t, parallel, b: int) -> list[Term]:
+def once_terms(m, t, parallel, b: int, documents: str | None = None) -> list[Term]:
     """What the embedding, final norm and loss keep (once per micro-batch, not per layer)."""
     s, h, d = t.seq_len, m.hidden_size, m.head_dim
     a, r = COMPUTE_BYTES[t.precision], residual_bytes(t, parallel)
     bs = b * s
+    rows, per = (bs, "b*s") if position_reset(m, t) else (s, "s")  # reset: positions and tables per token
+    full = t.activation_checkpointing == "full"
     terms = [Term("token ids", 8 * bs, "8 x b*s (int64)", False)]
     if m.family == "gpt2":
-        terms.append(Term("position ids", 8 * s, "8 x s (int64)", False))
+        terms.append(Term("position ids", 8 * rows, f"8 x {per} (int64)", False))
         terms.append(Term("final LayerNorm", r * bs * h + 8 * bs, f"{r} x b*s*h + 8 x b*s", False))
     else:
         terms.append(Term("final RMSNorm", 8 * bs * h + 4 * bs, "8 x b*s*h + 4 x b*s", False))
-        if a == 4:
-            terms.append(Term("rotary tables (fp32, shared)", 4 * s * d, "2 x 4 x s*head_dim/2", False))
+        if a == 4 or (full and rows == bs):  # full: per token, the blocks' inputs, held by recomputation
+            shared = ", shared" if rows == s else ""
+            terms.append(Term(f"rotary tables (fp32{shared})", 4 * rows * d, f"2 x 4 x {per}*head_dim/2", False))
+    if full and documents == "mask":
+        terms.append(Term("document mask (held by recomputation)", bs * s, "b*s*s (bool)", False))
     terms += loss_terms(m, t, parallel, b)["kept"]
     if m.dropout:
         terms.append(Term("embedding dropout mask", bs * h, "b*s*h (bool)", False))
@@ -294,10 +311,10 @@ def _shard(terms: list[Term], tensor: int, sequence_parallel: bool) -> int:
 
 
 def activation_bytes(m, t, parallel, b: int | None = None, native_gqa: bool = True, compiled: bool = False,
-                     imbalance: float = 1.0) -> dict:
+                     imbalance: float = 1.0, documents: str | None = None) -> dict:
     """Activation bytes per GPU for micro-batch b (default train.micro_batch_size), with the terms; compiled:
-    the blocks run under torch.compile; imbalance: plan.routing_imbalance (MoE). With dense blocks before the
-    MoE ones, every block is counted as the larger of the two kinds."""
+    the blocks run under torch.compile; imbalance: plan.routing_imbalance (MoE); documents: as layer_terms.
+    With dense blocks before the MoE ones, every block is counted as the larger of the two kinds."""
     b = b or t.micro_batch_size
     tp, pp, sp = parallel.tensor, parallel.pipeline, parallel.sequence_parallel
     # 1F1B: stage k holds up to p - k micro-batches of its layers' activations; the stage holding the most
@@ -316,17 +333,18 @@ def activation_bytes(m, t, parallel, b: int | None = None, native_gqa: bool = Tr
     kinds = [m, dataclasses.replace(m, num_experts=0)] if m.num_experts and m.first_dense_layers else [m]
     options = []
     for kind in kinds:
-        terms = layer_terms(kind, t, parallel, b, native_gqa=native_gqa, compiled=compiled, imbalance=imbalance)
+        terms = layer_terms(kind, t, parallel, b, native_gqa=native_gqa, compiled=compiled, imbalance=imbalance,
+                            documents=documents)
         options.append((_shard(terms, tp, sp), terms, kind))
     per_layer, per_layer_terms, m = max(options, key=lambda option: option[0])
-    once = once_terms(m, t, parallel, b)
+    once = once_terms(m, t, parallel, b, documents)
     once_bytes = _shard(once, tp, sp)
     total = layers * in_flight * per_layer
     working = 0
     if t.activation_checkpointing == "full":
         # Backward recomputes one block at a time and holds its tensors until its gradients are done.
         working = _shard(layer_terms(m, t, parallel, b, recompute="none", native_gqa=native_gqa,
-                                     compiled=compiled, imbalance=imbalance), tp, sp) - \
+                                     compiled=compiled, imbalance=imbalance, documents=documents), tp, sp) - \
             _overlap(m, t, parallel, b) // (tp if sp else 1)
         total += working
     total += once_bytes

@@ -55,3 +55,18 @@ def planned_native_gqa(cfg) -> bool:
     device = "cpu" if name == "cpu" else "cuda"
     return native_gqa(device, cfg.train.precision != "fp32", cfg.model.head_dim, installed_torch_version(),
                       flash_gpu=name not in PRE_AMPERE_GPUS)
+
+
+def planned_document_kernel(cfg, compiled: bool = False) -> str | None:
+    """The kernel of train.document_masking's attention, as the trainer picks it (pretrain.model.documents):
+    None without masking; "mask" (a boolean mask) under train.attention eager or compiled on the CPU; "loop"
+    (SDPA per document) on the CPU; "flex" on a GPU."""
+    from ..gpus import gpu_spec
+
+    if not cfg.train.document_masking:
+        return None
+    if cfg.train.attention == "eager":
+        return "mask"
+    if gpu_spec(cfg.hardware.gpu).name != "cpu":
+        return "flex"
+    return "mask" if compiled else "loop"

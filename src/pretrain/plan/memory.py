@@ -39,7 +39,7 @@ from ..units import gib
 from .activations import activation_bytes, routed_load
 from .explain import Explain
 from .hardware import device_memory_bytes
-from .kernels import planned_native_gqa
+from .kernels import planned_document_kernel, planned_native_gqa
 from .model_states import model_state_tensors, zero_paper_bytes
 from .phases import PHASES, cuda_context, held_gradients, loss_part, nccl_buffers, resident, step_phases
 from .stages import chunk_indices, chunks_per_stage, stage_layers
@@ -88,7 +88,8 @@ def memory(cfg, counts, ex: Explain) -> dict:
                + (f" / model parallel {mp} (tensor {par.tensor} x pipeline {par.pipeline})" if mp > 1 else "")
                + f", stage {zero} sharding over {dp}; ours above counts what autocast/FSDP really hold")
 
-    act = activation_bytes(m, t, par, native_gqa=planned_native_gqa(cfg), imbalance=cfg.plan.routing_imbalance)
+    act = activation_bytes(m, t, par, native_gqa=planned_native_gqa(cfg), imbalance=cfg.plan.routing_imbalance,
+                           documents=planned_document_kernel(cfg))
     per_layer_formula = " + ".join(x.formula for x in act["layer_terms"])
     ex.add("memory", "activations per layer", gib(act["per_layer"]),
            f"{per_layer_formula} with b={t.micro_batch_size}, s={t.seq_len}, h={m.hidden_size}, "
@@ -207,7 +208,7 @@ def _compiled_peak(cfg, st, ex: Explain) -> tuple[int | None, str | None]:
         return None, None
     t, par = cfg.train, cfg.parallel
     act = activation_bytes(cfg.model, t, par, native_gqa=planned_native_gqa(cfg), compiled=True,
-                           imbalance=cfg.plan.routing_imbalance)
+                           imbalance=cfg.plan.routing_imbalance, documents=planned_document_kernel(cfg, compiled=True))
     ex.add("memory", "activations per layer, compiled", gib(act["per_layer"]),
            " + ".join(x.formula for x in act["layer_terms"]) + (f", / tensor {par.tensor}" if par.tensor > 1 else ""))
     totals = {name: sum(n for _, n in parts)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ..gpus import gpu_spec, mixed_precision
 from .activations import _shard, activation_bytes, layer_terms, loss_terms, residual_bytes
-from .kernels import planned_native_gqa
+from .kernels import planned_document_kernel, planned_native_gqa
 from .model_states import numel, stage_share
 from .params import param_shapes
 
@@ -130,7 +130,8 @@ def _recomputed(cfg, act: dict, b: int, compiled: bool) -> int:
 
     def kept(mode):
         return _shard(layer_terms(cfg.model, t, par, b, recompute=mode, native_gqa=gqa, compiled=compiled,
-                                  imbalance=cfg.plan.routing_imbalance),
+                                  imbalance=cfg.plan.routing_imbalance,
+                                  documents=planned_document_kernel(cfg, compiled)),
                       par.tensor, par.sequence_parallel)
     return kept("none") - kept("selective")
 
@@ -155,7 +156,7 @@ def step_phases(cfg, st, b: int, compiled: bool = False) -> dict[str, list[tuple
     mixed = mixed_precision(t.precision)
     params, optimizer, _ = resident(cfg, st)
     act = activation_bytes(cfg.model, t, par, b, native_gqa=planned_native_gqa(cfg), compiled=compiled,
-                           imbalance=cfg.plan.routing_imbalance)
+                           imbalance=cfg.plan.routing_imbalance, documents=planned_document_kernel(cfg, compiled))
     always = [("parameters", params),
                 (f"{t.optimizer} states" + (" + fp32 master weights" if mixed else ""), optimizer)]
     if dp > 1 and par.zero_stage <= 1:
