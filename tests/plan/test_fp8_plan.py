@@ -105,3 +105,44 @@ def test_against_torchtitans_float8_rows():
     assert fp8["memory_bytes"]["compiled"] / GiB == pytest.approx(76.8, rel=0.15)
     big = plan(*TT_70B, "train.precision=fp8")
     assert big["step_time"]["tokens_per_second"] / 256 == pytest.approx(829, rel=0.15)
+
+
+LLAMA3_8B_FIT = ["model.preset=llama3-8b", "parallel.gpus=8", "hardware.gpu=h100-sxm", "train.seq_len=8192"]
+
+
+def test_fit_weighs_fp8_against_bf16_each_at_its_fastest_layout():
+    from pretrain.plan.command import fit_result
+    from pretrain.plan.fit import fit
+
+    config = load_config(overrides=LLAMA3_8B_FIT)
+    _, result = fit_result(config, top=1)
+    weighed = result["fp8_vs_bf16"]
+    # each side is exactly the fastest candidate of a fit in that precision alone
+    for precision in ("bf16-mixed", "fp8"):
+        alone = fit(load_config(overrides=[*LLAMA3_8B_FIT, f"train.precision={precision}"]), top=1)
+        best = alone["candidates"][0]
+        assert weighed[precision] == {"overrides": {"train.precision": precision, **best["overrides"]},
+                                      **{k: best[k] for k in ("tokens_per_s", "mfu", "step_time_s")}}
+    assert weighed["fp8_speedup"] == weighed["fp8"]["tokens_per_s"] / weighed["bf16-mixed"]["tokens_per_s"]
+    assert weighed["fp8_speedup"] > 1.1 and weighed["faster"] == "fp8"
+    # the ranking itself stays in the config's precision; fixing fp8 weighs bf16-mixed the same way
+    assert result["candidates"][0]["overrides"] == {k: v for k, v in weighed["bf16-mixed"]["overrides"].items()
+                                                    if k != "train.precision"}
+    _, from_fp8 = fit_result(load_config(overrides=[*LLAMA3_8B_FIT, "train.precision=fp8"]), top=1)
+    assert from_fp8["fp8_vs_bf16"] == weighed
+    # no float8 on the card, or another precision chosen: nothing weighed, the JSON as before
+    for other in (["hardware.gpu=a100-80gb"], ["train.precision=fp32"]):
+        assert "fp8_vs_bf16" not in fit_result(load_config(overrides=[*LLAMA3_8B_FIT, *other]), top=1)[1]
+
+
+def test_fit_says_where_fp8_does_not_pay_and_prints_the_other_precisions_command():
+    small = ["model.preset=gpt2", "parallel.gpus=8", "hardware.gpu=h100-sxm", "train.fp8_min_features=16"]
+    r = run_cli("plan", *small, "train.precision=fp8", "--fit", "--top", "1")
+    assert r.returncode == 0, r.stderr
+    line = next(x for x in r.stdout.splitlines() if x.startswith("  fp8 against bf16-mixed"))
+    assert "fp8 is not faster: below 1.10x float8 does not pay" in line
+    command = next(x for x in r.stdout.splitlines() if x.startswith("  The fastest in bf16-mixed: "))
+    # the user's own train.precision=fp8 is replaced by the other precision's, not left beside it
+    assert command.count("train.precision=") == 1 and "train.precision=bf16-mixed" in command
+    planned = run_cli("plan", *command.split(": ", 1)[1].split()[2:], "--json")
+    assert planned.returncode == 0 and '"seconds"' in planned.stdout
