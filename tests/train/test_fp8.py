@@ -131,3 +131,34 @@ def test_the_run_reports_mfu_against_both_peaks():
     assert 0.5 < to_mixed < 1  # the mixed peak lies between the bf16 and the fp8 peak
     assert rows["mfu"]["measured"] == 0.5
     assert rows["mfu_mixed_peak"]["measured"] == pytest.approx(0.5 * to_mixed)
+
+
+def test_fp8_check_logs_a_bf16_shadows_relative_error_for_the_first_steps_and_changes_nothing(prepared, tmp_path):
+    from pretrain.config import load_config
+    from pretrain.config.trainable import check_trainable
+    from pretrain.distributed.runtime import init_runtime
+    from pretrain.errors import ConfigError
+    from pretrain.train.trainer import Trainer
+
+    def run(name, *extra):
+        overrides = tiny(prepared, tmp_path / name, *FP8, "train.max_steps=4", "run.checkpoint_every=0", *extra)
+        Trainer(load_config(None, overrides), init_runtime("cpu")).fit()
+        return [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+
+    checked, plain = run("checked", "debug.fp8_check=2"), run("plain")
+    shadows = [r for r in checked if "fp8_rel_err" in r]
+    assert [r["step"] for r in shadows] == [1, 2]  # the first N steps only
+    # every converted linear of the first, middle and last block (the debug preset's 2 blocks: 0 and 1)
+    assert set(shadows[0]["fp8_rel_err"]) == {f"blocks.{b}.{n}" for b in (0, 1)
+                                              for n in ("attn.qkv", "attn.proj", "mlp.up", "mlp.down")}
+    for r in shadows:
+        errors = r["fp8_rel_err"].values()
+        # e4m3's 3 significant bits: a few percent off, never exactly bf16 (the shadow is not the fp8 output)
+        assert all(0.001 < e < 0.2 for e in errors) and r["fp8_rel_err_max"] == max(errors)
+        assert r["fp8_rel_err"][r["fp8_rel_err_worst"]] == r["fp8_rel_err_max"]
+    # the shadow runs beside the training, not in it: the losses are bitwise the unchecked run's
+    assert [r["loss"] for r in checked if "loss" in r] == [r["loss"] for r in plain if "loss" in r]
+    for extra, refusal in ((["train.precision=bf16-mixed"], "use train.precision=fp8"),
+                           (["train.compile=true"], "its bf16 shadow runs eager")):
+        with pytest.raises(ConfigError, match=refusal):
+            check_trainable(load_config(None, [*FP8, "debug.fp8_check=2", *extra]), needs_data=False)
