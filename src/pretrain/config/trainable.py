@@ -37,10 +37,6 @@ def check_trainable(config, needs_data: bool = True) -> None:
         check_pipelinable(config)
     if par.tensor > 1:
         check_tensor_parallel(config)
-    if t.precision == "fp8" and par.tensor > 1:
-        # torchao's float8 needs its own tensor-parallel styles (Float8ColwiseParallel, ...), not built here
-        raise ConfigError("train.precision: fp8 with parallel.tensor > 1 is not built; use parallel.tensor=1 "
-                          "(FSDP: parallel.zero_stage=3) or train.precision=bf16-mixed")
     if config.debug.fp8_check and t.precision != "fp8":
         raise ConfigError(f"debug.fp8_check: shadows float8 linears, and train.precision is {t.precision}; "
                           "use train.precision=fp8 or debug.fp8_check=0")

@@ -22,6 +22,7 @@ import re
 
 import torch
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
 
 from . import Callback
 
@@ -44,7 +45,8 @@ class Fp8Check(Callback):
             found = re.search(r"(?:^|\.)(blocks\.(\d+)\..+)$", name)
             if isinstance(module, Float8Linear) and found and int(found[2]) in watched:
                 self.errors[found[1]] = []
-                self.hooks.append(module.register_forward_hook(self._shadow(found[1])))
+                # prepended: before tensor parallelism's own hook turns the output into this rank's local part
+                self.hooks.append(module.register_forward_hook(self._shadow(found[1]), prepend=True))
 
     def _shadow(self, name: str):
         def hook(module, inputs, out):
@@ -54,6 +56,8 @@ class Fp8Check(Callback):
                 bias = None if module.bias is None else module.bias.to(torch.bfloat16)
                 reference = F.linear(inputs[0].to(torch.bfloat16), module.weight.to(torch.bfloat16), bias).float()
                 error = (out.float() - reference).norm() / reference.norm().clamp_min(1e-30)
+                if isinstance(error, DTensor):  # tensor parallel: the output and its shadow split alike
+                    error = error.full_tensor()
             self.errors[name].append(error)
 
         return hook
