@@ -38,6 +38,20 @@ def in_process(prepared, tmp_path, *extra) -> tuple[float, object]:
     return trainer.fit()["val_loss"], trainer.state
 
 
+def logged(prepared, run_dir, *extra) -> list[dict]:
+    """A 4-step fp8 run in this process, its metrics.jsonl rows."""
+    from pretrain.config import load_config
+    from pretrain.distributed.runtime import init_runtime
+    from pretrain.train.trainer import Trainer
+
+    overrides = tiny(prepared, run_dir, *FP8, *SHORT, *extra)
+    Trainer(load_config(None, overrides), init_runtime("cpu")).fit()
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+SHORT = ["train.max_steps=4", "run.checkpoint_every=0"]
+
+
 @pytest.fixture(scope="module")
 def tensorwise(prepared, tmp_path_factory):
     """The tiny fp8 run as a user starts it: metrics, plan_vs_run.json, checkpoints at 10 and 20."""
@@ -131,3 +145,45 @@ def test_the_run_reports_mfu_against_both_peaks():
     assert 0.5 < to_mixed < 1  # the mixed peak lies between the bf16 and the fp8 peak
     assert rows["mfu"]["measured"] == 0.5
     assert rows["mfu_mixed_peak"]["measured"] == pytest.approx(0.5 * to_mixed)
+
+
+def test_fp8_check_logs_a_bf16_shadows_relative_error_for_the_first_steps_and_changes_nothing(prepared, tmp_path):
+    from pretrain.config import load_config
+    from pretrain.config.trainable import check_trainable
+    from pretrain.errors import ConfigError
+
+    checked, plain = logged(prepared, tmp_path / "checked", "debug.fp8_check=2"), logged(prepared, tmp_path / "plain")
+    shadows = [r for r in checked if "fp8_rel_err" in r]
+    assert [r["step"] for r in shadows] == [1, 2]  # the first N steps only
+    # every converted linear of the first, middle and last block (the debug preset's 2 blocks: 0 and 1)
+    assert set(shadows[0]["fp8_rel_err"]) == {f"blocks.{b}.{n}" for b in (0, 1)
+                                              for n in ("attn.qkv", "attn.proj", "mlp.up", "mlp.down")}
+    for r in shadows:
+        errors = r["fp8_rel_err"].values()
+        # e4m3's 3 significant bits: a few percent off, never exactly bf16 (the shadow is not the fp8 output)
+        assert all(0.001 < e < 0.2 for e in errors) and r["fp8_rel_err_max"] == max(errors)
+        assert r["fp8_rel_err"][r["fp8_rel_err_worst"]] == r["fp8_rel_err_max"]
+    # the shadow runs beside the training, not in it: the losses are bitwise the unchecked run's
+    assert [r["loss"] for r in checked if "loss" in r] == [r["loss"] for r in plain if "loss" in r]
+    for extra, refusal in ((["train.precision=bf16-mixed"], "use train.precision=fp8"),
+                           (["train.compile=true"], "its bf16 shadow runs eager")):
+        with pytest.raises(ConfigError, match=refusal):
+            check_trainable(load_config(None, [*FP8, "debug.fp8_check=2", *extra]), needs_data=False)
+
+
+@pytest.mark.slow
+def test_fp8_with_tensor_and_sequence_parallelism_trains_as_one_process(prepared, tmp_path):
+    # torch's ColwiseParallel / RowwiseParallel split torchao's Float8Linear as a plain linear: each rank
+    # multiplies its part in float8 (tensorwise scales from the whole tensor's amax, a DTensor reduction), the
+    # tensor-parallel collectives stay bf16.
+    run_dir = tmp_path / "tp"
+    finished_torchrun(*tiny(prepared, run_dir, *FP8, *SHORT, "parallel.gpus=2", "parallel.tensor=2",
+                            "parallel.sequence_parallel=true", "debug.fp8_check=1"))
+    one = {r["step"]: r["loss"] for r in logged(prepared, tmp_path / "one") if "loss" in r}
+    # the rows' partial sums add in bf16 across ranks, in fp32 within one: 4.3e-4 relative at most, measured
+    assert losses(run_dir).keys() == one.keys()
+    assert all(losses(run_dir)[k] == pytest.approx(one[k], rel=1e-3) for k in one)
+    shadow = next(json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if "fp8_rel_err" in x)
+    assert len(shadow["fp8_rel_err"]) == 8 and min(shadow["fp8_rel_err"].values()) > 0.01  # split, still float8
+    report = json.loads((run_dir / "plan_vs_run.json").read_text())
+    assert report["fp8"] == {"recipe": "tensorwise", "linears": 8, "skipped": 1}

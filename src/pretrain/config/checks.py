@@ -122,6 +122,7 @@ def validate(c: Config) -> None:
     _positive("model.num_kv_heads", m.num_kv_heads)
     _positive("model.head_dim", m.head_dim)
     _positive("model.sliding_window", m.sliding_window)
+    _positive("debug.fp8_check", c.debug.fp8_check, allow_zero=True)
     if m.num_heads % m.num_kv_heads:
         raise ConfigError(f"model.num_kv_heads: {m.num_kv_heads} must divide num_heads {m.num_heads}")
     if m.family == "gpt2":

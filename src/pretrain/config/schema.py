@@ -319,6 +319,9 @@ class DebugConfig:
     inject_inf_grad_batches: list[int] = doc([], "testing: micro-batches in which rank 0's gradient of one "
                                              "embedding row becomes inf (an fp16 overflow that one rank's "
                                              "shard holds); each rank writes RUN_DIR/faults.rank<R>.json")
+    fp8_check: int = doc(0, "fp8: for the first N optimizer steps, a bf16 shadow of the first, middle and last "
+                         "blocks' float8 linears logs each one's relative output error (metrics.jsonl "
+                         "fp8_rel_err; eager: train.compile auto stays off); 0: off")
     check_sharding: bool = doc(False, "assert each rank holds exactly the model-state bytes the planner "
                                "predicts for it")
     plan_vs_run_per_rank: bool = doc(False, "every rank also writes RUN_DIR/plan_vs_run.rank<R>.json: its own "

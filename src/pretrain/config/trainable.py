@@ -37,10 +37,12 @@ def check_trainable(config, needs_data: bool = True) -> None:
         check_pipelinable(config)
     if par.tensor > 1:
         check_tensor_parallel(config)
-    if t.precision == "fp8" and par.tensor > 1:
-        # torchao's float8 needs its own tensor-parallel styles (Float8ColwiseParallel, ...), not built here
-        raise ConfigError("train.precision: fp8 with parallel.tensor > 1 is not built; use parallel.tensor=1 "
-                          "(FSDP: parallel.zero_stage=3) or train.precision=bf16-mixed")
+    if config.debug.fp8_check and t.precision != "fp8":
+        raise ConfigError(f"debug.fp8_check: shadows float8 linears, and train.precision is {t.precision}; "
+                          "use train.precision=fp8 or debug.fp8_check=0")
+    if config.debug.fp8_check and t.compile is True:
+        raise ConfigError("debug.fp8_check: its bf16 shadow runs eager; use train.compile=auto (off under the "
+                          "check) or false, or debug.fp8_check=0")
     if config.run.eval_tasks and (par.tensor > 1 or par.pipeline > 1):
         # each rank scores its own examples with the whole model (FSDP gathers it); tensor and pipeline ranks
         # hold part of it

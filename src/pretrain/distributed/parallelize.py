@@ -32,7 +32,8 @@ def parallelize(model, config, rt: Runtime) -> Parallelized:
     if t.precision == "fp8":  # on the plain model: wrappers would rename the linears the filter chooses by
         from .fp8 import convert
 
-        fp8 = convert(model, t, fsdp=config.parallel.fsdp)
+        # debug.fp8_check's bf16 shadow needs each weight before its float8 cast: the all-gather stays bf16
+        fp8 = convert(model, t, fsdp=config.parallel.fsdp and not config.debug.fp8_check)
     # The grid's DeviceMesh, where something splits over it: DDP and ZeRO-1 need none (each mesh dimension
     # would make a process group, an NCCL communicator, at start-up).
     wants_mesh = layout.tensor > 1 or layout.pipeline > 1 or (layout.data > 1 and config.parallel.fsdp)
@@ -41,8 +42,9 @@ def parallelize(model, config, rt: Runtime) -> Parallelized:
         apply_tensor_parallel(model, mesh["tp"], config.parallel.sequence_parallel)
     apply_activation_checkpointing(model, t.activation_checkpointing)
     model.fix_attention_kernel(rt.device, half=t.precision != "fp32")
-    # MoE runs eager: train.compile=true is refused (config/trainable.py), auto stays off
-    compiled = compile_enabled(t.compile, rt.device.type) and not config.model.num_experts
+    # MoE and debug.fp8_check's shadow run eager: train.compile=true is refused (config/trainable.py), auto
+    # stays off
+    compiled = compile_enabled(t.compile, rt.device.type) and not (config.model.num_experts or config.debug.fp8_check)
     if compiled and config.parallel.tensor > 1:
         # AOTAutograd's on-disk cache hands a block compiled for one tensor-parallel layout to another with the
         # same shapes (with and without sequence parallelism, torch 2.13): measured, the run then trains wrong

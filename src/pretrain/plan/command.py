@@ -78,23 +78,28 @@ def fit_result(config, top: int):
     from . import plan_with_explain, planned_config
     from .budget_mode import budget_requested
     from .fit import fit
+    from .fit_fp8 import weigh
 
     if top < 1:
         raise UsageError(f"--top: must be at least 1, got {top}")
     if budget_requested(config):  # budget mode: the layouts of the model the budget buys (its advice unread)
         config = planned_config(config, plan_with_explain(config, advice=False)[0])
-    return config, fit(config, top=top)
+    result = fit(config, top=top)
+    weighed = weigh(config, result)  # a card with float8: the other precision's fastest beside (plan/fit_fp8.py)
+    return config, {**result, "fp8_vs_bf16": weighed} if weighed else result
 
 
 def _fit(config, args) -> int:
     from . import plan_with_explain
     from .fit import render
+    from .fit_fp8 import lines
 
     config, result = fit_result(config, args.top)
     if args.json:
         print(as_json(result))
         return 0
-    print(render(config, result, command=" ".join(["pretrain plan", *args.items])))
+    command = " ".join(["pretrain plan", *args.items])
+    print("\n".join([render(config, result, command=command), *lines(config, result.get("fp8_vs_bf16"), command)]))
     if args.explain and result["candidates"]:
         print()
         print(plan_with_explain(replaced(config, result["candidates"][0]["overrides"]), advice=False)[1].render())

@@ -58,6 +58,9 @@ class TrainingLog:
             else:
                 print(f"step {record['step']:>7}  tokens {record['tokens']:>12,}  {status}  lr {record['lr']:.3g}  "
                       f"grad norm {record['grad_norm']:.3g}", flush=True)
+        elif "fp8_rel_err" in record:  # debug.fp8_check (callbacks/fp8_check.py)
+            self.say(f"step {record['step']}: fp8 against its bf16 shadow: relative error at most "
+                     f"{record['fp8_rel_err_max']:.3g} ({record['fp8_rel_err_worst']})")
         elif "val_loss" in record:
             self.say(f"step {record['step']}: validation loss {record['val_loss']:.4f} "
                      f"(perplexity {record['val_ppl']:.2f})")

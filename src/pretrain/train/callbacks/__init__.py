@@ -47,6 +47,10 @@ def default_callbacks(config) -> list[Callback]:
         from .mixture import EpochWarnings
 
         callbacks.insert(2, EpochWarnings())  # after MetricsLogger: the warning follows the step's metrics line
+    if config.debug.fp8_check:  # the bf16 shadow of fp8's first steps
+        from .fp8_check import Fp8Check
+
+        callbacks.append(Fp8Check(config.debug.fp8_check))
     if FaultInjection.wanted(config.debug):  # tests only: nothing of it runs in a normal run
         callbacks.append(FaultInjection(config.debug))
     return callbacks
