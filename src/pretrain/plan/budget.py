@@ -15,7 +15,7 @@ FLOPs / (GPUs x peak FLOP/s x utilisation).
 
 from __future__ import annotations
 
-from .explain import Explain
+from .explain import Explain, fmt
 from .schedule import steps_for_tokens, tokens_for_steps, warmup_steps
 
 CHINCHILLA_TOKENS_PER_PARAM = 20
@@ -134,8 +134,9 @@ def wall_clock(cfg, length: dict, model_pt: float, hardware_pt: float, peak_tflo
         seconds, low_high = steps * step["seconds"], [steps * step["seconds"] * r for r in STEP_TIME_ERROR]
         ex.add("time", "seconds", seconds, f"{steps:,} steps x step_time.seconds {step['seconds']:.4g} "
                f"(MFU {util:.3g})")
-        ex.add("time", "seconds_range", low_high, f"x {STEP_TIME_ERROR[0]} to x {STEP_TIME_ERROR[1]}: the step-time "
-               "model's predicted / measured tokens/s on published runs, 10th to 90th percentile (STEP_TIME_ERROR)")
+        ex.add("time", "seconds_range", " to ".join(fmt(x) for x in low_high), f"x {STEP_TIME_ERROR[0]} to x "
+               f"{STEP_TIME_ERROR[1]}: the step-time model's predicted / measured tokens/s on published runs, 10th "
+               "to 90th percentile (STEP_TIME_ERROR)")
     else:
         flops, kind = (hardware_pt, "hardware") if hw.hfu else (model_pt, "model")
         seconds, low_high = tokens / (gpus * per_gpu), None
