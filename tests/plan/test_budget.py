@@ -2,7 +2,7 @@
 
 from pretrain.config import load_config
 from pretrain.plan import make_plan, plan_with_explain
-from pretrain.plan.budget import _ramp_args
+from pretrain.plan.budget import ramp_args
 from pretrain.plan.schedule import steps_for_tokens, tokens_for_steps
 
 GPT2_EXAMPLES = ["model.preset=gpt2", "train.seq_len=1024", "train.examples=1e6"]
@@ -29,7 +29,7 @@ def test_examples_with_a_ramp_count_the_steps_the_trainer_runs():
     # The trainer runs `steps` optimizer steps of micro_batches_per_step(tokens seen) micro-batches: the
     # ramp's first steps are smaller, so 15,625 steps (1.024e9 / 65,536) saw only 822,958,080 tokens.
     config = load_config(overrides=GPT2_EXAMPLES + ["train.grad_accum_steps=64", "train.batch_ramp_tokens=5e8"])
-    p, args = make_plan(config), _ramp_args(config)
+    p, args = make_plan(config), ramp_args(config)
     tokens, steps = p["tokens"]["total"], p["steps"]["total"]
     assert tokens == 1_024_000_000
     assert tokens_for_steps(15_625, **args) == 822_958_080

@@ -12,8 +12,8 @@ def cell(index, values, status="ok", **figures):
             "tokens_per_s": None, "achieved_tflops": None, "mfu": None, "memory_measured_bytes": None,
             "memory_planned_bytes": 3 * 1024**2, "memory_error_pct": None, "planned_tokens_per_s": 5e4,
             "tokens_per_step": 256, "step_seconds": None, "peak_tflops": 0.1, "loss": None, "seconds": 0.5,
-            "error": None, "assumed_mfu": 0.4, "rounds": 0, "tokens_per_s_min": None, "tokens_per_s_max": None,
-            "spread_pct": None, "noisy": False, "threads": 1}
+            "error": None, "planned_mfu": 0.4, "planned_basis": "step-time model", "rounds": 0,
+            "tokens_per_s_min": None, "tokens_per_s_max": None, "spread_pct": None, "noisy": False, "threads": 1}
     return {**base, **figures}
 
 

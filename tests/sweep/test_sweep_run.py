@@ -67,6 +67,9 @@ def test_grid_figures_and_memory_match_the_planner(tmp_path):
         assert abs(c["memory_error_pct"]) < 10
         assert c["memory_measured_bytes"] == c["memory_planned_bytes"]
         assert c["plan_verdict"] == "no limit"  # hardware.gpu=cpu: the planner knows no memory size
+        # The planned line is the plan's time, the step-time model's speed (no hardware.mfu given).
+        assert c["planned_basis"] == "step-time model" and c["planned_mfu"] > 0
+        assert c["planned_tokens_per_s"] == pytest.approx(c["modelled_tokens_per_s"], rel=1e-3)
     out = tmp_path / "out"
     rows = (out / "sweep.csv").read_text().splitlines()
     assert rows[0].startswith("cell,train.seq_len,train.micro_batch_size,status,")
@@ -155,7 +158,7 @@ def test_measures_the_peak_once_per_dtype(tmp_path, monkeypatch):
     assert sorted(calls) == ["bf16-mixed", "fp16-mixed", "fp32"]  # once per compute dtype, not once per cell
     for c in result["cells"]:
         assert c["peak_tflops"] == 0.02 and c["mfu"] == pytest.approx(c["achieved_tflops"] / 0.02)
-        assert c["planned_tokens_per_s"] > 0  # the plan's tokens/s at that peak and hardware.mfu
+        assert c["planned_tokens_per_s"] > 0  # the plan's tokens/s at that peak (the step-time model)
     assert result["files"] == {}
 
 

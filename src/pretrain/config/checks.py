@@ -214,10 +214,10 @@ def validate(c: Config) -> None:
                           f"{m.num_layers // 2}")
 
     gpu_spec(h.gpu)  # raises with the list of known cards
-    if not 0 < h.mfu <= 1:
-        raise ConfigError(f"hardware.mfu: must be in (0, 1], got {h.mfu}")
-    if h.hfu is not None and not 0 < h.hfu <= 1:
-        raise ConfigError(f"hardware.hfu: must be in (0, 1], got {h.hfu}")
+    for name in ("mfu", "hfu"):
+        value = getattr(h, name)
+        if value is not None and not 0 < value <= 1:
+            raise ConfigError(f"hardware.{name}: must be in (0, 1], got {value}")
     for name in ("peak_tflops", "memory_gb", "price_per_gpu_hour", "intra_node_gbps", "inter_node_gbps"):
         _positive(f"hardware.{name}", getattr(h, name))
     _positive("hardware.cuda_context_gb", h.cuda_context_gb, allow_zero=True)

@@ -196,9 +196,11 @@ class ParallelConfig:
 class HardwareConfig:
     gpu: str = doc("a100-80gb", "accelerator from the catalog (`pretrain plan --list-gpus` lists it), cpu, or "
                    "other-gpu (a card not listed: give memory_gb and peak_tflops)")
-    mfu: float = doc(0.4, "assumed model FLOPs utilisation (fraction of peak) for time estimates")
-    hfu: float | None = doc(None, "assumed hardware FLOPs utilisation; when set, time = hardware FLOPs "
-                            "(recomputation included) / (gpus x peak x hfu)")
+    mfu: float | None = doc(None, "explicit override of the step-time model: an assumed model FLOPs utilisation "
+                            "(fraction of peak); when set, time = model FLOPs / (gpus x peak x mfu)")
+    hfu: float | None = doc(None, "explicit override of the step-time model: an assumed hardware FLOPs "
+                            "utilisation; when set, time = hardware FLOPs (recomputation included) / (gpus x peak "
+                            "x hfu)")
     peak_tflops: float | None = doc(None, "override the catalog's dense peak TFLOP/s for the compute dtype")
     memory_gb: float | None = doc(None, "override the card's memory (GB, 1e9 bytes)")
     profile: str | None = doc(None, "a hardware profile JSON written by `pretrain bench`: its achievable "

@@ -65,11 +65,9 @@ def plan_with_explain(config, advice: bool = True) -> tuple[dict, Explain]:
         fl["convention"] += FP8_CONVENTION
     peak, peak_source = peak_tflops(c.hardware, c.train.precision)
     model_pt, hw_pt, _ = basis(c, fl)
-    time = wall_clock(c, model_pt * tokens, hw_pt * tokens, peak, ex)
-    if time["seconds"]:
-        time["tokens_per_second"] = tokens / time["seconds"]
     step = step_time(c, counts, fl, peak, ex)
-    if step:  # the modelled speed beside the hardware.mfu estimate (pretrain.plan.step_time)
+    time = wall_clock(c, length, model_pt, hw_pt, peak, step, ex)  # the step-time model's, unless hardware.mfu
+    if step:  # the model's own figures, also beside a hardware.mfu / hfu override (pretrain.plan.step_time)
         time["modelled_seconds"] = ex.add("time", "modelled_seconds", step["seconds"] * length["steps"],
                                           f"{length['steps']:,} steps x step_time.seconds {step['seconds']:.4g}")
         time["modelled_tokens_per_second"] = step["tokens_per_second"]
@@ -125,7 +123,7 @@ def plan_with_explain(config, advice: bool = True) -> tuple[dict, Explain]:
     if mixture:
         result["mixture"] = mixture
     tasks = eval_tasks_cost(c, length["steps"], model_pt, peak, (supply or {}).get("bytes_per_token"),
-                            time["seconds"], ex)
+                            time["seconds"], time["utilisation"], ex)
     if tasks:  # run.eval_tasks: the in-loop evaluations' time beside the training's
         result["eval_tasks"] = tasks
         time["eval_tasks_seconds"], time["eval_tasks_share"] = tasks["seconds"], tasks["share_of_run"]

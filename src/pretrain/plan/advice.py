@@ -9,7 +9,8 @@ Every rule, its threshold and its source is listed in docs/advice.md ("Planner a
   batch      tokens per step < 1/4 or > 8x GPT-3's batch for the size; >= 1M tokens per step with no ramp
   lr         peak learning rate more than 3x off the published peak for the size (GPT-3, LLaMA)
   warmup     warm-up outside 0.1-0.5 % of the steps (Zhao et al. 2023, LLM survey)
-  mfu        an assumed utilisation outside 0.3-0.55 with no measured profile (PaLM's MFU table, Megatron-LM)
+  mfu        a hardware.mfu / hfu given (overriding the step-time model) outside 0.3-0.55, no measured profile
+             (PaLM's MFU table, Megatron-LM)
   bandwidth  the step's arithmetic intensity below the card's FLOP/byte ratio (the roofline model)
   context    windows of >= 32K tokens (mask attention to each document, Llama 3); RoPE's slowest wavelength
              shorter than the window, or the window beyond what model.rope_scaling stretches RoPE to
@@ -203,7 +204,7 @@ def _warmup(c, p) -> list[str]:
 
 def _mfu(c, p) -> list[str]:
     hw = c.hardware
-    if hw.profile or not p["time"]["seconds"]:
+    if hw.profile or not p["time"]["seconds"] or not (hw.hfu or hw.mfu):  # only a utilisation the user assumed
         return []
     key, value = ("hfu", hw.hfu) if hw.hfu else ("mfu", hw.mfu)
     low, high = MFU_RANGE

@@ -8,15 +8,23 @@ grad accum) (transformers' trainer.py: `len_dataloader // gradient_accumulation_
 practitioner's two Trainer logs read 16,527,707 examples, 3 epochs, batch 8 -> 6,197,892 and 826,279
 examples, batch 1 x accum 8 -> 309,852 "Total optimization steps"); with a batch ramp, whose early steps are
 smaller, the steps our trainer needs to see examples x epochs x seq_len tokens.
-Time = FLOPs / (GPUs x peak FLOP/s x utilisation).
+Time: steps x the step-time model's seconds per step (pretrain.plan.step_time), within the model's own error on
+published runs (STEP_TIME_ERROR); or, with hardware.mfu / hardware.hfu given (an explicit override of the model),
+FLOPs / (GPUs x peak FLOP/s x utilisation).
 """
 
 from __future__ import annotations
 
-from .explain import Explain
+from .explain import Explain, fmt
 from .schedule import steps_for_tokens, tokens_for_steps, warmup_steps
 
 CHINCHILLA_TOKENS_PER_PARAM = 20
+# The step-time model's own error, measured: predicted / measured tokens/s per GPU on the 41 published runs of
+# tests/plan/published_runs.yaml (the shared golden set's 25 and our 16), 10th and 90th percentile
+# (benchmarks/published_runs.py, statistics.quantiles, 2026-11-26; geometric mean 0.99). A ratio r means the run
+# takes r x the planned time, so the plan's time range is seconds x (low, high). Re-measure when
+# pretrain.plan.step_time changes (tests/plan/test_published_runs.py checks it).
+STEP_TIME_ERROR = (0.72, 1.25)
 
 
 # The token files' id types and the ids each holds; `pretrain prepare --dtype auto` takes the smallest that
@@ -39,7 +47,7 @@ def storage_bytes(tokens: int, vocab_size: int) -> int:
     return tokens * token_bytes(vocab_size)
 
 
-def _ramp_args(cfg) -> dict:
+def ramp_args(cfg) -> dict:
     t, par = cfg.train, cfg.parallel
     return dict(seq_len=t.seq_len, micro_batch_size=t.micro_batch_size,
                 data_parallel=par.data_parallel, grad_accum_steps=t.grad_accum_steps,
@@ -50,7 +58,7 @@ def training_length(cfg, total_params: int, ex: Explain | None = None) -> dict:
     """Tokens and optimizer steps of the run: max_steps, else tokens, else examples x epochs, else Chinchilla."""
     ex = ex or Explain()
     t = cfg.train
-    args = _ramp_args(cfg)
+    args = ramp_args(cfg)
     per_step = args["seq_len"] * args["micro_batch_size"] * args["data_parallel"] * args["grad_accum_steps"]
     examples_per_step = per_step // t.seq_len
     chinchilla = CHINCHILLA_TOKENS_PER_PARAM * total_params
@@ -102,23 +110,44 @@ def _steps_formula(tokens: int, per_step: int, t) -> str:
             f"step over the first {t.batch_ramp_tokens:,} tokens (train.batch_ramp_tokens)")
 
 
-def wall_clock(cfg, model_flops: int, hardware_flops: int, peak_tflops: float | None, ex: Explain) -> dict:
-    hw, gpus = cfg.hardware, cfg.parallel.gpus
-    if not peak_tflops:
-        ex.add("time", "seconds", None, "no peak FLOP/s for this device: set hardware.profile or hardware.peak_tflops")
-        return dict(seconds=None, days=None, gpu_hours=None, cost=None, tokens_per_second=None, utilisation=None)
+def tokens_per_gpu_second(cfg, model_pt: float, hardware_pt: float, peak: float, step: dict) -> tuple:
+    """(tokens one GPU trains per second, the utilisation behind it, where it comes from) in the plan's time:
+    hardware.hfu or hardware.mfu when given, else the step-time model's (`step`: pretrain.plan.step_time's)."""
+    hw = cfg.hardware
     if hw.hfu:
-        flops, util, what = hardware_flops, hw.hfu, "hardware FLOPs (recomputation included) / hfu"
+        return peak * 1e12 * hw.hfu / hardware_pt, hw.hfu, "hardware.hfu (override of the step-time model)"
+    if hw.mfu:
+        return peak * 1e12 * hw.mfu / model_pt, hw.mfu, "hardware.mfu (override of the step-time model)"
+    return step["tokens_per_second"] / cfg.parallel.gpus, step["mfu"], "step-time model"
+
+
+def wall_clock(cfg, length: dict, model_pt: float, hardware_pt: float, peak_tflops: float | None,
+               step: dict | None, ex: Explain) -> dict:
+    """The run's time: length's steps x step["seconds"], or its tokens at hardware.mfu / hfu when given."""
+    hw, gpus = cfg.hardware, cfg.parallel.gpus
+    if not peak_tflops or step is None:  # step_time models a step wherever there is a peak
+        ex.add("time", "seconds", None, "no peak FLOP/s for this device: set hardware.profile or hardware.peak_tflops")
+        return dict(seconds=None, days=None, gpu_hours=None, cost=None, tokens_per_second=None, utilisation=None,
+                    seconds_range=None)
+    tokens, steps = length["tokens"], length["steps"]
+    per_gpu, util, what = tokens_per_gpu_second(cfg, model_pt, hardware_pt, peak_tflops, step)
+    if not (hw.hfu or hw.mfu):
+        seconds, low_high = steps * step["seconds"], [steps * step["seconds"] * r for r in STEP_TIME_ERROR]
+        ex.add("time", "seconds", seconds, f"{steps:,} steps x step_time.seconds {step['seconds']:.4g} "
+               f"(MFU {util:.3g})")
+        ex.add("time", "seconds_range", " to ".join(fmt(x) for x in low_high), f"x {STEP_TIME_ERROR[0]} to x "
+               f"{STEP_TIME_ERROR[1]}: the step-time model's predicted / measured tokens/s on published runs, 10th "
+               "to 90th percentile (STEP_TIME_ERROR)")
     else:
-        flops, util, what = model_flops, hw.mfu, "model FLOPs / mfu"
-    rate = gpus * peak_tflops * 1e12 * util
-    seconds = flops / rate
-    ex.add("time", "seconds", seconds, f"{flops:.4g} FLOPs / ({gpus} GPUs x {peak_tflops} TFLOP/s x {util}) ({what})")
+        flops, kind = (hardware_pt, "hardware") if hw.hfu else (model_pt, "model")
+        seconds, low_high = tokens / (gpus * per_gpu), None
+        ex.add("time", "seconds", seconds, f"{tokens:,} tokens x {flops:.4g} {kind} FLOPs/token / ({gpus} GPUs x "
+               f"{peak_tflops} TFLOP/s x {util}): {what}; no error range, the utilisation is the one given")
     ex.add("time", "days", seconds / 86400, f"{seconds:.4g} s / 86,400")
     gpu_hours = seconds * gpus / 3600
     ex.add("time", "gpu_hours", gpu_hours, f"{seconds:.4g} s x {gpus} GPUs / 3,600")
     cost = gpu_hours * hw.price_per_gpu_hour if hw.price_per_gpu_hour else None
     if cost is not None:
         ex.add("time", "cost", cost, f"{gpu_hours:,.1f} GPU-hours x {hw.price_per_gpu_hour} per GPU-hour")
-    return dict(seconds=seconds, days=seconds / 86400, gpu_hours=gpu_hours, cost=cost,
-                utilisation=util, basis=what)
+    return dict(seconds=seconds, seconds_range=low_high, days=seconds / 86400, gpu_hours=gpu_hours, cost=cost,
+                tokens_per_second=tokens / seconds, utilisation=util, basis=what)

@@ -1,7 +1,11 @@
 """Budget mode: what a budget of GPU time buys (`budget.gpu_hours`, `budget.days`, or `budget.cost`).
 
-Compute: C = GPU-seconds x peak FLOP/s x hardware.mfu (GPU-seconds = gpu_hours x 3,600, days x 86,400 x
-parallel.gpus, or cost / hardware.price_per_gpu_hour x 3,600).
+Compute: C = GPU-seconds x 6N x the tokens one GPU trains per second, by the plan's own time of the candidate
+model's config (pretrain.plan.budget.tokens_per_gpu_second: the step-time model, or hardware.mfu / hfu when
+given), so that the plan of the model chosen takes the budget's time (GPU-seconds = gpu_hours x 3,600, days x
+86,400 x parallel.gpus, or cost / hardware.price_per_gpu_hour x 3,600). The speed depends on the model and the
+model on the compute: from the config as given, the shape is chosen again at its own speed until it stays
+the same (ROUNDS at most).
 Compute-optimal size: Hoffmann et al. 2022 ("Training Compute-Optimal Large Language Models"), approaches 1
 and 2 (their table 2: N_opt ~ C^a with a = 0.50 and 0.49, D_opt ~ C^b with b = 0.50 and 0.51), taken as
 a = b = 0.5 with their ~20 tokens per parameter (table 3) and C = 6 N D:
@@ -24,23 +28,26 @@ parameters than approaches 1-2 give: under it, the smaller row can cost next to 
 
 Precedence: the budget chooses the model only when none is given. With model.preset, model.hf_config or a shape
 key away from its default (CHOSEN_KEYS), the model stays and the budget buys its training tokens, by the plan's
-own time model (GPU-hours per token from pretrain.plan.budget.wall_clock). A length given beside a budget
+own time: whole optimizer steps at the GPU-seconds each takes. A length given beside a budget
 (train.tokens, max_steps, examples) is refused either way: the budget fixes the tokens itself.
 """
 
 from __future__ import annotations
 
 import math
+from typing import cast
 
 from ..config import Config, replaced, resolve
 from ..config.checks import LARGEST
 from ..errors import ConfigError
 from ..units import GiB
-from .budget import CHINCHILLA_TOKENS_PER_PARAM, storage_bytes, training_length, wall_clock
+from .budget import CHINCHILLA_TOKENS_PER_PARAM, ramp_args, storage_bytes, tokens_per_gpu_second, training_length
 from .explain import Explain
 from .flops import basis, flops
 from .hardware import peak_tflops
 from .params import count_params
+from .schedule import tokens_for_steps
+from .step_time import step_time
 
 HEAD_DIM = 128
 WIDTH_PER_LAYER = 128  # LLaMA-7B: 4096 / 32 layers; 13B: 5120 / 40
@@ -58,6 +65,7 @@ CHOSEN_KEYS = ("family", "hidden_size", "num_layers", "num_heads", "num_kv_heads
                "tie_embeddings")
 DEFAULT_MODEL = resolve(Config()).model  # as a loaded config holds it (num_kv_heads, head_dim filled in)
 LENGTH_KEYS = ("tokens", "max_steps", "examples")  # train.*: each fixes the tokens a budget would set
+ROUNDS = 5  # shapes tried at their own speed; the step-time model's MFU moves slowly with size: 2-3 suffice
 
 
 def budget_requested(cfg) -> bool:
@@ -184,17 +192,12 @@ def apply_budget(cfg, ex: Explain):
         raise ConfigError(f"budget: {source}; the compute a budget buys needs a peak FLOP/s")
     if given:
         return _buy_tokens(cfg, given, seconds, how, peak, ex)
-    mfu = cfg.hardware.mfu
-    per_second = peak * 1e12 * mfu  # compute of one GPU-second
-    low, high = spendable_compute(cfg.model.vocab_size, cfg.model.max_seq_len)
-    _refuse_outside(cfg, seconds, low / per_second, high / per_second, f"buys {seconds * per_second:.3g} FLOPs, "
-                    f"whose Chinchilla-optimal N {math.sqrt(seconds * per_second / 120):.3g} is outside the "
-                    f"{math.sqrt(low / 120):.3g} to {math.sqrt(high / 120):.3g} parameters budget mode builds",
-                    f"hardware.mfu {mfu}")
+    shape, speed = _search(cfg, seconds, peak)
+    _, per_second, util, what = speed(shape)
     compute = seconds * per_second
     ex.add("budget", "gpu_hours", seconds / 3600, how)
-    ex.add("budget", "compute_flops", compute, f"{seconds:.4g} GPU-seconds x {peak} TFLOP/s ({source}) x 1e12 "
-           f"x hardware.mfu {mfu}")
+    ex.add("budget", "compute_flops", compute, f"{seconds:.4g} GPU-seconds x {per_second:.4g} FLOPs (6N) per "
+           f"GPU-second of the shape chosen, at {_at(util, util, what)} of {peak} TFLOP/s ({source})")
     n_opt = math.sqrt(compute / (6 * CHINCHILLA_TOKENS_PER_PARAM))
     d_opt = CHINCHILLA_TOKENS_PER_PARAM * n_opt
     ex.add("budget", "params", n_opt, f"sqrt(C {compute:.4g} / 120): Hoffmann et al. 2022, approaches 1-2 "
@@ -205,8 +208,9 @@ def apply_budget(cfg, ex: Explain):
     best = chinchilla_loss(n_3, compute / (6 * n_3))
     ex.add("budget", "loss_optimum", best, f"L at approach 3's own optimum N = {n_3:.4g} (equation 4), D = C / 6N: "
            "the lowest loss its fit predicts for this compute; each row's loss_penalty is measured from it")
-    optimal = _row(cfg, compute, n_opt, best, ex, "model")
-    smaller = _row(cfg, compute, n_opt / INFERENCE_AWARE_SHRINK, best, ex, "inference_aware")
+    optimal = _row(cfg, seconds, n_opt, shape, speed, best, ex, "model")
+    small = n_opt / INFERENCE_AWARE_SHRINK
+    smaller = _row(cfg, seconds, small, _shape_near(cfg, small), speed, best, ex, "inference_aware")
     smaller.pop("config_overrides")
 
     entry = {"compute_flops": compute, "gpu_hours": seconds / 3600, "params": n_opt, "tokens": d_opt,
@@ -221,46 +225,111 @@ def apply_budget(cfg, ex: Explain):
     return entry, replaced(cfg, entry["overrides"])
 
 
+def _search(cfg, seconds: float, peak: float):
+    """The compute-optimal shape at its own speed, and `speed` (shape -> (its _fit, 6N FLOPs per GPU-second,
+    utilisation, basis), {} for the config as given): from the config's speed, the shape N_opt gives, until a
+    shape comes again. One that needs recomputation to fit is slower, and its compute buys a smaller shape,
+    which buys it back: of such a cycle, the smallest (the largest that its own speed affords)."""
+    low, high = spendable_compute(cfg.model.vocab_size, cfg.model.max_seq_len)
+    speeds: dict = {}
+
+    def speed(shape: dict) -> tuple:
+        if (key := tuple(shape.items())) not in speeds:
+            fit = _fit(cfg, _model_overrides(shape)) if shape else {"config": cfg}
+            speeds[key] = (fit, *_rate(fit["config"], peak))
+        return speeds[key]
+
+    shape, seen, per_second = {}, [], speed({})[1]
+    for _ in range(ROUNDS):
+        compute = seconds * per_second
+        if not low <= compute <= high:  # the ends at their own speed, as configured (no fix searched)
+            ends = [_rate(replaced(cfg, {**_model_overrides(_shape_near(cfg, math.sqrt(x / 120))), **NO_BUDGET}),
+                          peak) for x in (low, high)]
+            _refuse_outside(cfg, seconds, low / ends[0][0], high / ends[1][0], f"buys {compute:.3g} FLOPs, whose "
+                            f"Chinchilla-optimal N {math.sqrt(compute / 120):.3g} is outside the "
+                            f"{math.sqrt(low / 120):.3g} to {math.sqrt(high / 120):.3g} parameters budget mode "
+                            "builds", _at(ends[0][1], ends[1][1], ends[0][2]))
+            compute = min(max(compute, low), high)
+        chosen = _shape_near(cfg, math.sqrt(compute / 120))
+        if chosen in seen:
+            return min(seen[seen.index(chosen):], key=lambda m: _count(m).total), speed
+        seen.append(chosen)
+        shape, per_second = chosen, speed(chosen)[1]
+    return shape, speed
+
+
+def _shape_near(cfg, n: float) -> dict:
+    return llama_shape(n, cfg.model.vocab_size, cfg.model.max_seq_len)
+
+
 def _buy_tokens(cfg, given: str, seconds: float, how: str, peak: float, ex: Explain):
-    """The model given, trained on the tokens the budget's GPU-seconds buy at the plan's own time model
-    (pretrain.plan.budget.wall_clock: FLOPs per token / (GPUs x peak x hardware.mfu, or hfu))."""
+    """The model given, trained on the whole optimizer steps the budget's GPU-seconds buy at the plan's own
+    time (pretrain.plan.budget.tokens_per_gpu_second: the step-time model, or hardware.mfu / hfu when given)."""
     counts = count_params(cfg.model)
-    fl = flops(cfg, counts, 1, Explain())
-    model_flops, hardware_flops, _ = basis(cfg, fl)
-    per_token = wall_clock(cfg, model_flops, hardware_flops, peak, Explain())  # the time of one token
-    token_seconds = per_token["gpu_hours"] * 3600  # GPU-seconds per token
-    # At least one optimizer step, at most what train.tokens holds (int64).
+    per_second, util, what = _rate(cfg, peak)
+    token_seconds = 6 * counts.total / per_second  # GPU-seconds per token
     step = training_length(cfg, counts.total)["tokens_per_step"]
-    tokens = int(seconds / token_seconds)
-    _refuse_outside(cfg, seconds, step * token_seconds, LARGEST * token_seconds,
+    step_seconds = step * token_seconds  # GPU-seconds of one (full) optimizer step
+    steps = int(seconds / step_seconds)
+    tokens = tokens_for_steps(steps, **ramp_args(cfg))  # a batch ramp's first steps are smaller
+    # At least one optimizer step, at most what train.tokens holds (int64).
+    _refuse_outside(cfg, seconds, step_seconds, LARGEST * token_seconds,
                     f"buys {tokens:,} tokens of the model given ({given}), "
-                    + ("less than one optimizer step" if tokens < step else "more than train.tokens holds"),
-                    f"hardware.{'hfu' if cfg.hardware.hfu else 'mfu'} {per_token['utilisation']}")
+                    + ("less than one optimizer step" if steps < 1 else "more than train.tokens holds"),
+                    _at(util, util, what))
     n = counts.total
-    compute = seconds * peak * 1e12 * per_token["utilisation"]
+    compute = seconds * per_second
     n_3 = approach_3_optimum(6 * n * tokens)
     best = chinchilla_loss(n_3, tokens * n / n_3)
     loss = chinchilla_loss(n, tokens)
     ex.add("budget", "gpu_hours", seconds / 3600, how)
     ex.add("budget", "model_given", given, "the budget buys this model's tokens (it chooses a model only when "
            "none is given)")
-    ex.add("budget", "model_tokens", tokens, f"{seconds:.4g} GPU-seconds / {token_seconds:.4g} GPU-seconds per "
-           f"token ({per_token['basis']}, the plan's time)")
+    ex.add("budget", "model_tokens", tokens, f"floor({seconds:.4g} GPU-seconds / {step_seconds:.4g} GPU-seconds "
+           f"per step) = {steps:,} steps of {step:,} tokens, a token taking {token_seconds:.4g} GPU-seconds at "
+           f"{_at(util, util, what)}, the plan's time")
     ex.add("budget", "loss", loss, f"1.69 + 406.4 / {n:.4g}^0.34 + 410.7 / {tokens:.4g}^0.28 (Hoffmann et al. "
            "2022, approach 3)")
     ex.add("budget", "loss_penalty", loss - best, f"{loss:.4f} - {best:.4f}, the fit's optimum for C = 6ND "
            f"{6 * n * tokens:.4g} (at {n_3:.4g} params)")
     entry = {"gpu_hours": seconds / 3600, "compute_flops": compute, "model_given": given, "model_params": n,
              "model_tokens": tokens, "loss": loss, "loss_penalty": loss - best, "loss_optimum": best,
-             "approach_3_params": n_3, "method": "tokens = GPU-seconds / GPU-seconds per token of the plan's time "
-             "(FLOPs per token / (peak x hardware.mfu, or hardware FLOPs / hfu)); loss from Hoffmann et al. 2022's "
-             "approach 3", "overrides": {"train.tokens": tokens, **NO_BUDGET}}
+             "approach_3_params": n_3, "method": "tokens = the whole optimizer steps the GPU-seconds buy at the "
+             "plan's time (the step-time model, or hardware.mfu / hfu when given); loss from Hoffmann et al. "
+             "2022's approach 3", "overrides": {"train.tokens": tokens, **NO_BUDGET}}
     return entry, replaced(cfg, entry["overrides"])
 
 
-def _row(cfg, compute: float, n_target: float, best_loss: float, ex: Explain, name: str) -> dict:
-    shape = llama_shape(n_target, cfg.model.vocab_size, cfg.model.max_seq_len)
+def _rate(c, peak: float) -> tuple[float, float, str]:
+    """(6N FLOPs one GPU-second buys for config `c`, the utilisation behind it, its basis): 6 x parameters x the
+    tokens a GPU trains per second in the plan's time of `c` (the step-time model, or hardware.mfu / hfu)."""
+    counts = count_params(c.model)
+    fl = flops(c, counts, 1, Explain())
+    model_pt, hardware_pt, _ = basis(c, fl)
+    step = cast(dict, step_time(c, counts, fl, peak))  # a dict: there is a peak
+    per_gpu, util, what = tokens_per_gpu_second(c, model_pt, hardware_pt, peak, step)
+    return 6 * counts.total * per_gpu, util, what
+
+
+def _at(low: float, high: float, what: str) -> str:
+    """The utilisation a budget was converted at, for the messages: "the step-time model's MFU 0.41"."""
+    if what.startswith("hardware."):
+        return f"{what.split(' ')[0]} {low:g}"
+    return f"the step-time model's MFU {low:.3g}" + (f"-{high:.3g}" if high != low else "")
+
+
+def _model_overrides(shape: dict) -> dict:
+    """The config keys of a chosen shape: the model, and no length of the user's (the budget gives it)."""
+    return {**{f"model.{k}": v for k, v in shape.items()}, "model.preset": None, "model.hf_config": None,
+            "train.max_steps": None, "train.examples": None}
+
+
+def _row(cfg, seconds: float, n_target: float, shape: dict, speed, best_loss: float, ex: Explain,
+         name: str) -> dict:
+    """A chosen shape (near n_target parameters) trained on the tokens the GPU-seconds buy at its own speed."""
     n = _count(shape).total
+    fit, per_second, util, what = speed(shape)
+    compute = seconds * per_second
     tokens = int(compute / (6 * n))
     loss = chinchilla_loss(n, tokens)
     ex.add("budget", f"{name}.shape", f"H {shape['hidden_size']}, L {shape['num_layers']}, heads "
@@ -268,7 +337,8 @@ def _row(cfg, compute: float, n_target: float, best_loss: float, ex: Explain, na
            f"LLaMA conventions near {n_target:.4g} params: head_dim 128, ~128 width per layer, H' = 8/3 H "
            "rounded up to 256, gcd(heads, 8) kv heads")
     ex.add("budget", f"{name}.params", n, "exact count of that shape (pretrain.plan.params)")
-    ex.add("budget", f"{name}.tokens", tokens, f"C {compute:.4g} / (6 x {n:,}) = {tokens / n:.1f} tokens per parameter")
+    ex.add("budget", f"{name}.tokens", tokens, f"{seconds:.4g} GPU-seconds x {per_second:.4g} FLOPs per GPU-second "
+           f"({_at(util, util, what)}) / (6 x {n:,}) = {tokens / n:.1f} tokens per parameter")
     ex.add("budget", f"{name}.loss", loss, f"1.69 + 406.4 / {n:.4g}^0.34 + 410.7 / {tokens:.4g}^0.28 "
            "(Hoffmann et al. 2022, approach 3)")
     ex.add("budget", f"{name}.loss_penalty", loss - best_loss, f"{loss:.4f} - loss_optimum {best_loss:.4f}")
@@ -277,15 +347,11 @@ def _row(cfg, compute: float, n_target: float, best_loss: float, ex: Explain, na
     ex.add("budget", f"{name}.storage_bytes", storage, f"{tokens:,} tokens x {storage // max(1, tokens)} bytes"
            + (f"; raw text {raw:.4g} bytes at data.bytes_per_token {cfg.data.bytes_per_token}" if raw else
               "; set data.bytes_per_token (pretrain tokenizer stats) for the raw text it takes"))
-    overrides = {f"model.{k}": v for k, v in shape.items()}
-    overrides.update({"model.preset": None, "model.hf_config": None, "train.tokens": tokens,
-                      "train.max_steps": None, "train.examples": None})
-    fit = _fit(cfg, overrides)
     ex.add("budget", f"{name}.fits", fit["fits"], fit["why"])
-    return {"model": shape, "params": n, "tokens": tokens, "loss": loss, "loss_penalty": loss - best_loss,
-            "storage_bytes": storage,
-            "raw_text_bytes": raw, "fit": {k: fit[k] for k in ("fits", "overrides", "memory_bytes")},
-            "config_overrides": {**overrides, **fit["overrides"]}}
+    return {"model": shape, "params": n, "tokens": tokens, "compute_flops": compute, "loss": loss,
+            "loss_penalty": loss - best_loss, "storage_bytes": storage, "raw_text_bytes": raw,
+            "fit": {k: fit[k] for k in ("fits", "overrides", "memory_bytes")},
+            "config_overrides": {**_model_overrides(shape), "train.tokens": tokens, **fit["overrides"]}}
 
 
 def _fit(cfg, overrides: dict) -> dict:
@@ -298,49 +364,13 @@ def _fit(cfg, overrides: dict) -> dict:
     p = plan_with_explain(c, advice=False)[0]
     total = p["memory_bytes"]["total"]
     if p["fits"] is not False:
-        return {"fits": p["fits"], "overrides": {}, "memory_bytes": total,
+        return {"fits": p["fits"], "overrides": {}, "memory_bytes": total, "config": c,
                 "why": f"as configured: {total / GiB:.1f} GiB per GPU"}
     for fix, q in fit_fixes(c):
         if fix.get("parallel.gpus", c.parallel.gpus) == c.parallel.gpus:
             text = " ".join(f"{k}={v}" for k, v in fix.items())
             return {"fits": True, "overrides": fix, "memory_bytes": q["memory_bytes"]["total"],
+                    "config": replaced(c, fix),
                     "why": f"with {text}: {q['memory_bytes']['total'] / GiB:.1f} GiB per GPU"}
-    return {"fits": False, "overrides": {}, "memory_bytes": total,
+    return {"fits": False, "overrides": {}, "memory_bytes": total, "config": c,
             "why": f"{total / GiB:.1f} GiB per GPU and no fix on {c.parallel.gpus} GPUs"}
-
-
-def render(budget: dict) -> list[str]:
-    """The budget block printed above the plan of the chosen model (or of the model given)."""
-    if "model_given" in budget:
-        n, d = budget["model_params"], budget["model_tokens"]
-        return [f"budget: {_hours(budget['gpu_hours'])} GPU-hours buy {d / 1e9:,.4g}B tokens for the model given "
-                f"({budget['model_given']}): {n / 1e9:.3g}B params, {d / n:,.1f} tokens per parameter; predicted "
-                f"loss {budget['loss']:.3f} (+{budget['loss_penalty']:.3f} above the compute-optimal size's "
-                f"{budget['loss_optimum']:.3f} at {budget['approach_3_params'] / 1e9:.2f}B params)",
-                "  (tokens from the plan's own time; without a model given the budget chooses it: docs/plan.md)", ""]
-
-    def row(label, b):
-        m = b["model"]
-        fit = "fits" if b["fit"]["fits"] else "does NOT fit"
-        extra = " ".join(f"{k}={v}" for k, v in b["fit"]["overrides"].items())
-        return (f"  {label:<18} {b['params'] / 1e9:6.2f}B params on {b['tokens'] / 1e9:,.1f}B tokens "
-                f"({b['tokens'] / b['params']:.0f}/param): H {m['hidden_size']}, L {m['num_layers']}, heads "
-                f"{m['num_heads']}/{m['num_kv_heads']} kv, H' {m['intermediate_size']}; predicted loss "
-                f"{b['loss']:.3f} (+{b['loss_penalty']:.3f}); {fit}" + (f" with {extra}" if extra else ""))
-
-    opt = {"model": budget["model"], "params": budget["model_params"], "tokens": budget["model_tokens"],
-           "loss": budget["loss"], "loss_penalty": budget["loss_penalty"], "fit": budget["fit"]}
-    small = budget["inference_aware"]
-    lines = [f"budget: {_hours(budget['gpu_hours'])} GPU-hours = {budget['compute_flops']:.3g} FLOPs; "
-             f"Chinchilla-optimal N {budget['params'] / 1e9:.2f}B, D {budget['tokens'] / 1e9:,.1f}B tokens "
-             f"(Hoffmann et al. 2022)",
-             row("compute-optimal", opt),
-             row("inference-aware", small),
-             f"  predicted loss: Hoffmann et al.'s approach 3 fit; (+x) above its optimum {budget['loss_optimum']:.3f} "
-             f"(at {budget['approach_3_params'] / 1e9:.2f}B params)",
-             "  (the plan below is the compute-optimal row's; every figure explained by --explain)", ""]
-    return lines
-
-
-def _hours(hours: float) -> str:
-    return f"{hours:,.0f}" if hours >= 100 else f"{hours:.3g}"  # 2,688 GPU-hours; 0.05 of one

@@ -48,7 +48,8 @@ def task_size(name: str) -> tuple[int, int, int] | None:
 
 
 def eval_tasks_cost(cfg, steps: int, model_flops_per_token: float, peak_tflops: float | None,
-                    bytes_per_token: float | None, train_seconds: float | None, ex) -> dict | None:
+                    bytes_per_token: float | None, train_seconds: float | None, utilisation: float | None,
+                    ex) -> dict | None:
     run = cfg.run
     if not run.eval_tasks:
         return None
@@ -72,11 +73,11 @@ def eval_tasks_cost(cfg, steps: int, model_flops_per_token: float, peak_tflops: 
     out = {"tasks": tasks, "tokens_per_evaluation": tokens, "evaluations": evaluations,
            "flops_per_evaluation": flops, "seconds_per_evaluation": None, "seconds": None, "share_of_run": None}
     if peak_tflops:
-        rate = cfg.parallel.gpus * peak_tflops * 1e12 * cfg.hardware.mfu
+        rate = cfg.parallel.gpus * peak_tflops * 1e12 * utilisation  # the plan's time's (step-time model's)
         out["seconds_per_evaluation"] = flops / rate
         out["seconds"] = ex.add("eval_tasks", "seconds", evaluations * flops / rate,
                                 f"{evaluations} evaluations x {flops:.4g} FLOPs / ({cfg.parallel.gpus} GPUs x "
-                                f"{peak_tflops} TFLOP/s x mfu {cfg.hardware.mfu})")
+                                f"{peak_tflops} TFLOP/s x the plan's utilisation {utilisation:.3g})")
         if train_seconds:
             out["share_of_run"] = out["seconds"] / (train_seconds + out["seconds"])
     return out

@@ -26,6 +26,12 @@ def duration(seconds: float | None) -> str:
     return f"{seconds / 60:.1f} minutes"
 
 
+def duration_range(low: float, high: float) -> str:
+    """"2.6-4.5 days", or "20.0 hours to 2.3 days" across units."""
+    a, b = duration(low), duration(high)
+    return f"{a.split()[0]}-{b}" if a.split()[1] == b.split()[1] else f"{a} to {b}"
+
+
 def render(config, p: dict) -> str:
     m, t, par = config.model, config.train, p["parallel"]
     hw = p["hardware"]
@@ -73,8 +79,13 @@ def render(config, p: dict) -> str:
     tm = p["time"]
     if tm["seconds"]:
         cost = f", cost {tm['cost']:,.0f}" if tm.get("cost") else ""
-        row("Wall-clock time", duration(tm["seconds"]), f"{tm['gpu_hours']:,.0f} GPU-hours at utilisation "
-            f"{tm['utilisation']} of {hw['peak_tflops']:g} TFLOP/s{cost}")
+        if tm["seconds_range"]:  # the step-time model's, with its own error on published runs
+            low, high = tm["seconds_range"]
+            how = (f"{duration_range(low, high)} at the model's published-run error; "
+                   f"{tm['gpu_hours']:,.0f} GPU-hours at MFU {tm['utilisation']:.3g} (step-time model)")
+        else:  # hardware.mfu / hfu given
+            how = f"{tm['gpu_hours']:,.0f} GPU-hours at {tm['basis'].split(' ')[0]} {tm['utilisation']:g} (given)"
+        row("Wall-clock time", duration(tm["seconds"]), f"{how} of {hw['peak_tflops']:g} TFLOP/s{cost}")
         row("Throughput", f"{tm['tokens_per_second']:,.0f} tok/s",
             f"whole job, {tm['tokens_per_second'] / par['world']:,.0f} per GPU")
     else:
@@ -151,9 +162,44 @@ def render(config, p: dict) -> str:
             lines.append(f"    {'  host':<14} {fm['host'] / GiB:>9.2f}   per node as {fw['name']} counts it"
                          + ("" if cold is None else f" with zero.Init ({cold / GiB:.2f} without)"))
     if "budget" in p:  # budget mode: what the budget buys, above the plan of the chosen model
-        from .budget_mode import render as budget_lines
-
         lines = budget_lines(p["budget"]) + lines
     for advice in p.get("advice", []):
         lines.append(f"  ! {advice}")
     return "\n".join(lines)
+
+
+def budget_lines(budget: dict) -> list[str]:
+    """The budget block printed above the plan of the chosen model (or of the model given)."""
+    if "model_given" in budget:
+        n, d = budget["model_params"], budget["model_tokens"]
+        return [f"budget: {_hours(budget['gpu_hours'])} GPU-hours buy {d / 1e9:,.4g}B tokens for the model given "
+                f"({budget['model_given']}): {n / 1e9:.3g}B params, {d / n:,.1f} tokens per parameter; predicted "
+                f"loss {budget['loss']:.3f} (+{budget['loss_penalty']:.3f} above the compute-optimal size's "
+                f"{budget['loss_optimum']:.3f} at {budget['approach_3_params'] / 1e9:.2f}B params)",
+                "  (tokens from the plan's own time; without a model given the budget chooses it: docs/plan.md)", ""]
+
+    def row(label, b):
+        m = b["model"]
+        fit = "fits" if b["fit"]["fits"] else "does NOT fit"
+        extra = " ".join(f"{k}={v}" for k, v in b["fit"]["overrides"].items())
+        return (f"  {label:<18} {b['params'] / 1e9:6.2f}B params on {b['tokens'] / 1e9:,.1f}B tokens "
+                f"({b['tokens'] / b['params']:.0f}/param): H {m['hidden_size']}, L {m['num_layers']}, heads "
+                f"{m['num_heads']}/{m['num_kv_heads']} kv, H' {m['intermediate_size']}; predicted loss "
+                f"{b['loss']:.3f} ({b['loss_penalty']:+.3f}); {fit}" + (f" with {extra}" if extra else ""))
+
+    opt = {"model": budget["model"], "params": budget["model_params"], "tokens": budget["model_tokens"],
+           "loss": budget["loss"], "loss_penalty": budget["loss_penalty"], "fit": budget["fit"]}
+    small = budget["inference_aware"]
+    lines = [f"budget: {_hours(budget['gpu_hours'])} GPU-hours = {budget['compute_flops']:.3g} FLOPs; "
+             f"Chinchilla-optimal N {budget['params'] / 1e9:.2f}B, D {budget['tokens'] / 1e9:,.1f}B tokens "
+             f"(Hoffmann et al. 2022)",
+             row("compute-optimal", opt),
+             row("inference-aware", small),
+             f"  predicted loss: Hoffmann et al.'s approach 3 fit; (+x) from its optimum {budget['loss_optimum']:.3f} "
+             f"(at {budget['approach_3_params'] / 1e9:.2f}B params)",
+             "  (the plan below is the compute-optimal row's; every figure explained by --explain)", ""]
+    return lines
+
+
+def _hours(hours: float) -> str:
+    return f"{hours:,.0f}" if hours >= 100 else f"{hours:.3g}"  # 2,688 GPU-hours; 0.05 of one

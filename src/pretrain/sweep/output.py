@@ -221,10 +221,11 @@ def plot_png(result: dict) -> bytes:
         ax_tps.set_ylim(bottom=0)
     ax_tps.yaxis.set_major_formatter(FuncFormatter(lambda v, _: units.human(v, digits=4)))
     ax_mem.set_ylim(bottom=0)
-    mfus = sorted({c["assumed_mfu"] for c in cells})
+    given = sorted({f"{c['planned_basis'].split(' ')[0]} {c['planned_mfu']:g}" for c in cells
+                    if c["planned_basis"] and c["planned_basis"].startswith("hardware.")})  # mfu / hfu overrides
     style = [Line2D([], [], color="0.3", marker="o", linestyle="none", label="measured"),
-             Line2D([], [], color="0.3", linestyle="-", label="planned (tokens/s at hardware.mfu "
-                    f"{', '.join(f'{m:g}' for m in mfus)})"),
+             Line2D([], [], color="0.3", linestyle="-", label=f"planned (tokens/s at {', '.join(given)})" if given
+                    else "planned (tokens/s of the plan's step-time model)"),
              Line2D([], [], color="0.3", marker="X", linestyle="none", label="OOM (at planned memory)")]
     fig.legend(handles=handles + style, loc="outside lower center", ncols=min(3, len(handles) + len(style)),
                fontsize="small", frameon=False)

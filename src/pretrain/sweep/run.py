@@ -329,7 +329,8 @@ def _record(cell: Cell, status: str = OK, measured: list[dict] | None = None, er
         "flops_per_token": flops_per_token,
         "memory_measured_bytes": None, "memory_planned_bytes": planned_mem, "memory_error_pct": None,
         "memory_planned_total_bytes": p["memory_bytes"]["total"],
-        "planned_tokens_per_s": p["time"].get("tokens_per_second"), "assumed_mfu": c.hardware.mfu,
+        "planned_tokens_per_s": p["time"].get("tokens_per_second"), "planned_mfu": p["time"].get("utilisation"),
+        "planned_basis": p["time"].get("basis"),  # the step-time model, or hardware.mfu / hfu given
         "modelled_tokens_per_s": p["time"].get("modelled_tokens_per_second"),  # pretrain.plan.step_time
         "measured_detail": None, "loss": None, "error": error,
         "rounds": 0, "tokens_per_s_each_round": [], "tokens_per_s_min": None, "tokens_per_s_max": None,

@@ -79,15 +79,16 @@ def read_json_or_empty(path: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def summary(p: dict, config) -> str:
+def summary(p: dict) -> str:
     m = p["memory_bytes"]
     tps = p["time"].get("tokens_per_second")
     lines = [f"plan: {p['params']['total']:,} parameters; per device: weights {m['weights'] / GiB:.3f} GiB, "
              f"gradients {m['gradients'] / GiB:.3f}, optimizer {m['optimizer'] / GiB:.3f}, activations "
              f"{m['activations'] / GiB:.3f}, buffers {m['buffers'] / GiB:.3f}, total {m['total'] / GiB:.3f} GiB"]
     if tps:
-        lines.append(f"plan: {tps:,.0f} tokens/s for the job at the assumed MFU {config.hardware.mfu} of "
-                     f"{p['hardware']['peak_tflops']:g} TFLOP/s ({p['hardware']['peak_source']})")
+        lines.append(f"plan: {tps:,.0f} tokens/s for the job at MFU {p['time']['utilisation']:.3g} "
+                     f"({p['time']['basis']}) of {p['hardware']['peak_tflops']:g} TFLOP/s "
+                     f"({p['hardware']['peak_source']})")
     return "\n".join(lines)
 
 
@@ -99,7 +100,7 @@ def _row(name, planned, measured, unit):
 
 
 def compare(p: dict, states: dict, saved: dict | None, peak_allocated: int | None, tokens_per_s: float,
-            mfu: float | None, assumed_mfu: float, device: str) -> dict:
+            mfu: float | None, planned_mfu: float | None, device: str) -> dict:
     """Rows of planned vs measured. Model states are exact on every device; activations are the tensors
     autograd saved (hook-counted); on CUDA the allocator's peak is compared with the planned total."""
     ms = p["model_states"]
@@ -114,11 +115,11 @@ def compare(p: dict, states: dict, saved: dict | None, peak_allocated: int | Non
         planned_peak = p["memory_bytes"]["total"] - p["memory_bytes"]["cuda_context"]
         rows.append(_row("peak allocated", planned_peak, peak_allocated, "bytes"))
     rows.append(_row("tokens_per_s", p["time"].get("tokens_per_second"), tokens_per_s, "tokens/s"))
-    rows.append(_row("mfu", assumed_mfu, mfu, "fraction"))
+    rows.append(_row("mfu", planned_mfu, mfu, "fraction"))
     st = p.get("step_time") or {}
     if st.get("mfu_mixed_peak"):  # fp8: the same speed against the peak of the GEMM mix (plan/fp8.py)
         to_mixed = st["mfu_mixed_peak"] / st["mfu"]
-        rows.append(_row("mfu_mixed_peak", assumed_mfu * to_mixed, mfu * to_mixed if mfu is not None else None,
+        rows.append(_row("mfu_mixed_peak", planned_mfu * to_mixed, mfu * to_mixed if mfu is not None else None,
                          "fraction"))
     notes = []
     if mfu is not None and mfu > 1:

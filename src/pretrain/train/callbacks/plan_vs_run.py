@@ -18,7 +18,7 @@ MEASURE_STEP = 2  # optimizer states exist after the first step; measure the pla
 
 class PlanVsRun(Callback):
     def on_fit_start(self, trainer) -> None:
-        trainer.log.say(plan_check.summary(trainer.plan, trainer.device_config))
+        trainer.log.say(plan_check.summary(trainer.plan))
         for line in trainer.plan.get("advice", []):  # what `pretrain plan` warns about, said where it matters
             trainer.log.say(f"  ! {line}")
         self.pending = None
@@ -47,8 +47,8 @@ class PlanVsRun(Callback):
             device = trainer.rt.device
             peak = int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
             report = plan_check.compare(trainer.plan, self.pending["states"], self.pending["saved"], peak,
-                                        interval["tokens_per_s"], interval["mfu"], trainer.config.hardware.mfu,
-                                        str(device))
+                                        interval["tokens_per_s"], interval["mfu"],
+                                        trainer.plan["time"]["utilisation"], str(device))
             report["attention_kernel"] = self.kernel
             report["document_masking"] = trainer.config.train.document_masking
             if trainer.par.fp8:
