@@ -67,6 +67,19 @@ def torchrun(*args, nproc: int = 2, wait: bool = True):
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
 
 
+def kill_job(proc) -> None:
+    """SIGKILL a torchrun job started with wait=False (a lost node): the launcher and every rank, each of
+    which torchrun starts in a session of its own (a killpg of the launcher leaves the ranks training)."""
+    import contextlib
+
+    import psutil
+
+    for process in [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+    proc.communicate(timeout=60)
+
+
 def run_here(*args) -> subprocess.CompletedProcess:
     """`pretrain ARGS` run by pretrain.cli.main in this interpreter, returned as run_cli returns it: the exit
     status (an uncaught exception is 1 and its traceback on stderr, as Python's), stdout, and stderr with the

@@ -76,9 +76,9 @@ def check_moe(config) -> None:
     if par.tensor > 1 or par.pipeline > 1:
         raise ConfigError("model.num_experts: Mixture-of-Experts with tensor or pipeline parallelism is not built "
                           "yet; use parallel.tensor=1 parallel.pipeline=1 (data parallel and FSDP work)")
-    if par.expert > 1 and par.zero_stage:
-        raise ConfigError("parallel.expert: expert parallelism is built with DDP (parallel.zero_stage=0), not yet "
-                          "with ZeRO-1 or FSDP; use parallel.zero_stage=0 or parallel.expert=1")
+    if par.expert > 1 and par.zero_stage == 1:
+        raise ConfigError("parallel.expert: expert parallelism is built with DDP and FSDP (parallel.zero_stage 0, 2 "
+                          "or 3), not yet with ZeRO-1; use parallel.zero_stage=0 or 3, or parallel.expert=1")
     if t.activation_checkpointing != "none":
         # A recomputed MoE layer would count its tokens twice in the step's expert load.
         raise ConfigError("train.activation_checkpointing: not built with Mixture-of-Experts yet; use "

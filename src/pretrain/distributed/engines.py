@@ -164,20 +164,12 @@ class FSDP(Parallelized):
 
     def __init__(self, module, config, rt: Runtime, mesh=None):
         super().__init__(module, config, rt, mesh)
-        if rt.device.type == "cpu" and torch_version_tuple(torch.__version__) < FSDP_CPU_TORCH:
-            raise ConfigError(f"parallel.zero_stage: FSDP (stages 2 and 3) on CPUs needs torch >= 2.9, this is "
-                              f"{torch.__version__}; use parallel.zero_stage=1 or a newer torch")
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        from torch.distributed.fsdp import fully_shard
 
-        dp = mesh["dp"]
-        half = precision.half_dtype(config.train.precision)
-        mp = MixedPrecisionPolicy()
-        if mixed_precision(config.train.precision):
-            mp = MixedPrecisionPolicy(param_dtype=half, reduce_dtype=torch.float32)
-        reshard = config.parallel.zero_stage == 3
+        options = fsdp_options(config, rt.device)
         for block in module.blocks:
-            fully_shard(block, mesh=dp, reshard_after_forward=reshard, mp_policy=mp)
-        fully_shard(module, mesh=dp, reshard_after_forward=reshard, mp_policy=mp)
+            fully_shard(block, mesh=mesh["dp"], **options)
+        fully_shard(module, mesh=mesh["dp"], **options)
         # micro_batch: reduce-scatter after every micro-batch, so only sharded gradients are ever held; step:
         # defer to the last micro-batch, holding every block's unsharded fp32 gradient in between.
         self.defer = config.parallel.grad_sync == "step"
@@ -185,6 +177,20 @@ class FSDP(Parallelized):
     def no_sync(self, last: bool):
         self.module.set_requires_gradient_sync(last or not self.defer)
         return contextlib.nullcontext()
+
+
+def fsdp_options(config, device: torch.device) -> dict:
+    """fully_shard's keyword arguments for this run: resharding after forward (ZeRO-3) and the
+    mixed-precision policy."""
+    if device.type == "cpu" and torch_version_tuple(torch.__version__) < FSDP_CPU_TORCH:
+        raise ConfigError(f"parallel.zero_stage: FSDP (stages 2 and 3) on CPUs needs torch >= 2.9, this is "
+                          f"{torch.__version__}; use parallel.zero_stage=1 or a newer torch")
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    mp = MixedPrecisionPolicy()
+    if mixed_precision(config.train.precision):
+        mp = MixedPrecisionPolicy(param_dtype=precision.half_dtype(config.train.precision), reduce_dtype=torch.float32)
+    return {"reshard_after_forward": config.parallel.zero_stage == 3, "mp_policy": mp}
 
 
 def _flat_options():
@@ -221,4 +227,4 @@ def _zero_step_counters(states) -> None:
             state["step"] = 0
 
 
-__all__ = ["Parallelized", "DDP", "ZeRO1", "FSDP", "FSDP_CPU_TORCH"]
+__all__ = ["Parallelized", "DDP", "ZeRO1", "FSDP", "FSDP_CPU_TORCH", "fsdp_options"]

@@ -7,7 +7,9 @@ Groups (data ranks numbered 0..dp-1; tensor and pipeline are 1 with MoE):
                                group experts i*E/ep .. (i+1)*E/ep - 1;
   expert-data-parallel group   the dp/ep ranks with the same experts (rank % ep equal): they average those
                                experts' gradients.
-Everything but the routed experts stays plain DDP over all dp ranks (DDP ignores the expert tensors).
+Everything but the routed experts is data-parallel over all dp ranks: DDP (which ignores the expert tensors),
+or FSDP2 (ZeRO-2/3, torchtitan's recipe): the experts sharded over their expert-data-parallel group, the rest
+over all dp ranks.
 
 Dispatch, per MoE layer: the router runs on every rank over all E experts and sorts its (token, expert) pairs
 by expert (model/moe.py), so the pairs for each owning rank are one contiguous slice; one all-to-all of the
@@ -16,15 +18,16 @@ experts on them (re-sorted by expert), and a third all-to-all sends the outputs 
 The all-to-all is differentiable (its backward is the reverse all-to-all), so an expert's gradient sums every
 group rank's tokens' contributions.
 
-Gradient scale: DDP averages each gradient over the dp ranks. An expert's gradient on its owner already sums
-the ep ranks of its group; summed over the expert-data-parallel group it sums all dp ranks, so it is divided
-by dp: the same mean as one process over the global batch. The global norm for clipping counts each expert
-shard once: the replicated parameters' squared norm plus the sum over the expert-parallel group of the
-shards' squared norms.
+Gradient scale: DDP and FSDP average each gradient over the dp ranks. An expert's gradient on its owner
+already sums the ep ranks of its group; summed over the expert-data-parallel group it sums all dp ranks, so
+it is divided by dp (not by that group's size): the same mean as one process over the global batch. The
+global norm for clipping counts each expert shard once: the replicated parameters' squared norm plus the sum
+over the expert-parallel group of the shards' squared norms.
 
 Checkpoints stay canonical: `state_dict` gathers every expert tensor (weights and optimizer moments) to the
-full [E, ...] over the expert-parallel group, and `load_state_dict` keeps this rank's slice, so a checkpoint
-written at one ep loads at any other (and in one process).
+full [E, ...], over the expert-data-parallel group (FSDP's shards) and the expert-parallel group, and
+`load_state_dict` keeps this rank's slice, so a checkpoint written at one ep loads at any other (and in one
+process).
 """
 
 from __future__ import annotations
@@ -34,9 +37,10 @@ import contextlib
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from ..model.moe import Experts, moe_layers
-from .engines import DDP
+from .engines import DDP, FSDP, fsdp_options
 
 
 class _AllToAll(torch.autograd.Function):
@@ -81,43 +85,100 @@ class ShardedExperts(Experts):
         return _AllToAll.apply(out[order.argsort()], send, recv, self.group)
 
 
-def expert_groups(world: int, ep: int):
-    """(this rank's expert-parallel group, its expert-data-parallel group, its rank in the first). Every
-    rank creates every group (new_group is collective)."""
-    rank = dist.get_rank()
-    ep_group = edp_group = None
-    for g in range(world // ep):
-        group = dist.new_group(list(range(g * ep, (g + 1) * ep)))
-        if rank // ep == g:
-            ep_group = group
-    for i in range(ep):
-        group = dist.new_group(list(range(i, world, ep)))
-        if rank % ep == i:
-            edp_group = group
-    return ep_group, edp_group, rank % ep
+def expert_mesh(device_type: str, world: int, ep: int):
+    """The (dp/ep, ep) DeviceMesh of the data ranks: mesh["ep"] this rank's expert-parallel group (neighbouring
+    ranks), mesh["edp"] its expert-data-parallel group (every ep-th rank)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(device_type, (world // ep, ep), mesh_dim_names=("edp", "ep"))
 
 
 def expert_names(module) -> set[str]:
     return {n for n, p in module.named_parameters() if ".experts." in n}
 
 
-class ExpertDDP(DDP):
-    """DDP over all ranks for everything but the routed experts, which are sharded over expert-parallel
-    groups (see the module docstring)."""
+def _full(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if isinstance(t, DTensor) else t
 
-    def __init__(self, module, config, rt, mesh=None):
+
+class ExpertParallel:
+    """What DDP and FSDP share under expert parallelism: the sharded experts, the gradient norm, the canonical
+    checkpoint (see the module docstring). Mixed in before the data-parallel engine."""
+
+    def _shard_experts(self, module, config, rt) -> None:
         self.ep = config.parallel.expert
-        self.ep_group, self.edp_group, ep_rank = expert_groups(rt.world_size, self.ep)
+        self.expert_mesh = expert_mesh(rt.device.type, rt.world_size, self.ep)
+        self.ep_group, self.edp_group = self.expert_mesh["ep"].get_group(), self.expert_mesh["edp"].get_group()
+        ep_rank = self.expert_mesh["ep"].get_local_rank()
         for moe in moe_layers(module):
             moe.experts = ShardedExperts(moe.experts, self.ep_group, ep_rank, self.ep)
         self.experts = expert_names(module)
+        # A model on the meta device (FSDP) is initialised after sharding: each expert tensor with its own
+        # experts' rows of the full one, which come first in this order (model/transformer.py `_fill`).
+        for name in self.experts:
+            rows = module.get_parameter(name).shape[0]
+            module.row_orders[name] = torch.arange(rows * self.ep).roll(-ep_rank * rows)
+
+    @property
+    def row_orders(self) -> dict:
+        return {}  # the experts' are for initialisation only; tensor parallelism is refused with MoE
+
+    def _expert_params(self, want: bool) -> list:
+        return [p for n, p in self.module.named_parameters() if (n in self.experts) == want and p.grad is not None]
+
+    def clip(self, max_norm: float) -> torch.Tensor:
+        dense, experts = self._expert_params(False), self._expert_params(True)
+        sq = _full(torch.nn.utils.get_total_norm([p.grad for p in experts])) ** 2
+        dist.all_reduce(sq, group=self.ep_group)  # each shard once: the group holds every expert once
+        norm = (_full(torch.nn.utils.get_total_norm([p.grad for p in dense])) ** 2 + sq).sqrt()
+        if max_norm > 0:
+            for grads in (dense, experts):  # FSDP: each list's DTensors on one mesh
+                torch.nn.utils.clip_grads_with_norm_(grads, max_norm, norm)
+        return norm
+
+    def state_dict(self) -> dict:
+        sd = super().state_dict()
+        for part in sd.values():
+            for key, value in part.items():
+                if self._is_expert(key, value):
+                    value = _full(value).contiguous()
+                    shards = [torch.empty_like(value) for _ in range(self.ep)]
+                    dist.all_gather(shards, value, group=self.ep_group)
+                    part[key] = torch.cat(shards)
+        return sd
+
+    def load_state_dict(self, sd: dict) -> None:
+        rank = dist.get_rank(self.ep_group)
+        sharded = {n: p for n, p in self.module.named_parameters() if n in self.experts and isinstance(p, DTensor)}
+        for part in sd.values():
+            for key, value in part.items():
+                if self._is_expert(key, value):
+                    n = value.shape[0] // self.ep
+                    own = value[rank * n:(rank + 1) * n].clone()
+                    p = sharded.get(self._param_name(key))
+                    part[key] = own if p is None else distribute_tensor(own, p.device_mesh, p.placements,
+                                                                        src_data_rank=None)
+        super().load_state_dict(sd)
+
+    @staticmethod
+    def _param_name(key: str) -> str:
+        return key.removeprefix("state.").rsplit(".", 1)[0] if key.startswith("state.") else key
+
+    def _is_expert(self, key: str, value) -> bool:
+        """A model or optimizer-state tensor of a routed-expert parameter ("state.NAME.exp_avg", "NAME")."""
+        return self._param_name(key) in self.experts and isinstance(value, torch.Tensor) and value.dim() > 0
+
+
+class ExpertDDP(ExpertParallel, DDP):
+    """DDP over all ranks for everything but the routed experts, which are sharded over expert-parallel
+    groups; their gradients are summed over the expert-data-parallel group by hand."""
+
+    def __init__(self, module, config, rt, mesh=None):
+        self._shard_experts(module, config, rt)
         from torch.nn.parallel import DistributedDataParallel
 
         DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(module, sorted(self.experts))
         super().__init__(module, config, rt, mesh)
-
-    def _expert_params(self, want: bool) -> list:
-        return [p for n, p in self.module.named_parameters() if (n in self.experts) == want and p.grad is not None]
 
     @contextlib.contextmanager
     def no_sync(self, last: bool):
@@ -128,35 +189,20 @@ class ExpertDDP(DDP):
                 dist.all_reduce(p.grad, group=self.edp_group)
                 p.grad /= self.rt.world_size
 
-    def clip(self, max_norm: float) -> torch.Tensor:
-        dense, experts = self._expert_params(False), self._expert_params(True)
-        sq = torch.nn.utils.get_total_norm([p.grad for p in experts]) ** 2
-        dist.all_reduce(sq, group=self.ep_group)  # each shard once: the group holds every expert once
-        norm = (torch.nn.utils.get_total_norm([p.grad for p in dense]) ** 2 + sq).sqrt()
-        if max_norm > 0:
-            torch.nn.utils.clip_grads_with_norm_(dense + experts, max_norm, norm)
-        return norm
 
-    def state_dict(self) -> dict:
-        sd = super().state_dict()
-        for part in sd.values():
-            for key, value in part.items():
-                if self._is_expert(key, value):
-                    shards = [torch.empty_like(value) for _ in range(self.ep)]
-                    dist.all_gather(shards, value.contiguous(), group=self.ep_group)
-                    part[key] = torch.cat(shards)
-        return sd
+class ExpertFSDP(ExpertParallel, FSDP):
+    """FSDP2 with expert parallelism (torchtitan's layout): each MoE layer's own experts sharded over the
+    expert-data-parallel group (the ranks that hold the same experts), everything else over all dp ranks."""
 
-    def load_state_dict(self, sd: dict) -> None:
-        rank = dist.get_rank(self.ep_group)
-        for part in sd.values():
-            for key, value in part.items():
-                if self._is_expert(key, value):
-                    n = value.shape[0] // self.ep
-                    part[key] = value[rank * n:(rank + 1) * n].clone()
-        super().load_state_dict(sd)
+    def __init__(self, module, config, rt, mesh=None):
+        from torch.distributed.fsdp import fully_shard
 
-    def _is_expert(self, key: str, value) -> bool:
-        """A model or optimizer-state tensor of a routed-expert parameter ("state.NAME.exp_avg", "NAME")."""
-        name = key.removeprefix("state.").rsplit(".", 1)[0] if key.startswith("state.") else key
-        return name in self.experts and isinstance(value, torch.Tensor) and value.dim() > 0
+        self._shard_experts(module, config, rt)
+        edp = self.expert_mesh["edp"]
+        for moe in moe_layers(module):  # before the blocks: a block's shard then leaves its experts out
+            fully_shard(moe.experts, mesh=edp, **fsdp_options(config, rt.device))
+            moe.experts.set_gradient_divide_factor(rt.world_size)  # the mean over dp, not over edp
+            # gloo has no pre-multiplied sum: sum, then divide. Not at one rank, where torch 2.13 would divide
+            # twice (its single-rank copy divides too).
+            moe.experts.set_force_sum_reduction_for_comms(edp.size() > 1)
+        super().__init__(module, config, rt, mesh)

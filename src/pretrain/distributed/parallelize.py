@@ -72,7 +72,9 @@ def parallelize(model, config, rt: Runtime) -> Parallelized:
 
         engine = TensorZeRO1 if config.parallel.zero_stage == 1 else TensorDDP
     elif layout.data > 1 and config.parallel.expert > 1:
-        from .expert_parallel import ExpertDDP as engine
+        from .expert_parallel import ExpertDDP, ExpertFSDP
+
+        engine = ExpertFSDP if config.parallel.fsdp else ExpertDDP
     elif layout.data > 1:
         engine = FSDP if config.parallel.fsdp else ZeRO1 if config.parallel.zero_stage == 1 else DDP
     par = engine(model, config, rt, mesh)

@@ -225,12 +225,14 @@ def _device_of(p) -> torch.device:
 def _fill(p, init, row_order=None) -> None:
     """Apply `init` to the whole logical tensor, in fp32 whatever the parameter's dtype. A DTensor (FSDP2's
     chunks of ceil(d0 / n) rows, tensor parallelism's rows or columns, or both) gets this rank's part of the
-    full tensor, made one parameter at a time. `row_order`: the parameter holds the full tensor's rows in
-    this order (a fused projection under tensor parallelism, pretrain.distributed.tensor_parallel)."""
+    full tensor, made one parameter at a time. `row_order`: the full tensor's rows in the order the parameter
+    holds them, of which it holds the first p.shape[0]: all of them for a fused projection under tensor
+    parallelism (pretrain.distributed.tensor_parallel), a rank's own experts under expert parallelism."""
     local = getattr(p, "_local_tensor", None)
-    full = init(torch.empty(p.shape, dtype=torch.float32, device=_device_of(p)))
+    rows = p.shape[0] if row_order is None else len(row_order)
+    full = init(torch.empty((rows, *p.shape[1:]), dtype=torch.float32, device=_device_of(p)))
     if row_order is not None:
-        full = full[row_order.to(full.device)]
+        full = full[row_order[:p.shape[0]].to(full.device)]
     if local is None:
         p.copy_(full)
         return

@@ -117,12 +117,15 @@ def model_state_tensors(cfg, rank: int | None = None, stage: int | None = None) 
     def group(name):  # the ranks ZeRO shards a tensor over: an expert's are the dp / ep that hold it
         return dp // ep if ep > 1 and is_expert(name) else dp
 
+    def place(name):  # this rank's place in that group (data ranks r, r + ep, ... hold the same experts)
+        return (rank or 0) // ep if ep > 1 and is_expert(name) else rank or 0
+
     n_params = sum(_shard_numel(s, group(n)) if sharded else numel(s) for n, s in shapes)  # FSDP pads chunks
     owned = list(range(len(shapes)))
     if zero == 1:  # each rank owns its share of the dense tensors (over dp) and of its experts' (over dp / ep)
         owned = _zero1_owned(m, shapes, dp, ep, rank)
-    n_states = sum(_state_numel(t.optimizer, _shape_for(shapes[i][1], group(shapes[i][0]), sharded, rank or 0),
-                                t.momentum) for i in owned)
+    n_states = sum(_state_numel(t.optimizer, _shape_for(s, group(n), sharded, place(n)), t.momentum)
+                   for n, s in (shapes[i] for i in owned))
     steps = 4 * len(owned) if _has_step(t.optimizer) else 0
 
     per_layer = _heaviest_block(m, block_shapes)
@@ -182,7 +185,7 @@ def _zero1_owned(m, shapes, dp: int, ep: int, rank: int | None) -> list[int]:
         ix = [i for i, (n, _) in enumerate(shapes) if experts is None or is_expert(n) == experts]
         part = [shapes[i] for i in ix]
         partition = zero1_partition(part, ranks, decay_groups(m, part))
-        r = None if rank is None else rank % ranks
+        r = None if rank is None else rank // ep if experts else rank  # its place among `ranks`
         mine = (partition[r] if r < len(partition) else []) if r is not None else max(
             partition, key=lambda own: sum(numel(part[i][1]) for i in own), default=[])
         owned += [ix[i] for i in mine]
