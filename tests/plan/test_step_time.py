@@ -160,3 +160,17 @@ def test_interleaved_1f1b_shrinks_the_bubble_for_more_point_to_point():
     assert inter["pipeline_p2p_s"] == pytest.approx(2 * plain["pipeline_p2p_s"])
     assert inter["forward_backward_s"] == pytest.approx(5.5 * (inter["micro_batch_s"] + inter["pipeline_p2p_s"]))
     assert inter["seconds"] < plain["seconds"]
+
+
+def test_a_cards_memory_bandwidth_can_be_given():
+    # torchtitan's H100s have 96 GB of HBM2e at 2.4 TB/s, not the catalog h100-sxm's 3.35: hardware.bandwidth_gbps
+    # sets every memory-bound term (weight reads, activation and GEMM operand traffic), not the matmuls.
+    catalog = make_plan(load_config(overrides=[*H100_8B, "parallel.gpus=8"]))
+    given = make_plan(load_config(overrides=[*H100_8B, "parallel.gpus=8", "hardware.bandwidth_gbps=2400"]))
+    assert catalog["hardware"]["bandwidth_gbps"] == 3350 and given["hardware"]["bandwidth_gbps"] == 2400
+    a, b = catalog["step_time"], given["step_time"]
+    for term in ("weight_read_s", "activation_traffic_s", "gemm_operand_s", "optimizer_s"):
+        assert b[term] == pytest.approx(a[term] * 3350 / 2400), term
+    assert b["matmul_s"] == a["matmul_s"] and b["seconds"] > a["seconds"]
+    with pytest.raises(Exception, match="hardware.bandwidth_gbps"):
+        load_config(overrides=[*H100_8B, "hardware.bandwidth_gbps=0"])

@@ -218,7 +218,8 @@ def validate(c: Config) -> None:
         value = getattr(h, name)
         if value is not None and not 0 < value <= 1:
             raise ConfigError(f"hardware.{name}: must be in (0, 1], got {value}")
-    for name in ("peak_tflops", "memory_gb", "price_per_gpu_hour", "intra_node_gbps", "inter_node_gbps"):
+    for name in ("peak_tflops", "memory_gb", "bandwidth_gbps", "price_per_gpu_hour", "intra_node_gbps",
+                 "inter_node_gbps"):
         _positive(f"hardware.{name}", getattr(h, name))
     _positive("hardware.cuda_context_gb", h.cuda_context_gb, allow_zero=True)
     if not 0 <= h.fragmentation < 1:

@@ -203,6 +203,9 @@ class HardwareConfig:
                             "x hfu)")
     peak_tflops: float | None = doc(None, "override the catalog's dense peak TFLOP/s for the compute dtype")
     memory_gb: float | None = doc(None, "override the card's memory (GB, 1e9 bytes)")
+    bandwidth_gbps: float | None = doc(None, "override the card's data-sheet memory bandwidth (GB/s), which sets "
+                                       "the step-time model's memory-bound terms: a variant of a catalog card "
+                                       "(an H100 with 96 GB of HBM2e: 2400) or an other-gpu")
     profile: str | None = doc(None, "a hardware profile JSON written by `pretrain bench`: its achievable "
                               "TFLOP/s replaces the data-sheet peak")
     price_per_gpu_hour: float | None = doc(None, "price of one GPU-hour, for a cost estimate")

@@ -18,7 +18,7 @@ from .explain import Explain
 from .flops import basis, flops, utilisation
 from .fp8 import CONVENTION as FP8_CONVENTION
 from .frameworks import framework_memory
-from .hardware import peak_tflops
+from .hardware import memory_bandwidth_gbps, peak_tflops
 from .memory import memory
 from .mixture import mixture_supply
 from .model_states import model_state_tensors
@@ -108,7 +108,7 @@ def plan_with_explain(config, advice: bool = True) -> tuple[dict, Explain]:
         "parallel": {"world": par.gpus, "data": par.data_parallel, "tensor": par.tensor,
                      "pipeline": par.pipeline, "zero_stage": par.zero_stage},
         "hardware": {"gpu": spec.name, "peak_tflops": peak, "peak_source": peak_source,
-                     "memory_bytes": mem["fit"]["device_bytes"], "bandwidth_gbps": spec.bandwidth_gbps},
+                     "memory_bytes": mem["fit"]["device_bytes"], "bandwidth_gbps": memory_bandwidth_gbps(c.hardware)},
     }
     if "moe" in mem:  # Mixture-of-Experts: expert parallelism and the routing imbalance the run can take
         result["moe"] = mem["moe"]

@@ -237,11 +237,11 @@ def step_intensity(c, p, b: int | None = None) -> tuple[float, float]:
 
 
 def _bandwidth(c, p) -> list[str]:
-    spec = gpu_spec(c.hardware.gpu)
+    bandwidth = p["hardware"]["bandwidth_gbps"]
     peak = p["hardware"]["peak_tflops"]
-    if not spec.bandwidth_gbps or not peak or p["params"]["total"] < SMALL_MODEL:
+    if not bandwidth or not peak or p["params"]["total"] < SMALL_MODEL:
         return []
-    ratio = peak * 1e12 / (spec.bandwidth_gbps * 1e9)
+    ratio = peak * 1e12 / (bandwidth * 1e9)
     t = c.train
     flops, moved = step_intensity(c, p)
     if flops / moved >= ratio:
@@ -271,11 +271,11 @@ def _bandwidth(c, p) -> list[str]:
     else:
         fix = (f"micro-batch >= {need} would be compute-bound but does not fit (largest that fits: {largest}); "
                "a longer train.seq_len raises the intensity too")
-    reads = weight_reads(t)
+    reads, card = weight_reads(t), gpu_spec(c.hardware.gpu).name
     return [f"bandwidth: micro-batch {t.micro_batch_size} x seq {t.seq_len} moves {moved / 1e9:.3g} GB (weights "
             f"read {reads}x in {COMPUTE_DTYPE[t.precision]}, activations written and read back) for "
-            f"{flops / 1e9:.3g} GFLOP: {flops / moved:.3g} FLOP/byte, below the {spec.name}'s {ratio:.0f} "
-            f"({peak:g} TFLOP/s / {spec.bandwidth_gbps:,.0f} GB/s): memory-bandwidth-bound, the assumed "
+            f"{flops / 1e9:.3g} GFLOP: {flops / moved:.3g} FLOP/byte, below the {card}'s {ratio:.0f} "
+            f"({peak:g} TFLOP/s / {bandwidth:,.0f} GB/s): memory-bandwidth-bound, the assumed "
             f"utilisation is out of reach; {fix}"]
 
 

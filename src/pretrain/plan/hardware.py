@@ -55,6 +55,13 @@ def peak_tflops(hardware, precision: str) -> tuple[float | None, str]:
     return peaks[dtype], f"{spec.name} {dtype} dense peak ({spec.source})"
 
 
+def memory_bandwidth_gbps(hardware) -> float:
+    """The card's data-sheet memory bandwidth, GB/s: hardware.bandwidth_gbps, else the catalog's (0: unknown)."""
+    if hardware.bandwidth_gbps is not None:
+        return hardware.bandwidth_gbps
+    return gpu_spec(hardware.gpu).bandwidth_gbps
+
+
 def device_memory_bytes(hardware) -> int | None:
     if hardware.memory_gb is not None:  # even a size that rounds to 0 bytes is a card nothing fits on
         return int(hardware.memory_gb * 1e9)

@@ -75,6 +75,7 @@ from .activations import COMPUTE_BYTES, activation_bytes, eager_elementwise_traf
 from .expert_parallel import moe_seconds, rank_params, weight_params
 from .explain import Explain
 from .flops import mfu
+from .hardware import memory_bandwidth_gbps
 from .kernels import planned_native_gqa
 from .stages import bubble_fraction, chunks_per_stage
 
@@ -85,10 +86,11 @@ HOPPER_GPUS = ("h100-pcie", "h100-sxm", "h800", "h200")
 # The 0.75 is an A100's. A Hopper card reaches less of its data sheet: its best-shape bf16 matmul reaches 80.1% of
 # 989 TFLOP/s against an A100's 85.9% of 312 ("Maximum Achievable Matmul FLOPS" table, stas00/ml-engineering,
 # compute/accelerator/README.md, CUDA 12.1 rows), and in a training step its clocks fall further at the 700 W
-# limit under sustained tensor-core load. The share is fitted, one number for the generation, not per run:
-# with the rest of the model fixed, every value from 0.74 to 0.78 puts the same published H100 runs within 15%
-# (llm-foundry's six, torchtitan's, Megatron-Core's; tests/plan/published_runs.yaml), and 0.76 is that plateau's
-# middle. The best-shape ratio alone (0.801 / 0.859 = 0.93) left llm-foundry's H100 rows 1.07-1.29x optimistic.
+# limit under sustained tensor-core load. The share is fitted, one number for the generation, not per run: on
+# the 41 published runs of tests/plan/published_runs.yaml the median |log(planned / measured)| is lowest (0.105-0.106)
+# from 0.74 to 0.78, and 0.76 is that range's middle; the share of runs within 15 % barely moves (66-68 % from
+# 0.72 to 0.82). The best-shape ratio alone (0.801 / 0.859 = 0.93) left llm-foundry's H100 rows 1.07-1.29x
+# optimistic.
 HOPPER_MATMUL_SHARE = 0.76
 TILE_ROWS = 128
 KERNELS_PER_LAYER = 60  # forward: norms, 4-7 matmuls, rotary, attention, activation, adds (~20); backward 2x
@@ -149,7 +151,7 @@ def step_time(c, counts, fl: dict, peak: float | None, ex: Explain | None = None
 
 
 def _hbm_gbps(c) -> float:
-    return gpu_spec(c.hardware.gpu).bandwidth_gbps * BANDWIDTH_EFFICIENCY
+    return memory_bandwidth_gbps(c.hardware) * BANDWIDTH_EFFICIENCY
 
 
 def gemm_intensity(m, tp: int, a: int) -> float:
@@ -204,7 +206,8 @@ def _micro_batch(c, counts, fl: dict, peak: float, ex: Explain) -> dict:
     ex.add("step_time", "attention_s", attention_s, f"{attention:,.0f} attention FLOPs/token (as the plan counts "
            f"them) x {tokens:,} / {shard} / ({attention_how})")
 
-    bw_how = f"{spec.bandwidth_gbps:g} GB/s x {BANDWIDTH_EFFICIENCY}" if hbm else "no HBM figure: not modelled"
+    bw_how = (f"{memory_bandwidth_gbps(hw):g} GB/s x {BANDWIDTH_EFFICIENCY}" if hbm else
+              "no HBM figure: not modelled")
     reads = weight_reads(t)
     read = weight_params(c, counts)
     weights = reads * a * read / shard
