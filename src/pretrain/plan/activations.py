@@ -119,8 +119,9 @@ def layer_terms(m, t, parallel, b: int, recompute: str | None = None, native_gqa
     else:  # SDPA keeps q, k, v: views of the fused qkv output
         add("qkv output", a * bs * 3 * h, f"{a} x b*s*3h")
     if llama and a != 4:
-        rows = bs if position_reset(m, t) else s  # reset: each token's rows of the tables
-        add("rotary cos/sin casts", a * rows * d, f"{a} x {'b*s' if rows == bs else 's'}*head_dim", sharded=False)
+        reset = position_reset(m, t)  # reset: each token's rows of the tables
+        add("rotary cos/sin casts", a * (bs if reset else s) * d, f"{a} x {'b*s' if reset else 's'}*head_dim",
+            sharded=False)
     if m.qk_norm:  # Qwen3's RMSNorm over each head of q and k: the fp32 terms of a norm, per head
         heads, width = nh + m.num_kv_heads, qw + kvw
         add("QK-norm reciprocal rms", 4 * bs * heads, f"4 x b*s*(heads {nh} + kv heads {m.num_kv_heads})")
@@ -217,7 +218,8 @@ def once_terms(m, t, parallel, b: int, documents: str | None = None) -> list[Ter
     s, h, d = t.seq_len, m.hidden_size, m.head_dim
     a, r = COMPUTE_BYTES[t.precision], residual_bytes(t, parallel)
     bs = b * s
-    rows, per = (bs, "b*s") if position_reset(m, t) else (s, "s")  # reset: positions and tables per token
+    reset = position_reset(m, t)
+    rows, per = (bs, "b*s") if reset else (s, "s")  # reset: positions and tables per token
     full = t.activation_checkpointing == "full"
     terms = [Term("token ids", 8 * bs, "8 x b*s (int64)", False)]
     if m.family == "gpt2":
@@ -225,8 +227,8 @@ def once_terms(m, t, parallel, b: int, documents: str | None = None) -> list[Ter
         terms.append(Term("final LayerNorm", r * bs * h + 8 * bs, f"{r} x b*s*h + 8 x b*s", False))
     else:
         terms.append(Term("final RMSNorm", 8 * bs * h + 4 * bs, "8 x b*s*h + 4 x b*s", False))
-        if a == 4 or (full and rows == bs):  # full: per token, the blocks' inputs, held by recomputation
-            shared = ", shared" if rows == s else ""
+        if a == 4 or (full and reset):  # full: per token, the blocks' inputs, held by recomputation
+            shared = "" if reset else ", shared"
             terms.append(Term(f"rotary tables (fp32{shared})", 4 * rows * d, f"2 x 4 x {per}*head_dim/2", False))
     if full and documents == "mask":
         terms.append(Term("document mask (held by recomputation)", bs * s, "b*s*s (bool)", False))
