@@ -116,7 +116,16 @@ def _accumulation(t, p) -> int:
 def validate(c: Config) -> None:
     """Checks that need no files and no torch; each failure names the key and what is allowed."""
     _refuse_non_finite(c)
-    m, t, p, h = c.model, c.train, c.parallel, c.hardware
+    _check_model(c)
+    _check_train(c)
+    _check_parallel(c)
+    _check_hardware_and_budget(c)
+    _check_data_and_run(c)
+
+
+def _check_model(c: Config) -> None:
+    """model.* (and debug.fp8_check)."""
+    m = c.model
     for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "max_seq_len"):
         _positive(f"model.{name}", getattr(m, name))
     _positive("model.num_kv_heads", m.num_kv_heads)
@@ -145,6 +154,10 @@ def validate(c: Config) -> None:
     _positive("model.pad_vocab_to", m.pad_vocab_to)
     _positive("model.init_std", m.init_std)
 
+
+def _check_train(c: Config) -> None:
+    """train.*, against the model's length."""
+    m, t = c.model, c.train
     for name in ("seq_len", "micro_batch_size", "grad_accum_steps", "epochs"):
         _positive(f"train.{name}", getattr(t, name))
     for name in ("tokens", "examples", "max_steps"):
@@ -180,6 +193,10 @@ def validate(c: Config) -> None:
     if t.device not in ("auto", "cpu", "cuda") and not t.device.startswith("cuda:"):
         raise ConfigError(f"train.device: {t.device!r} is not allowed; choose one of auto | cpu | cuda")
 
+
+def _check_parallel(c: Config) -> None:
+    """parallel.*: the grid against the model and the batch."""
+    m, t, p = c.model, c.train, c.parallel
     for name in ("gpus", "tensor", "pipeline", "gpus_per_node"):
         _positive(f"parallel.{name}", getattr(p, name))
     if p.gpus > MOST_GPUS:
@@ -213,6 +230,10 @@ def validate(c: Config) -> None:
                           f"{2 * p.pipeline} for {m.num_layers} layers; use 1f1b or parallel.pipeline <= "
                           f"{m.num_layers // 2}")
 
+
+def _check_hardware_and_budget(c: Config) -> None:
+    """hardware.*, measured.* and budget.*."""
+    h = c.hardware
     gpu_spec(h.gpu)  # raises with the list of known cards
     for name in ("mfu", "hfu"):
         value = getattr(h, name)
@@ -234,6 +255,10 @@ def validate(c: Config) -> None:
                           "budget.cost")
     if c.budget.cost is not None and not h.price_per_gpu_hour:
         raise ConfigError("budget.cost: needs hardware.price_per_gpu_hour (the price of one GPU-hour)")
+
+
+def _check_data_and_run(c: Config) -> None:
+    """data.*, run.* and stability.*."""
     _positive("data.raw_bytes", c.data.raw_bytes)
     _positive("data.bytes_per_token", c.data.bytes_per_token)
     if c.data.raw_bytes and not c.data.bytes_per_token:

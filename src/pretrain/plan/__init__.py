@@ -52,15 +52,10 @@ def plan_with_explain(config, advice: bool = True) -> tuple[dict, Explain]:
     if budget_requested(c):  # budget mode chooses a model, then that model's config is planned as usual
         budget, c = apply_budget(c, ex)
     counts = count_params(c.model)
-    ex.add("params", "total", counts.total, _params_formula(c.model, counts))
-    ex.add("params", "embedding", counts.embedding, "input lookups: token table V x H"
-           + (" + positions max_seq_len x H" if counts.position_embedding else ""))
-    ex.add("params", "flops (N of 6N)", counts.flops, "total - input embedding"
-           + (" + tied output layer V x H" if c.model.tie_embeddings else ""))
+    _explain_params(c.model, counts, ex)
 
     length = training_length(c, counts.total, ex)
-    tokens = length["tokens"]
-    fl = flops(c, counts, tokens, ex)
+    fl = flops(c, counts, length["tokens"], ex)
     if c.train.precision == "fp8":
         fl["convention"] += FP8_CONVENTION
     peak, peak_source = peak_tflops(c.hardware, c.train.precision)
@@ -73,17 +68,7 @@ def plan_with_explain(config, advice: bool = True) -> tuple[dict, Explain]:
         time["modelled_tokens_per_second"] = step["tokens_per_second"]
         time["modelled_mfu"] = step["mfu"]
     mem = memory(c, counts, ex)
-
-    data = length["data_tokens"]  # each example once: the epochs re-read the same file
-    storage = storage_bytes(data, c.model.vocab_size)
-    ex.add("tokens", "storage_bytes", storage, f"{data:,} tokens"
-           + (f" (examples {c.train.examples:,} x seq {c.train.seq_len})" if data != tokens else "")
-           + f" x {token_bytes(c.model.vocab_size)} bytes "
-           f"({token_dtype(c.model.vocab_size)} for vocabulary {c.model.vocab_size:,})")
-    full = _unsharded(c)
-    ckpt = full["parameters"] + full["optimizer_states"]
-    ex.add("tokens", "checkpoint_bytes", ckpt, f"parameters {full['parameters']:,} + optimizer states "
-           f"{full['optimizer_states']:,} (all ranks together)")
+    storage, ckpt = _storage_and_checkpoint(c, length, ex)
 
     spec = gpu_spec(c.hardware.gpu)
     par = c.parallel
@@ -91,8 +76,8 @@ def plan_with_explain(config, advice: bool = True) -> tuple[dict, Explain]:
         "model": {k: v for k, v in vars(c.model).items()},
         "params": counts.as_dict(),
         "flops": fl,
-        "tokens": {"total": tokens, "chinchilla": length["chinchilla"],
-                   "per_parameter": tokens / counts.total},
+        "tokens": {"total": length["tokens"], "chinchilla": length["chinchilla"],
+                   "per_parameter": length["tokens"] / counts.total},
         "storage_bytes": storage,
         "checkpoint_bytes": ckpt,
         "steps": {"total": length["steps"], "tokens_per_step": length["tokens_per_step"],
@@ -114,6 +99,39 @@ def plan_with_explain(config, advice: bool = True) -> tuple[dict, Explain]:
         result["moe"] = mem["moe"]
     if budget:
         result["budget"] = budget
+    _optional_sections(c, result, length, model_pt, peak, ex)
+    if advice:
+        result["advice"] = advise(c, result)
+    return result, ex
+
+
+def _explain_params(m, counts, ex: Explain) -> None:
+    ex.add("params", "total", counts.total, _params_formula(m, counts))
+    ex.add("params", "embedding", counts.embedding, "input lookups: token table V x H"
+           + (" + positions max_seq_len x H" if counts.position_embedding else ""))
+    ex.add("params", "flops (N of 6N)", counts.flops, "total - input embedding"
+           + (" + tied output layer V x H" if m.tie_embeddings else ""))
+
+
+def _storage_and_checkpoint(c, length: dict, ex: Explain) -> tuple[int, int]:
+    """Bytes of the token files (each example once: the epochs re-read the same file) and of one checkpoint."""
+    data, tokens = length["data_tokens"], length["tokens"]
+    storage = storage_bytes(data, c.model.vocab_size)
+    ex.add("tokens", "storage_bytes", storage, f"{data:,} tokens"
+           + (f" (examples {c.train.examples:,} x seq {c.train.seq_len})" if data != tokens else "")
+           + f" x {token_bytes(c.model.vocab_size)} bytes "
+           f"({token_dtype(c.model.vocab_size)} for vocabulary {c.model.vocab_size:,})")
+    full = _unsharded(c)
+    ckpt = full["parameters"] + full["optimizer_states"]
+    ex.add("tokens", "checkpoint_bytes", ckpt, f"parameters {full['parameters']:,} + optimizer states "
+           f"{full['optimizer_states']:,} (all ranks together)")
+    return storage, ckpt
+
+
+def _optional_sections(c, result: dict, length: dict, model_pt, peak, ex: Explain) -> None:
+    """The sections only some configs have: another framework's memory, the corpus, a mixture, in-loop
+    evaluations, a measured run."""
+    time, tokens = result["time"], length["tokens"]
     if c.plan.framework != "pretrain":  # the default plan stays as it was, key for key
         result["framework"] = framework_memory(c, ex)
     supply = corpus_supply(c, tokens, ex)
@@ -127,14 +145,11 @@ def plan_with_explain(config, advice: bool = True) -> tuple[dict, Explain]:
     if tasks:  # run.eval_tasks: the in-loop evaluations' time beside the training's
         result["eval_tasks"] = tasks
         time["eval_tasks_seconds"], time["eval_tasks_share"] = tasks["seconds"], tasks["share_of_run"]
-    measured = utilisation(c, fl, length["tokens_per_step"], peak, ex)
+    measured = utilisation(c, result["flops"], length["tokens_per_step"], peak, ex)
     if measured:
         result["measured"] = measured
         result["mfu"] = measured["mfu"]
         result["hfu"] = measured["hfu"]
-    if advice:
-        result["advice"] = advise(c, result)
-    return result, ex
 
 
 def planned_config(config, result: dict):

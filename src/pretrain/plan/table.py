@@ -33,50 +33,69 @@ def duration_range(low: float, high: float) -> str:
 
 
 def render(config, p: dict) -> str:
-    m, t, par = config.model, config.train, p["parallel"]
-    hw = p["hardware"]
+    m, t, par, hw = config.model, config.train, p["parallel"], p["hardware"]
+    rows = _size_rows(m, p) + _time_rows(m, p)
     name = m.preset or m.hf_config or "custom"
-    rows: list[tuple[str, str, str]] = []
+    lines = [f"pretrain plan: {name} ({m.family}, {p['params']['total'] / 1e9:.3g}B), {par['world']} x {hw['gpu']} "
+             f"(data {par['data']}, tensor {par['tensor']}, pipeline {par['pipeline']}, ZeRO-{par['zero_stage']}), "
+             f"{t.precision}, {t.optimizer}, recompute {t.activation_checkpointing}", ""]
+    width = max(len(r[1]) for r in rows)
+    for label, value, note in rows:
+        lines.append(f"  {label:<18} {value:>{width}}   {note}")
+    lines.append("")
+    lines += _memory_lines(config, p)
+    if "budget" in p:  # budget mode: what the budget buys, above the plan of the chosen model
+        lines = budget_lines(p["budget"]) + lines
+    for advice in p.get("advice", []):
+        lines.append(f"  ! {advice}")
+    return "\n".join(lines)
 
-    def row(label, value, note=""):
-        rows.append((label, value, note))
 
+def _size_rows(m, p: dict) -> list[tuple[str, str, str]]:
+    """(label, value, note) rows of the model's and the data's sizes."""
     pa, tok = p["params"], p["tokens"]
-    row("Parameters", f"{pa['total']:,}", f"{count(pa['total'])}; embedding {pa['embedding']:,}, "
-        f"non-embedding {pa['non_embedding']:,}")
+    rows = [("Parameters", f"{pa['total']:,}", f"{count(pa['total'])}; embedding {pa['embedding']:,}, "
+             f"non-embedding {pa['non_embedding']:,}")]
     if "routed_experts" in pa:  # Mixture-of-Experts (pretrain.plan.params)
-        row("Active parameters", f"{pa['active']:,}", f"{count(pa['active'])} per token: {m.experts_per_token} of "
-            f"{m.num_experts} routed experts; {pa['active_no_embedding']:,} without the embedding")
-    row("Training tokens", f"{tok['total']:,}", f"{tok['per_parameter']:.1f} per parameter; "
-        f"Chinchilla-optimal {count(tok['chinchilla'])} (20 per parameter)")
-    row("Tokens on disk", si_bytes(p["storage_bytes"]), f"{token_dtype(m.vocab_size)} ids")
+        rows.append(("Active parameters", f"{pa['active']:,}", f"{count(pa['active'])} per token: "
+                     f"{m.experts_per_token} of {m.num_experts} routed experts; {pa['active_no_embedding']:,} "
+                     "without the embedding"))
+    rows.append(("Training tokens", f"{tok['total']:,}", f"{tok['per_parameter']:.1f} per parameter; "
+                 f"Chinchilla-optimal {count(tok['chinchilla'])} (20 per parameter)"))
+    rows.append(("Tokens on disk", si_bytes(p["storage_bytes"]), f"{token_dtype(m.vocab_size)} ids"))
     if "data" in p:  # data.raw_bytes or a prepared data.dir (pretrain.plan.corpus)
         d = p["data"]
-        row("Corpus tokens", f"{d['tokens_available']:,}", f"{si_bytes(d['raw_bytes'])} of text at "
-            f"{d['bytes_per_token']:.3g} bytes/token; the run reads it {d['epochs']:.3g} times")
+        rows.append(("Corpus tokens", f"{d['tokens_available']:,}", f"{si_bytes(d['raw_bytes'])} of text at "
+                     f"{d['bytes_per_token']:.3g} bytes/token; the run reads it {d['epochs']:.3g} times"))
     for src in p.get("mixture", {}).get("sources", []):  # data.mixture (pretrain.plan.mixture)
         if src["tokens_available"] is None:
-            row(f"Source {src['name']}", "n/a", f"weight {src['weight']:.3g}; {src['dir']} is not prepared yet")
+            rows.append((f"Source {src['name']}", "n/a", f"weight {src['weight']:.3g}; {src['dir']} is not "
+                         "prepared yet"))
             continue
         cap = f", max_epochs {src['max_epochs']:g}" + (" (reached)" if src["capped"] else "") \
             if src["max_epochs"] else ""
-        row(f"Source {src['name']}", f"{src['tokens_available']:,}", f"tokens available, "
-            f"{si_bytes(src['storage_bytes'])} on disk; weight {src['weight']:.3g}: the run draws "
-            f"{src['tokens_planned']:,}, {src['epochs']:.3g} epochs{cap}")
-    row("One checkpoint", si_bytes(p["checkpoint_bytes"]), "parameters + optimizer states")
-    st, fl = p["steps"], p["flops"]
-    row("Optimizer steps", f"{st['total']:,}", f"{st['tokens_per_step']:,} tokens per step "
-        f"({count(st['tokens_per_step'])}), warm-up {st['warmup']:,}")
-    row("FLOPs per token", f"{fl['per_token']:.3g}", f"6N + attention (PaLM); "
-        f"6N over all {'active ' * ('moe' in fl)}params "
-        f"{fl['per_token_6n']:.3g}; with recomputation {fl['per_token_hardware']:.3g}")
+        rows.append((f"Source {src['name']}", f"{src['tokens_available']:,}", f"tokens available, "
+                     f"{si_bytes(src['storage_bytes'])} on disk; weight {src['weight']:.3g}: the run draws "
+                     f"{src['tokens_planned']:,}, {src['epochs']:.3g} epochs{cap}"))
+    rows.append(("One checkpoint", si_bytes(p["checkpoint_bytes"]), "parameters + optimizer states"))
+    return rows
+
+
+def _time_rows(m, p: dict) -> list[tuple[str, str, str]]:
+    """(label, value, note) rows of the steps, FLOPs and time."""
+    st, fl, tm, hw = p["steps"], p["flops"], p["time"], p["hardware"]
+    rows = [("Optimizer steps", f"{st['total']:,}", f"{st['tokens_per_step']:,} tokens per step "
+             f"({count(st['tokens_per_step'])}), warm-up {st['warmup']:,}"),
+            ("FLOPs per token", f"{fl['per_token']:.3g}", f"6N + attention (PaLM); "
+             f"6N over all {'active ' * ('moe' in fl)}params "
+             f"{fl['per_token_6n']:.3g}; with recomputation {fl['per_token_hardware']:.3g}")]
     if "moe" in fl:
         mo = fl["moe"]
-        row("  MoE conventions", f"{mo['per_token_causal_attention']:.3g}", f"active N, causal attention; full "
-            f"square {mo['per_token_full_attention']:.3g} ({mo['full_over_causal']:.2f}x); 6N active "
-            f"{mo['per_token_6n_active']:.3g} (on all params {mo['per_token_6n_total']:.3g}: MFU overstated)")
-    row("Training FLOPs", f"{fl['total']:.3g}", f"6N·D = {fl['total_6n']:.3g}")
-    tm = p["time"]
+        rows.append(("  MoE conventions", f"{mo['per_token_causal_attention']:.3g}", f"active N, causal attention; "
+                     f"full square {mo['per_token_full_attention']:.3g} ({mo['full_over_causal']:.2f}x); 6N active "
+                     f"{mo['per_token_6n_active']:.3g} (on all params {mo['per_token_6n_total']:.3g}: MFU "
+                     "overstated)"))
+    rows.append(("Training FLOPs", f"{fl['total']:.3g}", f"6N·D = {fl['total_6n']:.3g}"))
     if tm["seconds"]:
         cost = f", cost {tm['cost']:,.0f}" if tm.get("cost") else ""
         if tm["seconds_range"]:  # the step-time model's, with its own error on published runs
@@ -85,32 +104,28 @@ def render(config, p: dict) -> str:
                    f"{tm['gpu_hours']:,.0f} GPU-hours at MFU {tm['utilisation']:.3g} (step-time model)")
         else:  # hardware.mfu / hfu given
             how = f"{tm['gpu_hours']:,.0f} GPU-hours at {tm['basis'].split(' ')[0]} {tm['utilisation']:g} (given)"
-        row("Wall-clock time", duration(tm["seconds"]), f"{how} of {hw['peak_tflops']:g} TFLOP/s{cost}")
-        row("Throughput", f"{tm['tokens_per_second']:,.0f} tok/s",
-            f"whole job, {tm['tokens_per_second'] / par['world']:,.0f} per GPU")
+        rows.append(("Wall-clock time", duration(tm["seconds"]), f"{how} of {hw['peak_tflops']:g} TFLOP/s{cost}"))
+        rows.append(("Throughput", f"{tm['tokens_per_second']:,.0f} tok/s",
+                     f"whole job, {tm['tokens_per_second'] / p['parallel']['world']:,.0f} per GPU"))
     else:
-        row("Wall-clock time", "n/a", hw["peak_source"])
+        rows.append(("Wall-clock time", "n/a", hw["peak_source"]))
     if "eval_tasks" in p:  # run.eval_tasks
         ev = p["eval_tasks"]
         share = f", {ev['share_of_run']:.1%} of the run" if ev["share_of_run"] is not None else ""
-        row("Eval tasks", duration(ev["seconds"]), f"{ev['evaluations']:,} evaluations "
-            f"x {ev['tokens_per_evaluation']:,} tokens "
-            f"({', '.join(ev['tasks'])}), forward only{share}")
+        rows.append(("Eval tasks", duration(ev["seconds"]), f"{ev['evaluations']:,} evaluations "
+                     f"x {ev['tokens_per_evaluation']:,} tokens ({', '.join(ev['tasks'])}), forward only{share}"))
     if "measured" in p:
         ms = p["measured"]
         util = f"MFU {ms['mfu']:.3f}, HFU {ms['hfu']:.3f}" if ms["mfu"] is not None else "no peak to compare"
-        row("Measured", f"{ms['achieved_tflops_per_gpu']:.1f} TFLOP/s",
-            f"per GPU at {ms['tokens_per_second']:,.0f} tok/s; {util}")
+        rows.append(("Measured", f"{ms['achieved_tflops_per_gpu']:.1f} TFLOP/s",
+                     f"per GPU at {ms['tokens_per_second']:,.0f} tok/s; {util}"))
+    return rows
 
-    mem = p["memory_bytes"]
-    lines = [f"pretrain plan: {name} ({m.family}, {pa['total'] / 1e9:.3g}B), {par['world']} x {hw['gpu']} "
-             f"(data {par['data']}, tensor {par['tensor']}, pipeline {par['pipeline']}, ZeRO-{par['zero_stage']}), "
-             f"{t.precision}, {t.optimizer}, recompute {t.activation_checkpointing}", ""]
-    width = max(len(r[1]) for r in rows)
-    for label, value, note in rows:
-        lines.append(f"  {label:<18} {value:>{width}}   {note}")
-    lines.append("")
-    lines.append(f"  Memory per GPU (GiB), micro-batch {t.micro_batch_size} x seq {t.seq_len}:")
+
+def _memory_lines(config, p: dict) -> list[str]:
+    """The memory block: each kind's size, each phase's total, the verdict, and the extra lines."""
+    t, mem = config.train, p["memory_bytes"]
+    lines = [f"  Memory per GPU (GiB), micro-batch {t.micro_batch_size} x seq {t.seq_len}:"]
     notes = {
         "weights": "working copies" if mixed_precision(t.precision) else "parameters",
         "optimizer": f"{t.optimizer} states" + (" + fp32 master weights" if mixed_precision(t.precision) else ""),
@@ -139,6 +154,12 @@ def render(config, p: dict) -> str:
     if mem["compiled"] is not None:  # train.compile is on: the same step with compiled blocks
         lines.append(f"    {'compiled':<14} {mem['compiled'] / GiB:>9.2f}   peak with train.compile: "
                      "blocks' saved tensors as inductor keeps them (measured on CPU)")
+    return lines + _extra_memory_lines(p)
+
+
+def _extra_memory_lines(p: dict) -> list[str]:
+    """MoE's routed load, host memory, and another framework's accounting (plan.framework)."""
+    lines, mem = [], p["memory_bytes"]
     if "moe" in p:  # Mixture-of-Experts (pretrain.plan.memory): the imbalance the routed tokens are planned at
         mo = p["moe"]
         limit = mo["fits_up_to_imbalance"]
@@ -161,11 +182,7 @@ def render(config, p: dict) -> str:
             cold = fw.get("host_without_zero_init")
             lines.append(f"    {'  host':<14} {fm['host'] / GiB:>9.2f}   per node as {fw['name']} counts it"
                          + ("" if cold is None else f" with zero.Init ({cold / GiB:.2f} without)"))
-    if "budget" in p:  # budget mode: what the budget buys, above the plan of the chosen model
-        lines = budget_lines(p["budget"]) + lines
-    for advice in p.get("advice", []):
-        lines.append(f"  ! {advice}")
-    return "\n".join(lines)
+    return lines
 
 
 def budget_lines(budget: dict) -> list[str]:
