@@ -82,9 +82,6 @@ def check_moe(config) -> None:
     if t.activation_checkpointing == "selective":
         raise ConfigError("train.activation_checkpointing: selective is not built with Mixture-of-Experts yet; use "
                           "train.activation_checkpointing=full or none")
-    if t.compile is True:
-        raise ConfigError("train.compile: Mixture-of-Experts runs eager (its token counts and grouped GEMM "
-                          "offsets are data-dependent shapes); use train.compile=false")
 
 
 def check_pipelinable(config) -> None:
