@@ -3,8 +3,8 @@ one process with the same global batch: FSDP2 at ep = 1 gives the same losses, w
 (every rank moves them from the expert counts summed over the ranks); expert parallelism (each rank 4 of the
 8 experts, tokens exchanged by all-to-all) gives the same losses with DDP, its checkpoint resuming at ep = 1
 under DDP, and with FSDP2, where a kill -9 and a --resume redo the lost steps bitwise; both expert-parallel
-runs recompute every block in backward (train.activation_checkpointing=full) until they are resumed without. Each rank holds exactly
-the planner's parameter, gradient and optimizer bytes."""
+runs recompute every block in backward (train.activation_checkpointing=full) until they are resumed without.
+Each rank holds exactly the planner's parameter, gradient and optimizer bytes."""
 
 import json
 
