@@ -2,8 +2,9 @@
 one process with the same global batch: FSDP2 at ep = 1 gives the same losses, weights and routing biases
 (every rank moves them from the expert counts summed over the ranks); expert parallelism (each rank 4 of the
 8 experts, tokens exchanged by all-to-all) gives the same losses with DDP, its checkpoint resuming at ep = 1
-under DDP, and with FSDP2, where a kill -9 and a --resume redo the lost steps bitwise. Each rank holds exactly
-the planner's parameter, gradient and optimizer bytes."""
+under DDP, and with FSDP2, where a kill -9 and a --resume redo the lost steps bitwise; both expert-parallel
+runs recompute every block in backward (train.activation_checkpointing=full) until they are resumed without.
+Each rank holds exactly the planner's parameter, gradient and optimizer bytes."""
 
 import json
 
@@ -72,13 +73,16 @@ def test_fsdp_matches_one_process(prepared, single, tmp_path):
 
 
 def test_expert_parallel_with_ddp_matches_one_process_and_resumes_at_ep_1(prepared, single, tmp_path):
-    # EP=2 x DP=2 on 2 processes (one expert-parallel group) for 6 steps, then its checkpoint (experts gathered
-    # to the full [E, ...]) resumed at EP=1 x DP=2 (every rank all experts) for steps 7-10: one process's run.
+    # EP=2 x DP=2 on 2 processes (one expert-parallel group) for 6 steps, with full recomputation (each block's
+    # all-to-alls run again in backward, its tokens counted once), then its checkpoint (experts gathered to the
+    # full [E, ...]) resumed at EP=1 x DP=2 (every rank all experts), without recomputation, for steps 7-10:
+    # one process's run.
     ep = tmp_path / "ep"
     finished_torchrun(*settings(prepared, ep, 4, "parallel.expert=2", "debug.stop_after_step=6",
-                                "debug.plan_vs_run_per_rank=true"))
+                                "debug.plan_vs_run_per_rank=true", "train.activation_checkpointing=full"))
     per_rank_reports(ep, 2)  # each rank: E/2 experts, the rest whole, exactly as planned
-    r = finished_torchrun("--resume", ep, "debug.stop_after_step=0", "parallel.expert=1")
+    r = finished_torchrun("--resume", ep, "debug.stop_after_step=0", "parallel.expert=1",
+                          "train.activation_checkpointing=none")
     assert "resumed from" in r.stdout
     same_training(single, ep, rel=1e-4)
 
@@ -93,10 +97,12 @@ def lost_steps(run_dir, after: int) -> dict:
 @needs_cpu_fsdp
 def test_expert_parallel_with_fsdp_matches_one_process_and_survives_kill_9(prepared, single, tmp_path):
     # EP=2 with FSDP2 on the same 2 ranks (experts sharded over their expert-data-parallel group of 1, the rest
-    # over both), every process SIGKILLed after the checkpoint of step 5, resumed by torchrun.
+    # over both), with full recomputation (FSDP gathers a block's weights again for it, its all-to-alls run
+    # again), every process SIGKILLed after the checkpoint of step 5, resumed by torchrun without recomputation.
     run_dir = tmp_path / "ep_fsdp"
     job = torchrun(*settings(prepared, run_dir, 4, "parallel.expert=2", "parallel.zero_stage=3",
-                             "debug.plan_vs_run_per_rank=true", "debug.step_sleep=0.5"), wait=False)
+                             "debug.plan_vs_run_per_rank=true", "debug.step_sleep=0.5",
+                             "train.activation_checkpointing=full"), wait=False)
     try:
         wait_for_steps(run_dir, 7, job)
     finally:
@@ -104,11 +110,11 @@ def test_expert_parallel_with_fsdp_matches_one_process_and_survives_kill_9(prepa
     before = lost_steps(run_dir, after=5)
     assert len(before) >= 2 and max(before) < 10, before
     per_rank_reports(run_dir, 2)
-    r = torchrun("--resume", run_dir, "debug.step_sleep=0")
+    r = torchrun("--resume", run_dir, "debug.step_sleep=0", "train.activation_checkpointing=none")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "resumed from" in r.stdout
     after = lost_steps(run_dir, after=5)
-    # the steps the kill lost, computed again: the same losses, gradient norms and expert loads (so the same
-    # routing biases), bit for bit
+    # the steps the kill lost, computed again without recomputation: the same losses, gradient norms and expert
+    # loads (so the same routing biases), bit for bit
     assert {k: after[k] for k in before} == before
     same_training(single, run_dir, rel=1e-4)

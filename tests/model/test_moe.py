@@ -93,3 +93,25 @@ def test_balancing_losses_and_bias_update():
     want = 0.5 * torch.sign(counts.mean() - counts)
     assert torch.equal(moe.expert_bias, want)
     assert moe.step_sums is None
+
+
+@pytest.mark.parametrize("early_stop", [True, False])
+def test_full_recomputation_counts_each_micro_batch_once(early_stop):
+    """A checkpointed block runs its MoE layer again in backward (to its last saved tensor, or, without early
+    stop, whole): the same loss and gradients, and the step's expert counts and balancing losses counted once,
+    as without recomputation."""
+    from torch.utils.checkpoint import set_checkpoint_early_stop
+
+    from pretrain.distributed.recompute import apply_activation_checkpointing
+
+    rate = "model.router_bias_update_rate=0.5"
+    plain, recomputed = model(rate), apply_activation_checkpointing(model(rate), "full")
+    loss_a, grads_a = loss_and_grads(plain)
+    with set_checkpoint_early_stop(early_stop):
+        loss_b, grads_b = loss_and_grads(recomputed)
+    assert torch.equal(loss_a, loss_b)
+    assert all(torch.equal(grads_a[n], grads_b[n]) for n in grads_a)
+    assert torch.equal(plain.blocks[1].mlp.step_sums, recomputed.blocks[1].mlp.step_sums)
+    assert recomputed.blocks[1].mlp.router_loss is None  # the recomputation keeps no loss graph
+    assert end_step(plain, 1) == end_step(recomputed, 1)
+    assert torch.equal(plain.blocks[1].mlp.expert_bias, recomputed.blocks[1].mlp.expert_bias)

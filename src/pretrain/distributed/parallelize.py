@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from .. import precision
 from ..config import compile_enabled
+from ..model.moe import MoE
 from .engines import DDP, FSDP, FSDP_CPU_TORCH, Parallelized, ZeRO1
 from .mesh import Layout
 from .recompute import apply_activation_checkpointing
@@ -42,9 +43,8 @@ def parallelize(model, config, rt: Runtime) -> Parallelized:
         apply_tensor_parallel(model, mesh["tp"], config.parallel.sequence_parallel)
     apply_activation_checkpointing(model, t.activation_checkpointing)
     model.fix_attention_kernel(rt.device, half=t.precision != "fp32")
-    # MoE and debug.fp8_check's shadow run eager: train.compile=true is refused (config/trainable.py), auto
-    # stays off
-    compiled = compile_enabled(t.compile, rt.device.type) and not (config.model.num_experts or config.debug.fp8_check)
+    # debug.fp8_check's shadow runs eager: train.compile=true is refused (config/trainable.py), auto stays off
+    compiled = compile_enabled(t.compile, rt.device.type) and not config.debug.fp8_check
     if compiled and config.parallel.tensor > 1:
         # AOTAutograd's on-disk cache hands a block compiled for one tensor-parallel layout to another with the
         # same shapes (with and without sequence parallelism, torch 2.13): measured, the run then trains wrong
@@ -57,9 +57,10 @@ def parallelize(model, config, rt: Runtime) -> Parallelized:
         # Block by block, before sharding (torchtitan's order): FSDP2's hooks sit at the block boundaries and
         # stay eager; a whole-model compile would meet them inside the loop over blocks and run all eager.
         # A block is one graph (tests/train/test_step_parts.py): fullgraph makes a future break an error, not
-        # a silent slowdown; under FSDP the module call also runs its hooks, which dynamo may split off.
+        # a silent slowdown; under FSDP the module call also runs its hooks, which dynamo may split off. An MoE
+        # block breaks around its routed feed-forward, which runs eager (model/moe.py).
         for block in model.blocks:
-            block.compile(fullgraph=not config.parallel.fsdp)
+            block.compile(fullgraph=not (config.parallel.fsdp or isinstance(block.mlp, MoE)))
         # The output layer and loss (`model.loss`, which takes the output weight as an argument) compiled on
         # their own: under FSDP only the blocks would be, and this is the step's largest matmul. No FSDP hooks
         # sit on it, so it is one graph in every layout (tests/model/test_loss.py).

@@ -96,6 +96,10 @@ class MoE(nn.Module):
         self.expert_bias.zero_()
         self.step_sums = None
 
+    # Eager under torch.compile: each expert's token count is a data-dependent shape (the grouped GEMM's
+    # offsets, the loop's splits, expert parallelism's all-to-all splits), and the grouped GEMM's fake-tensor
+    # kernel takes bf16 only (torch 2.13: an fp32 trace fails). The block's attention and norms compile.
+    @torch.compiler.disable
     def forward(self, x):
         shape = x.shape
         x = x.reshape(-1, shape[-1])
@@ -120,15 +124,25 @@ class MoE(nn.Module):
         return y.reshape(shape)
 
     def _account(self, logits, scores, counts) -> None:
-        """This micro-batch's balancing losses (into `router_loss`) and statistics (into the step's sums)."""
+        """This micro-batch's balancing losses (into `router_loss`) and statistics (into the step's sums), once
+        per micro-batch: activation checkpointing runs the forward again in backward (`recomputing`), and
+        that run computes the losses' graph again (backward unpacks its saved tensors) but counts nothing."""
         tokens = logits.shape[0]
         share = counts.float() / (tokens * self.top_k)  # f_i: no gradient, as in Switch
         mean_score = (scores / scores.sum(-1, keepdim=True)).mean(0)  # P_i (softmax: already normalised)
         aux = self.num_experts * (share * mean_score).sum()
         z = logits.logsumexp(-1).square().mean()
+        if recomputing():
+            return
         self.router_loss = self.aux_coef * aux + self.z_coef * z
         sums = torch.cat([counts.float(), aux.detach()[None], z.detach()[None]])
         self.step_sums = sums if self.step_sums is None else self.step_sums + sums
+
+
+def recomputing() -> bool:
+    """Whether this forward runs inside backward: torch.utils.checkpoint's recomputation, the only forward
+    that does (torch's own module_tracker and FSDP2 tell backward from forward the same way)."""
+    return torch._C._current_graph_task_id() != -1
 
 
 def moe_layers(model) -> list[MoE]:

@@ -344,10 +344,11 @@ def activation_bytes(m, t, parallel, b: int | None = None, native_gqa: bool = Tr
     total = layers * in_flight * per_layer
     working = 0
     if t.activation_checkpointing == "full":
-        # Backward recomputes one block at a time and holds its tensors until its gradients are done.
-        working = _shard(layer_terms(m, t, parallel, b, recompute="none", native_gqa=native_gqa,
-                                     compiled=compiled, imbalance=imbalance, documents=documents), tp, sp) - \
-            _overlap(m, t, parallel, b) // (tp if sp else 1)
+        # Backward recomputes one block at a time and holds its tensors until its gradients are done: the
+        # largest kind's (all hold the same input, so `m` above may be the other: a wide dense first block).
+        working = max(_shard(layer_terms(kind, t, parallel, b, recompute="none", native_gqa=native_gqa,
+                                         compiled=compiled, imbalance=imbalance, documents=documents), tp, sp)
+                      for kind in kinds) - _overlap(m, t, parallel, b) // (tp if sp else 1)
         total += working
     total += once_bytes
     return dict(total=total, per_layer=per_layer, layers=layers, in_flight=in_flight, once=once_bytes,

@@ -16,6 +16,7 @@ import contextlib
 import torch
 
 from ..distributed.recompute import checkpointed_modules, forward_without_checkpoint, is_checkpointed
+from ..model.moe import moe_layers
 
 
 def _storage_key(t: torch.Tensor) -> tuple:
@@ -127,6 +128,10 @@ def measure_forward(model, tokens, targets, autocast) -> tuple[torch.Tensor, dic
             # run again and holds its own saved tensors until its gradients are done. Count one block.
             held = [t for t in meter.storages.values() if t.dim() == 3 and t.shape[:2] == tokens.shape]
             x = held[0].detach().requires_grad_(True)
+            # Not one of the step's micro-batches: a MoE layer of this block keeps its step's counts and loss.
+            kept = [(m, m.step_sums, m.router_loss) for m in moe_layers(blocks[0])]
             with autocast():
                 forward_without_checkpoint(blocks[0], x, *inner.window_layout(tokens)[1:])
+            for m, sums, balancing in kept:
+                m.step_sums, m.router_loss = sums, balancing
     return loss, meter.split()
