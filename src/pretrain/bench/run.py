@@ -76,21 +76,12 @@ def run_bench(config: Config | str | Path | dict | None = None, overrides=(), dt
     """
     dev = resolve_device(device, "--device")
     wanted = parse_dtypes(dtypes)
-    if seconds is not None and not seconds > 0:
-        raise UsageError(f"--seconds: must be a positive number of seconds, got {seconds}")
-    check_rounds(rounds)
-    check_threads(threads)
+    _check_arguments(seconds, rounds, threads)
     budget = seconds or (QUICK_SECONDS if quick else DEFAULT_SECONDS)[dev.type]
     cfg = config if isinstance(config, Config) else bench_config(config, overrides, dev)
     started = time.perf_counter()
 
-    # On a CPU tf32 is fp32 (there are no TF32 units): measure fp32 once and report it under both names.
-    skipped = {d: reason for d in wanted if (reason := matmul.unavailable(d, dev))}
-    measured = [d for d in DTYPES if d in wanted and d not in skipped]
-    if dev.type == "cpu" and "tf32" in measured:
-        measured = [d for d in measured if d != "tf32"]
-        if "fp32" not in measured:
-            measured.insert(0, "fp32")
+    skipped, measured = _dtypes_to_measure(wanted, dev)
 
     total = rounds * (len(measured) * len(matmul.shapes(dev, quick)) + 3)
     done = 0
@@ -104,22 +95,10 @@ def run_bench(config: Config | str | Path | dict | None = None, overrides=(), dt
     if progress:
         progress(0, total, "matmul")
     n_threads, chosen_as = cpu_threads(threads) if dev.type == "cpu" or threads else (None, None)
-    runs = []
     with torch_threads(n_threads or torch.get_num_threads()):
-        for r in range(rounds):
-            # Round 1 chooses the shapes its budget pays for; the later rounds measure the same ones.
-            runs.append(_round(cfg, dev, budget / rounds, quick, measured, runs[0]["shapes"] if runs else None,
-                               advance, f" (round {r + 1})" if rounds > 1 else ""))
-    shapes = []
-    for first in runs[0]["shapes"]:  # a later round's budget may have stopped short of a shape: its rounds only
-        seconds = statistics.median(s["seconds"] for run in runs for s in run["shapes"] if _shape(s) == _shape(first))
-        flops = 2 * first["m"] * first["n"] * first["k"]
-        shapes.append({**first, "seconds": seconds, "tflops": flops / seconds / 1e12})
-    peaks, medians = {}, {}
-    for dtype in measured:
-        peaks[dtype], medians[dtype] = matmul.summary([s for s in shapes if s["dtype"] == dtype])
-    if dev.type == "cpu" and "tf32" in wanted:
-        peaks["tf32"], medians["tf32"] = peaks["fp32"], medians["fp32"]
+        runs = _rounds(cfg, dev, budget, quick, measured, rounds, advance)
+    shapes = _median_shapes(runs)
+    peaks, medians = _peaks(shapes, measured, wanted, dev)
     noise = _spreads(runs, measured)
     h2d = [run["host_to_device"] for run in runs]
     # The block of the median round (median_low: a round that ran, with its own step time), its MFU against
@@ -149,6 +128,57 @@ def run_bench(config: Config | str | Path | dict | None = None, overrides=(), dt
                      "machine is busy; measure on a quiet one" for name, pct in _flat(noise)
                      if pct > NOISY_SPREAD_PCT],
     }
+
+
+def _check_arguments(seconds, rounds, threads) -> None:
+    if seconds is not None and not seconds > 0:
+        raise UsageError(f"--seconds: must be a positive number of seconds, got {seconds}")
+    check_rounds(rounds)
+    check_threads(threads)
+
+
+def _rounds(cfg: Config, dev: torch.device, budget: float, quick: bool, measured: list[str], rounds: int,
+            advance) -> list[dict]:
+    """`rounds` rounds of every figure, a 1/rounds share of the budget each. Round 1 chooses the shapes its
+    budget pays for; the later rounds measure the same ones."""
+    runs: list[dict] = []
+    for r in range(rounds):
+        runs.append(_round(cfg, dev, budget / rounds, quick, measured, runs[0]["shapes"] if runs else None,
+                           advance, f" (round {r + 1})" if rounds > 1 else ""))
+    return runs
+
+
+def _dtypes_to_measure(wanted, dev: torch.device) -> tuple[dict, list[str]]:
+    """({dtype: why not} for the device, the dtypes to measure in DTYPES order). On a CPU tf32 is fp32 (there
+    are no TF32 units): fp32 is measured once and reported under both names."""
+    skipped = {d: reason for d in wanted if (reason := matmul.unavailable(d, dev))}
+    measured = [d for d in DTYPES if d in wanted and d not in skipped]
+    if dev.type == "cpu" and "tf32" in measured:
+        measured = [d for d in measured if d != "tf32"]
+        if "fp32" not in measured:
+            measured.insert(0, "fp32")
+    return skipped, measured
+
+
+def _peaks(shapes: list[dict], measured: list[str], wanted, dev: torch.device) -> tuple[dict, dict]:
+    """Each measured dtype's best and median TFLOP/s over its shapes; tf32 as fp32 on a CPU."""
+    peaks, medians = {}, {}
+    for dtype in measured:
+        peaks[dtype], medians[dtype] = matmul.summary([s for s in shapes if s["dtype"] == dtype])
+    if dev.type == "cpu" and "tf32" in wanted:
+        peaks["tf32"], medians["tf32"] = peaks["fp32"], medians["fp32"]
+    return peaks, medians
+
+
+def _median_shapes(runs: list[dict]) -> list[dict]:
+    """Each matmul shape of round 1 at its median time over the rounds (a later round's budget may have stopped
+    short of a shape: its rounds only)."""
+    shapes = []
+    for first in runs[0]["shapes"]:
+        seconds = statistics.median(s["seconds"] for run in runs for s in run["shapes"] if _shape(s) == _shape(first))
+        flops = 2 * first["m"] * first["n"] * first["k"]
+        shapes.append({**first, "seconds": seconds, "tflops": flops / seconds / 1e12})
+    return shapes
 
 
 def _round(cfg: Config, dev: torch.device, budget: float, quick: bool, dtypes: list[str], first: list | None,

@@ -170,32 +170,9 @@ def coerce(key: str, value: Any, tp: Any) -> Any:
     """Turn a YAML value or a command-line string into the field's type, or say what was expected."""
     origin = typing.get_origin(tp)
     if origin in (Union, types.UnionType):
-        options = [a for a in typing.get_args(tp) if a is not type(None)]
-        if value is None or (isinstance(value, str) and value in _NULLS):
-            if type(None) in typing.get_args(tp):
-                return None
-        # Prefer int over float for "100" and float over int for "0.005".
-        errors = []
-        for option in sorted(options, key=lambda t: 0 if t is int else 1):
-            try:
-                return coerce(key, value, option)
-            except ConfigError as e:
-                errors.append(str(e))
-        raise ConfigError(errors[-1])
+        return _coerce_union(key, value, tp)
     if origin is list:
-        (inner,) = typing.get_args(tp)
-        if isinstance(value, str) and inner is dict:  # data.mixture=[{dir: a, weight: 0.7}, ...]
-            import yaml
-
-            try:
-                value = _load_yaml(value, Path(key))
-            except yaml.YAMLError as e:
-                raise ConfigError(f"{key}: not a YAML list ({' '.join(str(e).split())[:120]})") from None
-        if isinstance(value, str):
-            value = [v for v in value.strip("[]() ").split(",") if v.strip()]
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{key}: expected a list like [0.9, 0.95], got {shown(value)}")
-        return [coerce(key, v, inner) for v in value]
+        return _coerce_list(key, value, tp)
     if tp is bool:
         if isinstance(value, bool):
             return value
@@ -203,22 +180,7 @@ def coerce(key: str, value: Any, tp: Any) -> Any:
             return value.lower() in _TRUE
         raise ConfigError(f"{key}: expected true or false, got {shown(value)}")
     if tp is int:
-        if isinstance(value, bool):
-            raise ConfigError(f"{key}: expected an integer, got {shown(value)}")
-        if isinstance(value, int):
-            return value
-        try:  # exactly, before a float would round a large integer
-            return int(str(value).replace("_", ""))
-        except ValueError:
-            pass
-        counted = suffixed_count(value)
-        if counted is not None:
-            return counted
-        number = _number(value)  # 1.4e12 and 2_000 are integers too
-        if number is not None and float(number).is_integer():
-            return int(number)
-        raise ConfigError(f"{key}: expected a whole number (4096, 4e9, 15T; K/M/B/T are 1e3/1e6/1e9/1e12), "
-                          f"got {shown(value)}")
+        return _coerce_int(key, value)
     if tp is float:
         if isinstance(value, bool):
             raise ConfigError(f"{key}: expected a number, got {shown(value)}")
@@ -227,13 +189,7 @@ def coerce(key: str, value: Any, tp: Any) -> Any:
             raise ConfigError(f"{key}: expected a number, got {shown(value)}")
         return float(number)
     if tp is dict:  # a data.mixture entry (on the command line the whole list is YAML), model.rope_scaling
-        if isinstance(value, str):  # model.rope_scaling={rope_type: yarn, factor: 4, ...}
-            import yaml
-
-            try:
-                value = _load_yaml(value, Path(key))
-            except yaml.YAMLError as e:
-                raise ConfigError(f"{key}: not a YAML mapping ({' '.join(str(e).split())[:120]})") from None
+        value = _yaml_string(key, value, "mapping")  # model.rope_scaling={rope_type: yarn, factor: 4, ...}
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: expected a mapping like {{name: value, ...}}, got {shown(value)}")
         return dict(value)
@@ -242,6 +198,63 @@ def coerce(key: str, value: Any, tp: Any) -> Any:
             raise ConfigError(f"{key}: expected a string, got {shown(value)}")
         return str(value)
     raise ConfigError(f"{key}: unsupported type {tp}")  # pragma: no cover - schema bug
+
+
+def _coerce_union(key: str, value: Any, tp: Any) -> Any:
+    options = [a for a in typing.get_args(tp) if a is not type(None)]
+    if value is None or (isinstance(value, str) and value in _NULLS):
+        if type(None) in typing.get_args(tp):
+            return None
+    # Prefer int over float for "100" and float over int for "0.005".
+    errors = []
+    for option in sorted(options, key=lambda t: 0 if t is int else 1):
+        try:
+            return coerce(key, value, option)
+        except ConfigError as e:
+            errors.append(str(e))
+    raise ConfigError(errors[-1])
+
+
+def _coerce_list(key: str, value: Any, tp: Any) -> list:
+    (inner,) = typing.get_args(tp)
+    if inner is dict:  # data.mixture=[{dir: a, weight: 0.7}, ...]
+        value = _yaml_string(key, value, "list")
+    if isinstance(value, str):
+        value = [v for v in value.strip("[]() ").split(",") if v.strip()]
+    if not isinstance(value, (list, tuple)):
+        raise ConfigError(f"{key}: expected a list like [0.9, 0.95], got {shown(value)}")
+    return [coerce(key, v, inner) for v in value]
+
+
+def _yaml_string(key: str, value: Any, what: str) -> Any:
+    """A command-line string of YAML (a list of mappings, a mapping) read as YAML; anything else as it is."""
+    if not isinstance(value, str):
+        return value
+    import yaml
+
+    try:
+        return _load_yaml(value, Path(key))
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{key}: not a YAML {what} ({' '.join(str(e).split())[:120]})") from None
+
+
+def _coerce_int(key: str, value: Any) -> int:
+    if isinstance(value, bool):
+        raise ConfigError(f"{key}: expected an integer, got {shown(value)}")
+    if isinstance(value, int):
+        return value
+    try:  # exactly, before a float would round a large integer
+        return int(str(value).replace("_", ""))
+    except ValueError:
+        pass
+    counted = suffixed_count(value)
+    if counted is not None:
+        return counted
+    number = _number(value)  # 1.4e12 and 2_000 are integers too
+    if number is not None and float(number).is_integer():
+        return int(number)
+    raise ConfigError(f"{key}: expected a whole number (4096, 4e9, 15T; K/M/B/T are 1e3/1e6/1e9/1e12), "
+                      f"got {shown(value)}")
 
 
 # Counts as practitioners write them: 15T tokens, a 4M-token batch, a 32K vocabulary. Decimal, as in papers

@@ -128,6 +128,19 @@ def model_state_tensors(cfg, rank: int | None = None, stage: int | None = None) 
                    for n, s in (shapes[i] for i in owned))
     steps = 4 * len(owned) if _has_step(t.optimizer) else 0
 
+    copies = _working_copies(cfg, shapes, whole, block_shapes, zero)
+    out = dict(parameters=param_bytes * n_params, gradients=grad_bytes * n_params,
+               optimizer_states=state_bytes * n_states + steps, working_copies=copies,
+               optimizer_working=_optimizer_working(cfg, shapes, owned, dp, sharded, state_bytes),
+               per_layer_params=_block_share(cfg, whole), stage=stage)
+    return out
+
+
+def _working_copies(cfg, shapes, whole, block_shapes, zero: int) -> int:
+    """Bytes of the parameters' compute-dtype copies a rank holds: FSDP's gathered blocks (ZeRO 2/3) or
+    autocast's copies of the matmul weights kept for backward."""
+    m, t, par = cfg.model, cfg.train, cfg.parallel
+    mixed = mixed_precision(t.precision)
     per_layer = _heaviest_block(m, block_shapes)
     root = sum(numel(s) for n, s in block_shapes if not n.startswith("blocks."))
     # Matmul weights (biases are added, not multiplied: autocast's cast of a bias is not kept); MoE's stacked
@@ -157,11 +170,7 @@ def model_state_tensors(cfg, rank: int | None = None, stage: int | None = None) 
                                                                                     else 1)
     else:
         copies = 0
-    out = dict(parameters=param_bytes * n_params, gradients=grad_bytes * n_params,
-               optimizer_states=state_bytes * n_states + steps, working_copies=copies,
-               optimizer_working=_optimizer_working(cfg, shapes, owned, dp, sharded, state_bytes),
-               per_layer_params=_block_share(cfg, whole), stage=stage)
-    return out
+    return copies
 
 
 def is_expert(name: str) -> bool:

@@ -94,15 +94,7 @@ def run_sweep(config_path: str | Path | dict | None = None, overrides=(), sweep:
     ConfigError / UsageError naming it, and nothing is measured.
     """
     started = time.perf_counter()
-    if not isinstance(warmup_steps, int) or warmup_steps < MIN_WARMUP_STEPS:
-        raise UsageError(f"--warmup-steps: must be at least {MIN_WARMUP_STEPS} (the trainer measures memory on its "
-                         f"step {MIN_WARMUP_STEPS}, once optimizer states exist), got {warmup_steps}")
-    if not isinstance(steps, int) or steps < 1:
-        raise UsageError(f"--steps: must be at least 1 timed step, got {steps}")
-    if budget_seconds is not None and not budget_seconds > 0:
-        raise UsageError(f"--budget-seconds: must be a positive number of seconds, got {budget_seconds}")
-    check_rounds(rounds)
-    check_threads(threads)
+    _check_arguments(warmup_steps, steps, budget_seconds, rounds, threads)
     sweep = {k: list(v) for k, v in (sweep or {}).items()}
     cells = prepare_cells(config_path, list(overrides), sweep)
     on_cpu = cells[0].rt.device.type == "cpu"
@@ -123,41 +115,64 @@ def run_sweep(config_path: str | Path | dict | None = None, overrides=(), sweep:
         out = Path(out_dir) if out_dir is not None else None
         if out is not None:
             output.make_dir(out)  # an unwritable --out fails now, not after the first cell
-        runs = {cell.index: [] for cell in cells}      # each round's measurement
-        ended: dict[int, tuple[str, str | None]] = {}  # a cell that runs no more rounds: (status, error)
-        seconds = dict.fromkeys(runs, 0.0)
-        with _progress(progress) as advance:
-            for done, (round_, cell) in enumerate((r, c) for r in range(rounds) for c in cells):
-                if cell.index in ended:
-                    continue
-                if advance:
-                    advance(done, rounds * len(cells), _describe(cell) + (f", round {round_ + 1}" if rounds > 1
-                                                                          else ""))
-                cell_started = time.perf_counter()
-                if budget_seconds is not None and cell_started - started >= budget_seconds:
-                    ended[cell.index] = (OK if runs[cell.index] else SKIPPED_BUDGET, None)
-                    continue
-                if cell.plan["fits"] is False and not try_all:
-                    ended[cell.index] = (SKIPPED_FIT, None)
-                    continue
-                ran = run_cell(cell, warmup_steps, steps)
-                seconds[cell.index] += time.perf_counter() - cell_started
-                if "measured" in ran:
-                    runs[cell.index].append(ran["measured"])
-                else:
-                    ended[cell.index] = (ran["status"], ran["error"])
-                result["cells"] = _records(cells, runs, ended, seconds, n_threads)
-                result["elapsed_seconds"] = round(time.perf_counter() - started, 3)
-                if out is not None:
-                    result["files"] = output.write_tables(result, out)
-            if advance:
-                advance(rounds * len(cells), rounds * len(cells), "plot")
+        runs, ended, seconds = _run_rounds(cells, result, out, started, budget_seconds, try_all,
+                                           (warmup_steps, steps, rounds), progress, n_threads)
         result["cells"] = _records(cells, runs, ended, seconds, n_threads)
         result["warnings"] = output.noise_warnings(result["cells"])
         result["elapsed_seconds"] = round(time.perf_counter() - started, 3)
         if out is not None:
             result["files"] = output.write_all(result, out)
     return result
+
+
+def _check_arguments(warmup_steps, steps, budget_seconds, rounds, threads) -> None:
+    """The sweep's own options, checked before any cell is loaded."""
+    if not isinstance(warmup_steps, int) or warmup_steps < MIN_WARMUP_STEPS:
+        raise UsageError(f"--warmup-steps: must be at least {MIN_WARMUP_STEPS} (the trainer measures memory on its "
+                         f"step {MIN_WARMUP_STEPS}, once optimizer states exist), got {warmup_steps}")
+    if not isinstance(steps, int) or steps < 1:
+        raise UsageError(f"--steps: must be at least 1 timed step, got {steps}")
+    if budget_seconds is not None and not budget_seconds > 0:
+        raise UsageError(f"--budget-seconds: must be a positive number of seconds, got {budget_seconds}")
+    check_rounds(rounds)
+    check_threads(threads)
+
+
+def _run_rounds(cells: list[Cell], result: dict, out: Path | None, started: float, budget_seconds, try_all: bool,
+                counts: tuple[int, int, int], progress, n_threads) -> tuple[dict, dict, dict]:
+    """Every cell once per round, rounds interleaved; the tables rewritten after each cell. Returns each cell's
+    measurements, the cells that ended early (status, error), and each cell's seconds."""
+    warmup_steps, steps, rounds = counts
+    runs = {cell.index: [] for cell in cells}      # each round's measurement
+    ended: dict[int, tuple[str, str | None]] = {}  # a cell that runs no more rounds: (status, error)
+    seconds = dict.fromkeys(runs, 0.0)
+    with _progress(progress) as advance:
+        for done, (round_, cell) in enumerate((r, c) for r in range(rounds) for c in cells):
+            if cell.index in ended:
+                continue
+            if advance:
+                advance(done, rounds * len(cells), _describe(cell) + (f", round {round_ + 1}" if rounds > 1
+                                                                      else ""))
+            cell_started = time.perf_counter()
+            if budget_seconds is not None and cell_started - started >= budget_seconds:
+                ended[cell.index] = (OK if runs[cell.index] else SKIPPED_BUDGET, None)
+                continue
+            if cell.plan["fits"] is False and not try_all:
+                ended[cell.index] = (SKIPPED_FIT, None)
+                continue
+            ran = run_cell(cell, warmup_steps, steps)
+            seconds[cell.index] += time.perf_counter() - cell_started
+            if "measured" in ran:
+                runs[cell.index].append(ran["measured"])
+            else:
+                ended[cell.index] = (ran["status"], ran["error"])
+            result["cells"] = _records(cells, runs, ended, seconds, n_threads)
+            result["elapsed_seconds"] = round(time.perf_counter() - started, 3)
+            if out is not None:
+                result["files"] = output.write_tables(result, out)
+        if advance:
+            advance(rounds * len(cells), rounds * len(cells), "plot")
+    return runs, ended, seconds
 
 
 def _records(cells: list[Cell], runs: dict, ended: dict, seconds: dict, threads: int | None) -> list[dict]:
