@@ -10,9 +10,9 @@ memory in one copy that the host waits for while the GPU runs the optimizer. The
 device: the fused AdamW takes the step's overflow flag (a 0-d tensor, as a loss scaler hands it over) and
 leaves the weights, its moments and its step count alone when it is set; an optimizer without that input
 waits for the copy and is stepped or not on the host. A loss scaler decides by its own overflow check, which
-under FSDP2 and tensor parallelism sees only this rank's shards of the gradients: torch reduces its flag by
-MAX over the gradients' mesh (DTensor's handler for the unscale op, checked on torch 2.13), so every rank
-skips the same steps and lowers its scale alike (tests/distributed/test_torchrun.py).
+under FSDP2, tensor and expert parallelism sees only this rank's gradients: the global gradient norm, the same
+on every rank, becomes every rank's flag (`_agree_on_overflow`), so every rank skips the same steps and lowers
+its scale alike (tests/distributed/test_torchrun.py, test_overflow_agreement.py).
 """
 
 from __future__ import annotations
@@ -66,6 +66,8 @@ def train_step(par, batches, state, *, accum: int, lr: float, grad_clip: float, 
     if scaler is not None:
         scaler.unscale_(optimizer)
     norm = par.clip(grad_clip)
+    if scaler is not None:
+        _agree_on_overflow(scaler, optimizer, norm)
     numbers = HostCopy(_reduce(loss_sum, accum, stop_asked, norm, rt))
     if scaler is not None:
         scaler.step(optimizer)  # skips the update itself on inf/NaN and lowers the scale
@@ -164,6 +166,18 @@ def _step_unless_overflow(optimizer, norm: torch.Tensor, numbers: HostCopy) -> N
             del optimizer.grad_scale, optimizer.found_inf
     elif math.isfinite(numbers.values[2]):
         optimizer.step()
+
+
+def _agree_on_overflow(scaler, optimizer, norm: torch.Tensor) -> None:
+    """Every rank's loss scaler skips alike. Its own check sees this rank's gradients only (a shard under FSDP,
+    tensor or expert parallelism), and torch's reduction of its flag over a DTensor mesh follows the placement
+    of the first gradient alone: a replicated first gradient is not reduced (torch 2.6 to 2.13, checked on both).
+    The global gradient norm, the same on every rank, is not finite exactly when some rank's gradients are
+    not: it becomes each rank's flag, on the device (GradScaler keeps its flags in its per-optimizer state; no
+    public call sets them)."""
+    overflow = norm.isfinite().logical_not().float()
+    for found in scaler._per_optimizer_states[id(optimizer)]["found_inf_per_device"].values():
+        found.copy_(torch.maximum(found, overflow.to(found.device)))
 
 
 def _set_lr(optimizer, lr: float) -> None:
