@@ -49,20 +49,21 @@ def train_step(par, batches, state, *, accum: int, lr: float, grad_clip: float, 
     autocast = par.autocast_context
     measured = None
     loss_sum = torch.zeros((), device=rt.device)
-    for i in range(accum):
-        x, y = batches.next_batch()
-        with par.no_sync(last=i == accum - 1):
-            if measure and i == 0 and par.measurable:
-                loss, saved = measure_forward(par.forward, x, y, autocast)
-                measured = {"saved": saved}
-            else:
-                with autocast():
-                    loss = par.forward(x, y)
-            state.micro_batches += 1
-            lm_loss = getattr(par.module, "lm_loss", None)  # MoE: reported without the balancing losses
-            loss_sum += (loss if lm_loss is None else lm_loss).detach().float()
-            scaled = loss / accum
-            (scaler.scale(scaled) if scaler is not None else scaled).backward()
+    with par.step_context():  # train.cache_weight_casts: the weights' casts made once, reused by every micro-batch
+        for i in range(accum):
+            x, y = batches.next_batch()
+            with par.no_sync(last=i == accum - 1):
+                if measure and i == 0 and par.measurable:
+                    loss, saved = measure_forward(par.forward, x, y, autocast)
+                    measured = {"saved": saved}
+                else:
+                    with autocast():
+                        loss = par.forward(x, y)
+                state.micro_batches += 1
+                lm_loss = getattr(par.module, "lm_loss", None)  # MoE: reported without the balancing losses
+                loss_sum += (loss if lm_loss is None else lm_loss).detach().float()
+                scaled = loss / accum
+                (scaler.scale(scaled) if scaler is not None else scaled).backward()
     if scaler is not None:
         scaler.unscale_(optimizer)
     norm = par.clip(grad_clip)
