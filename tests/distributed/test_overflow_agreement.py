@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("torch")
 
 RANK = """
-import json
+import json, sys
 import torch, torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
@@ -23,6 +23,7 @@ from pretrain.train.step import _agree_on_overflow
 
 dist.init_process_group("gloo")
 mesh = init_device_mesh("cpu", (2,))
+rows = []
 for mode in ("alone", "agree"):
     norm_w = torch.nn.Parameter(distribute_tensor(torch.ones(8), mesh, [Replicate()]))
     matrix = torch.nn.Parameter(distribute_tensor(torch.ones(4, 8), mesh, [Shard(0)]))
@@ -40,8 +41,10 @@ for mode in ("alone", "agree"):
         _agree_on_overflow(scaler, optimizer, norm)
     scaler.step(optimizer)
     scaler.update()
-    print(json.dumps({"mode": mode, "rank": dist.get_rank(), "own_flag": own, "stepped": bool(optimizer.state),
-                      "scale": scaler.get_scale()}))
+    rows.append({"mode": mode, "rank": dist.get_rank(), "own_flag": own, "stepped": bool(optimizer.state),
+                 "scale": scaler.get_scale()})
+with open(f"{sys.argv[1]}/rank{dist.get_rank()}.json", "w") as f:  # one file a rank: their prints interleave
+    json.dump(rows, f)
 dist.destroy_process_group()
 """
 
@@ -51,9 +54,9 @@ def test_every_rank_skips_an_overflow_in_one_ranks_shard(tmp_path):
     script.write_text(RANK)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                        str(script)], capture_output=True, text=True, env=env, timeout=300)
+                        str(script), str(tmp_path)], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    rows = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
+    rows = [row for rank in range(2) for row in json.loads((tmp_path / f"rank{rank}.json").read_text())]
     alone, agreed = ([x for x in sorted(rows, key=lambda x: x["rank"]) if x["mode"] == m] for m in ("alone", "agree"))
     # torch by itself: rank 1's flag stays 0 and it steps, rank 0 skips and halves its scale: drift.
     assert [(x["own_flag"], x["stepped"]) for x in alone] == [(1.0, False), (0.0, True)]
