@@ -8,9 +8,11 @@
 targets, most wanted first: the Llama-3.2-1B shape at seq 2048, bf16-mixed, accumulation 4, compiled (tokens/s,
 MFU against 989.4 TFLOP/s, the SDPA kernel that ran, peak memory against the plan's eager and compiled
 figures); GPT-2 124M against nanoGPT's own train.py (unmodified, MIT; `--nanogpt`, default benchmarks/peers/
-nanoGPT, which `gpu_session.sh prepare` fills), same model, batch, sequence and dtype; the 1B shape eager; then
-a second GPT-2 / nanoGPT round (A B A B: a machine that slows down slows both). A run starts only if its
-estimated time fits in what is left of --budget, and is stopped when the budget ends.
+nanoGPT, which `gpu_session.sh prepare` fills), same model, batch, sequence and dtype; the 1B shape eager; the
+1B eager with each speed switch on, train.cache_weight_casts then train.half_residual (tokens/s, MFU, peak, and
+`cache_weight_casts_speedup` / `half_residual_speedup` over the eager run without it); then a second GPT-2 /
+nanoGPT round (A B A B: a machine that slows down slows both). A run starts only if its estimated time fits in
+what is left of --budget, and is stopped when the budget ends.
 memory: precision x recomputation x micro-batch x accumulation x vocabulary, eager then compiled, one `pretrain
 sweep` process per cell (a fresh torch.compile cache each: one process for all of them would run the later
 "compiled" cells eager once dynamo's recompile limit is reached). Each cell's row is written as it finishes;
@@ -222,11 +224,20 @@ def targets(results: Results, work: Path, dry: bool, budget: Budget, nanogpt: Pa
     data = prepare_data(work, 8192)
     speeds: dict[str, list[float]] = {"gpt2": [], "nanogpt": []}
 
-    def llama_1b(key: str, compiled: bool) -> None:
-        if not budget.allows(key, dry):
+    eager_speed: dict[str, float] = {}  # this call's eager 1B tokens/s, switch by switch ("" = none on)
+
+    def llama_1b(key: str, compiled: bool, switch: str = "") -> None:
+        """The 1B run `key`, compiled or eager; `switch`: eager with that train.* speed switch on, and its
+        tokens/s over the eager run's without it (issue #31 item 11: a CPU shows no gain, a GPU answers)."""
+        if not budget.allows("llama_1b" if compiled else "llama_1b_eager", dry):
             return
         started = time.monotonic()
-        got = train_run(key, work, data, llama + [f"train.compile={str(compiled).lower()}"], steps, budget.left())
+        overrides = llama + [f"train.compile={str(compiled).lower()}"]
+        if dry and not compiled:  # the switches act under autocast only
+            overrides.append("train.precision=bf16-mixed")
+        if switch:
+            overrides.append(f"train.{switch}=true")
+        got = train_run(key, work, data, overrides, steps, budget.left())
         figures = {}
         if got is not None:
             figures = {f"mfu_{key}": got["mfu"], f"tokens_per_s_{key}": got["tokens_per_s"]}
@@ -234,6 +245,10 @@ def targets(results: Results, work: Path, dry: bool, budget: Budget, nanogpt: Pa
                 figures[f"peak_{key}"] = got["peak"]
             if compiled:
                 figures["attention_kernel"] = got["attention_kernel"]
+            else:
+                eager_speed[switch] = got["tokens_per_s"]
+            if switch and "" in eager_speed:
+                figures[f"{switch}_speedup"] = got["tokens_per_s"] / eager_speed[""]
         results.put((key, time.monotonic() - started), **figures)
 
     def gpt2_side(name: str, i: int) -> None:
@@ -259,6 +274,9 @@ def targets(results: Results, work: Path, dry: bool, budget: Budget, nanogpt: Pa
     llama_1b("llama_1b", compiled=True)
     gpt2_round(0)
     llama_1b("llama_1b_eager", compiled=False)
+    # Eager: a compiled block casts its weights inside its graph, so the cast cache acts on eager blocks only.
+    llama_1b("llama_1b_cast_cache", compiled=False, switch="cache_weight_casts")
+    llama_1b("llama_1b_half_residual", compiled=False, switch="half_residual")
     gpt2_round(1)
 
 

@@ -83,6 +83,14 @@ def mixed_precision(precision: str) -> bool:
     return precision.endswith("-mixed") or precision == "fp8"
 
 
+def caches_weight_casts(train, parallel) -> bool:
+    """train.cache_weight_casts where the trainer applies it: autocast does the casting (a *-mixed precision
+    or fp8; FSDP's policy casts instead) and the parameters are plain tensors of one stage (no tensor or
+    pipeline parallelism), so one autocast context can span a step's micro-batches."""
+    return (train.cache_weight_casts and mixed_precision(train.precision) and not parallel.fsdp
+            and parallel.tensor == 1 and parallel.pipeline == 1)
+
+
 def gpu_spec(name: str) -> GpuSpec:
     key = ALIASES.get(name.lower(), name.lower())
     if key not in CATALOG:

@@ -39,9 +39,12 @@ def weight_dtype(precision: str) -> torch.dtype:
     return torch.bfloat16 if precision == "bf16" else torch.float32
 
 
-def autocast(precision: str, device: torch.device):
-    """A context factory: autocast for the *-mixed precisions and fp8, nothing otherwise. No weight-cast cache: the
-    planner counts the casts each matmul keeps for backward, and a cache would keep them for the whole step."""
+def autocast(precision: str, device: torch.device, cache: bool = False):
+    """A context factory: autocast for the *-mixed precisions and fp8, nothing otherwise. No weight-cast cache by
+    default: the planner counts the casts each matmul keeps for backward, and a cache keeps them until the
+    outermost autocast context ends. `cache` (train.cache_weight_casts): the trainer opens one context around a
+    step's micro-batches, so each weight is cast once per step (torch caches casts of leaf tensors that require
+    grad, and the nested contexts keep the cache)."""
     if mixed_precision(precision):
-        return functools.partial(torch.autocast, device.type, dtype=half_dtype(precision), cache_enabled=False)
+        return functools.partial(torch.autocast, device.type, dtype=half_dtype(precision), cache_enabled=cache)
     return contextlib.nullcontext

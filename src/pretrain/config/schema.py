@@ -133,6 +133,16 @@ class TrainConfig:
                          "(scores materialised)", ("sdpa", "eager"))
     document_masking: bool = doc(False, "each token attends only to earlier tokens of its own document in the "
                                  "window, the documents found from the <eos> ids (docs/train.md: Document masking)")
+    cache_weight_casts: bool = doc(False, "*-mixed and fp8 without FSDP, tensor or pipeline parallelism (refused "
+                                   "elsewhere): cast the "
+                                   "fp32 weights to the compute dtype once per optimizer step and reuse the copies "
+                                   "over its micro-batches (autocast's cast cache) instead of once per micro-batch; "
+                                   "the plan counts every block's copy held for the whole step. Eager blocks only: a "
+                                   "compiled block casts inside its graph")
+    half_residual: bool = doc(False, "*-mixed and fp8: the residual stream in the 16-bit compute dtype, as "
+                              "Megatron keeps it, instead of autocast's fp32 (the embedding's output cast); the "
+                              "plan halves its terms. FSDP's mixed precision and pure bf16 keep it 16-bit anyway; "
+                              "fp32 and bf16 refuse it")
     grad_dtype: str = doc("fp32", "fp32 | same (gradients in the compute dtype, as the ZeRO paper counts)",
                           ("fp32", "same"))
     batch_ramp_tokens: int = doc(0, "tokens over which the global batch grows to its target; 0 = off")

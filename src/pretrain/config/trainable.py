@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 
 from ..errors import ConfigError
-from ..gpus import mixed_precision
+from ..gpus import caches_weight_casts, mixed_precision
 from .checks import untrained
 from .schema import padded_vocab_size
 
@@ -23,6 +23,12 @@ def check_trainable(config, needs_data: bool = True) -> None:
     if t.grad_dtype == "same" and mixed_precision(t.precision):
         raise ConfigError("train.grad_dtype: same (half-precision gradients) is a planning option; autocast keeps "
                           "fp32 gradients: use train.grad_dtype=fp32 or train.precision=bf16")
+    if t.cache_weight_casts and not caches_weight_casts(t, par):  # a switch that would do nothing is said
+        raise ConfigError("train.cache_weight_casts: autocast's cast cache spans a step under bf16-mixed, "
+                          "fp16-mixed or fp8 without FSDP, tensor or pipeline parallelism; turn it off here")
+    if t.half_residual and not mixed_precision(t.precision):
+        raise ConfigError(f"train.half_residual: {t.precision} has no autocast to keep the residual stream from; "
+                          "use it with bf16-mixed, fp16-mixed or fp8, or turn it off")
     unbuilt = unbuilt_architecture(config.model)
     if unbuilt:
         raise ConfigError(unbuilt)

@@ -24,7 +24,7 @@ import torch
 
 from .. import precision
 from ..errors import ConfigError
-from ..gpus import mixed_precision
+from ..gpus import caches_weight_casts, mixed_precision
 from ..plan.kernels import torch_version_tuple
 from .optim import build_optimizer
 from .runtime import Runtime
@@ -46,8 +46,16 @@ class Parallelized:
     def __init__(self, module, config, rt: Runtime, mesh=None):
         self.module, self.forward, self.rt = module, module, rt
         self.optimizer = None
-        self.autocast_context = (precision.autocast(config.train.precision, rt.device) if self.autocast
-                                 else contextlib.nullcontext)
+        # train.cache_weight_casts: one autocast context over a step's micro-batches (`step_context`) keeps the
+        # casts of the weights, the nested per-micro-batch ones use them
+        self.cache_casts = self.autocast and caches_weight_casts(config.train, config.parallel)
+        self.autocast_context = (precision.autocast(config.train.precision, rt.device, self.cache_casts)
+                                 if self.autocast else contextlib.nullcontext)
+
+    def step_context(self):
+        """The context around all micro-batches of a step: with the weight-cast cache, the autocast context that
+        holds it until the last backward is done; nothing otherwise."""
+        return self.autocast_context() if self.cache_casts else contextlib.nullcontext()
 
     def no_sync(self, last: bool):
         """The context of one micro-batch's forward and backward: gradients are communicated now, or deferred

@@ -273,6 +273,9 @@ class Transformer(nn.Module):
         # Fused parameters whose rows are held in another order (tensor parallelism: name -> row order).
         self.row_orders: dict[str, torch.Tensor] = {}
         self.lm_loss: torch.Tensor | None = None  # MoE: the last training loss without the balancing terms
+        # train.half_residual: the dtype the residual stream is cast to after the embedding (None: as it comes,
+        # fp32 under autocast, which then makes every residual add fp32)
+        self.residual_dtype: torch.dtype | None = None
 
     def reset_parameters(self, seed: int = 0):
         """Initialise every parameter from its own generator, seeded by (seed, parameter name): the values do
@@ -325,7 +328,7 @@ class Transformer(nn.Module):
                                    else positions)
         if self.config.dropout:
             x = F.dropout(x, self.config.dropout, self.training)
-        return x
+        return x if self.residual_dtype is None else x.to(self.residual_dtype)
 
     def window_layout(self, tokens):
         """(positions, rope, mask) of a batch of windows: each token's place in its document (None: 0 .. seq-1),

@@ -58,8 +58,9 @@ COMPUTE_BYTES = {"fp32": 4, "fp16-mixed": 2, "bf16-mixed": 2, "bf16": 2, "fp8": 
 
 def residual_bytes(t, parallel) -> int:
     """Bytes per element of the residual stream. Autocast leaves the embedding output, and so every residual
-    add, in fp32; pure bf16, and FSDP's mixed precision (which casts the parameters), keep it in bf16."""
-    if t.precision == "bf16" or (mixed_precision(t.precision) and parallel.fsdp):
+    add, in fp32; pure bf16, FSDP's mixed precision (which casts the parameters) and train.half_residual (the
+    embedding's output cast) keep it in bf16."""
+    if t.precision == "bf16" or (mixed_precision(t.precision) and (parallel.fsdp or t.half_residual)):
         return 2
     return 4
 

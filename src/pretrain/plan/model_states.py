@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import heapq
 
-from ..gpus import gpu_spec, mixed_precision
+from ..gpus import caches_weight_casts, gpu_spec, mixed_precision
 from . import fp8
 from .params import numel, padded_vocab_size, param_shapes
 from .stages import chunks_per_stage, param_stages, stage_param_shapes
@@ -146,6 +146,8 @@ def _working_copies(cfg, shapes, whole, block_shapes, zero: int) -> int:
     # Matmul weights (biases are added, not multiplied: autocast's cast of a bias is not kept); MoE's stacked
     # experts are 3-D, each grouped GEMM keeping its cast too.
     layer_matmul = _heaviest_block(m, block_shapes, matmul=True)
+    if caches_weight_casts(t, par):  # the cast cache keeps the linears' bias casts too, to the step's end
+        layer_matmul = _heaviest_block(m, block_shapes, matmul=True, biases=True)
     # The plain loss's output matmul keeps autocast's copy of its weight; the chunked one casts it per call.
     output_matmul = padded_vocab_size(m) * m.hidden_size if t.loss == "plain" else 0
     compute_bytes = 2 if (mixed or t.precision == "bf16") else 4
@@ -165,7 +167,9 @@ def _working_copies(cfg, shapes, whole, block_shapes, zero: int) -> int:
         copies = compute_bytes * (min(2, m.num_layers) * per_layer + root) - min(2, m.num_layers) * gathered_saved
     elif mixed:  # autocast keeps a half-precision copy of each matmul weight for backward
         layers_here = len({n.split(".")[1] for n, _ in shapes if n.startswith("blocks.")})
-        layers_kept = 1 if t.activation_checkpointing == "full" else layers_here  # full: the recomputed one
+        # full recomputation: the recomputed block's; train.cache_weight_casts: every block's, for the whole step
+        full = t.activation_checkpointing == "full" and not caches_weight_casts(t, par)
+        layers_kept = 1 if full else layers_here
         copies = 2 * (layers_kept * (layer_matmul - converted) + output_matmul) // (par.tensor if par.pipeline > 1
                                                                                     else 1)
     else:
@@ -206,11 +210,13 @@ def _block_kinds(m) -> set[str]:
     return {"blocks.0.", f"blocks.{m.first_dense_layers if m.num_experts else 0}."}
 
 
-def _heaviest_block(m, shapes, matmul: bool = False) -> int:
+def _heaviest_block(m, shapes, matmul: bool = False, biases: bool = False) -> int:
     """Parameters of the largest block in `shapes` (an MoE block or a dense one; all equal in a dense model);
-    `matmul`: its matrices only."""
-    return max(sum(numel(s) for n, s in shapes if n.startswith(kind) and (len(s) >= 2 or not matmul))
-               for kind in _block_kinds(m))
+    `matmul`: its matrices only, `biases`: and the linears' biases (not the norms')."""
+    def counted(n, s):
+        return not matmul or len(s) >= 2 or (biases and n.endswith(".bias") and not n.endswith("norm.bias"))
+
+    return max(sum(numel(s) for n, s in shapes if n.startswith(kind) and counted(n, s)) for kind in _block_kinds(m))
 
 
 def _stage_sizes(cfg) -> list[int]:

@@ -5,7 +5,7 @@ recomputation makes again, the loss's working sets, DDP's buckets, FSDP's reduce
 
 from __future__ import annotations
 
-from ..gpus import gpu_spec, mixed_precision
+from ..gpus import caches_weight_casts, gpu_spec, mixed_precision
 from .activations import _shard, activation_bytes, layer_terms, loss_terms, residual_bytes
 from .kernels import planned_document_kernel, planned_native_gqa
 from .model_states import numel, stage_share
@@ -95,6 +95,8 @@ def _backward_copies(cfg, st) -> int:
     """Working copies alive while the last block the backward pass runs (the model's first) does its backward."""
     if cfg.parallel.fsdp:
         return st["working_copies"]  # FSDP's gathered parameters: counted as in forward (an upper bound)
+    if caches_weight_casts(cfg.train, cfg.parallel):  # held by the cast cache to the step's end: counted apart
+        return 0
     if mixed_precision(cfg.train.precision):  # the other blocks' casts went with their saved tensors
         matmul = sum(numel(s) for n, s in param_shapes(cfg.model) if n.startswith("blocks.0.") and len(s) == 2)
         return 2 * matmul // cfg.parallel.tensor
@@ -187,10 +189,11 @@ def step_phases(cfg, st, b: int, compiled: bool = False) -> dict[str, list[tuple
         block = act["per_layer"] + act["recompute_working"]
         rest -= block
         block_grads = _block_gradients(cfg, st)
+        cached = st["working_copies"] if caches_weight_casts(t, par) else 0  # train.cache_weight_casts
         last = [("other blocks' gradients", gradients - block_grads),
                 ("the last block backward runs: its activations and copies, or its gradients",
                  max(block + _backward_copies(cfg, st), block_grads)),
-                ("the residual gradients and the embedding's inputs", rest)]
+                ("the residual gradients and the embedding's inputs", rest), ("weight-cast cache", cached)]
     checkpoints = ("checkpoints' CPU generator states", _checkpoint_rng_states(cfg, act, compiled))
     first.append(checkpoints)
     phases = {

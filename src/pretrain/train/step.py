@@ -10,9 +10,9 @@ memory in one copy that the host waits for while the GPU runs the optimizer. The
 device: the fused AdamW takes the step's overflow flag (a 0-d tensor, as a loss scaler hands it over) and
 leaves the weights, its moments and its step count alone when it is set; an optimizer without that input
 waits for the copy and is stepped or not on the host. A loss scaler decides by its own overflow check, which
-under FSDP2 and tensor parallelism sees only this rank's shards of the gradients: torch reduces its flag by
-MAX over the gradients' mesh (DTensor's handler for the unscale op, checked on torch 2.13), so every rank
-skips the same steps and lowers its scale alike (tests/distributed/test_torchrun.py).
+under FSDP2, tensor and expert parallelism sees only this rank's gradients: the global gradient norm, the same
+on every rank, becomes every rank's flag (`_agree_on_overflow`), so every rank skips the same steps and lowers
+its scale alike (tests/distributed/test_torchrun.py, test_overflow_agreement.py).
 """
 
 from __future__ import annotations
@@ -49,23 +49,26 @@ def train_step(par, batches, state, *, accum: int, lr: float, grad_clip: float, 
     autocast = par.autocast_context
     measured = None
     loss_sum = torch.zeros((), device=rt.device)
-    for i in range(accum):
-        x, y = batches.next_batch()
-        with par.no_sync(last=i == accum - 1):
-            if measure and i == 0 and par.measurable:
-                loss, saved = measure_forward(par.forward, x, y, autocast)
-                measured = {"saved": saved}
-            else:
-                with autocast():
-                    loss = par.forward(x, y)
-            state.micro_batches += 1
-            lm_loss = getattr(par.module, "lm_loss", None)  # MoE: reported without the balancing losses
-            loss_sum += (loss if lm_loss is None else lm_loss).detach().float()
-            scaled = loss / accum
-            (scaler.scale(scaled) if scaler is not None else scaled).backward()
+    with par.step_context():  # train.cache_weight_casts: the weights' casts made once, reused by every micro-batch
+        for i in range(accum):
+            x, y = batches.next_batch()
+            with par.no_sync(last=i == accum - 1):
+                if measure and i == 0 and par.measurable:
+                    loss, saved = measure_forward(par.forward, x, y, autocast)
+                    measured = {"saved": saved}
+                else:
+                    with autocast():
+                        loss = par.forward(x, y)
+                state.micro_batches += 1
+                lm_loss = getattr(par.module, "lm_loss", None)  # MoE: reported without the balancing losses
+                loss_sum += (loss if lm_loss is None else lm_loss).detach().float()
+                scaled = loss / accum
+                (scaler.scale(scaled) if scaler is not None else scaled).backward()
     if scaler is not None:
         scaler.unscale_(optimizer)
     norm = par.clip(grad_clip)
+    if scaler is not None:
+        _agree_on_overflow(scaler, optimizer, norm)
     numbers = HostCopy(_reduce(loss_sum, accum, stop_asked, norm, rt))
     if scaler is not None:
         scaler.step(optimizer)  # skips the update itself on inf/NaN and lowers the scale
@@ -164,6 +167,18 @@ def _step_unless_overflow(optimizer, norm: torch.Tensor, numbers: HostCopy) -> N
             del optimizer.grad_scale, optimizer.found_inf
     elif math.isfinite(numbers.values[2]):
         optimizer.step()
+
+
+def _agree_on_overflow(scaler, optimizer, norm: torch.Tensor) -> None:
+    """Every rank's loss scaler skips alike. Its own check sees this rank's gradients only (a shard under FSDP,
+    tensor or expert parallelism), and torch's reduction of its flag over a DTensor mesh follows the placement
+    of the first gradient alone: a replicated first gradient is not reduced (torch 2.6 to 2.13, checked on both).
+    The global gradient norm, the same on every rank, is not finite exactly when some rank's gradients are
+    not: it becomes each rank's flag, on the device (GradScaler keeps its flags in its per-optimizer state; no
+    public call sets them)."""
+    overflow = norm.isfinite().logical_not().float()
+    for found in scaler._per_optimizer_states[id(optimizer)]["found_inf_per_device"].values():
+        found.copy_(torch.maximum(found, overflow.to(found.device)))
 
 
 def _set_lr(optimizer, lr: float) -> None:

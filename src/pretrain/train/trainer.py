@@ -23,12 +23,14 @@ from ..data.token_files import DataChanged
 from ..distributed.fp8 import check_installed as check_fp8_installed
 from ..errors import UsageError
 from ..files import write_atomic
+from ..gpus import mixed_precision
 from ..lock import exclusive_lock
 from ..model.documents import documents_of_run
 from ..plan import make_plan
 from ..plan.budget import training_length
 from ..plan.params import count_params
 from ..plan.schedule import learning_rate, micro_batches_per_step, resumed_schedule
+from ..precision import half_dtype
 from . import checkpoint as ckpt
 from . import plan_check, resume
 from .attention import kernel_context
@@ -139,6 +141,8 @@ class Trainer:
         on_meta = (c.parallel.fsdp or c.parallel.tensor > 1 or c.parallel.pipeline > 1) and not c.model.init_from
         model = build_model(c.model, attention=t.attention, device="meta" if on_meta else rt.device, seed=t.seed,
                             loss=t.loss, loss_chunk_tokens=t.loss_chunk_tokens, documents=self.documents)
+        if t.half_residual and mixed_precision(t.precision):  # Megatron's bf16 residual stream
+            model.residual_dtype = half_dtype(t.precision)
         if c.model.init_from:
             from ..model.hf import load_hf_into
 
