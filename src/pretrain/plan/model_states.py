@@ -152,7 +152,8 @@ def model_state_tensors(cfg, rank: int | None = None, stage: int | None = None) 
         copies = compute_bytes * (min(2, m.num_layers) * per_layer + root) - min(2, m.num_layers) * gathered_saved
     elif mixed:  # autocast keeps a half-precision copy of each matmul weight for backward
         layers_here = len({n.split(".")[1] for n, _ in shapes if n.startswith("blocks.")})
-        layers_kept = 1 if t.activation_checkpointing == "full" else layers_here  # full: the recomputed one
+        # with recomputation the casts are made again: only the recomputed block's are alive
+        layers_kept = layers_here if t.activation_checkpointing == "none" else 1
         copies = 2 * (layers_kept * (layer_matmul - converted) + output_matmul) // (par.tensor if par.pipeline > 1
                                                                                     else 1)
     else:
