@@ -127,8 +127,9 @@ class TrainConfig:
     fp8_min_features: int = doc(1024, "fp8: a linear whose in or out features are below this stays bf16 (small "
                                 "GEMMs gain less than the casts cost: torchao's H100 tables skip out <= 1024)")
     optimizer: str = doc("adamw", "adamw | adafactor | sgd", OPTIMIZERS)
-    activation_checkpointing: str = doc("none", "none | selective (recompute all but matmul and attention "
-                                        "outputs) | full (recompute each block)", RECOMPUTE)
+    activation_checkpointing: str = doc("none", "none | selective (operator-level, torchtitan's op policy: "
+                                        "keep attention's and every other matmul's outputs, recompute the rest) | "
+                                        "full (recompute each block)", RECOMPUTE)
     attention: str = doc("sdpa", "sdpa (flash / memory-efficient, no seq x seq scores kept) | eager "
                          "(scores materialised)", ("sdpa", "eager"))
     document_masking: bool = doc(False, "each token attends only to earlier tokens of its own document in the "

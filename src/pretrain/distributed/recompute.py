@@ -2,11 +2,15 @@
 
   full       each block keeps only its input; backward runs the block again (Chen et al. 2016, "Training Deep
              Nets with Sublinear Memory Cost").
-  selective  the two norms and the MLP activation of each block are recomputed: they keep large fp32 /
-             intermediate tensors for few FLOPs, while matmul inputs and the attention output stay
-             (Korthikanti et al. 2022 recompute attention's core instead; ours has no seq x seq scores to drop).
+  selective  operator-level, as torchtitan's op policy (selective_ac_option "op"): each block keeps its input,
+             the attention kernel's outputs (SDPA's output and log-sum-exp) and every other matmul's output,
+             counted per block (ours: qkv and the MLP's fused gate|up); backward recomputes the rest: the
+             norms, rotary, casts, the activation and the other matmuls (the attention output projection,
+             needed again for the second norm's input; the MLP's down projection only makes the block's
+             output, which backward never needs: non-reentrant checkpoint stops recomputing before it).
+             Korthikanti et al. 2022 recompute attention's core instead; SDPA has no seq x seq scores to drop.
 
-How: the chosen modules' `forward` is replaced, on the instance, by a call of the same forward through
+How: each block's `forward` is replaced, on the instance, by a call of the same forward through
 `torch.utils.checkpoint.checkpoint(..., use_reentrant=False)`. The module tree, and so every parameter name
 (per-parameter init, optimizer groups, DCP checkpoints, export), stays exactly as it is, unlike a wrapper
 module (torch's `checkpoint_wrapper` adds `_checkpoint_wrapped_module.` to the names). torch's composable
@@ -14,6 +18,9 @@ module (torch's `checkpoint_wrapper` adds `_checkpoint_wrapped_module.` to the n
 cannot trace into one graph (a `fullgraph=True` compile of a block fails on its context manager, torch 2.13);
 `torch.utils.checkpoint` is traced (a higher-order op) and composes with FSDP2 the same way
 (FSDP's hooks stay on the block; its parameters are gathered again before backward reaches the recomputation).
+Selective passes `torch.utils.checkpoint.create_selective_checkpoint_contexts(policy)` (torch 2.4 on) as the
+checkpoint's context: in eager mode it caches the saved ops' outputs in forward and hands them back in the
+recomputation; under torch.compile the policy tags the graph's nodes and the min-cut partitioner honours them.
 """
 
 from __future__ import annotations
@@ -23,8 +30,41 @@ import types
 import torch
 import torch.utils.checkpoint
 from torch import nn
+from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 MODES = ("none", "selective", "full")
+
+_aten = torch.ops.aten
+# Attention kernels whose outputs selective recomputation keeps (those this torch has): SDPA's fused kernels
+# on CUDA and the CPU, and FlexAttention (a higher-order op) for document masks.
+ATTENTION_OPS = frozenset(getattr(_aten, name).default for name in (
+    "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu")
+    if hasattr(_aten, name)) | ({torch.ops.higher_order.flex_attention}
+                                if hasattr(torch.ops.higher_order, "flex_attention") else set())
+# A linear layer is one of these (with a bias addmm, else mm, over the tokens flattened to rows).
+MATMUL_OPS = frozenset((_aten.mm.default, _aten.addmm.default))
+
+
+def selective_policy():
+    """A policy for one checkpointed block call: keep (MUST_SAVE) the attention kernels' outputs and every
+    other matmul's (the 1st, 3rd, ... of the block: torchtitan's `mm_count % 2`), recompute the rest. The
+    matmuls are counted apart in forward and in the recomputation, so that both decide alike."""
+    counts = {False: 0, True: 0}
+
+    def policy(ctx, op, *args, **kwargs):
+        if op in ATTENTION_OPS:
+            return CheckpointPolicy.MUST_SAVE
+        if op in MATMUL_OPS:
+            counts[ctx.is_recompute] += 1
+            if counts[ctx.is_recompute] % 2:
+                return CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.PREFER_RECOMPUTE
+    return policy
+
+
+def _selective_contexts():
+    return create_selective_checkpoint_contexts(selective_policy())
 
 
 def _recomputed_forward(module: nn.Module, *args, **kwargs):
@@ -35,9 +75,18 @@ def _recomputed_forward(module: nn.Module, *args, **kwargs):
     return torch.utils.checkpoint.checkpoint(type(module).forward, module, *args, use_reentrant=False, **kwargs)
 
 
-def _checkpoint(module: nn.Module) -> None:
+def _selectively_recomputed_forward(module: nn.Module, *args, **kwargs):
+    """As _recomputed_forward, but what `selective_policy` saves is kept from forward and not recomputed."""
+    return torch.utils.checkpoint.checkpoint(type(module).forward, module, *args, use_reentrant=False,
+                                             context_fn=_selective_contexts, **kwargs)
+
+
+_FORWARDS = {"full": _recomputed_forward, "selective": _selectively_recomputed_forward}
+
+
+def _checkpoint(module: nn.Module, mode: str) -> None:
     if not is_checkpointed(module):
-        module.forward = types.MethodType(_recomputed_forward, module)
+        module.forward = types.MethodType(_FORWARDS[mode], module)
 
 
 def apply_activation_checkpointing(model: nn.Module, mode: str) -> nn.Module:
@@ -47,17 +96,20 @@ def apply_activation_checkpointing(model: nn.Module, mode: str) -> nn.Module:
     if mode not in MODES:
         raise ValueError(f"activation checkpointing {mode!r}: one of {', '.join(MODES)}")
     blocks = model.blocks if hasattr(model, "blocks") else [model]
-    for block in blocks:
-        if mode == "full":
-            _checkpoint(block)
-        elif mode == "selective":
-            for module in (block.attn_norm, block.mlp_norm, block.mlp.act):
-                _checkpoint(module)
+    if mode != "none":
+        for block in blocks:
+            _checkpoint(block, mode)
     return model
 
 
+def checkpoint_mode(module: nn.Module) -> str:
+    """none | selective | full: how `module`'s forward is checkpointed."""
+    forward = getattr(module.__dict__.get("forward"), "__func__", None)
+    return next((mode for mode, f in _FORWARDS.items() if f is forward), "none")
+
+
 def is_checkpointed(module: nn.Module) -> bool:
-    return getattr(module.__dict__.get("forward"), "__func__", None) is _recomputed_forward
+    return checkpoint_mode(module) != "none"
 
 
 def checkpointed_modules(model: nn.Module) -> list[nn.Module]:

@@ -17,19 +17,18 @@ terms are that count redone for what `pretrain.model` really keeps (checked tens
     forward, b*s*h + V*h elements.
 Document masking (`documents`: the kernel, pretrain.plan.kernels): each block keeps eager attention's inverted
 (b, 1, s, s) bool mask, SDPA's additive mask (a x b*s*s) made from it, or the CPU loop's per-document outputs;
-reset positions gather the rotary tables per token (b*s rows); full recomputation holds mask and tables.
-Recomputation: `selective` recomputes norms and the MLP activation (their inputs stay); `full` keeps each
-block's input and, during backward, one block's tensors at a time.
+reset positions gather the rotary tables per token (b*s rows); recomputation holds mask and tables.
+Recomputation: `full` keeps each block's input; `selective` (torchtitan's op policy, distributed/recompute.py)
+also attention's outputs and every other matmul's (qkv, the MLP's first). In backward both hold one block's
+recomputed tensors at a time: what it keeps without recomputation less what stayed.
 Under torch.compile (`compiled`) a block saves what inductor's min-cut partitioner picks from the joint
-forward-backward graph, not what each eager op saves. Measured on CPU (torch 2.13, tensor by tensor with
-`saved_tensors_hooks` around a compiled block of each family, precision and recomputation mode:
-tests/plan/test_memory_vs_measured.py): the cheap elementwise chains are remade in backward from their inputs,
-so the block keeps its input, the norms' statistics, the matmul inputs, the attention tensors as eager, the
-output projection's output (the residual stream after attention is remade from it) and the MLP's up output
-and down input; no fp32 normalised x, no residual stream in fp32, no SiLU(gate). Dropout masks and
-`train.attention: eager`, not measured compiled, are counted as eager mode keeps them. For Llama-3.2-1B's block
-(bf16-mixed, seq 2048) that is 0.70x the eager bytes without recomputation and 0.77x with selective (0.66x
-and 0.80x with FSDP's bf16 residual stream).
+forward-backward graph (measured on CPU, torch 2.13, tensor by tensor around a compiled block of each family,
+precision and recomputation mode: tests/plan/test_memory_vs_measured.py): the cheap elementwise chains are
+remade in backward, so the block keeps its input, the norms' statistics, the matmul inputs, the attention
+tensors as eager, the output projection's output and the MLP's up output and down input; no fp32 normalised
+x, no fp32 residual stream, no SiLU(gate). With selective recomputation it honours the policy's tags: eager
+mode's tensors. Dropout masks and `train.attention: eager`, not measured compiled, are counted as eager.
+For Llama-3.2-1B's block (bf16-mixed, seq 2048): 0.70x the eager bytes without recomputation.
 Mixture-of-Experts blocks keep, instead of the MLP's terms, the router's fp32 probabilities (b*s*E) and its
 top-k weights and expert ids, and per routed token (b*s*k of them) its gathered input, the expert's SwiGLU
 terms at width H_e and its output before the weighted sum; the shared experts keep the MLP's terms at
@@ -54,6 +53,7 @@ from .stages import chunk_indices, chunks_in_flight, chunks_per_stage, stage_lay
 from .stages import in_flight as stage_in_flight
 
 COMPUTE_BYTES = {"fp32": 4, "fp16-mixed": 2, "bf16-mixed": 2, "bf16": 2, "fp8": 2}
+HELD_INPUT = "block input (held by recomputation)"
 
 
 def residual_bytes(t, parallel) -> int:
@@ -89,15 +89,17 @@ def layer_terms(m, t, parallel, b: int, recompute: str | None = None, native_gqa
     def add(name, nbytes, formula, sharded=True):
         terms.append(Term(name, int(nbytes), formula, sharded))
 
+    if recompute in ("full", "selective"):
+        add(HELD_INPUT, r * bs * h, f"{r} x b*s*h", sharded=False)
     if recompute == "full":
-        add("block input (held by recomputation)", r * bs * h, f"{r} x b*s*h", sharded=False)
+        return terms
+    if recompute == "selective":
+        _selective_terms(add, m, t, parallel, a, b, imbalance, documents)
         return terms
 
     # Norms (two per block).
     if compiled:
-        _compiled_norms(add, llama, recompute, mixed_precision(t.precision), a, r, bs, h)
-    elif recompute == "selective":
-        add("norm inputs (held by recomputation)", 2 * r * bs * h, f"2 x {r} x b*s*h", sharded=False)
+        _compiled_norms(add, llama, a, r, bs, h)
     elif llama:
         add("RMSNorm fp32 inputs", 2 * 4 * bs * h, "2 x 4 x b*s*h", sharded=False)
         add("RMSNorm reciprocal rms", 2 * 4 * bs, "2 x 4 x b*s", sharded=False)
@@ -130,7 +132,7 @@ def layer_terms(m, t, parallel, b: int, recompute: str | None = None, native_gqa
         if a != 4:
             add("QK-norm fp32 inputs", 4 * bs * width, f"4 x b*s*(q {qw} + kv {kvw})")
         elif eager or not (kvw == qw or native_gqa):  # its input is a view of the qkv output: that stays whole
-            add("qkv output (held by QK-norm)", a * bs * (qw + 2 * kvw), f"{a} x b*s*(q {qw} + 2 x kv {kvw})")
+            add("qkv output", a * bs * (qw + 2 * kvw), f"{a} x b*s*(q {qw} + 2 x kv {kvw}) (held by QK-norm)")
     if eager:
         if documents:  # masked_fill keeps ~mask: one per block, of the batch's own documents
             add("document mask, inverted", bs * s, "b*s*s (bool)", sharded=False)
@@ -152,24 +154,43 @@ def layer_terms(m, t, parallel, b: int, recompute: str | None = None, native_gqa
     # MLP.
     if m.num_experts:
         _moe_terms(add, m, parallel, bs, a, recompute, imbalance)
-    elif compiled:  # SiLU(gate) is remade from gate|up in backward; with selective, the down input too
+    elif compiled:  # SiLU(gate) is remade from gate|up in backward
         if llama:
             add("gate|up output", a * bs * 2 * I, f"{a} x b*s*2H'")
         else:
             add("fc output", a * bs * I, f"{a} x b*s*H'")
-        if recompute != "selective":
-            add("down input", a * bs * I, f"{a} x b*s*H'")
+        add("down input", a * bs * I, f"{a} x b*s*H'")
     elif llama:
-        if recompute == "selective":
-            add("gate|up output (held by recomputation)", a * bs * 2 * I, f"{a} x b*s*2H'")
-            add("down input", a * bs * I, f"{a} x b*s*H'")
-        else:
-            add("gate|up output, silu(gate), down input", 4 * a * bs * I, f"4 x {a} x b*s*H'")
+        add("gate|up output", a * bs * 2 * I, f"{a} x b*s*2H'")
+        add("silu(gate), down input", 2 * a * bs * I, f"2 x {a} x b*s*H'")
     else:
-        add("fc output, gelu output", 2 * a * bs * I, f"2 x {a} x b*s*H'")
+        add("fc output", a * bs * I, f"{a} x b*s*H'")
+        add("gelu output", a * bs * I, f"{a} x b*s*H'")
     if m.dropout:
         add("residual dropout masks", 2 * bs * h, "2 x b*s*h (bool)", sharded=False)
     return terms
+
+
+def _selective_terms(add, m, t, parallel, a: int, b: int, imbalance: float, documents: str | None) -> None:
+    """What selective recomputation keeps beside the block input: the attention kernel's outputs (none for eager
+    attention's batched matmuls; the CPU loop's per document, their concatenation remade) and qkv's and the MLP's
+    first matmul's; MoE blocks their terms as below."""
+    s, I, nh = t.seq_len, m.intermediate_size, m.num_heads
+    qw, kvw = nh * m.head_dim, m.num_kv_heads * m.head_dim
+    bs = b * s
+    add("qkv output", a * bs * (qw + 2 * kvw), f"{a} x b*s*(q {qw} + 2 x kv {kvw})")
+    if t.attention != "eager":
+        add("log-sum-exp", 4 * b * nh * s, "4 x b*heads*s")
+        if documents == "loop":
+            add("each document's attention output", a * bs * qw, f"{a} x b*s*q {qw}")
+        else:
+            add("attention output (the output projection's input)", a * bs * qw, f"{a} x b*s*q {qw}")
+    if m.num_experts:
+        _moe_terms(add, m, parallel, bs, a, "selective", imbalance)
+    elif m.family == "llama":
+        add("gate|up output", a * bs * 2 * I, f"{a} x b*s*2H'")
+    else:
+        add("fc output", a * bs * I, f"{a} x b*s*H'")
 
 
 def routed_load(m, parallel, imbalance: float) -> float:
@@ -199,19 +220,16 @@ def _moe_terms(add, m, parallel, bs: int, a: int, recompute: str, imbalance: flo
             f"{swiglu} x {a} x b*s*{width}")
 
 
-def _compiled_norms(add, llama: bool, recompute: str, autocast: bool, a: int, r: int, bs: int, h: int) -> None:
-    """The norms' share of a compiled block, and the matmul inputs they make. Inductor's partitioner keeps the
-    block input and remakes each norm's output from it and the statistics, so no fp32 normalised x is kept;
-    with selective recomputation the statistics go too. The qkv and MLP matmul inputs stay, except where they
-    are the recomputed norms' outputs themselves (selective without autocast: no cast stands between)."""
+def _compiled_norms(add, llama: bool, a: int, r: int, bs: int, h: int) -> None:
+    """The norms' share of a compiled block without recomputation, and the matmul inputs they make. Inductor's
+    partitioner keeps the block input and remakes each norm's output from it and the statistics, so no fp32
+    normalised x is kept; the qkv and MLP matmul inputs stay."""
     add("block input", r * bs * h, f"{r} x b*s*h", sharded=False)
-    if recompute != "selective":
-        if llama:
-            add("RMSNorm reciprocal rms", 2 * 4 * bs, "2 x 4 x b*s", sharded=False)
-        else:
-            add("LayerNorm mean and rstd", 2 * 8 * bs, "2 x 8 x b*s", sharded=False)
-    if recompute != "selective" or autocast:
-        add("qkv and MLP matmul inputs", 2 * a * bs * h, f"2 x {a} x b*s*h", sharded=False)
+    if llama:
+        add("RMSNorm reciprocal rms", 2 * 4 * bs, "2 x 4 x b*s", sharded=False)
+    else:
+        add("LayerNorm mean and rstd", 2 * 8 * bs, "2 x 8 x b*s", sharded=False)
+    add("qkv and MLP matmul inputs", 2 * a * bs * h, f"2 x {a} x b*s*h", sharded=False)
 
 
 def once_terms(m, t, parallel, b: int, documents: str | None = None) -> list[Term]:
@@ -221,17 +239,17 @@ def once_terms(m, t, parallel, b: int, documents: str | None = None) -> list[Ter
     bs = b * s
     reset = position_reset(m, t)
     rows, per = (bs, "b*s") if reset else (s, "s")  # reset: positions and tables per token
-    full = t.activation_checkpointing == "full"
+    held = t.activation_checkpointing != "none"  # the checkpoint holds the blocks' inputs
     terms = [Term("token ids", 8 * bs, "8 x b*s (int64)", False)]
     if m.family == "gpt2":
         terms.append(Term("position ids", 8 * rows, f"8 x {per} (int64)", False))
         terms.append(Term("final LayerNorm", r * bs * h + 8 * bs, f"{r} x b*s*h + 8 x b*s", False))
     else:
         terms.append(Term("final RMSNorm", 8 * bs * h + 4 * bs, "8 x b*s*h + 4 x b*s", False))
-        if a == 4 or (full and reset):  # full: per token, the blocks' inputs, held by recomputation
+        if a == 4 or held:  # saved by the rotation, or held by the checkpoint as the blocks' input
             shared = "" if reset else ", shared"
             terms.append(Term(f"rotary tables (fp32{shared})", 4 * rows * d, f"2 x 4 x {per}*head_dim/2", False))
-    if full and documents == "mask":
+    if held and documents == "mask":
         terms.append(Term("document mask (held by recomputation)", bs * s, "b*s*s (bool)", False))
     terms += loss_terms(m, t, parallel, b)["kept"]
     if m.dropout:
@@ -344,59 +362,16 @@ def activation_bytes(m, t, parallel, b: int | None = None, native_gqa: bool = Tr
     once_bytes = _shard(once, tp, sp)
     total = layers * in_flight * per_layer
     working = 0
-    if t.activation_checkpointing == "full":
-        # Backward recomputes one block at a time and holds its tensors until its gradients are done: the
+    if t.activation_checkpointing != "none":
+        # Backward recomputes one block at a time and holds its tensors until its gradients are done, less
+        # what the block kept (selective: the policy's outputs, handed back from the checkpoint's cache): the
         # largest kind's (all hold the same input, so `m` above may be the other: a wide dense first block).
-        working = max(_shard(layer_terms(kind, t, parallel, b, recompute="none", native_gqa=native_gqa,
-                                         compiled=compiled, imbalance=imbalance, documents=documents), tp, sp)
-                      for kind in kinds) - _overlap(m, t, parallel, b) // (tp if sp else 1)
+        kept = {x.name for x in per_layer_terms}
+        working = max(_shard([x for x in layer_terms(kind, t, parallel, b, recompute="none", native_gqa=native_gqa,
+                                                     compiled=compiled, imbalance=imbalance, documents=documents)
+                              if x.name not in kept], tp, sp) for kind in kinds) - \
+            _overlap(m, t, parallel, b) // (tp if sp else 1)
         total += working
     total += once_bytes
     return dict(total=total, per_layer=per_layer, layers=layers, in_flight=in_flight, once=once_bytes,
                 recompute_working=working, layer_terms=per_layer_terms, once_terms=once)
-
-
-def weight_reads(t) -> int:
-    """How often a micro-batch reads the matmul weights: forward, backward for the activations' gradients and
-    for the weights' gradients (3), and once more with full recomputation, which reruns the forward."""
-    return 4 if t.activation_checkpointing == "full" else 3
-
-
-def eager_elementwise_traffic(m, t, parallel, layers: int, b: int | None = None) -> int:
-    """Bytes per GPU that one micro-batch's elementwise kernels move through its `layers` blocks in eager mode,
-    where each op is a kernel that reads its inputs from HBM and writes its output there (torch.compile fuses
-    each chain into one kernel, which leaves about the kept tensors' traffic). Per token and block, forward,
-    our model's ops (a: compute bytes, r: residual bytes):
-      norms      2 x the norm (r x h in; under autocast fp32 out, 4h, then cast for the matmul, 4h in and
-                 a x h out; else a x h out)
-      rotary     q and k (width w = q + kv): 4 products of halves (read w/2, write w/2), 2 sums (read w, write
-                 w/2) and the concatenation (read w, write w): 9 x a x w
-      residual   2 adds: the branch (a) and the stream (r) read, the stream written: 2 x (a + 2r) x h
-      MLP        SwiGLU: silu(gate) (read and write H') and its product with up (read 2H', write H'): 5 x a x H';
-                 GELU: 2 x a x H'
-    Backward moves twice the forward's bytes (each op reads the gradient and its saved inputs and writes the
-    gradients of its inputs); recomputation runs the forward's ops again (selective: the norms and the MLP's
-    activation; full: all). Attention (SDPA) and the matmuls are not elementwise: counted elsewhere."""
-    b = b or t.micro_batch_size
-    a, r = COMPUTE_BYTES[t.precision], residual_bytes(t, parallel)
-    h, I = m.hidden_size, m.intermediate_size
-    tp, sp = parallel.tensor, parallel.sequence_parallel
-    llama = m.family == "llama"
-    width = (m.num_heads + m.num_kv_heads) * m.head_dim if llama else 0
-    norm_out = (4 + 4 + a) * h if t.precision.endswith("-mixed") else a * h
-    norms = 2 * (r * h + norm_out) / (tp if sp else 1)
-    residual = 2 * (a + 2 * r) * h / (tp if sp else 1)
-    activation = (5 if llama else 2) * a * I / tp
-    per_token = norms + residual + 9 * a * width / tp + activation
-    again = {"none": 0, "selective": norms + activation, "full": per_token}[t.activation_checkpointing]
-    return int(b * t.seq_len * layers * (3 * per_token + again))
-
-
-def kept_tensor_traffic(m, t, parallel, b: int | None = None, native_gqa: bool = True,
-                        imbalance: float = 1.0) -> tuple[float, dict]:
-    """Bytes per GPU that the tensors kept for backward move: each written once in forward and read once in
-    backward. Recomputed tensors are written and read all the same, so counted as if nothing were recomputed.
-    Also returns that count's activation_bytes (its "layers" is the layers on this GPU)."""
-    act = activation_bytes(m, dataclasses.replace(t, activation_checkpointing="none"), parallel, b, native_gqa,
-                           imbalance=imbalance)
-    return 2 * (act["layers"] * act["per_layer"] + act["once"]), act

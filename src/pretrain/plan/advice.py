@@ -27,13 +27,14 @@ from collections.abc import Sequence
 from ..config.schema import shown_value
 from ..gpus import COMPUTE_DTYPE, gpu_spec
 from ..units import GiB, human
-from .activations import COMPUTE_BYTES, kept_tensor_traffic, weight_reads
+from .activations import COMPUTE_BYTES
 from .budget import CHINCHILLA_TOKENS_PER_PARAM
 from .corpus import MAX_EPOCHS, epochs_advice
 from .fit_fixes import MAX_GPUS, fit_fixes
 from .fp8 import advice as fp8_advice
 from .kernels import planned_native_gqa
 from .mixture import mixture_advice
+from .traffic import kept_tensor_traffic, weight_reads
 
 TOKENS_PER_PARAM_RANGE = (5, 100)  # 4x below / 5x above Chinchilla; LLaMA-7B's 1T tokens is 148
 SMALL_MODEL = 50_000_000  # below this, the size-dependent rules stay silent

@@ -18,9 +18,11 @@ Hardware FLOPs add what recomputation does again (Korthikanti et al. 2022). The 
 repeats the whole forward (8 * N * D, kept as `per_token_hardware_6n`). Ours checkpoints each block, so what
 runs again is every block's forward but the output layer's, and torch's checkpoint stops re-running a block
 once it has every tensor backward needs: the MLP's down projection (the block's last matmul, whose output
-backward never needs) is skipped unless dropout keeps a mask after it. Selective recomputation repeats only
-norms and activations, which have no matmul FLOPs, so it adds none. A FLOP counter over a real training step
-agrees with these counts (tests/plan/test_flops_vs_measured.py).
+backward never needs) is skipped unless dropout keeps a mask after it. Selective recomputation (operator-level,
+pretrain.distributed.recompute) keeps the outputs of attention and of every other matmul and repeats the rest:
+of the matmuls, the attention output projection (its output makes the second norm's input), the down projection
+again only under dropout, and eager attention's batched matmuls (SDPA's outputs are kept). A FLOP counter over
+a real training step agrees with these counts (tests/plan/test_flops_vs_measured.py).
 """
 
 from __future__ import annotations
@@ -64,6 +66,16 @@ def flops(cfg, counts, tokens: int, ex: Explain) -> dict:
                   else f"the blocks' active parameters {counts.active_blocks:,}")
         ex.add("flops", "recomputed_per_token", extra,
                f"2 x ({blocks} - down projections {skipped:,}, not re-run) + attention forward {attention // 3:,}")
+    elif recompute == "selective":
+        projections = m.num_layers * m.num_heads * v_dim * m.hidden_size
+        down = _down_projections(m) if m.dropout else 0
+        again = attention // 3 if t.attention == "eager" else 0
+        extra = extra_6n = 2 * (projections + down)
+        extra += again
+        ex.add("flops", "recomputed_per_token", extra,
+               f"2 x (output projections L {m.num_layers} x {m.num_heads * v_dim} x {m.hidden_size}"
+               + (f" + down projections {down:,} (dropout keeps a mask after them)" if down else "") + ")"
+               + (f" + eager attention's forward {again:,}" if again else ""))
     per_token_hw = per_token + extra
     ex.add("flops", "per_token_hardware", per_token_hw,
            f"per_token + recomputed forward {extra:,} ({recompute} recomputation)")

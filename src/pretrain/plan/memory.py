@@ -95,11 +95,10 @@ def memory(cfg, counts, ex: Explain) -> dict:
            f"{per_layer_formula} with b={t.micro_batch_size}, s={t.seq_len}, h={m.hidden_size}, "
            f"H'={m.intermediate_size}" + (f", / tensor {par.tensor}" if par.tensor > 1 else ""))
     if t.activation_checkpointing == "selective":
-        ex.add("memory", "selective recomputation", "ours", "recomputes the norms and the MLP activation and keeps "
-               "every matmul's output; torchtitan's op-level policy (selective_ac_option 'op') keeps only SDPA's "
-               "and every other matmul's outputs and recomputes the rest, those matmuls included (more FLOPs, "
-               "about 0.4x our bytes per Llama block: its published Llama 3.1 8B peaks on H100s are 0.65-0.73x "
-               "this plan's)")
+        ex.add("memory", "selective recomputation", "operator-level", "torchtitan's op policy (selective_ac_option "
+               "'op'): each block keeps its input, the attention kernel's outputs and every other matmul's output "
+               "(our fused qkv and gate|up whole, where torchtitan's separate projections keep wq, wv, w1, w2); "
+               "backward recomputes the rest, the output projection's matmul included, one block at a time")
     ex.add("memory", "activations", gib(act["total"]),
            (f"{act['layers']} layers x {act['in_flight']} micro-batch(es) in flight" if chunks_per_stage(par) == 1
             else f"chunks of {act['layers']} layers x {act['in_flight']} chunk micro-batches in flight (interleaved)")

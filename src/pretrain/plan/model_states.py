@@ -167,9 +167,10 @@ def _working_copies(cfg, shapes, whole, block_shapes, zero: int) -> int:
         copies = compute_bytes * (min(2, m.num_layers) * per_layer + root) - min(2, m.num_layers) * gathered_saved
     elif mixed:  # autocast keeps a half-precision copy of each matmul weight for backward
         layers_here = len({n.split(".")[1] for n, _ in shapes if n.startswith("blocks.")})
-        # full recomputation: the recomputed block's; train.cache_weight_casts: every block's, for the whole step
-        full = t.activation_checkpointing == "full" and not caches_weight_casts(t, par)
-        layers_kept = 1 if full else layers_here
+        # with recomputation the casts are made again: only the recomputed block's are alive; with
+        # train.cache_weight_casts every block's, for the whole step
+        recomputed = t.activation_checkpointing != "none" and not caches_weight_casts(t, par)
+        layers_kept = 1 if recomputed else layers_here
         copies = 2 * (layers_kept * (layer_matmul - converted) + output_matmul) // (par.tensor if par.pipeline > 1
                                                                                     else 1)
     else:

@@ -6,7 +6,7 @@ recomputation makes again, the loss's working sets, DDP's buckets, FSDP's reduce
 from __future__ import annotations
 
 from ..gpus import caches_weight_casts, gpu_spec, mixed_precision
-from .activations import _shard, activation_bytes, layer_terms, loss_terms, residual_bytes
+from .activations import _shard, activation_bytes, loss_terms, residual_bytes
 from .kernels import planned_document_kernel, planned_native_gqa
 from .model_states import numel, stage_share
 from .params import param_shapes
@@ -103,7 +103,7 @@ def _backward_copies(cfg, st) -> int:
     return 0
 
 
-def _backward_activations(cfg, act: dict, b: int, first: bool, compiled: bool) -> int:
+def _backward_activations(cfg, act: dict, b: int, first: bool) -> int:
     """Activations alive while one block runs its backward, with the gradient flowing down the residual
     stream into and out of it and the embedding's inputs (the final norm's, output layer's and loss's are
     gone). `first`: the first block backward runs (the model's last), every block's tensors still alive and
@@ -111,31 +111,11 @@ def _backward_activations(cfg, act: dict, b: int, first: bool, compiled: bool) -
     other micro-batches' in flight under a pipeline)."""
     m, t, par = cfg.model, cfg.train, cfg.parallel
     tp, sp = par.tensor, par.sequence_parallel
-    if first:
-        blocks = act["in_flight"] * act["layers"] * act["per_layer"] + _recomputed(cfg, act, b, compiled)
-    else:
-        blocks = (act["in_flight"] * act["layers"] - (act["layers"] - 1)) * act["per_layer"] + \
-            act["recompute_working"]
+    held = act["in_flight"] * act["layers"] - (0 if first else act["layers"] - 1)
+    blocks = held * act["per_layer"] + act["recompute_working"]
     embedding = _shard([x for x in act["once_terms"] if x.name.startswith(EMBEDDING_SIDE)], tp, sp)
     residual = 2 * residual_bytes(t, par) * b * t.seq_len * m.hidden_size
     return blocks + embedding + residual // (tp if sp else 1)
-
-
-def _recomputed(cfg, act: dict, b: int, compiled: bool) -> int:
-    """What recomputation makes again for one block during its backward: full, the block's tensors; selective,
-    what the block keeps without it less what it keeps with it (the norms' and the MLP activation's)."""
-    t = cfg.train
-    if t.activation_checkpointing != "selective":
-        return act["recompute_working"]
-    gqa = planned_native_gqa(cfg)
-    par = cfg.parallel
-
-    def kept(mode):
-        return _shard(layer_terms(cfg.model, t, par, b, recompute=mode, native_gqa=gqa, compiled=compiled,
-                                  imbalance=cfg.plan.routing_imbalance,
-                                  documents=planned_document_kernel(cfg, compiled)),
-                      par.tensor, par.sequence_parallel)
-    return kept("none") - kept("selective")
 
 
 def step_phases(cfg, st, b: int, compiled: bool = False) -> dict[str, list[tuple[str, int]]]:
@@ -179,8 +159,8 @@ def step_phases(cfg, st, b: int, compiled: bool = False) -> dict[str, list[tuple
     reduce_scatter = 4 * st["per_layer_params"] if cfg.parallel.fsdp else 0
     first = [copies, (held_name, max(held, _first_block_gradients(cfg, st))),
              ("first block backward runs: all activations, its recomputed ones, the residual gradients",
-              _backward_activations(cfg, act, b, first=True, compiled=compiled))]
-    rest = _backward_activations(cfg, act, b, first=False, compiled=compiled)
+              _backward_activations(cfg, act, b, first=True))]
+    rest = _backward_activations(cfg, act, b, first=False)
     if cfg.parallel.fsdp:  # gradients arrive unsharded in the reduce-scatter buffer, sharded ones already counted
         last = [("working copies", _backward_copies(cfg, st)), ("gradients", gradients),
                 ("last block backward runs: its activations, the residual gradients", rest),
@@ -232,11 +212,10 @@ CPU_RNG_STATE_BYTES = 5056
 
 
 def _checkpoint_rng_states(cfg, act: dict, compiled: bool) -> int:
-    """CPU plans only: the generator states recomputation keeps, per checkpointed call (selective: both norms
-    and the MLP activation of each block; full: each block). A compiled block keeps one with full
-    recomputation and none with selective, whose recomputation the partitioner moves into the backward graph
-    (measured with saved_tensors_hooks, torch 2.13)."""
-    calls = {"none": 0, "selective": 0 if compiled else 3, "full": 1}[cfg.train.activation_checkpointing]
+    """CPU plans only: the generator states recomputation keeps, one per checkpointed block call. A compiled
+    block keeps one with full recomputation and none with selective, whose recomputation the partitioner
+    moves into the backward graph (measured with saved_tensors_hooks, torch 2.13)."""
+    calls = {"none": 0, "selective": 0 if compiled else 1, "full": 1}[cfg.train.activation_checkpointing]
     if gpu_spec(cfg.hardware.gpu).name != "cpu":
         return 0
     return CPU_RNG_STATE_BYTES * calls * act["layers"] * act["in_flight"]

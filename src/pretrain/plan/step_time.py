@@ -25,8 +25,9 @@ One micro-batch on one GPU (a tensor rank of a pipeline stage) takes
   traffic  every tensor kept for backward written once and read once (norms, activations, residual adds are
            memory-bound kernels that do not overlap the matmuls); recomputed tensors are written once more.
   kernels  each kernel costs a fixed ~10 us however small (eager PyTorch's dispatch on the CPU and the
-           launch): ~60 per block (about 20 forward, twice that backward; recomputation adds ~6 selective, ~20
-           full) and ~20 around them, per micro-batch;
+           launch): ~60 per block (about 20 forward, twice that backward; recomputation adds ~15 selective:
+           the forward's but the kept matmuls', attention's, the down projection's and the last residual add;
+           ~20 full) and ~20 around them, per micro-batch;
            what makes many small micro-batches slower than few large ones at equal FLOPs.
   TP       Megatron's tensor parallelism all-reduces the b*s*h activations twice per block in forward and
            twice in backward (Shoeybi et al. 2019, figure 4; 3 x 2 with full recomputation, which redoes the
@@ -71,13 +72,14 @@ import math
 from ..config import compile_enabled
 from ..gpus import gpu_spec, mixed_precision
 from . import fp8
-from .activations import COMPUTE_BYTES, activation_bytes, eager_elementwise_traffic, kept_tensor_traffic, weight_reads
+from .activations import COMPUTE_BYTES, activation_bytes
 from .expert_parallel import moe_seconds, rank_params, weight_params
 from .explain import Explain
 from .flops import mfu
 from .hardware import memory_bandwidth_gbps
 from .kernels import planned_native_gqa
 from .stages import bubble_fraction, chunks_per_stage
+from .traffic import eager_elementwise_traffic, kept_tensor_traffic, weight_reads
 
 MATMUL_EFFICIENCY = 0.75  # of a data-sheet dense peak, reached by large bf16 GEMMs
 ATTENTION_EFFICIENCY = 0.7  # of the matmul rate (FlashAttention-2: 50-73% of peak forward, Dao 2023)
@@ -94,7 +96,7 @@ HOPPER_GPUS = ("h100-pcie", "h100-sxm", "h800", "h200")
 HOPPER_MATMUL_SHARE = 0.76
 TILE_ROWS = 128
 KERNELS_PER_LAYER = 60  # forward: norms, 4-7 matmuls, rotary, attention, activation, adds (~20); backward 2x
-RECOMPUTED_KERNELS = {"none": 0, "selective": 6, "full": 20}  # norms and activation again; the whole forward
+RECOMPUTED_KERNELS = {"none": 0, "selective": 15, "full": 20}  # the forward but 5 kept/skipped ops; all of it
 KERNELS_OUTSIDE = 20  # embedding, final norm, output layer, loss, their backward
 KERNEL_OVERHEAD_S = 10e-6
 BANDWIDTH_EFFICIENCY = 0.8  # of a data-sheet HBM / NVLink / network rate

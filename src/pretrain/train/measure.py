@@ -4,8 +4,9 @@ On a GPU `torch.cuda.max_memory_allocated` gives the peak; on a CPU there is no 
 count what the planner models:
   - parameters, gradients and optimizer states: the tensors themselves (shared storages counted once);
   - activations: every tensor autograd saves for backward (`saved_tensors_hooks`), counted once per storage
-    (a view keeps its whole storage alive), plus the inputs that activation checkpointing holds, plus,
-    with full recomputation, one block's saved tensors (what its recomputation keeps during backward);
+    (a view keeps its whole storage alive), plus the inputs that activation checkpointing holds and the
+    outputs that selective recomputation's policy keeps, plus, with recomputation, one block's recomputed
+    tensors (what its recomputation holds during backward);
   - working copies: half-precision casts of parameters that autocast saves for backward (found by value).
 """
 
@@ -14,8 +15,17 @@ from __future__ import annotations
 import contextlib
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+from torch.utils.checkpoint import CheckpointPolicy, SelectiveCheckpointContext
 
-from ..distributed.recompute import checkpointed_modules, forward_without_checkpoint, is_checkpointed
+from ..distributed.recompute import (
+    checkpoint_mode,
+    checkpointed_modules,
+    forward_without_checkpoint,
+    is_checkpointed,
+    selective_policy,
+)
 from ..model.moe import moe_layers
 
 
@@ -52,6 +62,26 @@ def model_state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer |
     return {"parameters": params, "gradients": grads, "optimizer_states": states}
 
 
+class _PolicyOutputs(TorchDispatchMode):
+    """Hands `keep` the outputs that selective recomputation's policy saves (a checkpoint holds them in its own
+    cache, out of reach of the saved-tensor hooks): the same policy, made afresh for each block call
+    (`policy = selective_policy()` when one starts, None outside), decides on the same ops."""
+
+    def __init__(self, keep):
+        super().__init__()
+        self.keep, self.policy = keep, None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self.policy is not None and self.policy(SelectiveCheckpointContext(is_recompute=False), func, *args,
+                                                   **kwargs) == CheckpointPolicy.MUST_SAVE:
+            out = func(*args, **kwargs)
+            for t in tree_leaves(out):
+                self.keep(t)
+            return out
+        return func(*args, **kwargs)
+
+
 class SavedTensorMeter:
     """Collects the storages a forward pass keeps for backward, under autograd's saved-tensor hooks."""
 
@@ -60,20 +90,27 @@ class SavedTensorMeter:
         self.param_keys = {_storage_key(p) for p in model.parameters()}
         self.params = [p for p in model.parameters()]
         self.storages: dict[tuple, torch.Tensor] = {}
+        # Storages counted elsewhere (recompute_block: the kept outputs), held so that no later tensor reuses
+        # their memory under the same key.
+        self.excluded: dict[tuple, torch.Tensor] = {}
 
     def _keep(self, t: torch.Tensor):
         if not isinstance(t, torch.Tensor):
             return
         key = _storage_key(t)
-        if key not in self.param_keys and key not in self.storages:
+        if key not in self.param_keys and key not in self.storages and key not in self.excluded:
             self.storages[key] = t
+
+    def _exclude(self, t: torch.Tensor):
+        if isinstance(t, torch.Tensor):
+            self.excluded.setdefault(_storage_key(t), t)
 
     def _pack(self, t):
         self._keep(t)
         return t
 
     def _observe(self, module, args):
-        for a in args:
+        for a in tree_leaves(args):  # the rotary tables come as a (cos, sin) tuple
             if isinstance(a, torch.Tensor):
                 self._keep(a)
 
@@ -85,12 +122,28 @@ class SavedTensorMeter:
         # inside the graph would break it.
         modules = checkpointed_modules(self.model) if checkpoints else []
         hooks = [m.register_forward_pre_hook(self._observe) for m in modules]
+        selective = [m for m in modules if checkpoint_mode(m) == "selective"]
+        policy_outputs = _PolicyOutputs(self._keep)
+        for m in selective:
+            hooks.append(m.register_forward_pre_hook(lambda *_: setattr(policy_outputs, "policy", selective_policy())))
+            hooks.append(m.register_forward_hook(lambda *_: setattr(policy_outputs, "policy", None)))
         try:
-            with torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t):
+            with torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t), \
+                    policy_outputs if selective else contextlib.nullcontext():
                 yield self
         finally:
             for hook in hooks:
                 hook.remove()
+
+    def recompute_block(self, block: torch.nn.Module, *args):
+        """Run a checkpointed block's own forward, as its recomputation in backward does, keeping what that
+        holds: all the block's saved tensors (full), or those the selective policy does not keep, which the
+        recomputation takes from the checkpoint's cache instead of making again."""
+        mode = checkpoint_mode(block)
+        policy_outputs = _PolicyOutputs(self._exclude)
+        policy_outputs.policy = selective_policy() if mode == "selective" else None
+        with torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t), policy_outputs:
+            forward_without_checkpoint(block, *args)
 
     def split(self) -> dict:
         """{'activations': bytes, 'working_copies': bytes}: casts of parameters are working copies."""
@@ -118,20 +171,24 @@ class SavedTensorMeter:
 def measure_forward(model, tokens, targets, autocast) -> tuple[torch.Tensor, dict]:
     """Run one training forward under the meter; returns the loss (backward it as usual) and the bytes."""
     meter = SavedTensorMeter(model)
+    inner = getattr(model, "module", model)  # DDP wraps our model
+    blocks = getattr(inner, "blocks", [])
+    recomputed = bool(blocks) and is_checkpointed(blocks[0])
+    calls: list = []  # the first block's arguments: its input, and the rotary tables and mask it shares
+    hook = blocks[0].register_forward_pre_hook(lambda _, args: calls.append(args)) if recomputed else None
     with meter():
         with autocast():
             loss = model(tokens, targets)
-        inner = getattr(model, "module", model)  # DDP wraps our model
-        blocks = getattr(inner, "blocks", [])
-        if blocks and is_checkpointed(blocks[0]):
-            # Full recomputation keeps only block inputs through the forward; in backward each block is
-            # run again and holds its own saved tensors until its gradients are done. Count one block.
-            held = [t for t in meter.storages.values() if t.dim() == 3 and t.shape[:2] == tokens.shape]
-            x = held[0].detach().requires_grad_(True)
+        if recomputed:
+            # Recomputation keeps only block inputs (and, selective, the policy's outputs) through the forward;
+            # in backward each block is run again and holds its own recomputed tensors until its gradients
+            # are done. Count one block.
+            hook.remove()
+            x, *shared = calls[0]
             # Not one of the step's micro-batches: a MoE layer of this block keeps its step's counts and loss.
             kept = [(m, m.step_sums, m.router_loss) for m in moe_layers(blocks[0])]
             with autocast():
-                forward_without_checkpoint(blocks[0], x, *inner.window_layout(tokens)[1:])
+                meter.recompute_block(blocks[0], x.detach().requires_grad_(True), *shared)
             for m, sums, balancing in kept:
                 m.step_sums, m.router_loss = sums, balancing
     return loss, meter.split()
