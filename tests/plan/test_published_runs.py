@@ -15,9 +15,10 @@ published = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(published)
 
 # Measured 2026-11-26 (benchmarks/published_runs.py), after Hopper's GEMM share was fitted and the cases'
-# corrections: 28 of 41 cases within +-15 % (21 before), median |log ratio| 0.105 (0.137), ratios 0.64-1.27.
+# corrections, and with operator-level selective recomputation: 29 of 41 cases within +-15 % (21 before),
+# median |log ratio| 0.105 (0.137), ratios 0.64-1.27.
 # Raise these as the model improves; never lower them to pass.
-WITHIN_15_TODAY = 28 / 41
+WITHIN_15_TODAY = 29 / 41
 MEDIAN_ABS_LOG_TODAY = 0.105
 # The ratchet's bounds on any single case: wider than the issue's x1.5 / x0.67, which one case misses today.
 RATCHET_RANGE = (0.6, 1.6)
