@@ -48,13 +48,57 @@ from .stages import chunk_indices, chunks_per_stage, stage_layers
 def memory(cfg, counts, ex: Explain) -> dict:
     m, t, par, hw = cfg.model, cfg.train, cfg.parallel, cfg.hardware
     dp = par.data_parallel
-    mixed = mixed_precision(t.precision)
     st = model_state_tensors(cfg)
     zero = par.zero_stage if dp > 1 else 0
 
     params, optimizer, host_offload = resident(cfg, st)
     weights = st["working_copies"] + params
     gradients = st["gradients"]
+    _explain_model_states(cfg, counts, st, (weights, gradients, optimizer), host_offload, ex)
+
+    act = activation_bytes(m, t, par, native_gqa=planned_native_gqa(cfg), imbalance=cfg.plan.routing_imbalance,
+                           documents=planned_document_kernel(cfg))
+    _explain_activations(cfg, act, ex)
+
+    buffers, why = _buffers(cfg, st, zero)
+    ex.add("memory", "buffers", gib(buffers), why)
+    context = cuda_context(cfg)
+    ex.add("memory", "cuda_context", gib(context), f"hardware.cuda_context_gb {hw.cuda_context_gb} x 1e9"
+           if context else "none on a CPU")
+
+    # One optimizer step passes through four phases; what is alive differs, and the peak is the largest.
+    held, held_why = held_gradients(cfg, st)
+    ex.add("memory", "gradients in forward", gib(held), held_why)
+    phases = step_phases(cfg, st, t.micro_batch_size)
+    totals = {name: sum(n for _, n in parts) for name, parts in phases.items()}
+    for name, parts in phases.items():
+        ex.add("memory", f"phase {name}", gib(totals[name]), " + ".join(f"{what} {n:,}" for what, n in parts))
+    peak_phase = max(PHASES, key=lambda name: totals[name])  # the first of equal ones
+    total = totals[peak_phase]
+    ex.add("memory", "total", gib(total), f"the largest phase: {peak_phase} {total:,}")
+    compiled, compiled_basis = _compiled_peak(cfg, st, ex)
+    host = _host(cfg, counts, host_offload, ex)
+
+    result = dict(weights=weights, gradients=gradients, optimizer=optimizer, activations=act["total"],
+                  buffers=buffers, cuda_context=context, total=total, peak_phase=peak_phase, phases=totals,
+                  compiled=compiled, compiled_basis=compiled_basis, host=host)
+    fit = _fit(cfg, st, total, ex)
+    tensors = {k: st[k] for k in ("parameters", "gradients", "optimizer_states", "working_copies")}
+    out = dict(memory_bytes=result, model_states=tensors, fit=fit, activation_detail=act)
+    if m.num_experts:
+        out["moe"] = _moe_fit(cfg, st, fit["usable_bytes"], ex)
+    return out
+
+
+def _explain_model_states(cfg, counts, st: dict, kinds: tuple[int, int, int], host_offload: int,
+                          ex: Explain) -> None:
+    """--explain's lines for the weights, gradients and optimizer states, a pipeline stage's share, and the
+    ZeRO paper's accounting beside ours."""
+    m, t, par = cfg.model, cfg.train, cfg.parallel
+    weights, gradients, optimizer = kinds
+    dp = par.data_parallel
+    zero = par.zero_stage if dp > 1 else 0
+    mixed = mixed_precision(t.precision)
     what = {"fp32": "fp32 parameters", "bf16": "bf16 parameters",
             "fp16-mixed": "fp16 working copies", "bf16-mixed": "bf16 working copies",
             "fp8": "bf16 and float8 working copies"}[t.precision]
@@ -88,8 +132,9 @@ def memory(cfg, counts, ex: Explain) -> dict:
                + (f" / model parallel {mp} (tensor {par.tensor} x pipeline {par.pipeline})" if mp > 1 else "")
                + f", stage {zero} sharding over {dp}; ours above counts what autocast/FSDP really hold")
 
-    act = activation_bytes(m, t, par, native_gqa=planned_native_gqa(cfg), imbalance=cfg.plan.routing_imbalance,
-                           documents=planned_document_kernel(cfg))
+
+def _explain_activations(cfg, act: dict, ex: Explain) -> None:
+    m, t, par = cfg.model, cfg.train, cfg.parallel
     per_layer_formula = " + ".join(x.formula for x in act["layer_terms"])
     ex.add("memory", "activations per layer", gib(act["per_layer"]),
            f"{per_layer_formula} with b={t.micro_batch_size}, s={t.seq_len}, h={m.hidden_size}, "
@@ -106,24 +151,10 @@ def memory(cfg, counts, ex: Explain) -> dict:
            + (f" + one recomputed block {act['recompute_working']:,}" if act["recompute_working"] else "")
            + f" + embedding/final norm/loss {act['once']:,}")
 
-    buffers, why = _buffers(cfg, st, zero)
-    ex.add("memory", "buffers", gib(buffers), why)
-    context = cuda_context(cfg)
-    ex.add("memory", "cuda_context", gib(context), f"hardware.cuda_context_gb {hw.cuda_context_gb} x 1e9"
-           if context else "none on a CPU")
 
-    # One optimizer step passes through four phases; what is alive differs, and the peak is the largest.
-    held, held_why = held_gradients(cfg, st)
-    ex.add("memory", "gradients in forward", gib(held), held_why)
-    phases = step_phases(cfg, st, t.micro_batch_size)
-    totals = {name: sum(n for _, n in parts) for name, parts in phases.items()}
-    for name, parts in phases.items():
-        ex.add("memory", f"phase {name}", gib(totals[name]), " + ".join(f"{what} {n:,}" for what, n in parts))
-    peak_phase = max(PHASES, key=lambda name: totals[name])  # the first of equal ones
-    total = totals[peak_phase]
-    ex.add("memory", "total", gib(total), f"the largest phase: {peak_phase} {total:,}")
-    compiled, compiled_basis = _compiled_peak(cfg, st, ex)
-
+def _host(cfg, counts, host_offload: int, ex: Explain) -> int:
+    """Host memory per node."""
+    m, par = cfg.model, cfg.parallel
     # The trainer builds the model on the GPU (FSDP: on the meta device, then each rank its shard), so host
     # memory holds only offloaded states, and a whole imported checkpoint while model.init_from is read.
     procs = min(par.gpus, par.gpus_per_node)
@@ -131,11 +162,13 @@ def memory(cfg, counts, ex: Explain) -> dict:
     host = procs * (host_offload + init)
     ex.add("memory", "host", gib(host), f"{procs} processes per node x (offloaded states {host_offload:,}"
            + (f" + the model.init_from checkpoint read in fp32 {init:,})" if init else ")"))
+    return host
 
+
+def _fit(cfg, st: dict, total: int, ex: Explain) -> dict:
+    """Whether the peak fits the card less its fragmentation allowance, and the largest micro-batch that does."""
+    hw = cfg.hardware
     device = device_memory_bytes(hw)
-    result = dict(weights=weights, gradients=gradients, optimizer=optimizer, activations=act["total"],
-                  buffers=buffers, cuda_context=context, total=total, peak_phase=peak_phase, phases=totals,
-                  compiled=compiled, compiled_basis=compiled_basis, host=host)
     fit = dict(device_bytes=device, usable_bytes=None, fits=None, max_micro_batch_size=None)
     if device is not None:
         usable = int(device * (1 - hw.fragmentation))
@@ -146,11 +179,7 @@ def memory(cfg, counts, ex: Explain) -> dict:
                f"{hw.fragmentation}) = {gib(usable)}" + (f"; {FRAGMENTATION_WHY}" if on_gpu else ""))
         ex.add("memory", "max_micro_batch_size", fit["max_micro_batch_size"],
                "largest train.micro_batch_size whose peak phase fits")
-    tensors = {k: st[k] for k in ("parameters", "gradients", "optimizer_states", "working_copies")}
-    out = dict(memory_bytes=result, model_states=tensors, fit=fit, activation_detail=act)
-    if m.num_experts:
-        out["moe"] = _moe_fit(cfg, st, fit["usable_bytes"], ex)
-    return out
+    return fit
 
 
 def _moe_fit(cfg, st, usable: int | None, ex: Explain) -> dict:
