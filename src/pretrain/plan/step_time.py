@@ -175,13 +175,7 @@ def _micro_batch(c, counts, fl: dict, peak: float, ex: Explain) -> dict:
     a = COMPUTE_BYTES[t.precision]
     full = t.activation_checkpointing == "full"
     tokens = t.micro_batch_size * t.seq_len
-    if hw.profile and not hw.peak_tflops:
-        rate, rate_how = peak, "hardware.profile's measured TFLOP/s"
-    else:
-        share = HOPPER_MATMUL_SHARE if spec.name in HOPPER_GPUS else 1.0
-        rate = peak * MATMUL_EFFICIENCY * share
-        rate_how = f"peak {peak:g} x {MATMUL_EFFICIENCY} (large-GEMM efficiency)" + (
-            f" x {share:.3g} (Hopper, fitted to published H100 runs)" if share != 1 else "")
+    rate, rate_how = _achievable_tflops(hw, spec, peak)
     on_gpu = spec.name != "cpu"
     tile = tokens / (TILE_ROWS * math.ceil(tokens / TILE_ROWS)) if on_gpu else 1.0
     attention = fl["attention_per_token"] * (4 / 3 if full else 1)  # full recomputation redoes its forward
@@ -208,6 +202,41 @@ def _micro_batch(c, counts, fl: dict, peak: float, ex: Explain) -> dict:
     ex.add("step_time", "attention_s", attention_s, f"{attention:,.0f} attention FLOPs/token (as the plan counts "
            f"them) x {tokens:,} / {shard} / ({attention_how})")
 
+    weight_s, traffic_s, layers = _memory_bound_terms(c, counts, hbm, on_gpu, ex)
+
+    intra, inter, link_how = links(c)
+    tp_s, overhead_s = _tensor_parallel_and_kernels(c, layers, tokens, intra, link_how, ex)
+    moe = moe_seconds(c, tokens, rate, intra, inter, link_how, ex) if m.num_experts else {}
+    compute_s = matmul_s + attention_s + moe.get("expert_imbalance_s", 0.0)
+    micro_s = (max(compute_s, weight_s) + operand_s + traffic_s + tp_s + overhead_s + cast_s
+               + moe.get("all_to_all_s", 0.0))
+    bound = "compute" if compute_s >= weight_s else "memory"
+    ex.add("step_time", "micro_batch_s", micro_s, f"max(compute {compute_s:.4g}, weight reads {weight_s:.4g}) + "
+           f"GEMM operands {operand_s:.4g} + activation traffic {traffic_s:.4g} + TP {tp_s:.4g} "
+           f"+ kernel overhead {overhead_s:.4g}"
+           + (f" + fp8 casts {cast_s:.4g}" if t.precision == "fp8" else "")
+           + (f" + all-to-all {moe['all_to_all_s']:.4g}" if moe else "") + ": "
+           + ("compute-bound" if bound == "compute" else "memory-bound (the weights' reads set the floor)"))
+    out = {"achievable_tflops": rate, "micro_batch_s": micro_s, "matmul_s": matmul_s, "attention_s": attention_s,
+           "weight_read_s": weight_s, "gemm_operand_s": operand_s, "activation_traffic_s": traffic_s,
+           "tensor_parallel_s": tp_s, "kernel_overhead_s": overhead_s, "bound": bound, **moe}
+    return {**out, "fp8_cast_s": cast_s} if t.precision == "fp8" else out
+
+
+def _achievable_tflops(hw, spec, peak: float) -> tuple[float, str]:
+    """What the matmuls reach: a profile's measured rate, else the peak x the large-GEMM efficiency."""
+    if hw.profile and not hw.peak_tflops:
+        return peak, "hardware.profile's measured TFLOP/s"
+    share = HOPPER_MATMUL_SHARE if spec.name in HOPPER_GPUS else 1.0
+    return peak * MATMUL_EFFICIENCY * share, f"peak {peak:g} x {MATMUL_EFFICIENCY} (large-GEMM efficiency)" + (
+        f" x {share:.3g} (Hopper, fitted to published H100 runs)" if share != 1 else "")
+
+
+def _memory_bound_terms(c, counts, hbm: float, on_gpu: bool, ex: Explain) -> tuple[float, float, int]:
+    """(seconds reading the weights, seconds of activation traffic, layers on this GPU)."""
+    m, t, par, hw = c.model, c.train, c.parallel, c.hardware
+    a = COMPUTE_BYTES[t.precision]
+    shard = par.tensor * par.pipeline
     bw_how = (f"{memory_bandwidth_gbps(hw):g} GB/s x {BANDWIDTH_EFFICIENCY}" if hbm else
               "no HBM figure: not modelled")
     reads = weight_reads(t)
@@ -232,9 +261,15 @@ def _micro_batch(c, counts, fl: dict, peak: float, ex: Explain) -> dict:
             traffic = eager
     traffic_s = traffic / (hbm * 1e9) if hbm else 0.0
     ex.add("step_time", "activation_traffic_s", traffic_s, f"{kept_how} / {bw_how}")
+    return weight_s, traffic_s, act["layers"]
 
-    intra, inter, link_how = links(c)
-    layers = act["layers"]
+
+def _tensor_parallel_and_kernels(c, layers: int, tokens: int, intra: float, link_how: str,
+                                 ex: Explain) -> tuple[float, float]:
+    """(seconds of tensor-parallel collectives, seconds of per-kernel overhead) of one micro-batch."""
+    m, t, par = c.model, c.train, c.parallel
+    a, tp = COMPUTE_BYTES[t.precision], par.tensor
+    full = t.activation_checkpointing == "full"
     collectives = 6 if full else 4
     tp_bytes = a * tokens * m.hidden_size
     tp_s = layers * collectives * _ring(tp_bytes, tp, intra, 2)
@@ -246,21 +281,7 @@ def _micro_batch(c, counts, fl: dict, peak: float, ex: Explain) -> dict:
     overhead_s = (layers * per_layer + KERNELS_OUTSIDE) * KERNEL_OVERHEAD_S
     ex.add("step_time", "kernel_overhead_s", overhead_s, f"({layers} layers x {per_layer} + {KERNELS_OUTSIDE}) "
            f"kernels x {KERNEL_OVERHEAD_S * 1e6:g} us (eager PyTorch's dispatch and launch)")
-    moe = moe_seconds(c, tokens, rate, intra, inter, link_how, ex) if m.num_experts else {}
-    compute_s = matmul_s + attention_s + moe.get("expert_imbalance_s", 0.0)
-    micro_s = (max(compute_s, weight_s) + operand_s + traffic_s + tp_s + overhead_s + cast_s
-               + moe.get("all_to_all_s", 0.0))
-    bound = "compute" if compute_s >= weight_s else "memory"
-    ex.add("step_time", "micro_batch_s", micro_s, f"max(compute {compute_s:.4g}, weight reads {weight_s:.4g}) + "
-           f"GEMM operands {operand_s:.4g} + activation traffic {traffic_s:.4g} + TP {tp_s:.4g} "
-           f"+ kernel overhead {overhead_s:.4g}"
-           + (f" + fp8 casts {cast_s:.4g}" if t.precision == "fp8" else "")
-           + (f" + all-to-all {moe['all_to_all_s']:.4g}" if moe else "") + ": "
-           + ("compute-bound" if bound == "compute" else "memory-bound (the weights' reads set the floor)"))
-    out = {"achievable_tflops": rate, "micro_batch_s": micro_s, "matmul_s": matmul_s, "attention_s": attention_s,
-           "weight_read_s": weight_s, "gemm_operand_s": operand_s, "activation_traffic_s": traffic_s,
-           "tensor_parallel_s": tp_s, "kernel_overhead_s": overhead_s, "bound": bound, **moe}
-    return {**out, "fp8_cast_s": cast_s} if t.precision == "fp8" else out
+    return tp_s, overhead_s
 
 
 def _pipeline(c, micro_s: float, ex: Explain) -> dict:
