@@ -55,27 +55,8 @@ def flops(cfg, counts, tokens: int, ex: Explain) -> dict:
     ex.add("flops", "per_token_6n", per_token_6n, f"6 x all{active} parameters {counts.active:,} (GPT-3 / "
            "Chinchilla)" + (f"; over all {counts.total:,} it would be {6 * counts.total:.4g}" if active else ""))
 
-    # What recomputation adds: full re-runs each block's forward (a third of its FLOPs) but the last matmul.
     recompute = t.activation_checkpointing
-    extra = extra_6n = 0
-    if recompute == "full":
-        skipped = 0 if m.dropout else _down_projections(m)
-        extra = 2 * (counts.active_blocks - skipped) + attention // 3
-        extra_6n = 2 * counts.active
-        blocks = (f"L {m.num_layers} x per-layer {counts.per_layer:,}" if not counts.inactive
-                  else f"the blocks' active parameters {counts.active_blocks:,}")
-        ex.add("flops", "recomputed_per_token", extra,
-               f"2 x ({blocks} - down projections {skipped:,}, not re-run) + attention forward {attention // 3:,}")
-    elif recompute == "selective":
-        projections = m.num_layers * m.num_heads * v_dim * m.hidden_size
-        down = _down_projections(m) if m.dropout else 0
-        again = attention // 3 if t.attention == "eager" else 0
-        extra = extra_6n = 2 * (projections + down)
-        extra += again
-        ex.add("flops", "recomputed_per_token", extra,
-               f"2 x (output projections L {m.num_layers} x {m.num_heads * v_dim} x {m.hidden_size}"
-               + (f" + down projections {down:,} (dropout keeps a mask after them)" if down else "") + ")"
-               + (f" + eager attention's forward {again:,}" if again else ""))
+    extra, extra_6n = _recomputed(cfg, counts, attention, v_dim, ex)
     per_token_hw = per_token + extra
     ex.add("flops", "per_token_hardware", per_token_hw,
            f"per_token + recomputed forward {extra:,} ({recompute} recomputation)")
@@ -107,6 +88,34 @@ def flops(cfg, counts, tokens: int, ex: Explain) -> dict:
     if recompute == "full":
         ex.add("flops", "total_hardware_6n", out["total_hardware_6n"], f"8 x {counts.active:,} x {tokens:,}")
     return out
+
+
+def _recomputed(cfg, counts, attention: int, v_dim: int, ex: Explain) -> tuple[int, int]:
+    """What recomputation adds per token (our convention, and 6N's): full re-runs each block's forward (a third
+    of its FLOPs) but the last matmul; selective, the output projections (and what dropout or eager attention
+    makes it run again)."""
+    m, t = cfg.model, cfg.train
+    recompute = t.activation_checkpointing
+    extra = extra_6n = 0
+    if recompute == "full":
+        skipped = 0 if m.dropout else _down_projections(m)
+        extra = 2 * (counts.active_blocks - skipped) + attention // 3
+        extra_6n = 2 * counts.active
+        blocks = (f"L {m.num_layers} x per-layer {counts.per_layer:,}" if not counts.inactive
+                  else f"the blocks' active parameters {counts.active_blocks:,}")
+        ex.add("flops", "recomputed_per_token", extra,
+               f"2 x ({blocks} - down projections {skipped:,}, not re-run) + attention forward {attention // 3:,}")
+    elif recompute == "selective":
+        projections = m.num_layers * m.num_heads * v_dim * m.hidden_size
+        down = _down_projections(m) if m.dropout else 0
+        again = attention // 3 if t.attention == "eager" else 0
+        extra = extra_6n = 2 * (projections + down)
+        extra += again
+        ex.add("flops", "recomputed_per_token", extra,
+               f"2 x (output projections L {m.num_layers} x {m.num_heads * v_dim} x {m.hidden_size}"
+               + (f" + down projections {down:,} (dropout keeps a mask after them)" if down else "") + ")"
+               + (f" + eager attention's forward {again:,}" if again else ""))
+    return extra, extra_6n
 
 
 def _down_projections(m) -> int:
