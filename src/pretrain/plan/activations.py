@@ -79,8 +79,7 @@ def layer_terms(m, t, parallel, b: int, recompute: str | None = None, native_gqa
     k/v heads itself (pretrain.plan.kernels decides); compiled: the block runs under torch.compile (what
     inductor's min-cut partitioner saves, below); documents: the masked attention's kernel (None: causal)."""
     recompute = recompute or t.activation_checkpointing
-    s, h, I, nh, d = t.seq_len, m.hidden_size, m.intermediate_size, m.num_heads, m.head_dim
-    qw, kvw = nh * d, m.num_kv_heads * d
+    s, h = t.seq_len, m.hidden_size
     a, r = COMPUTE_BYTES[t.precision], residual_bytes(t, parallel)
     llama = m.family == "llama"
     bs = b * s
@@ -110,7 +109,18 @@ def layer_terms(m, t, parallel, b: int, recompute: str | None = None, native_gqa
     if not compiled:
         add("qkv and MLP matmul inputs", 2 * a * bs * h, f"2 x {a} x b*s*h", sharded=False)
 
-    # Attention.
+    _attention_terms(add, m, t, a, b, native_gqa, compiled, documents)
+    _mlp_terms(add, m, parallel, bs, a, recompute, imbalance, compiled)
+    if m.dropout:
+        add("residual dropout masks", 2 * bs * h, "2 x b*s*h (bool)", sharded=False)
+    return terms
+
+
+def _attention_terms(add, m, t, a: int, b: int, native_gqa: bool, compiled: bool, documents: str | None) -> None:
+    """What the attention half of a block keeps (no recomputation)."""
+    s, h, nh, d = t.seq_len, m.hidden_size, m.num_heads, m.head_dim
+    qw, kvw = nh * d, m.num_kv_heads * d
+    llama, bs = m.family == "llama", b * s
     eager = t.attention == "eager"
     if eager:  # the batched matmuls keep contiguous (batch*heads, seq, head_dim) copies of q, k and v
         add("q, k, v copies for the batched matmuls", 3 * a * bs * qw, f"3 x {a} x b*s*q {qw}")
@@ -151,7 +161,10 @@ def layer_terms(m, t, parallel, b: int, recompute: str | None = None, native_gqa
     if compiled:  # the second norm's input, the residual stream, is remade from it and the block input
         add("output projection's output", a * bs * h, f"{a} x b*s*h", sharded=False)
 
-    # MLP.
+
+def _mlp_terms(add, m, parallel, bs: int, a: int, recompute: str, imbalance: float, compiled: bool) -> None:
+    """What the feed-forward half of a block keeps (no recomputation)."""
+    I, llama = m.intermediate_size, m.family == "llama"
     if m.num_experts:
         _moe_terms(add, m, parallel, bs, a, recompute, imbalance)
     elif compiled:  # SiLU(gate) is remade from gate|up in backward
@@ -166,9 +179,6 @@ def layer_terms(m, t, parallel, b: int, recompute: str | None = None, native_gqa
     else:
         add("fc output", a * bs * I, f"{a} x b*s*H'")
         add("gelu output", a * bs * I, f"{a} x b*s*H'")
-    if m.dropout:
-        add("residual dropout masks", 2 * bs * h, "2 x b*s*h (bool)", sharded=False)
-    return terms
 
 
 def _selective_terms(add, m, t, parallel, a: int, b: int, imbalance: float, documents: str | None) -> None:
