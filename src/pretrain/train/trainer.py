@@ -81,10 +81,8 @@ class Trainer:
     def __init__(self, config, rt, loader=None, quiet: bool = False):
         """`loader` replaces the data directory (e.g. synthetic tokens for `pretrain sweep`); `quiet` writes
         nothing to the run directory."""
-        from ..data.loader import RandomWindows, SequentialWindows, open_training_data
-        from ..data.mixture import MixtureWindows, open_mixture
-        from ..distributed.parallelize import parallelize
-        from ..model import build_model
+        from ..data.loader import RandomWindows
+        from ..data.mixture import MixtureWindows
 
         c = self.config = launched_config(config, rt, own_data=loader is None)
         t = c.train
@@ -95,14 +93,58 @@ class Trainer:
         check_fits_device(c, rt)
         check_installed(c.run.loggers)
         check_fp8_installed(t.precision)
-        # A mixture's sources (data/mixture.py), each with its data; otherwise None and self.data is data.dir.
+        self._open_data(loader)
+        self._claim_run_dir(quiet)
+        self.total_steps = training_length(c, count_params(c.model).total)["steps"]
+        # A resume into a run of another length follows the new length's schedule, said in an event.
+        saved = ckpt.read_trainer_state(self.resume_from) if self.resume_from is not None else {"step": 0}
+        self.warmup, self.schedule_change = resumed_schedule(t, saved, self.total_steps)
+        self.ramp = dict(seq_len=t.seq_len, micro_batch_size=t.micro_batch_size, data_parallel=rt.data_size,
+                         grad_accum_steps=t.grad_accum_steps, ramp_tokens=t.batch_ramp_tokens,
+                         ramp_start=t.batch_ramp_start)
+        self._build_model()
+        self.scaler = torch.amp.GradScaler(rt.device.type) if t.precision == "fp16-mixed" else None
+        if self.mixture:
+            loader = MixtureWindows(self.mixture, t.seq_len, seed=t.seed, rank=rt.data_rank,
+                                    world_size=rt.data_size)
+        loader = loader or RandomWindows(self.data, "train", t.seq_len, seed=t.seed, rank=rt.data_rank,
+                                         world_size=rt.data_size)
+        self.batches = Prefetcher(loader, t.micro_batch_size, rt.device)
+        self.state = TrainState()
+        self.callbacks = default_callbacks(c)
+        self.stability = next(cb for cb in self.callbacks if isinstance(cb, Stability))
+        parts = {"data": self.batches}
+        for cb in self.callbacks:
+            parts.update(cb.stateful())
+        self.checkpointer = Checkpointer(self.run_dir, rt, TensorState(self.par, self.scaler), self.state, parts, c,
+                                         self.total_steps, self.warmup)
+        self.device_config = plan_check.config_for_device(c, rt)
+        self.plan, self.peak = None, None
+        self.stop_signal, self.stop_reason = 0, ""
+        self.measure_next = False
+        self.in_step = None  # while a step runs: where a data fault mid-step rewinds to (data_changes.py)
+        self.last_metrics: dict = {}
+        self.log = TrainingLog(self.run_dir, self.total_steps, progress=c.run.progress,
+                               enabled=rt.is_main and not quiet, loggers=c.run.loggers, config=c.to_dict())
+
+    def _open_data(self, loader) -> None:
+        """A mixture's sources (data/mixture.py), each with its data; otherwise None and self.data is data.dir;
+        None both with a loader of its own."""
+        from ..data.loader import SequentialWindows, open_training_data
+        from ..data.mixture import open_mixture
+
+        c, t, rt = self.config, self.config.train, self.rt
         self.mixture = open_mixture(mixture_sources(c.data), c.data.verify, c.model.vocab_size) \
             if loader is None and c.data.mixture else None
         self.data = open_training_data(c.data.dir, c.data.verify, c.model.vocab_size) \
             if loader is None and not self.mixture else None
         for data in [self.data] if self.data is not None else [s["data"] for s in self.mixture or []]:
             SequentialWindows(data, "val", t.seq_len, rank=rt.data_rank, world_size=rt.data_size)  # enough val?
-        # One trainer per run directory, before any write.
+
+    def _claim_run_dir(self, quiet: bool) -> None:
+        """One trainer per run directory, before any write; where it resumes from, and an earlier run's
+        leftovers set aside."""
+        c, rt = self.config, self.rt
         self.lock = exclusive_lock(self.run_dir / ".lock", f"run.dir {self.run_dir}", "wait for that run to end or "
                                    "stop it, or choose another run.dir") if rt.is_main and not quiet else None
         if c.run.resume == "never" and not quiet and ckpt.list_checkpoints(self.run_dir):
@@ -119,13 +161,13 @@ class Trainer:
             resume.set_aside(corrupt)
             if not ckpt.list_checkpoints(self.run_dir):  # an earlier run's history is not this run's
                 self.history_aside = set_aside_history(self.run_dir)
-        self.total_steps = training_length(c, count_params(c.model).total)["steps"]
-        # A resume into a run of another length follows the new length's schedule, said in an event.
-        saved = ckpt.read_trainer_state(self.resume_from) if self.resume_from is not None else {"step": 0}
-        self.warmup, self.schedule_change = resumed_schedule(t, saved, self.total_steps)
-        self.ramp = dict(seq_len=t.seq_len, micro_batch_size=t.micro_batch_size, data_parallel=rt.data_size,
-                         grad_accum_steps=t.grad_accum_steps, ramp_tokens=t.batch_ramp_tokens,
-                         ramp_start=t.batch_ramp_start)
+
+    def _build_model(self) -> None:
+        """The documents of a window, the attention kernels, and the model built and parallelized."""
+        from ..distributed.parallelize import parallelize
+        from ..model import build_model
+
+        c, t, rt = self.config, self.config.train, self.rt
         # The documents of a window (train.document_masking): their <eos> id, checked against each offset index.
         opened = [self.data] if self.data is not None else [s["data"] for s in self.mixture or []]
         self.documents = documents_of_run(c.model, t, rt.device, opened[0].eos_id if opened else None)
@@ -151,29 +193,6 @@ class Trainer:
         # The weights have their own generators; the global one drives dropout, whose masks must differ
         # between data-parallel ranks as they would between the micro-batches of one process.
         torch.manual_seed(t.seed + rt.data_rank)
-        self.scaler = torch.amp.GradScaler(rt.device.type) if t.precision == "fp16-mixed" else None
-        if self.mixture:
-            loader = MixtureWindows(self.mixture, t.seq_len, seed=t.seed, rank=rt.data_rank,
-                                    world_size=rt.data_size)
-        loader = loader or RandomWindows(self.data, "train", t.seq_len, seed=t.seed, rank=rt.data_rank,
-                                         world_size=rt.data_size)
-        self.batches = Prefetcher(loader, t.micro_batch_size, rt.device)
-        self.state = TrainState()
-        self.callbacks = default_callbacks(c)
-        self.stability = next(cb for cb in self.callbacks if isinstance(cb, Stability))
-        parts = {"data": self.batches}
-        for cb in self.callbacks:
-            parts.update(cb.stateful())
-        self.checkpointer = Checkpointer(self.run_dir, rt, TensorState(self.par, self.scaler), self.state, parts, c,
-                                         self.total_steps, self.warmup)
-        self.device_config = plan_check.config_for_device(c, rt)
-        self.plan, self.peak = None, None
-        self.stop_signal, self.stop_reason = 0, ""
-        self.measure_next = False
-        self.in_step = None  # while a step runs: where a data fault mid-step rewinds to (data_changes.py)
-        self.last_metrics: dict = {}
-        self.log = TrainingLog(self.run_dir, self.total_steps, progress=c.run.progress,
-                               enabled=rt.is_main and not quiet, loggers=c.run.loggers, config=c.to_dict())
 
     # --- the loop ----------------------------------------------------------------------------------------
 
