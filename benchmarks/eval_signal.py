@@ -177,7 +177,7 @@ def main() -> None:
     s = summarize(Path(cfg.run.dir))
     (Path(cfg.run.dir) / "bench.json").write_text(json.dumps({
         "args": vars(args), "wall_s": time.perf_counter() - start, "val_loss": result["val_loss"],
-        "params": result.get("params"), "earliest_signal": s["earliest_signal"]}, indent=2) + "\n")
+        "earliest_signal": s["earliest_signal"]}, indent=2) + "\n")
 
 
 if __name__ == "__main__":
