@@ -12,7 +12,9 @@ nanoGPT, which `gpu_session.sh prepare` fills), same model, batch, sequence and 
 1B eager with each speed switch on, train.cache_weight_casts then train.half_residual (tokens/s, MFU, peak, and
 `cache_weight_casts_speedup` / `half_residual_speedup` over the eager run without it); then a second GPT-2 /
 nanoGPT round (A B A B: a machine that slows down slows both). A run starts only if its estimated time fits in
-what is left of --budget, and is stopped when the budget ends.
+what is left of --budget, and is stopped when the budget ends. `targets` resumes: a 1B run already in today's
+results file is not run again, so a second call (the GPT-2 round and the 1B runs the first call's budget left
+out, e.g. the speed switches when the runs take their estimated times) completes the figures.
 memory: precision x recomputation x micro-batch x accumulation x vocabulary, eager then compiled, one `pretrain
 sweep` process per cell (a fresh torch.compile cache each: one process for all of them would run the later
 "compiled" cells eager once dynamo's recompile limit is reached). Each cell's row is written as it finishes;
@@ -229,6 +231,9 @@ def targets(results: Results, work: Path, dry: bool, budget: Budget, nanogpt: Pa
     def llama_1b(key: str, compiled: bool, switch: str = "") -> None:
         """The 1B run `key`, compiled or eager; `switch`: eager with that train.* speed switch on, and its
         tokens/s over the eager run's without it (issue #31 item 11: a CPU shows no gain, a GPU answers)."""
+        if f"tokens_per_s_{key}" in results.data:  # measured by an earlier call today: `targets` resumes
+            print(f"{key}: recorded by an earlier call, not run again", flush=True)
+            return
         if not budget.allows("llama_1b" if compiled else "llama_1b_eager", dry):
             return
         started = time.monotonic()
@@ -247,8 +252,9 @@ def targets(results: Results, work: Path, dry: bool, budget: Budget, nanogpt: Pa
                 figures["attention_kernel"] = got["attention_kernel"]
             else:
                 eager_speed[switch] = got["tokens_per_s"]
-            if switch and "" in eager_speed:
-                figures[f"{switch}_speedup"] = got["tokens_per_s"] / eager_speed[""]
+            baseline = eager_speed.get("", results.data.get("tokens_per_s_llama_1b_eager"))
+            if switch and baseline:
+                figures[f"{switch}_speedup"] = got["tokens_per_s"] / baseline
         results.put((key, time.monotonic() - started), **figures)
 
     def gpt2_side(name: str, i: int) -> None:

@@ -24,6 +24,14 @@ def test_demo_end_to_end(tmp_path):
     val = [x["val_loss"] for x in rows if "val_loss" in x]
     assert val[-1] < val[0]
     assert "nats better than counting tokens" in r.stdout  # and the exit code says it beat the unigram entropy
+    # the in-loop task the demo writes (sentences of the validation split to end): a line per evaluation, and its
+    # panel with the chance line in the report (tasks.png, also in report.png and the page)
+    assert len((out / "cloze.jsonl").read_text().splitlines()) == 100
+    tasks = [x for x in rows if "eval/cloze/acc_norm" in x]
+    assert [x["step"] for x in tasks] == [30, 60] and tasks[-1]["eval/cloze/chance"] == 0.25
+    assert (out / "run" / "report" / "tasks.png").exists()
+    assert 'alt="downstream tasks"' in (out / "run" / "report" / "report.html").read_text()
+    assert "cloze (in the loop, report panel cloze): acc_norm" in r.stdout
 
 
 def _tree(folder):

@@ -46,6 +46,12 @@ def test_task_rows_survive_a_rollback_and_a_resume_once_each(prepared, local_tas
     files = make_report(run_dir, tmp_path / "report")["files"]
     assert str(tmp_path / "report" / "tasks.png") in files
     assert 'alt="downstream tasks"' in (tmp_path / "report" / "report.html").read_text()
+    # report.png closes its grid with the task's panel: one more row of panels (3.3 inches at 100 dpi) than the
+    # seven panels and the legend take
+    from pretrain.report.plots import PANELS
+
+    height = int.from_bytes((tmp_path / "report" / "report.png").read_bytes()[20:24], "big")  # PNG's IHDR
+    assert height == round(330 * -(-(len(PANELS) + 1 + 1) // 2)) > round(330 * -(-(len(PANELS) + 1) // 2))
 
 
 def test_unknown_task_names_and_tensor_parallelism_are_refused_before_training():

@@ -16,6 +16,7 @@ from matplotlib.ticker import FuncFormatter
 
 from .. import units
 from .runs import MARKED_EVENTS, Run, title_line
+from .tasks import draw_task, legend_handles, task_names
 
 
 @dataclass(frozen=True)
@@ -54,16 +55,21 @@ _AXIS = FuncFormatter(lambda v, _: units.human(v, digits=4))  # 4 digits: ticks 
 
 
 def grid_png(runs: list[Run]) -> bytes:
-    """All panels in a two-column grid; the spare cell holds the legend."""
+    """All panels in a two-column grid, then one per downstream task (run.eval_tasks); the spare cell holds the
+    legend."""
+    tasks = task_names(runs)
     cols = 2
-    rows = math.ceil((len(PANELS) + 1) / cols)
+    rows = math.ceil((len(PANELS) + len(tasks) + 1) / cols)
     fig = Figure(figsize=(6.4 * cols, 3.3 * rows), layout="constrained")
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
     for ax, panel in zip(axes, PANELS):
         draw(ax, panel, runs)
-    for ax in axes[len(PANELS):]:
+    for ax, name in zip(axes[len(PANELS):], tasks):
+        draw_task(ax, name, runs)
+    drawn = len(PANELS) + len(tasks)
+    for ax in axes[drawn:]:
         ax.axis("off")
-    axes[len(PANELS)].legend(handles=_legend(runs), loc="center", frameon=False)
+    axes[drawn].legend(handles=_legend(runs) + (legend_handles() if tasks else []), loc="center", frameon=False)
     fig.suptitle("pretrain report: " + "; ".join(title_line(r) for r in runs), wrap=True)
     return _png(fig)
 
