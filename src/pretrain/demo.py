@@ -175,6 +175,12 @@ def run(args) -> int:
         print(f"  {f}")
 
     print("\n== 6/6 export to Hugging Face and generate")
+    _export_and_generate(config, out)
+    return _final_lines(config, result["val_loss"])
+
+
+def _export_and_generate(config, out: Path) -> None:
+    """The run exported for transformers, which writes the same greedy text as our own model."""
     from .export.generate import generate_text
     from .export.hf import export_hf
     from .train import load_model
@@ -187,12 +193,15 @@ def run(args) -> int:
                          temperature=0.0)
     print(f"  and pretrain.load_model gives the same greedy text: {ours == sample}")
 
-    entropy = unigram_entropy(Path(config.data.dir))
-    val = result["val_loss"]
-    print(f"\nfinal validation loss {val:.3f} nats/token (perplexity {math.exp(val):.1f}) against the corpus's "
-          f"unigram entropy {entropy:.3f} nats/token: {entropy - val:.3f} nats better than counting tokens.")
+
+def _final_lines(config, val: float) -> int:
+    """The validation loss against the corpus's unigram entropy, and the in-loop task against chance; the exit
+    code: 0 when the model beats counting tokens."""
     from .report.runs import read_run
 
+    entropy = unigram_entropy(Path(config.data.dir))
+    print(f"\nfinal validation loss {val:.3f} nats/token (perplexity {math.exp(val):.1f}) against the corpus's "
+          f"unigram entropy {entropy:.3f} nats/token: {entropy - val:.3f} nats better than counting tokens.")
     tasks = read_run(Path(config.run.dir)).tasks
     name = Path(CLOZE).stem
     if tasks and f"eval/{name}/acc_norm" in tasks[-1]:  # unless run.eval_tasks was overridden
