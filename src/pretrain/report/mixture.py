@@ -59,7 +59,7 @@ def mixture_png(run: Run, series) -> bytes:
     target (dashed), and its epochs so far (MAX_EPOCHS marked: Muennighoff et al. 2023)."""
     from matplotlib.figure import Figure
 
-    from .plots import _AXIS
+    from .style import TOKENS_AXIS
 
     tokens, shares, epochs, sources = series
     fig = Figure(figsize=(12.8, 3.6), layout="constrained")
@@ -78,7 +78,7 @@ def mixture_png(run: Run, series) -> bytes:
         epoch_ax.axhline(MAX_EPOCHS, color="tab:red", linestyle=":", linewidth=0.9, label=f"{MAX_EPOCHS} epochs")
     for ax in (share_ax, epoch_ax):
         ax.set_xlabel("tokens")
-        ax.xaxis.set_major_formatter(_AXIS)
+        ax.xaxis.set_major_formatter(TOKENS_AXIS)
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
     fig.suptitle(f"mixture of {run.name}")

@@ -6,7 +6,6 @@ Built on `matplotlib.figure.Figure` rather than pyplot: no global state, no disp
 
 from __future__ import annotations
 
-import io
 import math
 from dataclasses import dataclass
 
@@ -16,6 +15,7 @@ from matplotlib.ticker import FuncFormatter
 
 from .. import units
 from .runs import MARKED_EVENTS, Run, title_line
+from .style import TOKENS_AXIS, figure_png, run_colors
 from .tasks import draw_task, legend_handles, task_names
 
 
@@ -51,9 +51,6 @@ EVENT_STYLE = {
 SOURCE_MARKERS = ("s", "D", "P", "*", "h", "<", ">", "p")  # val_loss/<source>, dotted: one marker each
 _FEW_POINTS = 50  # below this, draw markers: a run that has just started is a handful of dots
 _LOG_RANGE = 3  # log scale only when the values span more than this factor; a narrow range reads better linear
-_AXIS = FuncFormatter(lambda v, _: units.human(v, digits=4))  # 4 digits: ticks at 51,250 and 51,500 differ
-
-
 def grid_png(runs: list[Run]) -> bytes:
     """All panels in a two-column grid, then one per downstream task (run.eval_tasks); the spare cell holds the
     legend."""
@@ -71,7 +68,7 @@ def grid_png(runs: list[Run]) -> bytes:
         ax.axis("off")
     axes[drawn].legend(handles=_legend(runs) + (legend_handles() if tasks else []), loc="center", frameon=False)
     fig.suptitle("pretrain report: " + "; ".join(title_line(r) for r in runs), wrap=True)
-    return _png(fig)
+    return figure_png(fig)
 
 
 def panel_png(runs: list[Run], panel: Panel) -> bytes:
@@ -79,7 +76,7 @@ def panel_png(runs: list[Run], panel: Panel) -> bytes:
     ax = fig.subplots()
     draw(ax, panel, runs)
     ax.legend(handles=_legend(runs), fontsize="small")
-    return _png(fig)
+    return figure_png(fig)
 
 
 def draw(ax, panel: Panel, runs: list[Run]) -> None:
@@ -87,9 +84,9 @@ def draw(ax, panel: Panel, runs: list[Run]) -> None:
     ax.set_xlabel("tokens")
     ax.set_ylabel(panel.ylabel)
     ax.grid(alpha=0.3)
-    ax.xaxis.set_major_formatter(_AXIS)
+    ax.xaxis.set_major_formatter(TOKENS_AXIS)
     values = []
-    for color, run in zip(_colors(runs), runs):
+    for color, run in zip(run_colors(runs), runs):
         values += _curve(ax, run, panel.key, panel.scale, color, "-")
         if panel.key == "loss":
             values += _curve(ax, run, "val_loss", panel.scale, color, "--", marker="o")
@@ -104,7 +101,7 @@ def draw(ax, panel: Panel, runs: list[Run]) -> None:
     if panel.log and min(values) > 0 and max(values) > _LOG_RANGE * min(values):
         _log_y(ax, max(values) / min(values))
     elif panel.human_y:
-        ax.yaxis.set_major_formatter(_AXIS)
+        ax.yaxis.set_major_formatter(TOKENS_AXIS)
     _mark_events(ax, runs, loss_markers=panel.key == "loss")
 
 
@@ -134,7 +131,7 @@ def _curve(ax, run: Run, key: str, scale: float, color, style: str, marker: str 
 
 def _mark_events(ax, runs: list[Run], loss_markers: bool) -> None:
     """A vertical line at each event's tokens; on the loss panel also a marker on the run's curve."""
-    for color, run in zip(_colors(runs), runs):
+    for color, run in zip(run_colors(runs), runs):
         for e in run.events:
             if e.get("event") not in EVENT_STYLE:
                 continue
@@ -147,7 +144,7 @@ def _mark_events(ax, runs: list[Run], loss_markers: bool) -> None:
 
 
 def _legend(runs: list[Run]) -> list[Line2D]:
-    handles = [Line2D([], [], color=c, label=r.name) for c, r in zip(_colors(runs), runs)]
+    handles = [Line2D([], [], color=c, label=r.name) for c, r in zip(run_colors(runs), runs)]
     sources = sorted({key for r in runs for key in r.source_keys()})
     handles += [Line2D([], [], color="0.3", linestyle=":", marker=marker, label=key.replace("/", ": "))
                 for key, marker in zip(sources, SOURCE_MARKERS)]
@@ -158,13 +155,3 @@ def _legend(runs: list[Run]) -> list[Line2D]:
             handles.append(Line2D([], [], color=color, linestyle=style, marker=marker,
                                   markeredgecolor="black", label=kind))
     return handles
-
-
-def _colors(runs: list[Run]) -> list[str]:
-    return [f"C{i % 10}" for i in range(len(runs))]
-
-
-def _png(fig: Figure) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100)
-    return buf.getvalue()

@@ -14,15 +14,15 @@ def task_names(runs: list[Run]) -> list[str]:
 
 
 def draw_task(ax, name: str, runs: list[Run]) -> None:
-    from .plots import _AXIS, _colors
+    from .style import TOKENS_AXIS, run_colors
 
     ax.set_title(name)
     ax.set_xlabel("tokens")
     ax.set_ylabel("accuracy")
     ax.grid(alpha=0.3)
-    ax.xaxis.set_major_formatter(_AXIS)
+    ax.xaxis.set_major_formatter(TOKENS_AXIS)
     chance = None
-    for color, run in zip(_colors(runs), runs):
+    for color, run in zip(run_colors(runs), runs):
         for metric, style in (("acc_norm", "-"), ("acc", "--")):
             tokens, values = run.series(f"eval/{name}/{metric}")
             ax.plot(tokens, values, style, color=color, marker="o" if len(tokens) < 50 else None, markersize=3)
@@ -45,7 +45,7 @@ def tasks_png(runs: list[Run]) -> bytes | None:
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
 
-    from .plots import _colors, _png
+    from .style import figure_png, run_colors
 
     names = task_names(runs)
     if not names:
@@ -58,7 +58,7 @@ def tasks_png(runs: list[Run]) -> bytes | None:
         draw_task(ax, name, runs)
     for ax in axes[len(names):]:
         ax.axis("off")
-    handles = [Line2D([], [], color=c, label=r.name) for c, r in zip(_colors(runs), runs)] + legend_handles()
+    handles = [Line2D([], [], color=c, label=r.name) for c, r in zip(run_colors(runs), runs)] + legend_handles()
     fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), frameon=False, fontsize="small")
     fig.suptitle("Downstream tasks")
-    return _png(fig)
+    return figure_png(fig)
