@@ -70,10 +70,11 @@ from __future__ import annotations
 import math
 
 from ..config import compile_enabled
-from ..gpus import gpu_spec, mixed_precision
+from ..gpus import gpu_spec
 from . import fp8
 from .activations import COMPUTE_BYTES, activation_bytes
-from .expert_parallel import moe_seconds, rank_params, weight_params
+from .collectives import BANDWIDTH_EFFICIENCY, data_parallel_time, hbm_gbps, links, optimizer_time, ring
+from .expert_parallel import moe_seconds, weight_params
 from .explain import Explain
 from .flops import mfu
 from .hardware import memory_bandwidth_gbps
@@ -99,32 +100,6 @@ KERNELS_PER_LAYER = 60  # forward: norms, 4-7 matmuls, rotary, attention, activa
 RECOMPUTED_KERNELS = {"none": 0, "selective": 15, "full": 20}  # the forward but 5 kept/skipped ops; all of it
 KERNELS_OUTSIDE = 20  # embedding, final norm, output layer, loss, their backward
 KERNEL_OVERHEAD_S = 10e-6
-BANDWIDTH_EFFICIENCY = 0.8  # of a data-sheet HBM / NVLink / network rate
-DDP_BUCKET_BYTES = 25 * 1024**2  # torch DDP's default bucket_cap_mb
-OVERLAP_SLOWDOWN = 0.189  # compute beside an overlapped collective: 18.9% slower (arXiv 2507.03114)
-PCIE_GBPS = 25.0  # host <-> GPU, PCIe Gen4 x16 per direction as reached by pinned copies
-HOST_GBPS_PER_GPU = 20.0  # a two-socket host's ~160 GB/s of memory bandwidth shared by 8 GPU processes
-
-
-def links(c) -> tuple[float, float, str]:
-    """(intra-node, inter-node) GB/s per GPU per direction, and where they come from."""
-    hw, spec = c.hardware, gpu_spec(c.hardware.gpu)
-    intra = hw.intra_node_gbps if hw.intra_node_gbps is not None else spec.intra_node_gbps * BANDWIDTH_EFFICIENCY
-    inter = hw.inter_node_gbps if hw.inter_node_gbps is not None else spec.inter_node_gbps * BANDWIDTH_EFFICIENCY
-    how = (("hardware.intra_node_gbps" if hw.intra_node_gbps is not None else
-            f"{spec.name} {spec.intra_node_gbps:g} GB/s x {BANDWIDTH_EFFICIENCY}") + ", "
-           + ("hardware.inter_node_gbps" if hw.inter_node_gbps is not None else
-              f"network {spec.inter_node_gbps:g} GB/s x {BANDWIDTH_EFFICIENCY}"))
-    return intra, inter, how
-
-
-def _ring(nbytes: float, ranks: int, gbps: float, factor: float) -> float:
-    """Seconds for a ring collective moving factor x (ranks-1)/ranks x nbytes per GPU (all-reduce: 2)."""
-    if ranks <= 1 or nbytes == 0:
-        return 0.0
-    if not gbps:
-        return 0.0  # no bandwidth known for this device (a CPU): not modelled, said in --explain
-    return factor * (ranks - 1) / ranks * nbytes / (gbps * 1e9)
 
 
 def step_time(c, counts, fl: dict, peak: float | None, ex: Explain | None = None) -> dict | None:
@@ -135,8 +110,8 @@ def step_time(c, counts, fl: dict, peak: float | None, ex: Explain | None = None
         return None
     out = _micro_batch(c, counts, fl, peak, ex)
     out.update(_pipeline(c, out["micro_batch_s"], ex))
-    out.update(_data_parallel(c, counts, out, ex))
-    out.update(_optimizer_step(c, counts, ex))
+    out.update(data_parallel_time(c, counts, out, ex))
+    out.update(optimizer_time(c, counts, ex))
     seconds = out["forward_backward_s"] + out["data_parallel_exposed_s"] + out["optimizer_s"]
     t, par = c.train, c.parallel
     tokens = t.seq_len * t.micro_batch_size * t.grad_accum_steps * par.data_parallel
@@ -150,10 +125,6 @@ def step_time(c, counts, fl: dict, peak: float | None, ex: Explain | None = None
     if t.precision == "fp8":  # the MFU against both peaks, `mfu` being the bf16 one (plan/fp8.py)
         out.update(fp8.mfu_fields(c, fl, utilisation, model_per_token))
     return {"seconds": seconds, "tokens_per_second": tokens / seconds, "mfu": utilisation, **out}
-
-
-def _hbm_gbps(c) -> float:
-    return memory_bandwidth_gbps(c.hardware) * BANDWIDTH_EFFICIENCY
 
 
 def gemm_intensity(m, tp: int, a: int) -> float:
@@ -181,7 +152,7 @@ def _micro_batch(c, counts, fl: dict, peak: float, ex: Explain) -> dict:
     attention = fl["attention_per_token"] * (4 / 3 if full else 1)  # full recomputation redoes its forward
     matmul = fl["per_token_hardware"] - attention
     intensity = gemm_intensity(m, tp, a)
-    hbm = _hbm_gbps(c)
+    hbm = hbm_gbps(c)
     operand_s = matmul * tokens / shard / intensity / (hbm * 1e9) if on_gpu and hbm else 0.0
     matmul_s = matmul * tokens / shard / (rate * 1e12 * tile)
     cast_s = 0.0
@@ -272,7 +243,7 @@ def _tensor_parallel_and_kernels(c, layers: int, tokens: int, intra: float, link
     full = t.activation_checkpointing == "full"
     collectives = 6 if full else 4
     tp_bytes = a * tokens * m.hidden_size
-    tp_s = layers * collectives * _ring(tp_bytes, tp, intra, 2)
+    tp_s = layers * collectives * ring(tp_bytes, tp, intra, 2)
     if tp > 1:
         ex.add("step_time", "tensor_parallel_s", tp_s, f"{layers} layers x {collectives} all-reduces x 2 x "
                f"({tp}-1)/{tp} x {tp_bytes:,} bytes (b*s*h x {a}) / {intra:.4g} GB/s ({link_how}); not overlapped"
@@ -305,100 +276,6 @@ def _pipeline(c, micro_s: float, ex: Explain) -> dict:
                f"chunks) x (micro-batch {micro_s:.4g} + point-to-point of {v} chunks {p2p_s:.4g}); interleaved "
                f"bubble (p-1)/(vm+p-1) = {bubble:.3g}")
     return {"forward_backward_s": phase_s, "pipeline_bubble": bubble, "pipeline_p2p_s": p2p_s}
-
-
-def _bytes_per_value(t) -> tuple[int, int]:
-    """(gradient, parameter) bytes: as pretrain.plan.memory holds them."""
-    mixed = mixed_precision(t.precision)
-    grad_b = 2 if t.precision == "bf16" or (mixed and t.grad_dtype == "same") else 4
-    return grad_b, 2 if t.precision == "bf16" else 4
-
-
-def _data_parallel(c, counts, step: dict, ex: Explain) -> dict:
-    """The data-parallel traffic of a step, and what of it the compute does not hide."""
-    t, par = c.train, c.parallel
-    tp, pp = par.tensor, par.pipeline
-    dp = par.gpus // (tp * pp)
-    zero = par.zero_stage if dp > 1 else 0
-    if dp == 1:
-        return {"data_parallel_s": 0.0, "data_parallel_exposed_s": 0.0}
-    intra, inter, link_how = links(c)
-    inside = tp * dp <= par.gpus_per_node  # tensor ranks adjacent, then data: Megatron's rank order
-    # Across nodes NCCL runs one ring per NIC (rail-aligned, one NIC per GPU): each of the group's k ranks in a
-    # node carries 1/k of the data over its own NIC, so the group's bus bandwidth is k NICs', NVLink's at most
-    # (a DGX node's 8 x 200 Gb/s NICs give its rings 200 GB/s together, not one NIC's 25; the NCCL docs'
-    # NCCL_CROSS_NIC describes the rail-aligned rings).
-    k = min(dp, max(1, par.gpus_per_node // tp))
-    link, where = (intra, "NVLink") if inside else (min(intra, k * inter), f"network, {k} NICs per node")
-    params = rank_params(c, counts) / (tp * pp)  # on one GPU before ZeRO (a stage's share, taken as even)
-    grad_b, param_b = _bytes_per_value(t)
-    a, micro = COMPUTE_BYTES[t.precision], t.grad_accum_steps
-    after_s = hidden_gather_s = 0.0
-    if zero == 0:
-        total_s = _ring(grad_b * params, dp, link, 2)
-        last_s = _ring(min(DDP_BUCKET_BYTES, grad_b * params), dp, link, 2)
-        window = 2 / 3 * (step["matmul_s"] + step["attention_s"])  # the last micro-batch's backward
-        what = f"all-reduce 2 x ({dp}-1)/{dp} x {grad_b * params:.4g} gradient bytes"
-        how = "overlapped with the last micro-batch's backward except the last 25 MB bucket"
-    elif zero == 1:
-        compute = step["matmul_s"] + step["attention_s"]
-        scatter_s = _ring(grad_b * params, dp, link, 1)
-        gather_s = _ring(a * params, dp, link, 1)
-        last_s = _ring(min(DDP_BUCKET_BYTES, grad_b * params), dp, link, 1)
-        last_gather_s = _ring(min(DDP_BUCKET_BYTES, a * params), dp, link, 1)
-        window = 2 / 3 * compute
-        after_s = max(gather_s - compute / 3, last_gather_s)  # behind the next step's first forward
-        total_s, hidden_gather_s = scatter_s, gather_s - after_s
-        what = (f"reduce-scatter ({dp}-1)/{dp} x {grad_b * params:.4g} gradient bytes; then "
-                                    f"the all-gather of {a * params:.4g} parameter bytes, {gather_s:.4g} s, of "
-                                    f"which {after_s:.4g} s not behind the next forward")
-        how = "the reduce-scatter overlapped with the last micro-batch's backward except the last 25 MB bucket"
-    else:
-        syncs = micro if par.grad_sync == "micro_batch" else 1
-        gathers = 2 if zero == 3 else 1
-        total_s = syncs * _ring(grad_b * params, dp, link, 1) + micro * gathers * _ring(a * params, dp, link, 1)
-        last_s = total_s / (micro * -(-c.model.num_layers // pp))
-        window = step["forward_backward_s"]
-        what = (f"{syncs} reduce-scatter(s) of {grad_b * params:.4g} gradient bytes + {micro} x {gathers} "
-                f"all-gather(s) of {a * params:.4g} parameter bytes, each ({dp}-1)/{dp} of it")
-        how = "prefetched behind the micro-batches' compute except one block's worth"
-    exposed_s = max(total_s - window, last_s) + after_s
-    hidden_s = total_s + hidden_gather_s - (exposed_s - after_s)  # what runs beside the compute
-    contention_s = OVERLAP_SLOWDOWN * hidden_s
-    ex.add("step_time", "data_parallel_s", total_s + hidden_gather_s + after_s,
-           f"{what}, over {where} {link:.4g} GB/s ({link_how})")
-    ex.add("step_time", "data_parallel_exposed_s", exposed_s + contention_s, f"{how}: max({total_s:.4g} - "
-           f"{window:.4g}, {last_s:.4g}) + {after_s:.4g}, + {OVERLAP_SLOWDOWN} x the {hidden_s:.4g} s hidden "
-           "behind compute, which runs that much slower beside it (arXiv 2507.03114)")
-    exposed_s += contention_s
-    return {"data_parallel_s": total_s + hidden_gather_s + after_s, "data_parallel_exposed_s": exposed_s}
-
-
-def _optimizer_step(c, counts, ex: Explain) -> dict:
-    """The update: memory-bound on the GPU, or on the host with offload (ZeRO-Offload, Ren et al. 2021)."""
-    t, par = c.train, c.parallel
-    shard = par.tensor * par.pipeline
-    dp = par.gpus // shard
-    params = rank_params(c, counts) / shard
-    owned = params / (dp if dp > 1 and par.zero_stage >= 1 else 1)
-    grad_b, param_b = _bytes_per_value(t)
-    states = {"adamw": 2, "sgd": 1 if t.momentum else 0, "adafactor": 0}[t.optimizer]
-    update = owned * (2 * param_b * (1 + states) + grad_b)  # parameters and states read and written, gradients read
-    if par.offload == "none":
-        hbm = _hbm_gbps(c)
-        seconds = update / (hbm * 1e9) if hbm else 0.0
-        ex.add("step_time", "optimizer_s", seconds, f"{owned:.4g} parameters x (2 x {param_b} x (1 + {states} "
-               f"states) + {grad_b}) bytes / HBM")
-        return {"optimizer_s": seconds}
-    a = COMPUTE_BYTES[t.precision]
-    moved = owned * (grad_b + a)
-    fetched = t.grad_accum_steps * 2 * a * params / dp if par.offload == "optimizer+params" else 0.0
-    seconds = (moved + fetched) / (PCIE_GBPS * 1e9) + update / (HOST_GBPS_PER_GPU * 1e9)
-    ex.add("step_time", "optimizer_s", seconds, f"offload: gradients down and parameters up {moved:.4g} bytes"
-           + (f" + parameter shards fetched per micro-batch {fetched:.4g}" if fetched else "")
-           + f" over PCIe {PCIE_GBPS:g} GB/s + the update's {update:.4g} bytes at {HOST_GBPS_PER_GPU:g} GB/s of "
-           "host memory per GPU")
-    return {"optimizer_s": seconds}
 
 
 def dominant_cost(step: dict, best: dict) -> str:
