@@ -18,20 +18,18 @@ from pathlib import Path
 
 import torch
 
-from ..bench.timing import check_rounds, check_threads, cpu_threads, spread, torch_threads
+from ..bench.timing import check_rounds, check_threads, cpu_threads, torch_threads
 from ..config import Config, load_config, replaced
 from ..errors import ConfigError, UsageError
 from ..plan import make_plan
 from ..plan.budget import training_length
-from ..plan.flops import mfu
 from ..plan.params import count_params
 from ..plan.schedule import checked_warmup
 from ..precision import matmul_dtype
 from ..progress import counting_bar
 from . import grid, output
+from .records import OK, OOM, SKIPPED_BUDGET, SKIPPED_FIT, records
 
-# What a cell's status can be (the table, the CSV and the JSON use these strings).
-OK, OOM, SKIPPED_BUDGET, SKIPPED_FIT = "ok", "OOM", "skipped: budget", "skipped: does not fit"
 MIN_WARMUP_STEPS = 2  # the Trainer measures memory on its 2nd step (MEASURE_STEP), after optimizer states exist
 
 
@@ -117,7 +115,7 @@ def run_sweep(config_path: str | Path | dict | None = None, overrides=(), sweep:
             output.make_dir(out)  # an unwritable --out fails now, not after the first cell
         runs, ended, seconds = _run_rounds(cells, result, out, started, budget_seconds, try_all,
                                            (warmup_steps, steps, rounds), progress, n_threads)
-        result["cells"] = _records(cells, runs, ended, seconds, n_threads)
+        result["cells"] = records(cells, runs, ended, seconds, n_threads)
         result["warnings"] = output.noise_warnings(result["cells"])
         result["elapsed_seconds"] = round(time.perf_counter() - started, 3)
         if out is not None:
@@ -166,26 +164,13 @@ def _run_rounds(cells: list[Cell], result: dict, out: Path | None, started: floa
                 runs[cell.index].append(ran["measured"])
             else:
                 ended[cell.index] = (ran["status"], ran["error"])
-            result["cells"] = _records(cells, runs, ended, seconds, n_threads)
+            result["cells"] = records(cells, runs, ended, seconds, n_threads)
             result["elapsed_seconds"] = round(time.perf_counter() - started, 3)
             if out is not None:
                 result["files"] = output.write_tables(result, out)
         if advance:
             advance(rounds * len(cells), rounds * len(cells), "plot")
     return runs, ended, seconds
-
-
-def _records(cells: list[Cell], runs: dict, ended: dict, seconds: dict, threads: int | None) -> list[dict]:
-    """The rows of the cells that ran a round or ended, in cell order."""
-    rows = []
-    for cell in cells:
-        if not runs[cell.index] and cell.index not in ended:
-            continue
-        status, error = ended.get(cell.index, (OK, None))
-        record = _record(cell, status, runs[cell.index] if status == OK else None, error)
-        record.update(seconds=round(seconds[cell.index], 3), threads=threads)
-        rows.append(record)
-    return rows
 
 
 # --- before any cell runs ------------------------------------------------------------------------------------
@@ -316,72 +301,6 @@ def memory_method(dev: torch.device) -> str:
                 "cuda_context")
     return ("tensor count at the measurement step (parameters + gradients + optimizer states + working copies + "
             "saved activations, as `pretrain train` counts them) vs the plan's model_states + activations")
-
-
-def planned_memory(p: dict, dev: torch.device) -> int:
-    """The plan's figure comparable with what is measured on this device (see memory_method)."""
-    mem = p["memory_bytes"]
-    if dev.type == "cuda":
-        return mem["total"] - mem["cuda_context"]
-    return sum(p["model_states"].values()) + mem["activations"]
-
-
-def _record(cell: Cell, status: str = OK, measured: list[dict] | None = None, error: str | None = None) -> dict:
-    """One row of the result: the cell's values, the plan's figures, and the measured ones (a list: one per
-    round) where it ran."""
-    c, p, dev = cell.config, cell.plan, cell.rt.device
-    world = cell.rt.world_size
-    fits = p["fits"]
-    planned_mem = planned_memory(p, dev)
-    flops_per_token = p["flops"]["per_token" if c.flops.convention == "palm" else "per_token_6n"]
-    peak = p["hardware"]["peak_tflops"]
-    record = {
-        "cell": cell.index, "values": dict(cell.values), "status": status, "device": str(dev),
-        "plan_fits": fits, "plan_verdict": {True: "fits", False: "does not fit", None: "no limit"}[fits],
-        "tokens_per_step": c.train.micro_batch_size * c.train.grad_accum_steps * c.train.seq_len * world,
-        "step_seconds": None, "step_seconds_each": None, "it_per_s": None, "tokens_per_s": None,
-        "achieved_tflops": None, "mfu": None, "peak_tflops": peak, "peak_source": p["hardware"]["peak_source"],
-        "flops_per_token": flops_per_token,
-        "memory_measured_bytes": None, "memory_planned_bytes": planned_mem, "memory_error_pct": None,
-        "memory_planned_total_bytes": p["memory_bytes"]["total"],
-        "planned_tokens_per_s": p["time"].get("tokens_per_second"), "planned_mfu": p["time"].get("utilisation"),
-        "planned_basis": p["time"].get("basis"),  # the step-time model, or hardware.mfu / hfu given
-        "modelled_tokens_per_s": p["time"].get("modelled_tokens_per_second"),  # pretrain.plan.step_time
-        "measured_detail": None, "loss": None, "error": error,
-        "rounds": 0, "tokens_per_s_each_round": [], "tokens_per_s_min": None, "tokens_per_s_max": None,
-        "spread_pct": None, "noisy": False,
-    }
-    if not measured:
-        return record
-    # Each figure is the median of the rounds; memory is the first round's (the same tensors every round).
-    per_round = [r["tokens"] / sum(r["times"]) for r in measured]
-    noise = spread(per_round)
-    tokens_per_s = noise["median"]
-    step_seconds = record["tokens_per_step"] / tokens_per_s  # the median round's (no batch ramp in a sweep)
-    achieved = tokens_per_s * flops_per_token / 1e12
-    record.update(step_seconds=step_seconds, step_seconds_each=[t for r in measured for t in r["times"]],
-                  it_per_s=1.0 / step_seconds, tokens_per_s=tokens_per_s, achieved_tflops=achieved,
-                  mfu=mfu(tokens_per_s, flops_per_token, world, peak), loss=measured[-1]["loss"],
-                  rounds=len(measured), tokens_per_s_each_round=per_round, tokens_per_s_min=noise["min"],
-                  tokens_per_s_max=noise["max"], spread_pct=noise["spread_pct"], noisy=noise["noisy"])
-    measured = measured[0]
-    m = measured["measurement"]
-    detail = None
-    if m is not None:
-        detail = dict(m["states"])
-        if m["saved"] is not None:
-            detail.update(m["saved"])
-    record["measured_detail"] = detail
-    if dev.type == "cuda":
-        mem = measured["peak_allocated"]
-    elif detail is not None and m["saved"] is not None:
-        mem = sum(detail.values())
-    else:  # not measurable (compiled or FSDP): no activation count on a CPU
-        mem = None
-    record["memory_measured_bytes"] = mem
-    if mem is not None and planned_mem:
-        record["memory_error_pct"] = 100.0 * (mem - planned_mem) / planned_mem
-    return record
 
 
 # --- small helpers ----------------------------------------------------------------------------------------------
