@@ -15,8 +15,9 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from .checks import mixture_sources, resolve, untrained, validate
+from .key_table import docs_markdown
 from .reading import build_section, deep_copy, read_yaml, resolve_model, shown, split_override, unknown
-from .schema import SECTIONS, Config, compile_enabled, docs_markdown
+from .schema import SECTIONS, Config, compile_enabled
 
 __all__ = ["Config", "SECTIONS", "load_config", "replaced", "from_dict", "resolve", "validate", "untrained",
            "mixture_sources", "compile_enabled", "docs_markdown"]

@@ -387,20 +387,6 @@ def shown_value(v) -> str:
     return str(v).lower() if isinstance(v, bool) else str(v)
 
 
-def docs_markdown() -> str:
-    """The key table of docs/config.md: every section, key, default and meaning."""
-    lines = ["| key | default | meaning |", "|---|---|---|"]
-    for section, cls in SECTIONS.items():
-        for f in dataclasses.fields(cls):
-            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-            shown = "null" if default is None else str(default).lower() if isinstance(default, bool) else default
-            trains = f.metadata["trains"]
-            note = f" *Planner only beyond {' / '.join(f'`{shown_value(v)}`' for v in trains)}: the trainer runs " \
-                   "only that.*" if trains else ""
-            lines.append(f"| `{section}.{f.name}` | `{shown}` | {f.metadata['doc']}{note} |")
-    return "\n".join(lines)
-
-
 def padded_vocab_size(model) -> int:
     """Rows of the embedding and output layer: model.vocab_size rounded up to a multiple of model.pad_vocab_to.
     The one place that computes it; the model, the planner and the export all call it."""
