@@ -84,18 +84,27 @@ def run_prepare(tokenizer_dir: Path, corpus: Path, out: Path, workers: int, fast
     meta = prepare([corpus], tokenizer_dir, out, workers=workers, fast_path=fast)
     seconds = time.perf_counter() - start
     tokens = sum(meta["num_tokens"].values()) - sum(meta["num_docs"].values())  # <eos> excluded, as raw
-    return {"seconds": seconds, "tokens": tokens, "tokens_s": tokens / seconds,
-            "mb_s": meta["text_bytes"] / 1e6 / seconds, "encoder": meta["encoder"]["name"]}
+    return {
+        "seconds": seconds,
+        "tokens": tokens,
+        "tokens_s": tokens / seconds,
+        "mb_s": meta["text_bytes"] / 1e6 / seconds,
+        "encoder": meta["encoder"]["name"],
+    }
 
 
 def throughput(args, folder: Path, tokenizer_dir: Path) -> None:
     corpus, text_bytes = write_corpus(folder, args.mb, real_documents(args.data))
-    print(f"corpus {text_bytes / 1e6:.1f} MB of text, {os.cpu_count()} cores, workers {args.workers}, "
-          f"vocab {args.vocab_size}, best of {args.repeat} interleaved runs")
-    runs = {"raw encode_batch": lambda: raw_encode(tokenizer_dir, corpus, fast=False),
-            "raw encode_batch_fast": lambda: raw_encode(tokenizer_dir, corpus, fast=True),
-            "prepare": lambda: run_prepare(tokenizer_dir, corpus, folder / "a", args.workers, False),
-            "prepare --fast-path": lambda: run_prepare(tokenizer_dir, corpus, folder / "b", args.workers, True)}
+    print(
+        f"corpus {text_bytes / 1e6:.1f} MB of text, {os.cpu_count()} cores, workers {args.workers}, "
+        f"vocab {args.vocab_size}, best of {args.repeat} interleaved runs"
+    )
+    runs = {
+        "raw encode_batch": lambda: raw_encode(tokenizer_dir, corpus, fast=False),
+        "raw encode_batch_fast": lambda: raw_encode(tokenizer_dir, corpus, fast=True),
+        "prepare": lambda: run_prepare(tokenizer_dir, corpus, folder / "a", args.workers, False),
+        "prepare --fast-path": lambda: run_prepare(tokenizer_dir, corpus, folder / "b", args.workers, True),
+    }
     best: dict[str, dict] = {}
     for _ in range(args.repeat):  # interleaved, so a burst of load elsewhere hits every row alike
         for name, run in runs.items():
@@ -105,18 +114,33 @@ def throughput(args, folder: Path, tokenizer_dir: Path) -> None:
     assert len({row["tokens"] for row in best.values()}) == 1, "every path must produce the same tokens"
     base = best["raw encode_batch"]["tokens_s"]
     for name, row in best.items():
-        print(f"  {name:27s} {row['seconds']:7.2f} s {row['tokens_s'] / 1e6:7.2f} M tokens/s "
-              f"{row['mb_s']:7.2f} MB/s  {row['tokens_s'] / base:5.2f}x raw encode_batch")
+        print(
+            f"  {name:27s} {row['seconds']:7.2f} s {row['tokens_s'] / 1e6:7.2f} M tokens/s "
+            f"{row['mb_s']:7.2f} MB/s  {row['tokens_s'] / base:5.2f}x raw encode_batch"
+        )
 
 
 def peak_rss(args, folder: Path, tokenizer_dir: Path) -> None:
     import psutil
 
     corpus, text_bytes = write_corpus(folder, args.gb * 1000, real_documents(args.data))
-    print(f"corpus {text_bytes / 1e9:.2f} GB of text ({corpus.stat().st_size / 1e9:.2f} GB JSONL), "
-          f"workers {args.workers}")
-    command = [sys.executable, "-m", "pretrain", "prepare", "--input", str(corpus), "--tokenizer",
-               str(tokenizer_dir), "--out", str(folder / "out"), "--workers", str(args.workers)]
+    print(
+        f"corpus {text_bytes / 1e9:.2f} GB of text ({corpus.stat().st_size / 1e9:.2f} GB JSONL), workers {args.workers}"
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "pretrain",
+        "prepare",
+        "--input",
+        str(corpus),
+        "--tokenizer",
+        str(tokenizer_dir),
+        "--out",
+        str(folder / "out"),
+        "--workers",
+        str(args.workers),
+    ]
     start = time.perf_counter()
     process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     peak = {"tree": 0, "main": 0}
@@ -138,9 +162,11 @@ def peak_rss(args, folder: Path, tokenizer_dir: Path) -> None:
     seconds = time.perf_counter() - start
     max_child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024  # KiB on Linux
     print(output.rstrip())
-    print(f"peak RSS: process tree {peak['tree'] / 2**30:.3f} GiB (sampled every 0.2 s), main process "
-          f"{peak['main'] / 2**30:.3f} GiB, largest single process {max_child / 2**30:.3f} GiB (getrusage); "
-          f"{seconds:.0f} s, {text_bytes / 1e6 / seconds:.1f} MB/s")
+    print(
+        f"peak RSS: process tree {peak['tree'] / 2**30:.3f} GiB (sampled every 0.2 s), main process "
+        f"{peak['main'] / 2**30:.3f} GiB, largest single process {max_child / 2**30:.3f} GiB (getrusage); "
+        f"{seconds:.0f} s, {text_bytes / 1e6 / seconds:.1f} MB/s"
+    )
 
 
 def sharded(args, folder: Path, tokenizer_dir: Path) -> None:
@@ -149,20 +175,35 @@ def sharded(args, folder: Path, tokenizer_dir: Path) -> None:
     parts = folder / "parts"
     parts.mkdir()
     for i in range(8):  # contiguous eighths: --tasks splits by file
-        (parts / f"part{i}.jsonl").write_text("".join(lines[i * len(lines) // 8:(i + 1) * len(lines) // 8]))
+        (parts / f"part{i}.jsonl").write_text("".join(lines[i * len(lines) // 8 : (i + 1) * len(lines) // 8]))
     w = args.workers
-    print(f"corpus {text_bytes / 1e6:.1f} MB of text in 8 files, {os.cpu_count()} cores, vocab {args.vocab_size}, "
-          f"best of {args.repeat} interleaved runs, load average {os.getloadavg()[0]:.1f} at the start")
-    runs = {f"prepare --workers {w}": ["--workers", str(w)],
-            "prepare --tasks 1": ["--tasks", "1"],
-            f"prepare --tasks {w}": ["--tasks", str(w), "--workers", str(w)]}
+    print(
+        f"corpus {text_bytes / 1e6:.1f} MB of text in 8 files, {os.cpu_count()} cores, vocab {args.vocab_size}, "
+        f"best of {args.repeat} interleaved runs, load average {os.getloadavg()[0]:.1f} at the start"
+    )
+    runs = {
+        f"prepare --workers {w}": ["--workers", str(w)],
+        "prepare --tasks 1": ["--tasks", "1"],
+        f"prepare --tasks {w}": ["--tasks", str(w), "--workers", str(w)],
+    }
     best: dict[str, dict] = {}
     ratios: dict[str, list[float]] = {name: [] for name in runs}  # per round, vs that round's --workers W
     for _ in range(args.repeat):
         seconds = {}
         for name, extra in runs.items():
-            command = [sys.executable, "-m", "pretrain", "prepare", "--input", str(parts), "--tokenizer",
-                       str(tokenizer_dir), "--out", str(folder / "out"), *extra]
+            command = [
+                sys.executable,
+                "-m",
+                "pretrain",
+                "prepare",
+                "--input",
+                str(parts),
+                "--tokenizer",
+                str(tokenizer_dir),
+                "--out",
+                str(folder / "out"),
+                *extra,
+            ]
             row = _run_sampled(command)
             meta = json.loads((folder / "out" / "meta.json").read_text())
             row["tokens"] = sum(meta["num_tokens"].values()) - sum(meta["num_docs"].values())
@@ -174,14 +215,18 @@ def sharded(args, folder: Path, tokenizer_dir: Path) -> None:
     assert len({row["tokens"] for row in best.values()}) == 1, "every path must produce the same tokens"
     base = best[f"prepare --workers {w}"]["seconds"]
     for name, row in best.items():
-        print(f"  {name:22s} {row['seconds']:7.2f} s {row['tokens'] / row['seconds'] / 1e6:6.2f} M tokens/s "
-              f"{text_bytes / 1e6 / row['seconds']:6.2f} MB/s  {base / row['seconds']:5.2f}x  CPU {row['cpu']:6.2f} s  "
-              f"peak RSS per process {row['process'] / 2**30:.3f} GiB, tree {row['tree'] / 2**30:.3f} GiB")
+        print(
+            f"  {name:22s} {row['seconds']:7.2f} s {row['tokens'] / row['seconds'] / 1e6:6.2f} M tokens/s "
+            f"{text_bytes / 1e6 / row['seconds']:6.2f} MB/s  {base / row['seconds']:5.2f}x  CPU {row['cpu']:6.2f} s  "
+            f"peak RSS per process {row['process'] / 2**30:.3f} GiB, tree {row['tree'] / 2**30:.3f} GiB"
+        )
     # The CPU seconds (user + system, the whole process tree) are the work done whatever the load; on a shared
     # machine the per-round ratios' spread shows how much of a difference is contention.
     for name, r in ratios.items():
-        print(f"  per round vs --workers {w}: {name:22s} median {statistics.median(r):.2f}x "
-              f"(min {min(r):.2f}x, max {max(r):.2f}x)")
+        print(
+            f"  per round vs --workers {w}: {name:22s} median {statistics.median(r):.2f}x "
+            f"(min {min(r):.2f}x, max {max(r):.2f}x)"
+        )
     print(f"  load average {os.getloadavg()[0]:.1f} at the end")
 
 

@@ -19,22 +19,36 @@ import time
 
 import torch
 
-from pretrain.config import load_config
+from pretrain.config import compile_enabled, load_config
+from pretrain.distributed.optim import build_optimizer
 from pretrain.distributed.recompute import apply_activation_checkpointing
 from pretrain.distributed.runtime import init_runtime
 from pretrain.model import build_model
 from pretrain.plan import make_plan
 from pretrain.plan.flops import mfu
-from pretrain.config import compile_enabled
 from pretrain.precision import autocast as precision_context
 from pretrain.train.trainer import Trainer
-from pretrain.distributed.optim import build_optimizer
 
 # The model when no model.* key is given (a model.* key, e.g. model.preset=gpt2, replaces all of these).
-MODEL_DEFAULTS = ["model.preset=debug", "model.hidden_size=256", "model.intermediate_size=688", "model.num_layers=4",
-                  "model.num_heads=8", "model.num_kv_heads=4", "model.vocab_size=2048"]
-DEFAULTS = ["train.seq_len=256", "train.micro_batch_size=8", "train.grad_accum_steps=1", "train.precision=fp32",
-            "train.max_steps=100000", "train.device=cpu", "hardware.peak_tflops=1", "stability.spike_detection=true"]
+MODEL_DEFAULTS = [
+    "model.preset=debug",
+    "model.hidden_size=256",
+    "model.intermediate_size=688",
+    "model.num_layers=4",
+    "model.num_heads=8",
+    "model.num_kv_heads=4",
+    "model.vocab_size=2048",
+]
+DEFAULTS = [
+    "train.seq_len=256",
+    "train.micro_batch_size=8",
+    "train.grad_accum_steps=1",
+    "train.precision=fp32",
+    "train.max_steps=100000",
+    "train.device=cpu",
+    "hardware.peak_tflops=1",
+    "stability.spike_detection=true",
+]
 
 
 class RandomTokens:
@@ -72,6 +86,7 @@ def ours(config, rt, steps):
             trainer.step()
         sync(rt.device)
         return time.perf_counter() - start
+
     return run
 
 
@@ -108,6 +123,7 @@ def minimal(config, rt, steps):
             step()
         sync(rt.device)
         return time.perf_counter() - start
+
     return run
 
 
@@ -129,16 +145,20 @@ def main():
         for name in order:
             seconds[name].append(loops[name]())
     speed = {name: tokens / statistics.median(s) for name, s in seconds.items()}
-    print(f"device {rt.device}, threads {torch.get_num_threads()}, {config.model.num_layers} layers x "
-          f"{config.model.hidden_size}, batch {t.micro_batch_size} x {t.grad_accum_steps} x {t.seq_len}, "
-          f"{t.precision}, compile {compile_enabled(t.compile, rt.device.type)}")
+    print(
+        f"device {rt.device}, threads {torch.get_num_threads()}, {config.model.num_layers} layers x "
+        f"{config.model.hidden_size}, batch {t.micro_batch_size} x {t.grad_accum_steps} x {t.seq_len}, "
+        f"{t.precision}, compile {compile_enabled(t.compile, rt.device.type)}"
+    )
     flops_per_token = make_plan(config)["flops"]["per_token"]  # the model FLOPs MFU counts (PaLM: 6N + attention)
     peak = config.hardware.peak_tflops
     for name, tps in speed.items():
         spread = [tokens / s for s in seconds[name]]
         util = f", MFU {mfu(tps, flops_per_token, 1, peak):.1%} of {peak:g} TFLOP/s" if peak else ""
-        print(f"  {name:9s} {tps:12,.0f} tokens/s (median of {args.rounds}; min {min(spread):,.0f}, "
-              f"max {max(spread):,.0f}){util}")
+        print(
+            f"  {name:9s} {tps:12,.0f} tokens/s (median of {args.rounds}; min {min(spread):,.0f}, "
+            f"max {max(spread):,.0f}){util}"
+        )
     print(f"  ratio pretrain / minimal = {speed['pretrain'] / speed['minimal']:.3f}")
 
 

@@ -35,8 +35,18 @@ def cost(rounds: int) -> dict:
     from pretrain.config import load_config
     from pretrain.model import Documents, build_model
 
-    c = load_config({"model": {"vocab_size": 512, "hidden_size": 256, "intermediate_size": 688, "num_layers": 4,
-                               "num_heads": 4, "max_seq_len": 1024}})
+    c = load_config(
+        {
+            "model": {
+                "vocab_size": 512,
+                "hidden_size": 256,
+                "intermediate_size": 688,
+                "num_layers": 4,
+                "num_heads": 4,
+                "max_seq_len": 1024,
+            }
+        }
+    )
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(1, 512, (2, 1025), generator=g)
     tokens[torch.rand(tokens.shape, generator=g) < 1 / 300] = EOS  # geometric lengths, mean 300
@@ -55,9 +65,16 @@ def cost(rounds: int) -> dict:
                 times[name].append(time.perf_counter() - start)
     docs = [len(torch.nonzero(row == EOS)) + 1 for row in x]
     median = {name: statistics.median(t) for name, t in times.items()}
-    return {"seq_len": 1024, "batch": 2, "documents_per_window": docs, "rounds": rounds,
-            "step_s_off": median["off"], "step_s_on": median["on"], "ratio": median["on"] / median["off"],
-            "ratio_per_round": [a / b for a, b in zip(times["on"], times["off"])]}
+    return {
+        "seq_len": 1024,
+        "batch": 2,
+        "documents_per_window": docs,
+        "rounds": rounds,
+        "step_s_off": median["off"],
+        "step_s_on": median["on"],
+        "ratio": median["on"] / median["off"],
+        "ratio_per_round": [a / b for a, b in zip(times["on"], times["off"])],
+    }
 
 
 def loss(data: Path, steps: int) -> dict:
@@ -71,24 +88,51 @@ def loss(data: Path, steps: int) -> dict:
     work = Path(tempfile.mkdtemp(prefix="document_masking_"))
     corpus = [str(data / "tinyshakespeare.txt")]
     train_tokenizer(corpus, 512, work / "tokenizer", split_blank_lines=True)
-    meta = prepare(corpus, str(work / "tokenizer"), work / "data", val_fraction=0.05, workers=1,
-                   split_blank_lines=True)
-    result = {"corpus": "tinyshakespeare.txt, one document per blank-line block", "steps": steps,
-              "train_tokens": meta["num_tokens"]["train"], "documents": meta["num_docs"]["train"],
-              "mean_doc_tokens": meta["num_tokens"]["train"] / meta["num_docs"]["train"]}
+    meta = prepare(corpus, str(work / "tokenizer"), work / "data", val_fraction=0.05, workers=1, split_blank_lines=True)
+    result = {
+        "corpus": "tinyshakespeare.txt, one document per blank-line block",
+        "steps": steps,
+        "train_tokens": meta["num_tokens"]["train"],
+        "documents": meta["num_docs"]["train"],
+        "mean_doc_tokens": meta["num_tokens"]["train"] / meta["num_docs"]["train"],
+    }
     rt = init_runtime("cpu")
     masked_eval = Documents(meta["eos_id"], masking=True, position_reset=True, kernel="loop")
     for arm in ("off", "on"):
-        c = load_config({
-            "model": {"preset": "debug", "hidden_size": 128, "intermediate_size": 344, "num_layers": 4,
-                      "num_heads": 4, "num_kv_heads": 4, "vocab_size": 512},
-            "train": {"seq_len": 256, "micro_batch_size": 8, "grad_accum_steps": 1, "max_steps": steps,
-                      "precision": "fp32", "device": "cpu", "lr": 3e-3, "warmup": 20,
-                      "document_masking": arm == "on"},
-            "data": {"dir": str(work / "data")},
-            "run": {"dir": str(work / f"run_{arm}"), "eval_every": 0, "eval_batches": 40, "checkpoint_every": 0,
-                    "progress": False, "loggers": []},
-            "hardware": {"peak_tflops": 0.05}})
+        c = load_config(
+            {
+                "model": {
+                    "preset": "debug",
+                    "hidden_size": 128,
+                    "intermediate_size": 344,
+                    "num_layers": 4,
+                    "num_heads": 4,
+                    "num_kv_heads": 4,
+                    "vocab_size": 512,
+                },
+                "train": {
+                    "seq_len": 256,
+                    "micro_batch_size": 8,
+                    "grad_accum_steps": 1,
+                    "max_steps": steps,
+                    "precision": "fp32",
+                    "device": "cpu",
+                    "lr": 3e-3,
+                    "warmup": 20,
+                    "document_masking": arm == "on",
+                },
+                "data": {"dir": str(work / "data")},
+                "run": {
+                    "dir": str(work / f"run_{arm}"),
+                    "eval_every": 0,
+                    "eval_batches": 40,
+                    "checkpoint_every": 0,
+                    "progress": False,
+                    "loggers": [],
+                },
+                "hardware": {"peak_tflops": 0.05},
+            }
+        )
         trainer = Trainer(c, rt)
         start = time.perf_counter()
         final = trainer.fit()

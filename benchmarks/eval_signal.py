@@ -71,13 +71,30 @@ def config(work: Path, args):
 
     from pretrain.config import load_config
 
-    return load_config(str(files("pretrain") / "configs" / "demo.yaml"), [
-        f"data.dir={work / 'data'}", f"run.dir={work / 'run'}",
-        f"model.vocab_size={VOCAB}", "model.hidden_size=128", "model.intermediate_size=352", "model.num_layers=4",
-        "model.num_heads=4", "model.num_kv_heads=4", "train.lr=3e-3", f"train.max_steps={args.steps}",
-        f"train.warmup={max(1, args.steps // 20)}", f"run.eval_every={args.every}", "run.eval_batches=8",
-        f"run.checkpoint_every={args.every}", "run.log_every=25", f"run.eval_tasks=[{args.tasks}]",
-        f"run.eval_tasks_every={args.every}", f"run.eval_tasks_limit={args.limit}", "run.progress=false"])
+    return load_config(
+        str(files("pretrain") / "configs" / "demo.yaml"),
+        [
+            f"data.dir={work / 'data'}",
+            f"run.dir={work / 'run'}",
+            f"model.vocab_size={VOCAB}",
+            "model.hidden_size=128",
+            "model.intermediate_size=352",
+            "model.num_layers=4",
+            "model.num_heads=4",
+            "model.num_kv_heads=4",
+            "train.lr=3e-3",
+            f"train.max_steps={args.steps}",
+            f"train.warmup={max(1, args.steps // 20)}",
+            f"run.eval_every={args.every}",
+            "run.eval_batches=8",
+            f"run.checkpoint_every={args.every}",
+            "run.log_every=25",
+            f"run.eval_tasks=[{args.tasks}]",
+            f"run.eval_tasks_every={args.every}",
+            f"run.eval_tasks_limit={args.limit}",
+            "run.progress=false",
+        ],
+    )
 
 
 def signal(run_dir: Path) -> dict:
@@ -96,39 +113,64 @@ def signal(run_dir: Path) -> dict:
         # bits per byte of the gold continuation: no chance level, but it moves before an accuracy can
         out[task] = {"chance": chance, "bits_per_byte": [r[f"eval/{task}/bits_per_byte"] for r in evals]}
         for metric in METRICS:
-            curve = [(r["step"], r["tokens"], r[f"eval/{task}/{metric}"], r[f"eval/{task}/{metric}_stderr"])
-                     for r in evals if f"eval/{task}/{metric}" in r]
+            curve = [
+                (r["step"], r["tokens"], r[f"eval/{task}/{metric}"], r[f"eval/{task}/{metric}_stderr"])
+                for r in evals
+                if f"eval/{task}/{metric}" in r
+            ]
             above = [v - chance >= Z * se > 0 for _, _, v, se in curve]
             stays = next((i for i in range(len(curve)) if all(above[i:])), None)
             _, _, last, last_se = curve[-1]
-            out[task][metric] = {"curve": [{"step": s, "tokens": t, "value": v, "stderr": se} for s, t, v, se in curve],
-                                 "last": last, "last_stderr": last_se, "z_last": (last - chance) / last_se if last_se
-                                 else None, "above_chance": above[-1], "signal_from_step": curve[stays][0]
-                                 if stays is not None else None}
+            out[task][metric] = {
+                "curve": [{"step": s, "tokens": t, "value": v, "stderr": se} for s, t, v, se in curve],
+                "last": last,
+                "last_stderr": last_se,
+                "z_last": (last - chance) / last_se if last_se else None,
+                "above_chance": above[-1],
+                "signal_from_step": curve[stays][0] if stays is not None else None,
+            }
             if stays is not None:
                 firsts.append((curve[stays][0], task, metric))
     earliest = min(firsts) if firsts else None
-    return {"run": str(run_dir), "z": Z, "evaluations": len(evals), "last_step": evals[-1]["step"] if evals else None,
-            "tasks": out, "earliest_signal": {"step": earliest[0], "task": earliest[1], "metric": earliest[2]}
-            if earliest else None}
+    return {
+        "run": str(run_dir),
+        "z": Z,
+        "evaluations": len(evals),
+        "last_step": evals[-1]["step"] if evals else None,
+        "tasks": out,
+        "earliest_signal": {"step": earliest[0], "task": earliest[1], "metric": earliest[2]} if earliest else None,
+    }
 
 
 def markdown(s: dict) -> str:
-    lines = [f"evaluations: {s['evaluations']}, last step {s['last_step']}; signal = at least {s['z']} standard "
-             "errors above chance", "", "| task | chance | metric | last | stderr | z | above chance | from step |",
-             "|---|---:|---|---:|---:|---:|---|---:|"]
+    lines = [
+        f"evaluations: {s['evaluations']}, last step {s['last_step']}; signal = at least {s['z']} standard "
+        "errors above chance",
+        "",
+        "| task | chance | metric | last | stderr | z | above chance | from step |",
+        "|---|---:|---|---:|---:|---:|---|---:|",
+    ]
     for task, t in s["tasks"].items():
         for metric in METRICS:
             m = t.get(metric)
             if m:
                 z = f"{m['z_last']:+.1f}" if m["z_last"] is not None else ""
-                lines.append(f"| {task} | {t['chance']:.3f} | {metric} | {m['last']:.3f} | {m['last_stderr']:.3f} | "
-                             f"{z} | {'yes' if m['above_chance'] else 'no'} | {m['signal_from_step'] or ''} |")
-    lines += ["", "bits per byte of the correct choice, at each evaluation: " + "; ".join(
-        f"{task} " + " ".join(f"{b:.3f}" for b in t["bits_per_byte"]) for task, t in s["tasks"].items())]
+                lines.append(
+                    f"| {task} | {t['chance']:.3f} | {metric} | {m['last']:.3f} | {m['last_stderr']:.3f} | "
+                    f"{z} | {'yes' if m['above_chance'] else 'no'} | {m['signal_from_step'] or ''} |"
+                )
+    lines += [
+        "",
+        "bits per byte of the correct choice, at each evaluation: "
+        + "; ".join(f"{task} " + " ".join(f"{b:.3f}" for b in t["bits_per_byte"]) for task, t in s["tasks"].items()),
+    ]
     e = s["earliest_signal"]
-    lines += ["", f"earliest signal: {e['task']} {e['metric']} from step {e['step']}" if e else
-              "earliest signal: none (no task stays above chance)"]
+    lines += [
+        "",
+        f"earliest signal: {e['task']} {e['metric']} from step {e['step']}"
+        if e
+        else "earliest signal: none (no task stays above chance)",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -175,9 +217,18 @@ def main() -> None:
     result = train(cfg)
     make_report([cfg.run.dir])
     s = summarize(Path(cfg.run.dir))
-    (Path(cfg.run.dir) / "bench.json").write_text(json.dumps({
-        "args": vars(args), "wall_s": time.perf_counter() - start, "val_loss": result["val_loss"],
-        "earliest_signal": s["earliest_signal"]}, indent=2) + "\n")
+    (Path(cfg.run.dir) / "bench.json").write_text(
+        json.dumps(
+            {
+                "args": vars(args),
+                "wall_s": time.perf_counter() - start,
+                "val_loss": result["val_loss"],
+                "earliest_signal": s["earliest_signal"],
+            },
+            indent=2,
+        )
+        + "\n"
+    )
 
 
 if __name__ == "__main__":

@@ -45,8 +45,11 @@ def build_export(work: Path) -> Path:
     source = Path(olmo_eval.__path__[0]) / "tokenizers" / "allenai_gpt-neox-olmo-dolma-v1_5.json"
     (tok_dir / "tokenizer.json").write_bytes(source.read_bytes())
     # its end-of-text token named, as its Hugging Face release does (lm_eval's HFLM needs one)
-    (tok_dir / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>", "model_max_length": 1024}))
+    (tok_dir / "tokenizer_config.json").write_text(
+        json.dumps(
+            {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>", "model_max_length": 1024}
+        )
+    )
     cfg = load_config(None, ["model.preset=gpt2", "model.vocab_size=50280"])
     torch.manual_seed(0)
     model = build_model(cfg.model).eval()
@@ -62,9 +65,16 @@ def write_task(work: Path, limit: int) -> Path:
     path = work / f"hellaswag_{limit}.jsonl"
     with open(path, "w") as f:
         for doc in data:  # the task class's formatting methods; `preprocess` is a classmethod
-            f.write(json.dumps({"context": HellaSwag.doc_to_text(HellaSwag, doc),
-                                "choices": HellaSwag.doc_to_continuations(HellaSwag, doc),
-                                "gold": HellaSwag.doc_to_label(HellaSwag, doc)}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "context": HellaSwag.doc_to_text(HellaSwag, doc),
+                        "choices": HellaSwag.doc_to_continuations(HellaSwag, doc),
+                        "gold": HellaSwag.doc_to_label(HellaSwag, doc),
+                    }
+                )
+                + "\n"
+            )
     (work / "hellaswag_local.yaml").write_text(f"""\
 task: hellaswag_local
 dataset_path: json
@@ -110,13 +120,50 @@ def main() -> None:
     hf_dir = build_export(work)
     write_task(work, args.limit)
     threads = str(args.threads)
-    env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "HF_HUB_OFFLINE": "1",
-           "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    ours = [sys.executable, "-m", "pretrain", "eval", str(hf_dir), "--tasks", "hellaswag", "--limit",
-            str(args.limit), "--batch-size", str(args.batch_size), "--device", "cpu", "--json"]
-    theirs = [sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args", f"pretrained={hf_dir},dtype=float32",
-              "--tasks", "hellaswag_local", "--include_path", str(work), "--batch_size", str(args.batch_size),
-              "--device", "cpu", "--output_path", str(work / "lm_eval_out")]
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": threads,
+        "MKL_NUM_THREADS": threads,
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    ours = [
+        sys.executable,
+        "-m",
+        "pretrain",
+        "eval",
+        str(hf_dir),
+        "--tasks",
+        "hellaswag",
+        "--limit",
+        str(args.limit),
+        "--batch-size",
+        str(args.batch_size),
+        "--device",
+        "cpu",
+        "--json",
+    ]
+    theirs = [
+        sys.executable,
+        "-m",
+        "lm_eval",
+        "--model",
+        "hf",
+        "--model_args",
+        f"pretrained={hf_dir},dtype=float32",
+        "--tasks",
+        "hellaswag_local",
+        "--include_path",
+        str(work),
+        "--batch_size",
+        str(args.batch_size),
+        "--device",
+        "cpu",
+        "--output_path",
+        str(work / "lm_eval_out"),
+    ]
     times = {"pretrain eval": [], "lm_eval": []}
     cpu = {"pretrain eval": [], "lm_eval": []}
     scores = {}
@@ -135,11 +182,23 @@ def main() -> None:
                 scores[name] = (r["acc,none"], r["acc_norm,none"])
     median = {k: statistics.median(v) for k, v in times.items()}
     median_cpu = {k: statistics.median(v) for k, v in cpu.items()}
-    print(json.dumps({"limit": args.limit, "batch_size": args.batch_size, "threads": args.threads,
-                      "seconds": times, "cpu_seconds": cpu, "median": median, "median_cpu": median_cpu,
-                      "lm_eval_over_pretrain": median["lm_eval"] / median["pretrain eval"],
-                      "lm_eval_over_pretrain_cpu": median_cpu["lm_eval"] / median_cpu["pretrain eval"],
-                      "acc_acc_norm": scores}, indent=1))
+    print(
+        json.dumps(
+            {
+                "limit": args.limit,
+                "batch_size": args.batch_size,
+                "threads": args.threads,
+                "seconds": times,
+                "cpu_seconds": cpu,
+                "median": median,
+                "median_cpu": median_cpu,
+                "lm_eval_over_pretrain": median["lm_eval"] / median["pretrain eval"],
+                "lm_eval_over_pretrain_cpu": median_cpu["lm_eval"] / median_cpu["pretrain eval"],
+                "acc_acc_norm": scores,
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -53,12 +53,23 @@ NANOGPT_DIRS = (ROOT / "benchmarks" / "peers" / "nanoGPT", ROOT.parent / "shared
 NANOGPT_FILES = ("train.py", "model.py", "configurator.py")
 PY = sys.executable
 # Prepended: packages installed beside the system's (a GPU image's extra site directory) stay importable.
-ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])),
-       "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
+ENV = {
+    **os.environ,
+    "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])),
+    "PYTHONUNBUFFERED": "1",
+    "HF_HUB_OFFLINE": "1",
+}
 # Seconds a run is expected to take on one H100 (compile included) and on the 2-core CPU with --dry-run: a run
 # starts only if this much of the budget is left. Rewrite them from the results' "seconds" after a session.
-EXPECTED = {"llama_1b": (150, 120), "llama_1b_eager": (90, 30), "gpt2": (70, 25), "nanogpt": (80, 25),
-            "memory_cell": (60, 12), "memory_cell_compiled": (120, 60), "feature": (150, 40)}
+EXPECTED = {
+    "llama_1b": (150, 120),
+    "llama_1b_eager": (90, 30),
+    "gpt2": (70, 25),
+    "nanogpt": (80, 25),
+    "memory_cell": (60, 12),
+    "memory_cell_compiled": (120, 60),
+    "feature": (150, 40),
+}
 CELL_LIMIT = 300  # a memory cell still running after this long is recorded as timed out, not retried
 
 
@@ -127,8 +138,13 @@ def run(cmd: list, timeout: float, **kw) -> subprocess.CompletedProcess | None:
         print((e.stderr or b"")[-2000:].decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr or "")
         return None
     if r.returncode != 0:
-        print(f"exit {r.returncode}: {' '.join(map(str, cmd[:6]))} ...", r.stdout[-2000:], r.stderr[-3000:],
-              sep="\n", flush=True)
+        print(
+            f"exit {r.returncode}: {' '.join(map(str, cmd[:6]))} ...",
+            r.stdout[-2000:],
+            r.stderr[-3000:],
+            sep="\n",
+            flush=True,
+        )
         return None
     return r
 
@@ -143,11 +159,17 @@ def prepare_data(work: Path, vocab: int) -> Path:
     if (data / "meta.json").exists():
         return data
     corpus, tok = work / "corpus", work / f"tok{vocab}"
-    ok = (run([PY, "-c", f"from pretrain.data import write_sample_corpus; write_sample_corpus({str(corpus)!r})"],
-              120, env=ENV)
-          and pretrain("tokenizer", "train", "--input", corpus, "--vocab-size", vocab, "--out", tok, timeout=120)
-          and pretrain("prepare", "--input", corpus, "--tokenizer", tok, "--out", data, "--val-fraction", "0.05",
-                       timeout=120))
+    ok = (
+        run(
+            [PY, "-c", f"from pretrain.data import write_sample_corpus; write_sample_corpus({str(corpus)!r})"],
+            120,
+            env=ENV,
+        )
+        and pretrain("tokenizer", "train", "--input", corpus, "--vocab-size", vocab, "--out", tok, timeout=120)
+        and pretrain(
+            "prepare", "--input", corpus, "--tokenizer", tok, "--out", data, "--val-fraction", "0.05", timeout=120
+        )
+    )
     if not ok:
         fail("preparing the sample data failed (above)")
     return data
@@ -158,25 +180,43 @@ def train_run(name: str, work: Path, data: Path, overrides: list[str], steps: in
     peak memory of its plan_vs_run.json, against the plan's eager and (when it models one) compiled peak."""
     out = work / "runs" / name
     shutil.rmtree(out, ignore_errors=True)
-    r = pretrain("train", *overrides, f"data.dir={data}", f"run.dir={out}", f"train.max_steps={steps}",
-                 "run.log_every=2", "run.eval_every=0", "run.eval_batches=1", "run.checkpoint_every=0",
-                 "run.progress=false", "stability.spike_detection=false", timeout=timeout)
+    r = pretrain(
+        "train",
+        *overrides,
+        f"data.dir={data}",
+        f"run.dir={out}",
+        f"train.max_steps={steps}",
+        "run.log_every=2",
+        "run.eval_every=0",
+        "run.eval_batches=1",
+        "run.checkpoint_every=0",
+        "run.progress=false",
+        "stability.spike_detection=false",
+        timeout=timeout,
+    )
     if r is None:
         return None
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     steady = [x for x in lines if "loss" in x and x["step"] > steps // 2]
     report = json.loads((out / "plan_vs_run.json").read_text())
-    got = {"tokens_per_s": statistics.median(x["tokens_per_s"] for x in steady),
-           "mfu": statistics.median(x["mfu"] for x in steady), "attention_kernel": report.get("attention_kernel")}
+    got = {
+        "tokens_per_s": statistics.median(x["tokens_per_s"] for x in steady),
+        "mfu": statistics.median(x["mfu"] for x in steady),
+        "attention_kernel": report.get("attention_kernel"),
+    }
     peak = {row["name"]: row for row in report["rows"]}.get("peak allocated")
     if peak is not None:  # a GPU's allocator peak; on a CPU it is not measured, so absent
         mem = report["plan"]["memory_bytes"]
-        got["peak"] = {"measured_bytes": peak["measured"], "planned_eager_bytes": peak["planned"],
-                       "error_pct_vs_eager": peak["error_pct"]}
+        got["peak"] = {
+            "measured_bytes": peak["measured"],
+            "planned_eager_bytes": peak["planned"],
+            "error_pct_vs_eager": peak["error_pct"],
+        }
         if isinstance(mem.get("compiled"), (int, float)):  # the compiled step's peak, on the eager total's basis
             planned = mem["compiled"] - mem["cuda_context"]
-            got["peak"].update(planned_compiled_bytes=planned,
-                               error_pct_vs_compiled=100.0 * (peak["measured"] - planned) / planned)
+            got["peak"].update(
+                planned_compiled_bytes=planned, error_pct_vs_compiled=100.0 * (peak["measured"] - planned) / planned
+            )
     return got
 
 
@@ -190,38 +230,89 @@ def nanogpt_run(nanogpt: Path, work: Path, data: Path, args: list[str], timeout:
         target = home / "data" / "ours" / f"{split}.bin"
         if not target.exists():
             os.symlink(data / f"{split}.bin", target)
-    r = run([PY, "train.py", "--dataset=ours", "--eval_interval=1000000", "--eval_iters=1", "--log_interval=1",
-             "--always_save_checkpoint=False", "--wandb_log=False", *args], timeout, cwd=home,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    r = run(
+        [
+            PY,
+            "train.py",
+            "--dataset=ours",
+            "--eval_interval=1000000",
+            "--eval_iters=1",
+            "--log_interval=1",
+            "--always_save_checkpoint=False",
+            "--wandb_log=False",
+            *args,
+        ],
+        timeout,
+        cwd=home,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     if r is None:
         return None
-    times = [float(line.split("time ")[1].split("ms")[0]) for line in r.stdout.splitlines()
-             if line.startswith("iter ") and "time " in line]
+    times = [
+        float(line.split("time ")[1].split("ms")[0])
+        for line in r.stdout.splitlines()
+        if line.startswith("iter ") and "time " in line
+    ]
     flag = {x.split("=")[0]: int(x.split("=")[1]) for x in args if x.split("=")[1].isdigit()}
     tokens_per_iter = flag["--batch_size"] * flag["--block_size"] * flag["--gradient_accumulation_steps"]
-    return tokens_per_iter / (statistics.median(times[len(times) // 2:]) / 1000)
+    return tokens_per_iter / (statistics.median(times[len(times) // 2 :]) / 1000)
 
 
 def targets(results: Results, work: Path, dry: bool, budget: Budget, nanogpt: Path | None) -> None:
     device, steps = ("cpu", 6) if dry else ("cuda", 20)
     # Llama-3.2-1B's shape, seq 2048, bf16-mixed, accumulation 4, one GPU.
-    llama = ["configs/llama-1b.yaml", "parallel.gpus=1", "parallel.zero_stage=0", "train.grad_accum_steps=4",
-             "train.micro_batch_size=8", "train.batch_ramp_tokens=0", f"train.device={device}"]
+    llama = [
+        "configs/llama-1b.yaml",
+        "parallel.gpus=1",
+        "parallel.zero_stage=0",
+        "train.grad_accum_steps=4",
+        "train.micro_batch_size=8",
+        "train.batch_ramp_tokens=0",
+        f"train.device={device}",
+    ]
     if dry:
-        llama += ["model.num_layers=2", "model.hidden_size=128", "model.intermediate_size=256", "model.num_heads=4",
-                  "model.num_kv_heads=2", "model.vocab_size=8192", "train.seq_len=64", "train.micro_batch_size=2",
-                  "train.precision=fp32", "hardware.peak_tflops=0.1"]
+        llama += [
+            "model.num_layers=2",
+            "model.hidden_size=128",
+            "model.intermediate_size=256",
+            "model.num_heads=4",
+            "model.num_kv_heads=2",
+            "model.vocab_size=8192",
+            "train.seq_len=64",
+            "train.micro_batch_size=2",
+            "train.precision=fp32",
+            "hardware.peak_tflops=0.1",
+        ]
     # GPT-2 124M against nanoGPT: the same model (vocab padded to 50,304, no biases), batch, sequence and dtype.
     batch, seq, accum = (2, 64, 2) if dry else (12, 1024, 4)
-    ours = ["configs/gpt2-124m.yaml", "model.pad_vocab_to=64", "model.bias=false", f"train.seq_len={seq}",
-            f"train.micro_batch_size={batch}", f"train.grad_accum_steps={accum}", f"train.device={device}",
-            f"train.compile={str(not dry).lower()}"]
-    theirs = [f"--batch_size={batch}", f"--block_size={seq}", f"--gradient_accumulation_steps={accum}",
-              f"--max_iters={steps}", f"--device={device}", f"--compile={not dry}",
-              f"--dtype={'float32' if dry else 'bfloat16'}"]
+    ours = [
+        "configs/gpt2-124m.yaml",
+        "model.pad_vocab_to=64",
+        "model.bias=false",
+        f"train.seq_len={seq}",
+        f"train.micro_batch_size={batch}",
+        f"train.grad_accum_steps={accum}",
+        f"train.device={device}",
+        f"train.compile={str(not dry).lower()}",
+    ]
+    theirs = [
+        f"--batch_size={batch}",
+        f"--block_size={seq}",
+        f"--gradient_accumulation_steps={accum}",
+        f"--max_iters={steps}",
+        f"--device={device}",
+        f"--compile={not dry}",
+        f"--dtype={'float32' if dry else 'bfloat16'}",
+    ]
     if dry:
-        ours += ["model.num_layers=2", "model.hidden_size=64", "model.num_heads=2", "model.intermediate_size=256",
-                 "train.precision=fp32", "hardware.peak_tflops=0.1"]
+        ours += [
+            "model.num_layers=2",
+            "model.hidden_size=64",
+            "model.num_heads=2",
+            "model.intermediate_size=256",
+            "train.precision=fp32",
+            "hardware.peak_tflops=0.1",
+        ]
         theirs += ["--n_layer=2", "--n_embd=64", "--n_head=2"]
     data = prepare_data(work, 8192)
     speeds: dict[str, list[float]] = {"gpt2": [], "nanogpt": []}
@@ -288,19 +379,29 @@ def targets(results: Results, work: Path, dry: bool, budget: Budget, nanogpt: Pa
 
 def memory_cells(dry: bool) -> list[dict]:
     """Every cell, eager ones first: {"overrides": {...}, "compiled": bool}."""
-    grid = {"train.precision": ["bf16-mixed", "bf16", "fp16-mixed", "fp32"],
-            "train.activation_checkpointing": ["none", "selective", "full"],
-            "train.micro_batch_size": [1, 4, 8], "train.grad_accum_steps": [1, 4]}
+    grid = {
+        "train.precision": ["bf16-mixed", "bf16", "fp16-mixed", "fp32"],
+        "train.activation_checkpointing": ["none", "selective", "full"],
+        "train.micro_batch_size": [1, 4, 8],
+        "train.grad_accum_steps": [1, 4],
+    }
     vocabs = (512,) if dry else (32000, 128256)
-    return [{"overrides": {**dict(zip(grid, values)), "model.vocab_size": vocab}, "compiled": compiled}
-            for compiled in (False, True) for vocab in vocabs for values in itertools.product(*grid.values())]
+    return [
+        {"overrides": {**dict(zip(grid, values)), "model.vocab_size": vocab}, "compiled": compiled}
+        for compiled in (False, True)
+        for vocab in vocabs
+        for values in itertools.product(*grid.values())
+    ]
 
 
 def memory(results: Results, work: Path, dry: bool, budget: Budget, cells: int | None) -> None:
     """Planned peak against torch.cuda.max_memory_allocated (a CPU: the tensors counted), cell by cell."""
     # A given peak: MFU is not what these cells are for, and no cell measures one.
-    model = (["model.preset=debug", "train.seq_len=32", "hardware.peak_tflops=0.1"] if dry else
-             ["model.preset=llama3.2-1b", "model.num_layers=4", "train.seq_len=2048", "hardware.peak_tflops=989.4"])
+    model = (
+        ["model.preset=debug", "train.seq_len=32", "hardware.peak_tflops=0.1"]
+        if dry
+        else ["model.preset=llama3.2-1b", "model.num_layers=4", "train.seq_len=2048", "hardware.peak_tflops=989.4"]
+    )
     device = "cpu" if dry else "cuda"
     rows = list(results.data.get("memory_matrix", []))
     missed = list(results.data.get("memory_not_measured", []))
@@ -313,8 +414,12 @@ def memory(results: Results, work: Path, dry: bool, budget: Budget, cells: int |
             print(f"memory: {len(todo) - i} cells to go: call again", flush=True)
             return
         limit = min(CELL_LIMIT, budget.left())
-        settings = [*model, f"train.compile={str(cell['compiled']).lower()}", f"train.device={device}",
-                    *(f"{k}={v}" for k, v in cell["overrides"].items())]
+        settings = [
+            *model,
+            f"train.compile={str(cell['compiled']).lower()}",
+            f"train.device={device}",
+            *(f"{k}={v}" for k, v in cell["overrides"].items()),
+        ]
         r = pretrain("sweep", *settings, "--steps", "1", "--json", "--out", work / "cell", timeout=limit)
         if r is None and limit < CELL_LIMIT:  # stopped by the budget: the cell is run again next time
             print(f"memory: {len(todo) - i} cells to go: call again", flush=True)
@@ -338,26 +443,56 @@ def features(results: Results, work: Path, dry: bool, budget: Budget) -> None:
     """Each feature beside its baseline on one shape: (figure name, overrides) pairs, run in this order, each
     recorded as it finishes; a ratio once both sides of a pair are in."""
     device, steps = ("cpu", 6) if dry else ("cuda", 20)
-    llama = ["configs/llama-1b.yaml", "parallel.gpus=1", "parallel.zero_stage=0", "train.grad_accum_steps=4",
-             "train.micro_batch_size=8", "train.batch_ramp_tokens=0", f"train.device={device}",
-             "hardware.gpu=h100-sxm"]
-    moe = ["model.preset=moe-debug", "model.hidden_size=1024", "model.num_heads=16", "model.num_kv_heads=4",
-           "model.intermediate_size=2816", "model.moe_intermediate_size=512", "model.num_experts=64",
-           "model.experts_per_token=8", "model.num_layers=8", "model.vocab_size=8192", "train.seq_len=2048",
-           "train.micro_batch_size=4", "train.grad_accum_steps=2", "train.precision=bf16-mixed",
-           f"train.device={device}", "hardware.gpu=h100-sxm"]
+    llama = [
+        "configs/llama-1b.yaml",
+        "parallel.gpus=1",
+        "parallel.zero_stage=0",
+        "train.grad_accum_steps=4",
+        "train.micro_batch_size=8",
+        "train.batch_ramp_tokens=0",
+        f"train.device={device}",
+        "hardware.gpu=h100-sxm",
+    ]
+    moe = [
+        "model.preset=moe-debug",
+        "model.hidden_size=1024",
+        "model.num_heads=16",
+        "model.num_kv_heads=4",
+        "model.intermediate_size=2816",
+        "model.moe_intermediate_size=512",
+        "model.num_experts=64",
+        "model.experts_per_token=8",
+        "model.num_layers=8",
+        "model.vocab_size=8192",
+        "train.seq_len=2048",
+        "train.micro_batch_size=4",
+        "train.grad_accum_steps=2",
+        "train.precision=bf16-mixed",
+        f"train.device={device}",
+        "hardware.gpu=h100-sxm",
+    ]
     if dry:
-        tiny = ["model.num_layers=2", "model.hidden_size=128", "model.intermediate_size=256", "model.num_heads=4",
-                "model.num_kv_heads=2", "model.vocab_size=8192", "train.seq_len=64", "train.micro_batch_size=2",
-                "hardware.peak_tflops=0.1"]
+        tiny = [
+            "model.num_layers=2",
+            "model.hidden_size=128",
+            "model.intermediate_size=256",
+            "model.num_heads=4",
+            "model.num_kv_heads=2",
+            "model.vocab_size=8192",
+            "train.seq_len=64",
+            "train.micro_batch_size=2",
+            "hardware.peak_tflops=0.1",
+        ]
         llama += tiny
         moe += [*tiny, "model.moe_intermediate_size=64", "model.num_experts=8", "model.experts_per_token=2"]
     compiled = f"train.compile={str(not dry).lower()}"
-    runs = [("bf16", [*llama, compiled, "train.precision=bf16-mixed"]),
-            ("fp8", [*llama, compiled, "train.precision=fp8", "train.fp8_min_features=16" if dry else ""]),
-            ("unmasked", [*llama, compiled, "train.precision=bf16-mixed"]),
-            ("masked", [*llama, compiled, "train.precision=bf16-mixed", "train.document_masking=true"]),
-            ("moe", [*moe, "train.compile=false"])]
+    runs = [
+        ("bf16", [*llama, compiled, "train.precision=bf16-mixed"]),
+        ("fp8", [*llama, compiled, "train.precision=fp8", "train.fp8_min_features=16" if dry else ""]),
+        ("unmasked", [*llama, compiled, "train.precision=bf16-mixed"]),
+        ("masked", [*llama, compiled, "train.precision=bf16-mixed", "train.document_masking=true"]),
+        ("moe", [*moe, "train.compile=false"]),
+    ]
     data = prepare_data(work, 8192)
     got: dict[str, dict] = {}
     for name, overrides in runs:
@@ -382,10 +517,15 @@ def nanogpt_dir(given: Path | None) -> Path | None:
         if all((d / name).is_file() for name in NANOGPT_FILES):
             return d
         if given:
-            fail(f"--nanogpt {given}: no {' / '.join(NANOGPT_FILES)} there; copy nanoGPT's files there with "
-                 "`bash benchmarks/gpu_session.sh prepare` (from ../shared/peers/nanoGPT)")
-    print(f"nanoGPT not found in {' or '.join(map(str, NANOGPT_DIRS))}: its runs are skipped "
-          "(run `bash benchmarks/gpu_session.sh prepare` first)", flush=True)
+            fail(
+                f"--nanogpt {given}: no {' / '.join(NANOGPT_FILES)} there; copy nanoGPT's files there with "
+                "`bash benchmarks/gpu_session.sh prepare` (from ../shared/peers/nanoGPT)"
+            )
+    print(
+        f"nanoGPT not found in {' or '.join(map(str, NANOGPT_DIRS))}: its runs are skipped "
+        "(run `bash benchmarks/gpu_session.sh prepare` first)",
+        flush=True,
+    )
     return None
 
 
@@ -395,10 +535,19 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="results file (default benchmarks/results/<gpu>-<date>.json)")
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "pretrain-gpu")
     parser.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU: checks the code path")
-    parser.add_argument("--budget", type=float, metavar="SECONDS",
-                        help="start nothing that would not end within SECONDS; stop what runs when they end")
-    parser.add_argument("--nanogpt", type=Path, metavar="DIR", help="nanoGPT's train.py, model.py, configurator.py "
-                        "(default benchmarks/peers/nanoGPT, else ../shared/peers/nanoGPT)")
+    parser.add_argument(
+        "--budget",
+        type=float,
+        metavar="SECONDS",
+        help="start nothing that would not end within SECONDS; stop what runs when they end",
+    )
+    parser.add_argument(
+        "--nanogpt",
+        type=Path,
+        metavar="DIR",
+        help="nanoGPT's train.py, model.py, configurator.py "
+        "(default benchmarks/peers/nanoGPT, else ../shared/peers/nanoGPT)",
+    )
     parser.add_argument("--cells", type=int, metavar="N", help="memory: run at most N cells not yet in the file")
     args = parser.parse_args()
     if args.budget is not None and not args.budget > 0:
@@ -412,8 +561,11 @@ def main() -> None:
         fail("no CUDA GPU here; use --dry-run to check the code path on a CPU")
     args.work.mkdir(parents=True, exist_ok=True)
     name = facts["gpu"].lower().replace("nvidia ", "").replace(" ", "-")
-    out = args.out or (args.work / "dry-run.json" if args.dry_run else
-                       ROOT / "benchmarks" / "results" / f"{name}-{datetime.date.today():%Y-%m-%d}.json")
+    out = args.out or (
+        args.work / "dry-run.json"
+        if args.dry_run
+        else ROOT / "benchmarks" / "results" / f"{name}-{datetime.date.today():%Y-%m-%d}.json"
+    )
     os.chdir(ROOT)
     results, work = Results(out.resolve(), facts, budget), args.work.resolve()
     results.put(shown=facts)  # the machine, first: what ran where even if nothing else is measured

@@ -22,20 +22,43 @@ from pretrain.config import load_config
 from pretrain.model import build_model
 
 # Qwen3-30B-A3B's proportions scaled down: 128 experts of width 768 at hidden 2048, top-8 -> 64 of 48 at 128
-SHAPE = dict(vocab=2048, hidden=128, layers=4, heads=8, kv_heads=4, head_dim=16, experts=64, top_k=8,
-             expert_width=48, seq=128, batch=4)
+SHAPE = dict(
+    vocab=2048,
+    hidden=128,
+    layers=4,
+    heads=8,
+    kv_heads=4,
+    head_dim=16,
+    experts=64,
+    top_k=8,
+    expert_width=48,
+    seq=128,
+    batch=4,
+)
 AUX = 0.01  # our coefficient; transformers' convention is k times ours, so theirs is AUX / k
 
 
 def ours():
     s = SHAPE
-    cfg = load_config(overrides=[
-        "model.family=llama", f"model.vocab_size={s['vocab']}", f"model.hidden_size={s['hidden']}",
-        f"model.intermediate_size={4 * s['hidden']}", f"model.num_layers={s['layers']}",
-        f"model.num_heads={s['heads']}", f"model.num_kv_heads={s['kv_heads']}", f"model.head_dim={s['head_dim']}",
-        "model.qk_norm=true", f"model.num_experts={s['experts']}", f"model.experts_per_token={s['top_k']}",
-        f"model.moe_intermediate_size={s['expert_width']}", "model.norm_topk_prob=true",
-        f"model.router_aux_loss_coef={AUX}", "model.max_seq_len=512"]).model
+    cfg = load_config(
+        overrides=[
+            "model.family=llama",
+            f"model.vocab_size={s['vocab']}",
+            f"model.hidden_size={s['hidden']}",
+            f"model.intermediate_size={4 * s['hidden']}",
+            f"model.num_layers={s['layers']}",
+            f"model.num_heads={s['heads']}",
+            f"model.num_kv_heads={s['kv_heads']}",
+            f"model.head_dim={s['head_dim']}",
+            "model.qk_norm=true",
+            f"model.num_experts={s['experts']}",
+            f"model.experts_per_token={s['top_k']}",
+            f"model.moe_intermediate_size={s['expert_width']}",
+            "model.norm_topk_prob=true",
+            f"model.router_aux_loss_coef={AUX}",
+            "model.max_seq_len=512",
+        ]
+    ).model
     model = build_model(cfg).train()
     return model, lambda x, y: model(x, y)
 
@@ -44,12 +67,23 @@ def theirs(experts_implementation: str):
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     s = SHAPE
-    cfg = Qwen3MoeConfig(vocab_size=s["vocab"], hidden_size=s["hidden"], intermediate_size=4 * s["hidden"],
-                         num_hidden_layers=s["layers"], num_attention_heads=s["heads"],
-                         num_key_value_heads=s["kv_heads"], head_dim=s["head_dim"], num_experts=s["experts"],
-                         num_experts_per_tok=s["top_k"], moe_intermediate_size=s["expert_width"],
-                         norm_topk_prob=True, output_router_logits=True, router_aux_loss_coef=AUX / s["top_k"],
-                         max_position_embeddings=512, experts_implementation=experts_implementation)
+    cfg = Qwen3MoeConfig(
+        vocab_size=s["vocab"],
+        hidden_size=s["hidden"],
+        intermediate_size=4 * s["hidden"],
+        num_hidden_layers=s["layers"],
+        num_attention_heads=s["heads"],
+        num_key_value_heads=s["kv_heads"],
+        head_dim=s["head_dim"],
+        num_experts=s["experts"],
+        num_experts_per_tok=s["top_k"],
+        moe_intermediate_size=s["expert_width"],
+        norm_topk_prob=True,
+        output_router_logits=True,
+        router_aux_loss_coef=AUX / s["top_k"],
+        max_position_embeddings=512,
+        experts_implementation=experts_implementation,
+    )
     model = Qwen3MoeForCausalLM(cfg).train()
     assert model.config._experts_implementation == experts_implementation
     return model, lambda x, y: model(input_ids=x, labels=y).loss
@@ -97,9 +131,11 @@ def main() -> None:
     ours_median = statistics.median(times["pretrain"])
     for name in names:
         med = statistics.median(times[name])
-        print(f"{name:28s} median {med * 1e3:8.1f} ms/step ({tokens / med:8,.0f} tokens/s; "
-              f"{min(times[name]) * 1e3:.1f} to {max(times[name]) * 1e3:.1f} ms)"
-              + ("" if name == "pretrain" else f"  pretrain is {med / ours_median:.2f}x faster"))
+        print(
+            f"{name:28s} median {med * 1e3:8.1f} ms/step ({tokens / med:8,.0f} tokens/s; "
+            f"{min(times[name]) * 1e3:.1f} to {max(times[name]) * 1e3:.1f} ms)"
+            + ("" if name == "pretrain" else f"  pretrain is {med / ours_median:.2f}x faster")
+        )
 
 
 if __name__ == "__main__":

@@ -40,10 +40,12 @@ def main() -> None:
     args = parser.parse_args()
     for name, overrides in CASES:
         config = load_config(overrides=overrides)
-        plan_wall, plan_cpu = timed(lambda: make_plan(config), args.rounds)
-        fit_wall, fit_cpu = timed(lambda: fit(config, top=5), max(1, args.rounds // 2))
-        print(f"{name:45s} plan {plan_wall:6.3f} s wall {plan_cpu:6.3f} s CPU   "
-              f"--fit {fit_wall:6.2f} s wall {fit_cpu:6.2f} s CPU")
+        plan_wall, plan_cpu = timed(lambda c=config: make_plan(c), args.rounds)
+        fit_wall, fit_cpu = timed(lambda c=config: fit(c, top=5), max(1, args.rounds // 2))
+        print(
+            f"{name:45s} plan {plan_wall:6.3f} s wall {plan_cpu:6.3f} s CPU   "
+            f"--fit {fit_wall:6.2f} s wall {fit_cpu:6.2f} s CPU"
+        )
 
 
 if __name__ == "__main__":

@@ -39,10 +39,19 @@ def score(case: dict) -> dict:
         ratio, basis = pred_tps / meas["tokens_per_s_per_gpu"], "tokens/s"
     else:
         ratio, basis = st["mfu"] / meas["mfu"], "mfu"
-    return {"id": case["id"], "origin": case["origin"], "group": case["group"], "tier": case["tier"],
-            "gpus": plan["parallel"]["world"], "pred_tps_gpu": pred_tps, "pred_mfu": st["mfu"],
-            "meas_tps_gpu": meas.get("tokens_per_s_per_gpu"), "meas_mfu": meas.get("mfu"), "ratio": ratio,
-            "basis": basis}
+    return {
+        "id": case["id"],
+        "origin": case["origin"],
+        "group": case["group"],
+        "tier": case["tier"],
+        "gpus": plan["parallel"]["world"],
+        "pred_tps_gpu": pred_tps,
+        "pred_mfu": st["mfu"],
+        "meas_tps_gpu": meas.get("tokens_per_s_per_gpu"),
+        "meas_mfu": meas.get("mfu"),
+        "ratio": ratio,
+        "basis": basis,
+    }
 
 
 def summary(rows: list[dict]) -> dict:
@@ -50,17 +59,24 @@ def summary(rows: list[dict]) -> dict:
     lowest and highest ratio."""
     rs = [r["ratio"] for r in rows]
     logs = [math.log(r) for r in rs]
-    return {"n": len(rs), "geo_mean": math.exp(statistics.fmean(logs)),
-            "median_abs_log": statistics.median(abs(x) for x in logs),
-            "within_15": sum(abs(r - 1) <= 0.15 for r in rs) / len(rs),
-            "within_25": sum(abs(r - 1) <= 0.25 for r in rs) / len(rs), "low": min(rs), "high": max(rs)}
+    return {
+        "n": len(rs),
+        "geo_mean": math.exp(statistics.fmean(logs)),
+        "median_abs_log": statistics.median(abs(x) for x in logs),
+        "within_15": sum(abs(r - 1) <= 0.15 for r in rs) / len(rs),
+        "within_25": sum(abs(r - 1) <= 0.25 for r in rs) / len(rs),
+        "low": min(rs),
+        "high": max(rs),
+    }
 
 
 def summary_line(label: str, rows: list[dict]) -> str:
     s = summary(rows)
-    return (f"{label:<26} n={s['n']:>2}  geo-mean {s['geo_mean']:4.2f}  median|log r| {s['median_abs_log']:5.3f} "
-            f"(x{math.exp(s['median_abs_log']):.2f})  within 15%: {s['within_15']:4.0%}  within 25%: "
-            f"{s['within_25']:4.0%}  range {s['low']:.2f}-{s['high']:.2f}")
+    return (
+        f"{label:<26} n={s['n']:>2}  geo-mean {s['geo_mean']:4.2f}  median|log r| {s['median_abs_log']:5.3f} "
+        f"(x{math.exp(s['median_abs_log']):.2f})  within 15%: {s['within_15']:4.0%}  within 25%: "
+        f"{s['within_25']:4.0%}  range {s['low']:.2f}-{s['high']:.2f}"
+    )
 
 
 def main() -> None:
@@ -70,14 +86,18 @@ def main() -> None:
     args = parser.parse_args()
     cases = [c for c in load_cases(args.cases) if not args.only or args.only in c["id"]]
     rows = [score(c) for c in cases]
-    print(f"{'case':<44}{'origin':>7}{'tier':>5}{'GPUs':>6}{'pred tok/s/GPU':>16}{'meas':>10}{'ratio':>7}"
-          f"{'pred MFU':>9}{'meas':>6}")
+    print(
+        f"{'case':<44}{'origin':>7}{'tier':>5}{'GPUs':>6}{'pred tok/s/GPU':>16}{'meas':>10}{'ratio':>7}"
+        f"{'pred MFU':>9}{'meas':>6}"
+    )
     for r in rows:
         meas_t = f"{r['meas_tps_gpu']:,.0f}" if r["meas_tps_gpu"] else "-"
         meas_m = f"{r['meas_mfu']:.2f}" if r["meas_mfu"] else "-"
         ratio = f"{r['ratio']:.2f}" + ("m" if r["basis"] == "mfu" else " ")
-        print(f"{r['id']:<44}{r['origin']:>7}{r['tier']:>5}{r['gpus']:>6}{r['pred_tps_gpu']:>16,.0f}{meas_t:>10}"
-              f"{ratio:>7}{r['pred_mfu']:>9.2f}{meas_m:>6}")
+        print(
+            f"{r['id']:<44}{r['origin']:>7}{r['tier']:>5}{r['gpus']:>6}{r['pred_tps_gpu']:>16,.0f}{meas_t:>10}"
+            f"{ratio:>7}{r['pred_mfu']:>9.2f}{meas_m:>6}"
+        )
     print("\n(ratio = predicted / measured tokens/s per GPU; 'm' = compared on MFU)\n")
     print(summary_line("all cases", rows))
     for key in ("origin", "tier", "group"):
@@ -86,8 +106,10 @@ def main() -> None:
     worst = sorted(rows, key=lambda r: -abs(math.log(r["ratio"])))[:8]
     print("\nworst 8 by |log ratio|: " + ", ".join(f"{r['id']} {r['ratio']:.2f}" for r in worst))
     lo, hi = TARGET_RANGE
-    print(f"\nissue #32 targets: >= {TARGET_WITHIN_15:.0%} within 15 %, median |log r| <= {TARGET_MEDIAN_ABS_LOG}, "
-          f"every ratio in {lo}-{hi}")
+    print(
+        f"\nissue #32 targets: >= {TARGET_WITHIN_15:.0%} within 15 %, median |log r| <= {TARGET_MEDIAN_ABS_LOG}, "
+        f"every ratio in {lo}-{hi}"
+    )
 
 
 if __name__ == "__main__":

@@ -40,7 +40,13 @@ def two_corpora(tmp_path_factory):
     english, chinese = fixtures / "tinyshakespeare_head.txt", fixtures / "zh_classics_sample.jsonl"
     root = tmp_path_factory.mktemp("mixture")
     train_tokenizer([str(english), str(chinese)], 512, root / "tokenizer", split_blank_lines=True)
-    prepare([str(english)], str(root / "tokenizer"), root / "shakespeare", val_fraction=0.1, workers=1,
-            split_blank_lines=True)
+    prepare(
+        [str(english)],
+        str(root / "tokenizer"),
+        root / "shakespeare",
+        val_fraction=0.1,
+        workers=1,
+        split_blank_lines=True,
+    )
     prepare([str(chinese)], str(root / "tokenizer"), root / "zh", val_fraction=0.1, workers=1)
     return {"shakespeare": root / "shakespeare", "zh": root / "zh", "tokenizer": root / "tokenizer"}

@@ -34,8 +34,11 @@ def _applied(command: tuple, undo: tuple, unavailable: str):
 def small_fs(path: Path, size: str = "1m"):
     """A tmpfs of `size` mounted at `path` (created): writing more than it holds is a real ENOSPC."""
     path.mkdir(parents=True, exist_ok=True)
-    with _applied(("mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", path), ("umount", "-l", path),
-                  "cannot mount a tmpfs here"):
+    with _applied(
+        ("mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", path),
+        ("umount", "-l", path),
+        "cannot mount a tmpfs here",
+    ):
         yield path
 
 

@@ -17,29 +17,57 @@ ROOT = Path(__file__).resolve().parents[1]
 def run_cli(*args, cwd=None, env=None, timeout=600) -> subprocess.CompletedProcess:
     """`python -m pretrain ARGS` in a fresh interpreter, as a user runs it."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "pretrain", *map(str, args)], cwd=cwd, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "pretrain", *map(str, args)],
+        cwd=cwd,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def tiny(prepared, run_dir, *extra) -> list[str]:
     """`pretrain train` overrides for a ~160K-parameter LLaMA that trains in seconds on a CPU."""
-    return ["model.preset=debug", "train.seq_len=32", "train.micro_batch_size=4", "train.grad_accum_steps=2",
-            "train.precision=fp32", "train.device=cpu", "train.lr=3e-3", "train.warmup=2", "train.max_steps=12",
-            f"data.dir={prepared}", f"run.dir={run_dir}", "run.log_every=1", "run.eval_every=6",
-            "run.eval_batches=2", "run.checkpoint_every=4", "run.progress=false", "hardware.peak_tflops=0.05",
-            *extra]
+    return [
+        "model.preset=debug",
+        "train.seq_len=32",
+        "train.micro_batch_size=4",
+        "train.grad_accum_steps=2",
+        "train.precision=fp32",
+        "train.device=cpu",
+        "train.lr=3e-3",
+        "train.warmup=2",
+        "train.max_steps=12",
+        f"data.dir={prepared}",
+        f"run.dir={run_dir}",
+        "run.log_every=1",
+        "run.eval_every=6",
+        "run.eval_batches=2",
+        "run.checkpoint_every=4",
+        "run.progress=false",
+        "hardware.peak_tflops=0.05",
+        *extra,
+    ]
 
 
 # torch.compile on a CPU generates C++ (inductor): without a compiler the compile tests cannot run.
-needs_compiler = pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
-                                    reason="torch.compile on a CPU needs a C++ compiler")
+needs_compiler = pytest.mark.skipif(
+    shutil.which("g++") is None and shutil.which("c++") is None, reason="torch.compile on a CPU needs a C++ compiler"
+)
 
 
 def start(args, **kw):
     """`python -m pretrain ARGS` started in the background (a test that signals or kills it)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "pretrain", *map(str, args)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, **kw)
+    return subprocess.Popen(
+        [sys.executable, "-m", "pretrain", *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        **kw,
+    )
 
 
 def wait_for_steps(run_dir, n, proc, timeout=120):
@@ -58,12 +86,22 @@ def wait_for_steps(run_dir, n, proc, timeout=120):
 def torchrun(*args, nproc: int = 2, wait: bool = True):
     """`pretrain train ARGS` under a real torchrun with `nproc` CPU ranks (gloo). With wait=False the Popen,
     in a session of its own so that a test can end the whole job at once."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "-m", "pretrain", "train", *map(str, args)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        "pretrain",
+        "train",
+        *map(str, args),
+    ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     if not wait:
-        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                                start_new_session=True)
+        return subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+        )
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
 
 
@@ -94,8 +132,11 @@ def run_here(*args) -> subprocess.CompletedProcess:
     from pretrain.cli import main
 
     out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
-            warnings.catch_warnings(record=True) as caught:
+    with (
+        contextlib.redirect_stdout(out),
+        contextlib.redirect_stderr(err),
+        warnings.catch_warnings(record=True) as caught,
+    ):
         try:
             code = main([str(a) for a in args])
         except SystemExit as e:  # argparse's usage errors
@@ -105,8 +146,11 @@ def run_here(*args) -> subprocess.CompletedProcess:
             code = 1
     # The filters in force are pytest's (pyproject.toml's); these categories Python itself would not print.
     hidden = (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning)
-    shown = "".join(warnings.formatwarning(w.message, w.category, w.filename, w.lineno) for w in caught
-                    if not issubclass(w.category, hidden))
+    shown = "".join(
+        warnings.formatwarning(w.message, w.category, w.filename, w.lineno)
+        for w in caught
+        if not issubclass(w.category, hidden)
+    )
     return subprocess.CompletedProcess(["pretrain", *map(str, args)], code, out.getvalue(), shown + err.getvalue())
 
 
@@ -164,7 +208,6 @@ def params(path) -> dict:
     return load_model(path).state_dict()
 
 
-
 def serve_planner(*items):
     """`pretrain plan ITEMS --serve --port 0` in the background: (the process, its page's URL). The caller
     ends it (proc.terminate())."""
@@ -174,6 +217,7 @@ def serve_planner(*items):
         proc.kill()
         raise AssertionError(f"the planner did not serve: {line}{proc.stderr.read()}")
     return proc, line.split(" at ", 1)[1].split()[0]
+
 
 # Short multiple-choice examples in the words of the sample corpus (Python's documentation): choices of
 # different lengths, so that acc and acc_norm can disagree.
@@ -198,6 +242,7 @@ def write_mc_task(path, examples: int = len(MC_EXAMPLES)) -> Path:
     ({context, choices, gold} lines)."""
     import json
 
-    Path(path).write_text("".join(json.dumps({"context": c, "choices": ch, "gold": g}) + "\n"
-                                  for c, ch, g in MC_EXAMPLES[:examples]))
+    Path(path).write_text(
+        "".join(json.dumps({"context": c, "choices": ch, "gold": g}) + "\n" for c, ch, g in MC_EXAMPLES[:examples])
+    )
     return Path(path)

@@ -46,8 +46,17 @@ def test_the_package_root_hands_out_the_planner_without_shadowing_its_package():
     assert pretrain.plan.__name__ == "pretrain.plan"  # the package, not a function of the same name
 
 
-@pytest.mark.parametrize("text, value", [("15T", 15 * 10**12), ("1.5B", 1_500_000_000), ("32k", 32_000),
-                                         ("4M", 4_000_000), ("2_000", 2000), ("4e9", 4 * 10**9)])
+@pytest.mark.parametrize(
+    "text, value",
+    [
+        ("15T", 15 * 10**12),
+        ("1.5B", 1_500_000_000),
+        ("32k", 32_000),
+        ("4M", 4_000_000),
+        ("2_000", 2000),
+        ("4e9", 4 * 10**9),
+    ],
+)
 def test_counts_take_the_papers_suffixes(text, value):
     # Llama 3 trained on "15T tokens" (Dubey et al. 2024, sec. 3.1): a count is written the way papers write it.
     assert load_config(overrides=[f"train.tokens={text}"]).train.tokens == value
@@ -62,8 +71,13 @@ def test_a_count_that_is_not_whole_is_one_line(text):
 
 def test_a_ramp_that_starts_above_its_batch_is_refused():
     # 4 x 128 x 2 = 1,024 tokens per step: a ramp from 32K would be no ramp at all, silently.
-    base = ["model.max_seq_len=128", "train.seq_len=128", "train.micro_batch_size=4", "train.grad_accum_steps=2",
-            "train.batch_ramp_tokens=1e6"]
+    base = [
+        "model.max_seq_len=128",
+        "train.seq_len=128",
+        "train.micro_batch_size=4",
+        "train.grad_accum_steps=2",
+        "train.batch_ramp_tokens=1e6",
+    ]
     with pytest.raises(ConfigError, match=r"train.batch_ramp_start: 32,768 tokens is above the global batch 1,024"):
         load_config(overrides=base)
     assert load_config(overrides=[*base, "train.batch_ramp_start=256"]).train.batch_ramp_start == 256
@@ -82,8 +96,14 @@ def test_count_flags_take_suffixes_too():
 
 def test_a_global_batch_fixes_accumulation_on_every_layout():
     # Llama 3 8B's 4M-token batch at seq 8192 (Dubey et al. 2024, table 4): 512 sequences per step.
-    c = load_config(overrides=["model.preset=llama3-8b", "train.seq_len=8192", "train.global_batch_tokens=4194304",
-                               "parallel.gpus=64"])
+    c = load_config(
+        overrides=[
+            "model.preset=llama3-8b",
+            "train.seq_len=8192",
+            "train.global_batch_tokens=4194304",
+            "parallel.gpus=64",
+        ]
+    )
     assert c.train.grad_accum_steps == 8
     assert replaced(c, {"parallel.gpus": 512}).train.grad_accum_steps == 1
     assert replaced(c, {"parallel.gpus": 512, "parallel.tensor": 8}).train.grad_accum_steps == 8
@@ -91,8 +111,17 @@ def test_a_global_batch_fixes_accumulation_on_every_layout():
 
 
 def test_a_global_batch_that_does_not_divide_is_one_line_with_the_nearest():
-    with pytest.raises(ConfigError, match=r"train.global_batch_tokens: 4,000,000 is not a multiple of micro-batch 1 "
-                                          r"x seq 8192 x 64 data-parallel ranks = 524,288 tokens; the nearest that "
-                                          r"are: 3,670,016 or 4,194,304"):
-        load_config(overrides=["model.preset=llama3-8b", "train.seq_len=8192", "train.global_batch_tokens=4M",
-                               "parallel.gpus=64"])
+    with pytest.raises(
+        ConfigError,
+        match=r"train.global_batch_tokens: 4,000,000 is not a multiple of micro-batch 1 "
+        r"x seq 8192 x 64 data-parallel ranks = 524,288 tokens; the nearest that "
+        r"are: 3,670,016 or 4,194,304",
+    ):
+        load_config(
+            overrides=[
+                "model.preset=llama3-8b",
+                "train.seq_len=8192",
+                "train.global_batch_tokens=4M",
+                "parallel.gpus=64",
+            ]
+        )

@@ -4,22 +4,43 @@ import pytest
 
 from support import run_cli
 
-BOMB = "\n".join(["a: &a [x, x, x, x, x, x, x, x, x]"] + [
-    f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, "
-    f"*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}]" for i in range(8)]) + "\n"
+BOMB = (
+    "\n".join(
+        ["a: &a [x, x, x, x, x, x, x, x, x]"]
+        + [
+            f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, "
+            f"*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}]"
+            for i in range(8)
+        ]
+    )
+    + "\n"
+)
 
 
-@pytest.mark.parametrize("text, message", [
-    ("train:\n  lr: 1.0e-3\n  warmup: 10\n  lr: 3.0e-4\n", "line 4: key 'lr' is given twice (first at line 2)"),
-    ("train:\n  lr: 1.0e-3\nmodel:\n  preset: debug\ntrain:\n  warmup: 10\n",
-     "line 5: section 'train' is given twice (first at line 1)"),
-    ("train: {lr: 1.0e-3, lr: 2.0e-3}\n", "line 1: key 'lr' is given twice"),
-    (BOMB, "aliases expand to more than 100,000 values"),
-    ("model: &m\n  x: *m\n", "line 1: an alias refers to a value that contains it"),
-    ("model: [" + ", ".join(["layer"] * 50_000) + "]\n", "model: must be a mapping of keys, got ['layer', "),
-    ("train:\n  lr: [" + ", ".join(["1"] * 50_000) + "]\n", "train.lr: expected a number, got [1, 1, "),
-], ids=["duplicate key", "duplicate section", "duplicate in a flow mapping", "alias bomb", "recursive alias",
-        "huge section", "huge value"])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("train:\n  lr: 1.0e-3\n  warmup: 10\n  lr: 3.0e-4\n", "line 4: key 'lr' is given twice (first at line 2)"),
+        (
+            "train:\n  lr: 1.0e-3\nmodel:\n  preset: debug\ntrain:\n  warmup: 10\n",
+            "line 5: section 'train' is given twice (first at line 1)",
+        ),
+        ("train: {lr: 1.0e-3, lr: 2.0e-3}\n", "line 1: key 'lr' is given twice"),
+        (BOMB, "aliases expand to more than 100,000 values"),
+        ("model: &m\n  x: *m\n", "line 1: an alias refers to a value that contains it"),
+        ("model: [" + ", ".join(["layer"] * 50_000) + "]\n", "model: must be a mapping of keys, got ['layer', "),
+        ("train:\n  lr: [" + ", ".join(["1"] * 50_000) + "]\n", "train.lr: expected a number, got [1, 1, "),
+    ],
+    ids=[
+        "duplicate key",
+        "duplicate section",
+        "duplicate in a flow mapping",
+        "alias bomb",
+        "recursive alias",
+        "huge section",
+        "huge value",
+    ],
+)
 def test_bad_yaml_is_one_short_line(tmp_path, text, message):
     config = tmp_path / "config.yaml"
     config.write_text(text)

@@ -10,8 +10,17 @@ pytest.importorskip("torch")
 
 
 def test_demo_end_to_end(tmp_path):
-    r = run_cli("demo", "--out", tmp_path / "demo", "train.max_steps=60", "run.eval_every=30",
-                "run.checkpoint_every=30", "train.warmup=6", "run.progress=false", cwd=tmp_path)
+    r = run_cli(
+        "demo",
+        "--out",
+        tmp_path / "demo",
+        "train.max_steps=60",
+        "run.eval_every=30",
+        "run.checkpoint_every=30",
+        "train.warmup=6",
+        "run.progress=false",
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     out = tmp_path / "demo"
     for step in ("1/6 plan", "2/6 tokenizer", "3/6 prepare", "4/6 train", "5/6 report", "6/6 export"):
@@ -54,8 +63,14 @@ def test_demo_refuses_a_directory_it_did_not_create(case, tmp_path):
 
 
 def test_demo_reruns_over_its_own_output(tmp_path):
-    quick = ["train.max_steps=2", "run.eval_every=2", "run.checkpoint_every=2", "train.warmup=1",
-             "run.progress=false", "run.eval_batches=1"]
+    quick = [
+        "train.max_steps=2",
+        "run.eval_every=2",
+        "run.checkpoint_every=2",
+        "train.warmup=1",
+        "run.progress=false",
+        "run.eval_batches=1",
+    ]
     for _ in range(2):  # the second run replaces the first one's directories: they carry the demo's mark
         r = run_cli("demo", "--out", tmp_path / "demo", *quick, cwd=tmp_path)
         assert r.returncode in (0, 1) and "6/6 export" in r.stdout, r.stderr[-3000:]

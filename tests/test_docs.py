@@ -22,12 +22,15 @@ def test_every_config_key_is_in_the_readme():
 
 def test_the_key_table_is_the_generated_one():
     start, end = "<!-- config-keys:start -->\n", "\n<!-- config-keys:end -->"
-    table = CONFIG_DOC[CONFIG_DOC.index(start) + len(start):CONFIG_DOC.index(end)]
+    table = CONFIG_DOC[CONFIG_DOC.index(start) + len(start) : CONFIG_DOC.index(end)]
     assert table == docs_markdown(), "regenerate the table with `pretrain config --docs`"
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")) +
-                         sorted((ROOT / "src/pretrain/configs").glob("*.yaml")), ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path",
+    sorted((ROOT / "configs").glob("*.yaml")) + sorted((ROOT / "src/pretrain/configs").glob("*.yaml")),
+    ids=lambda p: p.name,
+)
 def test_shipped_configs_load(path):
     load_config(path)
 
@@ -63,7 +66,7 @@ def test_the_parallelism_guide_quotes_the_planner():
     from pretrain.plan import make_plan
 
     doc = (ROOT / "docs" / "parallel.md").read_text()
-    section = doc[doc.index("### Llama-3-70B on 64 H100s"):doc.index("What the numbers say")]
+    section = doc[doc.index("### Llama-3-70B on 64 H100s") : doc.index("What the numbers say")]
     base = section.split("`pretrain plan ", 1)[1].split("`", 1)[0].replace("\n", " ").split()
     rows, keys = [r.split(" | ") for r in section.splitlines() if r.startswith("| ") and "`" in r], []
     assert len(rows) == 4
@@ -82,8 +85,8 @@ def test_every_guarantee_names_tests_that_exist():
     import re
 
     readme = (ROOT / "README.md").read_text()
-    table = readme[readme.index("## Guarantees"):]
-    table = table[:table.index("\n## ")]
+    table = readme[readme.index("## Guarantees") :]
+    table = table[: table.index("\n## ")]
     refs = re.findall(r"`(tests/[\w/]+\.py)(?:::(\w+))?`", table)
     assert len(refs) > 20
     for path, name in refs:
@@ -100,17 +103,25 @@ def _what_trains() -> str:
     from pretrain.config.trainable import check_trainable
     from pretrain.errors import ConfigError
 
-    lines = ["| tensor | pipeline | tied embeddings | ZeRO 0 | ZeRO 1 | ZeRO 2 | ZeRO 3 |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| tensor | pipeline | tied embeddings | ZeRO 0 | ZeRO 1 | ZeRO 2 | ZeRO 3 |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for tensor in (1, 2):
         for pipeline in (1, 2):
             for tied in ("no", "yes"):
                 cells = []
                 for zero in range(4):
-                    config = load_config(overrides=[
-                        "model.preset=debug", "parallel.gpus=8", f"parallel.tensor={tensor}",
-                        f"parallel.pipeline={pipeline}", f"parallel.zero_stage={zero}",
-                        f"model.tie_embeddings={tied == 'yes'}"])
+                    config = load_config(
+                        overrides=[
+                            "model.preset=debug",
+                            "parallel.gpus=8",
+                            f"parallel.tensor={tensor}",
+                            f"parallel.pipeline={pipeline}",
+                            f"parallel.zero_stage={zero}",
+                            f"model.tie_embeddings={tied == 'yes'}",
+                        ]
+                    )
                     try:
                         check_trainable(config, needs_data=False)
                         cells.append("trains")
@@ -124,8 +135,9 @@ def test_the_what_trains_table_is_the_trainers_own_check():
     # A doc that says a layout trains where `pretrain train` refuses it, or the reverse, fails here.
     doc = (ROOT / "docs" / "parallel.md").read_text()
     start, end = WHAT_TRAINS
-    assert doc[doc.index(start) + len(start):doc.index(end)] == _what_trains(), \
+    assert doc[doc.index(start) + len(start) : doc.index(end)] == _what_trains(), (
         "redo docs/parallel.md's what-trains table from the trainer's check (tests/test_docs.py: _what_trains)"
+    )
 
 
 def _documented_train_commands():
@@ -145,8 +157,11 @@ def _documented_train_commands():
                 continue  # a world size from the scheduler ($SLURM_NNODES): not one layout
             flag = {w: int(n) for w, n in flag.items()}
             world = flag.get("--nproc-per-node", 1) * flag.get("--nnodes", 1)
-            items = [w for w in words[words.index("train") + 1:]
-                     if re.fullmatch(r"(parallel|train)\.\w+=[\w.-]+|model\.preset=[\w.-]+", w)]
+            items = [
+                w
+                for w in words[words.index("train") + 1 :]
+                if re.fullmatch(r"(parallel|train)\.\w+=[\w.-]+|model\.preset=[\w.-]+", w)
+            ]
             yield f"{path.name}: {line.strip()[:60]}", world, items
 
 
@@ -160,7 +175,8 @@ def test_every_documented_train_command_is_one_the_trainer_accepts():
     assert len(commands) >= 8
     for where, world, items in commands:
         try:
-            check_trainable(load_config(overrides=["model.preset=llama3-8b", f"parallel.gpus={world}", *items]),
-                            needs_data=False)
+            check_trainable(
+                load_config(overrides=["model.preset=llama3-8b", f"parallel.gpus={world}", *items]), needs_data=False
+            )
         except ConfigError as e:
             pytest.fail(f"{where}: `pretrain train` refuses it: {e}")

@@ -19,17 +19,33 @@ PACKAGE = SRC / "pretrain"
 STAGE = {
     # the ground floor: errors, files, units, precision rules, the GPU catalog, presets, config.json fields
     # and the config schema
-    "errors": 0, "files": 0, "units": 0, "progress": 0, "precision": 0, "gpus": 0, "presets": 0, "hf_config": 0,
-    "rope_scaling": 0, "config": 0,
-    "config_args": 0, "lock": 0, "task_catalog": 0,
+    "errors": 0,
+    "files": 0,
+    "units": 0,
+    "progress": 0,
+    "precision": 0,
+    "gpus": 0,
+    "presets": 0,
+    "hf_config": 0,
+    "rope_scaling": 0,
+    "config": 0,
+    "config_args": 0,
+    "lock": 0,
+    "task_catalog": 0,
     "plan": 1,  # the planner: arithmetic on a config, never torch
-    "data": 2, "model": 2,  # side by side: neither imports the other
+    "data": 2,
+    "model": 2,  # side by side: neither imports the other
     "distributed": 3,  # wrapping a model for DDP / FSDP / ZeRO
     "bench": 3,  # measuring the device (matmul, bandwidth, one block): the trainer measures its peak with it
     "train": 4,  # the trainer, its step, checkpoints and callbacks
     "eval": 4,  # downstream tasks scored: by `pretrain eval` and by the trainer's in-loop callback
-    "sweep": 5, "report": 5, "export": 5,  # tools built on training runs
-    "cli": 6, "demo": 6, "config_command": 6, "__main__": 6,  # entry points
+    "sweep": 5,
+    "report": 5,
+    "export": 5,  # tools built on training runs
+    "cli": 6,
+    "demo": 6,
+    "config_command": 6,
+    "__main__": 6,  # entry points
 }
 APART = {("data", "model"), ("model", "data")}  # same stage, yet independent
 
@@ -49,7 +65,7 @@ def imported_modules(path: Path, root: Path, module_level: bool = False) -> set[
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     tree = ast.parse(path.read_text(encoding="utf-8"))
     found = set()
-    for node in (_run_on_import(tree) if module_level else ast.walk(tree)):
+    for node in _run_on_import(tree) if module_level else ast.walk(tree):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -59,8 +75,9 @@ def imported_modules(path: Path, root: Path, module_level: bool = False) -> set[
             else:
                 module = node.module
             # `from .. import precision` imports a module; `from ..config import load_config` a name.
-            modules = {f"{module}.{alias.name}" for alias in node.names
-                       if _is_module(root.parent, f"{module}.{alias.name}")}
+            modules = {
+                f"{module}.{alias.name}" for alias in node.names if _is_module(root.parent, f"{module}.{alias.name}")
+            }
             found.update(modules)
             if not (module_level and len(modules) == len(node.names)):
                 found.add(module)
@@ -112,8 +129,10 @@ def upward_imports() -> dict[tuple[str, str], set[str]]:
 
 def import_cycles(module_level: bool = True) -> list[list[str]]:
     """Each import cycle among src/pretrain's modules, as the modules in it (module_level: see imported_modules)."""
-    graph = {module_name(path, PACKAGE): imported_modules(path, PACKAGE, module_level)
-             for path in sorted(PACKAGE.rglob("*.py"))}
+    graph = {
+        module_name(path, PACKAGE): imported_modules(path, PACKAGE, module_level)
+        for path in sorted(PACKAGE.rglob("*.py"))
+    }
     cycles, done = [], set()
     for start in sorted(graph):
         # depth-first from `start`, through modules after it in order only: each cycle is found once, from its
@@ -131,8 +150,11 @@ def import_cycles(module_level: bool = True) -> list[list[str]]:
 
 
 def test_every_part_has_a_stage():
-    parts = {p.stem if p.is_file() else p.name for p in PACKAGE.iterdir()
-             if (p.suffix == ".py" and p.name != "__init__.py") or (p / "__init__.py").is_file()}
+    parts = {
+        p.stem if p.is_file() else p.name
+        for p in PACKAGE.iterdir()
+        if (p.suffix == ".py" and p.name != "__init__.py") or (p / "__init__.py").is_file()
+    }
     assert parts == set(STAGE), "a new folder or top-level module: give it a stage here and in docs/architecture.md"
 
 
@@ -152,9 +174,11 @@ def test_module_level_reader_skips_function_bodies_and_type_checking(tmp_path):
     root.mkdir()
     for name in ("__init__.py", "a.py", "b.py", "c.py", "d.py"):
         (root / name).touch()
-    (root / "a.py").write_text("from typing import TYPE_CHECKING\nfrom . import b\ntry:\n    from .c import x\n"
-                               "except ImportError:\n    pass\nif TYPE_CHECKING:\n    from .d import y\n\n"
-                               "def f():\n    from .d import z\n")
+    (root / "a.py").write_text(
+        "from typing import TYPE_CHECKING\nfrom . import b\ntry:\n    from .c import x\n"
+        "except ImportError:\n    pass\nif TYPE_CHECKING:\n    from .d import y\n\n"
+        "def f():\n    from .d import z\n"
+    )
     assert imported_modules(root / "a.py", root, module_level=True) == {"pkg.b", "pkg.c"}
 
 
@@ -184,8 +208,10 @@ def test_no_function_local_loops_between_modules():
 def test_the_planner_imports_no_torch():
     # Every module of plan/, as `pretrain plan` may load them: the planner runs on a laptop without torch.
     modules = sorted(module_name(p, PACKAGE) for p in (PACKAGE / "plan").rglob("*.py"))
-    code = (f"import sys\nfor m in {modules!r}:\n    __import__(m)\n"
-            "print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))")
+    code = (
+        f"import sys\nfor m in {modules!r}:\n    __import__(m)\n"
+        "print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
@@ -211,7 +237,9 @@ def test_every_public_name_exists():
     # `__all__` is a package's front door: a name renamed without it (plan.plan -> make_plan) breaks `import *`.
     modules = sorted(module_name(p, PACKAGE) for p in PACKAGE.rglob("*.py") if "__all__ =" in p.read_text())
     assert len(modules) > 5, "too few modules with __all__: the test reads nothing"
-    code = (f"import importlib\nfor m in {modules!r}:\n    mod = importlib.import_module(m)\n"
-            "    print(*[f'{m}.{n}' for n in mod.__all__ if not hasattr(mod, n)])")
+    code = (
+        f"import importlib\nfor m in {modules!r}:\n    mod = importlib.import_module(m)\n"
+        "    print(*[f'{m}.{n}' for n in mod.__all__ if not hasattr(mod, n)])"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == []

@@ -31,14 +31,31 @@ def command(name: str, inputs: dict, out: Path) -> list:
     """The subcommand writing to `out`."""
     return {
         "tokenizer train": ["tokenizer", "train", "--input", inputs["corpus"], "--vocab-size", "300", "--out", out],
-        "prepare": ["prepare", "--input", inputs["corpus"], "--tokenizer", inputs["tokenizer"], "--out", out,
-                    "--workers", "1"],
+        "prepare": [
+            "prepare",
+            "--input",
+            inputs["corpus"],
+            "--tokenizer",
+            inputs["tokenizer"],
+            "--out",
+            out,
+            "--workers",
+            "1",
+        ],
         "train": ["train", *tiny(inputs["data"], out, "train.max_steps=4", "train.warmup=1", "run.eval_every=0")],
         "export": ["export", inputs["run"], "--to", "hf", out],
         "report": ["report", inputs["run"], "--out", out],
         "bench": ["bench", "--quick", "--out", out / "profile.json"],
-        "sweep": ["sweep", "model.preset=debug", "train.precision=fp32", "train.device=cpu", "train.seq_len=32",
-                  "train.micro_batch_size=1", "--out", out],
+        "sweep": [
+            "sweep",
+            "model.preset=debug",
+            "train.precision=fp32",
+            "train.device=cpu",
+            "train.seq_len=32",
+            "train.micro_batch_size=1",
+            "--out",
+            out,
+        ],
         "demo": ["demo", "--out", out],
     }[name]
 
@@ -47,8 +64,11 @@ COMMANDS = ["tokenizer train", "prepare", "train", "export", "report", "bench", 
 
 
 def snapshot(root: Path) -> dict:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def assert_one_line_exit_2(r: subprocess.CompletedProcess) -> None:

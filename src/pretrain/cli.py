@@ -47,8 +47,9 @@ def build_parser() -> Parser:
     parser.commands = {}  # name -> its parser: an unknown flag is reported by the command it was given to
     for name, module_name in COMMANDS.items():
         module = importlib.import_module(module_name)
-        p = sub.add_parser(name, help=module.HELP, description=module.__doc__,
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        p = sub.add_parser(
+            name, help=module.HELP, description=module.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        )
         module.add_arguments(p)
         p.set_defaults(_run=module.run)
         parser.commands[name] = p

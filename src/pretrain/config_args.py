@@ -7,16 +7,21 @@ from .errors import ConfigError
 
 
 def add_config_arguments(p) -> None:
-    p.add_argument("items", nargs="*", metavar="CONFIG|KEY=VALUE",
-                   help="an optional YAML config file, then section.key=value overrides (e.g. train.lr=3e-4)")
+    p.add_argument(
+        "items",
+        nargs="*",
+        metavar="CONFIG|KEY=VALUE",
+        help="an optional YAML config file, then section.key=value overrides (e.g. train.lr=3e-4)",
+    )
 
 
 def split_items(items: list[str]) -> tuple[str | None, list[str]]:
     """The first item without '=' is the config file; everything else is an override."""
     paths = [i for i in items if "=" not in i]
     if len(paths) > 1:
-        raise ConfigError(f"more than one config file given ({', '.join(paths)}); give one YAML file and "
-                          "section.key=value overrides")
+        raise ConfigError(
+            f"more than one config file given ({', '.join(paths)}); give one YAML file and section.key=value overrides"
+        )
     if paths and not paths[0].strip():
         raise ConfigError("the config file name is empty; give a YAML file or leave it out")
     if paths and items[0] != paths[0]:

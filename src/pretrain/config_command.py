@@ -1,7 +1,7 @@
 """Show the resolved config (presets expanded, overrides applied), or the documentation of every key.
 
-  pretrain config [CONFIG.yaml] [section.key=value ...]     the resolved YAML
-  pretrain config --docs                                   every key, its default and meaning (Markdown)
+pretrain config [CONFIG.yaml] [section.key=value ...]     the resolved YAML
+pretrain config --docs                                   every key, its default and meaning (Markdown)
 """
 
 from __future__ import annotations

@@ -22,8 +22,9 @@ CLOZE_EXAMPLES = 100  # ~1 s to score with the demo's model, and a standard erro
 
 
 def add_arguments(p):
-    p.add_argument("items", nargs="*", metavar="KEY=VALUE",
-                   help="overrides of the demo config (e.g. train.max_steps=50)")
+    p.add_argument(
+        "items", nargs="*", metavar="KEY=VALUE", help="overrides of the demo config (e.g. train.max_steps=50)"
+    )
     p.add_argument("--out", default="demo", help="directory for everything the demo writes (default: ./demo)")
 
 
@@ -35,8 +36,9 @@ def demo_config(out: Path, overrides: list[str]):
 
     path, extra = split_items(overrides)
     base = path or str(files("pretrain") / "configs" / "demo.yaml")
-    return load_config(base, [f"data.dir={out / 'data'}", f"run.dir={out / 'run'}",
-                              f"run.eval_tasks=[{out / CLOZE}]", *extra])
+    return load_config(
+        base, [f"data.dir={out / 'data'}", f"run.dir={out / 'run'}", f"run.eval_tasks=[{out / CLOZE}]", *extra]
+    )
 
 
 def claim_directories(out: Path, dirs: dict[str, str]) -> None:
@@ -51,16 +53,19 @@ def claim_directories(out: Path, dirs: dict[str, str]) -> None:
     try:
         owned = set(json.loads(marker.read_text(encoding="utf-8"))["created"]) if marker.is_file() else set()
     except (OSError, ValueError, KeyError, TypeError):
-        raise UsageError(f"{marker} is damaged; delete it if {out} holds only an earlier demo's output, or give "
-                         "another --out") from None
+        raise UsageError(
+            f"{marker} is damaged; delete it if {out} holds only an earlier demo's output, or give another --out"
+        ) from None
     if out.is_dir() and any(out.iterdir()) and not marker.is_file():
         raise UsageError(f"--out {out} already holds files the demo did not write; give a new or empty directory")
     for key, path in dirs.items():
         check_output_dir(path, key)
         folder = Path(path)
         if folder.is_dir() and any(folder.iterdir()) and str(folder.resolve()) not in owned:
-            raise UsageError(f"{key} {folder} already exists and the demo did not create it: the demo would replace "
-                             f"it; leave {key} to --out or give a new directory")
+            raise UsageError(
+                f"{key} {folder} already exists and the demo did not create it: the demo would replace "
+                f"it; leave {key} to --out or give a new directory"
+            )
     created = sorted(owned | {str(Path(p).resolve()) for p in (out, *dirs.values())})
     out.mkdir(parents=True, exist_ok=True)
     write_atomic(marker, json.dumps({"created": created}, indent=2) + "\n")
@@ -111,8 +116,7 @@ def cloze_task(data_dir: Path, path: Path, examples: int = CLOZE_EXAMPLES, seed:
         ending = " " + " ".join(words[-3:])
         choices = [ending] + rng.sample([e for e in pool if e != ending], 3)
         rng.shuffle(choices)
-        lines.append(json.dumps({"context": " ".join(words[:-3]), "choices": choices,
-                                 "gold": choices.index(ending)}))
+        lines.append(json.dumps({"context": " ".join(words[:-3]), "choices": choices, "gold": choices.index(ending)}))
     write_atomic(path, "".join(line + "\n" for line in lines))
     return len(lines)
 
@@ -155,16 +159,20 @@ def run(args) -> int:
     print(summary(meta, config.data.dir, time.perf_counter() - start, storage_bytes(tokens, meta["vocab_size"])))
     if out / CLOZE in map(Path, config.run.eval_tasks):
         n = cloze_task(Path(config.data.dir), out / CLOZE)
-        print(f"  in-loop task (run.eval_tasks): {out / CLOZE}, {n} sentences of the validation split to end, "
-              "4 choices each")
+        print(
+            f"  in-loop task (run.eval_tasks): {out / CLOZE}, {n} sentences of the validation split to end, "
+            "4 choices each"
+        )
 
     if Path(config.run.dir).exists():  # the demo's own scratch run from an earlier `pretrain demo`
         import shutil
 
         print(f"\n(replacing the previous demo run in {config.run.dir})")
         shutil.rmtree(config.run.dir)
-    print(f"\n== 4/6 train: {config.model.num_layers} layers x {config.model.hidden_size}, "
-          f"{config.train.max_steps} steps on {meta['num_tokens']['train']:,} tokens")
+    print(
+        f"\n== 4/6 train: {config.model.num_layers} layers x {config.model.hidden_size}, "
+        f"{config.train.max_steps} steps on {meta['num_tokens']['train']:,} tokens"
+    )
     result = train(config)
 
     print("\n== 5/6 report")
@@ -189,8 +197,9 @@ def _export_and_generate(config, out: Path) -> None:
     hf_dir = export_hf(model, out / "hf", tokenizer_dir=Path(config.data.dir) / "tokenizer", overwrite=True)
     sample = _hf_sample(hf_dir, "The for statement")
     print(f"  {hf_dir} loads with transformers.AutoModelForCausalLM; it writes:\n  {sample!r}")
-    ours = generate_text(model, Path(config.data.dir) / "tokenizer", "The for statement", max_new_tokens=40,
-                         temperature=0.0)
+    ours = generate_text(
+        model, Path(config.data.dir) / "tokenizer", "The for statement", max_new_tokens=40, temperature=0.0
+    )
     print(f"  and pretrain.load_model gives the same greedy text: {ours == sample}")
 
 
@@ -200,14 +209,18 @@ def _final_lines(config, val: float) -> int:
     from .report.runs import read_run
 
     entropy = unigram_entropy(Path(config.data.dir))
-    print(f"\nfinal validation loss {val:.3f} nats/token (perplexity {math.exp(val):.1f}) against the corpus's "
-          f"unigram entropy {entropy:.3f} nats/token: {entropy - val:.3f} nats better than counting tokens.")
+    print(
+        f"\nfinal validation loss {val:.3f} nats/token (perplexity {math.exp(val):.1f}) against the corpus's "
+        f"unigram entropy {entropy:.3f} nats/token: {entropy - val:.3f} nats better than counting tokens."
+    )
     tasks = read_run(Path(config.run.dir)).tasks
     name = Path(CLOZE).stem
     if tasks and f"eval/{name}/acc_norm" in tasks[-1]:  # unless run.eval_tasks was overridden
         last = tasks[-1]
-        print(f"{name} (in the loop, report panel {name}): acc_norm {last[f'eval/{name}/acc_norm']:.2f} +- "
-              f"{last[f'eval/{name}/acc_norm_stderr']:.2f} against chance {last[f'eval/{name}/chance']:.2f}.")
+        print(
+            f"{name} (in the loop, report panel {name}): acc_norm {last[f'eval/{name}/acc_norm']:.2f} +- "
+            f"{last[f'eval/{name}/acc_norm_stderr']:.2f} against chance {last[f'eval/{name}/chance']:.2f}."
+        )
     return 0 if val < entropy else 1
 
 

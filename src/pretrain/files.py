@@ -91,8 +91,10 @@ def check_output_dir(path: str | Path, flag: str) -> Path:
         name_max = 255
     for part in absolute.relative_to(existing).parts:
         if len(os.fsencode(part)) > name_max:
-            raise UsageError(f"{where}: the name {display_path(part)[:32]}... ({len(os.fsencode(part))} bytes) is "
-                             f"longer than the file system allows ({name_max} bytes); give a shorter name")
+            raise UsageError(
+                f"{where}: the name {display_path(part)[:32]}... ({len(os.fsencode(part))} bytes) is "
+                f"longer than the file system allows ({name_max} bytes); give a shorter name"
+            )
     # An existing directory is written into and renamed (replaced): its parent must be writable too.
     for folder in (absolute.parent, absolute) if existing == absolute else (existing,):
         try:
@@ -100,14 +102,18 @@ def check_output_dir(path: str | Path, flag: str) -> Path:
             os.close(fd)
             os.unlink(probe)
         except OSError as e:
-            raise UsageError(f"{where}: cannot write in {display_path(folder)} ({e.strerror}); give a directory "
-                             "you can write to") from None
+            raise UsageError(
+                f"{where}: cannot write in {display_path(folder)} ({e.strerror}); give a directory you can write to"
+            ) from None
     return path
 
 
-def write_error(e: OSError, where: str, what: str,
-                kept: str = "nothing was changed (free space or fix the permissions, then run again)"
-                ) -> UsageError | None:
+def write_error(
+    e: OSError,
+    where: str,
+    what: str,
+    kept: str = "nothing was changed (free space or fix the permissions, then run again)",
+) -> UsageError | None:
     """A one-line UsageError for a write that failed for a reason the user fixes (disk full, read-only,
     permissions), saying what is `kept`; None for any other error (a bug, to be shown as one)."""
     if e.errno not in WRITE_ERRNOS:
@@ -126,8 +132,11 @@ def writer_lock(final: Path, flag: str) -> HeldLock:
     """One writer of the directory `final` at a time, whichever command writes it (a plain `prepare` or a
     `prepare --tasks` launcher): the lock `.NAME.lock` beside it (lock.py: released when its holder ends in
     any way; the file stays and then means nothing)."""
-    return exclusive_lock(final.with_name(f"{hidden_prefix(final)}.lock"), f"{flag} {display_path(final)}",
-                          "another `pretrain prepare` is building it: wait for it to end or stop it")
+    return exclusive_lock(
+        final.with_name(f"{hidden_prefix(final)}.lock"),
+        f"{flag} {display_path(final)}",
+        "another `pretrain prepare` is building it: wait for it to end or stop it",
+    )
 
 
 def refuse_foreign(final: Path, flag: str, ours: tuple[str, ...]) -> None:
@@ -136,12 +145,17 @@ def refuse_foreign(final: Path, flag: str, ours: tuple[str, ...]) -> None:
     keeps there. Any other name is foreign, whatever it ends with (a user's draft.tmp, a backup.tmp/)."""
     if not final.is_dir():
         return
-    foreign = sorted(p.name for p in final.iterdir() if p.name not in ours
-                     and not ((m := ATOMIC_TEMP.fullmatch(p.name)) and m["name"] in ours))
+    foreign = sorted(
+        p.name
+        for p in final.iterdir()
+        if p.name not in ours and not ((m := ATOMIC_TEMP.fullmatch(p.name)) and m["name"] in ours)
+    )
     if foreign:
         shown = ", ".join(map(display_path, foreign[:3])) + (" ..." if len(foreign) > 3 else "")
-        raise UsageError(f"{flag} {display_path(final)} holds files this command did not write ({shown}); they "
-                         "would be lost when it is replaced: give a new or empty directory")
+        raise UsageError(
+            f"{flag} {display_path(final)} holds files this command did not write ({shown}); they "
+            "would be lost when it is replaced: give a new or empty directory"
+        )
 
 
 def aside_path(final: Path) -> Path:
@@ -186,8 +200,9 @@ class StagedDirectory:
         self.flag = flag
         name = self.final.name
         if not name:
-            raise UsageError(f"{flag} {display_path(final)}: the root directory cannot be replaced; give a directory "
-                             "below it")
+            raise UsageError(
+                f"{flag} {display_path(final)}: the root directory cannot be replaced; give a directory below it"
+            )
         self._prefix = hidden_prefix(self.final)
         self.path = self.final.with_name(f"{self._prefix}.{os.getpid()}.tmp")
         self._aside = aside_path(self.final)
@@ -233,7 +248,7 @@ class StagedDirectory:
         swap never happened."""
         host = socket.gethostname()
         for leftover in self.final.parent.glob(f"{glob.escape(self._prefix)}.*"):
-            suffix = leftover.name[len(self._prefix) + 1:]
+            suffix = leftover.name[len(self._prefix) + 1 :]
             pid, _, kind = suffix.partition(".")
             if not (pid.isdigit() and kind in ("tmp", "old") and leftover.is_dir()) or int(pid) == os.getpid():
                 continue

@@ -29,47 +29,67 @@ def _spec(name, memory_mib, bandwidth, **peaks) -> GpuSpec:
     return GpuSpec(name=name, peak_tflops=peaks, memory_bytes=memory_mib * MiB, bandwidth_gbps=bandwidth)
 
 
-CATALOG: dict[str, GpuSpec] = {s.name: s for s in [
-    # NVIDIA V100 SXM2 (Volta): fp16 tensor cores only, no bf16 and no tf32.
-    _spec("v100-16gb", 16 * 1024, 900, fp32=15.7, fp16=125.0),
-    _spec("v100-32gb", 32 * 1024, 900, fp32=15.7, fp16=125.0),
-    _spec("t4", 15 * 1024, 320, fp32=8.1, fp16=65.0),
-    # Ampere.
-    _spec("a10", 24 * 1024, 600, fp32=31.2, tf32=62.5, fp16=125.0, bf16=125.0),
-    _spec("a100-40gb", 40 * 1024, 1555, fp32=19.5, tf32=156.0, fp16=312.0, bf16=312.0),
-    _spec("a100-80gb", 80 * 1024, 2039, fp32=19.5, tf32=156.0, fp16=312.0, bf16=312.0),
-    _spec("a800-80gb", 80 * 1024, 2039, fp32=19.5, tf32=156.0, fp16=312.0, bf16=312.0),
-    _spec("rtx3090", 24 * 1024, 936, fp32=35.6, tf32=35.6, fp16=71.0, bf16=71.0),
-    # Ada and Hopper (fp8 dense with fp32 accumulation).
-    _spec("rtx4090", 24 * 1024, 1008, fp32=82.6, tf32=82.6, fp16=165.2, bf16=165.2, fp8=330.3),
-    _spec("l40s", 46068, 864, fp32=91.6, tf32=183.0, fp16=362.05, bf16=362.05, fp8=733.0),
-    _spec("h100-pcie", 81559, 2000, fp32=51.0, tf32=378.0, fp16=756.0, bf16=756.0, fp8=1513.0),
-    _spec("h100-sxm", 81559, 3350, fp32=67.0, tf32=494.7, fp16=989.4, bf16=989.4, fp8=1978.9),
-    _spec("h800", 81559, 3350, fp32=67.0, tf32=494.7, fp16=989.4, bf16=989.4, fp8=1978.9),
-    _spec("h200", 143771, 4800, fp32=67.0, tf32=494.7, fp16=989.4, bf16=989.4, fp8=1978.9),
-    _spec("b200", 183359, 8000, fp32=80.0, tf32=1100.0, fp16=2250.0, bf16=2250.0, fp8=4500.0),
-    # AMD Instinct MI300X.
-    _spec("mi300x", 192 * 1024, 5300, fp32=163.4, tf32=653.7, fp16=1307.4, bf16=1307.4, fp8=2614.9),
-    # A CPU has no data-sheet peak here: measure it with `pretrain bench` (hardware.profile) or set
-    # hardware.peak_tflops; memory is the host's.
-    GpuSpec(name="cpu", peak_tflops={}, memory_bytes=0, bandwidth_gbps=0.0, source="measure with pretrain bench"),
-    # A GPU the catalog lacks: give hardware.memory_gb and hardware.peak_tflops (or a profile). `pretrain
-    # train` on such a card takes its memory from the device and measures its matmul peak at start.
-    GpuSpec(name="other-gpu", peak_tflops={}, memory_bytes=0, bandwidth_gbps=0.0,
-            source="measure with pretrain bench"),
-]}
+CATALOG: dict[str, GpuSpec] = {
+    s.name: s
+    for s in [
+        # NVIDIA V100 SXM2 (Volta): fp16 tensor cores only, no bf16 and no tf32.
+        _spec("v100-16gb", 16 * 1024, 900, fp32=15.7, fp16=125.0),
+        _spec("v100-32gb", 32 * 1024, 900, fp32=15.7, fp16=125.0),
+        _spec("t4", 15 * 1024, 320, fp32=8.1, fp16=65.0),
+        # Ampere.
+        _spec("a10", 24 * 1024, 600, fp32=31.2, tf32=62.5, fp16=125.0, bf16=125.0),
+        _spec("a100-40gb", 40 * 1024, 1555, fp32=19.5, tf32=156.0, fp16=312.0, bf16=312.0),
+        _spec("a100-80gb", 80 * 1024, 2039, fp32=19.5, tf32=156.0, fp16=312.0, bf16=312.0),
+        _spec("a800-80gb", 80 * 1024, 2039, fp32=19.5, tf32=156.0, fp16=312.0, bf16=312.0),
+        _spec("rtx3090", 24 * 1024, 936, fp32=35.6, tf32=35.6, fp16=71.0, bf16=71.0),
+        # Ada and Hopper (fp8 dense with fp32 accumulation).
+        _spec("rtx4090", 24 * 1024, 1008, fp32=82.6, tf32=82.6, fp16=165.2, bf16=165.2, fp8=330.3),
+        _spec("l40s", 46068, 864, fp32=91.6, tf32=183.0, fp16=362.05, bf16=362.05, fp8=733.0),
+        _spec("h100-pcie", 81559, 2000, fp32=51.0, tf32=378.0, fp16=756.0, bf16=756.0, fp8=1513.0),
+        _spec("h100-sxm", 81559, 3350, fp32=67.0, tf32=494.7, fp16=989.4, bf16=989.4, fp8=1978.9),
+        _spec("h800", 81559, 3350, fp32=67.0, tf32=494.7, fp16=989.4, bf16=989.4, fp8=1978.9),
+        _spec("h200", 143771, 4800, fp32=67.0, tf32=494.7, fp16=989.4, bf16=989.4, fp8=1978.9),
+        _spec("b200", 183359, 8000, fp32=80.0, tf32=1100.0, fp16=2250.0, bf16=2250.0, fp8=4500.0),
+        # AMD Instinct MI300X.
+        _spec("mi300x", 192 * 1024, 5300, fp32=163.4, tf32=653.7, fp16=1307.4, bf16=1307.4, fp8=2614.9),
+        # A CPU has no data-sheet peak here: measure it with `pretrain bench` (hardware.profile) or set
+        # hardware.peak_tflops; memory is the host's.
+        GpuSpec(name="cpu", peak_tflops={}, memory_bytes=0, bandwidth_gbps=0.0, source="measure with pretrain bench"),
+        # A GPU the catalog lacks: give hardware.memory_gb and hardware.peak_tflops (or a profile). `pretrain
+        # train` on such a card takes its memory from the device and measures its matmul peak at start.
+        GpuSpec(
+            name="other-gpu", peak_tflops={}, memory_bytes=0, bandwidth_gbps=0.0, source="measure with pretrain bench"
+        ),
+    ]
+}
 
 # Links per GPU per direction, GB/s, from the data sheets: NVLink's total bidirectional figure halved (V100 300
 # -> 150, A100 600 -> 300, A800 400 -> 200, H100/H200 900 -> 450, H800 400 -> 200, B200 1,800 -> 900, MI300X
 # Infinity Fabric 896 -> 448), PCIe x16 for cards without it (Gen3 16, Gen4 32, Gen5 64); the network is one
 # NIC per GPU as in NVIDIA's DGX systems (DGX-1 100 Gb/s EDR 12.5, DGX A100 200 Gb/s HDR 25, DGX H100 / B200
 # 400 Gb/s NDR 50), 100 Gb/s Ethernet for PCIe cards.
-LINKS = {"v100-16gb": (150, 12.5), "v100-32gb": (150, 12.5), "t4": (16, 12.5), "a10": (32, 12.5),
-         "a100-40gb": (300, 25), "a100-80gb": (300, 25), "a800-80gb": (200, 25), "rtx3090": (32, 12.5),
-         "rtx4090": (32, 12.5), "l40s": (32, 12.5), "h100-pcie": (64, 50), "h100-sxm": (450, 50), "h800": (200, 50),
-         "h200": (450, 50), "b200": (900, 50), "mi300x": (448, 50)}
-CATALOG = {name: (replace(spec, intra_node_gbps=LINKS[name][0], inter_node_gbps=LINKS[name][1])
-                  if name in LINKS else spec) for name, spec in CATALOG.items()}
+LINKS = {
+    "v100-16gb": (150, 12.5),
+    "v100-32gb": (150, 12.5),
+    "t4": (16, 12.5),
+    "a10": (32, 12.5),
+    "a100-40gb": (300, 25),
+    "a100-80gb": (300, 25),
+    "a800-80gb": (200, 25),
+    "rtx3090": (32, 12.5),
+    "rtx4090": (32, 12.5),
+    "l40s": (32, 12.5),
+    "h100-pcie": (64, 50),
+    "h100-sxm": (450, 50),
+    "h800": (200, 50),
+    "h200": (450, 50),
+    "b200": (900, 50),
+    "mi300x": (448, 50),
+}
+CATALOG = {
+    name: (replace(spec, intra_node_gbps=LINKS[name][0], inter_node_gbps=LINKS[name][1]) if name in LINKS else spec)
+    for name, spec in CATALOG.items()
+}
 
 ALIASES = {"h100": "h100-sxm", "a100": "a100-80gb", "v100": "v100-32gb", "a800": "a800-80gb"}
 # What each training precision multiplies in (the catalog's peaks are per dtype).
@@ -87,8 +107,13 @@ def caches_weight_casts(train, parallel) -> bool:
     """train.cache_weight_casts where the trainer applies it: autocast does the casting (a *-mixed precision
     or fp8; FSDP's policy casts instead) and the parameters are plain tensors of one stage (no tensor or
     pipeline parallelism), so one autocast context can span a step's micro-batches."""
-    return (train.cache_weight_casts and mixed_precision(train.precision) and not parallel.fsdp
-            and parallel.tensor == 1 and parallel.pipeline == 1)
+    return (
+        train.cache_weight_casts
+        and mixed_precision(train.precision)
+        and not parallel.fsdp
+        and parallel.tensor == 1
+        and parallel.pipeline == 1
+    )
 
 
 def gpu_spec(name: str) -> GpuSpec:
@@ -101,11 +126,24 @@ def gpu_spec(name: str) -> GpuSpec:
 def catalog_name(device_name: str) -> str | None:
     """The catalog entry for a `torch.cuda.get_device_name()` string, e.g. 'NVIDIA H100 80GB HBM3'."""
     name = device_name.upper()
-    rules = [("H100", "PCIE", "h100-pcie"), ("H100", "", "h100-sxm"), ("H200", "", "h200"), ("H800", "", "h800"),
-             ("A100", "80GB", "a100-80gb"), ("A100", "", "a100-40gb"), ("A800", "", "a800-80gb"),
-             ("L40S", "", "l40s"), ("4090", "", "rtx4090"), ("3090", "", "rtx3090"), ("V100", "32GB", "v100-32gb"),
-             ("V100", "", "v100-16gb"), ("A10", "", "a10"), ("T4", "", "t4"), ("MI300X", "", "mi300x"),
-             ("B200", "", "b200")]
+    rules = [
+        ("H100", "PCIE", "h100-pcie"),
+        ("H100", "", "h100-sxm"),
+        ("H200", "", "h200"),
+        ("H800", "", "h800"),
+        ("A100", "80GB", "a100-80gb"),
+        ("A100", "", "a100-40gb"),
+        ("A800", "", "a800-80gb"),
+        ("L40S", "", "l40s"),
+        ("4090", "", "rtx4090"),
+        ("3090", "", "rtx3090"),
+        ("V100", "32GB", "v100-32gb"),
+        ("V100", "", "v100-16gb"),
+        ("A10", "", "a10"),
+        ("T4", "", "t4"),
+        ("MI300X", "", "mi300x"),
+        ("B200", "", "b200"),
+    ]
     for model, variant, key in rules:
         if model in name and variant in name:
             return key

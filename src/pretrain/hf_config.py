@@ -25,28 +25,64 @@ READ, IGNORED = "read", "ignored"
 @dataclass(frozen=True)
 class Neutral:
     """A field refused by name unless its value is one of `values` (a missing field is neutral)."""
+
     values: tuple
     fix: str
 
 
 # Fields of every PreTrainedConfig that do not change what the model computes.
-_COMMON = dict.fromkeys((
-    "_name_or_path", "architectures", "transformers_version", "model_type", "dtype", "torch_dtype", "use_cache",
-    "bos_token_id", "eos_token_id", "pad_token_id", "id2label", "label2id", "problem_type", "return_dict",
-    "output_attentions", "output_hidden_states", "chunk_size_feed_forward", "is_encoder_decoder",
-), IGNORED) | {"initializer_range": READ, "tie_word_embeddings": READ}
+_COMMON = dict.fromkeys(
+    (
+        "_name_or_path",
+        "architectures",
+        "transformers_version",
+        "model_type",
+        "dtype",
+        "torch_dtype",
+        "use_cache",
+        "bos_token_id",
+        "eos_token_id",
+        "pad_token_id",
+        "id2label",
+        "label2id",
+        "problem_type",
+        "return_dict",
+        "output_attentions",
+        "output_hidden_states",
+        "chunk_size_feed_forward",
+        "is_encoder_decoder",
+    ),
+    IGNORED,
+) | {"initializer_range": READ, "tie_word_embeddings": READ}
 
-_LLAMA_LIKE = _COMMON | dict.fromkeys((
-    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-    "num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps", "rope_theta",
-    "rope_parameters", "rope_scaling",  # model.rope_theta and model.rope_scaling (_rope)
-), READ) | {
-    "attention_dropout": IGNORED,
-    "hidden_act": Neutral(("silu",), "pretrain's MLP is SwiGLU; use a silu config"),
-}
+_LLAMA_LIKE = (
+    _COMMON
+    | dict.fromkeys(
+        (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "max_position_embeddings",
+            "rms_norm_eps",
+            "rope_theta",
+            "rope_parameters",
+            "rope_scaling",  # model.rope_theta and model.rope_scaling (_rope)
+        ),
+        READ,
+    )
+    | {
+        "attention_dropout": IGNORED,
+        "hidden_act": Neutral(("silu",), "pretrain's MLP is SwiGLU; use a silu config"),
+    }
+)
 _BIAS_FREE = {  # LlamaConfig / Qwen3Config: attention_bias biases o_proj too, mlp_bias every MLP projection
-    "attention_bias": Neutral((False,), "pretrain has q/k/v biases only (model.qkv_bias, as Qwen2); use a "
-                                        "config without it"),
+    "attention_bias": Neutral(
+        (False,), "pretrain has q/k/v biases only (model.qkv_bias, as Qwen2); use a config without it"
+    ),
     "mlp_bias": Neutral((False,), "pretrain's MLP has no biases; use a config without it"),
 }
 _QWEN_WINDOW = dict.fromkeys(("sliding_window", "use_sliding_window", "max_window_layers", "layer_types"), READ)
@@ -57,36 +93,63 @@ FIELDS: dict[str, dict] = {
     "mistral": _LLAMA_LIKE | {"sliding_window": READ},  # in every layer
     "qwen2": _LLAMA_LIKE | _QWEN_WINDOW,  # q/k/v biases always: model.qkv_bias
     "qwen3": _LLAMA_LIKE | _QWEN_WINDOW | {"attention_bias": _BIAS_FREE["attention_bias"]},  # QK-norm always
-    "gpt2": _COMMON | dict.fromkeys((
-        "vocab_size", "n_embd", "n_layer", "n_head", "n_inner", "n_positions", "layer_norm_epsilon"), READ) | {
+    "gpt2": _COMMON
+    | dict.fromkeys(("vocab_size", "n_embd", "n_layer", "n_head", "n_inner", "n_positions", "layer_norm_epsilon"), READ)
+    | {
         "n_ctx": IGNORED,  # older configs: n_positions sizes the position table
-        "resid_pdrop": IGNORED, "embd_pdrop": IGNORED, "attn_pdrop": IGNORED,
+        "resid_pdrop": IGNORED,
+        "embd_pdrop": IGNORED,
+        "attn_pdrop": IGNORED,
         "reorder_and_upcast_attn": IGNORED,  # the fp32 attention matmul of mixed precision: the same math
         # GPT2DoubleHeadsModel's classification head, not the language model
-        **dict.fromkeys(("summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
-                         "summary_first_dropout"), IGNORED),
-        "activation_function": Neutral(("gelu_new", "gelu_pytorch_tanh"),
-                                       "pretrain's GPT-2 MLP is gelu_new; use a gelu_new config"),
-        "scale_attn_weights": Neutral((True,), "pretrain scales attention scores by 1/sqrt(head_dim); set it to "
-                                               "true"),
-        "scale_attn_by_inverse_layer_idx": Neutral((False,), "pretrain scales no layer's scores by its depth; set "
-                                                             "it to false"),
+        **dict.fromkeys(
+            (
+                "summary_type",
+                "summary_use_proj",
+                "summary_activation",
+                "summary_proj_to_labels",
+                "summary_first_dropout",
+            ),
+            IGNORED,
+        ),
+        "activation_function": Neutral(
+            ("gelu_new", "gelu_pytorch_tanh"), "pretrain's GPT-2 MLP is gelu_new; use a gelu_new config"
+        ),
+        "scale_attn_weights": Neutral((True,), "pretrain scales attention scores by 1/sqrt(head_dim); set it to true"),
+        "scale_attn_by_inverse_layer_idx": Neutral(
+            (False,), "pretrain scales no layer's scores by its depth; set it to false"
+        ),
         "add_cross_attention": Neutral((False,), "pretrain builds decoder-only blocks; set it to false"),
     },
 }
 # Mixture-of-Experts families (the keys of docs/moe.md). Their routers' options are read; a router's training
 # noise (Mixtral's jitter) and the router-logit outputs are training choices, ignored like dropout.
-_MOE = {"num_experts_per_tok": READ, "norm_topk_prob": READ, "router_aux_loss_coef": READ,
-        "output_router_logits": IGNORED}
+_MOE = {
+    "num_experts_per_tok": READ,
+    "norm_topk_prob": READ,
+    "router_aux_loss_coef": READ,
+    "output_router_logits": IGNORED,
+}
 FIELDS |= {
     "mixtral": FIELDS["mistral"] | _MOE | {"num_local_experts": READ, "router_jitter_noise": IGNORED},
-    "qwen3_moe": FIELDS["qwen3"] | _MOE | {
-        "num_experts": READ, "num_local_experts": READ, "moe_intermediate_size": READ, "mlp_only_layers": READ,
-        "decoder_sparse_step": Neutral((1,), "pretrain's MoE blocks are every block after the dense ones "
-                                             "(model.first_dense_layers); use decoder_sparse_step 1"),
+    "qwen3_moe": FIELDS["qwen3"]
+    | _MOE
+    | {
+        "num_experts": READ,
+        "num_local_experts": READ,
+        "moe_intermediate_size": READ,
+        "mlp_only_layers": READ,
+        "decoder_sparse_step": Neutral(
+            (1,),
+            "pretrain's MoE blocks are every block after the dense ones "
+            "(model.first_dense_layers); use decoder_sparse_step 1",
+        ),
     },
-    "olmoe": _LLAMA_LIKE | _MOE | {
-        "num_experts": READ, "attention_bias": _BIAS_FREE["attention_bias"],
+    "olmoe": _LLAMA_LIKE
+    | _MOE
+    | {
+        "num_experts": READ,
+        "attention_bias": _BIAS_FREE["attention_bias"],
         "clip_qkv": Neutral((None,), "pretrain does not clamp q, k, v; use a config without clip_qkv"),
     },
 }
@@ -96,24 +159,57 @@ FIELDS |= {
 # parameter or a FLOP is read; how tokens are routed, RoPE scaling, the quantised storage of the published weights
 # and the sliding window of half of gpt-oss's layers change no count (its attention FLOPs are counted over the full
 # sequence in every layer, an upper bound), so they are ignored here rather than refused.
-_PLANNED = _LLAMA_LIKE | dict.fromkeys(("rope_scaling", "quantization_config", "auto_map", "output_router_logits"),
-                                       IGNORED) | dict.fromkeys(("num_experts_per_tok", "router_aux_loss_coef"), READ)
+_PLANNED = (
+    _LLAMA_LIKE
+    | dict.fromkeys(("rope_scaling", "quantization_config", "auto_map", "output_router_logits"), IGNORED)
+    | dict.fromkeys(("num_experts_per_tok", "router_aux_loss_coef"), READ)
+)
 PLANNED = {
     # num_nextn_predict_layers: DeepSeek-V3's multi-token-prediction module, which transformers does not build
     # either (the hub's 685B = 671B + 14B of it)
-    "deepseek_v3": _PLANNED | dict.fromkeys((
-        "moe_intermediate_size", "n_routed_experts", "n_shared_experts", "first_k_dense_replace", "q_lora_rank",
-        "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "qk_head_dim", "scoring_func",
-        "norm_topk_prob"), READ) | dict.fromkeys((
-        "n_group", "topk_group", "routed_scaling_factor", "topk_method", "rope_interleave", "ep_size",
-        "aux_loss_alpha", "seq_aux", "num_nextn_predict_layers", "pretraining_tp"), IGNORED) | {
+    "deepseek_v3": _PLANNED
+    | dict.fromkeys(
+        (
+            "moe_intermediate_size",
+            "n_routed_experts",
+            "n_shared_experts",
+            "first_k_dense_replace",
+            "q_lora_rank",
+            "kv_lora_rank",
+            "qk_nope_head_dim",
+            "qk_rope_head_dim",
+            "v_head_dim",
+            "qk_head_dim",
+            "scoring_func",
+            "norm_topk_prob",
+        ),
+        READ,
+    )
+    | dict.fromkeys(
+        (
+            "n_group",
+            "topk_group",
+            "routed_scaling_factor",
+            "topk_method",
+            "rope_interleave",
+            "ep_size",
+            "aux_loss_alpha",
+            "seq_aux",
+            "num_nextn_predict_layers",
+            "pretraining_tp",
+        ),
+        IGNORED,
+    )
+    | {
         "attention_bias": _BIAS_FREE["attention_bias"],
         "moe_layer_freq": Neutral((1,), "pretrain plans an MoE layer in every block after first_k_dense_replace"),
     },
     # swiglu_alpha, swiglu_limit: gpt-oss's clamped SwiGLU, the same parameters and FLOPs as ours
-    "gpt_oss": _PLANNED | dict.fromkeys(("num_local_experts", "experts_per_token", "attention_bias"), READ)
-    | dict.fromkeys(("sliding_window", "layer_types", "initial_context_length", "swiglu_alpha", "swiglu_limit"),
-                    IGNORED),
+    "gpt_oss": _PLANNED
+    | dict.fromkeys(("num_local_experts", "experts_per_token", "attention_bias"), READ)
+    | dict.fromkeys(
+        ("sliding_window", "layer_types", "initial_context_length", "swiglu_alpha", "swiglu_limit"), IGNORED
+    ),
 }
 FIELDS.update(PLANNED)
 
@@ -121,9 +217,9 @@ FIELDS.update(PLANNED)
 UNBUILT = {
     "gemma": "GeGLU MLP (hidden_activation), embeddings scaled by sqrt(hidden_size), (1 + weight) RMSNorm",
     "gemma2": "attn_logit_softcapping, final_logit_softcapping, query_pre_attn_scalar, GeGLU MLP "
-              "(hidden_activation), pre/post-feedforward norms, embeddings scaled by sqrt(hidden_size)",
+    "(hidden_activation), pre/post-feedforward norms, embeddings scaled by sqrt(hidden_size)",
     "gemma3": "GeGLU MLP (hidden_activation), QK-norm with (1 + weight), pre/post-feedforward norms, "
-              "local/global rope_parameters, embeddings scaled by sqrt(hidden_size)",
+    "local/global rope_parameters, embeddings scaled by sqrt(hidden_size)",
     "qwen2_moe": "mixture-of-experts MLP (num_experts, shared_expert_intermediate_size)",
     "phi3": "fused qkv_proj / gate_up_proj naming, partial rotary, rope_scaling (longrope)",
     "gpt_neox": "parallel attention and MLP (use_parallel_residual), partial rotary (rotary_pct), LayerNorm",
@@ -144,18 +240,29 @@ def model_keys(hf: dict, where: str) -> dict:
     kind = kind if isinstance(kind, str) else None
     if kind not in FIELDS:
         what = f"{kind}: {_unbuilt(kind, hf)} are not built" if kind else "no model_type"
-        raise ConfigError(f"{where}: {what}; supported model_type: {', '.join(k for k in FIELDS if k not in PLANNED)}"
-                          f" (planner only: {', '.join(PLANNED)})")
-    refused = [_refusal(name, hf[name], rule) for name, rule in FIELDS[kind].items()
-               if isinstance(rule, Neutral) and name in hf and hf[name] not in rule.values]
+        raise ConfigError(
+            f"{where}: {what}; supported model_type: {', '.join(k for k in FIELDS if k not in PLANNED)}"
+            f" (planner only: {', '.join(PLANNED)})"
+        )
+    refused = [
+        _refusal(name, hf[name], rule)
+        for name, rule in FIELDS[kind].items()
+        if isinstance(rule, Neutral) and name in hf and hf[name] not in rule.values
+    ]
     if refused:
         raise ConfigError(f"{where}: {kind}: {'; '.join(refused)}")
     try:
-        keys = (_gpt2_keys(hf) if kind == "gpt2" else _planned_keys(hf, kind) if kind in PLANNED
-                else _llama_keys(hf, kind, where))
+        keys = (
+            _gpt2_keys(hf)
+            if kind == "gpt2"
+            else _planned_keys(hf, kind)
+            if kind in PLANNED
+            else _llama_keys(hf, kind, where)
+        )
     except KeyError as e:
-        raise ConfigError(f"{where} has no {e.args[0]!r}, which a {kind} config.json needs; "
-                          "give the model's complete config.json") from None
+        raise ConfigError(
+            f"{where} has no {e.args[0]!r}, which a {kind} config.json needs; give the model's complete config.json"
+        ) from None
     if "initializer_range" in hf:
         keys["init_std"] = hf["initializer_range"]
     return keys
@@ -186,21 +293,36 @@ def _unbuilt(kind: str, hf: dict) -> str:
 
 def _gpt2_keys(hf: dict) -> dict:
     h = hf["n_embd"]
-    return dict(family="gpt2", vocab_size=hf["vocab_size"], hidden_size=h, num_layers=hf["n_layer"],
-                num_heads=hf["n_head"], intermediate_size=hf.get("n_inner") or 4 * h,
-                max_seq_len=hf["n_positions"], tie_embeddings=hf.get("tie_word_embeddings", True),
-                bias=True, norm_eps=hf.get("layer_norm_epsilon", 1e-5))
+    return dict(
+        family="gpt2",
+        vocab_size=hf["vocab_size"],
+        hidden_size=h,
+        num_layers=hf["n_layer"],
+        num_heads=hf["n_head"],
+        intermediate_size=hf.get("n_inner") or 4 * h,
+        max_seq_len=hf["n_positions"],
+        tie_embeddings=hf.get("tie_word_embeddings", True),
+        bias=True,
+        norm_eps=hf.get("layer_norm_epsilon", 1e-5),
+    )
 
 
 def _llama_keys(hf: dict, kind: str, where: str) -> dict:
     layers = hf["num_hidden_layers"]
-    keys = dict(family="llama", vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
-                intermediate_size=hf["intermediate_size"], num_layers=layers,
-                num_heads=hf["num_attention_heads"],
-                num_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
-                max_seq_len=hf.get("max_position_embeddings", 2048),
-                tie_embeddings=hf.get("tie_word_embeddings", False), qkv_bias=kind == "qwen2",
-                qk_norm=kind in ("qwen3", "qwen3_moe"), norm_eps=hf.get("rms_norm_eps", 1e-6))
+    keys = dict(
+        family="llama",
+        vocab_size=hf["vocab_size"],
+        hidden_size=hf["hidden_size"],
+        intermediate_size=hf["intermediate_size"],
+        num_layers=layers,
+        num_heads=hf["num_attention_heads"],
+        num_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
+        max_seq_len=hf.get("max_position_embeddings", 2048),
+        tie_embeddings=hf.get("tie_word_embeddings", False),
+        qkv_bias=kind == "qwen2",
+        qk_norm=kind in ("qwen3", "qwen3_moe"),
+        norm_eps=hf.get("rms_norm_eps", 1e-6),
+    )
     keys["rope_theta"], keys["rope_scaling"] = _rope(hf, where)
     if hf.get("head_dim"):
         keys["head_dim"] = hf["head_dim"]
@@ -221,15 +343,21 @@ def _moe_keys(hf: dict, kind: str, where: str) -> dict:
     if experts is None:
         raise KeyError("num_local_experts" if kind == "mixtral" else "num_experts")
     k = hf["num_experts_per_tok"]
-    keys = dict(num_experts=experts, experts_per_token=k, router="softmax",
-                norm_topk_prob=True if kind == "mixtral" else bool(hf.get("norm_topk_prob", False)),
-                router_aux_loss_coef=k * hf.get("router_aux_loss_coef", 0.001 if kind != "olmoe" else 0.01))
+    keys = dict(
+        num_experts=experts,
+        experts_per_token=k,
+        router="softmax",
+        norm_topk_prob=True if kind == "mixtral" else bool(hf.get("norm_topk_prob", False)),
+        router_aux_loss_coef=k * hf.get("router_aux_loss_coef", 0.001 if kind != "olmoe" else 0.01),
+    )
     if kind == "qwen3_moe":
         keys["moe_intermediate_size"] = hf["moe_intermediate_size"]
         dense = sorted(hf.get("mlp_only_layers") or [])
         if dense != list(range(len(dense))):
-            raise ConfigError(f"{where}: mlp_only_layers {dense} is not built: pretrain's dense blocks are the "
-                              "first ones (model.first_dense_layers); use a config whose dense layers come first")
+            raise ConfigError(
+                f"{where}: mlp_only_layers {dense} is not built: pretrain's dense blocks are the "
+                "first ones (model.first_dense_layers); use a config whose dense layers come first"
+            )
         keys["first_dense_layers"] = len(dense)
     if kind == "olmoe":
         keys.update(qk_norm=True, qk_norm_over="projection")  # OLMoE norms the whole q and k projections
@@ -240,29 +368,47 @@ def _planned_keys(hf: dict, kind: str) -> dict:
     """DeepSeek-V3 (MLA, shared and routed experts, dense first blocks) and gpt-oss (attention sinks, biases on
     attention and experts) as `model:` keys that `pretrain plan` counts exactly as transformers builds them."""
     rope = hf.get("rope_parameters") if isinstance(hf.get("rope_parameters"), dict) else {}
-    keys = dict(family="llama", vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
-                intermediate_size=hf["intermediate_size"], num_layers=hf["num_hidden_layers"],
-                num_heads=hf["num_attention_heads"],
-                num_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
-                max_seq_len=hf.get("max_position_embeddings", 2048),
-                tie_embeddings=hf.get("tie_word_embeddings", False), norm_eps=hf.get("rms_norm_eps", 1e-6),
-                rope_theta=float(hf.get("rope_theta") or rope.get("rope_theta") or 10000.0),
-                experts_per_token=hf.get("num_experts_per_tok") or hf["experts_per_token"])
+    keys = dict(
+        family="llama",
+        vocab_size=hf["vocab_size"],
+        hidden_size=hf["hidden_size"],
+        intermediate_size=hf["intermediate_size"],
+        num_layers=hf["num_hidden_layers"],
+        num_heads=hf["num_attention_heads"],
+        num_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
+        max_seq_len=hf.get("max_position_embeddings", 2048),
+        tie_embeddings=hf.get("tie_word_embeddings", False),
+        norm_eps=hf.get("rms_norm_eps", 1e-6),
+        rope_theta=float(hf.get("rope_theta") or rope.get("rope_theta") or 10000.0),
+        experts_per_token=hf.get("num_experts_per_tok") or hf["experts_per_token"],
+    )
     if "router_aux_loss_coef" in hf:
         keys["router_aux_loss_coef"] = hf["router_aux_loss_coef"]
     if kind == "deepseek_v3":  # MLA's heads: no grouped keys/values; head_dim is the query/key head, nope + rope
         rope_dim = hf["qk_rope_head_dim"]
         return keys | dict(
-            num_kv_heads=hf["num_attention_heads"], head_dim=hf["qk_nope_head_dim"] + rope_dim,
-            qk_rope_head_dim=rope_dim, v_head_dim=hf["v_head_dim"], kv_lora_rank=hf["kv_lora_rank"],
-            q_lora_rank=hf.get("q_lora_rank") or 0, num_experts=hf["n_routed_experts"],
-            moe_intermediate_size=hf["moe_intermediate_size"], num_shared_experts=hf.get("n_shared_experts") or 0,
-            first_dense_layers=hf.get("first_k_dense_replace", 0), router=hf.get("scoring_func", "sigmoid"),
-            norm_topk_prob=hf.get("norm_topk_prob", True))
+            num_kv_heads=hf["num_attention_heads"],
+            head_dim=hf["qk_nope_head_dim"] + rope_dim,
+            qk_rope_head_dim=rope_dim,
+            v_head_dim=hf["v_head_dim"],
+            kv_lora_rank=hf["kv_lora_rank"],
+            q_lora_rank=hf.get("q_lora_rank") or 0,
+            num_experts=hf["n_routed_experts"],
+            moe_intermediate_size=hf["moe_intermediate_size"],
+            num_shared_experts=hf.get("n_shared_experts") or 0,
+            first_dense_layers=hf.get("first_k_dense_replace", 0),
+            router=hf.get("scoring_func", "sigmoid"),
+            norm_topk_prob=hf.get("norm_topk_prob", True),
+        )
     bias = hf.get("attention_bias", True)
-    return keys | dict(head_dim=hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"],
-                       num_experts=hf["num_local_experts"], moe_intermediate_size=hf["intermediate_size"],
-                       attention_bias=bias, attention_sinks=True, expert_bias=True)
+    return keys | dict(
+        head_dim=hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"],
+        num_experts=hf["num_local_experts"],
+        moe_intermediate_size=hf["intermediate_size"],
+        attention_bias=bias,
+        attention_sinks=True,
+        expert_bias=True,
+    )
 
 
 def _rope(hf: dict, where: str) -> tuple[float, dict | None]:
@@ -275,8 +421,10 @@ def _rope(hf: dict, where: str) -> tuple[float, dict | None]:
     if isinstance(theta, bool) or not isinstance(theta, (int, float)):
         raise ConfigError(f"{where}: rope_theta {theta!r} is not a number; fix the config.json")
     if rope.pop("partial_rotary_factor", 1.0) != 1.0:
-        raise ConfigError(f"{where}: partial_rotary_factor (rotary on part of each head) is not built; use a "
-                          "config that rotates whole heads")
+        raise ConfigError(
+            f"{where}: partial_rotary_factor (rotary on part of each head) is not built; use a "
+            "config that rotates whole heads"
+        )
     if rope.get("rope_type", rope.get("type")) in ("llama3", "yarn"):  # as transformers standardises it
         rope.setdefault("original_max_position_embeddings", hf.get("max_position_embeddings"))
     return float(theta), checked_rope_scaling(rope or None, where=f"{where}: rope_scaling")
@@ -294,8 +442,10 @@ def _window(hf: dict, kind: str, layers: int, where: str) -> int | None:
     elif isinstance(types, list):
         other = sorted({str(t) for t in types} - {"full_attention", "sliding_attention"})
         if other:
-            raise ConfigError(f"{where}: layer_types {other[0]!r} is not built (pretrain builds full_attention "
-                              "and sliding_attention up to the window); use a config without it")
+            raise ConfigError(
+                f"{where}: layer_types {other[0]!r} is not built (pretrain builds full_attention "
+                "and sliding_attention up to the window); use a config without it"
+            )
         slides = "sliding_attention" in types and hf.get("use_sliding_window", False)
     else:
         slides = hf.get("use_sliding_window", False) and hf.get("max_window_layers", layers) < layers

@@ -45,8 +45,9 @@ def exclusive_lock(path: Path, what: str, fix: str) -> HeldLock:
         # O_CLOEXEC: a program this process starts must not inherit (and keep alive) the lock.
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     except OSError as e:
-        raise UsageError(f"{what}: cannot create its lock file {path} ({e.strerror}); choose a directory you can "
-                         "write") from None
+        raise UsageError(
+            f"{what}: cannot create its lock file {path} ({e.strerror}); choose a directory you can write"
+        ) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -62,7 +63,7 @@ def exclusive_lock(path: Path, what: str, fix: str) -> HeldLock:
 
 
 def _holder(fd: int) -> str:
-    """"PID 123 on HOST" from the lock file; the holder writes it just after taking the lock, so wait a
+    """ "PID 123 on HOST" from the lock file; the holder writes it just after taking the lock, so wait a
     moment for a lock taken an instant ago."""
     for _ in range(20):
         fields = os.pread(fd, 4096, 0).decode(errors="replace").split()

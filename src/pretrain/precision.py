@@ -30,8 +30,12 @@ def matmul_dtype(precision: str, device_type: str) -> str:
 
 def half_dtype(precision: str) -> torch.dtype | None:
     """The 16-bit dtype the matmuls run in (fp8: those outside the converted linears), or None for fp32."""
-    return {"fp16-mixed": torch.float16, "bf16-mixed": torch.bfloat16, "bf16": torch.bfloat16,
-            "fp8": torch.bfloat16}.get(precision)
+    return {
+        "fp16-mixed": torch.float16,
+        "bf16-mixed": torch.bfloat16,
+        "bf16": torch.bfloat16,
+        "fp8": torch.bfloat16,
+    }.get(precision)
 
 
 def weight_dtype(precision: str) -> torch.dtype:

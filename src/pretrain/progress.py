@@ -25,8 +25,7 @@ def counting_bar(label: str, enabled: bool = True, eta: bool = False, file=None)
     None; transient: the result table replaces it. `file`: as terminal_bar's."""
     from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    columns = [TextColumn(f"{label} {{task.description:<36}}"), BarColumn(), MofNCompleteColumn(),
-               TimeElapsedColumn()]
+    columns = [TextColumn(f"{label} {{task.description:<36}}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
     if eta:
         columns += [TextColumn("ETA"), TimeRemainingColumn()]
     bar = terminal_bar(*columns, enabled=enabled, transient=True, file=file)
@@ -35,5 +34,4 @@ def counting_bar(label: str, enabled: bool = True, eta: bool = False, file=None)
         return
     with bar:
         task = bar.add_task("", total=None)
-        yield lambda done, total, description: bar.update(task, completed=done, total=total,
-                                                          description=description)
+        yield lambda done, total, description: bar.update(task, completed=done, total=total, description=description)

@@ -24,11 +24,14 @@ from .errors import ConfigError
 # rope_type -> (required keys, optional keys), the names transformers' modeling_rope_utils reads
 KEYS = {
     "llama3": (("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"), ()),
-    "yarn": (("factor", "original_max_position_embeddings"),
-             ("beta_fast", "beta_slow", "attention_factor", "mscale", "mscale_all_dim", "truncate")),
+    "yarn": (
+        ("factor", "original_max_position_embeddings"),
+        ("beta_fast", "beta_slow", "attention_factor", "mscale", "mscale_all_dim", "truncate"),
+    ),
 }
-EXAMPLE = "{rope_type: llama3, factor: 8, low_freq_factor: 1, high_freq_factor: 4, " \
-          "original_max_position_embeddings: 8192}"
+EXAMPLE = (
+    "{rope_type: llama3, factor: 8, low_freq_factor: 1, high_freq_factor: 4, original_max_position_embeddings: 8192}"
+)
 
 
 def checked_rope_scaling(value, where: str = "model.rope_scaling") -> dict | None:
@@ -45,13 +48,18 @@ def checked_rope_scaling(value, where: str = "model.rope_scaling") -> dict | Non
     if kind == "default" and not given:
         return None
     if kind not in KEYS:
-        raise ConfigError(f"{where}: rope_type {kind!r} is not built; choose one of {' | '.join(KEYS)} (or null "
-                          f"for unscaled RoPE), e.g. {EXAMPLE}")
+        raise ConfigError(
+            f"{where}: rope_type {kind!r} is not built; choose one of {' | '.join(KEYS)} (or null "
+            f"for unscaled RoPE), e.g. {EXAMPLE}"
+        )
     required, optional = KEYS[kind]
     for key in given:
         if key not in required + optional:
-            fix = "set model.rope_theta instead" if key == "rope_theta" else \
-                f"a {kind} mapping has {', '.join(required + optional)}"
+            fix = (
+                "set model.rope_theta instead"
+                if key == "rope_theta"
+                else f"a {kind} mapping has {', '.join(required + optional)}"
+            )
             raise ConfigError(f"{where}: unknown key {key!r} for rope_type {kind}; {fix}")
     missing = [key for key in required if given.get(key) is None]
     if missing:
@@ -61,15 +69,20 @@ def checked_rope_scaling(value, where: str = "model.rope_scaling") -> dict | Non
         if given.get(key) is not None:
             out[key] = _typed(f"{where}.{key}", key, given[key])
     if out["factor"] < 1:
-        raise ConfigError(f"{where}.factor: {out['factor']} shrinks the context; give the extension, >= 1 "
-                          "(Llama 3.1: 8)")
+        raise ConfigError(
+            f"{where}.factor: {out['factor']} shrinks the context; give the extension, >= 1 (Llama 3.1: 8)"
+        )
     if kind == "llama3" and not 0 < out["low_freq_factor"] < out["high_freq_factor"]:
-        raise ConfigError(f"{where}: needs 0 < low_freq_factor < high_freq_factor, got {out['low_freq_factor']} "
-                          f"and {out['high_freq_factor']} (Llama 3.1: 1 and 4)")
+        raise ConfigError(
+            f"{where}: needs 0 < low_freq_factor < high_freq_factor, got {out['low_freq_factor']} "
+            f"and {out['high_freq_factor']} (Llama 3.1: 1 and 4)"
+        )
     if out.get("beta_fast", 32) < out.get("beta_slow", 1):
-        raise ConfigError(f"{where}: beta_fast {out.get('beta_fast', 32)} is below beta_slow "
-                          f"{out.get('beta_slow', 1)}; beta_fast bounds the fast-rotating dimensions (default 32, "
-                          "beta_slow 1)")
+        raise ConfigError(
+            f"{where}: beta_fast {out.get('beta_fast', 32)} is below beta_slow "
+            f"{out.get('beta_slow', 1)}; beta_fast bounds the fast-rotating dimensions (default 32, "
+            "beta_slow 1)"
+        )
     return out
 
 

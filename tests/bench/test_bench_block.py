@@ -22,9 +22,21 @@ def test_block_flops_per_token_is_six_times_the_layer_plus_attention():
     assert block_flops_per_token(tiny()) == 6 * per_layer + attention
 
 
-@pytest.mark.parametrize("overrides", [[], ["train.precision=fp32"], ["train.precision=bf16"],
-                                       ["model.preset=gpt2", "model.num_layers=1", "model.hidden_size=64",
-                                        "model.num_heads=4", "model.intermediate_size=256"]])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        [],
+        ["train.precision=fp32"],
+        ["train.precision=bf16"],
+        [
+            "model.preset=gpt2",
+            "model.num_layers=1",
+            "model.hidden_size=64",
+            "model.num_heads=4",
+            "model.intermediate_size=256",
+        ],
+    ],
+)
 def test_block_throughput_is_positive_and_mfu_is_achieved_over_peak(overrides):
     result = block_throughput(tiny(*overrides), CPU, budget=0.05, peak_tflops=0.5)
     assert result["tokens_per_step"] == 128 and result["tokens_per_s"] > 0

@@ -13,8 +13,9 @@ TINY = ["model.preset=debug", "train.seq_len=64", "--seconds", "1", "--quick", "
 
 
 def pretrain(*args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "pretrain", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "pretrain", *map(str, args)], capture_output=True, text=True, timeout=timeout
+    )
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +37,10 @@ def test_json_profile_from_the_command(profile_file):
     assert profile["rounds"] == 3 and profile["threads"] >= 1 and "block_tokens_per_s" in profile["spread_pct"]
 
 
-@pytest.mark.skipif(importlib.util.find_spec("pretrain.plan.command") is None,
-                    reason="`pretrain plan` (pretrain.plan.command) is not written yet")
+@pytest.mark.skipif(
+    importlib.util.find_spec("pretrain.plan.command") is None,
+    reason="`pretrain plan` (pretrain.plan.command) is not written yet",
+)
 def test_plan_command_uses_the_profile(profile_file):
     result = pretrain("plan", "hardware.gpu=cpu", f"hardware.profile={profile_file}", "--json")
     assert result.returncode == 0, result.stderr
@@ -54,15 +57,18 @@ def test_table_output():
     assert "median of 3 rounds" in result.stdout and "spread" in result.stdout
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--dtypes", "fp64"], "--dtypes: unknown dtype fp64"),
-    (["--device", "tpu"], "--device 'tpu' is not a device"),
-    (["model.hidden_sise=64"], "unknown config key 'model.hidden_sise'; did you mean model.hidden_size?"),
-    (["--out", "/proc/profile.json"], "--out /proc/profile.json:"),  # refused before measuring
-    (["--out", "/"], "is a directory"),
-    (["--rounds", "0"], "--rounds: must be at least 1"),
-    (["--threads", "0"], "--threads: must be at least 1"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--dtypes", "fp64"], "--dtypes: unknown dtype fp64"),
+        (["--device", "tpu"], "--device 'tpu' is not a device"),
+        (["model.hidden_sise=64"], "unknown config key 'model.hidden_sise'; did you mean model.hidden_size?"),
+        (["--out", "/proc/profile.json"], "--out /proc/profile.json:"),  # refused before measuring
+        (["--out", "/"], "is a directory"),
+        (["--rounds", "0"], "--rounds: must be at least 1"),
+        (["--threads", "0"], "--threads: must be at least 1"),
+    ],
+)
 def test_bad_input_is_one_line_on_stderr_and_exit_2(args, message):
     result = pretrain("bench", *args)
     assert result.returncode == 2 and result.stdout == ""

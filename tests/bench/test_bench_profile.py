@@ -14,9 +14,23 @@ from pretrain.plan import make_plan
 from pretrain.plan.hardware import load_profile
 
 # The keys docs/bench.md documents.
-PROFILE_KEYS = {"device", "device_type", "torch", "date", "peak_tflops", "median_tflops", "shapes",
-                "memory_bandwidth_gbps", "host_to_device_gbps", "block", "rounds", "threads", "threads_chosen_as",
-                "spread_pct", "warnings"}
+PROFILE_KEYS = {
+    "device",
+    "device_type",
+    "torch",
+    "date",
+    "peak_tflops",
+    "median_tflops",
+    "shapes",
+    "memory_bandwidth_gbps",
+    "host_to_device_gbps",
+    "block",
+    "rounds",
+    "threads",
+    "threads_chosen_as",
+    "spread_pct",
+    "warnings",
+}
 
 
 @pytest.fixture

@@ -52,19 +52,24 @@ def bpe_dir(tmp_path_factory, small_corpus) -> Path:
 @pytest.fixture
 def cli():
     """run(*args): `python -m pretrain ARGS` in a fresh interpreter, as a user runs it."""
+
     def run(*args, timeout=300) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "pretrain", *map(str, args)], capture_output=True,
-                              text=True, timeout=timeout)
+        return subprocess.run(
+            [sys.executable, "-m", "pretrain", *map(str, args)], capture_output=True, text=True, timeout=timeout
+        )
+
     return run
 
 
 @pytest.fixture
 def jsonl():
     """write(path, records): one record per line; dicts are dumped as JSON, bytes written as they are."""
+
     def write(path: Path, records) -> Path:
         with open(path, "wb") as f:
             for record in records:
                 f.write(record if isinstance(record, bytes) else json.dumps(record, ensure_ascii=False).encode())
                 f.write(b"\n")
         return path
+
     return write

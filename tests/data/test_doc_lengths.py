@@ -20,5 +20,11 @@ def test_the_histogram_counts_the_offset_index_documents(prepared):
 
 
 def test_bins_are_powers_of_two():
-    assert length_histogram(length_bins(np.array([1, 2, 3, 4, 7, 8, 300, 511, 512]))) == \
-        {"1": 1, "2": 2, "4": 2, "8": 1, "256": 2, "512": 1}
+    assert length_histogram(length_bins(np.array([1, 2, 3, 4, 7, 8, 300, 511, 512]))) == {
+        "1": 1,
+        "2": 2,
+        "4": 2,
+        "8": 1,
+        "256": 2,
+        "512": 1,
+    }

@@ -23,17 +23,23 @@ def corrupt(path, offset: int, data: bytes) -> None:
         f.write(data)
 
 
-@pytest.mark.parametrize("change, message", [
-    (lambda m: m.update(vocab_size=-4), "vocab_size -4 is not a whole number in [1, 4,294,967,296]"),
-    (lambda m: m.update(vocab_size=0), "vocab_size 0 is not"),
-    (lambda m: m.update(vocab_size="512"), "vocab_size '512' is not"),
-    (lambda m: m.update(vocab_size=True), "vocab_size True is not"),
-    (lambda m: m.update(dtype="uint16", vocab_size=70_000), "vocab_size 70000 is not a whole number in [1, 65,536]"),
-    (lambda m: m.update(eos_id=99_999, vocab_size=512), "eos_id 99999 is outside the vocabulary [0, 512)"),
-    (lambda m: m.update(eos_id=-1), "eos_id -1 is outside"),
-    (lambda m: m.update(eos_id="x" * 1000), "eos_id 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx... is outside"),
-    (lambda m: m["num_docs"].update(val=1.5), "num_docs.val 1.5 is not a count"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda m: m.update(vocab_size=-4), "vocab_size -4 is not a whole number in [1, 4,294,967,296]"),
+        (lambda m: m.update(vocab_size=0), "vocab_size 0 is not"),
+        (lambda m: m.update(vocab_size="512"), "vocab_size '512' is not"),
+        (lambda m: m.update(vocab_size=True), "vocab_size True is not"),
+        (
+            lambda m: m.update(dtype="uint16", vocab_size=70_000),
+            "vocab_size 70000 is not a whole number in [1, 65,536]",
+        ),
+        (lambda m: m.update(eos_id=99_999, vocab_size=512), "eos_id 99999 is outside the vocabulary [0, 512)"),
+        (lambda m: m.update(eos_id=-1), "eos_id -1 is outside"),
+        (lambda m: m.update(eos_id="x" * 1000), "eos_id 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx... is outside"),
+        (lambda m: m["num_docs"].update(val=1.5), "num_docs.val 1.5 is not a count"),
+    ],
+)
 def test_meta_json_values_are_checked_in_one_line(tmp_path, change, message):
     folder = write_prepared(tmp_path / "d", SEQ * 101 + 1, 43)
     edit_meta(folder, change)
@@ -84,16 +90,22 @@ def test_a_token_id_outside_the_vocabulary_is_one_line_at_its_first_read(tmp_pat
 def test_open_training_data_checks_the_model_vocabulary(tmp_path):
     folder = write_prepared(tmp_path / "d", 100, 20)
     assert open_training_data(folder, "full", model_vocab_size=100_000).vocab_size == 100_000
-    with pytest.raises(ConfigError, match="model.vocab_size: 512 is smaller than the vocabulary of .* "
-                                          r"\(100000\); set model.vocab_size=100000 or more"):
+    with pytest.raises(
+        ConfigError,
+        match="model.vocab_size: 512 is smaller than the vocabulary of .* "
+        r"\(100000\); set model.vocab_size=100000 or more",
+    ):
         open_training_data(folder, "auto", model_vocab_size=512)
 
 
-@pytest.mark.parametrize("damage, message", [
-    (lambda d: corrupt(d / "train.bin", 64, b"\xff\xff"), "train.bin: sha256 differs from meta.json"),
-    (lambda d: edit_meta(d, lambda m: m.update(vocab_size=-4)), "vocab_size -4 is not a whole number"),
-    (lambda d: edit_meta(d, lambda m: m.update(eos_id=99_999)), "eos_id 99999 is outside the vocabulary"),
-])
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda d: corrupt(d / "train.bin", 64, b"\xff\xff"), "train.bin: sha256 differs from meta.json"),
+        (lambda d: edit_meta(d, lambda m: m.update(vocab_size=-4)), "vocab_size -4 is not a whole number"),
+        (lambda d: edit_meta(d, lambda m: m.update(eos_id=99_999)), "eos_id 99999 is outside the vocabulary"),
+    ],
+)
 def test_train_refuses_a_damaged_dataset_in_one_line(prepared, tmp_path, damage, message):
     data = tmp_path / "data"
     shutil.copytree(prepared, data)

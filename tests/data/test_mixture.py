@@ -14,8 +14,10 @@ torch = pytest.importorskip("torch")
 def sources(two_corpora, weights=(0.7, 0.3), max_epochs=(None, None)):
     from pretrain.data.mixture import open_mixture
 
-    entries = ", ".join(f"{{dir: {two_corpora[name]}, weight: {w}" + (f", max_epochs: {cap}}}" if cap else "}")
-                        for name, w, cap in zip(("shakespeare", "zh"), weights, max_epochs))
+    entries = ", ".join(
+        f"{{dir: {two_corpora[name]}, weight: {w}" + (f", max_epochs: {cap}}}" if cap else "}")
+        for name, w, cap in zip(("shakespeare", "zh"), weights, max_epochs)
+    )
     config = load_config(None, [f"data.mixture=[{entries}]"])
     return open_mixture(mixture_sources(config.data), "auto", 512)
 
@@ -113,8 +115,9 @@ def test_max_epochs_stops_a_source_and_the_rest_take_its_share(two_corpora):
 def test_sources_with_different_tokenizers_are_refused(two_corpora, prepared):
     from pretrain.data.mixture import open_mixture
 
-    config = load_config(None, [f"data.mixture=[{{dir: {two_corpora['zh']}, weight: 1}}, "
-                                f"{{dir: {prepared}, weight: 1}}]"])
+    config = load_config(
+        None, [f"data.mixture=[{{dir: {two_corpora['zh']}, weight: 1}}, {{dir: {prepared}, weight: 1}}]"]
+    )
     with pytest.raises(UsageError) as e:
         open_mixture(mixture_sources(config.data), "auto", 512)
     message = str(e.value)

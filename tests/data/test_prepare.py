@@ -46,8 +46,22 @@ def test_every_document_ends_with_exactly_one_eos(prepared, small_corpus, bpe_di
 
 def test_meta_and_planner_storage(prepared, bpe_dir):
     out, meta = prepared
-    for key in ("dtype", "vocab_size", "eos_id", "tokenizer_sha256", "num_tokens", "num_docs", "skipped", "files",
-                "chars_per_token", "bytes_per_token", "sha256", "seed", "val_fraction", "version"):
+    for key in (
+        "dtype",
+        "vocab_size",
+        "eos_id",
+        "tokenizer_sha256",
+        "num_tokens",
+        "num_docs",
+        "skipped",
+        "files",
+        "chars_per_token",
+        "bytes_per_token",
+        "sha256",
+        "seed",
+        "val_fraction",
+        "version",
+    ):
         assert key in meta
     assert json.loads((out / "meta.json").read_text()) == meta
     assert (meta["dtype"], meta["vocab_size"], meta["eos_id"]) == ("uint16", 600, 0)
@@ -74,8 +88,7 @@ def test_split_is_by_document_and_follows_the_seed(prepared, small_corpus, bpe_d
 def test_same_bytes_for_any_workers_chunking_and_encoder(tmp_path, small_corpus, bpe_dir, monkeypatch):
     # Small chunks so that documents cross many chunk (and worker) boundaries.
     monkeypatch.setattr(pipeline, "CHUNK_CHARS", 20_000)
-    runs = {"1 worker": dict(workers=1), "2 workers": dict(workers=2),
-            "fast path": dict(workers=2, fast_path=True)}
+    runs = {"1 worker": dict(workers=1), "2 workers": dict(workers=2), "fast path": dict(workers=2, fast_path=True)}
     for name, options in runs.items():
         prepare([small_corpus], bpe_dir, tmp_path / name, val_fraction=0.1, split_blank_lines=True, **options)
     for file in OUTPUT_FILES:
@@ -101,8 +114,7 @@ def test_fast_path_falls_back_when_it_disagrees(tmp_path, jsonl):
     tokenizer.save(str(tmp_path / "tokenizer.json"))
     corpus = jsonl(tmp_path / "c.jsonl", [{"text": "abc abc"}] * 40)
 
-    meta = prepare([corpus], tmp_path / "tokenizer.json", tmp_path / "out", val_fraction=0, workers=1,
-                   fast_path=True)
+    meta = prepare([corpus], tmp_path / "tokenizer.json", tmp_path / "out", val_fraction=0, workers=1, fast_path=True)
     assert meta["encoder"]["name"] == "tokenizers"
     assert "disagreed" in meta["encoder"]["why_not_tiktoken"]
     tokens = np.fromfile(tmp_path / "out" / "train.bin", dtype="<u2")
@@ -142,4 +154,3 @@ def test_truncation_and_padding_of_a_tokenizer_json_are_ignored(tmp_path, bpe_di
     tokens = np.fromfile(tmp_path / "out" / "train.bin", dtype="<u2").tolist()
     assert 2 not in tokens  # no <pad>
     assert third_party.decode(tokens, skip_special_tokens=False) == "<eos>".join(docs) + "<eos>"
-

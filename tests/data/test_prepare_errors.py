@@ -18,19 +18,38 @@ def bad_corpus(tmp_path, jsonl):
     """Two valid documents around one of each bad record, plus an unreadable file."""
     folder = tmp_path / "bad"
     folder.mkdir()
-    jsonl(folder / "a.jsonl", [{"text": "first good"}, b"{not json", {"title": "no text"}, b'{"text": "\xff"}',
-                               {"text": ""}, {"text": "second good"}])
+    jsonl(
+        folder / "a.jsonl",
+        [
+            {"text": "first good"},
+            b"{not json",
+            {"title": "no text"},
+            b'{"text": "\xff"}',
+            {"text": ""},
+            {"text": "second good"},
+        ],
+    )
     (folder / "b.jsonl.gz").write_bytes(b"corrupt")
     return folder
 
 
 def test_bad_records_are_skipped_counted_and_reported(tmp_path, bad_corpus, bpe_dir, cli):
-    result = cli("prepare", "--input", bad_corpus, "--tokenizer", bpe_dir, "--out", tmp_path / "out",
-                 "--val-fraction", 0, "--workers", 1)
+    result = cli(
+        "prepare",
+        "--input",
+        bad_corpus,
+        "--tokenizer",
+        bpe_dir,
+        "--out",
+        tmp_path / "out",
+        "--val-fraction",
+        0,
+        "--workers",
+        1,
+    )
     assert result.returncode == 0, result.stderr
     meta = json.loads((tmp_path / "out" / "meta.json").read_text())
-    assert meta["skipped"] == {"invalid_json": 1, "missing_field": 1, "invalid_utf8": 1, "empty": 1,
-                               "unreadable": 1}
+    assert meta["skipped"] == {"invalid_json": 1, "missing_field": 1, "invalid_utf8": 1, "empty": 1, "unreadable": 1}
     assert "skipped 5 bad records" in result.stdout
     assert f"{bad_corpus / 'a.jsonl'}:2: malformed JSON" in result.stdout  # file:line: reason
     assert f"{bad_corpus / 'b.jsonl.gz'}: unreadable file" in result.stdout
@@ -46,7 +65,8 @@ def test_strict_stops_at_the_first_bad_record(tmp_path, bad_corpus, bpe_dir, cli
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         f"pretrain prepare: error: {bad_corpus / 'a.jsonl'}:2: malformed JSON (Expecting property name enclosed in "
-        "double quotes) (--strict stops at the first bad record; without it bad records are skipped and counted)"]
+        "double quotes) (--strict stops at the first bad record; without it bad records are skipped and counted)"
+    ]
     assert not (tmp_path / "out" / "meta.json").exists()
     assert not list((tmp_path / "out").glob("*.tmp"))
 
@@ -65,8 +85,9 @@ def huge_vocab(tmp_path_factory) -> str:
     return str(path)
 
 
-@pytest.mark.parametrize("case", ["missing input", "no files", "unknown tokenizer", "uint16 overflow",
-                                  "bad val fraction", "out is a file"])
+@pytest.mark.parametrize(
+    "case", ["missing input", "no files", "unknown tokenizer", "uint16 overflow", "bad val fraction", "out is a file"]
+)
 def test_usage_errors_are_one_line_and_exit_2(case, tmp_path, small_corpus, bpe_dir, huge_vocab, cli):
     (tmp_path / "empty").mkdir()
     (tmp_path / "afile").write_text("")

@@ -44,8 +44,11 @@ def big_corpus(folder: Path, pydoc: Path, copies: int) -> Path:
 
 def snapshot(folder: Path) -> dict:
     """Every file under `folder` (relative path -> sha256): equal snapshots, equal datasets."""
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 @pytest.fixture
@@ -59,8 +62,7 @@ def old(tmp_path, jsonl, bpe_dir):
 
 def leftovers(out: Path) -> list[str]:
     """What a build left beside --out: its hidden directories, not the lock file (which stays: lock.py)."""
-    return [p.name for p in out.parent.iterdir()
-            if p.name.startswith(f".{out.name}") and p.name != f".{out.name}.lock"]
+    return [p.name for p in out.parent.iterdir() if p.name.startswith(f".{out.name}") and p.name != f".{out.name}.lock"]
 
 
 def assert_intact(out: Path, before: dict) -> None:
@@ -98,9 +100,26 @@ def _fifo_prepare(tmp_path, out, bpe_dir):
     """A prepare over --out whose input is a named pipe: it blocks reading, past every check and set-up."""
     fifo = tmp_path / "pipe.txt"
     os.mkfifo(fifo)
-    proc = subprocess.Popen([sys.executable, "-m", "pretrain", "prepare", "--input", fifo, "--tokenizer", bpe_dir,
-                             "--out", out, "--workers", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, preexec_fn=_default_sigint)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pretrain",
+            "prepare",
+            "--input",
+            fifo,
+            "--tokenizer",
+            bpe_dir,
+            "--out",
+            out,
+            "--workers",
+            "2",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_default_sigint,
+    )
     writer = open(fifo, "wb")  # returns once prepare has opened the pipe to read the corpus
     writer.write(b"a document that never ends ")
     writer.flush()
@@ -153,9 +172,25 @@ def test_one_writer_per_out_whatever_the_mode(second, tmp_path, old, bpe_dir, cl
 def test_killing_prepare_does_not_flood_stderr_with_worker_tracebacks(tmp_path, pydoc, bpe_dir):
     corpus = big_corpus(tmp_path, pydoc, 16)
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "pretrain", "prepare", "--input", corpus,
-                             "--tokenizer", bpe_dir, "--out", out, "--workers", "2"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pretrain",
+            "prepare",
+            "--input",
+            corpus,
+            "--tokenizer",
+            bpe_dir,
+            "--out",
+            out,
+            "--workers",
+            "2",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     # Wait until the first chunks are written: the workers are then busy with the next ones.
     while not _written(tmp_path, "train.bin*") and proc.poll() is None:
         time.sleep(0.05)
@@ -196,16 +231,23 @@ def test_tokenizer_train_on_a_full_disk_is_one_line(tmp_path, pydoc, cli):
 @pytest.mark.parametrize("command", ["prepare", "tokenizer", "demo"])
 @pytest.mark.parametrize("fault", ["read-only", "immutable", "file in the way", "name too long"])
 def test_an_unwritable_out_is_one_line_before_any_work(command, fault, tmp_path, pydoc, bpe_dir, cli):
-    args = {"prepare": ["prepare", "--input", pydoc, "--tokenizer", bpe_dir, "--out"],
-            "tokenizer": ["tokenizer", "train", "--input", pydoc, "--vocab-size", 300, "--out"],
-            "demo": ["demo", "--out"]}[command]
-    expected = {"read-only": "read-only file system", "immutable": "not permitted",
-                "file in the way": "is a file", "name too long": "longer than"}[fault]
+    args = {
+        "prepare": ["prepare", "--input", pydoc, "--tokenizer", bpe_dir, "--out"],
+        "tokenizer": ["tokenizer", "train", "--input", pydoc, "--vocab-size", 300, "--out"],
+        "demo": ["demo", "--out"],
+    }[command]
+    expected = {
+        "read-only": "read-only file system",
+        "immutable": "not permitted",
+        "file in the way": "is a file",
+        "name too long": "longer than",
+    }[fault]
     with small_fs(tmp_path / "fs", "1m") as disk:
         (disk / "afile").write_text("x")
         (disk / "dir").mkdir()
-        out = {"file in the way": disk / "afile" / "out", "name too long": disk / ("n" * 256)}.get(fault,
-                                                                                                 disk / "dir" / "out")
+        out = {"file in the way": disk / "afile" / "out", "name too long": disk / ("n" * 256)}.get(
+            fault, disk / "dir" / "out"
+        )
         if fault == "read-only":
             read_only(disk)
         with immutable(disk / "dir") if fault == "immutable" else _nothing():
@@ -267,9 +309,26 @@ def test_dev_zero_is_read_with_a_bound(tmp_path, bpe_dir):
     def limit_memory():  # without the bound the whole "file" is read into memory: MemoryError, not a hang
         resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))
 
-    r = subprocess.run([sys.executable, "-m", "pretrain", "prepare", "--input", "/dev/zero", "--tokenizer", bpe_dir,
-                        "--out", tmp_path / "out", "--workers", "1"], capture_output=True, text=True,
-                       preexec_fn=limit_memory, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pretrain",
+            "prepare",
+            "--input",
+            "/dev/zero",
+            "--tokenizer",
+            bpe_dir,
+            "--out",
+            tmp_path / "out",
+            "--workers",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        preexec_fn=limit_memory,
+        timeout=300,
+    )
     line = one_line(r)
     assert "no documents" in line and "unreadable" in line, line
 
@@ -279,8 +338,21 @@ def test_everything_in_val_is_a_warning(documents, tmp_path, bpe_dir, jsonl, cli
     # seed 30 sends "document 0", "document 1" and "document 2" to validation at --val-fraction 0.5
     # (encode.is_validation: the hash of each text)
     corpus = jsonl(tmp_path / "c.jsonl", [{"text": f"document {i}"} for i in range(documents)])
-    r = cli("prepare", "--input", corpus, "--tokenizer", bpe_dir, "--out", tmp_path / "out", "--val-fraction", 0.5,
-            "--seed", 30, "--workers", 1)
+    r = cli(
+        "prepare",
+        "--input",
+        corpus,
+        "--tokenizer",
+        bpe_dir,
+        "--out",
+        tmp_path / "out",
+        "--val-fraction",
+        0.5,
+        "--seed",
+        30,
+        "--workers",
+        1,
+    )
     assert r.returncode == 0, r.stderr
     meta = json.loads((tmp_path / "out" / "meta.json").read_text())
     assert meta["num_docs"] == {"train": 0, "val": documents}

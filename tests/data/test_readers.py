@@ -12,9 +12,12 @@ from pretrain.data.readers import Corpus, ReadOptions, Record, file_format, rend
 from pretrain.data.sources import find_files
 from pretrain.errors import UsageError
 
-ENCYCLOPEDIA = {"title": "长城", "summary": "古代防御工程",
-                "sections": [{"title": "历史", "content": "始建于春秋"}, {"title": "结构", "content": "城墙与关隘"}],
-                "source": "ignored"}
+ENCYCLOPEDIA = {
+    "title": "长城",
+    "summary": "古代防御工程",
+    "sections": [{"title": "历史", "content": "始建于春秋"}, {"title": "结构", "content": "城墙与关隘"}],
+    "source": "ignored",
+}
 
 
 def records(paths, **options):
@@ -33,8 +36,12 @@ def test_encyclopedia_is_title_summary_then_sections():
 
 def test_real_encyclopedia_file_is_detected_and_rendered(zh_classics):
     first = json.loads(zh_classics.open(encoding="utf-8").readline())
-    expected = first["title"] + "：" + first["summary"] + "".join(
-        s["title"] + "：" + s["content"] + "。" for s in first["sections"])
+    expected = (
+        first["title"]
+        + "："
+        + first["summary"]
+        + "".join(s["title"] + "：" + s["content"] + "。" for s in first["sections"])
+    )
     assert file_format(zh_classics, ReadOptions()) == "encyclopedia"
     docs = records([zh_classics])
     assert len(docs) == 292  # one per line (tests/fixtures/README.md: 292 lines, no empty records)
@@ -55,10 +62,22 @@ def test_auto_detects_each_format(tmp_path, jsonl):
     (tmp_path / "notes.md").write_text("not a corpus suffix: left out of a directory search")
 
     assert [file_format(p, ReadOptions()) for p in find_files([tmp_path])] == [
-        "text", "jsonl", "encyclopedia", "jsonl", "jsonl", "parquet"]
-    assert texts([tmp_path]) == ["plain text\n\nstill the same document\n", "from jsonl",
-                                 render_encyclopedia(ENCYCLOPEDIA), "from gzip", "from zstd", "from parquet",
-                                 "second row"]
+        "text",
+        "jsonl",
+        "encyclopedia",
+        "jsonl",
+        "jsonl",
+        "parquet",
+    ]
+    assert texts([tmp_path]) == [
+        "plain text\n\nstill the same document\n",
+        "from jsonl",
+        render_encyclopedia(ENCYCLOPEDIA),
+        "from gzip",
+        "from zstd",
+        "from parquet",
+        "second row",
+    ]
 
 
 def test_text_field_and_forced_format(tmp_path, jsonl):
@@ -83,22 +102,34 @@ def test_shakespeare_blocks(shakespeare):
 
 
 def test_bad_records_are_reported_and_neighbours_kept(tmp_path, jsonl):
-    path = jsonl(tmp_path / "bad.jsonl", [
-        {"text": "good 1"},
-        b'{"text": "unterminated',
-        {"title": "no text field"},
-        b'{"text": "caf\xe9"}',  # Latin-1 byte, not UTF-8
-        {"text": ""},
-        {"text": " \n\t"},
-        b"[1, 2]",
-        {"text": 5},
-        b'{"text": "lone \\ud800 surrogate"}',
-        {"text": "good 2"},
-    ])
+    path = jsonl(
+        tmp_path / "bad.jsonl",
+        [
+            {"text": "good 1"},
+            b'{"text": "unterminated',
+            {"title": "no text field"},
+            b'{"text": "caf\xe9"}',  # Latin-1 byte, not UTF-8
+            {"text": ""},
+            {"text": " \n\t"},
+            b"[1, 2]",
+            {"text": 5},
+            b'{"text": "lone \\ud800 surrogate"}',
+            {"text": "good 2"},
+        ],
+    )
     got = [(r.line, r.skip, r.text) for r in records([path])]
-    assert got == [(1, None, "good 1"), (2, "invalid_json", None), (3, "missing_field", None),
-                   (4, "invalid_utf8", None), (5, "empty", None), (6, "empty", None), (7, "missing_field", None),
-                   (8, "missing_field", None), (9, "invalid_utf8", None), (10, None, "good 2")]
+    assert got == [
+        (1, None, "good 1"),
+        (2, "invalid_json", None),
+        (3, "missing_field", None),
+        (4, "invalid_utf8", None),
+        (5, "empty", None),
+        (6, "empty", None),
+        (7, "missing_field", None),
+        (8, "missing_field", None),
+        (9, "invalid_utf8", None),
+        (10, None, "good 2"),
+    ]
     assert records([path])[1].message().startswith(f"{path}:2: malformed JSON")
 
 
@@ -120,7 +151,11 @@ def test_unreadable_files_are_skipped(tmp_path):
     read_before_damage = got.count(("b.jsonl.gz", None))
     assert 0 < read_before_damage < 20000  # what decompressed before the damage is kept
     assert [g for g in got if g != ("b.jsonl.gz", None)] == [
-        ("a.jsonl.gz", "unreadable"), ("b.jsonl.gz", "unreadable"), ("c.parquet", "unreadable"), ("d.txt", None)]
+        ("a.jsonl.gz", "unreadable"),
+        ("b.jsonl.gz", "unreadable"),
+        ("c.parquet", "unreadable"),
+        ("d.txt", None),
+    ]
 
 
 def test_missing_parquet_column(tmp_path):
@@ -135,8 +170,10 @@ def test_files_are_sorted_and_globs_expand(tmp_path):
     for name in ("b/2.txt", "a/9.txt", "a/10.txt", "c.jsonl"):
         (tmp_path / name).parent.mkdir(exist_ok=True)
         (tmp_path / name).write_text(name)
-    names = [str(p.relative_to(tmp_path)) for p in find_files([tmp_path / "b", str(tmp_path / "a" / "*.txt"),
-                                                               tmp_path / "a" / "9.txt"])]
+    names = [
+        str(p.relative_to(tmp_path))
+        for p in find_files([tmp_path / "b", str(tmp_path / "a" / "*.txt"), tmp_path / "a" / "9.txt"])
+    ]
     assert names == ["a/10.txt", "a/9.txt", "b/2.txt"]  # sorted by path, each once
 
 
@@ -208,7 +245,8 @@ def test_a_file_named_twice_is_read_once(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "c.jsonl").write_text('{"text": "once"}\n')
     assert find_files(["c.jsonl", tmp_path / "c.jsonl", str(tmp_path / "*.jsonl"), tmp_path]) == [
-        tmp_path / "c.jsonl"]  # the first name in sorted order: the absolute one
+        tmp_path / "c.jsonl"
+    ]  # the first name in sorted order: the absolute one
     assert texts(["c.jsonl", tmp_path / "c.jsonl"]) == ["once"]
 
 
@@ -239,14 +277,25 @@ def test_fsspec_urls_are_read_as_their_local_files(tmp_path, shakespeare, bpe_di
     pyarrow.feather.write_feather(pa.table({"text": speeches[300:]}), corpus / "sub" / "d.arrow")
     outputs = {}
     for name, source in [("local", corpus), ("url", f"file://{corpus}"), ("glob", f"file://{corpus}/**")]:
-        r = cli("prepare", "--input", source, "--tokenizer", bpe_dir, "--out", tmp_path / name, "--split-blank-lines",
-                "--workers", 1)
+        r = cli(
+            "prepare",
+            "--input",
+            source,
+            "--tokenizer",
+            bpe_dir,
+            "--out",
+            tmp_path / name,
+            "--split-blank-lines",
+            "--workers",
+            1,
+        )
         assert r.returncode == 0, r.stderr
         outputs[name] = [(tmp_path / name / f"{s}.bin").read_bytes() for s in ("train", "val")]
     assert outputs["url"] == outputs["local"] == outputs["glob"]
     files = json.loads((tmp_path / "url" / "meta.json").read_text())["files"]
-    assert [f["path"] for f in files] == [f"file://{corpus}/{n}" for n in
-                                          ("a.txt", "b.jsonl.gz", "sub/c.parquet", "sub/d.arrow")]
+    assert [f["path"] for f in files] == [
+        f"file://{corpus}/{n}" for n in ("a.txt", "b.jsonl.gz", "sub/c.parquet", "sub/d.arrow")
+    ]
 
     r = cli("prepare", "--input", f"file://{tmp_path}/missing", "--tokenizer", bpe_dir, "--out", tmp_path / "x")
     assert r.returncode == 2 and "does not exist" in r.stderr and len(r.stderr.strip().splitlines()) == 1

@@ -25,8 +25,10 @@ def test_sample_corpus_is_deterministic_and_prepares(tmp_path):
 
 
 def test_cli_modules_import_neither_torch_nor_numpy():
-    code = ("import sys, pretrain.data, pretrain.data.prepare_command, pretrain.data.tokenizer_command; "
-            "print(sorted(m for m in ('torch', 'numpy', 'tokenizers', 'transformers') if m in sys.modules))")
+    code = (
+        "import sys, pretrain.data, pretrain.data.prepare_command, pretrain.data.tokenizer_command; "
+        "print(sorted(m for m in ('torch', 'numpy', 'tokenizers', 'transformers') if m in sys.modules))"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
 

@@ -44,8 +44,20 @@ def corpus(tmp_path_factory, shakespeare, zh_classics) -> Path:
 
 
 def prepare(cli, corpus, bpe_dir, out, *extra, **kw):
-    r = cli("prepare", "--input", corpus, "--tokenizer", bpe_dir, "--out", out, "--split-blank-lines",
-            "--val-fraction", 0.1, *extra, **kw)
+    r = cli(
+        "prepare",
+        "--input",
+        corpus,
+        "--tokenizer",
+        bpe_dir,
+        "--out",
+        out,
+        "--split-blank-lines",
+        "--val-fraction",
+        0.1,
+        *extra,
+        **kw,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     return r
 
@@ -59,9 +71,27 @@ def concatenated(out: Path, split: str) -> bytes:
 def one_pass(tmp_path_factory, corpus, bpe_dir) -> Path:
     """Today's single-process prepare of the corpus: what every sharded build must equal."""
     out = tmp_path_factory.mktemp("one") / "out"
-    subprocess.run([sys.executable, "-m", "pretrain", "prepare", "--input", corpus, "--tokenizer", bpe_dir,
-                    "--out", out, "--split-blank-lines", "--val-fraction", "0.1", "--workers", "1"], check=True,
-                   capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pretrain",
+            "prepare",
+            "--input",
+            corpus,
+            "--tokenizer",
+            bpe_dir,
+            "--out",
+            out,
+            "--split-blank-lines",
+            "--val-fraction",
+            "0.1",
+            "--workers",
+            "1",
+        ],
+        check=True,
+        capture_output=True,
+    )
     return out
 
 
@@ -138,8 +168,9 @@ def bigger(corpus: Path, folder: Path, times: int = 6) -> Path:
     """The corpus with each file `times` as long (each of 8 tasks ~0.3 s for 6)."""
     folder.mkdir()
     for f in sorted(corpus.iterdir()):
-        (folder / f.name).write_bytes(f.read_bytes() * times if f.suffix == ".jsonl" else
-                                      b"\n\n".join([f.read_bytes()] * times))
+        (folder / f.name).write_bytes(
+            f.read_bytes() * times if f.suffix == ".jsonl" else b"\n\n".join([f.read_bytes()] * times)
+        )
     return folder
 
 
@@ -148,11 +179,26 @@ def test_a_killed_prepare_redoes_only_unfinished_tasks(tmp_path, corpus, bpe_dir
     big = bigger(corpus, tmp_path / "big")
     out = tmp_path / "out"
     shutil.copytree(one_pass, out)  # an earlier dataset at --out: usable until the new one is complete
-    args = ["prepare", "--input", big, "--tokenizer", bpe_dir, "--out", out, "--split-blank-lines",
-            "--val-fraction", 0.1, "--tasks", 8, "--workers", 2]
+    args = [
+        "prepare",
+        "--input",
+        big,
+        "--tokenizer",
+        bpe_dir,
+        "--out",
+        out,
+        "--split-blank-lines",
+        "--val-fraction",
+        0.1,
+        "--tasks",
+        8,
+        "--workers",
+        2,
+    ]
     completions = tmp_path / "out.partial" / "logs" / "tokenize" / "completions"
-    proc = subprocess.Popen([sys.executable, "-m", "pretrain", *map(str, args)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pretrain", *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     wait_for(lambda: completions.is_dir() and any(completions.iterdir()), proc)
     proc.kill()  # SIGKILL: nothing in prepare runs
     proc.wait()
@@ -257,18 +303,54 @@ def test_slurm_job_script_runs_the_array_through_a_stand_in_sbatch(tmp_path, cor
     _fake_slurm(tmp_path / "bin")
     submitted = tmp_path / "submitted"
     submitted.mkdir()
-    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}",
-           "FAKE_SLURM_DIR": str(submitted)}
+    env = {
+        **os.environ,
+        "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}",
+        "FAKE_SLURM_DIR": str(submitted),
+    }
     out = tmp_path / "out"
-    r = subprocess.run([sys.executable, "-m", "pretrain", "prepare", "--input", corpus, "--tokenizer", bpe_dir,
-                        "--out", out, "--split-blank-lines", "--val-fraction", "0.1", "--tasks", "3",
-                        "--executor", "slurm", "--slurm-partition", "cpu", "--slurm-time", "2:00:00",
-                        "--sbatch", "account=proj"], capture_output=True, text=True, env=env, timeout=600)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pretrain",
+            "prepare",
+            "--input",
+            corpus,
+            "--tokenizer",
+            bpe_dir,
+            "--out",
+            out,
+            "--split-blank-lines",
+            "--val-fraction",
+            "0.1",
+            "--tasks",
+            "3",
+            "--executor",
+            "slurm",
+            "--slurm-partition",
+            "cpu",
+            "--slurm-time",
+            "2:00:00",
+            "--sbatch",
+            "account=proj",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "submitted 3 Slurm array tasks" in r.stdout
     array_job = (submitted / "submitted_0.slurm").read_text()
-    for line in ("#SBATCH --array=0-2", "#SBATCH --partition=cpu", "#SBATCH --time=2:00:00",
-                 "#SBATCH --cpus-per-task=1", "#SBATCH --account=proj", "launch_pickled_pipeline"):
+    for line in (
+        "#SBATCH --array=0-2",
+        "#SBATCH --partition=cpu",
+        "#SBATCH --time=2:00:00",
+        "#SBATCH --cpus-per-task=1",
+        "#SBATCH --account=proj",
+        "launch_pickled_pipeline",
+    ):
         assert line in array_job, array_job
     assert "--qos" not in array_job  # none unless asked: a cluster without a "normal" QOS refuses one
     assert_same_dataset(out, one_pass)  # the manifest job ran after the array, and swapped the dataset in
@@ -279,11 +361,30 @@ def test_a_second_launcher_is_refused_while_the_slurm_job_runs(tmp_path, corpus,
     _fake_slurm(tmp_path / "bin")
     (tmp_path / "submitted").mkdir()
     queue = tmp_path / "queue"
-    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}",
-           "FAKE_SLURM_DIR": str(tmp_path / "submitted"), "FAKE_SLURM_QUEUE": str(queue)}
+    env = {
+        **os.environ,
+        "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}",
+        "FAKE_SLURM_DIR": str(tmp_path / "submitted"),
+        "FAKE_SLURM_QUEUE": str(queue),
+    }
     out = tmp_path / "out"
-    args = [sys.executable, "-m", "pretrain", "prepare", "--input", corpus, "--tokenizer", bpe_dir, "--out", out,
-            "--split-blank-lines", "--val-fraction", "0.1", "--tasks", "3"]
+    args = [
+        sys.executable,
+        "-m",
+        "pretrain",
+        "prepare",
+        "--input",
+        corpus,
+        "--tokenizer",
+        bpe_dir,
+        "--out",
+        out,
+        "--split-blank-lines",
+        "--val-fraction",
+        "0.1",
+        "--tasks",
+        "3",
+    ]
     slurm = ["--executor", "slurm", "--slurm-partition", "cpu"]
     r = subprocess.run([*args, *slurm], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0 and "submitted 3 Slurm array tasks" in r.stdout, r.stderr[-3000:]
@@ -306,8 +407,21 @@ def test_a_failing_task_is_one_line_on_the_terminal_and_details_in_its_log(tmp_p
     bad = tmp_path / "bad"
     shutil.copytree(corpus, bad)
     jsonl(bad / "b2.jsonl", [{"text": "fine"}, b"{not json"])  # the last task's file: its task fails (--strict)
-    r = cli("prepare", "--input", bad, "--tokenizer", bpe_dir, "--out", tmp_path / "out", "--split-blank-lines",
-            "--tasks", 3, "--workers", 2, "--strict")
+    r = cli(
+        "prepare",
+        "--input",
+        bad,
+        "--tokenizer",
+        bpe_dir,
+        "--out",
+        tmp_path / "out",
+        "--split-blank-lines",
+        "--tasks",
+        3,
+        "--workers",
+        2,
+        "--strict",
+    )
     assert r.returncode == 2, r.stderr[-3000:]
     assert len(r.stderr.splitlines()) <= 5, r.stderr[-3000:]
     last = r.stderr.splitlines()[-1]
@@ -322,10 +436,30 @@ def test_a_failing_task_is_one_line_on_the_terminal_and_details_in_its_log(tmp_p
 def test_slurm_without_sbatch_is_one_line_and_creates_nothing(tmp_path, corpus, bpe_dir):
     (tmp_path / "empty").mkdir()
     out = tmp_path / "out"
-    r = subprocess.run([sys.executable, "-m", "pretrain", "prepare", "--input", corpus, "--tokenizer", bpe_dir,
-                        "--out", out, "--tasks", "3", "--executor", "slurm", "--slurm-partition", "cpu"],
-                       capture_output=True, text=True, env={**os.environ, "PATH": str(tmp_path / "empty")},
-                       timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pretrain",
+            "prepare",
+            "--input",
+            corpus,
+            "--tokenizer",
+            bpe_dir,
+            "--out",
+            out,
+            "--tasks",
+            "3",
+            "--executor",
+            "slurm",
+            "--slurm-partition",
+            "cpu",
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PATH": str(tmp_path / "empty")},
+        timeout=300,
+    )
     assert r.returncode == 2, r.stderr[-3000:]
     (line,) = r.stderr.strip().splitlines()
     assert "--executor slurm needs Slurm's sbatch, which is not on PATH" in line
@@ -344,10 +478,29 @@ def test_ray_executor_on_a_local_instance(tmp_path, corpus, bpe_dir, one_pass, c
 def test_a_killed_launcher_takes_its_local_ray_instance_with_it(tmp_path, corpus, bpe_dir):
     pytest.importorskip("ray")
     out, big = tmp_path / "out", bigger(corpus, tmp_path / "big", 30)
-    proc = subprocess.Popen([sys.executable, "-m", "pretrain", "prepare", "--input", big, "--tokenizer", bpe_dir,
-                             "--out", out, "--split-blank-lines", "--tasks", "8",
-                             "--workers", "2", "--executor", "ray"], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pretrain",
+            "prepare",
+            "--input",
+            big,
+            "--tokenizer",
+            bpe_dir,
+            "--out",
+            out,
+            "--split-blank-lines",
+            "--tasks",
+            "8",
+            "--workers",
+            "2",
+            "--executor",
+            "ray",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     wait_for(lambda: list((tmp_path / "out.partial").glob("shard_*")), proc)  # the Ray tasks are running
     instance = psutil.Process(proc.pid).children(recursive=True)  # GCS, raylet, agents, workers, their forks
     assert any(p.name().startswith("ray::") for p in instance)
@@ -404,11 +557,14 @@ def test_hugging_face_dataset_directories_and_arrow_files(tmp_path, bpe_dir, zh_
     assert len(r.stderr.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["--tasks", "9"], "--tasks 9 is more than the 8 input files"),
-    (["--tasks", "2", "--executor", "slurm"], "--executor slurm needs --slurm-partition"),
-    (["--tasks", "0"], "--tasks 0 must be at least 1"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--tasks", "9"], "--tasks 9 is more than the 8 input files"),
+        (["--tasks", "2", "--executor", "slurm"], "--executor slurm needs --slurm-partition"),
+        (["--tasks", "0"], "--tasks 0 must be at least 1"),
+    ],
+)
 def test_bad_sharding_options_are_one_line_before_any_work(extra, message, tmp_path, corpus, bpe_dir, cli):
     r = cli("prepare", "--input", corpus, "--tokenizer", bpe_dir, "--out", tmp_path / "out", *extra)
     assert r.returncode == 2 and message in r.stderr, r.stderr
@@ -427,8 +583,10 @@ def test_the_largest_task_gets_as_few_bytes_as_any_cut_gives():
         tasks = rng.randint(1, len(sizes))
         runs = split_files(sizes, tasks)
         assert [i for r in runs for i in r] == list(range(len(sizes))) and len(runs) == tasks and all(runs)
-        best = min(max(sum(sizes[a:b]) for a, b in zip((0, *cut), (*cut, len(sizes))))
-                   for cut in itertools.combinations(range(1, len(sizes)), tasks - 1))
+        best = min(
+            max(sum(sizes[a:b]) for a, b in zip((0, *cut), (*cut, len(sizes))))
+            for cut in itertools.combinations(range(1, len(sizes)), tasks - 1)
+        )
         assert max(sum(sizes[i] for i in r) for r in runs) == best, (sizes, tasks, runs)
 
 
@@ -440,7 +598,9 @@ def test_two_tasks_split_eight_files_four_and_four(tmp_path, bpe_dir, cli):
     prepare(cli, corpus, bpe_dir, tmp_path / "out", "--tasks", 2)
     shards = [json.loads((tmp_path / "out" / f"shard_{i:05d}" / "meta.json").read_text()) for i in range(2)]
     assert [[f["path"] for f in shard["files"]] for shard in shards] == [
-        [str(corpus / f"part{i}.txt") for i in range(4)], [str(corpus / f"part{i}.txt") for i in range(4, 8)]]
+        [str(corpus / f"part{i}.txt") for i in range(4)],
+        [str(corpus / f"part{i}.txt") for i in range(4, 8)],
+    ]
 
 
 def test_a_damaged_token_names_its_shard_file(tmp_path, corpus, bpe_dir, cli):
@@ -461,8 +621,10 @@ def test_a_damaged_token_names_its_shard_file(tmp_path, corpus, bpe_dir, cli):
     assert f"run `pretrain prepare --out {out} --tasks 2` again" in str(e.value), str(e.value)
     with pytest.raises(UsageError) as e:
         PreparedData(out, verify="full")
-    assert str(e.value) == (f"{damaged}: sha256 differs from meta.json (file corrupted or replaced); "
-                            f"run `pretrain prepare --out {out} --tasks 2` again")
+    assert str(e.value) == (
+        f"{damaged}: sha256 differs from meta.json (file corrupted or replaced); "
+        f"run `pretrain prepare --out {out} --tasks 2` again"
+    )
 
 
 def test_either_kind_of_dataset_replaces_the_other(tmp_path, corpus, bpe_dir, one_pass, cli):
@@ -480,8 +642,17 @@ def test_either_kind_of_dataset_replaces_the_other(tmp_path, corpus, bpe_dir, on
 def test_pretrain_train_reads_a_sharded_dataset(tmp_path, corpus, bpe_dir, cli):
     out = tmp_path / "out"
     prepare(cli, corpus, bpe_dir, out, "--tasks", 3)
-    r = cli("train", *tiny(out, tmp_path / "run", "model.vocab_size=600", "train.max_steps=6", "run.eval_every=3",
-                           "run.checkpoint_every=0"))
+    r = cli(
+        "train",
+        *tiny(
+            out,
+            tmp_path / "run",
+            "model.vocab_size=600",
+            "train.max_steps=6",
+            "run.eval_every=3",
+            "run.checkpoint_every=0",
+        ),
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows if "loss" in row] == list(range(1, 7))
@@ -497,13 +668,29 @@ def test_a_mixture_reads_a_sharded_source_as_its_one_pass_twin(tmp_path, two_cor
     parts.mkdir()
     (parts / "a.jsonl").write_text("".join(lines[:150]), encoding="utf-8")
     (parts / "b.jsonl").write_text("".join(lines[150:]), encoding="utf-8")
-    r = cli("prepare", "--input", parts, "--tokenizer", two_corpora["tokenizer"], "--out", tmp_path / "zh_sharded",
-            "--val-fraction", 0.1, "--tasks", 2)
+    r = cli(
+        "prepare",
+        "--input",
+        parts,
+        "--tokenizer",
+        two_corpora["tokenizer"],
+        "--out",
+        tmp_path / "zh_sharded",
+        "--val-fraction",
+        0.1,
+        "--tasks",
+        2,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
 
     def batches(zh_dir):
-        config = load_config(None, [f"data.mixture=[{{dir: {two_corpora['shakespeare']}, weight: 0.7}}, "
-                                    f"{{dir: {zh_dir}, weight: 0.3, name: zh}}]"])
+        config = load_config(
+            None,
+            [
+                f"data.mixture=[{{dir: {two_corpora['shakespeare']}, weight: 0.7}}, "
+                f"{{dir: {zh_dir}, weight: 0.3, name: zh}}]"
+            ],
+        )
         windows = MixtureWindows(open_mixture(mixture_sources(config.data), "auto", 512), seq_len=32, seed=1)
         return [windows.next_batch(8) for _ in range(20)]
 
@@ -531,8 +718,20 @@ def test_a_task_running_elsewhere_is_not_run_twice(tmp_path, corpus, bpe_dir, on
     (partial / "logs" / "tokenize" / "completions" / "00001").unlink()
     kept = _identity(partial / "shard_00000")
     held = exclusive_lock(partial / "locks" / "shard_00001.lock", "test", "test")
-    r = cli("prepare", "--input", corpus, "--tokenizer", bpe_dir, "--out", out, "--split-blank-lines",
-            "--val-fraction", 0.1, "--tasks", 2)
+    r = cli(
+        "prepare",
+        "--input",
+        corpus,
+        "--tokenizer",
+        bpe_dir,
+        "--out",
+        out,
+        "--split-blank-lines",
+        "--val-fraction",
+        0.1,
+        "--tasks",
+        2,
+    )
     assert r.returncode == 2
     assert f"task 1 of {out} is in use by PID {os.getpid()}" in r.stderr, r.stderr[-3000:]
     assert not out.exists() and not (partial / "shard_00001").exists() and _identity(partial / "shard_00000") == kept
@@ -546,15 +745,32 @@ def test_a_task_running_elsewhere_is_not_run_twice(tmp_path, corpus, bpe_dir, on
 def two_shards(tmp_path_factory, corpus, bpe_dir) -> Path:
     """A finished `--tasks 2` build of the corpus: killed builds are made from copies of it."""
     out = tmp_path_factory.mktemp("two") / "out"
-    subprocess.run([sys.executable, "-m", "pretrain", "prepare", "--input", corpus, "--tokenizer", bpe_dir,
-                    "--out", out, "--split-blank-lines", "--val-fraction", "0.1", "--tasks", "2"], check=True,
-                   capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pretrain",
+            "prepare",
+            "--input",
+            corpus,
+            "--tokenizer",
+            bpe_dir,
+            "--out",
+            out,
+            "--split-blank-lines",
+            "--val-fraction",
+            "0.1",
+            "--tasks",
+            "2",
+        ],
+        check=True,
+        capture_output=True,
+    )
     return out
 
 
 @pytest.mark.parametrize("fault", ["train.bin cut short", "meta.json lost", "meta.json and completion mark lost"])
-def test_a_finished_shard_a_rerun_cannot_use_is_redone(fault, tmp_path, corpus, bpe_dir, one_pass, two_shards,
-                                                        cli):
+def test_a_finished_shard_a_rerun_cannot_use_is_redone(fault, tmp_path, corpus, bpe_dir, one_pass, two_shards, cli):
     # A build killed after its tasks, then a finished shard damaged in OUT.partial: the same command again redoes
     # that shard (it is prepare's own), keeps the other, and only then replaces the old dataset at --out.
     out = tmp_path / "out"
@@ -568,8 +784,20 @@ def test_a_finished_shard_a_rerun_cannot_use_is_redone(fault, tmp_path, corpus, 
         (shard / "meta.json").unlink()
     if fault == "meta.json and completion mark lost":
         (partial / "logs" / "tokenize" / "completions" / "00001").unlink()
-    r = cli("prepare", "--input", corpus, "--tokenizer", bpe_dir, "--out", out, "--split-blank-lines",
-            "--val-fraction", 0.1, "--tasks", 2)
+    r = cli(
+        "prepare",
+        "--input",
+        corpus,
+        "--tokenizer",
+        bpe_dir,
+        "--out",
+        out,
+        "--split-blank-lines",
+        "--val-fraction",
+        0.1,
+        "--tasks",
+        2,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "1 of 2 tasks were done by an earlier run; running the other 1" in r.stderr
     assert _identity(out / "shard_00000") == kept
@@ -587,14 +815,26 @@ def test_a_shard_changed_since_its_task_is_never_swapped_in(tmp_path, corpus, bp
     with open(partial / "shard_00001" / "train.bin", "r+b") as f:  # the size kept: only the sha256 tells
         f.seek(20)
         f.write(b"\x01" * 10)
-    args = ["prepare", "--input", corpus, "--tokenizer", bpe_dir, "--out", out, "--split-blank-lines",
-            "--val-fraction", 0.1, "--tasks", 2]
+    args = [
+        "prepare",
+        "--input",
+        corpus,
+        "--tokenizer",
+        bpe_dir,
+        "--out",
+        out,
+        "--split-blank-lines",
+        "--val-fraction",
+        0.1,
+        "--tasks",
+        2,
+    ]
     r = cli(*args)
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and lines[-1] == (
         f"pretrain prepare: error: {partial / 'shard_00001' / 'train.bin'}: sha256 differs from meta.json (file "
-        "corrupted or replaced); shard removed: run the same command again, it rebuilds only the removed shards"), \
-        r.stderr[-3000:]
+        "corrupted or replaced); shard removed: run the same command again, it rebuilds only the removed shards"
+    ), r.stderr[-3000:]
     assert "Traceback" not in r.stderr
     assert snapshot(out) == before
     assert not (partial / "shard_00001").exists()
@@ -606,8 +846,7 @@ def test_a_shard_changed_since_its_task_is_never_swapped_in(tmp_path, corpus, bp
     assert_same_dataset(out, one_pass)
 
 
-def test_a_directory_at_out_partial_that_prepare_did_not_make_is_refused(tmp_path, corpus, bpe_dir, one_pass,
-                                                                           cli):
+def test_a_directory_at_out_partial_that_prepare_did_not_make_is_refused(tmp_path, corpus, bpe_dir, one_pass, cli):
     # A user's complete dataset under the name a sharded build stages in: refused in one line, never deleted.
     partial = tmp_path / "web.partial"
     shutil.copytree(one_pass, partial)

@@ -49,13 +49,31 @@ def test_json_contract_and_the_figures_behind_it(corpora):
 
 
 def test_english_table_and_the_document_bound(corpora):
-    r = run_cli("tokenizer", "stats", "--tokenizer", corpora["en_bpe"], corpora["zh_bpe"], "--input", corpora["en"],
-                "--max-docs", "5")
+    r = run_cli(
+        "tokenizer",
+        "stats",
+        "--tokenizer",
+        corpora["en_bpe"],
+        corpora["zh_bpe"],
+        "--input",
+        corpora["en"],
+        "--max-docs",
+        "5",
+    )
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[0].startswith("5 documents (")
-    assert lines[2].split() == ["tokenizer", "tokens", "chars/token", "bytes/token", "tokens", "per", "GB", "vs",
-                                "first"]
+    assert lines[2].split() == [
+        "tokenizer",
+        "tokens",
+        "chars/token",
+        "bytes/token",
+        "tokens",
+        "per",
+        "GB",
+        "vs",
+        "first",
+    ]
     assert lines[3].split()[0] == str(corpora["en_bpe"]) and lines[3].endswith("1.000x")
     # Both learned English merges, the second more of them: more than a character per token on ASCII text,
     # and fewer tokens for the larger vocabulary.

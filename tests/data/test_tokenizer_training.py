@@ -11,8 +11,16 @@ from pretrain.data.readers import Corpus
 from pretrain.data.sources import find_files
 from pretrain.errors import UsageError
 
-TRICKY = ["  leading spaces", "trailing\n\n", "tabs\tand\r\nCRLF", "emoji 🦜 and é", "literal <eos> and <pad>",
-          "中文，全角标点：「引号」。", "", "\x00 control \x7f"]
+TRICKY = [
+    "  leading spaces",
+    "trailing\n\n",
+    "tabs\tand\r\nCRLF",
+    "emoji 🦜 and é",
+    "literal <eos> and <pad>",
+    "中文，全角标点：「引号」。",
+    "",
+    "\x00 control \x7f",
+]
 
 
 def test_round_trip_is_exact_on_both_corpora(bpe_dir, shakespeare, zh_classics):
@@ -69,12 +77,16 @@ def test_errors(tmp_path, small_corpus):
 
 
 def test_cli(tmp_path, small_corpus, cli):
-    result = cli("tokenizer", "train", "--input", small_corpus / "zh.jsonl", "--vocab-size", 400, "--out",
-                 tmp_path / "tok")
+    result = cli(
+        "tokenizer", "train", "--input", small_corpus / "zh.jsonl", "--vocab-size", 400, "--out", tmp_path / "tok"
+    )
     assert result.returncode == 0, result.stderr
     assert "trained a 400-token byte-level BPE on 292 documents" in result.stdout
     assert sorted(p.name for p in (tmp_path / "tok").iterdir()) == [
-        "special_tokens_map.json", "tokenizer.json", "tokenizer_config.json"]
+        "special_tokens_map.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
 
 
 def test_bad_min_frequency_and_out_are_refused_before_training(tmp_path, small_corpus, cli):
@@ -83,8 +95,10 @@ def test_bad_min_frequency_and_out_are_refused_before_training(tmp_path, small_c
     (tmp_path / "afile").write_text("")
     result = cli("tokenizer", "train", "--input", small_corpus, "--vocab-size", 300, "--out", tmp_path / "afile")
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == [f"pretrain tokenizer: error: --out {tmp_path / 'afile'} is a file, "
-                                                  "not a directory; give a directory path (created if missing)"]
+    assert result.stderr.strip().splitlines() == [
+        f"pretrain tokenizer: error: --out {tmp_path / 'afile'} is a file, "
+        "not a directory; give a directory path (created if missing)"
+    ]
 
 
 @pytest.mark.parametrize("config, message", [("{not json", "is not valid JSON"), ('["x"]', "holds a JSON list")])
@@ -103,4 +117,3 @@ def test_an_eos_that_is_not_special_is_refused(tmp_path, bpe_dir):
     (tmp_path / "tokenizer.json").write_text(json.dumps(spec))
     with pytest.raises(UsageError, match=r"token '<eos>' is not a special token.*mark it \"special\": true"):
         find_tokenizer(tmp_path)
-

@@ -22,9 +22,15 @@ SEQ = 8
 def write_prepared(out, train_tokens: int, val_tokens: int):
     """A prepared directory whose split tokens are 0..n-1 (uint32), one document per split."""
     out.mkdir(parents=True, exist_ok=True)
-    meta = {"dtype": "uint32", "vocab_size": 100_000, "eos_id": 0, "tokenizer_sha256": "0" * 64,
-            "num_tokens": {"train": train_tokens, "val": val_tokens}, "num_docs": {"train": 1, "val": 1},
-            "sha256": {}}
+    meta = {
+        "dtype": "uint32",
+        "vocab_size": 100_000,
+        "eos_id": 0,
+        "tokenizer_sha256": "0" * 64,
+        "num_tokens": {"train": train_tokens, "val": val_tokens},
+        "num_docs": {"train": 1, "val": 1},
+        "sha256": {},
+    }
     for split, n in (("train", train_tokens), ("val", val_tokens)):
         data = np.arange(n, dtype="<u4").tobytes()
         (out / f"{split}.bin").write_bytes(data)
@@ -61,14 +67,17 @@ def take(loader, batches, batch_size=4) -> list[int]:
 # --- PreparedData ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("change, words", [
-    (lambda f: truncate(f, 4), "was truncated to"),
-    (lambda f: f.unlink(), "was deleted"),
-    (lambda f: (f.with_name("new").write_bytes(f.read_bytes()), f.with_name("new").replace(f)), "was replaced"),
-    # a rewrite in place of the same size: only the modification time tells (set ahead: a real write within the
-    # file system's clock tick of the fixture's would keep it)
-    (lambda f: os.utime(f, ns=(0, f.stat().st_mtime_ns + 10**9)), "was rewritten"),
-])
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        (lambda f: truncate(f, 4), "was truncated to"),
+        (lambda f: f.unlink(), "was deleted"),
+        (lambda f: (f.with_name("new").write_bytes(f.read_bytes()), f.with_name("new").replace(f)), "was replaced"),
+        # a rewrite in place of the same size: only the modification time tells (set ahead: a real write within the
+        # file system's clock tick of the fixture's would keep it)
+        (lambda f: os.utime(f, ns=(0, f.stat().st_mtime_ns + 10**9)), "was rewritten"),
+    ],
+)
 def test_a_token_file_changed_after_open_is_one_line_at_the_next_read(data, change, words):
     """Reads are pread against the file as checked at open: a change is DataChanged naming the file, never a
     SIGBUS (a truncated memory map) or a window of other data."""
@@ -95,19 +104,24 @@ def test_opens_and_memory_maps(data):
         data.tokens("test")
 
 
-@pytest.mark.parametrize("damage, message", [
-    (lambda d: (d / "meta.json").unlink(), "no meta.json"),
-    (lambda d: (d / "meta.json").write_text("{"), "not valid JSON"),
-    (lambda d: (d / "meta.json").write_text("{}"), "missing keys dtype"),
-    (lambda d: (d / "val.bin").unlink(), "val.bin: missing"),
-    (lambda d: (d / "train.bin").write_bytes(b"\0" * 8), "train.bin: 8 bytes, meta.json says 3,236"),
-    (lambda d: np.save(d / "val.idx.npy", np.zeros(3, dtype=np.int64)),
-     r"val.idx.npy: offsets of shape \(3,\), meta.json says 1 documents"),
-    (lambda d: truncate(d / "train.idx.npy", 8), r"train.idx.npy: 128 bytes, its header says 136 \(1 offsets\)"),
-    (lambda d: np.save(d / "val.idx.npy", np.zeros(1, dtype=np.int32)), "val.idx.npy: offsets of dtype int32"),
-    (lambda d: edit_meta(d, lambda m: m["num_tokens"].pop("val")), "num_tokens has no val"),
-    (lambda d: edit_meta(d, lambda m: m["sha256"].pop("train.bin")), "sha256 has no train.bin"),
-])
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda d: (d / "meta.json").unlink(), "no meta.json"),
+        (lambda d: (d / "meta.json").write_text("{"), "not valid JSON"),
+        (lambda d: (d / "meta.json").write_text("{}"), "missing keys dtype"),
+        (lambda d: (d / "val.bin").unlink(), "val.bin: missing"),
+        (lambda d: (d / "train.bin").write_bytes(b"\0" * 8), "train.bin: 8 bytes, meta.json says 3,236"),
+        (
+            lambda d: np.save(d / "val.idx.npy", np.zeros(3, dtype=np.int64)),
+            r"val.idx.npy: offsets of shape \(3,\), meta.json says 1 documents",
+        ),
+        (lambda d: truncate(d / "train.idx.npy", 8), r"train.idx.npy: 128 bytes, its header says 136 \(1 offsets\)"),
+        (lambda d: np.save(d / "val.idx.npy", np.zeros(1, dtype=np.int32)), "val.idx.npy: offsets of dtype int32"),
+        (lambda d: edit_meta(d, lambda m: m["num_tokens"].pop("val")), "num_tokens has no val"),
+        (lambda d: edit_meta(d, lambda m: m["sha256"].pop("train.bin")), "sha256 has no train.bin"),
+    ],
+)
 def test_refuses_a_damaged_directory(tmp_path, damage, message):  # at open, not at first use
     folder = write_prepared(tmp_path / "d", SEQ * 101 + 1, 43)
     damage(folder)

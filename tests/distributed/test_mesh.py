@@ -14,7 +14,15 @@ def test_tensor_fastest_then_data_then_pipeline():
     assert layout.shape == (2, 2, 2)
     coords = [layout.coords(r) for r in range(8)]
     assert [(c.pipeline, c.data, c.tensor) for c in coords] == [
-        (0, 0, 0), (0, 0, 1), (0, 1, 0), (0, 1, 1), (1, 0, 0), (1, 0, 1), (1, 1, 0), (1, 1, 1)]
+        (0, 0, 0),
+        (0, 0, 1),
+        (0, 1, 0),
+        (0, 1, 1),
+        (1, 0, 0),
+        (1, 0, 1),
+        (1, 1, 0),
+        (1, 1, 1),
+    ]
 
 
 def test_data_parallel_only_is_the_rank_itself():

@@ -26,17 +26,35 @@ pytest.importorskip("psutil")
 from pretrain.distributed.parallelize import FSDP_CPU_TORCH  # noqa: E402
 from pretrain.plan.kernels import torch_version_tuple  # noqa: E402
 
-needs_cpu_fsdp = pytest.mark.skipif(torch_version_tuple(torch.__version__) < FSDP_CPU_TORCH,
-                                    reason="FSDP2 on CPUs needs torch 2.9")
+needs_cpu_fsdp = pytest.mark.skipif(
+    torch_version_tuple(torch.__version__) < FSDP_CPU_TORCH, reason="FSDP2 on CPUs needs torch 2.9"
+)
 
 
 def settings(prepared, run_dir, micro_batch, *extra):
     # The aux loss is off: it is not linear in the batch (each rank's f_i x P_i is not the global one's).
-    return ["model.preset=moe-debug", "model.router_aux_loss_coef=0", "model.router_z_loss_coef=0.001",
-            "model.router_bias_update_rate=0.01", "train.seq_len=32", f"train.micro_batch_size={micro_batch}",
-            "train.grad_accum_steps=2", "train.precision=fp32", "train.device=cpu", "train.lr=3e-3",
-            "train.warmup=1", "train.max_steps=10", f"data.dir={prepared}", f"run.dir={run_dir}", "run.log_every=1",
-            "run.eval_every=0", "run.checkpoint_every=5", "run.progress=false", "hardware.peak_tflops=0.05", *extra]
+    return [
+        "model.preset=moe-debug",
+        "model.router_aux_loss_coef=0",
+        "model.router_z_loss_coef=0.001",
+        "model.router_bias_update_rate=0.01",
+        "train.seq_len=32",
+        f"train.micro_batch_size={micro_batch}",
+        "train.grad_accum_steps=2",
+        "train.precision=fp32",
+        "train.device=cpu",
+        "train.lr=3e-3",
+        "train.warmup=1",
+        "train.max_steps=10",
+        f"data.dir={prepared}",
+        f"run.dir={run_dir}",
+        "run.log_every=1",
+        "run.eval_every=0",
+        "run.checkpoint_every=5",
+        "run.progress=false",
+        "hardware.peak_tflops=0.05",
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -78,11 +96,21 @@ def test_expert_parallel_with_ddp_matches_one_process_and_resumes_at_ep_1(prepar
     # full [E, ...]) resumed at EP=1 x DP=2 (every rank all experts), without recomputation, for steps 7-10:
     # one process's run.
     ep = tmp_path / "ep"
-    finished_torchrun(*settings(prepared, ep, 4, "parallel.expert=2", "debug.stop_after_step=6",
-                                "debug.plan_vs_run_per_rank=true", "train.activation_checkpointing=full"))
+    finished_torchrun(
+        *settings(
+            prepared,
+            ep,
+            4,
+            "parallel.expert=2",
+            "debug.stop_after_step=6",
+            "debug.plan_vs_run_per_rank=true",
+            "train.activation_checkpointing=full",
+        )
+    )
     per_rank_reports(ep, 2)  # each rank: E/2 experts, the rest whole, exactly as planned
-    r = finished_torchrun("--resume", ep, "debug.stop_after_step=0", "parallel.expert=1",
-                          "train.activation_checkpointing=none")
+    r = finished_torchrun(
+        "--resume", ep, "debug.stop_after_step=0", "parallel.expert=1", "train.activation_checkpointing=none"
+    )
     assert "resumed from" in r.stdout
     same_training(single, ep, rel=1e-4)
 
@@ -90,8 +118,11 @@ def test_expert_parallel_with_ddp_matches_one_process_and_resumes_at_ep_1(prepar
 def lost_steps(run_dir, after: int) -> dict:
     """{step: the metrics line} of the steps past checkpoint `after` (what a resume computes again)."""
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: {k: v for k, v in r.items() if k not in ("time", "tokens_per_s", "mfu", "peak_mem_bytes")}
-            for r in rows if "loss" in r and r["step"] > after}
+    return {
+        r["step"]: {k: v for k, v in r.items() if k not in ("time", "tokens_per_s", "mfu", "peak_mem_bytes")}
+        for r in rows
+        if "loss" in r and r["step"] > after
+    }
 
 
 @needs_cpu_fsdp
@@ -100,9 +131,19 @@ def test_expert_parallel_with_fsdp_matches_one_process_and_survives_kill_9(prepa
     # over both), with full recomputation (FSDP gathers a block's weights again for it, its all-to-alls run
     # again), every process SIGKILLed after the checkpoint of step 5, resumed by torchrun without recomputation.
     run_dir = tmp_path / "ep_fsdp"
-    job = torchrun(*settings(prepared, run_dir, 4, "parallel.expert=2", "parallel.zero_stage=3",
-                             "debug.plan_vs_run_per_rank=true", "debug.step_sleep=0.5",
-                             "train.activation_checkpointing=full"), wait=False)
+    job = torchrun(
+        *settings(
+            prepared,
+            run_dir,
+            4,
+            "parallel.expert=2",
+            "parallel.zero_stage=3",
+            "debug.plan_vs_run_per_rank=true",
+            "debug.step_sleep=0.5",
+            "train.activation_checkpointing=full",
+        ),
+        wait=False,
+    )
     try:
         wait_for_steps(run_dir, 7, job)
     finally:

@@ -53,11 +53,24 @@ def test_every_rank_skips_an_overflow_in_one_ranks_shard(tmp_path):
     script = tmp_path / "rank.py"
     script.write_text(RANK)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                        str(script), str(tmp_path)], capture_output=True, text=True, env=env, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node=2",
+            str(script),
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     rows = [row for rank in range(2) for row in json.loads((tmp_path / f"rank{rank}.json").read_text())]
     alone, agreed = ([x for x in sorted(rows, key=lambda x: x["rank"]) if x["mode"] == m] for m in ("alone", "agree"))
     # torch by itself: rank 1's flag stays 0 and it steps, rank 0 skips and halves its scale: drift.
     assert [(x["own_flag"], x["stepped"]) for x in alone] == [(1.0, False), (0.0, True)]
-    assert [(x["stepped"], x["scale"]) for x in agreed] == [(False, 2.0 ** 15)] * 2
+    assert [(x["stepped"], x["scale"]) for x in agreed] == [(False, 2.0**15)] * 2

@@ -13,13 +13,30 @@ torch = pytest.importorskip("torch")
 
 
 def settings(prepared, run_dir, micro_batch, *extra):
-    return ["model.preset=debug", "model.vocab_size=515", "model.intermediate_size=175",
-            "train.seq_len=32", f"train.micro_batch_size={micro_batch}", "train.grad_accum_steps=4",
-            "train.precision=fp32", "train.device=cpu", "train.lr=3e-3", "train.warmup=1", "train.max_steps=10",
-            f"data.dir={prepared}", f"run.dir={run_dir}", "run.log_every=1", "run.eval_every=5",
-            "run.eval_batches=2", "run.checkpoint_every=5", "run.progress=false", "hardware.peak_tflops=0.05",
-            # every rank asserts it holds exactly the planner's bytes for its stage and data-parallel rank
-            "debug.check_sharding=true", *extra]
+    return [
+        "model.preset=debug",
+        "model.vocab_size=515",
+        "model.intermediate_size=175",
+        "train.seq_len=32",
+        f"train.micro_batch_size={micro_batch}",
+        "train.grad_accum_steps=4",
+        "train.precision=fp32",
+        "train.device=cpu",
+        "train.lr=3e-3",
+        "train.warmup=1",
+        "train.max_steps=10",
+        f"data.dir={prepared}",
+        f"run.dir={run_dir}",
+        "run.log_every=1",
+        "run.eval_every=5",
+        "run.eval_batches=2",
+        "run.checkpoint_every=5",
+        "run.progress=false",
+        "hardware.peak_tflops=0.05",
+        # every rank asserts it holds exactly the planner's bytes for its stage and data-parallel rank
+        "debug.check_sharding=true",
+        *extra,
+    ]
 
 
 def records(run_dir):
@@ -72,8 +89,9 @@ def test_export_works_from_a_pipeline_checkpoint(two_stages, tmp_path):
 @pytest.mark.parametrize("zero_stage", [0, 1])
 def test_two_stages_times_two_data_parallel_match_one_process(prepared, single, tmp_path, zero_stage):
     run_dir = tmp_path / "run"
-    finished_torchrun(*settings(prepared, run_dir, 4, "parallel.pipeline=2", f"parallel.zero_stage={zero_stage}"),
-                      nproc=4)
+    finished_torchrun(
+        *settings(prepared, run_dir, 4, "parallel.pipeline=2", f"parallel.zero_stage={zero_stage}"), nproc=4
+    )
     same_run(single, run_dir)
 
 
@@ -112,15 +130,15 @@ def test_a_batch_ramp_and_a_short_validation_batch_match_one_process(prepared, t
     r = run_here("train", *settings(prepared, one, 8, *ramp))
     assert r.returncode == 0, r.stderr
     finished_torchrun(*settings(prepared, two, 8, *ramp, "parallel.pipeline=2"), nproc=2)
-    batches = [json.loads(x)["batch_tokens"] for x in (two / "metrics.jsonl").read_text().splitlines()
-               if '"batch_tokens"' in x]
+    batches = [
+        json.loads(x)["batch_tokens"] for x in (two / "metrics.jsonl").read_text().splitlines() if '"batch_tokens"' in x
+    ]
     assert batches[0] == 256 and batches[-1] >= 512  # 1 micro-batch of 8 x 32 tokens, then 2 or more
     same_run(one, two)
 
 
 def test_a_tied_embedding_is_refused_in_one_line(prepared, tmp_path):
-    r = torchrun(*settings(prepared, tmp_path / "run", 8, "parallel.pipeline=2", "model.tie_embeddings=true"),
-                 nproc=2)
+    r = torchrun(*settings(prepared, tmp_path / "run", 8, "parallel.pipeline=2", "model.tie_embeddings=true"), nproc=2)
     assert r.returncode != 0
     assert "pretrain train: error: parallel.pipeline: a tied embedding" in r.stderr
 
@@ -133,10 +151,15 @@ def test_interleaved_1f1b_matches_one_process(prepared, tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
     r = run_here("train", *settings(prepared, one, 8, *extra))
     assert r.returncode == 0, r.stderr
-    r = torchrun(*settings(prepared, two, 8, *extra, "parallel.pipeline=2",
-                           "parallel.pipeline_schedule=interleaved_1f1b"), nproc=2)
+    r = torchrun(
+        *settings(prepared, two, 8, *extra, "parallel.pipeline=2", "parallel.pipeline_schedule=interleaved_1f1b"),
+        nproc=2,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
-    accums = {json.loads(x)["batch_tokens"] // 256 for x in (two / "metrics.jsonl").read_text().splitlines()
-              if '"batch_tokens"' in x}
+    accums = {
+        json.loads(x)["batch_tokens"] // 256
+        for x in (two / "metrics.jsonl").read_text().splitlines()
+        if '"batch_tokens"' in x
+    }
     assert {1, 2, 3} <= accums  # looped BFS (fewer micro-batches than ranks), then interleaved 1F1B
     same_run(one, two)

@@ -54,11 +54,14 @@ def test_stage_modules_chained_compute_the_models_loss():
     assert torch.equal(loss, model(tokens, targets))
 
 
-@pytest.mark.parametrize("extra, message", [
-    (("model.tie_embeddings=true",), "parallel.pipeline: a tied embedding"),
-    (("parallel.zero_stage=3",), "parallel.zero_stage: FSDP (stages 2 and 3) per pipeline stage is not built"),
-    (("train.precision=fp16-mixed",), "train.precision: fp16-mixed's loss scaler"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (("model.tie_embeddings=true",), "parallel.pipeline: a tied embedding"),
+        (("parallel.zero_stage=3",), "parallel.zero_stage: FSDP (stages 2 and 3) per pipeline stage is not built"),
+        (("train.precision=fp16-mixed",), "train.precision: fp16-mixed's loss scaler"),
+    ],
+)
 def test_what_the_pipelined_trainer_refuses(extra, message):
     from pretrain.config.trainable import check_pipelinable
     from pretrain.errors import ConfigError
@@ -74,8 +77,10 @@ def test_pipeline_x_tensor_x_data_is_trainable(zero_stage):
     # DDP or ZeroRedundancyOptimizer, which take no DTensor parameters, as tensor x data without a pipeline would.
     from pretrain.config.trainable import check_trainable
 
-    check_trainable(config("parallel.gpus=8", "parallel.pipeline=2", "parallel.tensor=2",
-                           f"parallel.zero_stage={zero_stage}"), needs_data=False)
+    check_trainable(
+        config("parallel.gpus=8", "parallel.pipeline=2", "parallel.tensor=2", f"parallel.zero_stage={zero_stage}"),
+        needs_data=False,
+    )
 
 
 def test_the_planner_holds_each_stage_to_its_own_tensor_rank_parts():
@@ -94,10 +99,12 @@ def test_interleaved_1f1b_gives_each_rank_chunks_p_apart():
 
     assert chunk_indices(1, 4, 2) == [1, 5] and chunk_indices(1, 4, 1) == [1]
     # 8 layers, 2 ranks x 2 chunks: rank 0 runs layers 0-1 and 4-5 (and the embedding), rank 1 the rest
-    c = config("model.num_layers=8", "parallel.gpus=2", "parallel.pipeline=2",
-               "parallel.pipeline_schedule=interleaved_1f1b")
-    held = [{n.split(".")[1] for n, _ in stage_param_shapes(c.model, k, 2, 2) if n.startswith("blocks.")}
-            for k in range(2)]
+    c = config(
+        "model.num_layers=8", "parallel.gpus=2", "parallel.pipeline=2", "parallel.pipeline_schedule=interleaved_1f1b"
+    )
+    held = [
+        {n.split(".")[1] for n, _ in stage_param_shapes(c.model, k, 2, 2) if n.startswith("blocks.")} for k in range(2)
+    ]
     assert held == [{"0", "1", "4", "5"}, {"2", "3", "6", "7"}]
     assert bubble_fraction(4, 8) == 3 / 11 and bubble_fraction(4, 8, 2) == 3 / 19
     # The first rank's warm-up: (v - 1) p + 2 (p - 1) chunk forwards, then its first backward's: v p + p - 1

@@ -18,12 +18,29 @@ STEPS = 10
 def settings(prepared, run_dir, *extra):
     # The debug preset's 4 heads / 2 k/v heads split over 2 tensor ranks; an odd vocabulary padded to 518
     # rows, 259 per tensor rank; 4 micro-batches of 8 for 2 stages: 1F1B's steady state runs.
-    return ["model.preset=debug", "model.vocab_size=517", "model.pad_vocab_to=2", "train.seq_len=32",
-            "train.micro_batch_size=8", "train.grad_accum_steps=4", "train.precision=fp32", "train.device=cpu",
-            "train.optimizer=adamw", "train.lr=3e-3", "train.warmup=1", f"train.max_steps={STEPS}",
-            f"data.dir={prepared}", f"run.dir={run_dir}", "run.log_every=1", "run.eval_every=5",
-            "run.eval_batches=2", "run.checkpoint_every=5", "run.progress=false", "hardware.peak_tflops=0.05",
-            *extra]
+    return [
+        "model.preset=debug",
+        "model.vocab_size=517",
+        "model.pad_vocab_to=2",
+        "train.seq_len=32",
+        "train.micro_batch_size=8",
+        "train.grad_accum_steps=4",
+        "train.precision=fp32",
+        "train.device=cpu",
+        "train.optimizer=adamw",
+        "train.lr=3e-3",
+        "train.warmup=1",
+        f"train.max_steps={STEPS}",
+        f"data.dir={prepared}",
+        f"run.dir={run_dir}",
+        "run.log_every=1",
+        "run.eval_every=5",
+        "run.eval_batches=2",
+        "run.checkpoint_every=5",
+        "run.progress=false",
+        "hardware.peak_tflops=0.05",
+        *extra,
+    ]
 
 
 def val_losses(run_dir) -> dict:
@@ -52,8 +69,17 @@ def single(prepared, tmp_path_factory):
 def grid(prepared, tmp_path_factory):
     """(pipeline 2, tensor 2) on 4 ranks; every rank asserts it holds the planner's bytes for its place."""
     run_dir = tmp_path_factory.mktemp("grid") / "run"
-    finished_torchrun(*settings(prepared, run_dir, "parallel.pipeline=2", "parallel.tensor=2",
-                                "debug.check_sharding=true", "debug.plan_vs_run_per_rank=true"), nproc=4)
+    finished_torchrun(
+        *settings(
+            prepared,
+            run_dir,
+            "parallel.pipeline=2",
+            "parallel.tensor=2",
+            "debug.check_sharding=true",
+            "debug.plan_vs_run_per_rank=true",
+        ),
+        nproc=4,
+    )
     return run_dir
 
 
@@ -87,8 +113,17 @@ def test_every_rank_holds_its_stage_and_tensor_rank_share_as_planned(grid):
 def test_sequence_parallel_stages_train_as_one_process(prepared, single, tmp_path):
     # Between the stages each tensor rank sends its part of the sequence to its peer of the next stage.
     run_dir = tmp_path / "run"
-    finished_torchrun(*settings(prepared, run_dir, "parallel.pipeline=2", "parallel.tensor=2",
-                                "parallel.sequence_parallel=true", "debug.check_sharding=true"), nproc=4)
+    finished_torchrun(
+        *settings(
+            prepared,
+            run_dir,
+            "parallel.pipeline=2",
+            "parallel.tensor=2",
+            "parallel.sequence_parallel=true",
+            "debug.check_sharding=true",
+        ),
+        nproc=4,
+    )
     assert_same_run(single, run_dir)
 
 
@@ -96,8 +131,18 @@ def test_pipeline_x_data_x_tensor_on_eight_ranks_trains_as_one_process(prepared,
     # 3D: each stage's two data-parallel replicas (ZeRO-0, micro-batch 4: the same global batch) average
     # their tensor ranks' local gradients over the "dp" group.
     run_dir = tmp_path / "run"
-    finished_torchrun(*settings(prepared, run_dir, "parallel.pipeline=2", "parallel.tensor=2", "parallel.zero_stage=0",
-                                "train.micro_batch_size=4", "debug.check_sharding=true"), nproc=8)
+    finished_torchrun(
+        *settings(
+            prepared,
+            run_dir,
+            "parallel.pipeline=2",
+            "parallel.tensor=2",
+            "parallel.zero_stage=0",
+            "train.micro_batch_size=4",
+            "debug.check_sharding=true",
+        ),
+        nproc=8,
+    )
     assert_same_run(single, run_dir)
 
 
@@ -106,12 +151,29 @@ def test_zero1_per_stage_of_tensor_ranks_resumes_in_one_process(prepared, single
     # partition: check_sharding holds every rank to its optimizer bytes) and saves their states; the
     # checkpoint holds each state once, and one process continues with every state in place.
     run_dir = tmp_path / "run"
-    finished_torchrun(*settings(prepared, run_dir, "parallel.pipeline=2", "parallel.tensor=2", "parallel.zero_stage=1",
-                                "train.micro_batch_size=4", "debug.check_sharding=true", "debug.stop_after_step=5"),
-                      nproc=8)
+    finished_torchrun(
+        *settings(
+            prepared,
+            run_dir,
+            "parallel.pipeline=2",
+            "parallel.tensor=2",
+            "parallel.zero_stage=1",
+            "train.micro_batch_size=4",
+            "debug.check_sharding=true",
+            "debug.stop_after_step=5",
+        ),
+        nproc=8,
+    )
     assert_same_run(single, run_dir, steps=range(1, 6))
-    r = run_here("train", "--resume", run_dir, "debug.stop_after_step=0", "parallel.pipeline=1", "parallel.tensor=1",
-                 "train.micro_batch_size=8")
+    r = run_here(
+        "train",
+        "--resume",
+        run_dir,
+        "debug.stop_after_step=0",
+        "parallel.pipeline=1",
+        "parallel.tensor=1",
+        "train.micro_batch_size=8",
+    )
     assert r.returncode == 0, r.stderr
     assert "resumed from" in r.stdout and "step 5," in r.stdout
     assert_same_run(single, run_dir)
@@ -119,8 +181,9 @@ def test_zero1_per_stage_of_tensor_ranks_resumes_in_one_process(prepared, single
 
 def test_a_pipeline_x_tensor_checkpoint_resumes_in_one_process(prepared, single, tmp_path):
     run_dir = tmp_path / "run"
-    finished_torchrun(*settings(prepared, run_dir, "parallel.pipeline=2", "parallel.tensor=2",
-                                "debug.stop_after_step=5"), nproc=4)
+    finished_torchrun(
+        *settings(prepared, run_dir, "parallel.pipeline=2", "parallel.tensor=2", "debug.stop_after_step=5"), nproc=4
+    )
     assert max(losses(run_dir)) == 5
     r = run_here("train", "--resume", run_dir, "debug.stop_after_step=0", "parallel.pipeline=1", "parallel.tensor=1")
     assert r.returncode == 0, r.stderr

@@ -33,9 +33,16 @@ from pretrain.plan.kernels import torch_version_tuple  # noqa: E402
 from support import ROOT, needs_compiler, run_here, tiny  # noqa: E402
 
 MODES = ["none", "selective", "full"]
-SHAPES = {"llama": ["model.preset=debug"],
-          "gpt2": ["model.preset=debug", "model.family=gpt2", "model.num_kv_heads=4",
-                   "model.intermediate_size=256", "model.tie_embeddings=true"]}
+SHAPES = {
+    "llama": ["model.preset=debug"],
+    "gpt2": [
+        "model.preset=debug",
+        "model.family=gpt2",
+        "model.num_kv_heads=4",
+        "model.intermediate_size=256",
+        "model.tie_embeddings=true",
+    ],
+}
 
 
 def model_for(shape, mode):
@@ -92,10 +99,18 @@ def test_gradients_are_the_same_and_full_recomputes_every_block(shape):
 @pytest.mark.parametrize("mode", ["none", "full"])
 def test_bench_block_measures_the_runs_recomputation(mode):
     """`pretrain bench`'s block step recomputes as the run would (it used to ignore the key)."""
-    base = load_config(overrides=["model.preset=debug", "train.seq_len=16", "train.micro_batch_size=2",
-                                  "train.precision=fp32"])
-    chosen = load_config(overrides=["model.preset=debug", "train.seq_len=16", "train.micro_batch_size=2",
-                                    "train.precision=fp32", f"train.activation_checkpointing={mode}"])
+    base = load_config(
+        overrides=["model.preset=debug", "train.seq_len=16", "train.micro_batch_size=2", "train.precision=fp32"]
+    )
+    chosen = load_config(
+        overrides=[
+            "model.preset=debug",
+            "train.seq_len=16",
+            "train.micro_batch_size=2",
+            "train.precision=fp32",
+            f"train.activation_checkpointing={mode}",
+        ]
+    )
     counted = {}
     for name, config in (("base", base), ("chosen", chosen)):
         with FlopCounterMode(display=False) as counter:
@@ -143,15 +158,37 @@ def test_reference_losses_bitwise(case, prepared, tmp_path):
 def test_fsdp_with_full_recomputation_trains_as_one_process(prepared, tmp_path):
     """ZeRO-3 (FSDP2) shards blocks whose forward is checkpointed: its hooks gather the parameters again before
     backward reaches the recomputation. 2 ranks x micro-batch 2 against one process x micro-batch 4."""
+
     def run(name, nproc, micro_batch):
-        args = tiny(prepared, tmp_path / name, f"train.micro_batch_size={micro_batch}", "train.max_steps=4",
-                    "run.eval_every=0", "train.activation_checkpointing=full", "parallel.zero_stage=3")
+        args = tiny(
+            prepared,
+            tmp_path / name,
+            f"train.micro_batch_size={micro_batch}",
+            "train.max_steps=4",
+            "run.eval_every=0",
+            "train.activation_checkpointing=full",
+            "parallel.zero_stage=3",
+        )
         if nproc == 1:
             r = run_here("train", *args)
         else:
-            r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                                f"--nproc-per-node={nproc}", "-m", "pretrain", "train", *args], capture_output=True,
-                               text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=600)
+            r = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "torch.distributed.run",
+                    "--standalone",
+                    f"--nproc-per-node={nproc}",
+                    "-m",
+                    "pretrain",
+                    "train",
+                    *args,
+                ],
+                capture_output=True,
+                text=True,
+                env={**os.environ, "OMP_NUM_THREADS": "1"},
+                timeout=600,
+            )
         assert r.returncode == 0, r.stderr[-3000:]
         rows = [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
         return [row["loss"] for row in rows if "loss" in row]

@@ -30,12 +30,29 @@ STEPS = 10
 def settings(prepared, run_dir, micro_batch, *extra):
     # The debug preset's 4 heads / 2 k/v heads split over 2 tensor ranks (one k/v group each); an odd
     # vocabulary padded to 518 rows (one padded row), 259 per tensor rank: FSDP's chunks are uneven (130 / 129).
-    return ["model.preset=debug", "model.vocab_size=517", "model.pad_vocab_to=2", "train.seq_len=32",
-            f"train.micro_batch_size={micro_batch}", "train.grad_accum_steps=2", "train.precision=fp32",
-            "train.device=cpu", "train.optimizer=adamw",
-            "train.lr=3e-3", "train.warmup=1", f"train.max_steps={STEPS}", f"data.dir={prepared}",
-            f"run.dir={run_dir}", "run.log_every=1", "run.eval_every=0", "run.eval_batches=2",
-            "run.checkpoint_every=5", "run.progress=false", "hardware.peak_tflops=0.05", *extra]
+    return [
+        "model.preset=debug",
+        "model.vocab_size=517",
+        "model.pad_vocab_to=2",
+        "train.seq_len=32",
+        f"train.micro_batch_size={micro_batch}",
+        "train.grad_accum_steps=2",
+        "train.precision=fp32",
+        "train.device=cpu",
+        "train.optimizer=adamw",
+        "train.lr=3e-3",
+        "train.warmup=1",
+        f"train.max_steps={STEPS}",
+        f"data.dir={prepared}",
+        f"run.dir={run_dir}",
+        "run.log_every=1",
+        "run.eval_every=0",
+        "run.eval_batches=2",
+        "run.checkpoint_every=5",
+        "run.progress=false",
+        "hardware.peak_tflops=0.05",
+        *extra,
+    ]
 
 
 def assert_same_run(reference, run_dir, steps=range(1, STEPS + 1)):
@@ -64,8 +81,18 @@ def grid(prepared, tmp_path_factory):
     """(data 2, tensor 2) on 4 ranks, FSDP (ZeRO-3) over the data ranks; every rank asserts it holds the
     planner's bytes for its (data rank, tensor rank)."""
     run_dir = tmp_path_factory.mktemp("grid") / "run"
-    finished_torchrun(*settings(prepared, run_dir, 4, "parallel.tensor=2", "parallel.zero_stage=3",
-                                "debug.check_sharding=true", "debug.plan_vs_run_per_rank=true"), nproc=4)
+    finished_torchrun(
+        *settings(
+            prepared,
+            run_dir,
+            4,
+            "parallel.tensor=2",
+            "parallel.zero_stage=3",
+            "debug.check_sharding=true",
+            "debug.plan_vs_run_per_rank=true",
+        ),
+        nproc=4,
+    )
     return run_dir
 
 
@@ -84,8 +111,18 @@ def test_tensor_x_ddp_trains_as_one_process(prepared, single, tmp_path):
     # parts of the DTensor gradients (distributed/data_parts.py; DDP takes no DTensor), sequence parallel.
     # Refused by the trainer before; each rank holds the planned bytes.
     run_dir = tmp_path / "run"
-    finished_torchrun(*settings(prepared, run_dir, 4, "parallel.tensor=2", "parallel.zero_stage=0",
-                                "parallel.sequence_parallel=true", "debug.check_sharding=true"), nproc=4)
+    finished_torchrun(
+        *settings(
+            prepared,
+            run_dir,
+            4,
+            "parallel.tensor=2",
+            "parallel.zero_stage=0",
+            "parallel.sequence_parallel=true",
+            "debug.check_sharding=true",
+        ),
+        nproc=4,
+    )
     assert_same_run(single, run_dir)
     assert_planned_bytes(run_dir)
     pa, pb = params(single), params(run_dir)
@@ -98,12 +135,23 @@ def test_tensor_x_zero1_trains_as_one_process_and_resumes_in_one(prepared, singl
     # it owns (the planner's partition: check_sharding holds each rank to its optimizer bytes) and saves their
     # states; one process continues from step 5 with every state in place. Refused by the trainer before.
     run_dir = tmp_path / "run"
-    finished_torchrun(*settings(prepared, run_dir, 4, "parallel.tensor=2", "parallel.zero_stage=1",
-                                "debug.check_sharding=true", "debug.stop_after_step=5"), nproc=4)
+    finished_torchrun(
+        *settings(
+            prepared,
+            run_dir,
+            4,
+            "parallel.tensor=2",
+            "parallel.zero_stage=1",
+            "debug.check_sharding=true",
+            "debug.stop_after_step=5",
+        ),
+        nproc=4,
+    )
     a, b = losses(single), losses(run_dir)
     assert sorted(b) == [1, 2, 3, 4, 5] and all(b[k] == pytest.approx(a[k], rel=1e-4) for k in b)
-    r = run_here("train", "--resume", run_dir, "debug.stop_after_step=0", "parallel.tensor=1",
-                 "train.micro_batch_size=8")
+    r = run_here(
+        "train", "--resume", run_dir, "debug.stop_after_step=0", "parallel.tensor=1", "train.micro_batch_size=8"
+    )
     assert r.returncode == 0, r.stderr
     assert "resumed from" in r.stdout and "step 5," in r.stdout
     assert_same_run(single, run_dir)
@@ -121,8 +169,12 @@ def test_every_rank_reports_its_own_plan_vs_run(grid):
 
 def test_sequence_parallel_on_two_tensor_ranks_trains_as_one_process(prepared, single, tmp_path):
     run_dir = tmp_path / "run"
-    finished_torchrun(*settings(prepared, run_dir, 8, "parallel.tensor=2", "parallel.sequence_parallel=true",
-                                "debug.check_sharding=true"), nproc=2)
+    finished_torchrun(
+        *settings(
+            prepared, run_dir, 8, "parallel.tensor=2", "parallel.sequence_parallel=true", "debug.check_sharding=true"
+        ),
+        nproc=2,
+    )
     assert_same_run(single, run_dir)
     assert_planned_bytes(run_dir)
 
@@ -132,8 +184,10 @@ def test_tied_embeddings_on_two_tensor_ranks_train_as_one_process(prepared, tmp_
     one, two = tmp_path / "one", tmp_path / "two"
     r = run_here("train", *settings(prepared, one, 8, "model.tie_embeddings=true"))
     assert r.returncode == 0, r.stderr
-    finished_torchrun(*settings(prepared, two, 8, "model.tie_embeddings=true", "parallel.tensor=2",
-                                "debug.check_sharding=true"), nproc=2)
+    finished_torchrun(
+        *settings(prepared, two, 8, "model.tie_embeddings=true", "parallel.tensor=2", "debug.check_sharding=true"),
+        nproc=2,
+    )
     assert_same_run(one, two)
     assert_planned_bytes(two)
 
@@ -148,8 +202,9 @@ def test_compiled_blocks_with_and_without_sequence_parallelism(prepared, single,
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "compile-cache"))
     for layout in ("parallel.sequence_parallel=false", "parallel.sequence_parallel=true"):
         run_dir = tmp_path / layout
-        r = finished_torchrun(*settings(prepared, run_dir, 8, "parallel.tensor=2", layout, "train.compile=true"),
-                              nproc=2)
+        r = finished_torchrun(
+            *settings(prepared, run_dir, 8, "parallel.tensor=2", layout, "train.compile=true"), nproc=2
+        )
         assert "Graph break" not in r.stderr
         a, b = losses(single), losses(run_dir)
         assert all(b[k] == pytest.approx(a[k], rel=2e-3) for k in a), layout
@@ -157,13 +212,15 @@ def test_compiled_blocks_with_and_without_sequence_parallelism(prepared, single,
 
 def test_a_data_2_tensor_2_checkpoint_resumes_on_data_4_and_on_one_process(prepared, single, tmp_path):
     saved = tmp_path / "saved"
-    finished_torchrun(*settings(prepared, saved, 4, "parallel.tensor=2", "parallel.zero_stage=3",
-                                "debug.stop_after_step=5"), nproc=4)
+    finished_torchrun(
+        *settings(prepared, saved, 4, "parallel.tensor=2", "parallel.zero_stage=3", "debug.stop_after_step=5"), nproc=4
+    )
     # Data 4 x tensor 1 (FSDP over all 4 ranks, micro-batch 2: the same global batch).
     four = tmp_path / "four"
     subprocess.run(["cp", "-r", saved, four], check=True)
-    r = finished_torchrun("--resume", four, "debug.stop_after_step=0", "parallel.tensor=1", "train.micro_batch_size=2",
-                          nproc=4)
+    r = finished_torchrun(
+        "--resume", four, "debug.stop_after_step=0", "parallel.tensor=1", "train.micro_batch_size=2", nproc=4
+    )
     assert "resumed from" in r.stdout
     assert_same_run(single, four, steps=range(6, STEPS + 1))
     # One process (data 1 x tensor 1, micro-batch 8).
@@ -186,8 +243,11 @@ def test_kill_9_during_a_tensor_x_data_run_resumes_exactly(prepared, grid, tmp_p
     same grid continues with the losses of the run that was never stopped (same ranks, same order of
     operations: bitwise)."""
     run_dir = tmp_path / "run"
-    proc = torchrun(*settings(prepared, run_dir, 4, "parallel.tensor=2", "parallel.zero_stage=3",
-                              "debug.step_sleep=0.5"), nproc=4, wait=False)
+    proc = torchrun(
+        *settings(prepared, run_dir, 4, "parallel.tensor=2", "parallel.zero_stage=3", "debug.step_sleep=0.5"),
+        nproc=4,
+        wait=False,
+    )
     try:
         deadline = time.time() + 300
         while time.time() < deadline and len(losses(run_dir) if (run_dir / "metrics.jsonl").exists() else {}) < 7:
@@ -209,14 +269,20 @@ def test_kill_9_during_a_tensor_x_data_run_resumes_exactly(prepared, grid, tmp_p
     assert all(b[k] == a[k] for k in range(6, STEPS + 1))
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["model.preset=gpt2"], "parallel.tensor: tensor parallelism is built for the LLaMA family, not gpt2"),
-    (["model.intermediate_size=175"], "parallel.tensor: 2 must divide model.intermediate_size 175"),
-    (["model.dropout=0.1"], "model.dropout: not supported with parallel.tensor > 1"),
-    (["model.qk_norm=true"], "model.qk_norm: not built with parallel.tensor > 1 yet"),
-    (["model.vocab_size=515"], r"parallel.tensor: 2 must divide the vocabulary's rows \(515: .* "
-                               "model.pad_vocab_to=128"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["model.preset=gpt2"], "parallel.tensor: tensor parallelism is built for the LLaMA family, not gpt2"),
+        (["model.intermediate_size=175"], "parallel.tensor: 2 must divide model.intermediate_size 175"),
+        (["model.dropout=0.1"], "model.dropout: not supported with parallel.tensor > 1"),
+        (["model.qk_norm=true"], "model.qk_norm: not built with parallel.tensor > 1 yet"),
+        (
+            ["model.vocab_size=515"],
+            r"parallel.tensor: 2 must divide the vocabulary's rows \(515: .* "
+            "model.pad_vocab_to=128",
+        ),
+    ],
+)
 def test_what_tensor_parallelism_refuses(overrides, message):
     from pretrain.config import load_config
     from pretrain.config.trainable import check_trainable

@@ -22,12 +22,28 @@ needs_cpu_fsdp = pytest.mark.skipif(OLD_TORCH, reason=f"FSDP2 on CPUs needs torc
 
 
 def settings(prepared, run_dir, micro_batch, *extra):
-    return ["model.preset=debug", "model.vocab_size=515", "model.intermediate_size=175",  # odd: uneven shards
-            "train.seq_len=32", f"train.micro_batch_size={micro_batch}", "train.grad_accum_steps=2",
-            "train.precision=fp32", "train.device=cpu", "train.lr=3e-3", "train.warmup=1", "train.max_steps=6",
-            f"data.dir={prepared}", f"run.dir={run_dir}", "run.log_every=1", "run.eval_every=0",
-            "run.eval_batches=2", "run.checkpoint_every=3", "run.progress=false", "hardware.peak_tflops=0.05",
-            *extra]
+    return [
+        "model.preset=debug",
+        "model.vocab_size=515",
+        "model.intermediate_size=175",  # odd: uneven shards
+        "train.seq_len=32",
+        f"train.micro_batch_size={micro_batch}",
+        "train.grad_accum_steps=2",
+        "train.precision=fp32",
+        "train.device=cpu",
+        "train.lr=3e-3",
+        "train.warmup=1",
+        "train.max_steps=6",
+        f"data.dir={prepared}",
+        f"run.dir={run_dir}",
+        "run.log_every=1",
+        "run.eval_every=0",
+        "run.eval_batches=2",
+        "run.checkpoint_every=3",
+        "run.progress=false",
+        "hardware.peak_tflops=0.05",
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +71,9 @@ def task_rows(run_dir) -> dict:
 def test_data_parallel_matches_one_process(prepared, single, mc_task, tmp_path, stage):
     run_dir = tmp_path / "run"
     # debug.check_sharding: every rank asserts it holds exactly the planner's per-rank model-state bytes.
-    finished_torchrun(*settings(prepared, run_dir, 4, f"parallel.zero_stage={stage}", "debug.check_sharding=true",
-                                *mc_task))
+    finished_torchrun(
+        *settings(prepared, run_dir, 4, f"parallel.zero_stage={stage}", "debug.check_sharding=true", *mc_task)
+    )
     # The logged loss is the global batch's mean: it equals the single process's (fp32 reduction order
     # differs, hence a tolerance of 1e-5 relative; parameters after 6 AdamW steps within 3e-5 absolute:
     # AdamW divides each gradient element by its own running RMS, so an element whose gradient is nearly
@@ -189,8 +206,17 @@ def test_ranks_agree_on_a_rollback(prepared, tmp_path):
     """A NaN on one micro-batch of the data stream (every rank reads its share of it): the global loss is
     NaN on every rank, so all roll back together to the same checkpoint and skip the same data."""
     run_dir = tmp_path / "run"
-    finished_torchrun(*settings(prepared, run_dir, 4, "parallel.zero_stage=1", "train.max_steps=8",
-                                "run.checkpoint_every=2", "debug.inject_nan_batches=[8]"))
+    finished_torchrun(
+        *settings(
+            prepared,
+            run_dir,
+            4,
+            "parallel.zero_stage=1",
+            "train.max_steps=8",
+            "run.checkpoint_every=2",
+            "debug.inject_nan_batches=[8]",
+        )
+    )
     events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
     (rollback,) = [e for e in events if e["event"] == "rollback"]
     assert (rollback["step"], rollback["to_step"]) == (5, 4)
@@ -204,13 +230,21 @@ def test_ranks_skip_an_overflow_in_one_ranks_shard_alike(prepared, tmp_path):
     ranks must skip that step and lower their scale alike (the scaler's flag is reduced over the mesh), or
     their shards drift apart: each rank's AdamW step count and loss scale are what it applied."""
     run_dir = tmp_path / "run"
-    finished_torchrun(*settings(prepared, run_dir, 4, "parallel.zero_stage=3", "train.precision=fp16-mixed",
-                                "debug.inject_inf_grad_batches=[4]"))
+    finished_torchrun(
+        *settings(
+            prepared,
+            run_dir,
+            4,
+            "parallel.zero_stage=3",
+            "train.precision=fp16-mixed",
+            "debug.inject_inf_grad_batches=[4]",
+        )
+    )
     events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
     assert [e["step"] for e in events if e["event"] == "nonfinite_skip"] == [3]
     ranks = [json.loads((run_dir / f"faults.rank{r}.json").read_text()) for r in range(2)]
     # 6 steps, 1 skipped; GradScaler starts at 2^16 and halves once (it grows only after 2000 good steps).
-    assert ranks[0] == ranks[1] == {"optimizer_steps": [5], "loss_scale": 2.0 ** 15}
+    assert ranks[0] == ranks[1] == {"optimizer_steps": [5], "loss_scale": 2.0**15}
 
 
 @pytest.mark.skipif(not OLD_TORCH, reason="this torch runs FSDP2 on CPUs")
@@ -222,8 +256,13 @@ def test_fsdp_on_cpus_with_an_old_torch_is_refused_in_one_line(prepared, tmp_pat
 
 def test_a_bad_config_is_said_once_not_once_per_rank(tmp_path):
     # Every rank reads the same config and fails the same way; the user reads the line once.
-    r = torchrun("model.preset=debug", f"data.dir={tmp_path / 'absent'}", f"run.dir={tmp_path / 'run'}",
-                 "train.device=cpu", nproc=2)
+    r = torchrun(
+        "model.preset=debug",
+        f"data.dir={tmp_path / 'absent'}",
+        f"run.dir={tmp_path / 'run'}",
+        "train.device=cpu",
+        nproc=2,
+    )
     assert r.returncode != 0
     lines = [x for x in r.stderr.splitlines() if x.startswith("pretrain train: error:")]
     assert len(lines) == 1 and "absent: no meta.json" in lines[0], r.stderr[-2000:]
@@ -243,6 +282,7 @@ def test_a_global_batch_stays_the_same_on_two_ranks(prepared, single, tmp_path):
 def test_a_layout_for_more_processes_than_torchrun_started_says_to_change_nproc(prepared, tmp_path):
     r = torchrun(*settings(prepared, tmp_path / "run", 4, "model.num_layers=4", "parallel.pipeline=4"))
     assert r.returncode != 0
-    assert ("pretrain train: error: parallel.tensor x parallel.pipeline = 1 x 4 = 4 ranks per model replica do not "
-            "divide the 2 processes torchrun started: change --nproc-per-node so that they are a multiple of 4"
-            ) in r.stderr
+    assert (
+        "pretrain train: error: parallel.tensor x parallel.pipeline = 1 x 4 = 4 ranks per model replica do not "
+        "divide the 2 processes torchrun started: change --nproc-per-node so that they are a multiple of 4"
+    ) in r.stderr

@@ -37,7 +37,7 @@ def test_acc_and_acc_norm_equal_olmo_evals_own_metric(run_and_export):
     for metric_type in ("acc", "len_norm"):
         metric = ICLMetric(metric_type=metric_type)
         for i in range(0, len(samples), 8):
-            batch = theirs_task.collate_fn(samples[i:i + 8])
+            batch = theirs_task.collate_fn(samples[i : i + 8])
             with torch.no_grad():
                 metric.update(batch, model(batch["input_ids"]))
         results[metric_type] = metric.compute()
@@ -71,8 +71,11 @@ metric_list:
   - metric: acc
   - metric: acc_norm
 """)
-    out = lm_eval.simple_evaluate(model=HFLM(pretrained=str(hf_dir), batch_size=4, device="cpu"),
-                                  tasks=["python_mc"], task_manager=TaskManager(include_path=str(tmp_path)))
+    out = lm_eval.simple_evaluate(
+        model=HFLM(pretrained=str(hf_dir), batch_size=4, device="cpu"),
+        tasks=["python_mc"],
+        task_manager=TaskManager(include_path=str(tmp_path)),
+    )
     anchor = out["results"]["python_mc"]
     r = run_cli("eval", run_dir, "--tasks", local_task, "--json", "--batch-size", "5")  # our model, the run's tokenizer
     assert r.returncode == 0, r.stderr

@@ -8,11 +8,14 @@ from pretrain.cli import main
 from support import run_cli
 
 
-@pytest.mark.parametrize("tasks, message", [
-    ("hellaswag,hellaswagg", "unknown task 'hellaswagg'; known: hellaswag, arc_easy"),
-    ("missing.jsonl", "task file missing.jsonl not found"),
-    (",", "--tasks is empty"),
-])
+@pytest.mark.parametrize(
+    "tasks, message",
+    [
+        ("hellaswag,hellaswagg", "unknown task 'hellaswagg'; known: hellaswag, arc_easy"),
+        ("missing.jsonl", "task file missing.jsonl not found"),
+        (",", "--tasks is empty"),
+    ],
+)
 def test_a_bad_task_list_is_one_line(tasks, message, tmp_path, capsys):
     assert main(["eval", str(tmp_path / "no-such-run"), "--tasks", tasks]) == 2
     err = capsys.readouterr().err
@@ -21,8 +24,9 @@ def test_a_bad_task_list_is_one_line(tasks, message, tmp_path, capsys):
 
 def test_a_bad_line_of_a_task_file_is_named(tmp_path, capsys):
     path = tmp_path / "mine.jsonl"
-    path.write_text('{"context": "a", "choices": [" b", " c"], "gold": 0}\n{"context": "a", "choices": [" b"], '
-                    '"gold": 0}\n')
+    path.write_text(
+        '{"context": "a", "choices": [" b", " c"], "gold": 0}\n{"context": "a", "choices": [" b"], "gold": 0}\n'
+    )
     assert main(["eval", str(tmp_path / "no-such-run"), "--tasks", str(path)]) == 2
     err = capsys.readouterr().err
     assert f"{path}:2: needs" in err and len(err.strip().splitlines()) == 1

@@ -13,8 +13,14 @@ torch = pytest.importorskip("torch")
 def test_task_rows_survive_a_rollback_and_a_resume_once_each(prepared, local_task, tmp_path):
     run_dir = tmp_path / "run"
     # Micro-batch 14 (step 8) is NaN: a rollback to step 4's checkpoint; the run then stops after step 9.
-    args = tiny(prepared, run_dir, f"run.eval_tasks=[{local_task}]", "run.eval_tasks_every=2",
-                "run.eval_every=0", "debug.inject_nan_batches=[14]")
+    args = tiny(
+        prepared,
+        run_dir,
+        f"run.eval_tasks=[{local_task}]",
+        "run.eval_tasks_every=2",
+        "run.eval_every=0",
+        "debug.inject_nan_batches=[14]",
+    )
     first = run_cli("train", *args, "debug.stop_after_step=9")
     assert first.returncode == 0, first.stderr
     assert "python_mc acc_norm" in first.stdout
@@ -31,7 +37,8 @@ def test_task_rows_survive_a_rollback_and_a_resume_once_each(prepared, local_tas
     assert [r["step"] for r in run.evals] == [12]  # the validation line is not taken for a task line
     final = run.tasks[-1]
     assert final["tokens"] == run.train[-1]["tokens"] and final["eval/python_mc/chance"] == pytest.approx(
-        sum(1 / n for n in (3, 4, 2, 3, 3, 2, 2, 3, 2, 2, 3, 2)) / 12)
+        sum(1 / n for n in (3, 4, 2, 3, 3, 2, 2, 3, 2, 2, 3, 2)) / 12
+    )
 
     # The in-loop numbers are pretrain eval's on the final checkpoint.
     r = run_cli("eval", run_dir, "--tasks", local_task, "--json")
@@ -62,5 +69,6 @@ def test_unknown_task_names_and_tensor_parallelism_are_refused_before_training()
     with pytest.raises(ConfigError, match="run.eval_tasks: unknown task 'hellaswagg'"):
         load_config(None, ["run.eval_tasks=[hellaswagg]"])
     with pytest.raises(ConfigError, match="run.eval_tasks: evaluated under data parallelism"):
-        check_trainable(load_config(None, ["run.eval_tasks=[small]", "parallel.gpus=2", "parallel.tensor=2"]),
-                        needs_data=False)
+        check_trainable(
+            load_config(None, ["run.eval_tasks=[small]", "parallel.gpus=2", "parallel.tensor=2"]), needs_data=False
+        )

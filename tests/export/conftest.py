@@ -18,15 +18,16 @@ def make_model():
     heads) with `model.` overrides and every parameter perturbed: norm weights of exactly 1 and zero biases
     would hide a swapped or dropped tensor in the name mapping. rope_theta and norm_eps differ from the
     Hugging Face defaults so that the exported config must carry them."""
+
     def make(overrides=(), seed=0):
-        cfg = load_config(overrides=["model.preset=debug", "model.rope_theta=5000", "model.norm_eps=1e-6",
-                                     *overrides])
+        cfg = load_config(overrides=["model.preset=debug", "model.rope_theta=5000", "model.norm_eps=1e-6", *overrides])
         torch.manual_seed(seed)
         model = build_model(cfg.model).eval()
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(torch.randn_like(p) * 0.05)
         return model
+
     return make
 
 

@@ -49,14 +49,21 @@ def test_generate_bad_input_is_one_line(trained, tmp_path, tokenizer_dir, case):
     tokenizer = Tokenizer(models.WordLevel({**{f"w{i}": i for i in range(999)}, "<eos>": 999}, unk_token="w0"))
     tokenizer.add_special_tokens(["<eos>"])  # an end-of-document token, as prepare requires
     tokenizer.save(str(big))
-    extra = {"max new tokens": ["--max-new-tokens", "-5"], "prompt bytes": ["--prompt", b"caf\xe9"],
-             "tokenizer": ["--tokenizer", big, "--prompt", "w998"]}[case]
-    r = subprocess.run([sys.executable, "-m", "pretrain", "generate", trained, "--max-new-tokens", "3", *extra],
-                       capture_output=True)
+    extra = {
+        "max new tokens": ["--max-new-tokens", "-5"],
+        "prompt bytes": ["--prompt", b"caf\xe9"],
+        "tokenizer": ["--tokenizer", big, "--prompt", "w998"],
+    }[case]
+    r = subprocess.run(
+        [sys.executable, "-m", "pretrain", "generate", trained, "--max-new-tokens", "3", *extra], capture_output=True
+    )
     lines = r.stderr.decode(errors="replace").strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1, lines[-20:]
-    assert {"max new tokens": "--max-new-tokens -5 must be >= 0", "prompt bytes": "--prompt is not valid UTF-8",
-            "tokenizer": "ids go up to 999, beyond the model's vocabulary of 512"}[case] in lines[0]
+    assert {
+        "max new tokens": "--max-new-tokens -5 must be >= 0",
+        "prompt bytes": "--prompt is not valid UTF-8",
+        "tokenizer": "ids go up to 999, beyond the model's vocabulary of 512",
+    }[case] in lines[0]
 
 
 def test_continued_pretraining_starts_from_the_export(prepared, trained, tmp_path):
@@ -65,8 +72,9 @@ def test_continued_pretraining_starts_from_the_export(prepared, trained, tmp_pat
     out = tmp_path / "hf"
     assert run_here("export", trained, "--to", "hf", out).returncode == 0
     run_dir = tmp_path / "continued"
-    r = run_here("train", *tiny(prepared, run_dir, "train.max_steps=3", f"model.hf_config={out}",
-                               f"model.init_from={out}"))
+    r = run_here(
+        "train", *tiny(prepared, run_dir, "train.max_steps=3", f"model.hf_config={out}", f"model.init_from={out}")
+    )
     assert r.returncode == 0, r.stderr
     start = load_model(run_dir / "checkpoints" / "step_00000000")  # written before the first step
     source = load_model(trained)
@@ -82,8 +90,9 @@ def test_continued_pretraining_starts_from_the_export(prepared, trained, tmp_pat
 
 def test_a_relative_data_dir_is_saved_absolute(prepared, tmp_path):
     run_dir = tmp_path / "run"
-    r = run_cli("train", *tiny(prepared, run_dir, "train.max_steps=3", f"data.dir={prepared.name}"),
-                cwd=prepared.parent)
+    r = run_cli(
+        "train", *tiny(prepared, run_dir, "train.max_steps=3", f"data.dir={prepared.name}"), cwd=prepared.parent
+    )
     assert r.returncode == 0, r.stderr
     r = run_cli("export", run_dir, "--to", "hf", tmp_path / "hf", cwd=tmp_path)  # another directory
     assert r.returncode == 0 and "no tokenizer" not in r.stdout, r.stderr
@@ -104,8 +113,10 @@ def own_run(prepared, tmp_path_factory):
 
     root = tmp_path_factory.mktemp("overlap")
     shutil.copytree(prepared, root / "data")
-    r = run_here("train", *tiny(root / "data", root / "runs" / "run", "train.max_steps=3", "run.checkpoint_every=3",
-                               "train.warmup=1"))
+    r = run_here(
+        "train",
+        *tiny(root / "data", root / "runs" / "run", "train.max_steps=3", "run.checkpoint_every=3", "train.warmup=1"),
+    )
     assert r.returncode == 0, r.stderr
     return root
 
@@ -114,10 +125,14 @@ def own_run(prepared, tmp_path_factory):
 def test_export_refuses_an_output_overlapping_what_it_reads(own_run, target):
     run_dir, data = own_run / "runs" / "run", own_run / "data"
     before = sorted(p for p in own_run.rglob("*") if p.is_file())
-    source, out = {"run": (run_dir, run_dir), "checkpoints": (run_dir, run_dir / "checkpoints"),
-                   "a checkpoint": (run_dir / "checkpoints" / "step_00000003", run_dir),
-                   "inside the run": (run_dir, run_dir / "checkpoints" / "hf"),
-                   "parent": (run_dir, own_run / "runs"), "data": (run_dir, data)}[target]
+    source, out = {
+        "run": (run_dir, run_dir),
+        "checkpoints": (run_dir, run_dir / "checkpoints"),
+        "a checkpoint": (run_dir / "checkpoints" / "step_00000003", run_dir),
+        "inside the run": (run_dir, run_dir / "checkpoints" / "hf"),
+        "parent": (run_dir, own_run / "runs"),
+        "data": (run_dir, data),
+    }[target]
     r = run_here("export", source, "--to", "hf", out, "--overwrite")
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and "overlaps the" in lines[0], r.stderr[-2000:]

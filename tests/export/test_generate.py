@@ -119,8 +119,10 @@ def test_generate_text_starts_at_bos_and_stops_at_eos(tokenizer_dir):
     # Conftest tokenizer: <bos> 1, <eos> 2, <unk> 3, w0 4. Counting on from <bos> reaches <eos> first; without
     # the stop, <eos> <unk> w0 w1 w2 would follow.
     assert generate_text(Successor(vocab=64), tokenizer_dir, "", max_new_tokens=5, temperature=0) == ""
-    assert generate_text(Successor(vocab=64), tokenizer_dir, "", max_new_tokens=5, temperature=0,
-                         eos_id=None) == "w0 w1 w2"
+    assert (
+        generate_text(Successor(vocab=64), tokenizer_dir, "", max_new_tokens=5, temperature=0, eos_id=None)
+        == "w0 w1 w2"
+    )
 
 
 def test_a_padded_id_is_never_sampled(make_model):

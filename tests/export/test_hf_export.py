@@ -22,16 +22,25 @@ VARIANTS = {
     "qwen2": ["model.qkv_bias=true", "model.tie_embeddings=true"],
     "qwen3": ["model.qk_norm=true", "model.num_kv_heads=4", "model.head_dim=32"],
     # RoPE scaling with the original context inside the batch's 24 positions, so that it changes the logits
-    "llama3.1-rope": ["model.rope_scaling={rope_type: llama3, factor: 8, low_freq_factor: 1, high_freq_factor: 4, "
-                      "original_max_position_embeddings: 16}"],
+    "llama3.1-rope": [
+        "model.rope_scaling={rope_type: llama3, factor: 8, low_freq_factor: 1, high_freq_factor: 4, "
+        "original_max_position_embeddings: 16}"
+    ],
     "yarn-rope": ["model.rope_scaling={rope_type: yarn, factor: 4, original_max_position_embeddings: 16}"],
     "gpt2-tied": GPT2 + ["model.tie_embeddings=true"],
     "gpt2-untied-nobias": GPT2 + ["model.tie_embeddings=false", "model.bias=false"],  # zero biases exported
 }
-ARCHITECTURES = {"llama-gqa": "LlamaForCausalLM", "llama-tied": "LlamaForCausalLM",
-                 "llama-head_dim": "LlamaForCausalLM", "llama3.1-rope": "LlamaForCausalLM",
-                 "yarn-rope": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                 "gpt2-tied": "GPT2LMHeadModel", "gpt2-untied-nobias": "GPT2LMHeadModel"}
+ARCHITECTURES = {
+    "llama-gqa": "LlamaForCausalLM",
+    "llama-tied": "LlamaForCausalLM",
+    "llama-head_dim": "LlamaForCausalLM",
+    "llama3.1-rope": "LlamaForCausalLM",
+    "yarn-rope": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "gpt2-tied": "GPT2LMHeadModel",
+    "gpt2-untied-nobias": "GPT2LMHeadModel",
+}
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -80,9 +89,22 @@ def test_round_trip_is_exact(variant, make_model, batch, tmp_path):
     again.load_state_dict(state)
     with torch.no_grad():
         assert torch.equal(again(batch), model(batch))
-    for key in ("family", "vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
-                "max_seq_len", "tie_embeddings", "norm_eps", "qkv_bias", "qk_norm", "init_std", "rope_scaling",
-                *(("rope_theta",) if model.config.family == "llama" else ())):
+    for key in (
+        "family",
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_layers",
+        "num_heads",
+        "max_seq_len",
+        "tie_embeddings",
+        "norm_eps",
+        "qkv_bias",
+        "qk_norm",
+        "init_std",
+        "rope_scaling",
+        *(("rope_theta",) if model.config.family == "llama" else ()),
+    ):
         assert getattr(again.config, key) == getattr(model.config, key), key
 
 
@@ -156,8 +178,11 @@ def test_padded_vocabulary_is_trimmed_on_export(variant, make_model, tmp_path):
     out = export_hf(model, tmp_path / "hf")
     assert json.loads((out / "config.json").read_text())["vocab_size"] == 500
     tensors = load_file(out / "model.safetensors")
-    assert all(t.shape[0] == 500 for name, t in tensors.items() if "embed_tokens" in name or "wte" in name
-               or name == "lm_head.weight")
+    assert all(
+        t.shape[0] == 500
+        for name, t in tensors.items()
+        if "embed_tokens" in name or "wte" in name or name == "lm_head.weight"
+    )
     theirs = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
     batch = torch.randint(0, 500, (2, 24), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():

@@ -10,9 +10,17 @@ from pretrain.errors import UsageError
 from pretrain.model import build_model
 from pretrain.model.hf import from_hf, load_hf_into
 
-LLAMA_SHAPE = dict(vocab_size=300, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
-                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-6,
-                   rope_theta=20000.0)
+LLAMA_SHAPE = dict(
+    vocab_size=300,
+    hidden_size=64,
+    intermediate_size=160,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+    rms_norm_eps=1e-6,
+    rope_theta=20000.0,
+)
 
 
 def native(kind: str):
@@ -27,8 +35,9 @@ def native(kind: str):
         "qwen3": lambda: t.Qwen3ForCausalLM(t.Qwen3Config(**LLAMA_SHAPE, head_dim=32, sliding_window=16)),
         # A window below max_position_embeddings: model.sliding_window, which bounds train.seq_len.
         "mistral": lambda: t.MistralForCausalLM(t.MistralConfig(**LLAMA_SHAPE, sliding_window=64)),
-        "gpt2": lambda: t.GPT2LMHeadModel(t.GPT2Config(vocab_size=300, n_embd=64, n_layer=2, n_head=4,
-                                                       n_positions=128)),
+        "gpt2": lambda: t.GPT2LMHeadModel(
+            t.GPT2Config(vocab_size=300, n_embd=64, n_layer=2, n_head=4, n_positions=128)
+        ),
     }[kind]()
     torch.manual_seed(0)
     with torch.no_grad():
@@ -98,8 +107,11 @@ def test_load_hf_into_names_the_mismatched_tensor(tmp_path):
     native("llama").save_pretrained(tmp_path)
     keys, _ = from_hf(tmp_path)
     wider = build_model(load_config({"model": {**keys, "intermediate_size": 192}}).model)
-    with pytest.raises(UsageError, match=r"mlp\.gate_proj\.weight \+ .*up_proj\.weight has shape \(320, 64\) "
-                                         r"but the model's blocks\.0\.mlp\.up\.weight is \(384, 64\)"):
+    with pytest.raises(
+        UsageError,
+        match=r"mlp\.gate_proj\.weight \+ .*up_proj\.weight has shape \(320, 64\) "
+        r"but the model's blocks\.0\.mlp\.up\.weight is \(384, 64\)",
+    ):
         load_hf_into(wider, tmp_path)
     tied = build_model(load_config({"model": {**keys, "tie_embeddings": True}}).model)
     with pytest.raises(UsageError, match="tie_embeddings"):

@@ -16,10 +16,24 @@ from pretrain.model.hf import from_hf, load_hf_into
 MOE = ["model.preset=moe-debug", "model.num_shared_experts=0", "model.rope_theta=5000", "model.norm_eps=1e-6"]
 VARIANTS = {  # overrides, class
     "qwen3_moe": (["model.first_dense_layers=1", "model.norm_topk_prob=false"], "Qwen3MoeForCausalLM"),
-    "mixtral": (["model.qk_norm=false", "model.first_dense_layers=0", "model.moe_intermediate_size=176",
-                 "model.router_aux_loss_coef=0.04"], "MixtralForCausalLM"),
-    "olmoe": (["model.qk_norm_over=projection", "model.first_dense_layers=0", "model.moe_intermediate_size=176",
-               "model.norm_topk_prob=false"], "OlmoeForCausalLM"),
+    "mixtral": (
+        [
+            "model.qk_norm=false",
+            "model.first_dense_layers=0",
+            "model.moe_intermediate_size=176",
+            "model.router_aux_loss_coef=0.04",
+        ],
+        "MixtralForCausalLM",
+    ),
+    "olmoe": (
+        [
+            "model.qk_norm_over=projection",
+            "model.first_dense_layers=0",
+            "model.moe_intermediate_size=176",
+            "model.norm_topk_prob=false",
+        ],
+        "OlmoeForCausalLM",
+    ),
 }
 
 
@@ -53,8 +67,16 @@ def test_transformers_loads_the_export_and_agrees(variant, batch, tmp_path):
     # The directory reads back as the same model: its keys through model.hf_config, its weights exactly.
     keys, state = from_hf(out)
     again = build_model(load_config({"model": keys}).model).eval()
-    for key in ("num_experts", "experts_per_token", "moe_intermediate_size", "first_dense_layers",
-                "norm_topk_prob", "qk_norm", "qk_norm_over", "router_aux_loss_coef"):
+    for key in (
+        "num_experts",
+        "experts_per_token",
+        "moe_intermediate_size",
+        "first_dense_layers",
+        "norm_topk_prob",
+        "qk_norm",
+        "qk_norm_over",
+        "router_aux_loss_coef",
+    ):
         want = getattr(model.config, key)
         if key == "moe_intermediate_size" and variant != "qwen3_moe":
             want = None  # Mixtral's and OLMoE's experts are intermediate_size wide
@@ -65,11 +87,14 @@ def test_transformers_loads_the_export_and_agrees(variant, batch, tmp_path):
     assert set(state) == {k for k in again.state_dict() if not k.endswith(".expert_bias")}
 
 
-@pytest.mark.parametrize("overrides, named", [
-    (["model.num_shared_experts=1"], "Qwen3MoeForCausalLM .* has no shared experts"),
-    (["model.num_shared_experts=0", "model.router=sigmoid"], "sigmoid router"),
-    (["model.num_shared_experts=0", "model.qk_norm=false"], "dense first blocks"),
-])
+@pytest.mark.parametrize(
+    "overrides, named",
+    [
+        (["model.num_shared_experts=1"], "Qwen3MoeForCausalLM .* has no shared experts"),
+        (["model.num_shared_experts=0", "model.router=sigmoid"], "sigmoid router"),
+        (["model.num_shared_experts=0", "model.qk_norm=false"], "dense first blocks"),
+    ],
+)
 def test_what_the_classes_do_not_build_is_refused(overrides, named, tmp_path):
     model = build_model(load_config(overrides=["model.preset=moe-debug", *overrides]).model)
     with pytest.raises(UsageError, match=named):
@@ -86,16 +111,46 @@ def test_moved_routing_biases_are_refused(tmp_path):
 
 def test_hub_configs_read_into_moe_keys(tmp_path):
     """The config.json fields of the published models (Qwen3-30B-A3B's, Mixtral-8x7B's, OLMoE-1B-7B's)."""
-    shape = dict(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    shape = dict(
+        vocab_size=1000,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+    )
     configs = {
-        "qwen3_moe": dict(shape, num_experts=128, num_experts_per_tok=8, moe_intermediate_size=32,
-                          norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], head_dim=16,
-                          router_aux_loss_coef=0.001, output_router_logits=False, max_window_layers=48),
-        "mixtral": dict(shape, num_local_experts=8, num_experts_per_tok=2, router_aux_loss_coef=0.02,
-                        sliding_window=None, output_router_logits=False),
-        "olmoe": dict(shape, num_experts=64, num_experts_per_tok=8, norm_topk_prob=False, clip_qkv=None,
-                      router_aux_loss_coef=0.01, output_router_logits=False),
+        "qwen3_moe": dict(
+            shape,
+            num_experts=128,
+            num_experts_per_tok=8,
+            moe_intermediate_size=32,
+            norm_topk_prob=True,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+            head_dim=16,
+            router_aux_loss_coef=0.001,
+            output_router_logits=False,
+            max_window_layers=48,
+        ),
+        "mixtral": dict(
+            shape,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            router_aux_loss_coef=0.02,
+            sliding_window=None,
+            output_router_logits=False,
+        ),
+        "olmoe": dict(
+            shape,
+            num_experts=64,
+            num_experts_per_tok=8,
+            norm_topk_prob=False,
+            clip_qkv=None,
+            router_aux_loss_coef=0.01,
+            output_router_logits=False,
+        ),
     }
     got = {}
     for kind, hf in configs.items():

@@ -29,11 +29,14 @@ def readers(step, out):
     return [["export", step, "--to", "hf", out], ["generate", step, "--prompt", "The", "--max-new-tokens", "2"]]
 
 
-@pytest.mark.parametrize("damage, words", [
-    ("shard", ["state/", "sha256"]),
-    ("no manifest", ["manifest.json"]),
-    ("empty manifest", ["manifest.json", "trainer.json"]),
-])
+@pytest.mark.parametrize(
+    "damage, words",
+    [
+        ("shard", ["state/", "sha256"]),
+        ("no manifest", ["manifest.json"]),
+        ("empty manifest", ["manifest.json", "trainer.json"]),
+    ],
+)
 def test_a_named_checkpoint_that_fails_verification_is_refused(run_dir, tmp_path, damage, words):
     from pretrain import load_model
     from pretrain.errors import UsageError

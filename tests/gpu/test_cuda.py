@@ -18,15 +18,29 @@ torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 # Big enough that the allocator's fixed costs (cuBLAS workspace, rotary tables) are small beside the step.
-SMALL = ["model.hidden_size=512", "model.intermediate_size=1376", "model.num_layers=4", "model.num_heads=8",
-         "model.num_kv_heads=4", "train.seq_len=256", "train.micro_batch_size=16", "train.grad_accum_steps=1",
-         "train.device=cuda", "train.lr=3e-3", "hardware.peak_tflops=null", "run.eval_every=0"]
+SMALL = [
+    "model.hidden_size=512",
+    "model.intermediate_size=1376",
+    "model.num_layers=4",
+    "model.num_heads=8",
+    "model.num_kv_heads=4",
+    "train.seq_len=256",
+    "train.micro_batch_size=16",
+    "train.grad_accum_steps=1",
+    "train.device=cuda",
+    "train.lr=3e-3",
+    "hardware.peak_tflops=null",
+    "run.eval_every=0",
+]
 
 
 def train(prepared, run_dir, *extra, compile: bool):
     """A run of the small model, compiled or eager: every caller says which, and dynamo's log shows it."""
-    r = run_cli("train", *tiny(prepared, run_dir, *SMALL, *extra, f"train.compile={str(compile).lower()}"),
-                env={"TORCH_LOGS": "dynamo"})
+    r = run_cli(
+        "train",
+        *tiny(prepared, run_dir, *SMALL, *extra, f"train.compile={str(compile).lower()}"),
+        env={"TORCH_LOGS": "dynamo"},
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert compiled(r) == compile, r.stderr[-3000:]
     return r
@@ -50,8 +64,7 @@ def losses(run_dir):
 def test_bf16_mixed_on_cuda_matches_the_plan(prepared, tmp_path, recompute):
     """Eager: the saved activations are counted tensor by tensor only without torch.compile."""
     run_dir = tmp_path / "run"
-    train(prepared, run_dir, "train.precision=bf16-mixed", f"train.activation_checkpointing={recompute}",
-          compile=False)
+    train(prepared, run_dir, "train.precision=bf16-mixed", f"train.activation_checkpointing={recompute}", compile=False)
     loss = losses(run_dir)
     assert loss[-1] < loss[0] - 0.5
     r = rows(run_dir)
@@ -67,8 +80,7 @@ def test_compiled_bf16_mixed_on_cuda_against_the_plan(prepared, tmp_path):
     """Compiled: model states exact, the peak against the plan's compiled figure where the planner models one
     (memory_bytes.compiled, a number), else at most the eager plan's (compiling keeps less, not more)."""
     run_dir = tmp_path / "run"
-    train(prepared, run_dir, "train.precision=bf16-mixed", "train.activation_checkpointing=selective",
-          compile=True)
+    train(prepared, run_dir, "train.precision=bf16-mixed", "train.activation_checkpointing=selective", compile=True)
     r = rows(run_dir)
     for name in ("parameters", "gradients", "optimizer_states"):
         assert r[name]["measured"] == r[name]["planned"], name
@@ -136,10 +148,22 @@ def test_bench_on_the_card(tmp_path):
 
 
 def test_sweep_memory_on_cuda(tmp_path):
-    r = run_cli("sweep", "model.preset=debug", "model.hidden_size=512", "model.num_layers=4",
-                "model.intermediate_size=1376", "train.precision=bf16-mixed", "train.device=cuda",
-                "train.compile=false", "model.max_seq_len=1024", "train.seq_len=256,1024", "train.micro_batch_size=8",
-                "--out", tmp_path / "sweep", "--json")
+    r = run_cli(
+        "sweep",
+        "model.preset=debug",
+        "model.hidden_size=512",
+        "model.num_layers=4",
+        "model.intermediate_size=1376",
+        "train.precision=bf16-mixed",
+        "train.device=cuda",
+        "train.compile=false",
+        "model.max_seq_len=1024",
+        "train.seq_len=256,1024",
+        "train.micro_batch_size=8",
+        "--out",
+        tmp_path / "sweep",
+        "--json",
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     cells = json.loads((tmp_path / "sweep" / "sweep.json").read_text())["cells"]
     assert len(cells) == 2
@@ -155,9 +179,25 @@ def test_nccl_data_parallel(prepared, tmp_path, stage):
     import sys
 
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "pretrain",
-           "train", *tiny(prepared, run_dir, *SMALL, "train.precision=bf16-mixed", f"parallel.zero_stage={stage}",
-                          "debug.check_sharding=true", "train.compile=false")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        "-m",
+        "pretrain",
+        "train",
+        *tiny(
+            prepared,
+            run_dir,
+            *SMALL,
+            "train.precision=bf16-mixed",
+            f"parallel.zero_stage={stage}",
+            "debug.check_sharding=true",
+            "train.compile=false",
+        ),
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     loss = losses(run_dir)
@@ -173,9 +213,26 @@ def test_nccl_tensor_parallel(prepared, tmp_path, layout):
     import sys
 
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "pretrain",
-           "train", *tiny(prepared, run_dir, "train.device=cuda", "train.precision=bf16-mixed", "parallel.tensor=2",
-                          layout, "debug.check_sharding=true", "train.compile=false")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        "-m",
+        "pretrain",
+        "train",
+        *tiny(
+            prepared,
+            run_dir,
+            "train.device=cuda",
+            "train.precision=bf16-mixed",
+            "parallel.tensor=2",
+            layout,
+            "debug.check_sharding=true",
+            "train.compile=false",
+        ),
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     loss = losses(run_dir)

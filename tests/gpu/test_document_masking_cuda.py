@@ -16,9 +16,20 @@ def test_flex_block_mask_equals_the_dense_mask(family):
     from pretrain.config import load_config
     from pretrain.model import Documents, build_model
 
-    c = load_config({"model": {"family": family, "vocab_size": 256, "hidden_size": 128, "intermediate_size": 256,
-                               "num_layers": 2, "num_heads": 4, "num_kv_heads": 2 if family == "llama" else None,
-                               "max_seq_len": 512}})
+    c = load_config(
+        {
+            "model": {
+                "family": family,
+                "vocab_size": 256,
+                "hidden_size": 128,
+                "intermediate_size": 256,
+                "num_layers": 2,
+                "num_heads": 4,
+                "num_kv_heads": 2 if family == "llama" else None,
+                "max_seq_len": 512,
+            }
+        }
+    )
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(1, 256, (2, 512), generator=g)
     tokens[torch.rand(2, 512, generator=g) < 1 / 150] = 0  # documents of ~150 tokens
@@ -36,9 +47,20 @@ def test_flex_block_mask_equals_the_dense_mask(family):
 
 @pytest.mark.parametrize("compile", [False, True])
 def test_a_masked_cuda_run_uses_flex(prepared, tmp_path, compile):
-    r = run_cli("train", *tiny(prepared, tmp_path / "run", "train.device=cuda", "train.document_masking=true",
-                               "train.precision=bf16-mixed", "train.max_steps=6", "run.checkpoint_every=0",
-                               "hardware.peak_tflops=null", f"train.compile={str(compile).lower()}"))
+    r = run_cli(
+        "train",
+        *tiny(
+            prepared,
+            tmp_path / "run",
+            "train.device=cuda",
+            "train.document_masking=true",
+            "train.precision=bf16-mixed",
+            "train.max_steps=6",
+            "run.checkpoint_every=0",
+            "hardware.peak_tflops=null",
+            f"train.compile={str(compile).lower()}",
+        ),
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     report = json.loads((tmp_path / "run" / "plan_vs_run.json").read_text())
     assert report["attention_kernel"] == "flex" and report["document_masking"] is True

@@ -106,8 +106,9 @@ def train_masked_and_alone(family: str, dtype, optimizer, kernel: str = "loop"):
                 total = total + F.cross_entropy(logits, targets[part], reduction="sum")
         (total / y.numel()).backward()
         if first_step is None:
-            first_step = max(float((a.grad - b.grad).norm() / b.grad.norm())
-                             for a, b in zip(masked.parameters(), alone.parameters()))
+            first_step = max(
+                float((a.grad - b.grad).norm() / b.grad.norm()) for a, b in zip(masked.parameters(), alone.parameters())
+            )
         for opt in opts:
             opt.step()
             opt.zero_grad()
@@ -128,7 +129,8 @@ def test_masked_training_equals_training_each_document_alone(family):
     qkv bias, 2e-5 on LLaMA's MLP, after ten fp32 steps. fp64 takes the rounding out and leaves the mask's
     logic."""
     masked, alone, unmasked, _ = train_masked_and_alone(
-        family, torch.float64, lambda params: torch.optim.AdamW(params, lr=1e-2))
+        family, torch.float64, lambda params: torch.optim.AdamW(params, lr=1e-2)
+    )
     assert largest_relative_difference(masked, alone) <= 1e-10
     assert (unmasked.lm_head.weight - alone.lm_head.weight).norm() > 1e-3 * alone.lm_head.weight.norm()
 
@@ -139,7 +141,8 @@ def test_masked_fp32_training_equals_training_each_document_alone(family, kernel
     (measured 2e-7), and ten steps of SGD with momentum 0.9, the same on both sides, to 1e-5 (measured 4e-7)
     on every weight, with the CPU's loop and the boolean mask; the unmasked windows train another model."""
     masked, alone, unmasked, first_step = train_masked_and_alone(
-        family, torch.float32, lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9), kernel)
+        family, torch.float32, lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9), kernel
+    )
     assert first_step <= 1e-6
     assert largest_relative_difference(masked, alone) <= 1e-5
     assert largest_relative_difference(unmasked, alone) > 1e-3
@@ -163,5 +166,6 @@ def test_the_kernel_follows_the_device_and_never_falls_back_unmasked():
     off = load_config({"model": {"preset": "debug"}})
     assert documents_of_run(off.model, off.train, torch.device("cpu"), EOS) is None  # today's packing
     reset = load_config({"model": {"preset": "debug", "position_reset": True}})
-    assert documents_of_run(reset.model, reset.train, torch.device("cpu"), EOS) == \
-        Documents(EOS, masking=False, position_reset=True)
+    assert documents_of_run(reset.model, reset.train, torch.device("cpu"), EOS) == Documents(
+        EOS, masking=False, position_reset=True
+    )

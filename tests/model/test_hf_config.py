@@ -12,11 +12,27 @@ from pretrain.plan.params import count_params
 
 transformers = pytest.importorskip("transformers")
 
-CLASSES = {"llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config",
-           "gpt2": "GPT2Config", "mixtral": "MixtralConfig", "qwen3_moe": "Qwen3MoeConfig", "olmoe": "OlmoeConfig",
-           "deepseek_v3": "DeepseekV3Config", "gpt_oss": "GptOssConfig"}
-LLAMA_SHAPE = dict(vocab_size=1000, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+CLASSES = {
+    "llama": "LlamaConfig",
+    "mistral": "MistralConfig",
+    "qwen2": "Qwen2Config",
+    "qwen3": "Qwen3Config",
+    "gpt2": "GPT2Config",
+    "mixtral": "MixtralConfig",
+    "qwen3_moe": "Qwen3MoeConfig",
+    "olmoe": "OlmoeConfig",
+    "deepseek_v3": "DeepseekV3Config",
+    "gpt_oss": "GptOssConfig",
+}
+LLAMA_SHAPE = dict(
+    vocab_size=1000,
+    hidden_size=256,
+    intermediate_size=512,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+)
 
 
 @pytest.mark.parametrize("kind", CLASSES)
@@ -44,20 +60,28 @@ def _refusal(tmp_path, **hf) -> str:
     return message
 
 
-@pytest.mark.parametrize("model_type, field, value", [
-    ("llama", "hidden_act", "gelu"),
-    ("llama", "attention_bias", True),
-    ("llama", "mlp_bias", True),
-    ("qwen3", "attention_bias", True),
-    ("mistral", "hidden_act", "relu"),
-])
+@pytest.mark.parametrize(
+    "model_type, field, value",
+    [
+        ("llama", "hidden_act", "gelu"),
+        ("llama", "attention_bias", True),
+        ("llama", "mlp_bias", True),
+        ("qwen3", "attention_bias", True),
+        ("mistral", "hidden_act", "relu"),
+    ],
+)
 def test_a_field_not_at_its_neutral_value_is_refused_by_name(tmp_path, model_type, field, value):
     message = _refusal(tmp_path, model_type=model_type, **LLAMA_SHAPE, **{field: value})
     assert f"{field} (" in message and "not built" in message
 
 
-LLAMA31 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-           "original_max_position_embeddings": 8192}
+LLAMA31 = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
 
 
 def test_rope_scaling_is_read_as_either_transformers_writes_it(tmp_path):
@@ -68,29 +92,41 @@ def test_rope_scaling_is_read_as_either_transformers_writes_it(tmp_path):
     # transformers fills a missing original_max_position_embeddings from max_position_embeddings
     yarn = _model(tmp_path, model_type="qwen2", **LLAMA_SHAPE, rope_scaling={"type": "yarn", "factor": 4.0})
     assert yarn.rope_scaling == {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 512}
-    default = _model(tmp_path, model_type="llama", **LLAMA_SHAPE, rope_parameters={"rope_type": "default",
-                                                                                   "rope_theta": 5e5})
+    default = _model(
+        tmp_path, model_type="llama", **LLAMA_SHAPE, rope_parameters={"rope_type": "default", "rope_theta": 5e5}
+    )
     assert default.rope_scaling is None and default.rope_theta == 5e5
 
 
 def test_rope_scaling_not_built_is_refused_by_name(tmp_path):
-    message = _refusal(tmp_path, model_type="llama", **LLAMA_SHAPE,
-                       rope_parameters={"rope_type": "longrope", "rope_theta": 5e5, "factor": 8.0})
+    message = _refusal(
+        tmp_path,
+        model_type="llama",
+        **LLAMA_SHAPE,
+        rope_parameters={"rope_type": "longrope", "rope_theta": 5e5, "factor": 8.0},
+    )
     assert "rope_scaling: rope_type 'longrope' is not built; choose one of llama3 | yarn" in message
     message = _refusal(tmp_path, model_type="llama", **LLAMA_SHAPE, rope_scaling={"rope_type": "llama3", "factor": 8})
     assert "rope_type llama3 needs low_freq_factor, high_freq_factor" in message
-    message = _refusal(tmp_path, model_type="llama", **LLAMA_SHAPE,
-                       rope_parameters={"rope_type": "default", "rope_theta": 5e5, "partial_rotary_factor": 0.5})
+    message = _refusal(
+        tmp_path,
+        model_type="llama",
+        **LLAMA_SHAPE,
+        rope_parameters={"rope_type": "default", "rope_theta": 5e5, "partial_rotary_factor": 0.5},
+    )
     assert "partial_rotary_factor (rotary on part of each head) is not built" in message
 
 
 def test_other_families_are_refused_naming_what_is_missing(tmp_path):
     gemma2 = transformers.Gemma2Config(**LLAMA_SHAPE).to_dict()
     message = _refusal(tmp_path, **gemma2)
-    assert message.startswith(f"model.hf_config: {tmp_path / 'config.json'}: gemma2: attn_logit_softcapping, "
-                              "final_logit_softcapping")
-    assert message.endswith("are not built; supported model_type: llama, mistral, qwen2, qwen3, gpt2, mixtral, "
-                            "qwen3_moe, olmoe (planner only: deepseek_v3, gpt_oss)")
+    assert message.startswith(
+        f"model.hf_config: {tmp_path / 'config.json'}: gemma2: attn_logit_softcapping, final_logit_softcapping"
+    )
+    assert message.endswith(
+        "are not built; supported model_type: llama, mistral, qwen2, qwen3, gpt2, mixtral, "
+        "qwen3_moe, olmoe (planner only: deepseek_v3, gpt_oss)"
+    )
     # A family not in the list: its fields that no supported family has
     message = _refusal(tmp_path, model_type="falcon", **LLAMA_SHAPE, parallel_attn=True, alibi=False)
     assert "falcon: parallel_attn are not built" in message
@@ -98,16 +134,22 @@ def test_other_families_are_refused_naming_what_is_missing(tmp_path):
     assert "no model_type" in _refusal(tmp_path, model_type=["llama"], **LLAMA_SHAPE)
 
 
-@pytest.mark.parametrize("model_type, changes, window", [
-    ("mistral", dict(sliding_window=128), 128),  # every layer slides: full attention up to the window
-    ("mistral", dict(sliding_window=None), None),
-    ("mistral", dict(sliding_window=4096), None),  # a window beyond the context changes nothing
-    ("qwen2", dict(sliding_window=128, use_sliding_window=False), None),  # Qwen2.5's: switched off
-    ("qwen2", dict(sliding_window=128, use_sliding_window=True, max_window_layers=2), None),  # no layer slides
-    ("qwen3", dict(sliding_window=128, use_sliding_window=True, max_window_layers=1), 128),
-    ("qwen3", dict(sliding_window=128, use_sliding_window=True,
-                   layer_types=["full_attention", "sliding_attention"]), 128),
-])
+@pytest.mark.parametrize(
+    "model_type, changes, window",
+    [
+        ("mistral", dict(sliding_window=128), 128),  # every layer slides: full attention up to the window
+        ("mistral", dict(sliding_window=None), None),
+        ("mistral", dict(sliding_window=4096), None),  # a window beyond the context changes nothing
+        ("qwen2", dict(sliding_window=128, use_sliding_window=False), None),  # Qwen2.5's: switched off
+        ("qwen2", dict(sliding_window=128, use_sliding_window=True, max_window_layers=2), None),  # no layer slides
+        ("qwen3", dict(sliding_window=128, use_sliding_window=True, max_window_layers=1), 128),
+        (
+            "qwen3",
+            dict(sliding_window=128, use_sliding_window=True, layer_types=["full_attention", "sliding_attention"]),
+            128,
+        ),
+    ],
+)
 def test_a_sliding_window_bounds_the_sequence(tmp_path, model_type, changes, window):
     m = _model(tmp_path, model_type=model_type, **LLAMA_SHAPE, **changes)
     assert (m.sliding_window, m.max_seq_len) == (window, 512)
@@ -120,8 +162,11 @@ def test_mistral_7b_trains_within_its_window_and_refuses_beyond_it(tmp_path):
     source = f"model.hf_config={tmp_path}"
     assert load_config(overrides=[source, "train.seq_len=4096"]).train.seq_len == 4096
     assert load_config(overrides=[source]).train.seq_len == 2048
-    with pytest.raises(ConfigError, match=r"train.seq_len: 8192 is longer than model.sliding_window 4096, .*"
-                                          r"use train.seq_len <= 4096$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"train.seq_len: 8192 is longer than model.sliding_window 4096, .*"
+        r"use train.seq_len <= 4096$",
+    ):
         load_config(overrides=[source, "train.seq_len=8192"])
     (tmp_path / "config.json").write_text(json.dumps({**hf, "sliding_window": 1024}))
     assert load_config(overrides=[source]).train.seq_len == 1024  # the default length stays within it

@@ -19,10 +19,14 @@ from support import needs_compiler, run_here, tiny  # noqa: E402
 SHAPES = {
     "llama": ["model.preset=debug"],
     "llama-tied": ["model.preset=debug", "model.tie_embeddings=true"],
-    "gpt2": ["model.preset=debug", "model.family=gpt2", "model.num_kv_heads=4", "model.intermediate_size=256",
-             "model.tie_embeddings=true"],
-    "gpt2-untied": ["model.preset=debug", "model.family=gpt2", "model.num_kv_heads=4",
-                    "model.intermediate_size=256"],
+    "gpt2": [
+        "model.preset=debug",
+        "model.family=gpt2",
+        "model.num_kv_heads=4",
+        "model.intermediate_size=256",
+        "model.tie_embeddings=true",
+    ],
+    "gpt2-untied": ["model.preset=debug", "model.family=gpt2", "model.num_kv_heads=4", "model.intermediate_size=256"],
 }
 BATCH, SEQ = 3, 16
 CHUNK = 7  # does not divide BATCH x SEQ = 48: the last chunk is short
@@ -31,8 +35,10 @@ AUTOCAST = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}
 
 def batches(n: int):
     g = torch.Generator().manual_seed(0)
-    return [(torch.randint(0, 512, (BATCH, SEQ), generator=g), torch.randint(0, 512, (BATCH, SEQ), generator=g))
-            for _ in range(n)]
+    return [
+        (torch.randint(0, 512, (BATCH, SEQ), generator=g), torch.randint(0, 512, (BATCH, SEQ), generator=g))
+        for _ in range(n)
+    ]
 
 
 def accumulated_step(shape, loss, precision="fp32", micro_batches=2):
@@ -42,7 +48,7 @@ def accumulated_step(shape, loss, precision="fp32", micro_batches=2):
     model = build_model(c.model, seed=3, loss=loss, loss_chunk_tokens=CHUNK)
     if precision == "bf16":
         model = model.to(torch.bfloat16)
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 12) if precision == "fp16-mixed" else None
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**12) if precision == "fp16-mixed" else None
     losses = []
     for x, y in batches(micro_batches):
         with torch.autocast("cpu", dtype=AUTOCAST.get(precision, torch.bfloat16), enabled=precision in AUTOCAST):
@@ -159,6 +165,7 @@ def test_output_layer_and_loss_compile_as_one_graph():
 def test_a_training_run_with_the_default_loss_matches_plain(prepared, tmp_path):
     """`pretrain train` with the default (chunked, 40-token chunks: not a divisor of 4 x 32) against
     train.loss=plain: the logged losses within 1e-6 relative over the run (fp32)."""
+
     def losses(name, *extra):
         r = run_here("train", *tiny(prepared, tmp_path / name, "train.max_steps=6", "run.eval_every=6", *extra))
         assert r.returncode == 0, r.stderr
@@ -175,7 +182,7 @@ def test_a_training_run_with_the_default_loss_matches_plain(prepared, tmp_path):
 def test_a_models_loss_module_compiles_in_place():
     """What the trainer does under FSDP: blocks compiled one by one, and `model.loss` (output layer + loss) too."""
     c = load_config(overrides=["model.num_layers=2", f"train.seq_len={SEQ}", *SHAPES["llama-tied"]])
-    (x, y), = batches(1)
+    ((x, y),) = batches(1)
     eager = build_model(c.model, seed=3, loss_chunk_tokens=CHUNK)
     compiled = build_model(c.model, seed=3, loss_chunk_tokens=CHUNK)
     compiled.loss.compile(fullgraph=True)

@@ -87,8 +87,9 @@ def test_balancing_losses_and_bias_update():
     metrics = end_step(m, micro_batches=1)
     assert metrics["moe/dropped_fraction"] == 0.0
     assert metrics["moe/load_max_over_mean"] == pytest.approx((counts.max() / counts.mean()).item())
-    torch.testing.assert_close(total - m.lm_loss, torch.tensor(0.1 * metrics["moe/aux_loss"] + 0.01
-                                                                 * metrics["moe/z_loss"]), rtol=1e-5, atol=0)
+    torch.testing.assert_close(
+        total - m.lm_loss, torch.tensor(0.1 * metrics["moe/aux_loss"] + 0.01 * metrics["moe/z_loss"]), rtol=1e-5, atol=0
+    )
     # Overloaded experts' biases go down, underloaded ones' up, by exactly the rate.
     want = 0.5 * torch.sign(counts.mean() - counts)
     assert torch.equal(moe.expert_bias, want)

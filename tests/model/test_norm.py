@@ -18,17 +18,16 @@ def written_out(x, weight, eps):
 def run(fn, x, weight):
     """Output, gradients for a fixed output gradient, and (shape, dtype) of every tensor kept for backward."""
     kept = []
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append((tuple(t.shape), t.dtype)) or t,
-                                                  lambda t: t):
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append((tuple(t.shape), t.dtype)) or t, lambda t: t):
         y = fn(x, weight)
-    grads = torch.autograd.grad(y, (x, weight), torch.randn(y.shape, generator=torch.Generator().manual_seed(1),
-                                                            dtype=y.dtype))
+    grads = torch.autograd.grad(
+        y, (x, weight), torch.randn(y.shape, generator=torch.Generator().manual_seed(1), dtype=y.dtype)
+    )
     return y, grads, sorted(kept, key=str)
 
 
 @needs_rms_norm
-@pytest.mark.parametrize("dtype, autocast", [(torch.float32, False), (torch.float32, True),
-                                             (torch.bfloat16, False)])
+@pytest.mark.parametrize("dtype, autocast", [(torch.float32, False), (torch.float32, True), (torch.bfloat16, False)])
 def test_rms_norm_is_the_formula_bit_for_bit(dtype, autocast):
     """fp32, fp32 residual under bf16 autocast (the mixed-precision run), pure bf16."""
     torch.manual_seed(0)

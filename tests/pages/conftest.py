@@ -18,8 +18,10 @@ def _missing() -> str | None:
     except ImportError:
         return "selenium is not installed (bash scripts/setup.sh dev)"
     if not any(shutil.which(b) for b in BROWSERS) or not shutil.which("chromedriver"):
-        return "no chromium and chromedriver (bash scripts/setup.sh dev installs them: apt-get install chromium " \
-               "chromium-driver)"
+        return (
+            "no chromium and chromedriver (bash scripts/setup.sh dev installs them: apt-get install chromium "
+            "chromium-driver)"
+        )
     return None
 
 
@@ -34,8 +36,14 @@ def browser():
     from selenium.webdriver.chrome.service import Service
 
     options = webdriver.ChromeOptions()
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                "--window-size=1400,1100", "--disable-extensions"):
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        "--window-size=1400,1100",
+        "--disable-extensions",
+    ):
         options.add_argument(arg)
     options.binary_location = next(shutil.which(b) for b in BROWSERS if shutil.which(b))
     driver = webdriver.Chrome(options=options, service=Service(shutil.which("chromedriver")))
@@ -51,6 +59,7 @@ def wait(browser):
 
     def until(script: str, timeout: float = 60):
         return WebDriverWait(browser, timeout, poll_frequency=0.05).until(
-            lambda d: d.execute_script(f"return {script}"))
+            lambda d: d.execute_script(f"return {script}")
+        )
 
     return until

@@ -49,14 +49,17 @@ def test_gpus_and_zero_stage_update_the_url_table_and_chart(page, wait):
     assert r.returncode == 0, r.stderr
     plan = json.loads(r.stdout)
 
-    cells = page.execute_script("return [...document.querySelectorAll('#plan td[data-key]')]"
-                                ".map(td => [td.dataset.key, td.dataset.value, td.textContent])")
+    cells = page.execute_script(
+        "return [...document.querySelectorAll('#plan td[data-key]')]"
+        ".map(td => [td.dataset.key, td.dataset.value, td.textContent])"
+    )
     assert len(cells) >= 12
     for key, value, _ in cells:
         if key != "budget":
             expected = by_path(plan, key)
-            assert value == ("" if expected is None else str(expected).lower() if isinstance(expected, bool)
-                             else str(expected)) or float(value) == pytest.approx(expected, rel=1e-12), key
+            assert value == (
+                "" if expected is None else str(expected).lower() if isinstance(expected, bool) else str(expected)
+            ) or float(value) == pytest.approx(expected, rel=1e-12), key
     shown = {key: text for key, _, text in cells}
     mem = plan["memory_bytes"]
     assert shown["memory_bytes.total"] == f"{mem['total'] / GiB:.2f} in {mem['peak_phase']}"

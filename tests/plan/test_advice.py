@@ -15,9 +15,17 @@ from support import ROOT, run_cli
 # LLaMA-7B on 64 A100-80GB with ZeRO-3: 1.4e11 tokens (20.8 per parameter, Chinchilla's ~20), 4.19M tokens
 # per step (4 x 2048 x 8 x 64; LLaMA used 4M) ramped over the first 4B tokens as GPT-3 did, LLaMA's peak
 # 3e-4, the default 0.5% warm-up and MFU 0.4. Fits: 61.1 GiB of 72 usable.
-SANE = ["model.preset=llama-7b", "train.tokens=1.4e11", "train.micro_batch_size=4", "train.grad_accum_steps=8",
-        "parallel.gpus=64", "parallel.zero_stage=3", "train.batch_ramp_tokens=4e9", "train.lr=3e-4",
-        "hardware.gpu=a100-80gb"]
+SANE = [
+    "model.preset=llama-7b",
+    "train.tokens=1.4e11",
+    "train.micro_batch_size=4",
+    "train.grad_accum_steps=8",
+    "parallel.gpus=64",
+    "parallel.zero_stage=3",
+    "train.batch_ramp_tokens=4e9",
+    "train.lr=3e-4",
+    "hardware.gpu=a100-80gb",
+]
 
 
 def advice(*overrides, base=SANE):
@@ -138,23 +146,34 @@ def test_bandwidth_bound_micro_batch_from_a_v100_log():
     # A practitioner's V100 log: a ~100M model with cutoff_len 1 was memory-bound. GPT-2 (124M) with seq 1 moves its
     # weights 3x in fp16 (0.74 GB) for 0.74 GFLOP: ~1 FLOP/byte, far below the V100's 125e12 / 900e9 = 139.
     # With the plain loss, as in that log: the chunked one also writes and reads back its dL/dW (V x h).
-    p, lines = advice("train.seq_len=1", "train.micro_batch_size=1", base=[
-        "model.preset=gpt2", "hardware.gpu=v100-32gb", "train.precision=fp16-mixed", "train.loss=plain"])
+    p, lines = advice(
+        "train.seq_len=1",
+        "train.micro_batch_size=1",
+        base=["model.preset=gpt2", "hardware.gpu=v100-32gb", "train.precision=fp16-mixed", "train.loss=plain"],
+    )
     line = next(x for x in lines if x.startswith("bandwidth:"))
     assert "0.743 GB" in line and "0.742 GFLOP" in line and "139" in line
     need = int(re.search(r"micro-batch >= (\d+) would be compute-bound and fits", line).group(1))
     assert 100 < need <= p["max_micro_batch_size"]
     # seq 1024 x micro-batch 8 (the 3.3 it/s row of a practitioner's V100 log) is compute-bound: no bandwidth line.
-    _, lines = advice("train.seq_len=1024", "train.micro_batch_size=8", base=[
-        "model.preset=gpt2", "hardware.gpu=v100-32gb", "train.precision=fp16-mixed"])
+    _, lines = advice(
+        "train.seq_len=1024",
+        "train.micro_batch_size=8",
+        base=["model.preset=gpt2", "hardware.gpu=v100-32gb", "train.precision=fp16-mixed"],
+    )
     assert "bandwidth" not in tags(lines)
 
 
 def test_bandwidth_on_the_sane_config_and_cpu():
     _, lines = advice("train.seq_len=1", "train.micro_batch_size=1", "train.batch_ramp_tokens=0")
     assert "bandwidth" in tags(lines) and "a100-80gb's 153" in lines[-1]
-    _, lines = advice("train.seq_len=1", "train.micro_batch_size=1", "train.batch_ramp_tokens=0",
-                      "hardware.gpu=cpu", "hardware.peak_tflops=2")
+    _, lines = advice(
+        "train.seq_len=1",
+        "train.micro_batch_size=1",
+        "train.batch_ramp_tokens=0",
+        "hardware.gpu=cpu",
+        "hardware.peak_tflops=2",
+    )
     assert "bandwidth" not in tags(lines)  # no memory bandwidth in the catalog for a CPU
 
 
@@ -163,13 +182,21 @@ def _fix_overrides(line: str, which: int = 0) -> list[str]:
     return re.findall(r"\b\w+\.\w+=\S+", fix.split(" (")[0])
 
 
-@pytest.mark.parametrize("overrides", [
-    ["parallel.zero_stage=0"],                                             # DDP on 64: 195 GiB
-    ["parallel.gpus=8", "train.micro_batch_size=16", "train.grad_accum_steps=3"],
-    ["model.preset=llama-65b", "parallel.gpus=8", "train.micro_batch_size=1"],
-    ["model.preset=llama-7b", "parallel.gpus=1", "parallel.zero_stage=0", "train.micro_batch_size=1",
-     "train.batch_ramp_tokens=0"],  # 16K tokens per step: below the 32K a ramp would start from
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["parallel.zero_stage=0"],  # DDP on 64: 195 GiB
+        ["parallel.gpus=8", "train.micro_batch_size=16", "train.grad_accum_steps=3"],
+        ["model.preset=llama-65b", "parallel.gpus=8", "train.micro_batch_size=1"],
+        [
+            "model.preset=llama-7b",
+            "parallel.gpus=1",
+            "parallel.zero_stage=0",
+            "train.micro_batch_size=1",
+            "train.batch_ramp_tokens=0",
+        ],  # 16K tokens per step: below the 32K a ramp would start from
+    ],
+)
 def test_memory_fix_really_fits(overrides):
     p, lines = advice(*overrides)
     assert not p["fits"]
@@ -188,8 +215,7 @@ def test_memory_fix_prefers_recomputation_and_keeps_the_global_batch():
     # 131K tokens per step on 8 GPUs with the plain loss, 71.8 GiB at the loss's backward, on 71.2 GiB usable
     # after 11% fragmentation: selective recomputation is the cheapest fix. The chunked loss (the default) alone
     # makes it fit.
-    assert "memory" not in tags(advice("parallel.gpus=8", "train.grad_accum_steps=2",
-                                       "hardware.fragmentation=0.11")[1])
+    assert "memory" not in tags(advice("parallel.gpus=8", "train.grad_accum_steps=2", "hardware.fragmentation=0.11")[1])
     p, lines = advice("parallel.gpus=8", "train.grad_accum_steps=2", "hardware.fragmentation=0.11", "train.loss=plain")
     line = next(x for x in lines if x.startswith("memory:"))
     assert _fix_overrides(line) == ["train.activation_checkpointing=selective"]
@@ -202,8 +228,15 @@ def test_a_memory_fix_on_many_gpus_keeps_the_batch_near_the_original_and_comes_c
     # 131K tokens per step of a 70B model on 16 GB cards: a fix that needs 1,024 GPUs must not keep 64
     # accumulation steps (a 134M-token batch that the batch rule then flags), and the fix that needs fewer
     # GPUs is named first.
-    base = ["model.preset=llama2-70b", "hardware.gpu=v100-16gb", "train.precision=fp16-mixed",
-            "train.micro_batch_size=1", "train.grad_accum_steps=64", "parallel.gpus=1", "parallel.zero_stage=0"]
+    base = [
+        "model.preset=llama2-70b",
+        "hardware.gpu=v100-16gb",
+        "train.precision=fp16-mixed",
+        "train.micro_batch_size=1",
+        "train.grad_accum_steps=64",
+        "parallel.gpus=1",
+        "parallel.zero_stage=0",
+    ]
     _, lines = advice(base=base)
     line = next(x for x in lines if x.startswith("memory:"))
     gpus = [int(re.search(r"parallel\.gpus=(\d+)", fix).group(1)) for fix in line.split("; or: ")]
@@ -215,8 +248,13 @@ def test_a_memory_fix_on_many_gpus_keeps_the_batch_near_the_original_and_comes_c
 
 def test_llamas_4m_batch_is_in_range_at_half_a_billion():
     # GPT-3's "0.5M" at 125M-760M is 256 x 2,048 = 2**19 tokens; 4M = 2**22 is 8x it, the edge of the range.
-    _, lines = advice("model.preset=qwen2.5-0.5b", "train.micro_batch_size=8", "train.grad_accum_steps=4",
-                      "train.tokens=1e10", "train.lr=6e-4")
+    _, lines = advice(
+        "model.preset=qwen2.5-0.5b",
+        "train.micro_batch_size=8",
+        "train.grad_accum_steps=4",
+        "train.tokens=1e10",
+        "train.lr=6e-4",
+    )
     assert "batch" not in tags(lines)
 
 

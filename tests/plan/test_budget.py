@@ -41,8 +41,17 @@ def test_examples_with_a_ramp_count_the_steps_the_trainer_runs():
 def test_examples_without_a_ramp_keep_the_hf_trainer_count():
     # A practitioner's Hugging Face Trainer log: 16,527,707 examples, 3 epochs, batch 8 -> 6,197,892 steps (also
     # in test_worked_examples).
-    p = make_plan(load_config(overrides=["model.preset=llama3.2-1b", "train.examples=16527707", "train.epochs=3",
-                                    "train.micro_batch_size=8", "train.grad_accum_steps=1"]))
+    p = make_plan(
+        load_config(
+            overrides=[
+                "model.preset=llama3.2-1b",
+                "train.examples=16527707",
+                "train.epochs=3",
+                "train.micro_batch_size=8",
+                "train.grad_accum_steps=1",
+            ]
+        )
+    )
     assert p["steps"]["total"] == 6_197_892
 
 

@@ -84,9 +84,23 @@ def test_approach_3_optimum_is_the_minimum_of_the_fit():
 def test_explain_explains_each_figure():
     _, ex = plan_with_explain(load_config(overrides=A100_14_DAYS + ["data.bytes_per_token=3.5"]), advice=False)
     explained = {name for section, name, _, _ in ex.lines if section == "budget"}
-    for name in ("gpu_hours", "compute_flops", "params", "tokens", "loss_optimum", "model.shape", "model.params",
-                 "model.tokens", "model.loss", "model.loss_penalty", "model.storage_bytes", "model.fits",
-                 "inference_aware.shape", "inference_aware.loss_penalty", "inference_aware.fits"):
+    for name in (
+        "gpu_hours",
+        "compute_flops",
+        "params",
+        "tokens",
+        "loss_optimum",
+        "model.shape",
+        "model.params",
+        "model.tokens",
+        "model.loss",
+        "model.loss_penalty",
+        "model.storage_bytes",
+        "model.fits",
+        "inference_aware.shape",
+        "inference_aware.loss_penalty",
+        "inference_aware.fits",
+    ):
         assert name in explained, name
     text = ex.render()
     assert "budget.days 14 x 24 x parallel.gpus 8" in text and "Hoffmann et al. 2022, approaches 1-2" in text
@@ -104,12 +118,15 @@ def test_cost_budget_and_json_contract():
     assert table.stdout.startswith("budget: 4,000 GPU-hours") and "inference-aware" in table.stdout
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["budget.cost=1000"], "budget.cost: needs hardware.price_per_gpu_hour"),
-    (["budget.days=3", "budget.gpu_hours=100"], "give one of"),
-    (["budget.days=-1"], "budget.days: must be > 0"),
-    (["budget.days=3", "hardware.gpu=cpu"], "budget: cpu: no data-sheet peak"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["budget.cost=1000"], "budget.cost: needs hardware.price_per_gpu_hour"),
+        (["budget.days=3", "budget.gpu_hours=100"], "give one of"),
+        (["budget.days=-1"], "budget.days: must be > 0"),
+        (["budget.days=3", "hardware.gpu=cpu"], "budget: cpu: no data-sheet peak"),
+    ],
+)
 def test_bad_budgets_are_one_line(overrides, message):
     r = run_cli("plan", *overrides)
     assert r.returncode == 2 and message in r.stderr and r.stderr.count("\n") == 1, r.stderr
@@ -137,8 +154,9 @@ def test_the_loaded_config_is_never_changed():
 LLAMA3_8B_BUDGET = ["model.preset=llama3-8b", "hardware.gpu=h100-sxm", "parallel.gpus=8", "budget.gpu_hours=1000"]
 
 
-@pytest.mark.parametrize("extra, given", [([], "model.preset=llama3-8b"),
-                                          (["hardware.hfu=0.5"], "model.preset=llama3-8b")])
+@pytest.mark.parametrize(
+    "extra, given", [([], "model.preset=llama3-8b"), (["hardware.hfu=0.5"], "model.preset=llama3-8b")]
+)
 def test_a_given_model_is_kept_and_the_budget_buys_its_tokens(extra, given):
     # The issue: this plan used to be a 3.41B "custom" model. The model given stays; the budget buys the tokens
     # whose planned time (the plan's own: the step-time model, or hardware.hfu given) is the budget's 1,000
@@ -157,40 +175,61 @@ def test_a_given_model_is_kept_and_the_budget_buys_its_tokens(extra, given):
 
 
 def test_shape_keys_fix_the_model_too_and_the_table_says_so():
-    r = run_cli("plan", "model.hidden_size=2048", "model.num_heads=16", "hardware.gpu=h100-sxm", "parallel.gpus=8",
-                "budget.days=1")
+    r = run_cli(
+        "plan",
+        "model.hidden_size=2048",
+        "model.num_heads=16",
+        "hardware.gpu=h100-sxm",
+        "parallel.gpus=8",
+        "budget.days=1",
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("budget: 192 GPU-hours buy ") and "(model.hidden_size=2048)" in r.stdout
     assert "custom (llama, 2.83B)" in r.stdout.split("pretrain plan:")[1].splitlines()[0]
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (LLAMA3_8B_BUDGET + ["train.tokens=1e9"], "budget.gpu_hours: buys the training tokens of the model given "
-     "(model.preset=llama3-8b), and train.tokens=1000000000 fixes them too; drop train.tokens"),
-    (["hardware.gpu=h100-sxm", "budget.days=2", "train.max_steps=100"], "budget.days: chooses the model and its "
-     "tokens, and train.max_steps=100 fixes the tokens; drop train.max_steps"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            LLAMA3_8B_BUDGET + ["train.tokens=1e9"],
+            "budget.gpu_hours: buys the training tokens of the model given "
+            "(model.preset=llama3-8b), and train.tokens=1000000000 fixes them too; drop train.tokens",
+        ),
+        (
+            ["hardware.gpu=h100-sxm", "budget.days=2", "train.max_steps=100"],
+            "budget.days: chooses the model and its "
+            "tokens, and train.max_steps=100 fixes the tokens; drop train.max_steps",
+        ),
+    ],
+)
 def test_a_length_beside_a_budget_is_a_contradiction_in_one_line(overrides, message):
     r = run_cli("plan", *overrides)
     assert r.returncode == 2 and message in r.stderr and r.stderr.count("\n") == 1, r.stderr
 
 
-@pytest.mark.parametrize("overrides, message", [
-    # Budget mode choosing the model: 1e12 GPU-hours used to fail on model.num_layers, 1e-6 to plan 0.0B tokens.
-    (["budget.gpu_hours=1e12"], "parameters budget mode builds"),
-    (["budget.gpu_hours=1e-6"], "parameters budget mode builds"),
-    # A model given: less than one optimizer step, or more tokens than train.tokens holds.
-    (["budget.gpu_hours=1e-6", "model.preset=llama3-8b"], "less than one optimizer step"),
-    (["budget.gpu_hours=1e12", "model.preset=llama3-8b"], "more than train.tokens holds"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        # Budget mode choosing the model: 1e12 GPU-hours used to fail on model.num_layers, 1e-6 to plan 0.0B tokens.
+        (["budget.gpu_hours=1e12"], "parameters budget mode builds"),
+        (["budget.gpu_hours=1e-6"], "parameters budget mode builds"),
+        # A model given: less than one optimizer step, or more tokens than train.tokens holds.
+        (["budget.gpu_hours=1e-6", "model.preset=llama3-8b"], "less than one optimizer step"),
+        (["budget.gpu_hours=1e12", "model.preset=llama3-8b"], "more than train.tokens holds"),
+    ],
+)
 def test_budgets_out_of_range_name_the_key_and_its_range(overrides, message):
     r = run_cli("plan", "hardware.gpu=h100-sxm", "parallel.gpus=8", *overrides)
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert r.stderr.startswith("pretrain plan: error: budget.gpu_hours: ") and message in r.stderr
     low, high = (float(x) for x in r.stderr.split("give budget.gpu_hours from ")[1].split(" (")[0].split(" to "))
     # The range's ends plan (at the low end: a model of the family, on at least one step's tokens).
-    p = make_plan(load_config(overrides=["hardware.gpu=h100-sxm", "parallel.gpus=8", *overrides[1:],
-                                         f"budget.gpu_hours={low * 1.01}"]))
+    p = make_plan(
+        load_config(
+            overrides=["hardware.gpu=h100-sxm", "parallel.gpus=8", *overrides[1:], f"budget.gpu_hours={low * 1.01}"]
+        )
+    )
     assert p["tokens"]["total"] >= p["steps"]["tokens_per_step"]
     assert low < high
 
@@ -212,8 +251,12 @@ def test_the_range_ends_are_the_smallest_and_largest_models_budget_mode_builds()
     r = run_cli("plan", "hardware.gpu=h100-sxm", "budget.gpu_hours=1e12")
     per_hour = []
     for shape in (llama_shape(math.sqrt(x / 120), 32000, 2048) for x in (low, high)):
-        p = plan_with_explain(load_config(overrides=["hardware.gpu=h100-sxm", *(f"model.{k}={v}" for k, v in
-                                                                                 shape.items())]), advice=False)[0]
+        p = plan_with_explain(
+            load_config(overrides=["hardware.gpu=h100-sxm", *(f"model.{k}={v}" for k, v in shape.items())]),
+            advice=False,
+        )[0]
         per_hour.append(3600 * 6 * p["params"]["total"] * p["step_time"]["tokens_per_second"])  # one GPU
-    assert f"give budget.gpu_hours from {low / per_hour[0]:.3g} to {high / per_hour[1]:.3g} (on h100-sxm at the " \
+    assert (
+        f"give budget.gpu_hours from {low / per_hour[0]:.3g} to {high / per_hour[1]:.3g} (on h100-sxm at the "
         "step-time model's MFU " in r.stderr
+    )

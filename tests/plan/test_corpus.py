@@ -14,16 +14,25 @@ from support import run_cli
 def test_raw_text_gives_tokens_and_epochs():
     # 300 GB of Chinese text at an assumed 2.1 bytes per token (an input here; `data.bytes_per_token` is the
     # user's measured figure for their tokenizer) holds 142,857,142,857 tokens; 2T training tokens read it 14 times.
-    config = load_config(overrides=["model.preset=llama-7b", "train.tokens=2e12", "data.raw_bytes=300e9",
-                                    "data.bytes_per_token=2.1"])
+    config = load_config(
+        overrides=["model.preset=llama-7b", "train.tokens=2e12", "data.raw_bytes=300e9", "data.bytes_per_token=2.1"]
+    )
     p, ex = plan_with_explain(config)
     assert p["data"]["tokens_available"] == 142_857_142_857
     assert p["data"]["epochs"] == pytest.approx(2e12 / 142_857_142_857)
     assert any(line.startswith("data: the run reads its 1.43e+11 available tokens 14 times") for line in p["advice"])
     assert "raw text 3e+11 bytes / 2.1 bytes per token" in ex.render()
     # Enough text: no advice.
-    p = make_plan(load_config(overrides=["model.preset=llama-7b", "train.tokens=2e12", "data.raw_bytes=3000e9",
-                                    "data.bytes_per_token=2.1"]))
+    p = make_plan(
+        load_config(
+            overrides=[
+                "model.preset=llama-7b",
+                "train.tokens=2e12",
+                "data.raw_bytes=3000e9",
+                "data.bytes_per_token=2.1",
+            ]
+        )
+    )
     assert p["data"]["epochs"] < 4 and not any(line.startswith("data:") for line in p["advice"])
 
 

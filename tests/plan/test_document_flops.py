@@ -40,8 +40,17 @@ def squared_pieces(windows: torch.Tensor) -> int:
 
 
 def config(*extra):
-    return load_config(overrides=["model.preset=debug", "model.num_layers=2", f"train.seq_len={SEQ}",
-                                  "hardware.gpu=cpu", "train.precision=fp32", "train.attention=eager", *extra])
+    return load_config(
+        overrides=[
+            "model.preset=debug",
+            "model.num_layers=2",
+            f"train.seq_len={SEQ}",
+            "hardware.gpu=cpu",
+            "train.precision=fp32",
+            "train.attention=eager",
+            *extra,
+        ]
+    )
 
 
 @pytest.mark.parametrize("length", [5, 25, 45, 97])  # shorter than, near, and longer than a window
@@ -71,8 +80,7 @@ def test_planned_flops_equal_the_counted_masked_step():
 
 def test_the_histogram_of_data_dir_prices_the_attention(tmp_path):
     (tmp_path / "meta.json").write_text(json.dumps({"doc_length_histogram": {"train": {"8": 10, "64": 2}}}))
-    flops = make_plan(config("train.document_masking=true", f"data.dir={tmp_path}", "data.mean_doc_tokens=5"))[
-        "flops"]
+    flops = make_plan(config("train.document_masking=true", f"data.dir={tmp_path}", "data.mean_doc_tokens=5"))["flops"]
     assert flops["document_lengths"] == "meta.json"  # before data.mean_doc_tokens
     context = mean_context({11.5: 10, 95.5: 2}, SEQ)  # each bin at the mean of its integers, (3 lo - 1) / 2
     assert flops["attention_per_token"] == round(12 * 2 * 4 * 16 * context)  # layers x heads x head_dim (debug)
@@ -92,8 +100,11 @@ def test_a_mixture_weights_its_sources_histograms(two_corpora, tmp_path):
         lengths = sum(length * n for length, n in middles.items())
         squares = 0.0
         for length, n in middles.items():
-            cut = length * length - length * (length * length - 1) / (3 * seq) if length <= seq else \
-                length * seq - (seq * seq - 1) / 3
+            cut = (
+                length * length - length * (length * length - 1) / (3 * seq)
+                if length <= seq
+                else length * seq - (seq * seq - 1) / 3
+            )
             squares += cut * n
         return squares / lengths
 
@@ -105,12 +116,15 @@ def test_a_mixture_weights_its_sources_histograms(two_corpora, tmp_path):
     assert abs(english - chinese) > 10  # the two corpora's documents differ, so the weights matter
     per_key = 12 * 2 * 4 * 16  # layers x heads x head_dim of the debug preset, two layers
     mixture = f"data.mixture=[{{dir: {dirs[0]}, weight: 7}}, {{dir: {dirs[1]}, weight: 3}}]"
-    assert attention(mixture, "data.mean_doc_tokens=5") == (round(per_key * (0.7 * english + 0.3 * chinese)),
-                                                            "meta.json")
+    assert attention(mixture, "data.mean_doc_tokens=5") == (
+        round(per_key * (0.7 * english + 0.3 * chinese)),
+        "meta.json",
+    )
     alone = attention(f"data.dir={dirs[0]}")  # one source: as data.dir reads it, unchanged by the mixture's rule
     assert alone == (round(per_key * english), "meta.json")
     assert attention(f"data.mixture=[{{dir: {dirs[0]}, weight: 1}}]") == alone
     (tmp_path / "meta.json").write_text(json.dumps({"num_tokens": {"train": 1000, "val": 10}}))  # no histogram
-    fallback = attention(f"data.mixture=[{{dir: {dirs[0]}, weight: 1}}, {{dir: {tmp_path}, weight: 1}}]",
-                         "data.mean_doc_tokens=5")
+    fallback = attention(
+        f"data.mixture=[{{dir: {dirs[0]}, weight: 1}}, {{dir: {tmp_path}, weight: 1}}]", "data.mean_doc_tokens=5"
+    )
     assert fallback == (round(per_key * mean_context({5: 1}, seq)), "data.mean_doc_tokens")

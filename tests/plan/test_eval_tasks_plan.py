@@ -23,8 +23,11 @@ def test_every_named_task_has_its_size():
 def test_eval_tasks_cost_follows_the_task_sizes_the_limit_and_the_cadence():
     plain = make_plan(load_config(None, BASE))
     assert "eval_tasks" not in plain and "eval_tasks_seconds" not in plain["time"]
-    plan = make_plan(load_config(None, BASE + ["run.eval_tasks=[hellaswag,piqa]", "run.eval_tasks_limit=100",
-                                              "run.eval_tasks_every=500"]))
+    plan = make_plan(
+        load_config(
+            None, BASE + ["run.eval_tasks=[hellaswag,piqa]", "run.eval_tasks_limit=100", "run.eval_tasks_every=500"]
+        )
+    )
     ev = plan["eval_tasks"]
     size = TASK_SIZES["hellaswag"][2]
     assert ev["tasks"]["hellaswag"] == {"examples": 100, "requests": 400, "tokens": round(400 * size / 4.0)}
@@ -34,8 +37,11 @@ def test_eval_tasks_cost_follows_the_task_sizes_the_limit_and_the_cadence():
     assert train == plain["time"]["seconds"]  # training's own time is the same
     assert ev["share_of_run"] == pytest.approx(ev["seconds"] / (train + ev["seconds"]))
     assert plan["time"]["eval_tasks_share"] == ev["share_of_run"]
-    double = make_plan(load_config(None, BASE + ["run.eval_tasks=[hellaswag,piqa]", "run.eval_tasks_limit=200",
-                                                "run.eval_tasks_every=500"]))["eval_tasks"]
+    double = make_plan(
+        load_config(
+            None, BASE + ["run.eval_tasks=[hellaswag,piqa]", "run.eval_tasks_limit=200", "run.eval_tasks_every=500"]
+        )
+    )["eval_tasks"]
     assert double["tokens_per_evaluation"] == pytest.approx(2 * ev["tokens_per_evaluation"], rel=1e-4)
 
 
@@ -44,7 +50,9 @@ def test_a_local_task_file_is_sized_from_the_file_and_the_plan_imports_no_torch(
     path.write_text(json.dumps({"context": "abcd", "choices": ["efgh", "ijklmnop"], "gold": 0}) + "\n")
     plan = make_plan(load_config(None, BASE + [f"run.eval_tasks=[{path}]"]))
     assert plan["eval_tasks"]["tasks"][str(path)] == {"examples": 1, "requests": 2, "tokens": 5}  # 10 bytes / 4
-    code = ("import sys; from pretrain.config import load_config; from pretrain.plan import make_plan; "
-            f"make_plan(load_config(None, {BASE + ['run.eval_tasks=[small]']!r})); print('torch' in sys.modules)")
+    code = (
+        "import sys; from pretrain.config import load_config; from pretrain.plan import make_plan; "
+        f"make_plan(load_config(None, {BASE + ['run.eval_tasks=[small]']!r})); print('torch' in sys.modules)"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout.strip() == "False", r.stderr

@@ -33,8 +33,11 @@ def test_json_contract_and_a_candidate_planned_alone_is_the_same():
         p = json.loads(alone.stdout)
         assert p["memory_bytes"] == cand["memory_bytes"] and p["fits"] is True
         st = p["step_time"]
-        assert (st["tokens_per_second"], st["mfu"], st["seconds"]) == \
-            (cand["tokens_per_s"], cand["mfu"], cand["step_time_s"])
+        assert (st["tokens_per_second"], st["mfu"], st["seconds"]) == (
+            cand["tokens_per_s"],
+            cand["mfu"],
+            cand["step_time_s"],
+        )
 
 
 @pytest.mark.parametrize("overrides", [LLAMA3_8B_8_H100, LLAMA3_70B_64_H100])
@@ -83,10 +86,13 @@ def test_offload_is_searched_only_when_nothing_fits_without_it_and_refused_as_th
     assert all(c["overrides"]["parallel.offload"] == "none" for c in with_gpus["candidates"])
 
 
-@pytest.mark.parametrize("args, message", [
-    (["model.preset=debug", "hardware.gpu=cpu", "--fit"], "--fit ranks layouts by speed and needs a peak FLOP/s"),
-    ([*LLAMA3_8B_8_H100, "--fit", "--top", "0"], "--top: must be at least 1"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["model.preset=debug", "hardware.gpu=cpu", "--fit"], "--fit ranks layouts by speed and needs a peak FLOP/s"),
+        ([*LLAMA3_8B_8_H100, "--fit", "--top", "0"], "--top: must be at least 1"),
+    ],
+)
 def test_bad_input_is_one_line(args, message):
     r = run_cli("plan", *args)
     assert r.returncode == 2 and message in r.stderr and r.stderr.count("\n") == 1, r.stderr
@@ -94,13 +100,23 @@ def test_bad_input_is_one_line(args, message):
 
 def test_a_pipeline_that_does_not_divide_the_batch_is_refused_with_why():
     # 4 sequences per step on 8 GPUs: data parallel 8 cannot split them; tensor/pipeline 2 x 4 (data 1) can.
-    config = load_config(overrides=["model.preset=llama3-8b", "parallel.gpus=8", "parallel.tensor=2",
-                                    "parallel.pipeline=4", "train.grad_accum_steps=4", "hardware.gpu=h100-sxm"])
+    config = load_config(
+        overrides=[
+            "model.preset=llama3-8b",
+            "parallel.gpus=8",
+            "parallel.tensor=2",
+            "parallel.pipeline=4",
+            "train.grad_accum_steps=4",
+            "hardware.gpu=h100-sxm",
+        ]
+    )
     result = fit(config)
     why = [x["why"] for x in result["rejected"] if x["why"].startswith("the global batch")]
     assert any("does not divide over data parallel 8" in w for w in why)
-    assert all(math.prod((c["overrides"]["parallel.tensor"], c["overrides"]["parallel.pipeline"])) >= 2
-               for c in result["candidates"])
+    assert all(
+        math.prod((c["overrides"]["parallel.tensor"], c["overrides"]["parallel.pipeline"])) >= 2
+        for c in result["candidates"]
+    )
 
 
 def test_budget_mode_fits_the_model_the_budget_buys():
@@ -110,9 +126,14 @@ def test_budget_mode_fits_the_model_the_budget_buys():
     cands = json.loads(r.stdout)["candidates"]
     assert len(cands) == 3 and all(c["fits"] for c in cands)
     b = json.loads(run_cli("plan", "budget.days=14", "parallel.gpus=8", "hardware.gpu=a100-80gb", "--json").stdout)
-    alone = run_cli("plan", "parallel.gpus=8", "hardware.gpu=a100-80gb",
-                    *[f"{k}={'null' if v is None else v}" for k, v in b["budget"]["overrides"].items()],
-                    *command_line(cands[0]["overrides"]).split(), "--json")
+    alone = run_cli(
+        "plan",
+        "parallel.gpus=8",
+        "hardware.gpu=a100-80gb",
+        *[f"{k}={'null' if v is None else v}" for k, v in b["budget"]["overrides"].items()],
+        *command_line(cands[0]["overrides"]).split(),
+        "--json",
+    )
     assert json.loads(alone.stdout)["memory_bytes"] == cands[0]["memory_bytes"]
 
 
@@ -123,7 +144,7 @@ def test_the_documented_fit_table_is_what_the_planner_prints():
 
     readme = (Path(__file__).resolve().parents[2] / "docs" / "plan.md").read_text()
     head = "$ pretrain plan " + " ".join(LLAMA3_8B_8_H100) + " --fit --top 5\n"
-    shown = readme[readme.index(head) + len(head):readme.index("```", readme.index(head))]
+    shown = readme[readme.index(head) + len(head) : readme.index("```", readme.index(head))]
     config = load_config(overrides=LLAMA3_8B_8_H100)
     table = render(config, fit(config, top=5), command="pretrain plan " + " ".join(LLAMA3_8B_8_H100))
     assert shown == table + "\n", "rerun the command and paste its table into docs/plan.md"
@@ -138,19 +159,31 @@ def _trainer_says(config, overrides: dict) -> str | None:
     return None
 
 
-TINY_8_RANKS = ["model.preset=debug", "model.num_kv_heads=4", "parallel.gpus=8", "parallel.gpus_per_node=4",
-                "hardware.gpu=h100-sxm", "train.seq_len=64", "train.micro_batch_size=2", "train.grad_accum_steps=4"]
+TINY_8_RANKS = [
+    "model.preset=debug",
+    "model.num_kv_heads=4",
+    "parallel.gpus=8",
+    "parallel.gpus_per_node=4",
+    "hardware.gpu=h100-sxm",
+    "train.seq_len=64",
+    "train.micro_batch_size=2",
+    "train.grad_accum_steps=4",
+]
 
 
 STAGES = {(1, 1), (2, 1), (4, 1)}  # (tensor, pipeline) without a pipeline
 
 
-@pytest.mark.parametrize("extra, grid", [
-    ([], STAGES | {(1, 2), (2, 2), (4, 2)}),
-    (["model.tie_embeddings=true"], STAGES),  # the trainer does not synchronise a tied embedding across stages
-    (["train.precision=fp16-mixed"], STAGES),  # nor skip an fp16 step on every stage together
-    (["model.family=gpt2"], {(1, 1), (1, 2)}),  # tensor parallelism is built for LLaMA
-], ids=["llama", "tied", "fp16", "gpt2"])
+@pytest.mark.parametrize(
+    "extra, grid",
+    [
+        ([], STAGES | {(1, 2), (2, 2), (4, 2)}),
+        (["model.tie_embeddings=true"], STAGES),  # the trainer does not synchronise a tied embedding across stages
+        (["train.precision=fp16-mixed"], STAGES),  # nor skip an fp16 step on every stage together
+        (["model.family=gpt2"], {(1, 1), (1, 2)}),  # tensor parallelism is built for LLaMA
+    ],
+    ids=["llama", "tied", "fp16", "gpt2"],
+)
 def test_every_layout_the_fit_can_emit_is_one_the_trainer_accepts(extra, grid):
     # A tiny model on 8 ranks, every layout the fit weighs (tensor 1/2/4, pipeline 1/2, ZeRO 0-3): whatever
     # `--top`, the fit emits its candidates and, each layout once, the slower ones that fit: every one passes
@@ -178,16 +211,25 @@ def test_every_llama3_70b_row_on_64_h100s_is_one_the_trainer_accepts():
     refusals = {r["why"].split(":")[1].strip() for r in result["rejected"] if r["why"].startswith(REFUSED)}
     assert refusals == {"parallel.zero_stage"}  # FSDP per stage; DDP / ZeRO-1 beside tensor parallelism
     table = render(config, result)
-    assert f"x {REFUSED}; e.g. TP 1 PP 2 ZeRO 3 micro 1 offload none: parallel.zero_stage: FSDP (stages 2 and 3) " \
-           "per pipeline stage is not built" in table
+    assert (
+        f"x {REFUSED}; e.g. TP 1 PP 2 ZeRO 3 micro 1 offload none: parallel.zero_stage: FSDP (stages 2 and 3) "
+        "per pipeline stage is not built" in table
+    )
 
 
 def test_fit_keeps_the_global_batch_on_every_row():
     from pretrain.config import load_config
     from pretrain.plan.fit import fit
 
-    c = load_config(overrides=["model.preset=llama3-8b", "hardware.gpu=h100-sxm", "parallel.gpus=64",
-                               "train.seq_len=8192", "train.global_batch_tokens=4194304"])
+    c = load_config(
+        overrides=[
+            "model.preset=llama3-8b",
+            "hardware.gpu=h100-sxm",
+            "parallel.gpus=64",
+            "train.seq_len=8192",
+            "train.global_batch_tokens=4194304",
+        ]
+    )
     rows = fit(c, 10)["candidates"]
     assert rows
     for row in rows:
@@ -199,13 +241,19 @@ def test_fit_keeps_the_global_batch_on_every_row():
 def test_the_micro_batch_search_is_bounded_by_what_fits_not_by_the_batch():
     # A global batch of 8 x 2^40 sequences: the micro-batch sizes were every divisor of a rank's 2^43
     # sequences, found by trying each number up to it (hours); now only those up to the largest that fits.
-    r = run_cli("plan", *LLAMA3_8B_8_H100, "train.grad_accum_steps=1099511627776", "--fit", "--json", "--top", "2",
-                timeout=120)
+    r = run_cli(
+        "plan", *LLAMA3_8B_8_H100, "train.grad_accum_steps=1099511627776", "--fit", "--json", "--top", "2", timeout=120
+    )
     assert r.returncode == 0, r.stderr
     for cand in json.loads(r.stdout)["candidates"]:
         o = cand["overrides"]
-        assert o["train.micro_batch_size"] * o["train.grad_accum_steps"] * 8 // (
-            o["parallel.tensor"] * o["parallel.pipeline"]) == 8 * 2**40
+        assert (
+            o["train.micro_batch_size"]
+            * o["train.grad_accum_steps"]
+            * 8
+            // (o["parallel.tensor"] * o["parallel.pipeline"])
+            == 8 * 2**40
+        )
     from pretrain.plan.fit import _divisors
 
     for n in (1, 12, 36, 97, 360, 1024):

@@ -24,8 +24,13 @@ SHAPES = {
     "llama-gqa": ["model.preset=debug"],
     "llama-tied-bias": ["model.preset=debug", "model.tie_embeddings=true", "model.qkv_bias=true"],
     "llama-dropout": ["model.preset=debug", "model.dropout=0.1"],  # a mask after the down projection: re-run
-    "gpt2": ["model.preset=debug", "model.family=gpt2", "model.num_kv_heads=4", "model.intermediate_size=256",
-             "model.tie_embeddings=true"],
+    "gpt2": [
+        "model.preset=debug",
+        "model.family=gpt2",
+        "model.num_kv_heads=4",
+        "model.intermediate_size=256",
+        "model.tie_embeddings=true",
+    ],
 }
 BATCH, SEQ = 2, 32
 
@@ -33,6 +38,7 @@ BATCH, SEQ = 2, 32
 def counts_gqa() -> bool:
     """Older torch's FLOP counter asserts query and key/value have the same number of heads."""
     from torch.utils.flop_counter import sdpa_flop_count
+
     try:
         return sdpa_flop_count((1, 4, 2, 2), (1, 2, 2, 2), (1, 2, 2, 2)) > 0
     except AssertionError:
@@ -44,8 +50,10 @@ def elementwise_params(module) -> int:
     return sum(p.numel() for p in module.parameters() if p.ndim == 1)
 
 
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
-                                                                 reason="needs a CUDA GPU"))]
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")),
+]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -54,9 +62,18 @@ def test_planned_flops_equal_a_counted_training_step(shape, recompute, device):
     attention, precision = ("eager", "fp32") if device == "cpu" else ("sdpa", "bf16-mixed")
     if device == "cuda" and shape == "llama-gqa" and not counts_gqa():
         pytest.skip("this torch's FLOP counter has no formula for grouped-query SDPA")
-    c = load_config(overrides=["model.num_layers=3", f"train.seq_len={SEQ}", f"train.micro_batch_size={BATCH}",
-                               "hardware.gpu=cpu", f"train.precision={precision}", f"train.attention={attention}",
-                               f"train.activation_checkpointing={recompute}", *SHAPES[shape]])
+    c = load_config(
+        overrides=[
+            "model.num_layers=3",
+            f"train.seq_len={SEQ}",
+            f"train.micro_batch_size={BATCH}",
+            "hardware.gpu=cpu",
+            f"train.precision={precision}",
+            f"train.attention={attention}",
+            f"train.activation_checkpointing={recompute}",
+            *SHAPES[shape],
+        ]
+    )
     model = build_model(c.model, attention=attention, device=device)
     apply_activation_checkpointing(model, recompute)
     model.fix_attention_kernel(torch.device(device), half=precision != "fp32")

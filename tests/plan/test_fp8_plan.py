@@ -12,17 +12,35 @@ GiB = 2**30
 # torchtitan's benchmarks/llama3_h100_202412_torchtitan.md (Dec 2024, H100 96 GB HBM2e at 500 W, torch.compile,
 # FSDP2 with float8 all-gather, tensorwise): table 1, Llama 3.1 8B on 8 GPUs, local batch 2 x 8,192, selective
 # recomputation: FSDP + compile 6,667 tokens/s per GPU at 77.0 GiB, + Float8 8,532 at 76.8 GiB.
-TT_8B = ["model.preset=llama3-8b", "model.max_seq_len=8192", "train.seq_len=8192", "hardware.gpu=h100-sxm",
-         "parallel.gpus=8", "parallel.zero_stage=3", "train.micro_batch_size=2", "train.grad_accum_steps=1",
-         "train.activation_checkpointing=selective"]
+TT_8B = [
+    "model.preset=llama3-8b",
+    "model.max_seq_len=8192",
+    "train.seq_len=8192",
+    "hardware.gpu=h100-sxm",
+    "parallel.gpus=8",
+    "parallel.zero_stage=3",
+    "train.micro_batch_size=2",
+    "train.grad_accum_steps=1",
+    "train.activation_checkpointing=selective",
+]
 # Table 4: Llama 3.1 70B on 256 GPUs, FSDP 32 x TP 8 (sequence parallel), compile + Float8, local batch 16,
 # full recomputation: 829 tokens/s per GPU at 71.9 GiB (no bf16 row for it). torchtitan's loss (its
 # cross_entropy_loss: F.cross_entropy(pred.float(), ...)) is the plain one on whole fp32 logits, split by
 # vocabulary over the 8 tensor ranks (loss_parallel), as the plan's plain loss counts it under tensor 8.
-TT_70B = ["model.preset=llama3-70b", "model.max_seq_len=8192", "train.seq_len=8192", "hardware.gpu=h100-sxm",
-          "parallel.gpus=256", "parallel.tensor=8", "parallel.sequence_parallel=true", "parallel.zero_stage=3",
-          "train.micro_batch_size=16", "train.grad_accum_steps=1", "train.activation_checkpointing=full",
-          "train.loss=plain"]
+TT_70B = [
+    "model.preset=llama3-70b",
+    "model.max_seq_len=8192",
+    "train.seq_len=8192",
+    "hardware.gpu=h100-sxm",
+    "parallel.gpus=256",
+    "parallel.tensor=8",
+    "parallel.sequence_parallel=true",
+    "parallel.zero_stage=3",
+    "train.micro_batch_size=16",
+    "train.grad_accum_steps=1",
+    "train.activation_checkpointing=full",
+    "train.loss=plain",
+]
 
 
 def plan(*overrides):
@@ -65,12 +83,19 @@ def test_mfu_is_against_the_bf16_peak_and_the_mixed_peak_is_beside_it():
 
 def test_large_gemms_gain_and_small_ones_lose_to_their_casts():
     def speedup(*overrides):
-        return plan(*overrides, "train.precision=bf16-mixed")["step_time"]["seconds"] / \
-            plan(*overrides, "train.precision=fp8")["step_time"]["seconds"]
+        return (
+            plan(*overrides, "train.precision=bf16-mixed")["step_time"]["seconds"]
+            / plan(*overrides, "train.precision=fp8")["step_time"]["seconds"]
+        )
 
     assert 1.15 < speedup(*TT_8B) < 1.5
-    small = ["model.preset=gpt2", "hardware.gpu=h100", "train.seq_len=1024", "train.micro_batch_size=8",
-             "train.fp8_min_features=16"]
+    small = [
+        "model.preset=gpt2",
+        "hardware.gpu=h100",
+        "train.seq_len=1024",
+        "train.micro_batch_size=8",
+        "train.fp8_min_features=16",
+    ]
     assert speedup(*small) < 1.0  # casts of 768-wide operands cost more than the faster GEMMs save
     advice = [a for a in plan(*small, "train.precision=fp8")["advice"] if a.startswith("fp8:")]
     assert len(advice) == 1 and f"{speedup(*small):.2f}x" in advice[0] and "bf16-mixed" in advice[0]
@@ -83,8 +108,10 @@ def test_converted_weights_keep_no_bf16_copy_and_gather_in_float8():
     copies = {p: plan(*one, f"train.precision={p}")["model_states"]["working_copies"] for p in ("bf16-mixed", "fp8")}
     assert copies["bf16-mixed"] - copies["fp8"] == 2 * 32 * converted
     fsdp = [*one, "parallel.gpus=8", "parallel.zero_stage=3"]
-    gathered = {r: plan(*fsdp, "train.precision=fp8", f"train.fp8_recipe={r}")["model_states"]["working_copies"]
-                for r in ("tensorwise", "rowwise")}
+    gathered = {
+        r: plan(*fsdp, "train.precision=fp8", f"train.fp8_recipe={r}")["model_states"]["working_copies"]
+        for r in ("tensorwise", "rowwise")
+    }
     assert gathered["rowwise"] == plan(*fsdp, "train.precision=bf16-mixed")["model_states"]["working_copies"]
     assert gathered["rowwise"] - gathered["tensorwise"] == 2 * converted  # two blocks in flight, a byte less each
 
@@ -132,13 +159,16 @@ def test_fit_weighs_fp8_against_bf16_each_at_its_fastest_layout():
     for precision in ("bf16-mixed", "fp8"):
         alone = fit(load_config(overrides=[*LLAMA3_8B_FIT, f"train.precision={precision}"]), top=1)
         best = alone["candidates"][0]
-        assert weighed[precision] == {"overrides": {"train.precision": precision, **best["overrides"]},
-                                      **{k: best[k] for k in ("tokens_per_s", "mfu", "step_time_s")}}
+        assert weighed[precision] == {
+            "overrides": {"train.precision": precision, **best["overrides"]},
+            **{k: best[k] for k in ("tokens_per_s", "mfu", "step_time_s")},
+        }
     assert weighed["fp8_speedup"] == weighed["fp8"]["tokens_per_s"] / weighed["bf16-mixed"]["tokens_per_s"]
     assert weighed["fp8_speedup"] > 1.1 and weighed["faster"] == "fp8"
     # the ranking itself stays in the config's precision; fixing fp8 weighs bf16-mixed the same way
-    assert result["candidates"][0]["overrides"] == {k: v for k, v in weighed["bf16-mixed"]["overrides"].items()
-                                                    if k != "train.precision"}
+    assert result["candidates"][0]["overrides"] == {
+        k: v for k, v in weighed["bf16-mixed"]["overrides"].items() if k != "train.precision"
+    }
     _, from_fp8 = fit_result(load_config(overrides=[*LLAMA3_8B_FIT, "train.precision=fp8"]), top=1)
     assert from_fp8["fp8_vs_bf16"] == weighed
     # no float8 on the card, or another precision chosen: nothing weighed, the JSON as before

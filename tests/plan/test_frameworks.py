@@ -32,13 +32,17 @@ T5_3B_LIVE, T5_3B_COLD = (2_851_598_336, 32_899_072), (2_851_000_000, 32_000_000
 OFFLOAD = {"offload_optimizer=cpu": "optimizer", "offload_optimizer=none": "none"}
 
 
-@pytest.mark.parametrize("counts, options, cpu, gpu", [
-    # estimate_zero2_model_states_mem_needs_all_live(t5-3b, num_gpus_per_node=8, num_nodes=1)
-    (T5_3B_LIVE, "offload_optimizer=cpu", 127.48, 5.31),
-    (T5_3B_LIVE, "offload_optimizer=none", 127.48, 15.93),
-    # estimate_zero2_model_states_mem_needs_all_cold(total_params=2851e6, num_gpus_per_node=8, num_nodes=1)
-    (T5_3B_COLD, "offload_optimizer=cpu", 127.45, 5.31),
-    (T5_3B_COLD, "offload_optimizer=none", 127.45, 15.93)])
+@pytest.mark.parametrize(
+    "counts, options, cpu, gpu",
+    [
+        # estimate_zero2_model_states_mem_needs_all_live(t5-3b, num_gpus_per_node=8, num_nodes=1)
+        (T5_3B_LIVE, "offload_optimizer=cpu", 127.48, 5.31),
+        (T5_3B_LIVE, "offload_optimizer=none", 127.48, 15.93),
+        # estimate_zero2_model_states_mem_needs_all_cold(total_params=2851e6, num_gpus_per_node=8, num_nodes=1)
+        (T5_3B_COLD, "offload_optimizer=cpu", 127.45, 5.31),
+        (T5_3B_COLD, "offload_optimizer=none", 127.45, 15.93),
+    ],
+)
 def test_deepspeed_zero2_table_row(counts, options, cpu, gpu):
     for stage in (1, 2):  # ZeRO-1 shares the stage_1_and_2 optimizer and its estimate
         s = framework_states("deepspeed", counts[0], 8, stage, offload=OFFLOAD[options], gpus_per_node=8, gpus=8)
@@ -57,37 +61,45 @@ def test_deepspeed_host_off_the_tables_follows_the_estimators_code():
     assert (s["host"], s["host_without_zero_init"]) == (psi * 18 / 2 * 1.5, psi * 32 * 1.5)
 
 
-ZERO3_OFFLOAD = {"offload_param=cpu , offload_optimizer=cpu ": "optimizer+params",
-                 "offload_param=none, offload_optimizer=cpu ": "optimizer",
-                 "offload_param=none, offload_optimizer=none": "none"}
+ZERO3_OFFLOAD = {
+    "offload_param=cpu , offload_optimizer=cpu ": "optimizer+params",
+    "offload_param=none, offload_optimizer=cpu ": "optimizer",
+    "offload_param=none, offload_optimizer=none": "none",
+}
 
 
-@pytest.mark.parametrize("counts, options, zero_init, cpu, gpu", [
-    # estimate_zero3_model_states_mem_needs_all_live(t5-3b, num_gpus_per_node=8, num_nodes=1)
-    (T5_3B_LIVE, "offload_param=cpu , offload_optimizer=cpu ", 1, 71.71, 0.12),
-    (T5_3B_LIVE, "offload_param=cpu , offload_optimizer=cpu ", 0, 127.48, 0.12),
-    (T5_3B_LIVE, "offload_param=none, offload_optimizer=cpu ", 1, 63.74, 0.79),
-    (T5_3B_LIVE, "offload_param=none, offload_optimizer=cpu ", 0, 127.48, 0.79),
-    (T5_3B_LIVE, "offload_param=none, offload_optimizer=none", 1, 1.47, 6.10),
-    (T5_3B_LIVE, "offload_param=none, offload_optimizer=none", 0, 127.48, 6.10),
-    # estimate_zero3_model_states_mem_needs_all_cold(total_params=2851e6, largest_layer_params=32e6,
-    # num_gpus_per_node=8, num_nodes=1)
-    (T5_3B_COLD, "offload_param=cpu , offload_optimizer=cpu ", 1, 71.69, 0.12),
-    (T5_3B_COLD, "offload_param=cpu , offload_optimizer=cpu ", 0, 127.45, 0.12),
-    (T5_3B_COLD, "offload_param=none, offload_optimizer=cpu ", 1, 63.72, 0.78),
-    (T5_3B_COLD, "offload_param=none, offload_optimizer=cpu ", 0, 127.45, 0.78),
-    (T5_3B_COLD, "offload_param=none, offload_optimizer=none", 1, 1.43, 6.09),
-    (T5_3B_COLD, "offload_param=none, offload_optimizer=none", 0, 127.45, 6.09)])
+@pytest.mark.parametrize(
+    "counts, options, zero_init, cpu, gpu",
+    [
+        # estimate_zero3_model_states_mem_needs_all_live(t5-3b, num_gpus_per_node=8, num_nodes=1)
+        (T5_3B_LIVE, "offload_param=cpu , offload_optimizer=cpu ", 1, 71.71, 0.12),
+        (T5_3B_LIVE, "offload_param=cpu , offload_optimizer=cpu ", 0, 127.48, 0.12),
+        (T5_3B_LIVE, "offload_param=none, offload_optimizer=cpu ", 1, 63.74, 0.79),
+        (T5_3B_LIVE, "offload_param=none, offload_optimizer=cpu ", 0, 127.48, 0.79),
+        (T5_3B_LIVE, "offload_param=none, offload_optimizer=none", 1, 1.47, 6.10),
+        (T5_3B_LIVE, "offload_param=none, offload_optimizer=none", 0, 127.48, 6.10),
+        # estimate_zero3_model_states_mem_needs_all_cold(total_params=2851e6, largest_layer_params=32e6,
+        # num_gpus_per_node=8, num_nodes=1)
+        (T5_3B_COLD, "offload_param=cpu , offload_optimizer=cpu ", 1, 71.69, 0.12),
+        (T5_3B_COLD, "offload_param=cpu , offload_optimizer=cpu ", 0, 127.45, 0.12),
+        (T5_3B_COLD, "offload_param=none, offload_optimizer=cpu ", 1, 63.72, 0.78),
+        (T5_3B_COLD, "offload_param=none, offload_optimizer=cpu ", 0, 127.45, 0.78),
+        (T5_3B_COLD, "offload_param=none, offload_optimizer=none", 1, 1.43, 6.09),
+        (T5_3B_COLD, "offload_param=none, offload_optimizer=none", 0, 127.45, 6.09),
+    ],
+)
 def test_deepspeed_zero3_table_row(counts, options, zero_init, cpu, gpu):
     psi, largest = counts
-    s = framework_states("deepspeed", psi, 8, 3, offload=ZERO3_OFFLOAD[options], largest=largest, gpus_per_node=8,
-                         gpus=8)
+    s = framework_states(
+        "deepspeed", psi, 8, 3, offload=ZERO3_OFFLOAD[options], largest=largest, gpus_per_node=8, gpus=8
+    )
     assert round((s["weights"] + s["gradients"] + s["optimizer"]) / GiB, 2) == gpu
     assert round(s["host" if zero_init else "host_without_zero_init"] / GiB, 2) == cpu
 
 
-@pytest.mark.parametrize("case, offload, mib", [("case1", "none", 3291), ("case2", "optimizer+params", 125),
-                                                ("case3", "optimizer", 477)])
+@pytest.mark.parametrize(
+    "case, offload, mib", [("case1", "none", 3291), ("case2", "optimizer+params", 125), ("case3", "optimizer", 477)]
+)
 def test_deepspeed_zero3_t5_large_example(case, offload, mib):
     # Same page, "Discussion", GPU RAM, ZeRO-3: t5-large (total params 737.67M, largest layer params 32.90M,
     # largest layer memory 125MB) on total_gpus = 4, printed as bytes >> 20: case1 3291MB, case2 125MB, case3 477MB.
@@ -102,9 +114,10 @@ def test_t5_counts_as_deepspeed_counts_them():
     torch = pytest.importorskip("torch")
     from transformers import T5Config, T5Model
 
-    shapes = {"t5-3b": (dict(d_model=1024, d_ff=16384, d_kv=128, num_heads=32, num_layers=24), T5_3B_LIVE),
-              "t5-large": (dict(d_model=1024, d_ff=4096, d_kv=64, num_heads=16, num_layers=24),
-                           (737_668_096, 32_899_072))}
+    shapes = {
+        "t5-3b": (dict(d_model=1024, d_ff=16384, d_kv=128, num_heads=32, num_layers=24), T5_3B_LIVE),
+        "t5-large": (dict(d_model=1024, d_ff=4096, d_kv=64, num_heads=16, num_layers=24), (737_668_096, 32_899_072)),
+    }
     for name, (shape, counts) in shapes.items():
         with torch.device("meta"):
             model = T5Model(T5Config(vocab_size=32128, **shape))
@@ -118,22 +131,42 @@ def test_t5_counts_as_deepspeed_counts_them():
 # t5-large) in as many blocks as T5 has encoder and decoder layers; the MLP width carries the decoder's
 # cross-attention and T5's ReLU MLP: 2,851,668,992 parameters for t5-3b's 2,851,598,336 (+0.0025 %),
 # 737,666,048 for t5-large's 737,668,096, inside the tables' printed rounding.
-T5_3B_SIZED = ["model.vocab_size=32128", "model.hidden_size=1024", "model.num_layers=48", "model.num_heads=32",
-               "model.head_dim=128", "model.intermediate_size=13654", "model.tie_embeddings=true", "parallel.gpus=8",
-               "plan.framework=deepspeed"]
-T5_LARGE_SIZED = ["model.vocab_size=32128", "model.hidden_size=1024", "model.num_layers=24", "model.num_heads=16",
-                  "model.head_dim=64", "model.intermediate_size=8193", "model.tie_embeddings=true", "parallel.gpus=4",
-                  "plan.framework=deepspeed"]
+T5_3B_SIZED = [
+    "model.vocab_size=32128",
+    "model.hidden_size=1024",
+    "model.num_layers=48",
+    "model.num_heads=32",
+    "model.head_dim=128",
+    "model.intermediate_size=13654",
+    "model.tie_embeddings=true",
+    "parallel.gpus=8",
+    "plan.framework=deepspeed",
+]
+T5_LARGE_SIZED = [
+    "model.vocab_size=32128",
+    "model.hidden_size=1024",
+    "model.num_layers=24",
+    "model.num_heads=16",
+    "model.head_dim=64",
+    "model.intermediate_size=8193",
+    "model.tie_embeddings=true",
+    "parallel.gpus=4",
+    "plan.framework=deepspeed",
+]
 
 
-@pytest.mark.parametrize("overrides, cpu, cpu_without_zero_init, gpu", [
-    # the live ZeRO-2 table (per CPU, per GPU): offload_optimizer=cpu, then none
-    (["parallel.zero_stage=2", "parallel.offload=optimizer"], 127.48, None, 5.31),
-    (["parallel.zero_stage=2"], 127.48, None, 15.93),
-    # the live ZeRO-3 table: offload_param=cpu and offload_optimizer=cpu, optimizer only, nothing; zero_init=1, 0
-    (["parallel.zero_stage=3", "parallel.offload=optimizer+params"], 71.71, 127.48, 0.12),
-    (["parallel.zero_stage=3", "parallel.offload=optimizer"], 63.74, 127.48, 0.79),
-    (["parallel.zero_stage=3"], 1.47, 127.48, 6.10)])
+@pytest.mark.parametrize(
+    "overrides, cpu, cpu_without_zero_init, gpu",
+    [
+        # the live ZeRO-2 table (per CPU, per GPU): offload_optimizer=cpu, then none
+        (["parallel.zero_stage=2", "parallel.offload=optimizer"], 127.48, None, 5.31),
+        (["parallel.zero_stage=2"], 127.48, None, 15.93),
+        # the live ZeRO-3 table: offload_param=cpu and offload_optimizer=cpu, optimizer only, nothing; zero_init=1, 0
+        (["parallel.zero_stage=3", "parallel.offload=optimizer+params"], 71.71, 127.48, 0.12),
+        (["parallel.zero_stage=3", "parallel.offload=optimizer"], 63.74, 127.48, 0.79),
+        (["parallel.zero_stage=3"], 1.47, 127.48, 6.10),
+    ],
+)
 def test_deepspeed_tables_through_the_plan(overrides, cpu, cpu_without_zero_init, gpu):
     # `pretrain plan plan.framework=deepspeed` takes total and largest-layer parameters from the model keys and the
     # GPUs per node from parallel.*: the t5-3b tables' rows, each figure as the table prints it.
@@ -172,10 +205,24 @@ def test_deepspeed_explain_says_which_term_differs():
     assert "(15.93 GiB)" in text and "host per node = 127.48 GiB" in text
 
 
-GPT3_175B = ["model.family=gpt2", "model.vocab_size=51200", "model.hidden_size=12288", "model.num_layers=96",
-             "model.num_heads=96", "model.intermediate_size=49152", "model.max_seq_len=2048", "model.dropout=0.1",
-             "model.tie_embeddings=true", "train.seq_len=2048", "train.micro_batch_size=1", "train.grad_accum_steps=16",
-             "parallel.gpus=128", "parallel.tensor=8", "parallel.pipeline=16", "plan.framework=megatron"]
+GPT3_175B = [
+    "model.family=gpt2",
+    "model.vocab_size=51200",
+    "model.hidden_size=12288",
+    "model.num_layers=96",
+    "model.num_heads=96",
+    "model.intermediate_size=49152",
+    "model.max_seq_len=2048",
+    "model.dropout=0.1",
+    "model.tie_embeddings=true",
+    "train.seq_len=2048",
+    "train.micro_batch_size=1",
+    "train.grad_accum_steps=16",
+    "parallel.gpus=128",
+    "parallel.tensor=8",
+    "parallel.pipeline=16",
+    "plan.framework=megatron",
+]
 
 
 def test_megatron_report_theoretical_memory_gpt3_175b():
@@ -189,8 +236,9 @@ def test_megatron_report_theoretical_memory_gpt3_175b():
     #               = 18 x 1,437,634,752 = 25,877,425,536 bytes (24,678.62 MB)
     # Ours counts what that count leaves out: 9h of biases per layer (82,944 per shard) and the learned
     # position table on the first stage (2048 x 12288 / 8 = 3,145,728): 0.22 % more.
-    config = load_config(overrides=GPT3_175B + ["parallel.sequence_parallel=true",
-                                                "train.activation_checkpointing=selective"])
+    config = load_config(
+        overrides=GPT3_175B + ["parallel.sequence_parallel=true", "train.activation_checkpointing=selective"]
+    )
     fw = make_plan(config)["framework"]
     mem = fw["memory_bytes"]
     assert mem["activations"] == 10_318_020_608
@@ -224,11 +272,17 @@ def test_korthikanti_table_2_rows():
     assert row(t=t) / row(t=t, sequence_parallel=True, recompute="selective") > 5
 
 
-@pytest.mark.parametrize("name, layers, hidden, mfu, hfu", [
-    # Korthikanti et al. 2022, table 5 (selective recomputation, sequence parallelism; seq 2048, vocabulary
-    # 51,200; shapes from their table 3), also in Megatron-LM's README: MFU / HFU in %.
-    ("22B", 48, 6144, 41.5, 43.7), ("175B", 96, 12288, 51.4, 52.8), ("530B", 105, 20480, 56.0, 57.0),
-    ("1T", 128, 25600, 56.3, 57.0)])
+@pytest.mark.parametrize(
+    "name, layers, hidden, mfu, hfu",
+    [
+        # Korthikanti et al. 2022, table 5 (selective recomputation, sequence parallelism; seq 2048, vocabulary
+        # 51,200; shapes from their table 3), also in Megatron-LM's README: MFU / HFU in %.
+        ("22B", 48, 6144, 41.5, 43.7),
+        ("175B", 96, 12288, 51.4, 52.8),
+        ("530B", 105, 20480, 56.0, 57.0),
+        ("1T", 128, 25600, 56.3, 57.0),
+    ],
+)
 def test_korthikanti_table_5_hfu_from_mfu(name, layers, hidden, mfu, hfu):
     # HFU / MFU = hardware / model FLOPs of appendix A; the published MFU is rounded to 0.1, so the HFU it
     # gives is within 0.1 percentage point of the published one (530B: 56.92 for 57.0).
@@ -243,11 +297,14 @@ def test_default_plan_is_unchanged_byte_for_byte():
     assert "framework" not in json.loads(default.stdout)
 
 
-@pytest.mark.parametrize("framework, source", [("megatron", "theoretical_memory_usage.py"),
-                                               ("deepspeed", "memory.rst"), ("zero-paper", "figure 1")])
+@pytest.mark.parametrize(
+    "framework, source",
+    [("megatron", "theoretical_memory_usage.py"), ("deepspeed", "memory.rst"), ("zero-paper", "figure 1")],
+)
 def test_each_mode_names_its_source_in_explain_and_json(framework, source):
-    config = load_config(overrides=["model.preset=llama-7b", "parallel.gpus=8", "parallel.zero_stage=2",
-                                    f"plan.framework={framework}"])
+    config = load_config(
+        overrides=["model.preset=llama-7b", "parallel.gpus=8", "parallel.zero_stage=2", f"plan.framework={framework}"]
+    )
     p, ex = plan_with_explain(config, advice=False)
     fw = p["framework"]
     assert fw["name"] == framework and source in fw["sources"][0]
@@ -255,8 +312,9 @@ def test_each_mode_names_its_source_in_explain_and_json(framework, source):
     text = ex.render()
     assert "[framework]" in text and source in text
     mem = fw["memory_bytes"]
-    assert mem["total"] == sum(mem[k] for k in ("weights", "gradients", "optimizer", "activations", "buffers",
-                                                "cuda_context"))
+    assert mem["total"] == sum(
+        mem[k] for k in ("weights", "gradients", "optimizer", "activations", "buffers", "cuda_context")
+    )
     assert fw["fits"] is True  # 7B over 8 x 80 GB with ZeRO-2, micro-batch 1
 
 

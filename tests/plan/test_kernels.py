@@ -15,17 +15,20 @@ from pretrain.plan.kernels import native_gqa, planned_native_gqa, torch_version_
 torch = pytest.importorskip("torch")
 
 
-@pytest.mark.parametrize("device, half, head_dim, version, flash_gpu, expected", [
-    ("cpu", False, 64, "2.6.0+cpu", True, False),     # CPU flash takes GQA from torch 2.9 on
-    ("cpu", True, 64, "2.8.1", True, False),
-    ("cpu", False, 64, "2.9.0", True, True),
-    ("cpu", False, 64, "2.13.0+cpu", True, True),
-    ("cpu", False, 64, None, True, True),              # unknown version: a recent one
-    ("cuda", True, 128, "2.6.0+cu124", True, True),    # flash attention
-    ("cuda", False, 128, "2.13.0", True, False),       # fp32 runs on the memory-efficient kernel: no GQA
-    ("cuda", True, 512, "2.13.0", True, False),        # flash stops at head_dim 256
-    ("cuda", True, 128, "2.13.0", False, False),       # V100 / T4: no flash attention
-])
+@pytest.mark.parametrize(
+    "device, half, head_dim, version, flash_gpu, expected",
+    [
+        ("cpu", False, 64, "2.6.0+cpu", True, False),  # CPU flash takes GQA from torch 2.9 on
+        ("cpu", True, 64, "2.8.1", True, False),
+        ("cpu", False, 64, "2.9.0", True, True),
+        ("cpu", False, 64, "2.13.0+cpu", True, True),
+        ("cpu", False, 64, None, True, True),  # unknown version: a recent one
+        ("cuda", True, 128, "2.6.0+cu124", True, True),  # flash attention
+        ("cuda", False, 128, "2.13.0", True, False),  # fp32 runs on the memory-efficient kernel: no GQA
+        ("cuda", True, 512, "2.13.0", True, False),  # flash stops at head_dim 256
+        ("cuda", True, 128, "2.13.0", False, False),  # V100 / T4: no flash attention
+    ],
+)
 def test_the_rule(device, half, head_dim, version, flash_gpu, expected):
     assert native_gqa(device, half, head_dim, version, flash_gpu) is expected
 
@@ -35,10 +38,16 @@ def test_version_parsing():
     assert torch_version_tuple("") is None and torch_version_tuple(None) is None
 
 
-@pytest.mark.parametrize("gpu, precision, expected", [
-    ("h100-sxm", "bf16-mixed", True), ("h100-sxm", "fp32", False), ("a100-80gb", "fp16-mixed", True),
-    ("v100-32gb", "fp16-mixed", False), ("t4", "fp16-mixed", False),
-])
+@pytest.mark.parametrize(
+    "gpu, precision, expected",
+    [
+        ("h100-sxm", "bf16-mixed", True),
+        ("h100-sxm", "fp32", False),
+        ("a100-80gb", "fp16-mixed", True),
+        ("v100-32gb", "fp16-mixed", False),
+        ("t4", "fp16-mixed", False),
+    ],
+)
 def test_the_planner_applies_it_to_the_config(gpu, precision, expected):
     c = load_config(overrides=["model.preset=llama3-8b", f"hardware.gpu={gpu}", f"train.precision={precision}"])
     assert planned_native_gqa(c) is expected
@@ -47,8 +56,13 @@ def test_the_planner_applies_it_to_the_config(gpu, precision, expected):
 def test_repeated_heads_cost_what_the_planner_says_in_a_full_plan():
     from pretrain.plan import make_plan
 
-    base = ["model.preset=llama3-8b", "train.seq_len=4096", "train.micro_batch_size=1", "parallel.gpus=8",
-            "parallel.zero_stage=3"]
+    base = [
+        "model.preset=llama3-8b",
+        "train.seq_len=4096",
+        "train.micro_batch_size=1",
+        "parallel.gpus=8",
+        "parallel.zero_stage=3",
+    ]
     native = make_plan(load_config(overrides=base + ["hardware.gpu=h100-sxm", "train.precision=bf16-mixed"]))
     repeat = make_plan(load_config(overrides=base + ["hardware.gpu=v100-32gb", "train.precision=fp16-mixed"]))
     # LLaMA-3-8B (32 query heads, 8 k/v heads): repeating k/v keeps 3*4096 per token instead of the qkv
@@ -62,8 +76,16 @@ def test_repeated_heads_cost_what_the_planner_says_in_a_full_plan():
 def _model(native: bool, overrides=()):
     from pretrain.model import build_model
 
-    c = load_config(overrides=["model.preset=debug", "model.num_layers=2", "train.seq_len=32",
-                               "train.micro_batch_size=2", "hardware.gpu=cpu", *overrides])
+    c = load_config(
+        overrides=[
+            "model.preset=debug",
+            "model.num_layers=2",
+            "train.seq_len=32",
+            "train.micro_batch_size=2",
+            "hardware.gpu=cpu",
+            *overrides,
+        ]
+    )
     torch.manual_seed(0)
     model = build_model(c.model, attention=c.train.attention, seed=1)
     for block in model.blocks:
@@ -78,8 +100,9 @@ def test_repeating_heads_computes_the_same_attention():
     torch.testing.assert_close(repeat(x), native(x), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("precision, recompute", list(itertools.product(
-    ["fp32", "bf16-mixed", "bf16"], ["none", "selective", "full"])))
+@pytest.mark.parametrize(
+    "precision, recompute", list(itertools.product(["fp32", "bf16-mixed", "bf16"], ["none", "selective", "full"]))
+)
 def test_the_repeat_path_keeps_what_the_planner_counts(precision, recompute):
     from pretrain.distributed.recompute import apply_activation_checkpointing
     from pretrain.plan.activations import activation_bytes
@@ -90,8 +113,9 @@ def test_the_repeat_path_keeps_what_the_planner_counts(precision, recompute):
         model = model.to(torch.bfloat16)
     apply_activation_checkpointing(model, recompute)
     x, y = torch.randint(0, 512, (2, 32)), torch.randint(0, 512, (2, 32))
-    autocast = functools.partial(torch.autocast, "cpu", dtype=torch.bfloat16, cache_enabled=False,
-                                 enabled=precision.endswith("-mixed"))
+    autocast = functools.partial(
+        torch.autocast, "cpu", dtype=torch.bfloat16, cache_enabled=False, enabled=precision.endswith("-mixed")
+    )
     _, saved = measure_forward(model, x, y, autocast)
     planned = activation_bytes(c.model, c.train, c.parallel, native_gqa=False)["total"]
     assert saved["activations"] == planned

@@ -30,16 +30,21 @@ def test_fit_at_128k_returns_layouts_that_fit_and_says_to_mask_documents():
         # recomputation (the matmul outputs kept) split over 8 tensor ranks with sequence parallelism
         o = cand["overrides"]
         assert o["train.activation_checkpointing"] == "full" or (
-            o["train.activation_checkpointing"] == "selective" and o["parallel.tensor"] == 8
-            and o["parallel.sequence_parallel"])
+            o["train.activation_checkpointing"] == "selective"
+            and o["parallel.tensor"] == 8
+            and o["parallel.sequence_parallel"]
+        )
         assert cand["fits"] is True and cand["memory_bytes"]["total"] <= usable
     for recompute in ("none", "selective"):
-        assert any(r["why"].startswith("does not fit") and r["overrides"]["train.activation_checkpointing"] == recompute
-                   for r in result["rejected"])
+        assert any(
+            r["why"].startswith("does not fit") and r["overrides"]["train.activation_checkpointing"] == recompute
+            for r in result["rejected"]
+        )
     assert [line.split(":")[0] for line in result["advice"]] == ["context"]
     assert "train.document_masking" in result["advice"][0]
-    assert "advice" not in fit(load_config(overrides=[*LLAMA31_128K[:1], "parallel.gpus=8", "hardware.gpu=h100-sxm",
-                                                      "train.seq_len=8192"]))
+    assert "advice" not in fit(
+        load_config(overrides=[*LLAMA31_128K[:1], "parallel.gpus=8", "hardware.gpu=h100-sxm", "train.seq_len=8192"])
+    )
     # with documents masked the advice has nothing left to say
     assert not context_advice(load_config(overrides=[*LLAMA31_128K, "train.document_masking=true"]))
 
@@ -49,15 +54,20 @@ def test_activations_grow_linearly_with_the_window(recompute):
     # SDPA keeps no seq x seq scores and the chunked loss a chunk of 4,096 tokens whatever the window: each
     # doubling of the window adds what the one before added, twice over.
     def activations(s):
-        over = [*LLAMA31_128K, f"train.seq_len={s}", f"train.activation_checkpointing={recompute}",
-                "parallel.zero_stage=3"]
+        over = [
+            *LLAMA31_128K,
+            f"train.seq_len={s}",
+            f"train.activation_checkpointing={recompute}",
+            "parallel.zero_stage=3",
+        ]
         return make_plan(load_config(overrides=over))["memory_bytes"]["activations"]
 
     a = [activations(s) for s in (16384, 32768, 65536, 131072)]
     assert a[2] - a[1] == pytest.approx(2 * (a[1] - a[0]), rel=1e-6)
     assert a[3] - a[2] == pytest.approx(2 * (a[2] - a[1]), rel=1e-6)
-    eager = make_plan(load_config(overrides=[*LLAMA31_128K, "train.seq_len=32768", "train.attention=eager",
-                                             "parallel.zero_stage=3"]))["memory_bytes"]["activations"]
+    eager = make_plan(
+        load_config(overrides=[*LLAMA31_128K, "train.seq_len=32768", "train.attention=eager", "parallel.zero_stage=3"])
+    )["memory_bytes"]["activations"]
     assert eager - a[1] >= 32 * 32 * 32768**2 * 4  # eager keeps the fp32 scores: heads x s^2 per layer
 
 

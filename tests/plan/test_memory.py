@@ -26,8 +26,9 @@ def test_zero_paper_accounting_divides_by_model_parallelism():
     # ZeRO paper (Rajbhandari et al. 2020), section 5 and table 1: with model parallelism N_m each GPU holds
     # Psi / N_m parameters, and stage 3 shards their (2 + 4 + 12) bytes over N_d: 18 x 6,738,415,616 / 8 / 8
     # bytes = 1.77 GiB (it printed 14.12 GiB, the data-parallel-only figure).
-    config = load_config(overrides=["model.preset=llama-7b", "parallel.gpus=64", "parallel.tensor=8",
-                                    "parallel.zero_stage=3"])
+    config = load_config(
+        overrides=["model.preset=llama-7b", "parallel.gpus=64", "parallel.tensor=8", "parallel.zero_stage=3"]
+    )
     value, formula = _explain(config, "model states, ZeRO paper accounting")
     assert value == f"{18 * 6_738_415_616 / 8 / 8 / 1024**3:.2f} GiB" == "1.77 GiB"
     assert "/ model parallel 8" in formula
@@ -38,8 +39,18 @@ def test_fsdp_reduce_scatter_is_one_block_of_one_tensor_rank():
     # beside the loss's working set at the end of forward. Chunked (the default): its input h (bf16 under FSDP,
     # 2 x 2,048 x 4,096) and one chunk's fp32 logits with logsumexp's temporary (8 x 2,048 x 32,000 / 8).
     def plan_of(*extra):
-        return make_plan(load_config(overrides=["model.preset=llama-7b", "parallel.gpus=64", "parallel.tensor=8",
-                                           "parallel.zero_stage=3", *extra]))
+        return make_plan(
+            load_config(
+                overrides=[
+                    "model.preset=llama-7b",
+                    "parallel.gpus=64",
+                    "parallel.tensor=8",
+                    "parallel.zero_stage=3",
+                    *extra,
+                ]
+            )
+        )
+
     p = plan_of()
     reduce_scatter = 4 * ((BLOCK - NORMS) // 8 + NORMS)
     assert reduce_scatter == 101_220_352  # was 809,533,440: a whole block
@@ -53,12 +64,18 @@ def test_fsdp_reduce_scatter_is_one_block_of_one_tensor_rank():
 def test_zero3_with_a_pipeline_gathers_whole_blocks_of_its_stage():
     # 32 stages of one block each: a stage gathers its whole bf16 block (0.377 GiB) and its end of the model,
     # the heavier being the last stage's final norm and output layer; it printed 0.061 GiB (a 1/32 share).
-    one = make_plan(load_config(overrides=["model.preset=llama-7b", "parallel.gpus=256", "parallel.pipeline=32",
-                                      "parallel.zero_stage=3"]))
+    one = make_plan(
+        load_config(
+            overrides=["model.preset=llama-7b", "parallel.gpus=256", "parallel.pipeline=32", "parallel.zero_stage=3"]
+        )
+    )
     assert one["model_states"]["working_copies"] == 2 * (BLOCK + H + VH)
     # 8 stages of 4 blocks: the block being computed and the prefetched next one.
-    four = make_plan(load_config(overrides=["model.preset=llama-7b", "parallel.gpus=64", "parallel.pipeline=8",
-                                       "parallel.zero_stage=3"]))
+    four = make_plan(
+        load_config(
+            overrides=["model.preset=llama-7b", "parallel.gpus=64", "parallel.pipeline=8", "parallel.zero_stage=3"]
+        )
+    )
     assert four["model_states"]["working_copies"] == 2 * (2 * BLOCK + H + VH)
     # Without a pipeline: two blocks and the whole root (embedding, final norm, output), as before.
     flat = make_plan(load_config(overrides=["model.preset=llama-7b", "parallel.gpus=64", "parallel.zero_stage=3"]))
@@ -71,13 +88,21 @@ def test_fp32_loss_buffer_text_is_the_value():
     # logsumexp's temporary of their size, 8 x c*V / t = 205,852,672. Plain: the fp32 logits of all b*s tokens,
     # 4 x b*s*V / t (its backward adds the two fp32 gradients of the logits, 8 x b*s*V / t).
     def buffers(*extra):
-        return _explain(load_config(overrides=["model.preset=gpt2", "train.precision=fp32", "parallel.gpus=8",
-                                               "parallel.tensor=2", *extra]), "buffers")[1]
-    assert buffers().startswith("chunked loss working set at the end of forward 208,998,400: loss input h "
-                                "(4 x b*s*h) + loss chunk of c=1,024 tokens: logits, logsumexp (8 x c*V), "
-                                "V terms / tensor 2")
+        return _explain(
+            load_config(
+                overrides=["model.preset=gpt2", "train.precision=fp32", "parallel.gpus=8", "parallel.tensor=2", *extra]
+            ),
+            "buffers",
+        )[1]
+
+    assert buffers().startswith(
+        "chunked loss working set at the end of forward 208,998,400: loss input h "
+        "(4 x b*s*h) + loss chunk of c=1,024 tokens: logits, logsumexp (8 x c*V), "
+        "V terms / tensor 2"
+    )
     assert buffers("train.loss=plain").startswith(
-        "plain loss working set at the end of forward 102,926,336: loss logits (4 x b*s*V), V terms / tensor 2")
+        "plain loss working set at the end of forward 102,926,336: loss logits (4 x b*s*V), V terms / tensor 2"
+    )
 
 
 def test_a_card_too_small_for_anything_does_not_fit():
@@ -105,9 +130,11 @@ def test_autocast_copies_per_pipeline_stage_and_tensor_rank():
     # bf16 copies of the matmul weights autocast keeps for backward, on the last stage (it holds the output
     # layer): with full recomputation only the block being recomputed, else the stage's ceil(32 / 4) = 8 blocks.
     def copies(*extra):
-        config = load_config(overrides=["model.preset=llama-7b", "parallel.gpus=16", "parallel.pipeline=4",
-                                        "parallel.tensor=2", *extra])
+        config = load_config(
+            overrides=["model.preset=llama-7b", "parallel.gpus=16", "parallel.pipeline=4", "parallel.tensor=2", *extra]
+        )
         return make_plan(config)["model_states"]["working_copies"]
+
     # The chunked loss (the default) casts the output weight per call and keeps no copy of it; plain keeps one.
     assert copies("train.activation_checkpointing=full") == 2 * (BLOCK - NORMS) // 2
     assert copies("train.activation_checkpointing=none") == 2 * 8 * (BLOCK - NORMS) // 2
@@ -122,17 +149,26 @@ def _memory(*overrides) -> dict:
 def test_one_micro_batch_holds_no_gradients_beside_the_activations():
     # Issue 13: the trainer frees the gradients after each optimizer step (zero_grad(set_to_none=True)), so with
     # one micro-batch they do not exist yet at the end of forward; with two, the first micro-batch's are there.
-    base = ["model.preset=llama3.2-1b", "hardware.gpu=h100-sxm", "train.micro_batch_size=4", "train.seq_len=2048",
-            "train.loss=plain"]
+    base = [
+        "model.preset=llama3.2-1b",
+        "hardware.gpu=h100-sxm",
+        "train.micro_batch_size=4",
+        "train.seq_len=2048",
+        "train.loss=plain",
+    ]
     one = _memory(*base, "train.grad_accum_steps=1")
     two = _memory(*base, "train.grad_accum_steps=2")
     assert one["peak_phase"] == two["peak_phase"] == "loss_backward"
     assert {k: two["phases"][k] - one["phases"][k] for k in ("forward", "loss_backward", "optimizer_step")} == {
-        "forward": one["gradients"], "loss_backward": one["gradients"], "optimizer_step": 0}
+        "forward": one["gradients"],
+        "loss_backward": one["gradients"],
+        "optimizer_step": 0,
+    }
     # End of forward on one GPU: parameters (here the fp32 master weights, under optimizer), autocast's bf16
     # copies, all activations, the loss's bf16 and fp32 logits (the only buffer) and the CUDA context.
-    assert one["phases"]["forward"] == (one["weights"] + one["optimizer"] + one["activations"] + one["buffers"]
-                                        + one["cuda_context"])
+    assert one["phases"]["forward"] == (
+        one["weights"] + one["optimizer"] + one["activations"] + one["buffers"] + one["cuda_context"]
+    )
     # The loss's backward: 8 x b*s*V of fp32 gradients beside the kept log-softmax, where the forward had the
     # 6 x b*s*V logits: 2 x 4 x 2,048 x 128,256 more.
     assert one["phases"]["loss_backward"] - one["phases"]["forward"] == 2 * 4 * 2048 * 128_256
@@ -155,8 +191,10 @@ def test_fsdp_gradient_sync_per_step_holds_unsharded_fp32_gradients():
     assert step["phases"]["backward"] - micro["phases"]["backward"] == unsharded - micro["gradients"]
     # With one micro-batch there is nothing to hold between micro-batches.
     one = ["train.grad_accum_steps=1"]
-    assert make_plan(load_config(config, one + ["parallel.grad_sync=step"]))["memory_bytes"] == \
-        make_plan(load_config(config, one))["memory_bytes"]
+    assert (
+        make_plan(load_config(config, one + ["parallel.grad_sync=step"]))["memory_bytes"]
+        == make_plan(load_config(config, one))["memory_bytes"]
+    )
 
 
 def test_gradients_make_backward_the_peak_of_a_short_sequence():
@@ -197,10 +235,17 @@ def test_compiled_blocks_keep_less_than_eager_ones():
     from pretrain.plan.activations import activation_bytes
 
     for recompute, ratio in [("none", 0.698), ("selective", 1.0), ("full", 1.0)]:
-        c = load_config(overrides=["model.preset=llama3.2-1b", "train.seq_len=2048", "hardware.gpu=h100-sxm",
-                                   f"train.activation_checkpointing={recompute}"])
-        eager, compiled = (activation_bytes(c.model, c.train, c.parallel, compiled=x)["per_layer"]
-                           for x in (False, True))
+        c = load_config(
+            overrides=[
+                "model.preset=llama3.2-1b",
+                "train.seq_len=2048",
+                "hardware.gpu=h100-sxm",
+                f"train.activation_checkpointing={recompute}",
+            ]
+        )
+        eager, compiled = (
+            activation_bytes(c.model, c.train, c.parallel, compiled=x)["per_layer"] for x in (False, True)
+        )
         assert compiled / eager == pytest.approx(ratio, abs=0.001)
         mem = make_plan(c)["memory_bytes"]
         assert mem["compiled"] < mem["total"] if recompute == "none" else mem["compiled"] <= mem["total"]
@@ -210,9 +255,12 @@ def test_nccl_buffers_only_between_gpus():
     # Issue 31, item 12: 32 ring channels x 10 MiB (NCCL's LL + LL128 + Simple FIFOs of one connection) per
     # communicator, in every phase; none on one GPU or on CPUs (gloo), whose plans are unchanged.
     channels = 32 * 10 * 2**20
-    for layout, communicators in [([], 0), (["parallel.gpus=8"], 1),  # the job's: DDP's and the loss's
-                                  (["parallel.gpus=8", "parallel.zero_stage=3"], 2),  # + the mesh's data group
-                                  (["parallel.gpus=8", "parallel.tensor=2"], 3)]:  # the job's, data 4, tensor 2
+    for layout, communicators in [
+        ([], 0),
+        (["parallel.gpus=8"], 1),  # the job's: DDP's and the loss's
+        (["parallel.gpus=8", "parallel.zero_stage=3"], 2),  # + the mesh's data group
+        (["parallel.gpus=8", "parallel.tensor=2"], 3),
+    ]:  # the job's, data 4, tensor 2
         gpu = _memory("model.preset=llama3.2-1b", "hardware.gpu=h100-sxm", *layout)
         cpu = _memory("model.preset=llama3.2-1b", "hardware.gpu=cpu", *layout)
         assert gpu["buffers"] - cpu["buffers"] == communicators * channels, layout
@@ -223,8 +271,7 @@ def test_nccl_buffers_only_between_gpus():
 def test_adafactor_step_makes_a_second_moment_estimate_per_parameter():
     # torch.optim.Adafactor's foreach path (the default on CUDA) holds ~ sizeof(params) more at its peak.
     base = ["model.preset=llama-7b", "hardware.gpu=h100-sxm", "train.precision=bf16", "train.grad_accum_steps=1"]
-    ada, sgd = _memory(*base, "train.optimizer=adafactor"), _memory(*base, "train.optimizer=sgd",
-                                                                     "train.momentum=0")
+    ada, sgd = _memory(*base, "train.optimizer=adafactor"), _memory(*base, "train.optimizer=sgd", "train.momentum=0")
     n = 6_738_415_616
     assert sgd["optimizer"] == 0  # SGD without momentum keeps no state and updates in place
     assert ada["phases"]["optimizer_step"] - ada["optimizer"] - sgd["phases"]["optimizer_step"] == 2 * n
@@ -250,8 +297,13 @@ def test_the_chunked_loss_at_the_end_of_forward_and_in_its_backward():
     # fp32 input h, one chunk's fp32 logits with logsumexp's temporary, the bf16 cast of the fp32 output weight
     # and of one chunk of h; in its backward only the scaled dL/dh (fp32) and dL/dW (fp32, the weight's dtype).
     # Its kept dL/dh and dL/dW (bf16) are activations, in both phases; the plain loss keeps 4 x b*s*V instead.
-    base = ["model.preset=llama3.2-1b", "hardware.gpu=h100-sxm", "train.micro_batch_size=4", "train.seq_len=2048",
-            "train.grad_accum_steps=1"]
+    base = [
+        "model.preset=llama3.2-1b",
+        "hardware.gpu=h100-sxm",
+        "train.micro_batch_size=4",
+        "train.seq_len=2048",
+        "train.grad_accum_steps=1",
+    ]
     chunked, plain = _memory(*base), _memory(*base, "train.loss=plain")
     bs, c, h, V = 4 * 2048, 4096, 2048, 128_256
     forward = 4 * bs * h + 8 * c * V + 2 * V * h + 2 * c * h

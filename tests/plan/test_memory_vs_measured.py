@@ -30,12 +30,19 @@ SHAPES = {
     "llama-gqa": ["model.preset=debug"],
     "llama-mha-bias": ["model.preset=debug", "model.num_kv_heads=4", "model.qkv_bias=true"],
     "llama-tied": ["model.preset=debug", "model.tie_embeddings=true"],
-    "gpt2": ["model.preset=debug", "model.family=gpt2", "model.num_kv_heads=4", "model.intermediate_size=256",
-             "model.tie_embeddings=true"],
+    "gpt2": [
+        "model.preset=debug",
+        "model.family=gpt2",
+        "model.num_kv_heads=4",
+        "model.intermediate_size=256",
+        "model.tie_embeddings=true",
+    ],
 }
 # model.pad_vocab_to: 512 rows for 500 ids; their states, autocast copy and output matmul are counted.
-PADDED = {"llama-padded": ["model.preset=debug", "model.vocab_size=500", "model.pad_vocab_to=64"],
-          "gpt2-padded": SHAPES["gpt2"] + ["model.vocab_size=500", "model.pad_vocab_to=64"]}
+PADDED = {
+    "llama-padded": ["model.preset=debug", "model.vocab_size=500", "model.pad_vocab_to=64"],
+    "gpt2-padded": SHAPES["gpt2"] + ["model.vocab_size=500", "model.pad_vocab_to=64"],
+}
 
 
 BASE = ["model.num_layers=3", "train.seq_len=32", "train.micro_batch_size=2", "hardware.gpu=cpu"]
@@ -55,9 +62,13 @@ def measure(overrides, optimizer="adamw", kernel=None):
     """kernel: train.document_masking's attention kernel (pretrain.model.documents), positions reset with it."""
     c = load_config(overrides=[*BASE, f"train.optimizer={optimizer}", *overrides])
     torch.manual_seed(0)
-    model = build_model(c.model, attention=c.train.attention, loss=c.train.loss,
-                        loss_chunk_tokens=c.train.loss_chunk_tokens,
-                        documents=Documents(EOS, True, True, kernel) if kernel else None)
+    model = build_model(
+        c.model,
+        attention=c.train.attention,
+        loss=c.train.loss,
+        loss_chunk_tokens=c.train.loss_chunk_tokens,
+        documents=Documents(EOS, True, True, kernel) if kernel else None,
+    )
     if c.train.precision == "bf16":
         model = model.to(torch.bfloat16)
     if c.train.half_residual:  # as the trainer sets it
@@ -65,23 +76,39 @@ def measure(overrides, optimizer="adamw", kernel=None):
     apply_activation_checkpointing(model, c.train.activation_checkpointing)
     opt = build_optimizer(model, c.model, c.train)
     x, y = batch(c.model.vocab_size, kernel is not None)
-    autocast = functools.partial(torch.autocast, "cpu", dtype=torch.bfloat16, cache_enabled=False,
-                                 enabled=c.train.precision.endswith("-mixed"))
+    autocast = functools.partial(
+        torch.autocast, "cpu", dtype=torch.bfloat16, cache_enabled=False, enabled=c.train.precision.endswith("-mixed")
+    )
     loss, saved = measure_forward(model, x, y, autocast)
     loss.backward()
     opt.step()
     return make_plan(c), model_state_bytes(model, opt), saved
 
 
-@pytest.mark.parametrize("shape, precision, recompute, attention, loss", list(itertools.product(
-    {**SHAPES, **PADDED}, ["fp32", "bf16-mixed", "bf16"], ["none", "selective", "full"], ["sdpa", "eager"],
-    ["chunked", "plain"])))
+@pytest.mark.parametrize(
+    "shape, precision, recompute, attention, loss",
+    list(
+        itertools.product(
+            {**SHAPES, **PADDED},
+            ["fp32", "bf16-mixed", "bf16"],
+            ["none", "selective", "full"],
+            ["sdpa", "eager"],
+            ["chunked", "plain"],
+        )
+    ),
+)
 def test_activations_and_copies_exact(shape, precision, recompute, attention, loss):
     # train.loss_chunk_tokens=24 does not divide b*s = 64: three chunks, the last one short.
-    p, states, saved = measure({**SHAPES, **PADDED}[shape] + [f"train.precision={precision}",
-                                                f"train.activation_checkpointing={recompute}",
-                                                f"train.attention={attention}", f"train.loss={loss}",
-                                                "train.loss_chunk_tokens=24"])
+    p, states, saved = measure(
+        {**SHAPES, **PADDED}[shape]
+        + [
+            f"train.precision={precision}",
+            f"train.activation_checkpointing={recompute}",
+            f"train.attention={attention}",
+            f"train.loss={loss}",
+            "train.loss_chunk_tokens=24",
+        ]
+    )
     assert p["model_states"]["working_copies"] == saved["working_copies"]
     planned = p["memory_bytes"]["activations"]
     if shape.startswith("gpt2") and precision == "bf16":
@@ -90,36 +117,60 @@ def test_activations_and_copies_exact(shape, precision, recompute, attention, lo
         assert saved["activations"] == planned
 
 
-@pytest.mark.parametrize("shape, recompute, loss", list(itertools.product(
-    ["llama-gqa", "gpt2"], ["none", "selective", "full"], ["chunked", "plain"])))
+@pytest.mark.parametrize(
+    "shape, recompute, loss",
+    list(itertools.product(["llama-gqa", "gpt2"], ["none", "selective", "full"], ["chunked", "plain"])),
+)
 def test_half_residual_activations_exact(shape, recompute, loss):
     # train.half_residual: the residual stream in bf16 under bf16-mixed; the norms still keep fp32 (RMSNorm casts
     # its input itself, LayerNorm is autocast to fp32), the block inputs, the loss's input and gradient halve.
     # torch 2.6's F.rms_norm promotes a bf16 input with an fp32 weight to an fp32 output and keeps other tensors
     # than 2.13's, which returns bf16 as the planner counts: there the LLaMA cases are not exact.
-    if shape.startswith("llama") and F.rms_norm(torch.ones(1, 2, dtype=torch.bfloat16), (2,),
-                                                torch.ones(2)).dtype != torch.bfloat16:
+    if (
+        shape.startswith("llama")
+        and F.rms_norm(torch.ones(1, 2, dtype=torch.bfloat16), (2,), torch.ones(2)).dtype != torch.bfloat16
+    ):
         pytest.skip(f"F.rms_norm of torch {torch.__version__} promotes mixed dtypes to fp32")
-    p, states, saved = measure(SHAPES[shape] + ["train.precision=bf16-mixed", "train.half_residual=true",
-                                                f"train.activation_checkpointing={recompute}", f"train.loss={loss}",
-                                                "train.loss_chunk_tokens=24"])
+    p, states, saved = measure(
+        SHAPES[shape]
+        + [
+            "train.precision=bf16-mixed",
+            "train.half_residual=true",
+            f"train.activation_checkpointing={recompute}",
+            f"train.loss={loss}",
+            "train.loss_chunk_tokens=24",
+        ]
+    )
     assert saved["activations"] == p["memory_bytes"]["activations"]
 
 
-@pytest.mark.parametrize("precision, recompute, attention", list(itertools.product(
-    ["fp32", "bf16-mixed", "bf16"], ["none", "selective"], ["sdpa", "eager"])))
+@pytest.mark.parametrize(
+    "precision, recompute, attention",
+    list(itertools.product(["fp32", "bf16-mixed", "bf16"], ["none", "selective"], ["sdpa", "eager"])),
+)
 def test_qk_norm_activations_exact(precision, recompute, attention):
     # Qwen3's QK-norm keeps a norm's fp32 tensors per head of q and k; in fp32 its input is a view of the qkv
     # output, which eager attention otherwise lets go.
-    p, _, saved = measure(["model.preset=debug", "model.qk_norm=true", f"train.precision={precision}",
-                           f"train.activation_checkpointing={recompute}", f"train.attention={attention}"])
+    p, _, saved = measure(
+        [
+            "model.preset=debug",
+            "model.qk_norm=true",
+            f"train.precision={precision}",
+            f"train.activation_checkpointing={recompute}",
+            f"train.attention={attention}",
+        ]
+    )
     assert saved["activations"] == p["memory_bytes"]["activations"]
 
 
-@pytest.mark.parametrize("shape, precision, recompute, attention, kernel", [
-    (*case, *kernel) for case in itertools.product(["llama-gqa", "gpt2"], ["fp32", "bf16-mixed"],
-                                                   ["none", "selective", "full"])
-    for kernel in [("eager", "mask"), ("sdpa", "loop"), ("sdpa", "mask")]])
+@pytest.mark.parametrize(
+    "shape, precision, recompute, attention, kernel",
+    [
+        (*case, *kernel)
+        for case in itertools.product(["llama-gqa", "gpt2"], ["fp32", "bf16-mixed"], ["none", "selective", "full"])
+        for kernel in [("eager", "mask"), ("sdpa", "loop"), ("sdpa", "mask")]
+    ],
+)
 def test_masked_activations_exact(shape, precision, recompute, attention, kernel):
     # train.document_masking, positions reset with it: eager attention's masked_fill keeps the inverted
     # (b, 1, s, s) mask per block; SDPA under the boolean mask (the compiled CPU kernel, run eagerly here: its
@@ -128,19 +179,27 @@ def test_masked_activations_exact(shape, precision, recompute, attention, kernel
     # holds the mask and the tables as the blocks' inputs (selective: the loop's per-document outputs kept, its
     # concatenation remade). The plan's activations are the trainer's kernel's: the mask under eager
     # attention, the loop under SDPA on the CPU.
-    overrides = [*SHAPES[shape], f"train.precision={precision}", f"train.activation_checkpointing={recompute}",
-                 f"train.attention={attention}", "train.document_masking=true"]
+    overrides = [
+        *SHAPES[shape],
+        f"train.precision={precision}",
+        f"train.activation_checkpointing={recompute}",
+        f"train.attention={attention}",
+        "train.document_masking=true",
+    ]
     p, _, saved = measure(overrides, kernel=kernel)
     c = load_config(overrides=[*BASE, *overrides])
-    planned = activation_bytes(c.model, c.train, c.parallel, native_gqa=planned_native_gqa(c),
-                               documents=kernel)["total"]
+    planned = activation_bytes(c.model, c.train, c.parallel, native_gqa=planned_native_gqa(c), documents=kernel)[
+        "total"
+    ]
     assert saved["activations"] == planned
     if (attention, kernel) != ("sdpa", "mask"):
         assert p["memory_bytes"]["activations"] == planned
 
 
-@pytest.mark.parametrize("shape, precision, optimizer", list(itertools.product(
-    {**SHAPES, **PADDED}, ["fp32", "bf16-mixed", "bf16"], ["adamw", "adafactor", "sgd"])))
+@pytest.mark.parametrize(
+    "shape, precision, optimizer",
+    list(itertools.product({**SHAPES, **PADDED}, ["fp32", "bf16-mixed", "bf16"], ["adamw", "adafactor", "sgd"])),
+)
 def test_model_states_exact(shape, precision, optimizer):
     p, states, _ = measure({**SHAPES, **PADDED}[shape] + [f"train.precision={precision}"], optimizer=optimizer)
     assert {k: p["model_states"][k] for k in states} == states
@@ -171,8 +230,18 @@ def _allocator_peak(fn) -> int:
     return peak
 
 
-@pytest.mark.parametrize("shape, precision, recompute, accum, loss", list(itertools.product(
-    {**SHAPES, **PADDED}, ["fp32", "bf16-mixed", "bf16"], ["none", "selective", "full"], [1, 2], ["plain", "chunked"])))
+@pytest.mark.parametrize(
+    "shape, precision, recompute, accum, loss",
+    list(
+        itertools.product(
+            {**SHAPES, **PADDED},
+            ["fp32", "bf16-mixed", "bf16"],
+            ["none", "selective", "full"],
+            [1, 2],
+            ["plain", "chunked"],
+        )
+    ),
+)
 def test_peak_over_phases_against_the_allocator(shape, precision, recompute, accum, loss):
     # memory_bytes.total, the peak over the phases of a step, against the allocator's peak over a whole step
     # (optimizer states made by a first step, as in every later one), for both losses and padded vocabularies.
@@ -199,24 +268,46 @@ def test_the_weight_cast_cache_in_the_peak(shape, recompute):
 
 
 def _peak_config(shape, precision, recompute, accum, loss, cache=False):
-    return load_config(overrides=["model.num_layers=3", "train.seq_len=32", "train.micro_batch_size=2",
-                                  "hardware.gpu=cpu", f"train.grad_accum_steps={accum}", f"train.loss={loss}",
-                                  *{**SHAPES, **PADDED}[shape], f"train.cache_weight_casts={str(cache).lower()}",
-                                  f"train.precision={precision}", f"train.activation_checkpointing={recompute}"])
+    return load_config(
+        overrides=[
+            "model.num_layers=3",
+            "train.seq_len=32",
+            "train.micro_batch_size=2",
+            "hardware.gpu=cpu",
+            f"train.grad_accum_steps={accum}",
+            f"train.loss={loss}",
+            *{**SHAPES, **PADDED}[shape],
+            f"train.cache_weight_casts={str(cache).lower()}",
+            f"train.precision={precision}",
+            f"train.activation_checkpointing={recompute}",
+        ]
+    )
 
 
-@pytest.mark.parametrize("shape, precision, recompute, loss, attention, kernel", [
-    ("llama-gqa", "bf16-mixed", "none", "chunked", "sdpa", "loop"),
-    ("llama-gqa", "fp32", "none", "plain", "eager", "mask"),
-    ("gpt2", "fp32", "selective", "chunked", "eager", "mask"),
-    ("gpt2", "bf16-mixed", "none", "plain", "sdpa", "loop")])
+@pytest.mark.parametrize(
+    "shape, precision, recompute, loss, attention, kernel",
+    [
+        ("llama-gqa", "bf16-mixed", "none", "chunked", "sdpa", "loop"),
+        ("llama-gqa", "fp32", "none", "plain", "eager", "mask"),
+        ("gpt2", "fp32", "selective", "chunked", "eager", "mask"),
+        ("gpt2", "bf16-mixed", "none", "plain", "sdpa", "loop"),
+    ],
+)
 def test_masked_peak_against_the_allocator(shape, precision, recompute, loss, attention, kernel):
     # train.document_masking's step, as above to 0.1%: the boolean mask, document ids and per-token positions
     # are made once per micro-batch and gone when its blocks have run (the loss's peak comes after); what the
     # blocks keep of them is in the activations (test_masked_activations_exact).
-    c = load_config(overrides=[*BASE, f"train.loss={loss}", *SHAPES[shape], f"train.precision={precision}",
-                               f"train.activation_checkpointing={recompute}", f"train.attention={attention}",
-                               "train.document_masking=true"])
+    c = load_config(
+        overrides=[
+            *BASE,
+            f"train.loss={loss}",
+            *SHAPES[shape],
+            f"train.precision={precision}",
+            f"train.activation_checkpointing={recompute}",
+            f"train.attention={attention}",
+            "train.document_masking=true",
+        ]
+    )
     assert _step_peak(c, kernel) == pytest.approx(make_plan(c)["memory_bytes"]["total"], rel=0.001)
 
 
@@ -225,15 +316,21 @@ def _step_peak(c, kernel=None) -> int:
     every later one); kernel: train.document_masking's (pretrain.model.documents), positions reset with it."""
     t = c.train
     torch.manual_seed(0)
-    model = build_model(c.model, attention=t.attention, loss=t.loss, loss_chunk_tokens=t.loss_chunk_tokens,
-                        documents=Documents(EOS, True, True, kernel) if kernel else None)
+    model = build_model(
+        c.model,
+        attention=t.attention,
+        loss=t.loss,
+        loss_chunk_tokens=t.loss_chunk_tokens,
+        documents=Documents(EOS, True, True, kernel) if kernel else None,
+    )
     if t.precision == "bf16":
         model = model.to(torch.bfloat16)
     apply_activation_checkpointing(model, t.activation_checkpointing)
     opt = build_optimizer(model, c.model, t)
     cache = t.cache_weight_casts
-    autocast = functools.partial(torch.autocast, "cpu", dtype=torch.bfloat16, cache_enabled=cache,
-                                 enabled=t.precision.endswith("-mixed"))  # as the trainer casts
+    autocast = functools.partial(
+        torch.autocast, "cpu", dtype=torch.bfloat16, cache_enabled=cache, enabled=t.precision.endswith("-mixed")
+    )  # as the trainer casts
 
     def step():
         with autocast() if cache else contextlib.nullcontext():  # the trainer's step_context
@@ -251,9 +348,14 @@ def _step_peak(c, kernel=None) -> int:
 
 @needs_compiler
 @pytest.mark.slow
-@pytest.mark.parametrize("shape, precision, recompute, masked", [("llama-gqa", "bf16-mixed", "selective", False),
-                                                                 ("gpt2", "bf16-mixed", "none", False),
-                                                                 ("llama-gqa", "bf16-mixed", "selective", True)])
+@pytest.mark.parametrize(
+    "shape, precision, recompute, masked",
+    [
+        ("llama-gqa", "bf16-mixed", "selective", False),
+        ("gpt2", "bf16-mixed", "none", False),
+        ("llama-gqa", "bf16-mixed", "selective", True),
+    ],
+)
 def test_compiled_step_against_the_plan(shape, precision, recompute, masked):
     # Issue 31, item 3: a step with the trainer's torch.compile (parallelize(): each block, and the output layer
     # with the loss, compiled) on the CPU. What the compiled graphs save is exactly the plan's compiled
@@ -271,17 +373,33 @@ def test_compiled_step_against_the_plan(shape, precision, recompute, masked):
     from pretrain.train.measure import SavedTensorMeter
 
     torch._dynamo.reset()
-    c = load_config(overrides=["model.num_layers=3", "train.seq_len=32", "train.micro_batch_size=2",
-                               "hardware.gpu=cpu", "train.grad_accum_steps=1", "train.compile=true",
-                               "train.loss_chunk_tokens=24", *SHAPES[shape], f"train.precision={precision}",
-                               f"train.activation_checkpointing={recompute}", f"train.document_masking={masked}"])
+    c = load_config(
+        overrides=[
+            "model.num_layers=3",
+            "train.seq_len=32",
+            "train.micro_batch_size=2",
+            "hardware.gpu=cpu",
+            "train.grad_accum_steps=1",
+            "train.compile=true",
+            "train.loss_chunk_tokens=24",
+            *SHAPES[shape],
+            f"train.precision={precision}",
+            f"train.activation_checkpointing={recompute}",
+            f"train.document_masking={masked}",
+        ]
+    )
     torch.manual_seed(0)
     kernel = planned_document_kernel(c, compiled=True)  # the boolean mask, as pretrain.model.documents picks it
-    model = build_model(c.model, loss=c.train.loss, loss_chunk_tokens=c.train.loss_chunk_tokens,
-                        documents=Documents(EOS, True, True, kernel) if masked else None)
+    model = build_model(
+        c.model,
+        loss=c.train.loss,
+        loss_chunk_tokens=c.train.loss_chunk_tokens,
+        documents=Documents(EOS, True, True, kernel) if masked else None,
+    )
     par = parallelize(model, c, init_runtime("cpu"))
-    autocast = functools.partial(torch.autocast, "cpu", dtype=torch.bfloat16, cache_enabled=False,
-                                 enabled=precision.endswith("-mixed"))
+    autocast = functools.partial(
+        torch.autocast, "cpu", dtype=torch.bfloat16, cache_enabled=False, enabled=precision.endswith("-mixed")
+    )
     meter = SavedTensorMeter(par.module)
 
     def step(count=False):
@@ -300,10 +418,15 @@ def test_compiled_step_against_the_plan(shape, precision, recompute, masked):
     act = activation_bytes(c.model, c.train, c.parallel, compiled=True, documents=kernel)
     # The recomputed block's tensors and weight casts exist only inside the compiled backward, out of the meter's
     # sight: what forward keeps is the rest.
-    block_copies = 2 * sum(w.numel() for w in par.module.blocks[0].parameters() if w.dim() == 2) \
-        if recompute != "none" and precision.endswith("-mixed") else 0
-    assert saved == {"activations": act["total"] - act["recompute_working"],
-                     "working_copies": p["model_states"]["working_copies"] - block_copies}
+    block_copies = (
+        2 * sum(w.numel() for w in par.module.blocks[0].parameters() if w.dim() == 2)
+        if recompute != "none" and precision.endswith("-mixed")
+        else 0
+    )
+    assert saved == {
+        "activations": act["total"] - act["recompute_working"],
+        "working_copies": p["model_states"]["working_copies"] - block_copies,
+    }
     measured = sum(model_state_bytes(par.module, par.optimizer).values()) + _allocator_peak(step)
     assert measured == pytest.approx(p["memory_bytes"]["compiled"], rel=0.01 if recompute == "none" else 0.03)
 
@@ -312,6 +435,7 @@ def test_compiled_step_against_the_plan(shape, precision, recompute, masked):
 def test_moe_full_recomputation_activations_exact(precision):
     # moe-debug's dense first block (H' 176) holds more in its recomputation than an MoE block (top-2 of width
     # 32): the planner counts the larger, which the meter's rerun of block 0 measures.
-    p, _, saved = measure(["model.preset=moe-debug", f"train.precision={precision}",
-                           "train.activation_checkpointing=full"])
+    p, _, saved = measure(
+        ["model.preset=moe-debug", f"train.precision={precision}", "train.activation_checkpointing=full"]
+    )
     assert saved["activations"] == p["memory_bytes"]["activations"]

@@ -11,8 +11,9 @@ from support import run_cli
 
 def write_meta(path, train, val=100, **extra):
     path.mkdir(parents=True)
-    (path / "meta.json").write_text(json.dumps({"num_tokens": {"train": train, "val": val}, "dtype": "uint16",
-                                                **extra}))
+    (path / "meta.json").write_text(
+        json.dumps({"num_tokens": {"train": train, "val": val}, "dtype": "uint16", **extra})
+    )
     return path
 
 
@@ -54,17 +55,22 @@ def test_a_capped_source_hands_its_share_to_the_others(sources):
     assert web_row["tokens_planned"] == 1_800_000 and web_row["epochs"] == pytest.approx(1.8)
     assert p["mixture"]["tokens_short"] == 0
     assert any("'code' reaches its max_epochs 2" in a for a in p["advice"])
-    spent = plan(f"data.mixture=[{{dir: {web}, weight: 0.7, max_epochs: 1}}, {{dir: {code}, weight: 0.3, "
-                 "max_epochs: 2}]")
+    spent = plan(
+        f"data.mixture=[{{dir: {web}, weight: 0.7, max_epochs: 1}}, {{dir: {code}, weight: 0.3, max_epochs: 2}}]"
+    )
     assert spent["mixture"]["tokens_short"] == 2_000_000 - 1_200_000
     assert any("every source reaches its max_epochs 800,000 tokens" in a for a in spent["advice"])
 
 
 def test_the_table_shows_each_source_and_its_epochs(sources, tmp_path):
     web, code = sources
-    r = run_cli("plan", "model.preset=debug", "train.tokens=2e6",
-                f"data.mixture=[{{dir: {web}, weight: 0.7}}, {{dir: {code}, weight: 0.3}}, "
-                f"{{dir: {tmp_path / 'later'}, weight: 0.1, name: books}}]")
+    r = run_cli(
+        "plan",
+        "model.preset=debug",
+        "train.tokens=2e6",
+        f"data.mixture=[{{dir: {web}, weight: 0.7}}, {{dir: {code}, weight: 0.3}}, "
+        f"{{dir: {tmp_path / 'later'}, weight: 0.1, name: books}}]",
+    )
     assert r.returncode == 0, r.stderr
     rows = {line.split()[1]: line for line in r.stdout.splitlines() if line.strip().startswith("Source ")}
     assert set(rows) == {"web", "code", "books"}

@@ -26,8 +26,7 @@ def test_moe_debug_by_hand():
 
 def test_flops_and_mfu_come_from_active_parameters():
     seq = 256
-    p = _plan(f"train.seq_len={seq}", "measured.tokens_per_second=1000", "hardware.gpu=cpu",
-              "hardware.peak_tflops=1")
+    p = _plan(f"train.seq_len={seq}", "measured.tokens_per_second=1000", "hardware.gpu=cpu", "hardware.peak_tflops=1")
     fl = p["flops"]
     attention = 12 * 2 * 4 * 16 * seq  # PaLM's full square
     assert fl["per_token"] == 6 * (ACTIVE - VH) + attention
@@ -61,8 +60,9 @@ def test_experts_are_sharded_over_expert_parallel_then_zero():
     ep2 = _plan("parallel.gpus=2", "parallel.expert=2")["model_states"]
     assert ep2["parameters"] == 4 * (TOTAL - experts // 2)  # fp32 parameters, half the experts on each rank
     # ZeRO-3 over 4 ranks: the experts split 4 ways whether EP 2 x ZeRO 2 or ZeRO 4 alone
-    zero3 = [_plan("parallel.gpus=4", "parallel.zero_stage=3", f"parallel.expert={ep}")["model_states"]
-             for ep in (1, 2, 4)]
+    zero3 = [
+        _plan("parallel.gpus=4", "parallel.zero_stage=3", f"parallel.expert={ep}")["model_states"] for ep in (1, 2, 4)
+    ]
     assert zero3[0]["parameters"] == zero3[1]["parameters"] == zero3[2]["parameters"]
 
 
@@ -73,8 +73,9 @@ def test_each_rank_holds_the_optimizer_states_of_its_own_expert_shard():
     # among them (taken as r, the ranks from dp / ep on fell past the pieces: no expert states, 0.48 MiB for
     # the 0.66 rank 1 measured at 2 GPUs)
     for gpus in (2, 4):
-        config = load_config(overrides=["model.preset=moe-debug", f"parallel.gpus={gpus}", "parallel.zero_stage=3",
-                                        "parallel.expert=2"])
+        config = load_config(
+            overrides=["model.preset=moe-debug", f"parallel.gpus={gpus}", "parallel.zero_stage=3", "parallel.expert=2"]
+        )
         per_rank = [model_state_tensors(config, rank=r)["optimizer_states"] for r in range(gpus)]
         assert per_rank == [model_state_tensors(config)["optimizer_states"]] * gpus
 
@@ -108,8 +109,9 @@ def test_explain_says_at_which_imbalance_the_run_stops_fitting():
     assert 1.2 < limit < 1.4 and p["fits"] is False  # planned at the default 1.72
     assert _plan(*base, f"hardware.memory_gb={memory_gb}", f"plan.routing_imbalance={limit}")["fits"]
     assert not _plan(*base, f"hardware.memory_gb={memory_gb}", f"plan.routing_imbalance={limit + 0.01}")["fits"]
-    _, ex = plan_with_explain(load_config(overrides=["model.preset=moe-debug", *base,
-                                                     f"hardware.memory_gb={memory_gb}"]), advice=False)
+    _, ex = plan_with_explain(
+        load_config(overrides=["model.preset=moe-debug", *base, f"hardware.memory_gb={memory_gb}"]), advice=False
+    )
     why = next(f for s, n, _, f in ex.lines if (s, n) == ("memory", "fits up to imbalance"))
     assert why.startswith(f"stops fitting above a routing imbalance of {limit:.3g}")
 
@@ -133,7 +135,8 @@ def test_step_time_adds_the_all_to_all_and_the_busiest_rank():
     assert step["all_to_all_s"] == 48 * 4 * 1.72 * 7 / 8 * (2 * 4096 * 8 * 2048) / (intra * 1e9)
     # the busiest rank runs 0.72 x its routed experts' FLOPs more: 6 x 48 layers x k 8 x 3 x 2048 x 768 a token
     assert step["expert_imbalance_s"] == 0.72 * (6 * 48 * 8 * 3 * 2048 * 768) * 4096 / (
-        step["achievable_tflops"] * 1e12)
+        step["achievable_tflops"] * 1e12
+    )
     assert step["micro_batch_s"] > one["micro_batch_s"]
 
 
@@ -144,12 +147,21 @@ def test_fit_searches_the_expert_parallel_degree():
     found, _ = layouts(config)
     # divisors of gcd(E 8, data parallel): 4 data-parallel ranks take EP 1, 2, 4; 2 (beside TP 2) take 1, 2
     assert sorted((s["tensor"], s["expert"]) for s in found if s["pipeline"] == 1) == [
-        (1, 1), (1, 2), (1, 4), (2, 1), (2, 2)]
+        (1, 1),
+        (1, 2),
+        (1, 4),
+        (2, 1),
+        (2, 2),
+    ]
     result = fit(config, top=3)
     # the trainer runs EP 2 and 4 under DDP and FSDP: weighed (here slower, by their all-to-all), not refused;
     # under ZeRO-1 the trainer's refusal names parallel.expert
-    ep = [r for r in result["candidates"] + result["rejected"] if r["overrides"].get("parallel.expert", 1) > 1
-          and r["overrides"]["parallel.tensor"] == r["overrides"]["parallel.pipeline"] == 1]
+    ep = [
+        r
+        for r in result["candidates"] + result["rejected"]
+        if r["overrides"].get("parallel.expert", 1) > 1
+        and r["overrides"]["parallel.tensor"] == r["overrides"]["parallel.pipeline"] == 1
+    ]
     built = [r for r in ep if r["overrides"]["parallel.zero_stage"] != 1]
     assert {r["overrides"]["parallel.zero_stage"] for r in built} == {0, 2, 3}
     assert all("refuses" not in r.get("why", "") for r in built)

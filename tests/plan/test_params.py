@@ -18,12 +18,15 @@ def test_llama_7b_textbook_formula():
     assert count_params(model_cfg("llama-7b")).total == 6_738_415_616
 
 
-@pytest.mark.parametrize("preset, total", [
-    ("gpt2", 124_439_808),          # GPT-2 small, as nanoGPT reports it with the position table
-    ("llama3.2-1b", 1_235_814_400),  # "Number of trainable parameters" in the seed's HF Trainer log (002)
-    ("llama-65b", 65_285_660_672),
-    ("qwen2.5-0.5b", 494_032_768),
-])
+@pytest.mark.parametrize(
+    "preset, total",
+    [
+        ("gpt2", 124_439_808),  # GPT-2 small, as nanoGPT reports it with the position table
+        ("llama3.2-1b", 1_235_814_400),  # "Number of trainable parameters" in the seed's HF Trainer log (002)
+        ("llama-65b", 65_285_660_672),
+        ("qwen2.5-0.5b", 494_032_768),
+    ],
+)
 def test_published_totals(preset, total):
     assert count_params(model_cfg(preset)).total == total
 
@@ -54,17 +57,30 @@ def _hf_model(m):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     if m.family == "gpt2":
-        cfg = transformers.GPT2Config(vocab_size=m.vocab_size, n_embd=m.hidden_size, n_layer=m.num_layers,
-                                      n_head=m.num_heads, n_positions=m.max_seq_len, n_inner=m.intermediate_size,
-                                      tie_word_embeddings=m.tie_embeddings)
+        cfg = transformers.GPT2Config(
+            vocab_size=m.vocab_size,
+            n_embd=m.hidden_size,
+            n_layer=m.num_layers,
+            n_head=m.num_heads,
+            n_positions=m.max_seq_len,
+            n_inner=m.intermediate_size,
+            tie_word_embeddings=m.tie_embeddings,
+        )
     elif m.num_experts:
         cfg = _hf_moe_config(transformers, m)
     else:
         kind = transformers.Qwen2Config if m.qkv_bias else transformers.LlamaConfig
-        cfg = kind(vocab_size=m.vocab_size, hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
-                   num_hidden_layers=m.num_layers, num_attention_heads=m.num_heads,
-                   num_key_value_heads=m.num_kv_heads, head_dim=m.head_dim, tie_word_embeddings=m.tie_embeddings,
-                   max_position_embeddings=m.max_seq_len)
+        cfg = kind(
+            vocab_size=m.vocab_size,
+            hidden_size=m.hidden_size,
+            intermediate_size=m.intermediate_size,
+            num_hidden_layers=m.num_layers,
+            num_attention_heads=m.num_heads,
+            num_key_value_heads=m.num_kv_heads,
+            head_dim=m.head_dim,
+            tie_word_embeddings=m.tie_embeddings,
+            max_position_embeddings=m.max_seq_len,
+        )
     with torch.device("meta"):
         return transformers.AutoModelForCausalLM.from_config(cfg)
 
@@ -73,21 +89,32 @@ def _hf_moe_config(transformers, m):
     """The transformers class our MoE preset is: OLMoE (QK-norm over the projections), Qwen3-MoE (per head; a dense
     first block is its mlp_only_layers), Mixtral (no QK-norm); none of them has a shared expert."""
     assert not m.num_shared_experts
-    shape = dict(vocab_size=m.vocab_size, hidden_size=m.hidden_size, num_hidden_layers=m.num_layers,
-                 num_attention_heads=m.num_heads, num_key_value_heads=m.num_kv_heads,
-                 tie_word_embeddings=m.tie_embeddings, max_position_embeddings=m.max_seq_len,
-                 num_experts_per_tok=m.experts_per_token)
+    shape = dict(
+        vocab_size=m.vocab_size,
+        hidden_size=m.hidden_size,
+        num_hidden_layers=m.num_layers,
+        num_attention_heads=m.num_heads,
+        num_key_value_heads=m.num_kv_heads,
+        tie_word_embeddings=m.tie_embeddings,
+        max_position_embeddings=m.max_seq_len,
+        num_experts_per_tok=m.experts_per_token,
+    )
     if m.qk_norm and m.qk_norm_over == "projection":
         assert not m.first_dense_layers
-        return transformers.OlmoeConfig(**shape, intermediate_size=m.moe_intermediate_size,
-                                        num_experts=m.num_experts)
+        return transformers.OlmoeConfig(**shape, intermediate_size=m.moe_intermediate_size, num_experts=m.num_experts)
     if m.qk_norm:
-        return transformers.Qwen3MoeConfig(**shape, head_dim=m.head_dim, intermediate_size=m.intermediate_size,
-                                           moe_intermediate_size=m.moe_intermediate_size, num_experts=m.num_experts,
-                                           mlp_only_layers=list(range(m.first_dense_layers)))
+        return transformers.Qwen3MoeConfig(
+            **shape,
+            head_dim=m.head_dim,
+            intermediate_size=m.intermediate_size,
+            moe_intermediate_size=m.moe_intermediate_size,
+            num_experts=m.num_experts,
+            mlp_only_layers=list(range(m.first_dense_layers)),
+        )
     assert not m.first_dense_layers
-    return transformers.MixtralConfig(**shape, head_dim=m.head_dim, intermediate_size=m.moe_intermediate_size,
-                                      num_local_experts=m.num_experts)
+    return transformers.MixtralConfig(
+        **shape, head_dim=m.head_dim, intermediate_size=m.moe_intermediate_size, num_local_experts=m.num_experts
+    )
 
 
 @pytest.mark.parametrize("preset", sorted(p for p in PRESETS if p != "debug"))
@@ -98,12 +125,15 @@ def test_every_preset_matches_transformers(preset):
     assert sum(p.numel() for p in hf.parameters()) == count_params(m).total
 
 
-@pytest.mark.parametrize("preset, total, active", [
-    ("mixtral-8x7b", 46_702_792_704, 12_879_925_248),   # published 46.7B / 12.9B
-    ("qwen3-30b-a3b", 30_532_122_624, 3_353_032_704),   # 30.5B / 3.3B
-    ("qwen3-235b-a22b", 235_093_634_560, 22_190_763_520),  # 235B / 22B
-    ("olmoe-1b-7b", 6_919_161_856, 1_282_017_280),       # 6.9B / 1.3B
-])
+@pytest.mark.parametrize(
+    "preset, total, active",
+    [
+        ("mixtral-8x7b", 46_702_792_704, 12_879_925_248),  # published 46.7B / 12.9B
+        ("qwen3-30b-a3b", 30_532_122_624, 3_353_032_704),  # 30.5B / 3.3B
+        ("qwen3-235b-a22b", 235_093_634_560, 22_190_763_520),  # 235B / 22B
+        ("olmoe-1b-7b", 6_919_161_856, 1_282_017_280),  # 6.9B / 1.3B
+    ],
+)
 def test_moe_presets_total_and_active(preset, total, active):
     counts = count_params(model_cfg(preset))
     m = model_cfg(preset)
@@ -136,8 +166,15 @@ def test_every_preset_matches_our_model(preset):
     assert [(n, tuple(p.shape)) for n, p in model.named_parameters()] == param_shapes(m)
 
 
-LLAMA_JSON = dict(vocab_size=1000, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+LLAMA_JSON = dict(
+    vocab_size=1000,
+    hidden_size=256,
+    intermediate_size=512,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+)
 
 
 def _from_json(tmp_path, **hf):
@@ -201,7 +238,8 @@ def test_vocabulary_padding_counts_the_padded_rows():
     llama = count_params(model_cfg("llama-7b", "model.vocab_size=31999", "model.pad_vocab_to=128"))
     assert llama.total == 6_738_415_616 and llama.flops == 6_738_415_616 - 32_000 * 4_096
     assert dict(param_shapes(model_cfg("debug", "model.vocab_size=500", "model.pad_vocab_to=64")))[
-        "lm_head.weight"] == (512, 64)
+        "lm_head.weight"
+    ] == (512, 64)
 
 
 @pytest.mark.parametrize("preset", ["debug", "llama3-8b", "qwen2.5-0.5b", "gpt2"])
@@ -216,28 +254,68 @@ def test_fused_rows_cover_every_fused_tensor(preset):
 
 
 DEEPSEEK_V3 = dict(  # deepseek-ai/DeepSeek-V3's config.json, the fields that size it
-    model_type="deepseek_v3", vocab_size=129280, hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048,
-    num_hidden_layers=61, num_attention_heads=128, num_key_value_heads=128, n_shared_experts=1, n_routed_experts=256,
-    num_experts_per_tok=8, first_k_dense_replace=3, q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128,
-    qk_rope_head_dim=64, v_head_dim=128, n_group=8, topk_group=4, moe_layer_freq=1, scoring_func="sigmoid",
+    model_type="deepseek_v3",
+    vocab_size=129280,
+    hidden_size=7168,
+    intermediate_size=18432,
+    moe_intermediate_size=2048,
+    num_hidden_layers=61,
+    num_attention_heads=128,
+    num_key_value_heads=128,
+    n_shared_experts=1,
+    n_routed_experts=256,
+    num_experts_per_tok=8,
+    first_k_dense_replace=3,
+    q_lora_rank=1536,
+    kv_lora_rank=512,
+    qk_nope_head_dim=128,
+    qk_rope_head_dim=64,
+    v_head_dim=128,
+    n_group=8,
+    topk_group=4,
+    moe_layer_freq=1,
+    scoring_func="sigmoid",
     rope_scaling={"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096},
-    max_position_embeddings=163840, num_nextn_predict_layers=1, rope_theta=10000, routed_scaling_factor=2.5)
+    max_position_embeddings=163840,
+    num_nextn_predict_layers=1,
+    rope_theta=10000,
+    routed_scaling_factor=2.5,
+)
 GPT_OSS_120B = dict(  # openai/gpt-oss-120b's
-    model_type="gpt_oss", vocab_size=201088, hidden_size=2880, intermediate_size=2880, num_hidden_layers=36,
-    num_attention_heads=64, num_key_value_heads=8, head_dim=64, num_local_experts=128, num_experts_per_tok=4,
-    experts_per_token=4, attention_bias=True, sliding_window=128, max_position_embeddings=131072,
-    layer_types=["sliding_attention", "full_attention"] * 18, rope_theta=150000, swiglu_limit=7.0,
-    rope_scaling={"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096})
-GPT_OSS_20B = dict(GPT_OSS_120B, num_hidden_layers=24, num_local_experts=32,
-                   layer_types=["sliding_attention", "full_attention"] * 12)
+    model_type="gpt_oss",
+    vocab_size=201088,
+    hidden_size=2880,
+    intermediate_size=2880,
+    num_hidden_layers=36,
+    num_attention_heads=64,
+    num_key_value_heads=8,
+    head_dim=64,
+    num_local_experts=128,
+    num_experts_per_tok=4,
+    experts_per_token=4,
+    attention_bias=True,
+    sliding_window=128,
+    max_position_embeddings=131072,
+    layer_types=["sliding_attention", "full_attention"] * 18,
+    rope_theta=150000,
+    swiglu_limit=7.0,
+    rope_scaling={"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096},
+)
+GPT_OSS_20B = dict(
+    GPT_OSS_120B, num_hidden_layers=24, num_local_experts=32, layer_types=["sliding_attention", "full_attention"] * 12
+)
 
 
-@pytest.mark.parametrize("hf, total, active", [
-    (DEEPSEEK_V3, 671_026_404_352, 37_552_282_624),  # published 671B / 37B (37.6B with the embedding)
-    # OpenAI's 5.1B and 3.6B active leave the input embedding out: our active_no_embedding
-    (GPT_OSS_120B, 116_829_156_672, 5_132_849_472 + 201088 * 2880),
-    (GPT_OSS_20B, 20_914_757_184, 3_608_307_264 + 201088 * 2880),
-], ids=["deepseek-v3", "gpt-oss-120b", "gpt-oss-20b"])
+@pytest.mark.parametrize(
+    "hf, total, active",
+    [
+        (DEEPSEEK_V3, 671_026_404_352, 37_552_282_624),  # published 671B / 37B (37.6B with the embedding)
+        # OpenAI's 5.1B and 3.6B active leave the input embedding out: our active_no_embedding
+        (GPT_OSS_120B, 116_829_156_672, 5_132_849_472 + 201088 * 2880),
+        (GPT_OSS_20B, 20_914_757_184, 3_608_307_264 + 201088 * 2880),
+    ],
+    ids=["deepseek-v3", "gpt-oss-120b", "gpt-oss-20b"],
+)
 def test_planner_only_models_match_transformers(tmp_path, hf, total, active):
     from pretrain.config.trainable import check_trainable
     from pretrain.errors import ConfigError

@@ -10,8 +10,9 @@ from pretrain.plan.stages import stage_param_shapes
 
 
 def config(*extra):
-    return load_config(None, ["model.preset=debug", "train.precision=fp32", "parallel.gpus=2",
-                              "parallel.pipeline=2", *extra])
+    return load_config(
+        None, ["model.preset=debug", "train.precision=fp32", "parallel.gpus=2", "parallel.pipeline=2", *extra]
+    )
 
 
 def numel(shapes):

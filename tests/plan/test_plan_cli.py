@@ -8,13 +8,29 @@ import pytest
 
 from support import run_cli
 
-JSON_KEYS = {"params", "flops", "tokens", "storage_bytes", "checkpoint_bytes", "steps", "time", "memory_bytes",
-             "model_states", "fits", "max_micro_batch_size", "parallel", "hardware", "model"}
+JSON_KEYS = {
+    "params",
+    "flops",
+    "tokens",
+    "storage_bytes",
+    "checkpoint_bytes",
+    "steps",
+    "time",
+    "memory_bytes",
+    "model_states",
+    "fits",
+    "max_micro_batch_size",
+    "parallel",
+    "hardware",
+    "model",
+}
 
 
 def test_importing_the_planner_does_not_import_torch():
-    code = ("import sys, pretrain.plan, pretrain.config, pretrain.cli; "
-            "print('torch' in sys.modules, 'numpy' in sys.modules)")
+    code = (
+        "import sys, pretrain.plan, pretrain.config, pretrain.cli; "
+        "print('torch' in sys.modules, 'numpy' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False False"
 
@@ -26,11 +42,30 @@ def test_plan_json_contract():
     assert JSON_KEYS <= set(p)
     assert p["params"]["total"] == 6_738_415_616
     assert {"total", "embedding", "non_embedding"} <= set(p["params"])
-    assert {"per_token", "per_token_6n", "total", "total_6n", "attention_per_token", "per_token_hardware",
-            "convention"} <= set(p["flops"])
+    assert {
+        "per_token",
+        "per_token_6n",
+        "total",
+        "total_6n",
+        "attention_per_token",
+        "per_token_hardware",
+        "convention",
+    } <= set(p["flops"])
     mem = p["memory_bytes"]
-    assert set(mem) == {"weights", "gradients", "optimizer", "activations", "buffers", "cuda_context", "total",
-                        "peak_phase", "phases", "compiled", "compiled_basis", "host"}
+    assert set(mem) == {
+        "weights",
+        "gradients",
+        "optimizer",
+        "activations",
+        "buffers",
+        "cuda_context",
+        "total",
+        "peak_phase",
+        "phases",
+        "compiled",
+        "compiled_basis",
+        "host",
+    }
     # Issue 13's contract: the total is the peak over the phases of a step, and peak_phase names it.
     assert list(mem["phases"]) == ["forward", "loss_backward", "backward", "optimizer_step"]
     assert mem["total"] == mem["phases"][mem["peak_phase"]] == max(mem["phases"].values())
@@ -43,8 +78,14 @@ def test_plan_json_contract():
 
 
 def test_measured_section_gives_mfu_and_hfu():
-    r = run_cli("plan", "model.preset=gpt2", "measured.tokens_per_second=57000", "hardware.gpu=a100-80gb",
-                "train.activation_checkpointing=full", "--json")
+    r = run_cli(
+        "plan",
+        "model.preset=gpt2",
+        "measured.tokens_per_second=57000",
+        "hardware.gpu=a100-80gb",
+        "train.activation_checkpointing=full",
+        "--json",
+    )
     p = json.loads(r.stdout)
     assert p["mfu"] > 0
     assert p["hfu"] == pytest.approx(p["mfu"] * p["flops"]["per_token_hardware"] / p["flops"]["per_token"])
@@ -65,36 +106,39 @@ def test_yaml_file_and_overrides(tmp_path):
     assert p["steps"]["tokens_per_step"] == 1024 * 4 * 8 * 8
 
 
-@pytest.mark.parametrize("args, words", [
-    (["train.lrr=1"], "train.lrr"),
-    (["model.preset=llama-8b"], "model.preset"),
-    (["model.hidden_size=100", "model.num_heads=3"], "model.num_heads"),
-    (["parallel.gpus=6", "parallel.tensor=4"], "parallel.gpus"),
-    (["train.micro_batch_size=-2"], "train.micro_batch_size"),
-    (["train.tokens=-5"], "train.tokens"),
-    (["train.precision=fp8"], "train.precision"),
-    (["hardware.gpu=tpu"], "hardware.gpu"),
-    (["nosection=1"], "section"),
-    (["missing.yaml"], "missing.yaml"),
-    (["train.seq_len=99999", "model.preset=gpt2"], "train.seq_len"),
-    (["model.preset=llama-7b", "hardware.gpu=v100-32gb"], "train.precision"),
-    # NaN passes every range check and infinity overflows int(GB x 1e9): both refused for every numeric key.
-    (["hardware.cuda_context_gb=inf"], "hardware.cuda_context_gb: must be a finite number"),
-    (["hardware.cuda_context_gb=nan"], "hardware.cuda_context_gb: must be a finite number"),
-    (["hardware.memory_gb=inf"], "hardware.memory_gb: must be a finite number"),
-    (["hardware.memory_gb=nan"], "hardware.memory_gb: must be a finite number"),
-    (["hardware.peak_tflops=nan"], "hardware.peak_tflops: must be a finite number"),
-    (["hardware.peak_tflops=inf"], "hardware.peak_tflops: must be a finite number"),
-    (["train.lr=nan"], "train.lr: must be a finite number"),
-    (["train.betas=[0.9,nan]"], "train.betas: must be a finite number"),
-    (["model.preset=debug", "model.vocab_size=1e300"], "model.vocab_size: 1e+300 is too large"),
-    (["hardware.memory_gb=1e300"], "hardware.memory_gb: 1e+300 is too large"),
-    # Parameter offload exists only with ZeRO-3 (DeepSpeed ZeRO-Infinity); without it "weights 0.00" fitted.
-    (["parallel.offload=optimizer+params", "parallel.gpus=8"], "parallel.offload"),
-    (["parallel.offload=optimizer+params", "parallel.gpus=8", "parallel.zero_stage=2"], "parallel.offload"),
-    # Megatron: the key/value groups must divide by the tensor-parallel size (TinyLlama: 4 kv heads).
-    (["model.preset=tinyllama-1.1b", "parallel.gpus=8", "parallel.tensor=8"], "model.num_kv_heads 4"),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["train.lrr=1"], "train.lrr"),
+        (["model.preset=llama-8b"], "model.preset"),
+        (["model.hidden_size=100", "model.num_heads=3"], "model.num_heads"),
+        (["parallel.gpus=6", "parallel.tensor=4"], "parallel.gpus"),
+        (["train.micro_batch_size=-2"], "train.micro_batch_size"),
+        (["train.tokens=-5"], "train.tokens"),
+        (["train.precision=fp8"], "train.precision"),
+        (["hardware.gpu=tpu"], "hardware.gpu"),
+        (["nosection=1"], "section"),
+        (["missing.yaml"], "missing.yaml"),
+        (["train.seq_len=99999", "model.preset=gpt2"], "train.seq_len"),
+        (["model.preset=llama-7b", "hardware.gpu=v100-32gb"], "train.precision"),
+        # NaN passes every range check and infinity overflows int(GB x 1e9): both refused for every numeric key.
+        (["hardware.cuda_context_gb=inf"], "hardware.cuda_context_gb: must be a finite number"),
+        (["hardware.cuda_context_gb=nan"], "hardware.cuda_context_gb: must be a finite number"),
+        (["hardware.memory_gb=inf"], "hardware.memory_gb: must be a finite number"),
+        (["hardware.memory_gb=nan"], "hardware.memory_gb: must be a finite number"),
+        (["hardware.peak_tflops=nan"], "hardware.peak_tflops: must be a finite number"),
+        (["hardware.peak_tflops=inf"], "hardware.peak_tflops: must be a finite number"),
+        (["train.lr=nan"], "train.lr: must be a finite number"),
+        (["train.betas=[0.9,nan]"], "train.betas: must be a finite number"),
+        (["model.preset=debug", "model.vocab_size=1e300"], "model.vocab_size: 1e+300 is too large"),
+        (["hardware.memory_gb=1e300"], "hardware.memory_gb: 1e+300 is too large"),
+        # Parameter offload exists only with ZeRO-3 (DeepSpeed ZeRO-Infinity); without it "weights 0.00" fitted.
+        (["parallel.offload=optimizer+params", "parallel.gpus=8"], "parallel.offload"),
+        (["parallel.offload=optimizer+params", "parallel.gpus=8", "parallel.zero_stage=2"], "parallel.offload"),
+        # Megatron: the key/value groups must divide by the tensor-parallel size (TinyLlama: 4 kv heads).
+        (["model.preset=tinyllama-1.1b", "parallel.gpus=8", "parallel.tensor=8"], "model.num_kv_heads 4"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(args, words):
     r = run_cli("plan", *args)
     assert r.returncode == 2, r.stdout
@@ -103,32 +147,43 @@ def test_bad_input_is_one_line_and_exit_2(args, words):
 
 
 def test_parameter_offload_with_zero3_and_kv_divisible_tensor_are_accepted():
-    assert run_cli("plan", "parallel.offload=optimizer+params", "parallel.gpus=8",
-                   "parallel.zero_stage=3").returncode == 0
+    assert (
+        run_cli("plan", "parallel.offload=optimizer+params", "parallel.gpus=8", "parallel.zero_stage=3").returncode == 0
+    )
     assert run_cli("plan", "model.preset=tinyllama-1.1b", "parallel.gpus=8", "parallel.tensor=4").returncode == 0
 
 
-LLAMA_JSON = {"model_type": "llama", "vocab_size": 1000, "hidden_size": 256, "intermediate_size": 512,
-              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
+LLAMA_JSON = {
+    "model_type": "llama",
+    "vocab_size": 1000,
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
 
 
-@pytest.mark.parametrize("key, content, words", [
-    ("hardware.profile", "[1, 2]", "has no 'peak_tflops' mapping"),
-    ("hardware.profile", b"\xff\xfe bad", "not UTF-8"),
-    ("hardware.profile", {"peak_tflops": {"bf16": "abc"}}, "peak_tflops.bf16 is 'abc'"),
-    ("hardware.profile", {"peak_tflops": {"bf16": -5}}, "peak_tflops.bf16 is -5"),  # printed negative minutes
-    ("hardware.profile", {"peak_tflops": {"bf16": 0}}, "peak_tflops.bf16 is 0"),
-    ("hardware.profile", {"peak_tflops": {"bf16": True}}, "peak_tflops.bf16 is True"),
-    ("hardware.profile", None, "is a directory"),
-    ("model.hf_config", {k: v for k, v in LLAMA_JSON.items() if k != "hidden_size"}, "no 'hidden_size'"),
-    ("model.hf_config", {"model_type": "gpt2", "vocab_size": 100}, "no 'n_embd'"),
-    ("model.hf_config", "[1, 2]", "holds a JSON list"),
-    ("model.hf_config", {**LLAMA_JSON, "rope_theta": "abc"}, "rope_theta 'abc' is not a number"),
-    ("model.hf_config", b"\xff\xfe bad", "not UTF-8"),
-    ("model.hf_config", {**LLAMA_JSON, "attention_bias": True}, "attention_bias"),
-    ("model.hf_config", {**LLAMA_JSON, "mlp_bias": True}, "mlp_bias"),
-    ("config", b"model:\n  preset: gpt2 \xff\n", "not UTF-8"),
-])
+@pytest.mark.parametrize(
+    "key, content, words",
+    [
+        ("hardware.profile", "[1, 2]", "has no 'peak_tflops' mapping"),
+        ("hardware.profile", b"\xff\xfe bad", "not UTF-8"),
+        ("hardware.profile", {"peak_tflops": {"bf16": "abc"}}, "peak_tflops.bf16 is 'abc'"),
+        ("hardware.profile", {"peak_tflops": {"bf16": -5}}, "peak_tflops.bf16 is -5"),  # printed negative minutes
+        ("hardware.profile", {"peak_tflops": {"bf16": 0}}, "peak_tflops.bf16 is 0"),
+        ("hardware.profile", {"peak_tflops": {"bf16": True}}, "peak_tflops.bf16 is True"),
+        ("hardware.profile", None, "is a directory"),
+        ("model.hf_config", {k: v for k, v in LLAMA_JSON.items() if k != "hidden_size"}, "no 'hidden_size'"),
+        ("model.hf_config", {"model_type": "gpt2", "vocab_size": 100}, "no 'n_embd'"),
+        ("model.hf_config", "[1, 2]", "holds a JSON list"),
+        ("model.hf_config", {**LLAMA_JSON, "rope_theta": "abc"}, "rope_theta 'abc' is not a number"),
+        ("model.hf_config", b"\xff\xfe bad", "not UTF-8"),
+        ("model.hf_config", {**LLAMA_JSON, "attention_bias": True}, "attention_bias"),
+        ("model.hf_config", {**LLAMA_JSON, "mlp_bias": True}, "mlp_bias"),
+        ("config", b"model:\n  preset: gpt2 \xff\n", "not UTF-8"),
+    ],
+)
 def test_bad_files_are_one_line_naming_the_file(tmp_path, key, content, words):
     path = tmp_path / ("bad.yaml" if key == "config" else "bad.json")
     if content is None:
@@ -144,12 +199,15 @@ def test_bad_files_are_one_line_naming_the_file(tmp_path, key, content, words):
     assert len(lines) == 1 and words in lines[0] and str(path) in lines[0] and "Traceback" not in r.stderr
 
 
-@pytest.mark.parametrize("text, words", [
-    ("1: 2\n", "unknown config section '1'"),         # a YAML key need not be a string
-    ("true: 1\n", "unknown config section 'True'"),
-    ("[]\n", "the top level must be a mapping"),       # an empty list is not an empty config
-    ("0\n", "the top level must be a mapping"),
-])
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("1: 2\n", "unknown config section '1'"),  # a YAML key need not be a string
+        ("true: 1\n", "unknown config section 'True'"),
+        ("[]\n", "the top level must be a mapping"),  # an empty list is not an empty config
+        ("0\n", "the top level must be a mapping"),
+    ],
+)
 def test_odd_yaml_shapes_are_one_line(tmp_path, text, words):
     path = tmp_path / "odd.yaml"
     path.write_text(text)

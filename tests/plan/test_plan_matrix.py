@@ -26,9 +26,17 @@ def test_every_preset_plans(preset):
 def test_zero_stages_shrink_model_states(precision, optimizer):
     states = []
     for stage in range(4):
-        p = make_plan(load_config(overrides=["model.preset=llama-7b", "parallel.gpus=16",
-                                        f"parallel.zero_stage={stage}",
-                                        f"train.precision={precision}", f"train.optimizer={optimizer}"]))
+        p = make_plan(
+            load_config(
+                overrides=[
+                    "model.preset=llama-7b",
+                    "parallel.gpus=16",
+                    f"parallel.zero_stage={stage}",
+                    f"train.precision={precision}",
+                    f"train.optimizer={optimizer}",
+                ]
+            )
+        )
         m = p["memory_bytes"]
         states.append(m["weights"] + m["gradients"] + m["optimizer"])
     assert states[0] >= states[1] > states[2] > states[3]
@@ -36,8 +44,11 @@ def test_zero_stages_shrink_model_states(precision, optimizer):
 
 def test_precisions_and_optimizers_order_memory():
     def states(precision, optimizer):
-        mem = make_plan(load_config(overrides=["model.preset=llama-7b", f"train.precision={precision}",
-                                          f"train.optimizer={optimizer}"]))["memory_bytes"]
+        mem = make_plan(
+            load_config(
+                overrides=["model.preset=llama-7b", f"train.precision={precision}", f"train.optimizer={optimizer}"]
+            )
+        )["memory_bytes"]
         return mem["weights"] + mem["gradients"] + mem["optimizer"]
 
     assert states("bf16", "adamw") < states("fp32", "adamw") < states("bf16-mixed", "adamw")

@@ -11,9 +11,10 @@ from support import run_cli, serve_planner
 
 START = ("model.preset=llama3-8b", "parallel.gpus=64", "hardware.gpu=h100-sxm")
 # ZeRO-3, a price and a budget: budget mode plans the model it buys, as the CLI does
-QUERIES = ["model.preset=llama3-8b&parallel.gpus=64&hardware.gpu=h100-sxm&parallel.zero_stage=3",
-           ("model.preset=gpt2&parallel.gpus=8&hardware.gpu=h100-sxm&budget.gpu_hours=2000"
-            "&hardware.price_per_gpu_hour=2.5")]
+QUERIES = [
+    "model.preset=llama3-8b&parallel.gpus=64&hardware.gpu=h100-sxm&parallel.zero_stage=3",
+    ("model.preset=gpt2&parallel.gpus=8&hardware.gpu=h100-sxm&budget.gpu_hours=2000&hardware.price_per_gpu_hour=2.5"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -83,9 +84,18 @@ def test_bad_input_is_the_clis_one_line_as_400(base):
 
 
 def test_a_pasted_config_json_plans_as_the_file(base, tmp_path):
-    hf = {"model_type": "llama", "vocab_size": 32000, "hidden_size": 1024, "intermediate_size": 2816,
-          "num_hidden_layers": 8, "num_attention_heads": 16, "num_key_value_heads": 4,
-          "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "rope_theta": 10000.0}
+    hf = {
+        "model_type": "llama",
+        "vocab_size": 32000,
+        "hidden_size": 1024,
+        "intermediate_size": 2816,
+        "num_hidden_layers": 8,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 4,
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+    }
     status, text = get(f"{base}/api/hf_config", json.dumps(hf).encode())
     assert status == 200
     keys = json.loads(text)

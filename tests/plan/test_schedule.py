@@ -41,8 +41,9 @@ def test_warmup_fraction_or_steps():
     assert warmup_steps(25, 2000) == 25
 
 
-RAMP = dict(seq_len=1024, micro_batch_size=4, data_parallel=8, grad_accum_steps=96,
-            ramp_tokens=4_000_000_000, ramp_start=32_768)
+RAMP = dict(
+    seq_len=1024, micro_batch_size=4, data_parallel=8, grad_accum_steps=96, ramp_tokens=4_000_000_000, ramp_start=32_768
+)
 
 
 def test_batch_ramp_grows_from_start_to_target_in_whole_micro_batches():
@@ -87,15 +88,20 @@ def _walk_tokens(steps, args):
     return seen
 
 
-@pytest.mark.parametrize("args", [
-    dict(seq_len=7, micro_batch_size=3, data_parallel=5, grad_accum_steps=40, ramp_tokens=150_000, ramp_start=1),
-    dict(seq_len=64, micro_batch_size=1, data_parallel=1, grad_accum_steps=13, ramp_tokens=9_999, ramp_start=100),
-    dict(seq_len=1, micro_batch_size=1, data_parallel=1, grad_accum_steps=1000, ramp_tokens=10**18,
-         ramp_start=37),  # a ramp that never ends
-    dict(seq_len=256, micro_batch_size=2, data_parallel=3, grad_accum_steps=8, ramp_tokens=50_000,
-         ramp_start=10**9),  # start above the target: no ramp at all
-    dict(RAMP, ramp_tokens=50_000_000),
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        dict(seq_len=7, micro_batch_size=3, data_parallel=5, grad_accum_steps=40, ramp_tokens=150_000, ramp_start=1),
+        dict(seq_len=64, micro_batch_size=1, data_parallel=1, grad_accum_steps=13, ramp_tokens=9_999, ramp_start=100),
+        dict(
+            seq_len=1, micro_batch_size=1, data_parallel=1, grad_accum_steps=1000, ramp_tokens=10**18, ramp_start=37
+        ),  # a ramp that never ends
+        dict(
+            seq_len=256, micro_batch_size=2, data_parallel=3, grad_accum_steps=8, ramp_tokens=50_000, ramp_start=10**9
+        ),  # start above the target: no ramp at all
+        dict(RAMP, ramp_tokens=50_000_000),
+    ],
+)
 def test_tokens_for_steps_jumps_runs_but_equals_the_step_walk(args):
     for steps in (0, 1, 2, 17, 500, 3000):
         assert tokens_for_steps(steps, **args) == _walk_tokens(steps, args)
@@ -105,8 +111,9 @@ def test_tokens_for_steps_is_instant_in_a_long_ramp():
     # 20M steps inside a ramp that never ends took 25 s one step at a time; runs of equal batch jump at once.
     import time
 
-    args = dict(seq_len=256, micro_batch_size=1, data_parallel=1, grad_accum_steps=1000, ramp_tokens=10**18,
-                ramp_start=32_768)
+    args = dict(
+        seq_len=256, micro_batch_size=1, data_parallel=1, grad_accum_steps=1000, ramp_tokens=10**18, ramp_start=32_768
+    )
     started = time.perf_counter()
     tokens = tokens_for_steps(20_000_000, **args)
     assert time.perf_counter() - started < 1.0

@@ -17,8 +17,13 @@ def test_small_micro_batches_are_memory_bound():
     # A 7B model on a V100 (a practitioner's LLaMA-Factory log: 12.9 it/s at cutoff 1, 12.7 at 64, 12.3 at
     # 1,024, 2.34 at 8,192): the step time has a floor, the weights' reads, so it/s is flat at short
     # sequences and falls once the matmuls take longer than reading the weights.
-    v100 = ["model.preset=llama-7b", "model.max_seq_len=8192", "train.grad_accum_steps=1",
-            "hardware.gpu=v100-32gb", "train.precision=fp16-mixed"]
+    v100 = [
+        "model.preset=llama-7b",
+        "model.max_seq_len=8192",
+        "train.grad_accum_steps=1",
+        "hardware.gpu=v100-32gb",
+        "train.precision=fp16-mixed",
+    ]
     short, longer, long = (step(*v100, f"train.seq_len={s}") for s in (1, 64, 8192))
     assert short["bound"] == longer["bound"] == "memory" and long["bound"] == "compute"
     assert longer["seconds"] == pytest.approx(short["seconds"], rel=0.01)
@@ -35,8 +40,13 @@ def test_tensor_parallel_collectives_and_the_pipeline_bubble():
     # them, over NVLink 450 GB/s x 0.8, for 32 blocks.
     assert one["tensor_parallel_s"] == 0
     assert tp["tensor_parallel_s"] == pytest.approx(32 * 4 * 2 * 3 / 4 * 2 * 8192 * 4096 / 360e9)
-    full = step(*H100_8B, "parallel.gpus=8", "parallel.tensor=4", "train.grad_accum_steps=4",
-                "train.activation_checkpointing=full")
+    full = step(
+        *H100_8B,
+        "parallel.gpus=8",
+        "parallel.tensor=4",
+        "train.grad_accum_steps=4",
+        "train.activation_checkpointing=full",
+    )
     assert full["tensor_parallel_s"] == pytest.approx(tp["tensor_parallel_s"] * 6 / 4)  # forward redone
     pipe = step(*H100_8B, "parallel.gpus=8", "parallel.pipeline=4", "train.grad_accum_steps=4")
     assert pipe["pipeline_bubble"] == pytest.approx(3 / 7)  # (p-1) / (m+p-1), 1F1B
@@ -55,8 +65,9 @@ def test_data_parallel_volumes_and_links():
     # The same within a node uses NVLink: faster.
     assert step(*H100_8B, "parallel.gpus=8")["data_parallel_s"] < ddp["data_parallel_s"]
     # ZeRO-3: per micro-batch a reduce-scatter of the gradients and two all-gathers of the bf16 parameters.
-    z3 = step(*H100_8B, "parallel.gpus=8", "parallel.zero_stage=3", "train.grad_accum_steps=2",
-              "hardware.intra_node_gbps=100")
+    z3 = step(
+        *H100_8B, "parallel.gpus=8", "parallel.zero_stage=3", "train.grad_accum_steps=2", "hardware.intra_node_gbps=100"
+    )
     assert z3["data_parallel_s"] == pytest.approx(2 * 7 / 8 * (4 + 2 * 2) * n / 100e9)
     assert z3["data_parallel_exposed_s"] < z3["data_parallel_s"]  # prefetched behind compute
 
@@ -65,8 +76,9 @@ def test_hidden_communication_slows_the_compute_beside_it():
     # arXiv 2507.03114: compute overlapped with NCCL collectives runs 18.9% slower on average, so hiding a
     # collective costs 0.189 of its duration. ZeRO-3 on 8 GPUs, 2 micro-batches over 32 blocks: all but one
     # block's worth (1/64) of the traffic is hidden behind the compute.
-    z3 = step(*H100_8B, "parallel.gpus=8", "parallel.zero_stage=3", "train.grad_accum_steps=2",
-              "hardware.intra_node_gbps=100")
+    z3 = step(
+        *H100_8B, "parallel.gpus=8", "parallel.zero_stage=3", "train.grad_accum_steps=2", "hardware.intra_node_gbps=100"
+    )
     total = z3["data_parallel_s"]
     assert total < z3["forward_backward_s"]
     assert z3["data_parallel_exposed_s"] == pytest.approx(total / 64 + 0.189 * total * 63 / 64)
@@ -124,12 +136,26 @@ def test_offload_is_slower_and_everything_is_explained():
     base = step(*H100_8B, "parallel.gpus=8", "parallel.zero_stage=2")
     off = step(*H100_8B, "parallel.gpus=8", "parallel.zero_stage=2", "parallel.offload=optimizer")
     assert off["optimizer_s"] > 10 * base["optimizer_s"]
-    p, ex = plan_with_explain(load_config(overrides=[*H100_8B, "parallel.gpus=8", "parallel.tensor=2",
-                                                     "parallel.pipeline=2"]), advice=False)
+    p, ex = plan_with_explain(
+        load_config(overrides=[*H100_8B, "parallel.gpus=8", "parallel.tensor=2", "parallel.pipeline=2"]), advice=False
+    )
     names = {name for section, name, _, _ in ex.lines if section == "step_time"}
-    assert {"achievable_tflops", "matmul_s", "attention_s", "weight_read_s", "activation_traffic_s",
-            "tensor_parallel_s", "micro_batch_s", "forward_backward_s", "data_parallel_s",
-            "data_parallel_exposed_s", "optimizer_s", "seconds", "tokens_per_second", "mfu"} <= names
+    assert {
+        "achievable_tflops",
+        "matmul_s",
+        "attention_s",
+        "weight_read_s",
+        "activation_traffic_s",
+        "tensor_parallel_s",
+        "micro_batch_s",
+        "forward_backward_s",
+        "data_parallel_s",
+        "data_parallel_exposed_s",
+        "optimizer_s",
+        "seconds",
+        "tokens_per_second",
+        "mfu",
+    } <= names
     # The plan's time is the model's (tests/plan/test_one_time.py), its figures also beside it.
     assert p["time"]["utilisation"] == p["step_time"]["mfu"]
     assert p["time"]["modelled_tokens_per_second"] == pytest.approx(p["step_time"]["tokens_per_second"])
@@ -144,9 +170,18 @@ def test_against_a_published_measurement():
     # 8 x 200 Gb/s InfiniBand hidden behind the micro-batch but for one block's worth and the 18.9% it slows the
     # compute. (The same page's H100 figure, 5,762 tokens/s per GPU at a 500 W power limit and HBM2e, is 1.35x
     # below the model's 7,800 for a full-power H100 SXM.)
-    st = step("model.preset=llama3-8b", "model.max_seq_len=8192", "train.seq_len=8192", "parallel.gpus=64",
-              "hardware.gpu=a100-80gb", "train.micro_batch_size=1", "train.grad_accum_steps=1",
-              "parallel.zero_stage=3", "train.activation_checkpointing=selective", "train.compile=false")
+    st = step(
+        "model.preset=llama3-8b",
+        "model.max_seq_len=8192",
+        "train.seq_len=8192",
+        "parallel.gpus=64",
+        "hardware.gpu=a100-80gb",
+        "train.micro_batch_size=1",
+        "train.grad_accum_steps=1",
+        "parallel.zero_stage=3",
+        "train.activation_checkpointing=selective",
+        "train.compile=false",
+    )
     assert st["tokens_per_second"] / 64 == pytest.approx(2973, rel=0.15)
 
 

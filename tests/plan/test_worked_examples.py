@@ -16,9 +16,16 @@ def test_llama_65b_training_time_with_recomputation():
     # A worked example on LLaMA-65B (Touvron et al. 2023: 1.4e12 tokens on 2048 A100-80GB in ~21 days): at an
     # achieved 2e14 FLOP/s, with activation recomputation 8*N*D (Narayanan et al. 2021:
     # 96BslLh^2 = 8 x 12Lh^2 x Bs) -> 8 * 6.5e10 * 1.4e12 / (2048 * 2e14) = 1.78e6 s = 20.6 days.
-    p = make("model.preset=llama-65b", "train.tokens=1.4e12", "parallel.gpus=2048", "hardware.gpu=a100-80gb",
-             "train.activation_checkpointing=full", "flops.convention=6n", "hardware.peak_tflops=312",
-             f"hardware.hfu={2e14 / 312e12}")
+    p = make(
+        "model.preset=llama-65b",
+        "train.tokens=1.4e12",
+        "parallel.gpus=2048",
+        "hardware.gpu=a100-80gb",
+        "train.activation_checkpointing=full",
+        "flops.convention=6n",
+        "hardware.peak_tflops=312",
+        f"hardware.hfu={2e14 / 312e12}",
+    )
     assert p["flops"]["total_hardware_6n"] == 8 * p["params"]["total"] * 1.4e12
     # The example rounds N to 6.5e10; with it the formula gives exactly its figure ...
     assert 8 * 6.5e10 * 1.4e12 / (2048 * 2e14) == pytest.approx(1.777e6, rel=1e-3)
@@ -51,13 +58,22 @@ def test_chinchilla_tokens_and_storage():
     assert p["tokens"]["total"] == p["tokens"]["chinchilla"]  # no length given: Chinchilla-optimal
 
 
-@pytest.mark.parametrize("examples, micro, accum, steps", [
-    (16_527_707, 8, 1, 6_197_892),  # a practitioner's Hugging Face Trainer log
-    (826_279, 1, 8, 309_852),       # its second log: floor per epoch, as HF counts
-])
+@pytest.mark.parametrize(
+    "examples, micro, accum, steps",
+    [
+        (16_527_707, 8, 1, 6_197_892),  # a practitioner's Hugging Face Trainer log
+        (826_279, 1, 8, 309_852),  # its second log: floor per epoch, as HF counts
+    ],
+)
 def test_optimizer_steps_as_the_hf_trainer_counts(examples, micro, accum, steps):
-    p = make("model.preset=llama3.2-1b", f"train.examples={examples}", "train.epochs=3",
-             f"train.micro_batch_size={micro}", f"train.grad_accum_steps={accum}", "parallel.gpus=1")
+    p = make(
+        "model.preset=llama3.2-1b",
+        f"train.examples={examples}",
+        "train.epochs=3",
+        f"train.micro_batch_size={micro}",
+        f"train.grad_accum_steps={accum}",
+        "parallel.gpus=1",
+    )
     assert p["steps"]["total"] == steps
 
 
@@ -95,9 +111,17 @@ def test_planner_against_zero_paper_accounting(stage):
 
 def test_measured_speed_to_tflops_and_mfu():
     # A practitioner's V100 log: a 100M model at seq 1024, batch 8, 3.3 it/s: 6 x 100M x 1024 x 8 x 3.3 ~= 16 TFLOP/s.
-    p = make("model.preset=gpt2", "train.seq_len=1024", "train.micro_batch_size=8", "train.grad_accum_steps=1",
-             "parallel.gpus=1", "measured.iterations_per_second=3.3", "flops.convention=6n",
-             "hardware.gpu=v100-32gb", "train.precision=fp16-mixed")
+    p = make(
+        "model.preset=gpt2",
+        "train.seq_len=1024",
+        "train.micro_batch_size=8",
+        "train.grad_accum_steps=1",
+        "parallel.gpus=1",
+        "measured.iterations_per_second=3.3",
+        "flops.convention=6n",
+        "hardware.gpu=v100-32gb",
+        "train.precision=fp16-mixed",
+    )
     n = p["params"]["total"]
     assert p["measured"]["achieved_tflops_per_gpu"] == pytest.approx(6 * n * 1024 * 8 * 3.3 / 1e12)
     assert 6 * 100e6 * 1024 * 8 * 3.3 / 1e12 == pytest.approx(16.2, rel=0.01)

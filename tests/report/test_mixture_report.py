@@ -16,9 +16,14 @@ def mixture_run(two_corpora, tmp_path_factory):
     """200 steps of the tiny run's 8 windows on shakespeare / zh at 70 / 30."""
     run_dir = tmp_path_factory.mktemp("mixture") / "run"
     args = [a for a in tiny("unused", run_dir) if not a.startswith("data.dir=")]
-    r = run_here("train", *args, f"data.mixture=[{{dir: {two_corpora['shakespeare']}, weight: 0.7}}, "
-                                f"{{dir: {two_corpora['zh']}, weight: 0.3}}]",
-                 "train.max_steps=200", "run.eval_every=0", "run.checkpoint_every=0")
+    r = run_here(
+        "train",
+        *args,
+        f"data.mixture=[{{dir: {two_corpora['shakespeare']}, weight: 0.7}}, {{dir: {two_corpora['zh']}, weight: 0.3}}]",
+        "train.max_steps=200",
+        "run.eval_every=0",
+        "run.checkpoint_every=0",
+    )
     assert r.returncode == 0, r.stderr
     return run_dir
 

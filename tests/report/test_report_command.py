@@ -5,8 +5,13 @@ import sys
 
 
 def pretrain(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "pretrain", "report", *map(str, args)], cwd=cwd,
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "pretrain", "report", *map(str, args)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_report_of_two_runs_prints_paths_and_summaries(tmp_path, run_dir, make_run):
@@ -24,7 +29,8 @@ def test_missing_run_dir_is_one_line_and_exit_2(tmp_path):
     assert result.returncode == 2
     assert result.stderr.splitlines() == [
         f"pretrain report: error: {tmp_path / 'nope'}: no such run directory; pass the run.dir of a "
-        "`pretrain train` run"]
+        "`pretrain train` run"
+    ]
 
 
 def test_dir_without_metrics_is_one_line_and_exit_2(tmp_path):
@@ -44,7 +50,9 @@ def test_unwritable_out_is_one_line_and_exit_2(tmp_path, run_dir):
 
 def test_help_stays_light():
     # `pretrain --help` imports every command module: this one must not pull in matplotlib or numpy
-    code = ("import sys, pretrain.cli; pretrain.cli.build_parser(); "
-            "print(sorted(m for m in ('matplotlib', 'numpy', 'yaml') if m in sys.modules))")
+    code = (
+        "import sys, pretrain.cli; pretrain.cli.build_parser(); "
+        "print(sorted(m for m in ('matplotlib', 'numpy', 'yaml') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

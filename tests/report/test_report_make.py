@@ -29,7 +29,7 @@ def test_one_run_writes_png_and_self_contained_html(run_dir):
     assert not re.search(r'(src|href)="(?!data:)', html)
     # plan vs measured, in GiB / MiB with the error; the 15.7 % miss is shaded
     assert "Plan vs measured on NVIDIA H100 80GB HBM3" in page
-    assert "<td>12.10 GiB</td><td>14.00 GiB</td><td class=\"off\">+15.7 %</td>" in page
+    assert '<td>12.10 GiB</td><td>14.00 GiB</td><td class="off">+15.7 %</td>' in page
     assert "<td>474.7 MiB</td>" in page and "<td>-5.5 %</td>" in page
     assert "to_step=180" in page  # the rollback, in the events table
     assert "<td>nonfinite_skip</td><td>100</td><td>8.44M</td><td>nan</td><td>grad_norm=inf</td>" in page
@@ -56,9 +56,21 @@ def test_same_dir_names_are_told_apart_by_path(tmp_path, make_run):
 
 
 def test_live_run_with_a_few_lines_and_null_metrics(tmp_path):
-    lines = [{"step": s, "tokens": 4096 * s, "loss": 10.8 - 0.1 * s, "lr": 1e-5 * s, "batch_tokens": 4096,
-              "grad_norm": 1.0, "tokens_per_s": 900.0, "mfu": None, "peak_mem_bytes": None, "time": s}
-             for s in (1, 2)]
+    lines = [
+        {
+            "step": s,
+            "tokens": 4096 * s,
+            "loss": 10.8 - 0.1 * s,
+            "lr": 1e-5 * s,
+            "batch_tokens": 4096,
+            "grad_norm": 1.0,
+            "tokens_per_s": 900.0,
+            "mfu": None,
+            "peak_mem_bytes": None,
+            "time": s,
+        }
+        for s in (1, 2)
+    ]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines) + '{"step": 3, "lo')
     result = make_report(tmp_path)
     assert (tmp_path / "report" / "report.png").read_bytes().startswith(PNG_SIGNATURE)
@@ -97,11 +109,27 @@ def test_a_mixtures_validation_per_source_is_drawn_and_the_title_says_what_train
     run_dir = tmp_path / "mix"
     run_dir.mkdir()
     lines = [{"step": s, "tokens": 256 * s, "loss": 6.0 - 0.1 * s} for s in range(1, 7)]
-    lines += [{"step": s, "tokens": 256 * s, "val_loss": 5.5 - 0.1 * s, "val_loss/shakespeare": 5.0 - 0.1 * s,
-               "val_loss/zh": 6.0 - 0.1 * s} for s in (3, 6)]
+    lines += [
+        {
+            "step": s,
+            "tokens": 256 * s,
+            "val_loss": 5.5 - 0.1 * s,
+            "val_loss/shakespeare": 5.0 - 0.1 * s,
+            "val_loss/zh": 6.0 - 0.1 * s,
+        }
+        for s in (3, 6)
+    ]
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
-    config = load_config(overrides=["model.preset=debug", "train.seq_len=32", "train.micro_batch_size=4",
-                                    "train.grad_accum_steps=2", "train.precision=fp32", "train.lr=3e-3"])
+    config = load_config(
+        overrides=[
+            "model.preset=debug",
+            "train.seq_len=32",
+            "train.micro_batch_size=4",
+            "train.grad_accum_steps=2",
+            "train.precision=fp32",
+            "train.lr=3e-3",
+        ]
+    )
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config.to_dict()))
     run = read_run(run_dir)
     ax = Figure().subplots()
@@ -119,16 +147,32 @@ def test_interactive_curves_hold_every_series_and_event(tmp_path, run_dir, make_
 
     make_run(tmp_path / "cpu-run", steps=120, gpu=False, seed=1)
     with (tmp_path / "cpu-run" / "metrics.jsonl").open("a") as f:  # after the half-written line: a new line
-        f.write("\n" + "".join(json.dumps({"step": s, "tokens": 40_000 * s, "eval/hellaswag": 0.25 + s / 1000,
-                                           "moe/load_imbalance": 1.5 - s / 100}) + "\n" for s in (30, 60)))
+        f.write(
+            "\n"
+            + "".join(
+                json.dumps(
+                    {
+                        "step": s,
+                        "tokens": 40_000 * s,
+                        "eval/hellaswag": 0.25 + s / 1000,
+                        "moe/load_imbalance": 1.5 - s / 100,
+                    }
+                )
+                + "\n"
+                for s in (30, 60)
+            )
+        )
     gpu, cpu = read_run(run_dir), read_run(tmp_path / "cpu-run")
     fig = curves_figure([gpu, cpu])
     titles = [a.text for a in fig.layout.annotations]
     assert titles == [p.title for p in plots.PANELS] + ["eval/hellaswag", "moe/load_imbalance"]
     loss = [t for t in fig.data if t.legendgroup == "gpt2-small" and t.xaxis == "x" and t.line.dash == "solid"]
     assert list(loss[0].y) == gpu.series("loss")[1] and list(loss[0].customdata) == gpu.steps("loss")
-    memory = next(t for t in fig.data if t.legendgroup == "gpt2-small" and t.hovertemplate.startswith(
-        "gpt2-small<br>peak_mem_bytes"))
+    memory = next(
+        t
+        for t in fig.data
+        if t.legendgroup == "gpt2-small" and t.hovertemplate.startswith("gpt2-small<br>peak_mem_bytes")
+    )
     assert abs(memory.y[0] - 21.4) < 1e-6  # GiB, as report.png
     hellaswag = next(t for t in fig.data if "eval/hellaswag" in t.hovertemplate)
     assert (list(hellaswag.x), list(hellaswag.y)) == ([1_200_000, 2_400_000], [0.28, 0.31])

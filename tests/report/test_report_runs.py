@@ -45,9 +45,21 @@ def test_summary_of_a_run(run_dir):
 
 def test_a_run_that_has_just_started(tmp_path):
     # three lines on a CPU (mfu and peak memory null), no optional files, a torn line in the middle
-    lines = [{"step": s, "tokens": 4096 * s, "loss": 10.8 - 0.1 * s, "lr": 1e-5 * s, "batch_tokens": 4096,
-              "grad_norm": 1.0, "tokens_per_s": 900.0, "mfu": None, "peak_mem_bytes": None, "time": s}
-             for s in (1, 2, 3)]
+    lines = [
+        {
+            "step": s,
+            "tokens": 4096 * s,
+            "loss": 10.8 - 0.1 * s,
+            "lr": 1e-5 * s,
+            "batch_tokens": 4096,
+            "grad_norm": 1.0,
+            "tokens_per_s": 900.0,
+            "mfu": None,
+            "peak_mem_bytes": None,
+            "time": s,
+        }
+        for s in (1, 2, 3)
+    ]
     text = [json.dumps(x) for x in lines]
     text.insert(1, '{"step": 9, "tokens": 1{"step": 2')  # a line cut by a crash, glued to the next write
     (tmp_path / "metrics.jsonl").write_text("\n".join(text) + "\n")
@@ -81,9 +93,17 @@ def test_bad_run_dirs(tmp_path):
         read_run(tmp_path)
 
 
-@pytest.mark.parametrize("value, text", [
-    (None, "-"), (950, "950"), (1500, "1.5K"), (34_652_160, "34.7M"), (2.1e9, "2.1B"), (1.4e12, "1.4T"),
-])
+@pytest.mark.parametrize(
+    "value, text",
+    [
+        (None, "-"),
+        (950, "950"),
+        (1500, "1.5K"),
+        (34_652_160, "34.7M"),
+        (2.1e9, "2.1B"),
+        (1.4e12, "1.4T"),
+    ],
+)
 def test_human(value, text):
     assert units.human(value) == text
 
@@ -93,9 +113,16 @@ def test_number():
     assert [units.number(v) for v in (3.28219, None, "nan", float("inf"))] == ["3.282", "-", "nan", "inf"]
 
 
-@pytest.mark.parametrize("value, unit, text", [
-    (21.4 * 1024**3, "bytes", "21.40 GiB"), (497_759_232, "bytes", "474.7 MiB"), (0.385, "fraction", "38.5 %"),
-    (52_000, "tokens/s", "52K tokens/s"), (1.25, "s", "1.25 s"), (None, "bytes", "-"),
-])
+@pytest.mark.parametrize(
+    "value, unit, text",
+    [
+        (21.4 * 1024**3, "bytes", "21.40 GiB"),
+        (497_759_232, "bytes", "474.7 MiB"),
+        (0.385, "fraction", "38.5 %"),
+        (52_000, "tokens/s", "52K tokens/s"),
+        (1.25, "s", "1.25 s"),
+        (None, "bytes", "-"),
+    ],
+)
 def test_quantity(value, unit, text):
     assert units.quantity(value, unit) == text

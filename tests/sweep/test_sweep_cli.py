@@ -15,15 +15,21 @@ pytest.importorskip("torch")
 # One OpenMP thread: on a shared 2-core machine two threads contending with another process make the tiny
 # model's steps ~100x slower (docs/sweep.md).
 ENV = {"OMP_NUM_THREADS": "1"}
-GRID = ["model.preset=debug", "train.precision=fp32", "train.device=cpu", "train.seq_len=32,64,128",
-        "train.micro_batch_size=1,4"]
+GRID = [
+    "model.preset=debug",
+    "train.precision=fp32",
+    "train.device=cpu",
+    "train.seq_len=32,64,128",
+    "train.micro_batch_size=1,4",
+]
 
 
 def test_acceptance_sweep_json(tmp_path):
     # No hardware.peak_tflops: the sweep measures this CPU's matmul peak once for the MFU.
     started = time.monotonic()
-    done = run_cli("sweep", *GRID, "--rounds", "2", "--threads", "1", "--json", "--out", tmp_path / "out", env=ENV,
-                   timeout=300)
+    done = run_cli(
+        "sweep", *GRID, "--rounds", "2", "--threads", "1", "--json", "--out", tmp_path / "out", env=ENV, timeout=300
+    )
     elapsed = time.monotonic() - started
     assert done.returncode == 0, done.stderr
     assert elapsed < 120
@@ -44,9 +50,21 @@ def test_acceptance_sweep_json(tmp_path):
 
 
 def test_one_cell_table(tmp_path):
-    done = run_cli("sweep", "model.preset=debug", "train.device=cpu", "train.precision=bf16-mixed",
-                   "train.seq_len=32", "train.activation_checkpointing=full", "hardware.peak_tflops=0.05",
-                   "--steps", "1", "--out", tmp_path / "out", env=ENV, timeout=300)
+    done = run_cli(
+        "sweep",
+        "model.preset=debug",
+        "train.device=cpu",
+        "train.precision=bf16-mixed",
+        "train.seq_len=32",
+        "train.activation_checkpointing=full",
+        "hardware.peak_tflops=0.05",
+        "--steps",
+        "1",
+        "--out",
+        tmp_path / "out",
+        env=ENV,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     assert "pretrain sweep on" in done.stdout and "no limit" in done.stdout
     rows = [line for line in done.stdout.splitlines() if "MiB" in line]
@@ -54,15 +72,18 @@ def test_one_cell_table(tmp_path):
     assert f"wrote {tmp_path / 'out' / 'sweep.csv'}" in done.stdout
 
 
-@pytest.mark.parametrize("args, words", [
-    (["train.seq_lenn=32,64"], "unknown config key 'train.seq_lenn'"),
-    (["model.preset=debug", "train.seq_len=32,100000"], "train.seq_len: 100000 is longer than model.max_seq_len"),
-    (["train.precision=fp32,fp64"], "train.precision: 'fp64' is not allowed"),
-    (["train.seq_len=32,"], "train.seq_len: empty value"),
-    (["--warmup-steps", "1"], "--warmup-steps: must be at least 2"),
-    (["--rounds", "0"], "--rounds: must be at least 1"),
-    (["--threads", "0"], "--threads: must be at least 1"),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["train.seq_lenn=32,64"], "unknown config key 'train.seq_lenn'"),
+        (["model.preset=debug", "train.seq_len=32,100000"], "train.seq_len: 100000 is longer than model.max_seq_len"),
+        (["train.precision=fp32,fp64"], "train.precision: 'fp64' is not allowed"),
+        (["train.seq_len=32,"], "train.seq_len: empty value"),
+        (["--warmup-steps", "1"], "--warmup-steps: must be at least 2"),
+        (["--rounds", "0"], "--rounds: must be at least 1"),
+        (["--threads", "0"], "--threads: must be at least 1"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, words):
     done = run_cli("sweep", *args, "--out", tmp_path / "out", env=ENV, timeout=120)
     assert done.returncode == 2
@@ -72,8 +93,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, args, words):
 
 
 def test_help_imports_no_torch():
-    code = ("import sys, pretrain.sweep.command, pretrain.sweep; "
-            "assert 'torch' not in sys.modules, 'torch imported'")
+    code = "import sys, pretrain.sweep.command, pretrain.sweep; assert 'torch' not in sys.modules, 'torch imported'"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
     done = run_cli("sweep", "--help")
     assert done.returncode == 0 and "--budget-seconds" in done.stdout and "--try-all" in done.stdout

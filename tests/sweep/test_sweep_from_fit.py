@@ -10,13 +10,32 @@ from support import run_cli
 pytest.importorskip("torch")
 
 ENV = {"OMP_NUM_THREADS": "1"}  # see tests/sweep/test_sweep_cli.py
-TINY = ["model.preset=debug", "train.device=cpu", "train.precision=fp32", "train.seq_len=64",
-        "train.micro_batch_size=4", "train.grad_accum_steps=2"]
+TINY = [
+    "model.preset=debug",
+    "train.device=cpu",
+    "train.precision=fp32",
+    "train.seq_len=64",
+    "train.micro_batch_size=4",
+    "train.grad_accum_steps=2",
+]
 
 
 def test_three_candidates_measured_beside_predicted(tmp_path):
-    done = run_cli("sweep", *TINY, "--from-fit", "3", "--steps", "2", "--rounds", "2", "--json", "--out", tmp_path,
-                   env=ENV, timeout=300)
+    done = run_cli(
+        "sweep",
+        *TINY,
+        "--from-fit",
+        "3",
+        "--steps",
+        "2",
+        "--rounds",
+        "2",
+        "--json",
+        "--out",
+        tmp_path,
+        env=ENV,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     rows = result["candidates"]
@@ -39,26 +58,43 @@ def test_three_candidates_measured_beside_predicted(tmp_path):
     assert result["error"]["mean_abs_pct"] == pytest.approx(sum(errors) / 3)
     assert json.loads((tmp_path / "from_fit.json").read_text())["candidates"] == rows
     # The candidates are the fit's: `pretrain plan --fit` on this CPU at the same peak lists them first.
-    fit = run_cli("plan", *TINY, "hardware.gpu=cpu", f"hardware.peak_tflops={result['peak_tflops']!r}", "--fit",
-                  "--json", env=ENV)
+    fit = run_cli(
+        "plan", *TINY, "hardware.gpu=cpu", f"hardware.peak_tflops={result['peak_tflops']!r}", "--fit", "--json", env=ENV
+    )
     assert [c["overrides"] for c in json.loads(fit.stdout)["candidates"][:3]] == [r["overrides"] for r in rows]
 
 
 def test_the_table_prints_the_error_and_the_choice(tmp_path):
-    done = run_cli("sweep", *TINY, "hardware.peak_tflops=0.05", "--from-fit", "2", "--steps", "1", "--out",
-                   tmp_path, env=ENV, timeout=300)
+    done = run_cli(
+        "sweep",
+        *TINY,
+        "hardware.peak_tflops=0.05",
+        "--from-fit",
+        "2",
+        "--steps",
+        "1",
+        "--out",
+        tmp_path,
+        env=ENV,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     out = done.stdout
     assert "predicted" in out and "measured" in out and "ranking model's error: mean |measured / predicted - 1|" in out
     assert "chosen (fastest measured): #" in out and "train.micro_batch_size=" in out
 
 
-@pytest.mark.parametrize("args, words", [
-    (["--from-fit", "0"], "--from-fit: must be at least 1"),
-    (["train.seq_len=32,64", "--from-fit", "2"], "--from-fit: the layouts come from the fit"),
-    (["train.grad_dtype=same", "--from-fit", "2"], "train.grad_dtype: same (half-precision gradients) is a "
-                                                 "planning option"),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--from-fit", "0"], "--from-fit: must be at least 1"),
+        (["train.seq_len=32,64", "--from-fit", "2"], "--from-fit: the layouts come from the fit"),
+        (
+            ["train.grad_dtype=same", "--from-fit", "2"],
+            "train.grad_dtype: same (half-precision gradients) is a planning option",
+        ),
+    ],
+)
 def test_bad_input_is_one_line(tmp_path, args, words):
     done = run_cli("sweep", "model.preset=debug", "train.device=cpu", *args, "--out", tmp_path / "o", env=ENV)
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and words in done.stderr, done.stderr
@@ -77,8 +113,9 @@ def test_the_candidates_are_timed_in_interleaved_rounds(tmp_path, monkeypatch):
         return real(path, items, *args, **kw)
 
     monkeypatch.setattr(from_fit, "run_sweep", run_sweep)
-    result = from_fit.run_from_fit(None, [*TINY, "hardware.peak_tflops=0.05"], 2, steps=1, rounds=2, threads=1,
-                                   out_dir=None)
+    result = from_fit.run_from_fit(
+        None, [*TINY, "hardware.peak_tflops=0.05"], 2, steps=1, rounds=2, threads=1, out_dir=None
+    )
     first, second = (command_line(r["overrides"]) for r in result["candidates"])
     assert order[0].endswith(first) and order[1].endswith(second) and first != second
     assert order == [order[0], order[1], order[0], order[1]]  # A B A B
@@ -93,9 +130,25 @@ def test_layouts_of_several_ranks_are_measured_under_torchrun(tmp_path):
     import subprocess
     import sys
 
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4", "-m", "pretrain",
-           "sweep", *TINY, "hardware.peak_tflops=0.05", "parallel.gpus_per_node=4", "--from-fit", "8",
-           "--steps", "1", "--out", str(tmp_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=4",
+        "-m",
+        "pretrain",
+        "sweep",
+        *TINY,
+        "hardware.peak_tflops=0.05",
+        "parallel.gpus_per_node=4",
+        "--from-fit",
+        "8",
+        "--steps",
+        "1",
+        "--out",
+        str(tmp_path),
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **ENV}, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = json.loads((tmp_path / "from_fit.json").read_text())["candidates"]

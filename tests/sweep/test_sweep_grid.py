@@ -7,8 +7,9 @@ from pretrain.sweep.grid import cell_overrides, cells, is_list_key, parse_items
 
 
 def test_comma_lists_are_swept_and_the_rest_fixed():
-    path, fixed, swept = parse_items(["base.yaml", "model.preset=debug", "train.seq_len=256,1024,4096",
-                                      "train.micro_batch_size=1,8"])
+    path, fixed, swept = parse_items(
+        ["base.yaml", "model.preset=debug", "train.seq_len=256,1024,4096", "train.micro_batch_size=1,8"]
+    )
     assert path == "base.yaml"
     assert fixed == ["model.preset=debug"]
     assert swept == {"train.seq_len": ["256", "1024", "4096"], "train.micro_batch_size": ["1", "8"]}
@@ -54,4 +55,7 @@ def test_an_empty_value_names_the_key(item):
 
 def test_cell_overrides_write_values_as_a_command_line_does():
     assert cell_overrides({"train.compile": False, "train.tokens": None, "train.seq_len": 64}) == [
-        "train.compile=false", "train.tokens=null", "train.seq_len=64"]
+        "train.compile=false",
+        "train.tokens=null",
+        "train.seq_len=64",
+    ]

@@ -15,8 +15,13 @@ from pretrain.sweep import run as sweep_run  # noqa: E402
 
 # ~160K parameters; 2 micro-batches per step keeps a cell well under a second on one CPU core.
 # hardware.peak_tflops skips the matmul measurement (test_measures_the_peak_once_per_dtype covers it).
-TINY = ["model.preset=debug", "train.device=cpu", "train.precision=fp32", "train.grad_accum_steps=2",
-        "hardware.peak_tflops=0.05"]
+TINY = [
+    "model.preset=debug",
+    "train.device=cpu",
+    "train.precision=fp32",
+    "train.grad_accum_steps=2",
+    "hardware.peak_tflops=0.05",
+]
 
 
 @pytest.fixture(autouse=True)
@@ -50,8 +55,7 @@ def test_synthetic_tokens_are_seeded_resumable_and_separate():
 
 
 def test_grid_figures_and_memory_match_the_planner(tmp_path):
-    result = sweep(tmp_path, ["train.warmup=1"],
-                   {"train.seq_len": [32, 64, 128], "train.micro_batch_size": [1, 4]})
+    result = sweep(tmp_path, ["train.warmup=1"], {"train.seq_len": [32, 64, 128], "train.micro_batch_size": [1, 4]})
     cells = result["cells"]
     assert [c["status"] for c in cells] == ["ok"] * 6
     assert result["swept"] == {"train.seq_len": [32, 64, 128], "train.micro_batch_size": [1, 4]}
@@ -75,14 +79,19 @@ def test_grid_figures_and_memory_match_the_planner(tmp_path):
     assert rows[0].startswith("cell,train.seq_len,train.micro_batch_size,status,")
     assert len(rows) == 7 and rows[1].startswith("0,32,1,ok,")
     assert json.loads((out / "sweep.json").read_text())["cells"][5]["values"] == {
-        "train.seq_len": 128, "train.micro_batch_size": 4}
+        "train.seq_len": 128,
+        "train.micro_batch_size": 4,
+    }
     assert (out / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not list(out.glob(".*.tmp"))  # written atomically, nothing left behind
 
 
 def test_bf16_mixed_and_full_recomputation(tmp_path):
-    result = sweep(tmp_path, ["train.precision=bf16-mixed", "train.seq_len=32", "train.micro_batch_size=2"],
-                   {"train.activation_checkpointing": ["none", "full"]})
+    result = sweep(
+        tmp_path,
+        ["train.precision=bf16-mixed", "train.seq_len=32", "train.micro_batch_size=2"],
+        {"train.activation_checkpointing": ["none", "full"]},
+    )
     none, full = result["cells"]
     assert none["status"] == full["status"] == "ok"
     for c in (none, full):
@@ -95,8 +104,9 @@ def test_budget_leaves_the_cells_not_reached_skipped(tmp_path, monkeypatch):
     # A clock that jumps 100 s after each cell: the first cell starts within the budget, the others do not.
     offset = [0.0]
     real_time, real_run_cell = sweep_run.time, sweep_run.run_cell
-    monkeypatch.setattr(sweep_run, "time", types.SimpleNamespace(perf_counter=lambda: real_time.perf_counter()
-                                                                 + offset[0]))
+    monkeypatch.setattr(
+        sweep_run, "time", types.SimpleNamespace(perf_counter=lambda: real_time.perf_counter() + offset[0])
+    )
 
     def run_cell(*args):
         done = real_run_cell(*args)
@@ -151,10 +161,13 @@ def test_measures_the_peak_once_per_dtype(tmp_path, monkeypatch):
 
     monkeypatch.setattr(plan_check, "peak_tflops", peak_tflops)
     overrides = [o for o in TINY if not o.startswith("hardware.peak_tflops")]
-    result = run_sweep(None, [*overrides, "train.seq_len=32", "train.micro_batch_size=1"],
-                       {"train.grad_accum_steps": [1, 2], "train.precision": ["fp32", "bf16-mixed", "bf16",
-                                                                              "fp16-mixed"]},
-                       out_dir=None, progress=False)
+    result = run_sweep(
+        None,
+        [*overrides, "train.seq_len=32", "train.micro_batch_size=1"],
+        {"train.grad_accum_steps": [1, 2], "train.precision": ["fp32", "bf16-mixed", "bf16", "fp16-mixed"]},
+        out_dir=None,
+        progress=False,
+    )
     assert sorted(calls) == ["bf16-mixed", "fp16-mixed", "fp32"]  # once per compute dtype, not once per cell
     for c in result["cells"]:
         assert c["peak_tflops"] == 0.02 and c["mfu"] == pytest.approx(c["achieved_tflops"] / 0.02)
@@ -163,36 +176,68 @@ def test_measures_the_peak_once_per_dtype(tmp_path, monkeypatch):
 
 
 def test_a_batch_ramp_does_not_shrink_the_timed_steps(tmp_path):
-    result = run_sweep(None, [*TINY, "train.seq_len=32", "train.micro_batch_size=1", "train.batch_ramp_tokens=1e6",
-                              "train.batch_ramp_start=32"], {"train.grad_accum_steps": [1, 4]},
-                       out_dir=None, progress=False)
+    result = run_sweep(
+        None,
+        [
+            *TINY,
+            "train.seq_len=32",
+            "train.micro_batch_size=1",
+            "train.batch_ramp_tokens=1e6",
+            "train.batch_ramp_start=32",
+        ],
+        {"train.grad_accum_steps": [1, 4]},
+        out_dir=None,
+        progress=False,
+    )
     for c in result["cells"]:  # the cell's full batch, not the ramp's first one
         assert c["tokens_per_s"] / c["it_per_s"] == pytest.approx(c["tokens_per_step"])
 
 
 def test_progress_callback_sees_every_cell(tmp_path):
     seen = []
-    run_sweep(None, [*TINY, "train.micro_batch_size=1"], {"train.seq_len": [32, 64]}, out_dir=None, rounds=2,
-              steps=1, progress=lambda done, total, what: seen.append((done, total, what)))
-    assert seen == [(0, 4, "seq_len=32, round 1"), (1, 4, "seq_len=64, round 1"), (2, 4, "seq_len=32, round 2"),
-                    (3, 4, "seq_len=64, round 2"), (4, 4, "plot")]
+    run_sweep(
+        None,
+        [*TINY, "train.micro_batch_size=1"],
+        {"train.seq_len": [32, 64]},
+        out_dir=None,
+        rounds=2,
+        steps=1,
+        progress=lambda done, total, what: seen.append((done, total, what)),
+    )
+    assert seen == [
+        (0, 4, "seq_len=32, round 1"),
+        (1, 4, "seq_len=64, round 1"),
+        (2, 4, "seq_len=32, round 2"),
+        (3, 4, "seq_len=64, round 2"),
+        (4, 4, "plot"),
+    ]
 
 
-@pytest.mark.parametrize("overrides, grid, error, words", [
-    (["train.seq_lenn=32"], {}, ConfigError, "train.seq_lenn"),
-    ([], {"train.seq_len": [32, 512]}, ConfigError, "train.seq_len: 512 is longer"),
-    ([], {"train.precision": ["fp32", "fp64"]}, ConfigError, "train.precision: 'fp64'"),
-    ([], {"parallel.tensor": [1, 2]}, ConfigError, "parallel.tensor"),
-])
+@pytest.mark.parametrize(
+    "overrides, grid, error, words",
+    [
+        (["train.seq_lenn=32"], {}, ConfigError, "train.seq_lenn"),
+        ([], {"train.seq_len": [32, 512]}, ConfigError, "train.seq_len: 512 is longer"),
+        ([], {"train.precision": ["fp32", "fp64"]}, ConfigError, "train.precision: 'fp64'"),
+        ([], {"parallel.tensor": [1, 2]}, ConfigError, "parallel.tensor"),
+    ],
+)
 def test_bad_cells_fail_before_any_cell_runs(tmp_path, overrides, grid, error, words):
     with pytest.raises(error, match=words):
         sweep(tmp_path, overrides, grid)
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("kw, words", [({"warmup_steps": 1}, "--warmup-steps"), ({"steps": 0}, "--steps"),
-                                       ({"rounds": 0}, "--rounds"), ({"threads": 0}, "--threads"),
-                                       ({"budget_seconds": 0}, "--budget-seconds")])
+@pytest.mark.parametrize(
+    "kw, words",
+    [
+        ({"warmup_steps": 1}, "--warmup-steps"),
+        ({"steps": 0}, "--steps"),
+        ({"rounds": 0}, "--rounds"),
+        ({"threads": 0}, "--threads"),
+        ({"budget_seconds": 0}, "--budget-seconds"),
+    ],
+)
 def test_bad_options(tmp_path, kw, words):
     with pytest.raises(UsageError, match=words):
         sweep(tmp_path, **kw)
@@ -216,8 +261,7 @@ def test_rounds_interleave_the_cells_and_each_figure_is_their_median_with_its_sp
 
     monkeypatch.setattr(sweep_run, "run_cell", run_cell)
     monkeypatch.setattr(Trainer, "step", step)
-    result = sweep(tmp_path, ["train.micro_batch_size=1"], {"train.seq_len": [32, 64]}, rounds=3, steps=1,
-                   threads=2)
+    result = sweep(tmp_path, ["train.micro_batch_size=1"], {"train.seq_len": [32, 64]}, rounds=3, steps=1, threads=2)
     assert order == [32, 64, 32, 64, 32, 64]  # A B A B, not A A A B B B
     assert threads == {2} and torch.get_num_threads() == 1  # set for the cells, restored after
     assert (result["rounds"], result["threads"], result["threads_chosen_as"]) == (3, 2, "--threads")

@@ -27,10 +27,20 @@ CASES = {
     "llama_bf16_mixed": (1, ["train.precision=bf16-mixed"]),
     "llama_bf16": (1, ["train.precision=bf16"]),
     "llama_mha_tied": (1, ["model.num_kv_heads=4", "model.tie_embeddings=true"]),
-    "gpt2": (1, ["model.family=gpt2", "model.num_kv_heads=null", "model.intermediate_size=256",
-              "model.max_seq_len=64"]),
-    "spike_rollback": (1, ["debug.inject_spike_batches=[15,16,17,18,19,20]", "stability.min_history=3",
-                           "stability.patience=2", "stability.window=8", "run.checkpoint_every=2"]),
+    "gpt2": (
+        1,
+        ["model.family=gpt2", "model.num_kv_heads=null", "model.intermediate_size=256", "model.max_seq_len=64"],
+    ),
+    "spike_rollback": (
+        1,
+        [
+            "debug.inject_spike_batches=[15,16,17,18,19,20]",
+            "stability.min_history=3",
+            "stability.patience=2",
+            "stability.window=8",
+            "run.checkpoint_every=2",
+        ],
+    ),
     "ddp": (2, ["parallel.zero_stage=0"]),
     "zero1": (2, ["parallel.zero_stage=1"]),
     "zero3": (2, ["parallel.zero_stage=3"]),
@@ -52,8 +62,16 @@ def run_case(name: str, data_dir: Path, root: Path, extra: list[str] = ()) -> li
     if nproc == 1:
         cmd = [sys.executable, "-m", "pretrain", *args]
     else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-               "-m", "pretrain", *args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={nproc}",
+            "-m",
+            "pretrain",
+            *args,
+        ]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     if r.returncode != 0:
         raise RuntimeError(f"{name}: exit {r.returncode}\n{r.stderr[-3000:]}")

@@ -26,8 +26,18 @@ def events(run_dir, name) -> list[dict]:
 def test_a_longer_seq_len_on_resume_is_a_new_stage_and_resumes_bitwise(prepared, tmp_path):
     first, second = tmp_path / "first", tmp_path / "second"
     # 2,048 tokens at 256 per step: 8 steps; stage 1 (seq 32, 4 x 32 x 2) stops after step 4.
-    finished_run(first, *tiny(prepared, first, "train.max_steps=null", "train.tokens=2048", "run.eval_every=0",
-                              "train.global_batch_tokens=256", "debug.stop_after_step=4"))
+    finished_run(
+        first,
+        *tiny(
+            prepared,
+            first,
+            "train.max_steps=null",
+            "train.tokens=2048",
+            "run.eval_every=0",
+            "train.global_batch_tokens=256",
+            "debug.stop_after_step=4",
+        ),
+    )
     shutil.copytree(first, second)
     # Stage 2 doubles the window and stretches RoPE to it as YaRN does (2 x the 32 positions of stage 1).
     yarn = "model.rope_scaling={rope_type: yarn, factor: 2, original_max_position_embeddings: 32}"
@@ -55,9 +65,13 @@ def test_a_longer_seq_len_on_resume_is_a_new_stage_and_resumes_bitwise(prepared,
     # under a length counted in tokens: refused; counted in steps it is well defined.
     checkpoint = resume.resume_point(first)[0]
     changed = load_config(first / "config.yaml", ["train.seq_len=128", "train.global_batch_tokens=null"])
-    with pytest.raises(UsageError, match=r"128 here, 64 in checkpoint .* tokens per step go from 256 to 512, "
-                                         r".*train.global_batch_tokens=256"):
+    with pytest.raises(
+        UsageError,
+        match=r"128 here, 64 in checkpoint .* tokens per step go from 256 to 512, "
+        r".*train.global_batch_tokens=256",
+    ):
         resume.stage_change(checkpoint, changed)
-    counted_in_steps = load_config(first / "config.yaml", ["train.seq_len=128", "train.global_batch_tokens=null",
-                                                           "train.max_steps=12"])
+    counted_in_steps = load_config(
+        first / "config.yaml", ["train.seq_len=128", "train.global_batch_tokens=null", "train.max_steps=12"]
+    )
     assert resume.stage_change(checkpoint, counted_in_steps)["tokens_per_step_after"] == 512

@@ -16,8 +16,10 @@ from support import run_cli, tiny
 
 
 def test_a_masked_run_says_so_in_plan_vs_run(prepared, tmp_path):
-    run = run_cli("train", *tiny(prepared, tmp_path / "run", "train.max_steps=4", "run.checkpoint_every=0",
-                                 "train.document_masking=true"))
+    run = run_cli(
+        "train",
+        *tiny(prepared, tmp_path / "run", "train.max_steps=4", "run.checkpoint_every=0", "train.document_masking=true"),
+    )
     assert run.returncode == 0, run.stderr
     report = json.loads((tmp_path / "run" / "plan_vs_run.json").read_text())
     assert report["document_masking"] is True
@@ -40,7 +42,13 @@ def test_an_offset_index_that_disagrees_with_the_eos_ids_is_one_line(prepared, t
 
 
 def test_a_pipeline_cannot_mask_documents():
-    config = load_config({"model": {"preset": "debug"}, "train": {"document_masking": True},
-                          "parallel": {"gpus": 2, "pipeline": 2}, "data": {"dir": "d"}})
+    config = load_config(
+        {
+            "model": {"preset": "debug"},
+            "train": {"document_masking": True},
+            "parallel": {"gpus": 2, "pipeline": 2},
+            "data": {"dir": "d"},
+        }
+    )
     with pytest.raises(ConfigError, match="later pipeline stage sees no tokens"):
         check_trainable(config)

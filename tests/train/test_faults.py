@@ -21,8 +21,11 @@ def events(run_dir, kind=None):
 
 # Steps 7, 8, 9 (micro-batches 12..17, 2 per step) have a 20x loss; judged after 3 steps of history, a
 # spike lasting 3 steps rolls back.
-SPIKE_AT_STEPS_7_TO_9 = ["debug.inject_spike_batches=[" + ",".join(str(i) for i in range(12, 18)) + "]",
-                         "stability.min_history=3", "stability.patience=3"]
+SPIKE_AT_STEPS_7_TO_9 = [
+    "debug.inject_spike_batches=[" + ",".join(str(i) for i in range(12, 18)) + "]",
+    "stability.min_history=3",
+    "stability.patience=3",
+]
 
 
 def train_losses(run_dir):
@@ -59,16 +62,28 @@ def test_persistent_spike_rolls_back_to_a_good_checkpoint(prepared, clean, tmp_p
     run_dir = tmp_path / "run"
     # The checkpoint of step 8 is written during the spike, so the rollback (at step 9) must skip it and go
     # to step 4.
-    r = run_here("train", *tiny(prepared, run_dir, "train.max_steps=16", *SPIKE_AT_STEPS_7_TO_9,
-                               "stability.lr_scale=0.5", "stability.lr_scale_steps=3"))
+    r = run_here(
+        "train",
+        *tiny(
+            prepared,
+            run_dir,
+            "train.max_steps=16",
+            *SPIKE_AT_STEPS_7_TO_9,
+            "stability.lr_scale=0.5",
+            "stability.lr_scale_steps=3",
+        ),
+    )
     assert r.returncode == 0, r.stderr
     assert [e["step"] for e in events(run_dir, "spike")] == [7, 8]
     (rollback,) = events(run_dir, "rollback")
     assert (rollback["step"], rollback["to_step"]) == (9, 4)
     assert rollback["skipped_micro_batches"] == [8, 18]
     assert any(e["step"] == 8 and e["good"] is False for e in events(run_dir, "checkpoint"))
-    lrs = {json.loads(x)["step"]: json.loads(x)["lr"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()
-           if "lr" in json.loads(x)}
+    lrs = {
+        json.loads(x)["step"]: json.loads(x)["lr"]
+        for x in (run_dir / "metrics.jsonl").read_text().splitlines()
+        if "lr" in json.loads(x)
+    }
     from pretrain.plan.schedule import learning_rate
 
     expected = learning_rate(4, total_steps=16, warmup=2, peak=3e-3, min_ratio=0.1, schedule="cosine")
@@ -89,8 +104,9 @@ def test_an_inf_gradient_under_a_finite_loss_skips_the_update_only(prepared, tmp
     # finite, as in an fp16 overflow. The fused AdamW is handed the overflow flag on the device and leaves
     # that step out (its step count says 5 of 6); nothing rolls back, the weights stay finite.
     run_dir = tmp_path / "run"
-    r = run_here("train", *tiny(prepared, run_dir, "train.max_steps=6", "run.eval_every=0",
-                               "debug.inject_inf_grad_batches=[4]"))
+    r = run_here(
+        "train", *tiny(prepared, run_dir, "train.max_steps=6", "run.eval_every=0", "debug.inject_inf_grad_batches=[4]")
+    )
     assert r.returncode == 0, r.stderr
     assert [e["step"] for e in events(run_dir, "nonfinite_skip")] == [3]
     assert not events(run_dir, "rollback")
@@ -105,8 +121,17 @@ def test_a_rollback_discards_the_checkpoints_it_abandons(prepared, tmp_path):
     # Spike at steps 7-9 -> back to step 4 (step 8's checkpoint was written in the spike); then a NaN at the
     # next step stops the run (max one rollback) before step 8 is reached again: nothing newer than the
     # rollback target may be left for a resume to pick up.
-    r = run_here("train", *tiny(prepared, run_dir, "train.max_steps=16", *SPIKE_AT_STEPS_7_TO_9,
-                               "debug.inject_nan_batches=[18]", "stability.max_rollbacks=1"))
+    r = run_here(
+        "train",
+        *tiny(
+            prepared,
+            run_dir,
+            "train.max_steps=16",
+            *SPIKE_AT_STEPS_7_TO_9,
+            "debug.inject_nan_batches=[18]",
+            "stability.max_rollbacks=1",
+        ),
+    )
     assert r.returncode == 2, r.stderr
     assert [(e["step"], e["to_step"]) for e in events(run_dir, "rollback")] == [(9, 4)]
     assert [int(p.name.split("_")[1]) for p in list_checkpoints(run_dir)] == [0, 4]
@@ -124,21 +149,25 @@ def test_a_stop_at_a_checkpoint_step_writes_it_once(prepared, tmp_path):
 def test_too_many_rollbacks_stop_with_a_message(prepared, tmp_path):
     run_dir = tmp_path / "run"
     bad = ",".join(str(i) for i in range(6, 400))  # the data is poisoned from step 4 on
-    r = run_here("train", *tiny(prepared, run_dir, "train.max_steps=16", f"debug.inject_nan_batches=[{bad}]",
-                               "stability.max_rollbacks=2"))
+    r = run_here(
+        "train",
+        *tiny(
+            prepared, run_dir, "train.max_steps=16", f"debug.inject_nan_batches=[{bad}]", "stability.max_rollbacks=2"
+        ),
+    )
     assert r.returncode == 2
     (line,) = r.stderr.strip().splitlines()
     assert "rollbacks" in line and "--resume" in line
     assert len(events(run_dir, "rollback")) == 2 and events(run_dir, "stopped")
 
 
-
 def test_sigterm_checkpoints_and_exits_zero(prepared, tmp_path):
     from pretrain.train.checkpoint import list_checkpoints
 
     run_dir = tmp_path / "run"
-    proc = start(["train", *tiny(prepared, run_dir, "train.max_steps=40", "debug.step_sleep=0.2",
-                                 "run.checkpoint_every=100")])
+    proc = start(
+        ["train", *tiny(prepared, run_dir, "train.max_steps=40", "debug.step_sleep=0.2", "run.checkpoint_every=100")]
+    )
     wait_for_steps(run_dir, 3, proc)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
@@ -183,8 +212,9 @@ def test_sigterm_with_checkpoint_every_0_stops_without_one_and_says_so(prepared,
     from pretrain.train.checkpoint import list_checkpoints
 
     run_dir = tmp_path / "run"
-    proc = start(["train", *tiny(prepared, run_dir, "train.max_steps=40", "debug.step_sleep=0.2",
-                                 "run.checkpoint_every=0")])
+    proc = start(
+        ["train", *tiny(prepared, run_dir, "train.max_steps=40", "debug.step_sleep=0.2", "run.checkpoint_every=0")]
+    )
     wait_for_steps(run_dir, 3, proc)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
@@ -202,8 +232,10 @@ def test_a_nan_with_checkpoint_every_0_stops_with_one_line(prepared, tmp_path):
     from pretrain.train.checkpoint import list_checkpoints
 
     run_dir = tmp_path / "run"
-    r = run_here("train", *tiny(prepared, run_dir, "train.max_steps=16", "debug.inject_nan_batches=[14]",
-                               "run.checkpoint_every=0"))
+    r = run_here(
+        "train",
+        *tiny(prepared, run_dir, "train.max_steps=16", "debug.inject_nan_batches=[14]", "run.checkpoint_every=0"),
+    )
     assert r.returncode == 2, r.stderr
     (line,) = r.stderr.strip().splitlines()
     assert "at step 8" in line and "run.checkpoint_every=0 keeps no checkpoint to roll back to" in line
@@ -218,8 +250,7 @@ def test_sigkill_at_random_moments_loses_nothing(prepared, tmp_path):
     common = (f"train.max_steps={steps}", "run.checkpoint_every=2", "run.log_every=5")
     assert run_cli("train", *tiny(prepared, straight, *common)).returncode == 0
     run_dir = tmp_path / "crashed"
-    args = tiny(prepared, run_dir, *common, "run.resume=auto", "debug.step_sleep=0.1",
-                "debug.checkpoint_sleep=0.1")
+    args = tiny(prepared, run_dir, *common, "run.resume=auto", "debug.step_sleep=0.1", "debug.checkpoint_sleep=0.1")
     rng = random.Random(0)
     kills = mid_checkpoint = 0
     while kills < 10:
@@ -276,5 +307,6 @@ def test_data_dir_truncated_under_the_run_stops_it_with_a_checkpoint(prepared, t
     assert proc.returncode == 2, stderr
     (line,) = stderr.strip().splitlines()
     assert line.startswith(f"pretrain train: error: data.dir: {data / 'train.bin'} was truncated to"), line
-    assert step_of(list_checkpoints(run_dir)[-1]) == max(json.loads(x)["step"] for x in
-                                                         (run_dir / "metrics.jsonl").read_text().splitlines())
+    assert step_of(list_checkpoints(run_dir)[-1]) == max(
+        json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()
+    )

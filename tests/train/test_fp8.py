@@ -17,8 +17,15 @@ pytest.importorskip("torchao")
 # The debug preset's linears are 64-352 wide: a minimum of 16 converts all 8 of the blocks' (the default
 # 1024 is a real model's) and leaves the output layer bf16. Checkpoints at 10 and 20, one eval at the end.
 STEPS = 20
-FP8 = ["train.precision=fp8", "train.fp8_min_features=16", f"train.max_steps={STEPS}", "run.eval_every=0",
-       "run.eval_batches=4", "run.checkpoint_every=10", "train.grad_accum_steps=1"]
+FP8 = [
+    "train.precision=fp8",
+    "train.fp8_min_features=16",
+    f"train.max_steps={STEPS}",
+    "run.eval_every=0",
+    "run.eval_batches=4",
+    "run.checkpoint_every=10",
+    "train.grad_accum_steps=1",
+]
 
 
 def final_val_loss(run_dir) -> float:
@@ -102,20 +109,35 @@ def test_fsdp_gathers_fp8_weights_and_holds_the_planned_bytes(prepared, tmp_path
     # ZeRO-3 over 2 ranks, tensorwise: torchao's float8 all-gather wraps each sharded weight; every rank
     # still holds exactly the planner's parameter, gradient and optimizer bytes (debug.check_sharding).
     run_dir = tmp_path / "run"
-    finished_torchrun(*tiny(prepared, run_dir, *FP8, "train.max_steps=4", "parallel.gpus=2",
-                            "parallel.zero_stage=3", "debug.check_sharding=true"))
+    finished_torchrun(
+        *tiny(
+            prepared,
+            run_dir,
+            *FP8,
+            "train.max_steps=4",
+            "parallel.gpus=2",
+            "parallel.zero_stage=3",
+            "debug.check_sharding=true",
+        )
+    )
     report = json.loads((run_dir / "plan_vs_run.json").read_text())
     assert report["fp8"] == {"recipe": "tensorwise", "linears": 8, "skipped": 1}
     assert all(math.isfinite(x) for x in losses(run_dir).values())
 
 
 def test_fp8_without_torchao_is_one_line(prepared, tmp_path):
-    block = ("import runpy, sys\n"
-             "sys.modules['torchao'] = None\n"  # how Python reports a missing module: import raises
-             "sys.argv = ['pretrain', *sys.argv[1:]]\n"
-             "runpy.run_module('pretrain', run_name='__main__')\n")
-    r = subprocess.run([sys.executable, "-c", block, "train", *tiny(prepared, tmp_path / "run", *FP8)],
-                       capture_output=True, text=True, timeout=300)
+    block = (
+        "import runpy, sys\n"
+        "sys.modules['torchao'] = None\n"  # how Python reports a missing module: import raises
+        "sys.argv = ['pretrain', *sys.argv[1:]]\n"
+        "runpy.run_module('pretrain', run_name='__main__')\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", block, "train", *tiny(prepared, tmp_path / "run", *FP8)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 2, r.stderr
     assert r.stderr.count("\n") == 1 and "pretrain[fp8]" in r.stderr
     assert not (tmp_path / "run").exists()
@@ -156,8 +178,9 @@ def test_fp8_check_logs_a_bf16_shadows_relative_error_for_the_first_steps_and_ch
     shadows = [r for r in checked if "fp8_rel_err" in r]
     assert [r["step"] for r in shadows] == [1, 2]  # the first N steps only
     # every converted linear of the first, middle and last block (the debug preset's 2 blocks: 0 and 1)
-    assert set(shadows[0]["fp8_rel_err"]) == {f"blocks.{b}.{n}" for b in (0, 1)
-                                              for n in ("attn.qkv", "attn.proj", "mlp.up", "mlp.down")}
+    assert set(shadows[0]["fp8_rel_err"]) == {
+        f"blocks.{b}.{n}" for b in (0, 1) for n in ("attn.qkv", "attn.proj", "mlp.up", "mlp.down")
+    }
     for r in shadows:
         errors = r["fp8_rel_err"].values()
         # e4m3's 3 significant bits: a few percent off, never exactly bf16 (the shadow is not the fp8 output)
@@ -165,8 +188,10 @@ def test_fp8_check_logs_a_bf16_shadows_relative_error_for_the_first_steps_and_ch
         assert r["fp8_rel_err"][r["fp8_rel_err_worst"]] == r["fp8_rel_err_max"]
     # the shadow runs beside the training, not in it: the losses are bitwise the unchecked run's
     assert [r["loss"] for r in checked if "loss" in r] == [r["loss"] for r in plain if "loss" in r]
-    for extra, refusal in ((["train.precision=bf16-mixed"], "use train.precision=fp8"),
-                           (["train.compile=true"], "its bf16 shadow runs eager")):
+    for extra, refusal in (
+        (["train.precision=bf16-mixed"], "use train.precision=fp8"),
+        (["train.compile=true"], "its bf16 shadow runs eager"),
+    ):
         with pytest.raises(ConfigError, match=refusal):
             check_trainable(load_config(None, [*FP8, "debug.fp8_check=2", *extra]), needs_data=False)
 
@@ -177,8 +202,18 @@ def test_fp8_with_tensor_and_sequence_parallelism_trains_as_one_process(prepared
     # multiplies its part in float8 (tensorwise scales from the whole tensor's amax, a DTensor reduction), the
     # tensor-parallel collectives stay bf16.
     run_dir = tmp_path / "tp"
-    finished_torchrun(*tiny(prepared, run_dir, *FP8, *SHORT, "parallel.gpus=2", "parallel.tensor=2",
-                            "parallel.sequence_parallel=true", "debug.fp8_check=1"))
+    finished_torchrun(
+        *tiny(
+            prepared,
+            run_dir,
+            *FP8,
+            *SHORT,
+            "parallel.gpus=2",
+            "parallel.tensor=2",
+            "parallel.sequence_parallel=true",
+            "debug.fp8_check=1",
+        )
+    )
     one = {r["step"]: r["loss"] for r in logged(prepared, tmp_path / "one") if "loss" in r}
     # the rows' partial sums add in bf16 across ranks, in fp32 within one: 4.3e-4 relative at most, measured
     assert losses(run_dir).keys() == one.keys()

@@ -24,9 +24,16 @@ pytest.importorskip("mlflow")
 def offline_env(tmp_path) -> dict:
     """W&B offline and nothing written outside tmp_path: no network, no ~/.config/wandb of the user's."""
     home = tmp_path / "home"
-    env = {"HOME": str(home), "WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DIR": str(home / "wandb"),
-           "WANDB_CONFIG_DIR": str(home / "config"), "WANDB_CACHE_DIR": str(home / "cache"),
-           "WANDB_DATA_DIR": str(home / "data"), "MLFLOW_TRACKING_URI": ""}
+    env = {
+        "HOME": str(home),
+        "WANDB_MODE": "offline",
+        "WANDB_SILENT": "true",
+        "WANDB_DIR": str(home / "wandb"),
+        "WANDB_CONFIG_DIR": str(home / "config"),
+        "WANDB_CACHE_DIR": str(home / "cache"),
+        "WANDB_DATA_DIR": str(home / "data"),
+        "MLFLOW_TRACKING_URI": "",
+    }
     return env
 
 
@@ -53,10 +60,10 @@ def wandb_records(path) -> list:
         if block - pos % block < 7:  # a block's tail too short for a header is padding
             pos += block - pos % block
             continue
-        _, n, kind = struct.unpack("<IHB", raw[pos:pos + 7])
+        _, n, kind = struct.unpack("<IHB", raw[pos : pos + 7])
         if n == 0 and kind == 0:
             break
-        part, pos = part + raw[pos + 7:pos + 7 + n], pos + 7 + n
+        part, pos = part + raw[pos + 7 : pos + 7 + n], pos + 7 + n
         if kind in (1, 4):  # FULL or LAST: a whole record
             records.append(pb.Record())
             records[-1].ParseFromString(part)
@@ -65,14 +72,20 @@ def wandb_records(path) -> list:
 
 
 @pytest.mark.slow
-def test_wandb_and_mlflow_get_tensorboards_scalars_and_continue_their_runs_after_sigterm(prepared, tmp_path,
-                                                                                         monkeypatch):
+def test_wandb_and_mlflow_get_tensorboards_scalars_and_continue_their_runs_after_sigterm(
+    prepared, tmp_path, monkeypatch
+):
     run_dir, env = tmp_path / "run", offline_env(tmp_path)
     args = tiny(prepared, run_dir, "train.max_steps=8", "run.loggers=[tensorboard,wandb,mlflow]")
     # SIGTERM to the whole process group, as a scheduler sends it: W&B's service process gets it too
-    first = subprocess.Popen([sys.executable, "-m", "pretrain", "train", *args, "debug.step_sleep=0.3"],
-                             env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             start_new_session=True)
+    first = subprocess.Popen(
+        [sys.executable, "-m", "pretrain", "train", *args, "debug.step_sleep=0.3"],
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     wait_for_steps(run_dir, 2, first)
     service = subprocess.run(["pgrep", "-P", str(first.pid)], capture_output=True, text=True).stdout.split()
     os.killpg(first.pid, signal.SIGTERM)
@@ -109,8 +122,9 @@ def test_wandb_and_mlflow_get_tensorboards_scalars_and_continue_their_runs_after
     client = MlflowClient((run_dir / "mlruns").as_uri())
     run = client.get_run(ids["mlflow"])
     assert run.info.status == "FINISHED" and run.info.run_name == "run"
-    stored = {(name, m.step): m.value for name in run.data.metrics
-              for m in client.get_metric_history(ids["mlflow"], name)}
+    stored = {
+        (name, m.step): m.value for name in run.data.metrics for m in client.get_metric_history(ids["mlflow"], name)
+    }
     assert stored == pytest.approx(expected, rel=1e-12)
 
 

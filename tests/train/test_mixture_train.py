@@ -12,8 +12,7 @@ torch = pytest.importorskip("torch")
 
 
 def mixture(two_corpora, shakespeare="weight: 0.7", zh="weight: 0.3"):
-    return (f"data.mixture=[{{dir: {two_corpora['shakespeare']}, {shakespeare}}}, "
-            f"{{dir: {two_corpora['zh']}, {zh}}}]")
+    return f"data.mixture=[{{dir: {two_corpora['shakespeare']}, {shakespeare}}}, {{dir: {two_corpora['zh']}, {zh}}}]"
 
 
 def mixed(two_corpora, run_dir, *extra):
@@ -63,8 +62,9 @@ def test_sigkill_then_resume_is_bitwise_identical(two_corpora, uninterrupted, tm
     assert r.returncode == 0, r.stderr
     assert "resumed from" in r.stdout
     assert losses(run_dir) == losses(uninterrupted)
-    assert [r["source_tokens"] for r in rows(run_dir) if "loss" in r][-1] == \
-        [r["source_tokens"] for r in rows(uninterrupted) if "loss" in r][-1]
+    assert [r["source_tokens"] for r in rows(run_dir) if "loss" in r][-1] == [
+        r["source_tokens"] for r in rows(uninterrupted) if "loss" in r
+    ][-1]
     pa, pb = params(run_dir), params(uninterrupted)
     assert all(torch.equal(pa[k], pb[k]) for k in pa)
 
@@ -74,8 +74,15 @@ def test_a_source_past_four_epochs_is_warned_about_once_with_the_evidence(two_co
     passes 4 epochs near step 71."""
     run_dir = tmp_path / "run"
     args = [a for a in mixed(two_corpora, run_dir) if not a.startswith("data.mixture")]
-    r = run_here("train", *args, mixture(two_corpora, "weight: 0.9", "weight: 0.1, max_epochs: 0.2"),
-                 "train.seq_len=256", "train.max_steps=80", "run.eval_every=0", "run.checkpoint_every=0")
+    r = run_here(
+        "train",
+        *args,
+        mixture(two_corpora, "weight: 0.9", "weight: 0.1, max_epochs: 0.2"),
+        "train.seq_len=256",
+        "train.max_steps=80",
+        "run.eval_every=0",
+        "run.checkpoint_every=0",
+    )
     assert r.returncode == 0, r.stderr
     warnings = [x for x in r.stdout.splitlines() if x.startswith("warning: mixture source")]
     assert len(warnings) == 2, r.stdout
@@ -87,12 +94,15 @@ def test_a_source_past_four_epochs_is_warned_about_once_with_the_evidence(two_co
     assert 4 < past["epochs"] < 4.1 and past["cap"] == 4
 
 
-@pytest.mark.parametrize("entries, words", [
-    ("[{dir: A, weight: 0.7}, {dir: B, weight: 0}]", ["data.mixture[1].weight", "> 0"]),
-    ("[{dir: A, weight: 1}, {dir: A, weight: 1}]", ["two sources are named"]),
-    ("[{dir: A, weigth: 1}]", ["did you mean data.mixture[0].weight"]),
-    ("[{dir: A, weight: 1, max_epochs: -1}]", ["max_epochs", "> 0"]),
-])
+@pytest.mark.parametrize(
+    "entries, words",
+    [
+        ("[{dir: A, weight: 0.7}, {dir: B, weight: 0}]", ["data.mixture[1].weight", "> 0"]),
+        ("[{dir: A, weight: 1}, {dir: A, weight: 1}]", ["two sources are named"]),
+        ("[{dir: A, weigth: 1}]", ["did you mean data.mixture[0].weight"]),
+        ("[{dir: A, weight: 1, max_epochs: -1}]", ["max_epochs", "> 0"]),
+    ],
+)
 def test_a_bad_mixture_is_one_line_and_exit_2(two_corpora, tmp_path, entries, words):
     entries = entries.replace("A", str(two_corpora["shakespeare"])).replace("B", str(two_corpora["zh"]))
     args = [a for a in mixed(two_corpora, tmp_path / "run") if not a.startswith("data.mixture")]
@@ -108,8 +118,9 @@ def test_mixture_with_data_dir_or_another_tokenizer_is_refused(two_corpora, prep
     (line,) = r.stderr.strip().splitlines()
     assert "exclusive with data.dir" in line
     args = [a for a in mixed(two_corpora, tmp_path / "run") if not a.startswith("data.mixture")]
-    r = run_here("train", *args, f"data.mixture=[{{dir: {two_corpora['zh']}, weight: 1}}, {{dir: {prepared}, "
-                                "weight: 1}]")
+    r = run_here(
+        "train", *args, f"data.mixture=[{{dir: {two_corpora['zh']}, weight: 1}}, {{dir: {prepared}, weight: 1}}]"
+    )
     assert r.returncode == 2
     (line,) = r.stderr.strip().splitlines()
     assert "different tokenizers" in line and str(prepared) in line and str(two_corpora["zh"]) in line
@@ -120,8 +131,9 @@ def test_export_of_a_mixture_run_takes_the_sources_tokenizer(uninterrupted, two_
     r = run_here("export", uninterrupted, tmp_path / "hf")
     assert r.returncode == 0, r.stderr
     assert "no tokenizer" not in r.stdout
-    assert (tmp_path / "hf" / "tokenizer.json").read_bytes() == \
-        (two_corpora["shakespeare"] / "tokenizer" / "tokenizer.json").read_bytes()
+    assert (tmp_path / "hf" / "tokenizer.json").read_bytes() == (
+        two_corpora["shakespeare"] / "tokenizer" / "tokenizer.json"
+    ).read_bytes()
     # Into a source's directory: refused, as into data.dir (--overwrite would replace what the run read).
     before = sorted(p.name for p in two_corpora["zh"].iterdir())
     r = run_here("export", uninterrupted, two_corpora["zh"] / "hf", "--overwrite")
@@ -139,10 +151,24 @@ def test_two_ranks_read_the_single_process_mixture(two_corpora, uninterrupted, t
 
     pytest.importorskip("psutil")
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "pretrain",
-           "train", *mixed(two_corpora, run_dir, "train.micro_batch_size=2")]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                       env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"})
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        "-m",
+        "pretrain",
+        "train",
+        *mixed(two_corpora, run_dir, "train.micro_batch_size=2"),
+    ]
+    r = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"},
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     a, b = losses(uninterrupted), losses(run_dir)
     assert a.keys() == b.keys() and all(b[k] == pytest.approx(a[k], rel=1e-5) for k in a)
@@ -155,8 +181,14 @@ def test_a_resume_with_other_sources_is_one_line_and_changes_nothing(two_corpora
 
     run_dir = shutil.copytree(uninterrupted, tmp_path / "run")
     before = (run_dir / "metrics.jsonl").read_text(), (run_dir / "config.yaml").read_text()
-    r = run_here("train", "--resume", run_dir, f"data.mixture=[{{dir: {two_corpora['zh']}, weight: 1}}]",
-                 "train.max_steps=14", "train.schedule_restart=true")  # the longer cosine is not what is tested
+    r = run_here(
+        "train",
+        "--resume",
+        run_dir,
+        f"data.mixture=[{{dir: {two_corpora['zh']}, weight: 1}}]",
+        "train.max_steps=14",
+        "train.schedule_restart=true",
+    )  # the longer cosine is not what is tested
     assert r.returncode == 2, r.stderr
     (line,) = r.stderr.strip().splitlines()
     # (30,703 - 1) // 32 and (50,458 - 1) // 32: the train splits of the two prepared fixtures
@@ -175,19 +207,26 @@ def test_sources_with_another_end_of_document_id_are_refused(two_corpora, tmp_pa
     config = json.loads((tokenizer / "tokenizer_config.json").read_text())
     (tokenizer / "tokenizer_config.json").write_text(json.dumps({**config, "eos_token": "<pad>"}))
     padded = tmp_path / "zh_pad"
-    prepare([str(ROOT / "tests" / "fixtures" / "zh_classics_sample.jsonl")], str(tokenizer), padded,
-            val_fraction=0.1, workers=1)
+    prepare(
+        [str(ROOT / "tests" / "fixtures" / "zh_classics_sample.jsonl")],
+        str(tokenizer),
+        padded,
+        val_fraction=0.1,
+        workers=1,
+    )
     args = [a for a in mixed(two_corpora, tmp_path / "run") if not a.startswith("data.mixture")]
-    r = run_here("train", *args, f"data.mixture=[{{dir: {two_corpora['shakespeare']}, weight: 1}}, "
-                                f"{{dir: {padded}, weight: 1}}]")
+    r = run_here(
+        "train", *args, f"data.mixture=[{{dir: {two_corpora['shakespeare']}, weight: 1}}, {{dir: {padded}, weight: 1}}]"
+    )
     assert r.returncode == 2, r.stderr
     (line,) = r.stderr.strip().splitlines()
     assert "token id 0" in line and "token id 2" in line and str(padded) in line, line
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
-def test_a_resume_switching_between_mixture_and_data_dir_is_one_line_both_ways(two_corpora, prepared,
-                                                                                 uninterrupted, tmp_path):
+def test_a_resume_switching_between_mixture_and_data_dir_is_one_line_both_ways(
+    two_corpora, prepared, uninterrupted, tmp_path
+):
     import shutil
 
     run_dir = shutil.copytree(uninterrupted, tmp_path / "mixed")
@@ -212,12 +251,24 @@ def test_a_resume_with_other_weights_says_so_in_the_log_and_as_an_event(two_corp
     import shutil
 
     run_dir = shutil.copytree(uninterrupted, tmp_path / "run")
-    r = run_here("train", "--resume", run_dir, mixture(two_corpora, "weight: 7", "weight: 3"), "train.max_steps=13",
-                 "train.schedule_restart=true")  # a longer run, its cosine restretched on purpose
+    r = run_here(
+        "train",
+        "--resume",
+        run_dir,
+        mixture(two_corpora, "weight: 7", "weight: 3"),
+        "train.max_steps=13",
+        "train.schedule_restart=true",
+    )  # a longer run, its cosine restretched on purpose
     assert r.returncode == 0, r.stderr
     assert "mixture weights changed" not in r.stdout  # 7 / 3 is 0.7 / 0.3
-    r = run_here("train", "--resume", run_dir, mixture(two_corpora, "weight: 1", "weight: 1"), "train.max_steps=14",
-                 "train.schedule_restart=true")
+    r = run_here(
+        "train",
+        "--resume",
+        run_dir,
+        mixture(two_corpora, "weight: 1", "weight: 1"),
+        "train.max_steps=14",
+        "train.schedule_restart=true",
+    )
     assert r.returncode == 0, r.stderr
     (line,) = [x for x in r.stdout.splitlines() if "mixture weights changed" in x]
     assert "at step 13: shakespeare 0.7 -> 0.5, zh 0.3 -> 0.5" in line, line
@@ -228,8 +279,9 @@ def test_a_resume_with_other_weights_says_so_in_the_log_and_as_an_event(two_corp
 
 
 @pytest.mark.parametrize("fault", ["truncate train.bin", "delete the source", "truncate val.bin"])
-def test_a_source_changed_under_the_run_stops_it_with_a_checkpoint_and_one_line(two_corpora, uninterrupted,
-                                                                                 tmp_path, fault):
+def test_a_source_changed_under_the_run_stops_it_with_a_checkpoint_and_one_line(
+    two_corpora, uninterrupted, tmp_path, fault
+):
     """The run reads copies of the sources; zh's is damaged after step 5. Truncating a token file under a memory
     map killed the trainer by SIGBUS; deleting the source or truncating val.bin was a traceback at the next
     evaluation. Now: exit 2, one line naming the source, a checkpoint of the last complete step, and a resume

@@ -10,8 +10,12 @@ from support import finished_run, losses, needs_compiler, params, run_cli, tiny
 
 torch = pytest.importorskip("torch")
 
-MOE = ("model.preset=moe-debug", "model.router_bias_update_rate=0.01", "model.router_z_loss_coef=0.001",
-       "train.max_steps=8")
+MOE = (
+    "model.preset=moe-debug",
+    "model.router_bias_update_rate=0.01",
+    "model.router_z_loss_coef=0.001",
+    "train.max_steps=8",
+)
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +53,9 @@ def test_stop_and_resume_is_bitwise_identical_routing_biases_included(prepared, 
 
 def test_full_recomputation_trains_the_same_losses_and_routing_biases(prepared, uninterrupted, tmp_path):
     """Each MoE layer runs again in backward; its tokens are counted once: the bias updates are the same."""
-    run_dir = finished_run(tmp_path / "run", *tiny(prepared, tmp_path / "run", *MOE,
-                                                   "train.activation_checkpointing=full"))
+    run_dir = finished_run(
+        tmp_path / "run", *tiny(prepared, tmp_path / "run", *MOE, "train.activation_checkpointing=full")
+    )
     assert losses(run_dir) == pytest.approx(losses(uninterrupted), rel=1e-6, abs=0)
     pa, pb = params(uninterrupted), params(run_dir)
     assert torch.equal(pa["blocks.1.mlp.expert_bias"], pb["blocks.1.mlp.expert_bias"])
@@ -69,21 +74,26 @@ def test_compiled_blocks_train_like_eager(prepared, uninterrupted, tmp_path):
     assert compiled == pytest.approx(eager, rel=2e-3)  # AdamW amplifies rounding (test_train_options.py)
     # Block.forward compiled twice, once per kind of block (blocks.0 dense, blocks.1 MoE), then never again
     assert r.stderr.count("Recompiling function") == 1 and "type MLP" in r.stderr, r.stderr[-3000:]
-    first = [next(json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines() if "loss" in x)
-             for d in (uninterrupted, run_dir)]
+    first = [
+        next(json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines() if "loss" in x)
+        for d in (uninterrupted, run_dir)
+    ]
     assert first[0]["moe/load_max_over_mean_per_layer"] == first[1]["moe/load_max_over_mean_per_layer"]
 
 
 GPT2 = ("model.family=gpt2", "model.num_kv_heads=4", "model.qk_norm=false")
 
 
-@pytest.mark.parametrize("overrides, named", [
-    (GPT2, "LLaMA family"),
-    (("parallel.pipeline=2", "parallel.gpus=2"), "tensor or pipeline"),
-    (("train.activation_checkpointing=selective",), "activation_checkpointing=full"),
-    (("parallel.expert=2", "parallel.gpus=2", "parallel.zero_stage=1"), "parallel.expert"),
-    (("model.experts_per_token=9",), "model.experts_per_token"),
-])
+@pytest.mark.parametrize(
+    "overrides, named",
+    [
+        (GPT2, "LLaMA family"),
+        (("parallel.pipeline=2", "parallel.gpus=2"), "tensor or pipeline"),
+        (("train.activation_checkpointing=selective",), "activation_checkpointing=full"),
+        (("parallel.expert=2", "parallel.gpus=2", "parallel.zero_stage=1"), "parallel.expert"),
+        (("model.experts_per_token=9",), "model.experts_per_token"),
+    ],
+)
 def test_what_is_not_built_is_refused_in_one_line(overrides, named):
     from pretrain.config import load_config
     from pretrain.config.trainable import check_trainable

@@ -13,8 +13,9 @@ from pretrain.train.trainer import TrainState
 
 
 def detector(**overrides):
-    return SpikeDetector(load_config({"stability": {"min_history": 5, "window": 10, "patience": 2, **overrides}})
-                         .stability)
+    return SpikeDetector(
+        load_config({"stability": {"min_history": 5, "window": 10, "patience": 2, **overrides}}).stability
+    )
 
 
 def test_noise_is_no_spike_and_a_jump_is_one_then_a_rollback_after_patience():
@@ -67,9 +68,11 @@ def test_the_history_is_the_window():
 
 # --- which checkpoint -----------------------------------------------------------------------------------
 
+
 def save(run_dir, step, good=True):
-    return ckpt.save_checkpoint(run_dir, step, {"w": torch.full((4,), float(step))},
-                                {"step": step, "good": good}, "model: {}\n")
+    return ckpt.save_checkpoint(
+        run_dir, step, {"w": torch.full((4,), float(step))}, {"step": step, "good": good}, "model: {}\n"
+    )
 
 
 def test_latest_checkpoint_skips_corrupt_bad_and_later_ones(tmp_path):
@@ -105,6 +108,7 @@ def test_a_checkpoint_without_a_manifest_is_never_pruned_or_chosen(tmp_path):
 
 
 # --- the learning rate after a rollback -----------------------------------------------------------------
+
 
 def test_a_rollback_scales_the_schedule_for_its_steps_then_it_returns():
     schedule = dict(total_steps=100, warmup=10, peak=1e-3, min_ratio=0.1, schedule="cosine", decay_fraction=0.2)

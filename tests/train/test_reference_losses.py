@@ -15,7 +15,8 @@ torch = pytest.importorskip("torch")
 REFERENCE = json.loads((Path(__file__).parent / "reference_losses.json").read_text())
 same_build = pytest.mark.skipif(
     (REFERENCE["torch"], REFERENCE["python"]) != (torch.__version__, platform.python_version()),
-    reason=f"recorded on torch {REFERENCE['torch']} / Python {REFERENCE['python']}: bitwise equality needs both")
+    reason=f"recorded on torch {REFERENCE['torch']} / Python {REFERENCE['python']}: bitwise equality needs both",
+)
 OLD_BEHAVIOUR = ["train.loss=plain", "parallel.grad_sync=step"]
 
 

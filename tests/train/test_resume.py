@@ -52,7 +52,16 @@ def test_corrupt_checkpoint_falls_back_to_the_previous_one(prepared, uninterrupt
 
 def test_resume_without_a_checkpoint_starts_over_with_a_warning(prepared, tmp_path):
     run_dir = tmp_path / "run"
-    r = run_here("train", *tiny(prepared, run_dir, "run.resume=auto", "train.max_steps=3",
-                               "stability.spike_detection=false", "run.checkpoint_every=0"))
+    r = run_here(
+        "train",
+        *tiny(
+            prepared,
+            run_dir,
+            "run.resume=auto",
+            "train.max_steps=3",
+            "stability.spike_detection=false",
+            "run.checkpoint_every=0",
+        ),
+    )
     assert r.returncode == 0, r.stderr
     assert "no complete checkpoint" in r.stdout

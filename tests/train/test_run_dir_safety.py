@@ -40,7 +40,6 @@ def flip_a_byte(checkpoint):
     return bytes(data)
 
 
-
 def steps_logged(run_dir):
     return [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines() if '"loss"' in x]
 
@@ -60,10 +59,12 @@ def run_dir(stopped, tmp_path):
 
 # --- item 1: one trainer per run directory ---------------------------------------------------------------
 
+
 def test_a_second_trainer_is_refused_and_a_killed_one_leaves_no_lock(prepared, tmp_path):
     run_dir = tmp_path / "run"
-    first = start(["train", *tiny(prepared, run_dir, "train.max_steps=200", "debug.step_sleep=0.2",
-                                  "run.checkpoint_every=4")])
+    first = start(
+        ["train", *tiny(prepared, run_dir, "train.max_steps=200", "debug.step_sleep=0.2", "run.checkpoint_every=4")]
+    )
     try:
         wait_for_steps(run_dir, 5, first)
         before = steps_logged(run_dir)
@@ -99,10 +100,25 @@ def test_two_trainers_started_at_once_exactly_one_runs(prepared, tmp_path):
 def test_rank_0_of_a_torchrun_job_holds_the_lock(prepared, tmp_path):
     psutil = pytest.importorskip("psutil")
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "pretrain",
-           "train", *tiny(prepared, run_dir, "train.max_steps=200", "debug.step_sleep=0.2")]
-    job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                           env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        "-m",
+        "pretrain",
+        "train",
+        *tiny(prepared, run_dir, "train.max_steps=200", "debug.step_sleep=0.2"),
+    ]
+    job = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        start_new_session=True,
+    )
     try:
         wait_for_steps(run_dir, 2, job)
         r = run_cli("train", "--resume", run_dir)
@@ -119,9 +135,15 @@ def test_rank_0_of_a_torchrun_job_holds_the_lock(prepared, tmp_path):
 
 # --- item 4: a failed resume changes nothing ------------------------------------------------------------
 
-@pytest.mark.parametrize("overrides, key", [(["model.hidden_size=128"], "model.hidden_size"),
-                                            (["model.family=gpt2", "model.num_kv_heads=4"], "model.family"),
-                                            (["model.num_layers=3"], "model.num_layers")])
+
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        (["model.hidden_size=128"], "model.hidden_size"),
+        (["model.family=gpt2", "model.num_kv_heads=4"], "model.family"),
+        (["model.num_layers=3"], "model.num_layers"),
+    ],
+)
 def test_a_resume_that_changes_the_model_is_one_line_and_changes_nothing(run_dir, overrides, key):
     before = snapshot(run_dir)
     r = run_here("train", "--resume", run_dir, *overrides)
@@ -133,13 +155,15 @@ def test_a_resume_that_changes_the_model_is_one_line_and_changes_nothing(run_dir
 
 
 def test_a_resume_may_change_what_leaves_the_tensors_alone(run_dir):
-    r = run_here("train", "--resume", run_dir, "model.max_seq_len=512", "model.dropout=0.1",
-                 "debug.stop_after_step=10")  # a LLaMA has no position table: its context may grow
+    r = run_here(
+        "train", "--resume", run_dir, "model.max_seq_len=512", "model.dropout=0.1", "debug.stop_after_step=10"
+    )  # a LLaMA has no position table: its context may grow
     assert r.returncode == 0, r.stderr
     assert "step 9" in r.stdout
 
 
 # --- items 6 and 8: corrupt checkpoints are never trained over -----------------------------------------
+
 
 def test_resume_with_every_checkpoint_corrupt_exits_2_and_changes_nothing(run_dir):
     checkpoints = sorted((run_dir / "checkpoints").iterdir())
@@ -156,8 +180,15 @@ def test_resume_with_every_checkpoint_corrupt_exits_2_and_changes_nothing(run_di
 def test_a_corrupt_checkpoint_is_set_aside_never_pruned_or_overwritten(run_dir):
     corrupt = flip_a_byte(run_dir / "checkpoints" / "step_00000009")
     # keep_checkpoints=1 prunes all but the newest; checkpoint_every=3 writes a step 9 of its own.
-    r = run_here("train", "--resume", run_dir, "train.max_steps=16", "train.schedule_restart=true",
-                 "run.keep_checkpoints=1", "run.checkpoint_every=3")
+    r = run_here(
+        "train",
+        "--resume",
+        run_dir,
+        "train.max_steps=16",
+        "train.schedule_restart=true",
+        "run.keep_checkpoints=1",
+        "run.checkpoint_every=3",
+    )
     assert r.returncode == 0, r.stderr
     assert "step_00000009" in r.stderr and "corrupt" in r.stderr
     assert "resumed from" in r.stdout and "step 8" in r.stdout
@@ -206,10 +237,22 @@ def test_verify_names_an_unlisted_file_a_loader_reads_and_ignores_a_note(stopped
 
 # --- item 10: a fresh run never appends to an old history -----------------------------------------------
 
+
 def test_a_fresh_run_sets_an_old_history_aside(prepared, tmp_path):
     run_dir = tmp_path / "run"
-    killed = start(["train", *tiny(prepared, run_dir, "train.max_steps=200", "debug.step_sleep=0.2",
-                                   "run.checkpoint_every=100", "stability.spike_detection=false")])
+    killed = start(
+        [
+            "train",
+            *tiny(
+                prepared,
+                run_dir,
+                "train.max_steps=200",
+                "debug.step_sleep=0.2",
+                "run.checkpoint_every=100",
+                "stability.spike_detection=false",
+            ),
+        ]
+    )
     wait_for_steps(run_dir, 3, killed)
     killed.kill()
     killed.communicate(timeout=60)
@@ -224,6 +267,7 @@ def test_a_fresh_run_sets_an_old_history_aside(prepared, tmp_path):
 
 # --- item 11: --resume A run.dir=B ------------------------------------------------------------------------
 
+
 def test_resume_into_another_run_dir_is_refused(run_dir, tmp_path):
     other = tmp_path / "other"
     r = run_here("train", "--resume", run_dir, f"run.dir={other}")
@@ -233,14 +277,16 @@ def test_resume_into_another_run_dir_is_refused(run_dir, tmp_path):
 
 # --- item 14: stray entries in checkpoints/ --------------------------------------------------------------
 
+
 def test_stray_entries_in_checkpoints_are_ignored_with_one_warning(run_dir):
     root = run_dir / "checkpoints"
     shutil.copytree(root / "step_00000004", root / "step_00000006_backup")
     (root / "step_00000099").mkdir()
     (root / "step_00000099" / "junk.bin").write_bytes(os.urandom(100))
     (root / "notes.txt").write_text("a user's note")
-    r = run_here("train", "--resume", run_dir, "train.max_steps=16", "train.schedule_restart=true",
-                 "run.keep_checkpoints=1")
+    r = run_here(
+        "train", "--resume", run_dir, "train.max_steps=16", "train.schedule_restart=true", "run.keep_checkpoints=1"
+    )
     assert r.returncode == 0, r.stderr
     assert "resumed from" in r.stdout and "step 9" in r.stdout
     stray = [x for x in r.stderr.splitlines() if "step_00000006_backup" in x]
@@ -251,21 +297,30 @@ def test_stray_entries_in_checkpoints_are_ignored_with_one_warning(run_dir):
 
 # --- item 15: a model too big for the machine -------------------------------------------------------------
 
+
 def test_a_model_too_big_for_the_host_is_refused_before_it_is_allocated(prepared, tmp_path):
     """The default config (6.7B parameters, ~100 GiB planned for AdamW in fp32) on a CPU. The address
     space is capped at 8 GiB so that code which does allocate fails here instead of swapping the machine."""
+
     def cap():
         resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))
 
     run = tmp_path / "run"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    r = subprocess.run([sys.executable, "-m", "pretrain", "train", f"data.dir={prepared}", "train.device=cpu",
-                        f"run.dir={run}"], capture_output=True, text=True, env=env, preexec_fn=cap, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "pretrain", "train", f"data.dir={prepared}", "train.device=cpu", f"run.dir={run}"],
+        capture_output=True,
+        text=True,
+        env=env,
+        preexec_fn=cap,
+        timeout=300,
+    )
     one_line(r, "GiB", "plan")
     assert not run.exists()
 
 
 # --- item 21: an empty run config ----------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("text", ["", "{}\n", "[not, a, mapping]\n", "model: {hidden_size: [\n"])
 def test_a_broken_run_config_names_the_file_and_the_copy_to_recover_from(run_dir, text):

@@ -47,16 +47,21 @@ def test_a_cosine_run_lengthened_is_refused_in_one_line_unless_schedule_restart(
     r = run_here("train", "--resume", run_dir, "train.max_steps=16")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "train.schedule_restart=true" in r.stderr and "Traceback" not in r.stderr
-    assert (sorted(p.name for p in (run_dir / "checkpoints").iterdir()), (run_dir / "config.yaml").read_text()) \
-        == before
+    assert (
+        sorted(p.name for p in (run_dir / "checkpoints").iterdir()),
+        (run_dir / "config.yaml").read_text(),
+    ) == before
     r = run_here("train", "--resume", run_dir, "train.max_steps=16", "train.schedule_restart=true")
     assert r.returncode == 0, r.stderr
     from pretrain.plan.schedule import learning_rate
 
     lr = lrs(run_dir)
-    assert [lr[s] for s in range(13, 17)] == pytest.approx([
-        learning_rate(s - 1, total_steps=16, warmup=2, peak=3e-3, min_ratio=0.1, schedule="cosine")
-        for s in range(13, 17)])
+    assert [lr[s] for s in range(13, 17)] == pytest.approx(
+        [
+            learning_rate(s - 1, total_steps=16, warmup=2, peak=3e-3, min_ratio=0.1, schedule="cosine")
+            for s in range(13, 17)
+        ]
+    )
     [e] = events(run_dir, "schedule_changed")
     assert (e["old_total"], e["new_total"]) == (12, 16)
     assert e["lr_at_resume_after"] > e["lr_at_resume_before"] == pytest.approx(3e-4)

@@ -31,8 +31,11 @@ class WeightCasts(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        if func is torch.ops.aten._to_copy.default and args[0].data_ptr() in self.weights \
-                and out.dtype == torch.bfloat16:
+        if (
+            func is torch.ops.aten._to_copy.default
+            and args[0].data_ptr() in self.weights
+            and out.dtype == torch.bfloat16
+        ):
             self.made += 1
             self.copies.append(weakref.ref(out))
         return out
@@ -42,10 +45,24 @@ class WeightCasts(TorchDispatchMode):
 
 
 def trainer(prepared, tmp_path, *extra) -> Trainer:
-    config = load_config(None, ["model.preset=debug", "train.seq_len=32", "train.micro_batch_size=2",
-                                "train.grad_accum_steps=3", "train.max_steps=3", "train.precision=bf16-mixed",
-                                "train.device=cpu", "stability.spike_detection=false", f"data.dir={prepared}",
-                                f"run.dir={tmp_path}", "hardware.gpu=cpu", "hardware.peak_tflops=0.05", *extra])
+    config = load_config(
+        None,
+        [
+            "model.preset=debug",
+            "train.seq_len=32",
+            "train.micro_batch_size=2",
+            "train.grad_accum_steps=3",
+            "train.max_steps=3",
+            "train.precision=bf16-mixed",
+            "train.device=cpu",
+            "stability.spike_detection=false",
+            f"data.dir={prepared}",
+            f"run.dir={tmp_path}",
+            "hardware.gpu=cpu",
+            "hardware.peak_tflops=0.05",
+            *extra,
+        ],
+    )
     return Trainer(config, init_runtime("cpu"), quiet=True)
 
 
@@ -57,8 +74,12 @@ def steps(t: Trainer, n: int) -> list[float]:
 def test_cached_casts_are_made_once_per_step_train_alike_and_are_what_the_plan_counts(prepared, tmp_path, recompute):
     runs = {}
     for cache in (False, True):
-        t = trainer(prepared, tmp_path / str(cache), f"train.cache_weight_casts={str(cache).lower()}",
-                    f"train.activation_checkpointing={recompute}")
+        t = trainer(
+            prepared,
+            tmp_path / str(cache),
+            f"train.cache_weight_casts={str(cache).lower()}",
+            f"train.activation_checkpointing={recompute}",
+        )
         model = t.par.module
         held = []  # alive copies when the last micro-batch's backward reaches the embedding, the last it runs
         casts = WeightCasts(model.parameters())
@@ -67,8 +88,9 @@ def test_cached_casts_are_made_once_per_step_train_alike_and_are_what_the_plan_c
             losses = steps(t, 1)
         losses += steps(t, 2)
         t.batches.close()
-        runs[cache] = dict(losses=losses, made=casts.made, held=held[2],
-                           planned=make_plan(t.config)["model_states"]["working_copies"])
+        runs[cache] = dict(
+            losses=losses, made=casts.made, held=held[2], planned=make_plan(t.config)["model_states"]["working_copies"]
+        )
     off, on = runs[False], runs[True]
     blocks = sum(p.numel() for n, p in model.named_parameters() if n.startswith("blocks.") and p.dim() == 2)
     # 4 matmul weights a block, 2 blocks, made again by full recomputation; the chunked loss casts the output
@@ -94,10 +116,13 @@ def test_a_half_residual_stream_is_bf16_and_trains_as_the_fp32_one(prepared, tmp
     assert bf16 != fp32 and bf16 == pytest.approx(fp32, rel=1e-4)
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["train.cache_weight_casts=true", "train.precision=fp32"], "train.cache_weight_casts: autocast's cast cache"),
-    (["train.half_residual=true", "train.precision=bf16"], "train.half_residual: bf16 has no autocast"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["train.cache_weight_casts=true", "train.precision=fp32"], "train.cache_weight_casts: autocast's cast cache"),
+        (["train.half_residual=true", "train.precision=bf16"], "train.half_residual: bf16 has no autocast"),
+    ],
+)
 def test_a_switch_that_would_do_nothing_is_one_line(prepared, tmp_path, extra, message):
     r = run_here("train", *tiny(prepared, tmp_path / "run", *extra))
     assert r.returncode == 2 and r.stderr.startswith(f"pretrain train: error: {message}"), r.stderr

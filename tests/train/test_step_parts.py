@@ -60,7 +60,7 @@ def test_a_cpu_peak_is_measured_once_and_kept(tmp_path, monkeypatch):
     cache = tmp_path / "pretrain" / "peak_tflops.json"
     assert peak > 0 and "measured once" in source and str(cache) in source
     # A second run reads the kept figure (here changed by hand, so a new measurement would show).
-    key, = json.loads(cache.read_text())
+    (key,) = json.loads(cache.read_text())
     cache.write_text(json.dumps({key: 123.0}))
     assert plan_check.peak_tflops(config, torch.device("cpu"))[0] == 123.0
 
@@ -101,10 +101,21 @@ def test_a_16_bit_run_then_an_fp32_run_in_one_process(prepared, tmp_path):
 
     flags = sdp_flags()
     for precision in ("bf16-mixed", "fp32"):
-        config = load_config(None, ["model.preset=debug", "train.seq_len=32", "train.micro_batch_size=2",
-                                    "train.max_steps=2", f"train.precision={precision}", "train.device=cpu",
-                                    "stability.spike_detection=false", f"data.dir={prepared}",
-                                    f"run.dir={tmp_path / precision}", "hardware.peak_tflops=0.05"])
+        config = load_config(
+            None,
+            [
+                "model.preset=debug",
+                "train.seq_len=32",
+                "train.micro_batch_size=2",
+                "train.max_steps=2",
+                f"train.precision={precision}",
+                "train.device=cpu",
+                "stability.spike_detection=false",
+                f"data.dir={prepared}",
+                f"run.dir={tmp_path / precision}",
+                "hardware.peak_tflops=0.05",
+            ],
+        )
         trainer = Trainer(config, init_runtime("cpu"), quiet=True)
         try:
             assert math.isfinite(trainer.step().loss)
@@ -127,14 +138,23 @@ def test_compiled_blocks_have_no_graph_break(recompute):
     from pretrain.model import build_model
 
     torch._dynamo.reset()
-    config = load_config(None, ["model.preset=debug", "train.seq_len=32", "train.precision=fp32",
-                                "train.compile=true", f"train.activation_checkpointing={recompute}"])
+    config = load_config(
+        None,
+        [
+            "model.preset=debug",
+            "train.seq_len=32",
+            "train.precision=fp32",
+            "train.compile=true",
+            f"train.activation_checkpointing={recompute}",
+        ],
+    )
     par = parallelize(build_model(config.model), config, init_runtime("cpu"))
     x = torch.randint(0, 512, (2, 32))
     block = par.module.blocks[0]
     h = par.module.embed(x)
     explained = torch._dynamo.explain(block._orig_mod if hasattr(block, "_orig_mod") else block.forward)(
-        h, par.module.rotary(32, h.device))
+        h, par.module.rotary(32, h.device)
+    )
     assert explained.graph_break_count == 0, explained.break_reasons
 
 
@@ -149,8 +169,17 @@ def test_the_compiled_output_layer_and_loss_are_one_graph(loss):
     from pretrain.model import build_model
 
     torch._dynamo.reset()
-    config = load_config(None, ["model.preset=debug", "train.seq_len=32", "train.precision=fp32",
-                                "train.compile=true", f"train.loss={loss}", "train.loss_chunk_tokens=24"])
+    config = load_config(
+        None,
+        [
+            "model.preset=debug",
+            "train.seq_len=32",
+            "train.precision=fp32",
+            "train.compile=true",
+            f"train.loss={loss}",
+            "train.loss_chunk_tokens=24",
+        ],
+    )
     model = build_model(config.model, loss=loss, loss_chunk_tokens=config.train.loss_chunk_tokens)
     par = parallelize(model, config, init_runtime("cpu"))
     assert model.loss._compiled_call_impl is not None  # what nn.Module.compile sets

@@ -14,14 +14,23 @@ def train_lines(run_dir):
     return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if '"loss"' in x]
 
 
-@pytest.mark.parametrize("extra", [
-    ["train.precision=fp16-mixed"],
-    ["train.precision=bf16", "train.optimizer=adafactor", "train.lr=1e-2"],  # Adafactor's own default: smaller
-    # steps round away in bf16 weights (12 steps at 3e-3 left the loss flat on the sample data)
-    ["train.precision=bf16-mixed", "train.activation_checkpointing=full", "train.optimizer=sgd"],
-    ["train.activation_checkpointing=selective", "train.schedule=wsd", "model.family=gpt2",
-     "model.num_kv_heads=4", "model.intermediate_size=256"],
-], ids=["fp16-scaler", "bf16-adafactor", "bf16-mixed-full-sgd", "gpt2-selective-wsd"])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["train.precision=fp16-mixed"],
+        ["train.precision=bf16", "train.optimizer=adafactor", "train.lr=1e-2"],  # Adafactor's own default: smaller
+        # steps round away in bf16 weights (12 steps at 3e-3 left the loss flat on the sample data)
+        ["train.precision=bf16-mixed", "train.activation_checkpointing=full", "train.optimizer=sgd"],
+        [
+            "train.activation_checkpointing=selective",
+            "train.schedule=wsd",
+            "model.family=gpt2",
+            "model.num_kv_heads=4",
+            "model.intermediate_size=256",
+        ],
+    ],
+    ids=["fp16-scaler", "bf16-adafactor", "bf16-mixed-full-sgd", "gpt2-selective-wsd"],
+)
 def test_precisions_and_options_train(prepared, tmp_path, extra):
     run_dir = tmp_path / "run"
     r = run_here("train", *tiny(prepared, run_dir, "stability.spike_detection=false", *extra))
@@ -36,10 +45,14 @@ def test_precisions_and_options_train(prepared, tmp_path, extra):
 def test_compiled_step_trains_like_eager(prepared, tmp_path):
     """torch.compile (inductor's CPU code here) of the model with selective recomputation: the same losses as
     eager, up to the rounding of fused kernels, and one compilation (the rotary tables exist before it)."""
+
     def losses(name, *extra):
         run_dir = tmp_path / name
-        r = run_cli("train", *tiny(prepared, run_dir, "train.max_steps=6", "train.activation_checkpointing=selective",
-                                   *extra), env={"TORCH_LOGS": "recompiles"})
+        r = run_cli(
+            "train",
+            *tiny(prepared, run_dir, "train.max_steps=6", "train.activation_checkpointing=selective", *extra),
+            env={"TORCH_LOGS": "recompiles"},
+        )
         assert r.returncode == 0, r.stderr[-3000:]
         return [x["loss"] for x in train_lines(run_dir)], r.stderr
 
@@ -56,8 +69,12 @@ def test_compiled_step_trains_like_eager(prepared, tmp_path):
 def test_batch_ramp_grows_the_global_batch(prepared, tmp_path):
     run_dir = tmp_path / "run"
     # Target 4 micro-batches x 4 x 32 = 512 tokens per step, from 128 over the first 2,048 tokens.
-    r = run_here("train", *tiny(prepared, run_dir, "train.grad_accum_steps=4", "train.batch_ramp_tokens=2048",
-                               "train.batch_ramp_start=128"))
+    r = run_here(
+        "train",
+        *tiny(
+            prepared, run_dir, "train.grad_accum_steps=4", "train.batch_ramp_tokens=2048", "train.batch_ramp_start=128"
+        ),
+    )
     assert r.returncode == 0, r.stderr
     batches = [x["batch_tokens"] for x in train_lines(run_dir)]
     assert batches[0] == 128 and batches[-1] == 512 and batches == sorted(batches)
@@ -65,25 +82,29 @@ def test_batch_ramp_grows_the_global_batch(prepared, tmp_path):
 
     seen = 0
     for b in batches:
-        assert b == 128 * micro_batches_per_step(seen, seq_len=32, micro_batch_size=4, data_parallel=1,
-                                                 grad_accum_steps=4, ramp_tokens=2048, ramp_start=128)
+        assert b == 128 * micro_batches_per_step(
+            seen, seq_len=32, micro_batch_size=4, data_parallel=1, grad_accum_steps=4, ramp_tokens=2048, ramp_start=128
+        )
         seen += b
 
 
-@pytest.mark.parametrize("args, key", [
-    (["train.lr=0"], "train.lr"),
-    (["train.lr=nan"], "train.lr"),
-    (["train.grad_clip=nan"], "train.grad_clip"),
-    (["stability.window=10"], "stability.min_history"),  # a window shorter than the history judges nothing
-    (["train.warmup=50"], "train.warmup"),
-    (["train.schedule=wsd", "train.decay_fraction=0.9"], "train.decay_fraction"),  # decay inside the warm-up
-    (["train.seq_len=512"], "train.seq_len"),
-    (["model.vocab_size=100"], "model.vocab_size"),
-    (["train.lrr=1"], "train.lrr"),
-    (["parallel.tensor=2", "parallel.gpus=2"], "parallel.tensor"),
-    (["parallel.offload=optimizer"], "parallel.offload"),  # generated from the key's `trains` metadata
-    (["train.grad_dtype=same", "train.precision=bf16-mixed"], "train.grad_dtype"),
-])
+@pytest.mark.parametrize(
+    "args, key",
+    [
+        (["train.lr=0"], "train.lr"),
+        (["train.lr=nan"], "train.lr"),
+        (["train.grad_clip=nan"], "train.grad_clip"),
+        (["stability.window=10"], "stability.min_history"),  # a window shorter than the history judges nothing
+        (["train.warmup=50"], "train.warmup"),
+        (["train.schedule=wsd", "train.decay_fraction=0.9"], "train.decay_fraction"),  # decay inside the warm-up
+        (["train.seq_len=512"], "train.seq_len"),
+        (["model.vocab_size=100"], "model.vocab_size"),
+        (["train.lrr=1"], "train.lrr"),
+        (["parallel.tensor=2", "parallel.gpus=2"], "parallel.tensor"),
+        (["parallel.offload=optimizer"], "parallel.offload"),  # generated from the key's `trains` metadata
+        (["train.grad_dtype=same", "train.precision=bf16-mixed"], "train.grad_dtype"),
+    ],
+)
 def test_config_errors_are_one_line(prepared, tmp_path, args, key):
     r = run_here("train", *tiny(prepared, tmp_path / "run", *args))
     assert r.returncode == 2, r.stderr

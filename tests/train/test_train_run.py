@@ -92,7 +92,7 @@ def test_resume_of_a_finished_run_does_nothing_more(run, prepared):
     before = (run_dir / "metrics.jsonl").read_text()
     r = run_here("train", "--resume", run_dir)
     assert r.returncode == 0, r.stderr
-    after = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text()[len(before):].splitlines()]
+    after = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text()[len(before) :].splitlines()]
     assert all("loss" not in r for r in after)  # no training step, only the final evaluation
 
 
@@ -118,8 +118,10 @@ def test_tokens_per_s_is_wall_clock_between_metrics_lines(prepared, tmp_path):
     # (each line's "time" is stamped as it is written, a moment after the clock is read: 3% covers that).
     # Timing step() alone, as before, gave 3.7x this figure here (6,678 tokens/s for 1,822).
     run_dir = tmp_path / "run"
-    r = run_here("train", *tiny(prepared, run_dir, "train.max_steps=8", "run.log_every=2", "run.eval_every=0",
-                               "debug.step_sleep=0.1"))
+    r = run_here(
+        "train",
+        *tiny(prepared, run_dir, "train.max_steps=8", "run.log_every=2", "run.eval_every=0", "debug.step_sleep=0.1"),
+    )
     assert r.returncode == 0, r.stderr
     train = [x for x in lines(run_dir / "metrics.jsonl") if "loss" in x]
     assert [x["step"] for x in train] == [2, 4, 6, 8]

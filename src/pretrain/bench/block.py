@@ -36,8 +36,11 @@ def block_step(config, device: torch.device):
     apply_activation_checkpointing(block, t.activation_checkpointing)  # the recomputation a run would do
     x = torch.randn(t.micro_batch_size, t.seq_len, m.hidden_size, device=device, dtype=width, requires_grad=True)
     grad = torch.randn_like(x)
-    rope = None if m.family == "gpt2" else \
-        rotary_tables(m.head_dim, t.seq_len, m.rope_theta, device=device, scaling=m.rope_scaling)
+    rope = (
+        None
+        if m.family == "gpt2"
+        else rotary_tables(m.head_dim, t.seq_len, m.rope_theta, device=device, scaling=m.rope_scaling)
+    )
     autocast = precision.autocast(t.precision, device)()  # as the trainer casts
 
     def step():
@@ -59,6 +62,11 @@ def block_throughput(config, device: torch.device, budget: float, peak_tflops: f
     per_token = block_flops_per_token(config)
     tokens_per_s = tokens / seconds
     achieved = tokens_per_s * per_token / 1e12
-    return {"tokens_per_s": tokens_per_s, "step_seconds": seconds, "tokens_per_step": tokens,
-            "flops_per_token": per_token, "achieved_tflops": achieved,
-            "mfu": mfu(tokens_per_s, per_token, 1, peak_tflops)}
+    return {
+        "tokens_per_s": tokens_per_s,
+        "step_seconds": seconds,
+        "tokens_per_step": tokens,
+        "flops_per_token": per_token,
+        "achieved_tflops": achieved,
+        "mfu": mfu(tokens_per_s, per_token, 1, peak_tflops),
+    }

@@ -19,18 +19,31 @@ HELP = "measure matmul TFLOP/s, memory bandwidth and a transformer block; write 
 
 def add_arguments(parser) -> None:
     add_config_arguments(parser)
-    parser.add_argument("--dtypes", help="comma-separated subset of fp32,tf32,fp16,bf16,fp8 (default: all the "
-                        "device has)")
+    parser.add_argument(
+        "--dtypes", help="comma-separated subset of fp32,tf32,fp16,bf16,fp8 (default: all the device has)"
+    )
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
-    parser.add_argument("--seconds", type=float, help="measurement budget in seconds (default 25 on a CPU, "
-                        "120 on a GPU)")
+    parser.add_argument(
+        "--seconds", type=float, help="measurement budget in seconds (default 25 on a CPU, 120 on a GPU)"
+    )
     parser.add_argument("--quick", action="store_true", help="fewer shapes and a short budget (6 s CPU, 30 s GPU)")
     parser.add_argument("--out", metavar="FILE", help="write the hardware profile JSON here")
     parser.add_argument("--json", action="store_true", help="print the profile JSON instead of the table")
-    parser.add_argument("--rounds", type=int, default=3, metavar="N", help="measure everything N times in turn, a "
-                        "1/N share of the budget each; report medians and the spread, warn above 10%% (default 3)")
-    parser.add_argument("--threads", type=int, metavar="N", help="torch CPU threads (default on a CPU: its cores "
-                        "less the 1-minute load average, at least 1; see docs/bench.md)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        metavar="N",
+        help="measure everything N times in turn, a "
+        "1/N share of the budget each; report medians and the spread, warn above 10%% (default 3)",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        metavar="N",
+        help="torch CPU threads (default on a CPU: its cores "
+        "less the 1-minute load average, at least 1; see docs/bench.md)",
+    )
 
 
 def run(args) -> int:
@@ -48,8 +61,17 @@ def run(args) -> int:
     if args.out:
         check_profile_path(args.out)
     with counting_bar("bench", enabled=not args.json) as progress:
-        profile = run_bench(path, overrides, dtypes=args.dtypes, seconds=args.seconds, device=args.device,
-                            quick=args.quick, progress=progress, rounds=args.rounds, threads=args.threads)
+        profile = run_bench(
+            path,
+            overrides,
+            dtypes=args.dtypes,
+            seconds=args.seconds,
+            device=args.device,
+            quick=args.quick,
+            progress=progress,
+            rounds=args.rounds,
+            threads=args.threads,
+        )
     for line in profile["warnings"]:  # stderr: --json keeps stdout a JSON document
         print(line, file=sys.stderr)
     if args.out:

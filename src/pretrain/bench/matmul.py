@@ -23,7 +23,12 @@ from .timing import median_seconds, synchronize
 # (m, n, k): squares, and a layer's GEMMs at 16384 tokens per micro-batch: qkv and MLP up/down of an
 # H=4096, H'=14336 model (Llama 3 8B), and an H=8192 square.
 GPU_SHAPES = [(n, n, n) for n in (2048, 4096, 6144, 8192, 12288, 16384)] + [
-    (16384, 4096, 4096), (16384, 12288, 4096), (16384, 14336, 4096), (16384, 4096, 14336), (16384, 8192, 8192)]
+    (16384, 4096, 4096),
+    (16384, 12288, 4096),
+    (16384, 14336, 4096),
+    (16384, 4096, 14336),
+    (16384, 8192, 8192),
+]
 GPU_QUICK_SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (16384, 14336, 4096), (16384, 16384, 16384)]
 # A CPU is 100-1000x slower, and fp16 on most CPUs is emulated (a 1024^3 product takes seconds): the budget
 # check in `sweep` stops a dtype at the first shape it could not finish.
@@ -98,8 +103,14 @@ def measure(m: int, n: int, k: int, dtype: str, device: torch.device, budget: fl
     return {"dtype": dtype, "m": m, "n": n, "k": k, "seconds": seconds, "tflops": 2 * m * n * k / seconds / 1e12}
 
 
-def sweep(dtype: str, device: torch.device, budget: float, quick: bool = False, on_shape=None,
-          todo: list[tuple[int, int, int]] | None = None) -> list[dict]:
+def sweep(
+    dtype: str,
+    device: torch.device,
+    budget: float,
+    quick: bool = False,
+    on_shape=None,
+    todo: list[tuple[int, int, int]] | None = None,
+) -> list[dict]:
     """Measure `dtype` over the shape list (or `todo`: a later round's, the first round's shapes), smallest
     first, within about `budget` seconds.
 
@@ -131,4 +142,3 @@ def summary(results: list[dict]) -> tuple[float, float]:
     """Best and median TFLOP/s over the measured shapes."""
     tflops = [r["tflops"] for r in results]
     return max(tflops), statistics.median(tflops)
-

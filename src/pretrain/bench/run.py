@@ -46,8 +46,9 @@ def parse_dtypes(dtypes) -> list[str]:
     names = [d.strip().lower() for d in (dtypes.split(",") if isinstance(dtypes, str) else dtypes) if d.strip()]
     unknown = [d for d in names if d not in DTYPES]
     if unknown or not names:
-        raise UsageError(f"--dtypes: unknown dtype {', '.join(unknown) or '(none given)'}; "
-                         f"choose from {','.join(DTYPES)}")
+        raise UsageError(
+            f"--dtypes: unknown dtype {', '.join(unknown) or '(none given)'}; choose from {','.join(DTYPES)}"
+        )
     return names
 
 
@@ -61,9 +62,17 @@ def bench_config(path=None, overrides=(), device: torch.device = torch.device("c
     return load_config(None, defaults + list(overrides))
 
 
-def run_bench(config: Config | str | Path | dict | None = None, overrides=(), dtypes=None,
-              seconds: float | None = None, device: str | None = None, quick: bool = False,
-              progress=None, rounds: int = 3, threads: int | None = None) -> dict:
+def run_bench(
+    config: Config | str | Path | dict | None = None,
+    overrides=(),
+    dtypes=None,
+    seconds: float | None = None,
+    device: str | None = None,
+    quick: bool = False,
+    progress=None,
+    rounds: int = 3,
+    threads: int | None = None,
+) -> dict:
     """Measure matmul TFLOP/s per dtype, memory and host-to-device bandwidth, and one block of `config`.
 
     `config`: a Config, a YAML path or a dict (with `overrides`), or None for the default small model.
@@ -124,9 +133,12 @@ def run_bench(config: Config | str | Path | dict | None = None, overrides=(), dt
         "host_to_device_gbps": None if h2d[0] is None else statistics.median(h2d),
         "block": block,
         "spread_pct": noise,
-        "warnings": [f"warning: {name}: spread {pct:.0f}% over {rounds} rounds, above {NOISY_SPREAD_PCT:.0f}%: the "
-                     "machine is busy; measure on a quiet one" for name, pct in _flat(noise)
-                     if pct > NOISY_SPREAD_PCT],
+        "warnings": [
+            f"warning: {name}: spread {pct:.0f}% over {rounds} rounds, above {NOISY_SPREAD_PCT:.0f}%: the "
+            "machine is busy; measure on a quiet one"
+            for name, pct in _flat(noise)
+            if pct > NOISY_SPREAD_PCT
+        ],
     }
 
 
@@ -137,14 +149,25 @@ def _check_arguments(seconds, rounds, threads) -> None:
     check_threads(threads)
 
 
-def _rounds(cfg: Config, dev: torch.device, budget: float, quick: bool, measured: list[str], rounds: int,
-            advance) -> list[dict]:
+def _rounds(
+    cfg: Config, dev: torch.device, budget: float, quick: bool, measured: list[str], rounds: int, advance
+) -> list[dict]:
     """`rounds` rounds of every figure, a 1/rounds share of the budget each. Round 1 chooses the shapes its
     budget pays for; the later rounds measure the same ones."""
     runs: list[dict] = []
     for r in range(rounds):
-        runs.append(_round(cfg, dev, budget / rounds, quick, measured, runs[0]["shapes"] if runs else None,
-                           advance, f" (round {r + 1})" if rounds > 1 else ""))
+        runs.append(
+            _round(
+                cfg,
+                dev,
+                budget / rounds,
+                quick,
+                measured,
+                runs[0]["shapes"] if runs else None,
+                advance,
+                f" (round {r + 1})" if rounds > 1 else "",
+            )
+        )
     return runs
 
 
@@ -181,14 +204,28 @@ def _median_shapes(runs: list[dict]) -> list[dict]:
     return shapes
 
 
-def _round(cfg: Config, dev: torch.device, budget: float, quick: bool, dtypes: list[str], first: list | None,
-           advance, label: str) -> dict:
+def _round(
+    cfg: Config,
+    dev: torch.device,
+    budget: float,
+    quick: bool,
+    dtypes: list[str],
+    first: list | None,
+    advance,
+    label: str,
+) -> dict:
     """One measurement of every figure within `budget` seconds; the matmuls over `first`'s shapes if given."""
     shapes = []
     for dtype in dtypes:
         todo = [(s["m"], s["n"], s["k"]) for s in first if s["dtype"] == dtype] if first else None
-        shapes += matmul.sweep(dtype, dev, budget * SHARE["matmul"] / len(dtypes), quick, todo=todo,
-                               on_shape=lambda result, d=dtype: advance(f"matmul {d}{label}"))
+        shapes += matmul.sweep(
+            dtype,
+            dev,
+            budget * SHARE["matmul"] / len(dtypes),
+            quick,
+            todo=todo,
+            on_shape=lambda result, d=dtype: advance(f"matmul {d}{label}"),
+        )
     copy = device_copy_gbps(dev, budget * SHARE["copy"])
     advance(f"device memory bandwidth{label}")
     h2d = host_to_device_gbps(dev, budget * SHARE["host_to_device"])
@@ -204,21 +241,30 @@ def _shape(result: dict) -> tuple:
 
 def _spreads(runs: list[dict], dtypes: list[str]) -> dict:
     """(max - min) / median in % over the rounds, of each dtype's best TFLOP/s, each bandwidth, the block."""
+
     def pct(values):
         return None if values[0] is None else spread(values)["spread_pct"]  # None for one round
 
-    return {"peak_tflops": {d: pct([max(s["tflops"] for s in run["shapes"] if s["dtype"] == d) for run in runs])
-                            for d in dtypes},
-            "memory_bandwidth_gbps": pct([run["copy"] for run in runs]),
-            "host_to_device_gbps": pct([run["host_to_device"] for run in runs]),
-            "block_tokens_per_s": pct([run["block"]["tokens_per_s"] for run in runs])}
+    return {
+        "peak_tflops": {
+            d: pct([max(s["tflops"] for s in run["shapes"] if s["dtype"] == d) for run in runs]) for d in dtypes
+        },
+        "memory_bandwidth_gbps": pct([run["copy"] for run in runs]),
+        "host_to_device_gbps": pct([run["host_to_device"] for run in runs]),
+        "block_tokens_per_s": pct([run["block"]["tokens_per_s"] for run in runs]),
+    }
 
 
 def _flat(noise: dict) -> list[tuple[str, float]]:
     pairs = [(f"{d} matmul", p) for d, p in noise["peak_tflops"].items()]
-    pairs += [(name, noise[key]) for name, key in (("memory copy", "memory_bandwidth_gbps"),
-                                                   ("host to device", "host_to_device_gbps"),
-                                                   ("block", "block_tokens_per_s"))]
+    pairs += [
+        (name, noise[key])
+        for name, key in (
+            ("memory copy", "memory_bandwidth_gbps"),
+            ("host to device", "host_to_device_gbps"),
+            ("block", "block_tokens_per_s"),
+        )
+    ]
     return [(name, p) for name, p in pairs if p is not None]
 
 
@@ -231,10 +277,20 @@ def _block(cfg: Config, dev: torch.device, peaks: dict, result: dict) -> dict:
         hardware = cfg.hardware if dev.type == "cuda" else dataclasses.replace(cfg.hardware, gpu="cpu")
         peak, source = peak_tflops(hardware, cfg.train.precision)
     t = cfg.train
-    return {**result, "mfu": mfu(result["tokens_per_s"], result["flops_per_token"], 1, peak), "peak_tflops": peak,
-            "peak_source": source, "compute_dtype": dtype, "config": {
-                "model": dataclasses.asdict(cfg.model), "seq_len": t.seq_len, "micro_batch_size": t.micro_batch_size,
-                "precision": t.precision, "attention": t.attention}}
+    return {
+        **result,
+        "mfu": mfu(result["tokens_per_s"], result["flops_per_token"], 1, peak),
+        "peak_tflops": peak,
+        "peak_source": source,
+        "compute_dtype": dtype,
+        "config": {
+            "model": dataclasses.asdict(cfg.model),
+            "seq_len": t.seq_len,
+            "micro_batch_size": t.micro_batch_size,
+            "precision": t.precision,
+            "attention": t.attention,
+        },
+    }
 
 
 def _in_order(by_dtype: dict) -> dict:

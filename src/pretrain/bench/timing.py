@@ -63,8 +63,13 @@ def spread(values: list[float]) -> dict:
     above NOISY_SPREAD_PCT."""
     mid = statistics.median(values)
     pct = 100.0 * (max(values) - min(values)) / mid if len(values) > 1 and mid else None
-    return {"median": mid, "min": min(values), "max": max(values), "spread_pct": pct,
-            "noisy": pct is not None and pct > NOISY_SPREAD_PCT}
+    return {
+        "median": mid,
+        "min": min(values),
+        "max": max(values),
+        "spread_pct": pct,
+        "noisy": pct is not None and pct > NOISY_SPREAD_PCT,
+    }
 
 
 def cpu_threads(requested: int | None) -> tuple[int, str]:

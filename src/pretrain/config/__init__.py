@@ -19,8 +19,19 @@ from .key_table import docs_markdown
 from .reading import build_section, deep_copy, read_yaml, resolve_model, shown, split_override, unknown
 from .schema import SECTIONS, Config, compile_enabled
 
-__all__ = ["Config", "SECTIONS", "load_config", "replaced", "from_dict", "resolve", "validate", "untrained",
-           "mixture_sources", "compile_enabled", "docs_markdown"]
+__all__ = [
+    "Config",
+    "SECTIONS",
+    "load_config",
+    "replaced",
+    "from_dict",
+    "resolve",
+    "validate",
+    "untrained",
+    "mixture_sources",
+    "compile_enabled",
+    "docs_markdown",
+]
 
 
 def load_config(path: str | Path | dict | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
@@ -45,11 +56,13 @@ def replaced(config: Config, overrides: dict) -> Config:
     for key, value in overrides.items():
         section, name = key.split(".", 1)
         if section not in SECTIONS or name not in {f.name for f in dataclasses.fields(SECTIONS[section])}:
-            raise ConfigError(unknown(key, [f"{s}.{f.name}" for s, cls in SECTIONS.items()
-                                            for f in dataclasses.fields(cls)], "key"))
+            raise ConfigError(
+                unknown(key, [f"{s}.{f.name}" for s, cls in SECTIONS.items() for f in dataclasses.fields(cls)], "key")
+            )
         by_section.setdefault(section, {})[name] = value
-    new = dataclasses.replace(config, **{s: dataclasses.replace(getattr(config, s), **v)
-                                         for s, v in by_section.items()})
+    new = dataclasses.replace(
+        config, **{s: dataclasses.replace(getattr(config, s), **v) for s, v in by_section.items()}
+    )
     return resolve(new)
 
 

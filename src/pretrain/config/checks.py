@@ -62,11 +62,16 @@ def resolve(c: Config) -> Config:
     for name in ("hidden_size", "num_heads", "max_seq_len"):
         _positive(f"model.{name}", getattr(m, name))
     if m.head_dim is None and m.hidden_size % m.num_heads:
-        raise ConfigError(f"model.num_heads: {m.num_heads} heads do not divide hidden_size {m.hidden_size}; "
-                          "pick a divisor or set model.head_dim")
-    model = dataclasses.replace(m, num_kv_heads=m.num_heads if m.num_kv_heads is None else m.num_kv_heads,
-                                head_dim=m.hidden_size // m.num_heads if m.head_dim is None else m.head_dim,
-                                rope_scaling=checked_rope_scaling(m.rope_scaling))
+        raise ConfigError(
+            f"model.num_heads: {m.num_heads} heads do not divide hidden_size {m.hidden_size}; "
+            "pick a divisor or set model.head_dim"
+        )
+    model = dataclasses.replace(
+        m,
+        num_kv_heads=m.num_heads if m.num_kv_heads is None else m.num_kv_heads,
+        head_dim=m.hidden_size // m.num_heads if m.head_dim is None else m.head_dim,
+        rope_scaling=checked_rope_scaling(m.rope_scaling),
+    )
     default_len = min(2048, m.max_seq_len, m.sliding_window or m.max_seq_len)
     train = dataclasses.replace(t, seq_len=default_len if t.seq_len is None else t.seq_len)
     if t.global_batch_tokens is not None:
@@ -82,15 +87,20 @@ def _check_experts(c: Config) -> None:
     m, p = c.model, c.parallel
     _positive("parallel.expert", p.expert)
     if m.num_experts and not 0 < m.experts_per_token <= m.num_experts:
-        raise ConfigError(f"model.experts_per_token: {m.experts_per_token} must be in 1..model.num_experts "
-                          f"{m.num_experts}")
+        raise ConfigError(
+            f"model.experts_per_token: {m.experts_per_token} must be in 1..model.num_experts {m.num_experts}"
+        )
     if p.expert > 1 and (not m.num_experts or m.num_experts % p.expert or p.data_parallel % p.expert):
-        raise ConfigError(f"parallel.expert: {p.expert} must divide model.num_experts {m.num_experts} and the "
-                          f"data-parallel degree {p.data_parallel} (experts are split over data-parallel ranks); "
-                          "pick a common divisor or 1")
+        raise ConfigError(
+            f"parallel.expert: {p.expert} must divide model.num_experts {m.num_experts} and the "
+            f"data-parallel degree {p.data_parallel} (experts are split over data-parallel ranks); "
+            "pick a common divisor or 1"
+        )
     if c.plan.routing_imbalance < 1:
-        raise ConfigError(f"plan.routing_imbalance: {c.plan.routing_imbalance} is below 1; the busiest expert "
-                          "carries at least the mean load (1 = perfectly balanced)")
+        raise ConfigError(
+            f"plan.routing_imbalance: {c.plan.routing_imbalance} is below 1; the busiest expert "
+            "carries at least the mean load (1 = perfectly balanced)"
+        )
 
 
 def _accumulation(t, p) -> int:
@@ -107,9 +117,11 @@ def _accumulation(t, p) -> int:
     accum, rest = divmod(t.global_batch_tokens, unit)
     if rest or not accum:
         nearest = " or ".join(f"{k * unit:,}" for k in (accum, accum + 1) if k)
-        raise ConfigError(f"train.global_batch_tokens: {t.global_batch_tokens:,} is not a multiple of micro-batch "
-                          f"{t.micro_batch_size} x seq {t.seq_len} x {data} data-parallel ranks = {unit:,} tokens; "
-                          f"the nearest that are: {nearest}")
+        raise ConfigError(
+            f"train.global_batch_tokens: {t.global_batch_tokens:,} is not a multiple of micro-batch "
+            f"{t.micro_batch_size} x seq {t.seq_len} x {data} data-parallel ranks = {unit:,} tokens; "
+            f"the nearest that are: {nearest}"
+        )
     return accum
 
 
@@ -138,13 +150,15 @@ def _check_model(c: Config) -> None:
         if m.num_heads * m.head_dim != m.hidden_size:
             raise ConfigError("model.head_dim: the gpt2 family needs num_heads x head_dim == hidden_size")
         if m.num_kv_heads != m.num_heads:
-            raise ConfigError("model.num_kv_heads: the gpt2 family has no grouped-query attention; "
-                              "leave num_kv_heads unset")
+            raise ConfigError(
+                "model.num_kv_heads: the gpt2 family has no grouped-query attention; leave num_kv_heads unset"
+            )
         if m.qk_norm:
             raise ConfigError("model.qk_norm: the gpt2 family has no QK-norm; set model.qk_norm=false")
         if m.rope_scaling is not None:
-            raise ConfigError("model.rope_scaling: the gpt2 family has learned positions, no RoPE; leave "
-                              "model.rope_scaling unset")
+            raise ConfigError(
+                "model.rope_scaling: the gpt2 family has learned positions, no RoPE; leave model.rope_scaling unset"
+            )
     checked_rope_scaling(m.rope_scaling)
     if m.family == "llama" and m.head_dim % 2:
         raise ConfigError(f"model.head_dim: rotary embeddings need an even head_dim, got {m.head_dim}")
@@ -163,20 +177,29 @@ def _check_train(c: Config) -> None:
     for name in ("tokens", "examples", "max_steps"):
         _positive(f"train.{name}", getattr(t, name))
     if t.seq_len > m.max_seq_len:
-        extend = " (for a LLaMA pretrained at a shorter context, with model.rope_scaling as llama3.1-8b does: " \
-                 "docs/train.md, Long context)" if m.family == "llama" else ""
-        raise ConfigError(f"train.seq_len: {t.seq_len} is longer than model.max_seq_len {m.max_seq_len}; "
-                          f"lower train.seq_len or raise model.max_seq_len{extend}")
+        extend = (
+            " (for a LLaMA pretrained at a shorter context, with model.rope_scaling as llama3.1-8b does: "
+            "docs/train.md, Long context)"
+            if m.family == "llama"
+            else ""
+        )
+        raise ConfigError(
+            f"train.seq_len: {t.seq_len} is longer than model.max_seq_len {m.max_seq_len}; "
+            f"lower train.seq_len or raise model.max_seq_len{extend}"
+        )
     if m.sliding_window is not None and t.seq_len > m.sliding_window:
-        raise ConfigError(f"train.seq_len: {t.seq_len} is longer than model.sliding_window {m.sliding_window}, "
-                          "beyond which the checkpoint's sliding-window attention is not built (pretrain's full "
-                          f"attention equals it only within the window); use train.seq_len <= {m.sliding_window}")
+        raise ConfigError(
+            f"train.seq_len: {t.seq_len} is longer than model.sliding_window {m.sliding_window}, "
+            "beyond which the checkpoint's sliding-window attention is not built (pretrain's full "
+            f"attention equals it only within the window); use train.seq_len <= {m.sliding_window}"
+        )
     _positive("train.lr", t.lr)
     if not 0 <= t.min_lr_ratio <= 1:
         raise ConfigError(f"train.min_lr_ratio: must be in [0, 1], got {t.min_lr_ratio}")
     if isinstance(t.warmup, float) and not 0 <= t.warmup < 1:
-        raise ConfigError(f"train.warmup: a fraction must be in [0, 1), got {t.warmup}; "
-                          "give an integer for a number of steps")
+        raise ConfigError(
+            f"train.warmup: a fraction must be in [0, 1), got {t.warmup}; give an integer for a number of steps"
+        )
     _positive("train.warmup", t.warmup, allow_zero=True)
     if not 0 < t.decay_fraction <= 1:
         raise ConfigError(f"train.decay_fraction: must be in (0, 1], got {t.decay_fraction}")
@@ -200,35 +223,49 @@ def _check_parallel(c: Config) -> None:
     for name in ("gpus", "tensor", "pipeline", "gpus_per_node"):
         _positive(f"parallel.{name}", getattr(p, name))
     if p.gpus > MOST_GPUS:
-        raise ConfigError(f"parallel.gpus: {p.gpus:,} is more than the {MOST_GPUS:,} (2^20) a config takes, ten "
-                          "times the largest clusters built; give the job's world size")
+        raise ConfigError(
+            f"parallel.gpus: {p.gpus:,} is more than the {MOST_GPUS:,} (2^20) a config takes, ten "
+            "times the largest clusters built; give the job's world size"
+        )
     if p.gpus % (p.tensor * p.pipeline):
-        raise GridError(f"parallel.gpus: {p.gpus} GPUs are not divisible by tensor x pipeline = "
-                        f"{p.tensor} x {p.pipeline}; make gpus a multiple of {p.tensor * p.pipeline}", p)
+        raise GridError(
+            f"parallel.gpus: {p.gpus} GPUs are not divisible by tensor x pipeline = "
+            f"{p.tensor} x {p.pipeline}; make gpus a multiple of {p.tensor * p.pipeline}",
+            p,
+        )
     global_batch = t.micro_batch_size * t.seq_len * t.grad_accum_steps * (p.gpus // (p.tensor * p.pipeline))
     if t.batch_ramp_tokens and t.batch_ramp_start > global_batch:  # the ramp would start above its end: no ramp
-        raise ConfigError(f"train.batch_ramp_start: {t.batch_ramp_start:,} tokens is above the global batch "
-                          f"{global_batch:,} the ramp grows to; lower it (e.g. {global_batch // 8:,}) or set "
-                          "train.batch_ramp_tokens=0 for no ramp")
+        raise ConfigError(
+            f"train.batch_ramp_start: {t.batch_ramp_start:,} tokens is above the global batch "
+            f"{global_batch:,} the ramp grows to; lower it (e.g. {global_batch // 8:,}) or set "
+            "train.batch_ramp_tokens=0 for no ramp"
+        )
     if p.tensor > 1 and m.num_heads % p.tensor:
         raise ConfigError(f"parallel.tensor: {p.tensor} must divide model.num_heads {m.num_heads}")
     if p.tensor > 1 and m.num_kv_heads % p.tensor:  # Megatron splits whole key/value groups over the ranks
-        raise ConfigError(f"parallel.tensor: {p.tensor} must divide model.num_kv_heads {m.num_kv_heads} "
-                          "(each tensor rank holds whole key/value heads); pick a divisor")
+        raise ConfigError(
+            f"parallel.tensor: {p.tensor} must divide model.num_kv_heads {m.num_kv_heads} "
+            "(each tensor rank holds whole key/value heads); pick a divisor"
+        )
     if p.pipeline > m.num_layers:
-        raise ConfigError(f"parallel.pipeline: {p.pipeline} stages for {m.num_layers} layers; "
-                          "use at most one stage per layer")
+        raise ConfigError(
+            f"parallel.pipeline: {p.pipeline} stages for {m.num_layers} layers; use at most one stage per layer"
+        )
     if p.sequence_parallel and p.tensor == 1:
         raise ConfigError("parallel.sequence_parallel: needs parallel.tensor > 1")
     _check_experts(c)
     if p.offload == "optimizer+params" and (p.zero_stage != 3 or p.gpus == p.tensor * p.pipeline):
         # Parameters live off the GPU only when ZeRO-3 gathers them per block (DeepSpeed ZeRO-Infinity).
-        raise ConfigError("parallel.offload: optimizer+params needs parallel.zero_stage=3 with data parallel > 1 "
-                          "(parameter offload exists only with ZeRO-3); set it, or use parallel.offload=optimizer")
+        raise ConfigError(
+            "parallel.offload: optimizer+params needs parallel.zero_stage=3 with data parallel > 1 "
+            "(parameter offload exists only with ZeRO-3); set it, or use parallel.offload=optimizer"
+        )
     if p.pipeline_schedule == "interleaved_1f1b" and p.pipeline > 1 and 2 * p.pipeline > m.num_layers:
-        raise ConfigError(f"parallel.pipeline_schedule: interleaved_1f1b runs 2 chunks of layers per stage, "
-                          f"{2 * p.pipeline} for {m.num_layers} layers; use 1f1b or parallel.pipeline <= "
-                          f"{m.num_layers // 2}")
+        raise ConfigError(
+            f"parallel.pipeline_schedule: interleaved_1f1b runs 2 chunks of layers per stage, "
+            f"{2 * p.pipeline} for {m.num_layers} layers; use 1f1b or parallel.pipeline <= "
+            f"{m.num_layers // 2}"
+        )
 
 
 def _check_hardware_and_budget(c: Config) -> None:
@@ -239,8 +276,14 @@ def _check_hardware_and_budget(c: Config) -> None:
         value = getattr(h, name)
         if value is not None and not 0 < value <= 1:
             raise ConfigError(f"hardware.{name}: must be in (0, 1], got {value}")
-    for name in ("peak_tflops", "memory_gb", "bandwidth_gbps", "price_per_gpu_hour", "intra_node_gbps",
-                 "inter_node_gbps"):
+    for name in (
+        "peak_tflops",
+        "memory_gb",
+        "bandwidth_gbps",
+        "price_per_gpu_hour",
+        "intra_node_gbps",
+        "inter_node_gbps",
+    ):
         _positive(f"hardware.{name}", getattr(h, name))
     _positive("hardware.cuda_context_gb", h.cuda_context_gb, allow_zero=True)
     if not 0 <= h.fragmentation < 1:
@@ -251,8 +294,9 @@ def _check_hardware_and_budget(c: Config) -> None:
     for key in given:
         _positive(key, getattr(c.budget, key.split(".")[1]))
     if len(given) > 1:
-        raise ConfigError(f"budget: {' and '.join(given)} both given; give one of budget.gpu_hours, budget.days, "
-                          "budget.cost")
+        raise ConfigError(
+            f"budget: {' and '.join(given)} both given; give one of budget.gpu_hours, budget.days, budget.cost"
+        )
     if c.budget.cost is not None and not h.price_per_gpu_hour:
         raise ConfigError("budget.cost: needs hardware.price_per_gpu_hour (the price of one GPU-hour)")
 
@@ -262,11 +306,14 @@ def _check_data_and_run(c: Config) -> None:
     _positive("data.raw_bytes", c.data.raw_bytes)
     _positive("data.bytes_per_token", c.data.bytes_per_token)
     if c.data.raw_bytes and not c.data.bytes_per_token:
-        raise ConfigError("data.raw_bytes: needs data.bytes_per_token too (measure it with `pretrain tokenizer "
-                          "stats --tokenizer DIR --input CORPUS`)")
+        raise ConfigError(
+            "data.raw_bytes: needs data.bytes_per_token too (measure it with `pretrain tokenizer "
+            "stats --tokenizer DIR --input CORPUS`)"
+        )
     if c.data.mixture and c.data.dir:
-        raise ConfigError("data.mixture: exclusive with data.dir; remove data.dir (each mixture source names its "
-                          "own directory)")
+        raise ConfigError(
+            "data.mixture: exclusive with data.dir; remove data.dir (each mixture source names its own directory)"
+        )
     mixture_sources(c.data)
     r = c.run
     for name in ("log_every", "eval_batches", "keep_checkpoints"):
@@ -280,8 +327,10 @@ def _check_data_and_run(c: Config) -> None:
     _positive("stability.min_rise", st.min_rise, allow_zero=True)
     _positive("stability.lr_scale_steps", st.lr_scale_steps, allow_zero=True)
     if st.min_history > st.window:  # the history is the window: it would never be long enough to judge
-        raise ConfigError(f"stability.min_history: {st.min_history} is more than stability.window {st.window}, so "
-                          f"no spike would ever be judged; raise stability.window or lower stability.min_history")
+        raise ConfigError(
+            f"stability.min_history: {st.min_history} is more than stability.window {st.window}, so "
+            f"no spike would ever be judged; raise stability.window or lower stability.min_history"
+        )
 
 
 def _check_eval_tasks(c: Config) -> None:
@@ -309,10 +358,11 @@ def untrained(c: Config) -> list[str]:
             trains = f.metadata["trains"]
             if trains is not None and getattr(values, f.name) not in trains:
                 allowed = " | ".join(shown_value(v) for v in trains)
-                found.append(f"{section}.{f.name}: {shown_value(getattr(values, f.name))} is planned but not trained "
-                             f"(`pretrain plan` models it); `pretrain train` runs {allowed}")
+                found.append(
+                    f"{section}.{f.name}: {shown_value(getattr(values, f.name))} is planned but not trained "
+                    f"(`pretrain plan` models it); `pretrain train` runs {allowed}"
+                )
     return found
-
 
 
 MIXTURE_KEYS = ("dir", "weight", "name", "max_epochs")
@@ -329,8 +379,9 @@ def mixture_sources(data: DataConfig) -> list[dict]:
             raise ConfigError(unknown(f"{key}.{extra[0]}", [f"{key}.{k}" for k in MIXTURE_KEYS], "key"))
         for required in ("dir", "weight"):
             if entry.get(required) in (None, ""):
-                raise ConfigError(f"{key}: no {required}; each source is {{dir: DIR, weight: W}} (weights count "
-                                  "tokens)")
+                raise ConfigError(
+                    f"{key}: no {required}; each source is {{dir: DIR, weight: W}} (weights count tokens)"
+                )
         directory = coerce(f"{key}.dir", entry["dir"], str)
         weight = coerce(f"{key}.weight", entry["weight"], float)
         if not math.isfinite(weight) or weight <= 0:

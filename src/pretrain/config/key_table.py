@@ -16,7 +16,11 @@ def docs_markdown() -> str:
             default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
             shown = "null" if default is None else str(default).lower() if isinstance(default, bool) else default
             trains = f.metadata["trains"]
-            note = f" *Planner only beyond {' / '.join(f'`{shown_value(v)}`' for v in trains)}: the trainer runs " \
-                   "only that.*" if trains else ""
+            note = (
+                f" *Planner only beyond {' / '.join(f'`{shown_value(v)}`' for v in trains)}: the trainer runs "
+                "only that.*"
+                if trains
+                else ""
+            )
             lines.append(f"| `{section}.{f.name}` | `{shown}` | {f.metadata['doc']}{note} |")
     return "\n".join(lines)

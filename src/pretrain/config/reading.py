@@ -28,8 +28,9 @@ def read_yaml(path) -> dict:
     except IsADirectoryError:
         raise ConfigError(f"config file {path} is a directory; give a YAML file (see configs/)") from None
     except UnicodeDecodeError as e:
-        raise ConfigError(f"config file {path} is not UTF-8 text (byte {e.start}); give a YAML file "
-                          "(see configs/)") from None
+        raise ConfigError(
+            f"config file {path} is not UTF-8 text (byte {e.start}); give a YAML file (see configs/)"
+        ) from None
     try:
         data = _load_yaml(text, path)
     except yaml.YAMLError as e:
@@ -77,8 +78,10 @@ def _check_yaml_nodes(root, path: Path) -> None:
         if id(node) in expanded:
             return expanded[id(node)]
         if id(node) in open_nodes:
-            raise ConfigError(f"{path} line {node.start_mark.line + 1}: an alias refers to a value that contains "
-                              "it (a recursive structure); write the values out")
+            raise ConfigError(
+                f"{path} line {node.start_mark.line + 1}: an alias refers to a value that contains "
+                "it (a recursive structure); write the values out"
+            )
         open_nodes.add(id(node))
         n = 1
         if isinstance(node, yaml.MappingNode):
@@ -88,8 +91,10 @@ def _check_yaml_nodes(root, path: Path) -> None:
             n += sum(size(item, open_nodes) for item in node.value)
         open_nodes.discard(id(node))
         if n > MAX_YAML_VALUES:
-            raise ConfigError(f"{path}: its aliases expand to more than {MAX_YAML_VALUES:,} values (a config has "
-                              "~100); write the values out instead of nesting aliases")
+            raise ConfigError(
+                f"{path}: its aliases expand to more than {MAX_YAML_VALUES:,} values (a config has "
+                "~100); write the values out instead of nesting aliases"
+            )
         expanded[id(node)] = n
         return n
 
@@ -104,15 +109,17 @@ def _refuse_duplicate_keys(node, path: Path, top_level: bool) -> None:
         line = key.start_mark.line + 1
         if (key.tag, key.value) in first:
             what = "section" if top_level else "key"
-            raise ConfigError(f"{path} line {line}: {what} {shown(key.value)} is given twice (first at line "
-                              f"{first[key.tag, key.value]}); YAML would keep only the last: keep one")
+            raise ConfigError(
+                f"{path} line {line}: {what} {shown(key.value)} is given twice (first at line "
+                f"{first[key.tag, key.value]}); YAML would keep only the last: keep one"
+            )
         first[key.tag, key.value] = line
 
 
 def shown(value, limit: int = 80) -> str:
     """A value echoed in an error, at most `limit` characters of its repr (a value from a file can be huge)."""
     text = repr(value)
-    return text if len(text) <= limit else f"{text[:limit - 3]}..."
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."
 
 
 def split_override(item: str) -> tuple[str, str]:
@@ -253,8 +260,9 @@ def _coerce_int(key: str, value: Any) -> int:
     number = _number(value)  # 1.4e12 and 2_000 are integers too
     if number is not None and float(number).is_integer():
         return int(number)
-    raise ConfigError(f"{key}: expected a whole number (4096, 4e9, 15T; K/M/B/T are 1e3/1e6/1e9/1e12), "
-                      f"got {shown(value)}")
+    raise ConfigError(
+        f"{key}: expected a whole number (4096, 4e9, 15T; K/M/B/T are 1e3/1e6/1e9/1e12), got {shown(value)}"
+    )
 
 
 # Counts as practitioners write them: 15T tokens, a 4M-token batch, a 32K vocabulary. Decimal, as in papers

@@ -21,14 +21,20 @@ def check_trainable(config, needs_data: bool = True) -> None:
     """Config errors the trainer (not the planner) refuses; `needs_data`: a data directory must be set."""
     t, par = config.train, config.parallel
     if t.grad_dtype == "same" and mixed_precision(t.precision):
-        raise ConfigError("train.grad_dtype: same (half-precision gradients) is a planning option; autocast keeps "
-                          "fp32 gradients: use train.grad_dtype=fp32 or train.precision=bf16")
+        raise ConfigError(
+            "train.grad_dtype: same (half-precision gradients) is a planning option; autocast keeps "
+            "fp32 gradients: use train.grad_dtype=fp32 or train.precision=bf16"
+        )
     if t.cache_weight_casts and not caches_weight_casts(t, par):  # a switch that would do nothing is said
-        raise ConfigError("train.cache_weight_casts: autocast's cast cache spans a step under bf16-mixed, "
-                          "fp16-mixed or fp8 without FSDP, tensor or pipeline parallelism; turn it off here")
+        raise ConfigError(
+            "train.cache_weight_casts: autocast's cast cache spans a step under bf16-mixed, "
+            "fp16-mixed or fp8 without FSDP, tensor or pipeline parallelism; turn it off here"
+        )
     if t.half_residual and not mixed_precision(t.precision):
-        raise ConfigError(f"train.half_residual: {t.precision} has no autocast to keep the residual stream from; "
-                          "use it with bf16-mixed, fp16-mixed or fp8, or turn it off")
+        raise ConfigError(
+            f"train.half_residual: {t.precision} has no autocast to keep the residual stream from; "
+            "use it with bf16-mixed, fp16-mixed or fp8, or turn it off"
+        )
     unbuilt = unbuilt_architecture(config.model)
     if unbuilt:
         raise ConfigError(unbuilt)
@@ -44,94 +50,138 @@ def check_trainable(config, needs_data: bool = True) -> None:
     if par.tensor > 1:
         check_tensor_parallel(config)
     if config.debug.fp8_check and t.precision != "fp8":
-        raise ConfigError(f"debug.fp8_check: shadows float8 linears, and train.precision is {t.precision}; "
-                          "use train.precision=fp8 or debug.fp8_check=0")
+        raise ConfigError(
+            f"debug.fp8_check: shadows float8 linears, and train.precision is {t.precision}; "
+            "use train.precision=fp8 or debug.fp8_check=0"
+        )
     if config.debug.fp8_check and t.compile is True:
-        raise ConfigError("debug.fp8_check: its bf16 shadow runs eager; use train.compile=auto (off under the "
-                          "check) or false, or debug.fp8_check=0")
+        raise ConfigError(
+            "debug.fp8_check: its bf16 shadow runs eager; use train.compile=auto (off under the "
+            "check) or false, or debug.fp8_check=0"
+        )
     if config.run.eval_tasks and (par.tensor > 1 or par.pipeline > 1):
         # each rank scores its own examples with the whole model (FSDP gathers it); tensor and pipeline ranks
         # hold part of it
-        raise ConfigError("run.eval_tasks: evaluated under data parallelism (DDP, ZeRO-1, FSDP), not with "
-                          "tensor or pipeline parallelism; score checkpoints with `pretrain eval` instead")
+        raise ConfigError(
+            "run.eval_tasks: evaluated under data parallelism (DDP, ZeRO-1, FSDP), not with "
+            "tensor or pipeline parallelism; score checkpoints with `pretrain eval` instead"
+        )
     if needs_data and not (config.data.dir or config.data.mixture):
-        raise ConfigError("data.dir: not set; prepare data with `pretrain prepare --out DIR` and set data.dir=DIR "
-                          "(or data.mixture for several directories)")
+        raise ConfigError(
+            "data.dir: not set; prepare data with `pretrain prepare --out DIR` and set data.dir=DIR "
+            "(or data.mixture for several directories)"
+        )
 
 
 def unbuilt_architecture(m) -> str | None:
     """The refusal of a model the planner counts (DeepSeek-V3, gpt-oss from model.hf_config) but whose blocks the
     model does not build yet, or None."""
-    what = ("model.kv_lora_rank: multi-head latent attention (DeepSeek-V3)" if m.kv_lora_rank else
-            "model.attention_sinks: attention sinks (gpt-oss)" if m.attention_sinks else
-            "model.attention_bias: an attention output-projection bias (gpt-oss)" if m.attention_bias else
-            "model.expert_bias: router and expert biases (gpt-oss)" if m.expert_bias else None)
-    return what and (f"{what} is not built yet: `pretrain plan` counts this model, `pretrain train` cannot run it; "
-                     "train a Mixtral, Qwen3-MoE or OLMoE shape instead (docs/moe.md)")
+    what = (
+        "model.kv_lora_rank: multi-head latent attention (DeepSeek-V3)"
+        if m.kv_lora_rank
+        else "model.attention_sinks: attention sinks (gpt-oss)"
+        if m.attention_sinks
+        else "model.attention_bias: an attention output-projection bias (gpt-oss)"
+        if m.attention_bias
+        else "model.expert_bias: router and expert biases (gpt-oss)"
+        if m.expert_bias
+        else None
+    )
+    return what and (
+        f"{what} is not built yet: `pretrain plan` counts this model, `pretrain train` cannot run it; "
+        "train a Mixtral, Qwen3-MoE or OLMoE shape instead (docs/moe.md)"
+    )
 
 
 def check_moe(config) -> None:
     """What the Mixture-of-Experts layer (model/moe.py) is not built with yet (docs/moe.md)."""
     m, t, par = config.model, config.train, config.parallel
     if m.family != "llama":
-        raise ConfigError(f"model.num_experts: Mixture-of-Experts is built for the LLaMA family, not {m.family}; "
-                          "use model.family=llama or model.num_experts=0")
+        raise ConfigError(
+            f"model.num_experts: Mixture-of-Experts is built for the LLaMA family, not {m.family}; "
+            "use model.family=llama or model.num_experts=0"
+        )
     if m.experts_per_token > m.num_experts:
-        raise ConfigError(f"model.experts_per_token: {m.experts_per_token} is more than model.num_experts "
-                          f"{m.num_experts}; route each token to at most num_experts experts")
+        raise ConfigError(
+            f"model.experts_per_token: {m.experts_per_token} is more than model.num_experts "
+            f"{m.num_experts}; route each token to at most num_experts experts"
+        )
     if par.tensor > 1 or par.pipeline > 1:
-        raise ConfigError("model.num_experts: Mixture-of-Experts with tensor or pipeline parallelism is not built "
-                          "yet; use parallel.tensor=1 parallel.pipeline=1 (data parallel and FSDP work)")
+        raise ConfigError(
+            "model.num_experts: Mixture-of-Experts with tensor or pipeline parallelism is not built "
+            "yet; use parallel.tensor=1 parallel.pipeline=1 (data parallel and FSDP work)"
+        )
     if par.expert > 1 and par.zero_stage == 1:
-        raise ConfigError("parallel.expert: expert parallelism is built with DDP and FSDP (parallel.zero_stage 0, 2 "
-                          "or 3), not yet with ZeRO-1; use parallel.zero_stage=0 or 3, or parallel.expert=1")
+        raise ConfigError(
+            "parallel.expert: expert parallelism is built with DDP and FSDP (parallel.zero_stage 0, 2 "
+            "or 3), not yet with ZeRO-1; use parallel.zero_stage=0 or 3, or parallel.expert=1"
+        )
     if t.activation_checkpointing == "selective":
-        raise ConfigError("train.activation_checkpointing: selective is not built with Mixture-of-Experts yet; use "
-                          "train.activation_checkpointing=full or none")
+        raise ConfigError(
+            "train.activation_checkpointing: selective is not built with Mixture-of-Experts yet; use "
+            "train.activation_checkpointing=full or none"
+        )
 
 
 def check_pipelinable(config) -> None:
     """What the pipelined trainer (distributed/pipeline.py) refuses."""
     m, t, par = config.model, config.train, config.parallel
     if m.tie_embeddings:
-        raise ConfigError("parallel.pipeline: a tied embedding would live on the first and the last stage at "
-                          "once; the trainer does not synchronise the two copies: use model.tie_embeddings=false "
-                          "or parallel.pipeline=1")
+        raise ConfigError(
+            "parallel.pipeline: a tied embedding would live on the first and the last stage at "
+            "once; the trainer does not synchronise the two copies: use model.tie_embeddings=false "
+            "or parallel.pipeline=1"
+        )
     if par.zero_stage >= 2 and par.data_parallel > 1:
-        raise ConfigError("parallel.zero_stage: FSDP (stages 2 and 3) per pipeline stage is not built; use "
-                          "parallel.zero_stage=0 or 1 with parallel.pipeline > 1")
+        raise ConfigError(
+            "parallel.zero_stage: FSDP (stages 2 and 3) per pipeline stage is not built; use "
+            "parallel.zero_stage=0 or 1 with parallel.pipeline > 1"
+        )
     if t.document_masking or m.position_reset:
-        raise ConfigError("train.document_masking / model.position_reset: a later pipeline stage sees no tokens to "
-                          "find the documents in; use parallel.pipeline=1 or turn them off")
+        raise ConfigError(
+            "train.document_masking / model.position_reset: a later pipeline stage sees no tokens to "
+            "find the documents in; use parallel.pipeline=1 or turn them off"
+        )
     if t.precision == "fp16-mixed":
-        raise ConfigError("train.precision: fp16-mixed's loss scaler would skip steps per stage, not together; "
-                          "use bf16-mixed with parallel.pipeline > 1")
+        raise ConfigError(
+            "train.precision: fp16-mixed's loss scaler would skip steps per stage, not together; "
+            "use bf16-mixed with parallel.pipeline > 1"
+        )
 
 
 def check_tensor_parallel(config) -> None:
     """What the tensor-parallel split (distributed/tensor_parallel.py) needs beyond the planner's checks."""
     m, t, par = config.model, config.train, config.parallel
     if m.family != "llama":
-        raise ConfigError(f"parallel.tensor: tensor parallelism is built for the LLaMA family, not {m.family}; "
-                          "use parallel.tensor=1 (FSDP: parallel.zero_stage=3)")
+        raise ConfigError(
+            f"parallel.tensor: tensor parallelism is built for the LLaMA family, not {m.family}; "
+            "use parallel.tensor=1 (FSDP: parallel.zero_stage=3)"
+        )
     if m.intermediate_size % par.tensor:
-        raise ConfigError(f"parallel.tensor: {par.tensor} must divide model.intermediate_size "
-                          f"{m.intermediate_size} (each rank takes whole rows of the MLP)")
+        raise ConfigError(
+            f"parallel.tensor: {par.tensor} must divide model.intermediate_size "
+            f"{m.intermediate_size} (each rank takes whole rows of the MLP)"
+        )
     if padded_vocab_size(m) % par.tensor:
-        raise ConfigError(f"parallel.tensor: {par.tensor} must divide the vocabulary's rows ({padded_vocab_size(m)}: "
-                          "each rank takes an equal part of the embedding and output layer); pad them with "
-                          f"model.pad_vocab_to={64 * par.tensor}")
+        raise ConfigError(
+            f"parallel.tensor: {par.tensor} must divide the vocabulary's rows ({padded_vocab_size(m)}: "
+            "each rank takes an equal part of the embedding and output layer); pad them with "
+            f"model.pad_vocab_to={64 * par.tensor}"
+        )
     if m.dropout:
         # Tensor ranks hold the same residual stream: their dropout masks would have to agree.
         raise ConfigError("model.dropout: not supported with parallel.tensor > 1; use model.dropout=0")
     if m.qk_norm:
         # Each tensor rank norms its own heads with the one shared weight: its gradient would have to be summed
         # over the ranks, which the tensor-parallel plan does not do yet.
-        raise ConfigError("model.qk_norm: not built with parallel.tensor > 1 yet; use parallel.tensor=1 "
-                          "(FSDP: parallel.zero_stage=3)")
+        raise ConfigError(
+            "model.qk_norm: not built with parallel.tensor > 1 yet; use parallel.tensor=1 (FSDP: parallel.zero_stage=3)"
+        )
     if par.sequence_parallel and t.seq_len % par.tensor:
-        raise ConfigError(f"parallel.sequence_parallel: train.seq_len {t.seq_len} must be a multiple of "
-                          f"parallel.tensor {par.tensor} (each rank holds an equal part of the sequence)")
+        raise ConfigError(
+            f"parallel.sequence_parallel: train.seq_len {t.seq_len} must be a multiple of "
+            f"parallel.tensor {par.tensor} (each rank holds an equal part of the sequence)"
+        )
 
 
 def wrong_process_count(tensor: int, pipeline: int, processes: int) -> str:
@@ -140,7 +190,11 @@ def wrong_process_count(tensor: int, pipeline: int, processes: int) -> str:
     grid = tensor * pipeline
     layout = f"parallel.tensor x parallel.pipeline = {tensor} x {pipeline} = {grid} ranks per model replica"
     if "WORLD_SIZE" not in os.environ:
-        return (f"{layout}, and this is one process: launch with `torchrun --nproc-per-node {grid} -m pretrain "
-                "train ...`, or lower parallel.tensor / parallel.pipeline")
-    return (f"{layout} do not divide the {processes} processes torchrun started: change --nproc-per-node so that "
-            f"they are a multiple of {grid}, or lower parallel.tensor / parallel.pipeline")
+        return (
+            f"{layout}, and this is one process: launch with `torchrun --nproc-per-node {grid} -m pretrain "
+            "train ...`, or lower parallel.tensor / parallel.pipeline"
+        )
+    return (
+        f"{layout} do not divide the {processes} processes torchrun started: change --nproc-per-node so that "
+        f"they are a multiple of {grid}, or lower parallel.tensor / parallel.pipeline"
+    )

@@ -21,8 +21,10 @@ def check_codecs(names) -> None:
     try:
         import zstandard  # noqa: F401
     except ImportError:
-        raise UsageError(f"{zst}: reading .zst files needs the zstandard package: pip install zstandard "
-                         "(or decompress the files first)") from None
+        raise UsageError(
+            f"{zst}: reading .zst files needs the zstandard package: pip install zstandard "
+            "(or decompress the files first)"
+        ) from None
 
 
 def decompressed(raw: io.BufferedReader, name: str):

@@ -52,7 +52,10 @@ def check_document_index(data, split: str) -> None:
         if not bad.size:
             return
         k = int(bad[0])
-        where = f"token {int(ends[k]):,} is not <eos> {data.eos_id}, " + \
-            ("the split's last token" if k == len(ends) - 1 else f"before document {k + 1:,}")
-    raise UsageError(f"{data.path}: {split}.idx.npy disagrees with the <eos> ids of {split}.bin ({where}); "
-                     f"train.document_masking finds documents by <eos>: {data.advice}")
+        where = f"token {int(ends[k]):,} is not <eos> {data.eos_id}, " + (
+            "the split's last token" if k == len(ends) - 1 else f"before document {k + 1:,}"
+        )
+    raise UsageError(
+        f"{data.path}: {split}.idx.npy disagrees with the <eos> ids of {split}.bin ({where}); "
+        f"train.document_masking finds documents by <eos>: {data.advice}"
+    )

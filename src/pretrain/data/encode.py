@@ -43,8 +43,11 @@ class EncodedChunk(NamedTuple):
 def content_keys(encoded_texts: list[bytes]) -> np.ndarray:
     """A 64-bit key per document from its UTF-8 bytes (BLAKE2b, RFC 7693, 8-byte digest). Keyed by content, a
     copy of a document lands in the same split as the original: no exact duplicate across train and val."""
-    return np.fromiter((int.from_bytes(hashlib.blake2b(b, digest_size=8).digest(), "little") for b in encoded_texts),
-                       dtype=np.uint64, count=len(encoded_texts))
+    return np.fromiter(
+        (int.from_bytes(hashlib.blake2b(b, digest_size=8).digest(), "little") for b in encoded_texts),
+        dtype=np.uint64,
+        count=len(encoded_texts),
+    )
 
 
 def is_validation(seed: int, doc_keys: np.ndarray, val_fraction: float) -> np.ndarray:
@@ -72,9 +75,16 @@ class ChunkEncoder:
         tokens = np.array(flat, dtype=self.dtype)
         to_val = is_validation(self.seed, content_keys(encoded_texts), self.val_fraction)
         token_to_val = np.repeat(to_val, lengths)
-        return EncodedChunk(tokens[~token_to_val], lengths[~to_val], tokens[token_to_val], lengths[to_val],
-                            chars=sum(map(len, texts)), text_bytes=sum(map(len, encoded_texts)),
-                            verified=verified, mismatch=mismatch)
+        return EncodedChunk(
+            tokens[~token_to_val],
+            lengths[~to_val],
+            tokens[token_to_val],
+            lengths[to_val],
+            chars=sum(map(len, texts)),
+            text_bytes=sum(map(len, encoded_texts)),
+            verified=verified,
+            mismatch=mismatch,
+        )
 
     def _encode(self, texts: list[str], first_doc: int) -> tuple[list[list[int]], int, int | None]:
         if self.fast is None:

@@ -56,8 +56,7 @@ def logs_aside(logs: str, tasks: int | None = None):
             with counting_bar("tokenize", enabled=bool(tasks), file=terminal) as advance:
                 stop = threading.Event()
                 if advance is not None:
-                    threading.Thread(target=_count_completions, args=(logs, tasks, advance, stop),
-                                     daemon=True).start()
+                    threading.Thread(target=_count_completions, args=(logs, tasks, advance, stop), daemon=True).start()
                 try:
                     yield
                 finally:
@@ -85,8 +84,13 @@ def run_local(pipeline: list, tasks: int, workers: int | None, logs: str) -> Non
     watch = LauncherWatch()  # referenced until run() returns: the registry holds it weakly
     multiprocess.util.register_after_fork(watch, LauncherWatch.start)
     with logs_aside(logs, tasks):
-        LocalPipelineExecutor(pipeline, tasks=tasks, workers=min(tasks, workers or default_workers()),
-                              logging_dir=logs, start_method="fork").run()
+        LocalPipelineExecutor(
+            pipeline,
+            tasks=tasks,
+            workers=min(tasks, workers or default_workers()),
+            logging_dir=logs,
+            start_method="fork",
+        ).run()
 
 
 class LauncherWatch:
@@ -121,7 +125,7 @@ def run_ray(pipeline, tasks: int, workers: int | None, logs: str) -> None:
     try:
         import ray
     except ImportError:
-        raise UsageError("--executor ray needs ray: pip install \"pretrain[ray]\" (or pip install ray)") from None
+        raise UsageError('--executor ray needs ray: pip install "pretrain[ray]" (or pip install ray)') from None
     from datatrove.executor.ray import RayPipelineExecutor
 
     from .pipeline import default_workers
@@ -134,11 +138,16 @@ def run_ray(pipeline, tasks: int, workers: int | None, logs: str) -> None:
                 ray.init(log_to_driver=False, configure_logging=False)
             else:
                 reaper = RayReaper()
-                ray.init(num_cpus=workers or default_workers(), include_dashboard=False, log_to_driver=False,
-                         configure_logging=False)
+                ray.init(
+                    num_cpus=workers or default_workers(),
+                    include_dashboard=False,
+                    log_to_driver=False,
+                    configure_logging=False,
+                )
         try:
-            RayPipelineExecutor(pipeline, tasks=tasks, workers=workers or -1, logging_dir=logs, cpus_per_task=1,
-                                mem_per_cpu_gb=2).run()
+            RayPipelineExecutor(
+                pipeline, tasks=tasks, workers=workers or -1, logging_dir=logs, cpus_per_task=1, mem_per_cpu_gb=2
+            ).run()
         finally:
             if reaper is not None:
                 ray.shutdown()
@@ -157,9 +166,11 @@ class RayReaper:
 
     def __init__(self):
         # Its own session: a Ctrl-C in the terminal does not end it before it has swept.
-        self.watchdog = subprocess.Popen([sys.executable, "-c", f"from {__name__} import RayReaper; "
-                                          f"RayReaper.watch({os.getpid()})"], stdin=subprocess.PIPE,
-                                         start_new_session=True)
+        self.watchdog = subprocess.Popen(
+            [sys.executable, "-c", f"from {__name__} import RayReaper; RayReaper.watch({os.getpid()})"],
+            stdin=subprocess.PIPE,
+            start_new_session=True,
+        )
 
     def release(self) -> None:
         """After ray.shutdown(): the watchdog sweeps what remains, now."""
@@ -200,26 +211,48 @@ class RayReaper:
             psutil.wait_procs(alive, timeout=0.2)
 
 
-def submit_slurm(tokenize: list, manifest: list, logs: Path, tasks: int, workers: int | None,
-                 slurm: SlurmOptions, record: Path) -> None:
+def submit_slurm(
+    tokenize: list, manifest: list, logs: Path, tasks: int, workers: int | None, slurm: SlurmOptions, record: Path
+) -> None:
     """The job array of the `tokenize` steps (one array task per datatrove task) and, depending on it, a one-task
     job of the `manifest` steps; their job ids go to `record` (see refuse_while_slurm_builds)."""
     from datatrove.executor.slurm import SlurmPipelineExecutor
 
     env_command = slurm.env_command or (f"source {sys.prefix}/bin/activate" if sys.prefix != sys.base_prefix else "")
-    common = dict(time=slurm.time, partition=slurm.partition, cpus_per_task=1, mem_per_cpu_gb=slurm.mem_per_cpu_gb,
-                  qos=slurm.qos, sbatch_args=dict(slurm.sbatch_args), env_command=env_command or None,
-                  mail_type="NONE")
-    array = SlurmPipelineExecutor(tokenize, tasks=tasks, workers=workers or -1, job_name=slurm.job_name,
-                                  logging_dir=str(logs / "tokenize"), **common)
-    last = SlurmPipelineExecutor(manifest, tasks=1, job_name=f"{slurm.job_name}-manifest", depends=array,
-                                 logging_dir=str(logs / "manifest"), **common)
+    common = dict(
+        time=slurm.time,
+        partition=slurm.partition,
+        cpus_per_task=1,
+        mem_per_cpu_gb=slurm.mem_per_cpu_gb,
+        qos=slurm.qos,
+        sbatch_args=dict(slurm.sbatch_args),
+        env_command=env_command or None,
+        mail_type="NONE",
+    )
+    array = SlurmPipelineExecutor(
+        tokenize,
+        tasks=tasks,
+        workers=workers or -1,
+        job_name=slurm.job_name,
+        logging_dir=str(logs / "tokenize"),
+        **common,
+    )
+    last = SlurmPipelineExecutor(
+        manifest,
+        tasks=1,
+        job_name=f"{slurm.job_name}-manifest",
+        depends=array,
+        logging_dir=str(logs / "manifest"),
+        **common,
+    )
     try:
         with logs_aside(str(logs / "tokenize")):
             last.run()  # submits the array first
     except subprocess.CalledProcessError as e:  # sbatch printed why on stderr
-        raise UsageError(f"sbatch refused the job (exit {e.returncode}, its message is above): fix the --slurm-* "
-                         "or --sbatch options and run the same command again") from None
+        raise UsageError(
+            f"sbatch refused the job (exit {e.returncode}, its message is above): fix the --slurm-* "
+            "or --sbatch options and run the same command again"
+        ) from None
     jobs = [str(job) for job in (array.job_id, last.job_id) if job not in (None, -1)]  # -1: nothing to run
     write_atomic(record, json.dumps({"jobs": jobs}) + "\n")
 
@@ -234,15 +267,24 @@ def refuse_while_slurm_builds(record: Path, what: str) -> None:
     jobs = json.loads(record.read_text(encoding="utf-8"))["jobs"]
     ids = ",".join(jobs)
     if jobs and shutil.which("squeue") is None:
-        raise UsageError(f"{what} was submitted as Slurm job {ids} and squeue is not here to tell whether it "
-                         f"still runs: run this where Slurm is, or once the job has ended delete {record}")
-    queued = subprocess.run(["squeue", "--noheader", "--format=%i %T %r", f"--jobs={ids}"], capture_output=True,
-                            text=True) if jobs else None
+        raise UsageError(
+            f"{what} was submitted as Slurm job {ids} and squeue is not here to tell whether it "
+            f"still runs: run this where Slurm is, or once the job has ended delete {record}"
+        )
+    queued = (
+        subprocess.run(["squeue", "--noheader", "--format=%i %T %r", f"--jobs={ids}"], capture_output=True, text=True)
+        if jobs
+        else None
+    )
     if queued and queued.returncode and "Invalid job id" not in queued.stderr:
-        raise UsageError(f"squeue --jobs={ids} failed ({' '.join(queued.stderr.split())[:200]}); {what} was "
-                         f"submitted as Slurm job {ids}: run this again once squeue works")
+        raise UsageError(
+            f"squeue --jobs={ids} failed ({' '.join(queued.stderr.split())[:200]}); {what} was "
+            f"submitted as Slurm job {ids}: run this again once squeue works"
+        )
     live = queued.stdout.splitlines() if queued and not queued.returncode else []
     if live:
-        raise UsageError(f"{what} is being built by Slurm job {ids} (squeue: {live[-1]}); wait for it to end, or "
-                         f"stop it with `scancel {' '.join(jobs)}`")
+        raise UsageError(
+            f"{what} is being built by Slurm job {ids} (squeue: {live[-1]}); wait for it to end, or "
+            f"stop it with `scancel {' '.join(jobs)}`"
+        )
     record.unlink()

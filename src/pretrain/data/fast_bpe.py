@@ -75,5 +75,6 @@ def tiktoken_encoder(spec: dict):
     """A tiktoken `Encoding` with the same vocabulary (rank = id); only when why_not_fast(spec) is None."""
     import tiktoken
 
-    return tiktoken.Encoding("pretrain-bpe", pat_str=GPT2_PATTERN, mergeable_ranks=_mergeable_ranks(spec),
-                             special_tokens={})
+    return tiktoken.Encoding(
+        "pretrain-bpe", pat_str=GPT2_PATTERN, mergeable_ranks=_mergeable_ranks(spec), special_tokens={}
+    )

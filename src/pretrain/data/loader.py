@@ -53,8 +53,10 @@ def open_training_data(path: str | Path, verify: str, model_vocab_size: int) -> 
     an IndexError deep in the model."""
     data = PreparedData(path, verify)
     if data.vocab_size > model_vocab_size:
-        raise ConfigError(f"model.vocab_size: {model_vocab_size} is smaller than the vocabulary of {path} "
-                          f"({data.vocab_size}); set model.vocab_size={data.vocab_size} or more")
+        raise ConfigError(
+            f"model.vocab_size: {model_vocab_size} is smaller than the vocabulary of {path} "
+            f"({data.vocab_size}); set model.vocab_size={data.vocab_size} or more"
+        )
     return data
 
 
@@ -116,7 +118,7 @@ class PreparedData:
                 at = int(start) + done
                 k = int(np.searchsorted(bounds, at, side="right")) - 1
                 n = min(length - done, int(bounds[k + 1]) - at)
-                pieces.setdefault(k, []).append((row[done:done + n], at - int(bounds[k])))
+                pieces.setdefault(k, []).append((row[done : done + n], at - int(bounds[k])))
                 done += n
         for k, parts in pieces.items():
             self.shards[k].files[split].read(parts)
@@ -165,9 +167,13 @@ class PreparedData:
         all (token ids mean one thing across the dataset), the counts and checksums the manifest lists."""
         meta_path = self.path / "meta.json"
         names = self.meta["shards"]
-        if (not isinstance(names, list) or not names
-                or not all(isinstance(n, str) and n and not Path(n).is_absolute() and ".." not in Path(n).parts
-                           for n in names)):
+        if (
+            not isinstance(names, list)
+            or not names
+            or not all(
+                isinstance(n, str) and n and not Path(n).is_absolute() and ".." not in Path(n).parts for n in names
+            )
+        ):
             raise self._error(meta_path, "shards is not a list of shard directories inside the dataset")
         if advice is None:  # a shard is rebuilt only with its whole dataset, by the same prepare --tasks
             self.advice = f"run `pretrain prepare --out {self.path} --tasks {len(names)}` again"
@@ -175,19 +181,24 @@ class PreparedData:
         for name, shard in zip(names, shards):
             for key, what in (("tokenizer_sha256", "tokenizer"), ("dtype", "dtype")):
                 if shard.meta[key] != self.meta[key]:
-                    raise UsageError(f"{self.path / name}: made with another {what} ({key} {_shown(shard.meta[key])}) "
-                                     f"than the dataset's other shards ({_shown(self.meta[key])}); a sharded dataset "
-                                     "needs one tokenizer and dtype: prepare its shards together")
+                    raise UsageError(
+                        f"{self.path / name}: made with another {what} ({key} {_shown(shard.meta[key])}) "
+                        f"than the dataset's other shards ({_shown(self.meta[key])}); a sharded dataset "
+                        "needs one tokenizer and dtype: prepare its shards together"
+                    )
             listed = {f"{split}.bin": self.meta["sha256"].get(f"{name}/{split}.bin") for split in SPLITS}
             if listed != {k: shard.meta["sha256"][k] for k in listed}:
-                raise self._error(self.path / name, "its sha256 differ from the dataset's meta.json (a shard "
-                                                    "replaced or from another build)")
+                raise self._error(
+                    self.path / name,
+                    "its sha256 differ from the dataset's meta.json (a shard replaced or from another build)",
+                )
         for key in ("num_tokens", "num_docs"):
             for split in SPLITS:
                 total = sum(shard.meta[key][split] for shard in shards)
                 if total != self.meta[key][split]:
-                    raise self._error(meta_path, f"{key}.{split} is {self.meta[key][split]:,}, its shards hold "
-                                                 f"{total:,}")
+                    raise self._error(
+                        meta_path, f"{key}.{split} is {self.meta[key][split]:,}, its shards hold {total:,}"
+                    )
         return shards
 
     def _verify_tokenizer(self) -> None:
@@ -215,8 +226,11 @@ class PreparedData:
             raise self._error(path, f"dtype {_shown(meta['dtype'])} is not uint16 or uint32")
         vocab, eos = meta["vocab_size"], meta["eos_id"]
         if not _is_int(vocab) or not 0 < vocab <= TOKEN_DTYPES[meta["dtype"]]:
-            raise self._error(path, f"vocab_size {_shown(vocab)} is not a whole number in [1, "
-                                    f"{TOKEN_DTYPES[meta['dtype']]:,}] (what {meta['dtype']} holds)")
+            raise self._error(
+                path,
+                f"vocab_size {_shown(vocab)} is not a whole number in [1, "
+                f"{TOKEN_DTYPES[meta['dtype']]:,}] (what {meta['dtype']} holds)",
+            )
         if not _is_int(eos) or not 0 <= eos < vocab:
             raise self._error(path, f"eos_id {_shown(eos)} is outside the vocabulary [0, {vocab:,})")
         per_split = {"num_tokens": SPLITS, "num_docs": SPLITS}
@@ -244,8 +258,11 @@ class PreparedData:
             raise self._error(bin_path, "missing")
         self.files[split] = TokenFile(bin_path)  # what reads compare the file with, from this check on
         if self.files[split].size != expected:
-            raise self._error(bin_path, f"{self.files[split].size:,} bytes, meta.json says {expected:,} "
-                                        f"({self.meta['num_tokens'][split]:,} {self.dtype.name} tokens)")
+            raise self._error(
+                bin_path,
+                f"{self.files[split].size:,} bytes, meta.json says {expected:,} "
+                f"({self.meta['num_tokens'][split]:,} {self.dtype.name} tokens)",
+            )
         if not idx_path.is_file():
             raise self._error(idx_path, "missing")
         try:
@@ -253,14 +270,18 @@ class PreparedData:
         except ValueError as e:
             raise self._error(idx_path, f"not a .npy file ({e})") from None
         if shape != (self.meta["num_docs"][split],):
-            raise self._error(idx_path, f"offsets of shape {shape}, meta.json says "
-                                        f"{self.meta['num_docs'][split]:,} documents")
+            raise self._error(
+                idx_path, f"offsets of shape {shape}, meta.json says {self.meta['num_docs'][split]:,} documents"
+            )
         if descr != np.dtype("<i8"):
             raise self._error(idx_path, f"offsets of dtype {descr}, not little-endian int64")
         expected = data_start + 8 * shape[0]
         if idx_path.stat().st_size != expected:  # the header is intact but the data is cut short (or too long)
-            raise self._error(idx_path, f"{idx_path.stat().st_size:,} bytes, its header says {expected:,} "
-                                        f"({shape[0]:,} offsets): truncated or damaged")
+            raise self._error(
+                idx_path,
+                f"{idx_path.stat().st_size:,} bytes, its header says {expected:,} "
+                f"({shape[0]:,} offsets): truncated or damaged",
+            )
 
 
 class RandomWindows:
@@ -269,8 +290,7 @@ class RandomWindows:
     windows_per_epoch: windows this rank reads per epoch (num_windows // world_size).
     """
 
-    def __init__(self, data: PreparedData, split: str, seq_len: int, seed: int, rank: int = 0,
-                 world_size: int = 1):
+    def __init__(self, data: PreparedData, split: str, seq_len: int, seed: int, rank: int = 0, world_size: int = 1):
         self.data, self.split = data, split
         self.num_windows = _num_windows(data, split, seq_len, rank, world_size)
         self.seq_len, self.seed, self.rank, self.world_size = seq_len, seed, rank, world_size
@@ -280,22 +300,32 @@ class RandomWindows:
 
     def next_batch(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(inputs, targets): int64, (batch_size, seq_len) each, targets = inputs shifted by one token."""
-        windows = [FeistelPermutation(self.num_windows, self.seed, epoch)(
-                       first + self.rank + self.world_size * np.arange(count, dtype=np.uint64))
-                   for epoch, first, count in self._advance(batch_size)]
+        windows = [
+            FeistelPermutation(self.num_windows, self.seed, epoch)(
+                first + self.rank + self.world_size * np.arange(count, dtype=np.uint64)
+            )
+            for epoch, first, count in self._advance(batch_size)
+        ]
         return _batch(self.data, self.split, np.concatenate(windows), self.seq_len)
 
     def state_dict(self) -> dict:
-        return {"seed": self.seed, "epoch": self.epoch, "position": self.position,
-                "num_windows": self.num_windows, "seq_len": self.seq_len}
+        return {
+            "seed": self.seed,
+            "epoch": self.epoch,
+            "position": self.position,
+            "num_windows": self.num_windows,
+            "seq_len": self.seq_len,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         if state["seq_len"] != self.seq_len:
             state = self._new_stage(state)
         if (state["num_windows"], state["seq_len"], state["seed"]) != (self.num_windows, self.seq_len, self.seed):
-            raise UsageError(f"data state is for {state['num_windows']:,} windows of {state['seq_len']} tokens, "
-                             f"seed {state['seed']}; this loader has {self.num_windows:,} of {self.seq_len}, "
-                             f"seed {self.seed}: resume with the same data, seq_len and seed")
+            raise UsageError(
+                f"data state is for {state['num_windows']:,} windows of {state['seq_len']} tokens, "
+                f"seed {state['seed']}; this loader has {self.num_windows:,} of {self.seq_len}, "
+                f"seed {self.seed}: resume with the same data, seq_len and seed"
+            )
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
         self._roll_over()  # the state may come from a run with another world size
 
@@ -305,8 +335,10 @@ class RandomWindows:
         rank below); the rest of the epoch reads windows of the new length in their own permutation, so within
         this one epoch a token may be read twice or not at all. A state of other data or another seed is left
         for the check that names it."""
-        if state["seed"] != self.seed or state["num_windows"] != (self.data._num_tokens(self.split) - 1) // \
-                state["seq_len"]:
+        if (
+            state["seed"] != self.seed
+            or state["num_windows"] != (self.data._num_tokens(self.split) - 1) // state["seq_len"]
+        ):
             return state
         tokens_read = state["position"] * state["seq_len"]  # of this epoch, all ranks together
         position = tokens_read // self.seq_len // self.world_size * self.world_size
@@ -348,17 +380,22 @@ class SequentialWindows:
 
 def _num_windows(data: PreparedData, split: str, seq_len: int, rank: int, world_size: int) -> int:
     if seq_len < 1 or world_size < 1 or not 0 <= rank < world_size:
-        raise UsageError(f"need seq_len >= 1 and 0 <= rank < world_size, got seq_len {seq_len}, rank {rank}, "
-                         f"world_size {world_size}")
+        raise UsageError(
+            f"need seq_len >= 1 and 0 <= rank < world_size, got seq_len {seq_len}, rank {rank}, world_size {world_size}"
+        )
     n = data._num_tokens(split)  # the size checked at open: a file changed since is found by the reads
     if n < seq_len + 1:
         fraction = "larger" if split == "val" else "smaller"  # --val-fraction moves documents from train to val
-        raise UsageError(f"{split} split of {data.path} has {n:,} tokens; seq_len {seq_len} needs at least "
-                         f"{seq_len + 1:,} (prepare more data or a {fraction} --val-fraction, or shorten seq_len)")
+        raise UsageError(
+            f"{split} split of {data.path} has {n:,} tokens; seq_len {seq_len} needs at least "
+            f"{seq_len + 1:,} (prepare more data or a {fraction} --val-fraction, or shorten seq_len)"
+        )
     windows = (n - 1) // seq_len
     if windows < world_size:
-        raise UsageError(f"{split} split of {data.path} has {windows:,} windows of {seq_len} tokens, fewer than "
-                         f"the {world_size} ranks")
+        raise UsageError(
+            f"{split} split of {data.path} has {windows:,} windows of {seq_len} tokens, fewer than "
+            f"the {world_size} ranks"
+        )
     return windows
 
 
@@ -368,11 +405,14 @@ def _batch(data: PreparedData, split: str, windows: np.ndarray, seq_len: int) ->
     if rows.size and rows.max() >= data.vocab_size:  # the ids are unsigned: only too large is possible
         row, column = np.unravel_index(int(rows.argmax()), rows.shape)
         path, token = data.locate(split, int(starts[row]) + int(column))
-        raise UsageError(f"{path}: token id {int(rows.max()):,} at token "
-                         f"{token:,} is outside the vocabulary of {data.vocab_size:,} "
-                         f"(meta.json): the file is damaged; {data.advice} "
-                         "(data.verify=full checks every byte at start)")
+        raise UsageError(
+            f"{path}: token id {int(rows.max()):,} at token "
+            f"{token:,} is outside the vocabulary of {data.vocab_size:,} "
+            f"(meta.json): the file is damaged; {data.advice} "
+            "(data.verify=full checks every byte at start)"
+        )
     import torch
+
     return torch.from_numpy(rows[:, :-1].copy()), torch.from_numpy(rows[:, 1:].copy())
 
 
@@ -393,5 +433,3 @@ def _npy_header(path: Path) -> tuple[tuple, np.dtype, int]:
         read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
         shape, _, dtype = read(f)
         return shape, dtype, f.tell()
-
-

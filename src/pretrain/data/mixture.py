@@ -45,59 +45,73 @@ def open_mixture(sources: list[dict], verify: str, model_vocab_size: int) -> lis
     for s in opened[1:]:
         d = s["data"]
         if (d.meta["tokenizer_sha256"], d.vocab_size) != (first.meta["tokenizer_sha256"], first.vocab_size):
-            raise UsageError(f"data.mixture: {first.path} and {d.path} were prepared with different tokenizers "
-                             f"(tokenizer_sha256 {first.meta['tokenizer_sha256'][:12]} vs "
-                             f"{d.meta['tokenizer_sha256'][:12]}, vocab {first.vocab_size:,} vs {d.vocab_size:,}); "
-                             "prepare every source with the same --tokenizer")
+            raise UsageError(
+                f"data.mixture: {first.path} and {d.path} were prepared with different tokenizers "
+                f"(tokenizer_sha256 {first.meta['tokenizer_sha256'][:12]} vs "
+                f"{d.meta['tokenizer_sha256'][:12]}, vocab {first.vocab_size:,} vs {d.vocab_size:,}); "
+                "prepare every source with the same --tokenizer"
+            )
         if d.eos_id != first.eos_id:  # one tokenizer.json, another eos_token in a tokenizer_config.json
-            raise UsageError(f"data.mixture: {first.path} ends its documents with token id {first.eos_id} and "
-                             f"{d.path} with token id {d.eos_id} (meta.json eos_id; the same tokenizer.json with "
-                             "another eos_token in tokenizer_config.json); prepare every source with the same "
-                             "tokenizer directory")
+            raise UsageError(
+                f"data.mixture: {first.path} ends its documents with token id {first.eos_id} and "
+                f"{d.path} with token id {d.eos_id} (meta.json eos_id; the same tokenizer.json with "
+                "another eos_token in tokenizer_config.json); prepare every source with the same "
+                "tokenizer directory"
+            )
     return opened
 
 
 class MixtureWindows:
     """Training batches drawn from several sources by weight (see module doc); RandomWindows' interface."""
 
-    def __init__(self, sources: list[dict], seq_len: int, seed: int, rank: int = 0, world_size: int = 1,
-                 split: str = "train"):
+    def __init__(
+        self, sources: list[dict], seq_len: int, seed: int, rank: int = 0, world_size: int = 1, split: str = "train"
+    ):
         self.sources, self.split = sources, split
         self.seq_len, self.seed, self.rank, self.world_size = seq_len, seed, rank, world_size
         self.num_windows = [_num_windows(s["data"], split, seq_len, rank, world_size) for s in sources]
         self.weights = np.array([s["weight"] for s in sources], dtype=np.float64)
-        self.caps = [cap_windows(s["max_epochs"], n) if s.get("max_epochs") else None
-                     for s, n in zip(sources, self.num_windows)]
+        self.caps = [
+            cap_windows(s["max_epochs"], n) if s.get("max_epochs") else None for s, n in zip(sources, self.num_windows)
+        ]
         self.offset = hash64(seed, np.array([SLOT_KEY]))[0]
         self.source_seeds = [int(k) for k in hash64(seed, SOURCE_KEY + np.arange(len(sources)))]
-        self.position = 0                      # slots consumed by all ranks together
-        self.drawn = [0] * len(sources)        # windows drawn per source, all ranks together
+        self.position = 0  # slots consumed by all ranks together
+        self.drawn = [0] * len(sources)  # windows drawn per source, all ranks together
 
     def next_batch(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(inputs, targets): int64, (batch_size, seq_len) each, this rank's windows of the next W x B slots."""
         source, k = self._draw(batch_size * self.world_size)
-        source, k = source[self.rank::self.world_size], k[self.rank::self.world_size]
+        source, k = source[self.rank :: self.world_size], k[self.rank :: self.world_size]
         x = torch.empty(batch_size, self.seq_len, dtype=torch.int64)
         y = torch.empty_like(x)
         for s in np.unique(source):
             rows = np.flatnonzero(source == s)
             x[rows], y[rows] = _batch(self.sources[s]["data"], self.split, self._windows(s, k[rows]), self.seq_len)
         for s in set(range(len(self.sources))) - set(source.tolist()):  # a change to a source is found at once,
-            self.sources[s]["data"].check(self.split)                    # not when its weight next draws from it
+            self.sources[s]["data"].check(self.split)  # not when its weight next draws from it
         return x, y
 
     def state_dict(self) -> dict:
-        return {"seed": self.seed, "seq_len": self.seq_len, "position": self.position,
-                "sources": [{"name": s["name"], "num_windows": n, "drawn": d}
-                            for s, n, d in zip(self.sources, self.num_windows, self.drawn)]}
+        return {
+            "seed": self.seed,
+            "seq_len": self.seq_len,
+            "position": self.position,
+            "sources": [
+                {"name": s["name"], "num_windows": n, "drawn": d}
+                for s, n, d in zip(self.sources, self.num_windows, self.drawn)
+            ],
+        }
 
     def load_state_dict(self, state: dict) -> None:
         mine = ", ".join(f"{s['name']} ({n:,} windows)" for s, n in zip(self.sources, self.num_windows))
         saved = ", ".join(f"{s['name']} ({s['num_windows']:,} windows)" for s in state["sources"])
         if (saved, state["seq_len"], state["seed"]) != (mine, self.seq_len, self.seed):
-            raise UsageError(f"data state is for the mixture {saved} of {state['seq_len']} tokens, seed "
-                             f"{state['seed']}; this run has {mine} of {self.seq_len}, seed {self.seed}: resume "
-                             "with the same data.mixture sources, seq_len and seed")
+            raise UsageError(
+                f"data state is for the mixture {saved} of {state['seq_len']} tokens, seed "
+                f"{state['seed']}; this run has {mine} of {self.seq_len}, seed {self.seed}: resume "
+                "with the same data.mixture sources, seq_len and seed"
+            )
         self.position = int(state["position"])
         self.drawn = [int(s["drawn"]) for s in state["sources"]]
 
@@ -109,9 +123,11 @@ class MixtureWindows:
         while done < count:
             active = [i for i, cap in enumerate(self.caps) if cap is None or self.drawn[i] < cap]
             if not active:
-                raise UsageError("data.mixture: every source has reached its max_epochs after "
-                                 f"{self.position * self.seq_len:,} tokens; raise a max_epochs, add a source "
-                                 "without one, or train fewer tokens")
+                raise UsageError(
+                    "data.mixture: every source has reached its max_epochs after "
+                    f"{self.position * self.seq_len:,} tokens; raise a max_epochs, add a source "
+                    "without one, or train fewer tokens"
+                )
             chunk = slot_sources(self.offset, self.weights, active, self.position + np.arange(count - done))
             # Stop the chunk after the slot that spends a capped source: the shares change from the next slot.
             end = len(chunk)
@@ -123,9 +139,9 @@ class MixtureWindows:
             chunk = chunk[:end]
             for i in np.unique(chunk):
                 mask = chunk == i
-                k[done:done + end][mask] = self.drawn[i] + np.arange(int(mask.sum()))
+                k[done : done + end][mask] = self.drawn[i] + np.arange(int(mask.sum()))
                 self.drawn[i] += int(mask.sum())
-            source[done:done + end] = chunk
+            source[done : done + end] = chunk
             done += end
             self.position += end
         return source, k

@@ -64,8 +64,10 @@ def resolve_dtype(dtype: str, vocab_size: int) -> str:
     if dtype == "auto":
         return token_dtype(vocab_size)
     if vocab_size > TOKEN_DTYPES[dtype]:
-        raise UsageError(f"--dtype {dtype} cannot hold a vocabulary of {vocab_size:,} ids (max "
-                         f"{TOKEN_DTYPES[dtype]:,}); use --dtype uint32 or auto")
+        raise UsageError(
+            f"--dtype {dtype} cannot hold a vocabulary of {vocab_size:,} ids (max "
+            f"{TOKEN_DTYPES[dtype]:,}); use --dtype uint32 or auto"
+        )
     return dtype
 
 
@@ -73,10 +75,22 @@ def default_workers() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def prepare(inputs, tokenizer, out_dir, *, val_fraction: float = 0.01, workers: int | None = None,
-            seed: int = 1234, dtype: str = "auto", strict: bool = False, format: str = "auto",
-            text_field: str = "text", split_blank_lines: bool = False, fast_path: bool = False,
-            progress: bool = False) -> dict:
+def prepare(
+    inputs,
+    tokenizer,
+    out_dir,
+    *,
+    val_fraction: float = 0.01,
+    workers: int | None = None,
+    seed: int = 1234,
+    dtype: str = "auto",
+    strict: bool = False,
+    format: str = "auto",
+    text_field: str = "text",
+    split_blank_lines: bool = False,
+    fast_path: bool = False,
+    progress: bool = False,
+) -> dict:
     """Tokenize the documents of `inputs` into `out_dir` (train.bin, val.bin, indexes, tokenizer/, meta.json).
 
     Returns the meta dict (also written to out_dir/meta.json). The output bytes depend on the inputs, the
@@ -94,9 +108,21 @@ def prepare(inputs, tokenizer, out_dir, *, val_fraction: float = 0.01, workers: 
 
     with StagedDirectory(out_dir, "--out", replaceable_names(out_dir)) as staged:
         try:
-            meta = build_dataset(staged.path, corpus, tok, dtype, why_not, seed=seed, val_fraction=val_fraction,
-                          workers=workers, strict=strict, progress=progress, format=format,
-                          text_field=text_field, split_blank_lines=split_blank_lines)
+            meta = build_dataset(
+                staged.path,
+                corpus,
+                tok,
+                dtype,
+                why_not,
+                seed=seed,
+                val_fraction=val_fraction,
+                workers=workers,
+                strict=strict,
+                progress=progress,
+                format=format,
+                text_field=text_field,
+                split_blank_lines=split_blank_lines,
+            )
             staged.commit()
         except OSError as e:
             error = write_error(e, f"--out {display_path(out_dir)}", "the dataset")
@@ -106,13 +132,36 @@ def prepare(inputs, tokenizer, out_dir, *, val_fraction: float = 0.01, workers: 
     return meta
 
 
-def build_dataset(out_dir: Path, corpus, tok, dtype, why_not, *, seed, val_fraction, workers, strict, progress,
-           allow_empty: bool = False, **read_options) -> dict:
+def build_dataset(
+    out_dir: Path,
+    corpus,
+    tok,
+    dtype,
+    why_not,
+    *,
+    seed,
+    val_fraction,
+    workers,
+    strict,
+    progress,
+    allow_empty: bool = False,
+    **read_options,
+) -> dict:
     """The whole dataset in `out_dir` (a fresh directory), meta.json last; returns the meta dict.
 
     allow_empty: no documents is a dataset of empty splits, not an error (one shard of many: sharded.py)."""
-    args = dict(corpus=corpus, tok=tok, dtype=dtype, seed=seed, val_fraction=val_fraction, workers=workers,
-                strict=strict, out_dir=out_dir, progress=progress, allow_empty=allow_empty)
+    args = dict(
+        corpus=corpus,
+        tok=tok,
+        dtype=dtype,
+        seed=seed,
+        val_fraction=val_fraction,
+        workers=workers,
+        strict=strict,
+        out_dir=out_dir,
+        progress=progress,
+        allow_empty=allow_empty,
+    )
     try:
         result = _tokenize(fast=why_not is None, **args)
     except _FastPathMismatch as e:
@@ -125,19 +174,33 @@ def build_dataset(out_dir: Path, corpus, tok, dtype, why_not, *, seed, val_fract
     num_docs = {s: w.num_docs for s, w in writers.items()}
     text_tokens = max(1, sum(num_tokens.values()) - sum(num_docs.values()))  # <eos> separators excluded
     meta = {
-        "version": META_VERSION, "pretrain_version": __version__,
-        "dtype": dtype, "vocab_size": tok.vocab_size, "eos_id": tok.eos_id,
-        "num_tokens": num_tokens, "num_docs": num_docs,
+        "version": META_VERSION,
+        "pretrain_version": __version__,
+        "dtype": dtype,
+        "vocab_size": tok.vocab_size,
+        "eos_id": tok.eos_id,
+        "num_tokens": num_tokens,
+        "num_docs": num_docs,
         "doc_length_histogram": {s: length_histogram(w.length_bins) for s, w in writers.items()},
         "sha256": {f"{s}.bin": w.sha256.hexdigest() for s, w in writers.items()},
-        "chars_per_token": text["chars"] / text_tokens, "bytes_per_token": text["bytes"] / text_tokens,
-        "text_chars": text["chars"], "text_bytes": text["bytes"],
-        "skipped": skips.counts, "skipped_examples": skips.examples,
+        "chars_per_token": text["chars"] / text_tokens,
+        "bytes_per_token": text["bytes"] / text_tokens,
+        "text_chars": text["chars"],
+        "text_bytes": text["bytes"],
+        "skipped": skips.counts,
+        "skipped_examples": skips.examples,
         "files": [{"path": file_name(p), "bytes": n} for p, n in zip(corpus.files, corpus.sizes)],
-        "tokenizer": "tokenizer", "tokenizer_sha256": tok.sha256, "tokenizer_source": display_path(tok.source),
-        "encoder": {"name": "tokenizers" if why_not else "tiktoken", "verified_docs": text["verified"],
-                    **({"why_not_tiktoken": why_not} if why_not else {})},
-        "seed": seed, "val_fraction": val_fraction, **read_options,
+        "tokenizer": "tokenizer",
+        "tokenizer_sha256": tok.sha256,
+        "tokenizer_source": display_path(tok.source),
+        "encoder": {
+            "name": "tokenizers" if why_not else "tiktoken",
+            "verified_docs": text["verified"],
+            **({"why_not_tiktoken": why_not} if why_not else {}),
+        },
+        "seed": seed,
+        "val_fraction": val_fraction,
+        **read_options,
     }
     write_atomic(out_dir / "meta.json", json.dumps(meta, indent=2, ensure_ascii=False) + "\n")
     return meta
@@ -166,8 +229,10 @@ def _tokenize(*, corpus, tok, dtype, seed, val_fraction, workers, strict, out_di
                 text["verified"] += encoded.verified
                 update(corpus.bytes_read, sum(w.num_tokens for w in writers.values()))
         if not allow_empty and not sum(w.num_docs for w in writers.values()):
-            raise UsageError(f"no documents in {corpus.describe()} ({skips.summary() or 'empty'}); "
-                             "check --format, --text-field and --split-blank-lines")
+            raise UsageError(
+                f"no documents in {corpus.describe()} ({skips.summary() or 'empty'}); "
+                "check --format, --text-field and --split-blank-lines"
+            )
         for writer in writers.values():
             writer.finish()
     except BaseException:  # interrupted or failed: leave no partial output behind
@@ -224,8 +289,10 @@ class SkipLog:
 
     def add(self, record) -> None:
         if self.strict:
-            raise UsageError(f"{record.message()} (--strict stops at the first bad record; without it bad records "
-                             "are skipped and counted)")
+            raise UsageError(
+                f"{record.message()} (--strict stops at the first bad record; without it bad records "
+                "are skipped and counted)"
+            )
         self.counts[record.skip] += 1
         if len(self.examples) < MAX_SHOWN:
             self.examples.append(record.message())
@@ -292,9 +359,14 @@ def _progress_bar(total_bytes: int, enabled: bool):
         return
     from rich.progress import BarColumn, TaskProgressColumn, TextColumn, TimeRemainingColumn
 
-    bar = terminal_bar(TextColumn("prepare"), BarColumn(), TaskProgressColumn(),
-                       TextColumn("{task.fields[mb_s]:.1f} MB/s"), TextColumn("{task.fields[tokens_s]:,.0f} tokens/s"),
-                       TimeRemainingColumn())
+    bar = terminal_bar(
+        TextColumn("prepare"),
+        BarColumn(),
+        TaskProgressColumn(),
+        TextColumn("{task.fields[mb_s]:.1f} MB/s"),
+        TextColumn("{task.fields[tokens_s]:,.0f} tokens/s"),
+        TimeRemainingColumn(),
+    )
     if bar is None:
         yield lambda completed, tokens: None
         return

@@ -25,38 +25,72 @@ HELP = "tokenize a corpus into train.bin / val.bin + meta.json (streaming, paral
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--input", nargs="+", action="extend", required=True, metavar="PATH",
-                        help="corpus files, directories (searched recursively), globs, or URLs (hf://datasets/..., "
-                             "read with fsspec)")
-    parser.add_argument("--tokenizer", required=True,
-                        help="a tokenizer directory (with tokenizer.json) or a tokenizer.json path")
+    parser.add_argument(
+        "--input",
+        nargs="+",
+        action="extend",
+        required=True,
+        metavar="PATH",
+        help="corpus files, directories (searched recursively), globs, or URLs (hf://datasets/..., read with fsspec)",
+    )
+    parser.add_argument(
+        "--tokenizer", required=True, help="a tokenizer directory (with tokenizer.json) or a tokenizer.json path"
+    )
     parser.add_argument("--out", required=True, help="output directory")
-    parser.add_argument("--val-fraction", type=float, default=0.01,
-                        help="fraction of documents sent to val.bin, in [0, 1) (default 0.01)")
+    parser.add_argument(
+        "--val-fraction",
+        type=float,
+        default=0.01,
+        help="fraction of documents sent to val.bin, in [0, 1) (default 0.01)",
+    )
     parser.add_argument("--workers", type=int, default=None, help="tokenizer processes (default: all cores)")
     parser.add_argument("--seed", type=int, default=1234, help="seed of the train/validation split (default 1234)")
-    parser.add_argument("--dtype", default="auto", choices=("auto", *TOKEN_DTYPES),
-                        help="token id type; auto = uint16 when the vocabulary fits in 65,536 ids, else uint32")
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=("auto", *TOKEN_DTYPES),
+        help="token id type; auto = uint16 when the vocabulary fits in 65,536 ids, else uint32",
+    )
     parser.add_argument("--strict", action="store_true", help="stop at the first bad record instead of skipping it")
-    parser.add_argument("--fast-path", action="store_true",
-                        help="encode with tiktoken's engine (~2x faster), checked against tokenizers on every 16th "
-                             "document with a fallback on any difference: a sample, not a proof (see docs/data.md)")
+    parser.add_argument(
+        "--fast-path",
+        action="store_true",
+        help="encode with tiktoken's engine (~2x faster), checked against tokenizers on every 16th "
+        "document with a fallback on any difference: a sample, not a proof (see docs/data.md)",
+    )
     add_reader_arguments(parser)
     sharded = parser.add_argument_group("sharded preparation (datatrove; see docs/data.md)")
-    sharded.add_argument("--tasks", type=int, default=None,
-                         help="split the input files over this many tasks, one shard each (a sharded dataset); "
-                              "--workers is then the number of tasks run at once")
-    sharded.add_argument("--executor", default="local", choices=EXECUTORS,
-                         help="what runs the tasks: this machine, a Slurm job array, or a Ray cluster "
-                              "(RAY_ADDRESS, else a local one) (default local)")
+    sharded.add_argument(
+        "--tasks",
+        type=int,
+        default=None,
+        help="split the input files over this many tasks, one shard each (a sharded dataset); "
+        "--workers is then the number of tasks run at once",
+    )
+    sharded.add_argument(
+        "--executor",
+        default="local",
+        choices=EXECUTORS,
+        help="what runs the tasks: this machine, a Slurm job array, or a Ray cluster "
+        "(RAY_ADDRESS, else a local one) (default local)",
+    )
     sharded.add_argument("--slurm-partition", default=None, help="Slurm partition of the job array")
     sharded.add_argument("--slurm-time", default="24:00:00", help="time limit of each array task (default 24:00:00)")
     sharded.add_argument("--slurm-mem-gb", type=int, default=2, help="memory per task in GB (default 2)")
     sharded.add_argument("--slurm-qos", default="", help="Slurm QOS (default: the cluster's)")
-    sharded.add_argument("--slurm-env-command", default="",
-                         help="shell line each task runs first (default: activate this Python environment)")
-    sharded.add_argument("--sbatch", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
-                         help="more #SBATCH options, e.g. --sbatch account=proj constraint=cpu")
+    sharded.add_argument(
+        "--slurm-env-command",
+        default="",
+        help="shell line each task runs first (default: activate this Python environment)",
+    )
+    sharded.add_argument(
+        "--sbatch",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="KEY=VALUE",
+        help="more #SBATCH options, e.g. --sbatch account=proj constraint=cpu",
+    )
 
 
 def run(args) -> int:
@@ -73,10 +107,21 @@ def run(args) -> int:
     start = time.perf_counter()
     if args.tasks is not None:
         return _run_sharded(args, start)
-    meta = prepare(args.input, args.tokenizer, args.out, val_fraction=args.val_fraction, workers=args.workers,
-                   seed=args.seed, dtype=args.dtype, strict=args.strict, format=args.format,
-                   text_field=args.text_field, split_blank_lines=args.split_blank_lines,
-                   fast_path=args.fast_path, progress=sys.stderr.isatty())  # no bar frames in logs
+    meta = prepare(
+        args.input,
+        args.tokenizer,
+        args.out,
+        val_fraction=args.val_fraction,
+        workers=args.workers,
+        seed=args.seed,
+        dtype=args.dtype,
+        strict=args.strict,
+        format=args.format,
+        text_field=args.text_field,
+        split_blank_lines=args.split_blank_lines,
+        fast_path=args.fast_path,
+        progress=sys.stderr.isatty(),
+    )  # no bar frames in logs
     seconds = time.perf_counter() - start
     print(summary(meta, args.out, seconds, storage_bytes(sum(meta["num_tokens"].values()), meta["vocab_size"])))
     return 0
@@ -94,8 +139,10 @@ def _run_sharded(args, start: float) -> int:
     except ModuleNotFoundError as e:
         if e.name != "datatrove" and not (e.name or "").startswith("datatrove."):
             raise
-        raise UsageError("prepare --tasks: the sharded preparation runs on datatrove, which is not installed: "
-                         "pip install datatrove (or leave out --tasks)") from None
+        raise UsageError(
+            "prepare --tasks: the sharded preparation runs on datatrove, which is not installed: "
+            "pip install datatrove (or leave out --tasks)"
+        ) from None
 
     slurm = None
     if args.executor == "slurm":
@@ -103,15 +150,36 @@ def _run_sharded(args, start: float) -> int:
         bad = [item for item, (key, eq, _) in zip(args.sbatch, pairs) if not key or not eq]
         if bad:
             raise UsageError(f"--sbatch {bad[0]!r} is not KEY=VALUE; e.g. --sbatch account=proj")
-        slurm = SlurmOptions(args.slurm_partition, args.slurm_time, args.slurm_mem_gb, args.slurm_qos,
-                             sbatch_args={k: v for k, _, v in pairs}, env_command=args.slurm_env_command)
-    meta = prepare_sharded(args.input, args.tokenizer, args.out, tasks=args.tasks, executor=args.executor,
-                           workers=args.workers, slurm=slurm, val_fraction=args.val_fraction, seed=args.seed,
-                           dtype=args.dtype, strict=args.strict, format=args.format, text_field=args.text_field,
-                           split_blank_lines=args.split_blank_lines, fast_path=args.fast_path)
+        slurm = SlurmOptions(
+            args.slurm_partition,
+            args.slurm_time,
+            args.slurm_mem_gb,
+            args.slurm_qos,
+            sbatch_args={k: v for k, _, v in pairs},
+            env_command=args.slurm_env_command,
+        )
+    meta = prepare_sharded(
+        args.input,
+        args.tokenizer,
+        args.out,
+        tasks=args.tasks,
+        executor=args.executor,
+        workers=args.workers,
+        slurm=slurm,
+        val_fraction=args.val_fraction,
+        seed=args.seed,
+        dtype=args.dtype,
+        strict=args.strict,
+        format=args.format,
+        text_field=args.text_field,
+        split_blank_lines=args.split_blank_lines,
+        fast_path=args.fast_path,
+    )
     if meta is None:
-        print(f"submitted {args.tasks} Slurm array tasks and the manifest job after them; {args.out} appears when "
-              f"they finish (logs in {args.out}.partial/logs/; if some fail, run the same command again)")
+        print(
+            f"submitted {args.tasks} Slurm array tasks and the manifest job after them; {args.out} appears when "
+            f"they finish (logs in {args.out}.partial/logs/; if some fail, run the same command again)"
+        )
         return 0
     seconds = time.perf_counter() - start
     print(summary(meta, args.out, seconds, storage_bytes(sum(meta["num_tokens"].values()), meta["vocab_size"])))
@@ -146,11 +214,15 @@ def summary(meta: dict, out: str, seconds: float, planned_bytes: int) -> str:
         if skipped > len(meta["skipped_examples"]):
             lines.append(f"    ... and {skipped - len(meta['skipped_examples']):,} more")
     if tokens["train"] < tokens["val"]:  # the split is by whole documents: a few large ones can all land in val
-        lines.append(f"  warning: train.bin is {'empty' if not docs['train'] else 'smaller than val.bin'}: "
-                     f"{docs['val']:,} of {docs['train'] + docs['val']:,} documents went to val.bin "
-                     f"(--val-fraction {meta['val_fraction']}); use a smaller --val-fraction (0 for none), more "
-                     "documents, or --split-blank-lines for smaller ones")
+        lines.append(
+            f"  warning: train.bin is {'empty' if not docs['train'] else 'smaller than val.bin'}: "
+            f"{docs['val']:,} of {docs['train'] + docs['val']:,} documents went to val.bin "
+            f"(--val-fraction {meta['val_fraction']}); use a smaller --val-fraction (0 for none), more "
+            "documents, or --split-blank-lines for smaller ones"
+        )
     if meta["val_fraction"] > 0 and docs["val"] == 0:
-        lines.append("  note: val.bin is empty (too few documents for --val-fraction; try --split-blank-lines "
-                     "or a larger fraction)")
+        lines.append(
+            "  note: val.bin is empty (too few documents for --val-fraction; try --split-blank-lines "
+            "or a larger fraction)"
+        )
     return "\n".join(lines)

@@ -66,8 +66,6 @@ class ReadOptions:
     split_blank_lines: bool = False  # .txt: one document per blank-line-separated block instead of per file
 
 
-
-
 class Corpus:
     """The records of `files` in order; `bytes_read` says how far into the files (on disk) reading has got."""
 
@@ -117,8 +115,14 @@ class Corpus:
         except _unreadable_errors() as e:  # unreadable from the start, or a corrupt stream part-way through
             yield Record(name, 0, None, "unreadable", f"{type(e).__name__}: {e}")
         except _TooLarge as e:
-            yield Record(name, e.line, None, "unreadable", f"a document over {MAX_DOCUMENT_BYTES >> 20} MiB; the "
-                         "rest of the file is not read (split it: JSONL lines or --split-blank-lines)")
+            yield Record(
+                name,
+                e.line,
+                None,
+                "unreadable",
+                f"a document over {MAX_DOCUMENT_BYTES >> 20} MiB; the "
+                "rest of the file is not read (split it: JSONL lines or --split-blank-lines)",
+            )
 
 
 def file_format(path: Path, options: ReadOptions) -> str:
@@ -291,8 +295,9 @@ def _parquet(path: Path, name: str, text_field: str) -> Iterator[Record]:
         if text_field not in parquet.schema_arrow.names:
             yield Record(name, 0, None, "missing_field", f"no column {text_field!r}")
             return
-        yield from _column_records(parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=[text_field]), name,
-                                   text_field)
+        yield from _column_records(
+            parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=[text_field]), name, text_field
+        )
 
 
 def _arrow(path: Path, name: str, text_field: str) -> Iterator[Record]:
@@ -301,8 +306,11 @@ def _arrow(path: Path, name: str, text_field: str) -> Iterator[Record]:
     import pyarrow.ipc
 
     with contextlib.ExitStack() as stack:
-        source = stack.enter_context(pa.PythonFile(stack.enter_context(path.open()), mode="r")
-                                     if isinstance(path, RemoteFile) else pa.OSFile(str(path)))
+        source = stack.enter_context(
+            pa.PythonFile(stack.enter_context(path.open()), mode="r")
+            if isinstance(path, RemoteFile)
+            else pa.OSFile(str(path))
+        )
         try:
             reader = pa.ipc.open_stream(source)
             batches = iter(reader)
@@ -315,8 +323,11 @@ def _arrow(path: Path, name: str, text_field: str) -> Iterator[Record]:
             return
         column = reader.schema.get_field_index(text_field)
         # `datasets` writes batches of 1,000 rows (its writer_batch_size); slices keep any file's batch bounded
-        yield from _column_records((piece.select([column]) for batch in batches
-                                    for piece in _slices(batch, PARQUET_BATCH_ROWS)), name, text_field)
+        yield from _column_records(
+            (piece.select([column]) for batch in batches for piece in _slices(batch, PARQUET_BATCH_ROWS)),
+            name,
+            text_field,
+        )
 
 
 def _slices(batch, rows: int):

@@ -23,8 +23,10 @@ def write_sample_corpus(out_dir: str | Path, docstrings: bool = False) -> Path:
     try:
         from pydoc_data.topics import topics
     except ImportError:
-        raise UsageError("this Python has no pydoc_data (some distributions strip it); install the full "
-                         "standard library or give your own corpus") from None
+        raise UsageError(
+            "this Python has no pydoc_data (some distributions strip it); install the full "
+            "standard library or give your own corpus"
+        ) from None
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / FILE_NAME

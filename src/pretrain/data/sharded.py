@@ -101,10 +101,24 @@ def _pack(sizes: list[int], bound: int, tasks: int) -> list[int]:
     return cuts
 
 
-def prepare_sharded(inputs, tokenizer, out_dir, *, tasks: int, executor: str = "local", workers: int | None = None,
-                    slurm: SlurmOptions | None = None, val_fraction: float = 0.01, seed: int = 1234,
-                    dtype: str = "auto", strict: bool = False, format: str = "auto", text_field: str = "text",
-                    split_blank_lines: bool = False, fast_path: bool = False) -> dict | None:
+def prepare_sharded(
+    inputs,
+    tokenizer,
+    out_dir,
+    *,
+    tasks: int,
+    executor: str = "local",
+    workers: int | None = None,
+    slurm: SlurmOptions | None = None,
+    val_fraction: float = 0.01,
+    seed: int = 1234,
+    dtype: str = "auto",
+    strict: bool = False,
+    format: str = "auto",
+    text_field: str = "text",
+    split_blank_lines: bool = False,
+    fast_path: bool = False,
+) -> dict | None:
     """Tokenize `inputs` into a sharded dataset at `out_dir`; returns its manifest (meta.json), or None for
     Slurm, whose job array and final manifest job are submitted, not waited for.
 
@@ -120,15 +134,19 @@ def prepare_sharded(inputs, tokenizer, out_dir, *, tasks: int, executor: str = "
     if executor == "slurm" and (slurm is None or not slurm.partition):
         raise UsageError("--executor slurm needs --slurm-partition (the partition the job array runs on)")
     if executor == "slurm" and shutil.which("sbatch") is None:
-        raise UsageError("--executor slurm needs Slurm's sbatch, which is not on PATH: run prepare on a node that "
-                         "submits jobs (a login node), or use --executor local")
+        raise UsageError(
+            "--executor slurm needs Slurm's sbatch, which is not on PATH: run prepare on a node that "
+            "submits jobs (a login node), or use --executor local"
+        )
     if not 0 <= val_fraction < 1:
         raise UsageError(f"--val-fraction {val_fraction} is out of range; give a fraction in [0, 1), e.g. 0.01")
     options = ReadOptions(format, text_field, split_blank_lines)
     corpus = Corpus(find_files(inputs), options)  # checks the format and that every input exists
     if tasks > len(corpus.files):
-        raise UsageError(f"--tasks {tasks} is more than the {len(corpus.files)} input files: a task reads whole "
-                         f"files; use --tasks {len(corpus.files)} or fewer, or split the corpus into more files")
+        raise UsageError(
+            f"--tasks {tasks} is more than the {len(corpus.files)} input files: a task reads whole "
+            f"files; use --tasks {len(corpus.files)} or fewer, or split the corpus into more files"
+        )
     tok = find_tokenizer(tokenizer)
     dtype = resolve_dtype(dtype, tok.vocab_size)
     final = Path(os.path.realpath(out_dir))
@@ -141,15 +159,25 @@ def prepare_sharded(inputs, tokenizer, out_dir, *, tasks: int, executor: str = "
     slurm_jobs = final.with_name(f"{hidden_prefix(final)}.slurm-jobs.json")
     refuse_while_slurm_builds(slurm_jobs, f"--out {display_path(final)}")
 
-    job = Job(files=[[_absolute(corpus.files[i]) for i in r] for r in split_files(corpus.sizes, tasks)],
-              work=str(final.with_name(final.name + ".partial")), final=str(final), seed=seed,
-              val_fraction=val_fraction, dtype=dtype, strict=strict, fast_path=fast_path, format=format,
-              text_field=text_field, split_blank_lines=split_blank_lines)
+    job = Job(
+        files=[[_absolute(corpus.files[i]) for i in r] for r in split_files(corpus.sizes, tasks)],
+        work=str(final.with_name(final.name + ".partial")),
+        final=str(final),
+        seed=seed,
+        val_fraction=val_fraction,
+        dtype=dtype,
+        strict=strict,
+        fast_path=fast_path,
+        format=format,
+        text_field=text_field,
+        split_blank_lines=split_blank_lines,
+    )
     _open_work_dir(job, corpus, tok)
     _forget_unusable_shards(job)
     if executor == "slurm":
-        submit_slurm([TokenizeShard(job)], [WriteManifest(job)], Path(job.work) / "logs", tasks, workers, slurm,
-                     slurm_jobs)
+        submit_slurm(
+            [TokenizeShard(job)], [WriteManifest(job)], Path(job.work) / "logs", tasks, workers, slurm, slurm_jobs
+        )
         launcher.release()  # the array runs after this returns: each of its tasks takes its own lock
         return None
     run = run_local if executor == "local" else run_ray
@@ -188,15 +216,25 @@ def _open_work_dir(job: Job, corpus: Corpus, tok) -> None:
     An OUT.partial without our mark was not made here (a user's dataset, say): refused, never deleted."""
     work = Path(job.work)
     if (work.exists() or work.is_symlink()) and not (work / PARTIAL_MARK).is_file():
-        raise UsageError(f"{display_path(work)} is in the way: `prepare --tasks` builds --out there, and did not make "
-                         f"this one (no {PARTIAL_MARK} in it); move it away, then run again")
+        raise UsageError(
+            f"{display_path(work)} is in the way: `prepare --tasks` builds --out there, and did not make "
+            f"this one (no {PARTIAL_MARK} in it); move it away, then run again"
+        )
     fingerprint = {
         "pretrain_version": __version__,
-        "inputs": [{"path": file_name(_absolute(p)), "bytes": p.stat().st_size,
-                    "mtime_ns": p.stat().st_mtime_ns} for p in corpus.files],
+        "inputs": [
+            {"path": file_name(_absolute(p)), "bytes": p.stat().st_size, "mtime_ns": p.stat().st_mtime_ns}
+            for p in corpus.files
+        ],
         "tasks": [[file_name(p) for p in files] for files in job.files],
-        "tokenizer_sha256": tok.sha256, "seed": job.seed, "val_fraction": job.val_fraction, "dtype": job.dtype,
-        "strict": job.strict, "fast_path": job.fast_path, "format": job.format, "text_field": job.text_field,
+        "tokenizer_sha256": tok.sha256,
+        "seed": job.seed,
+        "val_fraction": job.val_fraction,
+        "dtype": job.dtype,
+        "strict": job.strict,
+        "fast_path": job.fast_path,
+        "format": job.format,
+        "text_field": job.text_field,
         "split_blank_lines": job.split_blank_lines,
     }
     text = json.dumps(fingerprint, indent=2, ensure_ascii=False) + "\n"
@@ -260,8 +298,11 @@ class TokenizeShard(JobStep):
             return None  # finished by a run killed before datatrove marked it complete
         # One run of a task at a time: a Slurm array submitted again while the first still runs would
         # otherwise delete and rewrite this task's staging directory under it.
-        lock = exclusive_lock(work / "locks" / f"{shard.name}.lock", f"task {rank} of {display_path(job.final)}",
-                              "another run of the same job is running it: wait for it to end or stop it")
+        lock = exclusive_lock(
+            work / "locks" / f"{shard.name}.lock",
+            f"task {rank} of {display_path(job.final)}",
+            "another run of the same job is running it: wait for it to end or stop it",
+        )
         if (shard / "meta.json").is_file():
             return None  # finished while this run waited to start
         staging = work / f"{shard.name}.tmp"
@@ -275,9 +316,22 @@ class TokenizeShard(JobStep):
         why_not = why_not_fast(tok.json) if job.fast_path else "not asked for (--fast-path)"
         corpus = Corpus([p if isinstance(p, RemoteFile) else Path(p) for p in job.files[rank]], job.read_options)
         with self.track_time("shard"):
-            meta = build_dataset(staging, corpus, tok, job.dtype, why_not, seed=job.seed, val_fraction=job.val_fraction,
-                          workers=1, strict=job.strict, progress=False, allow_empty=True, format=job.format,
-                          text_field=job.text_field, split_blank_lines=job.split_blank_lines)
+            meta = build_dataset(
+                staging,
+                corpus,
+                tok,
+                job.dtype,
+                why_not,
+                seed=job.seed,
+                val_fraction=job.val_fraction,
+                workers=1,
+                strict=job.strict,
+                progress=False,
+                allow_empty=True,
+                format=job.format,
+                text_field=job.text_field,
+                split_blank_lines=job.split_blank_lines,
+            )
         os.rename(staging, shard)
         lock.release()
         for split in SPLITS:  # datatrove's stats.json, per task and summed
@@ -302,16 +356,20 @@ def finish(job: Job) -> dict:
     names = [shard_name(i) for i in range(len(job.files))]
     missing = [n for n in names if not (work / n / "meta.json").is_file()]
     if missing:
-        raise UsageError(f"{len(missing)} of {len(names)} tasks did not finish ({', '.join(missing[:3])}"
-                         f"{' ...' if len(missing) > 3 else ''}; why: "
-                         f"{display_path(work / 'logs' / 'tokenize' / 'logs')}/task_NNNNN.log); run the same command "
-                         "again: it redoes only those")
+        raise UsageError(
+            f"{len(missing)} of {len(names)} tasks did not finish ({', '.join(missing[:3])}"
+            f"{' ...' if len(missing) > 3 else ''}; why: "
+            f"{display_path(work / 'logs' / 'tokenize' / 'logs')}/task_NNNNN.log); run the same command "
+            "again: it redoes only those"
+        )
     _check_shards(work, names)
     shards = [json.loads((work / n / "meta.json").read_text(encoding="utf-8")) for n in names]
     meta = manifest(shards, names, (work / "job.json").read_text(encoding="utf-8"))
     if not sum(meta["num_docs"].values()):
-        raise UsageError(f"no documents in the {sum(len(f) for f in job.files):,} input files (skipped: "
-                         f"{meta['skipped']}); check --format, --text-field and --split-blank-lines")
+        raise UsageError(
+            f"no documents in the {sum(len(f) for f in job.files):,} input files (skipped: "
+            f"{meta['skipped']}); check --format, --text-field and --split-blank-lines"
+        )
     shutil.rmtree(work / "locks", ignore_errors=True)  # every task is done: the tasks' lock files mean nothing
     write_atomic(work / "meta.json", json.dumps(meta, indent=2, ensure_ascii=False) + "\n")
     (work / PARTIAL_MARK).unlink(missing_ok=True)  # a dataset now: renamed OUT.partial, never deleted
@@ -332,8 +390,11 @@ def _check_shards(work: Path, names: list[str]) -> None:
 
     def damage(name: str) -> str | None:
         try:
-            PreparedData(work / name, verify="full", advice="shard removed: run the same command again, it "
-                                                            "rebuilds only the removed shards")
+            PreparedData(
+                work / name,
+                verify="full",
+                advice="shard removed: run the same command again, it rebuilds only the removed shards",
+            )
         except UsageError as e:
             return str(e)
         return None
@@ -354,32 +415,49 @@ def manifest(shards: list[dict], names: list[str], job_text: str) -> dict:
     for name, shard in zip(names, shards):
         for key in ("tokenizer_sha256", "dtype", "vocab_size", "eos_id", "seed", "val_fraction"):
             if shard[key] != first[key]:
-                raise UsageError(f"{name}/meta.json: {key} {shard[key]!r} differs from {names[0]}'s {first[key]!r}; "
-                                 "delete the .partial directory and prepare again")
+                raise UsageError(
+                    f"{name}/meta.json: {key} {shard[key]!r} differs from {names[0]}'s {first[key]!r}; "
+                    "delete the .partial directory and prepare again"
+                )
     total = {key: {s: sum(m[key][s] for m in shards) for s in SPLITS} for key in ("num_tokens", "num_docs")}
     chars, nbytes = sum(m["text_chars"] for m in shards), sum(m["text_bytes"] for m in shards)
     text_tokens = max(1, sum(total["num_tokens"].values()) - sum(total["num_docs"].values()))
     encoders = {m["encoder"]["name"] for m in shards}
     job = json.loads(job_text)
     return {
-        "version": META_VERSION, "pretrain_version": __version__,
+        "version": META_VERSION,
+        "pretrain_version": __version__,
         "shards": names,
-        "dtype": first["dtype"], "vocab_size": first["vocab_size"], "eos_id": first["eos_id"],
+        "dtype": first["dtype"],
+        "vocab_size": first["vocab_size"],
+        "eos_id": first["eos_id"],
         **total,
-        "doc_length_histogram": {s: merge_histograms([m.get("doc_length_histogram", {}).get(s, {}) for m in shards])
-                                 for s in SPLITS},
+        "doc_length_histogram": {
+            s: merge_histograms([m.get("doc_length_histogram", {}).get(s, {}) for m in shards]) for s in SPLITS
+        },
         "sha256": {f"{n}/{s}.bin": m["sha256"][f"{s}.bin"] for n, m in zip(names, shards) for s in SPLITS},
-        "chars_per_token": chars / text_tokens, "bytes_per_token": nbytes / text_tokens,
-        "text_chars": chars, "text_bytes": nbytes,
+        "chars_per_token": chars / text_tokens,
+        "bytes_per_token": nbytes / text_tokens,
+        "text_chars": chars,
+        "text_bytes": nbytes,
         "skipped": {k: sum(m["skipped"][k] for m in shards) for k in first["skipped"]},
         "skipped_examples": [e for m in shards for e in m["skipped_examples"]][:MAX_SHOWN],
         "files": [f for m in shards for f in m["files"]],
-        "tokenizer": "tokenizer", "tokenizer_sha256": first["tokenizer_sha256"],
+        "tokenizer": "tokenizer",
+        "tokenizer_sha256": first["tokenizer_sha256"],
         "tokenizer_source": first["tokenizer_source"],
-        "encoder": {"name": "tiktoken" if encoders == {"tiktoken"} else "tokenizers",
-                    "verified_docs": sum(m["encoder"]["verified_docs"] for m in shards),
-                    **({"shards_on_tokenizers": sum(m["encoder"]["name"] != "tiktoken" for m in shards)}
-                       if len(encoders) > 1 else {})},
-        "seed": first["seed"], "val_fraction": first["val_fraction"],
-        "format": job["format"], "text_field": job["text_field"], "split_blank_lines": job["split_blank_lines"],
+        "encoder": {
+            "name": "tiktoken" if encoders == {"tiktoken"} else "tokenizers",
+            "verified_docs": sum(m["encoder"]["verified_docs"] for m in shards),
+            **(
+                {"shards_on_tokenizers": sum(m["encoder"]["name"] != "tiktoken" for m in shards)}
+                if len(encoders) > 1
+                else {}
+            ),
+        },
+        "seed": first["seed"],
+        "val_fraction": first["val_fraction"],
+        "format": job["format"],
+        "text_field": job["text_field"],
+        "split_blank_lines": job["split_blank_lines"],
     }

@@ -81,11 +81,14 @@ def _remote_files(url: str) -> list[RemoteFile]:
     except UsageError:
         raise
     except Exception as e:  # fsspec's errors are its backends' (ImportError, ValueError, OSError, HTTP errors)
-        raise UsageError(f"input {url}: cannot list it ({type(e).__name__}: {' '.join(str(e).split())}); "
-                         "remote paths need network and the file system's fsspec package (hf:// uses "
-                         "huggingface_hub)") from None
-    return [RemoteFile(fs.unstrip_protocol(p), int(info.get("size") or 0), _mtime_ns(info))
-            for p, info in zip(paths, infos)]
+        raise UsageError(
+            f"input {url}: cannot list it ({type(e).__name__}: {' '.join(str(e).split())}); "
+            "remote paths need network and the file system's fsspec package (hf:// uses "
+            "huggingface_hub)"
+        ) from None
+    return [
+        RemoteFile(fs.unstrip_protocol(p), int(info.get("size") or 0), _mtime_ns(info)) for p, info in zip(paths, infos)
+    ]
 
 
 def _mtime_ns(info: dict) -> int:
@@ -117,8 +120,9 @@ def find_files(inputs: list[str | Path]) -> list[Path | RemoteFile]:
         else:
             raise UsageError(f"input {item} does not exist; give corpus files, directories or globs")
     if not found:
-        raise UsageError(f"no corpus files matched {' '.join(map(str, inputs))}; "
-                         f"directories are searched for {', '.join(SUFFIXES)}")
+        raise UsageError(
+            f"no corpus files matched {' '.join(map(str, inputs))}; directories are searched for {', '.join(SUFFIXES)}"
+        )
     unique: dict[Path, Path] = {}
     for path in sorted(found, key=str):
         unique.setdefault(path.resolve(), path)
@@ -141,14 +145,18 @@ def hf_dataset_files(directory: Path) -> list[Path] | None:
             splits = json.loads((directory / "dataset_dict.json").read_text(encoding="utf-8"))["splits"]
         except (ValueError, KeyError, TypeError, OSError):
             splits = ["train"]
-        raise UsageError(f"input {directory} is a Hugging Face DatasetDict (splits {', '.join(map(str, splits))}); "
-                         f"give one split's directory, e.g. --input {directory / str(splits[0])}")
+        raise UsageError(
+            f"input {directory} is a Hugging Face DatasetDict (splits {', '.join(map(str, splits))}); "
+            f"give one split's directory, e.g. --input {directory / str(splits[0])}"
+        )
     state = directory / "state.json"
     if not state.is_file():
         return None
     try:
         names = [entry["filename"] for entry in json.loads(state.read_text(encoding="utf-8"))["_data_files"]]
     except (ValueError, KeyError, TypeError, OSError) as e:
-        raise UsageError(f"{state}: not a Hugging Face datasets state.json ({type(e).__name__}: {e}); give the "
-                         "directory `save_to_disk` wrote, or its .arrow files") from None
+        raise UsageError(
+            f"{state}: not a Hugging Face datasets state.json ({type(e).__name__}: {e}); give the "
+            "directory `save_to_disk` wrote, or its .arrow files"
+        ) from None
     return [directory / name for name in names]

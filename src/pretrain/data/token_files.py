@@ -42,8 +42,9 @@ class TokenFile:
         try:
             fd = os.open(self.path, os.O_RDONLY)
         except OSError as e:
-            raise DataChanged(self.path, "was deleted" if isinstance(e, FileNotFoundError)
-                              else f"became unreadable ({e.strerror})") from None
+            raise DataChanged(
+                self.path, "was deleted" if isinstance(e, FileNotFoundError) else f"became unreadable ({e.strerror})"
+            ) from None
         try:
             self._compare(os.fstat(fd))
             for out, first in pieces:
@@ -69,8 +70,10 @@ class TokenFile:
         if (device, inode) != self.identity[:2]:
             raise DataChanged(self.path, "was replaced by another file")
         if size != self.size:
-            raise DataChanged(self.path, f"was {'truncated' if size < self.size else 'extended'} to {size:,} bytes "
-                                         f"(it held {self.size:,})")
+            raise DataChanged(
+                self.path,
+                f"was {'truncated' if size < self.size else 'extended'} to {size:,} bytes (it held {self.size:,})",
+            )
         if mtime != self.identity[3]:
             raise DataChanged(self.path, "was rewritten (its modification time changed)")
 

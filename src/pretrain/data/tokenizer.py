@@ -69,11 +69,12 @@ def find_tokenizer(path: str | Path) -> TokenizerFiles:
     path = Path(path)
     file = path / "tokenizer.json" if path.is_dir() else path
     if not file.is_file():
-        raise UsageError(f"tokenizer {path} not found: give a directory holding tokenizer.json or a tokenizer.json "
-                         "path (train one with `pretrain tokenizer train`)")
+        raise UsageError(
+            f"tokenizer {path} not found: give a directory holding tokenizer.json or a tokenizer.json "
+            "path (train one with `pretrain tokenizer train`)"
+        )
     files = {"tokenizer.json": file.read_bytes()}
-    files.update({name: (file.parent / name).read_bytes() for name in CONFIG_FILES
-                  if (file.parent / name).is_file()})
+    files.update({name: (file.parent / name).read_bytes() for name in CONFIG_FILES if (file.parent / name).is_file()})
     from tokenizers import Tokenizer
 
     try:
@@ -83,13 +84,17 @@ def find_tokenizer(path: str | Path) -> TokenizerFiles:
     vocab = tokenizer.get_vocab(with_added_tokens=True)
     eos = _eos_token(file.parent / "tokenizer_config.json", vocab)
     if eos is None:
-        raise UsageError(f"tokenizer {file} has no end-of-document token (tried {', '.join(EOS_NAMES)}); "
-                         "name one as eos_token in tokenizer_config.json")
+        raise UsageError(
+            f"tokenizer {file} has no end-of-document token (tried {', '.join(EOS_NAMES)}); "
+            "name one as eos_token in tokenizer_config.json"
+        )
     if not any(t.special and t.content == eos for t in tokenizer.get_added_tokens_decoder().values()):
         # Only a special token is kept out of the text (load()); any other would also encode the literal text
         # "<eos>" in a document to the end-of-document id, and count(<eos>) == num_docs would break.
-        raise UsageError(f"tokenizer {file}: its end-of-document token {eos!r} is not a special token, so text "
-                         f"containing {eos!r} would encode to it; mark it \"special\": true in added_tokens")
+        raise UsageError(
+            f"tokenizer {file}: its end-of-document token {eos!r} is not a special token, so text "
+            f'containing {eos!r} would encode to it; mark it "special": true in added_tokens'
+        )
     generated = hf_config_files(eos, *(token if token in vocab else None for token in SPECIAL_TOKENS[1:]))
     for name, content in generated.items():
         files.setdefault(name, content)
@@ -103,8 +108,7 @@ def _eos_token(config_path: Path, vocab: dict[str, int]) -> str | None:
         except (ValueError, UnicodeDecodeError) as e:
             raise UsageError(f"{config_path} is not valid JSON ({e}); fix it or delete it") from None
         if not isinstance(config, dict):
-            raise UsageError(f"{config_path} holds a JSON {type(config).__name__}, not an object; fix it or "
-                             "delete it")
+            raise UsageError(f"{config_path} holds a JSON {type(config).__name__}, not an object; fix it or delete it")
         eos = config.get("eos_token")
         eos = eos.get("content") if isinstance(eos, dict) else eos
         if isinstance(eos, str) and eos in vocab:
@@ -116,19 +120,35 @@ def hf_config_files(eos: str, bos: str | None = None, pad: str | None = None) ->
     """tokenizer_config.json and special_tokens_map.json for `AutoTokenizer`: no BOS/EOS added on encode
     (documents are delimited by prepare, not by the tokenizer) and no space clean-up on decode (exact text)."""
     special = {k: v for k, v in (("bos_token", bos), ("eos_token", eos), ("pad_token", pad)) if v}
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", **special, "add_bos_token": False,
-              "add_eos_token": False, "clean_up_tokenization_spaces": False}
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        **special,
+        "add_bos_token": False,
+        "add_eos_token": False,
+        "clean_up_tokenization_spaces": False,
+    }
     return {"tokenizer_config.json": _json_bytes(config), "special_tokens_map.json": _json_bytes(special)}
 
 
-def train_tokenizer(inputs, vocab_size: int, out_dir: str | Path, *, format: str = "auto", text_field: str = "text",
-                    split_blank_lines: bool = False, min_frequency: int = 2, progress: bool = False) -> dict:
+def train_tokenizer(
+    inputs,
+    vocab_size: int,
+    out_dir: str | Path,
+    *,
+    format: str = "auto",
+    text_field: str = "text",
+    split_blank_lines: bool = False,
+    min_frequency: int = 2,
+    progress: bool = False,
+) -> dict:
     """Train a byte-level BPE on the documents of `inputs` and save it to `out_dir`; returns a summary."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     if vocab_size < MIN_VOCAB:
-        raise UsageError(f"--vocab-size {vocab_size} is too small: a byte-level BPE needs at least {MIN_VOCAB} "
-                         "(256 bytes + <eos>, <bos>, <pad>)")
+        raise UsageError(
+            f"--vocab-size {vocab_size} is too small: a byte-level BPE needs at least {MIN_VOCAB} "
+            "(256 bytes + <eos>, <bos>, <pad>)"
+        )
     if min_frequency < 0:
         raise UsageError(f"--min-frequency {min_frequency} is negative; give a count >= 0 (default 2)")
     out_dir = check_output_dir(out_dir, "--out")
@@ -148,17 +168,25 @@ def train_tokenizer(inputs, vocab_size: int, out_dir: str | Path, *, format: str
     # No normaliser and no prefix space: byte-level BPE then reproduces any text byte for byte.
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
-                                  special_tokens=list(SPECIAL_TOKENS),
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=progress)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=progress,
+    )
     start = time.perf_counter()
     tokenizer.train_from_iterator(documents(), trainer)
     if not stats["num_docs"]:
         raise UsageError(f"no documents in {corpus.describe()}; check --format, --text-field and --split-blank-lines")
     files = {"tokenizer.json": tokenizer.to_str().encode("utf-8"), **hf_config_files(*SPECIAL_TOKENS)}
     _write_all(out_dir, files)
-    return {"path": display_path(out_dir), "vocab_size": tokenizer.get_vocab_size(), **stats,
-            "seconds": time.perf_counter() - start}
+    return {
+        "path": display_path(out_dir),
+        "vocab_size": tokenizer.get_vocab_size(),
+        **stats,
+        "seconds": time.perf_counter() - start,
+    }
 
 
 def _write_all(out_dir: Path, files: dict[str, bytes]) -> None:

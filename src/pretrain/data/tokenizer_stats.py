@@ -53,12 +53,14 @@ def read_sample(inputs, max_docs: int = DEFAULT_MAX_DOCS, options: ReadOptions =
 
 def count_tokens(tokenizer_path, texts: list[str]) -> int:
     tokenizer = find_tokenizer(tokenizer_path).load()
-    return sum(len(e.ids) for i in range(0, len(texts), ENCODE_BATCH)
-               for e in tokenizer.encode_batch(texts[i:i + ENCODE_BATCH]))
+    return sum(
+        len(e.ids)
+        for i in range(0, len(texts), ENCODE_BATCH)
+        for e in tokenizer.encode_batch(texts[i : i + ENCODE_BATCH])
+    )
 
 
-def tokenizer_stats(tokenizers, inputs, max_docs: int = DEFAULT_MAX_DOCS,
-                    options: ReadOptions = ReadOptions()) -> dict:
+def tokenizer_stats(tokenizers, inputs, max_docs: int = DEFAULT_MAX_DOCS, options: ReadOptions = ReadOptions()) -> dict:
     """The JSON contract of `pretrain tokenizer stats --json`: {"tokenizers": [...], "sample": {...}}."""
     for path in tokenizers:  # every tokenizer checked before the corpus is read
         find_tokenizer(path)
@@ -67,23 +69,52 @@ def tokenizer_stats(tokenizers, inputs, max_docs: int = DEFAULT_MAX_DOCS,
     for path in tokenizers:
         tokens = max(1, count_tokens(path, sample.texts))
         bytes_per_token = sample.bytes / tokens
-        rows.append({"path": str(path), "tokens": tokens, "chars_per_token": sample.chars / tokens,
-                     "bytes_per_token": bytes_per_token, "tokens_per_gb": 1e9 / bytes_per_token,
-                     "compression_vs_first": bytes_per_token / rows[0]["bytes_per_token"] if rows else 1.0})
-    return {"tokenizers": rows,
-            "sample": {"documents": len(sample.texts), "chars": sample.chars, "bytes": sample.bytes,
-                       "skipped": sample.skipped, "max_docs": max_docs}}
+        rows.append(
+            {
+                "path": str(path),
+                "tokens": tokens,
+                "chars_per_token": sample.chars / tokens,
+                "bytes_per_token": bytes_per_token,
+                "tokens_per_gb": 1e9 / bytes_per_token,
+                "compression_vs_first": bytes_per_token / rows[0]["bytes_per_token"] if rows else 1.0,
+            }
+        )
+    return {
+        "tokenizers": rows,
+        "sample": {
+            "documents": len(sample.texts),
+            "chars": sample.chars,
+            "bytes": sample.bytes,
+            "skipped": sample.skipped,
+            "max_docs": max_docs,
+        },
+    }
 
 
 def render(stats: dict) -> str:
     s = stats["sample"]
-    lines = [f"{s['documents']:,} documents ({s['chars']:,} characters, {s['bytes']:,} bytes of UTF-8)"
-             + (f", {s['skipped']:,} bad records skipped" if s["skipped"] else ""), ""]
+    lines = [
+        f"{s['documents']:,} documents ({s['chars']:,} characters, {s['bytes']:,} bytes of UTF-8)"
+        + (f", {s['skipped']:,} bad records skipped" if s["skipped"] else ""),
+        "",
+    ]
     header = ("tokenizer", "tokens", "chars/token", "bytes/token", "tokens per GB", "vs first")
-    rows = [(r["path"], f"{r['tokens']:,}", f"{r['chars_per_token']:.3f}", f"{r['bytes_per_token']:.3f}",
-             f"{r['tokens_per_gb'] / 1e6:,.1f}M", f"{r['compression_vs_first']:.3f}x") for r in stats["tokenizers"]]
+    rows = [
+        (
+            r["path"],
+            f"{r['tokens']:,}",
+            f"{r['chars_per_token']:.3f}",
+            f"{r['bytes_per_token']:.3f}",
+            f"{r['tokens_per_gb'] / 1e6:,.1f}M",
+            f"{r['compression_vs_first']:.3f}x",
+        )
+        for r in stats["tokenizers"]
+    ]
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:
-        lines.append("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in
-                               enumerate(zip(row, widths))).rstrip())
+        lines.append(
+            "  ".join(
+                cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))
+            ).rstrip()
+        )
     return "\n".join(lines)

@@ -91,8 +91,10 @@ class DataParts:
         owned = zero1_partition(shapes, self.data_parallel, decay_groups(config.model, shapes))
         self.owner = {names[i]: rank for rank, indices in enumerate(owned) for i in indices}
         name_of = {id(p): n for n, p in named.items()}
-        groups = [{**g, "params": [p for p in g["params"] if self.owner[name_of[id(p)]] == self.data_rank]}
-                  for g in param_groups(self.module, config.model, config.train.weight_decay)]
+        groups = [
+            {**g, "params": [p for p in g["params"] if self.owner[name_of[id(p)]] == self.data_rank]}
+            for g in param_groups(self.module, config.model, config.train.weight_decay)
+        ]
         cls, kwargs = optimizer_class(config.train, self.rt.device)
         optimizer = cls([g for g in groups if g["params"]], **kwargs)
         optimizer.register_step_post_hook(lambda *_: self._broadcast_owned())

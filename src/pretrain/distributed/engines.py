@@ -39,9 +39,9 @@ class Parallelized:
     `module` is our Transformer (its parameters, possibly sharded, are what the optimizer updates); `forward`
     is what a training micro-batch calls (DDP's wrapper, or the module itself)."""
 
-    autocast = True     # False under FSDP: its mixed-precision policy casts instead
-    measurable = True   # saved-tensor hooks see plain tensors (not FSDP's gathered parameters)
-    fp8 = None          # train.precision=fp8: {"recipe", "linears", "skipped"} (fp8.py), for plan_vs_run.json
+    autocast = True  # False under FSDP: its mixed-precision policy casts instead
+    measurable = True  # saved-tensor hooks see plain tensors (not FSDP's gathered parameters)
+    fp8 = None  # train.precision=fp8: {"recipe", "linears", "skipped"} (fp8.py), for plan_vs_run.json
 
     def __init__(self, module, config, rt: Runtime, mesh=None):
         self.module, self.forward, self.rt = module, module, rt
@@ -49,8 +49,11 @@ class Parallelized:
         # train.cache_weight_casts: one autocast context over a step's micro-batches (`step_context`) keeps the
         # casts of the weights, the nested per-micro-batch ones use them
         self.cache_casts = self.autocast and caches_weight_casts(config.train, config.parallel)
-        self.autocast_context = (precision.autocast(config.train.precision, rt.device, self.cache_casts)
-                                 if self.autocast else contextlib.nullcontext)
+        self.autocast_context = (
+            precision.autocast(config.train.precision, rt.device, self.cache_casts)
+            if self.autocast
+            else contextlib.nullcontext
+        )
 
     def step_context(self):
         """The context around all micro-batches of a step: with the weight-cast cache, the autocast context that
@@ -104,8 +107,13 @@ class Parallelized:
         from torch.distributed.checkpoint.state_dict import set_state_dict
 
         sd = from_canonical(sd, self.row_orders)
-        set_state_dict(self.module, self.optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optimizer"],
-                       options=_flat_options())
+        set_state_dict(
+            self.module,
+            self.optimizer,
+            model_state_dict=sd["model"],
+            optim_state_dict=sd["optimizer"],
+            options=_flat_options(),
+        )
 
 
 class DDP(Parallelized):
@@ -137,8 +145,9 @@ class ZeRO1(DDP):
 
         groups = param_groups(self.module, config.model, config.train.weight_decay)
         cls, kwargs = optimizer_class(config.train, self.rt.device)
-        optimizer = ZeroRedundancyOptimizer(groups[0]["params"], optimizer_class=cls,
-                                            weight_decay=groups[0]["weight_decay"], **kwargs)
+        optimizer = ZeroRedundancyOptimizer(
+            groups[0]["params"], optimizer_class=cls, weight_decay=groups[0]["weight_decay"], **kwargs
+        )
         for group in groups[1:]:
             optimizer.add_param_group(group)
         return optimizer
@@ -150,10 +159,21 @@ class ZeRO1(DDP):
         if not local.state:
             _materialize(self.optimizer)
         names = {p: n for n, p in self.module.named_parameters()}
-        optim = {f"state.{names[p]}.{k}": v for g in local.param_groups for p in g["params"]
-                 for k, v in local.state[p].items()}
-        optim.update({f"param_groups.{names[p]}.{k}": v for g in self.optimizer.param_groups for p in g["params"]
-                      for k, v in g.items() if k != "params"})  # the flattened layout, as get_state_dict's
+        optim = {
+            f"state.{names[p]}.{k}": v
+            for g in local.param_groups
+            for p in g["params"]
+            for k, v in local.state[p].items()
+        }
+        optim.update(
+            {
+                f"param_groups.{names[p]}.{k}": v
+                for g in self.optimizer.param_groups
+                for p in g["params"]
+                for k, v in g.items()
+                if k != "params"
+            }
+        )  # the flattened layout, as get_state_dict's
         return {"model": get_model_state_dict(self.module), "optimizer": optim}
 
     def load_state_dict(self, sd: dict) -> None:
@@ -191,8 +211,10 @@ def fsdp_options(config, device: torch.device) -> dict:
     """fully_shard's keyword arguments for this run: resharding after forward (ZeRO-3) and the
     mixed-precision policy."""
     if device.type == "cpu" and torch_version_tuple(torch.__version__) < FSDP_CPU_TORCH:
-        raise ConfigError(f"parallel.zero_stage: FSDP (stages 2 and 3) on CPUs needs torch >= 2.9, this is "
-                          f"{torch.__version__}; use parallel.zero_stage=1 or a newer torch")
+        raise ConfigError(
+            f"parallel.zero_stage: FSDP (stages 2 and 3) on CPUs needs torch >= 2.9, this is "
+            f"{torch.__version__}; use parallel.zero_stage=1 or a newer torch"
+        )
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     mp = MixedPrecisionPolicy()

@@ -154,10 +154,11 @@ class ExpertParallel:
             for key, value in part.items():
                 if self._is_expert(key, value):
                     n = value.shape[0] // self.ep
-                    own = value[rank * n:(rank + 1) * n].clone()
+                    own = value[rank * n : (rank + 1) * n].clone()
                     p = sharded.get(self._param_name(key))
-                    part[key] = own if p is None else distribute_tensor(own, p.device_mesh, p.placements,
-                                                                        src_data_rank=None)
+                    part[key] = (
+                        own if p is None else distribute_tensor(own, p.device_mesh, p.placements, src_data_rank=None)
+                    )
         super().load_state_dict(sd)
 
     @staticmethod

@@ -60,7 +60,8 @@ def convert(model, train, fsdp: bool) -> dict:
     else:
         config = float8.Float8LinearConfig.from_recipe_name(train.fp8_recipe)
     linears = {name: m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
-    chosen = {name for name, m in linears.items()
-              if converts(name, m.in_features, m.out_features, train.fp8_min_features)}
+    chosen = {
+        name for name, m in linears.items() if converts(name, m.in_features, m.out_features, train.fp8_min_features)
+    }
     float8.convert_to_float8_training(model, config=config, module_filter_fn=lambda m, name: name in chosen)
     return {"recipe": train.fp8_recipe, "linears": len(chosen), "skipped": len(linears) - len(chosen)}

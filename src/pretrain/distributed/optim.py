@@ -33,8 +33,9 @@ def optimizer_class(train_cfg, device: torch.device) -> tuple[type, dict]:
     """(torch optimizer class, its keyword arguments) for `train.optimizer`: one rule for every data-parallel
     engine (ZeroRedundancyOptimizer builds its local optimizer from it too)."""
     if train_cfg.optimizer == "adamw":
-        return torch.optim.AdamW, dict(lr=train_cfg.lr, betas=tuple(train_cfg.betas), eps=train_cfg.eps,
-                                       fused=device.type in ("cuda", "cpu"))
+        return torch.optim.AdamW, dict(
+            lr=train_cfg.lr, betas=tuple(train_cfg.betas), eps=train_cfg.eps, fused=device.type in ("cuda", "cpu")
+        )
     if train_cfg.optimizer == "adafactor":
         return torch.optim.Adafactor, dict(lr=train_cfg.lr)
     return torch.optim.SGD, dict(lr=train_cfg.lr, momentum=train_cfg.momentum)

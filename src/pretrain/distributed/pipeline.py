@@ -132,8 +132,10 @@ class Pipelined(DataParts, Parallelized):
             )
 
             total = self.stages * self.chunks
-            stages = [PipelineStage(chunk, c, total, self.rt.device, group=self.pp_group) for chunk, c in
-                      zip(self.module.chunks, chunk_indices(self.index, self.stages, self.chunks))]
+            stages = [
+                PipelineStage(chunk, c, total, self.rt.device, group=self.pp_group)
+                for chunk, c in zip(self.module.chunks, chunk_indices(self.index, self.stages, self.chunks))
+            ]
             stage = stages if self.chunks > 1 else stages[0]
             model = self.model
 
@@ -142,13 +144,15 @@ class Pipelined(DataParts, Parallelized):
                 # micro-batches, as in train_step (scale_grads=False: nothing divides again).
                 return model.loss(h, model.lm_head.weight, targets) / micro_batches
 
-            one_f_one_b, gpipe = ((ScheduleInterleaved1F1B, ScheduleLoopedBFS) if self.chunks > 1
-                                  else (Schedule1F1B, ScheduleGPipe))
+            one_f_one_b, gpipe = (
+                (ScheduleInterleaved1F1B, ScheduleLoopedBFS) if self.chunks > 1 else (Schedule1F1B, ScheduleGPipe)
+            )
             if not training:  # forward only: the last stage's output comes back, and the loss is taken here
                 self.schedules[key] = gpipe(stage, micro_batches)
             else:
                 takes = micro_batches >= self.stages and (
-                    self.chunks == 1 or micro_batches % max(1, micro_batches // self.stages) == 0)
+                    self.chunks == 1 or micro_batches % max(1, micro_batches // self.stages) == 0
+                )
                 kind = one_f_one_b if takes else gpipe
                 self.schedules[key] = kind(stage, micro_batches, loss_fn=loss_fn, scale_grads=False)
         return self.schedules[key]
@@ -160,8 +164,12 @@ class Pipelined(DataParts, Parallelized):
         schedule = self._schedule(micro_batches, training=True, rows=tokens.shape[0])
         losses: list[torch.Tensor] = []
         with self.autocast_context():
-            schedule.step(*((tokens,) if self.index == 0 else ()), target=targets if self.is_last else None,
-                          losses=losses, return_outputs=False)
+            schedule.step(
+                *((tokens,) if self.index == 0 else ()),
+                target=targets if self.is_last else None,
+                losses=losses,
+                return_outputs=False,
+            )
         self._settle_gradients()
         self._average_gradients()
         if not losses:
@@ -196,8 +204,11 @@ class Pipelined(DataParts, Parallelized):
         with self.autocast_context():
             h = schedule.step(*((tokens,) if self.index == 0 else ()))
             model = self.model
-            loss = (model.loss(h, model.lm_head.weight, targets).float() if self.is_last
-                    else torch.zeros((), device=self.rt.device))
+            loss = (
+                model.loss(h, model.lm_head.weight, targets).float()
+                if self.is_last
+                else torch.zeros((), device=self.rt.device)
+            )
         dist.broadcast(loss, group=self.pp_group, group_src=self.stages - 1)
         return loss
 

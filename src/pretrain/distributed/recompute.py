@@ -37,11 +37,16 @@ MODES = ("none", "selective", "full")
 _aten = torch.ops.aten
 # Attention kernels whose outputs selective recomputation keeps (those this torch has): SDPA's fused kernels
 # on CUDA and the CPU, and FlexAttention (a higher-order op) for document masks.
-ATTENTION_OPS = frozenset(getattr(_aten, name).default for name in (
-    "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
-    "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu")
-    if hasattr(_aten, name)) | ({torch.ops.higher_order.flex_attention}
-                                if hasattr(torch.ops.higher_order, "flex_attention") else set())
+ATTENTION_OPS = frozenset(
+    getattr(_aten, name).default
+    for name in (
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+        "_scaled_dot_product_flash_attention_for_cpu",
+    )
+    if hasattr(_aten, name)
+) | ({torch.ops.higher_order.flex_attention} if hasattr(torch.ops.higher_order, "flex_attention") else set())
 # A linear layer is one of these (with a bias addmm, else mm, over the tokens flattened to rows).
 MATMUL_OPS = frozenset((_aten.mm.default, _aten.addmm.default))
 
@@ -60,6 +65,7 @@ def selective_policy():
             if counts[ctx.is_recompute] % 2:
                 return CheckpointPolicy.MUST_SAVE
         return CheckpointPolicy.PREFER_RECOMPUTE
+
     return policy
 
 
@@ -77,8 +83,9 @@ def _recomputed_forward(module: nn.Module, *args, **kwargs):
 
 def _selectively_recomputed_forward(module: nn.Module, *args, **kwargs):
     """As _recomputed_forward, but what `selective_policy` saves is kept from forward and not recomputed."""
-    return torch.utils.checkpoint.checkpoint(type(module).forward, module, *args, use_reentrant=False,
-                                             context_fn=_selective_contexts, **kwargs)
+    return torch.utils.checkpoint.checkpoint(
+        type(module).forward, module, *args, use_reentrant=False, context_fn=_selective_contexts, **kwargs
+    )
 
 
 _FORWARDS = {"full": _recomputed_forward, "selective": _selectively_recomputed_forward}

@@ -22,7 +22,7 @@ class Runtime:
     world_size: int
     local_rank: int
     device: torch.device
-    tensor: int = 1    # parallel.tensor and parallel.pipeline of the run (the trainer sets them): they say
+    tensor: int = 1  # parallel.tensor and parallel.pipeline of the run (the trainer sets them): they say
     pipeline: int = 1  # which ranks hold the same model shard, and so which ranks split the batch
 
     @property
@@ -58,8 +58,9 @@ def init_runtime(device: str = "auto") -> Runtime:
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     if world > 1 and not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo", device_id=dev
-                                if dev.type == "cuda" else None)
+        dist.init_process_group(
+            backend="nccl" if dev.type == "cuda" else "gloo", device_id=dev if dev.type == "cuda" else None
+        )
     return Runtime(rank=rank, world_size=world, local_rank=local_rank, device=dev)
 
 
@@ -76,8 +77,9 @@ def resolve_device(name: str | None, setting: str, local_rank: int = 0) -> torch
         raise ConfigError(f"{setting} {name!r} is not a device pretrain runs on; use auto, cpu, cuda or cuda:N")
     if not torch.cuda.is_available():
         give = "=" if setting.startswith("train.") else " "
-        raise ConfigError(f"{setting} {name}: no CUDA GPU is visible to torch {torch.__version__}; use "
-                          f"{setting}{give}cpu (or auto)")
+        raise ConfigError(
+            f"{setting} {name}: no CUDA GPU is visible to torch {torch.__version__}; use {setting}{give}cpu (or auto)"
+        )
     count = torch.cuda.device_count()
     index = int(name[5:]) if ":" in name else local_rank % count
     if index >= count:

@@ -50,8 +50,11 @@ def rank_order(segments: list[int], tp: int) -> torch.Tensor:
     """Row i of the rank-ordered tensor is row order[i] of the canonical one: for each rank in turn, its
     1/tp of every segment."""
     starts = [sum(segments[:i]) for i in range(len(segments))]
-    rows = [torch.arange(start + r * (size // tp), start + (r + 1) * (size // tp))
-            for r in range(tp) for start, size in zip(starts, segments)]
+    rows = [
+        torch.arange(start + r * (size // tp), start + (r + 1) * (size // tp))
+        for r in range(tp)
+        for start, size in zip(starts, segments)
+    ]
     return torch.cat(rows)
 
 
@@ -61,8 +64,10 @@ class Replicated(ParallelStyle):
 
     def _apply(self, module: nn.Module, mesh) -> nn.Module:
         def inputs(mod, args, mesh):
-            return tuple(DTensor.from_local(a, mesh, [Replicate()], run_check=False)
-                         if isinstance(a, torch.Tensor) else a for a in args)
+            return tuple(
+                DTensor.from_local(a, mesh, [Replicate()], run_check=False) if isinstance(a, torch.Tensor) else a
+                for a in args
+            )
 
         def output(mod, out, mesh):
             return out.to_local()
@@ -92,8 +97,11 @@ def apply_tensor_parallel(model: nn.Module, mesh, sequence_parallel: bool) -> No
     1-D tensor mesh `mesh`, in place. `model.row_orders` keeps each fused parameter's rank order (for the
     per-parameter init, which fills the canonical tensor and takes this rank's rows, and for checkpoints)."""
     tp = mesh.size()
-    orders = {name: rank_order(segments, tp) for name, _ in model.named_parameters()
-              if (segments := fused_rows(name, model.config))}
+    orders = {
+        name: rank_order(segments, tp)
+        for name, _ in model.named_parameters()
+        if (segments := fused_rows(name, model.config))
+    }
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name in orders and not p.is_meta:  # values already there (init, or init_from): into rank order
@@ -106,23 +114,34 @@ def apply_tensor_parallel(model: nn.Module, mesh, sequence_parallel: bool) -> No
         return SequenceParallel() if sequence_parallel else Replicated()
 
     for block in model.blocks:
-        parallelize_module(block, mesh, {
-            "attn_norm": norm(),
-            "attn.qkv": ColwiseParallel(input_layouts=between),
-            "attn.proj": RowwiseParallel(output_layouts=between),
-            "mlp_norm": norm(),
-            "mlp.up": ColwiseParallel(input_layouts=between),
-            "mlp.down": RowwiseParallel(output_layouts=between),
-        })
+        parallelize_module(
+            block,
+            mesh,
+            {
+                "attn_norm": norm(),
+                "attn.qkv": ColwiseParallel(input_layouts=between),
+                "attn.proj": RowwiseParallel(output_layouts=between),
+                "mlp_norm": norm(),
+                "mlp.up": ColwiseParallel(input_layouts=between),
+                "mlp.down": RowwiseParallel(output_layouts=between),
+            },
+        )
     tied = model.lm_head.weight is model.embed.weight
-    parallelize_module(model, mesh, {
-        "embed": VocabularyParallelEmbedding(input_layouts=Replicate(), output_layouts=between),
-        "norm": norm(),
-        # The loss module takes (final-norm output, output weight, targets): the whole sequence and the whole
-        # weight on every rank, as plain tensors, so both losses run unchanged.
-        "loss": PrepareModuleInput(input_layouts=(between, Shard(0), None),
-                                   desired_input_layouts=(Replicate(), Replicate(), None), use_local_output=True),
-    })
+    parallelize_module(
+        model,
+        mesh,
+        {
+            "embed": VocabularyParallelEmbedding(input_layouts=Replicate(), output_layouts=between),
+            "norm": norm(),
+            # The loss module takes (final-norm output, output weight, targets): the whole sequence and the whole
+            # weight on every rank, as plain tensors, so both losses run unchanged.
+            "loss": PrepareModuleInput(
+                input_layouts=(between, Shard(0), None),
+                desired_input_layouts=(Replicate(), Replicate(), None),
+                use_local_output=True,
+            ),
+        },
+    )
     if tied:
         model.lm_head.weight = model.embed.weight
     else:  # never called as a module (the loss takes its weight): only its parameter is split
@@ -135,6 +154,7 @@ def keep_own_vocabulary_rows(model: nn.Module) -> None:
     whole): keep a copy of this rank's rows only, so the whole one is freed at once. Hooks on the parameters
     as they are at the end (moving a model from the meta device replaces them); under FSDP its reduce-scatter
     makes each rank's own gradient shard anyway."""
+
     def own_rows(grad):
         return grad.redistribute(grad.device_mesh, [Shard(0)]).clone()
 
@@ -159,7 +179,7 @@ def _convert(sd: dict, orders: dict, canonical: bool) -> dict:
     model = {k: _reordered(v, order[k]) if k in order else v for k, v in sd["model"].items()}
     flat = {}  # every engine's optimizer state is flattened: {"state.NAME.exp_avg": ...}
     for key, v in sd["optimizer"].items():
-        name = key[len("state."):].rsplit(".", 1)[0] if key.startswith("state.") else None
+        name = key[len("state.") :].rsplit(".", 1)[0] if key.startswith("state.") else None
         flat[key] = _reordered(v, order[name]) if name in order and isinstance(v, torch.Tensor) and v.dim() else v
     return {**sd, "model": model, "optimizer": flat}
 

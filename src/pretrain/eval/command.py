@@ -71,6 +71,8 @@ def table(results: dict) -> str:
     head = f"{'task':<22}{'acc':>18}{'acc_norm':>18}{'acc_bytes':>11}{'bits/byte':>11}{'chance':>8}{'examples':>10}"
     lines = [head]
     for name, r in results.items():
-        lines.append(f"{name:<22}{pm(r, 'acc'):>18}{pm(r, 'acc_norm'):>18}{r['acc_bytes']:>11.4f}"
-                     f"{r['bits_per_byte']:>11.4f}{r['chance']:>8.3f}{r['examples']:>10,}")
+        lines.append(
+            f"{name:<22}{pm(r, 'acc'):>18}{pm(r, 'acc_norm'):>18}{r['acc_bytes']:>11.4f}"
+            f"{r['bits_per_byte']:>11.4f}{r['chance']:>8.3f}{r['examples']:>10,}"
+        )
     return "\n".join(lines)

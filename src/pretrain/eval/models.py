@@ -32,7 +32,7 @@ class OurModel:
         if self.whole:
             return _gather_logprobs(self.model(x)[rows, cols], targets)
         hidden = self.model.hidden_states(x)[rows, cols]
-        return _gather_logprobs(self.model.lm_head(hidden)[..., :self.model.config.vocab_size], targets)
+        return _gather_logprobs(self.model.lm_head(hidden)[..., : self.model.config.vocab_size], targets)
 
 
 class HFModel:
@@ -43,8 +43,14 @@ class HFModel:
         self.model = model
         self.device = model.device
         config = model.config
-        self.max_len = next((getattr(config, a) for a in ("n_positions", "max_position_embeddings", "n_ctx")
-                             if isinstance(getattr(config, a, None), int)), 2048)  # lm-eval's order and default
+        self.max_len = next(
+            (
+                getattr(config, a)
+                for a in ("n_positions", "max_position_embeddings", "n_ctx")
+                if isinstance(getattr(config, a, None), int)
+            ),
+            2048,
+        )  # lm-eval's order and default
         self.whole = any(getattr(config, a, None) for a in ("final_logit_softcapping", "logit_scale"))
 
     def token_logprobs(self, x, rows, cols, targets) -> torch.Tensor:
@@ -80,6 +86,8 @@ def load_target(target: str, device: str):
     model = load_model(path, device=device)
     tokenizer = data_tokenizer(model.training_config.data)
     if tokenizer is None:
-        raise UsageError(f"no tokenizer found for {target} (the run's data directory is gone); export it with "
-                         "its tokenizer, or restore the data directory")
+        raise UsageError(
+            f"no tokenizer found for {target} (the run's data directory is gone); export it with "
+            "its tokenizer, or restore the data directory"
+        )
     return OurModel(model, model.config.max_seq_len), find_tokenizer(tokenizer).load()

@@ -28,22 +28,20 @@ def loglikelihoods(lm, requests, batch_size: int, advance=None) -> list[float]:
     order = sorted(range(len(requests)), key=lambda i: (-len(requests[i].tokens), i))
     out = [0.0] * len(requests)
     for start in range(0, len(order), batch_size):
-        batch = order[start:start + batch_size]
-        inputs = [requests[i].tokens[:-1][-lm.max_len:] for i in batch]  # the last token is only a target
+        batch = order[start : start + batch_size]
+        inputs = [requests[i].tokens[:-1][-lm.max_len :] for i in batch]  # the last token is only a target
         x = torch.zeros(len(batch), max(map(len, inputs)), dtype=torch.long)
         rows, cols, targets, owners = [], [], [], []
         for b, (i, tokens) in enumerate(zip(batch, inputs)):
-            x[b, :len(tokens)] = torch.tensor(tokens)
+            x[b, : len(tokens)] = torch.tensor(tokens)
             n, c = len(tokens), min(requests[i].cont_len, len(tokens))
             # position j predicts token j + 1: the continuation's c tokens come from the last c positions
             rows += [b] * c
             cols += range(n - c, n)
             targets += requests[i].tokens[-c:]
             owners += [b] * c
-        logprobs = lm.token_logprobs(x.to(lm.device), torch.tensor(rows), torch.tensor(cols),
-                                     torch.tensor(targets))
-        sums = torch.zeros(len(batch), dtype=torch.float64).index_add_(0, torch.tensor(owners),
-                                                                       logprobs.double().cpu())
+        logprobs = lm.token_logprobs(x.to(lm.device), torch.tensor(rows), torch.tensor(cols), torch.tensor(targets))
+        sums = torch.zeros(len(batch), dtype=torch.float64).index_add_(0, torch.tensor(owners), logprobs.double().cpu())
         for b, i in enumerate(batch):
             out[i] = float(sums[b])
         if advance is not None:

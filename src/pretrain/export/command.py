@@ -18,8 +18,12 @@ def add_arguments(p):
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (newest checkpoint) or one checkpoint")
     p.add_argument("--to", choices=["hf"], default="hf", help="format (hf: Hugging Face transformers)")
     p.add_argument("out_dir", metavar="OUT_DIR", help="directory to write (refused if it exists, unless --overwrite)")
-    p.add_argument("--dtype", choices=["fp32", "bf16"], default=None,
-                   help="dtype of the written weights (default fp32; bf16 for a train.precision=fp8 run)")
+    p.add_argument(
+        "--dtype",
+        choices=["fp32", "bf16"],
+        default=None,
+        help="dtype of the written weights (default fp32; bf16 for a train.precision=fp8 run)",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace OUT_DIR if it exists")
 
 
@@ -45,8 +49,9 @@ def check_no_overlap(out_dir, sources: dict) -> None:
     for what, source in sources.items():
         source = Path(source).resolve()
         if out == source or source in out.parents or out in source.parents:
-            raise UsageError(f"OUT_DIR {out_dir} overlaps the {what} {source}, which the export reads; choose a "
-                             "directory outside it")
+            raise UsageError(
+                f"OUT_DIR {out_dir} overlaps the {what} {source}, which the export reads; choose a directory outside it"
+            )
 
 
 def _os_error(e: Exception) -> OSError:
@@ -72,8 +77,13 @@ def run(args) -> int:
     check_no_overlap(args.out_dir, {"run directory": run_dir_of(args.run_dir)})
     model = load_model(args.run_dir)
     data = model.training_config.data
-    check_no_overlap(args.out_dir, {**({"data directory": data.dir} if data.dir else {}),
-                                    **{f"data.mixture source {e['dir']}": e["dir"] for e in data.mixture}})
+    check_no_overlap(
+        args.out_dir,
+        {
+            **({"data directory": data.dir} if data.dir else {}),
+            **{f"data.mixture source {e['dir']}": e["dir"] for e in data.mixture},
+        },
+    )
     tokenizer = tokenizer_of(model)
     # float8 is how an fp8 run multiplied, not a format to ship: its model goes out in bf16, as it was
     # autocast outside the float8 linears.

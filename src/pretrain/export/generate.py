@@ -15,9 +15,16 @@ from ..errors import UsageError
 
 
 @torch.no_grad()
-def generate(model, tokens: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-             top_p: float | None = None, eos_id: int | None = None,
-             generator: torch.Generator | None = None) -> torch.Tensor:
+def generate(
+    model,
+    tokens: torch.Tensor,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    eos_id: int | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
     """tokens (batch, seq) -> (batch, seq + n), n <= max_new_tokens new tokens.
 
     temperature 0 takes the most likely token (greedy); otherwise sampling from softmax(logits / temperature),
@@ -31,8 +38,10 @@ def generate(model, tokens: torch.Tensor, max_new_tokens: int, temperature: floa
         raise UsageError(f"generate: max_new_tokens must be >= 0, got {max_new_tokens}")
     vocab = model.config.vocab_size
     if tokens.min() < 0 or tokens.max() >= vocab:  # the embedding would fail with an index error
-        raise UsageError(f"generate: token ids must be in [0, {vocab:,}) (the model's vocabulary), got "
-                         f"{int(tokens.min())}..{int(tokens.max()):,}")
+        raise UsageError(
+            f"generate: token ids must be in [0, {vocab:,}) (the model's vocabulary), got "
+            f"{int(tokens.min())}..{int(tokens.max()):,}"
+        )
     if not temperature >= 0:  # nan too
         raise UsageError(f"generate: temperature must be >= 0 (0 = greedy), got {temperature}")
     if top_k is not None and top_k < 1:
@@ -45,7 +54,7 @@ def generate(model, tokens: torch.Tensor, max_new_tokens: int, temperature: floa
     try:
         for _ in range(max_new_tokens):
             # Only real ids: never one of the rows model.pad_vocab_to adds (the model leaves them out already).
-            logits = model(tokens[:, -model.config.max_seq_len:])[:, -1, :model.config.vocab_size].float()
+            logits = model(tokens[:, -model.config.max_seq_len :])[:, -1, : model.config.vocab_size].float()
             next_token = _sample(logits, temperature, top_k, top_p, generator)
             if eos_id is not None:
                 next_token = next_token.masked_fill(finished, eos_id)
@@ -88,9 +97,11 @@ def generate_text(model, tokenizer_path: str | Path, prompt: str, **kw) -> str:
     files = find_tokenizer(tokenizer_path)
     tokenizer = files.load()
     if files.vocab_size > model.config.vocab_size:
-        raise UsageError(f"{files.source}: its ids go up to {files.vocab_size - 1:,}, beyond the model's vocabulary "
-                         f"of {model.config.vocab_size:,}: not the tokenizer this model was trained with (give the "
-                         "run's, e.g. DATA_DIR/tokenizer)")
+        raise UsageError(
+            f"{files.source}: its ids go up to {files.vocab_size - 1:,}, beyond the model's vocabulary "
+            f"of {model.config.vocab_size:,}: not the tokenizer this model was trained with (give the "
+            "run's, e.g. DATA_DIR/tokenizer)"
+        )
     try:
         prompt.encode("utf-8")
     except UnicodeEncodeError as e:  # a command-line argument's undecodable bytes arrive as lone surrogates

@@ -1,7 +1,7 @@
 """Sample text from a trained run, to see what the model learned.
 
-  pretrain generate RUN_DIR --prompt "The for statement" [--max-new-tokens 100] [--temperature 0.8]
-                    [--top-k 50] [--top-p 0.95] [--seed 0] [--tokenizer PATH]
+pretrain generate RUN_DIR --prompt "The for statement" [--max-new-tokens 100] [--temperature 0.8]
+                  [--top-k 50] [--top-p 0.95] [--seed 0] [--tokenizer PATH]
 """
 
 from __future__ import annotations
@@ -41,6 +41,16 @@ def run(args) -> int:
     if tokenizer is None:
         raise UsageError(f"no tokenizer found for {args.run_dir} (its data directory is gone); pass --tokenizer PATH")
     generator = torch.Generator().manual_seed(args.seed)
-    print(generate_text(model, tokenizer, args.prompt, max_new_tokens=args.max_new_tokens,
-                        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, generator=generator))
+    print(
+        generate_text(
+            model,
+            tokenizer,
+            args.prompt,
+            max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            generator=generator,
+        )
+    )
     return 0

@@ -23,6 +23,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 # --- export ---------------------------------------------------------------------------------------------
 
+
 def to_hf_state_dict(model) -> dict[str, torch.Tensor]:
     """Our parameters under Hugging Face names (views, not copies).
 
@@ -33,15 +34,17 @@ def to_hf_state_dict(model) -> dict[str, torch.Tensor]:
     """
     cfg = model.config
     if any(b.any() for name, b in model.named_buffers() if name.endswith(".expert_bias")):
-        raise UsageError("the model's MoE routing biases (model.router_bias_update_rate) are not zero, and "
-                         "Mixtral, Qwen3-MoE and OLMoE have none: their routing would differ; keep the pretrain "
-                         "checkpoint")
+        raise UsageError(
+            "the model's MoE routing biases (model.router_bias_update_rate) are not zero, and "
+            "Mixtral, Qwen3-MoE and OLMoE have none: their routing would differ; keep the pretrain "
+            "checkpoint"
+        )
     params = dict(model.named_parameters())  # a tied lm_head is listed once, as embed.weight
     out = {}
     for ours, theirs in hf_pairs(cfg.family, cfg.num_layers, model_moe_naming(cfg)):
         tensor = params.get(ours)
         if ours in VOCAB_ROWS and tensor is not None:
-            tensor = tensor[:cfg.vocab_size]
+            tensor = tensor[: cfg.vocab_size]
         if tensor is None and cfg.family == "gpt2" and ours.endswith(".bias"):
             weight = params[ours.removesuffix(".bias") + ".weight"]
             tensor = weight.new_zeros(weight.shape[0])
@@ -68,31 +71,61 @@ def hf_config(model_cfg, token_ids: dict[str, int] | None = None, dtype: torch.d
     """
     m = model_cfg
     ids = {f"{k}_token_id": (token_ids or {}).get(k) for k in SPECIAL_TOKENS}
-    common = dict(vocab_size=m.vocab_size, tie_word_embeddings=m.tie_embeddings, initializer_range=m.init_std,
-                  torch_dtype=str(dtype).removeprefix("torch."), **ids)
+    common = dict(
+        vocab_size=m.vocab_size,
+        tie_word_embeddings=m.tie_embeddings,
+        initializer_range=m.init_std,
+        torch_dtype=str(dtype).removeprefix("torch."),
+        **ids,
+    )
     if m.family == "gpt2":
-        return dict(architectures=["GPT2LMHeadModel"], model_type="gpt2", n_embd=m.hidden_size,
-                    n_layer=m.num_layers, n_head=m.num_heads, n_inner=m.intermediate_size,
-                    n_positions=m.max_seq_len, activation_function="gelu_new", layer_norm_epsilon=m.norm_eps,
-                    resid_pdrop=m.dropout, embd_pdrop=m.dropout, attn_pdrop=m.dropout, **common)
+        return dict(
+            architectures=["GPT2LMHeadModel"],
+            model_type="gpt2",
+            n_embd=m.hidden_size,
+            n_layer=m.num_layers,
+            n_head=m.num_heads,
+            n_inner=m.intermediate_size,
+            n_positions=m.max_seq_len,
+            activation_function="gelu_new",
+            layer_norm_epsilon=m.norm_eps,
+            resid_pdrop=m.dropout,
+            embd_pdrop=m.dropout,
+            attn_pdrop=m.dropout,
+            **common,
+        )
     if m.qk_norm and m.qkv_bias:
-        raise UsageError("model.qk_norm with model.qkv_bias has no Hugging Face architecture (Qwen3's "
-                         "attention_bias biases o_proj too); train without one of them to export")
+        raise UsageError(
+            "model.qk_norm with model.qkv_bias has no Hugging Face architecture (Qwen3's "
+            "attention_bias biases o_proj too); train without one of them to export"
+        )
     if m.num_experts:
         return _moe_config(m, common)
     if m.qk_norm and m.qk_norm_over == "projection":
-        raise UsageError("model.qk_norm_over: projection is OLMoE's QK-norm; a dense model with it has no Hugging "
-                         "Face architecture here (Qwen3's is per head): keep the pretrain checkpoint")
+        raise UsageError(
+            "model.qk_norm_over: projection is OLMoE's QK-norm; a dense model with it has no Hugging "
+            "Face architecture here (Qwen3's is per head): keep the pretrain checkpoint"
+        )
     kind = "qwen3" if m.qk_norm else "qwen2" if m.qkv_bias else "llama"
     architecture = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}[kind]
-    config = dict(architectures=[architecture], model_type=kind, hidden_size=m.hidden_size,
-                  intermediate_size=m.intermediate_size, num_hidden_layers=m.num_layers,
-                  num_attention_heads=m.num_heads, num_key_value_heads=m.num_kv_heads, head_dim=m.head_dim,
-                  max_position_embeddings=m.max_seq_len, hidden_act="silu", rms_norm_eps=m.norm_eps,
-                  # transformers 4 reads rope_theta and rope_scaling (below), 5 rope_parameters
-                  rope_theta=m.rope_theta,
-                  rope_parameters={**(m.rope_scaling or dict(rope_type="default")), "rope_theta": m.rope_theta},
-                  attention_dropout=m.dropout, **common)
+    config = dict(
+        architectures=[architecture],
+        model_type=kind,
+        hidden_size=m.hidden_size,
+        intermediate_size=m.intermediate_size,
+        num_hidden_layers=m.num_layers,
+        num_attention_heads=m.num_heads,
+        num_key_value_heads=m.num_kv_heads,
+        head_dim=m.head_dim,
+        max_position_embeddings=m.max_seq_len,
+        hidden_act="silu",
+        rms_norm_eps=m.norm_eps,
+        # transformers 4 reads rope_theta and rope_scaling (below), 5 rope_parameters
+        rope_theta=m.rope_theta,
+        rope_parameters={**(m.rope_scaling or dict(rope_type="default")), "rope_theta": m.rope_theta},
+        attention_dropout=m.dropout,
+        **common,
+    )
     if m.rope_scaling:  # transformers 5 reads it before rope_parameters: the same mapping, the same frequencies
         config.update(rope_scaling=m.rope_scaling)
     if kind != "llama":
@@ -104,8 +137,7 @@ def hf_config(model_cfg, token_ids: dict[str, int] | None = None, dtype: torch.d
     return config
 
 
-MOE_ARCHITECTURES = {"mixtral": "MixtralForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
-                     "olmoe": "OlmoeForCausalLM"}
+MOE_ARCHITECTURES = {"mixtral": "MixtralForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "olmoe": "OlmoeForCausalLM"}
 
 
 def _moe_config(m, common: dict) -> dict:
@@ -113,42 +145,71 @@ def _moe_config(m, common: dict) -> dict:
     over the projection (model.hf.moe_naming). Refused, in one line: what none of them builds."""
     kind, _ = model_moe_naming(m)
     name = MOE_ARCHITECTURES[kind]
-    unbuilt = [what for what, present in (
-        ("shared experts (model.num_shared_experts)", m.num_shared_experts),
-        ("a sigmoid router (model.router)", m.router != "softmax"),
-        ("q/k/v biases (model.qkv_bias)", m.qkv_bias),
-        ("dense first blocks (model.first_dense_layers)", m.first_dense_layers and kind != "qwen3_moe"),
-        ("un-normalised top-k weights (model.norm_topk_prob=false)", not m.norm_topk_prob and kind == "mixtral"),
-        ("a sliding window (model.sliding_window)", m.sliding_window and kind != "mixtral"),
-        ("experts of another width than the dense MLP (model.moe_intermediate_size)",
-         kind != "qwen3_moe" and m.moe_intermediate_size not in (None, m.intermediate_size)),
-    ) if present]
+    unbuilt = [
+        what
+        for what, present in (
+            ("shared experts (model.num_shared_experts)", m.num_shared_experts),
+            ("a sigmoid router (model.router)", m.router != "softmax"),
+            ("q/k/v biases (model.qkv_bias)", m.qkv_bias),
+            ("dense first blocks (model.first_dense_layers)", m.first_dense_layers and kind != "qwen3_moe"),
+            ("un-normalised top-k weights (model.norm_topk_prob=false)", not m.norm_topk_prob and kind == "mixtral"),
+            ("a sliding window (model.sliding_window)", m.sliding_window and kind != "mixtral"),
+            (
+                "experts of another width than the dense MLP (model.moe_intermediate_size)",
+                kind != "qwen3_moe" and m.moe_intermediate_size not in (None, m.intermediate_size),
+            ),
+        )
+        if present
+    ]
     if unbuilt:
-        raise UsageError(f"{name} (chosen by model.qk_norm / model.qk_norm_over) has no {unbuilt[0]}; "
-                         "train without it to export, or keep the pretrain checkpoint")
-    config = dict(architectures=[name], model_type=kind, hidden_size=m.hidden_size,
-                  intermediate_size=m.intermediate_size, num_hidden_layers=m.num_layers,
-                  num_attention_heads=m.num_heads, num_key_value_heads=m.num_kv_heads, head_dim=m.head_dim,
-                  max_position_embeddings=m.max_seq_len, hidden_act="silu", rms_norm_eps=m.norm_eps,
-                  rope_theta=m.rope_theta, rope_parameters=dict(rope_type="default", rope_theta=m.rope_theta),
-                  attention_dropout=m.dropout, num_experts_per_tok=m.experts_per_token,
-                  # transformers' aux loss is k times ours (pretrain.hf_config._moe_keys)
-                  router_aux_loss_coef=m.router_aux_loss_coef / m.experts_per_token, **common)
+        raise UsageError(
+            f"{name} (chosen by model.qk_norm / model.qk_norm_over) has no {unbuilt[0]}; "
+            "train without it to export, or keep the pretrain checkpoint"
+        )
+    config = dict(
+        architectures=[name],
+        model_type=kind,
+        hidden_size=m.hidden_size,
+        intermediate_size=m.intermediate_size,
+        num_hidden_layers=m.num_layers,
+        num_attention_heads=m.num_heads,
+        num_key_value_heads=m.num_kv_heads,
+        head_dim=m.head_dim,
+        max_position_embeddings=m.max_seq_len,
+        hidden_act="silu",
+        rms_norm_eps=m.norm_eps,
+        rope_theta=m.rope_theta,
+        rope_parameters=dict(rope_type="default", rope_theta=m.rope_theta),
+        attention_dropout=m.dropout,
+        num_experts_per_tok=m.experts_per_token,
+        # transformers' aux loss is k times ours (pretrain.hf_config._moe_keys)
+        router_aux_loss_coef=m.router_aux_loss_coef / m.experts_per_token,
+        **common,
+    )
     if kind == "mixtral":
         config.update(num_local_experts=m.num_experts, sliding_window=m.sliding_window, router_jitter_noise=0.0)
     else:
         config.update(num_experts=m.num_experts, norm_topk_prob=m.norm_topk_prob, attention_bias=False)
     if kind == "qwen3_moe":
-        config.update(moe_intermediate_size=m.moe_intermediate_size or m.intermediate_size, decoder_sparse_step=1,
-                      mlp_only_layers=list(range(m.first_dense_layers)), use_sliding_window=False,
-                      sliding_window=None)
+        config.update(
+            moe_intermediate_size=m.moe_intermediate_size or m.intermediate_size,
+            decoder_sparse_step=1,
+            mlp_only_layers=list(range(m.first_dense_layers)),
+            use_sliding_window=False,
+            sliding_window=None,
+        )
     if kind == "olmoe":
         config.update(clip_qkv=None)
     return config
 
 
-def export_hf(model, out_dir: str | Path, tokenizer_dir: str | Path | None = None,
-              dtype: torch.dtype = torch.float32, overwrite: bool = False) -> Path:
+def export_hf(
+    model,
+    out_dir: str | Path,
+    tokenizer_dir: str | Path | None = None,
+    dtype: torch.dtype = torch.float32,
+    overwrite: bool = False,
+) -> Path:
     """Write a Hugging Face model directory that `AutoModelForCausalLM.from_pretrained` loads.
 
     Files: model.safetensors, config.json, generation_config.json and, from `tokenizer_dir` (a directory or
@@ -175,8 +236,10 @@ def export_hf(model, out_dir: str | Path, tokenizer_dir: str | Path | None = Non
         raise UsageError(f"cannot write {out_dir} ({e.strerror}); choose a directory you can write") from None
     try:
         # Owned contiguous copies: safetensors refuses views that share memory (the slices of a fused qkv).
-        tensors = {name: t.to("cpu", dtype, copy=True, memory_format=torch.contiguous_format)
-                   for name, t in to_hf_state_dict(model).items()}
+        tensors = {
+            name: t.to("cpu", dtype, copy=True, memory_format=torch.contiguous_format)
+            for name, t in to_hf_state_dict(model).items()
+        }
         save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
         _write_json(tmp / "config.json", hf_config(model.config, token_ids, dtype))
         _write_json(tmp / "generation_config.json", {f"{k}_token_id": v for k, v in token_ids.items()})

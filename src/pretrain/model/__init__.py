@@ -8,9 +8,15 @@ from .documents import Documents
 from .transformer import Transformer
 
 
-def build_model(model_cfg, attention: str = "sdpa", device=None, seed: int = 0,
-                loss: str = "chunked", loss_chunk_tokens: int = 4096,
-                documents: Documents | None = None) -> Transformer:
+def build_model(
+    model_cfg,
+    attention: str = "sdpa",
+    device=None,
+    seed: int = 0,
+    loss: str = "chunked",
+    loss_chunk_tokens: int = 4096,
+    documents: Documents | None = None,
+) -> Transformer:
     """A Transformer for `model_cfg` (a resolved ModelConfig). On the meta device nothing is allocated.
     `loss`, `loss_chunk_tokens`: train.loss and train.loss_chunk_tokens (pretrain.model.loss); `documents`: how
     it reads the documents of a window (pretrain.model.documents; None: packing as is)."""

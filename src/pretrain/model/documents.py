@@ -37,6 +37,7 @@ class Documents:
     """How the model reads the documents of its windows: the end-of-document id, whether attention stays
     inside a document, whether positions restart, and the kernel of the masked attention (loop | mask | flex,
     as the module doc says)."""
+
     eos_id: int
     masking: bool
     position_reset: bool
@@ -96,12 +97,16 @@ def document_kernel(device: torch.device, dropout: float) -> str:
     if device.type == "cpu":
         return "loop"
     if device.type != "cuda" or not flex_available():
-        raise UsageError(f"train.document_masking: no masked attention kernel for device {device.type} here "
-                         "(CUDA needs torch's FlexAttention with triton); set train.document_masking=false or "
-                         "train on the CPU")
+        raise UsageError(
+            f"train.document_masking: no masked attention kernel for device {device.type} here "
+            "(CUDA needs torch's FlexAttention with triton); set train.document_masking=false or "
+            "train on the CPU"
+        )
     if dropout:
-        raise UsageError("train.document_masking: FlexAttention has no attention dropout; set model.dropout=0 "
-                         "or train.document_masking=false")
+        raise UsageError(
+            "train.document_masking: FlexAttention has no attention dropout; set model.dropout=0 "
+            "or train.document_masking=false"
+        )
     return "flex"
 
 
@@ -140,8 +145,10 @@ def documents_of_run(model_cfg, train_cfg, device: torch.device, eos_id: int | N
     if not (masking or reset):
         return None
     if eos_id is None:
-        raise UsageError("train.document_masking / model.position_reset: documents are found by the data's <eos> "
-                         "id, and this run reads no prepared data; set data.dir or turn them off")
+        raise UsageError(
+            "train.document_masking / model.position_reset: documents are found by the data's <eos> "
+            "id, and this run reads no prepared data; set data.dir or turn them off"
+        )
     kernel = document_kernel(device, model_cfg.dropout) if masking and train_cfg.attention == "sdpa" else "mask"
     if kernel == "loop" and compile_enabled(train_cfg.compile, device.type):
         kernel = "mask"

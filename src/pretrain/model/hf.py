@@ -26,18 +26,21 @@ NAMES: dict[str, dict[str, str | tuple[str, ...]]] = {
     "llama": {
         "embed.weight": "model.embed_tokens.weight",
         "blocks.{i}.attn_norm.weight": "model.layers.{i}.input_layernorm.weight",
-        "blocks.{i}.attn.qkv.weight": ("model.layers.{i}.self_attn.q_proj.weight",
-                                       "model.layers.{i}.self_attn.k_proj.weight",
-                                       "model.layers.{i}.self_attn.v_proj.weight"),
-        "blocks.{i}.attn.qkv.bias": ("model.layers.{i}.self_attn.q_proj.bias",
-                                     "model.layers.{i}.self_attn.k_proj.bias",
-                                     "model.layers.{i}.self_attn.v_proj.bias"),
+        "blocks.{i}.attn.qkv.weight": (
+            "model.layers.{i}.self_attn.q_proj.weight",
+            "model.layers.{i}.self_attn.k_proj.weight",
+            "model.layers.{i}.self_attn.v_proj.weight",
+        ),
+        "blocks.{i}.attn.qkv.bias": (
+            "model.layers.{i}.self_attn.q_proj.bias",
+            "model.layers.{i}.self_attn.k_proj.bias",
+            "model.layers.{i}.self_attn.v_proj.bias",
+        ),
         "blocks.{i}.attn.proj.weight": "model.layers.{i}.self_attn.o_proj.weight",
         "blocks.{i}.attn.q_norm.weight": "model.layers.{i}.self_attn.q_norm.weight",  # Qwen3's QK-norm
         "blocks.{i}.attn.k_norm.weight": "model.layers.{i}.self_attn.k_norm.weight",
         "blocks.{i}.mlp_norm.weight": "model.layers.{i}.post_attention_layernorm.weight",
-        "blocks.{i}.mlp.up.weight": ("model.layers.{i}.mlp.gate_proj.weight",
-                                     "model.layers.{i}.mlp.up_proj.weight"),
+        "blocks.{i}.mlp.up.weight": ("model.layers.{i}.mlp.gate_proj.weight", "model.layers.{i}.mlp.up_proj.weight"),
         "blocks.{i}.mlp.down.weight": "model.layers.{i}.mlp.down_proj.weight",
         "norm.weight": "model.norm.weight",
         "lm_head.weight": "lm_head.weight",
@@ -67,10 +70,16 @@ NAMES: dict[str, dict[str, str | tuple[str, ...]]] = {
 # `mlp.experts.up` [E, 2I, H] holds expert 0's gate and up rows, then expert 1's ..., `mlp.experts.down`
 # [E, H, I] each expert's down projection.
 MOE_NAMES = {  # kind -> (router, one expert's prefix, its gate / up / down projections)
-    "mixtral": ("model.layers.{i}.block_sparse_moe.gate.weight", "model.layers.{i}.block_sparse_moe.experts.{e}.",
-                ("w1", "w3", "w2")),
-    "qwen3_moe": ("model.layers.{i}.mlp.gate.weight", "model.layers.{i}.mlp.experts.{e}.",
-                  ("gate_proj", "up_proj", "down_proj")),
+    "mixtral": (
+        "model.layers.{i}.block_sparse_moe.gate.weight",
+        "model.layers.{i}.block_sparse_moe.experts.{e}.",
+        ("w1", "w3", "w2"),
+    ),
+    "qwen3_moe": (
+        "model.layers.{i}.mlp.gate.weight",
+        "model.layers.{i}.mlp.experts.{e}.",
+        ("gate_proj", "up_proj", "down_proj"),
+    ),
 }
 MOE_NAMES["olmoe"] = MOE_NAMES["qwen3_moe"]
 EXPERT_TENSORS = (".mlp.experts.up", ".mlp.experts.down")
@@ -94,9 +103,11 @@ def hf_pairs(family: str, num_layers: int, moe: tuple[str, int] | None = None) -
         (router, expert, (gate, up, down)), experts = MOE_NAMES[moe[0]], range(moe[1])
         for i in range(num_layers):
             names = {proj: [f"{expert.format(i=i, e=e)}{proj}.weight" for e in experts] for proj in (gate, up, down)}
-            pairs += [(f"blocks.{i}.mlp.router.weight", (router.format(i=i),)),
-                      (f"blocks.{i}.mlp.experts.up", tuple(n for pair in zip(names[gate], names[up]) for n in pair)),
-                      (f"blocks.{i}.mlp.experts.down", tuple(names[down]))]
+            pairs += [
+                (f"blocks.{i}.mlp.router.weight", (router.format(i=i),)),
+                (f"blocks.{i}.mlp.experts.up", tuple(n for pair in zip(names[gate], names[up]) for n in pair)),
+                (f"blocks.{i}.mlp.experts.down", tuple(names[down])),
+            ]
     return pairs
 
 
@@ -114,6 +125,7 @@ def model_moe_naming(cfg) -> tuple[str, int] | None:
 
 
 # --- import ---------------------------------------------------------------------------------------------
+
 
 def from_hf(hf_dir: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
     """(`model:` keys, state dict with our names) of a local Hugging Face LLaMA, Mistral, Qwen2, Qwen3, GPT-2,
@@ -156,9 +168,11 @@ def from_hf(hf_dir: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
         state["lm_head.weight"] = state["embed.weight"]  # as in our model's state_dict(): one tensor, two names
     if tensors:
         names = ", ".join(sorted(tensors)[:4]) + (", ..." if len(tensors) > 4 else "")
-        raise UsageError(f"{hf_dir}: {len(tensors)} tensors have no place in a pretrain model ({names}); "
-                         "the architecture has parts pretrain does not build (e.g. output-projection or MLP "
-                         "biases)")
+        raise UsageError(
+            f"{hf_dir}: {len(tensors)} tensors have no place in a pretrain model ({names}); "
+            "the architecture has parts pretrain does not build (e.g. output-projection or MLP "
+            "biases)"
+        )
     return keys, state
 
 
@@ -177,8 +191,10 @@ def _read_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
             for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
                 tensors.update(load(hf_dir / shard))
             return tensors
-    raise UsageError(f"{hf_dir}: no model.safetensors or pytorch_model.bin (or their sharded index); "
-                     "give a Hugging Face model directory")
+    raise UsageError(
+        f"{hf_dir}: no model.safetensors or pytorch_model.bin (or their sharded index); "
+        "give a Hugging Face model directory"
+    )
 
 
 def load_hf_into(model, hf_dir: str | Path) -> None:
@@ -188,8 +204,9 @@ def load_hf_into(model, hf_dir: str | Path) -> None:
     cfg = model.config
     for name in [n for n in params if n.endswith(".expert_bias")]:
         del params[name]  # MoE routing biases: none in these classes, they start at 0 (model/moe.py)
-    hf_names = {ours: " + ".join(theirs) for ours, theirs in hf_pairs(cfg.family, cfg.num_layers,
-                                                                       model_moe_naming(cfg))}
+    hf_names = {
+        ours: " + ".join(theirs) for ours, theirs in hf_pairs(cfg.family, cfg.num_layers, model_moe_naming(cfg))
+    }
     fix = f"take the model: keys from the checkpoint (model.hf_config: {hf_dir})"
     # The other way round is fine: an untied model starts its output layer as a copy of the embedding.
     if cfg.tie_embeddings and not keys["tie_embeddings"]:
@@ -198,14 +215,18 @@ def load_hf_into(model, hf_dir: str | Path) -> None:
         if name not in state:
             raise UsageError(f"{hf_dir} has no {hf_names[name]} for the model's {name}; {fix}")
         if name in VOCAB_ROWS and param.shape[0] > cfg.vocab_size:
-            param = param[:cfg.vocab_size]  # the rows model.pad_vocab_to adds keep their initial values
+            param = param[: cfg.vocab_size]  # the rows model.pad_vocab_to adds keep their initial values
         if state[name].shape != param.shape:
-            raise UsageError(f"{hf_dir}: {hf_names[name]} has shape {tuple(state[name].shape)} but the model's "
-                             f"{name} is {tuple(param.shape)}; {fix}")
+            raise UsageError(
+                f"{hf_dir}: {hf_names[name]} has shape {tuple(state[name].shape)} but the model's "
+                f"{name} is {tuple(param.shape)}; {fix}"
+            )
     extra = sorted(state.keys() - params.keys())
     if extra:
-        raise UsageError(f"{hf_dir} has {', '.join(hf_names[n] for n in extra)}, which the model lacks "
-                         f"(tie_embeddings, bias, qkv_bias or qk_norm differ); {fix}")
+        raise UsageError(
+            f"{hf_dir} has {', '.join(hf_names[n] for n in extra)}, which the model lacks "
+            f"(tie_embeddings, bias, qkv_bias or qk_norm differ); {fix}"
+        )
     with torch.no_grad():
         for name, param in params.items():
-            param[:state[name].shape[0]].copy_(state[name])
+            param[: state[name].shape[0]].copy_(state[name])

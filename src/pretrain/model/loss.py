@@ -57,12 +57,22 @@ def _chunks(hidden, weight, targets, chunk_tokens: int, vocab_size: int | None, 
     # One fp32 scratch of a chunk's logits' size, made once for all chunks: in eager mode on a CPU a fresh
     # chunk-sized tensor per op costs about as much as the op (each is new memory, faulted in page by page). None
     # when compiled: the compiler plans the graph's buffers itself, and would copy in and out of this one.
-    scratch = None if torch.compiler.is_compiling() else \
-        torch.empty(min(chunk_tokens, n) * w.shape[0], dtype=torch.float32, device=hidden.device)
+    scratch = (
+        None
+        if torch.compiler.is_compiling()
+        else torch.empty(min(chunk_tokens, n) * w.shape[0], dtype=torch.float32, device=hidden.device)
+    )
     for start in range(0, n, chunk_tokens):
         end = min(start + chunk_tokens, n)
-        loss_sum = loss_sum + _chunk(hidden[start:end].to(dtype), w, targets[start:end], vocab_size,
-                                     None if grad_hidden is None else grad_hidden[start:end], grad_weight, scratch)
+        loss_sum = loss_sum + _chunk(
+            hidden[start:end].to(dtype),
+            w,
+            targets[start:end],
+            vocab_size,
+            None if grad_hidden is None else grad_hidden[start:end],
+            grad_weight,
+            scratch,
+        )
     return loss_sum, grad_hidden, grad_weight
 
 
@@ -102,7 +112,7 @@ def _logsumexp(z, out):
 def _view(buffer, shape: tuple[int, int], dtype: torch.dtype):
     """The first rows x cols elements of a flat buffer as a tensor of `dtype` (no larger than the buffer's); None
     without a buffer, for ops to make their own outputs."""
-    return None if buffer is None else buffer.view(dtype)[:shape[0] * shape[1]].view(shape)
+    return None if buffer is None else buffer.view(dtype)[: shape[0] * shape[1]].view(shape)
 
 
 def _cast(x, out, dtype: torch.dtype):
@@ -116,8 +126,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, targets, chunk_tokens: int, vocab_size: int | None, dtype: torch.dtype):
         with torch.autocast(hidden.device.type, enabled=False):  # casts are explicit, to `dtype`
-            loss_sum, grad_hidden, grad_weight = _chunks(hidden, weight, targets, chunk_tokens, vocab_size, dtype,
-                                                         True)
+            loss_sum, grad_hidden, grad_weight = _chunks(hidden, weight, targets, chunk_tokens, vocab_size, dtype, True)
         ctx.save_for_backward(grad_hidden, grad_weight)
         ctx.tokens, ctx.hidden_dtype, ctx.weight_dtype = hidden.shape[0], hidden.dtype, weight.dtype
         return loss_sum / hidden.shape[0]
@@ -127,8 +136,14 @@ class _LinearCrossEntropy(torch.autograd.Function):
         grad_hidden, grad_weight = ctx.saved_tensors
         scale = grad_output / ctx.tokens  # grad_output carries the GradScaler's scale and 1 / accumulation
         # Scaled in the inputs' dtypes (fp32 under autocast, as the plain path's cast back gives them).
-        return (grad_hidden.to(ctx.hidden_dtype, copy=True).mul_(scale),
-                grad_weight.to(ctx.weight_dtype, copy=True).mul_(scale), None, None, None, None)
+        return (
+            grad_hidden.to(ctx.hidden_dtype, copy=True).mul_(scale),
+            grad_weight.to(ctx.weight_dtype, copy=True).mul_(scale),
+            None,
+            None,
+            None,
+            None,
+        )
 
 
 class ChunkedCrossEntropy(nn.Module):
@@ -163,7 +178,7 @@ class CrossEntropy(nn.Module):
     def forward(self, hidden, weight, targets):
         logits = F.linear(hidden, weight)
         if self.vocab_size is not None and logits.shape[-1] != self.vocab_size:  # padded rows: no share of the softmax
-            logits = logits[..., :self.vocab_size]
+            logits = logits[..., : self.vocab_size]
         # The loss in fp32: log-softmax over a large vocabulary loses precision in bf16.
         return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
 

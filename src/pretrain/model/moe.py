@@ -47,8 +47,7 @@ class Experts(nn.Module):
             offsets = counts.cumsum(0).to(torch.int32)
             h = torch._grouped_mm(x, up.transpose(-2, -1), offs=offsets)
             return torch._grouped_mm(_swiglu(h), down.transpose(-2, -1), offs=offsets)
-        outs = [_swiglu(part @ up[e].t()) @ down[e].t()
-                for e, part in enumerate(x.split(counts.tolist()))]
+        outs = [_swiglu(part @ up[e].t()) @ down[e].t() for e, part in enumerate(x.split(counts.tolist()))]
         return torch.cat(outs)
 
     def uses_grouped_mm(self, x) -> bool:
@@ -178,5 +177,10 @@ def end_step(model, micro_batches: int, update: bool = True) -> dict:
         m.step_sums = None
     load = counts.max(-1).values / mean.squeeze(-1)
     aux, z, *load = torch.cat([aux.mean()[None], z.mean()[None], load]).tolist()  # one copy to the host
-    return {"moe/aux_loss": aux, "moe/z_loss": z, "moe/load_max_over_mean": max(load),
-            "moe/load_max_over_mean_per_layer": [round(v, 4) for v in load], "moe/dropped_fraction": 0.0}
+    return {
+        "moe/aux_loss": aux,
+        "moe/z_loss": z,
+        "moe/load_max_over_mean": max(load),
+        "moe/load_max_over_mean_per_layer": [round(v, 4) for v in load],
+        "moe/dropped_fraction": 0.0,
+    }

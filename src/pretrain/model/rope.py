@@ -11,16 +11,15 @@ import math
 import torch
 
 
-def inverse_frequencies(head_dim: int, theta: float, scaling: dict | None,
-                        device=None) -> tuple[torch.Tensor, float]:
+def inverse_frequencies(head_dim: int, theta: float, scaling: dict | None, device=None) -> tuple[torch.Tensor, float]:
     """(theta^(-2i/d) for i < d/2 with the scaling applied, fp32; the factor cos and sin are scaled by)."""
     exponents = torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim
-    inv_freq = 1.0 / theta ** exponents
+    inv_freq = 1.0 / theta**exponents
     if scaling is None:
         return inv_freq, 1.0
     if scaling["rope_type"] == "llama3":
         return _llama3(inv_freq, scaling), 1.0
-    return _yarn(theta ** exponents, head_dim, theta, scaling)
+    return _yarn(theta**exponents, head_dim, theta, scaling)
 
 
 def _llama3(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:

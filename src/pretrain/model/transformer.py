@@ -56,8 +56,9 @@ class RMSNorm(nn.Module):
 _HAS_RMS_NORM = hasattr(F, "rms_norm")
 
 
-def rotary_tables(head_dim: int, seq_len: int, theta: float, device=None,
-                  scaling: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def rotary_tables(
+    head_dim: int, seq_len: int, theta: float, device=None, scaling: dict | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin of position * theta^(-2i/d), shape (seq_len, head_dim / 2), fp32; with model.rope_scaling
     the frequencies are stretched and both tables scaled by YaRN's attention factor (model/rope.py)."""
     inv_freq, attention_factor = inverse_frequencies(head_dim, theta, scaling, device=device)
@@ -132,13 +133,22 @@ class Attention(nn.Module):
         if flex:  # FlexAttention's block mask (CUDA): no dropout, refused at start (documents.document_kernel)
             y = docs.flex_attention(q, k, v, mask, enable_gqa=gqa)
         elif isinstance(mask, tuple):  # each row's document lengths (CPU): causal SDPA on each document alone
-            y = torch.cat([torch.cat([F.scaled_dot_product_attention(*qkv, dropout_p=dropout, is_causal=True,
-                                                                     enable_gqa=gqa)
-                                      for qkv in zip(*(t[row:row + 1].split(lengths, dim=2) for t in (q, k, v)))],
-                                     dim=2) for row, lengths in enumerate(mask)])
+            y = torch.cat(
+                [
+                    torch.cat(
+                        [
+                            F.scaled_dot_product_attention(*qkv, dropout_p=dropout, is_causal=True, enable_gqa=gqa)
+                            for qkv in zip(*(t[row : row + 1].split(lengths, dim=2) for t in (q, k, v)))
+                        ],
+                        dim=2,
+                    )
+                    for row, lengths in enumerate(mask)
+                ]
+            )
         elif self.attention == "sdpa":
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=mask is None,
-                                               enable_gqa=gqa)
+            y = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=mask is None, enable_gqa=gqa
+            )
         else:  # eager: the seq x seq scores are materialised (and kept for backward)
             if gqa:
                 k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
@@ -232,7 +242,7 @@ def _fill(p, init, row_order=None) -> None:
     rows = p.shape[0] if row_order is None else len(row_order)
     full = init(torch.empty((rows, *p.shape[1:]), dtype=torch.float32, device=_device_of(p)))
     if row_order is not None:
-        full = full[row_order[:p.shape[0]].to(full.device)]
+        full = full[row_order[: p.shape[0]].to(full.device)]
     if local is None:
         p.copy_(full)
         return
@@ -314,8 +324,9 @@ class Transformer(nn.Module):
             return None
         if self.rope is None or self.rope[0].shape[0] < seq_len or self.rope[0].device != device:
             cfg = self.config
-            self.rope = rotary_tables(cfg.head_dim, max(seq_len, 1), cfg.rope_theta, device=device,
-                                      scaling=cfg.rope_scaling)
+            self.rope = rotary_tables(
+                cfg.head_dim, max(seq_len, 1), cfg.rope_theta, device=device, scaling=cfg.rope_scaling
+            )
         return self.rope
 
     def embed_tokens(self, tokens, positions=None):
@@ -324,8 +335,9 @@ class Transformer(nn.Module):
         learned positions restart with it), else 0 .. seq-1."""
         x = self.embed(tokens)
         if self.pos_embed is not None:
-            x = x + self.pos_embed(torch.arange(tokens.shape[1], device=tokens.device) if positions is None
-                                   else positions)
+            x = x + self.pos_embed(
+                torch.arange(tokens.shape[1], device=tokens.device) if positions is None else positions
+            )
         if self.config.dropout:
             x = F.dropout(x, self.config.dropout, self.training)
         return x if self.residual_dtype is None else x.to(self.residual_dtype)
@@ -354,7 +366,7 @@ class Transformer(nn.Module):
         if targets is None:
             # Padded rows (model.pad_vocab_to) are for the matmul's shape only: no token is one of them, so
             # they are never sampled and the distribution is the exported model's.
-            return self.lm_head(x)[..., :self.config.vocab_size]
+            return self.lm_head(x)[..., : self.config.vocab_size]
         loss = self.loss(x, self.lm_head.weight, targets)
         balancing = router_loss(self) if self.config.num_experts else None
         if balancing is None:

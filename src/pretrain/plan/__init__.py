@@ -25,8 +25,15 @@ from .model_states import model_state_tensors
 from .params import count_params, padded_vocab_size, param_shapes
 from .step_time import step_time
 
-__all__ = ["make_plan", "plan_with_explain", "planned_config", "count_params", "param_shapes", "storage_bytes",
-           "model_state_tensors"]
+__all__ = [
+    "make_plan",
+    "plan_with_explain",
+    "planned_config",
+    "count_params",
+    "param_shapes",
+    "storage_bytes",
+    "model_state_tensors",
+]
 
 # The planner lists every parameter tensor (ZeRO-1's partition is greedy per tensor, as torch's is), so its
 # cost grows with the layer count: ~0.3 s at 1,000 layers, minutes and gigabytes at 10^12. 1,000 layers is
@@ -45,8 +52,10 @@ def plan_with_explain(config, advice: bool = True) -> tuple[dict, Explain]:
     `config` is never changed, and `planned_config(config, result)` rebuilds the config that was planned."""
     c = config
     if c.model.num_layers > MAX_LAYERS:
-        raise ConfigError(f"model.num_layers: {c.model.num_layers:,} is beyond what the planner models (at most "
-                          f"{MAX_LAYERS:,}, the deepest published Transformer); give a smaller depth")
+        raise ConfigError(
+            f"model.num_layers: {c.model.num_layers:,} is beyond what the planner models (at most "
+            f"{MAX_LAYERS:,}, the deepest published Transformer); give a smaller depth"
+        )
     ex = Explain()
     budget = None
     if budget_requested(c):  # budget mode chooses a model, then that model's config is planned as usual
@@ -63,8 +72,12 @@ def plan_with_explain(config, advice: bool = True) -> tuple[dict, Explain]:
     step = step_time(c, counts, fl, peak, ex)
     time = wall_clock(c, length, model_pt, hw_pt, peak, step, ex)  # the step-time model's, unless hardware.mfu
     if step:  # the model's own figures, also beside a hardware.mfu / hfu override (pretrain.plan.step_time)
-        time["modelled_seconds"] = ex.add("time", "modelled_seconds", step["seconds"] * length["steps"],
-                                          f"{length['steps']:,} steps x step_time.seconds {step['seconds']:.4g}")
+        time["modelled_seconds"] = ex.add(
+            "time",
+            "modelled_seconds",
+            step["seconds"] * length["steps"],
+            f"{length['steps']:,} steps x step_time.seconds {step['seconds']:.4g}",
+        )
         time["modelled_tokens_per_second"] = step["tokens_per_second"]
         time["modelled_mfu"] = step["mfu"]
     mem = memory(c, counts, ex)
@@ -76,12 +89,19 @@ def plan_with_explain(config, advice: bool = True) -> tuple[dict, Explain]:
         "model": {k: v for k, v in vars(c.model).items()},
         "params": counts.as_dict(),
         "flops": fl,
-        "tokens": {"total": length["tokens"], "chinchilla": length["chinchilla"],
-                   "per_parameter": length["tokens"] / counts.total},
+        "tokens": {
+            "total": length["tokens"],
+            "chinchilla": length["chinchilla"],
+            "per_parameter": length["tokens"] / counts.total,
+        },
         "storage_bytes": storage,
         "checkpoint_bytes": ckpt,
-        "steps": {"total": length["steps"], "tokens_per_step": length["tokens_per_step"],
-                  "examples_per_step": length["examples_per_step"], "warmup": length["warmup"]},
+        "steps": {
+            "total": length["steps"],
+            "tokens_per_step": length["tokens_per_step"],
+            "examples_per_step": length["examples_per_step"],
+            "warmup": length["warmup"],
+        },
         "time": time,
         "step_time": step,
         "memory_bytes": mem["memory_bytes"],
@@ -90,10 +110,20 @@ def plan_with_explain(config, advice: bool = True) -> tuple[dict, Explain]:
         "max_micro_batch_size": mem["fit"]["max_micro_batch_size"],
         "device_memory_bytes": mem["fit"]["device_bytes"],
         "usable_memory_bytes": mem["fit"]["usable_bytes"],
-        "parallel": {"world": par.gpus, "data": par.data_parallel, "tensor": par.tensor,
-                     "pipeline": par.pipeline, "zero_stage": par.zero_stage},
-        "hardware": {"gpu": spec.name, "peak_tflops": peak, "peak_source": peak_source,
-                     "memory_bytes": mem["fit"]["device_bytes"], "bandwidth_gbps": memory_bandwidth_gbps(c.hardware)},
+        "parallel": {
+            "world": par.gpus,
+            "data": par.data_parallel,
+            "tensor": par.tensor,
+            "pipeline": par.pipeline,
+            "zero_stage": par.zero_stage,
+        },
+        "hardware": {
+            "gpu": spec.name,
+            "peak_tflops": peak,
+            "peak_source": peak_source,
+            "memory_bytes": mem["fit"]["device_bytes"],
+            "bandwidth_gbps": memory_bandwidth_gbps(c.hardware),
+        },
     }
     if "moe" in mem:  # Mixture-of-Experts: expert parallelism and the routing imbalance the run can take
         result["moe"] = mem["moe"]
@@ -107,24 +137,41 @@ def plan_with_explain(config, advice: bool = True) -> tuple[dict, Explain]:
 
 def _explain_params(m, counts, ex: Explain) -> None:
     ex.add("params", "total", counts.total, _params_formula(m, counts))
-    ex.add("params", "embedding", counts.embedding, "input lookups: token table V x H"
-           + (" + positions max_seq_len x H" if counts.position_embedding else ""))
-    ex.add("params", "flops (N of 6N)", counts.flops, "total - input embedding"
-           + (" + tied output layer V x H" if m.tie_embeddings else ""))
+    ex.add(
+        "params",
+        "embedding",
+        counts.embedding,
+        "input lookups: token table V x H" + (" + positions max_seq_len x H" if counts.position_embedding else ""),
+    )
+    ex.add(
+        "params",
+        "flops (N of 6N)",
+        counts.flops,
+        "total - input embedding" + (" + tied output layer V x H" if m.tie_embeddings else ""),
+    )
 
 
 def _storage_and_checkpoint(c, length: dict, ex: Explain) -> tuple[int, int]:
     """Bytes of the token files (each example once: the epochs re-read the same file) and of one checkpoint."""
     data, tokens = length["data_tokens"], length["tokens"]
     storage = storage_bytes(data, c.model.vocab_size)
-    ex.add("tokens", "storage_bytes", storage, f"{data:,} tokens"
-           + (f" (examples {c.train.examples:,} x seq {c.train.seq_len})" if data != tokens else "")
-           + f" x {token_bytes(c.model.vocab_size)} bytes "
-           f"({token_dtype(c.model.vocab_size)} for vocabulary {c.model.vocab_size:,})")
+    ex.add(
+        "tokens",
+        "storage_bytes",
+        storage,
+        f"{data:,} tokens"
+        + (f" (examples {c.train.examples:,} x seq {c.train.seq_len})" if data != tokens else "")
+        + f" x {token_bytes(c.model.vocab_size)} bytes "
+        f"({token_dtype(c.model.vocab_size)} for vocabulary {c.model.vocab_size:,})",
+    )
     full = _unsharded(c)
     ckpt = full["parameters"] + full["optimizer_states"]
-    ex.add("tokens", "checkpoint_bytes", ckpt, f"parameters {full['parameters']:,} + optimizer states "
-           f"{full['optimizer_states']:,} (all ranks together)")
+    ex.add(
+        "tokens",
+        "checkpoint_bytes",
+        ckpt,
+        f"parameters {full['parameters']:,} + optimizer states {full['optimizer_states']:,} (all ranks together)",
+    )
     return storage, ckpt
 
 
@@ -140,8 +187,16 @@ def _optional_sections(c, result: dict, length: dict, model_pt, peak, ex: Explai
     mixture = mixture_supply(c, tokens, ex)
     if mixture:
         result["mixture"] = mixture
-    tasks = eval_tasks_cost(c, length["steps"], model_pt, peak, (supply or {}).get("bytes_per_token"),
-                            time["seconds"], time["utilisation"], ex)
+    tasks = eval_tasks_cost(
+        c,
+        length["steps"],
+        model_pt,
+        peak,
+        (supply or {}).get("bytes_per_token"),
+        time["seconds"],
+        time["utilisation"],
+        ex,
+    )
     if tasks:  # run.eval_tasks: the in-loop evaluations' time beside the training's
         result["eval_tasks"] = tasks
         time["eval_tasks_seconds"], time["eval_tasks_share"] = tasks["seconds"], tasks["share_of_run"]
@@ -162,20 +217,30 @@ def _unsharded(c) -> dict:
     """Model-state tensors of the whole job on one imaginary device (for the checkpoint size)."""
     import dataclasses
 
-    single = dataclasses.replace(c, parallel=dataclasses.replace(c.parallel, gpus=1, tensor=1, pipeline=1,
-                                                                   zero_stage=0, expert=1))
+    single = dataclasses.replace(
+        c, parallel=dataclasses.replace(c.parallel, gpus=1, tensor=1, pipeline=1, zero_stage=0, expert=1)
+    )
     return model_state_tensors(single)
 
 
 def _params_formula(m, counts) -> str:
-    if m.family == "llama" and m.num_kv_heads == m.num_heads and m.head_dim * m.num_heads == m.hidden_size \
-            and not m.qkv_bias and not m.qk_norm:
+    if (
+        m.family == "llama"
+        and m.num_kv_heads == m.num_heads
+        and m.head_dim * m.num_heads == m.hidden_size
+        and not m.qkv_bias
+        and not m.qk_norm
+    ):
         V, H, I, L = padded_vocab_size(m), m.hidden_size, m.intermediate_size, m.num_layers
         head = "2VH" if not m.tie_embeddings else "VH"
         padded = f" (vocabulary {m.vocab_size:,} padded to a multiple of {m.pad_vocab_to})" if V != m.vocab_size else ""
-        return (f"{head} + H + L(4H^2 + 3HH' + 2H) with V={V:,}{padded}, H={H:,}, H'={I:,}, L={L}: "
-                f"{'' if m.tie_embeddings else '2x'}{V * H:,} + {H:,} + {L} x {counts.per_layer:,}")
+        return (
+            f"{head} + H + L(4H^2 + 3HH' + 2H) with V={V:,}{padded}, H={H:,}, H'={I:,}, L={L}: "
+            f"{'' if m.tie_embeddings else '2x'}{V * H:,} + {H:,} + {L} x {counts.per_layer:,}"
+        )
     padded = f" (vocabulary {m.vocab_size:,} padded to {padded_vocab_size(m):,})" if m.pad_vocab_to > 1 else ""
-    return (f"embedding {counts.token_embedding:,}{padded} + positions {counts.position_embedding:,} + {m.num_layers} "
-            f"layers x {counts.per_layer:,} (attention {counts.attention // m.num_layers:,}, MLP "
-            f"{counts.mlp // m.num_layers:,}, norms) + final norm + output {counts.output:,}")
+    return (
+        f"embedding {counts.token_embedding:,}{padded} + positions {counts.position_embedding:,} + {m.num_layers} "
+        f"layers x {counts.per_layer:,} (attention {counts.attention // m.num_layers:,}, MLP "
+        f"{counts.mlp // m.num_layers:,}, norms) + final norm + output {counts.output:,}"
+    )

@@ -73,8 +73,17 @@ class Term:
     sharded: bool  # divided by the tensor-parallel degree (norm terms only with sequence parallelism)
 
 
-def layer_terms(m, t, parallel, b: int, recompute: str | None = None, native_gqa: bool = True,
-                compiled: bool = False, imbalance: float = 1.0, documents: str | None = None) -> list[Term]:
+def layer_terms(
+    m,
+    t,
+    parallel,
+    b: int,
+    recompute: str | None = None,
+    native_gqa: bool = True,
+    compiled: bool = False,
+    imbalance: float = 1.0,
+    documents: str | None = None,
+) -> list[Term]:
     """What one transformer block keeps for one micro-batch of b sequences. native_gqa: SDPA takes grouped
     k/v heads itself (pretrain.plan.kernels decides); compiled: the block runs under torch.compile (what
     inductor's min-cut partitioner saves, below); documents: the masked attention's kernel (None: causal)."""
@@ -133,8 +142,12 @@ def _attention_terms(add, m, t, a: int, b: int, native_gqa: bool, compiled: bool
         add("qkv output", a * bs * 3 * h, f"{a} x b*s*3h")
     if llama and a != 4:
         reset = position_reset(m, t)  # reset: each token's rows of the tables
-        add("rotary cos/sin casts", a * (bs if reset else s) * d, f"{a} x {'b*s' if reset else 's'}*head_dim",
-            sharded=False)
+        add(
+            "rotary cos/sin casts",
+            a * (bs if reset else s) * d,
+            f"{a} x {'b*s' if reset else 's'}*head_dim",
+            sharded=False,
+        )
     if m.qk_norm:  # Qwen3's RMSNorm over each head of q and k: the fp32 terms of a norm, per head
         heads, width = nh + m.num_kv_heads, qw + kvw
         add("QK-norm reciprocal rms", 4 * bs * heads, f"4 x b*s*(heads {nh} + kv heads {m.num_kv_heads})")
@@ -222,12 +235,19 @@ def _moe_terms(add, m, parallel, bs: int, a: int, recompute: str, imbalance: flo
     add("top-k weights and expert ids", 12 * bs * k, f"12 x b*s*k {k}", sharded=False)
     add("routed tokens: expert inputs and outputs", 2 * a * tokens * h, f"2 x {a} x b*s*k*h{at}", sharded=False)
     swiglu = 3 if recompute == "selective" else 4  # selective remakes silu(gate) from gate|up
-    add("routed tokens: gate|up output, silu(gate), down input", swiglu * a * tokens * He,
-        f"{swiglu} x {a} x b*s*k*H_e {He}{at}", sharded=False)
+    add(
+        "routed tokens: gate|up output, silu(gate), down input",
+        swiglu * a * tokens * He,
+        f"{swiglu} x {a} x b*s*k*H_e {He}{at}",
+        sharded=False,
+    )
     if m.num_shared_experts:
         width = m.num_shared_experts * He
-        add("shared experts: gate|up output, silu(gate), down input", swiglu * a * bs * width,
-            f"{swiglu} x {a} x b*s*{width}")
+        add(
+            "shared experts: gate|up output, silu(gate), down input",
+            swiglu * a * bs * width,
+            f"{swiglu} x {a} x b*s*{width}",
+        )
 
 
 def _compiled_norms(add, llama: bool, a: int, r: int, bs: int, h: int) -> None:
@@ -295,36 +315,45 @@ def loss_terms(m, t, parallel, b: int) -> dict[str, list[Term]]:
     a, r = COMPUTE_BYTES[t.precision], residual_bytes(t, parallel)
     bs = b * s
     if t.loss == "plain":
-        kept = [Term("target ids", 8 * bs, "8 x b*s (int64)", False),
-                Term("output matmul input", a * bs * h, f"{a} x b*s*h", False),
-                Term("fp32 log-softmax of the loss", 4 * bs * V, "4 x b*s*V", True),
-                Term("loss scalar", 4, "4", False)]
+        kept = [
+            Term("target ids", 8 * bs, "8 x b*s (int64)", False),
+            Term("output matmul input", a * bs * h, f"{a} x b*s*h", False),
+            Term("fp32 log-softmax of the loss", 4 * bs * V, "4 x b*s*V", True),
+            Term("loss scalar", 4, "4", False),
+        ]
         forward = [Term("loss logits", a * bs * Vp, f"{a} x b*s*{'Vp' if Vp != V else 'V'}", True)]
         if a != 4 or Vp != V:
             forward.append(Term("loss logits in fp32", 4 * bs * V, "4 x b*s*V", True))
-        backward = [Term("loss backward: fp32 gradients of the log-softmax and the logits", 8 * bs * V,
-                         "8 x b*s*V", True)]
+        backward = [
+            Term("loss backward: fp32 gradients of the log-softmax and the logits", 8 * bs * V, "8 x b*s*V", True)
+        ]
         return {"kept": kept, "forward": forward, "backward": backward}
     c = min(t.loss_chunk_tokens, bs)
     v = "Vp" if Vp != V else "V"
     weight = 2 if t.precision == "bf16" or (mixed_precision(t.precision) and parallel.fsdp) else 4
     g = 4 if t.precision == "fp16-mixed" else a
-    kept = [Term("loss: dL/dh", a * bs * h, f"{a} x b*s*h", False),
-            Term("loss: dL/dW of the output layer", g * Vp * h, f"{g} x {v}*h", True)]
+    kept = [
+        Term("loss: dL/dh", a * bs * h, f"{a} x b*s*h", False),
+        Term("loss: dL/dW of the output layer", g * Vp * h, f"{g} x {v}*h", True),
+    ]
     # The chunk's fp32 logits and the fp32 scratch of the same size (logsumexp's temporary: logits - max).
     if g != a:  # fp16: or the scratch, which holds the chunk's gradient, beside its product with h
         chunk = max(8 * c * Vp, 4 * c * Vp + a * Vp * h)
         chunk_formula = f"max(8 x c*{v}, 4 x c*{v} + {a} x {v}*h)"
     else:
         chunk, chunk_formula = 8 * c * Vp, f"8 x c*{v}"
-    forward = [Term("loss input h", r * bs * h, f"{r} x b*s*h", False),
-               Term(f"loss chunk of c={c:,} tokens: logits, logsumexp", chunk, chunk_formula, True)]
+    forward = [
+        Term("loss input h", r * bs * h, f"{r} x b*s*h", False),
+        Term(f"loss chunk of c={c:,} tokens: logits, logsumexp", chunk, chunk_formula, True),
+    ]
     if weight != a:
         forward.append(Term("loss: output weight cast for the matmul", a * Vp * h, f"{a} x {v}*h", True))
     if r != a:
         forward.append(Term("loss: chunk of h cast for the matmul", a * c * h, f"{a} x c*h", False))
-    backward = [Term("loss backward: dL/dh scaled", r * bs * h, f"{r} x b*s*h", False),
-                Term("loss backward: dL/dW scaled", weight * Vp * h, f"{weight} x {v}*h", True)]
+    backward = [
+        Term("loss backward: dL/dh scaled", r * bs * h, f"{r} x b*s*h", False),
+        Term("loss backward: dL/dW scaled", weight * Vp * h, f"{weight} x {v}*h", True),
+    ]
     return {"kept": kept, "forward": forward, "backward": backward}
 
 
@@ -341,8 +370,16 @@ def _shard(terms: list[Term], tensor: int, sequence_parallel: bool) -> int:
     return sum(x.bytes // tensor if (x.sharded or sequence_parallel) else x.bytes for x in terms)
 
 
-def activation_bytes(m, t, parallel, b: int | None = None, native_gqa: bool = True, compiled: bool = False,
-                     imbalance: float = 1.0, documents: str | None = None) -> dict:
+def activation_bytes(
+    m,
+    t,
+    parallel,
+    b: int | None = None,
+    native_gqa: bool = True,
+    compiled: bool = False,
+    imbalance: float = 1.0,
+    documents: str | None = None,
+) -> dict:
     """Activation bytes per GPU for micro-batch b (default train.micro_batch_size), with the terms; compiled:
     the blocks run under torch.compile; imbalance: plan.routing_imbalance (MoE); documents: as layer_terms.
     With dense blocks before the MoE ones, every block is counted as the larger of the two kinds."""
@@ -357,15 +394,15 @@ def activation_bytes(m, t, parallel, b: int | None = None, native_gqa: bool = Tr
     def held(k: int) -> tuple[int, int]:  # (layers, in flight) of rank k
         if v == 1:
             return len(splits[k]), stage_in_flight(k, pp, t.grad_accum_steps)
-        return (max(len(splits[c]) for c in chunk_indices(k, pp, v)),
-                chunks_in_flight(k, pp, t.grad_accum_steps, v))
+        return (max(len(splits[c]) for c in chunk_indices(k, pp, v)), chunks_in_flight(k, pp, t.grad_accum_steps, v))
 
     layers, in_flight = max((held(k) for k in range(pp)), key=lambda x: x[0] * x[1])
     kinds = [m, dataclasses.replace(m, num_experts=0)] if m.num_experts and m.first_dense_layers else [m]
     options = []
     for kind in kinds:
-        terms = layer_terms(kind, t, parallel, b, native_gqa=native_gqa, compiled=compiled, imbalance=imbalance,
-                            documents=documents)
+        terms = layer_terms(
+            kind, t, parallel, b, native_gqa=native_gqa, compiled=compiled, imbalance=imbalance, documents=documents
+        )
         options.append((_shard(terms, tp, sp), terms, kind))
     per_layer, per_layer_terms, m = max(options, key=lambda option: option[0])
     once = once_terms(m, t, parallel, b, documents)
@@ -377,11 +414,37 @@ def activation_bytes(m, t, parallel, b: int | None = None, native_gqa: bool = Tr
         # what the block kept (selective: the policy's outputs, handed back from the checkpoint's cache): the
         # largest kind's (all hold the same input, so `m` above may be the other: a wide dense first block).
         kept = {x.name for x in per_layer_terms}
-        working = max(_shard([x for x in layer_terms(kind, t, parallel, b, recompute="none", native_gqa=native_gqa,
-                                                     compiled=compiled, imbalance=imbalance, documents=documents)
-                              if x.name not in kept], tp, sp) for kind in kinds) - \
-            _overlap(m, t, parallel, b) // (tp if sp else 1)
+        working = max(
+            _shard(
+                [
+                    x
+                    for x in layer_terms(
+                        kind,
+                        t,
+                        parallel,
+                        b,
+                        recompute="none",
+                        native_gqa=native_gqa,
+                        compiled=compiled,
+                        imbalance=imbalance,
+                        documents=documents,
+                    )
+                    if x.name not in kept
+                ],
+                tp,
+                sp,
+            )
+            for kind in kinds
+        ) - _overlap(m, t, parallel, b) // (tp if sp else 1)
         total += working
     total += once_bytes
-    return dict(total=total, per_layer=per_layer, layers=layers, in_flight=in_flight, once=once_bytes,
-                recompute_working=working, layer_terms=per_layer_terms, once_terms=once)
+    return dict(
+        total=total,
+        per_layer=per_layer,
+        layers=layers,
+        in_flight=in_flight,
+        once=once_bytes,
+        recompute_working=working,
+        layer_terms=per_layer_terms,
+        once_terms=once,
+    )

@@ -54,8 +54,16 @@ LONG_CONTEXT = 32_768
 
 # GPT-3 (Brown et al. 2020, table 2.1): parameters, batch size in tokens, peak learning rate. The table's
 # "0.5M", "1M", "2M", "3.2M" are 256, 512, 1024 and 1536 sequences of 2048 tokens.
-GPT3 = [(125e6, 2**19, 6.0e-4), (350e6, 2**19, 3.0e-4), (760e6, 2**19, 2.5e-4), (1.3e9, 2**20, 2.0e-4),
-        (2.7e9, 2**20, 1.6e-4), (6.7e9, 2**21, 1.2e-4), (13e9, 2**21, 1.0e-4), (175e9, 1536 * 2048, 0.6e-4)]
+GPT3 = [
+    (125e6, 2**19, 6.0e-4),
+    (350e6, 2**19, 3.0e-4),
+    (760e6, 2**19, 2.5e-4),
+    (1.3e9, 2**20, 2.0e-4),
+    (2.7e9, 2**20, 1.6e-4),
+    (6.7e9, 2**21, 1.2e-4),
+    (13e9, 2**21, 1.0e-4),
+    (175e9, 1536 * 2048, 0.6e-4),
+]
 # LLaMA (Touvron et al. 2023, table 2): parameters, peak learning rate (batch 4M tokens at every size).
 LLAMA_LR = [(6.7e9, 3.0e-4), (13e9, 3.0e-4), (32.5e9, 1.5e-4), (65.2e9, 1.5e-4)]
 
@@ -93,6 +101,7 @@ def advise(config, plan: dict) -> list[str]:
 
 # --- the rules -----------------------------------------------------------------------------------------
 
+
 def _tokens(c, p) -> list[str]:
     n, tokens = p["params"]["total"], p["tokens"]["total"]
     if n < SMALL_MODEL:
@@ -105,15 +114,21 @@ def _tokens(c, p) -> list[str]:
     compute = 6 * n * tokens
     n_opt = math.sqrt(compute / (6 * CHINCHILLA_TOKENS_PER_PARAM))
     d_opt = CHINCHILLA_TOKENS_PER_PARAM * n_opt
-    better = (f"for this compute (6ND = {compute:.3g} FLOPs) a model of ~{human(n_opt)} params on "
-              f"~{human(d_opt)} tokens would reach a lower loss")
+    better = (
+        f"for this compute (6ND = {compute:.3g} FLOPs) a model of ~{human(n_opt)} params on "
+        f"~{human(d_opt)} tokens would reach a lower loss"
+    )
     if per_param < low:
-        return [f"tokens: {per_param:.3g} tokens per parameter: {_times(CHINCHILLA_TOKENS_PER_PARAM / per_param)} "
-                f"below the compute-optimal ~{CHINCHILLA_TOKENS_PER_PARAM} (Chinchilla, Hoffmann et al. 2022): "
-                f"under-trained; {better}, or train on ~{human(CHINCHILLA_TOKENS_PER_PARAM * n)} tokens"]
-    return [f"tokens: {per_param:.3g} tokens per parameter: {_times(per_param / CHINCHILLA_TOKENS_PER_PARAM)} above "
-            f"the compute-optimal ~{CHINCHILLA_TOKENS_PER_PARAM} (Chinchilla, Hoffmann et al. 2022); {better}. "
-            "Fine if intended: a smaller model trained longer (as LLaMA did) is cheaper to serve"]
+        return [
+            f"tokens: {per_param:.3g} tokens per parameter: {_times(CHINCHILLA_TOKENS_PER_PARAM / per_param)} "
+            f"below the compute-optimal ~{CHINCHILLA_TOKENS_PER_PARAM} (Chinchilla, Hoffmann et al. 2022): "
+            f"under-trained; {better}, or train on ~{human(CHINCHILLA_TOKENS_PER_PARAM * n)} tokens"
+        ]
+    return [
+        f"tokens: {per_param:.3g} tokens per parameter: {_times(per_param / CHINCHILLA_TOKENS_PER_PARAM)} above "
+        f"the compute-optimal ~{CHINCHILLA_TOKENS_PER_PARAM} (Chinchilla, Hoffmann et al. 2022); {better}. "
+        "Fine if intended: a smaller model trained longer (as LLaMA did) is cheaper to serve"
+    ]
 
 
 def _epochs(c, p) -> list[str]:
@@ -125,10 +140,12 @@ def _epochs(c, p) -> list[str]:
     epochs = p["tokens"]["total"] / unique
     if epochs <= MAX_EPOCHS:
         return []
-    return [f"epochs: {epochs:.3g} passes over the same {human(unique)} tokens ({t.examples:,} examples x seq "
-            f"{t.seq_len}): beyond ~{MAX_EPOCHS} epochs repeated tokens are worth much less than new ones "
-            "(Muennighoff et al. 2023, 'Scaling Data-Constrained Language Models'; Xue et al. 2023, 'To Repeat or "
-            "Not To Repeat'); add unique data or train a smaller model"]
+    return [
+        f"epochs: {epochs:.3g} passes over the same {human(unique)} tokens ({t.examples:,} examples x seq "
+        f"{t.seq_len}): beyond ~{MAX_EPOCHS} epochs repeated tokens are worth much less than new ones "
+        "(Muennighoff et al. 2023, 'Scaling Data-Constrained Language Models'; Xue et al. 2023, 'To Repeat or "
+        "Not To Repeat'); add unique data or train a smaller model"
+    ]
 
 
 def _batch(c, p) -> list[str]:
@@ -138,33 +155,43 @@ def _batch(c, p) -> list[str]:
     t, st = c.train, p["steps"]
     per_step = st["tokens_per_step"]
     ref = loglog(BATCH_REFERENCE, n)
-    shape = (f"micro-batch {t.micro_batch_size} x seq {t.seq_len} x grad accum {t.grad_accum_steps} x data "
-             f"parallel {p['parallel']['data']}")
+    shape = (
+        f"micro-batch {t.micro_batch_size} x seq {t.seq_len} x grad accum {t.grad_accum_steps} x data "
+        f"parallel {p['parallel']['data']}"
+    )
     gpt3 = f"the ~{human(ref)} GPT-3 used at {human(n)} params (Brown et al. 2020; LLaMA and Qwen: 4M)"
     out = []
     ref = round(ref)  # whole tokens: 2**22 is exactly 8x GPT-3's 2**19, not a rounding error above it
     if per_step < ref * BATCH_RANGE[0]:
         accum = 2 ** math.ceil(math.log2(t.grad_accum_steps * ref / per_step))
-        out.append(f"batch: {per_step:,} tokens per step ({shape}) is {_times(ref / per_step)} below {gpt3}: noisy "
-                   f"gradients and many small steps; train.grad_accum_steps={accum} gives "
-                   f"{human(per_step * accum / t.grad_accum_steps)} (or more parallel.gpus)")
+        out.append(
+            f"batch: {per_step:,} tokens per step ({shape}) is {_times(ref / per_step)} below {gpt3}: noisy "
+            f"gradients and many small steps; train.grad_accum_steps={accum} gives "
+            f"{human(per_step * accum / t.grad_accum_steps)} (or more parallel.gpus)"
+        )
     elif per_step > ref * BATCH_RANGE[1]:
         unit = per_step // t.grad_accum_steps  # one micro-batch on every data-parallel rank
         batch = unit * max(1, round(ref / unit))
-        fix = (f"train.global_batch_tokens={human(batch, 4)} ({batch:,}) keeps the batch there on any GPU count"
-               if batch <= ref * BATCH_RANGE[1] else f"even one micro-batch per rank makes {human(unit)} tokens: "
-               "fewer data-parallel ranks (parallel.tensor or parallel.pipeline)"
-               + (" or a smaller train.micro_batch_size" if t.micro_batch_size > 1 else ""))
-        out.append(f"batch: {per_step:,} tokens per step ({shape}) is {_times(per_step / ref)} above {gpt3}: "
-                   "beyond the critical batch size extra tokens per step stop reducing the number of steps needed; "
-                   + fix)
+        fix = (
+            f"train.global_batch_tokens={human(batch, 4)} ({batch:,}) keeps the batch there on any GPU count"
+            if batch <= ref * BATCH_RANGE[1]
+            else f"even one micro-batch per rank makes {human(unit)} tokens: "
+            "fewer data-parallel ranks (parallel.tensor or parallel.pipeline)"
+            + (" or a smaller train.micro_batch_size" if t.micro_batch_size > 1 else "")
+        )
+        out.append(
+            f"batch: {per_step:,} tokens per step ({shape}) is {_times(per_step / ref)} above {gpt3}: "
+            "beyond the critical batch size extra tokens per step stop reducing the number of steps needed; " + fix
+        )
     if per_step >= RAMP_MIN_TOKENS and not t.batch_ramp_tokens:
         ramp = _round(min(4e9, 0.03 * p["tokens"]["total"]))
-        out.append(f"batch: {human(per_step)} tokens per step from the first step (train.batch_ramp_tokens=0): "
-                   f"GPT-3 ramped from 32K tokens over the first 4-12B tokens (Brown et al. 2020, "
-                   f"appendix B); train.batch_ramp_tokens={_sci(ramp)} would ramp over "
-                   f"{_percent(ramp / p['tokens']['total'])} of the run (LLaMA used 4M from the start: a valid "
-                   "choice)")
+        out.append(
+            f"batch: {human(per_step)} tokens per step from the first step (train.batch_ramp_tokens=0): "
+            f"GPT-3 ramped from 32K tokens over the first 4-12B tokens (Brown et al. 2020, "
+            f"appendix B); train.batch_ramp_tokens={_sci(ramp)} would ramp over "
+            f"{_percent(ramp / p['tokens']['total'])} of the run (LLaMA used 4M from the start: a valid "
+            "choice)"
+        )
     return out
 
 
@@ -177,9 +204,11 @@ def _lr(c, p) -> list[str]:
         return []
     how = f"{_times(lr / ref)} above" if lr > ref else f"{_times(ref / lr)} below"
     risk = "loss spikes and divergence" if lr > ref else "slow progress for the same tokens"
-    return [f"lr: peak train.lr={lr:.2g} is {how} the ~{ref:.1e} published for {human(n)} params (GPT-3 table "
-            f"2.1, LLaMA table 2, log-log interpolated; within 3x: {ref / LR_RANGE:.1e} to {ref * LR_RANGE:.1e}): "
-            f"{risk}"]
+    return [
+        f"lr: peak train.lr={lr:.2g} is {how} the ~{ref:.1e} published for {human(n)} params (GPT-3 table "
+        f"2.1, LLaMA table 2, log-log interpolated; within 3x: {ref / LR_RANGE:.1e} to {ref * LR_RANGE:.1e}): "
+        f"{risk}"
+    ]
 
 
 def _warmup(c, p) -> list[str]:
@@ -197,10 +226,12 @@ def _warmup(c, p) -> list[str]:
         what = "no warm-up"
     else:
         what = f"{fraction:.2%} of the steps ({warm:,} of {total:,})"
-    return [f"warmup: {what}: LLMs warm up linearly over {low:.1%}-{high:.1%} of the steps (Zhao et al. 2023, "
-            f"LLM survey), where "
-            f"random initial weights give large gradients; train.warmup={high} would be "
-            f"{round(high * total):,} steps"]
+    return [
+        f"warmup: {what}: LLMs warm up linearly over {low:.1%}-{high:.1%} of the steps (Zhao et al. 2023, "
+        f"LLM survey), where "
+        f"random initial weights give large gradients; train.warmup={high} would be "
+        f"{round(high * total):,} steps"
+    ]
 
 
 def _mfu(c, p) -> list[str]:
@@ -213,11 +244,16 @@ def _mfu(c, p) -> list[str]:
         return []
     way = "optimistic: the time estimate is too short" if value > high else "pessimistic: the time estimate is too long"
     measured = p.get("mfu")
-    how = (f"the measured speed gives MFU {measured:.3g}: set hardware.mfu={measured:.2g}" if measured else
-           "measure the card with `pretrain bench` (hardware.profile) or a short run (measured.tokens_per_second)")
-    return [f"mfu: assumed hardware.{key}={value:g} is outside the {low}-{high} that end-to-end training reaches "
-            f"with data loading, optimizer, communication and logging included (MFU 21-46 % in PaLM's table 3, "
-            f"52 % for Megatron-LM): {way}; {how}"]
+    how = (
+        f"the measured speed gives MFU {measured:.3g}: set hardware.mfu={measured:.2g}"
+        if measured
+        else "measure the card with `pretrain bench` (hardware.profile) or a short run (measured.tokens_per_second)"
+    )
+    return [
+        f"mfu: assumed hardware.{key}={value:g} is outside the {low}-{high} that end-to-end training reaches "
+        f"with data loading, optimizer, communication and logging included (MFU 21-46 % in PaLM's table 3, "
+        f"52 % for Megatron-LM): {way}; {how}"
+    ]
 
 
 def step_intensity(c, p, b: int | None = None) -> tuple[float, float]:
@@ -267,17 +303,23 @@ def _bandwidth(c, p) -> list[str]:
         f, m = step_intensity(c, p, limit)
         fix = f"no micro-batch gets there: activation traffic alone caps it at {f / m:.3g} FLOP/byte"
     elif largest is not None and need <= largest:
-        fix = (f"micro-batch >= {need} would be compute-bound and fits (largest that fits: {largest}; lower "
-               "train.grad_accum_steps to keep the global batch)")
+        fix = (
+            f"micro-batch >= {need} would be compute-bound and fits (largest that fits: {largest}; lower "
+            "train.grad_accum_steps to keep the global batch)"
+        )
     else:
-        fix = (f"micro-batch >= {need} would be compute-bound but does not fit (largest that fits: {largest}); "
-               "a longer train.seq_len raises the intensity too")
+        fix = (
+            f"micro-batch >= {need} would be compute-bound but does not fit (largest that fits: {largest}); "
+            "a longer train.seq_len raises the intensity too"
+        )
     reads, card = weight_reads(t), gpu_spec(c.hardware.gpu).name
-    return [f"bandwidth: micro-batch {t.micro_batch_size} x seq {t.seq_len} moves {moved / 1e9:.3g} GB (weights "
-            f"read {reads}x in {COMPUTE_DTYPE[t.precision]}, activations written and read back) for "
-            f"{flops / 1e9:.3g} GFLOP: {flops / moved:.3g} FLOP/byte, below the {card}'s {ratio:.0f} "
-            f"({peak:g} TFLOP/s / {bandwidth:,.0f} GB/s): memory-bandwidth-bound, the assumed "
-            f"utilisation is out of reach; {fix}"]
+    return [
+        f"bandwidth: micro-batch {t.micro_batch_size} x seq {t.seq_len} moves {moved / 1e9:.3g} GB (weights "
+        f"read {reads}x in {COMPUTE_DTYPE[t.precision]}, activations written and read back) for "
+        f"{flops / 1e9:.3g} GFLOP: {flops / moved:.3g} FLOP/byte, below the {card}'s {ratio:.0f} "
+        f"({peak:g} TFLOP/s / {bandwidth:,.0f} GB/s): memory-bandwidth-bound, the assumed "
+        f"utilisation is out of reach; {fix}"
+    ]
 
 
 def context_advice(c) -> list[str]:
@@ -285,10 +327,12 @@ def context_advice(c) -> list[str]:
     m, s = c.model, c.train.seq_len
     lines = []
     if s >= LONG_CONTEXT and not c.train.document_masking:
-        lines.append(f"context: windows of {s:,} tokens pack many documents, and every token attends across their "
-                     "boundaries to unrelated text; Llama 3 masks attention to each document and found it important "
-                     "for training on very long sequences (Dubey et al. 2024, sec. 3.2): mask documents "
-                     "(train.document_masking)")
+        lines.append(
+            f"context: windows of {s:,} tokens pack many documents, and every token attends across their "
+            "boundaries to unrelated text; Llama 3 masks attention to each document and found it important "
+            "for training on very long sequences (Dubey et al. 2024, sec. 3.2): mask documents "
+            "(train.document_masking)"
+        )
     if m.family != "llama":
         return lines
     scaling = m.rope_scaling or {}
@@ -297,39 +341,50 @@ def context_advice(c) -> list[str]:
     # by its factor (llama3 and yarn both divide the lowest frequencies by it).
     wavelength = 2 * math.pi * m.rope_theta ** ((m.head_dim - 2) / m.head_dim) * factor
     if wavelength < s:
-        lines.append(f"rope: RoPE's slowest dimension turns once every {wavelength:,.0f} tokens (2 pi x rope_theta "
-                     f"{m.rope_theta:g}^((d-2)/d){f' x factor {factor:g}' if scaling else ''}), fewer than the "
-                     f"{s:,} of a window: distant positions alias; raise model.rope_theta (Llama 3: 500000, Xiong "
-                     "et al. 2023 raise it for long context) or set model.rope_scaling")
+        lines.append(
+            f"rope: RoPE's slowest dimension turns once every {wavelength:,.0f} tokens (2 pi x rope_theta "
+            f"{m.rope_theta:g}^((d-2)/d){f' x factor {factor:g}' if scaling else ''}), fewer than the "
+            f"{s:,} of a window: distant positions alias; raise model.rope_theta (Llama 3: 500000, Xiong "
+            "et al. 2023 raise it for long context) or set model.rope_scaling"
+        )
     # YaRN's factor is the extension itself (transformers warns when it is not max_position_embeddings over the
     # original); Llama 3.1's is not (factor 8 of 8K, trained to 128K).
     stretched = factor * scaling.get("original_max_position_embeddings", 0)
     if scaling.get("rope_type") == "yarn" and s > stretched:
-        lines.append(f"rope: train.seq_len {s:,} is beyond the {stretched:,.0f} positions YaRN stretches RoPE to "
-                     f"(factor {factor:g} x original_max_position_embeddings "
-                     f"{scaling['original_max_position_embeddings']:,}); raise its factor or shorten the windows")
+        lines.append(
+            f"rope: train.seq_len {s:,} is beyond the {stretched:,.0f} positions YaRN stretches RoPE to "
+            f"(factor {factor:g} x original_max_position_embeddings "
+            f"{scaling['original_max_position_embeddings']:,}); raise its factor or shorten the windows"
+        )
     return lines
 
 
 # --- does not fit: search for the cheapest change --------------------------------------------------------
 
+
 def _memory(c, p) -> list[str]:
     if p["fits"] is not False:
         return []
-    head = (f"memory: does not fit: {p['memory_bytes']['total'] / GiB:.1f} GiB > {p['usable_memory_bytes'] / GiB:.1f} "
-            "GiB usable")
+    head = (
+        f"memory: does not fit: {p['memory_bytes']['total'] / GiB:.1f} GiB > {p['usable_memory_bytes'] / GiB:.1f} "
+        "GiB usable"
+    )
     fixes = fit_fixes(c)
     if not fixes:
         offload = "parallel.offload=optimizer (planned only) or " if c.parallel.offload == "none" else ""
-        return [f"{head}; no fix found by recomputation, a smaller micro-batch, ZeRO, up to {MAX_GPUS:,} GPUs or "
-                f"tensor parallel 8: try {offload}a card with more memory"]
+        return [
+            f"{head}; no fix found by recomputation, a smaller micro-batch, ZeRO, up to {MAX_GPUS:,} GPUs or "
+            f"tensor parallel 8: try {offload}a card with more memory"
+        ]
     shown = []
     for overrides, q in fixes:
         text = " ".join(f"{k}={shown_value(v)}" for k, v in overrides.items())
         notes = [f"{q['memory_bytes']['total'] / GiB:.1f} GiB"]
         if q["steps"]["tokens_per_step"] != p["steps"]["tokens_per_step"]:
-            notes.append(f"global batch {human(q['steps']['tokens_per_step'])} tokens, was "
-                         f"{human(p['steps']['tokens_per_step'])}")
+            notes.append(
+                f"global batch {human(q['steps']['tokens_per_step'])} tokens, was "
+                f"{human(p['steps']['tokens_per_step'])}"
+            )
         if "parallel.tensor" in overrides and c.model.family != "llama":
             notes.append("planned only: `pretrain train` runs tensor parallelism for the LLaMA family")
         shown.append(f"{text} ({'; '.join(notes)})")

@@ -49,9 +49,14 @@ def storage_bytes(tokens: int, vocab_size: int) -> int:
 
 def ramp_args(cfg) -> dict:
     t, par = cfg.train, cfg.parallel
-    return dict(seq_len=t.seq_len, micro_batch_size=t.micro_batch_size,
-                data_parallel=par.data_parallel, grad_accum_steps=t.grad_accum_steps,
-                ramp_tokens=t.batch_ramp_tokens, ramp_start=t.batch_ramp_start)
+    return dict(
+        seq_len=t.seq_len,
+        micro_batch_size=t.micro_batch_size,
+        data_parallel=par.data_parallel,
+        grad_accum_steps=t.grad_accum_steps,
+        ramp_tokens=t.batch_ramp_tokens,
+        ramp_start=t.batch_ramp_start,
+    )
 
 
 def training_length(cfg, total_params: int, ex: Explain | None = None) -> dict:
@@ -62,9 +67,13 @@ def training_length(cfg, total_params: int, ex: Explain | None = None) -> dict:
     per_step = args["seq_len"] * args["micro_batch_size"] * args["data_parallel"] * args["grad_accum_steps"]
     examples_per_step = per_step // t.seq_len
     chinchilla = CHINCHILLA_TOKENS_PER_PARAM * total_params
-    ex.add("tokens", "tokens_per_step", per_step,
-           f"seq {t.seq_len} x micro-batch {t.micro_batch_size} x grad accum {t.grad_accum_steps} "
-           f"x data parallel {args['data_parallel']}")
+    ex.add(
+        "tokens",
+        "tokens_per_step",
+        per_step,
+        f"seq {t.seq_len} x micro-batch {t.micro_batch_size} x grad accum {t.grad_accum_steps} "
+        f"x data parallel {args['data_parallel']}",
+    )
     data = None  # tokens the .bin holds, when the run gives them apart from the tokens trained on
     if t.max_steps:
         steps = t.max_steps
@@ -86,8 +95,13 @@ def training_length(cfg, total_params: int, ex: Explain | None = None) -> dict:
             # The Hugging Face Trainer's count: batches per rank per epoch, then whole accumulation groups.
             batches = -(-t.examples // (t.micro_batch_size * args["data_parallel"]))
             steps = t.epochs * max(1, batches // t.grad_accum_steps)
-            ex.add("steps", "total", steps, f"epochs {t.epochs} x floor(ceil(examples {t.examples:,} / (micro-batch "
-                   f"{t.micro_batch_size} x data parallel {args['data_parallel']})) / grad accum {t.grad_accum_steps})")
+            ex.add(
+                "steps",
+                "total",
+                steps,
+                f"epochs {t.epochs} x floor(ceil(examples {t.examples:,} / (micro-batch "
+                f"{t.micro_batch_size} x data parallel {args['data_parallel']})) / grad accum {t.grad_accum_steps})",
+            )
         ex.add("tokens", "total", tokens, f"examples {t.examples:,} x epochs {t.epochs} x seq {t.seq_len}")
     else:
         tokens = chinchilla
@@ -95,19 +109,32 @@ def training_length(cfg, total_params: int, ex: Explain | None = None) -> dict:
         ex.add("tokens", "total", tokens, "no length given: Chinchilla's 20 tokens per parameter")
         ex.add("steps", "total", steps, _steps_formula(tokens, per_step, t))
     warm = warmup_steps(t.warmup, steps)
-    ex.add("steps", "warmup", warm,
-           f"train.warmup {t.warmup}" + (f" x {steps:,} steps" if isinstance(t.warmup, float) else ""))
+    ex.add(
+        "steps",
+        "warmup",
+        warm,
+        f"train.warmup {t.warmup}" + (f" x {steps:,} steps" if isinstance(t.warmup, float) else ""),
+    )
     ex.add("tokens", "chinchilla", chinchilla, f"20 x {total_params:,} parameters (Hoffmann et al. 2022)")
-    return dict(tokens=tokens, steps=steps, tokens_per_step=per_step, examples_per_step=examples_per_step,
-                warmup=warm, chinchilla=chinchilla, data_tokens=tokens if data is None else data)
+    return dict(
+        tokens=tokens,
+        steps=steps,
+        tokens_per_step=per_step,
+        examples_per_step=examples_per_step,
+        warmup=warm,
+        chinchilla=chinchilla,
+        data_tokens=tokens if data is None else data,
+    )
 
 
 def _steps_formula(tokens: int, per_step: int, t) -> str:
     if not t.batch_ramp_tokens:
         return f"ceil(tokens {tokens:,} / tokens per step {per_step:,})"
     start = min(t.batch_ramp_start, per_step)
-    return (f"steps until {tokens:,} tokens are seen, the batch growing from {start:,} to {per_step:,} tokens per "
-            f"step over the first {t.batch_ramp_tokens:,} tokens (train.batch_ramp_tokens)")
+    return (
+        f"steps until {tokens:,} tokens are seen, the batch growing from {start:,} to {per_step:,} tokens per "
+        f"step over the first {t.batch_ramp_tokens:,} tokens (train.batch_ramp_tokens)"
+    )
 
 
 def tokens_per_gpu_second(cfg, model_pt: float, hardware_pt: float, peak: float, step: dict) -> tuple:
@@ -121,33 +148,60 @@ def tokens_per_gpu_second(cfg, model_pt: float, hardware_pt: float, peak: float,
     return step["tokens_per_second"] / cfg.parallel.gpus, step["mfu"], "step-time model"
 
 
-def wall_clock(cfg, length: dict, model_pt: float, hardware_pt: float, peak_tflops: float | None,
-               step: dict | None, ex: Explain) -> dict:
+def wall_clock(
+    cfg, length: dict, model_pt: float, hardware_pt: float, peak_tflops: float | None, step: dict | None, ex: Explain
+) -> dict:
     """The run's time: length's steps x step["seconds"], or its tokens at hardware.mfu / hfu when given."""
     hw, gpus = cfg.hardware, cfg.parallel.gpus
     if not peak_tflops or step is None:  # step_time models a step wherever there is a peak
         ex.add("time", "seconds", None, "no peak FLOP/s for this device: set hardware.profile or hardware.peak_tflops")
-        return dict(seconds=None, days=None, gpu_hours=None, cost=None, tokens_per_second=None, utilisation=None,
-                    seconds_range=None)
+        return dict(
+            seconds=None,
+            days=None,
+            gpu_hours=None,
+            cost=None,
+            tokens_per_second=None,
+            utilisation=None,
+            seconds_range=None,
+        )
     tokens, steps = length["tokens"], length["steps"]
     per_gpu, util, what = tokens_per_gpu_second(cfg, model_pt, hardware_pt, peak_tflops, step)
     if not (hw.hfu or hw.mfu):
         seconds, low_high = steps * step["seconds"], [steps * step["seconds"] * r for r in STEP_TIME_ERROR]
-        ex.add("time", "seconds", seconds, f"{steps:,} steps x step_time.seconds {step['seconds']:.4g} "
-               f"(MFU {util:.3g})")
-        ex.add("time", "seconds_range", " to ".join(fmt(x) for x in low_high), f"x {STEP_TIME_ERROR[0]} to x "
-               f"{STEP_TIME_ERROR[1]}: the step-time model's predicted / measured tokens/s on published runs, 10th "
-               "to 90th percentile (STEP_TIME_ERROR)")
+        ex.add(
+            "time", "seconds", seconds, f"{steps:,} steps x step_time.seconds {step['seconds']:.4g} (MFU {util:.3g})"
+        )
+        ex.add(
+            "time",
+            "seconds_range",
+            " to ".join(fmt(x) for x in low_high),
+            f"x {STEP_TIME_ERROR[0]} to x "
+            f"{STEP_TIME_ERROR[1]}: the step-time model's predicted / measured tokens/s on published runs, 10th "
+            "to 90th percentile (STEP_TIME_ERROR)",
+        )
     else:
         flops, kind = (hardware_pt, "hardware") if hw.hfu else (model_pt, "model")
         seconds, low_high = tokens / (gpus * per_gpu), None
-        ex.add("time", "seconds", seconds, f"{tokens:,} tokens x {flops:.4g} {kind} FLOPs/token / ({gpus} GPUs x "
-               f"{peak_tflops} TFLOP/s x {util}): {what}; no error range, the utilisation is the one given")
+        ex.add(
+            "time",
+            "seconds",
+            seconds,
+            f"{tokens:,} tokens x {flops:.4g} {kind} FLOPs/token / ({gpus} GPUs x "
+            f"{peak_tflops} TFLOP/s x {util}): {what}; no error range, the utilisation is the one given",
+        )
     ex.add("time", "days", seconds / 86400, f"{seconds:.4g} s / 86,400")
     gpu_hours = seconds * gpus / 3600
     ex.add("time", "gpu_hours", gpu_hours, f"{seconds:.4g} s x {gpus} GPUs / 3,600")
     cost = gpu_hours * hw.price_per_gpu_hour if hw.price_per_gpu_hour else None
     if cost is not None:
         ex.add("time", "cost", cost, f"{gpu_hours:,.1f} GPU-hours x {hw.price_per_gpu_hour} per GPU-hour")
-    return dict(seconds=seconds, seconds_range=low_high, days=seconds / 86400, gpu_hours=gpu_hours, cost=cost,
-                tokens_per_second=tokens / seconds, utilisation=util, basis=what)
+    return dict(
+        seconds=seconds,
+        seconds_range=low_high,
+        days=seconds / 86400,
+        gpu_hours=gpu_hours,
+        cost=cost,
+        tokens_per_second=tokens / seconds,
+        utilisation=util,
+        basis=what,
+    )

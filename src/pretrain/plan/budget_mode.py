@@ -61,8 +61,16 @@ NO_BUDGET = {"budget.gpu_hours": None, "budget.days": None, "budget.cost": None}
 WIDTHS = [*range(HEAD_DIM, 1024, HEAD_DIM), *range(1024, 64 * 1024 + 1, 512)]
 # The model keys llama_shape chooses (it keeps the vocabulary and the context): one of them away from its
 # default, or a preset or Hugging Face config, is a model the user gave, which a budget does not replace.
-CHOSEN_KEYS = ("family", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "intermediate_size",
-               "tie_embeddings")
+CHOSEN_KEYS = (
+    "family",
+    "hidden_size",
+    "num_layers",
+    "num_heads",
+    "num_kv_heads",
+    "head_dim",
+    "intermediate_size",
+    "tie_embeddings",
+)
 DEFAULT_MODEL = resolve(Config()).model  # as a loaded config holds it (num_kv_heads, head_dim filled in)
 LENGTH_KEYS = ("tokens", "max_steps", "examples")  # train.*: each fixes the tokens a budget would set
 ROUNDS = 5  # shapes tried at their own speed; the step-time model's MFU moves slowly with size: 2-3 suffice
@@ -103,6 +111,7 @@ def approach_3_optimum(compute: float) -> float:
 
 def llama_shape(n_target: float, vocab_size: int, max_seq_len: int) -> dict:
     """Model keys of a LLaMA-style shape with about `n_target` parameters (conventions in the module docstring)."""
+
     def params(h: int, layers: int) -> int:
         return _count(_shape(h, layers, vocab_size, max_seq_len)).total
 
@@ -118,10 +127,18 @@ def llama_shape(n_target: float, vocab_size: int, max_seq_len: int) -> dict:
 def _shape(h: int, layers: int, vocab_size: int, max_seq_len: int) -> dict:
     """The model keys of width `h` and `layers` layers by the conventions of the module docstring."""
     heads = h // HEAD_DIM
-    return dict(family="llama", vocab_size=vocab_size, hidden_size=h, num_layers=layers, num_heads=heads,
-                num_kv_heads=math.gcd(heads, GQA_KV_HEADS) if heads >= GQA_KV_HEADS else heads, head_dim=HEAD_DIM,
-                intermediate_size=MULTIPLE_OF * math.ceil(8 * h / 3 / MULTIPLE_OF), max_seq_len=max_seq_len,
-                tie_embeddings=False)
+    return dict(
+        family="llama",
+        vocab_size=vocab_size,
+        hidden_size=h,
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=math.gcd(heads, GQA_KV_HEADS) if heads >= GQA_KV_HEADS else heads,
+        head_dim=HEAD_DIM,
+        intermediate_size=MULTIPLE_OF * math.ceil(8 * h / 3 / MULTIPLE_OF),
+        max_seq_len=max_seq_len,
+        tie_embeddings=False,
+    )
 
 
 def _count(keys: dict):
@@ -155,8 +172,10 @@ def _refuse_outside(cfg, seconds: float, low: float, high: float, what: str, uti
         return
     key = budget_key(cfg)
     given = getattr(cfg.budget, key.split(".")[1])
-    raise ConfigError(f"{key}: {given:g} {what}; give {key} from {_in_budget_units(cfg, low):.3g} to "
-                      f"{_in_budget_units(cfg, high):.3g} (on {cfg.hardware.gpu} at {utilisation})")
+    raise ConfigError(
+        f"{key}: {given:g} {what}; give {key} from {_in_budget_units(cfg, low):.3g} to "
+        f"{_in_budget_units(cfg, high):.3g} (on {cfg.hardware.gpu} at {utilisation})"
+    )
 
 
 def spendable_compute(vocab_size: int, max_seq_len: int) -> tuple[float, float]:
@@ -168,7 +187,7 @@ def spendable_compute(vocab_size: int, max_seq_len: int) -> tuple[float, float]:
 
     smallest = _count(_shape(WIDTHS[0], 1, vocab_size, max_seq_len)).total
     largest = _count(_shape(WIDTHS[-1], MAX_LAYERS, vocab_size, max_seq_len)).total
-    return 120 * (INFERENCE_AWARE_SHRINK * smallest) ** 2, 120 * largest ** 2
+    return 120 * (INFERENCE_AWARE_SHRINK * smallest) ** 2, 120 * largest**2
 
 
 def apply_budget(cfg, ex: Explain):
@@ -181,11 +200,15 @@ def apply_budget(cfg, ex: Explain):
     if length:
         key, value = budget_key(cfg), f"train.{length}={getattr(cfg.train, length)}"
         if given:
-            raise ConfigError(f"{key}: buys the training tokens of the model given ({given}), and {value} fixes "
-                              f"them too; drop train.{length} to train on what the budget buys, or drop {key}")
-        raise ConfigError(f"{key}: chooses the model and its tokens, and {value} fixes the tokens; drop train."
-                          f"{length}, or give the model (model.preset or its shape keys) for the budget to buy its "
-                          "tokens")
+            raise ConfigError(
+                f"{key}: buys the training tokens of the model given ({given}), and {value} fixes "
+                f"them too; drop train.{length} to train on what the budget buys, or drop {key}"
+            )
+        raise ConfigError(
+            f"{key}: chooses the model and its tokens, and {value} fixes the tokens; drop train."
+            f"{length}, or give the model (model.preset or its shape keys) for the budget to buy its "
+            "tokens"
+        )
     seconds, how = gpu_seconds(cfg)
     peak, source = peak_tflops(cfg.hardware, cfg.train.precision)
     if not peak:
@@ -196,30 +219,57 @@ def apply_budget(cfg, ex: Explain):
     _, per_second, util, what = speed(shape)
     compute = seconds * per_second
     ex.add("budget", "gpu_hours", seconds / 3600, how)
-    ex.add("budget", "compute_flops", compute, f"{seconds:.4g} GPU-seconds x {per_second:.4g} FLOPs (6N) per "
-           f"GPU-second of the shape chosen, at {_at(util, util, what)} of {peak} TFLOP/s ({source})")
+    ex.add(
+        "budget",
+        "compute_flops",
+        compute,
+        f"{seconds:.4g} GPU-seconds x {per_second:.4g} FLOPs (6N) per "
+        f"GPU-second of the shape chosen, at {_at(util, util, what)} of {peak} TFLOP/s ({source})",
+    )
     n_opt = math.sqrt(compute / (6 * CHINCHILLA_TOKENS_PER_PARAM))
     d_opt = CHINCHILLA_TOKENS_PER_PARAM * n_opt
-    ex.add("budget", "params", n_opt, f"sqrt(C {compute:.4g} / 120): Hoffmann et al. 2022, approaches 1-2 "
-           "(N_opt ~ C^0.5) with 20 tokens per parameter and C = 6ND")
+    ex.add(
+        "budget",
+        "params",
+        n_opt,
+        f"sqrt(C {compute:.4g} / 120): Hoffmann et al. 2022, approaches 1-2 "
+        "(N_opt ~ C^0.5) with 20 tokens per parameter and C = 6ND",
+    )
     ex.add("budget", "tokens", d_opt, f"20 x N_opt {n_opt:.4g}")
 
     n_3 = approach_3_optimum(compute)
     best = chinchilla_loss(n_3, compute / (6 * n_3))
-    ex.add("budget", "loss_optimum", best, f"L at approach 3's own optimum N = {n_3:.4g} (equation 4), D = C / 6N: "
-           "the lowest loss its fit predicts for this compute; each row's loss_penalty is measured from it")
+    ex.add(
+        "budget",
+        "loss_optimum",
+        best,
+        f"L at approach 3's own optimum N = {n_3:.4g} (equation 4), D = C / 6N: "
+        "the lowest loss its fit predicts for this compute; each row's loss_penalty is measured from it",
+    )
     optimal = _row(cfg, seconds, n_opt, shape, speed, best, ex, "model")
     small = n_opt / INFERENCE_AWARE_SHRINK
     smaller = _row(cfg, seconds, small, _shape_near(cfg, small), speed, best, ex, "inference_aware")
     smaller.pop("config_overrides")
 
-    entry = {"compute_flops": compute, "gpu_hours": seconds / 3600, "params": n_opt, "tokens": d_opt,
-             "model": optimal["model"], "model_params": optimal["params"], "model_tokens": optimal["tokens"],
-             "loss": optimal["loss"], "loss_penalty": optimal["loss_penalty"], "loss_optimum": best,
-             "approach_3_params": n_3, "storage_bytes": optimal["storage_bytes"],
-             "raw_text_bytes": optimal["raw_text_bytes"], "fit": optimal["fit"], "inference_aware": smaller,
-             "method": "Hoffmann et al. 2022 approaches 1-2: N_opt = sqrt(C / 120), D_opt = 20 N_opt; loss from "
-                       "approach 3 (E 1.69, A 406.4, B 410.7, alpha 0.34, beta 0.28)"}
+    entry = {
+        "compute_flops": compute,
+        "gpu_hours": seconds / 3600,
+        "params": n_opt,
+        "tokens": d_opt,
+        "model": optimal["model"],
+        "model_params": optimal["params"],
+        "model_tokens": optimal["tokens"],
+        "loss": optimal["loss"],
+        "loss_penalty": optimal["loss_penalty"],
+        "loss_optimum": best,
+        "approach_3_params": n_3,
+        "storage_bytes": optimal["storage_bytes"],
+        "raw_text_bytes": optimal["raw_text_bytes"],
+        "fit": optimal["fit"],
+        "inference_aware": smaller,
+        "method": "Hoffmann et al. 2022 approaches 1-2: N_opt = sqrt(C / 120), D_opt = 20 N_opt; loss from "
+        "approach 3 (E 1.69, A 406.4, B 410.7, alpha 0.34, beta 0.28)",
+    }
     # The plan that follows is the compute-optimal row's, with the overrides that make it fit.
     entry["overrides"] = {**optimal["config_overrides"], **NO_BUDGET}
     return entry, replaced(cfg, entry["overrides"])
@@ -243,16 +293,25 @@ def _search(cfg, seconds: float, peak: float):
     for _ in range(ROUNDS):
         compute = seconds * per_second
         if not low <= compute <= high:  # the ends at their own speed, as configured (no fix searched)
-            ends = [_rate(replaced(cfg, {**_model_overrides(_shape_near(cfg, math.sqrt(x / 120))), **NO_BUDGET}),
-                          peak) for x in (low, high)]
-            _refuse_outside(cfg, seconds, low / ends[0][0], high / ends[1][0], f"buys {compute:.3g} FLOPs, whose "
-                            f"Chinchilla-optimal N {math.sqrt(compute / 120):.3g} is outside the "
-                            f"{math.sqrt(low / 120):.3g} to {math.sqrt(high / 120):.3g} parameters budget mode "
-                            "builds", _at(ends[0][1], ends[1][1], ends[0][2]))
+            ends = [
+                _rate(replaced(cfg, {**_model_overrides(_shape_near(cfg, math.sqrt(x / 120))), **NO_BUDGET}), peak)
+                for x in (low, high)
+            ]
+            _refuse_outside(
+                cfg,
+                seconds,
+                low / ends[0][0],
+                high / ends[1][0],
+                f"buys {compute:.3g} FLOPs, whose "
+                f"Chinchilla-optimal N {math.sqrt(compute / 120):.3g} is outside the "
+                f"{math.sqrt(low / 120):.3g} to {math.sqrt(high / 120):.3g} parameters budget mode "
+                "builds",
+                _at(ends[0][1], ends[1][1], ends[0][2]),
+            )
             compute = min(max(compute, low), high)
         chosen = _shape_near(cfg, math.sqrt(compute / 120))
         if chosen in seen:
-            return min(seen[seen.index(chosen):], key=lambda m: _count(m).total), speed
+            return min(seen[seen.index(chosen) :], key=lambda m: _count(m).total), speed
         seen.append(chosen)
         shape, per_second = chosen, speed(chosen)[1]
     return shape, speed
@@ -273,30 +332,62 @@ def _buy_tokens(cfg, given: str, seconds: float, how: str, peak: float, ex: Expl
     steps = int(seconds / step_seconds)
     tokens = tokens_for_steps(steps, **ramp_args(cfg))  # a batch ramp's first steps are smaller
     # At least one optimizer step, at most what train.tokens holds (int64).
-    _refuse_outside(cfg, seconds, step_seconds, LARGEST * token_seconds,
-                    f"buys {tokens:,} tokens of the model given ({given}), "
-                    + ("less than one optimizer step" if steps < 1 else "more than train.tokens holds"),
-                    _at(util, util, what))
+    _refuse_outside(
+        cfg,
+        seconds,
+        step_seconds,
+        LARGEST * token_seconds,
+        f"buys {tokens:,} tokens of the model given ({given}), "
+        + ("less than one optimizer step" if steps < 1 else "more than train.tokens holds"),
+        _at(util, util, what),
+    )
     n = counts.total
     compute = seconds * per_second
     n_3 = approach_3_optimum(6 * n * tokens)
     best = chinchilla_loss(n_3, tokens * n / n_3)
     loss = chinchilla_loss(n, tokens)
     ex.add("budget", "gpu_hours", seconds / 3600, how)
-    ex.add("budget", "model_given", given, "the budget buys this model's tokens (it chooses a model only when "
-           "none is given)")
-    ex.add("budget", "model_tokens", tokens, f"floor({seconds:.4g} GPU-seconds / {step_seconds:.4g} GPU-seconds "
-           f"per step) = {steps:,} steps of {step:,} tokens, a token taking {token_seconds:.4g} GPU-seconds at "
-           f"{_at(util, util, what)}, the plan's time")
-    ex.add("budget", "loss", loss, f"1.69 + 406.4 / {n:.4g}^0.34 + 410.7 / {tokens:.4g}^0.28 (Hoffmann et al. "
-           "2022, approach 3)")
-    ex.add("budget", "loss_penalty", loss - best, f"{loss:.4f} - {best:.4f}, the fit's optimum for C = 6ND "
-           f"{6 * n * tokens:.4g} (at {n_3:.4g} params)")
-    entry = {"gpu_hours": seconds / 3600, "compute_flops": compute, "model_given": given, "model_params": n,
-             "model_tokens": tokens, "loss": loss, "loss_penalty": loss - best, "loss_optimum": best,
-             "approach_3_params": n_3, "method": "tokens = the whole optimizer steps the GPU-seconds buy at the "
-             "plan's time (the step-time model, or hardware.mfu / hfu when given); loss from Hoffmann et al. "
-             "2022's approach 3", "overrides": {"train.tokens": tokens, **NO_BUDGET}}
+    ex.add(
+        "budget",
+        "model_given",
+        given,
+        "the budget buys this model's tokens (it chooses a model only when none is given)",
+    )
+    ex.add(
+        "budget",
+        "model_tokens",
+        tokens,
+        f"floor({seconds:.4g} GPU-seconds / {step_seconds:.4g} GPU-seconds "
+        f"per step) = {steps:,} steps of {step:,} tokens, a token taking {token_seconds:.4g} GPU-seconds at "
+        f"{_at(util, util, what)}, the plan's time",
+    )
+    ex.add(
+        "budget",
+        "loss",
+        loss,
+        f"1.69 + 406.4 / {n:.4g}^0.34 + 410.7 / {tokens:.4g}^0.28 (Hoffmann et al. 2022, approach 3)",
+    )
+    ex.add(
+        "budget",
+        "loss_penalty",
+        loss - best,
+        f"{loss:.4f} - {best:.4f}, the fit's optimum for C = 6ND {6 * n * tokens:.4g} (at {n_3:.4g} params)",
+    )
+    entry = {
+        "gpu_hours": seconds / 3600,
+        "compute_flops": compute,
+        "model_given": given,
+        "model_params": n,
+        "model_tokens": tokens,
+        "loss": loss,
+        "loss_penalty": loss - best,
+        "loss_optimum": best,
+        "approach_3_params": n_3,
+        "method": "tokens = the whole optimizer steps the GPU-seconds buy at the "
+        "plan's time (the step-time model, or hardware.mfu / hfu when given); loss from Hoffmann et al. "
+        "2022's approach 3",
+        "overrides": {"train.tokens": tokens, **NO_BUDGET},
+    }
     return entry, replaced(cfg, entry["overrides"])
 
 
@@ -320,38 +411,71 @@ def _at(low: float, high: float, what: str) -> str:
 
 def _model_overrides(shape: dict) -> dict:
     """The config keys of a chosen shape: the model, and no length of the user's (the budget gives it)."""
-    return {**{f"model.{k}": v for k, v in shape.items()}, "model.preset": None, "model.hf_config": None,
-            "train.max_steps": None, "train.examples": None}
+    return {
+        **{f"model.{k}": v for k, v in shape.items()},
+        "model.preset": None,
+        "model.hf_config": None,
+        "train.max_steps": None,
+        "train.examples": None,
+    }
 
 
-def _row(cfg, seconds: float, n_target: float, shape: dict, speed, best_loss: float, ex: Explain,
-         name: str) -> dict:
+def _row(cfg, seconds: float, n_target: float, shape: dict, speed, best_loss: float, ex: Explain, name: str) -> dict:
     """A chosen shape (near n_target parameters) trained on the tokens the GPU-seconds buy at its own speed."""
     n = _count(shape).total
     fit, per_second, util, what = speed(shape)
     compute = seconds * per_second
     tokens = int(compute / (6 * n))
     loss = chinchilla_loss(n, tokens)
-    ex.add("budget", f"{name}.shape", f"H {shape['hidden_size']}, L {shape['num_layers']}, heads "
-           f"{shape['num_heads']} (kv {shape['num_kv_heads']}), H' {shape['intermediate_size']}",
-           f"LLaMA conventions near {n_target:.4g} params: head_dim 128, ~128 width per layer, H' = 8/3 H "
-           "rounded up to 256, gcd(heads, 8) kv heads")
+    ex.add(
+        "budget",
+        f"{name}.shape",
+        f"H {shape['hidden_size']}, L {shape['num_layers']}, heads "
+        f"{shape['num_heads']} (kv {shape['num_kv_heads']}), H' {shape['intermediate_size']}",
+        f"LLaMA conventions near {n_target:.4g} params: head_dim 128, ~128 width per layer, H' = 8/3 H "
+        "rounded up to 256, gcd(heads, 8) kv heads",
+    )
     ex.add("budget", f"{name}.params", n, "exact count of that shape (pretrain.plan.params)")
-    ex.add("budget", f"{name}.tokens", tokens, f"{seconds:.4g} GPU-seconds x {per_second:.4g} FLOPs per GPU-second "
-           f"({_at(util, util, what)}) / (6 x {n:,}) = {tokens / n:.1f} tokens per parameter")
-    ex.add("budget", f"{name}.loss", loss, f"1.69 + 406.4 / {n:.4g}^0.34 + 410.7 / {tokens:.4g}^0.28 "
-           "(Hoffmann et al. 2022, approach 3)")
+    ex.add(
+        "budget",
+        f"{name}.tokens",
+        tokens,
+        f"{seconds:.4g} GPU-seconds x {per_second:.4g} FLOPs per GPU-second "
+        f"({_at(util, util, what)}) / (6 x {n:,}) = {tokens / n:.1f} tokens per parameter",
+    )
+    ex.add(
+        "budget",
+        f"{name}.loss",
+        loss,
+        f"1.69 + 406.4 / {n:.4g}^0.34 + 410.7 / {tokens:.4g}^0.28 (Hoffmann et al. 2022, approach 3)",
+    )
     ex.add("budget", f"{name}.loss_penalty", loss - best_loss, f"{loss:.4f} - loss_optimum {best_loss:.4f}")
     storage = storage_bytes(tokens, shape["vocab_size"])
     raw = tokens * cfg.data.bytes_per_token if cfg.data.bytes_per_token else None
-    ex.add("budget", f"{name}.storage_bytes", storage, f"{tokens:,} tokens x {storage // max(1, tokens)} bytes"
-           + (f"; raw text {raw:.4g} bytes at data.bytes_per_token {cfg.data.bytes_per_token}" if raw else
-              "; set data.bytes_per_token (pretrain tokenizer stats) for the raw text it takes"))
+    ex.add(
+        "budget",
+        f"{name}.storage_bytes",
+        storage,
+        f"{tokens:,} tokens x {storage // max(1, tokens)} bytes"
+        + (
+            f"; raw text {raw:.4g} bytes at data.bytes_per_token {cfg.data.bytes_per_token}"
+            if raw
+            else "; set data.bytes_per_token (pretrain tokenizer stats) for the raw text it takes"
+        ),
+    )
     ex.add("budget", f"{name}.fits", fit["fits"], fit["why"])
-    return {"model": shape, "params": n, "tokens": tokens, "compute_flops": compute, "loss": loss,
-            "loss_penalty": loss - best_loss, "storage_bytes": storage, "raw_text_bytes": raw,
-            "fit": {k: fit[k] for k in ("fits", "overrides", "memory_bytes")},
-            "config_overrides": {**_model_overrides(shape), "train.tokens": tokens, **fit["overrides"]}}
+    return {
+        "model": shape,
+        "params": n,
+        "tokens": tokens,
+        "compute_flops": compute,
+        "loss": loss,
+        "loss_penalty": loss - best_loss,
+        "storage_bytes": storage,
+        "raw_text_bytes": raw,
+        "fit": {k: fit[k] for k in ("fits", "overrides", "memory_bytes")},
+        "config_overrides": {**_model_overrides(shape), "train.tokens": tokens, **fit["overrides"]},
+    }
 
 
 def _fit(cfg, overrides: dict) -> dict:
@@ -364,13 +488,27 @@ def _fit(cfg, overrides: dict) -> dict:
     p = plan_with_explain(c, advice=False)[0]
     total = p["memory_bytes"]["total"]
     if p["fits"] is not False:
-        return {"fits": p["fits"], "overrides": {}, "memory_bytes": total, "config": c,
-                "why": f"as configured: {total / GiB:.1f} GiB per GPU"}
+        return {
+            "fits": p["fits"],
+            "overrides": {},
+            "memory_bytes": total,
+            "config": c,
+            "why": f"as configured: {total / GiB:.1f} GiB per GPU",
+        }
     for fix, q in fit_fixes(c):
         if fix.get("parallel.gpus", c.parallel.gpus) == c.parallel.gpus:
             text = " ".join(f"{k}={v}" for k, v in fix.items())
-            return {"fits": True, "overrides": fix, "memory_bytes": q["memory_bytes"]["total"],
-                    "config": replaced(c, fix),
-                    "why": f"with {text}: {q['memory_bytes']['total'] / GiB:.1f} GiB per GPU"}
-    return {"fits": False, "overrides": {}, "memory_bytes": total, "config": c,
-            "why": f"{total / GiB:.1f} GiB per GPU and no fix on {c.parallel.gpus} GPUs"}
+            return {
+                "fits": True,
+                "overrides": fix,
+                "memory_bytes": q["memory_bytes"]["total"],
+                "config": replaced(c, fix),
+                "why": f"with {text}: {q['memory_bytes']['total'] / GiB:.1f} GiB per GPU",
+            }
+    return {
+        "fits": False,
+        "overrides": {},
+        "memory_bytes": total,
+        "config": c,
+        "why": f"{total / GiB:.1f} GiB per GPU and no fix on {c.parallel.gpus} GPUs",
+    }

@@ -22,10 +22,19 @@ def links(c) -> tuple[float, float, str]:
     hw, spec = c.hardware, gpu_spec(c.hardware.gpu)
     intra = hw.intra_node_gbps if hw.intra_node_gbps is not None else spec.intra_node_gbps * BANDWIDTH_EFFICIENCY
     inter = hw.inter_node_gbps if hw.inter_node_gbps is not None else spec.inter_node_gbps * BANDWIDTH_EFFICIENCY
-    how = (("hardware.intra_node_gbps" if hw.intra_node_gbps is not None else
-            f"{spec.name} {spec.intra_node_gbps:g} GB/s x {BANDWIDTH_EFFICIENCY}") + ", "
-           + ("hardware.inter_node_gbps" if hw.inter_node_gbps is not None else
-              f"network {spec.inter_node_gbps:g} GB/s x {BANDWIDTH_EFFICIENCY}"))
+    how = (
+        (
+            "hardware.intra_node_gbps"
+            if hw.intra_node_gbps is not None
+            else f"{spec.name} {spec.intra_node_gbps:g} GB/s x {BANDWIDTH_EFFICIENCY}"
+        )
+        + ", "
+        + (
+            "hardware.inter_node_gbps"
+            if hw.inter_node_gbps is not None
+            else f"network {spec.inter_node_gbps:g} GB/s x {BANDWIDTH_EFFICIENCY}"
+        )
+    )
     return intra, inter, how
 
 
@@ -84,9 +93,11 @@ def data_parallel_time(c, counts, step: dict, ex: Explain) -> dict:
         window = 2 / 3 * compute
         after_s = max(gather_s - compute / 3, last_gather_s)  # behind the next step's first forward
         total_s, hidden_gather_s = scatter_s, gather_s - after_s
-        what = (f"reduce-scatter ({dp}-1)/{dp} x {grad_b * params:.4g} gradient bytes; then "
-                                    f"the all-gather of {a * params:.4g} parameter bytes, {gather_s:.4g} s, of "
-                                    f"which {after_s:.4g} s not behind the next forward")
+        what = (
+            f"reduce-scatter ({dp}-1)/{dp} x {grad_b * params:.4g} gradient bytes; then "
+            f"the all-gather of {a * params:.4g} parameter bytes, {gather_s:.4g} s, of "
+            f"which {after_s:.4g} s not behind the next forward"
+        )
         how = "the reduce-scatter overlapped with the last micro-batch's backward except the last 25 MB bucket"
     else:
         syncs = micro if par.grad_sync == "micro_batch" else 1
@@ -94,17 +105,28 @@ def data_parallel_time(c, counts, step: dict, ex: Explain) -> dict:
         total_s = syncs * ring(grad_b * params, dp, link, 1) + micro * gathers * ring(a * params, dp, link, 1)
         last_s = total_s / (micro * -(-c.model.num_layers // pp))
         window = step["forward_backward_s"]
-        what = (f"{syncs} reduce-scatter(s) of {grad_b * params:.4g} gradient bytes + {micro} x {gathers} "
-                f"all-gather(s) of {a * params:.4g} parameter bytes, each ({dp}-1)/{dp} of it")
+        what = (
+            f"{syncs} reduce-scatter(s) of {grad_b * params:.4g} gradient bytes + {micro} x {gathers} "
+            f"all-gather(s) of {a * params:.4g} parameter bytes, each ({dp}-1)/{dp} of it"
+        )
         how = "prefetched behind the micro-batches' compute except one block's worth"
     exposed_s = max(total_s - window, last_s) + after_s
     hidden_s = total_s + hidden_gather_s - (exposed_s - after_s)  # what runs beside the compute
     contention_s = OVERLAP_SLOWDOWN * hidden_s
-    ex.add("step_time", "data_parallel_s", total_s + hidden_gather_s + after_s,
-           f"{what}, over {where} {link:.4g} GB/s ({link_how})")
-    ex.add("step_time", "data_parallel_exposed_s", exposed_s + contention_s, f"{how}: max({total_s:.4g} - "
-           f"{window:.4g}, {last_s:.4g}) + {after_s:.4g}, + {OVERLAP_SLOWDOWN} x the {hidden_s:.4g} s hidden "
-           "behind compute, which runs that much slower beside it (arXiv 2507.03114)")
+    ex.add(
+        "step_time",
+        "data_parallel_s",
+        total_s + hidden_gather_s + after_s,
+        f"{what}, over {where} {link:.4g} GB/s ({link_how})",
+    )
+    ex.add(
+        "step_time",
+        "data_parallel_exposed_s",
+        exposed_s + contention_s,
+        f"{how}: max({total_s:.4g} - "
+        f"{window:.4g}, {last_s:.4g}) + {after_s:.4g}, + {OVERLAP_SLOWDOWN} x the {hidden_s:.4g} s hidden "
+        "behind compute, which runs that much slower beside it (arXiv 2507.03114)",
+    )
     exposed_s += contention_s
     return {"data_parallel_s": total_s + hidden_gather_s + after_s, "data_parallel_exposed_s": exposed_s}
 
@@ -122,15 +144,24 @@ def optimizer_time(c, counts, ex: Explain) -> dict:
     if par.offload == "none":
         hbm = hbm_gbps(c)
         seconds = update / (hbm * 1e9) if hbm else 0.0
-        ex.add("step_time", "optimizer_s", seconds, f"{owned:.4g} parameters x (2 x {param_b} x (1 + {states} "
-               f"states) + {grad_b}) bytes / HBM")
+        ex.add(
+            "step_time",
+            "optimizer_s",
+            seconds,
+            f"{owned:.4g} parameters x (2 x {param_b} x (1 + {states} states) + {grad_b}) bytes / HBM",
+        )
         return {"optimizer_s": seconds}
     a = COMPUTE_BYTES[t.precision]
     moved = owned * (grad_b + a)
     fetched = t.grad_accum_steps * 2 * a * params / dp if par.offload == "optimizer+params" else 0.0
     seconds = (moved + fetched) / (PCIE_GBPS * 1e9) + update / (HOST_GBPS_PER_GPU * 1e9)
-    ex.add("step_time", "optimizer_s", seconds, f"offload: gradients down and parameters up {moved:.4g} bytes"
-           + (f" + parameter shards fetched per micro-batch {fetched:.4g}" if fetched else "")
-           + f" over PCIe {PCIE_GBPS:g} GB/s + the update's {update:.4g} bytes at {HOST_GBPS_PER_GPU:g} GB/s of "
-           "host memory per GPU")
+    ex.add(
+        "step_time",
+        "optimizer_s",
+        seconds,
+        f"offload: gradients down and parameters up {moved:.4g} bytes"
+        + (f" + parameter shards fetched per micro-batch {fetched:.4g}" if fetched else "")
+        + f" over PCIe {PCIE_GBPS:g} GB/s + the update's {update:.4g} bytes at {HOST_GBPS_PER_GPU:g} GB/s of "
+        "host memory per GPU",
+    )
     return {"optimizer_s": seconds}

@@ -25,14 +25,27 @@ def add_arguments(p):
     add_config_arguments(p)
     p.add_argument("--json", action="store_true", help="print the plan as JSON (keys documented in docs/plan.md)")
     p.add_argument("--explain", action="store_true", help="print each figure's formula with the numbers substituted")
-    p.add_argument("--fit", action="store_true", help="search micro-batch, recomputation, ZeRO, tensor and "
-                   "pipeline degrees and offload for the fastest layout that fits (global batch kept)")
+    p.add_argument(
+        "--fit",
+        action="store_true",
+        help="search micro-batch, recomputation, ZeRO, tensor and "
+        "pipeline degrees and offload for the fastest layout that fits (global batch kept)",
+    )
     p.add_argument("--top", type=int, default=10, metavar="N", help="--fit: candidates to keep (default 10)")
     p.add_argument("--list-gpus", action="store_true", help="list the accelerator catalog and exit")
-    p.add_argument("--serve", action="store_true", help="serve the planner as a local web page (docs/plan.md "
-                   "\"The page\"); the config and overrides given are its starting state")
-    p.add_argument("--port", type=int, default=8765, metavar="P", help="--serve: the port on 127.0.0.1 "
-                   "(default 8765; 0 picks a free one)")
+    p.add_argument(
+        "--serve",
+        action="store_true",
+        help="serve the planner as a local web page (docs/plan.md "
+        '"The page"); the config and overrides given are its starting state',
+    )
+    p.add_argument(
+        "--port",
+        type=int,
+        default=8765,
+        metavar="P",
+        help="--serve: the port on 127.0.0.1 (default 8765; 0 picks a free one)",
+    )
 
 
 def run(args) -> int:
@@ -41,10 +54,12 @@ def run(args) -> int:
 
         for spec in CATALOG.values():
             peaks = ", ".join(f"{k} {v:g}" for k, v in spec.peak_tflops.items()) or "measure with pretrain bench"
-            links = (f"  in a node {spec.intra_node_gbps:g} GB/s, network {spec.inter_node_gbps:g} GB/s"
-                     if spec.intra_node_gbps else "")
-            print(f"{spec.name:10s} {spec.memory_bytes / GiB:6.1f} GiB {spec.bandwidth_gbps:6.0f} GB/s  {peaks}"
-                  f"{links}")
+            links = (
+                f"  in a node {spec.intra_node_gbps:g} GB/s, network {spec.inter_node_gbps:g} GB/s"
+                if spec.intra_node_gbps
+                else ""
+            )
+            print(f"{spec.name:10s} {spec.memory_bytes / GiB:6.1f} GiB {spec.bandwidth_gbps:6.0f} GB/s  {peaks}{links}")
         return 0
     if args.serve:
         from .serve import serve

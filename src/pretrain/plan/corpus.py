@@ -36,19 +36,31 @@ def corpus_supply(cfg, tokens: int, ex: Explain) -> dict | None:
             ex.add("data", "tokens_available", None, f"{meta_path} is not a finished `pretrain prepare` output yet")
             return None
         source = f"{meta_path}"
-        ex.add("data", "tokens_available", available, f"train split of {meta_path} (num_tokens.train; the corpus "
-               f"was {raw:,} bytes at {per_token:.4g} bytes per token)")
+        ex.add(
+            "data",
+            "tokens_available",
+            available,
+            f"train split of {meta_path} (num_tokens.train; the corpus "
+            f"was {raw:,} bytes at {per_token:.4g} bytes per token)",
+        )
     else:
         return None
     epochs = tokens / max(1, available)
     ex.add("data", "epochs", epochs, f"training tokens {tokens:,} / tokens available {available:,}")
-    return {"raw_bytes": raw, "bytes_per_token": per_token, "tokens_available": available, "epochs": epochs,
-            "source": source}
+    return {
+        "raw_bytes": raw,
+        "bytes_per_token": per_token,
+        "tokens_available": available,
+        "epochs": epochs,
+        "source": source,
+    }
 
 
 def epochs_advice(supply: dict | None) -> list[str]:
     if not supply or supply["epochs"] <= MAX_EPOCHS:
         return []
-    return [f"data: the run reads its {supply['tokens_available']:.3g} available tokens {supply['epochs']:.3g} times: "
-            f"beyond ~{MAX_EPOCHS} epochs repeated tokens are worth much less than new ones (Muennighoff et al. "
-            "2023, 'Scaling Data-Constrained Language Models'); add unique text or train a smaller model"]
+    return [
+        f"data: the run reads its {supply['tokens_available']:.3g} available tokens {supply['epochs']:.3g} times: "
+        f"beyond ~{MAX_EPOCHS} epochs repeated tokens are worth much less than new ones (Muennighoff et al. "
+        "2023, 'Scaling Data-Constrained Language Models'); add unique text or train a smaller model"
+    ]

@@ -51,8 +51,9 @@ def histogram_lengths(directory: str) -> dict[float, float] | None:
     prepared before the histogram existed (a sharded dataset's top-level meta.json holds its shards' sum)."""
     try:
         histogram = json.loads((Path(directory) / "meta.json").read_text(encoding="utf-8"))["doc_length_histogram"]
-        lengths = {(1.0 if int(lo) == 1 else (3 * int(lo) - 1) / 2): float(n)
-                   for lo, n in histogram["train"].items() if n}
+        lengths = {
+            (1.0 if int(lo) == 1 else (3 * int(lo) - 1) / 2): float(n) for lo, n in histogram["train"].items() if n
+        }
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
     return lengths or None
@@ -90,8 +91,13 @@ def attention_context(cfg, ex: Explain) -> tuple[float, str | None]:
         return seq, None
     lengths, source = document_lengths(cfg)
     if lengths is None:
-        ex.add("flops", "attention_context", seq, "document masking, lengths unknown (no doc_length_histogram "
-               "in data.dir's meta.json, no data.mean_doc_tokens): seq, the full square's upper bound")
+        ex.add(
+            "flops",
+            "attention_context",
+            seq,
+            "document masking, lengths unknown (no doc_length_histogram "
+            "in data.dir's meta.json, no data.mean_doc_tokens): seq, the full square's upper bound",
+        )
         return seq, source
     if source == "data.mean_doc_tokens":
         where = f"data.mean_doc_tokens {cfg.data.mean_doc_tokens:g}"
@@ -100,6 +106,10 @@ def attention_context(cfg, ex: Explain) -> tuple[float, str | None]:
     else:
         where = "the data.mixture sources' meta.json doc_length_histograms, weighted by their weights"
     context = mean_context(lengths, seq)
-    ex.add("flops", "attention_context", context, f"sum L_i^2 / seq per window of {seq}, documents of {where} "
-           "(expected over the window's offset)")
+    ex.add(
+        "flops",
+        "attention_context",
+        context,
+        f"sum L_i^2 / seq per window of {seq}, documents of {where} (expected over the window's offset)",
+    )
     return context, source

@@ -47,9 +47,16 @@ def task_size(name: str) -> tuple[int, int, int] | None:
     return len(lines), len(pairs), round(sum(len((a + b).encode()) for a, b in pairs) / max(len(pairs), 1))
 
 
-def eval_tasks_cost(cfg, steps: int, model_flops_per_token: float, peak_tflops: float | None,
-                    bytes_per_token: float | None, train_seconds: float | None, utilisation: float | None,
-                    ex) -> dict | None:
+def eval_tasks_cost(
+    cfg,
+    steps: int,
+    model_flops_per_token: float,
+    peak_tflops: float | None,
+    bytes_per_token: float | None,
+    train_seconds: float | None,
+    utilisation: float | None,
+    ex,
+) -> dict | None:
     run = cfg.run
     if not run.eval_tasks:
         return None
@@ -68,16 +75,32 @@ def eval_tasks_cost(cfg, steps: int, model_flops_per_token: float, peak_tflops: 
     every = run.eval_every if run.eval_tasks_every is None else run.eval_tasks_every
     evaluations = ((steps - 1) // every if every else 0) + 1  # every `every` steps before the last, and at the end
     flops = tokens * model_flops_per_token / 3
-    ex.add("eval_tasks", "flops_per_evaluation", flops, f"{tokens:,} tokens (requests x min(bytes / {per_token:.3g} "
-           f"bytes per token, seq_len)) x model FLOPs per token {model_flops_per_token:.4g} / 3 (forward only)")
-    out = {"tasks": tasks, "tokens_per_evaluation": tokens, "evaluations": evaluations,
-           "flops_per_evaluation": flops, "seconds_per_evaluation": None, "seconds": None, "share_of_run": None}
+    ex.add(
+        "eval_tasks",
+        "flops_per_evaluation",
+        flops,
+        f"{tokens:,} tokens (requests x min(bytes / {per_token:.3g} "
+        f"bytes per token, seq_len)) x model FLOPs per token {model_flops_per_token:.4g} / 3 (forward only)",
+    )
+    out = {
+        "tasks": tasks,
+        "tokens_per_evaluation": tokens,
+        "evaluations": evaluations,
+        "flops_per_evaluation": flops,
+        "seconds_per_evaluation": None,
+        "seconds": None,
+        "share_of_run": None,
+    }
     if peak_tflops:
         rate = cfg.parallel.gpus * peak_tflops * 1e12 * utilisation  # the plan's time's (step-time model's)
         out["seconds_per_evaluation"] = flops / rate
-        out["seconds"] = ex.add("eval_tasks", "seconds", evaluations * flops / rate,
-                                f"{evaluations} evaluations x {flops:.4g} FLOPs / ({cfg.parallel.gpus} GPUs x "
-                                f"{peak_tflops} TFLOP/s x the plan's utilisation {utilisation:.3g})")
+        out["seconds"] = ex.add(
+            "eval_tasks",
+            "seconds",
+            evaluations * flops / rate,
+            f"{evaluations} evaluations x {flops:.4g} FLOPs / ({cfg.parallel.gpus} GPUs x "
+            f"{peak_tflops} TFLOP/s x the plan's utilisation {utilisation:.3g})",
+        )
         if train_seconds:
             out["share_of_run"] = out["seconds"] / (train_seconds + out["seconds"])
     return out

@@ -1,18 +1,18 @@
 """What Mixture-of-Experts adds to a micro-batch's time (pretrain.plan.step_time), each term written out.
 
-  all-to-all  with expert parallelism ep > 1 every MoE block sends each routed token's hidden state to the rank
-              holding its expert (dispatch) and brings the expert's output back (combine): two all-to-alls in
-              forward, two in backward (their gradients), two more with full recomputation, which redoes the
-              forward. Each moves (ep - 1)/ep of the b*s*k*h activations a rank sends (the tokens bound for
-              other ranks' experts), the busiest rank `plan.routing_imbalance` times the mean (the expert
-              GEMMs and the exchange wait for it). Not overlapped with compute, as in a plain dispatch-compute-
-              combine (DeepSeek-V3's DualPipe overlaps them; a fused library may later, behind its own key).
-              The group lies within a node (tensor x expert ranks adjacent) on NVLink, else on the network.
-  imbalance   the busiest rank computes `load` x the mean routed tokens, so the routed experts' GEMMs take
-              (load - 1) x their balanced time more; with every expert on the rank (ep = 1) a dropless layer
-              computes b*s*k routed tokens whatever the routing, so nothing is added.
-  weights     a micro-batch of thousands of tokens reaches nearly every expert, so all the rank's experts'
-              weights are read (not only the k a token runs): the read floor counts E / ep experts.
+all-to-all  with expert parallelism ep > 1 every MoE block sends each routed token's hidden state to the rank
+            holding its expert (dispatch) and brings the expert's output back (combine): two all-to-alls in
+            forward, two in backward (their gradients), two more with full recomputation, which redoes the
+            forward. Each moves (ep - 1)/ep of the b*s*k*h activations a rank sends (the tokens bound for
+            other ranks' experts), the busiest rank `plan.routing_imbalance` times the mean (the expert
+            GEMMs and the exchange wait for it). Not overlapped with compute, as in a plain dispatch-compute-
+            combine (DeepSeek-V3's DualPipe overlaps them; a fused library may later, behind its own key).
+            The group lies within a node (tensor x expert ranks adjacent) on NVLink, else on the network.
+imbalance   the busiest rank computes `load` x the mean routed tokens, so the routed experts' GEMMs take
+            (load - 1) x their balanced time more; with every expert on the rank (ep = 1) a dropless layer
+            computes b*s*k routed tokens whatever the routing, so nothing is added.
+weights     a micro-batch of thousands of tokens reaches nearly every expert, so all the rank's experts'
+            weights are read (not only the k a token runs): the read floor counts E / ep experts.
 """
 
 from __future__ import annotations
@@ -40,8 +40,7 @@ def routed_flops_per_token(c) -> int:
     return 6 * moe_layers(m) * m.experts_per_token * 3 * m.hidden_size * expert_width(m)
 
 
-def moe_seconds(c, tokens: int, rate_tflops: float, intra: float, inter: float, link_how: str,
-                ex: Explain) -> dict:
+def moe_seconds(c, tokens: int, rate_tflops: float, intra: float, inter: float, link_how: str, ex: Explain) -> dict:
     """{"all_to_all_s", "imbalance_s"} of one micro-batch of `tokens` on one rank."""
     m, par, t = c.model, c.parallel, c.train
     ep = par.expert
@@ -49,8 +48,13 @@ def moe_seconds(c, tokens: int, rate_tflops: float, intra: float, inter: float, 
     shard = par.tensor * par.pipeline
     routed = routed_flops_per_token(c) * (4 / 3 if t.activation_checkpointing == "full" else 1)
     imbalance_s = (load - 1) * routed * tokens / shard / (rate_tflops * 1e12)
-    ex.add("step_time", "expert_imbalance_s", imbalance_s, f"(load {load:.3g} - 1) x routed-expert FLOPs "
-           f"{routed:,.0f}/token x {tokens:,} / {shard} / {rate_tflops:.4g} TFLOP/s: the busiest rank's extra tokens")
+    ex.add(
+        "step_time",
+        "expert_imbalance_s",
+        imbalance_s,
+        f"(load {load:.3g} - 1) x routed-expert FLOPs "
+        f"{routed:,.0f}/token x {tokens:,} / {shard} / {rate_tflops:.4g} TFLOP/s: the busiest rank's extra tokens",
+    )
     if ep == 1:
         return {"all_to_all_s": 0.0, "expert_imbalance_s": imbalance_s}
     inside = par.tensor * ep <= par.gpus_per_node
@@ -60,8 +64,14 @@ def moe_seconds(c, tokens: int, rate_tflops: float, intra: float, inter: float, 
     a = COMPUTE_BYTES[t.precision]
     sent = a * tokens * m.experts_per_token * m.hidden_size
     seconds = layers * exchanges * load * (ep - 1) / ep * sent / (gbps * 1e9) if gbps else 0.0
-    ex.add("step_time", "all_to_all_s", seconds, f"{layers} MoE layers x {exchanges} all-to-alls x load {load:.3g} "
-           f"x ({ep}-1)/{ep} x {sent:,} bytes (b*s*k*h x {a}) / {gbps:.4g} GB/s ("
-           + ("NVLink" if inside else "network") + f": {link_how}); not overlapped"
-           + ("" if gbps else "; no bandwidth known: not modelled"))
+    ex.add(
+        "step_time",
+        "all_to_all_s",
+        seconds,
+        f"{layers} MoE layers x {exchanges} all-to-alls x load {load:.3g} "
+        f"x ({ep}-1)/{ep} x {sent:,} bytes (b*s*k*h x {a}) / {gbps:.4g} GB/s ("
+        + ("NVLink" if inside else "network")
+        + f": {link_how}); not overlapped"
+        + ("" if gbps else "; no bandwidth known: not modelled"),
+    )
     return {"all_to_all_s": seconds, "expert_imbalance_s": imbalance_s}

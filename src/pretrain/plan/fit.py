@@ -74,8 +74,12 @@ def layouts(c) -> tuple[list[dict], list[dict]]:
             dp = par.gpus // (tp * pp)
             split = {"parallel.tensor": tp, "parallel.pipeline": pp}
             if sequences % dp:
-                refused.append({"overrides": split, "why": f"the global batch of {sequences} sequences does not "
-                                f"divide over data parallel {dp}"})
+                refused.append(
+                    {
+                        "overrides": split,
+                        "why": f"the global batch of {sequences} sequences does not divide over data parallel {dp}",
+                    }
+                )
                 continue
             layout = {"tensor": tp, "pipeline": pp, "data": dp, "per_rank": sequences // dp}
             if not m.num_experts:
@@ -111,21 +115,35 @@ def fit(config, top: int = 10) -> dict:
             break
         p = plan_with_explain(replaced(config, overrides), advice=False)[0]  # exactly what `pretrain plan` says
         if p["fits"] is False:
-            rejected.append({"overrides": overrides, "why": _no_fit(p["memory_bytes"]["total"],
-                                                                 p["usable_memory_bytes"])})
+            rejected.append(
+                {"overrides": overrides, "why": _no_fit(p["memory_bytes"]["total"], p["usable_memory_bytes"])}
+            )
             continue
         st = p["step_time"]
-        candidates.append({"overrides": overrides, "memory_bytes": p["memory_bytes"], "fits": p["fits"],
-                           "tokens_per_s": st["tokens_per_second"], "mfu": st["mfu"], "step_time_s": st["seconds"]})
+        candidates.append(
+            {
+                "overrides": overrides,
+                "memory_bytes": p["memory_bytes"],
+                "fits": p["fits"],
+                "tokens_per_s": st["tokens_per_second"],
+                "mfu": st["mfu"],
+                "step_time_s": st["seconds"],
+            }
+        )
         best = best or st
     # The others that fit, each layout once (at its fastest micro-batch): why they lost to the fastest.
     seen = {_layout_key(c["overrides"]) for c in candidates}
     for _seconds, overrides, step in scored:
         if _layout_key(overrides) not in seen and best is not None:
             seen.add(_layout_key(overrides))
-            rejected.append({"overrides": overrides, "why": f"slower: {step['tokens_per_second']:,.0f} tokens/s, "
-                             f"{step['tokens_per_second'] / best['tokens_per_second']:.0%} of the fastest; "
-                             f"{dominant_cost(step, best)}"})
+            rejected.append(
+                {
+                    "overrides": overrides,
+                    "why": f"slower: {step['tokens_per_second']:,.0f} tokens/s, "
+                    f"{step['tokens_per_second'] / best['tokens_per_second']:.0%} of the fastest; "
+                    f"{dominant_cost(step, best)}",
+                }
+            )
     advice = context_advice(config)
     return {"candidates": candidates, "rejected": rejected, **({"advice": advice} if advice else {})}
 
@@ -133,8 +151,12 @@ def fit(config, top: int = 10) -> dict:
 def _search(config, split: dict, offload: str, counts, peak: float, rejected: list) -> list[tuple]:
     """The fitting (ZeRO stage, recomputation, micro-batch) of one (tensor, pipeline) split, scored."""
     dp, per_rank = split["data"], split["per_rank"]
-    shared = {"parallel.tensor": split["tensor"], "parallel.pipeline": split["pipeline"],
-              "parallel.sequence_parallel": split["tensor"] > 1, "parallel.offload": offload}
+    shared = {
+        "parallel.tensor": split["tensor"],
+        "parallel.pipeline": split["pipeline"],
+        "parallel.sequence_parallel": split["tensor"] > 1,
+        "parallel.offload": offload,
+    }
     if "expert" in split:  # MoE: the expert-parallel degree is searched with the split
         shared["parallel.expert"] = split["expert"]
     stages = [3, 2, 1, 0] if dp > 1 else [0]
@@ -142,14 +164,21 @@ def _search(config, split: dict, offload: str, counts, peak: float, rejected: li
         stages = [3] if dp > 1 else []
     out = []
     for zero in stages:
-        refused = _refused(config, {**shared, "parallel.zero_stage": zero, "train.micro_batch_size": 1,
-                                    "train.grad_accum_steps": per_rank})
+        refused = _refused(
+            config,
+            {**shared, "parallel.zero_stage": zero, "train.micro_batch_size": 1, "train.grad_accum_steps": per_rank},
+        )
         if refused:
             rejected.append(refused)
             continue
         for recompute in reversed(RECOMPUTE):  # full first: if it does not fit, nothing lighter does
-            layout = {**shared, "parallel.zero_stage": zero, "train.activation_checkpointing": recompute,
-                      "train.micro_batch_size": 1, "train.grad_accum_steps": per_rank}
+            layout = {
+                **shared,
+                "parallel.zero_stage": zero,
+                "train.activation_checkpointing": recompute,
+                "train.micro_batch_size": 1,
+                "train.grad_accum_steps": per_rank,
+            }
             try:
                 c = replaced(config, layout)
             except ConfigError as e:  # a rule of the config's own (e.g. offload needs ZeRO-3)
@@ -158,8 +187,12 @@ def _search(config, split: dict, offload: str, counts, peak: float, rejected: li
             mem = memory(c, counts, Explain())  # the plan's memory and fit, without the rest of the plan
             if mem["fit"]["fits"] is False:
                 lighter = " (so neither does less recomputation)" if recompute != "none" else ""
-                rejected.append({"overrides": layout, "why": _no_fit(mem["memory_bytes"]["total"],
-                                                                     mem["fit"]["usable_bytes"]) + lighter})
+                rejected.append(
+                    {
+                        "overrides": layout,
+                        "why": _no_fit(mem["memory_bytes"]["total"], mem["fit"]["usable_bytes"]) + lighter,
+                    }
+                )
                 break
             largest = mem["fit"]["max_micro_batch_size"]  # None: no memory limit (a CPU)
             fl = flops(c, counts, 1, Explain())
@@ -203,20 +236,27 @@ def render(config, result: dict, shown: int = 10, command: str = "pretrain plan 
     m, par, t = config.model, config.parallel, config.train
     name = m.preset or m.hf_config or "custom"
     sequences = t.micro_batch_size * t.grad_accum_steps * par.data_parallel
-    lines = [f"pretrain plan --fit: {name} on {par.gpus} x {config.hardware.gpu}, global batch {sequences} x "
-             f"{t.seq_len:,} tokens ({sequences * t.seq_len:,} per step), {t.precision}", ""]
-    header = f"  {'#':>2}  {'micro x accum':<13} {'recompute':<9} {'ZeRO':>4} {'TP':>3} {'PP':>3} {'DP':>4} " \
-             f"{'offload':<16} {'memory GiB':>10} {'tokens/s':>11} {'MFU':>6} {'step s':>8}"
+    lines = [
+        f"pretrain plan --fit: {name} on {par.gpus} x {config.hardware.gpu}, global batch {sequences} x "
+        f"{t.seq_len:,} tokens ({sequences * t.seq_len:,} per step), {t.precision}",
+        "",
+    ]
+    header = (
+        f"  {'#':>2}  {'micro x accum':<13} {'recompute':<9} {'ZeRO':>4} {'TP':>3} {'PP':>3} {'DP':>4} "
+        f"{'offload':<16} {'memory GiB':>10} {'tokens/s':>11} {'MFU':>6} {'step s':>8}"
+    )
     lines.append(header)
     for i, cand in enumerate(result["candidates"][:shown], 1):
         o = cand["overrides"]
         dp = par.gpus // (o["parallel.tensor"] * o["parallel.pipeline"])
         mb = f"{o['train.micro_batch_size']} x {o['train.grad_accum_steps']}"
-        lines.append(f"  {i:>2}  {mb:<13} {o['train.activation_checkpointing']:<9} {o['parallel.zero_stage']:>4} "
-                     f"{o['parallel.tensor']:>3} {o['parallel.pipeline']:>3} {dp:>4} {o['parallel.offload']:<16} "
-                     f"{cand['memory_bytes']['total'] / GiB:>10.1f} {cand['tokens_per_s']:>11,.0f} "
-                     f"{cand['mfu']:>6.3f} {cand['step_time_s']:>8.3g}"
-                     + (f"  EP {o['parallel.expert']}" if "parallel.expert" in o else ""))
+        lines.append(
+            f"  {i:>2}  {mb:<13} {o['train.activation_checkpointing']:<9} {o['parallel.zero_stage']:>4} "
+            f"{o['parallel.tensor']:>3} {o['parallel.pipeline']:>3} {dp:>4} {o['parallel.offload']:<16} "
+            f"{cand['memory_bytes']['total'] / GiB:>10.1f} {cand['tokens_per_s']:>11,.0f} "
+            f"{cand['mfu']:>6.3f} {cand['step_time_s']:>8.3g}"
+            + (f"  EP {o['parallel.expert']}" if "parallel.expert" in o else "")
+        )
     if not result["candidates"]:
         lines.append("  (none fits, or none is one `pretrain train` runs: see below)")
     reasons: dict[str, list] = {}
@@ -235,14 +275,22 @@ def render(config, result: dict, shown: int = 10, command: str = "pretrain plan 
             lines.append(f"    {len(rs):>4} x {reason}; e.g. {_short(rs[0]['overrides'])}: {example}")
     lines += [""] * bool(result.get("advice")) + [f"  ! {line}" for line in result.get("advice", [])]
     if result["candidates"]:
-        lines += ["", f"  The fastest, to plan or train: {command} "
-                  + command_line(result["candidates"][0]["overrides"]),
-                  "  (step-time model: pretrain.plan.step_time; --explain prints its terms for the fastest)"]
+        lines += [
+            "",
+            f"  The fastest, to plan or train: {command} " + command_line(result["candidates"][0]["overrides"]),
+            "  (step-time model: pretrain.plan.step_time; --explain prints its terms for the fastest)",
+        ]
     return "\n".join(lines)
 
 
 def _short(overrides: dict) -> str:
-    keys = {"parallel.tensor": "TP", "parallel.pipeline": "PP", "parallel.zero_stage": "ZeRO",
-            "train.activation_checkpointing": "recompute", "train.micro_batch_size": "micro",
-            "parallel.offload": "offload", "parallel.expert": "EP"}
+    keys = {
+        "parallel.tensor": "TP",
+        "parallel.pipeline": "PP",
+        "parallel.zero_stage": "ZeRO",
+        "train.activation_checkpointing": "recompute",
+        "train.micro_batch_size": "micro",
+        "parallel.offload": "offload",
+        "parallel.expert": "EP",
+    }
     return " ".join(f"{short} {overrides[k]}" for k, short in keys.items() if k in overrides)

@@ -56,7 +56,8 @@ def _get(config, overrides: dict, key: str):
 
 def _data_parallel(config, overrides: dict) -> int:
     return _get(config, overrides, "parallel.gpus") // (
-        _get(config, overrides, "parallel.tensor") * _get(config, overrides, "parallel.pipeline"))
+        _get(config, overrides, "parallel.tensor") * _get(config, overrides, "parallel.pipeline")
+    )
 
 
 def _sequences_per_rank(config, overrides: dict) -> int | None:
@@ -89,7 +90,7 @@ def _fits(config, overrides: dict) -> bool:
 
 def _recompute_options(config, state):
     current = RECOMPUTE.index(_get(config, state, "train.activation_checkpointing"))
-    options = [{"train.activation_checkpointing": r} for r in RECOMPUTE[current + 1:]]
+    options = [{"train.activation_checkpointing": r} for r in RECOMPUTE[current + 1 :]]
     return options, (options[-1] if options else None)
 
 
@@ -137,8 +138,14 @@ def _tensor_options(config, state):
         base = math.lcm(gpus, t * par.pipeline)
         k = 1
         while base * k <= MAX_GPUS:
-            options.append({"parallel.tensor": t, "parallel.sequence_parallel": True, "parallel.gpus": base * k,
-                            "parallel.zero_stage": 3})
+            options.append(
+                {
+                    "parallel.tensor": t,
+                    "parallel.sequence_parallel": True,
+                    "parallel.gpus": base * k,
+                    "parallel.zero_stage": 3,
+                }
+            )
             k *= 2
     return options, None
 
@@ -152,10 +159,10 @@ def _prune(config, kept: list[dict], found: dict) -> dict:
         if group.get("train.activation_checkpointing") == "full":
             trials.append({"train.activation_checkpointing": "selective"})
         if "train.micro_batch_size" in group:
-            rest = {**_merge(groups[:i] + groups[i + 1:]), **found}
+            rest = {**_merge(groups[:i] + groups[i + 1 :]), **found}
             trials.append({"train.micro_batch_size": _smaller_micro_batch(config, rest)})
         for trial in trials:
-            if _fits(config, {**_merge(groups[:i] + [trial] + groups[i + 1:]), **found}):
+            if _fits(config, {**_merge(groups[:i] + [trial] + groups[i + 1 :]), **found}):
                 groups[i] = trial
                 break
     fix = {**_merge(groups), **found}

@@ -41,8 +41,10 @@ def _fastest(precision: str, result: dict) -> dict | None:
     if not result["candidates"]:
         return None
     best = result["candidates"][0]
-    return {"overrides": {"train.precision": precision, **best["overrides"]},
-            **{k: best[k] for k in ("tokens_per_s", "mfu", "step_time_s")}}
+    return {
+        "overrides": {"train.precision": precision, **best["overrides"]},
+        **{k: best[k] for k in ("tokens_per_s", "mfu", "step_time_s")},
+    }
 
 
 def lines(config, weighed: dict | None, command: str) -> list[str]:
@@ -54,18 +56,26 @@ def lines(config, weighed: dict | None, command: str) -> list[str]:
     b, f = weighed["bf16-mixed"], weighed["fp8"]
     if not (b and f):
         missing = "bf16-mixed" if not b else "fp8"
-        return ["", f"  fp8 against bf16-mixed: no {missing} layout fits or trains (pretrain plan ... "
-                f"train.precision={missing} --fit says why)"]
+        return [
+            "",
+            f"  fp8 against bf16-mixed: no {missing} layout fits or trains (pretrain plan ... "
+            f"train.precision={missing} --fit says why)",
+        ]
     ratio = weighed["fp8_speedup"]
     if not fp8.gemms(config)["linears"]:
         verdict = f"no linear passes the filter (train.fp8_min_features={config.train.fp8_min_features})"
     elif ratio >= fp8.PAYS:
         verdict = f"fp8 is faster by {ratio - 1:.0%}"
     else:
-        verdict = (f"fp8 is {'faster by ' + format(ratio - 1, '.0%') if ratio > 1 else 'not faster'}: below "
-                   f"{fp8.PAYS:.2f}x float8 does not pay for its numerics")
+        verdict = (
+            f"fp8 is {'faster by ' + format(ratio - 1, '.0%') if ratio > 1 else 'not faster'}: below "
+            f"{fp8.PAYS:.2f}x float8 does not pay for its numerics"
+        )
     other = f if config.train.precision == "bf16-mixed" else b
     command = re.sub(r" train\.precision=\S+", "", command)  # the other precision's overrides set it
-    return ["", f"  fp8 against bf16-mixed (each at its fastest layout, modelled): fp8 {f['tokens_per_s']:,.0f} "
-            f"tokens/s, bf16-mixed {b['tokens_per_s']:,.0f}: {ratio:.2f}x; {verdict}",
-            f"  The fastest in {other['overrides']['train.precision']}: {command} {command_line(other['overrides'])}"]
+    return [
+        "",
+        f"  fp8 against bf16-mixed (each at its fastest layout, modelled): fp8 {f['tokens_per_s']:,.0f} "
+        f"tokens/s, bf16-mixed {b['tokens_per_s']:,.0f}: {ratio:.2f}x; {verdict}",
+        f"  The fastest in {other['overrides']['train.precision']}: {command} {command_line(other['overrides'])}",
+    ]

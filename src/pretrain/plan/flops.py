@@ -42,24 +42,44 @@ def flops(cfg, counts, tokens: int, ex: Explain) -> dict:
     full_attention = round(6 * m.num_layers * m.num_heads * (m.head_dim + v_dim) * context)
     causal = cfg.flops.causal_attention
     attention = full_attention // 2 if causal else full_attention
-    heads = (f"6 x L {m.num_layers} x heads {m.num_heads} x (head_dim {m.head_dim} + v_head_dim {v_dim})"
-             if v_dim != m.head_dim else f"12 x L {m.num_layers} x heads {m.num_heads} x head_dim {m.head_dim}")
+    heads = (
+        f"6 x L {m.num_layers} x heads {m.num_heads} x (head_dim {m.head_dim} + v_head_dim {v_dim})"
+        if v_dim != m.head_dim
+        else f"12 x L {m.num_layers} x heads {m.num_heads} x head_dim {m.head_dim}"
+    )
     keys = f"seq {t.seq_len}" if lengths_from is None else f"context {context:,.1f} (document masking)"
-    ex.add("flops", "attention_per_token", attention, f"{heads} x {keys}"
-           + (" / 2 (causal)" if causal else " (PaLM: full square)"))
+    ex.add(
+        "flops",
+        "attention_per_token",
+        attention,
+        f"{heads} x {keys}" + (" / 2 (causal)" if causal else " (PaLM: full square)"),
+    )
     per_token = 6 * N + attention
     active = " active" if counts.inactive else ""
-    ex.add("flops", "per_token", per_token,
-           f"6 x N {N:,} (all{active} but the input-embedding lookup) + attention {attention:,}")
+    ex.add(
+        "flops",
+        "per_token",
+        per_token,
+        f"6 x N {N:,} (all{active} but the input-embedding lookup) + attention {attention:,}",
+    )
     per_token_6n = 6 * counts.active
-    ex.add("flops", "per_token_6n", per_token_6n, f"6 x all{active} parameters {counts.active:,} (GPT-3 / "
-           "Chinchilla)" + (f"; over all {counts.total:,} it would be {6 * counts.total:.4g}" if active else ""))
+    ex.add(
+        "flops",
+        "per_token_6n",
+        per_token_6n,
+        f"6 x all{active} parameters {counts.active:,} (GPT-3 / "
+        "Chinchilla)" + (f"; over all {counts.total:,} it would be {6 * counts.total:.4g}" if active else ""),
+    )
 
     recompute = t.activation_checkpointing
     extra, extra_6n = _recomputed(cfg, counts, attention, v_dim, ex)
     per_token_hw = per_token + extra
-    ex.add("flops", "per_token_hardware", per_token_hw,
-           f"per_token + recomputed forward {extra:,} ({recompute} recomputation)")
+    ex.add(
+        "flops",
+        "per_token_hardware",
+        per_token_hw,
+        f"per_token + recomputed forward {extra:,} ({recompute} recomputation)",
+    )
     out: dict[str, Any] = dict(
         per_token=per_token,
         per_token_no_attention=6 * N,
@@ -72,17 +92,21 @@ def flops(cfg, counts, tokens: int, ex: Explain) -> dict:
         total_6n=per_token_6n * tokens,
         total_hardware=per_token_hw * tokens,
         total_hardware_6n=(per_token_6n + extra_6n) * tokens,
-        convention=("per_token: 6 x (parameters - input embedding) + attention "
-                    f"({'causal, halved' if causal else 'full square, PaLM'}); per_token_6n: 6 x all parameters; "
-                    "hardware: + recomputed forward (blocks but their down projections; 6n: 8 N D with full "
-                    "recomputation)"),
+        convention=(
+            "per_token: 6 x (parameters - input embedding) + attention "
+            f"({'causal, halved' if causal else 'full square, PaLM'}); per_token_6n: 6 x all parameters; "
+            "hardware: + recomputed forward (blocks but their down projections; 6n: 8 N D with full "
+            "recomputation)"
+        ),
     )
     if counts.inactive:
         out["moe"] = _moe_conventions(counts, full_attention, ex)
     if lengths_from is not None:  # the masked window's attention: its documents' squares, from these lengths
         out["document_lengths"] = lengths_from
-        out["convention"] += ("; attention over each window's documents (document masking): sum L_i^2 / seq "
-                              "keys per query, the pairs a block-sparse kernel computes")
+        out["convention"] += (
+            "; attention over each window's documents (document masking): sum L_i^2 / seq "
+            "keys per query, the pairs a block-sparse kernel computes"
+        )
     ex.add("flops", "total", out["total"], f"per_token {per_token:,} x tokens {tokens:,}")
     ex.add("flops", "total_6n", out["total_6n"], f"6 x {counts.active:,} x {tokens:,}")
     if recompute == "full":
@@ -101,20 +125,32 @@ def _recomputed(cfg, counts, attention: int, v_dim: int, ex: Explain) -> tuple[i
         skipped = 0 if m.dropout else _down_projections(m)
         extra = 2 * (counts.active_blocks - skipped) + attention // 3
         extra_6n = 2 * counts.active
-        blocks = (f"L {m.num_layers} x per-layer {counts.per_layer:,}" if not counts.inactive
-                  else f"the blocks' active parameters {counts.active_blocks:,}")
-        ex.add("flops", "recomputed_per_token", extra,
-               f"2 x ({blocks} - down projections {skipped:,}, not re-run) + attention forward {attention // 3:,}")
+        blocks = (
+            f"L {m.num_layers} x per-layer {counts.per_layer:,}"
+            if not counts.inactive
+            else f"the blocks' active parameters {counts.active_blocks:,}"
+        )
+        ex.add(
+            "flops",
+            "recomputed_per_token",
+            extra,
+            f"2 x ({blocks} - down projections {skipped:,}, not re-run) + attention forward {attention // 3:,}",
+        )
     elif recompute == "selective":
         projections = m.num_layers * m.num_heads * v_dim * m.hidden_size
         down = _down_projections(m) if m.dropout else 0
         again = attention // 3 if t.attention == "eager" else 0
         extra = extra_6n = 2 * (projections + down)
         extra += again
-        ex.add("flops", "recomputed_per_token", extra,
-               f"2 x (output projections L {m.num_layers} x {m.num_heads * v_dim} x {m.hidden_size}"
-               + (f" + down projections {down:,} (dropout keeps a mask after them)" if down else "") + ")"
-               + (f" + eager attention's forward {again:,}" if again else ""))
+        ex.add(
+            "flops",
+            "recomputed_per_token",
+            extra,
+            f"2 x (output projections L {m.num_layers} x {m.num_heads * v_dim} x {m.hidden_size}"
+            + (f" + down projections {down:,} (dropout keeps a mask after them)" if down else "")
+            + ")"
+            + (f" + eager attention's forward {again:,}" if again else ""),
+        )
     return extra, extra_6n
 
 
@@ -123,8 +159,9 @@ def _down_projections(m) -> int:
     routed and its shared experts."""
     sparse = moe_layers(m)
     experts = m.experts_per_token + m.num_shared_experts
-    return (m.num_layers - sparse) * m.intermediate_size * m.hidden_size + sparse * experts * expert_width(m) * \
-        m.hidden_size
+    return (m.num_layers - sparse) * m.intermediate_size * m.hidden_size + sparse * experts * expert_width(
+        m
+    ) * m.hidden_size
 
 
 def _moe_conventions(counts, full_attention: int, ex: Explain) -> dict:
@@ -132,14 +169,22 @@ def _moe_conventions(counts, full_attention: int, ex: Explain) -> dict:
     attention square full (PaLM, torchtitan) or halved (causal kernels), and 6N over the active parameters
     (GPT-3, Chinchilla) or, the mistake to avoid, over all of them. MFU scales with the one chosen."""
     N = counts.flops
-    out = dict(per_token_full_attention=6 * N + full_attention, per_token_causal_attention=6 * N + full_attention // 2,
-               per_token_6n_active=6 * counts.active, per_token_6n_total=6 * counts.total)
+    out = dict(
+        per_token_full_attention=6 * N + full_attention,
+        per_token_causal_attention=6 * N + full_attention // 2,
+        per_token_6n_active=6 * counts.active,
+        per_token_6n_total=6 * counts.total,
+    )
     out["full_over_causal"] = out["per_token_full_attention"] / out["per_token_causal_attention"]
-    ex.add("flops", "moe conventions", out["full_over_causal"],
-           f"6N + attention full {out['per_token_full_attention']:,} / causal {out['per_token_causal_attention']:,}; "
-           f"6N over active {out['per_token_6n_active']:,}, over total {out['per_token_6n_total']:,} "
-           f"({out['per_token_6n_total'] / out['per_token_6n_active']:.3g}x: MFU on total parameters overstates "
-           "an MoE run by this)")
+    ex.add(
+        "flops",
+        "moe conventions",
+        out["full_over_causal"],
+        f"6N + attention full {out['per_token_full_attention']:,} / causal {out['per_token_causal_attention']:,}; "
+        f"6N over active {out['per_token_6n_active']:,}, over total {out['per_token_6n_total']:,} "
+        f"({out['per_token_6n_total'] / out['per_token_6n_active']:.3g}x: MFU on total parameters overstates "
+        "an MoE run by this)",
+    )
     return out
 
 
@@ -176,10 +221,19 @@ def utilisation(cfg, fl: dict, tokens_per_step: int, peak_tflops: float | None, 
     achieved = tps * model_pt / gpus / 1e12
     achieved_hw = tps * hw_pt / gpus / 1e12
     ex.add("measured", "tokens_per_second", tps, how)
-    ex.add("measured", "achieved_tflops_per_gpu", achieved,
-           f"{tps:,.6g} tokens/s x {model_pt:,} FLOPs/token ({name}) / {gpus} GPUs / 1e12")
-    out: dict[str, Any] = dict(tokens_per_second=tps, achieved_tflops_per_gpu=achieved,
-               achieved_hardware_tflops_per_gpu=achieved_hw, mfu=None, hfu=None)
+    ex.add(
+        "measured",
+        "achieved_tflops_per_gpu",
+        achieved,
+        f"{tps:,.6g} tokens/s x {model_pt:,} FLOPs/token ({name}) / {gpus} GPUs / 1e12",
+    )
+    out: dict[str, Any] = dict(
+        tokens_per_second=tps,
+        achieved_tflops_per_gpu=achieved,
+        achieved_hardware_tflops_per_gpu=achieved_hw,
+        mfu=None,
+        hfu=None,
+    )
     if peak_tflops:
         out["mfu"] = mfu(tps, model_pt, gpus, peak_tflops)
         out["hfu"] = achieved_hw / peak_tflops

@@ -31,8 +31,12 @@ WEIGHT_CAST_BYTES = 9
 
 def converts(name: str, in_features: int, out_features: int, min_features: int) -> bool:
     """Whether the linear `name` (its path in the model: `blocks.3.mlp.up`) multiplies in float8."""
-    return (name.startswith("blocks.") and in_features % MULTIPLE == 0 and out_features % MULTIPLE == 0
-            and min(in_features, out_features) >= min_features)
+    return (
+        name.startswith("blocks.")
+        and in_features % MULTIPLE == 0
+        and out_features % MULTIPLE == 0
+        and min(in_features, out_features) >= min_features
+    )
 
 
 def gemms(c) -> dict:
@@ -41,9 +45,13 @@ def gemms(c) -> dict:
     m, t = c.model, c.train
     block = [(n.removesuffix(".weight"), s) for n, s in param_shapes(m) if len(s) == 2 and n.startswith("blocks.0.")]
     shapes = [(s[1], s[0]) for n, s in block if converts(n, s[1], s[0], t.fp8_min_features)]  # (out, in) rows
-    return {"recipe": t.fp8_recipe, "linears": len(shapes) * m.num_layers,  # + 1 skipped: the output layer
-            "skipped": (len(block) - len(shapes)) * m.num_layers + 1, "shapes": shapes,
-            "per_token": 6 * sum(k * n for k, n in shapes) * m.num_layers}
+    return {
+        "recipe": t.fp8_recipe,
+        "linears": len(shapes) * m.num_layers,  # + 1 skipped: the output layer
+        "skipped": (len(block) - len(shapes)) * m.num_layers + 1,
+        "shapes": shapes,
+        "per_token": 6 * sum(k * n for k, n in shapes) * m.num_layers,
+    }
 
 
 def peaks(c) -> tuple[float | None, float | None]:
@@ -67,12 +75,17 @@ def matmul_seconds(c, matmul: float, tokens: int, shard: int, rate: float, tile:
     speedup = fp8_peak / bf16_peak if fp8_peak and bf16_peak else 1.0
     gemm_s = ((matmul - fp8_flops) + fp8_flops / speedup) * tokens / shard / (rate * 1e12 * tile)
     layers = c.model.num_layers / c.parallel.pipeline
-    cast_bytes = layers / c.parallel.tensor * sum(CAST_BYTES[c.train.fp8_recipe] * 2 * tokens * (k + n)
-                                                  + WEIGHT_CAST_BYTES * k * n for k, n in g["shapes"])
+    cast_bytes = (
+        layers
+        / c.parallel.tensor
+        * sum(CAST_BYTES[c.train.fp8_recipe] * 2 * tokens * (k + n) + WEIGHT_CAST_BYTES * k * n for k, n in g["shapes"])
+    )
     cast_s = cast_bytes / (hbm * 1e9) if hbm else 0.0
-    how = (f"{fp8_flops:,.0f} of {matmul:,.0f} FLOPs/token in float8 ({g['linears']} linears) at {speedup:g}x the "
-           f"rate, the rest at {rate:.4g} TFLOP/s; casts {cast_bytes:.4g} bytes at HBM"
-           + ("" if hbm else " (no HBM figure: not modelled)"))
+    how = (
+        f"{fp8_flops:,.0f} of {matmul:,.0f} FLOPs/token in float8 ({g['linears']} linears) at {speedup:g}x the "
+        f"rate, the rest at {rate:.4g} TFLOP/s; casts {cast_bytes:.4g} bytes at HBM"
+        + ("" if hbm else " (no HBM figure: not modelled)")
+    )
     return gemm_s, cast_s, how
 
 
@@ -86,9 +99,11 @@ def mfu_fields(c, fl: dict, mfu_bf16: float | None, model_per_token: float) -> d
     return out
 
 
-CONVENTION = ("; mfu: against the bf16 dense peak (= mfu_bf16_peak, comparable with a bf16 run); "
-              "mfu_mixed_peak: against the FLOPs-weighted harmonic mean of the fp8 peak (the converted linears' "
-              "FLOPs) and the bf16 peak (the rest)")
+CONVENTION = (
+    "; mfu: against the bf16 dense peak (= mfu_bf16_peak, comparable with a bf16 run); "
+    "mfu_mixed_peak: against the FLOPs-weighted harmonic mean of the fp8 peak (the converted linears' "
+    "FLOPs) and the bf16 peak (the rest)"
+)
 
 
 def gathered_bytes_saved(c, converted_numel: int) -> int:
@@ -116,8 +131,15 @@ def advice(c, p: dict) -> list[str]:
     if speedup >= PAYS:
         return []
     g = gemms(c)
-    what = (f"no linear passes the filter (train.fp8_min_features={c.train.fp8_min_features})" if not g["linears"]
-            else f"{g['linears']} linears in float8, whose casts take back what their faster GEMMs save at hidden "
-                 f"{c.model.hidden_size:,} and {c.train.micro_batch_size} x {c.train.seq_len:,} tokens")
-    return [(f"fp8: modelled at {speedup:.2f}x bf16-mixed's speed ({what}); below {PAYS:.2f}x float8 does not "
-             "pay for its numerics: use train.precision=bf16-mixed")]
+    what = (
+        f"no linear passes the filter (train.fp8_min_features={c.train.fp8_min_features})"
+        if not g["linears"]
+        else f"{g['linears']} linears in float8, whose casts take back what their faster GEMMs save at hidden "
+        f"{c.model.hidden_size:,} and {c.train.micro_batch_size} x {c.train.seq_len:,} tokens"
+    )
+    return [
+        (
+            f"fp8: modelled at {speedup:.2f}x bf16-mixed's speed ({what}); below {PAYS:.2f}x float8 does not "
+            "pay for its numerics: use train.precision=bf16-mixed"
+        )
+    ]

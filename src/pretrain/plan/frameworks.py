@@ -47,20 +47,30 @@ FRAMEWORKS = ("pretrain", "megatron", "deepspeed", "zero-paper")
 
 SOURCES = {
     "megatron": "Megatron-LM megatron/training/theoretical_memory_usage.py (commit 00caa53): 18 bytes/param, "
-                "6 + 12/dp with the distributed optimizer, on the most loaded shard (layers/pp + embedding)/tp",
+    "6 + 12/dp with the distributed optimizer, on the most loaded shard (layers/pp + embedding)/tp",
     "deepspeed": "DeepSpeed estimate_zero2/zero3_model_states_mem_needs (deepspeed/runtime/zero/stage_1_and_2.py, "
-                 "stage3.py) as they printed docs/code-docs/source/memory.rst 'Memory Requirements' tables "
-                 "(DeepSpeed #965, commit 0c1802c)",
+    "stage3.py) as they printed docs/code-docs/source/memory.rst 'Memory Requirements' tables "
+    "(DeepSpeed #965, commit 0c1802c)",
     "zero-paper": "Rajbhandari et al. 2020, ZeRO, section 5.1 and figure 1: (2 + 2 + 12) bytes/param, K = 12",
     "activations": "Korthikanti et al. 2022, 'Reducing Activation Recomputation in Large Transformer Models', "
-                   "section 4 and table 2 (16-bit activations)",
+    "section 4 and table 2 (16-bit activations)",
 }
 DEEPSPEED_HOST_BUFFER = 1.5  # the estimators' additional_buffer_factor for host RAM
 
 
-def layer_activation_bytes(s: int, b: int, h: int, heads: int, t: int = 1, sequence_parallel: bool = False,
-                           recompute: str = "none", flash: bool = False, mlp: float = 16.0,
-                           dropout: bool = True, kv_ratio: float = 1.0) -> float:
+def layer_activation_bytes(
+    s: int,
+    b: int,
+    h: int,
+    heads: int,
+    t: int = 1,
+    sequence_parallel: bool = False,
+    recompute: str = "none",
+    flash: bool = False,
+    mlp: float = 16.0,
+    dropout: bool = True,
+    kv_ratio: float = 1.0,
+) -> float:
     """Korthikanti et al. 2022, table 2: bytes one transformer layer keeps for backward, per micro-batch.
     `mlp`: the MLP's sharded term in units of sbh (16 for the paper's 4h GeLU MLP); `kv_ratio`: kv heads / heads.
     """
@@ -74,8 +84,9 @@ def layer_activation_bytes(s: int, b: int, h: int, heads: int, t: int = 1, seque
     return s * b * h * (replicated + (sharded + scores) / t)
 
 
-def korthikanti_flops_per_token(s: int, layers: int, h: int, vocab: int,
-                                recompute: str = "none") -> tuple[float, float]:
+def korthikanti_flops_per_token(
+    s: int, layers: int, h: int, vocab: int, recompute: str = "none"
+) -> tuple[float, float]:
     """(model, hardware) FLOPs per token, Korthikanti et al. 2022, appendix A (and section 6's table 5):
     model 72 l h^2 (1 + s/6h + V/12lh) per token (their 72Bslh^2 per iteration over Bs tokens); selective
     recomputation adds the attention scores' forward, 72 l h^2 (1 + s/3h + V/12lh); full recomputation
@@ -103,28 +114,49 @@ def activations(cfg, ex: Explain) -> int:
     split = tp if sp else 1
     dropout = m.dropout > 0
     flash = t.attention == "sdpa"
-    per_layer = layer_activation_bytes(s, b, h, m.num_heads, tp, sp, t.activation_checkpointing, flash,
-                                       _mlp_units(m), dropout, m.num_kv_heads / m.num_heads)
+    per_layer = layer_activation_bytes(
+        s,
+        b,
+        h,
+        m.num_heads,
+        tp,
+        sp,
+        t.activation_checkpointing,
+        flash,
+        _mlp_units(m),
+        dropout,
+        m.num_kv_heads / m.num_heads,
+    )
     in_flight = min(pp, t.grad_accum_steps)
     layers = -(-m.num_layers // pp)
     total = per_layer * layers * in_flight
-    ex.add("framework", "activations per layer", gib(per_layer),
-           f"table 2, recompute {t.activation_checkpointing}"
-           + (", flash attention (no scores term)" if flash and t.activation_checkpointing != "selective" else "")
-           + (f", tensor {tp}" if tp > 1 else "") + (", sequence parallel" if sp else "")
-           + f": s={s}, b={b}, h={h}, heads={m.num_heads}, MLP term {_mlp_units(m):.4g} sbh")
+    ex.add(
+        "framework",
+        "activations per layer",
+        gib(per_layer),
+        f"table 2, recompute {t.activation_checkpointing}"
+        + (", flash attention (no scores term)" if flash and t.activation_checkpointing != "selective" else "")
+        + (f", tensor {tp}" if tp > 1 else "")
+        + (", sequence parallel" if sp else "")
+        + f": s={s}, b={b}, h={h}, heads={m.num_heads}, MLP term {_mlp_units(m):.4g} sbh",
+    )
     working = 0.0
     if t.activation_checkpointing == "full":  # backward holds one recomputed layer's tensors at a time
-        working = layer_activation_bytes(s, b, h, m.num_heads, tp, sp, "none", flash, _mlp_units(m), dropout,
-                                         m.num_kv_heads / m.num_heads)
+        working = layer_activation_bytes(
+            s, b, h, m.num_heads, tp, sp, "none", flash, _mlp_units(m), dropout, m.num_kv_heads / m.num_heads
+        )
     embedding = in_flight * (8 * s * b + (s * b * h if dropout else 0)) / split
     output = (4 * s * b * h / split + 4 * s * b * m.vocab_size / tp) if pp == 1 else 0
     total += working + embedding + output
-    ex.add("framework", "activations", gib(total),
-           f"{layers} layers x {in_flight} micro-batch(es) in flight x {per_layer:,.0f}"
-           + (f" + one recomputed layer {working:,.0f}" if working else "")
-           + f" + embedding ids and dropout mask {embedding:,.0f}"
-           + (f" + output layer input and fp32 logits 4sbh + 4sbV = {output:,.0f}" if output else ""))
+    ex.add(
+        "framework",
+        "activations",
+        gib(total),
+        f"{layers} layers x {in_flight} micro-batch(es) in flight x {per_layer:,.0f}"
+        + (f" + one recomputed layer {working:,.0f}" if working else "")
+        + f" + embedding ids and dropout mask {embedding:,.0f}"
+        + (f" + output layer input and fp32 logits 4sbh + 4sbV = {output:,.0f}" if output else ""),
+    )
     return int(total)
 
 
@@ -155,10 +187,22 @@ def model_states(cfg, ex: Explain) -> dict:
     """weights, gradients, optimizer (per GPU) and host (per node) bytes under the framework's accounting."""
     par = cfg.parallel
     dp = par.data_parallel
-    states = framework_states(cfg.plan.framework, shard_params(cfg), dp, par.zero_stage if dp > 1 else 0,
-                              par.offload, largest_layer_params(cfg), min(par.gpus, par.gpus_per_node), par.gpus)
-    ex.add("framework", "model states", gib(states["weights"] + states["gradients"] + states["optimizer"]),
-           states.pop("formula"))
+    states = framework_states(
+        cfg.plan.framework,
+        shard_params(cfg),
+        dp,
+        par.zero_stage if dp > 1 else 0,
+        par.offload,
+        largest_layer_params(cfg),
+        min(par.gpus, par.gpus_per_node),
+        par.gpus,
+    )
+    ex.add(
+        "framework",
+        "model states",
+        gib(states["weights"] + states["gradients"] + states["optimizer"]),
+        states.pop("formula"),
+    )
     if "host_formula" in states:
         ex.add("framework", "host per node", gib(states["host"]), states.pop("host_formula"))
     if "differs" in states:
@@ -166,8 +210,16 @@ def model_states(cfg, ex: Explain) -> dict:
     return states
 
 
-def framework_states(name: str, psi: int, dp: int, stage: int, offload: str = "none", largest: int = 0,
-                     gpus_per_node: int = 8, gpus: int = 1) -> dict:
+def framework_states(
+    name: str,
+    psi: int,
+    dp: int,
+    stage: int,
+    offload: str = "none",
+    largest: int = 0,
+    gpus_per_node: int = 8,
+    gpus: int = 1,
+) -> dict:
     """Model-state bytes per GPU of `psi` parameters (one model-parallel rank's) over `dp` data-parallel ranks,
     and host bytes per node, under framework `name`'s formulas (the module docstring lists their sources)."""
     if name == "deepspeed" and stage >= 1:
@@ -175,9 +227,11 @@ def framework_states(name: str, psi: int, dp: int, stage: int, offload: str = "n
     if name == "megatron":
         distributed = stage >= 1
         weights, grads, optimizer = 2 * psi, 4 * psi, 12 * psi / (dp if distributed else 1)
-        formula = (f"(2 bf16 params + 4 fp32 main grads + 12{f'/dp {dp}' if distributed else ''} fp32 master "
-                   f"weights and Adam moments) x {psi:,} params on the most loaded shard"
-                   + (" (distributed optimizer: parallel.zero_stage >= 1)" if distributed else ""))
+        formula = (
+            f"(2 bf16 params + 4 fp32 main grads + 12{f'/dp {dp}' if distributed else ''} fp32 master "
+            f"weights and Adam moments) x {psi:,} params on the most loaded shard"
+            + (" (distributed optimizer: parallel.zero_stage >= 1)" if distributed else "")
+        )
     elif name == "zero-paper":
         weights = 2 * psi / (dp if stage >= 3 else 1)
         grads = 2 * psi / (dp if stage >= 2 else 1)
@@ -189,8 +243,7 @@ def framework_states(name: str, psi: int, dp: int, stage: int, offload: str = "n
     return dict(weights=int(weights), gradients=int(grads), optimizer=int(optimizer), host=0, formula=formula)
 
 
-def deepspeed_states(psi: int, n: int, stage: int, offload: str, largest: int, gpus_per_node: int,
-                     gpus: int) -> dict:
+def deepspeed_states(psi: int, n: int, stage: int, offload: str, largest: int, gpus_per_node: int, gpus: int) -> dict:
     """DeepSpeed's estimate_zero2/zero3_model_states_mem_needs for `psi` params over `n` GPUs, integer for integer:
     its per-GPU gpu_mem split into 16-bit weights, gradients and the fp32 master weights with Adam's moments
     (the optimizer), and its per-node cpu_mem as `host` (zero_init=1) and, for stage 3, `host_without_zero_init`.
@@ -198,23 +251,32 @@ def deepspeed_states(psi: int, n: int, stage: int, offload: str, largest: int, g
     buffer = DEEPSPEED_HOST_BUFFER
     optimizer = int(12 * psi / n)  # 4 fp32 master weights + 4 momentum + 4 variance, partitioned
     if stage in (1, 2) and offload != "none":  # only the 16-bit weights stay: gpu_mem = 2 * total_params
-        return dict(weights=2 * psi, gradients=0, optimizer=0, host=int(psi * max(4 * gpus, 16) * buffer),
-                    formula=f"estimate_zero2, offload_optimizer=cpu: 2 x {psi:,}",
-                    host_formula=f"estimate_zero2, offload_optimizer=cpu: {psi:,} x max(4 x {gpus} GPUs, 16) x "
-                                 f"{buffer} (the estimator's code counts all GPUs here, its docs' prose the node's: "
-                                 "the same on one node)")
+        return dict(
+            weights=2 * psi,
+            gradients=0,
+            optimizer=0,
+            host=int(psi * max(4 * gpus, 16) * buffer),
+            formula=f"estimate_zero2, offload_optimizer=cpu: 2 x {psi:,}",
+            host_formula=f"estimate_zero2, offload_optimizer=cpu: {psi:,} x max(4 x {gpus} GPUs, 16) x "
+            f"{buffer} (the estimator's code counts all GPUs here, its docs' prose the node's: "
+            "the same on one node)",
+        )
     if stage in (1, 2):
         gpu = 4 * psi + int(16 * psi / n)  # the tables' (#965) gpu_mem: 16-bit weights and gradients whole
         now = 2 * psi + int(18 * psi / n)
-        return dict(weights=2 * psi, gradients=gpu - 2 * psi - optimizer, optimizer=optimizer,
-                    host=int(psi * 4 * gpus_per_node * buffer),
-                    formula=f"estimate_zero2: 4 x {psi:,} + 16 x {psi:,} / {n} GPUs",
-                    host_formula=f"estimate_zero2: {psi:,} x 4 x {gpus_per_node} GPUs per node x {buffer} (the "
-                                 "fp32 model each process builds before the engine moves it to its GPU)",
-                    differs=f"DeepSpeed's code since v0.14.3 (#5099, commit f4cb866) estimates 2 x {psi:,} + 18 x "
-                            f"{psi:,} / {n} = {gib(now)} per GPU, counting the 16-bit gradients partitioned "
-                            "with the fp32 states; the published tables and this mode keep #965's 4 + 16/N "
-                            f"({gib(gpu)}): 16-bit weights and gradients whole on every GPU")
+        return dict(
+            weights=2 * psi,
+            gradients=gpu - 2 * psi - optimizer,
+            optimizer=optimizer,
+            host=int(psi * 4 * gpus_per_node * buffer),
+            formula=f"estimate_zero2: 4 x {psi:,} + 16 x {psi:,} / {n} GPUs",
+            host_formula=f"estimate_zero2: {psi:,} x 4 x {gpus_per_node} GPUs per node x {buffer} (the "
+            "fp32 model each process builds before the engine moves it to its GPU)",
+            differs=f"DeepSpeed's code since v0.14.3 (#5099, commit f4cb866) estimates 2 x {psi:,} + 18 x "
+            f"{psi:,} / {n} = {gib(now)} per GPU, counting the 16-bit gradients partitioned "
+            "with the fp32 states; the published tables and this mode keep #965's 4 + 16/N "
+            f"({gib(gpu)}): 16-bit weights and gradients whole on every GPU",
+        )
     live = 4 * largest  # the largest layer gathered: its 2-byte params and their 2-byte gradients
     nodes = gpus / gpus_per_node
     factor = 1 / nodes  # the estimator's gpus_factor
@@ -235,15 +297,23 @@ def deepspeed_states(psi: int, n: int, stage: int, offload: str, largest: int, g
         host, cold = largest * 4 * gpus_per_node * buffer, psi * 4 * gpus_per_node * buffer
         formula = f"estimate_zero3: 4 x largest layer {largest:,} + 18 x {psi:,} / {n} GPUs"
         host_formula = f"largest layer {largest:,} x 4 (fp32) x {gpus_per_node} GPUs per node"
-    return dict(weights=weights, gradients=grads, optimizer=optimizer, host=int(host),
-                host_without_zero_init=int(cold), formula=formula,
-                host_formula=f"zero_init=1: {host_formula} x {buffer}; zero_init=0 (each of the {gpus_per_node} "
-                             f"processes builds the fp32 model on the host first): {gib(cold)}")
+    return dict(
+        weights=weights,
+        gradients=grads,
+        optimizer=optimizer,
+        host=int(host),
+        host_without_zero_init=int(cold),
+        formula=formula,
+        host_formula=f"zero_init=1: {host_formula} x {buffer}; zero_init=0 (each of the {gpus_per_node} "
+        f"processes builds the fp32 model on the host first): {gib(cold)}",
+    )
 
 
-MOE_NOT_MODELLED = ("Mixture-of-Experts is not modelled in this framework's published accounting (Megatron's "
-                    "theoretical memory ignores MoE activations, Megatron-LM #1784; DeepSpeed's and the ZeRO "
-                    "paper's estimators are dense): see the plan's own memory_bytes")
+MOE_NOT_MODELLED = (
+    "Mixture-of-Experts is not modelled in this framework's published accounting (Megatron's "
+    "theoretical memory ignores MoE activations, Megatron-LM #1784; DeepSpeed's and the ZeRO "
+    "paper's estimators are dense): see the plan's own memory_bytes"
+)
 
 
 def framework_memory(cfg, ex: Explain) -> dict:
@@ -257,23 +327,40 @@ def framework_memory(cfg, ex: Explain) -> dict:
     act = activations(cfg, ex)
     on_gpu = gpu_spec(cfg.hardware.gpu).name != "cpu"
     context = int(cfg.hardware.cuda_context_gb * 1e9) if on_gpu else 0
-    mem = dict(weights=states["weights"], gradients=states["gradients"], optimizer=states["optimizer"],
-               activations=act, buffers=0, cuda_context=context)
+    mem = dict(
+        weights=states["weights"],
+        gradients=states["gradients"],
+        optimizer=states["optimizer"],
+        activations=act,
+        buffers=0,
+        cuda_context=context,
+    )
     mem["total"] = sum(mem.values())
     mem["host"] = states["host"]
-    ex.add("framework", "total", gib(mem["total"]), "model states + activations + cuda_context (no buffers: "
-           "the framework's own communication buckets are not modelled)")
+    ex.add(
+        "framework",
+        "total",
+        gib(mem["total"]),
+        "model states + activations + cuda_context (no buffers: "
+        "the framework's own communication buckets are not modelled)",
+    )
     device = device_memory_bytes(cfg.hardware)
     fits = None if device is None else mem["total"] <= int(device * (1 - cfg.hardware.fragmentation))
     out = {"name": name, "memory_bytes": mem, "fits": fits, "sources": [SOURCES[name], SOURCES["activations"]]}
     if "host_without_zero_init" in states:  # DeepSpeed ZeRO-3: the estimator's zero_init=0 row
         out["host_without_zero_init"] = states["host_without_zero_init"]
     m = cfg.model
-    model_flops, hardware_flops = korthikanti_flops_per_token(cfg.train.seq_len, m.num_layers, m.hidden_size,
-                                                              m.vocab_size, cfg.train.activation_checkpointing)
+    model_flops, hardware_flops = korthikanti_flops_per_token(
+        cfg.train.seq_len, m.num_layers, m.hidden_size, m.vocab_size, cfg.train.activation_checkpointing
+    )
     out["flops_per_token"] = {"model": model_flops, "hardware": hardware_flops}
-    ex.add("framework", "flops_per_token", model_flops, "72 l h^2 (1 + s/6h + V/12lh) (Korthikanti et al. 2022, "
-           f"appendix A); hardware {hardware_flops:.4g} with {cfg.train.activation_checkpointing} recomputation")
+    ex.add(
+        "framework",
+        "flops_per_token",
+        model_flops,
+        "72 l h^2 (1 + s/6h + V/12lh) (Korthikanti et al. 2022, "
+        f"appendix A); hardware {hardware_flops:.4g} with {cfg.train.activation_checkpointing} recomputation",
+    )
     return out
 
 

@@ -24,8 +24,10 @@ def load_profile(path: str | Path) -> dict:
 def _measured_peak(path, dtype: str, value) -> float:
     """A profile's TFLOP/s must be a positive finite number: anything else would print negative or NaN time."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
-        raise ConfigError(f"hardware.profile: {path}: peak_tflops.{dtype} is {value!r}, not a positive number "
-                          "of TFLOP/s; rerun `pretrain bench`")
+        raise ConfigError(
+            f"hardware.profile: {path}: peak_tflops.{dtype} is {value!r}, not a positive number "
+            "of TFLOP/s; rerun `pretrain bench`"
+        )
     return float(value)
 
 
@@ -43,8 +45,10 @@ def peak_tflops(hardware, precision: str) -> tuple[float | None, str]:
     spec = gpu_spec(hardware.gpu)
     peaks = spec.peak_tflops
     if precision == "fp8" and peaks and "fp8" not in peaks:
-        raise ConfigError(f"train.precision: {spec.name} has no float8 tensor cores (Hopper, Ada, Blackwell and "
-                          "MI300 have); use train.precision=bf16-mixed")
+        raise ConfigError(
+            f"train.precision: {spec.name} has no float8 tensor cores (Hopper, Ada, Blackwell and "
+            "MI300 have); use train.precision=bf16-mixed"
+        )
     if not peaks:
         return None, f"{spec.name}: no data-sheet peak; set hardware.profile or hardware.peak_tflops"
     if dtype == "tf32" and "tf32" not in peaks:

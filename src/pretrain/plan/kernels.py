@@ -53,8 +53,13 @@ def planned_native_gqa(cfg) -> bool:
 
     name = gpu_spec(cfg.hardware.gpu).name
     device = "cpu" if name == "cpu" else "cuda"
-    return native_gqa(device, cfg.train.precision != "fp32", cfg.model.head_dim, installed_torch_version(),
-                      flash_gpu=name not in PRE_AMPERE_GPUS)
+    return native_gqa(
+        device,
+        cfg.train.precision != "fp32",
+        cfg.model.head_dim,
+        installed_torch_version(),
+        flash_gpu=name not in PRE_AMPERE_GPUS,
+    )
 
 
 def planned_document_kernel(cfg, compiled: bool = False) -> str | None:

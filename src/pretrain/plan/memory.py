@@ -56,15 +56,25 @@ def memory(cfg, counts, ex: Explain) -> dict:
     gradients = st["gradients"]
     _explain_model_states(cfg, counts, st, (weights, gradients, optimizer), host_offload, ex)
 
-    act = activation_bytes(m, t, par, native_gqa=planned_native_gqa(cfg), imbalance=cfg.plan.routing_imbalance,
-                           documents=planned_document_kernel(cfg))
+    act = activation_bytes(
+        m,
+        t,
+        par,
+        native_gqa=planned_native_gqa(cfg),
+        imbalance=cfg.plan.routing_imbalance,
+        documents=planned_document_kernel(cfg),
+    )
     _explain_activations(cfg, act, ex)
 
     buffers, why = _buffers(cfg, st, zero)
     ex.add("memory", "buffers", gib(buffers), why)
     context = cuda_context(cfg)
-    ex.add("memory", "cuda_context", gib(context), f"hardware.cuda_context_gb {hw.cuda_context_gb} x 1e9"
-           if context else "none on a CPU")
+    ex.add(
+        "memory",
+        "cuda_context",
+        gib(context),
+        f"hardware.cuda_context_gb {hw.cuda_context_gb} x 1e9" if context else "none on a CPU",
+    )
 
     # One optimizer step passes through four phases; what is alive differs, and the peak is the largest.
     held, held_why = held_gradients(cfg, st)
@@ -79,9 +89,20 @@ def memory(cfg, counts, ex: Explain) -> dict:
     compiled, compiled_basis = _compiled_peak(cfg, st, ex)
     host = _host(cfg, counts, host_offload, ex)
 
-    result = dict(weights=weights, gradients=gradients, optimizer=optimizer, activations=act["total"],
-                  buffers=buffers, cuda_context=context, total=total, peak_phase=peak_phase, phases=totals,
-                  compiled=compiled, compiled_basis=compiled_basis, host=host)
+    result = dict(
+        weights=weights,
+        gradients=gradients,
+        optimizer=optimizer,
+        activations=act["total"],
+        buffers=buffers,
+        cuda_context=context,
+        total=total,
+        peak_phase=peak_phase,
+        phases=totals,
+        compiled=compiled,
+        compiled_basis=compiled_basis,
+        host=host,
+    )
     fit = _fit(cfg, st, total, ex)
     tensors = {k: st[k] for k in ("parameters", "gradients", "optimizer_states", "working_copies")}
     out = dict(memory_bytes=result, model_states=tensors, fit=fit, activation_detail=act)
@@ -90,8 +111,7 @@ def memory(cfg, counts, ex: Explain) -> dict:
     return out
 
 
-def _explain_model_states(cfg, counts, st: dict, kinds: tuple[int, int, int], host_offload: int,
-                          ex: Explain) -> None:
+def _explain_model_states(cfg, counts, st: dict, kinds: tuple[int, int, int], host_offload: int, ex: Explain) -> None:
     """--explain's lines for the weights, gradients and optimizer states, a pipeline stage's share, and the
     ZeRO paper's accounting beside ours."""
     m, t, par = cfg.model, cfg.train, cfg.parallel
@@ -99,18 +119,35 @@ def _explain_model_states(cfg, counts, st: dict, kinds: tuple[int, int, int], ho
     dp = par.data_parallel
     zero = par.zero_stage if dp > 1 else 0
     mixed = mixed_precision(t.precision)
-    what = {"fp32": "fp32 parameters", "bf16": "bf16 parameters",
-            "fp16-mixed": "fp16 working copies", "bf16-mixed": "bf16 working copies",
-            "fp8": "bf16 and float8 working copies"}[t.precision]
-    ex.add("memory", "weights", gib(weights), f"{what}: {weights:,} bytes"
-           + (f" (ZeRO-{zero}, data parallel {dp})" if zero else ""))
+    what = {
+        "fp32": "fp32 parameters",
+        "bf16": "bf16 parameters",
+        "fp16-mixed": "fp16 working copies",
+        "bf16-mixed": "bf16 working copies",
+        "fp8": "bf16 and float8 working copies",
+    }[t.precision]
+    ex.add(
+        "memory",
+        "weights",
+        gib(weights),
+        f"{what}: {weights:,} bytes" + (f" (ZeRO-{zero}, data parallel {dp})" if zero else ""),
+    )
     grad_dtype = "bf16" if t.precision == "bf16" or (mixed and t.grad_dtype == "same") else "fp32"
-    ex.add("memory", "gradients", gib(gradients), f"{grad_dtype} gradients: {gradients:,} bytes"
-           + (f", sharded over {dp}" if zero >= 2 else ""))
-    ex.add("memory", "optimizer", gib(optimizer),
-           f"{t.optimizer} states {st['optimizer_states']:,}"
-           + (f" + fp32 master weights {st['parameters']:,}" if mixed else "")
-           + (f" (sharded over {dp})" if zero >= 1 else "") + (" (offloaded to the host)" if host_offload else ""))
+    ex.add(
+        "memory",
+        "gradients",
+        gib(gradients),
+        f"{grad_dtype} gradients: {gradients:,} bytes" + (f", sharded over {dp}" if zero >= 2 else ""),
+    )
+    ex.add(
+        "memory",
+        "optimizer",
+        gib(optimizer),
+        f"{t.optimizer} states {st['optimizer_states']:,}"
+        + (f" + fp32 master weights {st['parameters']:,}" if mixed else "")
+        + (f" (sharded over {dp})" if zero >= 1 else "")
+        + (" (offloaded to the host)" if host_offload else ""),
+    )
     if par.pipeline > 1:
         k = st["stage"]
         v = chunks_per_stage(par)
@@ -118,38 +155,64 @@ def _explain_model_states(cfg, counts, st: dict, kinds: tuple[int, int, int], ho
         chunks = [split[c] for c in chunk_indices(k, par.pipeline, v)]  # one range without interleaving
         held = " and ".join(f"{r.start}-{r.stop - 1}" if len(r) > 1 else f"{r.start}" for r in chunks)
         ends = {0: "the embedding and ", par.pipeline - 1: "the final norm, the output layer and "}.get(k, "")
-        ex.add("memory", "pipeline stage", k, f"model states above are stage {k}'s of {par.pipeline}, the heaviest: "
-               f"{ends}" + (f"layers {held}" if sum(map(len, chunks)) > 1 else f"layer {held}")
-               + (", each tensor rank's part" if par.tensor > 1 else ""))
+        ex.add(
+            "memory",
+            "pipeline stage",
+            k,
+            f"model states above are stage {k}'s of {par.pipeline}, the heaviest: "
+            f"{ends}"
+            + (f"layers {held}" if sum(map(len, chunks)) > 1 else f"layer {held}")
+            + (", each tensor rank's part" if par.tensor > 1 else ""),
+        )
 
     if mixed and t.optimizer == "adamw":
         # As the paper combines ZeRO with model parallelism (its table 1): each GPU holds Psi / N_m parameters,
         # N_m = tensor x pipeline, whose states ZeRO then shards over data parallel.
         mp = par.tensor * par.pipeline
         paper = zero_paper_bytes(counts.total / mp, zero, dp, grad_bytes=2 if t.grad_dtype == "same" else 4)
-        ex.add("memory", "model states, ZeRO paper accounting", gib(paper),
-               f"(2 + {2 if t.grad_dtype == 'same' else 4} + 12) bytes x {counts.total:,} parameters"
-               + (f" / model parallel {mp} (tensor {par.tensor} x pipeline {par.pipeline})" if mp > 1 else "")
-               + f", stage {zero} sharding over {dp}; ours above counts what autocast/FSDP really hold")
+        ex.add(
+            "memory",
+            "model states, ZeRO paper accounting",
+            gib(paper),
+            f"(2 + {2 if t.grad_dtype == 'same' else 4} + 12) bytes x {counts.total:,} parameters"
+            + (f" / model parallel {mp} (tensor {par.tensor} x pipeline {par.pipeline})" if mp > 1 else "")
+            + f", stage {zero} sharding over {dp}; ours above counts what autocast/FSDP really hold",
+        )
 
 
 def _explain_activations(cfg, act: dict, ex: Explain) -> None:
     m, t, par = cfg.model, cfg.train, cfg.parallel
     per_layer_formula = " + ".join(x.formula for x in act["layer_terms"])
-    ex.add("memory", "activations per layer", gib(act["per_layer"]),
-           f"{per_layer_formula} with b={t.micro_batch_size}, s={t.seq_len}, h={m.hidden_size}, "
-           f"H'={m.intermediate_size}" + (f", / tensor {par.tensor}" if par.tensor > 1 else ""))
+    ex.add(
+        "memory",
+        "activations per layer",
+        gib(act["per_layer"]),
+        f"{per_layer_formula} with b={t.micro_batch_size}, s={t.seq_len}, h={m.hidden_size}, "
+        f"H'={m.intermediate_size}" + (f", / tensor {par.tensor}" if par.tensor > 1 else ""),
+    )
     if t.activation_checkpointing == "selective":
-        ex.add("memory", "selective recomputation", "operator-level", "torchtitan's op policy (selective_ac_option "
-               "'op'): each block keeps its input, the attention kernel's outputs and every other matmul's output "
-               "(our fused qkv and gate|up whole, where torchtitan's separate projections keep wq, wv, w1, w2); "
-               "backward recomputes the rest, the output projection's matmul included, one block at a time")
-    ex.add("memory", "activations", gib(act["total"]),
-           (f"{act['layers']} layers x {act['in_flight']} micro-batch(es) in flight" if chunks_per_stage(par) == 1
-            else f"chunks of {act['layers']} layers x {act['in_flight']} chunk micro-batches in flight (interleaved)")
-           + f" x {act['per_layer']:,}"
-           + (f" + one recomputed block {act['recompute_working']:,}" if act["recompute_working"] else "")
-           + f" + embedding/final norm/loss {act['once']:,}")
+        ex.add(
+            "memory",
+            "selective recomputation",
+            "operator-level",
+            "torchtitan's op policy (selective_ac_option "
+            "'op'): each block keeps its input, the attention kernel's outputs and every other matmul's output "
+            "(our fused qkv and gate|up whole, where torchtitan's separate projections keep wq, wv, w1, w2); "
+            "backward recomputes the rest, the output projection's matmul included, one block at a time",
+        )
+    ex.add(
+        "memory",
+        "activations",
+        gib(act["total"]),
+        (
+            f"{act['layers']} layers x {act['in_flight']} micro-batch(es) in flight"
+            if chunks_per_stage(par) == 1
+            else f"chunks of {act['layers']} layers x {act['in_flight']} chunk micro-batches in flight (interleaved)"
+        )
+        + f" x {act['per_layer']:,}"
+        + (f" + one recomputed block {act['recompute_working']:,}" if act["recompute_working"] else "")
+        + f" + embedding/final norm/loss {act['once']:,}",
+    )
 
 
 def _host(cfg, counts, host_offload: int, ex: Explain) -> int:
@@ -160,8 +223,13 @@ def _host(cfg, counts, host_offload: int, ex: Explain) -> int:
     procs = min(par.gpus, par.gpus_per_node)
     init = 4 * counts.total if m.init_from else 0
     host = procs * (host_offload + init)
-    ex.add("memory", "host", gib(host), f"{procs} processes per node x (offloaded states {host_offload:,}"
-           + (f" + the model.init_from checkpoint read in fp32 {init:,})" if init else ")"))
+    ex.add(
+        "memory",
+        "host",
+        gib(host),
+        f"{procs} processes per node x (offloaded states {host_offload:,}"
+        + (f" + the model.init_from checkpoint read in fp32 {init:,})" if init else ")"),
+    )
     return host
 
 
@@ -175,10 +243,19 @@ def _fit(cfg, st: dict, total: int, ex: Explain) -> dict:
         fit.update(usable_bytes=usable, fits=total <= usable)
         fit["max_micro_batch_size"] = _max_micro_batch(cfg, st, usable)
         on_gpu = gpu_spec(hw.gpu).name != "cpu"
-        ex.add("memory", "fits", fit["fits"], f"total {gib(total)} <= {gib(device)} x (1 - fragmentation "
-               f"{hw.fragmentation}) = {gib(usable)}" + (f"; {FRAGMENTATION_WHY}" if on_gpu else ""))
-        ex.add("memory", "max_micro_batch_size", fit["max_micro_batch_size"],
-               "largest train.micro_batch_size whose peak phase fits")
+        ex.add(
+            "memory",
+            "fits",
+            fit["fits"],
+            f"total {gib(total)} <= {gib(device)} x (1 - fragmentation "
+            f"{hw.fragmentation}) = {gib(usable)}" + (f"; {FRAGMENTATION_WHY}" if on_gpu else ""),
+        )
+        ex.add(
+            "memory",
+            "max_micro_batch_size",
+            fit["max_micro_batch_size"],
+            "largest train.micro_batch_size whose peak phase fits",
+        )
     return fit
 
 
@@ -187,19 +264,33 @@ def _moe_fit(cfg, st, usable: int | None, ex: Explain) -> dict:
     the step still fits (bisected over plan.routing_imbalance: each phase grows with it, linearly)."""
     m, par, f = cfg.model, cfg.parallel, cfg.plan.routing_imbalance
     load = routed_load(m, par, f)
-    ex.add("memory", "routed load", load, "the busiest rank's routed tokens / b*s*k: " + (
-        f"plan.routing_imbalance {f} (expert parallel {par.expert}: {m.num_experts // par.expert} experts a rank)"
-        if par.expert > 1 else "1: every expert on the rank computes the b*s*k routed tokens, whatever the imbalance"))
-    out = dict(expert_parallel=par.expert, experts_per_rank=m.num_experts // par.expert, routing_imbalance=f,
-               routed_load=load, fits_up_to_imbalance=None)
+    ex.add(
+        "memory",
+        "routed load",
+        load,
+        "the busiest rank's routed tokens / b*s*k: "
+        + (
+            f"plan.routing_imbalance {f} (expert parallel {par.expert}: {m.num_experts // par.expert} experts a rank)"
+            if par.expert > 1
+            else "1: every expert on the rank computes the b*s*k routed tokens, whatever the imbalance"
+        ),
+    )
+    out = dict(
+        expert_parallel=par.expert,
+        experts_per_rank=m.num_experts // par.expert,
+        routing_imbalance=f,
+        routed_load=load,
+        fits_up_to_imbalance=None,
+    )
     if usable is None or par.expert == 1:
         return out
     ceiling = routed_load(m, par, float("inf"))  # the group's every token on this rank's experts
 
     def fits(imbalance: float) -> bool:
         c = dataclasses.replace(cfg, plan=dataclasses.replace(cfg.plan, routing_imbalance=imbalance))
-        return max(sum(n for _, n in parts) for parts in step_phases(c, st, cfg.train.micro_batch_size).values()) \
-            <= usable
+        return (
+            max(sum(n for _, n in parts) for parts in step_phases(c, st, cfg.train.micro_batch_size).values()) <= usable
+        )
 
     if not fits(1.0):
         limit, why = 0.0, "does not fit even with perfectly balanced routing"
@@ -219,12 +310,15 @@ def _moe_fit(cfg, st, usable: int | None, ex: Explain) -> dict:
 # Expandable segments grow in place in 2 MiB pages instead of a new segment being cut for each new largest size
 # (pytorch/pytorch#96995); what they leave is measured nowhere public, so the default stays 10%, a margin that
 # also holds what no phase counts: cuBLAS / cuDNN workspaces, inductor's scratch, NCCL's trees and NVLS.
-FRAGMENTATION_WHY = ("hardware.fragmentation is 10% by default even with PYTORCH_CUDA_ALLOC_CONF="
-                     "expandable_segments:True, which the trainer sets unless the variable is set: it removes most "
-                     "fragmentation (no public figure says how much stays), and the margin also holds library "
-                     "workspaces that no phase counts")
-COMPILED_BASIS = ("eager phases with the blocks' saved tensors as inductor's partitioner keeps them "
-                  "(measured on CPU, torch 2.13)")
+FRAGMENTATION_WHY = (
+    "hardware.fragmentation is 10% by default even with PYTORCH_CUDA_ALLOC_CONF="
+    "expandable_segments:True, which the trainer sets unless the variable is set: it removes most "
+    "fragmentation (no public figure says how much stays), and the margin also holds library "
+    "workspaces that no phase counts"
+)
+COMPILED_BASIS = (
+    "eager phases with the blocks' saved tensors as inductor's partitioner keeps them (measured on CPU, torch 2.13)"
+)
 
 
 def _compiled_peak(cfg, st, ex: Explain) -> tuple[int | None, str | None]:
@@ -235,15 +329,33 @@ def _compiled_peak(cfg, st, ex: Explain) -> tuple[int | None, str | None]:
         ex.add("memory", "compiled", "eager", "train.compile resolves to eager for this device")
         return None, None
     t, par = cfg.train, cfg.parallel
-    act = activation_bytes(cfg.model, t, par, native_gqa=planned_native_gqa(cfg), compiled=True,
-                           imbalance=cfg.plan.routing_imbalance, documents=planned_document_kernel(cfg, compiled=True))
-    ex.add("memory", "activations per layer, compiled", gib(act["per_layer"]),
-           " + ".join(x.formula for x in act["layer_terms"]) + (f", / tensor {par.tensor}" if par.tensor > 1 else ""))
-    totals = {name: sum(n for _, n in parts)
-              for name, parts in step_phases(cfg, st, t.micro_batch_size, compiled=True).items()}
+    act = activation_bytes(
+        cfg.model,
+        t,
+        par,
+        native_gqa=planned_native_gqa(cfg),
+        compiled=True,
+        imbalance=cfg.plan.routing_imbalance,
+        documents=planned_document_kernel(cfg, compiled=True),
+    )
+    ex.add(
+        "memory",
+        "activations per layer, compiled",
+        gib(act["per_layer"]),
+        " + ".join(x.formula for x in act["layer_terms"]) + (f", / tensor {par.tensor}" if par.tensor > 1 else ""),
+    )
+    totals = {
+        name: sum(n for _, n in parts)
+        for name, parts in step_phases(cfg, st, t.micro_batch_size, compiled=True).items()
+    }
     phase = max(PHASES, key=lambda name: totals[name])
-    ex.add("memory", "compiled", gib(totals[phase]), f"the largest phase with compiled blocks: {phase} "
-           f"{totals[phase]:,} ({', '.join(f'{k} {v:,}' for k, v in totals.items())}); {COMPILED_BASIS}")
+    ex.add(
+        "memory",
+        "compiled",
+        gib(totals[phase]),
+        f"the largest phase with compiled blocks: {phase} "
+        f"{totals[phase]:,} ({', '.join(f'{k} {v:,}' for k, v in totals.items())}); {COMPILED_BASIS}",
+    )
     return totals[phase], COMPILED_BASIS
 
 
@@ -251,13 +363,20 @@ def _buffers(cfg, st, zero: int) -> tuple[int, str]:
     dp = cfg.parallel.data_parallel
     loss, formula = loss_part(cfg, cfg.train.micro_batch_size, "forward")
     t = cfg.parallel.tensor
-    parts, why = [loss], [f"{cfg.train.loss} loss working set at the end of forward {loss:,}: {formula}"
-                          + (f", V terms / tensor {t}" if t > 1 else "")]
+    parts, why = (
+        [loss],
+        [
+            f"{cfg.train.loss} loss working set at the end of forward {loss:,}: {formula}"
+            + (f", V terms / tensor {t}" if t > 1 else "")
+        ],
+    )
     if dp > 1 and zero >= 2:
         rs = 4 * st["per_layer_params"]
         parts.append(rs)
-        why.append(f"FSDP reduce-scatter of one block's fp32 gradients {rs:,} (4 x {st['per_layer_params']:,} "
-                   + ("parameters per tensor rank)" if t > 1 else "parameters)"))
+        why.append(
+            f"FSDP reduce-scatter of one block's fp32 gradients {rs:,} (4 x {st['per_layer_params']:,} "
+            + ("parameters per tensor rank)" if t > 1 else "parameters)")
+        )
     nccl, nccl_why = nccl_buffers(cfg)
     if nccl:
         parts.append(nccl)

@@ -28,14 +28,24 @@ def mixture_supply(cfg, tokens: int, ex: Explain) -> dict | None:
         if s["tokens_available"] is None:
             ex.add("mixture", f"{s['name']}.tokens_available", None, f"{s['dir']} has no finished meta.json yet")
         else:
-            ex.add("mixture", f"{s['name']}.tokens_available", s["tokens_available"],
-                   f"num_tokens.train of {s['dir']}/meta.json{' (sum of its shards)' if s['sharded'] else ''}")
+            ex.add(
+                "mixture",
+                f"{s['name']}.tokens_available",
+                s["tokens_available"],
+                f"num_tokens.train of {s['dir']}/meta.json{' (sum of its shards)' if s['sharded'] else ''}",
+            )
     short = _draw(sources, tokens)
     for s in sources:
         if s["epochs"] is not None:
-            ex.add("mixture", f"{s['name']}.epochs", s["epochs"], f"tokens drawn {s['tokens_planned']:,} / "
-                   f"tokens available {s['tokens_available']:,} (weight {s['weight']:.3g} of {tokens:,}"
-                   + (f", at most max_epochs {s['max_epochs']:g}" if s["max_epochs"] else "") + ")")
+            ex.add(
+                "mixture",
+                f"{s['name']}.epochs",
+                s["epochs"],
+                f"tokens drawn {s['tokens_planned']:,} / "
+                f"tokens available {s['tokens_available']:,} (weight {s['weight']:.3g} of {tokens:,}"
+                + (f", at most max_epochs {s['max_epochs']:g}" if s["max_epochs"] else "")
+                + ")",
+            )
     return {"sources": [{k: v for k, v in s.items() if k != "sharded"} for s in sources], "tokens_short": short}
 
 
@@ -46,8 +56,11 @@ def _draw(sources: list[dict], tokens: int) -> int:
     remaining = float(tokens) * sum(s["weight"] for s in active)  # unprepared sources keep their share to themselves
     while active:
         total = sum(s["weight"] for s in active)
-        full = [s for s in active if s["max_epochs"] and remaining * s["weight"] / total
-                > s["max_epochs"] * s["tokens_available"]]
+        full = [
+            s
+            for s in active
+            if s["max_epochs"] and remaining * s["weight"] / total > s["max_epochs"] * s["tokens_available"]
+        ]
         if not full:
             for s in active:
                 s["tokens_planned"], s["capped"] = int(remaining * s["weight"] / total), False
@@ -71,8 +84,10 @@ def read_counts(path: Path, vocab_size: int) -> dict:
         if "num_tokens" in meta:
             metas, sharded = [meta], "shards" in meta
         else:
-            metas, sharded = [json.loads((path / shard / "meta.json").read_text(encoding="utf-8"))
-                              for shard in meta["shards"]], True
+            metas, sharded = (
+                [json.loads((path / shard / "meta.json").read_text(encoding="utf-8")) for shard in meta["shards"]],
+                True,
+            )
         train = sum(int(m["num_tokens"]["train"]) for m in metas)
         stored = sum(int(m["num_tokens"]["train"]) + int(m["num_tokens"].get("val", 0)) for m in metas)
         width = TOKEN_DTYPE_BYTES.get(metas[0].get("dtype"), token_bytes(vocab_size))
@@ -91,17 +106,23 @@ def mixture_advice(mixture: dict | None) -> list[str]:
         if s["epochs"] is None:
             continue
         if s["capped"]:
-            lines.append(f"data.mixture: source {s['name']!r} reaches its max_epochs {s['max_epochs']:g} before "
-                         "the run's end: the trainer stops it there and the other sources take its share (their "
-                         "epochs above include it)")
+            lines.append(
+                f"data.mixture: source {s['name']!r} reaches its max_epochs {s['max_epochs']:g} before "
+                "the run's end: the trainer stops it there and the other sources take its share (their "
+                "epochs above include it)"
+            )
         elif s["epochs"] > MAX_EPOCHS:
-            lines.append(f"data.mixture: source {s['name']!r} is read {s['epochs']:.3g} times ("
-                         f"{s['tokens_planned']:,} of its {s['tokens_available']:,} tokens): beyond ~{MAX_EPOCHS} "
-                         "epochs repeated tokens are worth much less than new ones (Muennighoff et al. 2023, "
-                         "'Scaling Data-Constrained Language Models'); lower its weight, set its max_epochs or add "
-                         "unique text")
+            lines.append(
+                f"data.mixture: source {s['name']!r} is read {s['epochs']:.3g} times ("
+                f"{s['tokens_planned']:,} of its {s['tokens_available']:,} tokens): beyond ~{MAX_EPOCHS} "
+                "epochs repeated tokens are worth much less than new ones (Muennighoff et al. 2023, "
+                "'Scaling Data-Constrained Language Models'); lower its weight, set its max_epochs or add "
+                "unique text"
+            )
     if mixture["tokens_short"] > 0:
-        lines.append(f"data.mixture: every source reaches its max_epochs {mixture['tokens_short']:,} tokens before "
-                     "the run's end, where the trainer stops with an error; raise a max_epochs, add a source "
-                     "without one, or train fewer tokens")
+        lines.append(
+            f"data.mixture: every source reaches its max_epochs {mixture['tokens_short']:,} tokens before "
+            "the run's end, where the trainer stops with an error; raise a max_epochs, add a source "
+            "without one, or train fewer tokens"
+        )
     return lines

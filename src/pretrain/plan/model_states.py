@@ -15,8 +15,14 @@ from .stages import chunks_per_stage, param_stages, stage_param_shapes
 # Tensor parallelism as the trainer splits the model (distributed/tensor_parallel.py): the q/k/v and MLP up (gate
 # and up) projections, the embedding and the output layer by rows (output features; vocabulary), the attention
 # output and MLP down projections by columns (input features).
-COLUMN_PARALLEL = (".attn.qkv.weight", ".attn.qkv.bias", ".mlp.up.weight", ".mlp.up.bias", "embed.weight",
-                   "lm_head.weight")
+COLUMN_PARALLEL = (
+    ".attn.qkv.weight",
+    ".attn.qkv.bias",
+    ".mlp.up.weight",
+    ".mlp.up.bias",
+    "embed.weight",
+    "lm_head.weight",
+)
 ROW_PARALLEL = (".attn.proj.weight", ".mlp.down.weight")
 
 
@@ -101,8 +107,10 @@ def model_state_tensors(cfg, rank: int | None = None, stage: int | None = None) 
     dp, ep = par.data_parallel, par.expert
     whole = param_shapes(m)
     stage = (heaviest_stage(cfg) if par.pipeline > 1 else 0) if stage is None else stage
-    shapes = [(n, tensor_parallel_shape(n, s, par.tensor))
-              for n, s in stage_param_shapes(m, stage, par.pipeline, chunks_per_stage(par))]
+    shapes = [
+        (n, tensor_parallel_shape(n, s, par.tensor))
+        for n, s in stage_param_shapes(m, stage, par.pipeline, chunks_per_stage(par))
+    ]
     if ep > 1:  # each rank holds E / ep of the routed experts
         whole, shapes = ([(n, expert_parallel_shape(n, s, ep)) for n, s in x] for x in (whole, shapes))
     # One block's and the root's tensors as this rank holds them (a stage's list may lack block 0).
@@ -124,15 +132,22 @@ def model_state_tensors(cfg, rank: int | None = None, stage: int | None = None) 
     owned = list(range(len(shapes)))
     if zero == 1:  # each rank owns its share of the dense tensors (over dp) and of its experts' (over dp / ep)
         owned = _zero1_owned(m, shapes, dp, ep, rank)
-    n_states = sum(_state_numel(t.optimizer, _shape_for(s, group(n), sharded, place(n)), t.momentum)
-                   for n, s in (shapes[i] for i in owned))
+    n_states = sum(
+        _state_numel(t.optimizer, _shape_for(s, group(n), sharded, place(n)), t.momentum)
+        for n, s in (shapes[i] for i in owned)
+    )
     steps = 4 * len(owned) if _has_step(t.optimizer) else 0
 
     copies = _working_copies(cfg, shapes, whole, block_shapes, zero)
-    out = dict(parameters=param_bytes * n_params, gradients=grad_bytes * n_params,
-               optimizer_states=state_bytes * n_states + steps, working_copies=copies,
-               optimizer_working=_optimizer_working(cfg, shapes, owned, dp, sharded, state_bytes),
-               per_layer_params=_block_share(cfg, whole), stage=stage)
+    out = dict(
+        parameters=param_bytes * n_params,
+        gradients=grad_bytes * n_params,
+        optimizer_states=state_bytes * n_states + steps,
+        working_copies=copies,
+        optimizer_working=_optimizer_working(cfg, shapes, owned, dp, sharded, state_bytes),
+        per_layer_params=_block_share(cfg, whole),
+        stage=stage,
+    )
     return out
 
 
@@ -153,8 +168,9 @@ def _working_copies(cfg, shapes, whole, block_shapes, zero: int) -> int:
     compute_bytes = 2 if (mixed or t.precision == "bf16") else 4
     # fp8 (plan/fp8.py): torchao keeps no autocast copy of a converted weight, and tensorwise under FSDP
     # gathers it in float8, a byte an element less than bf16.
-    converted = fp8.converted_numel_per_layer(cfg) // (par.tensor if par.pipeline == 1 else 1) \
-        if t.precision == "fp8" else 0  # as block_shapes holds them
+    converted = (
+        fp8.converted_numel_per_layer(cfg) // (par.tensor if par.pipeline == 1 else 1) if t.precision == "fp8" else 0
+    )  # as block_shapes holds them
     gathered_saved = fp8.gathered_bytes_saved(cfg, converted) if converted else 0
     if par.pipeline > 1 and zero >= 2:
         gathered_saved = 0  # ZeRO 2/3 per pipeline stage is planned, not trained: no float8 gather counted
@@ -171,8 +187,9 @@ def _working_copies(cfg, shapes, whole, block_shapes, zero: int) -> int:
         # train.cache_weight_casts every block's, for the whole step
         recomputed = t.activation_checkpointing != "none" and not caches_weight_casts(t, par)
         layers_kept = 1 if recomputed else layers_here
-        copies = 2 * (layers_kept * (layer_matmul - converted) + output_matmul) // (par.tensor if par.pipeline > 1
-                                                                                    else 1)
+        copies = (
+            2 * (layers_kept * (layer_matmul - converted) + output_matmul) // (par.tensor if par.pipeline > 1 else 1)
+        )
     else:
         copies = 0
     return copies
@@ -200,8 +217,11 @@ def _zero1_owned(m, shapes, dp: int, ep: int, rank: int | None) -> list[int]:
         part = [shapes[i] for i in ix]
         partition = zero1_partition(part, ranks, decay_groups(m, part))
         r = None if rank is None else rank // ep if experts else rank  # its place among `ranks`
-        mine = (partition[r] if r < len(partition) else []) if r is not None else max(
-            partition, key=lambda own: sum(numel(part[i][1]) for i in own), default=[])
+        mine = (
+            (partition[r] if r < len(partition) else [])
+            if r is not None
+            else max(partition, key=lambda own: sum(numel(part[i][1]) for i in own), default=[])
+        )
         owned += [ix[i] for i in mine]
     return owned
 
@@ -214,6 +234,7 @@ def _block_kinds(m) -> set[str]:
 def _heaviest_block(m, shapes, matmul: bool = False, biases: bool = False) -> int:
     """Parameters of the largest block in `shapes` (an MoE block or a dense one; all equal in a dense model);
     `matmul`: its matrices only, `biases`: and the linears' biases (not the norms')."""
+
     def counted(n, s):
         return not matmul or len(s) >= 2 or (biases and n.endswith(".bias") and not n.endswith("norm.bias"))
 
@@ -261,10 +282,12 @@ def _shape_for(shape, dp, sharded, rank=0):
 
 def _block_share(cfg, shapes) -> int:
     """Parameters of one block on one tensor rank: the matmuls split t ways, the norms replicated."""
+
     def share(kind):
         per_layer = sum(numel(s) for n, s in shapes if n.startswith(kind))
         layer_norms = sum(numel(s) for n, s in shapes if n.startswith(kind) and "norm" in n)
         return (per_layer - layer_norms) // cfg.parallel.tensor + layer_norms
+
     return max(share(kind) for kind in _block_kinds(cfg.model))
 
 

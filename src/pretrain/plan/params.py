@@ -32,22 +32,21 @@ from ..config.schema import padded_vocab_size
 
 @dataclass(frozen=True)
 class ParamCounts:
-    token_embedding: int     # V*H: the input lookup table
+    token_embedding: int  # V*H: the input lookup table
     position_embedding: int  # GPT-2's learned positions (a lookup too)
-    attention: int           # all layers
-    mlp: int                 # all layers (MoE: routers, routed and shared experts, dense MLPs)
-    norm: int                # all layers + final norm
-    output: int              # untied output layer (0 when tied: the embedding matrix is reused)
-    per_layer: int           # one block (MoE: one MoE block, every expert)
-    vocab_hidden: int        # V*H, the output matmul's weights whether tied or not
+    attention: int  # all layers
+    mlp: int  # all layers (MoE: routers, routed and shared experts, dense MLPs)
+    norm: int  # all layers + final norm
+    output: int  # untied output layer (0 when tied: the embedding matrix is reused)
+    per_layer: int  # one block (MoE: one MoE block, every expert)
+    vocab_hidden: int  # V*H, the output matmul's weights whether tied or not
     routed_experts: int = 0  # MoE: every routed expert of every layer
-    inactive: int = 0        # MoE: the routed-expert parameters a token does not run, (E - k)/E of them
+    inactive: int = 0  # MoE: the routed-expert parameters a token does not run, (E - k)/E of them
     final_norm: int = 0
 
     @property
     def total(self) -> int:
-        return (self.token_embedding + self.position_embedding + self.attention + self.mlp + self.norm
-                + self.output)
+        return self.token_embedding + self.position_embedding + self.attention + self.mlp + self.norm + self.output
 
     @property
     def embedding(self) -> int:
@@ -76,11 +75,22 @@ class ParamCounts:
 
     def as_dict(self) -> dict:
         moe = dict(routed_experts=self.routed_experts) if self.routed_experts else {}
-        return dict(total=self.total, embedding=self.embedding, non_embedding=self.non_embedding,
-                    token_embedding=self.token_embedding, position_embedding=self.position_embedding,
-                    attention=self.attention, mlp=self.mlp, norm=self.norm, output=self.output,
-                    per_layer=self.per_layer, flops=self.flops, active=self.active,
-                    active_no_embedding=self.active - self.embedding, **moe)
+        return dict(
+            total=self.total,
+            embedding=self.embedding,
+            non_embedding=self.non_embedding,
+            token_embedding=self.token_embedding,
+            position_embedding=self.position_embedding,
+            attention=self.attention,
+            mlp=self.mlp,
+            norm=self.norm,
+            output=self.output,
+            per_layer=self.per_layer,
+            flops=self.flops,
+            active=self.active,
+            active_no_embedding=self.active - self.embedding,
+            **moe,
+        )
 
 
 def moe_layers(model) -> int:
@@ -148,12 +158,19 @@ def _attention_shapes(model) -> list[tuple[str, tuple[int, ...]]]:
     if model.kv_lora_rank:  # MLA, as DeepSeek-V2/V3 (and transformers' DeepseekV3Attention) build it
         rope, v = model.qk_rope_head_dim, model.v_head_dim or d
         if model.q_lora_rank:
-            out += [("q_a.weight", (model.q_lora_rank, H)), ("q_a_norm.weight", (model.q_lora_rank,)),
-                    ("q_b.weight", (n * d, model.q_lora_rank))]
+            out += [
+                ("q_a.weight", (model.q_lora_rank, H)),
+                ("q_a_norm.weight", (model.q_lora_rank,)),
+                ("q_b.weight", (n * d, model.q_lora_rank)),
+            ]
         else:
             out.append(("q.weight", (n * d, H)))
-        out += [("kv_a.weight", (model.kv_lora_rank + rope, H)), ("kv_a_norm.weight", (model.kv_lora_rank,)),
-                ("kv_b.weight", (n * (d - rope + v), model.kv_lora_rank)), ("proj.weight", (H, n * v))]
+        out += [
+            ("kv_a.weight", (model.kv_lora_rank + rope, H)),
+            ("kv_a_norm.weight", (model.kv_lora_rank,)),
+            ("kv_b.weight", (n * (d - rope + v), model.kv_lora_rank)),
+            ("proj.weight", (H, n * v)),
+        ]
         return out
     q, kv = n * d, model.num_kv_heads * d
     out.append(("qkv.weight", (q + 2 * kv, H)))
@@ -172,8 +189,10 @@ def _qk_norm_shapes(model) -> list[tuple[str, tuple[int, ...]]]:
     if not model.qk_norm:
         return []
     if model.qk_norm_over == "projection":
-        return [("q_norm.weight", (model.num_heads * model.head_dim,)),
-                ("k_norm.weight", (model.num_kv_heads * model.head_dim,))]
+        return [
+            ("q_norm.weight", (model.num_heads * model.head_dim,)),
+            ("k_norm.weight", (model.num_kv_heads * model.head_dim,)),
+        ]
     return [("q_norm.weight", (model.head_dim,)), ("k_norm.weight", (model.head_dim,))]
 
 
@@ -205,17 +224,24 @@ def param_shapes(model) -> list[tuple[str, tuple[int, ...]]]:
 
     def linear(prefix, out_features, in_features, has_bias):
         return [(f"{prefix}.weight", (out_features, in_features))] + (
-            [(f"{prefix}.bias", (out_features,))] if has_bias else [])
+            [(f"{prefix}.bias", (out_features,))] if has_bias else []
+        )
 
     # One block of each kind, by name suffix, then every block (the planner lists the tensors of 1,000 layers).
     if llama:
         attention = [(f".attn.{name}", shape) for name, shape in _attention_shapes(model) + _qk_norm_shapes(model)]
     else:
         attention = linear(".attn.qkv", q_width + 2 * kv_width, H, bias) + linear(".attn.proj", H, q_width, bias)
-    dense = norm(".attn_norm") + attention + norm(".mlp_norm") + linear(".mlp.up", 2 * I if llama else I, H, bias) \
+    dense = (
+        norm(".attn_norm")
+        + attention
+        + norm(".mlp_norm")
+        + linear(".mlp.up", 2 * I if llama else I, H, bias)
         + linear(".mlp.down", H, I, bias)
-    sparse = norm(".attn_norm") + attention + norm(".mlp_norm") + _moe_shapes(model, ".mlp") if moe_layers(model) \
-        else dense
+    )
+    sparse = (
+        norm(".attn_norm") + attention + norm(".mlp_norm") + _moe_shapes(model, ".mlp") if moe_layers(model) else dense
+    )
     shapes: list[tuple[str, tuple[int, ...]]] = [("embed.weight", (V, H))]
     if not llama:
         shapes.append(("pos_embed.weight", (model.max_seq_len, H)))

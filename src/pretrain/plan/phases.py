@@ -58,8 +58,10 @@ def nccl_buffers(cfg) -> tuple[int, str]:
         sizes = {"data": par.data_parallel, "tensor": par.tensor, "pipeline": par.pipeline}
         groups += [f"{name} parallel {n}" for name, n in sizes.items() if n > 1]
     per = NCCL_CHANNELS * NCCL_CONNECTION_BYTES
-    return len(groups) * per, (f"NCCL buffers of {len(groups)} communicator(s) ({', '.join(groups)}) x "
-                               f"{NCCL_CHANNELS} ring channels x 10 MiB (LL + LL128 + Simple NCCL_BUFFSIZE FIFOs)")
+    return len(groups) * per, (
+        f"NCCL buffers of {len(groups)} communicator(s) ({', '.join(groups)}) x "
+        f"{NCCL_CHANNELS} ring channels x 10 MiB (LL + LL128 + Simple NCCL_BUFFSIZE FIFOs)"
+    )
 
 
 def held_gradients(cfg, st) -> tuple[int, str]:
@@ -69,12 +71,13 @@ def held_gradients(cfg, st) -> tuple[int, str]:
     if par.data_parallel > 1 and par.zero_stage <= 1:
         return 0, "none beside DDP's gradient buckets, which are the gradients and counted in every phase"
     if t.grad_accum_steps == 1:
-        return 0, ("none: train.grad_accum_steps=1, the gradients appear in backward and the optimizer step "
-                   "frees them")
+        return 0, ("none: train.grad_accum_steps=1, the gradients appear in backward and the optimizer step frees them")
     if cfg.parallel.fsdp and par.grad_sync == "step":
         n = _unsharded_gradients(cfg)
-        return n, (f"FSDP without reduce-scatter between micro-batches (parallel.grad_sync=step) holds every "
-                   f"gradient unsharded in its reduce dtype: {n:,}")
+        return n, (
+            f"FSDP without reduce-scatter between micro-batches (parallel.grad_sync=step) holds every "
+            f"gradient unsharded in its reduce dtype: {n:,}"
+        )
     return st["gradients"], f"the earlier micro-batches' accumulated gradients {st['gradients']:,}"
 
 
@@ -84,8 +87,11 @@ def _unsharded_gradients(cfg, block_and_root: bool = False) -> int:
     the last micro-batch's backward are not yet reduce-scattered when that block, the last to run, does its
     backward."""
     shapes = param_shapes(cfg.model)
-    n = sum(numel(s) for name, s in shapes
-            if not block_and_root or not name.startswith("blocks.") or name.startswith("blocks.0."))
+    n = sum(
+        numel(s)
+        for name, s in shapes
+        if not block_and_root or not name.startswith("blocks.") or name.startswith("blocks.0.")
+    )
     if cfg.parallel.tensor * cfg.parallel.pipeline > 1:
         n = int(n * stage_share(cfg))
     return (2 if cfg.train.precision == "bf16" else 4) * n
@@ -137,10 +143,20 @@ def step_phases(cfg, st, b: int, compiled: bool = False) -> dict[str, list[tuple
     dp = par.data_parallel
     mixed = mixed_precision(t.precision)
     params, optimizer, _ = resident(cfg, st)
-    act = activation_bytes(cfg.model, t, par, b, native_gqa=planned_native_gqa(cfg), compiled=compiled,
-                           imbalance=cfg.plan.routing_imbalance, documents=planned_document_kernel(cfg, compiled))
-    always = [("parameters", params),
-                (f"{t.optimizer} states" + (" + fp32 master weights" if mixed else ""), optimizer)]
+    act = activation_bytes(
+        cfg.model,
+        t,
+        par,
+        b,
+        native_gqa=planned_native_gqa(cfg),
+        compiled=compiled,
+        imbalance=cfg.plan.routing_imbalance,
+        documents=planned_document_kernel(cfg, compiled),
+    )
+    always = [
+        ("parameters", params),
+        (f"{t.optimizer} states" + (" + fp32 master weights" if mixed else ""), optimizer),
+    ]
     if dp > 1 and par.zero_stage <= 1:
         # DDP (ZeRO-1 runs on it too) allocates its gradient buckets when it wraps the model, and with
         # gradient_as_bucket_view (distributed/engines.py) the gradients are views into them: alive in
@@ -157,33 +173,51 @@ def step_phases(cfg, st, b: int, compiled: bool = False) -> dict[str, list[tuple
     if cfg.parallel.fsdp and par.grad_sync == "step" and t.grad_accum_steps > 1:
         gradients += _unsharded_gradients(cfg, block_and_root=True)
     reduce_scatter = 4 * st["per_layer_params"] if cfg.parallel.fsdp else 0
-    first = [copies, (held_name, max(held, _first_block_gradients(cfg, st))),
-             ("first block backward runs: all activations, its recomputed ones, the residual gradients",
-              _backward_activations(cfg, act, b, first=True))]
+    first = [
+        copies,
+        (held_name, max(held, _first_block_gradients(cfg, st))),
+        (
+            "first block backward runs: all activations, its recomputed ones, the residual gradients",
+            _backward_activations(cfg, act, b, first=True),
+        ),
+    ]
     rest = _backward_activations(cfg, act, b, first=False)
     if cfg.parallel.fsdp:  # gradients arrive unsharded in the reduce-scatter buffer, sharded ones already counted
-        last = [("working copies", _backward_copies(cfg, st)), ("gradients", gradients),
-                ("last block backward runs: its activations, the residual gradients", rest),
-                ("FSDP reduce-scatter", reduce_scatter)]
+        last = [
+            ("working copies", _backward_copies(cfg, st)),
+            ("gradients", gradients),
+            ("last block backward runs: its activations, the residual gradients", rest),
+            ("FSDP reduce-scatter", reduce_scatter),
+        ]
     else:  # the block's gradients appear as its activations and working copies are freed: the larger of the two
         block = act["per_layer"] + act["recompute_working"]
         rest -= block
         block_grads = _block_gradients(cfg, st)
         cached = st["working_copies"] if caches_weight_casts(t, par) else 0  # train.cache_weight_casts
-        last = [("other blocks' gradients", gradients - block_grads),
-                ("the last block backward runs: its activations and copies, or its gradients",
-                 max(block + _backward_copies(cfg, st), block_grads)),
-                ("the residual gradients and the embedding's inputs", rest), ("weight-cast cache", cached)]
+        last = [
+            ("other blocks' gradients", gradients - block_grads),
+            (
+                "the last block backward runs: its activations and copies, or its gradients",
+                max(block + _backward_copies(cfg, st), block_grads),
+            ),
+            ("the residual gradients and the embedding's inputs", rest),
+            ("weight-cast cache", cached),
+        ]
     checkpoints = ("checkpoints' CPU generator states", _checkpoint_rng_states(cfg, act, compiled))
     first.append(checkpoints)
     phases = {
         "forward": [copies, (held_name, held), forward_act, checkpoints, ("loss working set", _loss_buffer(cfg, b))],
-        "loss_backward": [copies, (held_name, held), forward_act, checkpoints,
-                          ("loss backward", _loss_backward_buffer(cfg, b))],
-        "backward": max(first, last, _tied_embedding_backward(cfg, st, gradients),
-                        key=lambda parts: sum(n for _, n in parts)),
-        "optimizer_step": [("gradients", st["gradients"]),
-                           (f"{t.optimizer} working memory", st["optimizer_working"])],
+        "loss_backward": [
+            copies,
+            (held_name, held),
+            forward_act,
+            checkpoints,
+            ("loss backward", _loss_backward_buffer(cfg, b)),
+        ],
+        "backward": max(
+            first, last, _tied_embedding_backward(cfg, st, gradients), key=lambda parts: sum(n for _, n in parts)
+        ),
+        "optimizer_step": [("gradients", st["gradients"]), (f"{t.optimizer} working memory", st["optimizer_working"])],
     }
     return {name: [p for p in always + parts if p[1]] for name, parts in phases.items()}
 
@@ -227,8 +261,11 @@ def _first_block_gradients(cfg, st) -> int:
     shapes = param_shapes(cfg.model)
     total = sum(numel(s) for _, s in shapes)
     top = f"blocks.{cfg.model.num_layers - 1}."
-    made = sum(numel(s) for n, s in shapes if n.startswith(("norm.", "lm_head.", top))
-               or (n == "embed.weight" and cfg.model.tie_embeddings))
+    made = sum(
+        numel(s)
+        for n, s in shapes
+        if n.startswith(("norm.", "lm_head.", top)) or (n == "embed.weight" and cfg.model.tie_embeddings)
+    )
     return st["gradients"] * made // total
 
 

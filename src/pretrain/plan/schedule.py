@@ -14,8 +14,16 @@ import math
 from ..errors import ConfigError
 
 
-def micro_batches_per_step(tokens_seen: int, *, seq_len: int, micro_batch_size: int, data_parallel: int,
-                           grad_accum_steps: int, ramp_tokens: int, ramp_start: int) -> int:
+def micro_batches_per_step(
+    tokens_seen: int,
+    *,
+    seq_len: int,
+    micro_batch_size: int,
+    data_parallel: int,
+    grad_accum_steps: int,
+    ramp_tokens: int,
+    ramp_start: int,
+) -> int:
     """Gradient-accumulation steps of the optimizer step that starts after `tokens_seen` tokens."""
     if ramp_tokens <= 0 or tokens_seen >= ramp_tokens:
         return grad_accum_steps
@@ -27,8 +35,16 @@ def micro_batches_per_step(tokens_seen: int, *, seq_len: int, micro_batch_size: 
     return max(1, min(grad_accum_steps, k))
 
 
-def _next_change(k: int, *, seq_len: int, micro_batch_size: int, data_parallel: int, grad_accum_steps: int,
-                 ramp_tokens: int, ramp_start: int) -> int:
+def _next_change(
+    k: int,
+    *,
+    seq_len: int,
+    micro_batch_size: int,
+    data_parallel: int,
+    grad_accum_steps: int,
+    ramp_tokens: int,
+    ramp_start: int,
+) -> int:
     """First token count at which a ramp step of k micro-batches grows to k + 1 (or the ramp ends): the
     batch is k for every step that starts before it, so runs of equal steps can be jumped over."""
     unit = seq_len * micro_batch_size * data_parallel
@@ -39,13 +55,27 @@ def _next_change(k: int, *, seq_len: int, micro_batch_size: int, data_parallel: 
     return min(boundary, ramp_tokens)
 
 
-def steps_for_tokens(tokens: int, *, seq_len: int, micro_batch_size: int, data_parallel: int,
-                     grad_accum_steps: int, ramp_tokens: int, ramp_start: int) -> int:
+def steps_for_tokens(
+    tokens: int,
+    *,
+    seq_len: int,
+    micro_batch_size: int,
+    data_parallel: int,
+    grad_accum_steps: int,
+    ramp_tokens: int,
+    ramp_start: int,
+) -> int:
     """Optimizer steps until at least `tokens` tokens are seen, following the ramp (jumping whole runs of
     equal batch size, so it is instant even for millions of steps)."""
     unit = seq_len * micro_batch_size * data_parallel
-    args = dict(seq_len=seq_len, micro_batch_size=micro_batch_size, data_parallel=data_parallel,
-                grad_accum_steps=grad_accum_steps, ramp_tokens=ramp_tokens, ramp_start=ramp_start)
+    args = dict(
+        seq_len=seq_len,
+        micro_batch_size=micro_batch_size,
+        data_parallel=data_parallel,
+        grad_accum_steps=grad_accum_steps,
+        ramp_tokens=ramp_tokens,
+        ramp_start=ramp_start,
+    )
     seen = steps = 0
     while seen < tokens:
         k = micro_batches_per_step(seen, **args)
@@ -86,12 +116,16 @@ def checked_warmup(train, total_steps: int) -> int:
     a warm-up as long as the run, or a wsd decay that would start inside the warm-up."""
     warmup = warmup_steps(train.warmup, total_steps)
     if warmup >= total_steps:
-        raise ConfigError(f"train.warmup: {warmup} warm-up steps is not shorter than the run ({total_steps} "
-                          "steps); lower train.warmup")
+        raise ConfigError(
+            f"train.warmup: {warmup} warm-up steps is not shorter than the run ({total_steps} "
+            "steps); lower train.warmup"
+        )
     decay = _wsd_decay_steps(train.decay_fraction, total_steps)
     if train.schedule == "wsd" and total_steps - decay < warmup:
-        raise ConfigError(f"train.decay_fraction: the wsd decay over the last {decay} of {total_steps} steps would "
-                          f"start inside the {warmup}-step warm-up; lower train.decay_fraction or train.warmup")
+        raise ConfigError(
+            f"train.decay_fraction: the wsd decay over the last {decay} of {total_steps} steps would "
+            f"start inside the {warmup}-step warm-up; lower train.decay_fraction or train.warmup"
+        )
     return warmup
 
 
@@ -99,8 +133,16 @@ def _wsd_decay_steps(decay_fraction: float, total_steps: int) -> int:
     return max(1, int(round(decay_fraction * total_steps)))
 
 
-def learning_rate(step: int, *, total_steps: int, warmup: int, peak: float, min_ratio: float,
-                  schedule: str, decay_fraction: float = 0.2) -> float:
+def learning_rate(
+    step: int,
+    *,
+    total_steps: int,
+    warmup: int,
+    peak: float,
+    min_ratio: float,
+    schedule: str,
+    decay_fraction: float = 0.2,
+) -> float:
     """LR for optimizer step `step` (0-based): linear warm-up to `peak`, then decay to `min_ratio * peak`.
     A resume into a longer or shorter run follows the schedule of its new length (resumed_schedule).
 
@@ -144,19 +186,36 @@ def resumed_schedule(train, saved: dict, total_steps: int) -> tuple[int, dict | 
     kept = dataclasses.replace(train, warmup=int(warmup))
     if old_total == total_steps or step >= total_steps:
         return checked_warmup(kept, total_steps), None
-    args = dict(warmup=warmup, peak=train.lr, min_ratio=train.min_lr_ratio, schedule=train.schedule,
-                decay_fraction=train.decay_fraction)
+    args = dict(
+        warmup=warmup,
+        peak=train.lr,
+        min_ratio=train.min_lr_ratio,
+        schedule=train.schedule,
+        decay_fraction=train.decay_fraction,
+    )
     before = learning_rate(step, total_steps=old_total, **args)
     after = learning_rate(step, total_steps=total_steps, **args)
     if train.schedule in ("cosine", "linear") and not train.schedule_restart:
-        raise ConfigError(f"train.schedule_restart: the run was {old_total} steps and is now {total_steps}: its "
-                          f"{train.schedule} schedule would stretch and the learning rate at step {step} jump from "
-                          f"{before:.3g} to {after:.3g}; set train.schedule_restart=true to follow the {total_steps}-"
-                          f"step {train.schedule} from here, or keep the run's length")
-    event = {"event": "schedule_changed", "step": step, "schedule": train.schedule, "old_total": old_total,
-             "new_total": total_steps, "lr_at_resume_before": before, "lr_at_resume_after": after}
+        raise ConfigError(
+            f"train.schedule_restart: the run was {old_total} steps and is now {total_steps}: its "
+            f"{train.schedule} schedule would stretch and the learning rate at step {step} jump from "
+            f"{before:.3g} to {after:.3g}; set train.schedule_restart=true to follow the {total_steps}-"
+            f"step {train.schedule} from here, or keep the run's length"
+        )
+    event = {
+        "event": "schedule_changed",
+        "step": step,
+        "schedule": train.schedule,
+        "old_total": old_total,
+        "new_total": total_steps,
+        "lr_at_resume_before": before,
+        "lr_at_resume_after": after,
+    }
     if train.schedule == "wsd":
         old_start = old_total - _wsd_decay_steps(train.decay_fraction, old_total)
-        event.update(decay_start=total_steps - _wsd_decay_steps(train.decay_fraction, total_steps),
-                     old_decay_start=old_start, inside_old_decay=step > old_start)
+        event.update(
+            decay_start=total_steps - _wsd_decay_steps(train.decay_fraction, total_steps),
+            old_decay_start=old_start,
+            inside_old_decay=step > old_start,
+        )
     return checked_warmup(kept, total_steps), event

@@ -63,8 +63,11 @@ def start_query(items: list[str]) -> str:
 
     path, given = split_items(items)
     load_config(path, given)
-    pairs = {f"{section}.{key}": _text(value) for section, keys in read_yaml(path).items()
-             for key, value in (keys or {}).items()}
+    pairs = {
+        f"{section}.{key}": _text(value)
+        for section, keys in read_yaml(path).items()
+        for key, value in (keys or {}).items()
+    }
     pairs.update(split_override(item) for item in given)  # an override replaces the file's value
     return "&".join(f"{quote(k, safe='.')}={quote(v, safe='.,-+/')}" for k, v in pairs.items())
 
@@ -81,6 +84,7 @@ def _text(value) -> str:
 
 
 # --- the answers -----------------------------------------------------------------------------------------
+
 
 def overrides(query: str) -> list[str]:
     """`a.b=1&c.d=x` -> ["a.b=1", "c.d=x"], as the CLI takes them; a pair without a section is refused."""
@@ -145,8 +149,12 @@ def choices_answer(_query: str = "") -> str:
     from ..gpus import CATALOG
     from ..presets import PRESETS
 
-    menus = {f"{s}.{f.name}": [str(c) for c in f.metadata["choices"]] for s, cls in SECTIONS.items()
-             for f in dataclasses.fields(cls) if f.metadata.get("choices")}
+    menus = {
+        f"{s}.{f.name}": [str(c) for c in f.metadata["choices"]]
+        for s, cls in SECTIONS.items()
+        for f in dataclasses.fields(cls)
+        if f.metadata.get("choices")
+    }
     return json.dumps({"presets": list(PRESETS), "gpus": list(CATALOG), "menus": menus})
 
 
@@ -167,8 +175,14 @@ def hf_config_answer(body: bytes) -> str:
     return json.dumps({f"model.{k}": _text(v) for k, v in keys.items()})
 
 
-GET = {"/api/plan": plan_answer, "/api/fit": fit_answer, "/api/explain": explain_answer,
-       "/api/phases": phases_answer, "/api/command": command_answer, "/api/choices": choices_answer}
+GET = {
+    "/api/plan": plan_answer,
+    "/api/fit": fit_answer,
+    "/api/explain": explain_answer,
+    "/api/phases": phases_answer,
+    "/api/command": command_answer,
+    "/api/choices": choices_answer,
+}
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -190,8 +204,7 @@ class Handler(BaseHTTPRequestHandler):
             return self._send(404, b"no such API", "text/plain")
         size = int(self.headers.get("Content-Length") or 0)
         if size > MAX_BODY:
-            return self._send(400, b"the pasted config.json is over 1 MiB; paste the model's config.json",
-                              "text/plain")
+            return self._send(400, b"the pasted config.json is over 1 MiB; paste the model's config.json", "text/plain")
         self._answer(hf_config_answer, self.rfile.read(size))
 
     def _answer(self, answer, arg) -> None:
@@ -202,8 +215,11 @@ class Handler(BaseHTTPRequestHandler):
             body, status, kind = str(e).encode(), 400, "text/plain"
         except Exception as e:  # noqa: BLE001 - a bug: one line on the page, the traceback in the terminal
             traceback.print_exc()
-            body, status, kind = f"internal error ({type(e).__name__}: {e}); please report it".encode(), 500, \
-                "text/plain"
+            body, status, kind = (
+                f"internal error ({type(e).__name__}: {e}); please report it".encode(),
+                500,
+                "text/plain",
+            )
         if answer is explain_answer and status == 200:
             kind = "text/plain"
         self._send(status, body, kind, elapsed=time.perf_counter() - start)

@@ -117,11 +117,20 @@ def step_time(c, counts, fl: dict, peak: float | None, ex: Explain | None = None
     tokens = t.seq_len * t.micro_batch_size * t.grad_accum_steps * par.data_parallel
     model_per_token = fl["per_token_6n"] if c.flops.convention == "6n" else fl["per_token"]
     utilisation = mfu(tokens / seconds, model_per_token, par.gpus, peak)
-    ex.add("step_time", "seconds", seconds, f"forward/backward {out['forward_backward_s']:.4g} + exposed data "
-           f"parallel {out['data_parallel_exposed_s']:.4g} + optimizer {out['optimizer_s']:.4g}")
+    ex.add(
+        "step_time",
+        "seconds",
+        seconds,
+        f"forward/backward {out['forward_backward_s']:.4g} + exposed data "
+        f"parallel {out['data_parallel_exposed_s']:.4g} + optimizer {out['optimizer_s']:.4g}",
+    )
     ex.add("step_time", "tokens_per_second", tokens / seconds, f"{tokens:,} tokens per step / {seconds:.4g} s")
-    ex.add("step_time", "mfu", utilisation, f"tokens/s x {model_per_token:,} model FLOPs/token / "
-           f"({par.gpus} x {peak:g} TFLOP/s)")
+    ex.add(
+        "step_time",
+        "mfu",
+        utilisation,
+        f"tokens/s x {model_per_token:,} model FLOPs/token / ({par.gpus} x {peak:g} TFLOP/s)",
+    )
     if t.precision == "fp8":  # the MFU against both peaks, `mfu` being the bf16 one (plan/fp8.py)
         out.update(fp8.mfu_fields(c, fl, utilisation, model_per_token))
     return {"seconds": seconds, "tokens_per_second": tokens / seconds, "mfu": utilisation, **out}
@@ -132,8 +141,12 @@ def gemm_intensity(m, tp: int, a: int) -> float:
     of activations read and written; the weights, reused over the b*s rows, are left out."""
     q, kv = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
     up = 2 * m.intermediate_size if m.family == "llama" else m.intermediate_size  # SwiGLU: gate and up
-    shapes = [(m.hidden_size, (q + 2 * kv) / tp), (q / tp, m.hidden_size), (m.hidden_size, up / tp),
-              (m.intermediate_size / tp, m.hidden_size)]
+    shapes = [
+        (m.hidden_size, (q + 2 * kv) / tp),
+        (q / tp, m.hidden_size),
+        (m.hidden_size, up / tp),
+        (m.intermediate_size / tp, m.hidden_size),
+    ]
     return sum(2 * k * n for k, n in shapes) / sum(a * (k + n) for k, n in shapes)
 
 
@@ -161,17 +174,34 @@ def _micro_batch(c, counts, fl: dict, peak: float, ex: Explain) -> dict:
         ex.add("step_time", "fp8_cast_s", cast_s, fp8_how)
     hopper = spec.name in HOPPER_GPUS and not (hw.profile and not hw.peak_tflops)
     attention_rate = peak * HOPPER_ATTENTION_PEAK if hopper else rate * ATTENTION_EFFICIENCY
-    attention_how = f"peak {peak:g} x {HOPPER_ATTENTION_PEAK} (FlashAttention-2 on Hopper)" if hopper else \
-        f"{rate:.4g} x {ATTENTION_EFFICIENCY}"
+    attention_how = (
+        f"peak {peak:g} x {HOPPER_ATTENTION_PEAK} (FlashAttention-2 on Hopper)"
+        if hopper
+        else f"{rate:.4g} x {ATTENTION_EFFICIENCY}"
+    )
     attention_s = attention * tokens / shard / (attention_rate * 1e12)
     ex.add("step_time", "achievable_tflops", rate, rate_how)
-    ex.add("step_time", "matmul_s", matmul_s, f"{matmul:,} hardware FLOPs/token (no attention) x b*s {tokens:,} / "
-           f"(tensor {tp} x pipeline {pp}) / ({rate:.4g} TFLOP/s x tile {tile:.3g})"
-           + ("" if on_gpu else "; no tiles on a CPU"))
-    ex.add("step_time", "gemm_operand_s", operand_s, f"the same FLOPs / {intensity:.4g} FLOPs per byte of "
-           "activations the GEMMs read and write / HBM" + ("" if on_gpu else "; not modelled on a CPU"))
-    ex.add("step_time", "attention_s", attention_s, f"{attention:,.0f} attention FLOPs/token (as the plan counts "
-           f"them) x {tokens:,} / {shard} / ({attention_how})")
+    ex.add(
+        "step_time",
+        "matmul_s",
+        matmul_s,
+        f"{matmul:,} hardware FLOPs/token (no attention) x b*s {tokens:,} / "
+        f"(tensor {tp} x pipeline {pp}) / ({rate:.4g} TFLOP/s x tile {tile:.3g})"
+        + ("" if on_gpu else "; no tiles on a CPU"),
+    )
+    ex.add(
+        "step_time",
+        "gemm_operand_s",
+        operand_s,
+        f"the same FLOPs / {intensity:.4g} FLOPs per byte of "
+        "activations the GEMMs read and write / HBM" + ("" if on_gpu else "; not modelled on a CPU"),
+    )
+    ex.add(
+        "step_time",
+        "attention_s",
+        attention_s,
+        f"{attention:,.0f} attention FLOPs/token (as the plan counts them) x {tokens:,} / {shard} / ({attention_how})",
+    )
 
     weight_s, traffic_s, layers = _memory_bound_terms(c, counts, hbm, on_gpu, ex)
 
@@ -179,18 +209,35 @@ def _micro_batch(c, counts, fl: dict, peak: float, ex: Explain) -> dict:
     tp_s, overhead_s = _tensor_parallel_and_kernels(c, layers, tokens, intra, link_how, ex)
     moe = moe_seconds(c, tokens, rate, intra, inter, link_how, ex) if m.num_experts else {}
     compute_s = matmul_s + attention_s + moe.get("expert_imbalance_s", 0.0)
-    micro_s = (max(compute_s, weight_s) + operand_s + traffic_s + tp_s + overhead_s + cast_s
-               + moe.get("all_to_all_s", 0.0))
+    micro_s = (
+        max(compute_s, weight_s) + operand_s + traffic_s + tp_s + overhead_s + cast_s + moe.get("all_to_all_s", 0.0)
+    )
     bound = "compute" if compute_s >= weight_s else "memory"
-    ex.add("step_time", "micro_batch_s", micro_s, f"max(compute {compute_s:.4g}, weight reads {weight_s:.4g}) + "
-           f"GEMM operands {operand_s:.4g} + activation traffic {traffic_s:.4g} + TP {tp_s:.4g} "
-           f"+ kernel overhead {overhead_s:.4g}"
-           + (f" + fp8 casts {cast_s:.4g}" if t.precision == "fp8" else "")
-           + (f" + all-to-all {moe['all_to_all_s']:.4g}" if moe else "") + ": "
-           + ("compute-bound" if bound == "compute" else "memory-bound (the weights' reads set the floor)"))
-    out = {"achievable_tflops": rate, "micro_batch_s": micro_s, "matmul_s": matmul_s, "attention_s": attention_s,
-           "weight_read_s": weight_s, "gemm_operand_s": operand_s, "activation_traffic_s": traffic_s,
-           "tensor_parallel_s": tp_s, "kernel_overhead_s": overhead_s, "bound": bound, **moe}
+    ex.add(
+        "step_time",
+        "micro_batch_s",
+        micro_s,
+        f"max(compute {compute_s:.4g}, weight reads {weight_s:.4g}) + "
+        f"GEMM operands {operand_s:.4g} + activation traffic {traffic_s:.4g} + TP {tp_s:.4g} "
+        f"+ kernel overhead {overhead_s:.4g}"
+        + (f" + fp8 casts {cast_s:.4g}" if t.precision == "fp8" else "")
+        + (f" + all-to-all {moe['all_to_all_s']:.4g}" if moe else "")
+        + ": "
+        + ("compute-bound" if bound == "compute" else "memory-bound (the weights' reads set the floor)"),
+    )
+    out = {
+        "achievable_tflops": rate,
+        "micro_batch_s": micro_s,
+        "matmul_s": matmul_s,
+        "attention_s": attention_s,
+        "weight_read_s": weight_s,
+        "gemm_operand_s": operand_s,
+        "activation_traffic_s": traffic_s,
+        "tensor_parallel_s": tp_s,
+        "kernel_overhead_s": overhead_s,
+        "bound": bound,
+        **moe,
+    }
     return {**out, "fp8_cast_s": cast_s} if t.precision == "fp8" else out
 
 
@@ -200,7 +247,8 @@ def _achievable_tflops(hw, spec, peak: float) -> tuple[float, str]:
         return peak, "hardware.profile's measured TFLOP/s"
     share = HOPPER_MATMUL_SHARE if spec.name in HOPPER_GPUS else 1.0
     return peak * MATMUL_EFFICIENCY * share, f"peak {peak:g} x {MATMUL_EFFICIENCY} (large-GEMM efficiency)" + (
-        f" x {share:.3g} (Hopper, fitted to published H100 runs)" if share != 1 else "")
+        f" x {share:.3g} (Hopper, fitted to published H100 runs)" if share != 1 else ""
+    )
 
 
 def _memory_bound_terms(c, counts, hbm: float, on_gpu: bool, ex: Explain) -> tuple[float, float, int]:
@@ -208,35 +256,42 @@ def _memory_bound_terms(c, counts, hbm: float, on_gpu: bool, ex: Explain) -> tup
     m, t, par, hw = c.model, c.train, c.parallel, c.hardware
     a = COMPUTE_BYTES[t.precision]
     shard = par.tensor * par.pipeline
-    bw_how = (f"{memory_bandwidth_gbps(hw):g} GB/s x {BANDWIDTH_EFFICIENCY}" if hbm else
-              "no HBM figure: not modelled")
+    bw_how = f"{memory_bandwidth_gbps(hw):g} GB/s x {BANDWIDTH_EFFICIENCY}" if hbm else "no HBM figure: not modelled"
     reads = weight_reads(t)
     read = weight_params(c, counts)
     weights = reads * a * read / shard
     weight_s = weights / (hbm * 1e9) if hbm else 0.0
-    ex.add("step_time", "weight_read_s", weight_s, f"{reads} reads x {a} bytes x {read:,} / {shard} = "
-           f"{weights:.4g} bytes / {bw_how}")
+    ex.add(
+        "step_time",
+        "weight_read_s",
+        weight_s,
+        f"{reads} reads x {a} bytes x {read:,} / {shard} = {weights:.4g} bytes / {bw_how}",
+    )
     native = planned_native_gqa(c)
     imbalance = c.plan.routing_imbalance
     traffic, act = kept_tensor_traffic(m, t, par, native_gqa=native, imbalance=imbalance)
     if t.activation_checkpointing != "none":  # what the recomputation writes again in backward
         recomputed = activation_bytes(m, t, par, native_gqa=native, imbalance=imbalance)["per_layer"]
         traffic += act["layers"] * (act["per_layer"] - recomputed)
-    kept_how = (f"{traffic:.4g} bytes: those kept for backward written and read"
-                + (", the recomputed ones written again" if t.activation_checkpointing != "none" else ""))
+    kept_how = f"{traffic:.4g} bytes: those kept for backward written and read" + (
+        ", the recomputed ones written again" if t.activation_checkpointing != "none" else ""
+    )
     if not compile_enabled(t.compile, "cpu" if not on_gpu else "cuda"):  # eager: every elementwise op a kernel
         eager = eager_elementwise_traffic(m, t, par, act["layers"])
         if eager > traffic:
-            kept_how = (f"{eager:.4g} bytes that eager mode's elementwise kernels read and write (more than "
-                        f"the kept tensors' {traffic:.4g}; train.compile off)")
+            kept_how = (
+                f"{eager:.4g} bytes that eager mode's elementwise kernels read and write (more than "
+                f"the kept tensors' {traffic:.4g}; train.compile off)"
+            )
             traffic = eager
     traffic_s = traffic / (hbm * 1e9) if hbm else 0.0
     ex.add("step_time", "activation_traffic_s", traffic_s, f"{kept_how} / {bw_how}")
     return weight_s, traffic_s, act["layers"]
 
 
-def _tensor_parallel_and_kernels(c, layers: int, tokens: int, intra: float, link_how: str,
-                                 ex: Explain) -> tuple[float, float]:
+def _tensor_parallel_and_kernels(
+    c, layers: int, tokens: int, intra: float, link_how: str, ex: Explain
+) -> tuple[float, float]:
     """(seconds of tensor-parallel collectives, seconds of per-kernel overhead) of one micro-batch."""
     m, t, par = c.model, c.train, c.parallel
     a, tp = COMPUTE_BYTES[t.precision], par.tensor
@@ -245,13 +300,23 @@ def _tensor_parallel_and_kernels(c, layers: int, tokens: int, intra: float, link
     tp_bytes = a * tokens * m.hidden_size
     tp_s = layers * collectives * ring(tp_bytes, tp, intra, 2)
     if tp > 1:
-        ex.add("step_time", "tensor_parallel_s", tp_s, f"{layers} layers x {collectives} all-reduces x 2 x "
-               f"({tp}-1)/{tp} x {tp_bytes:,} bytes (b*s*h x {a}) / {intra:.4g} GB/s ({link_how}); not overlapped"
-               + ("; sequence parallel: all-gather + reduce-scatter, same volume" if par.sequence_parallel else ""))
+        ex.add(
+            "step_time",
+            "tensor_parallel_s",
+            tp_s,
+            f"{layers} layers x {collectives} all-reduces x 2 x "
+            f"({tp}-1)/{tp} x {tp_bytes:,} bytes (b*s*h x {a}) / {intra:.4g} GB/s ({link_how}); not overlapped"
+            + ("; sequence parallel: all-gather + reduce-scatter, same volume" if par.sequence_parallel else ""),
+        )
     per_layer = KERNELS_PER_LAYER + RECOMPUTED_KERNELS[t.activation_checkpointing]
     overhead_s = (layers * per_layer + KERNELS_OUTSIDE) * KERNEL_OVERHEAD_S
-    ex.add("step_time", "kernel_overhead_s", overhead_s, f"({layers} layers x {per_layer} + {KERNELS_OUTSIDE}) "
-           f"kernels x {KERNEL_OVERHEAD_S * 1e6:g} us (eager PyTorch's dispatch and launch)")
+    ex.add(
+        "step_time",
+        "kernel_overhead_s",
+        overhead_s,
+        f"({layers} layers x {per_layer} + {KERNELS_OUTSIDE}) "
+        f"kernels x {KERNEL_OVERHEAD_S * 1e6:g} us (eager PyTorch's dispatch and launch)",
+    )
     return tp_s, overhead_s
 
 
@@ -269,12 +334,22 @@ def _pipeline(c, micro_s: float, ex: Explain) -> dict:
     phase_s = slots * (micro_s + p2p_s)
     bubble = bubble_fraction(pp, micro, v)
     if v == 1:
-        ex.add("step_time", "forward_backward_s", phase_s, f"({micro} micro-batches + {pp} stages - 1) x "
-               f"(micro-batch {micro_s:.4g} + point-to-point {p2p_s:.4g}); bubble (p-1)/(m+p-1) = {bubble:.3g}")
+        ex.add(
+            "step_time",
+            "forward_backward_s",
+            phase_s,
+            f"({micro} micro-batches + {pp} stages - 1) x "
+            f"(micro-batch {micro_s:.4g} + point-to-point {p2p_s:.4g}); bubble (p-1)/(m+p-1) = {bubble:.3g}",
+        )
     else:
-        ex.add("step_time", "forward_backward_s", phase_s, f"({micro} micro-batches + ({pp} stages - 1) / {v} "
-               f"chunks) x (micro-batch {micro_s:.4g} + point-to-point of {v} chunks {p2p_s:.4g}); interleaved "
-               f"bubble (p-1)/(vm+p-1) = {bubble:.3g}")
+        ex.add(
+            "step_time",
+            "forward_backward_s",
+            phase_s,
+            f"({micro} micro-batches + ({pp} stages - 1) / {v} "
+            f"chunks) x (micro-batch {micro_s:.4g} + point-to-point of {v} chunks {p2p_s:.4g}); interleaved "
+            f"bubble (p-1)/(vm+p-1) = {bubble:.3g}",
+        )
     return {"forward_backward_s": phase_s, "pipeline_bubble": bubble, "pipeline_p2p_s": p2p_s}
 
 

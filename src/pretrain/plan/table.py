@@ -27,7 +27,7 @@ def duration(seconds: float | None) -> str:
 
 
 def duration_range(low: float, high: float) -> str:
-    """"2.6-4.5 days", or "20.0 hours to 2.3 days" across units."""
+    """ "2.6-4.5 days", or "20.0 hours to 2.3 days" across units."""
     a, b = duration(low), duration(high)
     return f"{a.split()[0]}-{b}" if a.split()[1] == b.split()[1] else f"{a} to {b}"
 
@@ -36,9 +36,12 @@ def render(config, p: dict) -> str:
     m, t, par, hw = config.model, config.train, p["parallel"], p["hardware"]
     rows = _size_rows(m, p) + _time_rows(m, p)
     name = m.preset or m.hf_config or "custom"
-    lines = [f"pretrain plan: {name} ({m.family}, {p['params']['total'] / 1e9:.3g}B), {par['world']} x {hw['gpu']} "
-             f"(data {par['data']}, tensor {par['tensor']}, pipeline {par['pipeline']}, ZeRO-{par['zero_stage']}), "
-             f"{t.precision}, {t.optimizer}, recompute {t.activation_checkpointing}", ""]
+    lines = [
+        f"pretrain plan: {name} ({m.family}, {p['params']['total'] / 1e9:.3g}B), {par['world']} x {hw['gpu']} "
+        f"(data {par['data']}, tensor {par['tensor']}, pipeline {par['pipeline']}, ZeRO-{par['zero_stage']}), "
+        f"{t.precision}, {t.optimizer}, recompute {t.activation_checkpointing}",
+        "",
+    ]
     width = max(len(r[1]) for r in rows)
     for label, value, note in rows:
         lines.append(f"  {label:<18} {value:>{width}}   {note}")
@@ -54,29 +57,60 @@ def render(config, p: dict) -> str:
 def _size_rows(m, p: dict) -> list[tuple[str, str, str]]:
     """(label, value, note) rows of the model's and the data's sizes."""
     pa, tok = p["params"], p["tokens"]
-    rows = [("Parameters", f"{pa['total']:,}", f"{count(pa['total'])}; embedding {pa['embedding']:,}, "
-             f"non-embedding {pa['non_embedding']:,}")]
+    rows = [
+        (
+            "Parameters",
+            f"{pa['total']:,}",
+            f"{count(pa['total'])}; embedding {pa['embedding']:,}, non-embedding {pa['non_embedding']:,}",
+        )
+    ]
     if "routed_experts" in pa:  # Mixture-of-Experts (pretrain.plan.params)
-        rows.append(("Active parameters", f"{pa['active']:,}", f"{count(pa['active'])} per token: "
-                     f"{m.experts_per_token} of {m.num_experts} routed experts; {pa['active_no_embedding']:,} "
-                     "without the embedding"))
-    rows.append(("Training tokens", f"{tok['total']:,}", f"{tok['per_parameter']:.1f} per parameter; "
-                 f"Chinchilla-optimal {count(tok['chinchilla'])} (20 per parameter)"))
+        rows.append(
+            (
+                "Active parameters",
+                f"{pa['active']:,}",
+                f"{count(pa['active'])} per token: "
+                f"{m.experts_per_token} of {m.num_experts} routed experts; {pa['active_no_embedding']:,} "
+                "without the embedding",
+            )
+        )
+    rows.append(
+        (
+            "Training tokens",
+            f"{tok['total']:,}",
+            f"{tok['per_parameter']:.1f} per parameter; "
+            f"Chinchilla-optimal {count(tok['chinchilla'])} (20 per parameter)",
+        )
+    )
     rows.append(("Tokens on disk", si_bytes(p["storage_bytes"]), f"{token_dtype(m.vocab_size)} ids"))
     if "data" in p:  # data.raw_bytes or a prepared data.dir (pretrain.plan.corpus)
         d = p["data"]
-        rows.append(("Corpus tokens", f"{d['tokens_available']:,}", f"{si_bytes(d['raw_bytes'])} of text at "
-                     f"{d['bytes_per_token']:.3g} bytes/token; the run reads it {d['epochs']:.3g} times"))
+        rows.append(
+            (
+                "Corpus tokens",
+                f"{d['tokens_available']:,}",
+                f"{si_bytes(d['raw_bytes'])} of text at "
+                f"{d['bytes_per_token']:.3g} bytes/token; the run reads it {d['epochs']:.3g} times",
+            )
+        )
     for src in p.get("mixture", {}).get("sources", []):  # data.mixture (pretrain.plan.mixture)
         if src["tokens_available"] is None:
-            rows.append((f"Source {src['name']}", "n/a", f"weight {src['weight']:.3g}; {src['dir']} is not "
-                         "prepared yet"))
+            rows.append(
+                (f"Source {src['name']}", "n/a", f"weight {src['weight']:.3g}; {src['dir']} is not prepared yet")
+            )
             continue
-        cap = f", max_epochs {src['max_epochs']:g}" + (" (reached)" if src["capped"] else "") \
-            if src["max_epochs"] else ""
-        rows.append((f"Source {src['name']}", f"{src['tokens_available']:,}", f"tokens available, "
-                     f"{si_bytes(src['storage_bytes'])} on disk; weight {src['weight']:.3g}: the run draws "
-                     f"{src['tokens_planned']:,}, {src['epochs']:.3g} epochs{cap}"))
+        cap = (
+            f", max_epochs {src['max_epochs']:g}" + (" (reached)" if src["capped"] else "") if src["max_epochs"] else ""
+        )
+        rows.append(
+            (
+                f"Source {src['name']}",
+                f"{src['tokens_available']:,}",
+                f"tokens available, "
+                f"{si_bytes(src['storage_bytes'])} on disk; weight {src['weight']:.3g}: the run draws "
+                f"{src['tokens_planned']:,}, {src['epochs']:.3g} epochs{cap}",
+            )
+        )
     rows.append(("One checkpoint", si_bytes(p["checkpoint_bytes"]), "parameters + optimizer states"))
     return rows
 
@@ -84,41 +118,74 @@ def _size_rows(m, p: dict) -> list[tuple[str, str, str]]:
 def _time_rows(m, p: dict) -> list[tuple[str, str, str]]:
     """(label, value, note) rows of the steps, FLOPs and time."""
     st, fl, tm, hw = p["steps"], p["flops"], p["time"], p["hardware"]
-    rows = [("Optimizer steps", f"{st['total']:,}", f"{st['tokens_per_step']:,} tokens per step "
-             f"({count(st['tokens_per_step'])}), warm-up {st['warmup']:,}"),
-            ("FLOPs per token", f"{fl['per_token']:.3g}", f"6N + attention (PaLM); "
-             f"6N over all {'active ' * ('moe' in fl)}params "
-             f"{fl['per_token_6n']:.3g}; with recomputation {fl['per_token_hardware']:.3g}")]
+    rows = [
+        (
+            "Optimizer steps",
+            f"{st['total']:,}",
+            f"{st['tokens_per_step']:,} tokens per step ({count(st['tokens_per_step'])}), warm-up {st['warmup']:,}",
+        ),
+        (
+            "FLOPs per token",
+            f"{fl['per_token']:.3g}",
+            f"6N + attention (PaLM); "
+            f"6N over all {'active ' * ('moe' in fl)}params "
+            f"{fl['per_token_6n']:.3g}; with recomputation {fl['per_token_hardware']:.3g}",
+        ),
+    ]
     if "moe" in fl:
         mo = fl["moe"]
-        rows.append(("  MoE conventions", f"{mo['per_token_causal_attention']:.3g}", f"active N, causal attention; "
-                     f"full square {mo['per_token_full_attention']:.3g} ({mo['full_over_causal']:.2f}x); 6N active "
-                     f"{mo['per_token_6n_active']:.3g} (on all params {mo['per_token_6n_total']:.3g}: MFU "
-                     "overstated)"))
+        rows.append(
+            (
+                "  MoE conventions",
+                f"{mo['per_token_causal_attention']:.3g}",
+                f"active N, causal attention; "
+                f"full square {mo['per_token_full_attention']:.3g} ({mo['full_over_causal']:.2f}x); 6N active "
+                f"{mo['per_token_6n_active']:.3g} (on all params {mo['per_token_6n_total']:.3g}: MFU "
+                "overstated)",
+            )
+        )
     rows.append(("Training FLOPs", f"{fl['total']:.3g}", f"6N·D = {fl['total_6n']:.3g}"))
     if tm["seconds"]:
         cost = f", cost {tm['cost']:,.0f}" if tm.get("cost") else ""
         if tm["seconds_range"]:  # the step-time model's, with its own error on published runs
             low, high = tm["seconds_range"]
-            how = (f"{duration_range(low, high)} at the model's published-run error; "
-                   f"{tm['gpu_hours']:,.0f} GPU-hours at MFU {tm['utilisation']:.3g} (step-time model)")
+            how = (
+                f"{duration_range(low, high)} at the model's published-run error; "
+                f"{tm['gpu_hours']:,.0f} GPU-hours at MFU {tm['utilisation']:.3g} (step-time model)"
+            )
         else:  # hardware.mfu / hfu given
             how = f"{tm['gpu_hours']:,.0f} GPU-hours at {tm['basis'].split(' ')[0]} {tm['utilisation']:g} (given)"
         rows.append(("Wall-clock time", duration(tm["seconds"]), f"{how} of {hw['peak_tflops']:g} TFLOP/s{cost}"))
-        rows.append(("Throughput", f"{tm['tokens_per_second']:,.0f} tok/s",
-                     f"whole job, {tm['tokens_per_second'] / p['parallel']['world']:,.0f} per GPU"))
+        rows.append(
+            (
+                "Throughput",
+                f"{tm['tokens_per_second']:,.0f} tok/s",
+                f"whole job, {tm['tokens_per_second'] / p['parallel']['world']:,.0f} per GPU",
+            )
+        )
     else:
         rows.append(("Wall-clock time", "n/a", hw["peak_source"]))
     if "eval_tasks" in p:  # run.eval_tasks
         ev = p["eval_tasks"]
         share = f", {ev['share_of_run']:.1%} of the run" if ev["share_of_run"] is not None else ""
-        rows.append(("Eval tasks", duration(ev["seconds"]), f"{ev['evaluations']:,} evaluations "
-                     f"x {ev['tokens_per_evaluation']:,} tokens ({', '.join(ev['tasks'])}), forward only{share}"))
+        rows.append(
+            (
+                "Eval tasks",
+                duration(ev["seconds"]),
+                f"{ev['evaluations']:,} evaluations "
+                f"x {ev['tokens_per_evaluation']:,} tokens ({', '.join(ev['tasks'])}), forward only{share}",
+            )
+        )
     if "measured" in p:
         ms = p["measured"]
         util = f"MFU {ms['mfu']:.3f}, HFU {ms['hfu']:.3f}" if ms["mfu"] is not None else "no peak to compare"
-        rows.append(("Measured", f"{ms['achieved_tflops_per_gpu']:.1f} TFLOP/s",
-                     f"per GPU at {ms['tokens_per_second']:,.0f} tok/s; {util}"))
+        rows.append(
+            (
+                "Measured",
+                f"{ms['achieved_tflops_per_gpu']:.1f} TFLOP/s",
+                f"per GPU at {ms['tokens_per_second']:,.0f} tok/s; {util}",
+            )
+        )
     return rows
 
 
@@ -147,13 +214,17 @@ def _memory_lines(config, p: dict) -> list[str]:
     verdict = f"peak in {mem['peak_phase'].replace('_', ' ')}"
     if p["device_memory_bytes"] is not None:
         fits = "fits" if p["fits"] else "does NOT fit"
-        verdict += (f", of {p['device_memory_bytes'] / GiB:.1f} GiB ({p['usable_memory_bytes'] / GiB:.1f} usable "
-                    f"after {config.hardware.fragmentation:.0%} fragmentation): {fits}; "
-                    f"largest micro-batch that fits: {p['max_micro_batch_size']}")
+        verdict += (
+            f", of {p['device_memory_bytes'] / GiB:.1f} GiB ({p['usable_memory_bytes'] / GiB:.1f} usable "
+            f"after {config.hardware.fragmentation:.0%} fragmentation): {fits}; "
+            f"largest micro-batch that fits: {p['max_micro_batch_size']}"
+        )
     lines.append(f"    {'total':<14} {mem['total'] / GiB:>9.2f}   {verdict}")
     if mem["compiled"] is not None:  # train.compile is on: the same step with compiled blocks
-        lines.append(f"    {'compiled':<14} {mem['compiled'] / GiB:>9.2f}   peak with train.compile: "
-                     "blocks' saved tensors as inductor keeps them (measured on CPU)")
+        lines.append(
+            f"    {'compiled':<14} {mem['compiled'] / GiB:>9.2f}   peak with train.compile: "
+            "blocks' saved tensors as inductor keeps them (measured on CPU)"
+        )
     return lines + _extra_memory_lines(p)
 
 
@@ -163,11 +234,16 @@ def _extra_memory_lines(p: dict) -> list[str]:
     if "moe" in p:  # Mixture-of-Experts (pretrain.plan.memory): the imbalance the routed tokens are planned at
         mo = p["moe"]
         limit = mo["fits_up_to_imbalance"]
-        limit = "" if limit is None else (": does not fit even balanced" if not limit else
-                                          f"; fits up to imbalance {limit:g}")
-        lines.append(f"    {'experts':<14} {mo['experts_per_rank']:>9}   a rank (expert parallel "
-                     f"{mo['expert_parallel']}); routed tokens at plan.routing_imbalance {mo['routing_imbalance']:g}"
-                     f" = load {mo['routed_load']:g}{limit}")
+        limit = (
+            ""
+            if limit is None
+            else (": does not fit even balanced" if not limit else f"; fits up to imbalance {limit:g}")
+        )
+        lines.append(
+            f"    {'experts':<14} {mo['experts_per_rank']:>9}   a rank (expert parallel "
+            f"{mo['expert_parallel']}); routed tokens at plan.routing_imbalance {mo['routing_imbalance']:g}"
+            f" = load {mo['routed_load']:g}{limit}"
+        )
     if mem["host"]:  # offloaded states, or a model.init_from checkpoint being read
         lines.append(f"    {'host per node':<14} {mem['host'] / GiB:>9.2f}   RAM for offloaded states / the import")
     if "framework" in p and "not_modelled" in p["framework"]:  # MoE: no dense formula stands in for it
@@ -175,13 +251,17 @@ def _extra_memory_lines(p: dict) -> list[str]:
     elif "framework" in p:  # plan.framework: another framework's accounting (pretrain.plan.frameworks)
         fw, fm = p["framework"], p["framework"]["memory_bytes"]
         fits = "" if fw["fits"] is None else (": fits" if fw["fits"] else ": does NOT fit")
-        lines.append(f"    {'as ' + fw['name']:<14} {fm['total'] / GiB:>9.2f}   model states "
-                     f"{(fm['weights'] + fm['gradients'] + fm['optimizer']) / GiB:.2f} + activations "
-                     f"{fm['activations'] / GiB:.2f} + context{fits} (formulas and sources: --explain)")
+        lines.append(
+            f"    {'as ' + fw['name']:<14} {fm['total'] / GiB:>9.2f}   model states "
+            f"{(fm['weights'] + fm['gradients'] + fm['optimizer']) / GiB:.2f} + activations "
+            f"{fm['activations'] / GiB:.2f} + context{fits} (formulas and sources: --explain)"
+        )
         if fm["host"]:  # DeepSpeed's estimators count host RAM per node too
             cold = fw.get("host_without_zero_init")
-            lines.append(f"    {'  host':<14} {fm['host'] / GiB:>9.2f}   per node as {fw['name']} counts it"
-                         + ("" if cold is None else f" with zero.Init ({cold / GiB:.2f} without)"))
+            lines.append(
+                f"    {'  host':<14} {fm['host'] / GiB:>9.2f}   per node as {fw['name']} counts it"
+                + ("" if cold is None else f" with zero.Init ({cold / GiB:.2f} without)")
+            )
     return lines
 
 
@@ -189,32 +269,46 @@ def budget_lines(budget: dict) -> list[str]:
     """The budget block printed above the plan of the chosen model (or of the model given)."""
     if "model_given" in budget:
         n, d = budget["model_params"], budget["model_tokens"]
-        return [f"budget: {_hours(budget['gpu_hours'])} GPU-hours buy {d / 1e9:,.4g}B tokens for the model given "
-                f"({budget['model_given']}): {n / 1e9:.3g}B params, {d / n:,.1f} tokens per parameter; predicted "
-                f"loss {budget['loss']:.3f} (+{budget['loss_penalty']:.3f} above the compute-optimal size's "
-                f"{budget['loss_optimum']:.3f} at {budget['approach_3_params'] / 1e9:.2f}B params)",
-                "  (tokens from the plan's own time; without a model given the budget chooses it: docs/plan.md)", ""]
+        return [
+            f"budget: {_hours(budget['gpu_hours'])} GPU-hours buy {d / 1e9:,.4g}B tokens for the model given "
+            f"({budget['model_given']}): {n / 1e9:.3g}B params, {d / n:,.1f} tokens per parameter; predicted "
+            f"loss {budget['loss']:.3f} (+{budget['loss_penalty']:.3f} above the compute-optimal size's "
+            f"{budget['loss_optimum']:.3f} at {budget['approach_3_params'] / 1e9:.2f}B params)",
+            "  (tokens from the plan's own time; without a model given the budget chooses it: docs/plan.md)",
+            "",
+        ]
 
     def row(label, b):
         m = b["model"]
         fit = "fits" if b["fit"]["fits"] else "does NOT fit"
         extra = " ".join(f"{k}={v}" for k, v in b["fit"]["overrides"].items())
-        return (f"  {label:<18} {b['params'] / 1e9:6.2f}B params on {b['tokens'] / 1e9:,.1f}B tokens "
-                f"({b['tokens'] / b['params']:.0f}/param): H {m['hidden_size']}, L {m['num_layers']}, heads "
-                f"{m['num_heads']}/{m['num_kv_heads']} kv, H' {m['intermediate_size']}; predicted loss "
-                f"{b['loss']:.3f} ({b['loss_penalty']:+.3f}); {fit}" + (f" with {extra}" if extra else ""))
+        return (
+            f"  {label:<18} {b['params'] / 1e9:6.2f}B params on {b['tokens'] / 1e9:,.1f}B tokens "
+            f"({b['tokens'] / b['params']:.0f}/param): H {m['hidden_size']}, L {m['num_layers']}, heads "
+            f"{m['num_heads']}/{m['num_kv_heads']} kv, H' {m['intermediate_size']}; predicted loss "
+            f"{b['loss']:.3f} ({b['loss_penalty']:+.3f}); {fit}" + (f" with {extra}" if extra else "")
+        )
 
-    opt = {"model": budget["model"], "params": budget["model_params"], "tokens": budget["model_tokens"],
-           "loss": budget["loss"], "loss_penalty": budget["loss_penalty"], "fit": budget["fit"]}
+    opt = {
+        "model": budget["model"],
+        "params": budget["model_params"],
+        "tokens": budget["model_tokens"],
+        "loss": budget["loss"],
+        "loss_penalty": budget["loss_penalty"],
+        "fit": budget["fit"],
+    }
     small = budget["inference_aware"]
-    lines = [f"budget: {_hours(budget['gpu_hours'])} GPU-hours = {budget['compute_flops']:.3g} FLOPs; "
-             f"Chinchilla-optimal N {budget['params'] / 1e9:.2f}B, D {budget['tokens'] / 1e9:,.1f}B tokens "
-             f"(Hoffmann et al. 2022)",
-             row("compute-optimal", opt),
-             row("inference-aware", small),
-             f"  predicted loss: Hoffmann et al.'s approach 3 fit; (+x) from its optimum {budget['loss_optimum']:.3f} "
-             f"(at {budget['approach_3_params'] / 1e9:.2f}B params)",
-             "  (the plan below is the compute-optimal row's; every figure explained by --explain)", ""]
+    lines = [
+        f"budget: {_hours(budget['gpu_hours'])} GPU-hours = {budget['compute_flops']:.3g} FLOPs; "
+        f"Chinchilla-optimal N {budget['params'] / 1e9:.2f}B, D {budget['tokens'] / 1e9:,.1f}B tokens "
+        f"(Hoffmann et al. 2022)",
+        row("compute-optimal", opt),
+        row("inference-aware", small),
+        f"  predicted loss: Hoffmann et al.'s approach 3 fit; (+x) from its optimum {budget['loss_optimum']:.3f} "
+        f"(at {budget['approach_3_params'] / 1e9:.2f}B params)",
+        "  (the plan below is the compute-optimal row's; every figure explained by --explain)",
+        "",
+    ]
     return lines
 
 

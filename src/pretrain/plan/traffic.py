@@ -45,11 +45,13 @@ def eager_elementwise_traffic(m, t, parallel, layers: int, b: int | None = None)
     return int(b * t.seq_len * layers * (3 * per_token + again))
 
 
-def kept_tensor_traffic(m, t, parallel, b: int | None = None, native_gqa: bool = True,
-                        imbalance: float = 1.0) -> tuple[float, dict]:
+def kept_tensor_traffic(
+    m, t, parallel, b: int | None = None, native_gqa: bool = True, imbalance: float = 1.0
+) -> tuple[float, dict]:
     """Bytes per GPU that the tensors kept for backward move: each written once in forward and read once in
     backward. Recomputed tensors are written and read all the same, so counted as if nothing were recomputed.
     Also returns that count's activation_bytes (its "layers" is the layers on this GPU)."""
-    act = activation_bytes(m, dataclasses.replace(t, activation_checkpointing="none"), parallel, b, native_gqa,
-                           imbalance=imbalance)
+    act = activation_bytes(
+        m, dataclasses.replace(t, activation_checkpointing="none"), parallel, b, native_gqa, imbalance=imbalance
+    )
     return 2 * (act["layers"] * act["per_layer"] + act["once"]), act

@@ -52,12 +52,15 @@ def make_report(run_dirs, out_dir=None, per_panel: bool = False) -> dict:
         series = mixture_series(run)  # None for a run without a mixture or without source_tokens yet
         if series:
             summary["mixture"], mixtures[i] = mixture_rows(run, series), mixture_png(run, series)
-    files = {out / "report.png": png,
-             out / "report.html": html.page(runs, summaries, png, mixtures, task_png).encode("utf-8")}
+    files = {
+        out / "report.png": png,
+        out / "report.html": html.page(runs, summaries, png, mixtures, task_png).encode("utf-8"),
+    }
     if task_png is not None:
         files[out / "tasks.png"] = task_png
-    files.update({out / ("mixture.png" if len(runs) == 1 else f"mixture-{i + 1}.png"): image
-                  for i, image in mixtures.items()})
+    files.update(
+        {out / ("mixture.png" if len(runs) == 1 else f"mixture-{i + 1}.png"): image for i, image in mixtures.items()}
+    )
     if per_panel:
         files.update({out / f"{p.name}.png": plots.panel_png(runs, p) for p in plots.PANELS})
     for path, data in files.items():
@@ -70,5 +73,3 @@ def make_report(run_dirs, out_dir=None, per_panel: bool = False) -> dict:
 
 def _cannot_write(out: Path, e: OSError) -> UsageError:
     return UsageError(f"{out}: cannot write the report ({e.strerror or e}); pass --out DIR")
-
-

@@ -17,8 +17,9 @@ HELP = "plot runs (loss, lr, batch, grad norm, speed, MFU, memory) and plan vs m
 
 def add_arguments(parser) -> None:
     parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directory (its metrics.jsonl)")
-    parser.add_argument("--out", metavar="DIR", help="output directory (default: RUN_DIR/report for one run, "
-                        "./report for several)")
+    parser.add_argument(
+        "--out", metavar="DIR", help="output directory (default: RUN_DIR/report for one run, ./report for several)"
+    )
     parser.add_argument("--per-panel", action="store_true", help="also write one PNG per panel")
 
 

@@ -24,8 +24,9 @@ img { max-width: 100%; }
 _OFF_PCT = 10  # plan and run disagree by more than this: shade the cell
 
 
-def page(runs: list[Run], summaries: list[dict], png: bytes, mixtures: dict | None = None,
-         tasks: bytes | None = None) -> str:
+def page(
+    runs: list[Run], summaries: list[dict], png: bytes, mixtures: dict | None = None, tasks: bytes | None = None
+) -> str:
     """mixtures: run index -> the PNG of its mixture (achieved vs target, epochs), for mixture runs; tasks:
     the PNG of the downstream tasks' panels, for runs that evaluated some."""
     image = base64.b64encode(png).decode("ascii")
@@ -36,8 +37,10 @@ def page(runs: list[Run], summaries: list[dict], png: bytes, mixtures: dict | No
         f"<h1>pretrain report: {escape(', '.join(r.name for r in runs))}</h1>",
         _summary_table(summaries),
         curves_html(runs),
-        (f'<details><summary>The same curves as one image (report.png)</summary><img alt="training curves" '
-         f'src="data:image/png;base64,{image}"></details>'),
+        (
+            f'<details><summary>The same curves as one image (report.png)</summary><img alt="training curves" '
+            f'src="data:image/png;base64,{image}"></details>'
+        ),
         '<div class="runs">',
     ]
     if tasks is not None:
@@ -57,6 +60,7 @@ def page(runs: list[Run], summaries: list[dict], png: bytes, mixtures: dict | No
 
 def _table(header: list[str], rows: list[list]) -> str:
     """A cell is escaped text, or (escaped text, CSS class)."""
+
     def td(cell):
         text, cls = cell if isinstance(cell, tuple) else (cell, None)
         return f'<td class="{cls}">{text}</td>' if cls else f"<td>{text}</td>"
@@ -67,13 +71,21 @@ def _table(header: list[str], rows: list[list]) -> str:
 
 
 def _summary_table(summaries: list[dict]) -> str:
-    rows = [[escape(s["name"]), str(s["last_step"] if s["last_step"] is not None else "-"),
-             units.human(s["tokens"]), units.number(s["last_loss"]), units.number(s["best_val_loss"]),
-             units.human(s["tokens_per_s_median"]),
-             escape(", ".join(f"{n}x {kind}" for kind, n in s["events"].items()) or "-")]
-            for s in summaries]
-    return _table(["run", "last step", "tokens", "last train loss", "best val loss", "tokens/s (median)",
-                   "events"], rows)
+    rows = [
+        [
+            escape(s["name"]),
+            str(s["last_step"] if s["last_step"] is not None else "-"),
+            units.human(s["tokens"]),
+            units.number(s["last_loss"]),
+            units.number(s["best_val_loss"]),
+            units.human(s["tokens_per_s_median"]),
+            escape(", ".join(f"{n}x {kind}" for kind, n in s["events"].items()) or "-"),
+        ]
+        for s in summaries
+    ]
+    return _table(
+        ["run", "last step", "tokens", "last train loss", "best val loss", "tokens/s (median)", "events"], rows
+    )
 
 
 def _plan_table(plan_vs_run: dict) -> str:
@@ -84,32 +96,58 @@ def _plan_table(plan_vs_run: dict) -> str:
         unit = str(row.get("unit", ""))
         err = row.get("error_pct")
         err_cell = "-" if err is None else (f"{err:+.1f} %", "off" if abs(err) > _OFF_PCT else None)
-        rows.append([escape(str(row.get("name", "?"))), escape(units.quantity(row.get("planned"), unit)),
-                     escape(units.quantity(row.get("measured"), unit)), err_cell])
+        rows.append(
+            [
+                escape(str(row.get("name", "?"))),
+                escape(units.quantity(row.get("planned"), unit)),
+                escape(units.quantity(row.get("measured"), unit)),
+                err_cell,
+            ]
+        )
     device = plan_vs_run.get("device")
     caption = "<h3>Plan vs measured" + (f" on {escape(str(device))}" if device else "") + "</h3>"
     notes = "".join(f"<p>{escape(str(n))}</p>" for n in plan_vs_run.get("notes", []) if isinstance(n, str))
     advice = [a for a in plan_vs_run.get("advice", []) if isinstance(a, str)]  # the plan's warnings
     if advice:
-        notes += "<h4>The plan's advice for this run</h4>" + "".join(f'<p class="note">! {escape(a)}</p>'
-                                                                     for a in advice)
+        notes += "<h4>The plan's advice for this run</h4>" + "".join(
+            f'<p class="note">! {escape(a)}</p>' for a in advice
+        )
     return caption + _table(["quantity", "planned", "measured", "error"], rows) + notes
 
 
 def _mixture_table(rows: list[dict], png: bytes | None) -> str:
-    cells = [[escape(r["name"]), f"{100 * r['target']:.1f} %", f"{100 * r['achieved']:.1f} %",
-              f"{100 * (r['achieved'] - r['target']):+.1f} pt", units.human(r["tokens"]),
-              units.number(r["epochs"]), units.number(r["val_loss"])] for r in rows]
+    cells = [
+        [
+            escape(r["name"]),
+            f"{100 * r['target']:.1f} %",
+            f"{100 * r['achieved']:.1f} %",
+            f"{100 * (r['achieved'] - r['target']):+.1f} pt",
+            units.human(r["tokens"]),
+            units.number(r["epochs"]),
+            units.number(r["val_loss"]),
+        ]
+        for r in rows
+    ]
     image = f'<img alt="mixture" src="data:image/png;base64,{base64.b64encode(png).decode("ascii")}">' if png else ""
-    return ("<h3>Mixture: achieved vs target</h3>" + _table(["source", "target", "achieved", "difference",
-                                                            "tokens", "epochs", "last val loss"], cells) + image)
+    return (
+        "<h3>Mixture: achieved vs target</h3>"
+        + _table(["source", "target", "achieved", "difference", "tokens", "epochs", "last val loss"], cells)
+        + image
+    )
 
 
 def _events_table(events: list[dict]) -> str:
-    rows = [[escape(str(e.get("event"))), str(e["step"]), units.human(e["tokens"]), units.number(e.get("loss")),
-             escape(", ".join(f"{k}={v}" for k, v in e.items()
-                              if k not in ("event", "step", "tokens", "loss", "time")))]
-            for e in events if e.get("event") != "checkpoint"]  # checkpoints are routine
+    rows = [
+        [
+            escape(str(e.get("event"))),
+            str(e["step"]),
+            units.human(e["tokens"]),
+            units.number(e.get("loss")),
+            escape(", ".join(f"{k}={v}" for k, v in e.items() if k not in ("event", "step", "tokens", "loss", "time"))),
+        ]
+        for e in events
+        if e.get("event") != "checkpoint"
+    ]  # checkpoints are routine
     if not rows:
         return ""
     return "<h3>Events</h3>" + _table(["event", "step", "tokens", "loss", "details"], rows)

@@ -14,8 +14,7 @@ from .plots import EVENT_STYLE, PANELS, Panel
 from .runs import Run
 
 # matplotlib's tab10, which report.png draws with (C0, C1, ...): a run has one colour in both figures
-COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
-          "#17becf")
+COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 EVENT_COLORS = {"tab:red": "#d62728", "tab:orange": "#ff7f0e", "tab:purple": "#9467bd", "0.45": "#737373"}
 DASH = {"-": "solid", "--": "dash", ":": "dot", "-.": "dashdot"}
 SYMBOL = {"X": "x", "^": "triangle-up", "v": "triangle-down", "o": "circle"}
@@ -30,8 +29,9 @@ def extra_panels(runs: list[Run]) -> list[Panel]:
 
 def curves_html(runs: list[Run]) -> str:
     """A <div> with every panel and the <script>s that draw it (plotly.js itself first, inline)."""
-    return curves_figure(runs).to_html(full_html=False, include_plotlyjs=True, div_id="curves",
-                                       config={"displaylogo": False, "responsive": True})
+    return curves_figure(runs).to_html(
+        full_html=False, include_plotlyjs=True, div_id="curves", config={"displaylogo": False, "responsive": True}
+    )
 
 
 def curves_figure(runs: list[Run]):
@@ -41,8 +41,13 @@ def curves_figure(runs: list[Run]):
 
     panels = list(PANELS) + extra_panels(runs)
     rows = math.ceil(len(panels) / 2)
-    fig = make_subplots(rows=rows, cols=2, subplot_titles=[p.title for p in panels],
-                        vertical_spacing=min(0.3 / rows, 0.08), horizontal_spacing=0.08)
+    fig = make_subplots(
+        rows=rows,
+        cols=2,
+        subplot_titles=[p.title for p in panels],
+        vertical_spacing=min(0.3 / rows, 0.08),
+        horizontal_spacing=0.08,
+    )
     shapes = []  # the events' lines, set at once (plotly's add_vline re-validates the layout each time)
     for i, panel in enumerate(panels):
         row, col = i // 2 + 1, i % 2 + 1
@@ -60,20 +65,35 @@ def curves_figure(runs: list[Run]):
                 if not ys:
                     continue
                 steps = run.steps(key)
-                fig.add_trace(go.Scatter(
-                    x=tokens, y=ys, customdata=steps, name=run.name, legendgroup=run.name,
-                    showlegend=i == 0 and key == panel.key, mode="lines+markers" if symbol or len(ys) <= 50
-                    else "lines", line={"color": color, "dash": dash, "width": 1.5},
-                    marker={"symbol": symbol or "circle", "size": 5},
-                    hovertemplate=f"{run.name}<br>{key} %{{y:.4~g}}<br>step %{{customdata}}, tokens %{{x:,}}"
-                                  "<extra></extra>"), row=row, col=col)
+                fig.add_trace(
+                    go.Scatter(
+                        x=tokens,
+                        y=ys,
+                        customdata=steps,
+                        name=run.name,
+                        legendgroup=run.name,
+                        showlegend=i == 0 and key == panel.key,
+                        mode="lines+markers" if symbol or len(ys) <= 50 else "lines",
+                        line={"color": color, "dash": dash, "width": 1.5},
+                        marker={"symbol": symbol or "circle", "size": 5},
+                        hovertemplate=f"{run.name}<br>{key} %{{y:.4~g}}<br>step %{{customdata}}, tokens %{{x:,}}"
+                        "<extra></extra>",
+                    ),
+                    row=row,
+                    col=col,
+                )
             shapes += _events(fig, go, run, color, row, col, axis, markers=panel.key == "loss")
         if panel.log and values and min(values) > 0 and max(values) > _LOG_RANGE * min(values):
             fig.update_yaxes(type="log", row=row, col=col)
         fig.update_yaxes(title_text=panel.ylabel, row=row, col=col)
         fig.update_xaxes(title_text="tokens", row=row, col=col)
-    fig.update_layout(shapes=shapes, height=300 * rows + 40, hovermode="closest", margin={"t": 80, "b": 40},
-                      legend={"orientation": "h", "yref": "container", "y": 1, "yanchor": "top"})
+    fig.update_layout(
+        shapes=shapes,
+        height=300 * rows + 40,
+        hovermode="closest",
+        margin={"t": 80, "b": 40},
+        legend={"orientation": "h", "yref": "container", "y": 1, "yanchor": "top"},
+    )
     return fig
 
 
@@ -83,18 +103,42 @@ def _events(fig, go, run: Run, color: str, row: int, col: int, axis: str, marker
     lines = []
     for kind, (line_color, style, marker) in EVENT_STYLE.items():
         events = [e for e in run.events if e.get("event") == kind]
-        lines += [{"type": "line", "xref": f"x{axis}", "yref": f"y{axis} domain", "x0": e["tokens"],
-                   "x1": e["tokens"], "y0": 0, "y1": 1, "opacity": 0.8,
-                   "line": {"color": EVENT_COLORS[line_color], "dash": DASH[style], "width": 1}} for e in events]
+        lines += [
+            {
+                "type": "line",
+                "xref": f"x{axis}",
+                "yref": f"y{axis} domain",
+                "x0": e["tokens"],
+                "x1": e["tokens"],
+                "y0": 0,
+                "y1": 1,
+                "opacity": 0.8,
+                "line": {"color": EVENT_COLORS[line_color], "dash": DASH[style], "width": 1},
+            }
+            for e in events
+        ]
         shown = [e for e in events if _positive(e.get("loss"))]
         if markers and shown:
-            fig.add_trace(go.Scatter(
-                x=[e["tokens"] for e in shown], y=[e["loss"] for e in shown], mode="markers",
-                name=f"{run.name}: {kind}", legendgroup=run.name, showlegend=False,
-                marker={"symbol": SYMBOL[marker], "size": 10, "color": color, "line": {"color": "black", "width": 1}},
-                customdata=[e["step"] for e in shown],
-                hovertemplate=f"{run.name}: {kind} at step %{{customdata}}<br>loss %{{y:.4~g}}<extra></extra>"),
-                row=row, col=col)
+            fig.add_trace(
+                go.Scatter(
+                    x=[e["tokens"] for e in shown],
+                    y=[e["loss"] for e in shown],
+                    mode="markers",
+                    name=f"{run.name}: {kind}",
+                    legendgroup=run.name,
+                    showlegend=False,
+                    marker={
+                        "symbol": SYMBOL[marker],
+                        "size": 10,
+                        "color": color,
+                        "line": {"color": "black", "width": 1},
+                    },
+                    customdata=[e["step"] for e in shown],
+                    hovertemplate=f"{run.name}: {kind} at step %{{customdata}}<br>loss %{{y:.4~g}}<extra></extra>",
+                ),
+                row=row,
+                col=col,
+            )
     return lines
 
 

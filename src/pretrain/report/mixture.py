@@ -23,10 +23,17 @@ def mixture_rows(run: Run, series) -> list[dict]:
     """[{name, target, achieved, tokens, epochs, val_loss}] at the run's last line, from its mixture_series."""
     tokens, shares, epochs, sources = series
     last_val = run.evals[-1] if run.evals else {}
-    return [{"name": s["name"], "target": s["weight"], "achieved": shares[s["name"]][-1],
-             "tokens": run.train[-1]["source_tokens"].get(s["name"], 0),
-             "epochs": epochs[s["name"]][-1] if epochs[s["name"]] else None,
-             "val_loss": last_val.get(f"val_loss/{s['name']}")} for s in sources]
+    return [
+        {
+            "name": s["name"],
+            "target": s["weight"],
+            "achieved": shares[s["name"]][-1],
+            "tokens": run.train[-1]["source_tokens"].get(s["name"], 0),
+            "epochs": epochs[s["name"]][-1] if epochs[s["name"]] else None,
+            "val_loss": last_val.get(f"val_loss/{s['name']}"),
+        }
+        for s in sources
+    ]
 
 
 def mixture_series(run: Run):
@@ -90,5 +97,7 @@ def mixture_png(run: Run, series) -> bytes:
 def mixture_line(row: dict) -> str:
     """One source in the terminal: 'web: target 70.0 %, achieved 70.1 %, 1.23M tokens, 0.41 epochs'."""
     epochs = f", {row['epochs']:.3g} epochs" if row["epochs"] is not None else ""
-    return (f"{row['name']}: target {100 * row['target']:.1f} %, achieved {100 * row['achieved']:.1f} %, "
-            f"{row['tokens']:,} tokens{epochs}")
+    return (
+        f"{row['name']}: target {100 * row['target']:.1f} %, achieved {100 * row['achieved']:.1f} %, "
+        f"{row['tokens']:,} tokens{epochs}"
+    )

@@ -51,6 +51,8 @@ EVENT_STYLE = {
 SOURCE_MARKERS = ("s", "D", "P", "*", "h", "<", ">", "p")  # val_loss/<source>, dotted: one marker each
 _FEW_POINTS = 50  # below this, draw markers: a run that has just started is a handful of dots
 _LOG_RANGE = 3  # log scale only when the values span more than this factor; a narrow range reads better linear
+
+
 def grid_png(runs: list[Run]) -> bytes:
     """All panels in a two-column grid, then one per downstream task (run.eval_tasks); the spare cell holds the
     legend."""
@@ -61,7 +63,7 @@ def grid_png(runs: list[Run]) -> bytes:
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
     for ax, panel in zip(axes, PANELS):
         draw(ax, panel, runs)
-    for ax, name in zip(axes[len(PANELS):], tasks):
+    for ax, name in zip(axes[len(PANELS) :], tasks):
         draw_task(ax, name, runs)
     drawn = len(PANELS) + len(tasks)
     for ax in axes[drawn:]:
@@ -93,8 +95,7 @@ def draw(ax, panel: Panel, runs: list[Run]) -> None:
             for key, marker in zip(run.source_keys(), SOURCE_MARKERS):  # a mixture's validation per source
                 values += _curve(ax, run, key, panel.scale, color, ":", marker=marker)
     if not values:  # e.g. MFU of a run with no known peak: the trainer logs null
-        ax.text(0.5, 0.5, "no data", transform=ax.transAxes, ha="center", va="center", color="0.5",
-                fontsize="large")
+        ax.text(0.5, 0.5, "no data", transform=ax.transAxes, ha="center", va="center", color="0.5", fontsize="large")
         ax.set_xticks([])
         ax.set_yticks([])
         return
@@ -139,19 +140,29 @@ def _mark_events(ax, runs: list[Run], loss_markers: bool) -> None:
             ax.axvline(e["tokens"], color=line_color, linestyle=style, linewidth=0.9, alpha=0.8)
             loss = e.get("loss")
             if loss_markers and isinstance(loss, (int, float)) and math.isfinite(loss) and loss > 0:
-                ax.plot([e["tokens"]], [loss], marker=marker, color=color, markeredgecolor="black",
-                        markersize=8, linestyle="none")
+                ax.plot(
+                    [e["tokens"]],
+                    [loss],
+                    marker=marker,
+                    color=color,
+                    markeredgecolor="black",
+                    markersize=8,
+                    linestyle="none",
+                )
 
 
 def _legend(runs: list[Run]) -> list[Line2D]:
     handles = [Line2D([], [], color=c, label=r.name) for c, r in zip(run_colors(runs), runs)]
     sources = sorted({key for r in runs for key in r.source_keys()})
-    handles += [Line2D([], [], color="0.3", linestyle=":", marker=marker, label=key.replace("/", ": "))
-                for key, marker in zip(sources, SOURCE_MARKERS)]
+    handles += [
+        Line2D([], [], color="0.3", linestyle=":", marker=marker, label=key.replace("/", ": "))
+        for key, marker in zip(sources, SOURCE_MARKERS)
+    ]
     kinds = {e.get("event") for r in runs for e in r.events}
     for kind in MARKED_EVENTS:
         if kind in kinds:
             color, style, marker = EVENT_STYLE[kind]
-            handles.append(Line2D([], [], color=color, linestyle=style, marker=marker,
-                                  markeredgecolor="black", label=kind))
+            handles.append(
+                Line2D([], [], color=color, linestyle=style, marker=marker, markeredgecolor="black", label=kind)
+            )
     return handles

@@ -62,12 +62,18 @@ def read_run(path: str | Path, name: str | None = None) -> Run:
         raise UsageError(f"{path}: no such run directory; pass the run.dir of a `pretrain train` run")
     metrics = path / "metrics.jsonl"
     if not metrics.is_file():
-        raise UsageError(f"{metrics}: not found; is {path} a run directory? `pretrain train` writes it "
-                         "after its first logged step")
+        raise UsageError(
+            f"{metrics}: not found; is {path} a run directory? `pretrain train` writes it after its first logged step"
+        )
     lines = current_history(read_jsonl(metrics))
-    run = Run(path=path, name=name or path.resolve().name, train=[r for r in lines if _kind(r) == "train"],
-              evals=[r for r in lines if _kind(r) == "val"], tasks=[r for r in lines if _kind(r) == "tasks"],
-              lines=lines)
+    run = Run(
+        path=path,
+        name=name or path.resolve().name,
+        train=[r for r in lines if _kind(r) == "train"],
+        evals=[r for r in lines if _kind(r) == "val"],
+        tasks=[r for r in lines if _kind(r) == "tasks"],
+        lines=lines,
+    )
     if (path / "events.jsonl").is_file():
         run.events = read_jsonl(path / "events.jsonl")
     run.plan_vs_run = _read_optional(path / "plan_vs_run.json", json.loads, run.notes)
@@ -139,6 +145,7 @@ def _is_number(v) -> bool:
 
 # --- summary -------------------------------------------------------------------------------------------
 
+
 def summarize(run: Run) -> dict:
     """The numbers a reader checks first; None where the run has not written them yet."""
     last = run.train[-1] if run.train else {}
@@ -167,8 +174,11 @@ def summarize(run: Run) -> dict:
 def summary_line(s: dict) -> str:
     if s["last_step"] is None:
         return f"{s['name']}: no training steps logged yet"
-    parts = [f"step {s['last_step']}", f"{units.human(s['tokens'])} tokens",
-             f"train loss {units.number(s['last_loss'])}"]
+    parts = [
+        f"step {s['last_step']}",
+        f"{units.human(s['tokens'])} tokens",
+        f"train loss {units.number(s['last_loss'])}",
+    ]
     if s["best_val_loss"] is not None:
         parts.append(f"best val loss {units.number(s['best_val_loss'])} (step {s['best_val_step']})")
     if s["tokens_per_s_median"] is not None:
@@ -182,9 +192,17 @@ def model_line(config: dict | None) -> str | None:
     model = (config or {}).get("model")
     if not isinstance(model, dict):
         return None
-    sizes = [f"{label} {model[key]}" for key, label in (
-        ("hidden_size", "hidden"), ("num_layers", "layers"), ("num_heads", "heads"),
-        ("vocab_size", "vocab"), ("max_seq_len", "context")) if model.get(key) is not None]
+    sizes = [
+        f"{label} {model[key]}"
+        for key, label in (
+            ("hidden_size", "hidden"),
+            ("num_layers", "layers"),
+            ("num_heads", "heads"),
+            ("vocab_size", "vocab"),
+            ("max_seq_len", "context"),
+        )
+        if model.get(key) is not None
+    ]
     return f"{model.get('preset') or 'custom'}: " + ", ".join(sizes)
 
 
@@ -201,6 +219,7 @@ def title_line(run: Run) -> str:
     m, t = c.model, c.train
     per_step = t.micro_batch_size * t.seq_len * t.grad_accum_steps * max(1, c.parallel.data_parallel)
     what = f"{m.preset or m.family} {units.human(count_params(m).total)} ({m.num_layers} x {m.hidden_size})"
-    return (f"{run.name}: {what}, seq {t.seq_len}, {units.human(per_step)} tokens/step, lr {t.lr:g} {t.schedule}, "
-            f"{t.precision}")
-
+    return (
+        f"{run.name}: {what}, seq {t.seq_len}, {units.human(per_step)} tokens/step, lr {t.lr:g} {t.schedule}, "
+        f"{t.precision}"
+    )

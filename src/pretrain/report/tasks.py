@@ -35,9 +35,11 @@ def legend_handles():
     """The line styles of the task panels, for a legend beside the runs' colours."""
     from matplotlib.lines import Line2D
 
-    return [Line2D([], [], color="0.3", linestyle="-", label="acc_norm"),
-            Line2D([], [], color="0.3", linestyle="--", label="acc"),
-            Line2D([], [], color="0.5", linestyle=":", label="chance")]
+    return [
+        Line2D([], [], color="0.3", linestyle="-", label="acc_norm"),
+        Line2D([], [], color="0.3", linestyle="--", label="acc"),
+        Line2D([], [], color="0.5", linestyle=":", label="chance"),
+    ]
 
 
 def tasks_png(runs: list[Run]) -> bytes | None:
@@ -56,7 +58,7 @@ def tasks_png(runs: list[Run]) -> bytes | None:
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
     for ax, name in zip(axes, names):
         draw_task(ax, name, runs)
-    for ax in axes[len(names):]:
+    for ax in axes[len(names) :]:
         ax.axis("off")
     handles = [Line2D([], [], color=c, label=r.name) for c, r in zip(run_colors(runs), runs)] + legend_handles()
     fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), frameon=False, fontsize="small")

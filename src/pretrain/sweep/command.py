@@ -28,22 +28,47 @@ HELP = "time the training step over lists of config values: tokens/s, MFU, memor
 
 def add_arguments(p) -> None:
     add_config_arguments(p)
-    p.add_argument("--out", metavar="DIR", default="sweep", help="write sweep.csv, sweep.json and sweep.png here "
-                   "(default sweep/)")
+    p.add_argument(
+        "--out", metavar="DIR", default="sweep", help="write sweep.csv, sweep.json and sweep.png here (default sweep/)"
+    )
     p.add_argument("--json", action="store_true", help="print the result as JSON instead of the table")
-    p.add_argument("--budget-seconds", type=float, metavar="S", help="start no cell after S seconds; the rest "
-                   "are reported as 'skipped: budget'")
+    p.add_argument(
+        "--budget-seconds",
+        type=float,
+        metavar="S",
+        help="start no cell after S seconds; the rest are reported as 'skipped: budget'",
+    )
     p.add_argument("--try-all", action="store_true", help="also run the cells the plan says do not fit")
-    p.add_argument("--warmup-steps", type=int, default=2, metavar="N", help="untimed optimizer steps per cell, "
-                   "at least 2 (the 2nd measures memory) (default 2)")
-    p.add_argument("--from-fit", type=int, metavar="N", help="time the N fastest layouts of `pretrain plan --fit` "
-                   "on this machine, measured beside predicted")
+    p.add_argument(
+        "--warmup-steps",
+        type=int,
+        default=2,
+        metavar="N",
+        help="untimed optimizer steps per cell, at least 2 (the 2nd measures memory) (default 2)",
+    )
+    p.add_argument(
+        "--from-fit",
+        type=int,
+        metavar="N",
+        help="time the N fastest layouts of `pretrain plan --fit` on this machine, measured beside predicted",
+    )
     p.add_argument("--steps", type=int, default=3, metavar="N", help="timed optimizer steps per cell (default 3)")
-    p.add_argument("--rounds", type=int, default=3, metavar="N", help="runs of every cell, interleaved (round 1 "
-                   "runs each cell once, then round 2 ...); figures are the medians, with their spread; a spread "
-                   "above 10%% is a warning (default 3)")
-    p.add_argument("--threads", type=int, metavar="N", help="torch CPU threads for every cell (default on a CPU: "
-                   "its cores less the 1-minute load average, at least 1; see docs/sweep.md)")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        metavar="N",
+        help="runs of every cell, interleaved (round 1 "
+        "runs each cell once, then round 2 ...); figures are the medians, with their spread; a spread "
+        "above 10%% is a warning (default 3)",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        metavar="N",
+        help="torch CPU threads for every cell (default on a CPU: "
+        "its cores less the 1-minute load average, at least 1; see docs/sweep.md)",
+    )
 
 
 def run(args) -> int:
@@ -52,9 +77,19 @@ def run(args) -> int:
     path, overrides, swept = parse_items(args.items)
     if args.from_fit is not None:
         return _from_fit(args, path, overrides, swept)
-    result = run_sweep(path, overrides, swept, budget_seconds=args.budget_seconds, try_all=args.try_all,
-                       warmup_steps=args.warmup_steps, steps=args.steps, out_dir=args.out, progress=not args.json,
-                       rounds=args.rounds, threads=args.threads)
+    result = run_sweep(
+        path,
+        overrides,
+        swept,
+        budget_seconds=args.budget_seconds,
+        try_all=args.try_all,
+        warmup_steps=args.warmup_steps,
+        steps=args.steps,
+        out_dir=args.out,
+        progress=not args.json,
+        rounds=args.rounds,
+        threads=args.threads,
+    )
     _warn(result)
     if args.json:
         from .output import to_json
@@ -85,12 +120,21 @@ def _from_fit(args, path, overrides, swept) -> int:
     from ..errors import UsageError
 
     if swept:
-        raise UsageError(f"--from-fit: the layouts come from the fit; give single values, not lists "
-                         f"({', '.join(swept)})")
+        raise UsageError(
+            f"--from-fit: the layouts come from the fit; give single values, not lists ({', '.join(swept)})"
+        )
     from .from_fit import render, run_from_fit
 
-    result = run_from_fit(path, overrides, args.from_fit, warmup_steps=args.warmup_steps, steps=args.steps,
-                          out_dir=args.out, rounds=args.rounds, threads=args.threads)
+    result = run_from_fit(
+        path,
+        overrides,
+        args.from_fit,
+        warmup_steps=args.warmup_steps,
+        steps=args.steps,
+        out_dir=args.out,
+        rounds=args.rounds,
+        threads=args.threads,
+    )
     _warn(result)
     if args.json:
         from .output import to_json

@@ -26,12 +26,24 @@ from ..plan.fit import command_line, fit
 from . import output
 from .run import _device_name, run_sweep
 
-DATA_PARALLEL = {"parallel.tensor": 1, "parallel.pipeline": 1, "parallel.sequence_parallel": False,
-                 "parallel.offload": "none"}  # the layout keys the fit chooses; the rest of the config is the user's
+DATA_PARALLEL = {
+    "parallel.tensor": 1,
+    "parallel.pipeline": 1,
+    "parallel.sequence_parallel": False,
+    "parallel.offload": "none",
+}  # the layout keys the fit chooses; the rest of the config is the user's
 
 
-def run_from_fit(config_path, overrides: list[str], n: int, warmup_steps: int = 2, steps: int = 3,
-                 out_dir: str | Path | None = "sweep", rounds: int = 3, threads: int | None = None) -> dict:
+def run_from_fit(
+    config_path,
+    overrides: list[str],
+    n: int,
+    warmup_steps: int = 2,
+    steps: int = 3,
+    out_dir: str | Path | None = "sweep",
+    rounds: int = 3,
+    threads: int | None = None,
+) -> dict:
     """Time the top `n` candidates of `fit`, each `rounds` times in interleaved rounds (run_sweep's); returns
     {"device", "candidates": [...], "chosen", "error", "warnings", ...}."""
     from ..config.trainable import check_trainable
@@ -68,11 +80,24 @@ def run_from_fit(config_path, overrides: list[str], n: int, warmup_steps: int = 
                 if rank in failed:
                     continue
                 # The world the fit was made for: a layout of tensor x pipeline ranks is valid only on it.
-                items = [*overrides, *pinned, f"parallel.gpus={rt.world_size}",
-                         *command_line(cand["overrides"]).split()]
+                items = [
+                    *overrides,
+                    *pinned,
+                    f"parallel.gpus={rt.world_size}",
+                    *command_line(cand["overrides"]).split(),
+                ]
                 try:
-                    cell = run_sweep(config_path, items, {}, warmup_steps=warmup_steps, steps=steps, out_dir=None,
-                                     progress=False, rounds=1, threads=n_threads)["cells"][0]
+                    cell = run_sweep(
+                        config_path,
+                        items,
+                        {},
+                        warmup_steps=warmup_steps,
+                        steps=steps,
+                        out_dir=None,
+                        progress=False,
+                        rounds=1,
+                        threads=n_threads,
+                    )["cells"][0]
                 except UsageError as e:  # a layout the trainer refuses: said in its row, the others still run
                     failed[rank] = f"not run: {e}"
                     continue
@@ -80,20 +105,31 @@ def run_from_fit(config_path, overrides: list[str], n: int, warmup_steps: int = 
                     failed[rank] = cell["status"]
                 else:
                     ran[rank].append(cell)
-    rows = [_row(rank, cand, [] if rank in failed else ran[rank], failed.get(rank, "ok"))
-            for rank, cand in candidates]
+    rows = [_row(rank, cand, [] if rank in failed else ran[rank], failed.get(rank, "ok")) for rank, cand in candidates]
     measured = [r for r in rows if r["measured_tokens_per_s"] is not None]
     chosen = max(measured, key=lambda r: r["measured_tokens_per_s"]) if measured else None
     errors = [abs(r["error_pct"]) for r in measured]
     result = {
-        "device": _device_name(rt.device), "peak_tflops": peak, "peak_source": source, "threads": n_threads,
-        "threads_chosen_as": chosen_as, "rounds": rounds, "candidates": rows, "chosen": chosen,
-        "error": {"mean_abs_pct": sum(errors) / len(errors) if errors else None,
-                  "predicted_fastest_is_fastest": bool(measured) and chosen["rank"] == min(r["rank"] for r in measured),
-                  "measured_rank_of_predicted_fastest": _measured_rank(measured)},
-        "warnings": [f"warning: #{r['rank']}: measured tokens/s spread {r['spread_pct']:.0f}% over {r['rounds']} "
-                     f"rounds, above {NOISY_SPREAD_PCT:.0f}%: the machine is busy and the choice may be noise; "
-                     "run on a quiet machine or with more --rounds" for r in rows if r["noisy"]],
+        "device": _device_name(rt.device),
+        "peak_tflops": peak,
+        "peak_source": source,
+        "threads": n_threads,
+        "threads_chosen_as": chosen_as,
+        "rounds": rounds,
+        "candidates": rows,
+        "chosen": chosen,
+        "error": {
+            "mean_abs_pct": sum(errors) / len(errors) if errors else None,
+            "predicted_fastest_is_fastest": bool(measured) and chosen["rank"] == min(r["rank"] for r in measured),
+            "measured_rank_of_predicted_fastest": _measured_rank(measured),
+        },
+        "warnings": [
+            f"warning: #{r['rank']}: measured tokens/s spread {r['spread_pct']:.0f}% over {r['rounds']} "
+            f"rounds, above {NOISY_SPREAD_PCT:.0f}%: the machine is busy and the choice may be noise; "
+            "run on a quiet machine or with more --rounds"
+            for r in rows
+            if r["noisy"]
+        ],
     }
     if out is not None:
         output._write(out, "from_fit.json", output.to_json(result).encode())  # temp + rename
@@ -105,15 +141,26 @@ def _row(rank: int, cand: dict, cells: list[dict], status: str) -> dict:
     """A candidate's row: predicted beside the median of its rounds, with their spread."""
     noise = spread([c["tokens_per_s"] for c in cells]) if cells else None
     measured = noise and noise["median"]
+
     def median(key):
         return statistics.median(c[key] for c in cells) if cells and cells[0][key] is not None else None
-    return {"rank": rank, "overrides": cand["overrides"], "status": status,
-            "predicted_tokens_per_s": cand["tokens_per_s"], "measured_tokens_per_s": measured,
-            "error_pct": None if measured is None else 100 * (measured / cand["tokens_per_s"] - 1),
-            "predicted_step_s": cand["step_time_s"], "measured_step_s": median("step_seconds"),
-            "memory_planned_bytes": cand["memory_bytes"]["total"], "mfu": median("mfu"), "rounds": len(cells),
-            "measured_tokens_per_s_each_round": [c["tokens_per_s"] for c in cells],
-            "spread_pct": noise and noise["spread_pct"], "noisy": bool(noise and noise["noisy"])}
+
+    return {
+        "rank": rank,
+        "overrides": cand["overrides"],
+        "status": status,
+        "predicted_tokens_per_s": cand["tokens_per_s"],
+        "measured_tokens_per_s": measured,
+        "error_pct": None if measured is None else 100 * (measured / cand["tokens_per_s"] - 1),
+        "predicted_step_s": cand["step_time_s"],
+        "measured_step_s": median("step_seconds"),
+        "memory_planned_bytes": cand["memory_bytes"]["total"],
+        "mfu": median("mfu"),
+        "rounds": len(cells),
+        "measured_tokens_per_s_each_round": [c["tokens_per_s"] for c in cells],
+        "spread_pct": noise and noise["spread_pct"],
+        "noisy": bool(noise and noise["noisy"]),
+    }
 
 
 def _measured_rank(ran: list[dict]) -> int | None:
@@ -124,29 +171,41 @@ def _measured_rank(ran: list[dict]) -> int | None:
 
 
 def render(result: dict) -> str:
-    threads = (f", {result['threads']} CPU thread{'s' if result['threads'] != 1 else ''} "
-               f"({result['threads_chosen_as']})" if result["threads"] else "")
-    lines = [f"pretrain sweep --from-fit on {result['device']} (peak {result['peak_tflops']:.4g} TFLOP/s: "
-             f"{result['peak_source']}); measured: median of {result['rounds']} interleaved rounds{threads}", "",
-             f"  {'#':>2}  {'layout':<58} {'predicted':>11} {'measured':>11} {'spread':>7} {'error':>8}  status"]
+    threads = (
+        f", {result['threads']} CPU thread{'s' if result['threads'] != 1 else ''} ({result['threads_chosen_as']})"
+        if result["threads"]
+        else ""
+    )
+    lines = [
+        f"pretrain sweep --from-fit on {result['device']} (peak {result['peak_tflops']:.4g} TFLOP/s: "
+        f"{result['peak_source']}); measured: median of {result['rounds']} interleaved rounds{threads}",
+        "",
+        f"  {'#':>2}  {'layout':<58} {'predicted':>11} {'measured':>11} {'spread':>7} {'error':>8}  status",
+    ]
     for r in result["candidates"]:
         o = r["overrides"]
-        layout = (f"micro {o['train.micro_batch_size']} x {o['train.grad_accum_steps']}, recompute "
-                  f"{o['train.activation_checkpointing']}, ZeRO {o['parallel.zero_stage']}, TP {o['parallel.tensor']}, "
-                  f"PP {o['parallel.pipeline']}")
+        layout = (
+            f"micro {o['train.micro_batch_size']} x {o['train.grad_accum_steps']}, recompute "
+            f"{o['train.activation_checkpointing']}, ZeRO {o['parallel.zero_stage']}, TP {o['parallel.tensor']}, "
+            f"PP {o['parallel.pipeline']}"
+        )
         measured = "-" if r["measured_tokens_per_s"] is None else f"{r['measured_tokens_per_s']:,.0f}"
         error = "-" if r["error_pct"] is None else f"{r['error_pct']:+.0f}%"
         noise = "-" if r["rounds"] < 2 else f"{r['spread_pct']:.0f}%" + ("!" if r["noisy"] else "")
-        lines.append(f"  {r['rank']:>2}  {layout:<58} {r['predicted_tokens_per_s']:>11,.0f} {measured:>11} "
-                     f"{noise:>7} {error:>8}  {r['status']}")
+        lines.append(
+            f"  {r['rank']:>2}  {layout:<58} {r['predicted_tokens_per_s']:>11,.0f} {measured:>11} "
+            f"{noise:>7} {error:>8}  {r['status']}"
+        )
     e = result["error"]
     if result["chosen"] is None:
         lines += ["", "  none ran: nothing to choose"]
         return "\n".join(lines)
-    lines += ["", f"  ranking model's error: mean |measured / predicted - 1| = {e['mean_abs_pct']:.0f}%; the predicted "
-              f"fastest ran {_ordinal(e['measured_rank_of_predicted_fastest'])} fastest",
-              f"  chosen (fastest measured): #{result['chosen']['rank']} "
-              + command_line(result["chosen"]["overrides"])]
+    lines += [
+        "",
+        f"  ranking model's error: mean |measured / predicted - 1| = {e['mean_abs_pct']:.0f}%; the predicted "
+        f"fastest ran {_ordinal(e['measured_rank_of_predicted_fastest'])} fastest",
+        f"  chosen (fastest measured): #{result['chosen']['rank']} " + command_line(result["chosen"]["overrides"]),
+    ]
     if "file" in result:
         lines.append(f"  wrote {result['file']}")
     return "\n".join(lines)

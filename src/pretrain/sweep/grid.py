@@ -49,8 +49,7 @@ def split_values(key: str, value: str) -> list[str]:
     """'32,64,,128' -> an error naming the key; '32, 64' -> ['32', '64']; duplicates are dropped."""
     values = [v.strip() for v in value.split(",")]
     if any(v == "" for v in values):
-        raise UsageError(f"{key}: empty value in the list {value!r}; give comma-separated values like "
-                         f"{key}=1,2,4")
+        raise UsageError(f"{key}: empty value in the list {value!r}; give comma-separated values like {key}=1,2,4")
     return list(dict.fromkeys(values))
 
 

@@ -19,13 +19,33 @@ from ..errors import UsageError
 from ..files import write_atomic
 
 FILES = {"csv": "sweep.csv", "json": "sweep.json", "png": "sweep.png"}
-CSV_COLUMNS = ("status", "plan_verdict", "it_per_s", "tokens_per_s", "achieved_tflops", "mfu",
-               "memory_measured_bytes", "memory_planned_bytes", "memory_error_pct", "planned_tokens_per_s",
-               "tokens_per_step", "step_seconds", "peak_tflops", "loss", "seconds", "error", "rounds",
-               "tokens_per_s_min", "tokens_per_s_max", "spread_pct", "threads")
+CSV_COLUMNS = (
+    "status",
+    "plan_verdict",
+    "it_per_s",
+    "tokens_per_s",
+    "achieved_tflops",
+    "mfu",
+    "memory_measured_bytes",
+    "memory_planned_bytes",
+    "memory_error_pct",
+    "planned_tokens_per_s",
+    "tokens_per_step",
+    "step_seconds",
+    "peak_tflops",
+    "loss",
+    "seconds",
+    "error",
+    "rounds",
+    "tokens_per_s_min",
+    "tokens_per_s_max",
+    "spread_pct",
+    "threads",
+)
 
 
 # --- files -------------------------------------------------------------------------------------------------------
+
 
 def write_tables(result: dict, out: Path) -> dict:
     """sweep.json and sweep.csv (after every cell, so an interrupted sweep keeps what it measured)."""
@@ -84,20 +104,30 @@ def to_csv(result: dict) -> str:
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(["cell", *keys, *CSV_COLUMNS])
     for cell in result["cells"]:
-        writer.writerow([cell["cell"], *(cell["values"][k] for k in keys),
-                         *("" if cell[c] is None else cell[c] for c in CSV_COLUMNS)])
+        writer.writerow(
+            [
+                cell["cell"],
+                *(cell["values"][k] for k in keys),
+                *("" if cell[c] is None else cell[c] for c in CSV_COLUMNS),
+            ]
+        )
     return buf.getvalue()
 
 
 def noise_warnings(records: list[dict]) -> list[str]:
     """One line per cell whose rounds' tokens/s differ by more than NOISY_SPREAD_PCT: its figure is noise."""
-    return [f"warning: cell {' '.join(f'{k}={v}' for k, v in r['values'].items()) or '(base config)'}: tokens/s "
-            f"spread {r['spread_pct']:.0f}% over {r['rounds']} rounds ({units.human(r['tokens_per_s_min'])} to "
-            f"{units.human(r['tokens_per_s_max'])}), above {NOISY_SPREAD_PCT:.0f}%: the machine is busy; compare "
-            "cells on a quiet one, or with more --rounds" for r in records if r["noisy"]]
+    return [
+        f"warning: cell {' '.join(f'{k}={v}' for k, v in r['values'].items()) or '(base config)'}: tokens/s "
+        f"spread {r['spread_pct']:.0f}% over {r['rounds']} rounds ({units.human(r['tokens_per_s_min'])} to "
+        f"{units.human(r['tokens_per_s_max'])}), above {NOISY_SPREAD_PCT:.0f}%: the machine is busy; compare "
+        "cells on a quiet one, or with more --rounds"
+        for r in records
+        if r["noisy"]
+    ]
 
 
 # --- terminal ----------------------------------------------------------------------------------------------------
+
 
 def column_names(keys: list[str]) -> dict[str, str]:
     """train.seq_len -> seq_len, unless two swept keys share the last part."""
@@ -112,10 +142,13 @@ def table(result: dict):
     names = column_names(keys)
     peaks = "; ".join(f"{prec} {p['tflops']:.4g} TFLOP/s ({p['source']})" for prec, p in result["peak_tflops"].items())
     threads = f", {result['threads']} CPU thread{'s' if result['threads'] != 1 else ''}" if result["threads"] else ""
-    t = Table(title=f"pretrain sweep on {result['device']}: {result['warmup_steps']} warm-up + {result['steps']} "
-                    f"timed steps per cell, median of {result['rounds']} interleaved rounds{threads}",
-              caption=f"MFU against peak {peaks}\nmemory: {result['memory_measured_as']}\nspread: (max - min) / "
-                      f"median tokens/s of the rounds, ! above {NOISY_SPREAD_PCT:.0f}%", caption_justify="left")
+    t = Table(
+        title=f"pretrain sweep on {result['device']}: {result['warmup_steps']} warm-up + {result['steps']} "
+        f"timed steps per cell, median of {result['rounds']} interleaved rounds{threads}",
+        caption=f"MFU against peak {peaks}\nmemory: {result['memory_measured_as']}\nspread: (max - min) / "
+        f"median tokens/s of the rounds, ! above {NOISY_SPREAD_PCT:.0f}%",
+        caption_justify="left",
+    )
     with_status = any(cell["status"] != "ok" for cell in result["cells"])  # OOM, skipped: a column of its own
     for k in keys:
         t.add_column(names[k])
@@ -128,19 +161,39 @@ def table(result: dict):
         first = [str(cell["values"][k]) for k in keys] + ([cell["status"]] if with_status else [])
         planned = units.nbytes(cell["memory_planned_bytes"])
         if cell["status"] != "ok":
-            t.add_row(*first, "", "", "", "", "", "", planned, "", cell["plan_verdict"],
-                      style="red" if cell["status"] == "OOM" else "dim")
+            t.add_row(
+                *first,
+                "",
+                "",
+                "",
+                "",
+                "",
+                "",
+                planned,
+                "",
+                cell["plan_verdict"],
+                style="red" if cell["status"] == "OOM" else "dim",
+            )
             continue
         err = cell["memory_error_pct"]
         noise = f"{cell['spread_pct']:.0f}%" + (" !" if cell["noisy"] else "") if cell["rounds"] > 1 else "-"
-        t.add_row(*first, f"{cell['it_per_s']:.3g}", units.human(cell["tokens_per_s"]), noise,
-                  f"{cell['achieved_tflops']:.3g}", "-" if cell["mfu"] is None else f"{100 * cell['mfu']:.1f}%",
-                  units.nbytes(cell["memory_measured_bytes"]), planned, "-" if err is None else f"{err:+.1f}%",
-                  cell["plan_verdict"])
+        t.add_row(
+            *first,
+            f"{cell['it_per_s']:.3g}",
+            units.human(cell["tokens_per_s"]),
+            noise,
+            f"{cell['achieved_tflops']:.3g}",
+            "-" if cell["mfu"] is None else f"{100 * cell['mfu']:.1f}%",
+            units.nbytes(cell["memory_measured_bytes"]),
+            planned,
+            "-" if err is None else f"{err:+.1f}%",
+            cell["plan_verdict"],
+        )
     return t
 
 
 # --- plot --------------------------------------------------------------------------------------------------------
+
 
 def x_key(result: dict) -> str | None:
     """The swept key on the x axis: the numeric one with the most values, else the first one."""
@@ -191,8 +244,10 @@ def plot_png(result: dict) -> bytes:
         x = [position(c["values"][xk]) if xk else 0 for c in members]
         label = ", ".join(f"{names[k]}={v}" for k, v in zip(others, group)) or "measured"
         handles.append(Line2D([], [], color=colour, marker="o", label=label))
-        for ax, measured, planned, scale in ((ax_tps, "tokens_per_s", "planned_tokens_per_s", 1.0),
-                                             (ax_mem, "memory_measured_bytes", "memory_planned_bytes", mem_scale)):
+        for ax, measured, planned, scale in (
+            (ax_tps, "tokens_per_s", "planned_tokens_per_s", 1.0),
+            (ax_mem, "memory_measured_bytes", "memory_planned_bytes", mem_scale),
+        ):
             line = [(xi, c[planned] / scale) for xi, c in zip(x, members) if c[planned] is not None]
             if line:
                 ax.plot(*zip(*line), color=colour, linestyle=_interleaved(index, len(groups)), linewidth=1.4)
@@ -221,16 +276,37 @@ def plot_png(result: dict) -> bytes:
         ax_tps.set_ylim(bottom=0)
     ax_tps.yaxis.set_major_formatter(FuncFormatter(lambda v, _: units.human(v, digits=4)))
     ax_mem.set_ylim(bottom=0)
-    given = sorted({f"{c['planned_basis'].split(' ')[0]} {c['planned_mfu']:g}" for c in cells
-                    if c["planned_basis"] and c["planned_basis"].startswith("hardware.")})  # mfu / hfu overrides
-    style = [Line2D([], [], color="0.3", marker="o", linestyle="none", label="measured"),
-             Line2D([], [], color="0.3", linestyle="-", label=f"planned (tokens/s at {', '.join(given)})" if given
-                    else "planned (tokens/s of the plan's step-time model)"),
-             Line2D([], [], color="0.3", marker="X", linestyle="none", label="OOM (at planned memory)")]
-    fig.legend(handles=handles + style, loc="outside lower center", ncols=min(3, len(handles) + len(style)),
-               fontsize="small", frameon=False)
-    fig.suptitle(f"pretrain sweep on {result['device']}, memory as "
-                 f"{'peak allocated' if result['device_type'] == 'cuda' else 'tensor count'}")
+    given = sorted(
+        {
+            f"{c['planned_basis'].split(' ')[0]} {c['planned_mfu']:g}"
+            for c in cells
+            if c["planned_basis"] and c["planned_basis"].startswith("hardware.")
+        }
+    )  # mfu / hfu overrides
+    style = [
+        Line2D([], [], color="0.3", marker="o", linestyle="none", label="measured"),
+        Line2D(
+            [],
+            [],
+            color="0.3",
+            linestyle="-",
+            label=f"planned (tokens/s at {', '.join(given)})"
+            if given
+            else "planned (tokens/s of the plan's step-time model)",
+        ),
+        Line2D([], [], color="0.3", marker="X", linestyle="none", label="OOM (at planned memory)"),
+    ]
+    fig.legend(
+        handles=handles + style,
+        loc="outside lower center",
+        ncols=min(3, len(handles) + len(style)),
+        fontsize="small",
+        frameon=False,
+    )
+    fig.suptitle(
+        f"pretrain sweep on {result['device']}, memory as "
+        f"{'peak allocated' if result['device_type'] == 'cuda' else 'tensor count'}"
+    )
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100)
     return buf.getvalue()

@@ -43,20 +43,39 @@ def record_of(cell, status: str = OK, measured: list[dict] | None = None, error:
     flops_per_token = p["flops"]["per_token" if c.flops.convention == "palm" else "per_token_6n"]
     peak = p["hardware"]["peak_tflops"]
     record = {
-        "cell": cell.index, "values": dict(cell.values), "status": status, "device": str(dev),
-        "plan_fits": fits, "plan_verdict": {True: "fits", False: "does not fit", None: "no limit"}[fits],
+        "cell": cell.index,
+        "values": dict(cell.values),
+        "status": status,
+        "device": str(dev),
+        "plan_fits": fits,
+        "plan_verdict": {True: "fits", False: "does not fit", None: "no limit"}[fits],
         "tokens_per_step": c.train.micro_batch_size * c.train.grad_accum_steps * c.train.seq_len * world,
-        "step_seconds": None, "step_seconds_each": None, "it_per_s": None, "tokens_per_s": None,
-        "achieved_tflops": None, "mfu": None, "peak_tflops": peak, "peak_source": p["hardware"]["peak_source"],
+        "step_seconds": None,
+        "step_seconds_each": None,
+        "it_per_s": None,
+        "tokens_per_s": None,
+        "achieved_tflops": None,
+        "mfu": None,
+        "peak_tflops": peak,
+        "peak_source": p["hardware"]["peak_source"],
         "flops_per_token": flops_per_token,
-        "memory_measured_bytes": None, "memory_planned_bytes": planned_mem, "memory_error_pct": None,
+        "memory_measured_bytes": None,
+        "memory_planned_bytes": planned_mem,
+        "memory_error_pct": None,
         "memory_planned_total_bytes": p["memory_bytes"]["total"],
-        "planned_tokens_per_s": p["time"].get("tokens_per_second"), "planned_mfu": p["time"].get("utilisation"),
+        "planned_tokens_per_s": p["time"].get("tokens_per_second"),
+        "planned_mfu": p["time"].get("utilisation"),
         "planned_basis": p["time"].get("basis"),  # the step-time model, or hardware.mfu / hfu given
         "modelled_tokens_per_s": p["time"].get("modelled_tokens_per_second"),  # pretrain.plan.step_time
-        "measured_detail": None, "loss": None, "error": error,
-        "rounds": 0, "tokens_per_s_each_round": [], "tokens_per_s_min": None, "tokens_per_s_max": None,
-        "spread_pct": None, "noisy": False,
+        "measured_detail": None,
+        "loss": None,
+        "error": error,
+        "rounds": 0,
+        "tokens_per_s_each_round": [],
+        "tokens_per_s_min": None,
+        "tokens_per_s_max": None,
+        "spread_pct": None,
+        "noisy": False,
     }
     if not measured:
         return record
@@ -66,11 +85,21 @@ def record_of(cell, status: str = OK, measured: list[dict] | None = None, error:
     tokens_per_s = noise["median"]
     step_seconds = record["tokens_per_step"] / tokens_per_s  # the median round's (no batch ramp in a sweep)
     achieved = tokens_per_s * flops_per_token / 1e12
-    record.update(step_seconds=step_seconds, step_seconds_each=[t for r in measured for t in r["times"]],
-                  it_per_s=1.0 / step_seconds, tokens_per_s=tokens_per_s, achieved_tflops=achieved,
-                  mfu=mfu(tokens_per_s, flops_per_token, world, peak), loss=measured[-1]["loss"],
-                  rounds=len(measured), tokens_per_s_each_round=per_round, tokens_per_s_min=noise["min"],
-                  tokens_per_s_max=noise["max"], spread_pct=noise["spread_pct"], noisy=noise["noisy"])
+    record.update(
+        step_seconds=step_seconds,
+        step_seconds_each=[t for r in measured for t in r["times"]],
+        it_per_s=1.0 / step_seconds,
+        tokens_per_s=tokens_per_s,
+        achieved_tflops=achieved,
+        mfu=mfu(tokens_per_s, flops_per_token, world, peak),
+        loss=measured[-1]["loss"],
+        rounds=len(measured),
+        tokens_per_s_each_round=per_round,
+        tokens_per_s_min=noise["min"],
+        tokens_per_s_max=noise["max"],
+        spread_pct=noise["spread_pct"],
+        noisy=noise["noisy"],
+    )
     measured = measured[0]
     m = measured["measurement"]
     detail = None

@@ -60,18 +60,27 @@ class SyntheticTokens:
 @dataclass
 class Cell:
     index: int
-    values: dict           # swept key -> value as the config resolved it (int 64, not "64")
-    overrides: list[str]   # the cell's own section.key=value items
+    values: dict  # swept key -> value as the config resolved it (int 64, not "64")
+    overrides: list[str]  # the cell's own section.key=value items
     config: Config = None
     device_config: Config = None
     rt: object = None
     plan: dict = field(default_factory=dict)
 
 
-def run_sweep(config_path: str | Path | dict | None = None, overrides=(), sweep: dict | None = None,
-              budget_seconds: float | None = None, try_all: bool = False, warmup_steps: int = 2, steps: int = 3,
-              out_dir: str | Path | None = "sweep", progress=True, rounds: int = 3,
-              threads: int | None = None) -> dict:
+def run_sweep(
+    config_path: str | Path | dict | None = None,
+    overrides=(),
+    sweep: dict | None = None,
+    budget_seconds: float | None = None,
+    try_all: bool = False,
+    warmup_steps: int = 2,
+    steps: int = 3,
+    out_dir: str | Path | None = "sweep",
+    progress=True,
+    rounds: int = 3,
+    threads: int | None = None,
+) -> dict:
     """Time the real training step for every combination of `sweep` values; return the JSON-ready result.
 
     config_path: a YAML file (or a dict, or None for the defaults), with `overrides` (`section.key=value`
@@ -101,20 +110,32 @@ def run_sweep(config_path: str | Path | dict | None = None, overrides=(), sweep:
         peaks = _set_peaks(cells)
         result = {
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "device": _device_name(cells[0].rt.device), "device_type": cells[0].rt.device.type,
-            "torch": torch.__version__, "threads": n_threads, "threads_chosen_as": chosen_as,
+            "device": _device_name(cells[0].rt.device),
+            "device_type": cells[0].rt.device.type,
+            "torch": torch.__version__,
+            "threads": n_threads,
+            "threads_chosen_as": chosen_as,
             "config": str(config_path) if isinstance(config_path, (str, Path)) else None,
             "overrides": list(overrides),
             "swept": {k: list(dict.fromkeys(c.values[k] for c in cells)) for k in sweep},
-            "warmup_steps": warmup_steps, "steps": steps, "rounds": rounds, "budget_seconds": budget_seconds,
-            "try_all": try_all, "memory_measured_as": memory_method(cells[0].rt.device),
-            "peak_tflops": peaks, "cells": [], "warnings": [], "elapsed_seconds": None, "files": {},
+            "warmup_steps": warmup_steps,
+            "steps": steps,
+            "rounds": rounds,
+            "budget_seconds": budget_seconds,
+            "try_all": try_all,
+            "memory_measured_as": memory_method(cells[0].rt.device),
+            "peak_tflops": peaks,
+            "cells": [],
+            "warnings": [],
+            "elapsed_seconds": None,
+            "files": {},
         }
         out = Path(out_dir) if out_dir is not None else None
         if out is not None:
             output.make_dir(out)  # an unwritable --out fails now, not after the first cell
-        runs, ended, seconds = _run_rounds(cells, result, out, started, budget_seconds, try_all,
-                                           (warmup_steps, steps, rounds), progress, n_threads)
+        runs, ended, seconds = _run_rounds(
+            cells, result, out, started, budget_seconds, try_all, (warmup_steps, steps, rounds), progress, n_threads
+        )
         result["cells"] = records(cells, runs, ended, seconds, n_threads)
         result["warnings"] = output.noise_warnings(result["cells"])
         result["elapsed_seconds"] = round(time.perf_counter() - started, 3)
@@ -126,8 +147,10 @@ def run_sweep(config_path: str | Path | dict | None = None, overrides=(), sweep:
 def _check_arguments(warmup_steps, steps, budget_seconds, rounds, threads) -> None:
     """The sweep's own options, checked before any cell is loaded."""
     if not isinstance(warmup_steps, int) or warmup_steps < MIN_WARMUP_STEPS:
-        raise UsageError(f"--warmup-steps: must be at least {MIN_WARMUP_STEPS} (the trainer measures memory on its "
-                         f"step {MIN_WARMUP_STEPS}, once optimizer states exist), got {warmup_steps}")
+        raise UsageError(
+            f"--warmup-steps: must be at least {MIN_WARMUP_STEPS} (the trainer measures memory on its "
+            f"step {MIN_WARMUP_STEPS}, once optimizer states exist), got {warmup_steps}"
+        )
     if not isinstance(steps, int) or steps < 1:
         raise UsageError(f"--steps: must be at least 1 timed step, got {steps}")
     if budget_seconds is not None and not budget_seconds > 0:
@@ -136,12 +159,21 @@ def _check_arguments(warmup_steps, steps, budget_seconds, rounds, threads) -> No
     check_threads(threads)
 
 
-def _run_rounds(cells: list[Cell], result: dict, out: Path | None, started: float, budget_seconds, try_all: bool,
-                counts: tuple[int, int, int], progress, n_threads) -> tuple[dict, dict, dict]:
+def _run_rounds(
+    cells: list[Cell],
+    result: dict,
+    out: Path | None,
+    started: float,
+    budget_seconds,
+    try_all: bool,
+    counts: tuple[int, int, int],
+    progress,
+    n_threads,
+) -> tuple[dict, dict, dict]:
     """Every cell once per round, rounds interleaved; the tables rewritten after each cell. Returns each cell's
     measurements, the cells that ended early (status, error), and each cell's seconds."""
     warmup_steps, steps, rounds = counts
-    runs = {cell.index: [] for cell in cells}      # each round's measurement
+    runs = {cell.index: [] for cell in cells}  # each round's measurement
     ended: dict[int, tuple[str, str | None]] = {}  # a cell that runs no more rounds: (status, error)
     seconds = dict.fromkeys(runs, 0.0)
     with _progress(progress) as advance:
@@ -149,8 +181,7 @@ def _run_rounds(cells: list[Cell], result: dict, out: Path | None, started: floa
             if cell.index in ended:
                 continue
             if advance:
-                advance(done, rounds * len(cells), _describe(cell) + (f", round {round_ + 1}" if rounds > 1
-                                                                      else ""))
+                advance(done, rounds * len(cells), _describe(cell) + (f", round {round_ + 1}" if rounds > 1 else ""))
             cell_started = time.perf_counter()
             if budget_seconds is not None and cell_started - started >= budget_seconds:
                 ended[cell.index] = (OK if runs[cell.index] else SKIPPED_BUDGET, None)
@@ -175,6 +206,7 @@ def _run_rounds(cells: list[Cell], result: dict, out: Path | None, started: floa
 
 # --- before any cell runs ------------------------------------------------------------------------------------
 
+
 def prepare_cells(config_path, overrides: list[str], sweep: dict) -> list[Cell]:
     """Load, check and plan every cell; raises on the first bad one, naming its key (and the cell)."""
     from ..config.trainable import check_trainable
@@ -189,8 +221,9 @@ def prepare_cells(config_path, overrides: list[str], sweep: dict) -> list[Cell]:
         try:
             # Synthetic tokens: a data directory is neither needed nor read. No batch ramp: every timed step
             # runs at the cell's full batch, as labelled.
-            config = replaced(load_config(config_path, [*overrides, *own]),
-                              {"data.dir": None, "train.batch_ramp_tokens": 0})
+            config = replaced(
+                load_config(config_path, [*overrides, *own]), {"data.dir": None, "train.batch_ramp_tokens": 0}
+            )
             check_trainable(config, needs_data=False)
             _check_length(config)
             device = config.train.device
@@ -202,8 +235,9 @@ def prepare_cells(config_path, overrides: list[str], sweep: dict) -> list[Cell]:
         except UsageError as e:
             raise (ConfigError if isinstance(e, ConfigError) else UsageError)(f"{e}{where}") from None
         resolved = {key: getattr(getattr(config, key.split(".", 1)[0]), key.split(".", 1)[1]) for key in values}
-        cells.append(Cell(index=index, values=resolved, overrides=own, config=config, device_config=device_config,
-                          rt=rt, plan=p))
+        cells.append(
+            Cell(index=index, values=resolved, overrides=own, config=config, device_config=device_config, rt=rt, plan=p)
+        )
     return cells
 
 
@@ -228,8 +262,9 @@ def _set_peaks(cells: list[Cell]) -> dict:
             if key not in measured:
                 measured[key] = plan_check.peak_tflops(cell.device_config, cell.rt.device)
             peak, source = measured[key]
-            cell.config, cell.device_config = (replaced(c, {"hardware.peak_tflops": peak})
-                                               for c in (cell.config, cell.device_config))
+            cell.config, cell.device_config = (
+                replaced(c, {"hardware.peak_tflops": peak}) for c in (cell.config, cell.device_config)
+            )
             cell.plan = make_plan(cell.device_config)  # the planned tokens/s at the same peak as the MFU
         cell.plan["hardware"]["peak_source"] = source
         peaks[cell.config.train.precision] = {"tflops": peak, "source": source}
@@ -237,6 +272,7 @@ def _set_peaks(cells: list[Cell]) -> dict:
 
 
 # --- one cell --------------------------------------------------------------------------------------------------
+
 
 def run_cell(cell: Cell, warmup_steps: int, steps: int) -> dict:
     """Build the Trainer, run the warm-up and timed steps; {'measured': ...} or {'status': OOM, 'error': ...}."""
@@ -269,8 +305,13 @@ def run_cell(cell: Cell, warmup_steps: int, steps: int) -> dict:
             times.append(time.perf_counter() - t0)
             tokens += step.batch_tokens
         peak_allocated = int(torch.cuda.max_memory_allocated(dev)) if dev.type == "cuda" else None
-        measured = {"times": times, "tokens": tokens, "loss": step.loss, "measurement": measurement,
-                    "peak_allocated": peak_allocated}
+        measured = {
+            "times": times,
+            "tokens": tokens,
+            "loss": step.loss,
+            "measurement": measurement,
+            "peak_allocated": peak_allocated,
+        }
     except (torch.cuda.OutOfMemoryError, MemoryError) as e:
         error = _first_line(e)
     except RuntimeError as e:  # the CPU allocator says so in a plain RuntimeError
@@ -297,13 +338,17 @@ def free_memory(dev: torch.device) -> None:
 
 def memory_method(dev: torch.device) -> str:
     if dev.type == "cuda":
-        return ("peak allocated (torch.cuda.max_memory_allocated over the timed steps) vs the plan's total - "
-                "cuda_context")
-    return ("tensor count at the measurement step (parameters + gradients + optimizer states + working copies + "
-            "saved activations, as `pretrain train` counts them) vs the plan's model_states + activations")
+        return (
+            "peak allocated (torch.cuda.max_memory_allocated over the timed steps) vs the plan's total - cuda_context"
+        )
+    return (
+        "tensor count at the measurement step (parameters + gradients + optimizer states + working copies + "
+        "saved activations, as `pretrain train` counts them) vs the plan's model_states + activations"
+    )
 
 
 # --- small helpers ----------------------------------------------------------------------------------------------
+
 
 def _first_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()

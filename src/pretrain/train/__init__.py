@@ -27,9 +27,15 @@ def train(config) -> dict:
     try:
         return Trainer(config, rt).fit()
     except OSError as e:  # a full disk or a read-only run.dir anywhere in the run: one line (checkpoints are atomic)
-        error = write_error(e, f"run.dir {config.run.dir}", "the run", kept=(
-            "its complete checkpoints are intact (free space or fix the permissions, then `pretrain train "
-            f"--resume {config.run.dir}`)"))
+        error = write_error(
+            e,
+            f"run.dir {config.run.dir}",
+            "the run",
+            kept=(
+                "its complete checkpoints are intact (free space or fix the permissions, then `pretrain train "
+                f"--resume {config.run.dir}`)"
+            ),
+        )
         if error is None:
             raise
         raise error from None

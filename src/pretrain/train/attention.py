@@ -34,8 +34,7 @@ KERNELS = {
 
 
 # cuDNN, then flash; the others only for shapes neither takes.
-HOPPER_ORDER = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
-                SDPBackend.MATH]
+HOPPER_ORDER = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 # torch >= 2.6 takes the list as a priority order; an older one only as a set, in its own order: there the
 # set is the two fast kernels alone, as the trainer's choice was before set_priority existed.
 SET_PRIORITY = "set_priority" in inspect.signature(sdpa_kernel).parameters
@@ -89,10 +88,12 @@ def kernel_that_runs(config, device: torch.device) -> str:
     kv_heads = m.num_kv_heads if gqa else m.num_heads
     q = torch.zeros(1, m.num_heads, t.seq_len, m.head_dim, device=device, dtype=dtype, requires_grad=True)
     k = torch.zeros(1, kv_heads, t.seq_len, m.head_dim, device=device, dtype=dtype, requires_grad=True)
-    mask = torch.ones(1, 1, t.seq_len, t.seq_len, dtype=torch.bool, device=device).tril() \
-        if t.document_masking else None
+    mask = (
+        torch.ones(1, 1, t.seq_len, t.seq_len, dtype=torch.bool, device=device).tril() if t.document_masking else None
+    )
     ops = _Ops()
     with kernel_context(device, t.precision)(), ops:
-        F.scaled_dot_product_attention(q, k, k, attn_mask=mask, dropout_p=m.dropout, is_causal=mask is None,
-                                       enable_gqa=gqa)
+        F.scaled_dot_product_attention(
+            q, k, k, attn_mask=mask, dropout_p=m.dropout, is_causal=mask is None, enable_gqa=gqa
+        )
     return next((KERNELS[name] for name in ops.names if name in KERNELS), "math")

@@ -85,9 +85,18 @@ warnings.filterwarnings("ignore", message="torch.distributed is .*unavailable or
 warnings.filterwarnings("ignore", message="TypedStorage is deprecated", module="torch.distributed.checkpoint")
 
 
-def save_checkpoint(run_dir, step: int, state_dict: dict, trainer: dict, config_yaml: str, rank: int = 0,
-                    barrier=lambda: None, gather=lambda value: [value], fail_disk_full: bool = False,
-                    pause: float = 0.0) -> Path:
+def save_checkpoint(
+    run_dir,
+    step: int,
+    state_dict: dict,
+    trainer: dict,
+    config_yaml: str,
+    rank: int = 0,
+    barrier=lambda: None,
+    gather=lambda value: [value],
+    fail_disk_full: bool = False,
+    pause: float = 0.0,
+) -> Path:
     """Write checkpoint `step` atomically. `state_dict` holds the model/optimizer state (DCP-ready).
     `gather(value)`: every rank's value on rank 0, in rank order (runtime.gather_to_main).
     `fail_disk_full` and `pause` are fault injection for tests: the write fails half-way as on a full disk,
@@ -127,8 +136,10 @@ def save_checkpoint(run_dir, step: int, state_dict: dict, trainer: dict, config_
         if e.errno == errno.ENOSPC:
             previous = latest_checkpoint(run_dir)
             kept = f"the previous checkpoint {previous.name} is intact" if previous else "no earlier checkpoint"
-            raise UsageError(f"disk full while writing checkpoint {final}; {kept}; free space and resume "
-                             f"with `pretrain train --resume {run_dir}`") from None
+            raise UsageError(
+                f"disk full while writing checkpoint {final}; {kept}; free space and resume "
+                f"with `pretrain train --resume {run_dir}`"
+            ) from None
         raise
     return final
 
@@ -173,8 +184,10 @@ def list_checkpoints(run_dir) -> list[Path]:
             stray.append(p.name)
     if stray and root not in _warned_stray:
         _warned_stray.add(root)
-        warnings.warn(f"ignoring {', '.join(sorted(stray))} in {root}: only step_NNNNNNNN directories are "
-                      "checkpoints", stacklevel=2)
+        warnings.warn(
+            f"ignoring {', '.join(sorted(stray))} in {root}: only step_NNNNNNNN directories are checkpoints",
+            stacklevel=2,
+        )
     return sorted(found, key=step_of)
 
 

@@ -20,8 +20,7 @@ from . import checkpoint as ckpt
 
 
 class Checkpointer:
-    def __init__(self, run_dir, rt, tensors, counters, parts: dict, config, total_steps: int,
-                 warmup_steps: int):
+    def __init__(self, run_dir, rt, tensors, counters, parts: dict, config, total_steps: int, warmup_steps: int):
         self.run_dir, self.rt = Path(run_dir), rt
         self.tensors, self.counters, self.parts = tensors, counters, parts
         self.config_yaml = yaml.safe_dump(config.to_dict(), sort_keys=False)
@@ -32,15 +31,27 @@ class Checkpointer:
     def save(self, good: bool) -> Path:
         """Write the checkpoint of the current step (all ranks call this)."""
         step = self.counters.step
-        trainer = {**self.counters.state_dict(), **{name: part.state_dict() for name, part in self.parts.items()},
-                   "good": good, "version": __version__, "total_steps": self.total_steps,
-                   "warmup_steps": self.warmup_steps}
-        path = ckpt.save_checkpoint(self.run_dir, step, self.tensors.state_dict(), trainer, self.config_yaml,
-                                    rank=self.rt.rank, barrier=lambda: barrier(self.rt),
-                                    gather=lambda value: gather_to_main(value, self.rt),
-                                    # the tests' fault injection (see checkpoint.save_checkpoint)
-                                    fail_disk_full=step == self.debug.inject_disk_full_step > 0,
-                                    pause=self.debug.checkpoint_sleep)
+        trainer = {
+            **self.counters.state_dict(),
+            **{name: part.state_dict() for name, part in self.parts.items()},
+            "good": good,
+            "version": __version__,
+            "total_steps": self.total_steps,
+            "warmup_steps": self.warmup_steps,
+        }
+        path = ckpt.save_checkpoint(
+            self.run_dir,
+            step,
+            self.tensors.state_dict(),
+            trainer,
+            self.config_yaml,
+            rank=self.rt.rank,
+            barrier=lambda: barrier(self.rt),
+            gather=lambda value: gather_to_main(value, self.rt),
+            # the tests' fault injection (see checkpoint.save_checkpoint)
+            fail_disk_full=step == self.debug.inject_disk_full_step > 0,
+            pause=self.debug.checkpoint_sleep,
+        )
         self.last_saved = (step, path)
         return path
 

@@ -20,8 +20,12 @@ HELP = "train a model (one CPU/GPU, or many under torchrun)"
 
 def add_arguments(p):
     add_config_arguments(p)
-    p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its newest complete checkpoint, "
-                   "with its saved config (key=value overrides still apply)")
+    p.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="continue a run from its newest complete checkpoint, "
+        "with its saved config (key=value overrides still apply)",
+    )
 
 
 def resolve(args):
@@ -56,8 +60,10 @@ def check_same_run_dir(run_dir: Path, overrides: list[str]) -> None:
     for item in overrides:
         key, _, value = item.partition("=")
         if key.strip() == "run.dir" and Path(value.strip()).resolve() != run_dir.resolve():
-            raise UsageError(f"--resume {run_dir} with run.dir={value.strip()}: a resume continues in its own run "
-                             f"directory; to continue a copy, `cp -r {run_dir} {value.strip()}` and resume that")
+            raise UsageError(
+                f"--resume {run_dir} with run.dir={value.strip()}: a resume continues in its own run "
+                f"directory; to continue a copy, `cp -r {run_dir} {value.strip()}` and resume that"
+            )
 
 
 def check_saved_config(saved: Path) -> None:
@@ -70,8 +76,9 @@ def check_saved_config(saved: Path) -> None:
 
     run_dir = saved.parent
     if not run_dir.is_dir():
-        raise UsageError(f"--resume {run_dir}: no such directory; give the run directory of an earlier "
-                         "`pretrain train`")
+        raise UsageError(
+            f"--resume {run_dir}: no such directory; give the run directory of an earlier `pretrain train`"
+        )
     problem = None
     if not saved.is_file():
         problem = "is missing"
@@ -89,9 +96,12 @@ def check_saved_config(saved: Path) -> None:
         newest = resume_point(run_dir)[0]
     except UsageError:
         newest = None
-    fix = (f"restore it from the newest checkpoint's verified copy: cp {newest / 'config.yaml'} {saved}"
-           if newest else "no checkpoint of the run holds a copy to restore it from; give the run directory of "
-           "an earlier `pretrain train`")
+    fix = (
+        f"restore it from the newest checkpoint's verified copy: cp {newest / 'config.yaml'} {saved}"
+        if newest
+        else "no checkpoint of the run holds a copy to restore it from; give the run directory of "
+        "an earlier `pretrain train`"
+    )
     raise UsageError(f"--resume {run_dir}: the run's config {saved} {problem}; {fix}")
 
 

@@ -17,12 +17,26 @@ def stopped_by_data_change(trainer, error: DataChanged) -> UsageError:
     Under torchrun the other ranks may wait inside the step's collectives, so no rank writes: the newest
     checkpoint stands. With run.checkpoint_every=0 the run keeps none, here too."""
     st, run_dir = trainer.state, trainer.run_dir
-    source = next((f"data.mixture source {s['name']!r}" for s in trainer.mixture or []
-                   if Path(s["data"].path) in error.path.parents), "data.dir")
-    fix = (f"restore it as it was (or prepare the source again from the same inputs) and resume: pretrain train "
-           f"--resume {run_dir}")
-    event = {"event": "data_changed", "step": st.step, "tokens": st.tokens, "source": source,
-             "file": str(error.path), "path": None}
+    source = next(
+        (
+            f"data.mixture source {s['name']!r}"
+            for s in trainer.mixture or []
+            if Path(s["data"].path) in error.path.parents
+        ),
+        "data.dir",
+    )
+    fix = (
+        f"restore it as it was (or prepare the source again from the same inputs) and resume: pretrain train "
+        f"--resume {run_dir}"
+    )
+    event = {
+        "event": "data_changed",
+        "step": st.step,
+        "tokens": st.tokens,
+        "source": source,
+        "file": str(error.path),
+        "path": None,
+    }
     if trainer.rt.distributed or not trainer.config.run.checkpoint_every:
         why = "run.checkpoint_every=0" if not trainer.config.run.checkpoint_every else "the newest one stands"
         trainer.log.event(event)

@@ -25,8 +25,10 @@ def check_installed(names) -> None:
         try:
             __import__({"wandb": "wandb", "mlflow": "mlflow.tracking"}[name])
         except ImportError as e:
-            raise UsageError(f"run.loggers: {name} is not installed ({e}); pip install 'pretrain[{name}]' "
-                             f"or remove {name} from run.loggers") from None
+            raise UsageError(
+                f"run.loggers: {name} is not installed ({e}); pip install 'pretrain[{name}]' "
+                f"or remove {name} from run.loggers"
+            ) from None
 
 
 def open_sinks(names, run_dir: Path, config: dict) -> list:
@@ -103,8 +105,15 @@ class WandB:
     def __init__(self, run_dir: Path, run_id, config: dict):
         import wandb
 
-        self._run = wandb.init(project=os.environ.get("WANDB_PROJECT", "pretrain"), name=run_dir.name,
-                               dir=str(run_dir), id=run_id, resume="allow", mode=wandb_mode(), config=config)
+        self._run = wandb.init(
+            project=os.environ.get("WANDB_PROJECT", "pretrain"),
+            name=run_dir.name,
+            dir=str(run_dir),
+            id=run_id,
+            resume="allow",
+            mode=wandb_mode(),
+            config=config,
+        )
         # the optimizer step is the x-axis, not W&B's own row counter: a resume or a rollback logs a step again
         self._run.define_metric("*", step_metric="step")
         self.run_id = self._run.id

@@ -73,8 +73,11 @@ class _PolicyOutputs(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if self.policy is not None and self.policy(SelectiveCheckpointContext(is_recompute=False), func, *args,
-                                                   **kwargs) == CheckpointPolicy.MUST_SAVE:
+        if (
+            self.policy is not None
+            and self.policy(SelectiveCheckpointContext(is_recompute=False), func, *args, **kwargs)
+            == CheckpointPolicy.MUST_SAVE
+        ):
             out = func(*args, **kwargs)
             for t in tree_leaves(out):
                 self.keep(t)
@@ -128,8 +131,10 @@ class SavedTensorMeter:
             hooks.append(m.register_forward_pre_hook(lambda *_: setattr(policy_outputs, "policy", selective_policy())))
             hooks.append(m.register_forward_hook(lambda *_: setattr(policy_outputs, "policy", None)))
         try:
-            with torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t), \
-                    policy_outputs if selective else contextlib.nullcontext():
+            with (
+                torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t),
+                policy_outputs if selective else contextlib.nullcontext(),
+            ):
                 yield self
         finally:
             for hook in hooks:

@@ -14,8 +14,15 @@ from .loggers import open_sinks
 
 
 class TrainingLog:
-    def __init__(self, run_dir: Path, total_steps: int, progress: bool, enabled: bool = True,
-                 loggers=("tensorboard",), config: dict | None = None):
+    def __init__(
+        self,
+        run_dir: Path,
+        total_steps: int,
+        progress: bool,
+        enabled: bool = True,
+        loggers=("tensorboard",),
+        config: dict | None = None,
+    ):
         self.enabled = enabled
         self.run_dir = Path(run_dir)
         self.started = time.time()
@@ -29,8 +36,14 @@ class TrainingLog:
         self._sinks = open_sinks(loggers, self.run_dir, config or {})
         from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
 
-        self._bar = terminal_bar(TextColumn("train"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("{task.fields[status]}"), TimeRemainingColumn(), enabled=progress)
+        self._bar = terminal_bar(
+            TextColumn("train"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[status]}"),
+            TimeRemainingColumn(),
+            enabled=progress,
+        )
         if self._bar is not None:
             self._task = self._bar.add_task("train", total=total_steps, completed=0, status="")
             self._bar.start()
@@ -47,8 +60,11 @@ class TrainingLog:
         if not self.enabled:
             return
         record = self._append(self._metrics, record)
-        scalars = {key: value for key, value in _scalars(record).items()
-                   if key not in ("step", "time") and isinstance(value, (int, float)) and math.isfinite(value)}
+        scalars = {
+            key: value
+            for key, value in _scalars(record).items()
+            if key not in ("step", "time") and isinstance(value, (int, float)) and math.isfinite(value)
+        }
         for sink in self._sinks:
             sink.scalars(scalars, record["step"])
         if "loss" in record:
@@ -56,19 +72,29 @@ class TrainingLog:
             if self._bar is not None:
                 self._bar.update(self._task, completed=record["step"], status=status)
             else:
-                print(f"step {record['step']:>7}  tokens {record['tokens']:>12,}  {status}  lr {record['lr']:.3g}  "
-                      f"grad norm {record['grad_norm']:.3g}", flush=True)
+                print(
+                    f"step {record['step']:>7}  tokens {record['tokens']:>12,}  {status}  lr {record['lr']:.3g}  "
+                    f"grad norm {record['grad_norm']:.3g}",
+                    flush=True,
+                )
         elif "fp8_rel_err" in record:  # debug.fp8_check (callbacks/fp8_check.py)
-            self.say(f"step {record['step']}: fp8 against its bf16 shadow: relative error at most "
-                     f"{record['fp8_rel_err_max']:.3g} ({record['fp8_rel_err_worst']})")
+            self.say(
+                f"step {record['step']}: fp8 against its bf16 shadow: relative error at most "
+                f"{record['fp8_rel_err_max']:.3g} ({record['fp8_rel_err_worst']})"
+            )
         elif "val_loss" in record:
-            self.say(f"step {record['step']}: validation loss {record['val_loss']:.4f} "
-                     f"(perplexity {record['val_ppl']:.2f})")
+            self.say(
+                f"step {record['step']}: validation loss {record['val_loss']:.4f} (perplexity {record['val_ppl']:.2f})"
+            )
         else:  # downstream tasks (callbacks/tasks.py)
             tasks = sorted({key.split("/")[1] for key in record if key.startswith("eval/")})
-            self.say(f"step {record['step']}: " + ", ".join(
-                f"{t} acc_norm {record[f'eval/{t}/acc_norm']:.3f} (chance {record[f'eval/{t}/chance']:.3f})"
-                for t in tasks))
+            self.say(
+                f"step {record['step']}: "
+                + ", ".join(
+                    f"{t} acc_norm {record[f'eval/{t}/acc_norm']:.3f} (chance {record[f'eval/{t}/chance']:.3f})"
+                    for t in tasks
+                )
+            )
 
     def event(self, record: dict) -> None:
         if not self.enabled:

@@ -25,8 +25,11 @@ def config_for_device(config, rt):
         hardware["gpu"] = catalog_name(torch.cuda.get_device_name(rt.device)) or "other-gpu"
         if hardware["gpu"] == "other-gpu" and config.hardware.memory_gb is None:
             hardware["memory_gb"] = torch.cuda.get_device_properties(rt.device).total_memory / 1e9
-    return dataclasses.replace(config, hardware=dataclasses.replace(config.hardware, **hardware),
-                               parallel=dataclasses.replace(config.parallel, gpus=rt.world_size))
+    return dataclasses.replace(
+        config,
+        hardware=dataclasses.replace(config.hardware, **hardware),
+        parallel=dataclasses.replace(config.parallel, gpus=rt.world_size),
+    )
 
 
 def peak_tflops(device_config, device=torch.device("cpu")) -> tuple[float | None, str]:
@@ -50,8 +53,10 @@ def peak_tflops(device_config, device=torch.device("cpu")) -> tuple[float | None
             write_atomic(cache, json.dumps(known, indent=1))
         except OSError:  # a read-only home: measure again next time
             pass
-    return known[key], (f"best {dtype} matmul of this {what}, measured once and kept in {cache} (delete it to "
-                        "measure again; `pretrain bench --out profile.json` + hardware.profile is steadier)")
+    return known[key], (
+        f"best {dtype} matmul of this {what}, measured once and kept in {cache} (delete it to "
+        "measure again; `pretrain bench --out profile.json` + hardware.profile is steadier)"
+    )
 
 
 def _cache_dir() -> Path:
@@ -82,13 +87,17 @@ def read_json_or_empty(path: Path) -> dict:
 def summary(p: dict) -> str:
     m = p["memory_bytes"]
     tps = p["time"].get("tokens_per_second")
-    lines = [f"plan: {p['params']['total']:,} parameters; per device: weights {m['weights'] / GiB:.3f} GiB, "
-             f"gradients {m['gradients'] / GiB:.3f}, optimizer {m['optimizer'] / GiB:.3f}, activations "
-             f"{m['activations'] / GiB:.3f}, buffers {m['buffers'] / GiB:.3f}, total {m['total'] / GiB:.3f} GiB"]
+    lines = [
+        f"plan: {p['params']['total']:,} parameters; per device: weights {m['weights'] / GiB:.3f} GiB, "
+        f"gradients {m['gradients'] / GiB:.3f}, optimizer {m['optimizer'] / GiB:.3f}, activations "
+        f"{m['activations'] / GiB:.3f}, buffers {m['buffers'] / GiB:.3f}, total {m['total'] / GiB:.3f} GiB"
+    ]
     if tps:
-        lines.append(f"plan: {tps:,.0f} tokens/s for the job at MFU {p['time']['utilisation']:.3g} "
-                     f"({p['time']['basis']}) of {p['hardware']['peak_tflops']:g} TFLOP/s "
-                     f"({p['hardware']['peak_source']})")
+        lines.append(
+            f"plan: {tps:,.0f} tokens/s for the job at MFU {p['time']['utilisation']:.3g} "
+            f"({p['time']['basis']}) of {p['hardware']['peak_tflops']:g} TFLOP/s "
+            f"({p['hardware']['peak_source']})"
+        )
     return "\n".join(lines)
 
 
@@ -99,8 +108,16 @@ def _row(name, planned, measured, unit):
     return {"name": name, "planned": planned, "measured": measured, "unit": unit, "error_pct": error}
 
 
-def compare(p: dict, states: dict, saved: dict | None, peak_allocated: int | None, tokens_per_s: float,
-            mfu: float | None, planned_mfu: float | None, device: str) -> dict:
+def compare(
+    p: dict,
+    states: dict,
+    saved: dict | None,
+    peak_allocated: int | None,
+    tokens_per_s: float,
+    mfu: float | None,
+    planned_mfu: float | None,
+    device: str,
+) -> dict:
     """Rows of planned vs measured. Model states are exact on every device; activations are the tensors
     autograd saved (hook-counted); on CUDA the allocator's peak is compared with the planned total."""
     ms = p["model_states"]
@@ -119,21 +136,30 @@ def compare(p: dict, states: dict, saved: dict | None, peak_allocated: int | Non
     st = p.get("step_time") or {}
     if st.get("mfu_mixed_peak"):  # fp8: the same speed against the peak of the GEMM mix (plan/fp8.py)
         to_mixed = st["mfu_mixed_peak"] / st["mfu"]
-        rows.append(_row("mfu_mixed_peak", planned_mfu * to_mixed, mfu * to_mixed if mfu is not None else None,
-                         "fraction"))
+        rows.append(
+            _row("mfu_mixed_peak", planned_mfu * to_mixed, mfu * to_mixed if mfu is not None else None, "fraction")
+        )
     notes = []
     if mfu is not None and mfu > 1:
         hw = p["hardware"]
-        notes.append(f"measured MFU {mfu:.2f} > 1: the peak {hw['peak_tflops']:.4g} TFLOP/s ({hw['peak_source']}) is "
-                     f"below what this run achieved, so it was measured on a busy machine or set too low; measure "
-                     f"it on an idle one (`pretrain bench --out profile.json`, then hardware.profile=profile.json)")
-    return {"device": device, "rows": rows, "notes": notes, "advice": p.get("advice", []),
-            "plan": {k: p[k] for k in ("params", "memory_bytes", "model_states", "hardware", "flops")}}
+        notes.append(
+            f"measured MFU {mfu:.2f} > 1: the peak {hw['peak_tflops']:.4g} TFLOP/s ({hw['peak_source']}) is "
+            f"below what this run achieved, so it was measured on a busy machine or set too low; measure "
+            f"it on an idle one (`pretrain bench --out profile.json`, then hardware.profile=profile.json)"
+        )
+    return {
+        "device": device,
+        "rows": rows,
+        "notes": notes,
+        "advice": p.get("advice", []),
+        "plan": {k: p[k] for k in ("params", "memory_bytes", "model_states", "hardware", "flops")},
+    }
 
 
 def render(report: dict) -> str:
     lines = [f"plan vs run on {report['device']}:", f"  {'':28} {'planned':>14} {'measured':>14} {'error':>8}"]
     for r in report["rows"]:
+
         def show(v):
             if v is None:
                 return "n/a"
@@ -142,6 +168,7 @@ def render(report: dict) -> str:
             if r["unit"] == "fraction":  # noqa: B023 (likewise)
                 return f"{v:.3f}"
             return f"{v:,.0f}"
+
         err = "" if r["error_pct"] is None else f"{r['error_pct']:+.1f}%"
         lines.append(f"  {r['name']:28} {show(r['planned']):>14} {show(r['measured']):>14} {err:>8}")
     lines += [f"  ! {note}" for note in report.get("notes", [])]  # the plan's advice was said at start

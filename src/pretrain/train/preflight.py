@@ -11,8 +11,16 @@ from ..errors import ConfigError
 from ..units import GiB
 
 # What a run writes besides its checkpoints: the history of one run.
-HISTORY = ("metrics.jsonl", "events.jsonl", "tensorboard", "plan_vs_run.json", "config.yaml", "loggers.json",
-           "wandb", "mlruns")
+HISTORY = (
+    "metrics.jsonl",
+    "events.jsonl",
+    "tensorboard",
+    "plan_vs_run.json",
+    "config.yaml",
+    "loggers.json",
+    "wandb",
+    "mlruns",
+)
 
 
 def host_memory_bytes() -> int:
@@ -48,9 +56,11 @@ def check_fits_device(config, rt) -> None:
         where = "this host's RAM" + (f" ({ranks_here} ranks of {per_process / GiB:.1f} GiB)" if ranks_here > 1 else "")
     if need > have:
         parts = ", ".join(f"{k} {m[k] / GiB:.1f}" for k in ("weights", "gradients", "optimizer", "activations"))
-        raise ConfigError(f"the plan needs {need / GiB:.1f} GiB per process ({parts} GiB) but {where} has "
-                          f"{have / GiB:.1f} GiB; choose a smaller model, batch or sequence, or more devices "
-                          "(`pretrain plan` with this config shows the memory and ways to fit it)")
+        raise ConfigError(
+            f"the plan needs {need / GiB:.1f} GiB per process ({parts} GiB) but {where} has "
+            f"{have / GiB:.1f} GiB; choose a smaller model, batch or sequence, or more devices "
+            "(`pretrain plan` with this config shows the memory and ways to fit it)"
+        )
 
 
 def set_aside_history(run_dir) -> Path | None:

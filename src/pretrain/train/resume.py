@@ -27,9 +27,11 @@ def resume_point(run_dir) -> tuple[Path | None, list[tuple[Path, str]]]:
         corrupt.append((path, problem))
     if corrupt:
         newest, why = corrupt[0]
-        raise UsageError(f"every checkpoint in {Path(run_dir) / 'checkpoints'} is corrupt ({len(corrupt)}; the "
-                         f"newest, {newest.name}: {why}); nothing was changed and training did not restart from "
-                         "step 0: restore a checkpoint from a backup, or start over with another run.dir")
+        raise UsageError(
+            f"every checkpoint in {Path(run_dir) / 'checkpoints'} is corrupt ({len(corrupt)}; the "
+            f"newest, {newest.name}: {why}); nothing was changed and training did not restart from "
+            "step 0: restore a checkpoint from a backup, or start over with another run.dir"
+        )
     return None, []
 
 
@@ -44,16 +46,32 @@ def set_aside(corrupt: list[tuple[Path, str]]) -> list[Path]:
             n += 1
             target = path.with_name(f"{path.name}.corrupt-{n}")
         os.rename(path, target)
-        warnings.warn(f"checkpoint {path} is corrupt ({why}); kept as {target.name}, resuming from the one "
-                      "before it", stacklevel=2)
+        warnings.warn(
+            f"checkpoint {path} is corrupt ({why}); kept as {target.name}, resuming from the one before it",
+            stacklevel=2,
+        )
         moved.append(target)
     return moved
 
 
 # The model keys that decide which tensors exist and their shapes (the rest: dropout, init, RoPE base, ...
 # may change on a resume). max_seq_len sizes GPT-2's position table only: a LLaMA may extend its context.
-SHAPE_KEYS = ("family", "vocab_size", "pad_vocab_to", "hidden_size", "intermediate_size", "num_layers",
-              "num_heads", "num_kv_heads", "head_dim", "max_seq_len", "tie_embeddings", "qkv_bias", "qk_norm", "bias")
+SHAPE_KEYS = (
+    "family",
+    "vocab_size",
+    "pad_vocab_to",
+    "hidden_size",
+    "intermediate_size",
+    "num_layers",
+    "num_heads",
+    "num_kv_heads",
+    "head_dim",
+    "max_seq_len",
+    "tie_embeddings",
+    "qkv_bias",
+    "qk_norm",
+    "bias",
+)
 
 
 def _saved_config(path: Path) -> dict:
@@ -74,9 +92,11 @@ def check_resume_compatible(path: Path, config) -> None:
         if key == "max_seq_len" and saved.get("family") != "gpt2":
             continue
         if key in saved and saved[key] != now.get(key):
-            raise UsageError(f"model.{key}: {now.get(key)!r} here, but checkpoint {path} was trained with "
-                             f"{saved[key]!r}; a resume keeps the model's shape: drop the override, or start a "
-                             "new run.dir")
+            raise UsageError(
+                f"model.{key}: {now.get(key)!r} here, but checkpoint {path} was trained with "
+                f"{saved[key]!r}; a resume keeps the model's shape: drop the override, or start a "
+                "new run.dir"
+            )
 
 
 def stage_change(path: Path, config) -> dict | None:
@@ -92,17 +112,28 @@ def stage_change(path: Path, config) -> dict | None:
         return None
     fix = f"resume at train.seq_len={before}, or start the stage as a new run.dir with model.init_from"
     if config.data.mixture:
-        raise UsageError(f"train.seq_len: {t.seq_len} here, but checkpoint {path} read data.mixture in windows of "
-                         f"{before} tokens; a seq_len change is built for data.dir only: {fix}")
-    per_step = [_tokens_per_step(saved.get("train") or {}, saved.get("parallel") or {}),
-                _tokens_per_step(dataclasses.asdict(t), dataclasses.asdict(config.parallel))]
+        raise UsageError(
+            f"train.seq_len: {t.seq_len} here, but checkpoint {path} read data.mixture in windows of "
+            f"{before} tokens; a seq_len change is built for data.dir only: {fix}"
+        )
+    per_step = [
+        _tokens_per_step(saved.get("train") or {}, saved.get("parallel") or {}),
+        _tokens_per_step(dataclasses.asdict(t), dataclasses.asdict(config.parallel)),
+    ]
     if per_step[0] != per_step[1] and t.max_steps is None:
-        raise UsageError(f"train.seq_len: {t.seq_len} here, {before} in checkpoint {path}, and the tokens per step "
-                         f"go from {per_step[0]:,} to {per_step[1]:,}, so the steps left to train.tokens would be "
-                         f"counted at the wrong batch; keep the batch in tokens (train.global_batch_tokens="
-                         f"{per_step[0]}) or count the run in steps (train.max_steps)")
-    return {"event": "stage_changed", "seq_len_before": before, "seq_len_after": t.seq_len,
-            "tokens_per_step_before": per_step[0], "tokens_per_step_after": per_step[1]}
+        raise UsageError(
+            f"train.seq_len: {t.seq_len} here, {before} in checkpoint {path}, and the tokens per step "
+            f"go from {per_step[0]:,} to {per_step[1]:,}, so the steps left to train.tokens would be "
+            f"counted at the wrong batch; keep the batch in tokens (train.global_batch_tokens="
+            f"{per_step[0]}) or count the run in steps (train.max_steps)"
+        )
+    return {
+        "event": "stage_changed",
+        "seq_len_before": before,
+        "seq_len_after": t.seq_len,
+        "tokens_per_step_before": per_step[0],
+        "tokens_per_step_after": per_step[1],
+    }
 
 
 def _tokens_per_step(train: dict, parallel: dict) -> int:
@@ -125,9 +156,11 @@ def check_same_data_kind(path: Path, saved: dict, data) -> None:
 
     if bool(saved.get("mixture")) != bool(data.mixture):
         then, now = described(saved.get("mixture"), saved.get("dir")), described(data.mixture, data.dir)
-        raise UsageError(f"the checkpoint's data state is for {then}, but this run reads {now}; a resume continues "
-                         f"the data stream it started: resume with checkpoint {path}'s {then.split(' ')[0]} (drop the "
-                         "override), or start a new run.dir")
+        raise UsageError(
+            f"the checkpoint's data state is for {then}, but this run reads {now}; a resume continues "
+            f"the data stream it started: resume with checkpoint {path}'s {then.split(' ')[0]} (drop the "
+            "override), or start a new run.dir"
+        )
 
 
 def resolve_checkpoint(path) -> Path:
@@ -136,21 +169,27 @@ def resolve_checkpoint(path) -> Path:
     path = Path(path)
     if not path.exists():
         raise UsageError(f"{path} does not exist; give a run directory or one of its checkpoints")
-    named = CHECKPOINT_NAME.fullmatch(path.name) or (path / "manifest.json").exists() or \
-        (path / "trainer.json").exists()
+    named = (
+        CHECKPOINT_NAME.fullmatch(path.name) or (path / "manifest.json").exists() or (path / "trainer.json").exists()
+    )
     if named:
         problem = verify(path)
         if problem:
-            raise UsageError(f"checkpoint {path} fails verification: {problem}; give another checkpoint, or the "
-                             "run directory (its newest checkpoint that verifies)")
+            raise UsageError(
+                f"checkpoint {path} fails verification: {problem}; give another checkpoint, or the "
+                "run directory (its newest checkpoint that verifies)"
+            )
         return path
     found = latest_checkpoint(path)
     if found is None:
         if list_checkpoints(path):
-            raise UsageError(f"every checkpoint in {path / 'checkpoints'} is corrupt (the warnings above say "
-                             "why); restore one from a backup")
-        raise UsageError(f"{path} holds no complete checkpoint; train with run.checkpoint_every or wait "
-                         "for the first checkpoint")
+            raise UsageError(
+                f"every checkpoint in {path / 'checkpoints'} is corrupt (the warnings above say "
+                "why); restore one from a backup"
+            )
+        raise UsageError(
+            f"{path} holds no complete checkpoint; train with run.checkpoint_every or wait for the first checkpoint"
+        )
     return found
 
 
@@ -165,8 +204,13 @@ def load_model(path, device: str = "cpu") -> torch.nn.Module:
     raw = yaml.safe_load((ckpt / "config.yaml").read_text())
     raw["model"]["hf_config"] = None  # every model key is saved resolved: the source may be gone or relative
     config = load_config(raw)
-    model = build_model(config.model, attention=config.train.attention, device=device, loss=config.train.loss,
-                        loss_chunk_tokens=config.train.loss_chunk_tokens)
+    model = build_model(
+        config.model,
+        attention=config.train.attention,
+        device=device,
+        loss=config.train.loss,
+        loss_chunk_tokens=config.train.loss_chunk_tokens,
+    )
     state = {"model": model.state_dict()}
     load_state(ckpt, state)
     model.load_state_dict(state["model"])

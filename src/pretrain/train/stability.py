@@ -36,7 +36,7 @@ class SpikeDetector:
             return "rollback" if self.streak >= self.cfg.patience else "spike"
         self.streak = 0
         self.history.append(loss)
-        del self.history[:-self.cfg.window]
+        del self.history[: -self.cfg.window]
         return "ok"
 
     def is_spike(self, loss: float) -> bool:

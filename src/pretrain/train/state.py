@@ -15,9 +15,10 @@ class TrainingStopped(UsageError):
 @dataclass
 class TrainState:
     """The trainer's counters: what a resume needs besides tensors, RNG states and the callbacks' states."""
+
     step: int = 0
-    tokens: int = 0            # tokens trained on, all ranks together
-    micro_batches: int = 0     # micro-batches drawn from the data stream per rank (survives rollbacks)
+    tokens: int = 0  # tokens trained on, all ranks together
+    micro_batches: int = 0  # micro-batches drawn from the data stream per rank (survives rollbacks)
     lr_scale: float = 1.0
     lr_scale_until: int = 0
     rollbacks: list = field(default_factory=list)

@@ -29,19 +29,31 @@ from .measure import measure_forward, model_state_bytes
 
 @dataclass
 class StepResult:
-    loss: float          # mean loss over the global batch
-    grad_norm: float     # global gradient norm before clipping
+    loss: float  # mean loss over the global batch
+    grad_norm: float  # global gradient norm before clipping
     lr: float
-    batch_tokens: int    # tokens of this step, all ranks together
-    finite: bool         # the update was applied (the gradient norm was finite)
-    stop: bool           # some rank asked to stop after this step
+    batch_tokens: int  # tokens of this step, all ranks together
+    finite: bool  # the update was applied (the gradient norm was finite)
+    stop: bool  # some rank asked to stop after this step
     measured: dict | None = None  # bytes held, on a measurement step (see measure.py)
-    rolled_back: bool = False     # set by the stability callback: the step was undone
-    moe: dict | None = None       # Mixture-of-Experts: balancing losses and expert load (model.moe.end_step)
+    rolled_back: bool = False  # set by the stability callback: the step was undone
+    moe: dict | None = None  # Mixture-of-Experts: balancing losses and expert load (model.moe.end_step)
 
 
-def train_step(par, batches, state, *, accum: int, lr: float, grad_clip: float, micro_batch_size: int,
-               seq_len: int, scaler=None, stop_asked: bool = False, measure: bool = False) -> StepResult:
+def train_step(
+    par,
+    batches,
+    state,
+    *,
+    accum: int,
+    lr: float,
+    grad_clip: float,
+    micro_batch_size: int,
+    seq_len: int,
+    scaler=None,
+    stop_asked: bool = False,
+    measure: bool = False,
+) -> StepResult:
     """Run one step on `par` (a Parallelized) with `accum` micro-batches from `batches` (a Prefetcher), and
     advance `state`'s counters (step, tokens, micro_batches)."""
     optimizer, rt = par.optimizer, par.rt
@@ -83,12 +95,31 @@ def train_step(par, batches, state, *, accum: int, lr: float, grad_clip: float, 
         measured["states"] = model_state_bytes(par.module, getattr(optimizer, "optim", optimizer))
     par.module.zero_grad(set_to_none=True)  # every gradient: a ZeRO-1 optimizer by hand holds its own only
     batch_tokens = _advance(state, accum * micro_batch_size * seq_len * rt.data_size)
-    return StepResult(loss=loss_mean, grad_norm=grad_norm, lr=lr, batch_tokens=batch_tokens, finite=finite,
-                      stop=stop, measured=measured, moe=moe)
+    return StepResult(
+        loss=loss_mean,
+        grad_norm=grad_norm,
+        lr=lr,
+        batch_tokens=batch_tokens,
+        finite=finite,
+        stop=stop,
+        measured=measured,
+        moe=moe,
+    )
 
 
-def pipeline_train_step(par, batches, state, *, accum: int, lr: float, grad_clip: float, micro_batch_size: int,
-                        seq_len: int, stop_asked: bool = False, measure: bool = False) -> StepResult:
+def pipeline_train_step(
+    par,
+    batches,
+    state,
+    *,
+    accum: int,
+    lr: float,
+    grad_clip: float,
+    micro_batch_size: int,
+    seq_len: int,
+    stop_asked: bool = False,
+    measure: bool = False,
+) -> StepResult:
     """One step on `par` (a distributed.pipeline.Pipelined): the step's `accum` micro-batches through the
     pipeline's schedule, which runs forward and backward on this rank's stage; the gradient norm of all stages
     together (each stage adds its squared norm); clip; AdamW on this stage's parameters. Every rank of a
@@ -117,8 +148,15 @@ def pipeline_train_step(par, batches, state, *, accum: int, lr: float, grad_clip
         measured = {"saved": None, "states": model_state_bytes(par.module, optimizer)}
     par.module.zero_grad(set_to_none=True)  # every gradient of the stage: ZeRO-1's optimizer holds its own only
     batch_tokens = _advance(state, accum * micro_batch_size * seq_len * rt.data_size)
-    return StepResult(loss=loss_sum / replicas, grad_norm=grad_norm, lr=lr, batch_tokens=batch_tokens,
-                      finite=finite, stop=stop > 0, measured=measured)
+    return StepResult(
+        loss=loss_sum / replicas,
+        grad_norm=grad_norm,
+        lr=lr,
+        batch_tokens=batch_tokens,
+        finite=finite,
+        stop=stop > 0,
+        measured=measured,
+    )
 
 
 def _reduce(loss_sum, accum: int, stop_asked: bool, norm, rt) -> torch.Tensor:

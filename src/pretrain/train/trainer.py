@@ -73,8 +73,11 @@ def launched_config(config, rt, own_data: bool):
     loaded config is never changed."""
     data_dir = str(Path(config.data.dir).resolve()) if own_data and config.data.dir else config.data.dir
     mixture = [{**s, "dir": str(Path(s["dir"]).resolve())} if own_data else s for s in config.data.mixture]
-    return dataclasses.replace(config, parallel=dataclasses.replace(config.parallel, gpus=rt.world_size),
-                               data=dataclasses.replace(config.data, dir=data_dir, mixture=mixture))
+    return dataclasses.replace(
+        config,
+        parallel=dataclasses.replace(config.parallel, gpus=rt.world_size),
+        data=dataclasses.replace(config.data, dir=data_dir, mixture=mixture),
+    )
 
 
 class Trainer:
@@ -99,16 +102,21 @@ class Trainer:
         # A resume into a run of another length follows the new length's schedule, said in an event.
         saved = ckpt.read_trainer_state(self.resume_from) if self.resume_from is not None else {"step": 0}
         self.warmup, self.schedule_change = resumed_schedule(t, saved, self.total_steps)
-        self.ramp = dict(seq_len=t.seq_len, micro_batch_size=t.micro_batch_size, data_parallel=rt.data_size,
-                         grad_accum_steps=t.grad_accum_steps, ramp_tokens=t.batch_ramp_tokens,
-                         ramp_start=t.batch_ramp_start)
+        self.ramp = dict(
+            seq_len=t.seq_len,
+            micro_batch_size=t.micro_batch_size,
+            data_parallel=rt.data_size,
+            grad_accum_steps=t.grad_accum_steps,
+            ramp_tokens=t.batch_ramp_tokens,
+            ramp_start=t.batch_ramp_start,
+        )
         self._build_model()
         self.scaler = torch.amp.GradScaler(rt.device.type) if t.precision == "fp16-mixed" else None
         if self.mixture:
-            loader = MixtureWindows(self.mixture, t.seq_len, seed=t.seed, rank=rt.data_rank,
-                                    world_size=rt.data_size)
-        loader = loader or RandomWindows(self.data, "train", t.seq_len, seed=t.seed, rank=rt.data_rank,
-                                         world_size=rt.data_size)
+            loader = MixtureWindows(self.mixture, t.seq_len, seed=t.seed, rank=rt.data_rank, world_size=rt.data_size)
+        loader = loader or RandomWindows(
+            self.data, "train", t.seq_len, seed=t.seed, rank=rt.data_rank, world_size=rt.data_size
+        )
         self.batches = Prefetcher(loader, t.micro_batch_size, rt.device)
         self.state = TrainState()
         self.callbacks = default_callbacks(c)
@@ -116,16 +124,23 @@ class Trainer:
         parts = {"data": self.batches}
         for cb in self.callbacks:
             parts.update(cb.stateful())
-        self.checkpointer = Checkpointer(self.run_dir, rt, TensorState(self.par, self.scaler), self.state, parts, c,
-                                         self.total_steps, self.warmup)
+        self.checkpointer = Checkpointer(
+            self.run_dir, rt, TensorState(self.par, self.scaler), self.state, parts, c, self.total_steps, self.warmup
+        )
         self.device_config = plan_check.config_for_device(c, rt)
         self.plan, self.peak = None, None
         self.stop_signal, self.stop_reason = 0, ""
         self.measure_next = False
         self.in_step = None  # while a step runs: where a data fault mid-step rewinds to (data_changes.py)
         self.last_metrics: dict = {}
-        self.log = TrainingLog(self.run_dir, self.total_steps, progress=c.run.progress,
-                               enabled=rt.is_main and not quiet, loggers=c.run.loggers, config=c.to_dict())
+        self.log = TrainingLog(
+            self.run_dir,
+            self.total_steps,
+            progress=c.run.progress,
+            enabled=rt.is_main and not quiet,
+            loggers=c.run.loggers,
+            config=c.to_dict(),
+        )
 
     def _open_data(self, loader) -> None:
         """A mixture's sources (data/mixture.py), each with its data; otherwise None and self.data is data.dir;
@@ -134,10 +149,16 @@ class Trainer:
         from ..data.mixture import open_mixture
 
         c, t, rt = self.config, self.config.train, self.rt
-        self.mixture = open_mixture(mixture_sources(c.data), c.data.verify, c.model.vocab_size) \
-            if loader is None and c.data.mixture else None
-        self.data = open_training_data(c.data.dir, c.data.verify, c.model.vocab_size) \
-            if loader is None and not self.mixture else None
+        self.mixture = (
+            open_mixture(mixture_sources(c.data), c.data.verify, c.model.vocab_size)
+            if loader is None and c.data.mixture
+            else None
+        )
+        self.data = (
+            open_training_data(c.data.dir, c.data.verify, c.model.vocab_size)
+            if loader is None and not self.mixture
+            else None
+        )
         for data in [self.data] if self.data is not None else [s["data"] for s in self.mixture or []]:
             SequentialWindows(data, "val", t.seq_len, rank=rt.data_rank, world_size=rt.data_size)  # enough val?
 
@@ -145,11 +166,20 @@ class Trainer:
         """One trainer per run directory, before any write; where it resumes from, and an earlier run's
         leftovers set aside."""
         c, rt = self.config, self.rt
-        self.lock = exclusive_lock(self.run_dir / ".lock", f"run.dir {self.run_dir}", "wait for that run to end or "
-                                   "stop it, or choose another run.dir") if rt.is_main and not quiet else None
+        self.lock = (
+            exclusive_lock(
+                self.run_dir / ".lock",
+                f"run.dir {self.run_dir}",
+                "wait for that run to end or stop it, or choose another run.dir",
+            )
+            if rt.is_main and not quiet
+            else None
+        )
         if c.run.resume == "never" and not quiet and ckpt.list_checkpoints(self.run_dir):
-            raise UsageError(f"run.dir {self.run_dir} already holds checkpoints of another run; continue it with "
-                             f"`pretrain train --resume {self.run_dir}` or choose a new run.dir")
+            raise UsageError(
+                f"run.dir {self.run_dir} already holds checkpoints of another run; continue it with "
+                f"`pretrain train --resume {self.run_dir}` or choose a new run.dir"
+            )
         self.resume_from, corrupt = resume.resume_point(self.run_dir) if c.run.resume == "auto" else (None, [])
         self.stage_change = None  # a resume at another train.seq_len: a stage of context extension
         if self.resume_from is not None:
@@ -181,8 +211,15 @@ class Trainer:
 
         # FSDP and tensor parallelism materialise each rank's shard only, a pipeline stage its own layers only.
         on_meta = (c.parallel.fsdp or c.parallel.tensor > 1 or c.parallel.pipeline > 1) and not c.model.init_from
-        model = build_model(c.model, attention=t.attention, device="meta" if on_meta else rt.device, seed=t.seed,
-                            loss=t.loss, loss_chunk_tokens=t.loss_chunk_tokens, documents=self.documents)
+        model = build_model(
+            c.model,
+            attention=t.attention,
+            device="meta" if on_meta else rt.device,
+            seed=t.seed,
+            loss=t.loss,
+            loss_chunk_tokens=t.loss_chunk_tokens,
+            documents=self.documents,
+        )
         if t.half_residual and mixed_precision(t.precision):  # Megatron's bf16 residual stream
             model.residual_dtype = half_dtype(t.precision)
         if c.model.init_from:
@@ -221,8 +258,11 @@ class Trainer:
                 for cb in self.callbacks:
                     cb.on_step_start(self)
                 # Where a data fault mid-step rewinds to; the RNG only where a step draws from it (dropout).
-                self.in_step = (self.state.micro_batches, self.batches.state_dict(),
-                                ckpt.rng_state() if self.config.model.dropout else None)
+                self.in_step = (
+                    self.state.micro_batches,
+                    self.batches.state_dict(),
+                    ckpt.rng_state() if self.config.model.dropout else None,
+                )
                 result = self.step()
                 self.in_step = None
                 for cb in self.callbacks:
@@ -236,28 +276,63 @@ class Trainer:
                 evaluate_tasks(self)
         except DataChanged as e:  # a token file truncated, deleted or replaced under the run
             raise stopped_by_data_change(self, e) from None
-        self.log.say(f"done: {self.state.step:,} steps, {self.state.tokens:,} tokens, final validation loss "
-                     f"{final['val_loss']:.4f}")
-        return {"step": self.state.step, "tokens": self.state.tokens, "val_loss": final["val_loss"],
-                "train_loss": self.last_metrics.get("loss"), "run_dir": str(self.run_dir)}
+        self.log.say(
+            f"done: {self.state.step:,} steps, {self.state.tokens:,} tokens, final validation loss "
+            f"{final['val_loss']:.4f}"
+        )
+        return {
+            "step": self.state.step,
+            "tokens": self.state.tokens,
+            "val_loss": final["val_loss"],
+            "train_loss": self.last_metrics.get("loss"),
+            "run_dir": str(self.run_dir),
+        }
 
     def step(self) -> StepResult:
         """One optimizer step at the schedule's learning rate and the batch ramp's size."""
         t, st = self.config.train, self.state
         accum = micro_batches_per_step(st.tokens, **self.ramp)
-        lr = learning_rate(st.step, total_steps=self.total_steps, warmup=self.warmup, peak=t.lr,
-                           min_ratio=t.min_lr_ratio, schedule=t.schedule,
-                           decay_fraction=t.decay_fraction) * st.lr_multiplier()
+        lr = (
+            learning_rate(
+                st.step,
+                total_steps=self.total_steps,
+                warmup=self.warmup,
+                peak=t.lr,
+                min_ratio=t.min_lr_ratio,
+                schedule=t.schedule,
+                decay_fraction=t.decay_fraction,
+            )
+            * st.lr_multiplier()
+        )
         measure, self.measure_next = self.measure_next, False
         stop_asked = bool(self.stop_signal or self.stop_reason)
         with self.attention_kernels():
             if self.config.parallel.pipeline > 1:
-                return pipeline_train_step(self.par, self.batches, st, accum=accum, lr=lr, grad_clip=t.grad_clip,
-                                           micro_batch_size=t.micro_batch_size, seq_len=t.seq_len,
-                                           stop_asked=stop_asked, measure=measure)
-            return train_step(self.par, self.batches, st, accum=accum, lr=lr, grad_clip=t.grad_clip,
-                              micro_batch_size=t.micro_batch_size, seq_len=t.seq_len, scaler=self.scaler,
-                              stop_asked=stop_asked, measure=measure)
+                return pipeline_train_step(
+                    self.par,
+                    self.batches,
+                    st,
+                    accum=accum,
+                    lr=lr,
+                    grad_clip=t.grad_clip,
+                    micro_batch_size=t.micro_batch_size,
+                    seq_len=t.seq_len,
+                    stop_asked=stop_asked,
+                    measure=measure,
+                )
+            return train_step(
+                self.par,
+                self.batches,
+                st,
+                accum=accum,
+                lr=lr,
+                grad_clip=t.grad_clip,
+                micro_batch_size=t.micro_batch_size,
+                seq_len=t.seq_len,
+                scaler=self.scaler,
+                stop_asked=stop_asked,
+                measure=measure,
+            )
 
     # --- checkpoints ---------------------------------------------------------------------------------------
 
@@ -289,19 +364,32 @@ class Trainer:
     def say_stage_change(self, e: dict) -> None:
         """The new stage's windows, batch and data position (the loader kept its share of the epoch)."""
         st, data = self.state, self.batches.state_dict()
-        e = {**e, "step": st.step, "tokens": st.tokens, "data_epoch": data.get("epoch"),
-             "data_position": data.get("position")}
-        self.log.say(f"new stage from step {st.step:,}: train.seq_len {e['seq_len_before']:,} -> "
-                     f"{e['seq_len_after']:,}, {e['tokens_per_step_after']:,} tokens per step (was "
-                     f"{e['tokens_per_step_before']:,}); memory planned for the new length")
+        e = {
+            **e,
+            "step": st.step,
+            "tokens": st.tokens,
+            "data_epoch": data.get("epoch"),
+            "data_position": data.get("position"),
+        }
+        self.log.say(
+            f"new stage from step {st.step:,}: train.seq_len {e['seq_len_before']:,} -> "
+            f"{e['seq_len_after']:,}, {e['tokens_per_step_after']:,} tokens per step (was "
+            f"{e['tokens_per_step_before']:,}); memory planned for the new length"
+        )
         self.log.event(e)
 
     def say_schedule_change(self, e: dict) -> None:
-        decayed = (f"; the checkpoint is inside the old decay (from step {e['old_decay_start']:,}): the LR goes "
-                   "back up to the stable phase" if e.get("inside_old_decay") else "")
-        self.log.say(f"schedule: {e['schedule']} over {e['new_total']:,} steps (was {e['old_total']:,}); the "
-                     f"learning rate at step {e['step']:,} is {e['lr_at_resume_after']:.3g} (was "
-                     f"{e['lr_at_resume_before']:.3g}){decayed}")
+        decayed = (
+            f"; the checkpoint is inside the old decay (from step {e['old_decay_start']:,}): the LR goes "
+            "back up to the stable phase"
+            if e.get("inside_old_decay")
+            else ""
+        )
+        self.log.say(
+            f"schedule: {e['schedule']} over {e['new_total']:,} steps (was {e['old_total']:,}); the "
+            f"learning rate at step {e['step']:,} is {e['lr_at_resume_after']:.3g} (was "
+            f"{e['lr_at_resume_before']:.3g}){decayed}"
+        )
         self.log.event(e)
 
     def save(self) -> Path:
@@ -310,8 +398,15 @@ class Trainer:
         path = self.checkpointer.save(good)
         if self.rt.is_main:
             ckpt.prune(self.run_dir, self.config.run.keep_checkpoints)
-            self.log.event({"event": "checkpoint", "step": self.state.step, "tokens": self.state.tokens,
-                            "good": good, "path": str(path)})
+            self.log.event(
+                {
+                    "event": "checkpoint",
+                    "step": self.state.step,
+                    "tokens": self.state.tokens,
+                    "good": good,
+                    "path": str(path),
+                }
+            )
         self.barrier()
         return path
 

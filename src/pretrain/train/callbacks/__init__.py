@@ -36,13 +36,20 @@ def default_callbacks(config) -> list[Callback]:
     from .preemption import Preemption
     from .stability import Stability
 
-    callbacks: list[Callback] = [Stability(config.stability), MetricsLogger(), PlanVsRun(), Evaluation(),
-                                 Checkpointing(), Preemption()]
+    callbacks: list[Callback] = [
+        Stability(config.stability),
+        MetricsLogger(),
+        PlanVsRun(),
+        Evaluation(),
+        Checkpointing(),
+        Preemption(),
+    ]
     if config.run.eval_tasks:
         from .tasks import TaskEvaluation
 
-        callbacks.insert(callbacks.index(next(cb for cb in callbacks if isinstance(cb, Evaluation))) + 1,
-                         TaskEvaluation(config))
+        callbacks.insert(
+            callbacks.index(next(cb for cb in callbacks if isinstance(cb, Evaluation))) + 1, TaskEvaluation(config)
+        )
     if config.data.mixture:
         from .mixture import EpochWarnings
 

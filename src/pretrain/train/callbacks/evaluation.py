@@ -38,8 +38,13 @@ def evaluate(trainer) -> dict:
         else:
             val, per_source = all_reduce_mean(_mean_loss(trainer, trainer.data), rt), {}
     par.set_training(True)
-    record = {"step": trainer.state.step, "tokens": trainer.state.tokens, "val_loss": val,
-              "val_ppl": math.exp(min(val, 80.0)), **per_source}
+    record = {
+        "step": trainer.state.step,
+        "tokens": trainer.state.tokens,
+        "val_loss": val,
+        "val_ppl": math.exp(min(val, 80.0)),
+        **per_source,
+    }
     trainer.log.metrics(record)
     return record
 

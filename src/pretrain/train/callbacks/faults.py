@@ -25,8 +25,13 @@ class FaultInjection(Callback):
 
     @staticmethod
     def wanted(debug) -> bool:
-        return bool(debug.inject_nan_batches or debug.inject_spike_batches or debug.inject_inf_grad_batches
-                    or debug.step_sleep or debug.stop_after_step)
+        return bool(
+            debug.inject_nan_batches
+            or debug.inject_spike_batches
+            or debug.inject_inf_grad_batches
+            or debug.step_sleep
+            or debug.stop_after_step
+        )
 
     def on_fit_start(self, trainer) -> None:
         d = self.debug
@@ -65,8 +70,10 @@ class FaultInjection(Callback):
             return
         optimizer = getattr(trainer.par.optimizer, "optim", trainer.par.optimizer)
         steps = {int(state["step"]) for state in optimizer.state.values() if "step" in state}  # SGD counts none
-        record = {"optimizer_steps": sorted(steps),
-                  "loss_scale": trainer.scaler.get_scale() if trainer.scaler is not None else None}
+        record = {
+            "optimizer_steps": sorted(steps),
+            "loss_scale": trainer.scaler.get_scale() if trainer.scaler is not None else None,
+        }
         write_atomic(trainer.run_dir / f"faults.rank{trainer.rt.rank}.json", json.dumps(record))
 
     def on_step_start(self, trainer) -> None:

@@ -72,8 +72,14 @@ class Fp8Check(Callback):
         errors = {name: torch.stack(errs).mean().item() for name, errs in self.errors.items() if errs}
         if errors:
             worst = max(errors, key=errors.__getitem__)
-            trainer.log.metrics({"step": trainer.state.step, "fp8_rel_err": errors,
-                                 "fp8_rel_err_max": errors[worst], "fp8_rel_err_worst": worst})
+            trainer.log.metrics(
+                {
+                    "step": trainer.state.step,
+                    "fp8_rel_err": errors,
+                    "fp8_rel_err_max": errors[worst],
+                    "fp8_rel_err_worst": worst,
+                }
+            )
         if trainer.state.step >= self.steps:
             self.on_fit_end(trainer)
 

@@ -33,9 +33,17 @@ class MetricsLogger(Callback):
         now = device_clock(trainer.rt.device)
         tps = self.tokens / max(now - self.started, 1e-9)
         utilisation = mfu(tps, self.flops_per_token, trainer.rt.world_size, trainer.peak)
-        record = {"step": step, "tokens": trainer.state.tokens, "loss": result.loss, "lr": result.lr,
-                  "batch_tokens": result.batch_tokens, "grad_norm": result.grad_norm, "tokens_per_s": tps,
-                  "mfu": utilisation, "peak_mem_bytes": peak_memory(trainer.rt.device)}
+        record = {
+            "step": step,
+            "tokens": trainer.state.tokens,
+            "loss": result.loss,
+            "lr": result.lr,
+            "batch_tokens": result.batch_tokens,
+            "grad_norm": result.grad_norm,
+            "tokens_per_s": tps,
+            "mfu": utilisation,
+            "peak_mem_bytes": peak_memory(trainer.rt.device),
+        }
         if result.moe:  # the last step's balancing losses and expert load (pretrain.model.moe)
             record.update(result.moe)
         if trainer.mixture:  # the batches handed out so far, not those read ahead (data/mixture.py)

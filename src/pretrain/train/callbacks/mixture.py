@@ -29,29 +29,52 @@ class EpochWarnings(Callback):
         for source in trainer.mixture:
             name, cap = source["name"], source["max_epochs"]
             if spent[name] and not self.spent[name]:
-                self._warn(trainer, name, epochs[name], cap, "reached its max_epochs: no more windows from it; "
-                           "the other sources share its weight in proportion from here")
+                self._warn(
+                    trainer,
+                    name,
+                    epochs[name],
+                    cap,
+                    "reached its max_epochs: no more windows from it; "
+                    "the other sources share its weight in proportion from here",
+                )
             if self.epochs[name] <= MAX_EPOCHS < epochs[name]:
                 stop = f"its max_epochs {cap:g} stops it" if cap else "set its max_epochs to stop it there"
-                self._warn(trainer, name, epochs[name], MAX_EPOCHS, f"is past {MAX_EPOCHS} epochs: repeated "
-                           f"tokens are worth less and less beyond ~{MAX_EPOCHS} ({CITATION}); {stop}")
+                self._warn(
+                    trainer,
+                    name,
+                    epochs[name],
+                    MAX_EPOCHS,
+                    f"is past {MAX_EPOCHS} epochs: repeated "
+                    f"tokens are worth less and less beyond ~{MAX_EPOCHS} ({CITATION}); {stop}",
+                )
         self.epochs, self.spent = epochs, spent
 
     @staticmethod
     def _read(trainer) -> tuple[dict, dict]:
         """Epochs drawn per source, and whether each has drawn all its max_epochs allows."""
         state = trainer.batches.state_dict()
-        spent = {s["name"]: s["max_epochs"] is not None and d["drawn"] >= cap_windows(s["max_epochs"], d["num_windows"])
-                 for s, d in zip(trainer.mixture, state["sources"])}
+        spent = {
+            s["name"]: s["max_epochs"] is not None and d["drawn"] >= cap_windows(s["max_epochs"], d["num_windows"])
+            for s, d in zip(trainer.mixture, state["sources"])
+        }
         return source_epochs(state), spent
 
     @staticmethod
     def _warn(trainer, name: str, epochs: float, cap: float, what: str) -> None:
         st = trainer.state
-        trainer.log.say(f"warning: mixture source {name!r} {what} ({epochs:.2f} epochs drawn by step {st.step:,}, "
-                        f"cap {cap:g})")
-        trainer.log.event({"event": "mixture_epochs", "step": st.step, "tokens": st.tokens, "source": name,
-                           "epochs": epochs, "cap": cap})
+        trainer.log.say(
+            f"warning: mixture source {name!r} {what} ({epochs:.2f} epochs drawn by step {st.step:,}, cap {cap:g})"
+        )
+        trainer.log.event(
+            {
+                "event": "mixture_epochs",
+                "step": st.step,
+                "tokens": st.tokens,
+                "source": name,
+                "epochs": epochs,
+                "cap": cap,
+            }
+        )
 
     @staticmethod
     def _say_reweighting(trainer) -> None:
@@ -66,6 +89,8 @@ class EpochWarnings(Callback):
             return
         st = trainer.state
         change = ", ".join(f"{name} {old[name]:.4g} -> {new[name]:.4g}" for name in new)
-        trainer.log.say(f"mixture weights changed on resume at step {st.step:,}: {change} (the tokens drawn so far "
-                        "stay as drawn; the new weights apply from this step)")
+        trainer.log.say(
+            f"mixture weights changed on resume at step {st.step:,}: {change} (the tokens drawn so far "
+            "stay as drawn; the new weights apply from this step)"
+        )
         trainer.log.event({"event": "mixture_weights", "step": st.step, "tokens": st.tokens, "old": old, "new": new})

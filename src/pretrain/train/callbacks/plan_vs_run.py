@@ -46,9 +46,16 @@ class PlanVsRun(Callback):
         if interval["start"] >= MEASURE_STEP or step == trainer.total_steps:
             device = trainer.rt.device
             peak = int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
-            report = plan_check.compare(trainer.plan, self.pending["states"], self.pending["saved"], peak,
-                                        interval["tokens_per_s"], interval["mfu"],
-                                        trainer.plan["time"]["utilisation"], str(device))
+            report = plan_check.compare(
+                trainer.plan,
+                self.pending["states"],
+                self.pending["saved"],
+                peak,
+                interval["tokens_per_s"],
+                interval["mfu"],
+                trainer.plan["time"]["utilisation"],
+                str(device),
+            )
             report["attention_kernel"] = self.kernel
             report["document_masking"] = trainer.config.train.document_masking
             if trainer.par.fp8:
@@ -68,10 +75,18 @@ class PlanVsRun(Callback):
         rt = trainer.rt
         coords = rt.layout.coords(rt.rank)
         planned = model_state_tensors(trainer.device_config, rank=coords.data, stage=coords.pipeline)
-        rows = [plan_check._row(r["name"], planned[r["name"]], r["measured"], r["unit"])
-                if r["name"] in ("parameters", "gradients", "optimizer_states") else r for r in report["rows"]]
-        mine = {**report, "rank": rt.rank, "grid": {"pipeline": coords.pipeline, "data": coords.data,
-                                                    "tensor": coords.tensor}, "rows": rows}
+        rows = [
+            plan_check._row(r["name"], planned[r["name"]], r["measured"], r["unit"])
+            if r["name"] in ("parameters", "gradients", "optimizer_states")
+            else r
+            for r in report["rows"]
+        ]
+        mine = {
+            **report,
+            "rank": rt.rank,
+            "grid": {"pipeline": coords.pipeline, "data": coords.data, "tensor": coords.tensor},
+            "rows": rows,
+        }
         plan_check.write(trainer.run_dir, mine, name=f"plan_vs_run.rank{rt.rank}.json")
 
     @staticmethod

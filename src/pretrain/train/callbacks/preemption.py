@@ -14,16 +14,20 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 class Preemption(Callback):
     def on_fit_start(self, trainer) -> None:
-        keep = ("with a checkpoint" if trainer.config.run.checkpoint_every else
-                "without a checkpoint (run.checkpoint_every=0)")
+        keep = (
+            "with a checkpoint"
+            if trainer.config.run.checkpoint_every
+            else "without a checkpoint (run.checkpoint_every=0)"
+        )
 
         def handler(signum, frame):
             if trainer.stop_signal:  # a second signal: leave at once
                 os._exit(128 + signum)
             trainer.stop_signal = signum
             name = signal.Signals(signum).name
-            os.write(2, f"pretrain train: {name}: stopping after this step {keep} ({name} again "
-                        f"exits at once)\n".encode())  # os.write: safe inside a signal handler
+            os.write(
+                2, f"pretrain train: {name}: stopping after this step {keep} ({name} again exits at once)\n".encode()
+            )  # os.write: safe inside a signal handler
 
         self.previous = {sig: signal.signal(sig, handler) for sig in SIGNALS}
 
@@ -37,15 +41,29 @@ def preempted(trainer) -> dict:
     resume."""
     keeps = trainer.config.run.checkpoint_every > 0
     path = (trainer.checkpointer.saved_now() or trainer.save()) if keeps else None
-    name = (signal.Signals(trainer.stop_signal).name if trainer.stop_signal else trainer.stop_reason
-            or "a signal on another rank")
+    name = (
+        signal.Signals(trainer.stop_signal).name
+        if trainer.stop_signal
+        else trainer.stop_reason or "a signal on another rank"
+    )
     st = trainer.state
-    trainer.log.event({"event": "preempted", "step": st.step, "tokens": st.tokens, "signal": name,
-                       "path": str(path) if path else None})
+    trainer.log.event(
+        {
+            "event": "preempted",
+            "step": st.step,
+            "tokens": st.tokens,
+            "signal": name,
+            "path": str(path) if path else None,
+        }
+    )
     if keeps:
-        trainer.log.say(f"stopped by {name} after step {st.step:,}; checkpoint {path}; resume with: "
-                        f"pretrain train --resume {trainer.run_dir}")
+        trainer.log.say(
+            f"stopped by {name} after step {st.step:,}; checkpoint {path}; resume with: "
+            f"pretrain train --resume {trainer.run_dir}"
+        )
     else:
-        trainer.log.say(f"stopped by {name} after step {st.step:,}; no checkpoint written (run.checkpoint_every=0), "
-                        f"so this run cannot be resumed")
+        trainer.log.say(
+            f"stopped by {name} after step {st.step:,}; no checkpoint written (run.checkpoint_every=0), "
+            f"so this run cannot be resumed"
+        )
     return {"step": st.step, "tokens": st.tokens, "preempted": True, "run_dir": str(trainer.run_dir)}

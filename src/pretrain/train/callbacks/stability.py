@@ -31,12 +31,26 @@ class Stability(Callback):
         st = trainer.state
         if not result.finite:
             st.nonfinite_skips += 1
-            trainer.log.event({"event": "nonfinite_skip", "step": st.step, "tokens": st.tokens,
-                               "loss": json_float(result.loss), "grad_norm": json_float(result.grad_norm)})
+            trainer.log.event(
+                {
+                    "event": "nonfinite_skip",
+                    "step": st.step,
+                    "tokens": st.tokens,
+                    "loss": json_float(result.loss),
+                    "grad_norm": json_float(result.grad_norm),
+                }
+            )
         action = self.detector.observe(result.loss)
         if action == "spike":
-            trainer.log.event({"event": "spike", "step": st.step, "tokens": st.tokens,
-                               "loss": json_float(result.loss), "streak": self.detector.streak})
+            trainer.log.event(
+                {
+                    "event": "spike",
+                    "step": st.step,
+                    "tokens": st.tokens,
+                    "loss": json_float(result.loss),
+                    "streak": self.detector.streak,
+                }
+            )
         elif action == "rollback":
             self.rollback(trainer, result.loss)
             result.rolled_back = True
@@ -45,21 +59,41 @@ class Stability(Callback):
         st, cfg, run_dir = trainer.state, self.cfg, trainer.run_dir
         recent = [s for s in st.rollbacks if st.step - s < cfg.rollback_window]
         if len(recent) >= cfg.max_rollbacks:
-            trainer.log.event({"event": "stopped", "step": st.step, "tokens": st.tokens, "loss": json_float(loss),
-                               "reason": "too many rollbacks"})
-            raise TrainingStopped(f"{len(recent)} rollbacks within {cfg.rollback_window} steps (last at step "
-                                  f"{st.step}, loss {loss:.4g}); the run keeps diverging: lower train.lr, check the "
-                                  f"data, or raise stability.max_rollbacks, then `pretrain train --resume {run_dir}`")
+            trainer.log.event(
+                {
+                    "event": "stopped",
+                    "step": st.step,
+                    "tokens": st.tokens,
+                    "loss": json_float(loss),
+                    "reason": "too many rollbacks",
+                }
+            )
+            raise TrainingStopped(
+                f"{len(recent)} rollbacks within {cfg.rollback_window} steps (last at step "
+                f"{st.step}, loss {loss:.4g}); the run keeps diverging: lower train.lr, check the "
+                f"data, or raise stability.max_rollbacks, then `pretrain train --resume {run_dir}`"
+            )
         target = ckpt.latest_checkpoint(run_dir, good_only=True, before_step=st.step)
         if target is None and not trainer.config.run.checkpoint_every:
-            trainer.log.event({"event": "stopped", "step": st.step, "tokens": st.tokens, "loss": json_float(loss),
-                               "reason": "no checkpoint to roll back to"})
-            raise TrainingStopped(f"loss {loss:.4g} at step {st.step} asks for a rollback, but run.checkpoint_every=0 "
-                                  f"keeps no checkpoint to roll back to; set run.checkpoint_every (and "
-                                  f"stability.spike_detection=true) to have one, or lower train.lr")
+            trainer.log.event(
+                {
+                    "event": "stopped",
+                    "step": st.step,
+                    "tokens": st.tokens,
+                    "loss": json_float(loss),
+                    "reason": "no checkpoint to roll back to",
+                }
+            )
+            raise TrainingStopped(
+                f"loss {loss:.4g} at step {st.step} asks for a rollback, but run.checkpoint_every=0 "
+                f"keeps no checkpoint to roll back to; set run.checkpoint_every (and "
+                f"stability.spike_detection=true) to have one, or lower train.lr"
+            )
         if target is None:
-            raise TrainingStopped(f"loss spike at step {st.step} and no good checkpoint to roll back to in "
-                                  f"{run_dir}; lower train.lr or enable stability.spike_detection")
+            raise TrainingStopped(
+                f"loss spike at step {st.step} and no good checkpoint to roll back to in "
+                f"{run_dir}; lower train.lr or enable stability.spike_detection"
+            )
         from_step, from_tokens = st.step, st.tokens
         keep = (st.micro_batches, st.rollbacks + [from_step])
         saved = trainer.checkpointer.load(target, skip=("data", "rng"))
@@ -72,11 +106,21 @@ class Stability(Callback):
             st.lr_scale_until = st.step + cfg.lr_scale_steps
         skipped = [saved["micro_batches"], st.micro_batches]
         seq_tokens = trainer.config.train.micro_batch_size * trainer.config.train.seq_len * trainer.rt.data_size
-        trainer.log.event({"event": "rollback", "step": from_step, "tokens": from_tokens, "loss": json_float(loss),
-                           "to_step": st.step, "skipped_micro_batches": skipped,
-                           "skipped_tokens": [skipped[0] * seq_tokens, skipped[1] * seq_tokens]})
-        trainer.log.say(f"loss {loss:.4g} at step {from_step}: rolled back to step {st.step} and skipped data "
-                        f"micro-batches {skipped[0]}..{skipped[1]}")
+        trainer.log.event(
+            {
+                "event": "rollback",
+                "step": from_step,
+                "tokens": from_tokens,
+                "loss": json_float(loss),
+                "to_step": st.step,
+                "skipped_micro_batches": skipped,
+                "skipped_tokens": [skipped[0] * seq_tokens, skipped[1] * seq_tokens],
+            }
+        )
+        trainer.log.say(
+            f"loss {loss:.4g} at step {from_step}: rolled back to step {st.step} and skipped data "
+            f"micro-batches {skipped[0]}..{skipped[1]}"
+        )
 
 
 def json_float(x: float):

@@ -35,10 +35,13 @@ class TaskEvaluation(Callback):
         c, rt = trainer.config, trainer.rt
         path = data_tokenizer(c.data)
         if path is None:
-            raise UsageError("run.eval_tasks: the data directory holds no tokenizer/ to encode the tasks with; "
-                             "prepare the data with `pretrain prepare` or remove run.eval_tasks")
-        tasks = load_tasks(self.names, find_tokenizer(path).load(), c.train.seq_len, c.run.eval_tasks_limit,
-                           self.checked)
+            raise UsageError(
+                "run.eval_tasks: the data directory holds no tokenizer/ to encode the tasks with; "
+                "prepare the data with `pretrain prepare` or remove run.eval_tasks"
+            )
+        tasks = load_tasks(
+            self.names, find_tokenizer(path).load(), c.train.seq_len, c.run.eval_tasks_limit, self.checked
+        )
         # This rank's share: every data_size-th example, all of its choices.
         self.tasks = [(task, [r for r in task.requests if r.doc % rt.data_size == rt.data_rank]) for task in tasks]
 
@@ -70,7 +73,7 @@ def evaluate_tasks(trainer) -> dict:
                     par.module(torch.zeros(1, 1, dtype=torch.long, device=rt.device))
             local = moments(per_example(requests, lls))
             flat = all_reduce_sum([x for m in METRICS for x in local[m]], rt)
-            result = summarize({m: flat[3 * i:3 * i + 3] for i, m in enumerate(METRICS)}, task.chance)
+            result = summarize({m: flat[3 * i : 3 * i + 3] for i, m in enumerate(METRICS)}, task.chance)
             record.update({f"eval/{task.name}/{k}": result[k] for k in LOGGED})
     par.set_training(True)
     trainer.log.metrics(record)
