@@ -129,7 +129,7 @@ def run(args) -> int:
     from .data.prepare_command import summary
     from .files import check_output_dir
     from .plan import make_plan
-    from .plan.budget import storage_bytes
+    from .plan.length import storage_bytes
     from .plan.table import render
     from .train import train
 

@@ -7,10 +7,10 @@ import json
 import numpy as np
 import pytest
 
-from pretrain.data import PreparedData, find_tokenizer, pipeline, prepare
+from pretrain.data import PreparedData, find_tokenizer, preparation, prepare
 from pretrain.data.readers import Corpus, ReadOptions
 from pretrain.data.sources import find_files
-from pretrain.plan.budget import storage_bytes
+from pretrain.plan.length import storage_bytes
 
 OUTPUT_FILES = ("train.bin", "val.bin", "train.idx.npy", "val.idx.npy", "meta.json", "tokenizer/tokenizer.json")
 
@@ -87,7 +87,7 @@ def test_split_is_by_document_and_follows_the_seed(prepared, small_corpus, bpe_d
 
 def test_same_bytes_for_any_workers_chunking_and_encoder(tmp_path, small_corpus, bpe_dir, monkeypatch):
     # Small chunks so that documents cross many chunk (and worker) boundaries.
-    monkeypatch.setattr(pipeline, "CHUNK_CHARS", 20_000)
+    monkeypatch.setattr(preparation, "CHUNK_CHARS", 20_000)
     runs = {"1 worker": dict(workers=1), "2 workers": dict(workers=2), "fast path": dict(workers=2, fast_path=True)}
     for name, options in runs.items():
         prepare([small_corpus], bpe_dir, tmp_path / name, val_fraction=0.1, split_blank_lines=True, **options)

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from pretrain.data import PreparedData, find_tokenizer, pipeline, prepare
+from pretrain.data import PreparedData, find_tokenizer, preparation, prepare
 from pretrain.errors import UsageError
 
 
@@ -121,7 +121,7 @@ def test_interrupted_run_keeps_the_old_dataset_and_a_rerun_succeeds(tmp_path, sm
     out = tmp_path / "out"
     prepare([small_corpus], bpe_dir, out, workers=1, val_fraction=0.5)  # a finished dataset, to be replaced
     old_meta = (out / "meta.json").read_text()
-    real_chunks = pipeline._chunks
+    real_chunks = preparation._chunks
 
     def interrupted(corpus, skips):
         for i, chunk in enumerate(real_chunks(corpus, skips)):
@@ -129,8 +129,8 @@ def test_interrupted_run_keeps_the_old_dataset_and_a_rerun_succeeds(tmp_path, sm
                 raise KeyboardInterrupt  # Ctrl-C part-way through
             yield chunk
 
-    monkeypatch.setattr(pipeline, "CHUNK_CHARS", 10_000)
-    monkeypatch.setattr(pipeline, "_chunks", interrupted)
+    monkeypatch.setattr(preparation, "CHUNK_CHARS", 10_000)
+    monkeypatch.setattr(preparation, "_chunks", interrupted)
     with pytest.raises(KeyboardInterrupt):
         prepare([small_corpus], bpe_dir, out, workers=2)
     assert (out / "meta.json").read_text() == old_meta  # the new dataset was never swapped in

@@ -5,8 +5,8 @@ import pytest
 
 from pretrain.config import load_config
 from pretrain.plan import make_plan, plan_with_explain
-from pretrain.plan.budget import STEP_TIME_ERROR
 from pretrain.plan.fit import fit
+from pretrain.plan.length import STEP_TIME_ERROR
 from pretrain.plan.table import render
 
 LLAMA3_8B_64_H100 = ["model.preset=llama3-8b", "parallel.gpus=64", "hardware.gpu=h100-sxm", "parallel.zero_stage=3"]

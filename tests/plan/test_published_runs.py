@@ -66,11 +66,11 @@ def test_issue_32_targets(rows):
 
 
 def test_the_plans_time_range_is_the_models_measured_error(rows):
-    # The plan's Wall-clock range (pretrain.plan.budget.STEP_TIME_ERROR) is the 10th and 90th percentile of
+    # The plan's Wall-clock range (pretrain.plan.length.STEP_TIME_ERROR) is the 10th and 90th percentile of
     # these ratios: a retuned model must carry its own error, not the old one's.
     import statistics
 
-    from pretrain.plan.budget import STEP_TIME_ERROR
+    from pretrain.plan.length import STEP_TIME_ERROR
 
     deciles = statistics.quantiles([r["ratio"] for r in rows], n=10)
     assert STEP_TIME_ERROR == (round(deciles[0], 2), round(deciles[-1], 2))

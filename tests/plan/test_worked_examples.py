@@ -4,7 +4,7 @@ import pytest
 
 from pretrain.config import load_config
 from pretrain.plan import make_plan
-from pretrain.plan.budget import CHINCHILLA_TOKENS_PER_PARAM, storage_bytes
+from pretrain.plan.length import CHINCHILLA_TOKENS_PER_PARAM, storage_bytes
 from pretrain.plan.model_states import zero_paper_bytes
 
 

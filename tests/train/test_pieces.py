@@ -8,7 +8,7 @@ from pretrain.config import load_config
 from pretrain.plan.schedule import learning_rate
 from pretrain.train import checkpoint as ckpt
 from pretrain.train.resume import latest_checkpoint, resume_point
-from pretrain.train.stability import SpikeDetector
+from pretrain.train.spikes import SpikeDetector
 from pretrain.train.trainer import TrainState
 
 

@@ -9,7 +9,7 @@ trainer reads. Imported lazily, so
 _EXPORTS = {
     "train_tokenizer": ".tokenizer",
     "find_tokenizer": ".tokenizer",
-    "prepare": ".pipeline",  # not a module named prepare: importing it would shadow the function
+    "prepare": ".preparation",
     "PreparedData": ".loader",
     "open_training_data": ".loader",
     "RandomWindows": ".loader",

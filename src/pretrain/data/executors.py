@@ -77,7 +77,7 @@ def run_local(pipeline: list, tasks: int, workers: int | None, logs: str) -> Non
     import multiprocess.util
     from datatrove.executor import LocalPipelineExecutor
 
-    from .pipeline import default_workers
+    from .preparation import default_workers
 
     # One task at a time runs in this process; more run in a pool of forked processes (this process holds no
     # threads or tokenizer state yet). Each forked process (pool workers, datatrove's Manager) watches this one.
@@ -128,7 +128,7 @@ def run_ray(pipeline, tasks: int, workers: int | None, logs: str) -> None:
         raise UsageError('--executor ray needs ray: pip install "pretrain[ray]" (or pip install ray)') from None
     from datatrove.executor.ray import RayPipelineExecutor
 
-    from .pipeline import default_workers
+    from .preparation import default_workers
 
     reaper = None
     with logs_aside(logs, tasks):

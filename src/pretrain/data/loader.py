@@ -32,7 +32,7 @@ import numpy as np
 
 from ..errors import ConfigError, UsageError
 from ..files import sha256_file
-from ..plan.budget import TOKEN_DTYPES
+from ..plan.length import TOKEN_DTYPES
 from .hashing import FeistelPermutation
 from .token_files import Concatenated, TokenFile
 

@@ -17,7 +17,7 @@ same command again redoes only the unfinished tasks. The shards' concatenation e
 
 from __future__ import annotations
 
-from ..plan.budget import TOKEN_DTYPES
+from ..plan.length import TOKEN_DTYPES
 from .executors import EXECUTORS
 from .tokenizer_command import add_reader_arguments
 
@@ -98,8 +98,8 @@ def run(args) -> int:
     import sys
     import time
 
-    from ..plan.budget import storage_bytes
-    from .pipeline import prepare
+    from ..plan.length import storage_bytes
+    from .preparation import prepare
 
     # SIGTERM (kill, a job scheduler) stops prepare as Ctrl-C does: the half-built dataset is removed and the
     # previous one at --out is left as it was (Python's default would end the process without cleaning up).
@@ -131,7 +131,7 @@ def _run_sharded(args, start: float) -> int:
     import time
 
     from ..errors import UsageError
-    from ..plan.budget import storage_bytes
+    from ..plan.length import storage_bytes
     from .executors import SlurmOptions
 
     try:  # an optional dependency: the one-pass prepare needs none of it
@@ -193,7 +193,7 @@ def _interrupt(signum, frame):
 
 def summary(meta: dict, out: str, seconds: float, planned_bytes: int) -> str:
     from ..files import display_path
-    from ..plan.budget import TOKEN_DTYPE_BYTES
+    from ..plan.length import TOKEN_DTYPE_BYTES
 
     docs, tokens = meta["num_docs"], meta["num_tokens"]
     size = sum(tokens.values()) * TOKEN_DTYPE_BYTES[meta["dtype"]]

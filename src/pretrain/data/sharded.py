@@ -50,7 +50,7 @@ from ..files import (
 from ..lock import exclusive_lock
 from .documents import merge_histograms
 from .executors import EXECUTORS, SlurmOptions, refuse_while_slurm_builds, run_local, run_ray, submit_slurm
-from .pipeline import MAX_SHOWN, META_VERSION, SPLITS, build_dataset, replaceable_names, resolve_dtype
+from .preparation import MAX_SHOWN, META_VERSION, SPLITS, build_dataset, replaceable_names, resolve_dtype
 from .readers import Corpus, ReadOptions
 from .sources import RemoteFile, file_name, find_files
 from .tokenizer import find_tokenizer
@@ -386,7 +386,7 @@ def _check_shards(work: Path, names: list[str]) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
     from .loader import PreparedData
-    from .pipeline import default_workers
+    from .preparation import default_workers
 
     def damage(name: str) -> str | None:
         try:

@@ -10,7 +10,6 @@ from ..config import replaced
 from ..errors import ConfigError
 from ..gpus import gpu_spec
 from .advice import advise
-from .budget import storage_bytes, token_bytes, token_dtype, training_length, wall_clock
 from .budget_mode import apply_budget, budget_requested
 from .corpus import corpus_supply
 from .eval_tasks import eval_tasks_cost
@@ -19,6 +18,7 @@ from .flops import basis, flops, utilisation
 from .fp8 import CONVENTION as FP8_CONVENTION
 from .frameworks import framework_memory
 from .hardware import memory_bandwidth_gbps, peak_tflops
+from .length import storage_bytes, token_bytes, token_dtype, training_length, wall_clock
 from .memory import memory
 from .mixture import mixture_supply
 from .model_states import model_state_tensors

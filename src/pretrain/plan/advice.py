@@ -28,11 +28,11 @@ from ..config.schema import shown_value
 from ..gpus import COMPUTE_DTYPE, gpu_spec
 from ..units import GiB, human
 from .activations import COMPUTE_BYTES
-from .budget import CHINCHILLA_TOKENS_PER_PARAM
 from .corpus import MAX_EPOCHS, epochs_advice
 from .fit_fixes import MAX_GPUS, fit_fixes
 from .fp8 import advice as fp8_advice
 from .kernels import planned_native_gqa
+from .length import CHINCHILLA_TOKENS_PER_PARAM
 from .mixture import mixture_advice
 from .traffic import kept_tensor_traffic, weight_reads
 

@@ -1,7 +1,7 @@
 """Budget mode: what a budget of GPU time buys (`budget.gpu_hours`, `budget.days`, or `budget.cost`).
 
 Compute: C = GPU-seconds x 6N x the tokens one GPU trains per second, by the plan's own time of the candidate
-model's config (pretrain.plan.budget.tokens_per_gpu_second: the step-time model, or hardware.mfu / hfu when
+model's config (pretrain.plan.length.tokens_per_gpu_second: the step-time model, or hardware.mfu / hfu when
 given), so that the plan of the model chosen takes the budget's time (GPU-seconds = gpu_hours x 3,600, days x
 86,400 x parallel.gpus, or cost / hardware.price_per_gpu_hour x 3,600). The speed depends on the model and the
 model on the compute: from the config as given, the shape is chosen again at its own speed until it stays
@@ -41,10 +41,10 @@ from ..config import Config, replaced, resolve
 from ..config.checks import LARGEST
 from ..errors import ConfigError
 from ..units import GiB
-from .budget import CHINCHILLA_TOKENS_PER_PARAM, ramp_args, storage_bytes, tokens_per_gpu_second, training_length
 from .explain import Explain
 from .flops import basis, flops
 from .hardware import peak_tflops
+from .length import CHINCHILLA_TOKENS_PER_PARAM, ramp_args, storage_bytes, tokens_per_gpu_second, training_length
 from .params import count_params
 from .schedule import tokens_for_steps
 from .step_time import step_time
@@ -323,7 +323,7 @@ def _shape_near(cfg, n: float) -> dict:
 
 def _buy_tokens(cfg, given: str, seconds: float, how: str, peak: float, ex: Explain):
     """The model given, trained on the whole optimizer steps the budget's GPU-seconds buy at the plan's own
-    time (pretrain.plan.budget.tokens_per_gpu_second: the step-time model, or hardware.mfu / hfu when given)."""
+    time (pretrain.plan.length.tokens_per_gpu_second: the step-time model, or hardware.mfu / hfu when given)."""
     counts = count_params(cfg.model)
     per_second, util, what = _rate(cfg, peak)
     token_seconds = 6 * counts.total / per_second  # GPU-seconds per token

@@ -13,9 +13,9 @@ import json
 from pathlib import Path
 
 from ..config import mixture_sources
-from .budget import TOKEN_DTYPE_BYTES, token_bytes
 from .corpus import MAX_EPOCHS
 from .explain import Explain
+from .length import TOKEN_DTYPE_BYTES, token_bytes
 
 
 def mixture_supply(cfg, tokens: int, ex: Explain) -> dict | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..gpus import mixed_precision
 from ..units import GiB
 from ..units import human as count
-from .budget import token_dtype
+from .length import token_dtype
 
 
 def si_bytes(n: float) -> str:

@@ -22,7 +22,7 @@ from ..bench.timing import check_rounds, check_threads, cpu_threads, torch_threa
 from ..config import Config, load_config, replaced
 from ..errors import ConfigError, UsageError
 from ..plan import make_plan
-from ..plan.budget import training_length
+from ..plan.length import training_length
 from ..plan.params import count_params
 from ..plan.schedule import checked_warmup
 from ..precision import matmul_dtype

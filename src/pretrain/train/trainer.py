@@ -27,7 +27,7 @@ from ..gpus import mixed_precision
 from ..lock import exclusive_lock
 from ..model.documents import documents_of_run
 from ..plan import make_plan
-from ..plan.budget import training_length
+from ..plan.length import training_length
 from ..plan.params import count_params
 from ..plan.schedule import learning_rate, micro_batches_per_step, resumed_schedule
 from ..precision import half_dtype
@@ -37,14 +37,14 @@ from .attention import kernel_context
 from .callbacks import default_callbacks
 from .callbacks.evaluation import evaluate
 from .callbacks.preemption import preempted
-from .callbacks.stability import Stability
+from .callbacks.spikes import Stability
 from .callbacks.tasks import evaluate_tasks
 from .checkpointer import Checkpointer
 from .data_changes import stopped_by_data_change
 from .loggers import check_installed
-from .metrics import TrainingLog
 from .prefetch import Prefetcher
 from .preflight import check_fits_device, set_aside_history
+from .run_log import TrainingLog
 from .state import TrainState
 from .step import StepResult, pipeline_train_step, train_step
 

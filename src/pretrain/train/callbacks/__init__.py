@@ -34,7 +34,7 @@ def default_callbacks(config) -> list[Callback]:
     from .metrics import MetricsLogger
     from .plan_vs_run import PlanVsRun
     from .preemption import Preemption
-    from .stability import Stability
+    from .spikes import Stability
 
     callbacks: list[Callback] = [
         Stability(config.stability),

@@ -26,7 +26,7 @@ import numpy as np
 from .. import __version__
 from ..errors import UsageError
 from ..files import StagedDirectory, display_path, write_atomic, write_error
-from ..plan.budget import TOKEN_DTYPES, token_dtype
+from ..plan.length import TOKEN_DTYPES, token_dtype
 from ..progress import terminal_bar
 from .documents import length_bins, length_histogram
 from .encode import Chunk, ChunkEncoder, encode_in_worker, init_worker

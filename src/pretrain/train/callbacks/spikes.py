@@ -9,7 +9,7 @@ checkpoint ~100 steps earlier and skip the data around the spike, Chowdhery et a
 from __future__ import annotations
 
 from .. import checkpoint as ckpt
-from ..stability import SpikeDetector
+from ..spikes import SpikeDetector
 from ..state import TrainingStopped
 from . import Callback
 

@@ -2,7 +2,7 @@
 
 from pretrain.config import load_config
 from pretrain.plan import make_plan, plan_with_explain
-from pretrain.plan.budget import ramp_args
+from pretrain.plan.length import ramp_args
 from pretrain.plan.schedule import steps_for_tokens, tokens_for_steps
 
 GPT2_EXAMPLES = ["model.preset=gpt2", "train.seq_len=1024", "train.examples=1e6"]
