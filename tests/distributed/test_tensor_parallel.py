@@ -277,6 +277,10 @@ def test_kill_9_during_a_tensor_x_data_run_resumes_exactly(prepared, grid, tmp_p
         (["model.dropout=0.1"], "model.dropout: not supported with parallel.tensor > 1"),
         (["model.qk_norm=true"], "model.qk_norm: not built with parallel.tensor > 1 yet"),
         (
+            ["parallel.sequence_parallel=true", "parallel.async_tp=true", "train.compile=false"],
+            "parallel.async_tp: the overlap is a torch.compile pass",
+        ),
+        (
             ["model.vocab_size=515"],
             r"parallel.tensor: 2 must divide the vocabulary's rows \(515: .* "
             "model.pad_vocab_to=128",
@@ -291,6 +295,17 @@ def test_what_tensor_parallelism_refuses(overrides, message):
     base = ["model.preset=debug", "parallel.gpus=4", "parallel.tensor=2", "parallel.zero_stage=3"]
     with pytest.raises(ConfigError, match=message):
         check_trainable(load_config(overrides=base + overrides), needs_data=False)
+
+
+def test_async_tensor_parallelism_needs_compiled_blocks_on_cuda():
+    # A compiler pass over NCCL's symmetric memory: an eager run or a CPU would keep the plain collectives and
+    # say nothing, so both are refused in the trainer's words.
+    from pretrain.distributed.tensor_parallel import enable_async_tp
+    from pretrain.errors import ConfigError
+
+    for compiled, device in ((True, "cpu"), (False, "cuda")):
+        with pytest.raises(ConfigError, match="parallel.async_tp: needs compiled blocks on CUDA GPUs"):
+            enable_async_tp(compiled, device)
 
 
 def test_rank_order_hands_each_rank_whole_heads():

@@ -209,3 +209,32 @@ def test_a_cards_memory_bandwidth_can_be_given():
     assert b["matmul_s"] == a["matmul_s"] and b["seconds"] > a["seconds"]
     with pytest.raises(Exception, match="hardware.bandwidth_gbps"):
         load_config(overrides=[*H100_8B, "hardware.bandwidth_gbps=0"])
+
+
+def test_fsdp_per_pipeline_stage_syncs_once_a_step():
+    # torch.distributed.pipelining keeps an FSDP2 stage gathered and unsynced through every micro-batch's
+    # backward but the last: ZeRO-2's traffic is one all-gather and one reduce-scatter a step, whatever the
+    # accumulation; ZeRO-3 re-gathers for every micro-batch.
+    base = [*H100_8B, "parallel.gpus=64", "parallel.pipeline=2", "parallel.tensor=1"]
+    z2 = [step(*base, "parallel.zero_stage=2", f"train.grad_accum_steps={m}") for m in (4, 8)]
+    z3 = [step(*base, "parallel.zero_stage=3", f"train.grad_accum_steps={m}") for m in (4, 8)]
+    assert z2[0]["data_parallel_s"] == pytest.approx(z2[1]["data_parallel_s"])
+    assert z3[1]["data_parallel_s"] > 1.7 * z3[0]["data_parallel_s"]  # 2m gathers + one reduce-scatter
+    # the reduce-scatter after the last backward hides behind nothing
+    assert z2[1]["data_parallel_exposed_s"] > 0.5 * z2[1]["data_parallel_s"]
+
+
+def test_async_tensor_parallelism_hides_all_but_one_chunk():
+    tp8 = [
+        *H100_8B,
+        "model.preset=llama3-70b",
+        "parallel.gpus=8",
+        "parallel.tensor=8",
+        "parallel.sequence_parallel=true",
+    ]
+    plain, overlapped = step(*tp8), step(*tp8, "parallel.async_tp=true")
+    # one chunk in 8 exposed, plus the overlapped seven's contention (0.189 each)
+    assert overlapped["tensor_parallel_s"] == pytest.approx(plain["tensor_parallel_s"] * (1 / 8 + 0.189 * 7 / 8))
+    assert overlapped["seconds"] < plain["seconds"]
+    with pytest.raises(Exception, match="parallel.async_tp: .*parallel.sequence_parallel=true"):
+        load_config(overrides=[*tp8, "parallel.sequence_parallel=false", "parallel.async_tp=true"])

@@ -253,6 +253,11 @@ def _check_parallel(c: Config) -> None:
         )
     if p.sequence_parallel and p.tensor == 1:
         raise ConfigError("parallel.sequence_parallel: needs parallel.tensor > 1")
+    if p.async_tp and not p.sequence_parallel:
+        raise ConfigError(
+            "parallel.async_tp: overlaps sequence parallelism's all-gathers and reduce-scatters; "
+            "set parallel.sequence_parallel=true (with parallel.tensor > 1)"
+        )
     _check_experts(c)
     if p.offload == "optimizer+params" and (p.zero_stage != 3 or p.gpus == p.tensor * p.pipeline):
         # Parameters live off the GPU only when ZeRO-3 gathers them per block (DeepSpeed ZeRO-Infinity).

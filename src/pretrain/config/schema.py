@@ -264,6 +264,13 @@ class ParallelConfig:
         0, "0 (DDP) | 1 (optimizer states sharded) | 2 (+ gradients) | 3 (+ weights, FSDP2)", (0, 1, 2, 3)
     )
     sequence_parallel: bool = doc(False, "shard norm/dropout activations over the tensor-parallel group")
+    async_tp: bool = doc(
+        False,
+        "async tensor parallelism: each all-gather/reduce-scatter split into chunks that move while the "
+        "matmul beside it runs (torch's micro-pipeline TP, as torchtitan's enable_async_tensor_parallel and "
+        "Megatron's --tp-comm-overlap); needs parallel.sequence_parallel, train.compile and CUDA; "
+        "docs/parallel.md",
+    )
     offload: str = doc(
         "none",
         "none | optimizer | optimizer+params (ZeRO-Offload: states in host memory)",

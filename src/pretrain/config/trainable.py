@@ -59,6 +59,11 @@ def check_trainable(config, needs_data: bool = True) -> None:
             "debug.fp8_check: its bf16 shadow runs eager; use train.compile=auto (off under the "
             "check) or false, or debug.fp8_check=0"
         )
+    if par.async_tp and t.compile is False:
+        raise ConfigError(
+            "parallel.async_tp: the overlap is a torch.compile pass; use train.compile=auto or true, "
+            "or parallel.async_tp=false"
+        )
     if config.run.eval_tasks and (par.tensor > 1 or par.pipeline > 1):
         # each rank scores its own examples with the whole model (FSDP gathers it); tensor and pipeline ranks
         # hold part of it

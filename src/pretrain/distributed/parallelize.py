@@ -20,7 +20,19 @@ from .engines import DDP, FSDP, FSDP_CPU_TORCH, Parallelized, ZeRO1
 from .mesh import Layout
 from .recompute import apply_activation_checkpointing
 from .runtime import Runtime
-from .tensor_parallel import apply_tensor_parallel, keep_own_vocabulary_rows
+from .tensor_parallel import apply_tensor_parallel, enable_async_tp, keep_own_vocabulary_rows
+
+
+def _mesh_and_tensor_parallel(model, config, layout: Layout, rt: Runtime):
+    """The grid's DeviceMesh, where something splits over it (DDP and ZeRO-1 need none: each mesh dimension
+    would make a process group, an NCCL communicator, at start-up), and the blocks split over its "tp" ranks."""
+    wants_mesh = layout.tensor > 1 or layout.pipeline > 1 or (layout.data > 1 and config.parallel.fsdp)
+    mesh = layout.build_mesh(rt.device.type) if rt.distributed and wants_mesh else None
+    if config.parallel.tensor > 1:
+        apply_tensor_parallel(model, mesh["tp"], config.parallel.sequence_parallel)
+        if config.parallel.async_tp:
+            enable_async_tp(compile_enabled(config.train.compile, rt.device.type), rt.device.type)
+    return mesh
 
 
 def parallelize(model, config, rt: Runtime) -> Parallelized:
@@ -35,12 +47,7 @@ def parallelize(model, config, rt: Runtime) -> Parallelized:
 
         # debug.fp8_check's bf16 shadow needs each weight before its float8 cast: the all-gather stays bf16
         fp8 = convert(model, t, fsdp=config.parallel.fsdp and not config.debug.fp8_check)
-    # The grid's DeviceMesh, where something splits over it: DDP and ZeRO-1 need none (each mesh dimension
-    # would make a process group, an NCCL communicator, at start-up).
-    wants_mesh = layout.tensor > 1 or layout.pipeline > 1 or (layout.data > 1 and config.parallel.fsdp)
-    mesh = layout.build_mesh(rt.device.type) if rt.distributed and wants_mesh else None
-    if config.parallel.tensor > 1:
-        apply_tensor_parallel(model, mesh["tp"], config.parallel.sequence_parallel)
+    mesh = _mesh_and_tensor_parallel(model, config, layout, rt)
     apply_activation_checkpointing(model, t.activation_checkpointing)
     model.fix_attention_kernel(rt.device, half=t.precision != "fp32")
     # debug.fp8_check's shadow runs eager: train.compile=true is refused (config/trainable.py), auto stays off

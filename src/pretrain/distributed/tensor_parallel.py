@@ -43,6 +43,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from ..errors import ConfigError
 from ..plan.params import fused_rows
 
 
@@ -194,3 +195,19 @@ def from_canonical(sd: dict, orders: dict) -> dict:
 
 
 __all__ = ["apply_tensor_parallel", "keep_own_vocabulary_rows", "rank_order", "to_canonical", "from_canonical"]
+
+
+def enable_async_tp(compiled: bool, device_type: str) -> None:
+    """Async tensor parallelism (parallel.async_tp): inductor's micro-pipeline pass rewrites each compiled
+    all-gather + matmul and matmul + reduce-scatter of sequence parallelism into chunks over symmetric memory,
+    so a chunk moves while the matmul of the one before runs (torch.distributed._symmetric_memory; what
+    torchtitan's enable_async_tensor_parallel switches on). A compiler pass on NCCL's CUDA buffers: eager
+    blocks or a CPU would silently keep the plain collectives, so they are refused."""
+    if not compiled or device_type != "cuda":
+        raise ConfigError(
+            f"parallel.async_tp: needs compiled blocks on CUDA GPUs (this run: {device_type}, "
+            f"{'compiled' if compiled else 'eager'}); use parallel.async_tp=false here"
+        )
+    import torch._inductor.config
+
+    torch._inductor.config._micro_pipeline_tp = True

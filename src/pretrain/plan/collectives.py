@@ -60,56 +60,22 @@ def bytes_per_value(t) -> tuple[int, int]:
 
 def data_parallel_time(c, counts, step: dict, ex: Explain) -> dict:
     """The data-parallel traffic of a step, and what of it the compute does not hide."""
-    t, par = c.train, c.parallel
-    tp, pp = par.tensor, par.pipeline
-    dp = par.gpus // (tp * pp)
-    zero = par.zero_stage if dp > 1 else 0
+    par = c.parallel
+    dp = par.gpus // (par.tensor * par.pipeline)
     if dp == 1:
         return {"data_parallel_s": 0.0, "data_parallel_exposed_s": 0.0}
-    intra, inter, link_how = links(c)
-    inside = tp * dp <= par.gpus_per_node  # tensor ranks adjacent, then data: Megatron's rank order
-    # Across nodes NCCL runs one ring per NIC (rail-aligned, one NIC per GPU): each of the group's k ranks in a
-    # node carries 1/k of the data over its own NIC, so the group's bus bandwidth is k NICs', NVLink's at most
-    # (a DGX node's 8 x 200 Gb/s NICs give its rings 200 GB/s together, not one NIC's 25; the NCCL docs'
-    # NCCL_CROSS_NIC describes the rail-aligned rings).
-    k = min(dp, max(1, par.gpus_per_node // tp))
-    link, where = (intra, "NVLink") if inside else (min(intra, k * inter), f"network, {k} NICs per node")
-    params = rank_params(c, counts) / (tp * pp)  # on one GPU before ZeRO (a stage's share, taken as even)
-    grad_b, param_b = bytes_per_value(t)
-    a, micro = COMPUTE_BYTES[t.precision], t.grad_accum_steps
-    after_s = hidden_gather_s = 0.0
+    zero = par.zero_stage
+    link, where, link_how = _data_parallel_link(c, dp)
+    sync = Sync(c, counts, dp, link)
     if zero == 0:
-        total_s = ring(grad_b * params, dp, link, 2)
-        last_s = ring(min(DDP_BUCKET_BYTES, grad_b * params), dp, link, 2)
-        window = 2 / 3 * (step["matmul_s"] + step["attention_s"])  # the last micro-batch's backward
-        what = f"all-reduce 2 x ({dp}-1)/{dp} x {grad_b * params:.4g} gradient bytes"
-        how = "overlapped with the last micro-batch's backward except the last 25 MB bucket"
+        traffic = _ddp(sync, step)
     elif zero == 1:
-        compute = step["matmul_s"] + step["attention_s"]
-        scatter_s = ring(grad_b * params, dp, link, 1)
-        gather_s = ring(a * params, dp, link, 1)
-        last_s = ring(min(DDP_BUCKET_BYTES, grad_b * params), dp, link, 1)
-        last_gather_s = ring(min(DDP_BUCKET_BYTES, a * params), dp, link, 1)
-        window = 2 / 3 * compute
-        after_s = max(gather_s - compute / 3, last_gather_s)  # behind the next step's first forward
-        total_s, hidden_gather_s = scatter_s, gather_s - after_s
-        what = (
-            f"reduce-scatter ({dp}-1)/{dp} x {grad_b * params:.4g} gradient bytes; then "
-            f"the all-gather of {a * params:.4g} parameter bytes, {gather_s:.4g} s, of "
-            f"which {after_s:.4g} s not behind the next forward"
-        )
-        how = "the reduce-scatter overlapped with the last micro-batch's backward except the last 25 MB bucket"
+        traffic = _zero1(sync, step)
+    elif par.pipeline > 1:
+        traffic = _fsdp_stage(c, sync, step)
     else:
-        syncs = micro if par.grad_sync == "micro_batch" else 1
-        gathers = 2 if zero == 3 else 1
-        total_s = syncs * ring(grad_b * params, dp, link, 1) + micro * gathers * ring(a * params, dp, link, 1)
-        last_s = total_s / (micro * -(-c.model.num_layers // pp))
-        window = step["forward_backward_s"]
-        what = (
-            f"{syncs} reduce-scatter(s) of {grad_b * params:.4g} gradient bytes + {micro} x {gathers} "
-            f"all-gather(s) of {a * params:.4g} parameter bytes, each ({dp}-1)/{dp} of it"
-        )
-        how = "prefetched behind the micro-batches' compute except one block's worth"
+        traffic = _fsdp(c, sync, step)
+    total_s, last_s, window, after_s, hidden_gather_s, what, how = traffic
     exposed_s = max(total_s - window, last_s) + after_s
     hidden_s = total_s + hidden_gather_s - (exposed_s - after_s)  # what runs beside the compute
     contention_s = OVERLAP_SLOWDOWN * hidden_s
@@ -127,8 +93,107 @@ def data_parallel_time(c, counts, step: dict, ex: Explain) -> dict:
         f"{window:.4g}, {last_s:.4g}) + {after_s:.4g}, + {OVERLAP_SLOWDOWN} x the {hidden_s:.4g} s hidden "
         "behind compute, which runs that much slower beside it (arXiv 2507.03114)",
     )
-    exposed_s += contention_s
-    return {"data_parallel_s": total_s + hidden_gather_s + after_s, "data_parallel_exposed_s": exposed_s}
+    return {"data_parallel_s": total_s + hidden_gather_s + after_s, "data_parallel_exposed_s": exposed_s + contention_s}
+
+
+def _data_parallel_link(c, dp: int) -> tuple[float, str, str]:
+    """The data-parallel group's bus bandwidth per GPU, where it runs, and where the figure comes from."""
+    par = c.parallel
+    intra, inter, link_how = links(c)
+    inside = par.tensor * dp <= par.gpus_per_node  # tensor ranks adjacent, then data: Megatron's rank order
+    # Across nodes NCCL runs one ring per NIC (rail-aligned, one NIC per GPU): each of the group's k ranks in a
+    # node carries 1/k of the data over its own NIC, so the group's bus bandwidth is k NICs', NVLink's at most
+    # (a DGX node's 8 x 200 Gb/s NICs give its rings 200 GB/s together, not one NIC's 25; the NCCL docs'
+    # NCCL_CROSS_NIC describes the rail-aligned rings).
+    k = min(dp, max(1, par.gpus_per_node // par.tensor))
+    if inside:
+        return intra, "NVLink", link_how
+    return min(intra, k * inter), f"network, {k} NICs per node", link_how
+
+
+class Sync:
+    """One data-parallel group's collectives: the bytes of a rank's gradients and parameters, and the ring
+    time of a reduce-scatter or all-gather of them (an all-reduce is both)."""
+
+    def __init__(self, c, counts, dp: int, link: float):
+        self.dp, self.link, self.micro = dp, link, c.train.grad_accum_steps
+        params = rank_params(c, counts) / (c.parallel.tensor * c.parallel.pipeline)  # a stage's share, even
+        grad_b, _ = bytes_per_value(c.train)
+        self.grad_bytes, self.param_bytes = grad_b * params, COMPUTE_BYTES[c.train.precision] * params
+
+    def time(self, nbytes: float, factor: float = 1) -> float:
+        return ring(nbytes, self.dp, self.link, factor)
+
+    def last_bucket(self, nbytes: float, factor: float = 1) -> float:
+        return self.time(min(DDP_BUCKET_BYTES, nbytes), factor)
+
+
+def _ddp(sync: Sync, step: dict) -> tuple:
+    return (
+        sync.time(sync.grad_bytes, 2),
+        sync.last_bucket(sync.grad_bytes, 2),
+        2 / 3 * (step["matmul_s"] + step["attention_s"]),  # the last micro-batch's backward
+        0.0,
+        0.0,
+        f"all-reduce 2 x ({sync.dp}-1)/{sync.dp} x {sync.grad_bytes:.4g} gradient bytes",
+        "overlapped with the last micro-batch's backward except the last 25 MB bucket",
+    )
+
+
+def _zero1(sync: Sync, step: dict) -> tuple:
+    compute = step["matmul_s"] + step["attention_s"]
+    gather_s = sync.time(sync.param_bytes)
+    after_s = max(gather_s - compute / 3, sync.last_bucket(sync.param_bytes))  # behind the next first forward
+    return (
+        sync.time(sync.grad_bytes),
+        sync.last_bucket(sync.grad_bytes),
+        2 / 3 * compute,
+        after_s,
+        gather_s - after_s,
+        f"reduce-scatter ({sync.dp}-1)/{sync.dp} x {sync.grad_bytes:.4g} gradient bytes; then "
+        f"the all-gather of {sync.param_bytes:.4g} parameter bytes, {gather_s:.4g} s, of "
+        f"which {after_s:.4g} s not behind the next forward",
+        "the reduce-scatter overlapped with the last micro-batch's backward except the last 25 MB bucket",
+    )
+
+
+def _fsdp(c, sync: Sync, step: dict) -> tuple:
+    micro = sync.micro
+    syncs = micro if c.parallel.grad_sync == "micro_batch" else 1
+    gathers = 2 if c.parallel.zero_stage == 3 else 1
+    total_s = syncs * sync.time(sync.grad_bytes) + micro * gathers * sync.time(sync.param_bytes)
+    return (
+        total_s,
+        total_s / (micro * c.model.num_layers),
+        step["forward_backward_s"],
+        0.0,
+        0.0,
+        f"{syncs} reduce-scatter(s) of {sync.grad_bytes:.4g} gradient bytes + {micro} x {gathers} "
+        f"all-gather(s) of {sync.param_bytes:.4g} parameter bytes, each ({sync.dp}-1)/{sync.dp} of it",
+        "prefetched behind the micro-batches' compute except one block's worth",
+    )
+
+
+def _fsdp_stage(c, sync: Sync, step: dict) -> tuple:
+    """FSDP2 per pipeline stage as torch.distributed.pipelining runs it (PipelineStage's backward and its
+    REDUCE_GRAD action): no gradient sync and no resharding after the backward of any but the step's last
+    micro-batch, then one reduce-scatter after the last backward, behind nothing. So ZeRO-2 gathers the
+    parameters once a step (the first forward, prefetched but for one block) and ZeRO-3, resharding after each
+    forward, once more for every micro-batch's forward and the backward that follows it."""
+    micro, blocks = sync.micro, -(-c.model.num_layers // c.parallel.pipeline)
+    gathers = 1 if c.parallel.zero_stage == 2 else 2 * micro
+    scatter_s, gather_s = sync.time(sync.grad_bytes), gathers * sync.time(sync.param_bytes)
+    return (
+        gather_s,
+        gather_s / (gathers * blocks),
+        step["forward_backward_s"],
+        scatter_s,
+        0.0,
+        f"{gathers} all-gather(s) of {sync.param_bytes:.4g} parameter bytes, then one reduce-scatter of "
+        f"{sync.grad_bytes:.4g} gradient bytes after the last backward, each ({sync.dp}-1)/{sync.dp} of it",
+        "the gathers prefetched behind the micro-batches' compute except one block's worth; the reduce-scatter "
+        "after the last micro-batch's backward (pipelining's REDUCE_GRAD)",
+    )
 
 
 def optimizer_time(c, counts, ex: Explain) -> dict:

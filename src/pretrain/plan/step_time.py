@@ -33,7 +33,8 @@ One micro-batch on one GPU (a tensor rank of a pipeline stage) takes
            twice in backward (Shoeybi et al. 2019, figure 4; 3 x 2 with full recomputation, which redoes the
            forward); sequence parallelism replaces each all-reduce by an all-gather + reduce-scatter of the
            same volume (Korthikanti et al. 2022, section 4.2.2). A ring moves 2 (t-1)/t x bytes per GPU. Not
-           overlapped with compute.
+           overlapped with compute, but with parallel.async_tp: each collective in t chunks pipelined with
+           its matmul (Wang et al., ASPLOS'23), one chunk exposed.
   MoE      the expert-parallel all-to-alls and the busiest rank's extra routed tokens (pretrain.plan.
            expert_parallel); all of the rank's experts' weights are read.
 The step is the pipeline's (1F1B, Narayanan et al. 2021): (m + p - 1) micro-batch slots for m micro-batches
@@ -49,6 +50,9 @@ The step is the pipeline's (1F1B, Narayanan et al. 2021): (m + p - 1) micro-batc
            gradients, (d-1)/d x gradient bytes, and all-gathers of the compute-dtype parameters, once per
            micro-batch (ZeRO-2) or for forward and again for backward (ZeRO-3); prefetched, so hidden behind
            the micro-batches' compute except one block's worth (the first gather / the last reduce-scatter).
+           Per pipeline stage, as torch.distributed.pipelining runs FSDP2: gathered and unsynced through every
+           micro-batch but the last, so ZeRO-2 gathers once a step (ZeRO-3 twice a micro-batch), and one
+           reduce-scatter follows the last backward, hidden behind nothing.
   overlap  hidden communication is not free: NCCL's kernels take SMs and HBM bandwidth from the compute beside
            them, which runs 18.9% slower on average for as long as they overlap (A100s and H100s, GPT and
            LLaMA layers: "Characterizing Compute-Communication Overlap in GPU-Accelerated Distributed Deep
@@ -73,7 +77,15 @@ from ..config import compile_enabled
 from ..gpus import gpu_spec
 from . import fp8
 from .activations import COMPUTE_BYTES, activation_bytes
-from .collectives import BANDWIDTH_EFFICIENCY, data_parallel_time, hbm_gbps, links, optimizer_time, ring
+from .collectives import (
+    BANDWIDTH_EFFICIENCY,
+    OVERLAP_SLOWDOWN,
+    data_parallel_time,
+    hbm_gbps,
+    links,
+    optimizer_time,
+    ring,
+)
 from .expert_parallel import moe_seconds, weight_params
 from .explain import Explain
 from .flops import mfu
@@ -172,14 +184,7 @@ def _micro_batch(c, counts, fl: dict, peak: float, ex: Explain) -> dict:
     if t.precision == "fp8":  # the converted linears' GEMMs at the fp8 rate, their casts at HBM (plan/fp8.py)
         matmul_s, cast_s, fp8_how = fp8.matmul_seconds(c, matmul, tokens, shard, rate, tile, hbm if on_gpu else 0)
         ex.add("step_time", "fp8_cast_s", cast_s, fp8_how)
-    hopper = spec.name in HOPPER_GPUS and not (hw.profile and not hw.peak_tflops)
-    attention_rate = peak * HOPPER_ATTENTION_PEAK if hopper else rate * ATTENTION_EFFICIENCY
-    attention_how = (
-        f"peak {peak:g} x {HOPPER_ATTENTION_PEAK} (FlashAttention-2 on Hopper)"
-        if hopper
-        else f"{rate:.4g} x {ATTENTION_EFFICIENCY}"
-    )
-    attention_s = attention * tokens / shard / (attention_rate * 1e12)
+    attention_s, attention_how = _attention_seconds(c, spec, attention, tokens, peak, rate)
     ex.add("step_time", "achievable_tflops", rate, rate_how)
     ex.add(
         "step_time",
@@ -196,19 +201,32 @@ def _micro_batch(c, counts, fl: dict, peak: float, ex: Explain) -> dict:
         f"the same FLOPs / {intensity:.4g} FLOPs per byte of "
         "activations the GEMMs read and write / HBM" + ("" if on_gpu else "; not modelled on a CPU"),
     )
-    ex.add(
-        "step_time",
-        "attention_s",
-        attention_s,
-        f"{attention:,.0f} attention FLOPs/token (as the plan counts them) x {tokens:,} / {shard} / ({attention_how})",
-    )
+    ex.add("step_time", "attention_s", attention_s, attention_how)
 
     weight_s, traffic_s, layers = _memory_bound_terms(c, counts, hbm, on_gpu, ex)
 
     intra, inter, link_how = links(c)
-    tp_s, overhead_s = _tensor_parallel_and_kernels(c, layers, tokens, intra, link_how, ex)
+    tp_s, overhead_s = _tensor_parallel_and_kernels(c, layers, tokens, intra, link_how, matmul_s, ex)
     moe = moe_seconds(c, tokens, rate, intra, inter, link_how, ex) if m.num_experts else {}
-    compute_s = matmul_s + attention_s + moe.get("expert_imbalance_s", 0.0)
+    terms = {
+        "achievable_tflops": rate,
+        "matmul_s": matmul_s,
+        "attention_s": attention_s,
+        "weight_read_s": weight_s,
+        "gemm_operand_s": operand_s,
+        "activation_traffic_s": traffic_s,
+        "tensor_parallel_s": tp_s,
+        "kernel_overhead_s": overhead_s,
+    }
+    return _micro_batch_sum(t, terms, moe, cast_s, ex)
+
+
+def _micro_batch_sum(t, terms: dict, moe: dict, cast_s: float, ex: Explain) -> dict:
+    """The micro-batch's seconds from its terms: the compute or the weights' reads, whichever is longer, then
+    everything that waits beside neither."""
+    compute_s = terms["matmul_s"] + terms["attention_s"] + moe.get("expert_imbalance_s", 0.0)
+    weight_s, operand_s, traffic_s = terms["weight_read_s"], terms["gemm_operand_s"], terms["activation_traffic_s"]
+    tp_s, overhead_s = terms["tensor_parallel_s"], terms["kernel_overhead_s"]
     micro_s = (
         max(compute_s, weight_s) + operand_s + traffic_s + tp_s + overhead_s + cast_s + moe.get("all_to_all_s", 0.0)
     )
@@ -226,10 +244,10 @@ def _micro_batch(c, counts, fl: dict, peak: float, ex: Explain) -> dict:
         + ("compute-bound" if bound == "compute" else "memory-bound (the weights' reads set the floor)"),
     )
     out = {
-        "achievable_tflops": rate,
+        "achievable_tflops": terms["achievable_tflops"],
         "micro_batch_s": micro_s,
-        "matmul_s": matmul_s,
-        "attention_s": attention_s,
+        "matmul_s": terms["matmul_s"],
+        "attention_s": terms["attention_s"],
         "weight_read_s": weight_s,
         "gemm_operand_s": operand_s,
         "activation_traffic_s": traffic_s,
@@ -248,6 +266,22 @@ def _achievable_tflops(hw, spec, peak: float) -> tuple[float, str]:
     share = HOPPER_MATMUL_SHARE if spec.name in HOPPER_GPUS else 1.0
     return peak * MATMUL_EFFICIENCY * share, f"peak {peak:g} x {MATMUL_EFFICIENCY} (large-GEMM efficiency)" + (
         f" x {share:.3g} (Hopper, fitted to published H100 runs)" if share != 1 else ""
+    )
+
+
+def _attention_seconds(c, spec, attention: float, tokens: int, peak: float, rate: float) -> tuple[float, str]:
+    """The attention kernel's seconds for one micro-batch, and how: FlashAttention-2's share of the peak on
+    Hopper, else a share of the GEMM rate."""
+    hw, shard = c.hardware, c.parallel.tensor * c.parallel.pipeline
+    hopper = spec.name in HOPPER_GPUS and not (hw.profile and not hw.peak_tflops)
+    attention_rate = peak * HOPPER_ATTENTION_PEAK if hopper else rate * ATTENTION_EFFICIENCY
+    attention_how = (
+        f"peak {peak:g} x {HOPPER_ATTENTION_PEAK} (FlashAttention-2 on Hopper)"
+        if hopper
+        else f"{rate:.4g} x {ATTENTION_EFFICIENCY}"
+    )
+    return attention * tokens / shard / (attention_rate * 1e12), (
+        f"{attention:,.0f} attention FLOPs/token (as the plan counts them) x {tokens:,} / {shard} / ({attention_how})"
     )
 
 
@@ -289,10 +323,27 @@ def _memory_bound_terms(c, counts, hbm: float, on_gpu: bool, ex: Explain) -> tup
     return weight_s, traffic_s, act["layers"]
 
 
+def _tensor_parallel_exposed(par, tp_s: float, matmul_s: float) -> tuple[float, str]:
+    """What of the tensor-parallel collectives the step waits for. Plain: all of it, each collective between
+    the matmuls that need it. Async TP (parallel.async_tp) splits each all-gather + matmul and matmul +
+    reduce-scatter into tp chunks and runs chunk i's matmul while chunk i+1 moves (Wang et al. 2022,
+    "Overlap Communication with Dependent Computation via Decomposition", ASPLOS'23; torch's micro-pipeline
+    TP, Megatron's --tp-comm-overlap): one chunk in tp stays exposed, the rest hides behind the split matmuls
+    (beyond them it waits) and slows them as any overlapped collective does (OVERLAP_SLOWDOWN)."""
+    if not par.async_tp:
+        return tp_s, "not overlapped"
+    hidden = tp_s * (par.tensor - 1) / par.tensor
+    exposed = tp_s / par.tensor + max(0.0, hidden - matmul_s) + OVERLAP_SLOWDOWN * min(hidden, matmul_s)
+    return exposed, (
+        f"{tp_s:.4g} s, async TP: 1/{par.tensor} exposed, the rest behind the matmuls, + {OVERLAP_SLOWDOWN} x "
+        f"{min(hidden, matmul_s):.4g} s of contention"
+    )
+
+
 def _tensor_parallel_and_kernels(
-    c, layers: int, tokens: int, intra: float, link_how: str, ex: Explain
+    c, layers: int, tokens: int, intra: float, link_how: str, matmul_s: float, ex: Explain
 ) -> tuple[float, float]:
-    """(seconds of tensor-parallel collectives, seconds of per-kernel overhead) of one micro-batch."""
+    """(seconds of tensor-parallel collectives not hidden, seconds of per-kernel overhead) of one micro-batch."""
     m, t, par = c.model, c.train, c.parallel
     a, tp = COMPUTE_BYTES[t.precision], par.tensor
     full = t.activation_checkpointing == "full"
@@ -300,12 +351,13 @@ def _tensor_parallel_and_kernels(
     tp_bytes = a * tokens * m.hidden_size
     tp_s = layers * collectives * ring(tp_bytes, tp, intra, 2)
     if tp > 1:
+        tp_s, how = _tensor_parallel_exposed(par, tp_s, matmul_s)
         ex.add(
             "step_time",
             "tensor_parallel_s",
             tp_s,
             f"{layers} layers x {collectives} all-reduces x 2 x "
-            f"({tp}-1)/{tp} x {tp_bytes:,} bytes (b*s*h x {a}) / {intra:.4g} GB/s ({link_how}); not overlapped"
+            f"({tp}-1)/{tp} x {tp_bytes:,} bytes (b*s*h x {a}) / {intra:.4g} GB/s ({link_how}); {how}"
             + ("; sequence parallel: all-gather + reduce-scatter, same volume" if par.sequence_parallel else ""),
         )
     per_layer = KERNELS_PER_LAYER + RECOMPUTED_KERNELS[t.activation_checkpointing]
