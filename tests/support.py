@@ -201,6 +201,26 @@ def losses(run_dir) -> dict:
     return {r["step"]: r["loss"] for r in rows if "loss" in r}
 
 
+def task_rows(run_dir) -> dict:
+    """{step: {"eval/<task>/<metric>": value}} of a run's in-loop task evaluations (run.eval_tasks)."""
+    import json
+
+    rows = [json.loads(x) for x in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+    tasks = [r for r in rows if any(k.startswith("eval/") and k.endswith("/acc") for k in r)]
+    return {r["step"]: {k: v for k, v in r.items() if k.startswith("eval/")} for r in tasks}
+
+
+def same_task_rows(a_dir, b_dir, steps) -> None:
+    """Two runs' in-loop task metrics at `steps`: the same accuracies (counts of the same examples), the
+    bits per byte and standard errors within float tolerance (other layouts sum in other orders)."""
+    a, b = task_rows(a_dir), task_rows(b_dir)
+    assert list(a) == list(b) == list(steps)
+    for step in a:
+        exact = {k: v for k, v in a[step].items() if k.endswith(("/acc", "/acc_norm", "/acc_bytes", "/chance"))}
+        assert exact and exact == {k: b[step][k] for k in exact}, step
+        assert a[step] == pytest.approx(b[step], rel=1e-5), step
+
+
 def params(path) -> dict:
     """The state dict of a run's newest checkpoint (or of one checkpoint)."""
     from pretrain import load_model

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from support import finished_run, finished_torchrun, params, run_here, torchrun
+from support import finished_run, finished_torchrun, params, run_here, same_task_rows, torchrun, write_mc_task
 
 torch = pytest.importorskip("torch")
 
@@ -59,16 +59,24 @@ def same_run(a_dir, b_dir, rel=1e-4, atol=3e-5):
 
 
 @pytest.fixture(scope="module")
-def single(prepared, tmp_path_factory):
-    """One process, micro-batch 8: the global batch of (pp=2, dp=1) x 8 and (pp=2, dp=2) x 4."""
-    run_dir = tmp_path_factory.mktemp("single") / "run"
-    return finished_run(run_dir, *settings(prepared, run_dir, 8))
+def mc_task(tmp_path_factory):
+    """A local downstream task for run.eval_tasks (at steps 5 and 10): the stages of a pipeline score the same
+    examples together, the data ranks split them (9 examples: 5 and 4)."""
+    path = write_mc_task(tmp_path_factory.mktemp("mc") / "mc.jsonl", examples=9)
+    return ["run.eval_tasks_every=5", f"run.eval_tasks=[{path}]"]
 
 
 @pytest.fixture(scope="module")
-def two_stages(prepared, tmp_path_factory):
+def single(prepared, mc_task, tmp_path_factory):
+    """One process, micro-batch 8: the global batch of (pp=2, dp=1) x 8 and (pp=2, dp=2) x 4."""
+    run_dir = tmp_path_factory.mktemp("single") / "run"
+    return finished_run(run_dir, *settings(prepared, run_dir, 8, *mc_task))
+
+
+@pytest.fixture(scope="module")
+def two_stages(prepared, mc_task, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("pp2") / "run"
-    finished_torchrun(*settings(prepared, run_dir, 8, "parallel.pipeline=2"), nproc=2)
+    finished_torchrun(*settings(prepared, run_dir, 8, "parallel.pipeline=2", *mc_task), nproc=2)
     return run_dir
 
 
@@ -76,6 +84,9 @@ def test_two_stages_match_one_process(single, two_stages):
     # The logged loss is the last stage's, the same on every rank; the validation loss runs forward
     # through both stages. Each stage saved its own tensors: together they load as the whole model.
     same_run(single, two_stages)
+    # run.eval_tasks: the task's batches go through the validation loss's forward-only schedule, padded to
+    # its shape (8 x 32), and the last stage scores them
+    same_task_rows(single, two_stages, steps=[5, 10])
     shards = list((two_stages / "checkpoints" / "step_00000010" / "state").glob("*.distcp"))
     assert len(shards) == 2
 
@@ -87,12 +98,14 @@ def test_export_works_from_a_pipeline_checkpoint(two_stages, tmp_path):
 
 
 @pytest.mark.parametrize("zero_stage", [0, 1])
-def test_two_stages_times_two_data_parallel_match_one_process(prepared, single, tmp_path, zero_stage):
+def test_two_stages_times_two_data_parallel_match_one_process(prepared, single, mc_task, tmp_path, zero_stage):
     run_dir = tmp_path / "run"
     finished_torchrun(
-        *settings(prepared, run_dir, 4, "parallel.pipeline=2", f"parallel.zero_stage={zero_stage}"), nproc=4
+        *settings(prepared, run_dir, 4, "parallel.pipeline=2", f"parallel.zero_stage={zero_stage}", *mc_task),
+        nproc=4,
     )
     same_run(single, run_dir)
+    same_task_rows(single, run_dir, steps=[5, 10])  # each pipeline scored its data rank's examples
 
 
 def test_four_stages_match_one_process(prepared, tmp_path):

@@ -8,7 +8,17 @@ import json
 
 import pytest
 
-from support import exported_tensors, finished_run, finished_torchrun, losses, params, per_rank_reports, run_here
+from support import (
+    exported_tensors,
+    finished_run,
+    finished_torchrun,
+    losses,
+    params,
+    per_rank_reports,
+    run_here,
+    same_task_rows,
+    write_mc_task,
+)
 
 torch = pytest.importorskip("torch")
 
@@ -59,15 +69,24 @@ def assert_same_run(reference, run_dir, steps=range(1, STEPS + 1)):
 
 
 @pytest.fixture(scope="module")
-def single(prepared, tmp_path_factory):
-    """One process: the global batch of (pipeline 2 x tensor 2), whose one data-parallel rank reads 4 x 8."""
-    run_dir = tmp_path_factory.mktemp("single") / "run"
-    return finished_run(run_dir, *settings(prepared, run_dir))
+def mc_task(tmp_path_factory):
+    """A local downstream task for run.eval_tasks (at steps 5 and 10), scored by every rank of the pipeline's
+    grid together: the last stage's tensor ranks each gather the whole logits."""
+    path = write_mc_task(tmp_path_factory.mktemp("mc") / "mc.jsonl", examples=9)
+    return ["run.eval_tasks_every=5", f"run.eval_tasks=[{path}]"]
 
 
 @pytest.fixture(scope="module")
-def grid(prepared, tmp_path_factory):
-    """(pipeline 2, tensor 2) on 4 ranks; every rank asserts it holds the planner's bytes for its place."""
+def single(prepared, mc_task, tmp_path_factory):
+    """One process: the global batch of (pipeline 2 x tensor 2), whose one data-parallel rank reads 4 x 8."""
+    run_dir = tmp_path_factory.mktemp("single") / "run"
+    return finished_run(run_dir, *settings(prepared, run_dir, *mc_task))
+
+
+@pytest.fixture(scope="module")
+def grid(prepared, mc_task, tmp_path_factory):
+    """(pipeline 2, tensor 2) on 4 ranks, scoring the task in the loop; every rank asserts it holds the
+    planner's bytes for its place."""
     run_dir = tmp_path_factory.mktemp("grid") / "run"
     finished_torchrun(
         *settings(
@@ -77,6 +96,7 @@ def grid(prepared, tmp_path_factory):
             "parallel.tensor=2",
             "debug.check_sharding=true",
             "debug.plan_vs_run_per_rank=true",
+            *mc_task,
         ),
         nproc=4,
     )
@@ -85,6 +105,7 @@ def grid(prepared, tmp_path_factory):
 
 def test_two_stages_of_two_tensor_ranks_train_as_one_process(single, grid):
     assert_same_run(single, grid)
+    same_task_rows(single, grid, steps=[5, 10])
     # Each (stage, tensor rank) saved its part; the checkpoint reads back as the single-process model,
     # fused q|k|v and gate|up rows in their own order.
     pa, pb = params(single), params(grid)
@@ -110,8 +131,9 @@ def test_every_rank_holds_its_stage_and_tensor_rank_share_as_planned(grid):
     assert held[0] + held[2] == whole
 
 
-def test_sequence_parallel_stages_train_as_one_process(prepared, single, tmp_path):
-    # Between the stages each tensor rank sends its part of the sequence to its peer of the next stage.
+def test_sequence_parallel_stages_train_as_one_process(prepared, single, mc_task, tmp_path):
+    # Between the stages each tensor rank sends its part of the sequence to its peer of the next stage; the
+    # task's last hidden states too, which the output layer's tensor ranks gather before their logits.
     run_dir = tmp_path / "run"
     finished_torchrun(
         *settings(
@@ -121,10 +143,12 @@ def test_sequence_parallel_stages_train_as_one_process(prepared, single, tmp_pat
             "parallel.tensor=2",
             "parallel.sequence_parallel=true",
             "debug.check_sharding=true",
+            *mc_task,
         ),
         nproc=4,
     )
     assert_same_run(single, run_dir)
+    same_task_rows(single, run_dir, steps=[5, 10])
 
 
 def test_pipeline_x_data_x_tensor_on_eight_ranks_trains_as_one_process(prepared, single, tmp_path):

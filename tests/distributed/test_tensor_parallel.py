@@ -19,7 +19,9 @@ from support import (
     params,
     per_rank_reports,
     run_here,
+    same_task_rows,
     torchrun,
+    write_mc_task,
 )
 
 torch = pytest.importorskip("torch")
@@ -70,16 +72,24 @@ def assert_planned_bytes(run_dir):
 
 
 @pytest.fixture(scope="module")
-def single(prepared, tmp_path_factory):
-    """One process, micro-batch 8: the global batch of every layout below."""
-    run_dir = tmp_path_factory.mktemp("single") / "run"
-    return finished_run(run_dir, *settings(prepared, run_dir, 8))
+def mc_task(tmp_path_factory):
+    """A local downstream task for run.eval_tasks (at steps 5 and 10): the tensor ranks of a replica score the
+    same examples together, the data ranks split them (9 examples: 5 and 4)."""
+    path = write_mc_task(tmp_path_factory.mktemp("mc") / "mc.jsonl", examples=9)
+    return ["run.eval_tasks_every=5", f"run.eval_tasks=[{path}]"]
 
 
 @pytest.fixture(scope="module")
-def grid(prepared, tmp_path_factory):
-    """(data 2, tensor 2) on 4 ranks, FSDP (ZeRO-3) over the data ranks; every rank asserts it holds the
-    planner's bytes for its (data rank, tensor rank)."""
+def single(prepared, mc_task, tmp_path_factory):
+    """One process, micro-batch 8: the global batch of every layout below."""
+    run_dir = tmp_path_factory.mktemp("single") / "run"
+    return finished_run(run_dir, *settings(prepared, run_dir, 8, *mc_task))
+
+
+@pytest.fixture(scope="module")
+def grid(prepared, mc_task, tmp_path_factory):
+    """(data 2, tensor 2) on 4 ranks, FSDP (ZeRO-3) over the data ranks, scoring the task in the loop; every
+    rank asserts it holds the planner's bytes for its (data rank, tensor rank)."""
     run_dir = tmp_path_factory.mktemp("grid") / "run"
     finished_torchrun(
         *settings(
@@ -90,6 +100,7 @@ def grid(prepared, tmp_path_factory):
             "parallel.zero_stage=3",
             "debug.check_sharding=true",
             "debug.plan_vs_run_per_rank=true",
+            *mc_task,
         ),
         nproc=4,
     )
@@ -98,6 +109,8 @@ def grid(prepared, tmp_path_factory):
 
 def test_tensor_x_data_parallel_trains_as_one_process(single, grid):
     assert_same_run(single, grid)
+    # run.eval_tasks: each data rank's FSDP root forward gives the logits whole on both of its tensor ranks
+    same_task_rows(single, grid, steps=[5, 10])
     assert_planned_bytes(grid)
     # The checkpoint holds the single-process layout (fused q|k|v and gate|up rows in their own order):
     # the same parameters, read by one process.
@@ -106,10 +119,11 @@ def test_tensor_x_data_parallel_trains_as_one_process(single, grid):
         torch.testing.assert_close(pb[k], pa[k], rtol=1e-5, atol=3e-5)
 
 
-def test_tensor_x_ddp_trains_as_one_process(prepared, single, tmp_path):
+def test_tensor_x_ddp_trains_as_one_process(prepared, single, mc_task, tmp_path):
     # Megatron's layout, tensor 2 x data 2 with DDP (ZeRO-0) over the data ranks: each rank averages its own
     # parts of the DTensor gradients (distributed/data_parts.py; DDP takes no DTensor), sequence parallel.
-    # Refused by the trainer before; each rank holds the planned bytes.
+    # Refused by the trainer before; each rank holds the planned bytes. It scores the task in the loop as one
+    # process does (its batches padded to an even split of the sequence).
     run_dir = tmp_path / "run"
     finished_torchrun(
         *settings(
@@ -120,11 +134,13 @@ def test_tensor_x_ddp_trains_as_one_process(prepared, single, tmp_path):
             "parallel.zero_stage=0",
             "parallel.sequence_parallel=true",
             "debug.check_sharding=true",
+            *mc_task,
         ),
         nproc=4,
     )
     assert_same_run(single, run_dir)
     assert_planned_bytes(run_dir)
+    same_task_rows(single, run_dir, steps=[5, 10])
     pa, pb = params(single), params(run_dir)
     for k in pa:
         torch.testing.assert_close(pb[k], pa[k], rtol=1e-5, atol=3e-5)
@@ -167,16 +183,23 @@ def test_every_rank_reports_its_own_plan_vs_run(grid):
     assert held[0] == held[1] > held[2] == held[3]
 
 
-def test_sequence_parallel_on_two_tensor_ranks_trains_as_one_process(prepared, single, tmp_path):
+def test_sequence_parallel_on_two_tensor_ranks_trains_as_one_process(prepared, single, mc_task, tmp_path):
     run_dir = tmp_path / "run"
     finished_torchrun(
         *settings(
-            prepared, run_dir, 8, "parallel.tensor=2", "parallel.sequence_parallel=true", "debug.check_sharding=true"
+            prepared,
+            run_dir,
+            8,
+            "parallel.tensor=2",
+            "parallel.sequence_parallel=true",
+            "debug.check_sharding=true",
+            *mc_task,
         ),
         nproc=2,
     )
     assert_same_run(single, run_dir)
     assert_planned_bytes(run_dir)
+    same_task_rows(single, run_dir, steps=[5, 10])  # the two tensor ranks score every example together
 
 
 def test_tied_embeddings_on_two_tensor_ranks_train_as_one_process(prepared, tmp_path):

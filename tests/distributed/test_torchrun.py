@@ -9,7 +9,17 @@ import time
 
 import pytest
 
-from support import finished_run, finished_torchrun, losses, needs_compiler, params, run_here, torchrun, write_mc_task
+from support import (
+    finished_run,
+    finished_torchrun,
+    losses,
+    needs_compiler,
+    params,
+    run_here,
+    task_rows,
+    torchrun,
+    write_mc_task,
+)
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("psutil")
@@ -60,11 +70,6 @@ def single(prepared, mc_task, tmp_path_factory):
     """One process, micro-batch 8: the same global batch as 2 ranks x micro-batch 4."""
     run_dir = tmp_path_factory.mktemp("single") / "run"
     return finished_run(run_dir, *settings(prepared, run_dir, 8, *mc_task))
-
-
-def task_rows(run_dir) -> dict:
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: {k: v for k, v in r.items() if k.startswith("eval/")} for r in rows if "eval/mc/acc" in r}
 
 
 @pytest.mark.parametrize("stage", [0, 1, pytest.param(2, marks=needs_cpu_fsdp), pytest.param(3, marks=needs_cpu_fsdp)])

@@ -45,6 +45,18 @@ def test_eval_tasks_cost_follows_the_task_sizes_the_limit_and_the_cadence():
     assert double["tokens_per_evaluation"] == pytest.approx(2 * ev["tokens_per_evaluation"], rel=1e-4)
 
 
+def test_under_pipeline_parallelism_requests_are_padded_and_one_stage_computes_at_a_time():
+    # The in-loop evaluation pads every batch to train.seq_len and runs the stages one after the other.
+    tasks = ["run.eval_tasks=[piqa]", "run.eval_tasks_limit=100", "parallel.gpus=4", "train.seq_len=1024"]
+    flat = make_plan(load_config(None, BASE + tasks))
+    piped = make_plan(load_config(None, BASE + tasks + ["parallel.pipeline=2", "model.tie_embeddings=false"]))
+    assert flat["eval_tasks"]["tokens_per_evaluation"] < 200 * 1024
+    ev = piped["eval_tasks"]
+    assert ev["tasks"]["piqa"] == {"examples": 100, "requests": 200, "tokens": 200 * 1024}
+    rate = 4 / 2 * piped["hardware"]["peak_tflops"] * 1e12 * piped["time"]["utilisation"]
+    assert ev["seconds_per_evaluation"] == pytest.approx(ev["flops_per_evaluation"] / rate)
+
+
 def test_a_local_task_file_is_sized_from_the_file_and_the_plan_imports_no_torch(tmp_path):
     path = tmp_path / "mine.jsonl"
     path.write_text(json.dumps({"context": "abcd", "choices": ["efgh", "ijklmnop"], "gold": 0}) + "\n")

@@ -64,13 +64,6 @@ def check_trainable(config, needs_data: bool = True) -> None:
             "parallel.async_tp: the overlap is a torch.compile pass; use train.compile=auto or true, "
             "or parallel.async_tp=false"
         )
-    if config.run.eval_tasks and (par.tensor > 1 or par.pipeline > 1):
-        # each rank scores its own examples with the whole model (FSDP gathers it); tensor and pipeline ranks
-        # hold part of it
-        raise ConfigError(
-            "run.eval_tasks: evaluated under data parallelism (DDP, ZeRO-1, FSDP), not with "
-            "tensor or pipeline parallelism; score checkpoints with `pretrain eval` instead"
-        )
     if needs_data and not (config.data.dir or config.data.mixture):
         raise ConfigError(
             "data.dir: not set; prepare data with `pretrain prepare --out DIR` and set data.dir=DIR "

@@ -198,11 +198,19 @@ class Pipelined(DataParts, Parallelized):
             torch._foreach_mul_(grads, coef.clamp(max=1.0))
 
     @torch.no_grad()
+    def last_hidden(self, tokens) -> torch.Tensor | None:
+        """The final norm's output for one batch, run forward through every stage (every rank of the pipeline
+        calls it with a batch of the same shape; the first stage's tokens are the ones read): on the last stage,
+        None on the others."""
+        schedule = self._schedule(1, training=False, rows=tokens.shape[0])
+        h = schedule.step(*((tokens,) if self.index == 0 else ()))
+        return h if self.is_last else None
+
+    @torch.no_grad()
     def validation_loss(self, tokens, targets) -> torch.Tensor:
         """The mean loss of one batch, run forward through every stage; every rank of the pipeline returns it."""
-        schedule = self._schedule(1, training=False, rows=tokens.shape[0])
         with self.autocast_context():
-            h = schedule.step(*((tokens,) if self.index == 0 else ()))
+            h = self.last_hidden(tokens)
             model = self.model
             loss = (
                 model.loss(h, model.lm_head.weight, targets).float()

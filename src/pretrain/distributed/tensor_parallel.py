@@ -15,7 +15,9 @@ each rank looks up the ids in its range, the partial sums are all-reduced, or re
 sequence): their parameters, gradients and optimizer states are 1/t per rank. The loss is not split: the
 output weight is all-gathered for it (as FSDP gathers a layer) and the loss, chunked or plain, runs on each
 tensor rank over the whole sequence, the same work on every rank. A vocabulary-parallel loss (torch's
-`loss_parallel`, which needs the plain loss's full logits) would split that work too; not built. The norms are
+`loss_parallel`, which needs the plain loss's full logits) would split that work too; not built. The logits
+(`model(tokens)`, what the downstream tasks score) come from the output layer as a column-split linear: each
+rank its vocabulary rows' logits, all-gathered, the whole on every rank. The norms are
 replicated (their gradients agree on every rank, or are summed over the sequence parts). Every parameter is a
 DTensor on the tensor mesh, so gradient clipping (`clip_grad_norm_` over DTensors) and FSDP2 on the data
 dimension see one kind of parameter.
@@ -87,12 +89,6 @@ class VocabularyParallelEmbedding(RowwiseParallel):
         return out.to_local() if use_local_output else out
 
 
-def _rows_split(name, module, mesh) -> None:
-    """distribute_module's partition_fn: every parameter of `module` split by rows (the output layer's vocabulary)."""
-    for key, p in list(module.named_parameters(recurse=False)):
-        module.register_parameter(key, nn.Parameter(distribute_tensor(p, mesh, [Shard(0)])))
-
-
 def apply_tensor_parallel(model: nn.Module, mesh, sequence_parallel: bool) -> None:
     """Split `model` (our LLaMA Transformer, on the meta device or holding its canonical values) over the
     1-D tensor mesh `mesh`, in place. `model.row_orders` keeps each fused parameter's rank order (for the
@@ -134,6 +130,10 @@ def apply_tensor_parallel(model: nn.Module, mesh, sequence_parallel: bool) -> No
         {
             "embed": VocabularyParallelEmbedding(input_layouts=Replicate(), output_layouts=between),
             "norm": norm(),
+            # Called as a module only for logits (`model(tokens)`: the downstream tasks, run.eval_tasks): the
+            # final norm's output in, each rank's vocabulary rows multiplied, the whole logits out on every
+            # rank. Training never calls it: the loss takes its weight.
+            "lm_head": ColwiseParallel(input_layouts=between, output_layouts=Replicate()),
             # The loss module takes (final-norm output, output weight, targets): the whole sequence and the whole
             # weight on every rank, as plain tensors, so both losses run unchanged.
             "loss": PrepareModuleInput(
@@ -145,8 +145,6 @@ def apply_tensor_parallel(model: nn.Module, mesh, sequence_parallel: bool) -> No
     )
     if tied:
         model.lm_head.weight = model.embed.weight
-    else:  # never called as a module (the loss takes its weight): only its parameter is split
-        distribute_module(model.lm_head, mesh, _rows_split)
 
 
 def keep_own_vocabulary_rows(model: nn.Module) -> None:

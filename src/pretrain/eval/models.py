@@ -20,19 +20,54 @@ def _gather_logprobs(logits, targets) -> torch.Tensor:
     return torch.log_softmax(logits.float(), dim=-1).gather(-1, targets[:, None].to(logits.device))[:, 0]
 
 
+def _padded(x, rows: int, cols: int) -> torch.Tensor:
+    """x (batch, width) right-padded with token 0 to (rows, cols): a causal model's logits at x's positions are
+    the same (up to the kernels' rounding), and the extra rows are never scored."""
+    return torch.nn.functional.pad(x, (0, cols - x.shape[1], 0, rows - x.shape[0]))
+
+
 class OurModel:
     """Our Transformer. `whole`: run its forward and keep the scored positions' logits, for a model whose
-    parts only its forward may call (FSDP's root gathers the embedding and the output layer in its forward)."""
+    parts only its forward may call (FSDP's root gathers the embedding and the output layer in its forward;
+    under tensor parallelism the output layer's logits come out whole on every tensor rank, which then all
+    score the same positions). `width`: each batch padded to a multiple of it (sequence parallelism splits
+    the sequence evenly over the tensor ranks)."""
 
-    def __init__(self, model, max_len: int, whole: bool = False):
-        self.model, self.max_len, self.whole = model, max_len, whole
+    def __init__(self, model, max_len: int, whole: bool = False, width: int = 1):
+        self.model, self.max_len, self.whole, self.width = model, max_len, whole, width
         self.device = next(model.parameters()).device
 
     def token_logprobs(self, x, rows, cols, targets) -> torch.Tensor:
+        x = _padded(x, x.shape[0], -(-x.shape[1] // self.width) * self.width)
         if self.whole:
             return _gather_logprobs(self.model(x)[rows, cols], targets)
         hidden = self.model.hidden_states(x)[rows, cols]
         return _gather_logprobs(self.model.lm_head(hidden)[..., : self.model.config.vocab_size], targets)
+
+
+class PipelinedModel:
+    """Our Transformer split into pipeline stages (distributed/pipeline.py: Pipelined), every rank of a pipeline
+    running the same batches: each goes through the schedule's forward-only path (the validation loss's),
+    padded to the shape its stages were sized for, (`rows`, `max_len`) = train.micro_batch_size x
+    train.seq_len. The log-probabilities are the last stage's; the other stages return zeros, which their
+    caller does not count."""
+
+    def __init__(self, par, rows: int, max_len: int):
+        self.par, self.rows, self.max_len = par, rows, max_len
+        self.device = par.rt.device
+
+    def token_logprobs(self, x, rows, cols, targets) -> torch.Tensor:
+        h = self.par.last_hidden(_padded(x, self.rows, self.max_len))
+        if h is None:
+            return torch.zeros(len(targets), device=self.device)
+        from torch.distributed.tensor import DTensor
+
+        model = self.par.model
+        if isinstance(model.lm_head.weight, DTensor):  # the whole sequence's logits, gathered (tensor_parallel.py)
+            logits = model.lm_head(h)[rows, cols]
+        else:
+            logits = model.lm_head(h[rows, cols])
+        return _gather_logprobs(logits[..., : model.config.vocab_size], targets)
 
 
 class HFModel:

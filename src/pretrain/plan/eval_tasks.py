@@ -4,6 +4,10 @@ their share of the run's time. Only in a plan that sets run.eval_tasks (the othe
 Each request (one choice of one example) is a forward pass over context + continuation: 2N + attention FLOPs
 per token, a third of a training token's (forward + backward = 3 forwards). Its tokens are its UTF-8 bytes /
 bytes per token (the data's, else ~4 for a GPT-2-class BPE on English text), at most train.seq_len.
+
+Under pipeline parallelism every batch is padded to train.seq_len (the stages' buffers have one shape) and
+goes through the stages one after the other (a forward-only schedule of one micro-batch): each request costs
+train.seq_len tokens, and 1/parallel.pipeline of the GPUs compute at a time.
 """
 
 from __future__ import annotations
@@ -62,6 +66,7 @@ def eval_tasks_cost(
         return None
 
     per_token = bytes_per_token or BYTES_PER_TOKEN
+    seq_len, pipeline = cfg.train.seq_len, cfg.parallel.pipeline
     tasks, tokens = {}, 0
     for name in task_names(",".join(run.eval_tasks)):
         size = task_size(name)
@@ -69,7 +74,8 @@ def eval_tasks_cost(
             continue
         examples, requests, size_bytes = size
         scored = min(examples, run.eval_tasks_limit or examples)
-        n_tokens = round(requests / examples * scored * min(size_bytes / per_token, cfg.train.seq_len))
+        per_request = seq_len if pipeline > 1 else min(size_bytes / per_token, seq_len)
+        n_tokens = round(requests / examples * scored * per_request)
         tasks[name] = {"examples": scored, "requests": round(requests / examples * scored), "tokens": n_tokens}
         tokens += n_tokens
     every = run.eval_every if run.eval_tasks_every is None else run.eval_tasks_every
@@ -79,8 +85,9 @@ def eval_tasks_cost(
         "eval_tasks",
         "flops_per_evaluation",
         flops,
-        f"{tokens:,} tokens (requests x min(bytes / {per_token:.3g} "
-        f"bytes per token, seq_len)) x model FLOPs per token {model_flops_per_token:.4g} / 3 (forward only)",
+        f"{tokens:,} tokens (requests x "
+        + (f"seq_len {seq_len}, padded" if pipeline > 1 else f"min(bytes / {per_token:.3g} bytes per token, seq_len)")
+        + f") x model FLOPs per token {model_flops_per_token:.4g} / 3 (forward only)",
     )
     out = {
         "tasks": tasks,
@@ -92,14 +99,16 @@ def eval_tasks_cost(
         "share_of_run": None,
     }
     if peak_tflops:
-        rate = cfg.parallel.gpus * peak_tflops * 1e12 * utilisation  # the plan's time's (step-time model's)
+        busy = cfg.parallel.gpus / pipeline  # the GPUs computing at a time: one stage of each pipeline
+        rate = busy * peak_tflops * 1e12 * utilisation  # at the plan's time's (step-time model's) utilisation
         out["seconds_per_evaluation"] = flops / rate
         out["seconds"] = ex.add(
             "eval_tasks",
             "seconds",
             evaluations * flops / rate,
-            f"{evaluations} evaluations x {flops:.4g} FLOPs / ({cfg.parallel.gpus} GPUs x "
-            f"{peak_tflops} TFLOP/s x the plan's utilisation {utilisation:.3g})",
+            f"{evaluations} evaluations x {flops:.4g} FLOPs / ({cfg.parallel.gpus} GPUs"
+            + (f" / {pipeline} stages, one at a time," if pipeline > 1 else "")
+            + f" x {peak_tflops} TFLOP/s x the plan's utilisation {utilisation:.3g})",
         )
         if train_seconds:
             out["share_of_run"] = out["seconds"] / (train_seconds + out["seconds"])

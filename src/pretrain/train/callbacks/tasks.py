@@ -4,9 +4,12 @@ and at the end, the first run.eval_tasks_limit examples of each task, scored as 
 Under data parallelism each rank scores every data_size-th example and the ranks add up each metric's count,
 sum and sum of squares: the means and standard errors are those of one process. Under FSDP a rank with fewer
 batches runs empty forwards until every rank has run as many (each forward gathers the shards with the
-others). One line in metrics.jsonl: {"step", "tokens", "eval/<task>/acc", "eval/<task>/acc_norm", ...}. An evaluation
-at a step trained again (a
-rollback, or a resume from an earlier checkpoint) is logged again: the report keeps the later line.
+others). The ranks of one model replica (its tensor ranks, its pipeline stages) hold the same examples and run
+every forward together: the tensor ranks' logits come out whole on each (tensor_parallel.py), the pipeline's
+batches go through the validation loss's forward-only schedule at its shape (eval/models.py); one rank of the
+replica counts them. One line in metrics.jsonl: {"step", "tokens", "eval/<task>/acc", "eval/<task>/acc_norm",
+...}. An evaluation at a step trained again (a rollback, or a resume from an earlier checkpoint) is logged
+again: the report keeps the later line.
 """
 
 from __future__ import annotations
@@ -55,14 +58,16 @@ class TaskEvaluation(Callback):
 @torch.no_grad()
 def evaluate_tasks(trainer) -> dict:
     from ...distributed.runtime import all_reduce_max, all_reduce_sum
-    from ...eval.models import OurModel
     from ...eval.scoring import METRICS, loglikelihoods, moments, per_example, summarize
 
     cb = next(cb for cb in trainer.callbacks if isinstance(cb, TaskEvaluation))
     c, rt, par = trainer.config, trainer.rt, trainer.par
     record = {"step": trainer.state.step, "tokens": trainer.state.tokens}
     par.set_training(False)
-    lm = OurModel(par.module, c.train.seq_len, whole=c.parallel.fsdp)
+    lm = _scorer(c, par)
+    # Of the ranks of one model replica, tensor rank 0 of the last stage counts the examples they scored.
+    where = rt.layout.coords(rt.rank)
+    counts = where.tensor == 0 and where.pipeline == c.parallel.pipeline - 1
     with torch.compiler.set_stance("force_eager"), par.autocast_context():  # as the validation pass
         for task, requests in cb.tasks:
             batch = c.train.micro_batch_size
@@ -70,11 +75,22 @@ def evaluate_tasks(trainer) -> dict:
             if c.parallel.fsdp:  # every rank's forward gathers the shards: all ranks run as many forwards
                 batches = -(-len(requests) // batch)
                 for _ in range(int(all_reduce_max(batches, rt)) - batches):
-                    par.module(torch.zeros(1, 1, dtype=torch.long, device=rt.device))
+                    par.module(torch.zeros(1, c.parallel.tensor, dtype=torch.long, device=rt.device))
             local = moments(per_example(requests, lls))
-            flat = all_reduce_sum([x for m in METRICS for x in local[m]], rt)
+            flat = all_reduce_sum([x if counts else 0.0 for m in METRICS for x in local[m]], rt)
             result = summarize({m: flat[3 * i : 3 * i + 3] for i, m in enumerate(METRICS)}, task.chance)
             record.update({f"eval/{task.name}/{k}": result[k] for k in LOGGED})
     par.set_training(True)
     trainer.log.metrics(record)
     return record
+
+
+def _scorer(c, par):
+    """What scores the examples in this layout (eval/models.py)."""
+    from ...eval.models import OurModel, PipelinedModel
+
+    if c.parallel.pipeline > 1:
+        return PipelinedModel(par, c.train.micro_batch_size, c.train.seq_len)
+    tensor = c.parallel.tensor
+    even = tensor if c.parallel.sequence_parallel else 1  # sequence parallelism splits a batch's width evenly
+    return OurModel(par.module, c.train.seq_len, whole=c.parallel.fsdp or tensor > 1, width=even)
