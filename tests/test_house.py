@@ -54,10 +54,6 @@ LONG_FUNCTIONS: dict[str, str] = {  # "path::name": "why it stays whole"
     "pretrain/export/hf.py::hf_config": GROWN_BY_FORMAT,
     "pretrain/plan/collectives.py::data_parallel_time": GROWN_BY_FORMAT,
     "pretrain/plan/step_time.py::_micro_batch": GROWN_BY_FORMAT,
-    "pretrain/sweep/from_fit.py::run_from_fit": GROWN_BY_FORMAT,
-    "pretrain/sweep/output.py::plot_png": GROWN_BY_FORMAT,
-    "pretrain/sweep/records.py::record_of": GROWN_BY_FORMAT,
-    "pretrain/sweep/run.py::run_sweep": GROWN_BY_FORMAT,
 }
 
 
