@@ -46,23 +46,7 @@ def test_pyright_finds_nothing_in_the_checked_slice():
 # Functions longer than MAX_FUNCTION_LINES (def to last line, docstring included), each with why it stays whole.
 # Everything else in src/ is split where a reader can name the parts.
 MAX_FUNCTION_LINES = 70
-GROWN_BY_FORMAT = "grown past 70 lines by the whole-tree ruff format (one element a line); split next"
-LONG_FUNCTIONS: dict[str, str] = {  # "path::name": "why it stays whole"
-    "pretrain/bench/run.py::run_bench": GROWN_BY_FORMAT,
-    "pretrain/data/preparation.py::build_dataset": GROWN_BY_FORMAT,
-    "pretrain/data/sharded.py::prepare_sharded": GROWN_BY_FORMAT,
-    "pretrain/export/hf.py::hf_config": GROWN_BY_FORMAT,
-    "pretrain/plan/__init__.py::plan_with_explain": GROWN_BY_FORMAT,
-    "pretrain/plan/activations.py::activation_bytes": GROWN_BY_FORMAT,
-    "pretrain/plan/budget_mode.py::apply_budget": GROWN_BY_FORMAT,
-    "pretrain/plan/flops.py::flops": GROWN_BY_FORMAT,
-    "pretrain/plan/phases.py::step_phases": GROWN_BY_FORMAT,
-    "pretrain/plan/table.py::_time_rows": GROWN_BY_FORMAT,
-    "pretrain/sweep/from_fit.py::run_from_fit": GROWN_BY_FORMAT,
-    "pretrain/sweep/output.py::plot_png": GROWN_BY_FORMAT,
-    "pretrain/sweep/records.py::record_of": GROWN_BY_FORMAT,
-    "pretrain/sweep/run.py::run_sweep": GROWN_BY_FORMAT,
-}
+LONG_FUNCTIONS: dict[str, str] = {}  # none today; "path::name": "why it stays whole"
 
 
 def test_no_function_is_longer_than_a_screen_unless_listed_with_a_reason():

@@ -92,17 +92,7 @@ def run_bench(
 
     skipped, measured = _dtypes_to_measure(wanted, dev)
 
-    total = rounds * (len(measured) * len(matmul.shapes(dev, quick)) + 3)
-    done = 0
-
-    def advance(description: str):
-        nonlocal done
-        done += 1
-        if progress:
-            progress(done, total, description)
-
-    if progress:
-        progress(0, total, "matmul")
+    advance = _progress_counter(progress, total=rounds * (len(measured) * len(matmul.shapes(dev, quick)) + 3))
     n_threads, chosen_as = cpu_threads(threads) if dev.type == "cpu" or threads else (None, None)
     with torch_threads(n_threads or torch.get_num_threads()):
         runs = _rounds(cfg, dev, budget, quick, measured, rounds, advance)
@@ -133,13 +123,33 @@ def run_bench(
         "host_to_device_gbps": None if h2d[0] is None else statistics.median(h2d),
         "block": block,
         "spread_pct": noise,
-        "warnings": [
-            f"warning: {name}: spread {pct:.0f}% over {rounds} rounds, above {NOISY_SPREAD_PCT:.0f}%: the "
-            "machine is busy; measure on a quiet one"
-            for name, pct in _flat(noise)
-            if pct > NOISY_SPREAD_PCT
-        ],
+        "warnings": _noise_warnings(noise, rounds),
     }
+
+
+def _progress_counter(progress, total: int):
+    """advance(description): one more of the `total` measurements done, told to `progress` (from 0 of total)."""
+    done = 0
+
+    def advance(description: str):
+        nonlocal done
+        done += 1
+        if progress:
+            progress(done, total, description)
+
+    if progress:
+        progress(0, total, "matmul")
+    return advance
+
+
+def _noise_warnings(noise: dict, rounds: int) -> list[str]:
+    """One line per figure whose rounds differ by more than NOISY_SPREAD_PCT."""
+    return [
+        f"warning: {name}: spread {pct:.0f}% over {rounds} rounds, above {NOISY_SPREAD_PCT:.0f}%: the "
+        "machine is busy; measure on a quiet one"
+        for name, pct in _flat(noise)
+        if pct > NOISY_SPREAD_PCT
+    ]
 
 
 def _check_arguments(seconds, rounds, threads) -> None:

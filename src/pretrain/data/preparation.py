@@ -170,34 +170,20 @@ def build_dataset(
     writers, skips, text = result
 
     _save_tokenizer(tok, out_dir / "tokenizer")
-    num_tokens = {s: w.num_tokens for s, w in writers.items()}
-    num_docs = {s: w.num_docs for s, w in writers.items()}
-    text_tokens = max(1, sum(num_tokens.values()) - sum(num_docs.values()))  # <eos> separators excluded
     meta = {
         "version": META_VERSION,
         "pretrain_version": __version__,
         "dtype": dtype,
         "vocab_size": tok.vocab_size,
         "eos_id": tok.eos_id,
-        "num_tokens": num_tokens,
-        "num_docs": num_docs,
-        "doc_length_histogram": {s: length_histogram(w.length_bins) for s, w in writers.items()},
-        "sha256": {f"{s}.bin": w.sha256.hexdigest() for s, w in writers.items()},
-        "chars_per_token": text["chars"] / text_tokens,
-        "bytes_per_token": text["bytes"] / text_tokens,
-        "text_chars": text["chars"],
-        "text_bytes": text["bytes"],
+        **_split_figures(writers, text),
         "skipped": skips.counts,
         "skipped_examples": skips.examples,
         "files": [{"path": file_name(p), "bytes": n} for p, n in zip(corpus.files, corpus.sizes)],
         "tokenizer": "tokenizer",
         "tokenizer_sha256": tok.sha256,
         "tokenizer_source": display_path(tok.source),
-        "encoder": {
-            "name": "tokenizers" if why_not else "tiktoken",
-            "verified_docs": text["verified"],
-            **({"why_not_tiktoken": why_not} if why_not else {}),
-        },
+        "encoder": _encoder(why_not, text["verified"]),
         "seed": seed,
         "val_fraction": val_fraction,
         **read_options,
@@ -209,6 +195,33 @@ def build_dataset(
 class _FastPathMismatch(Exception):
     def __init__(self, doc: int):
         self.doc = doc
+
+
+def _split_figures(writers: dict, text: dict) -> dict:
+    """Each split's tokens, documents, length histogram and checksum, and the text's characters and bytes
+    per token."""
+    num_tokens = {s: w.num_tokens for s, w in writers.items()}
+    num_docs = {s: w.num_docs for s, w in writers.items()}
+    text_tokens = max(1, sum(num_tokens.values()) - sum(num_docs.values()))  # <eos> separators excluded
+    return {
+        "num_tokens": num_tokens,
+        "num_docs": num_docs,
+        "doc_length_histogram": {s: length_histogram(w.length_bins) for s, w in writers.items()},
+        "sha256": {f"{s}.bin": w.sha256.hexdigest() for s, w in writers.items()},
+        "chars_per_token": text["chars"] / text_tokens,
+        "bytes_per_token": text["bytes"] / text_tokens,
+        "text_chars": text["chars"],
+        "text_bytes": text["bytes"],
+    }
+
+
+def _encoder(why_not: str | None, verified_docs) -> dict:
+    """Which encoder tokenized: tiktoken, or tokenizers and why not tiktoken."""
+    return {
+        "name": "tokenizers" if why_not else "tiktoken",
+        "verified_docs": verified_docs,
+        **({"why_not_tiktoken": why_not} if why_not else {}),
+    }
 
 
 def _tokenize(*, corpus, tok, dtype, seed, val_fraction, workers, strict, out_dir, progress, fast, allow_empty):

@@ -125,21 +125,7 @@ def prepare_sharded(
     workers: tasks run at once (local: default all cores; Ray: default the cluster's CPUs; Slurm: the array's
     %limit, default none). Each task encodes in one process: the tasks are the parallelism.
     """
-    if executor not in EXECUTORS:
-        raise UsageError(f"--executor {executor!r} is unknown; use one of {' | '.join(EXECUTORS)}")
-    if tasks < 1:
-        raise UsageError(f"--tasks {tasks} must be at least 1")
-    if workers is not None and workers < 1:
-        raise UsageError(f"--workers {workers} must be at least 1")
-    if executor == "slurm" and (slurm is None or not slurm.partition):
-        raise UsageError("--executor slurm needs --slurm-partition (the partition the job array runs on)")
-    if executor == "slurm" and shutil.which("sbatch") is None:
-        raise UsageError(
-            "--executor slurm needs Slurm's sbatch, which is not on PATH: run prepare on a node that "
-            "submits jobs (a login node), or use --executor local"
-        )
-    if not 0 <= val_fraction < 1:
-        raise UsageError(f"--val-fraction {val_fraction} is out of range; give a fraction in [0, 1), e.g. 0.01")
+    _check_arguments(executor, tasks, workers, slurm, val_fraction)
     options = ReadOptions(format, text_field, split_blank_lines)
     corpus = Corpus(find_files(inputs), options)  # checks the format and that every input exists
     if tasks > len(corpus.files):
@@ -204,6 +190,27 @@ class Job:
     @property
     def read_options(self) -> ReadOptions:
         return ReadOptions(self.format, self.text_field, self.split_blank_lines)
+
+
+def _check_arguments(
+    executor: str, tasks: int, workers: int | None, slurm: SlurmOptions | None, val_fraction: float
+) -> None:
+    """The flags on their own, before any input is read."""
+    if executor not in EXECUTORS:
+        raise UsageError(f"--executor {executor!r} is unknown; use one of {' | '.join(EXECUTORS)}")
+    if tasks < 1:
+        raise UsageError(f"--tasks {tasks} must be at least 1")
+    if workers is not None and workers < 1:
+        raise UsageError(f"--workers {workers} must be at least 1")
+    if executor == "slurm" and (slurm is None or not slurm.partition):
+        raise UsageError("--executor slurm needs --slurm-partition (the partition the job array runs on)")
+    if executor == "slurm" and shutil.which("sbatch") is None:
+        raise UsageError(
+            "--executor slurm needs Slurm's sbatch, which is not on PATH: run prepare on a node that "
+            "submits jobs (a login node), or use --executor local"
+        )
+    if not 0 <= val_fraction < 1:
+        raise UsageError(f"--val-fraction {val_fraction} is out of range; give a fraction in [0, 1), e.g. 0.01")
 
 
 def _absolute(path: Path | RemoteFile) -> str | RemoteFile:

@@ -79,21 +79,7 @@ def hf_config(model_cfg, token_ids: dict[str, int] | None = None, dtype: torch.d
         **ids,
     )
     if m.family == "gpt2":
-        return dict(
-            architectures=["GPT2LMHeadModel"],
-            model_type="gpt2",
-            n_embd=m.hidden_size,
-            n_layer=m.num_layers,
-            n_head=m.num_heads,
-            n_inner=m.intermediate_size,
-            n_positions=m.max_seq_len,
-            activation_function="gelu_new",
-            layer_norm_epsilon=m.norm_eps,
-            resid_pdrop=m.dropout,
-            embd_pdrop=m.dropout,
-            attn_pdrop=m.dropout,
-            **common,
-        )
+        return _gpt2_config(m, common)
     if m.qk_norm and m.qkv_bias:
         raise UsageError(
             "model.qk_norm with model.qkv_bias has no Hugging Face architecture (Qwen3's "
@@ -101,6 +87,29 @@ def hf_config(model_cfg, token_ids: dict[str, int] | None = None, dtype: torch.d
         )
     if m.num_experts:
         return _moe_config(m, common)
+    return _dense_config(m, common)
+
+
+def _gpt2_config(m, common: dict) -> dict:
+    return dict(
+        architectures=["GPT2LMHeadModel"],
+        model_type="gpt2",
+        n_embd=m.hidden_size,
+        n_layer=m.num_layers,
+        n_head=m.num_heads,
+        n_inner=m.intermediate_size,
+        n_positions=m.max_seq_len,
+        activation_function="gelu_new",
+        layer_norm_epsilon=m.norm_eps,
+        resid_pdrop=m.dropout,
+        embd_pdrop=m.dropout,
+        attn_pdrop=m.dropout,
+        **common,
+    )
+
+
+def _dense_config(m, common: dict) -> dict:
+    """A dense LLaMA-family model as LLaMA, Qwen2 (q/k/v biases) or Qwen3 (QK-norm per head)."""
     if m.qk_norm and m.qk_norm_over == "projection":
         raise UsageError(
             "model.qk_norm_over: projection is OLMoE's QK-norm; a dense model with it has no Hugging "

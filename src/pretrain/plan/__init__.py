@@ -51,11 +51,7 @@ def plan_with_explain(config, advice: bool = True) -> tuple[dict, Explain]:
     Budget mode (budget.* keys) plans a new config of the model it chooses (pretrain.plan.budget_mode);
     `config` is never changed, and `planned_config(config, result)` rebuilds the config that was planned."""
     c = config
-    if c.model.num_layers > MAX_LAYERS:
-        raise ConfigError(
-            f"model.num_layers: {c.model.num_layers:,} is beyond what the planner models (at most "
-            f"{MAX_LAYERS:,}, the deepest published Transformer); give a smaller depth"
-        )
+    _check_depth(c.model)
     ex = Explain()
     budget = None
     if budget_requested(c):  # budget mode chooses a model, then that model's config is planned as usual
@@ -72,58 +68,23 @@ def plan_with_explain(config, advice: bool = True) -> tuple[dict, Explain]:
     step = step_time(c, counts, fl, peak, ex)
     time = wall_clock(c, length, model_pt, hw_pt, peak, step, ex)  # the step-time model's, unless hardware.mfu
     if step:  # the model's own figures, also beside a hardware.mfu / hfu override (pretrain.plan.step_time)
-        time["modelled_seconds"] = ex.add(
-            "time",
-            "modelled_seconds",
-            step["seconds"] * length["steps"],
-            f"{length['steps']:,} steps x step_time.seconds {step['seconds']:.4g}",
-        )
-        time["modelled_tokens_per_second"] = step["tokens_per_second"]
-        time["modelled_mfu"] = step["mfu"]
+        _add_modelled_time(time, step, length["steps"], ex)
     mem = memory(c, counts, ex)
     storage, ckpt = _storage_and_checkpoint(c, length, ex)
 
-    spec = gpu_spec(c.hardware.gpu)
-    par = c.parallel
     result = {
         "model": {k: v for k, v in vars(c.model).items()},
         "params": counts.as_dict(),
         "flops": fl,
-        "tokens": {
-            "total": length["tokens"],
-            "chinchilla": length["chinchilla"],
-            "per_parameter": length["tokens"] / counts.total,
-        },
+        "tokens": _tokens(length, counts.total),
         "storage_bytes": storage,
         "checkpoint_bytes": ckpt,
-        "steps": {
-            "total": length["steps"],
-            "tokens_per_step": length["tokens_per_step"],
-            "examples_per_step": length["examples_per_step"],
-            "warmup": length["warmup"],
-        },
+        "steps": _steps(length),
         "time": time,
         "step_time": step,
-        "memory_bytes": mem["memory_bytes"],
-        "model_states": mem["model_states"],
-        "fits": mem["fit"]["fits"],
-        "max_micro_batch_size": mem["fit"]["max_micro_batch_size"],
-        "device_memory_bytes": mem["fit"]["device_bytes"],
-        "usable_memory_bytes": mem["fit"]["usable_bytes"],
-        "parallel": {
-            "world": par.gpus,
-            "data": par.data_parallel,
-            "tensor": par.tensor,
-            "pipeline": par.pipeline,
-            "zero_stage": par.zero_stage,
-        },
-        "hardware": {
-            "gpu": spec.name,
-            "peak_tflops": peak,
-            "peak_source": peak_source,
-            "memory_bytes": mem["fit"]["device_bytes"],
-            "bandwidth_gbps": memory_bandwidth_gbps(c.hardware),
-        },
+        **_memory_and_fit(mem),
+        "parallel": _layout(c.parallel),
+        "hardware": _hardware(c.hardware, mem["fit"]["device_bytes"], peak, peak_source),
     }
     if "moe" in mem:  # Mixture-of-Experts: expert parallelism and the routing imbalance the run can take
         result["moe"] = mem["moe"]
@@ -133,6 +94,76 @@ def plan_with_explain(config, advice: bool = True) -> tuple[dict, Explain]:
     if advice:
         result["advice"] = advise(c, result)
     return result, ex
+
+
+def _check_depth(m) -> None:
+    if m.num_layers > MAX_LAYERS:
+        raise ConfigError(
+            f"model.num_layers: {m.num_layers:,} is beyond what the planner models (at most "
+            f"{MAX_LAYERS:,}, the deepest published Transformer); give a smaller depth"
+        )
+
+
+def _add_modelled_time(time: dict, step: dict, steps: int, ex: Explain) -> None:
+    """The step-time model's run time, throughput and MFU beside the time the plan uses."""
+    time["modelled_seconds"] = ex.add(
+        "time",
+        "modelled_seconds",
+        step["seconds"] * steps,
+        f"{steps:,} steps x step_time.seconds {step['seconds']:.4g}",
+    )
+    time["modelled_tokens_per_second"] = step["tokens_per_second"]
+    time["modelled_mfu"] = step["mfu"]
+
+
+def _tokens(length: dict, params: int) -> dict:
+    return {
+        "total": length["tokens"],
+        "chinchilla": length["chinchilla"],
+        "per_parameter": length["tokens"] / params,
+    }
+
+
+def _steps(length: dict) -> dict:
+    return {
+        "total": length["steps"],
+        "tokens_per_step": length["tokens_per_step"],
+        "examples_per_step": length["examples_per_step"],
+        "warmup": length["warmup"],
+    }
+
+
+def _memory_and_fit(mem: dict) -> dict:
+    """The plan's top-level memory keys: bytes per GPU, the model states, and whether the step fits."""
+    fit = mem["fit"]
+    return {
+        "memory_bytes": mem["memory_bytes"],
+        "model_states": mem["model_states"],
+        "fits": fit["fits"],
+        "max_micro_batch_size": fit["max_micro_batch_size"],
+        "device_memory_bytes": fit["device_bytes"],
+        "usable_memory_bytes": fit["usable_bytes"],
+    }
+
+
+def _layout(par) -> dict:
+    return {
+        "world": par.gpus,
+        "data": par.data_parallel,
+        "tensor": par.tensor,
+        "pipeline": par.pipeline,
+        "zero_stage": par.zero_stage,
+    }
+
+
+def _hardware(hw, device_bytes: int | None, peak: float | None, peak_source: str) -> dict:
+    return {
+        "gpu": gpu_spec(hw.gpu).name,
+        "peak_tflops": peak,
+        "peak_source": peak_source,
+        "memory_bytes": device_bytes,
+        "bandwidth_gbps": memory_bandwidth_gbps(hw),
+    }
 
 
 def _explain_params(m, counts, ex: Explain) -> None:

@@ -44,6 +44,7 @@ micro-batches of L/p layers in flight.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 from ..gpus import mixed_precision
@@ -384,25 +385,22 @@ def activation_bytes(
     the blocks run under torch.compile; imbalance: plan.routing_imbalance (MoE); documents: as layer_terms.
     With dense blocks before the MoE ones, every block is counted as the larger of the two kinds."""
     b = b or t.micro_batch_size
-    tp, pp, sp = parallel.tensor, parallel.pipeline, parallel.sequence_parallel
-    # 1F1B: stage k holds up to p - k micro-batches of its layers' activations; the stage holding the most
-    # (the first, unless a later one has more layers) is the one that must fit. Interleaved: rank k holds
-    # chunks_in_flight (chunk, micro-batch) activations, each of a chunk's layers (its largest chunk's).
-    v = chunks_per_stage(parallel)
-    splits = stage_layers(m.num_layers, pp * v)
-
-    def held(k: int) -> tuple[int, int]:  # (layers, in flight) of rank k
-        if v == 1:
-            return len(splits[k]), stage_in_flight(k, pp, t.grad_accum_steps)
-        return (max(len(splits[c]) for c in chunk_indices(k, pp, v)), chunks_in_flight(k, pp, t.grad_accum_steps, v))
-
-    layers, in_flight = max((held(k) for k in range(pp)), key=lambda x: x[0] * x[1])
+    tp, sp = parallel.tensor, parallel.sequence_parallel
+    layers, in_flight = _fullest_stage(m, t, parallel)
+    terms_of = functools.partial(
+        layer_terms,
+        t=t,
+        parallel=parallel,
+        b=b,
+        native_gqa=native_gqa,
+        compiled=compiled,
+        imbalance=imbalance,
+        documents=documents,
+    )
     kinds = [m, dataclasses.replace(m, num_experts=0)] if m.num_experts and m.first_dense_layers else [m]
     options = []
     for kind in kinds:
-        terms = layer_terms(
-            kind, t, parallel, b, native_gqa=native_gqa, compiled=compiled, imbalance=imbalance, documents=documents
-        )
+        terms = terms_of(kind)
         options.append((_shard(terms, tp, sp), terms, kind))
     per_layer, per_layer_terms, m = max(options, key=lambda option: option[0])
     once = once_terms(m, t, parallel, b, documents)
@@ -410,32 +408,7 @@ def activation_bytes(
     total = layers * in_flight * per_layer
     working = 0
     if t.activation_checkpointing != "none":
-        # Backward recomputes one block at a time and holds its tensors until its gradients are done, less
-        # what the block kept (selective: the policy's outputs, handed back from the checkpoint's cache): the
-        # largest kind's (all hold the same input, so `m` above may be the other: a wide dense first block).
-        kept = {x.name for x in per_layer_terms}
-        working = max(
-            _shard(
-                [
-                    x
-                    for x in layer_terms(
-                        kind,
-                        t,
-                        parallel,
-                        b,
-                        recompute="none",
-                        native_gqa=native_gqa,
-                        compiled=compiled,
-                        imbalance=imbalance,
-                        documents=documents,
-                    )
-                    if x.name not in kept
-                ],
-                tp,
-                sp,
-            )
-            for kind in kinds
-        ) - _overlap(m, t, parallel, b) // (tp if sp else 1)
+        working = _recompute_working(terms_of, kinds, m, t, parallel, b, kept={x.name for x in per_layer_terms})
         total += working
     total += once_bytes
     return dict(
@@ -448,3 +421,31 @@ def activation_bytes(
         layer_terms=per_layer_terms,
         once_terms=once,
     )
+
+
+def _fullest_stage(m, t, parallel) -> tuple[int, int]:
+    """(layers, micro-batches in flight) of the pipeline rank that must fit.
+    1F1B: stage k holds up to p - k micro-batches of its layers' activations; the stage holding the most (the
+    first, unless a later one has more layers) is the one that must fit. Interleaved: rank k holds
+    chunks_in_flight (chunk, micro-batch) activations, each of a chunk's layers (its largest chunk's)."""
+    pp, v = parallel.pipeline, chunks_per_stage(parallel)
+    splits = stage_layers(m.num_layers, pp * v)
+
+    def held(k: int) -> tuple[int, int]:  # (layers, in flight) of rank k
+        if v == 1:
+            return len(splits[k]), stage_in_flight(k, pp, t.grad_accum_steps)
+        return (max(len(splits[c]) for c in chunk_indices(k, pp, v)), chunks_in_flight(k, pp, t.grad_accum_steps, v))
+
+    return max((held(k) for k in range(pp)), key=lambda x: x[0] * x[1])
+
+
+def _recompute_working(terms_of, kinds: list, m, t, parallel, b: int, kept: set[str]) -> int:
+    """Backward recomputes one block at a time and holds its tensors until its gradients are done, less what
+    the block kept (`kept`; selective: the policy's outputs, handed back from the checkpoint's cache): the
+    largest kind's (all hold the same input, so `m`, the kind counted per layer, may be the other: a wide dense
+    first block). terms_of(kind, recompute=...): layer_terms with this micro-batch and kernels."""
+    tp, sp = parallel.tensor, parallel.sequence_parallel
+    recomputed = max(
+        _shard([x for x in terms_of(kind, recompute="none") if x.name not in kept], tp, sp) for kind in kinds
+    )
+    return recomputed - _overlap(m, t, parallel, b) // (tp if sp else 1)

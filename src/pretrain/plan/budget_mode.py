@@ -196,19 +196,7 @@ def apply_budget(cfg, ex: Explain):
     cleared). `cfg` is left unchanged; the rest of the plan is the ordinary plan of the new config, and
     `budget.overrides` rebuilds it from `cfg`."""
     given = model_given(cfg)
-    length = next((k for k in LENGTH_KEYS if getattr(cfg.train, k) is not None), None)
-    if length:
-        key, value = budget_key(cfg), f"train.{length}={getattr(cfg.train, length)}"
-        if given:
-            raise ConfigError(
-                f"{key}: buys the training tokens of the model given ({given}), and {value} fixes "
-                f"them too; drop train.{length} to train on what the budget buys, or drop {key}"
-            )
-        raise ConfigError(
-            f"{key}: chooses the model and its tokens, and {value} fixes the tokens; drop train."
-            f"{length}, or give the model (model.preset or its shape keys) for the budget to buy its "
-            "tokens"
-        )
+    _refuse_length(cfg, given)
     seconds, how = gpu_seconds(cfg)
     peak, source = peak_tflops(cfg.hardware, cfg.train.precision)
     if not peak:
@@ -226,26 +214,7 @@ def apply_budget(cfg, ex: Explain):
         f"{seconds:.4g} GPU-seconds x {per_second:.4g} FLOPs (6N) per "
         f"GPU-second of the shape chosen, at {_at(util, util, what)} of {peak} TFLOP/s ({source})",
     )
-    n_opt = math.sqrt(compute / (6 * CHINCHILLA_TOKENS_PER_PARAM))
-    d_opt = CHINCHILLA_TOKENS_PER_PARAM * n_opt
-    ex.add(
-        "budget",
-        "params",
-        n_opt,
-        f"sqrt(C {compute:.4g} / 120): Hoffmann et al. 2022, approaches 1-2 "
-        "(N_opt ~ C^0.5) with 20 tokens per parameter and C = 6ND",
-    )
-    ex.add("budget", "tokens", d_opt, f"20 x N_opt {n_opt:.4g}")
-
-    n_3 = approach_3_optimum(compute)
-    best = chinchilla_loss(n_3, compute / (6 * n_3))
-    ex.add(
-        "budget",
-        "loss_optimum",
-        best,
-        f"L at approach 3's own optimum N = {n_3:.4g} (equation 4), D = C / 6N: "
-        "the lowest loss its fit predicts for this compute; each row's loss_penalty is measured from it",
-    )
+    n_opt, d_opt, n_3, best = _compute_optimal(compute, ex)
     optimal = _row(cfg, seconds, n_opt, shape, speed, best, ex, "model")
     small = n_opt / INFERENCE_AWARE_SHRINK
     smaller = _row(cfg, seconds, small, _shape_near(cfg, small), speed, best, ex, "inference_aware")
@@ -273,6 +242,50 @@ def apply_budget(cfg, ex: Explain):
     # The plan that follows is the compute-optimal row's, with the overrides that make it fit.
     entry["overrides"] = {**optimal["config_overrides"], **NO_BUDGET}
     return entry, replaced(cfg, entry["overrides"])
+
+
+def _refuse_length(cfg, given: str | None) -> None:
+    """A length given beside a budget (train.tokens, max_steps, examples): the budget fixes the tokens itself."""
+    length = next((k for k in LENGTH_KEYS if getattr(cfg.train, k) is not None), None)
+    if not length:
+        return
+    key, value = budget_key(cfg), f"train.{length}={getattr(cfg.train, length)}"
+    if given:
+        raise ConfigError(
+            f"{key}: buys the training tokens of the model given ({given}), and {value} fixes "
+            f"them too; drop train.{length} to train on what the budget buys, or drop {key}"
+        )
+    raise ConfigError(
+        f"{key}: chooses the model and its tokens, and {value} fixes the tokens; drop train."
+        f"{length}, or give the model (model.preset or its shape keys) for the budget to buy its "
+        "tokens"
+    )
+
+
+def _compute_optimal(compute: float, ex: Explain) -> tuple[float, float, float, float]:
+    """(N_opt, D_opt) of approaches 1-2 for this compute, and approach 3's own optimum N with its loss, the
+    lowest its fit predicts (each row's loss_penalty is measured from it)."""
+    n_opt = math.sqrt(compute / (6 * CHINCHILLA_TOKENS_PER_PARAM))
+    d_opt = CHINCHILLA_TOKENS_PER_PARAM * n_opt
+    ex.add(
+        "budget",
+        "params",
+        n_opt,
+        f"sqrt(C {compute:.4g} / 120): Hoffmann et al. 2022, approaches 1-2 "
+        "(N_opt ~ C^0.5) with 20 tokens per parameter and C = 6ND",
+    )
+    ex.add("budget", "tokens", d_opt, f"20 x N_opt {n_opt:.4g}")
+
+    n_3 = approach_3_optimum(compute)
+    best = chinchilla_loss(n_3, compute / (6 * n_3))
+    ex.add(
+        "budget",
+        "loss_optimum",
+        best,
+        f"L at approach 3's own optimum N = {n_3:.4g} (equation 4), D = C / 6N: "
+        "the lowest loss its fit predicts for this compute; each row's loss_penalty is measured from it",
+    )
+    return n_opt, d_opt, n_3, best
 
 
 def _search(cfg, seconds: float, peak: float):

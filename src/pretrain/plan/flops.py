@@ -38,22 +38,8 @@ def flops(cfg, counts, tokens: int, ex: Explain) -> dict:
     m, t = cfg.model, cfg.train
     N = counts.flops
     v_dim = m.v_head_dim or m.head_dim
-    context, lengths_from = attention_context(cfg, ex)  # seq, or sum L_i^2 / seq with document masking
-    full_attention = round(6 * m.num_layers * m.num_heads * (m.head_dim + v_dim) * context)
     causal = cfg.flops.causal_attention
-    attention = full_attention // 2 if causal else full_attention
-    heads = (
-        f"6 x L {m.num_layers} x heads {m.num_heads} x (head_dim {m.head_dim} + v_head_dim {v_dim})"
-        if v_dim != m.head_dim
-        else f"12 x L {m.num_layers} x heads {m.num_heads} x head_dim {m.head_dim}"
-    )
-    keys = f"seq {t.seq_len}" if lengths_from is None else f"context {context:,.1f} (document masking)"
-    ex.add(
-        "flops",
-        "attention_per_token",
-        attention,
-        f"{heads} x {keys}" + (" / 2 (causal)" if causal else " (PaLM: full square)"),
-    )
+    attention, full_attention, lengths_from = _attention_per_token(cfg, v_dim, ex)
     per_token = 6 * N + attention
     active = " active" if counts.inactive else ""
     ex.add(
@@ -112,6 +98,29 @@ def flops(cfg, counts, tokens: int, ex: Explain) -> dict:
     if recompute == "full":
         ex.add("flops", "total_hardware_6n", out["total_hardware_6n"], f"8 x {counts.active:,} x {tokens:,}")
     return out
+
+
+def _attention_per_token(cfg, v_dim: int, ex: Explain) -> tuple[int, int, str | None]:
+    """Attention's FLOPs per token as counted (halved when causal) and over the full square, and where the
+    document lengths of its context came from (None: no document masking, the whole sequence)."""
+    m, t = cfg.model, cfg.train
+    context, lengths_from = attention_context(cfg, ex)  # seq, or sum L_i^2 / seq with document masking
+    full_attention = round(6 * m.num_layers * m.num_heads * (m.head_dim + v_dim) * context)
+    causal = cfg.flops.causal_attention
+    attention = full_attention // 2 if causal else full_attention
+    heads = (
+        f"6 x L {m.num_layers} x heads {m.num_heads} x (head_dim {m.head_dim} + v_head_dim {v_dim})"
+        if v_dim != m.head_dim
+        else f"12 x L {m.num_layers} x heads {m.num_heads} x head_dim {m.head_dim}"
+    )
+    keys = f"seq {t.seq_len}" if lengths_from is None else f"context {context:,.1f} (document masking)"
+    ex.add(
+        "flops",
+        "attention_per_token",
+        attention,
+        f"{heads} x {keys}" + (" / 2 (causal)" if causal else " (PaLM: full square)"),
+    )
+    return attention, full_attention, lengths_from
 
 
 def _recomputed(cfg, counts, attention: int, v_dim: int, ex: Explain) -> tuple[int, int]:

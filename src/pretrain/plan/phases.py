@@ -140,9 +140,6 @@ def step_phases(cfg, st, b: int, compiled: bool = False) -> dict[str, list[tuple
     compiled: the blocks' activations as torch.compile keeps them (pretrain.plan.activations), the rest as in
     eager mode."""
     t, par = cfg.train, cfg.parallel
-    dp = par.data_parallel
-    mixed = mixed_precision(t.precision)
-    params, optimizer, _ = resident(cfg, st)
     act = activation_bytes(
         cfg.model,
         t,
@@ -153,26 +150,15 @@ def step_phases(cfg, st, b: int, compiled: bool = False) -> dict[str, list[tuple
         imbalance=cfg.plan.routing_imbalance,
         documents=planned_document_kernel(cfg, compiled),
     )
-    always = [
-        ("parameters", params),
-        (f"{t.optimizer} states" + (" + fp32 master weights" if mixed else ""), optimizer),
-    ]
-    if dp > 1 and par.zero_stage <= 1:
-        # DDP (ZeRO-1 runs on it too) allocates its gradient buckets when it wraps the model, and with
-        # gradient_as_bucket_view (distributed/engines.py) the gradients are views into them: alive in
-        # every phase, even before the first backward, and never a second time.
-        always.append(("DDP gradient buckets (the gradients)", st["gradients"]))
-        st = dict(st, gradients=0)
-    always.append(("cuda_context", cuda_context(cfg)))
-    always.append(("NCCL buffers", nccl_buffers(cfg)[0]))
+    always, st = _alive_in_every_phase(cfg, st)
     held, _ = held_gradients(cfg, st)
     held_name = "unsharded gradients" if cfg.parallel.fsdp and par.grad_sync == "step" else "gradients"
     copies = ("working copies", st["working_copies"])
     forward_act = ("activations", act["total"] - act["recompute_working"])
+    checkpoints = ("checkpoints' CPU generator states", _checkpoint_rng_states(cfg, act, compiled))
     gradients = st["gradients"]
     if cfg.parallel.fsdp and par.grad_sync == "step" and t.grad_accum_steps > 1:
         gradients += _unsharded_gradients(cfg, block_and_root=True)
-    reduce_scatter = 4 * st["per_layer_params"] if cfg.parallel.fsdp else 0
     first = [
         copies,
         (held_name, max(held, _first_block_gradients(cfg, st))),
@@ -180,31 +166,9 @@ def step_phases(cfg, st, b: int, compiled: bool = False) -> dict[str, list[tuple
             "first block backward runs: all activations, its recomputed ones, the residual gradients",
             _backward_activations(cfg, act, b, first=True),
         ),
+        checkpoints,
     ]
-    rest = _backward_activations(cfg, act, b, first=False)
-    if cfg.parallel.fsdp:  # gradients arrive unsharded in the reduce-scatter buffer, sharded ones already counted
-        last = [
-            ("working copies", _backward_copies(cfg, st)),
-            ("gradients", gradients),
-            ("last block backward runs: its activations, the residual gradients", rest),
-            ("FSDP reduce-scatter", reduce_scatter),
-        ]
-    else:  # the block's gradients appear as its activations and working copies are freed: the larger of the two
-        block = act["per_layer"] + act["recompute_working"]
-        rest -= block
-        block_grads = _block_gradients(cfg, st)
-        cached = st["working_copies"] if caches_weight_casts(t, par) else 0  # train.cache_weight_casts
-        last = [
-            ("other blocks' gradients", gradients - block_grads),
-            (
-                "the last block backward runs: its activations and copies, or its gradients",
-                max(block + _backward_copies(cfg, st), block_grads),
-            ),
-            ("the residual gradients and the embedding's inputs", rest),
-            ("weight-cast cache", cached),
-        ]
-    checkpoints = ("checkpoints' CPU generator states", _checkpoint_rng_states(cfg, act, compiled))
-    first.append(checkpoints)
+    last = _last_block_backward(cfg, st, act, b, gradients)
     phases = {
         "forward": [copies, (held_name, held), forward_act, checkpoints, ("loss working set", _loss_buffer(cfg, b))],
         "loss_backward": [
@@ -220,6 +184,53 @@ def step_phases(cfg, st, b: int, compiled: bool = False) -> dict[str, list[tuple
         "optimizer_step": [("gradients", st["gradients"]), (f"{t.optimizer} working memory", st["optimizer_working"])],
     }
     return {name: [p for p in always + parts if p[1]] for name, parts in phases.items()}
+
+
+def _alive_in_every_phase(cfg, st) -> tuple[list[tuple[str, int]], dict]:
+    """Parameters, optimizer states, DDP's gradient buckets, the CUDA context and NCCL's buffers, and `st` as
+    the phases count it: where the buckets are the gradients, its gradients are 0 (counted here, once)."""
+    t, par = cfg.train, cfg.parallel
+    params, optimizer, _ = resident(cfg, st)
+    always = [
+        ("parameters", params),
+        (f"{t.optimizer} states" + (" + fp32 master weights" if mixed_precision(t.precision) else ""), optimizer),
+    ]
+    if par.data_parallel > 1 and par.zero_stage <= 1:
+        # DDP (ZeRO-1 runs on it too) allocates its gradient buckets when it wraps the model, and with
+        # gradient_as_bucket_view (distributed/engines.py) the gradients are views into them: alive in
+        # every phase, even before the first backward, and never a second time.
+        always.append(("DDP gradient buckets (the gradients)", st["gradients"]))
+        st = dict(st, gradients=0)
+    always.append(("cuda_context", cuda_context(cfg)))
+    always.append(("NCCL buffers", nccl_buffers(cfg)[0]))
+    return always, st
+
+
+def _last_block_backward(cfg, st, act: dict, b: int, gradients: int) -> list[tuple[str, int]]:
+    """The moment the last block backward runs (the model's first): the other blocks' gradients beside its
+    own activations, working copies or gradients, and with FSDP the reduce-scatter of one block."""
+    rest = _backward_activations(cfg, act, b, first=False)
+    if cfg.parallel.fsdp:  # gradients arrive unsharded in the reduce-scatter buffer, sharded ones already counted
+        return [
+            ("working copies", _backward_copies(cfg, st)),
+            ("gradients", gradients),
+            ("last block backward runs: its activations, the residual gradients", rest),
+            ("FSDP reduce-scatter", 4 * st["per_layer_params"]),
+        ]
+    # the block's gradients appear as its activations and working copies are freed: the larger of the two
+    block = act["per_layer"] + act["recompute_working"]
+    rest -= block
+    block_grads = _block_gradients(cfg, st)
+    cached = st["working_copies"] if caches_weight_casts(cfg.train, cfg.parallel) else 0  # train.cache_weight_casts
+    return [
+        ("other blocks' gradients", gradients - block_grads),
+        (
+            "the last block backward runs: its activations and copies, or its gradients",
+            max(block + _backward_copies(cfg, st), block_grads),
+        ),
+        ("the residual gradients and the embedding's inputs", rest),
+        ("weight-cast cache", cached),
+    ]
 
 
 def _tied_embedding_backward(cfg, st, gradients: int) -> list[tuple[str, int]]:

@@ -117,7 +117,34 @@ def _size_rows(m, p: dict) -> list[tuple[str, str, str]]:
 
 def _time_rows(m, p: dict) -> list[tuple[str, str, str]]:
     """(label, value, note) rows of the steps, FLOPs and time."""
-    st, fl, tm, hw = p["steps"], p["flops"], p["time"], p["hardware"]
+    rows = _steps_and_flops_rows(p) + _wall_clock_rows(p)
+    if "eval_tasks" in p:  # run.eval_tasks
+        ev = p["eval_tasks"]
+        share = f", {ev['share_of_run']:.1%} of the run" if ev["share_of_run"] is not None else ""
+        rows.append(
+            (
+                "Eval tasks",
+                duration(ev["seconds"]),
+                f"{ev['evaluations']:,} evaluations "
+                f"x {ev['tokens_per_evaluation']:,} tokens ({', '.join(ev['tasks'])}), forward only{share}",
+            )
+        )
+    if "measured" in p:
+        ms = p["measured"]
+        util = f"MFU {ms['mfu']:.3f}, HFU {ms['hfu']:.3f}" if ms["mfu"] is not None else "no peak to compare"
+        rows.append(
+            (
+                "Measured",
+                f"{ms['achieved_tflops_per_gpu']:.1f} TFLOP/s",
+                f"per GPU at {ms['tokens_per_second']:,.0f} tok/s; {util}",
+            )
+        )
+    return rows
+
+
+def _steps_and_flops_rows(p: dict) -> list[tuple[str, str, str]]:
+    """The optimizer steps, the FLOPs per token by each convention, and the run's FLOPs."""
+    st, fl = p["steps"], p["flops"]
     rows = [
         (
             "Optimizer steps",
@@ -145,48 +172,31 @@ def _time_rows(m, p: dict) -> list[tuple[str, str, str]]:
             )
         )
     rows.append(("Training FLOPs", f"{fl['total']:.3g}", f"6N·D = {fl['total_6n']:.3g}"))
-    if tm["seconds"]:
-        cost = f", cost {tm['cost']:,.0f}" if tm.get("cost") else ""
-        if tm["seconds_range"]:  # the step-time model's, with its own error on published runs
-            low, high = tm["seconds_range"]
-            how = (
-                f"{duration_range(low, high)} at the model's published-run error; "
-                f"{tm['gpu_hours']:,.0f} GPU-hours at MFU {tm['utilisation']:.3g} (step-time model)"
-            )
-        else:  # hardware.mfu / hfu given
-            how = f"{tm['gpu_hours']:,.0f} GPU-hours at {tm['basis'].split(' ')[0]} {tm['utilisation']:g} (given)"
-        rows.append(("Wall-clock time", duration(tm["seconds"]), f"{how} of {hw['peak_tflops']:g} TFLOP/s{cost}"))
-        rows.append(
-            (
-                "Throughput",
-                f"{tm['tokens_per_second']:,.0f} tok/s",
-                f"whole job, {tm['tokens_per_second'] / p['parallel']['world']:,.0f} per GPU",
-            )
-        )
-    else:
-        rows.append(("Wall-clock time", "n/a", hw["peak_source"]))
-    if "eval_tasks" in p:  # run.eval_tasks
-        ev = p["eval_tasks"]
-        share = f", {ev['share_of_run']:.1%} of the run" if ev["share_of_run"] is not None else ""
-        rows.append(
-            (
-                "Eval tasks",
-                duration(ev["seconds"]),
-                f"{ev['evaluations']:,} evaluations "
-                f"x {ev['tokens_per_evaluation']:,} tokens ({', '.join(ev['tasks'])}), forward only{share}",
-            )
-        )
-    if "measured" in p:
-        ms = p["measured"]
-        util = f"MFU {ms['mfu']:.3f}, HFU {ms['hfu']:.3f}" if ms["mfu"] is not None else "no peak to compare"
-        rows.append(
-            (
-                "Measured",
-                f"{ms['achieved_tflops_per_gpu']:.1f} TFLOP/s",
-                f"per GPU at {ms['tokens_per_second']:,.0f} tok/s; {util}",
-            )
-        )
     return rows
+
+
+def _wall_clock_rows(p: dict) -> list[tuple[str, str, str]]:
+    """The run's time (the step-time model's, with its range, or at the MFU given) and its throughput."""
+    tm, hw = p["time"], p["hardware"]
+    if not tm["seconds"]:
+        return [("Wall-clock time", "n/a", hw["peak_source"])]
+    cost = f", cost {tm['cost']:,.0f}" if tm.get("cost") else ""
+    if tm["seconds_range"]:  # the step-time model's, with its own error on published runs
+        low, high = tm["seconds_range"]
+        how = (
+            f"{duration_range(low, high)} at the model's published-run error; "
+            f"{tm['gpu_hours']:,.0f} GPU-hours at MFU {tm['utilisation']:.3g} (step-time model)"
+        )
+    else:  # hardware.mfu / hfu given
+        how = f"{tm['gpu_hours']:,.0f} GPU-hours at {tm['basis'].split(' ')[0]} {tm['utilisation']:g} (given)"
+    return [
+        ("Wall-clock time", duration(tm["seconds"]), f"{how} of {hw['peak_tflops']:g} TFLOP/s{cost}"),
+        (
+            "Throughput",
+            f"{tm['tokens_per_second']:,.0f} tok/s",
+            f"whole job, {tm['tokens_per_second'] / p['parallel']['world']:,.0f} per GPU",
+        ),
+    ]
 
 
 def _memory_lines(config, p: dict) -> list[str]:

@@ -73,42 +73,12 @@ def run_from_fit(
         if out is not None:
             output.make_dir(out)
         candidates = list(enumerate(found["candidates"], 1))
-        ran = {rank: [] for rank, _ in candidates}  # each round's cell
-        failed = {}  # rank -> why it runs no more rounds
-        for _ in range(rounds):  # A B A B: a busy spell slows every candidate alike, not the one it hits
-            for rank, cand in candidates:
-                if rank in failed:
-                    continue
-                # The world the fit was made for: a layout of tensor x pipeline ranks is valid only on it.
-                items = [
-                    *overrides,
-                    *pinned,
-                    f"parallel.gpus={rt.world_size}",
-                    *command_line(cand["overrides"]).split(),
-                ]
-                try:
-                    cell = run_sweep(
-                        config_path,
-                        items,
-                        {},
-                        warmup_steps=warmup_steps,
-                        steps=steps,
-                        out_dir=None,
-                        progress=False,
-                        rounds=1,
-                        threads=n_threads,
-                    )["cells"][0]
-                except UsageError as e:  # a layout the trainer refuses: said in its row, the others still run
-                    failed[rank] = f"not run: {e}"
-                    continue
-                if cell["status"] != "ok":
-                    failed[rank] = cell["status"]
-                else:
-                    ran[rank].append(cell)
+        # The world the fit was made for: a layout of tensor x pipeline ranks is valid only on it.
+        base = [*overrides, *pinned, f"parallel.gpus={rt.world_size}"]
+        ran, failed = _interleaved_rounds(config_path, base, candidates, rounds, warmup_steps, steps, n_threads)
     rows = [_row(rank, cand, [] if rank in failed else ran[rank], failed.get(rank, "ok")) for rank, cand in candidates]
     measured = [r for r in rows if r["measured_tokens_per_s"] is not None]
     chosen = max(measured, key=lambda r: r["measured_tokens_per_s"]) if measured else None
-    errors = [abs(r["error_pct"]) for r in measured]
     result = {
         "device": _device_name(rt.device),
         "peak_tflops": peak,
@@ -118,23 +88,70 @@ def run_from_fit(
         "rounds": rounds,
         "candidates": rows,
         "chosen": chosen,
-        "error": {
-            "mean_abs_pct": sum(errors) / len(errors) if errors else None,
-            "predicted_fastest_is_fastest": bool(measured) and chosen["rank"] == min(r["rank"] for r in measured),
-            "measured_rank_of_predicted_fastest": _measured_rank(measured),
-        },
-        "warnings": [
-            f"warning: #{r['rank']}: measured tokens/s spread {r['spread_pct']:.0f}% over {r['rounds']} "
-            f"rounds, above {NOISY_SPREAD_PCT:.0f}%: the machine is busy and the choice may be noise; "
-            "run on a quiet machine or with more --rounds"
-            for r in rows
-            if r["noisy"]
-        ],
+        "error": _ranking_error(measured, chosen),
+        "warnings": _candidate_noise_warnings(rows),
     }
     if out is not None:
         output._write(out, "from_fit.json", output.to_json(result).encode())  # temp + rename
         result["file"] = str(out / "from_fit.json")
     return result
+
+
+def _interleaved_rounds(
+    config_path, base: list[str], candidates: list, rounds: int, warmup_steps: int, steps: int, threads: int | None
+) -> tuple[dict[int, list[dict]], dict[int, str]]:
+    """Each candidate timed by one sweep cell a round, A B A B, so that a busy spell slows every candidate
+    alike, not the one it hits: (rank -> each round's cell, rank -> why it runs no more rounds)."""
+    ran = {rank: [] for rank, _ in candidates}
+    failed = {}
+    for _ in range(rounds):
+        for rank, cand in candidates:
+            if rank in failed:
+                continue
+            items = [*base, *command_line(cand["overrides"]).split()]
+            try:
+                cell = run_sweep(
+                    config_path,
+                    items,
+                    {},
+                    warmup_steps=warmup_steps,
+                    steps=steps,
+                    out_dir=None,
+                    progress=False,
+                    rounds=1,
+                    threads=threads,
+                )["cells"][0]
+            except UsageError as e:  # a layout the trainer refuses: said in its row, the others still run
+                failed[rank] = f"not run: {e}"
+                continue
+            if cell["status"] != "ok":
+                failed[rank] = cell["status"]
+            else:
+                ran[rank].append(cell)
+    return ran, failed
+
+
+def _ranking_error(measured: list[dict], chosen: dict | None) -> dict:
+    """How far the ranking model was from what ran: its mean error, and where its fastest came."""
+    errors = [abs(r["error_pct"]) for r in measured]
+    return {
+        "mean_abs_pct": sum(errors) / len(errors) if errors else None,
+        "predicted_fastest_is_fastest": bool(measured)
+        and chosen is not None
+        and chosen["rank"] == min(r["rank"] for r in measured),
+        "measured_rank_of_predicted_fastest": _measured_rank(measured),
+    }
+
+
+def _candidate_noise_warnings(rows: list[dict]) -> list[str]:
+    """One line per candidate whose rounds differ by more than NOISY_SPREAD_PCT (output.noise_warnings: per cell)."""
+    return [
+        f"warning: #{r['rank']}: measured tokens/s spread {r['spread_pct']:.0f}% over {r['rounds']} "
+        f"rounds, above {NOISY_SPREAD_PCT:.0f}%: the machine is busy and the choice may be noise; "
+        "run on a quiet machine or with more --rounds"
+        for r in rows
+        if r["noisy"]
+    ]
 
 
 def _row(rank: int, cand: dict, cells: list[dict], status: str) -> dict:

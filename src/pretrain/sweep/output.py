@@ -219,13 +219,10 @@ def _interleaved(index: int, count: int):
 
 def plot_png(result: dict) -> bytes:
     from matplotlib.figure import Figure
-    from matplotlib.lines import Line2D
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     cells, swept = result["cells"], result["swept"]
     xk = x_key(result)
     others = [k for k in swept if k != xk]
-    names = column_names(list(swept))
     xs = swept[xk] if xk else ["base config"]
     numeric = xk is not None and all(_is_number(v) for v in xs)
     position = (lambda v: v) if numeric else (lambda v: xs.index(v))
@@ -237,6 +234,41 @@ def plot_png(result: dict) -> bytes:
     mem_scale, mem_unit = (units.GiB, "GiB") if top >= units.GiB else (units.MiB, "MiB")
     fig = Figure(figsize=(12.8, 5.6), layout="constrained")
     ax_tps, ax_mem = fig.subplots(1, 2)
+    names = column_names(list(swept))
+    handles = _plot_groups(ax_tps, ax_mem, groups, others, names, xk, position, mem_scale)
+    for ax, title, ylabel in ((ax_tps, "Throughput", "tokens/s"), (ax_mem, "Memory", mem_unit)):
+        ax.set_title(title)
+        ax.set_xlabel(xk or "")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, alpha=0.3)
+        if numeric and min(xs) > 0 and max(xs) / min(xs) >= 8:
+            ax.set_xscale("log", base=2)
+        ax.set_xticks([position(v) for v in xs], [str(v) for v in xs])
+        ax.minorticks_off()
+    _throughput_scale(ax_tps, cells)
+    ax_mem.set_ylim(bottom=0)
+    style = _style_legend(cells)
+    fig.legend(
+        handles=handles + style,
+        loc="outside lower center",
+        ncols=min(3, len(handles) + len(style)),
+        fontsize="small",
+        frameon=False,
+    )
+    fig.suptitle(
+        f"pretrain sweep on {result['device']}, memory as "
+        f"{'peak allocated' if result['device_type'] == 'cuda' else 'tensor count'}"
+    )
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    return buf.getvalue()
+
+
+def _plot_groups(ax_tps, ax_mem, groups: dict, others: list, names: dict, xk, position, mem_scale: float) -> list:
+    """One colour per combination of the other swept keys: the planner's line, the measured points and the
+    OOMs (at their planned memory); returns the legend's handle of each."""
+    from matplotlib.lines import Line2D
+
     colours = [f"C{i % 10}" for i in range(len(groups))]
     handles = []
     for index, (colour, (group, members)) in enumerate(zip(colours, groups.items())):
@@ -257,16 +289,12 @@ def plot_png(result: dict) -> bytes:
         ooms = [(xi, c["memory_planned_bytes"] / mem_scale) for xi, c in zip(x, members) if c["status"] == "OOM"]
         if ooms:
             ax_mem.plot(*zip(*ooms), color=colour, linestyle="none", marker="X", markersize=10)
-    xlabel = xk or ""
-    for ax, title, ylabel in ((ax_tps, "Throughput", "tokens/s"), (ax_mem, "Memory", mem_unit)):
-        ax.set_title(title)
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel(ylabel)
-        ax.grid(True, alpha=0.3)
-        if numeric and min(xs) > 0 and max(xs) / min(xs) >= 8:
-            ax.set_xscale("log", base=2)
-        ax.set_xticks([position(v) for v in xs], [str(v) for v in xs])
-        ax.minorticks_off()
+    return handles
+
+
+def _throughput_scale(ax_tps, cells: list[dict]) -> None:
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
     rates = [c[k] for c in cells for k in ("tokens_per_s", "planned_tokens_per_s") if c[k]]
     if rates and max(rates) / min(rates) > 10:  # seq_len x batch sweeps span decades of tokens/s
         ax_tps.set_yscale("log")
@@ -275,7 +303,12 @@ def plot_png(result: dict) -> bytes:
     else:
         ax_tps.set_ylim(bottom=0)
     ax_tps.yaxis.set_major_formatter(FuncFormatter(lambda v, _: units.human(v, digits=4)))
-    ax_mem.set_ylim(bottom=0)
+
+
+def _style_legend(cells: list[dict]) -> list:
+    """The legend's entries for the marks: measured points, planned lines (at the MFU given, if any), OOMs."""
+    from matplotlib.lines import Line2D
+
     given = sorted(
         {
             f"{c['planned_basis'].split(' ')[0]} {c['planned_mfu']:g}"
@@ -283,7 +316,7 @@ def plot_png(result: dict) -> bytes:
             if c["planned_basis"] and c["planned_basis"].startswith("hardware.")
         }
     )  # mfu / hfu overrides
-    style = [
+    return [
         Line2D([], [], color="0.3", marker="o", linestyle="none", label="measured"),
         Line2D(
             [],
@@ -296,17 +329,3 @@ def plot_png(result: dict) -> bytes:
         ),
         Line2D([], [], color="0.3", marker="X", linestyle="none", label="OOM (at planned memory)"),
     ]
-    fig.legend(
-        handles=handles + style,
-        loc="outside lower center",
-        ncols=min(3, len(handles) + len(style)),
-        fontsize="small",
-        frameon=False,
-    )
-    fig.suptitle(
-        f"pretrain sweep on {result['device']}, memory as "
-        f"{'peak allocated' if result['device_type'] == 'cuda' else 'tensor count'}"
-    )
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100)
-    return buf.getvalue()

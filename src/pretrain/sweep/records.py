@@ -36,31 +36,36 @@ def planned_memory(p: dict, dev: torch.device) -> int:
 def record_of(cell, status: str = OK, measured: list[dict] | None = None, error: str | None = None) -> dict:
     """One row of the result: the cell's values, the plan's figures, and the measured ones (a list: one per
     round) where it ran."""
+    record = _planned_record(cell, status, error)
+    if measured:
+        _add_speed(record, measured, cell.rt.world_size)
+        _add_memory(record, measured[0], cell.rt.device)
+    return record
+
+
+def _planned_record(cell, status: str, error: str | None) -> dict:
+    """The row before any round: the cell's values and the plan's figures, the measured ones still empty."""
     c, p, dev = cell.config, cell.plan, cell.rt.device
-    world = cell.rt.world_size
     fits = p["fits"]
-    planned_mem = planned_memory(p, dev)
-    flops_per_token = p["flops"]["per_token" if c.flops.convention == "palm" else "per_token_6n"]
-    peak = p["hardware"]["peak_tflops"]
-    record = {
+    return {
         "cell": cell.index,
         "values": dict(cell.values),
         "status": status,
         "device": str(dev),
         "plan_fits": fits,
         "plan_verdict": {True: "fits", False: "does not fit", None: "no limit"}[fits],
-        "tokens_per_step": c.train.micro_batch_size * c.train.grad_accum_steps * c.train.seq_len * world,
+        "tokens_per_step": c.train.micro_batch_size * c.train.grad_accum_steps * c.train.seq_len * cell.rt.world_size,
         "step_seconds": None,
         "step_seconds_each": None,
         "it_per_s": None,
         "tokens_per_s": None,
         "achieved_tflops": None,
         "mfu": None,
-        "peak_tflops": peak,
+        "peak_tflops": p["hardware"]["peak_tflops"],
         "peak_source": p["hardware"]["peak_source"],
-        "flops_per_token": flops_per_token,
+        "flops_per_token": p["flops"]["per_token" if c.flops.convention == "palm" else "per_token_6n"],
         "memory_measured_bytes": None,
-        "memory_planned_bytes": planned_mem,
+        "memory_planned_bytes": planned_memory(p, dev),
         "memory_error_pct": None,
         "memory_planned_total_bytes": p["memory_bytes"]["total"],
         "planned_tokens_per_s": p["time"].get("tokens_per_second"),
@@ -77,21 +82,22 @@ def record_of(cell, status: str = OK, measured: list[dict] | None = None, error:
         "spread_pct": None,
         "noisy": False,
     }
-    if not measured:
-        return record
-    # Each figure is the median of the rounds; memory is the first round's (the same tensors every round).
+
+
+def _add_speed(record: dict, measured: list[dict], world: int) -> None:
+    """Each figure is the median of the rounds, with their spread."""
     per_round = [r["tokens"] / sum(r["times"]) for r in measured]
     noise = spread(per_round)
     tokens_per_s = noise["median"]
     step_seconds = record["tokens_per_step"] / tokens_per_s  # the median round's (no batch ramp in a sweep)
-    achieved = tokens_per_s * flops_per_token / 1e12
+    flops_per_token = record["flops_per_token"]
     record.update(
         step_seconds=step_seconds,
         step_seconds_each=[t for r in measured for t in r["times"]],
         it_per_s=1.0 / step_seconds,
         tokens_per_s=tokens_per_s,
-        achieved_tflops=achieved,
-        mfu=mfu(tokens_per_s, flops_per_token, world, peak),
+        achieved_tflops=tokens_per_s * flops_per_token / 1e12,
+        mfu=mfu(tokens_per_s, flops_per_token, world, record["peak_tflops"]),
         loss=measured[-1]["loss"],
         rounds=len(measured),
         tokens_per_s_each_round=per_round,
@@ -100,8 +106,12 @@ def record_of(cell, status: str = OK, measured: list[dict] | None = None, error:
         spread_pct=noise["spread_pct"],
         noisy=noise["noisy"],
     )
-    measured = measured[0]
-    m = measured["measurement"]
+
+
+def _add_memory(record: dict, first: dict, dev: torch.device) -> None:
+    """Memory is the first round's (the same tensors every round): the peak allocated on a GPU, the tensors
+    counted on a CPU."""
+    m = first["measurement"]
     detail = None
     if m is not None:
         detail = dict(m["states"])
@@ -109,12 +119,12 @@ def record_of(cell, status: str = OK, measured: list[dict] | None = None, error:
             detail.update(m["saved"])
     record["measured_detail"] = detail
     if dev.type == "cuda":
-        mem = measured["peak_allocated"]
+        mem = first["peak_allocated"]
     elif detail is not None and m["saved"] is not None:
         mem = sum(detail.values())
     else:  # not measurable (compiled or FSDP): no activation count on a CPU
         mem = None
     record["memory_measured_bytes"] = mem
+    planned_mem = record["memory_planned_bytes"]
     if mem is not None and planned_mem:
         record["memory_error_pct"] = 100.0 * (mem - planned_mem) / planned_mem
-    return record

@@ -109,12 +109,7 @@ def run_sweep(
     with torch_threads(n_threads or torch.get_num_threads()):
         peaks = _set_peaks(cells)
         result = {
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "device": _device_name(cells[0].rt.device),
-            "device_type": cells[0].rt.device.type,
-            "torch": torch.__version__,
-            "threads": n_threads,
-            "threads_chosen_as": chosen_as,
+            **_machine(cells[0].rt.device, n_threads, chosen_as),
             "config": str(config_path) if isinstance(config_path, (str, Path)) else None,
             "overrides": list(overrides),
             "swept": {k: list(dict.fromkeys(c.values[k] for c in cells)) for k in sweep},
@@ -142,6 +137,18 @@ def run_sweep(
         if out is not None:
             result["files"] = output.write_all(result, out)
     return result
+
+
+def _machine(dev: torch.device, threads: int | None, chosen_as: str | None) -> dict:
+    """When and on what the sweep ran: the date, the device, torch's version and its CPU threads."""
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "device": _device_name(dev),
+        "device_type": dev.type,
+        "torch": torch.__version__,
+        "threads": threads,
+        "threads_chosen_as": chosen_as,
+    }
 
 
 def _check_arguments(warmup_steps, steps, budget_seconds, rounds, threads) -> None:
