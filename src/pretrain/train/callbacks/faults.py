@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -57,7 +58,9 @@ class FaultInjection(Callback):
 
         self.hook = trainer.par.module.register_forward_hook(corrupt_loss)
 
-    def inf_gradient(self, trainer: TrainerView):
+    def inf_gradient(self, trainer: TrainerView) -> Callable:
+        """A forward hook on the embedding: an inf in its gradient on debug.inject_inf_grad_batches."""
+
         def poison(grad):  # the first token's: inf in its embedding row alone
             grad = grad.clone()
             grad[0, 0] = float("inf")
