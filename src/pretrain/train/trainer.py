@@ -319,6 +319,8 @@ class Trainer:
                 )
                 result = self.step(measure=self.measure_next, stop_asked=bool(self.stop_reason))
                 self.in_step, self.measure_next = None, False
+                if not result.finite:  # the update was skipped (the stability callback logs it)
+                    self.state.nonfinite_skips += 1
                 if self.end_step(result) and result.stop:
                     return preempted(self)
             final = evaluate(self)

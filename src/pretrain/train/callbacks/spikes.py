@@ -34,8 +34,7 @@ class Stability(Callback):
 
     def on_step_end(self, trainer: TrainerView, result: StepResult) -> Asks | None:
         st = trainer.state
-        if not result.finite:
-            st.nonfinite_skips += 1
+        if not result.finite:  # the trainer has counted it (TrainState.nonfinite_skips)
             trainer.log.event(
                 {
                     "event": "nonfinite_skip",
@@ -61,8 +60,9 @@ class Stability(Callback):
         return None
 
     def rollback(self, trainer: TrainerView, loss: float) -> None:
-        """Back to the newest good checkpoint, the data stream going on; what the trainer does when asked to
-        roll back (Trainer.carry_out)."""
+        """Back to the newest good checkpoint, the data stream going on: what the trainer carries out when this
+        callback asks it to roll back (Trainer.carry_out), the one place besides the trainer that sets the
+        counters (TrainState: the restored step, the rollbacks, the learning-rate scale)."""
         st, cfg, run_dir = trainer.state, self.cfg, trainer.run_dir
         recent = [s for s in st.rollbacks if st.step - s < cfg.rollback_window]
         if len(recent) >= cfg.max_rollbacks:
