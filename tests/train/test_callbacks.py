@@ -84,3 +84,15 @@ def test_a_callback_that_asks_to_stop_stops_the_run_with_its_reason(stopped_run)
         (step, step, loss) for step, _, loss in asker.seen
     ]
     assert [step for step, _, _ in asker.seen] == [1, 2, 3]
+
+
+def test_the_one_plan_refuses_a_run_that_does_not_fit_before_anything_is_built(prepared, tmp_path):
+    from pretrain.config import load_config
+    from pretrain.distributed.runtime import init_runtime
+    from pretrain.errors import ConfigError
+    from pretrain.train.trainer import Trainer
+
+    config = load_config(None, tiny(prepared, tmp_path / "run", "model.preset=llama2-70b"))  # > 1 TB in fp32
+    with pytest.raises(ConfigError, match=r"the plan needs \d[\d,.]* GiB per process .* choose a smaller model"):
+        Trainer(config, init_runtime("cpu"))
+    assert not (tmp_path / "run").exists()  # refused before the run directory is claimed
