@@ -112,6 +112,8 @@ def test_an_inf_gradient_under_a_finite_loss_skips_the_update_only(prepared, tmp
     assert not events(run_dir, "rollback")
     assert json.loads((run_dir / "faults.rank0.json").read_text())["optimizer_steps"] == [5]
     assert all(torch.isfinite(p).all() for p in params(run_dir).values())
+    last = sorted((run_dir / "checkpoints").glob("step_*/trainer.json"))[-1]
+    assert json.loads(last.read_text())["nonfinite_skips"] == 1  # the counter the trainer keeps
 
 
 def test_a_rollback_discards_the_checkpoints_it_abandons(prepared, tmp_path):

@@ -19,6 +19,8 @@ tensor ranks (data = 1).
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -30,6 +32,11 @@ from .optim import build_optimizer
 from .runtime import Runtime
 from .tensor_parallel import from_canonical, to_canonical
 
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from ..config.schema import Config
+
 FSDP_CPU_TORCH = (2, 9)  # gloo: FSDP2 fails on CPU streams in torch 2.6 and sums instead of averaging in 2.7
 
 
@@ -39,11 +46,17 @@ class Parallelized:
     `module` is our Transformer (its parameters, possibly sharded, are what the optimizer updates); `forward`
     is what a training micro-batch calls (DDP's wrapper, or the module itself)."""
 
-    autocast = True  # False under FSDP: its mixed-precision policy casts instead
-    measurable = True  # saved-tensor hooks see plain tensors (not FSDP's gathered parameters)
-    fp8 = None  # train.precision=fp8: {"recipe", "linears", "skipped"} (fp8.py), for plan_vs_run.json
+    autocast: bool = True  # False under FSDP: its mixed-precision policy casts instead
+    measurable: bool = True  # saved-tensor hooks see plain tensors (not FSDP's gathered parameters)
+    fp8: dict | None = None  # train.precision=fp8: {"recipe", "linears", "skipped"} (fp8.py), for plan_vs_run.json
+    module: Any  # the Transformer (model/), or a pipeline stage's part of it; Any: each engine wraps its own
+    forward: Callable[..., torch.Tensor]  # (inputs, targets) -> the micro-batch's loss
+    rt: Runtime
+    optimizer: Any  # built by parallelize() once the weights are on the device (None until then)
+    cache_casts: bool
+    autocast_context: Callable[[], contextlib.AbstractContextManager]
 
-    def __init__(self, module, config, rt: Runtime, mesh=None):
+    def __init__(self, module: torch.nn.Module, config: Config, rt: Runtime, mesh: DeviceMesh | None = None):
         self.module, self.forward, self.rt = module, module, rt
         self.optimizer = None
         # train.cache_weight_casts: one autocast context over a step's micro-batches (`step_context`) keeps the
@@ -55,17 +68,17 @@ class Parallelized:
             else contextlib.nullcontext
         )
 
-    def step_context(self):
+    def step_context(self) -> contextlib.AbstractContextManager:
         """The context around all micro-batches of a step: with the weight-cast cache, the autocast context that
         holds it until the last backward is done; nothing otherwise."""
         return self.autocast_context() if self.cache_casts else contextlib.nullcontext()
 
-    def no_sync(self, last: bool):
+    def no_sync(self, last: bool) -> contextlib.AbstractContextManager:
         """The context of one micro-batch's forward and backward: gradients are communicated now, or deferred
         to the step's last micro-batch."""
         return contextlib.nullcontext()
 
-    def build_optimizer(self, config):
+    def build_optimizer(self, config: Config) -> torch.optim.Optimizer:
         return build_optimizer(self.module, config.model, config.train)
 
     def set_training(self, on: bool) -> None:
@@ -128,7 +141,7 @@ class DDP(Parallelized):
     def set_training(self, on: bool) -> None:
         self.ddp.train(on)
 
-    def no_sync(self, last: bool):
+    def no_sync(self, last: bool) -> contextlib.AbstractContextManager:
         # Gradient accumulation: all-reduce once, on the last micro-batch (the gradients are whole anyway).
         return contextlib.nullcontext() if last else self.ddp.no_sync()
 
@@ -138,7 +151,7 @@ class ZeRO1(DDP):
     rank owns, under the parameters' names: the same layout `get_state_dict` gives for every other mode, so
     a checkpoint loads on any number of ranks and in any mode."""
 
-    def build_optimizer(self, config):
+    def build_optimizer(self, config: Config) -> torch.optim.Optimizer:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
         from .optim import optimizer_class, param_groups
@@ -202,7 +215,7 @@ class FSDP(Parallelized):
         # defer to the last micro-batch, holding every block's unsharded fp32 gradient in between.
         self.defer = config.parallel.grad_sync == "step"
 
-    def no_sync(self, last: bool):
+    def no_sync(self, last: bool) -> contextlib.AbstractContextManager:
         self.module.set_requires_gradient_sync(last or not self.defer)
         return contextlib.nullcontext()
 

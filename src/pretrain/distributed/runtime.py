@@ -9,15 +9,21 @@ from __future__ import annotations
 import gc
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
 from ..errors import ConfigError
 
+if TYPE_CHECKING:
+    from .mesh import Layout
+
 
 @dataclass
 class Runtime:
+    """This process's place: its rank among world_size, its device, and the run's tensor and pipeline degrees."""
+
     rank: int
     world_size: int
     local_rank: int
@@ -26,7 +32,7 @@ class Runtime:
     pipeline: int = 1  # which ranks hold the same model shard, and so which ranks split the batch
 
     @property
-    def layout(self):
+    def layout(self) -> Layout:
         from .mesh import Layout
 
         return Layout.of(self, self.world_size)  # this runtime's tensor and pipeline degrees
@@ -118,7 +124,7 @@ def barrier(rt: Runtime) -> None:
         dist.barrier()
 
 
-def gather_to_main(value, rt: Runtime) -> list | None:
+def gather_to_main(value: Any, rt: Runtime) -> list | None:
     """Every rank's `value` (any picklable object) on rank 0, in rank order; None on the other ranks."""
     if not rt.distributed:
         return [value]

@@ -293,11 +293,10 @@ def run_cell(cell: Cell, warmup_steps: int, steps: int) -> dict:
     trainer = error = None
     try:
         loader = SyntheticTokens(cell.config.model.vocab_size, t.seq_len, seed=t.seed)
-        trainer = Trainer(cell.config, cell.rt, loader=loader, quiet=True)
+        trainer = Trainer(cell.config, cell.rt, loader=loader, quiet=True, plan=cell.plan)
         measurement = None
         for _ in range(warmup_steps):
-            trainer.measure_next = trainer.state.step + 1 == MEASURE_STEP  # what a run's plan-vs-run measures
-            step = trainer.step()
+            step = trainer.step(measure=trainer.state.step + 1 == MEASURE_STEP)  # what a run's plan vs run measures
             measurement = step.measured or measurement
         synchronize(dev)
         if dev.type == "cuda":

@@ -3,6 +3,13 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..config.schema import Config
 
 # PyTorch's CUDA allocator then grows segments in place instead of caching blocks of fixed sizes: less memory
 # lost to fragmentation as the batch ramp and evaluation change the shapes (torchtitan sets it too).
@@ -16,7 +23,7 @@ def use_expandable_segments() -> None:
         os.environ["PYTORCH_CUDA_ALLOC_CONF"] = ALLOCATOR_CONF
 
 
-def train(config) -> dict:
+def train(config: Config) -> dict:
     """Train from a resolved Config; returns a summary (steps, tokens, final validation loss, run_dir)."""
     use_expandable_segments()
     from ..distributed.runtime import init_runtime, shutdown
@@ -43,7 +50,7 @@ def train(config) -> dict:
         shutdown(rt)
 
 
-def load_model(path, device: str = "cpu"):
+def load_model(path: str | Path, device: str = "cpu") -> torch.nn.Module:
     """Our torch.nn.Module from a run directory or a checkpoint, in eval mode."""
     from .resume import load_model as _load
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +25,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import precision as precisions
 from ..model.transformer import takes_gqa
+
+if TYPE_CHECKING:
+    from ..config.schema import Config
 
 # The fused kernels' aten ops (SDPA itself is a composite: it dispatches to one of these, else to plain math).
 KERNELS = {
@@ -48,7 +53,7 @@ def preferred_kernels(precision: str, capability: tuple[int, int] | None) -> lis
     return HOPPER_ORDER
 
 
-def kernel_choice(backends: list[SDPBackend] | None):
+def kernel_choice(backends: list[SDPBackend] | None) -> Callable[[], contextlib.AbstractContextManager]:
     """A context factory: SDPA restricted to `backends`, in that order, while it is entered; the flags and
     the priority order as they were after it."""
     if backends is None:
@@ -58,7 +63,7 @@ def kernel_choice(backends: list[SDPBackend] | None):
     return functools.partial(sdpa_kernel, backends[:2])
 
 
-def kernel_context(device: torch.device, precision: str):
+def kernel_context(device: torch.device, precision: str) -> Callable[[], contextlib.AbstractContextManager]:
     """The context a training step of this run enters around its forward and backward passes."""
     capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
     return kernel_choice(preferred_kernels(precision, capability))
@@ -74,7 +79,7 @@ class _Ops(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def kernel_that_runs(config, device: torch.device) -> str:
+def kernel_that_runs(config: Config, device: torch.device) -> str:
     """flash | cudnn | efficient | math | flex: the kernel one training attention of this run's shape runs on,
     under the kernel choice its steps make (with train.document_masking: under its mask)."""
     m, t = config.model, config.train

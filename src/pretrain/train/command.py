@@ -10,15 +10,20 @@ checkpoints/, tensorboard/.
 
 from __future__ import annotations
 
+import argparse
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..config_args import add_config_arguments, split_items
+
+if TYPE_CHECKING:
+    from ..config.schema import Config
 
 HELP = "train a model (one CPU/GPU, or many under torchrun)"
 
 
-def add_arguments(p):
+def add_arguments(p: argparse.ArgumentParser) -> None:
     add_config_arguments(p)
     p.add_argument(
         "--resume",
@@ -28,7 +33,7 @@ def add_arguments(p):
     )
 
 
-def resolve(args):
+def resolve(args: argparse.Namespace) -> Config:
     """The config of `pretrain train`: a file, or a run directory's saved config when resuming."""
     from ..config import load_config
     from ..config.checks import GridError
@@ -105,7 +110,7 @@ def check_saved_config(saved: Path) -> None:
     raise UsageError(f"--resume {run_dir}: the run's config {saved} {problem}; {fix}")
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     from . import train, use_expandable_segments
 
     use_expandable_segments()  # before the config's checks, which may ask CUDA about the GPU

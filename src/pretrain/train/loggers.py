@@ -8,6 +8,7 @@ import json
 import netrc
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -17,7 +18,7 @@ from ..files import write_atomic
 IDS = "loggers.json"
 
 
-def check_installed(names) -> None:
+def check_installed(names: Sequence[str]) -> None:
     """Before any training: a logger asked for but not installed is a one-line error naming the extra."""
     for name in names:
         if name == "tensorboard":
@@ -31,7 +32,7 @@ def check_installed(names) -> None:
             ) from None
 
 
-def open_sinks(names, run_dir: Path, config: dict) -> list:
+def open_sinks(names: Sequence[str], run_dir: Path, config: dict) -> list[TensorBoard | WandB | MLflow]:
     """One sink per logger, W&B and MLflow continuing the runs named in RUN_DIR/loggers.json."""
     path = run_dir / IDS
     ids = json.loads(path.read_text()) if path.exists() else {}
@@ -46,7 +47,7 @@ def open_sinks(names, run_dir: Path, config: dict) -> list:
 class TensorBoard:
     run_id = None
 
-    def __init__(self, run_dir: Path, run_id, config: dict):
+    def __init__(self, run_dir: Path, run_id: str | None, config: dict):
         quiet_write_errors_in_threads()  # before the writer: it writes the file's header from its thread at once
         try:
             from torch.utils.tensorboard import SummaryWriter
@@ -102,7 +103,7 @@ def wandb_mode() -> str:
 class WandB:
     """RUN_DIR/wandb/, project WANDB_PROJECT (default pretrain), named after the run directory."""
 
-    def __init__(self, run_dir: Path, run_id, config: dict):
+    def __init__(self, run_dir: Path, run_id: str | None, config: dict):
         import wandb
 
         self._run = wandb.init(
@@ -130,7 +131,7 @@ class MLflow:
     RUN_DIR/mlruns`); experiment MLFLOW_EXPERIMENT_NAME (default pretrain), the run named after the run
     directory."""
 
-    def __init__(self, run_dir: Path, run_id, config: dict):
+    def __init__(self, run_dir: Path, run_id: str | None, config: dict):
         from mlflow.tracking import MlflowClient
 
         uri = os.environ.get("MLFLOW_TRACKING_URI")

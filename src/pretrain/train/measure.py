@@ -13,6 +13,8 @@ count what the planner models:
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -173,7 +175,12 @@ class SavedTensorMeter:
         return any(torch.equal(flat, p.detach().reshape(-1).to(t.dtype)) for p in by_numel.get(numel, ()))
 
 
-def measure_forward(model, tokens, targets, autocast) -> tuple[torch.Tensor, dict]:
+def measure_forward(
+    model: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    tokens: torch.Tensor,
+    targets: torch.Tensor,
+    autocast: Callable[[], AbstractContextManager],
+) -> tuple[torch.Tensor, dict]:
     """Run one training forward under the meter; returns the loss (backward it as usual) and the bytes."""
     meter = SavedTensorMeter(model)
     inner = getattr(model, "module", model)  # DDP wraps our model

@@ -7,17 +7,22 @@ import dataclasses
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..files import write_atomic
 from ..gpus import catalog_name
-from ..plan import make_plan
+from ..plan.hardware import peak_tflops as planners_peak
 from ..precision import matmul_dtype
 from ..units import GiB, nbytes
 
+if TYPE_CHECKING:
+    from ..config.schema import Config
+    from ..distributed.runtime import Runtime
 
-def config_for_device(config, rt):
+
+def config_for_device(config: Config, rt: Runtime) -> Config:
     """The run's config with the hardware the run really has: the detected GPU (or cpu), the world size."""
     hardware = {"gpu": "cpu"}
     if rt.device.type == "cuda":
@@ -32,13 +37,13 @@ def config_for_device(config, rt):
     )
 
 
-def peak_tflops(device_config, device=torch.device("cpu")) -> tuple[float | None, str]:
+def peak_tflops(device_config: Config, device: torch.device = torch.device("cpu")) -> tuple[float | None, str]:
     """Peak of this device for the run's precision, from a stable source: the planner's (catalog, profile,
     hardware.peak_tflops), else a measurement made once per machine and cached. Never a probe inside each run:
     on a busy machine one read 10-100x low and logged an MFU far above 1."""
-    p = make_plan(device_config)
-    if p["hardware"]["peak_tflops"]:
-        return p["hardware"]["peak_tflops"], p["hardware"]["peak_source"]
+    planned, source = planners_peak(device_config.hardware, device_config.train.precision)
+    if planned:
+        return planned, source
     dtype = matmul_dtype(device_config.train.precision, device.type)
     what = "CPU" if device.type == "cpu" else torch.cuda.get_device_name(device)
     key = f"{what} {_processor()} | {dtype} | {torch.get_num_threads()} threads | torch {torch.__version__}"
@@ -101,7 +106,7 @@ def summary(p: dict) -> str:
     return "\n".join(lines)
 
 
-def _row(name, planned, measured, unit):
+def _row(name: str, planned: float | None, measured: float | None, unit: str) -> dict:
     error = None
     if planned not in (None, 0) and measured is not None:
         error = round(100.0 * (measured - planned) / planned, 2)

@@ -11,14 +11,26 @@ from __future__ import annotations
 
 import queue
 import threading
+from typing import Protocol
 
 import torch
 
 DEPTH = 2  # batches read ahead: one in flight to the GPU, one ready behind it
 
 
+class WindowSource(Protocol):
+    """What the trainer reads batches from (data.loader.RandomWindows, data.mixture.MixtureWindows, a sweep's
+    synthetic tokens): (inputs, targets) of a micro-batch, and a position a checkpoint can restore."""
+
+    def next_batch(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+
 class Prefetcher:
-    def __init__(self, loader, batch_size: int, device: torch.device):
+    def __init__(self, loader: WindowSource, batch_size: int, device: torch.device):
         self.loader, self.batch_size = loader, batch_size
         self.pin = device.type == "cuda"
         self.device = device

@@ -6,9 +6,13 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
 from ..units import GiB
+
+if TYPE_CHECKING:
+    from ..distributed.runtime import Runtime
 
 # What a run writes besides its checkpoints: the history of one run.
 HISTORY = (
@@ -35,16 +39,13 @@ def host_memory_bytes() -> int:
     return total
 
 
-def check_fits_device(config, rt) -> None:
-    """Refuse a run whose planned memory per process exceeds its device: the GPU's memory, or on a CPU the
-    host's RAM shared by the ranks on this host. Called before the model is built: the default 6.7B config
-    started on a laptop is one line, not minutes of swapping and the OOM killer."""
+def check_fits_device(plan: dict, rt: Runtime) -> None:
+    """Refuse a run whose planned memory per process (`plan`: the run's, for the device it has) exceeds its
+    device: the GPU's memory, or on a CPU the host's RAM shared by the ranks on this host. Called before the
+    model is built: the default 6.7B config started on a laptop is one line, not minutes of swapping and the
+    OOM killer."""
     import torch
 
-    from ..plan import plan_with_explain
-    from .plan_check import config_for_device
-
-    plan = plan_with_explain(config_for_device(config, rt), advice=False)[0]
     m = plan["memory_bytes"]
     per_process = m["total"]
     if rt.device.type == "cuda":
@@ -63,7 +64,7 @@ def check_fits_device(config, rt) -> None:
         )
 
 
-def set_aside_history(run_dir) -> Path | None:
+def set_aside_history(run_dir: str | Path) -> Path | None:
     """A run directory with an earlier run's history but no checkpoint (stopped before its first one): move
     that history into RUN_DIR/previous-<UTC time>/ so that the new run's metrics.jsonl starts empty instead of
     continuing another run's steps. Nothing is deleted. Returns the folder, or None when there was nothing."""

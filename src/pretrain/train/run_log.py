@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from ..progress import terminal_bar
@@ -20,7 +21,7 @@ class TrainingLog:
         total_steps: int,
         progress: bool,
         enabled: bool = True,
-        loggers=("tensorboard",),
+        loggers: Sequence[str] = ("tensorboard",),
         config: dict | None = None,
     ):
         self.enabled = enabled

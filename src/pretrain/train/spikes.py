@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import math
 import statistics
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..config.schema import StabilityConfig
 
 
 class SpikeDetector:
-    def __init__(self, cfg):
+    def __init__(self, cfg: StabilityConfig):
         self.cfg = cfg
         self.history: list[float] = []
         self.streak = 0

@@ -19,38 +19,32 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..model.moe import end_step
 from .measure import measure_forward, model_state_bytes
+from .state import StepResult, TrainState
 
-
-@dataclass
-class StepResult:
-    loss: float  # mean loss over the global batch
-    grad_norm: float  # global gradient norm before clipping
-    lr: float
-    batch_tokens: int  # tokens of this step, all ranks together
-    finite: bool  # the update was applied (the gradient norm was finite)
-    stop: bool  # some rank asked to stop after this step
-    measured: dict | None = None  # bytes held, on a measurement step (see measure.py)
-    rolled_back: bool = False  # set by the stability callback: the step was undone
-    moe: dict | None = None  # Mixture-of-Experts: balancing losses and expert load (model.moe.end_step)
+if TYPE_CHECKING:
+    from ..distributed.engines import Parallelized
+    from ..distributed.pipeline import Pipelined
+    from ..distributed.runtime import Runtime
+    from .prefetch import Prefetcher
 
 
 def train_step(
-    par,
-    batches,
-    state,
+    par: Parallelized,
+    batches: Prefetcher,
+    state: TrainState,
     *,
     accum: int,
     lr: float,
     grad_clip: float,
     micro_batch_size: int,
     seq_len: int,
-    scaler=None,
+    scaler: torch.amp.GradScaler | None = None,
     stop_asked: bool = False,
     measure: bool = False,
 ) -> StepResult:
@@ -108,9 +102,9 @@ def train_step(
 
 
 def pipeline_train_step(
-    par,
-    batches,
-    state,
+    par: Pipelined,
+    batches: Prefetcher,
+    state: TrainState,
     *,
     accum: int,
     lr: float,
@@ -159,7 +153,7 @@ def pipeline_train_step(
     )
 
 
-def _reduce(loss_sum, accum: int, stop_asked: bool, norm, rt) -> torch.Tensor:
+def _reduce(loss_sum: torch.Tensor, accum: int, stop_asked: bool, norm: torch.Tensor, rt: Runtime) -> torch.Tensor:
     """[sum over ranks of each rank's mean loss, ranks asking to stop, grad norm] on the device, with one
     collective. fp64 for the loss sum over ranks, as each rank's mean is added in the same order as a float64
     would be. The tensor ranks of a data-parallel group hold the same loss: the mean over all ranks is the mean
@@ -193,7 +187,7 @@ class HostCopy:
         return self.host.tolist()
 
 
-def _step_unless_overflow(optimizer, norm: torch.Tensor, numbers: HostCopy) -> None:
+def _step_unless_overflow(optimizer: torch.optim.Optimizer, norm: torch.Tensor, numbers: HostCopy) -> None:
     """The optimizer's update unless the global grad norm (the same on every rank) is inf or NaN: decided on
     the device by an optimizer that takes an overflow flag (fused AdamW: GradScaler's `found_inf`), else on
     the host."""
@@ -207,7 +201,7 @@ def _step_unless_overflow(optimizer, norm: torch.Tensor, numbers: HostCopy) -> N
         optimizer.step()
 
 
-def _agree_on_overflow(scaler, optimizer, norm: torch.Tensor) -> None:
+def _agree_on_overflow(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer, norm: torch.Tensor) -> None:
     """Every rank's loss scaler skips alike. Its own check sees this rank's gradients only (a shard under FSDP,
     tensor or expert parallelism), and torch's reduction of its flag over a DTensor mesh follows the placement
     of the first gradient alone: a replicated first gradient is not reduced (torch 2.6 to 2.13, checked on both).
@@ -219,18 +213,18 @@ def _agree_on_overflow(scaler, optimizer, norm: torch.Tensor) -> None:
         found.copy_(torch.maximum(found, overflow.to(found.device)))
 
 
-def _set_lr(optimizer, lr: float) -> None:
+def _set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
     for group in optimizer.param_groups:
         group["lr"] = lr
 
 
-def _flag(on: bool, device) -> torch.Tensor:
+def _flag(on: bool, device: torch.device) -> torch.Tensor:
     """A rank's yes/no (a stop request) as a number an all-reduce sums: any rank's yes makes it positive.
     Filled on the device: a Python number copied into a CUDA tensor would wait for everything queued."""
     return torch.full((), 1.0 if on else 0.0, dtype=torch.float64, device=device)
 
 
-def _advance(state, batch_tokens: int) -> int:
+def _advance(state: TrainState, batch_tokens: int) -> int:
     """Count the step and its tokens (every data-parallel rank's micro-batches: the tensor ranks and pipeline
     stages of a replica share its batch) in `state`."""
     state.step += 1

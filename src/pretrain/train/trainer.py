@@ -11,7 +11,10 @@ is a callback in train/callbacks/, deciding for itself when it acts.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import yaml
@@ -34,7 +37,7 @@ from ..precision import half_dtype
 from . import checkpoint as ckpt
 from . import plan_check, resume
 from .attention import kernel_context
-from .callbacks import default_callbacks
+from .callbacks import Callback, default_callbacks
 from .callbacks.evaluation import evaluate
 from .callbacks.preemption import preempted
 from .callbacks.spikes import Stability
@@ -42,17 +45,25 @@ from .callbacks.tasks import evaluate_tasks
 from .checkpointer import Checkpointer
 from .data_changes import stopped_by_data_change
 from .loggers import check_installed
-from .prefetch import Prefetcher
+from .prefetch import Prefetcher, WindowSource
 from .preflight import check_fits_device, set_aside_history
 from .run_log import TrainingLog
-from .state import TrainState
-from .step import StepResult, pipeline_train_step, train_step
+from .state import Asks, StepResult, TrainState
+from .step import pipeline_train_step, train_step
+
+if TYPE_CHECKING:
+    from ..config.schema import Config
+    from ..data.loader import PreparedData
+    from ..distributed.engines import Parallelized
+    from ..distributed.runtime import Runtime
+    from ..lock import HeldLock
+    from ..model.documents import Documents
 
 
 class TensorState:
     """Model + optimizer (+ the fp16 loss scaler): the tensors of a checkpoint."""
 
-    def __init__(self, par, scaler):
+    def __init__(self, par: Parallelized, scaler: torch.amp.GradScaler | None):
         self.par, self.scaler = par, scaler
 
     def state_dict(self) -> dict:
@@ -67,7 +78,7 @@ class TensorState:
             self.scaler.load_state_dict(sd["scaler"])
 
 
-def launched_config(config, rt, own_data: bool):
+def launched_config(config: Config, rt: Runtime, own_data: bool) -> Config:
     """The config this process trains: the world torchrun gives is the truth (steps, batch, the plan), and the
     data directory is saved absolute (export, generate and resume run from anywhere). A new object: the
     loaded config is never changed."""
@@ -81,9 +92,49 @@ def launched_config(config, rt, own_data: bool):
 
 
 class Trainer:
-    def __init__(self, config, rt, loader=None, quiet: bool = False):
+    """What a callback reads (train/callbacks/__init__.py): everything below; it changes none of it, but asks
+    (state.Asks), and the trainer carries that out (`carry_out`)."""
+
+    config: Config  # the launched config: this world's size, the data directories absolute
+    rt: Runtime  # this process's place, with the run's tensor and pipeline degrees
+    run_dir: Path
+    device_config: Config  # the config with the hardware the run has (plan_check.config_for_device)
+    plan: dict  # the run's one plan (pretrain.plan), made at start-up, at the peak behind its MFU
+    mixture: list[dict] | None  # a mixture's sources (data/mixture.py), each with its opened data
+    data: PreparedData | None  # data.dir's prepared data; None for a mixture or a loader of its own
+    lock: HeldLock | None  # run.dir's lock, held by rank 0 of a run that writes
+    resume_from: Path | None  # the checkpoint this run resumes from
+    stage_change: dict | None  # a resume at another train.seq_len: a stage of context extension
+    history_aside: Path | None  # where an earlier run's history without a checkpoint was moved
+    total_steps: int
+    warmup: int  # warm-up steps of the schedule this run follows (a resumed run's may differ: resumed_schedule)
+    schedule_change: dict | None  # a resume into a run of another length: the event that says so
+    ramp: dict  # the batch ramp's arguments (plan.schedule.micro_batches_per_step)
+    documents: Documents | None  # train.document_masking: the documents of a window (model/documents.py)
+    attention_kernels: Callable[[], AbstractContextManager]  # entered by each step
+    par: Parallelized  # the model made trainable here, with its optimizer
+    scaler: torch.amp.GradScaler | None  # fp16-mixed's loss scaler
+    batches: Prefetcher
+    state: TrainState  # the counters, and the last metrics interval
+    callbacks: list[Callback]  # in callbacks.ORDER
+    stability: Stability  # the callback whose rollback the trainer carries out, and whose `good` marks a save
+    checkpointer: Checkpointer
+    stop_reason: str  # the first stop a callback asked for ("" none): the coming steps carry it to every rank
+    measure_next: bool  # a callback asked that the coming step count the bytes it holds
+    in_step: tuple | None  # while a step runs: where a data fault mid-step rewinds to (data_changes.py)
+    log: TrainingLog
+
+    def __init__(
+        self,
+        config: Config,
+        rt: Runtime,
+        loader: WindowSource | None = None,
+        quiet: bool = False,
+        plan: dict | None = None,
+    ):
         """`loader` replaces the data directory (e.g. synthetic tokens for `pretrain sweep`); `quiet` writes
-        nothing to the run directory."""
+        nothing to the run directory; `plan`: this config's plan on this device where the caller has made it
+        already (`pretrain sweep`'s cell), else the trainer makes it."""
         from ..data.loader import RandomWindows
         from ..data.mixture import MixtureWindows
 
@@ -93,7 +144,9 @@ class Trainer:
         rt = dataclasses.replace(rt, tensor=c.parallel.tensor, pipeline=c.parallel.pipeline)
         self.rt, self.run_dir = rt, Path(c.run.dir)
         check_trainable(c, needs_data=loader is None)
-        check_fits_device(c, rt)
+        self.device_config = plan_check.config_for_device(c, rt)
+        self.plan = plan if plan is not None else self._plan_run()
+        check_fits_device(self.plan, rt)
         check_installed(c.run.loggers)
         check_fp8_installed(t.precision)
         self._open_data(loader)
@@ -119,7 +172,7 @@ class Trainer:
         )
         self.batches = Prefetcher(loader, t.micro_batch_size, rt.device)
         self.state = TrainState()
-        self.callbacks = default_callbacks(c)
+        self.callbacks = default_callbacks(c, self.plan)
         self.stability = next(cb for cb in self.callbacks if isinstance(cb, Stability))
         parts = {"data": self.batches}
         for cb in self.callbacks:
@@ -127,12 +180,8 @@ class Trainer:
         self.checkpointer = Checkpointer(
             self.run_dir, rt, TensorState(self.par, self.scaler), self.state, parts, c, self.total_steps, self.warmup
         )
-        self.device_config = plan_check.config_for_device(c, rt)
-        self.plan, self.peak = None, None
-        self.stop_signal, self.stop_reason = 0, ""
-        self.measure_next = False
-        self.in_step = None  # while a step runs: where a data fault mid-step rewinds to (data_changes.py)
-        self.last_metrics: dict = {}
+        self.stop_reason, self.measure_next = "", False
+        self.in_step = None
         self.log = TrainingLog(
             self.run_dir,
             self.total_steps,
@@ -142,7 +191,17 @@ class Trainer:
             config=c.to_dict(),
         )
 
-    def _open_data(self, loader) -> None:
+    def _plan_run(self) -> dict:
+        """The run's one plan, at the peak behind its MFU: the memory check before anything is built, the
+        figures plan vs run compares, the FLOPs per token of every metrics line. The plan's tokens/s is
+        labelled with where that peak came from (the catalog, a profile, the key, or this machine's cached
+        measurement), not with the key it is passed through."""
+        peak, source = plan_check.peak_tflops(self.device_config, self.rt.device)
+        plan = make_plan(replaced(self.device_config, {"hardware.peak_tflops": peak}))
+        plan["hardware"]["peak_source"] = source
+        return plan
+
+    def _open_data(self, loader: WindowSource | None) -> None:
         """A mixture's sources (data/mixture.py), each with its data; otherwise None and self.data is data.dir;
         None both with a loader of its own."""
         from ..data.loader import SequentialWindows, open_training_data
@@ -181,7 +240,7 @@ class Trainer:
                 f"`pretrain train --resume {self.run_dir}` or choose a new run.dir"
             )
         self.resume_from, corrupt = resume.resume_point(self.run_dir) if c.run.resume == "auto" else (None, [])
-        self.stage_change = None  # a resume at another train.seq_len: a stage of context extension
+        self.stage_change = None
         if self.resume_from is not None:
             resume.check_resume_compatible(self.resume_from, c)
             self.stage_change = resume.stage_change(self.resume_from, c)
@@ -246,30 +305,23 @@ class Trainer:
 
     def _fit(self) -> dict:
         self.resume_or_start()
-        self.peak, source = plan_check.peak_tflops(self.device_config, self.rt.device)
-        # the plan's tokens/s at the peak behind MFU, labelled with where that peak came from (the catalog, a
-        # profile, the key, or this machine's cached measurement), not with the key it is passed through
-        self.plan = make_plan(replaced(self.device_config, {"hardware.peak_tflops": self.peak}))
-        self.plan["hardware"]["peak_source"] = source
         for cb in self.callbacks:
-            cb.on_fit_start(self)
+            self.carry_out(cb.on_fit_start(self))
         try:
             while self.state.step < self.total_steps:
                 for cb in self.callbacks:
-                    cb.on_step_start(self)
+                    self.carry_out(cb.on_step_start(self))
                 # Where a data fault mid-step rewinds to; the RNG only where a step draws from it (dropout).
                 self.in_step = (
                     self.state.micro_batches,
                     self.batches.state_dict(),
                     ckpt.rng_state() if self.config.model.dropout else None,
                 )
-                result = self.step()
-                self.in_step = None
-                for cb in self.callbacks:
-                    cb.on_step_end(self, result)
-                    if result.rolled_back:
-                        break
-                if result.stop and not result.rolled_back:
+                result = self.step(measure=self.measure_next, stop_asked=bool(self.stop_reason))
+                self.in_step, self.measure_next = None, False
+                if not result.finite:  # the update was skipped (the stability callback logs it)
+                    self.state.nonfinite_skips += 1
+                if self.end_step(result) and result.stop:
                     return preempted(self)
             final = evaluate(self)
             if self.config.run.eval_tasks:
@@ -284,12 +336,35 @@ class Trainer:
             "step": self.state.step,
             "tokens": self.state.tokens,
             "val_loss": final["val_loss"],
-            "train_loss": self.last_metrics.get("loss"),
+            "train_loss": self.state.interval.loss if self.state.interval else None,
             "run_dir": str(self.run_dir),
         }
 
-    def step(self) -> StepResult:
-        """One optimizer step at the schedule's learning rate and the batch ramp's size."""
+    def end_step(self, result: StepResult) -> bool:
+        """Every callback's on_step_end, in order, each one's asks carried out before the next; False when one
+        rolled the step back (the callbacks after it do not see it)."""
+        for cb in self.callbacks:
+            if self.carry_out(cb.on_step_end(self, result), result):
+                return False
+        return True
+
+    def carry_out(self, asks: Asks | None, result: StepResult | None = None) -> bool:
+        """What a callback's hook asked (state.Asks), the one place the trainer changes for a callback; True
+        when the step was rolled back."""
+        if asks is None:
+            return False
+        self.stop_reason = self.stop_reason or asks.stop
+        self.measure_next = self.measure_next or asks.measure_next
+        if asks.interval is not None:
+            self.state.interval = asks.interval
+        if asks.rollback:
+            assert result is not None, "a rollback is asked for by on_step_end, of the step just made"
+            self.stability.rollback(self, result.loss)
+        return asks.rollback
+
+    def step(self, measure: bool = False, stop_asked: bool = False) -> StepResult:
+        """One optimizer step at the schedule's learning rate and the batch ramp's size; `measure`: count the
+        bytes it holds (measure.py); `stop_asked`: this rank asks every rank to stop after it."""
         t, st = self.config.train, self.state
         accum = micro_batches_per_step(st.tokens, **self.ramp)
         lr = (
@@ -304,8 +379,6 @@ class Trainer:
             )
             * st.lr_multiplier()
         )
-        measure, self.measure_next = self.measure_next, False
-        stop_asked = bool(self.stop_signal or self.stop_reason)
         with self.attention_kernels():
             if self.config.parallel.pipeline > 1:
                 return pipeline_train_step(

@@ -1,63 +1,131 @@
 """What happens around the optimizer steps, each piece deciding for itself when it acts (OLMo-core's callbacks).
 
-The trainer calls, in list order: `on_fit_start` once (after a resume), `on_step_start` and `on_step_end`
-around every optimizer step, and `on_fit_end` once, however the run ends. A callback that undoes a step (a
-rollback) sets `result.rolled_back`; the callbacks after it then skip that step. `stateful()` names the
-small states a callback wants saved in checkpoints (trainer.json[name]).
+The contract (docs/architecture.md, "a callback"): the trainer calls, in list order, `on_fit_start` once (after a
+resume), `on_step_start` and `on_step_end` around every optimizer step, and `on_fit_end` once, however the run
+ends. A hook reads the trainer (its config, `state`, the step's `StepResult`, the plan) and returns `Asks` (stop,
+roll back, measure the next step, record an interval) or None; the trainer carries the asks out before the
+next callback's hook runs. A step rolled back is seen by no callback after the one that asked. `stateful()`
+names the small states a callback wants saved in checkpoints (trainer.json[name]).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ..state import Asks, StepResult, TrainState
+
+if TYPE_CHECKING:
+    import torch
+
+    from ...config.schema import Config
+    from ...data.loader import PreparedData
+    from ...distributed.engines import Parallelized
+    from ...distributed.runtime import Runtime
+    from ..checkpointer import Checkpointer
+    from ..prefetch import Prefetcher
+    from ..run_log import TrainingLog
+
+
+class TrainerView(Protocol):
+    """What a callback reads of the trainer (train/trainer.py's Trainer is one; its class body says what each
+    is). Read, never assigned: a callback asks for a change by returning `Asks`."""
+
+    config: Config
+    rt: Runtime
+    run_dir: Path
+    device_config: Config
+    plan: dict
+    state: TrainState
+    total_steps: int
+    par: Parallelized
+    scaler: torch.amp.GradScaler | None
+    batches: Prefetcher
+    mixture: list[dict] | None
+    data: PreparedData | None
+    resume_from: Path | None
+    log: TrainingLog
+    checkpointer: Checkpointer
+    callbacks: list[Callback]
+    stop_reason: str
+
+    def save(self) -> Path: ...
+
+    def barrier(self) -> None: ...
+
 
 class Callback:
-    def on_fit_start(self, trainer) -> None:
-        pass
+    def on_fit_start(self, trainer: TrainerView) -> Asks | None:
+        return None
 
-    def on_step_start(self, trainer) -> None:
-        pass
+    def on_step_start(self, trainer: TrainerView) -> Asks | None:
+        return None
 
-    def on_step_end(self, trainer, result) -> None:
-        pass
+    def on_step_end(self, trainer: TrainerView, result: StepResult) -> Asks | None:
+        return None
 
-    def on_fit_end(self, trainer) -> None:
-        pass
+    def on_fit_end(self, trainer: TrainerView) -> None:
+        return None
 
-    def stateful(self) -> dict:
+    def stateful(self) -> dict[str, Any]:
+        """{name: an object with state_dict() and load_state_dict()}, saved in trainer.json[name]."""
         return {}
 
 
-def default_callbacks(config) -> list[Callback]:
-    """The run's callbacks, in the order they act on a step: undo it, report it, evaluate, save, stop."""
+# The order in which the callbacks see a step, and why each stands where it does (docs/architecture.md lists
+# it; tests/train/test_callbacks.py checks both). Optional ones are left out of a run that does not want them.
+ORDER = (
+    "Stability",  # first: a step it rolls back is seen by no other callback, so none logs or saves it
+    "MetricsLogger",  # the step's metrics line, and the interval it times for PlanVsRun
+    "EpochWarnings",  # (data.mixture) after the metrics line: a warning follows the step it is about
+    "PlanVsRun",  # after MetricsLogger: compares the interval recorded on this step with the plan
+    "Evaluation",  # validation loss every run.eval_every steps
+    "TaskEvaluation",  # (run.eval_tasks) downstream tasks, after the validation loss
+    "Checkpointing",  # after everything that reports on the step: a checkpoint is a step that was reported
+    "Preemption",  # a signal asks to stop: the trainer checkpoints and exits after the step that carries it
+    "Fp8Check",  # (debug.fp8_check) its bf16-shadow line after the step's metrics
+    "FaultInjection",  # (debug.* tests only) last: its step_sleep comes after everything a step does
+)
+
+
+def default_callbacks(config: Config, plan: dict) -> list[Callback]:
+    """The run's callbacks in ORDER; `plan` is the trainer's one plan of this run, for those that compare
+    with it."""
     from .checkpointing import Checkpointing
     from .evaluation import Evaluation
     from .faults import FaultInjection
     from .metrics import MetricsLogger
+    from .mixture import EpochWarnings
     from .plan_vs_run import PlanVsRun
     from .preemption import Preemption
     from .spikes import Stability
 
-    callbacks: list[Callback] = [
+    callbacks: list[Callback | None] = [
         Stability(config.stability),
-        MetricsLogger(),
-        PlanVsRun(),
+        MetricsLogger(plan),
+        EpochWarnings() if config.data.mixture else None,
+        PlanVsRun(plan),
         Evaluation(),
+        _task_evaluation(config),
         Checkpointing(),
         Preemption(),
+        _fp8_check(config),
+        FaultInjection(config.debug) if FaultInjection.wanted(config.debug) else None,
     ]
-    if config.run.eval_tasks:
-        from .tasks import TaskEvaluation
+    return [cb for cb in callbacks if cb is not None]
 
-        callbacks.insert(
-            callbacks.index(next(cb for cb in callbacks if isinstance(cb, Evaluation))) + 1, TaskEvaluation(config)
-        )
-    if config.data.mixture:
-        from .mixture import EpochWarnings
 
-        callbacks.insert(2, EpochWarnings())  # after MetricsLogger: the warning follows the step's metrics line
-    if config.debug.fp8_check:  # the bf16 shadow of fp8's first steps
-        from .fp8_check import Fp8Check
+def _task_evaluation(config: Config) -> Callback | None:
+    if not config.run.eval_tasks:
+        return None
+    from .tasks import TaskEvaluation  # checks that pretrain[eval] is installed: only where it is wanted
 
-        callbacks.append(Fp8Check(config.debug.fp8_check))
-    if FaultInjection.wanted(config.debug):  # tests only: nothing of it runs in a normal run
-        callbacks.append(FaultInjection(config.debug))
-    return callbacks
+    return TaskEvaluation(config)
+
+
+def _fp8_check(config: Config) -> Callback | None:
+    if not config.debug.fp8_check:  # the bf16 shadow of fp8's first steps
+        return None
+    from .fp8_check import Fp8Check
+
+    return Fp8Check(config.debug.fp8_check)

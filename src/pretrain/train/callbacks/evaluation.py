@@ -3,21 +3,26 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 
-from . import Callback
+from ..state import StepResult
+from . import Callback, TrainerView
+
+if TYPE_CHECKING:
+    from ...data.loader import PreparedData
 
 
 class Evaluation(Callback):
-    def on_step_end(self, trainer, result) -> None:
+    def on_step_end(self, trainer: TrainerView, result: StepResult) -> None:
         every, step = trainer.config.run.eval_every, trainer.state.step
         if every and step % every == 0 and step < trainer.total_steps:
             evaluate(trainer)
 
 
 @torch.no_grad()
-def evaluate(trainer) -> dict:
+def evaluate(trainer: TrainerView) -> dict:
     """Mean loss over `run.eval_batches` micro-batches of the validation split, the same windows every time,
     averaged over ranks; logged as val_loss and val_ppl. A mixture evaluates each source's split as well
     (val_loss/<name>, run.eval_batches micro-batches each): val_loss is then their mean weighted by the
@@ -49,7 +54,7 @@ def evaluate(trainer) -> dict:
     return record
 
 
-def _mean_loss(trainer, data) -> float:
+def _mean_loss(trainer: TrainerView, data: PreparedData) -> float:
     from ...data.loader import SequentialWindows
 
     c, rt, par = trainer.config, trainer.rt, trainer.par

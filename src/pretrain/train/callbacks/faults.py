@@ -12,19 +12,25 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
 from ...files import write_atomic
-from . import Callback
+from ..state import Asks, StepResult
+from . import Callback, TrainerView
+
+if TYPE_CHECKING:
+    from ...config.schema import DebugConfig
 
 
 class FaultInjection(Callback):
-    def __init__(self, debug):
+    def __init__(self, debug: DebugConfig):
         self.debug = debug
 
     @staticmethod
-    def wanted(debug) -> bool:
+    def wanted(debug: DebugConfig) -> bool:
         return bool(
             debug.inject_nan_batches
             or debug.inject_spike_batches
@@ -33,7 +39,7 @@ class FaultInjection(Callback):
             or debug.stop_after_step
         )
 
-    def on_fit_start(self, trainer) -> None:
+    def on_fit_start(self, trainer: TrainerView) -> None:
         d = self.debug
         if d.inject_inf_grad_batches and trainer.rt.rank == 0:
             self.grad_hook = trainer.par.module.embed.register_forward_hook(self.inf_gradient(trainer))
@@ -52,7 +58,9 @@ class FaultInjection(Callback):
 
         self.hook = trainer.par.module.register_forward_hook(corrupt_loss)
 
-    def inf_gradient(self, trainer):
+    def inf_gradient(self, trainer: TrainerView) -> Callable:
+        """A forward hook on the embedding: an inf in its gradient on debug.inject_inf_grad_batches."""
+
         def poison(grad):  # the first token's: inf in its embedding row alone
             grad = grad.clone()
             grad[0, 0] = float("inf")
@@ -65,7 +73,7 @@ class FaultInjection(Callback):
 
         return hook
 
-    def on_fit_end(self, trainer) -> None:
+    def on_fit_end(self, trainer: TrainerView) -> None:
         if not self.debug.inject_inf_grad_batches:
             return
         optimizer = getattr(trainer.par.optimizer, "optim", trainer.par.optimizer)
@@ -76,10 +84,11 @@ class FaultInjection(Callback):
         }
         write_atomic(trainer.run_dir / f"faults.rank{trainer.rt.rank}.json", json.dumps(record))
 
-    def on_step_start(self, trainer) -> None:
+    def on_step_start(self, trainer: TrainerView) -> Asks | None:
         if self.debug.stop_after_step and trainer.state.step + 1 == self.debug.stop_after_step:
-            trainer.stop_reason = "debug.stop_after_step"
+            return Asks(stop="debug.stop_after_step")
+        return None
 
-    def on_step_end(self, trainer, result) -> None:
+    def on_step_end(self, trainer: TrainerView, result: StepResult) -> None:
         if self.debug.step_sleep:
             time.sleep(self.debug.step_sleep)

@@ -24,7 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
-from . import Callback
+from ..state import StepResult
+from . import Callback, TrainerView
 
 
 class Fp8Check(Callback):
@@ -33,7 +34,7 @@ class Fp8Check(Callback):
         self.hooks: list = []
         self.errors: dict[str, list[torch.Tensor]] = {}
 
-    def on_fit_start(self, trainer) -> None:
+    def on_fit_start(self, trainer: TrainerView) -> None:
         if trainer.state.step >= self.steps:  # resumed past the window
             return
         from torchao.float8.float8_linear import Float8Linear
@@ -62,11 +63,11 @@ class Fp8Check(Callback):
 
         return hook
 
-    def on_step_start(self, trainer) -> None:
+    def on_step_start(self, trainer: TrainerView) -> None:
         for errs in self.errors.values():  # a rolled-back step's (its on_step_end never came here) left behind
             errs.clear()
 
-    def on_step_end(self, trainer, result) -> None:
+    def on_step_end(self, trainer: TrainerView, result: StepResult) -> None:
         if not self.hooks:
             return
         errors = {name: torch.stack(errs).mean().item() for name, errs in self.errors.items() if errs}
@@ -83,7 +84,7 @@ class Fp8Check(Callback):
         if trainer.state.step >= self.steps:
             self.on_fit_end(trainer)
 
-    def on_fit_end(self, trainer) -> None:
+    def on_fit_end(self, trainer: TrainerView) -> None:
         for h in self.hooks:
             h.remove()
         self.hooks = []

@@ -16,23 +16,28 @@ import torch
 
 from ...data.mixture import source_tokens
 from ...plan.flops import mfu
-from . import Callback
+from ..state import Asks, Interval, StepResult
+from . import Callback, TrainerView
 
 
 class MetricsLogger(Callback):
-    def on_fit_start(self, trainer) -> None:
+    def __init__(self, plan: dict):
+        self.plan = plan  # the trainer's plan of this run: its FLOPs per token and the peak behind MFU
+
+    def on_fit_start(self, trainer: TrainerView) -> None:
         self.tokens, self.since, self.started = 0, trainer.state.step, device_clock(trainer.rt.device)
         convention = trainer.config.flops.convention
-        self.flops_per_token = trainer.plan["flops"]["per_token" if convention == "palm" else "per_token_6n"]
+        self.flops_per_token = self.plan["flops"]["per_token" if convention == "palm" else "per_token_6n"]
 
-    def on_step_end(self, trainer, result) -> None:
+    def on_step_end(self, trainer: TrainerView, result: StepResult) -> Asks | None:
         self.tokens += result.batch_tokens
         step = trainer.state.step
         if step % trainer.config.run.log_every and step != trainer.total_steps:
-            return
+            return None
         now = device_clock(trainer.rt.device)
         tps = self.tokens / max(now - self.started, 1e-9)
-        utilisation = mfu(tps, self.flops_per_token, trainer.rt.world_size, trainer.peak)
+        peak = self.plan["hardware"]["peak_tflops"]
+        utilisation = mfu(tps, self.flops_per_token, trainer.rt.world_size, peak)
         record = {
             "step": step,
             "tokens": trainer.state.tokens,
@@ -49,9 +54,9 @@ class MetricsLogger(Callback):
         if trainer.mixture:  # the batches handed out so far, not those read ahead (data/mixture.py)
             record["source_tokens"] = source_tokens(trainer.batches.state_dict())
         trainer.log.metrics(record)
-        trainer.last_metrics = record
-        trainer.last_interval = {"step": step, "start": self.since, "tokens_per_s": tps, "mfu": utilisation}
+        interval = Interval(step=step, start=self.since, tokens_per_s=tps, mfu=utilisation, loss=result.loss)
         self.tokens, self.since, self.started = 0, step, now
+        return Asks(interval=interval)
 
 
 def device_clock(device: torch.device) -> float:

@@ -13,18 +13,19 @@ from ...config import mixture_sources
 from ...config.schema import DataConfig
 from ...data.mixture import cap_windows, source_epochs
 from ...plan.corpus import MAX_EPOCHS
-from . import Callback
+from ..state import StepResult
+from . import Callback, TrainerView
 
 CITATION = 'Muennighoff et al. 2023, "Scaling Data-Constrained Language Models"'
 
 
 class EpochWarnings(Callback):
-    def on_fit_start(self, trainer) -> None:
+    def on_fit_start(self, trainer: TrainerView) -> None:
         self.epochs, self.spent = self._read(trainer)
         if trainer.resume_from is not None:
             self._say_reweighting(trainer)
 
-    def on_step_end(self, trainer, result) -> None:
+    def on_step_end(self, trainer: TrainerView, result: StepResult) -> None:
         epochs, spent = self._read(trainer)
         for source in trainer.mixture:
             name, cap = source["name"], source["max_epochs"]
@@ -50,7 +51,7 @@ class EpochWarnings(Callback):
         self.epochs, self.spent = epochs, spent
 
     @staticmethod
-    def _read(trainer) -> tuple[dict, dict]:
+    def _read(trainer: TrainerView) -> tuple[dict, dict]:
         """Epochs drawn per source, and whether each has drawn all its max_epochs allows."""
         state = trainer.batches.state_dict()
         spent = {
@@ -60,7 +61,7 @@ class EpochWarnings(Callback):
         return source_epochs(state), spent
 
     @staticmethod
-    def _warn(trainer, name: str, epochs: float, cap: float, what: str) -> None:
+    def _warn(trainer: TrainerView, name: str, epochs: float, cap: float, what: str) -> None:
         st = trainer.state
         trainer.log.say(
             f"warning: mixture source {name!r} {what} ({epochs:.2f} epochs drawn by step {st.step:,}, cap {cap:g})"
@@ -77,7 +78,7 @@ class EpochWarnings(Callback):
         )
 
     @staticmethod
-    def _say_reweighting(trainer) -> None:
+    def _say_reweighting(trainer: TrainerView) -> None:
         """The weights of the resumed checkpoint's own config (normalised as this run's are) against this run's;
         the resume has already checked that the sources are the same, in the same order."""
         import yaml

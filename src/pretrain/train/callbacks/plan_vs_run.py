@@ -11,49 +11,52 @@ import torch
 
 from .. import plan_check
 from ..attention import kernel_that_runs
-from . import Callback
+from ..state import Asks, StepResult
+from . import Callback, TrainerView
 
 MEASURE_STEP = 2  # optimizer states exist after the first step; measure the plan on the step after
 
 
 class PlanVsRun(Callback):
-    def on_fit_start(self, trainer) -> None:
-        trainer.log.say(plan_check.summary(trainer.plan))
-        for line in trainer.plan.get("advice", []):  # what `pretrain plan` warns about, said where it matters
+    def __init__(self, plan: dict):
+        self.plan = plan  # the trainer's one plan of this run (Trainer.plan), made at start-up
+
+    def on_fit_start(self, trainer: TrainerView) -> None:
+        trainer.log.say(plan_check.summary(self.plan))
+        for line in self.plan.get("advice", []):  # what `pretrain plan` warns about, said where it matters
             trainer.log.say(f"  ! {line}")
         self.pending = None
         self.reset_peak = False
         self.kernel = kernel_that_runs(trainer.config, trainer.rt.device)
 
-    def on_step_start(self, trainer) -> None:
-        trainer.measure_next = trainer.state.step + 1 == MEASURE_STEP
+    def on_step_start(self, trainer: TrainerView) -> Asks:
         if self.reset_peak:
             # The measurement step holds extras (a second run of block 0, the meter's copies): the peak the
             # plan is compared with is that of the steps after it.
             torch.cuda.reset_peak_memory_stats(trainer.rt.device)
             self.reset_peak = False
+        return Asks(measure_next=trainer.state.step + 1 == MEASURE_STEP)
 
-    def on_step_end(self, trainer, result) -> None:
+    def on_step_end(self, trainer: TrainerView, result: StepResult) -> None:
         if result.measured:
             self.pending = result.measured
             self.reset_peak = trainer.rt.device.type == "cuda"
             if trainer.config.debug.check_sharding:
                 self._check_sharding(trainer, result.measured["states"])
-        interval = getattr(trainer, "last_interval", None)
-        step = trainer.state.step
-        if self.pending is None or not interval or interval["step"] != step:
+        interval, step = trainer.state.interval, trainer.state.step
+        if self.pending is None or interval is None or interval.step != step:
             return
-        if interval["start"] >= MEASURE_STEP or step == trainer.total_steps:
+        if interval.start >= MEASURE_STEP or step == trainer.total_steps:
             device = trainer.rt.device
             peak = int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
             report = plan_check.compare(
-                trainer.plan,
+                self.plan,
                 self.pending["states"],
                 self.pending["saved"],
                 peak,
-                interval["tokens_per_s"],
-                interval["mfu"],
-                trainer.plan["time"]["utilisation"],
+                interval.tokens_per_s,
+                interval.mfu,
+                self.plan["time"]["utilisation"],
                 str(device),
             )
             report["attention_kernel"] = self.kernel
@@ -67,7 +70,7 @@ class PlanVsRun(Callback):
                 self._write_rank_report(trainer, report)
             self.pending = None
 
-    def _write_rank_report(self, trainer, report: dict) -> None:
+    def _write_rank_report(self, trainer: TrainerView, report: dict) -> None:
         """This rank's plan_vs_run.rank<R>.json: its place in the grid, and its model-state rows against the
         planner's figures for that place (ranks differ under ZeRO-1 and with uneven FSDP chunks)."""
         from ...plan.model_states import model_state_tensors
@@ -90,7 +93,7 @@ class PlanVsRun(Callback):
         plan_check.write(trainer.run_dir, mine, name=f"plan_vs_run.rank{rt.rank}.json")
 
     @staticmethod
-    def _check_sharding(trainer, states: dict) -> None:
+    def _check_sharding(trainer: TrainerView, states: dict) -> None:
         """Debug mode: this rank holds exactly what the planner says this rank holds (one shared truth)."""
         from ...plan.model_states import model_state_tensors
 

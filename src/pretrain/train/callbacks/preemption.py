@@ -6,14 +6,20 @@ from __future__ import annotations
 
 import os
 import signal
+from typing import Any
 
-from . import Callback
+from ..state import Asks
+from . import Callback, TrainerView
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class Preemption(Callback):
-    def on_fit_start(self, trainer) -> None:
+    def __init__(self) -> None:
+        self.signal = 0  # the signal received, set by the handler (it may come at any moment)
+        self.previous: dict[int, Any] = {}
+
+    def on_fit_start(self, trainer: TrainerView) -> None:
         keep = (
             "with a checkpoint"
             if trainer.config.run.checkpoint_every
@@ -21,9 +27,9 @@ class Preemption(Callback):
         )
 
         def handler(signum, frame):
-            if trainer.stop_signal:  # a second signal: leave at once
+            if self.signal:  # a second signal: leave at once
                 os._exit(128 + signum)
-            trainer.stop_signal = signum
+            self.signal = signum
             name = signal.Signals(signum).name
             os.write(
                 2, f"pretrain train: {name}: stopping after this step {keep} ({name} again exits at once)\n".encode()
@@ -31,21 +37,22 @@ class Preemption(Callback):
 
         self.previous = {sig: signal.signal(sig, handler) for sig in SIGNALS}
 
-    def on_fit_end(self, trainer) -> None:
-        for sig, previous in getattr(self, "previous", {}).items():
+    def on_step_start(self, trainer: TrainerView) -> Asks | None:
+        """A signal that came during the last step stops the run after this one (its all-reduce tells every
+        rank)."""
+        return Asks(stop=signal.Signals(self.signal).name) if self.signal else None
+
+    def on_fit_end(self, trainer: TrainerView) -> None:
+        for sig, previous in self.previous.items():
             signal.signal(sig, previous)
 
 
-def preempted(trainer) -> dict:
+def preempted(trainer: TrainerView) -> dict:
     """The run stops here: checkpoint (unless this step already wrote one, or the run keeps none), say how to
     resume."""
     keeps = trainer.config.run.checkpoint_every > 0
     path = (trainer.checkpointer.saved_now() or trainer.save()) if keeps else None
-    name = (
-        signal.Signals(trainer.stop_signal).name
-        if trainer.stop_signal
-        else trainer.stop_reason or "a signal on another rank"
-    )
+    name = trainer.stop_reason or "a signal on another rank"
     st = trainer.state
     trainer.log.event(
         {

@@ -8,18 +8,23 @@ checkpoint ~100 steps earlier and skip the data around the spike, Chowdhery et a
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .. import checkpoint as ckpt
 from ..spikes import SpikeDetector
-from ..state import TrainingStopped
-from . import Callback
+from ..state import Asks, StepResult, TrainingStopped
+from . import Callback, TrainerView
+
+if TYPE_CHECKING:
+    from ...config.schema import StabilityConfig
 
 
 class Stability(Callback):
-    def __init__(self, cfg):
+    def __init__(self, cfg: StabilityConfig):
         self.cfg = cfg
         self.detector = SpikeDetector(cfg)
 
-    def stateful(self) -> dict:
+    def stateful(self) -> dict[str, SpikeDetector]:
         return {"stability": self.detector}
 
     @property
@@ -27,10 +32,9 @@ class Stability(Callback):
         """A checkpoint written now is a rollback target: no spike is under way."""
         return not self.detector.active
 
-    def on_step_end(self, trainer, result) -> None:
+    def on_step_end(self, trainer: TrainerView, result: StepResult) -> Asks | None:
         st = trainer.state
-        if not result.finite:
-            st.nonfinite_skips += 1
+        if not result.finite:  # the trainer has counted it (TrainState.nonfinite_skips)
             trainer.log.event(
                 {
                     "event": "nonfinite_skip",
@@ -52,10 +56,13 @@ class Stability(Callback):
                 }
             )
         elif action == "rollback":
-            self.rollback(trainer, result.loss)
-            result.rolled_back = True
+            return Asks(rollback=True)
+        return None
 
-    def rollback(self, trainer, loss: float) -> None:
+    def rollback(self, trainer: TrainerView, loss: float) -> None:
+        """Back to the newest good checkpoint, the data stream going on: what the trainer carries out when this
+        callback asks it to roll back (Trainer.carry_out), the one place besides the trainer that sets the
+        counters (TrainState: the restored step, the rollbacks, the learning-rate scale)."""
         st, cfg, run_dir = trainer.state, self.cfg, trainer.run_dir
         recent = [s for s in st.rollbacks if st.step - s < cfg.rollback_window]
         if len(recent) >= cfg.max_rollbacks:
@@ -123,6 +130,6 @@ class Stability(Callback):
         )
 
 
-def json_float(x: float):
+def json_float(x: float) -> float | str:
     """JSON has no NaN or infinity: those are written as strings."""
     return x if x == x and abs(x) != float("inf") else str(x)

@@ -14,15 +14,21 @@ again: the report keeps the later line.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
-from . import Callback
+from ..state import StepResult
+from . import Callback, TrainerView
+
+if TYPE_CHECKING:
+    from ...config.schema import Config
 
 LOGGED = ("acc", "acc_stderr", "acc_norm", "acc_norm_stderr", "acc_bytes", "bits_per_byte", "chance")
 
 
 class TaskEvaluation(Callback):
-    def __init__(self, config):
+    def __init__(self, config: Config):
         from ...eval.tasks import check_tasks
         from ...task_catalog import task_names
 
@@ -30,7 +36,7 @@ class TaskEvaluation(Callback):
         self.checked = check_tasks(self.names)  # pretrain[eval] installed, local files readable: before training
         self.tasks = None
 
-    def on_fit_start(self, trainer) -> None:
+    def on_fit_start(self, trainer: TrainerView) -> None:
         from ...data.tokenizer import data_tokenizer, find_tokenizer
         from ...errors import UsageError
         from ...eval.tasks import load_tasks
@@ -48,7 +54,7 @@ class TaskEvaluation(Callback):
         # This rank's share: every data_size-th example, all of its choices.
         self.tasks = [(task, [r for r in task.requests if r.doc % rt.data_size == rt.data_rank]) for task in tasks]
 
-    def on_step_end(self, trainer, result) -> None:
+    def on_step_end(self, trainer: TrainerView, result: StepResult) -> None:
         run, step = trainer.config.run, trainer.state.step
         every = run.eval_every if run.eval_tasks_every is None else run.eval_tasks_every
         if every and step % every == 0 and step < trainer.total_steps:
@@ -56,7 +62,7 @@ class TaskEvaluation(Callback):
 
 
 @torch.no_grad()
-def evaluate_tasks(trainer) -> dict:
+def evaluate_tasks(trainer: TrainerView) -> dict:
     from ...distributed.runtime import all_reduce_max, all_reduce_sum
     from ...eval.scoring import METRICS, loglikelihoods, moments, per_example, summarize
 
