@@ -45,6 +45,6 @@ def train(config) -> dict:
 
 def load_model(path, device: str = "cpu"):
     """Our torch.nn.Module from a run directory or a checkpoint, in eval mode."""
-    from .resume import load_model as _load
+    from .checkpoint.contents import load_model as _load
 
     return _load(path, device=device)

@@ -40,7 +40,7 @@ def preempted(trainer) -> dict:
     """The run stops here: checkpoint (unless this step already wrote one, or the run keeps none), say how to
     resume."""
     keeps = trainer.config.run.checkpoint_every > 0
-    path = (trainer.checkpointer.saved_now() or trainer.save()) if keeps else None
+    path = (trainer.checkpoints.saved_now() or trainer.save()) if keeps else None
     name = (
         signal.Signals(trainer.stop_signal).name
         if trainer.stop_signal
