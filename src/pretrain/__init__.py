@@ -18,7 +18,7 @@ def __getattr__(name):
 
         return make_plan
     if name == "load_model":
-        from .train.resume import load_model
+        from .train.checkpoint.contents import load_model
 
         return load_model
     raise AttributeError(f"module 'pretrain' has no attribute {name!r}")

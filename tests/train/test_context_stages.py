@@ -12,7 +12,8 @@ import pytest
 
 from pretrain.config import load_config
 from pretrain.errors import UsageError
-from pretrain.train import resume
+from pretrain.train.checkpoint.choice import resume_point
+from pretrain.train.checkpoint.compatibility import stage_change
 from support import finished_run, losses, run_cli, tiny
 
 pytest.importorskip("torch")
@@ -63,15 +64,15 @@ def test_a_longer_seq_len_on_resume_is_a_new_stage_and_resumes_bitwise(prepared,
 
     # Without global_batch_tokens the tokens per step double (seq 64 -> 128, one micro-batch of 4 a step)
     # under a length counted in tokens: refused; counted in steps it is well defined.
-    checkpoint = resume.resume_point(first)[0]
+    checkpoint = resume_point(first)[0]
     changed = load_config(first / "config.yaml", ["train.seq_len=128", "train.global_batch_tokens=null"])
     with pytest.raises(
         UsageError,
         match=r"128 here, 64 in checkpoint .* tokens per step go from 256 to 512, "
         r".*train.global_batch_tokens=256",
     ):
-        resume.stage_change(checkpoint, changed)
+        stage_change(checkpoint, changed)
     counted_in_steps = load_config(
         first / "config.yaml", ["train.seq_len=128", "train.global_batch_tokens=null", "train.max_steps=12"]
     )
-    assert resume.stage_change(checkpoint, counted_in_steps)["tokens_per_step_after"] == 512
+    assert stage_change(checkpoint, counted_in_steps)["tokens_per_step_after"] == 512

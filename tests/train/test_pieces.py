@@ -6,8 +6,8 @@ import torch
 
 from pretrain.config import load_config
 from pretrain.plan.schedule import learning_rate
-from pretrain.train import checkpoint as ckpt
-from pretrain.train.resume import latest_checkpoint, resume_point
+from pretrain.train.checkpoint.choice import latest_checkpoint, prune, remove_after, resume_point
+from pretrain.train.checkpoint.format import checkpoint_dir, list_checkpoints, save_checkpoint
 from pretrain.train.spikes import SpikeDetector
 from pretrain.train.trainer import TrainState
 
@@ -70,7 +70,7 @@ def test_the_history_is_the_window():
 
 
 def save(run_dir, step, good=True):
-    return ckpt.save_checkpoint(
+    return save_checkpoint(
         run_dir, step, {"w": torch.full((4,), float(step))}, {"step": step, "good": good}, "model: {}\n"
     )
 
@@ -80,7 +80,7 @@ def test_latest_checkpoint_skips_corrupt_bad_and_later_ones(tmp_path):
         save(tmp_path, step, good)
     assert latest_checkpoint(tmp_path).name == "step_00000040"
     assert latest_checkpoint(tmp_path, good_only=True, before_step=35).name == "step_00000020"  # 30 was mid-spike
-    with open(ckpt.checkpoint_dir(tmp_path, 40) / "trainer.json", "a") as f:
+    with open(checkpoint_dir(tmp_path, 40) / "trainer.json", "a") as f:
         f.write(" ")  # one byte more than the manifest says
     with pytest.warns(UserWarning, match="corrupt"):
         assert latest_checkpoint(tmp_path).name == "step_00000030"
@@ -91,18 +91,18 @@ def test_latest_checkpoint_skips_corrupt_bad_and_later_ones(tmp_path):
 def test_pruning_keeps_the_newest_and_always_the_newest_good_one(tmp_path):
     for step, good in [(10, True), (20, True), (30, False), (40, False)]:
         save(tmp_path, step, good)
-    ckpt.prune(tmp_path, keep=2)
-    assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["step_00000020", "step_00000030", "step_00000040"]
-    ckpt.remove_after(tmp_path, 20)  # a rollback to 20 abandons what the spike wrote
-    assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["step_00000020"]
+    prune(tmp_path, keep=2)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_00000020", "step_00000030", "step_00000040"]
+    remove_after(tmp_path, 20)  # a rollback to 20 abandons what the spike wrote
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_00000020"]
 
 
 def test_a_checkpoint_without_a_manifest_is_never_pruned_or_chosen(tmp_path):
     save(tmp_path, 10)
     save(tmp_path, 20)
-    (ckpt.checkpoint_dir(tmp_path, 20) / "manifest.json").unlink()  # as if copied by hand, half-way
-    ckpt.prune(tmp_path, keep=1)
-    assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["step_00000010", "step_00000020"]
+    (checkpoint_dir(tmp_path, 20) / "manifest.json").unlink()  # as if copied by hand, half-way
+    prune(tmp_path, keep=1)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_00000010", "step_00000020"]
     with pytest.warns(UserWarning):
         assert latest_checkpoint(tmp_path).name == "step_00000010"
 

@@ -52,6 +52,6 @@ def train(config: Config) -> dict:
 
 def load_model(path: str | Path, device: str = "cpu") -> torch.nn.Module:
     """Our torch.nn.Module from a run directory or a checkpoint, in eval mode."""
-    from .resume import load_model as _load
+    from .checkpoint.contents import load_model as _load
 
     return _load(path, device=device)

@@ -74,27 +74,16 @@ def check_same_run_dir(run_dir: Path, overrides: list[str]) -> None:
 def check_saved_config(saved: Path) -> None:
     """The run's config.yaml must be there and hold a config; when it does not, name it and the verified copy
     in the newest checkpoint to restore it from (every checkpoint keeps its own, checksummed)."""
-    import yaml
-
     from ..errors import UsageError
-    from .resume import resume_point
+    from .checkpoint.choice import resume_point
+    from .checkpoint.run_dir import RunDir
 
     run_dir = saved.parent
     if not run_dir.is_dir():
         raise UsageError(
             f"--resume {run_dir}: no such directory; give the run directory of an earlier `pretrain train`"
         )
-    problem = None
-    if not saved.is_file():
-        problem = "is missing"
-    else:
-        try:
-            raw = yaml.safe_load(saved.read_text(encoding="utf-8"))
-        except (yaml.YAMLError, UnicodeDecodeError) as e:
-            problem = f"is not valid YAML ({type(e).__name__})"
-        else:
-            if not isinstance(raw, dict) or not raw:
-                problem = "is empty" if not raw else "does not hold a mapping of config sections"
+    problem = RunDir(run_dir).config_problem()
     if problem is None:
         return
     try:

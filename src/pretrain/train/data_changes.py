@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..data.token_files import DataChanged
 from ..errors import UsageError
-from . import checkpoint as ckpt
+from .checkpoint.format import set_rng_state
 
 
 def stopped_by_data_change(trainer, error: DataChanged) -> UsageError:
@@ -45,7 +45,7 @@ def stopped_by_data_change(trainer, error: DataChanged) -> UsageError:
         st.micro_batches, data, rng = trainer.in_step
         trainer.batches.load_state_dict(data)
         if rng is not None:
-            ckpt.set_rng_state(rng)
-    path = trainer.checkpointer.saved_now() or trainer.save()
+            set_rng_state(rng)
+    path = trainer.checkpoints.saved_now() or trainer.save()
     trainer.log.event({**event, "path": str(path)})
     return UsageError(f"{source}: {error}; stopped after step {st.step:,} with checkpoint {path}; {fix}")

@@ -1,10 +1,9 @@
-"""Checks of a training run before anything is allocated or written: does the planned memory fit the machine,
-and does the run directory hold an earlier run's history that the new one must not append to."""
+"""A check of a training run before anything is allocated or written: does the planned memory fit the machine.
+(What the run directory holds is checkpoint/run_dir.py's.)"""
 
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -13,18 +12,6 @@ from ..units import GiB
 
 if TYPE_CHECKING:
     from ..distributed.runtime import Runtime
-
-# What a run writes besides its checkpoints: the history of one run.
-HISTORY = (
-    "metrics.jsonl",
-    "events.jsonl",
-    "tensorboard",
-    "plan_vs_run.json",
-    "config.yaml",
-    "loggers.json",
-    "wandb",
-    "mlruns",
-)
 
 
 def host_memory_bytes() -> int:
@@ -62,22 +49,3 @@ def check_fits_device(plan: dict, rt: Runtime) -> None:
             f"{have / GiB:.1f} GiB; choose a smaller model, batch or sequence, or more devices "
             "(`pretrain plan` with this config shows the memory and ways to fit it)"
         )
-
-
-def set_aside_history(run_dir: str | Path) -> Path | None:
-    """A run directory with an earlier run's history but no checkpoint (stopped before its first one): move
-    that history into RUN_DIR/previous-<UTC time>/ so that the new run's metrics.jsonl starts empty instead of
-    continuing another run's steps. Nothing is deleted. Returns the folder, or None when there was nothing."""
-    run_dir = Path(run_dir)
-    present = [run_dir / name for name in HISTORY if (run_dir / name).exists()]
-    if not any(p.suffix == ".jsonl" for p in present):
-        return None  # no history: at most a config.yaml, which the new run writes again
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    aside, n = run_dir / f"previous-{stamp}", 1
-    while aside.exists():
-        n += 1
-        aside = run_dir / f"previous-{stamp}-{n}"
-    aside.mkdir()
-    for p in present:
-        os.rename(p, aside / p.name)
-    return aside

@@ -1,7 +1,7 @@
 """The trainer: builds a run from its config and runs `fit()`, the optimizer steps with callbacks around them.
 
   build    the run's config for this process layout, the data, the model made trainable here
-           (distributed/parallelize.py), the batches (read ahead), the callbacks, the checkpointer
+           (distributed/parallelize.py), the batches (read ahead), the callbacks, its checkpoints
   fit      resume or start; then step (step.py) and let every callback act on the result, until the last
            step or a stop request; a final validation pass
 Everything else a run does (metrics, plan vs run, evaluation, checkpoints, loss-spike rollback, preemption)
@@ -17,36 +17,35 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-import yaml
 
 from ..config import mixture_sources, replaced
 from ..config.trainable import check_trainable
 from ..data.documents import check_document_index
 from ..data.token_files import DataChanged
 from ..distributed.fp8 import check_installed as check_fp8_installed
-from ..errors import UsageError
-from ..files import write_atomic
 from ..gpus import mixed_precision
-from ..lock import exclusive_lock
 from ..model.documents import documents_of_run
 from ..plan import make_plan
 from ..plan.length import training_length
 from ..plan.params import count_params
 from ..plan.schedule import learning_rate, micro_batches_per_step, resumed_schedule
 from ..precision import half_dtype
-from . import checkpoint as ckpt
-from . import plan_check, resume
+from . import plan_check
 from .attention import kernel_context
 from .callbacks import Callback, default_callbacks
 from .callbacks.evaluation import evaluate
 from .callbacks.preemption import preempted
 from .callbacks.spikes import Stability
 from .callbacks.tasks import evaluate_tasks
-from .checkpointer import Checkpointer
+from .checkpoint.choice import prune, resume_point
+from .checkpoint.compatibility import check_resume_compatible, stage_change
+from .checkpoint.contents import Checkpoints, TensorState
+from .checkpoint.format import read_trainer_state, rng_state
+from .checkpoint.run_dir import RunDir
 from .data_changes import stopped_by_data_change
 from .loggers import check_installed
 from .prefetch import Prefetcher, WindowSource
-from .preflight import check_fits_device, set_aside_history
+from .preflight import check_fits_device
 from .run_log import TrainingLog
 from .state import Asks, StepResult, TrainState
 from .step import pipeline_train_step, train_step
@@ -56,26 +55,7 @@ if TYPE_CHECKING:
     from ..data.loader import PreparedData
     from ..distributed.engines import Parallelized
     from ..distributed.runtime import Runtime
-    from ..lock import HeldLock
     from ..model.documents import Documents
-
-
-class TensorState:
-    """Model + optimizer (+ the fp16 loss scaler): the tensors of a checkpoint."""
-
-    def __init__(self, par: Parallelized, scaler: torch.amp.GradScaler | None):
-        self.par, self.scaler = par, scaler
-
-    def state_dict(self) -> dict:
-        sd = self.par.state_dict()
-        if self.scaler is not None:
-            sd["scaler"] = self.scaler.state_dict()
-        return sd
-
-    def load_state_dict(self, sd: dict) -> None:
-        self.par.load_state_dict(sd)
-        if self.scaler is not None and "scaler" in sd:
-            self.scaler.load_state_dict(sd["scaler"])
 
 
 def launched_config(config: Config, rt: Runtime, own_data: bool) -> Config:
@@ -102,7 +82,7 @@ class Trainer:
     plan: dict  # the run's one plan (pretrain.plan), made at start-up, at the peak behind its MFU
     mixture: list[dict] | None  # a mixture's sources (data/mixture.py), each with its opened data
     data: PreparedData | None  # data.dir's prepared data; None for a mixture or a loader of its own
-    lock: HeldLock | None  # run.dir's lock, held by rank 0 of a run that writes
+    directory: RunDir  # run.dir: its lock (held by rank 0 of a run that writes), config.yaml, set-asides
     resume_from: Path | None  # the checkpoint this run resumes from
     stage_change: dict | None  # a resume at another train.seq_len: a stage of context extension
     history_aside: Path | None  # where an earlier run's history without a checkpoint was moved
@@ -118,7 +98,7 @@ class Trainer:
     state: TrainState  # the counters, and the last metrics interval
     callbacks: list[Callback]  # in callbacks.ORDER
     stability: Stability  # the callback whose rollback the trainer carries out, and whose `good` marks a save
-    checkpointer: Checkpointer
+    checkpoints: Checkpoints
     stop_reason: str  # the first stop a callback asked for ("" none): the coming steps carry it to every rank
     measure_next: bool  # a callback asked that the coming step count the bytes it holds
     in_step: tuple | None  # while a step runs: where a data fault mid-step rewinds to (data_changes.py)
@@ -143,6 +123,7 @@ class Trainer:
         # This run's grid: the tensor ranks and pipeline stages of one data-parallel rank read its batches.
         rt = dataclasses.replace(rt, tensor=c.parallel.tensor, pipeline=c.parallel.pipeline)
         self.rt, self.run_dir = rt, Path(c.run.dir)
+        self.directory = RunDir(self.run_dir)
         check_trainable(c, needs_data=loader is None)
         self.device_config = plan_check.config_for_device(c, rt)
         self.plan = plan if plan is not None else self._plan_run()
@@ -153,7 +134,7 @@ class Trainer:
         self._claim_run_dir(quiet)
         self.total_steps = training_length(c, count_params(c.model).total)["steps"]
         # A resume into a run of another length follows the new length's schedule, said in an event.
-        saved = ckpt.read_trainer_state(self.resume_from) if self.resume_from is not None else {"step": 0}
+        saved = read_trainer_state(self.resume_from) if self.resume_from is not None else {"step": 0}
         self.warmup, self.schedule_change = resumed_schedule(t, saved, self.total_steps)
         self.ramp = dict(
             seq_len=t.seq_len,
@@ -177,7 +158,7 @@ class Trainer:
         parts = {"data": self.batches}
         for cb in self.callbacks:
             parts.update(cb.stateful())
-        self.checkpointer = Checkpointer(
+        self.checkpoints = Checkpoints(
             self.run_dir, rt, TensorState(self.par, self.scaler), self.state, parts, c, self.total_steps, self.warmup
         )
         self.stop_reason, self.measure_next = "", False
@@ -225,31 +206,20 @@ class Trainer:
         """One trainer per run directory, before any write; where it resumes from, and an earlier run's
         leftovers set aside."""
         c, rt = self.config, self.rt
-        self.lock = (
-            exclusive_lock(
-                self.run_dir / ".lock",
-                f"run.dir {self.run_dir}",
-                "wait for that run to end or stop it, or choose another run.dir",
-            )
-            if rt.is_main and not quiet
-            else None
-        )
-        if c.run.resume == "never" and not quiet and ckpt.list_checkpoints(self.run_dir):
-            raise UsageError(
-                f"run.dir {self.run_dir} already holds checkpoints of another run; continue it with "
-                f"`pretrain train --resume {self.run_dir}` or choose a new run.dir"
-            )
-        self.resume_from, corrupt = resume.resume_point(self.run_dir) if c.run.resume == "auto" else (None, [])
+        if rt.is_main and not quiet:
+            self.directory.lock()
+        if c.run.resume == "never" and not quiet:
+            self.directory.check_new_run()
+        self.resume_from, corrupt = resume_point(self.run_dir) if c.run.resume == "auto" else (None, [])
         self.stage_change = None
         if self.resume_from is not None:
-            resume.check_resume_compatible(self.resume_from, c)
-            self.stage_change = resume.stage_change(self.resume_from, c)
+            check_resume_compatible(self.resume_from, c)
+            self.stage_change = stage_change(self.resume_from, c)
         self.barrier()  # every rank has verified before rank 0 renames anything
         self.history_aside = None
         if rt.is_main and not quiet:
-            resume.set_aside(corrupt)
-            if not ckpt.list_checkpoints(self.run_dir):  # an earlier run's history is not this run's
-                self.history_aside = set_aside_history(self.run_dir)
+            self.directory.set_aside_corrupt(corrupt)
+            self.history_aside = self.directory.set_aside_history()  # an earlier run's is not this run's
 
     def _build_model(self) -> None:
         """The documents of a window, the attention kernels, and the model built and parallelized."""
@@ -300,8 +270,7 @@ class Trainer:
                 cb.on_fit_end(self)
             self.batches.close()
             self.log.close()
-            if self.lock is not None:
-                self.lock.release()
+            self.directory.release()
 
     def _fit(self) -> dict:
         self.resume_or_start()
@@ -315,7 +284,7 @@ class Trainer:
                 self.in_step = (
                     self.state.micro_batches,
                     self.batches.state_dict(),
-                    ckpt.rng_state() if self.config.model.dropout else None,
+                    rng_state() if self.config.model.dropout else None,
                 )
                 result = self.step(measure=self.measure_next, stop_asked=bool(self.stop_reason))
                 self.in_step, self.measure_next = None, False
@@ -411,11 +380,11 @@ class Trainer:
 
     def resume_or_start(self) -> None:
         if self.rt.is_main:
-            ckpt.remove_partial(self.run_dir)
+            self.directory.remove_partial()
         self.barrier()
         found = self.resume_from
         if found is not None:
-            self.checkpointer.load(found)
+            self.checkpoints.load(found)
             self._write_config()  # only after a successful restore: a failed --resume leaves it as it was
             st = self.state
             self.log.start_at(st.step)
@@ -468,9 +437,9 @@ class Trainer:
     def save(self) -> Path:
         """Checkpoint the current step (every rank), keep the newest, say so."""
         good = self.stability.good
-        path = self.checkpointer.save(good)
+        path = self.checkpoints.save(good)
         if self.rt.is_main:
-            ckpt.prune(self.run_dir, self.config.run.keep_checkpoints)
+            prune(self.run_dir, self.config.run.keep_checkpoints)
             self.log.event(
                 {
                     "event": "checkpoint",
@@ -490,5 +459,4 @@ class Trainer:
 
     def _write_config(self) -> None:
         if self.rt.is_main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            write_atomic(self.run_dir / "config.yaml", yaml.safe_dump(self.config.to_dict(), sort_keys=False))
+            self.directory.write_config(self.config)

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from ...data.loader import PreparedData
     from ...distributed.engines import Parallelized
     from ...distributed.runtime import Runtime
-    from ..checkpointer import Checkpointer
+    from ..checkpoint.contents import Checkpoints
     from ..prefetch import Prefetcher
     from ..run_log import TrainingLog
 
@@ -45,7 +45,7 @@ class TrainerView(Protocol):
     data: PreparedData | None
     resume_from: Path | None
     log: TrainingLog
-    checkpointer: Checkpointer
+    checkpoints: Checkpoints
     callbacks: list[Callback]
     stop_reason: str
 

@@ -51,7 +51,7 @@ def preempted(trainer: TrainerView) -> dict:
     """The run stops here: checkpoint (unless this step already wrote one, or the run keeps none), say how to
     resume."""
     keeps = trainer.config.run.checkpoint_every > 0
-    path = (trainer.checkpointer.saved_now() or trainer.save()) if keeps else None
+    path = (trainer.checkpoints.saved_now() or trainer.save()) if keeps else None
     name = trainer.stop_reason or "a signal on another rank"
     st = trainer.state
     trainer.log.event(

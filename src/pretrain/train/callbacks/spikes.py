@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .. import checkpoint as ckpt
+from ..checkpoint.choice import latest_checkpoint, remove_after
 from ..spikes import SpikeDetector
 from ..state import Asks, StepResult, TrainingStopped
 from . import Callback, TrainerView
@@ -80,7 +80,7 @@ class Stability(Callback):
                 f"{st.step}, loss {loss:.4g}); the run keeps diverging: lower train.lr, check the "
                 f"data, or raise stability.max_rollbacks, then `pretrain train --resume {run_dir}`"
             )
-        target = ckpt.latest_checkpoint(run_dir, good_only=True, before_step=st.step)
+        target = latest_checkpoint(run_dir, good_only=True, before_step=st.step)
         if target is None and not trainer.config.run.checkpoint_every:
             trainer.log.event(
                 {
@@ -103,10 +103,10 @@ class Stability(Callback):
             )
         from_step, from_tokens = st.step, st.tokens
         keep = (st.micro_batches, st.rollbacks + [from_step])
-        saved = trainer.checkpointer.load(target, skip=("data", "rng"))
+        saved = trainer.checkpoints.load(target, skip=("data", "rng"))
         st.micro_batches, st.rollbacks = keep  # the data stream goes on past what caused the spike
         if trainer.rt.is_main:  # written on the way into the spike: a resume must not go back to them
-            ckpt.remove_after(run_dir, st.step)
+            remove_after(run_dir, st.step)
         trainer.barrier()
         if cfg.lr_scale != 1.0 and cfg.lr_scale_steps:
             st.lr_scale = cfg.lr_scale

@@ -1,4 +1,4 @@
-"""Checkpoints that survive crashes: atomic, checksummed, resumable on another number of ranks.
+"""A checkpoint's files: the layout, the atomic checksummed write, `verify`, and the loads of its parts.
 
 Layout of RUN_DIR/checkpoints/step_00000100/:
   state/               model and optimizer, torch.distributed.checkpoint (sharded under FSDP, one file
@@ -9,15 +9,14 @@ Layout of RUN_DIR/checkpoints/step_00000100/:
   manifest.json        sha256 and size of every file above, each hashed by the rank that wrote it (rank 0
                        gathers them and writes the manifest last)
 A checkpoint is written into `step_N.tmp/` and renamed to `step_N/` only when complete, so a crash at any
-moment leaves either the previous checkpoint or a `.tmp` directory that the next run deletes.
+moment leaves either the previous checkpoint or a `.tmp` directory that the next run deletes (run_dir.py).
 
-Every reader (resume, rollback, export, generate, `load_model`: train/resume.py) goes through `verify`: the manifest
-must exist,
-list every file the format requires and every file present, and each must match its size and sha256. A
-corrupt checkpoint is never used, deleted or written over: a resume takes the newest one that verifies and
-renames the corrupt ones after it to `step_N.corrupt/` (kept for a person to look at); when none verifies,
-the resume stops. Only directories named `step_` + 8 digits are checkpoints; anything else in checkpoints/
-is left alone, with one warning.
+Every reader (resume, rollback, export, generate, `load_model`: choice.py) goes through `verify`: the manifest
+must exist, list every file the format requires and every file present, and each must match its size and
+sha256. A corrupt checkpoint is never used, deleted or written over: a resume takes the newest one that
+verifies and sets the corrupt ones after it aside as `step_N.corrupt/` (run_dir.py, kept for a person to look
+at); when none verifies, the resume stops. Only directories named `step_` + 8 digits are checkpoints;
+anything else in checkpoints/ is left alone, with one warning.
 """
 
 from __future__ import annotations
@@ -30,14 +29,19 @@ import re
 import shutil
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 import torch.distributed.checkpoint as dcp
+import yaml
 
-from ..errors import UsageError
-from ..files import sha256_file
+from ...files import sha256_file
+
+if TYPE_CHECKING:
+    from ...config.schema import Config
 
 PREFIX = "step_"
 CHECKPOINT_NAME = re.compile(r"step_(\d{8})")
@@ -47,15 +51,21 @@ OWN_NAME = re.compile(r"step_\d{8}(\.tmp|\.removed\.tmp|\.corrupt(-\d+)?)")
 REQUIRED_FILES = ("trainer.json", "config.yaml", "state/.metadata", "rng_rank0.pt")
 
 
-def checkpoint_dir(run_dir: Path, step: int) -> Path:
+def checkpoint_dir(run_dir: str | Path, step: int) -> Path:
     return Path(run_dir) / "checkpoints" / f"{PREFIX}{step:08d}"
+
+
+def config_yaml(config: Config) -> str:
+    """config.yaml's text, in every checkpoint and in the run directory: the resolved config, sections and keys
+    in the schema's order."""
+    return yaml.safe_dump(config.to_dict(), sort_keys=False)
 
 
 def _files(directory: Path) -> list[Path]:
     return sorted(p for p in directory.rglob("*") if p.is_file() and p.name != "manifest.json")
 
 
-def _write_json(path: Path, data: dict) -> None:
+def _write_json(path: Path, data: dict[str, Any]) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     with open(tmp, "w") as f:
         json.dump(data, f, indent=1)
@@ -64,14 +74,14 @@ def _write_json(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
-def rng_state() -> dict:
+def rng_state() -> dict[str, Any]:
     state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
     if torch.cuda.is_initialized():  # this rank's own device only: a resume may see fewer (or other) GPUs
         state["cuda_device"] = torch.cuda.get_rng_state()
     return state
 
 
-def set_rng_state(state: dict) -> None:
+def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     np.random.set_state(state["numpy"])
     random.setstate(state["python"])
@@ -86,21 +96,22 @@ warnings.filterwarnings("ignore", message="TypedStorage is deprecated", module="
 
 
 def save_checkpoint(
-    run_dir,
+    run_dir: str | Path,
     step: int,
-    state_dict: dict,
-    trainer: dict,
+    state_dict: dict[str, Any],
+    trainer: dict[str, Any],
     config_yaml: str,
     rank: int = 0,
-    barrier=lambda: None,
-    gather=lambda value: [value],
+    barrier: Callable[[], None] = lambda: None,
+    gather: Callable[[Any], list[Any] | None] = lambda value: [value],
     fail_disk_full: bool = False,
     pause: float = 0.0,
 ) -> Path:
     """Write checkpoint `step` atomically. `state_dict` holds the model/optimizer state (DCP-ready).
     `gather(value)`: every rank's value on rank 0, in rank order (runtime.gather_to_main).
     `fail_disk_full` and `pause` are fault injection for tests: the write fails half-way as on a full disk,
-    or waits half-way so that a test can kill the process there."""
+    or waits half-way so that a test can kill the process there. A write that fails leaves no `.tmp` behind
+    and raises its OSError (contents.py says a full disk in one line)."""
     final = checkpoint_dir(run_dir, step)
     tmp = final.with_name(final.name + ".tmp")
     try:
@@ -117,6 +128,7 @@ def save_checkpoint(
         # keep the other ranks at the next collective past NCCL's timeout.
         hashed = gather(checksums(tmp, own_files(tmp, rank)))
         if rank == 0:
+            assert hashed is not None  # rank 0 is where gather puts every rank's part
             _write_json(tmp / "trainer.json", trainer)
             (tmp / "config.yaml").write_text(config_yaml)
             hashed = {name: entry for part in hashed for name, entry in part.items()}
@@ -126,20 +138,13 @@ def save_checkpoint(
             _write_json(tmp / "manifest.json", {"step": step, "files": manifest})
             _fsync_dir(tmp)
             if final.exists():  # a checkpoint of the same step from an earlier attempt: replace it
-                _discard(final)
+                discard(final)
             os.rename(tmp, final)
             _fsync_dir(final.parent)
         barrier()
-    except OSError as e:
+    except OSError:
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
-        if e.errno == errno.ENOSPC:
-            previous = latest_checkpoint(run_dir)
-            kept = f"the previous checkpoint {previous.name} is intact" if previous else "no earlier checkpoint"
-            raise UsageError(
-                f"disk full while writing checkpoint {final}; {kept}; free space and resume "
-                f"with `pretrain train --resume {run_dir}`"
-            ) from None
         raise
     return final
 
@@ -150,7 +155,7 @@ def own_files(directory: Path, rank: int) -> list[Path]:
     return [directory / f"rng_rank{rank}.pt", *sorted((directory / "state").glob(f"__{rank}_*.distcp"))]
 
 
-def checksums(directory: Path, files: list[Path]) -> dict[str, dict]:
+def checksums(directory: Path, files: list[Path]) -> dict[str, dict[str, Any]]:
     """{path relative to `directory`: {"sha256", "bytes"}}: the manifest's entries of these files."""
     return {str(p.relative_to(directory)): {"sha256": sha256_file(p), "bytes": p.stat().st_size} for p in files}
 
@@ -164,13 +169,16 @@ def _fsync_dir(path: Path) -> None:
 
 
 def step_of(path: Path) -> int:
-    return int(CHECKPOINT_NAME.fullmatch(path.name).group(1))
+    match = CHECKPOINT_NAME.fullmatch(path.name)
+    if match is None:
+        raise ValueError(f"{path} is not a checkpoint directory (step_ and 8 digits)")
+    return int(match.group(1))
 
 
 _warned_stray: set[Path] = set()
 
 
-def list_checkpoints(run_dir) -> list[Path]:
+def list_checkpoints(run_dir: str | Path) -> list[Path]:
     """The checkpoint directories of a run (`step_` + 8 digits), oldest first, verified or not. Other entries
     of checkpoints/ (a user's `step_00000006_backup/`, notes) are ignored, with one warning per process."""
     root = Path(run_dir) / "checkpoints"
@@ -191,16 +199,7 @@ def list_checkpoints(run_dir) -> list[Path]:
     return sorted(found, key=step_of)
 
 
-def remove_partial(run_dir) -> list[Path]:
-    """Delete `.tmp` directories a crash left behind (only rank 0 calls this)."""
-    root = Path(run_dir) / "checkpoints"
-    partial = [p for p in root.glob(f"{PREFIX}*.tmp")] if root.is_dir() else []
-    for p in partial:
-        shutil.rmtree(p, ignore_errors=True)
-    return partial
-
-
-def verify(path: Path) -> str | None:
+def verify(path: str | Path) -> str | None:
     """None when the checkpoint is complete and intact, else the reason: the manifest must exist, list
     every file the format requires and every file present, and each file must match its size and sha256."""
     path = Path(path)
@@ -238,51 +237,11 @@ def _loaded(rel: str) -> bool:
     return rel in REQUIRED_FILES or rel.startswith("state/") or re.fullmatch(r"rng_rank\d+\.pt", rel) is not None
 
 
-def read_trainer_state(path: Path) -> dict:
+def read_trainer_state(path: str | Path) -> dict[str, Any]:
     return json.loads((Path(path) / "trainer.json").read_text())
 
 
-def latest_checkpoint(run_dir, good_only: bool = False, before_step: int | None = None) -> Path | None:
-    """Newest checkpoint that verifies (optionally: written while no loss spike was active)."""
-    for path in reversed(list_checkpoints(run_dir)):
-        if before_step is not None and step_of(path) > before_step:
-            continue
-        problem = verify(path)
-        if problem:
-            warnings.warn(f"checkpoint {path} is corrupt ({problem}); using the one before it", stacklevel=2)
-            continue
-        if good_only and not read_trainer_state(path).get("good", True):
-            continue
-        return path
-    return None
-
-
-def _ours(path: Path) -> bool:
-    """A checkpoint this code wrote (it has a manifest): the only kind pruning may delete."""
-    return (path / "manifest.json").is_file()
-
-
-def prune(run_dir, keep: int) -> None:
-    """Keep the newest `keep` checkpoints, and always the newest good one (rollback target)."""
-    complete = [p for p in list_checkpoints(run_dir) if _ours(p)]
-    keep_set = set(complete[-keep:])
-    for path in reversed(complete):
-        if read_trainer_state(path).get("good", True):
-            keep_set.add(path)
-            break
-    for path in complete:
-        if path not in keep_set:
-            _discard(path)
-
-
-def remove_after(run_dir, step: int) -> None:
-    """Delete the checkpoints newer than `step` (a rollback abandons the steps that wrote them)."""
-    for path in list_checkpoints(run_dir):
-        if step_of(path) > step and _ours(path):
-            _discard(path)
-
-
-def _discard(path: Path) -> None:
+def discard(path: Path) -> None:
     """Delete a checkpoint so that a crash half-way leaves a `.tmp` directory, never a broken `step_N/`."""
     doomed = path.with_name(path.name + ".removed.tmp")
     shutil.rmtree(doomed, ignore_errors=True)
@@ -290,12 +249,12 @@ def _discard(path: Path) -> None:
     shutil.rmtree(doomed, ignore_errors=True)
 
 
-def load_state(path: Path, state_dict: dict) -> None:
+def load_state(path: str | Path, state_dict: dict[str, Any]) -> None:
     """Fill `state_dict` (model/optimizer, as built for this run's layout) from a checkpoint in place."""
     dcp.load(state_dict, checkpoint_id=str(Path(path) / "state"))
 
 
-def load_rng(path: Path, rank: int) -> None:
+def load_rng(path: str | Path, rank: int) -> None:
     f = Path(path) / f"rng_rank{rank}.pt"
     if f.exists():  # resumed on more ranks than were saved: the new ranks keep their fresh seeds
         set_rng_state(torch.load(f, weights_only=False))

@@ -1,0 +1,119 @@
+"""Whether a resume may continue from a checkpoint with this config: the same model shapes, the same kind of
+data, and a change of train.seq_len only where the run stays well defined (a stage of context extension). Each
+compares the checkpoint's own verified config.yaml with the resumed config before any tensor is loaded."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ...config import mixture_sources
+from ...config.schema import Config, DataConfig
+from ...errors import UsageError
+
+# The model keys that decide which tensors exist and their shapes (the rest: dropout, init, RoPE base, ...
+# may change on a resume). max_seq_len sizes GPT-2's position table only: a LLaMA may extend its context.
+SHAPE_KEYS = (
+    "family",
+    "vocab_size",
+    "pad_vocab_to",
+    "hidden_size",
+    "intermediate_size",
+    "num_layers",
+    "num_heads",
+    "num_kv_heads",
+    "head_dim",
+    "max_seq_len",
+    "tie_embeddings",
+    "qkv_bias",
+    "qk_norm",
+    "bias",
+)
+
+
+def _saved_config(path: Path) -> dict[str, Any]:
+    return yaml.safe_load((Path(path) / "config.yaml").read_text()) or {}
+
+
+def check_resume_compatible(path: Path, config: Config) -> None:
+    """A resume must build the model the checkpoint holds and read the kind of data it read: compare the
+    checkpoint's own (verified) config.yaml with the resumed config before any tensor is loaded, and name the
+    first key that differs."""
+    saved_config = _saved_config(path)
+    check_same_data_kind(path, saved_config.get("data") or {}, config.data)
+    saved = saved_config.get("model") or {}
+    now = config.to_dict()["model"]
+    for key in SHAPE_KEYS:
+        if key == "max_seq_len" and saved.get("family") != "gpt2":
+            continue
+        if key in saved and saved[key] != now.get(key):
+            raise UsageError(
+                f"model.{key}: {now.get(key)!r} here, but checkpoint {path} was trained with "
+                f"{saved[key]!r}; a resume keeps the model's shape: drop the override, or start a "
+                "new run.dir"
+            )
+
+
+def stage_change(path: Path, config: Config) -> dict[str, Any] | None:
+    """The `stage_changed` event of a resume at another train.seq_len (a stage of context extension,
+    docs/train.md), or None. Before any tensor is loaded, refused in one line where the run would not be well
+    defined: a run whose length is counted in tokens (train.tokens, or the default) keeps its tokens per step,
+    as train.global_batch_tokens does at any seq_len, so its remaining steps are the same; a run of
+    train.max_steps may change them (the same sequences per step, longer). data.mixture's per-source counts are
+    in windows of one length: not built for a change."""
+    saved = _saved_config(path)
+    before, t = (saved.get("train") or {}).get("seq_len"), config.train
+    if before is None or before == t.seq_len:
+        return None
+    fix = f"resume at train.seq_len={before}, or start the stage as a new run.dir with model.init_from"
+    if config.data.mixture:
+        raise UsageError(
+            f"train.seq_len: {t.seq_len} here, but checkpoint {path} read data.mixture in windows of "
+            f"{before} tokens; a seq_len change is built for data.dir only: {fix}"
+        )
+    per_step = [
+        _tokens_per_step(saved.get("train") or {}, saved.get("parallel") or {}),
+        _tokens_per_step(dataclasses.asdict(t), dataclasses.asdict(config.parallel)),
+    ]
+    if per_step[0] != per_step[1] and t.max_steps is None:
+        raise UsageError(
+            f"train.seq_len: {t.seq_len} here, {before} in checkpoint {path}, and the tokens per step "
+            f"go from {per_step[0]:,} to {per_step[1]:,}, so the steps left to train.tokens would be "
+            f"counted at the wrong batch; keep the batch in tokens (train.global_batch_tokens="
+            f"{per_step[0]}) or count the run in steps (train.max_steps)"
+        )
+    return {
+        "event": "stage_changed",
+        "seq_len_before": before,
+        "seq_len_after": t.seq_len,
+        "tokens_per_step_before": per_step[0],
+        "tokens_per_step_after": per_step[1],
+    }
+
+
+def _tokens_per_step(train: dict[str, Any], parallel: dict[str, Any]) -> int:
+    """Tokens of one optimizer step (after any batch ramp) from a config's train and parallel sections."""
+    data_parallel = parallel.get("gpus", 1) // (parallel.get("tensor", 1) * parallel.get("pipeline", 1))
+    return train["micro_batch_size"] * train["seq_len"] * train["grad_accum_steps"] * data_parallel
+
+
+def check_same_data_kind(path: Path, saved: dict[str, Any], data: DataConfig) -> None:
+    """data.dir and data.mixture keep different reading states (a position in one permutation; a position and
+    the windows drawn per source): a resume cannot switch between them."""
+
+    def described(mixture, directory) -> str:
+        if mixture:
+            names = ", ".join(s["name"] for s in mixture_sources(DataConfig(mixture=mixture)))
+            return f"data.mixture ({names})"
+        return f"data.dir {directory}"
+
+    if bool(saved.get("mixture")) != bool(data.mixture):
+        then, now = described(saved.get("mixture"), saved.get("dir")), described(data.mixture, data.dir)
+        raise UsageError(
+            f"the checkpoint's data state is for {then}, but this run reads {now}; a resume continues "
+            f"the data stream it started: resume with checkpoint {path}'s {then.split(' ')[0]} (drop the "
+            "override), or start a new run.dir"
+        )
