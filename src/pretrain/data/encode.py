@@ -114,6 +114,7 @@ def init_worker(*args) -> None:
 
 
 def encode_in_worker(chunk: Chunk) -> EncodedChunk:
+    assert _encoder is not None, "the pool's initializer sets it"
     return _encoder(chunk)
 
 

@@ -16,6 +16,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ..errors import UsageError
 from ..files import write_atomic
@@ -47,7 +48,7 @@ def logs_aside(logs: str, tasks: int | None = None):
 
     terminal, log_file = sys.stderr, Path(logs) / "launcher.log"
     done = len(list((Path(logs) / "completions").glob("*"))) if tasks else 0
-    if done:
+    if tasks and done:
         print(f"{done} of {tasks} tasks were done by an earlier run; running the other {tasks - done}", file=terminal)
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with open(log_file, "a", buffering=1) as log, contextlib.redirect_stderr(log):
@@ -174,6 +175,7 @@ class RayReaper:
 
     def release(self) -> None:
         """After ray.shutdown(): the watchdog sweeps what remains, now."""
+        assert self.watchdog.stdin is not None  # stdin=PIPE
         self.watchdog.stdin.close()
         self.watchdog.wait()
 
@@ -219,7 +221,7 @@ def submit_slurm(
     from datatrove.executor.slurm import SlurmPipelineExecutor
 
     env_command = slurm.env_command or (f"source {sys.prefix}/bin/activate" if sys.prefix != sys.base_prefix else "")
-    common = dict(
+    common: dict[str, Any] = dict(
         time=slurm.time,
         partition=slurm.partition,
         cpus_per_task=1,

@@ -75,6 +75,6 @@ def tiktoken_encoder(spec: dict):
     """A tiktoken `Encoding` with the same vocabulary (rank = id); only when why_not_fast(spec) is None."""
     import tiktoken
 
-    return tiktoken.Encoding(
-        "pretrain-bpe", pat_str=GPT2_PATTERN, mergeable_ranks=_mergeable_ranks(spec), special_tokens={}
-    )
+    ranks = _mergeable_ranks(spec)
+    assert not isinstance(ranks, str), ranks  # the caller checked why_not_fast
+    return tiktoken.Encoding("pretrain-bpe", pat_str=GPT2_PATTERN, mergeable_ranks=ranks, special_tokens={})

@@ -157,7 +157,7 @@ def train_tokenizer(
 
     def documents():
         for record in corpus:
-            if record.skip:
+            if record.skip or record.text is None:  # a skipped record has no text
                 stats["skipped"][record.skip] = stats["skipped"].get(record.skip, 0) + 1
                 continue
             stats["num_docs"] += 1

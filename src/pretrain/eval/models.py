@@ -10,10 +10,14 @@ continuations are about a quarter of the tokens, and a 50K-token vocabulary's ou
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import torch
 
 from ..errors import UsageError
+
+if TYPE_CHECKING:
+    from ..model.transformer import Transformer
 
 
 def _gather_logprobs(logits, targets) -> torch.Tensor:
@@ -79,11 +83,13 @@ def load_target(target: str, device: str):
             model = AutoModelForCausalLM.from_pretrained(path, dtype="auto", local_files_only=True)
         except (OSError, ValueError) as e:
             raise UsageError(f"{path}: not a Hugging Face causal language model ({str(e).splitlines()[0]})") from None
-        return HFModel(model.to(device).eval()), Tokenizer.from_file(str(path / "tokenizer.json"))
+        return HFModel(cast(torch.nn.Module, model).to(device).eval()), Tokenizer.from_file(
+            str(path / "tokenizer.json")
+        )
     from ..data.tokenizer import data_tokenizer, find_tokenizer
     from ..train import load_model
 
-    model = load_model(path, device=device)
+    model = cast("Transformer", load_model(path, device=device))  # load_model says nn.Module
     tokenizer = data_tokenizer(model.training_config.data)
     if tokenizer is None:
         raise UsageError(

@@ -191,7 +191,9 @@ def olmo_tokenizer(tokenizer):
         def encode_batch(self, inputs, add_special_tokens: bool = True) -> list[list[int]]:
             return [e.ids for e in self.tokenizer.encode_batch(list(inputs), add_special_tokens=False)]
 
-        def decode_batch(self, token_ids, skip_special_tokens: bool = True) -> list[str]:
-            return self.tokenizer.decode_batch([list(t) for t in token_ids], skip_special_tokens=skip_special_tokens)
+        def decode_batch(self, batch_token_ids, skip_special_tokens: bool = True) -> list[str]:
+            return self.tokenizer.decode_batch(
+                [list(t) for t in batch_token_ids], skip_special_tokens=skip_special_tokens
+            )
 
     return Adapter(tokenizer)
