@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,7 @@ class SlurmOptions:
 
 
 @contextlib.contextmanager
-def logs_aside(logs: str, tasks: int | None = None):
+def logs_aside(logs: str, tasks: int | None = None) -> Iterator[None]:
     """datatrove's logs (the launcher's and those of the tasks it runs or forks) go to LOGS/launcher.log and
     each task's to LOGS/logs/task_NNNNN.log, not to the terminal: a failing task's traceback and every task's
     pipeline and stats would bury the one-line error `prepare` ends with. With `tasks`, the terminal shows how
@@ -73,7 +74,7 @@ def _count_completions(logs: str, tasks: int, advance, stop: threading.Event) ->
         advance(len(list(completions.glob("*"))) if completions.is_dir() else 0, tasks, "tasks")
 
 
-def run_local(pipeline: list, tasks: int, workers: int | None, logs: str) -> None:
+def run_local(pipeline: list[Any], tasks: int, workers: int | None, logs: str) -> None:
     """The tasks on this machine: `workers` at once (default all cores)."""
     import multiprocess.util
     from datatrove.executor import LocalPipelineExecutor
@@ -116,7 +117,7 @@ class LauncherWatch:
         os._exit(1)
 
 
-def run_ray(pipeline, tasks: int, workers: int | None, logs: str) -> None:
+def run_ray(pipeline: list[Any], tasks: int, workers: int | None, logs: str) -> None:
     """The tasks on Ray: the cluster at RAY_ADDRESS when set (`ray start --head` on the head node), else a
     local one started here with `workers` CPUs (https://docs.ray.io/en/latest/ray-core/starting-ray.html).
 

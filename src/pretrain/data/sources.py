@@ -37,7 +37,7 @@ class RemoteFile:
     def name(self) -> str:
         return posixpath.basename(self.url)
 
-    def stat(self):
+    def stat(self) -> _Stat:
         return _Stat(self.size, self.mtime_ns)
 
     def resolve(self) -> RemoteFile:

@@ -17,6 +17,8 @@ import torch
 from ..errors import UsageError
 
 if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
     from ..model.transformer import Transformer
 
 
@@ -28,11 +30,13 @@ class OurModel:
     """Our Transformer. `whole`: run its forward and keep the scored positions' logits, for a model whose
     parts only its forward may call (FSDP's root gathers the embedding and the output layer in its forward)."""
 
-    def __init__(self, model, max_len: int, whole: bool = False):
+    def __init__(self, model: Transformer, max_len: int, whole: bool = False):
         self.model, self.max_len, self.whole = model, max_len, whole
         self.device = next(model.parameters()).device
 
-    def token_logprobs(self, x, rows, cols, targets) -> torch.Tensor:
+    def token_logprobs(
+        self, x: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, targets: torch.Tensor
+    ) -> torch.Tensor:
         if self.whole:
             return _gather_logprobs(self.model(x)[rows, cols], targets)
         hidden = self.model.hidden_states(x)[rows, cols]
@@ -57,7 +61,9 @@ class HFModel:
         )  # lm-eval's order and default
         self.whole = any(getattr(config, a, None) for a in ("final_logit_softcapping", "logit_scale"))
 
-    def token_logprobs(self, x, rows, cols, targets) -> torch.Tensor:
+    def token_logprobs(
+        self, x: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, targets: torch.Tensor
+    ) -> torch.Tensor:
         if self.whole:
             return _gather_logprobs(self.model(input_ids=x).logits[rows, cols], targets)
         hidden = self.model.base_model(input_ids=x).last_hidden_state[rows, cols]
@@ -68,7 +74,7 @@ def is_hf_dir(path: Path) -> bool:
     return (path / "config.json").is_file() and not (path / "checkpoints").is_dir()
 
 
-def load_target(target: str, device: str):
+def load_target(target: str, device: str) -> tuple[OurModel | HFModel, Tokenizer]:
     """(model, tokenizer) for TARGET: a run directory, one of its checkpoints, or a Hugging Face directory.
     The tokenizer is a `tokenizers.Tokenizer`."""
     from tokenizers import Tokenizer
