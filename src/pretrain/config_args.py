@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
+
 from .config import Config, load_config
 from .errors import ConfigError
 
 
-def add_config_arguments(p) -> None:
+def add_config_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "items",
         nargs="*",
@@ -29,6 +31,6 @@ def split_items(items: list[str]) -> tuple[str | None, list[str]]:
     return (paths[0] if paths else None), [i for i in items if "=" in i]
 
 
-def config_from_args(args) -> Config:
+def config_from_args(args: argparse.Namespace) -> Config:
     path, overrides = split_items(args.items)
     return load_config(path, overrides)

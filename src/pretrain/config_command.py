@@ -6,17 +6,19 @@ pretrain config --docs                                   every key, its default 
 
 from __future__ import annotations
 
+import argparse
+
 from .config_args import add_config_arguments, config_from_args
 
 HELP = "print the resolved config, or document every key (--docs)"
 
 
-def add_arguments(p):
+def add_arguments(p: argparse.ArgumentParser) -> None:
     add_config_arguments(p)
     p.add_argument("--docs", action="store_true", help="print the table of every config key (Markdown)")
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     from .config import docs_markdown
 
     if args.docs:

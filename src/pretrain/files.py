@@ -236,11 +236,10 @@ class StagedDirectory:
         swap_in(self.path, self.final, self._aside)
         self._committed = True
 
-    def __exit__(self, *exc) -> bool:
+    def __exit__(self, *exc: object) -> None:  # None: an exception passes on
         if not self._committed:
             shutil.rmtree(self.path, ignore_errors=True)
         self._lock.release()
-        return False
 
     def _remove_leftovers(self) -> None:
         """Temporary directories of earlier builds of this path killed outright, by a process of this host that

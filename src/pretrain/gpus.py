@@ -9,6 +9,7 @@ trainer names its device with it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 from .errors import ConfigError
 from .units import MiB
@@ -103,7 +104,27 @@ def mixed_precision(precision: str) -> bool:
     return precision.endswith("-mixed") or precision == "fp8"
 
 
-def caches_weight_casts(train, parallel) -> bool:
+class _TrainKeys(Protocol):
+    """The train.* keys read here (config/schema.py's TrainConfig: the catalog sits below the config)."""
+
+    @property
+    def cache_weight_casts(self) -> bool: ...
+    @property
+    def precision(self) -> str: ...
+
+
+class _ParallelKeys(Protocol):
+    """The parallel.* keys read here (config/schema.py's ParallelConfig)."""
+
+    @property
+    def fsdp(self) -> bool: ...
+    @property
+    def tensor(self) -> int: ...
+    @property
+    def pipeline(self) -> int: ...
+
+
+def caches_weight_casts(train: _TrainKeys, parallel: _ParallelKeys) -> bool:
     """train.cache_weight_casts where the trainer applies it: autocast does the casting (a *-mixed precision
     or fp8; FSDP's policy casts instead) and the parameters are plain tensors of one stage (no tensor or
     pipeline parallelism), so one autocast context can span a step's micro-batches."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
 
 from .errors import ConfigError
 from .files import read_json
@@ -26,8 +27,11 @@ READ, IGNORED = "read", "ignored"
 class Neutral:
     """A field refused by name unless its value is one of `values` (a missing field is neutral)."""
 
-    values: tuple
+    values: tuple[Any, ...]
     fix: str
+
+
+Rule = str | Neutral  # READ, IGNORED or a Neutral
 
 
 # Fields of every PreTrainedConfig that do not change what the model computes.
@@ -87,7 +91,7 @@ _BIAS_FREE = {  # LlamaConfig / Qwen3Config: attention_bias biases o_proj too, m
 }
 _QWEN_WINDOW = dict.fromkeys(("sliding_window", "use_sliding_window", "max_window_layers", "layer_types"), READ)
 
-FIELDS: dict[str, dict] = {
+FIELDS: dict[str, dict[str, Rule]] = {
     # pretraining_tp: Meta's matmuls split in slices, the same product (transformers 5 no longer reads it)
     "llama": _LLAMA_LIKE | _BIAS_FREE | {"pretraining_tp": IGNORED},
     "mistral": _LLAMA_LIKE | {"sliding_window": READ},  # in every layer
@@ -130,29 +134,31 @@ _MOE = {
     "router_aux_loss_coef": READ,
     "output_router_logits": IGNORED,
 }
-FIELDS |= {
-    "mixtral": FIELDS["mistral"] | _MOE | {"num_local_experts": READ, "router_jitter_noise": IGNORED},
-    "qwen3_moe": FIELDS["qwen3"]
-    | _MOE
-    | {
-        "num_experts": READ,
-        "num_local_experts": READ,
-        "moe_intermediate_size": READ,
-        "mlp_only_layers": READ,
-        "decoder_sparse_step": Neutral(
-            (1,),
-            "pretrain's MoE blocks are every block after the dense ones "
-            "(model.first_dense_layers); use decoder_sparse_step 1",
-        ),
-    },
-    "olmoe": _LLAMA_LIKE
-    | _MOE
-    | {
-        "num_experts": READ,
-        "attention_bias": _BIAS_FREE["attention_bias"],
-        "clip_qkv": Neutral((None,), "pretrain does not clamp q, k, v; use a config without clip_qkv"),
-    },
-}
+FIELDS.update(
+    {
+        "mixtral": FIELDS["mistral"] | _MOE | {"num_local_experts": READ, "router_jitter_noise": IGNORED},
+        "qwen3_moe": FIELDS["qwen3"]
+        | _MOE
+        | {
+            "num_experts": READ,
+            "num_local_experts": READ,
+            "moe_intermediate_size": READ,
+            "mlp_only_layers": READ,
+            "decoder_sparse_step": Neutral(
+                (1,),
+                "pretrain's MoE blocks are every block after the dense ones "
+                "(model.first_dense_layers); use decoder_sparse_step 1",
+            ),
+        },
+        "olmoe": _LLAMA_LIKE
+        | _MOE
+        | {
+            "num_experts": READ,
+            "attention_bias": _BIAS_FREE["attention_bias"],
+            "clip_qkv": Neutral((None,), "pretrain does not clamp q, k, v; use a config without clip_qkv"),
+        },
+    }
+)
 
 
 # Planner only (`pretrain plan` counts them; config/trainable.py refuses to train them): every field that sizes a
@@ -164,7 +170,7 @@ _PLANNED = (
     | dict.fromkeys(("rope_scaling", "quantization_config", "auto_map", "output_router_logits"), IGNORED)
     | dict.fromkeys(("num_experts_per_tok", "router_aux_loss_coef"), READ)
 )
-PLANNED = {
+PLANNED: dict[str, dict[str, Rule]] = {
     # num_nextn_predict_layers: DeepSeek-V3's multi-token-prediction module, which transformers does not build
     # either (the hub's 685B = 671B + 14B of it)
     "deepseek_v3": _PLANNED
@@ -226,7 +232,7 @@ UNBUILT = {
 }
 
 
-def from_hf_config(path: str | Path) -> dict:
+def from_hf_config(path: str | Path) -> dict[str, Any]:
     """`model:` keys from a Hugging Face `config.json` (a file, or a directory holding one)."""
     path = Path(path)
     if path.is_dir():
@@ -234,7 +240,7 @@ def from_hf_config(path: str | Path) -> dict:
     return model_keys(_read(path), f"model.hf_config: {path}")
 
 
-def model_keys(hf: dict, where: str) -> dict:
+def model_keys(hf: dict[str, Any], where: str) -> dict[str, Any]:
     """`model:` keys from a config.json's contents; `where` starts each error (the file, or the pasted text)."""
     kind = hf.get("model_type")
     kind = kind if isinstance(kind, str) else None
@@ -268,30 +274,31 @@ def model_keys(hf: dict, where: str) -> dict:
     return keys
 
 
-def _read(path: Path) -> dict:
+def _read(path: Path) -> dict[str, Any]:
     fix = "give a Hugging Face config.json"
     hf = read_json(path, "model.hf_config", fix)
     if not isinstance(hf, dict):
         raise ConfigError(f"model.hf_config: {path} holds a JSON {type(hf).__name__}, not a mapping of keys; {fix}")
-    return hf
+    return cast(dict[str, Any], hf)
 
 
-def _refusal(name: str, value, rule: Neutral) -> str:
+def _refusal(name: str, value: Any, rule: Neutral) -> str:
     if isinstance(value, dict):  # rope_scaling: its type says what it is
-        value = value.get("rope_type", value.get("type", "..."))
+        mapping = cast(dict[str, Any], value)
+        value = mapping.get("rope_type", mapping.get("type", "..."))
     shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
     return f"{name} ({shown}) is not built yet: {rule.fix}"
 
 
-def _unbuilt(kind: str, hf: dict) -> str:
+def _unbuilt(kind: str, hf: dict[str, Any]) -> str:
     if kind in UNBUILT:
         return UNBUILT[kind]
-    known = set().union(*FIELDS.values())
+    known = set[str]().union(*FIELDS.values())
     unknown = [name for name, value in hf.items() if name not in known and value not in (None, False, 0, [], {})]
     return ", ".join(unknown[:8]) or "its architecture"
 
 
-def _gpt2_keys(hf: dict) -> dict:
+def _gpt2_keys(hf: dict[str, Any]) -> dict[str, Any]:
     h = hf["n_embd"]
     return dict(
         family="gpt2",
@@ -307,9 +314,9 @@ def _gpt2_keys(hf: dict) -> dict:
     )
 
 
-def _llama_keys(hf: dict, kind: str, where: str) -> dict:
+def _llama_keys(hf: dict[str, Any], kind: str, where: str) -> dict[str, Any]:
     layers = hf["num_hidden_layers"]
-    keys = dict(
+    keys: dict[str, Any] = dict(
         family="llama",
         vocab_size=hf["vocab_size"],
         hidden_size=hf["hidden_size"],
@@ -334,7 +341,7 @@ def _llama_keys(hf: dict, kind: str, where: str) -> dict:
     return keys
 
 
-def _moe_keys(hf: dict, kind: str, where: str) -> dict:
+def _moe_keys(hf: dict[str, Any], kind: str, where: str) -> dict[str, Any]:
     """The Mixture-of-Experts keys of a Mixtral, Qwen3-MoE or OLMoE config.json. None has shared experts or a
     routing bias; all route with a softmax. Mixtral always renormalises the top-k weights. transformers' aux
     loss is E * sum_i (tokens routed to i / tokens) * P_i, k times ours (whose f_i divides by the k routed
@@ -364,11 +371,11 @@ def _moe_keys(hf: dict, kind: str, where: str) -> dict:
     return keys
 
 
-def _planned_keys(hf: dict, kind: str) -> dict:
+def _planned_keys(hf: dict[str, Any], kind: str) -> dict[str, Any]:
     """DeepSeek-V3 (MLA, shared and routed experts, dense first blocks) and gpt-oss (attention sinks, biases on
     attention and experts) as `model:` keys that `pretrain plan` counts exactly as transformers builds them."""
-    rope = hf.get("rope_parameters") if isinstance(hf.get("rope_parameters"), dict) else {}
-    keys = dict(
+    rope: dict[str, Any] = hf["rope_parameters"] if isinstance(hf.get("rope_parameters"), dict) else {}
+    keys: dict[str, Any] = dict(
         family="llama",
         vocab_size=hf["vocab_size"],
         hidden_size=hf["hidden_size"],
@@ -411,11 +418,11 @@ def _planned_keys(hf: dict, kind: str) -> dict:
     )
 
 
-def _rope(hf: dict, where: str) -> tuple[float, dict | None]:
+def _rope(hf: dict[str, Any], where: str) -> tuple[float, dict[str, Any] | None]:
     """(model.rope_theta, model.rope_scaling). transformers 4 writes rope_theta beside a rope_scaling mapping;
     transformers 5 one rope_parameters mapping holding both, and reads a rope_scaling mapping before it."""
-    rope = hf.get("rope_scaling") or hf.get("rope_parameters")
-    rope = dict(rope) if isinstance(rope, dict) else {}
+    given = hf.get("rope_scaling") or hf.get("rope_parameters")
+    rope = dict(cast(dict[str, Any], given)) if isinstance(given, dict) else {}
     theta = hf.get("rope_theta") or rope.pop("rope_theta", None) or 10000.0
     rope.pop("rope_theta", None)
     if isinstance(theta, bool) or not isinstance(theta, (int, float)):
@@ -430,7 +437,7 @@ def _rope(hf: dict, where: str) -> tuple[float, dict | None]:
     return float(theta), checked_rope_scaling(rope or None, where=f"{where}: rope_scaling")
 
 
-def _window(hf: dict, kind: str, layers: int, where: str) -> int | None:
+def _window(hf: dict[str, Any], kind: str, layers: int, where: str) -> int | None:
     """The sliding attention window some layer uses, or None. Our attention is full causal attention, which
     is the window's exactly for sequences no longer than it: model.sliding_window bounds train.seq_len
     (config/checks.py). Mistral slides in every layer; Qwen2/3 only with use_sliding_window, in the layers
@@ -440,7 +447,7 @@ def _window(hf: dict, kind: str, layers: int, where: str) -> int | None:
     if kind in ("mistral", "mixtral"):
         slides = True
     elif isinstance(types, list):
-        other = sorted({str(t) for t in types} - {"full_attention", "sliding_attention"})
+        other = sorted({str(t) for t in cast(list[Any], types)} - {"full_attention", "sliding_attention"})
         if other:
             raise ConfigError(
                 f"{where}: layer_types {other[0]!r} is not built (pretrain builds full_attention "

@@ -7,6 +7,8 @@ parameter counts agree.
 
 from __future__ import annotations
 
+from typing import Any
+
 from .errors import ConfigError
 
 _GPT2 = dict(family="gpt2", vocab_size=50257, max_seq_len=1024, tie_embeddings=True, bias=True, norm_eps=1e-5)
@@ -28,7 +30,7 @@ _QWEN3_MOE = dict(
 )
 
 
-def _llama3_rope(factor: float) -> dict:
+def _llama3_rope(factor: float) -> dict[str, Any]:
     """Llama 3.1 / 3.2's RoPE scaling of the 8K pretraining context (their config.json's rope_scaling)."""
     return dict(
         rope_type="llama3",
@@ -39,7 +41,7 @@ def _llama3_rope(factor: float) -> dict:
     )
 
 
-PRESETS: dict[str, dict] = {
+PRESETS: dict[str, dict[str, Any]] = {
     # GPT-2 (openai-community/gpt2*): n_embd, n_layer, n_head; MLP is 4 x n_embd.
     "gpt2": dict(_GPT2, hidden_size=768, num_layers=12, num_heads=12, intermediate_size=3072),
     "gpt2-medium": dict(_GPT2, hidden_size=1024, num_layers=24, num_heads=16, intermediate_size=4096),
@@ -241,7 +243,7 @@ PRESETS: dict[str, dict] = {
 }
 
 
-def preset(name: str) -> dict:
+def preset(name: str) -> dict[str, Any]:
     """The `model:` keys of a named preset."""
     if name not in PRESETS:
         raise ConfigError(f"model.preset: unknown preset {name!r}; choose one of {', '.join(PRESETS)}")

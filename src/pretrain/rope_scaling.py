@@ -18,6 +18,7 @@ Checked here without torch (the config and the planner read it); model/rope.py c
 from __future__ import annotations
 
 import math
+from typing import Any, cast
 
 from .errors import ConfigError
 
@@ -34,7 +35,7 @@ EXAMPLE = (
 )
 
 
-def checked_rope_scaling(value, where: str = "model.rope_scaling") -> dict | None:
+def checked_rope_scaling(value: object, where: str = "model.rope_scaling") -> dict[str, Any] | None:
     """The mapping with `rope_type` named first and each value of its type, or None for no scaling (null, or
     Hugging Face's rope_type default). ConfigError, naming the key, for anything transformers would compute
     otherwise or refuse."""
@@ -42,7 +43,7 @@ def checked_rope_scaling(value, where: str = "model.rope_scaling") -> dict | Non
         return None
     if not isinstance(value, dict):
         raise ConfigError(f"{where}: expected a mapping like {EXAMPLE}, got {value!r}")
-    given = dict(value)
+    given = dict(cast(dict[str, Any], value))
     kind = given.pop("rope_type", given.pop("type", None))  # `type`: the name transformers before 4.45 wrote
     given.pop("type", None)
     if kind == "default" and not given:
@@ -64,7 +65,7 @@ def checked_rope_scaling(value, where: str = "model.rope_scaling") -> dict | Non
     missing = [key for key in required if given.get(key) is None]
     if missing:
         raise ConfigError(f"{where}: rope_type {kind} needs {', '.join(missing)}; e.g. {EXAMPLE}")
-    out: dict = {"rope_type": kind}
+    out: dict[str, Any] = {"rope_type": kind}
     for key in required + optional:
         if given.get(key) is not None:
             out[key] = _typed(f"{where}.{key}", key, given[key])
@@ -86,7 +87,7 @@ def checked_rope_scaling(value, where: str = "model.rope_scaling") -> dict | Non
     return out
 
 
-def _typed(name: str, key: str, value):
+def _typed(name: str, key: str, value: object) -> bool | int | float:
     if key == "truncate":
         if not isinstance(value, bool):
             raise ConfigError(f"{name}: expected true or false, got {value!r}")

@@ -6,6 +6,11 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the names __getattr__ hands out, for a type checker and an editor
+    from .run import run_bench, write_profile
+
 DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")  # the keys of a profile's peak_tflops, as plan/hardware.py
 __all__ = ["DTYPES", "run_bench", "write_profile"]
 

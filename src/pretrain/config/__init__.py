@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 from ..errors import ConfigError
 from .checks import mixture_sources, resolve, untrained, validate
@@ -34,7 +35,7 @@ __all__ = [
 ]
 
 
-def load_config(path: str | Path | dict | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+def load_config(path: str | Path | dict[str, Any] | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Read a YAML file (or a dict), apply `section.key=value` overrides, resolve the model, validate."""
     raw = read_yaml(path) if not isinstance(path, dict) else deep_copy(path)
     for item in overrides:
@@ -48,11 +49,11 @@ def load_config(path: str | Path | dict | None = None, overrides: list[str] | tu
     return from_dict(raw)
 
 
-def replaced(config: Config, overrides: dict) -> Config:
+def replaced(config: Config, overrides: dict[str, Any]) -> Config:
     """A new Config: `config` with {"section.key": value} applied (values already typed), then validated.
     `config` itself is left as loaded: the planner's budget mode and `--fit` plan the configs they choose
     through this, never by writing into the caller's."""
-    by_section: dict[str, dict] = {}
+    by_section: dict[str, dict[str, Any]] = {}
     for key, value in overrides.items():
         section, name = key.split(".", 1)
         if section not in SECTIONS or name not in {f.name for f in dataclasses.fields(SECTIONS[section])}:
@@ -66,7 +67,7 @@ def replaced(config: Config, overrides: dict) -> Config:
     return resolve(new)
 
 
-def from_dict(raw: dict) -> Config:
+def from_dict(raw: dict[str, Any]) -> Config:
     raw = deep_copy(raw)
     for section in raw:
         if section not in SECTIONS:  # a YAML key may be a number or a boolean

@@ -7,24 +7,25 @@ from __future__ import annotations
 import dataclasses
 import math
 from pathlib import Path
+from typing import Any, cast
 
 from ..errors import ConfigError, UsageError
 from ..gpus import gpu_spec
 from ..rope_scaling import checked_rope_scaling
 from .reading import coerce, shown, unknown
-from .schema import SECTIONS, Config, DataConfig, shown_value
+from .schema import SECTIONS, Config, DataConfig, ParallelConfig, TrainConfig, resolved, shown_value
 
 
 class GridError(ConfigError):
     """parallel.gpus is not a multiple of tensor x pipeline. `pretrain train` says how many processes to launch
     instead (its gpus is the number torchrun started, not a figure to edit)."""
 
-    def __init__(self, message: str, parallel):
+    def __init__(self, message: str, parallel: ParallelConfig):
         super().__init__(message)
         self.tensor, self.pipeline = parallel.tensor, parallel.pipeline
 
 
-def _positive(key: str, value, allow_zero: bool = False):
+def _positive(key: str, value: float | None, allow_zero: bool = False) -> None:
     if value is None:
         return
     if value < 0 or (value == 0 and not allow_zero):
@@ -45,7 +46,7 @@ def _refuse_non_finite(c: Config) -> None:
         values = getattr(c, section)
         for f in dataclasses.fields(values):
             value = getattr(values, f.name)
-            for x in value if isinstance(value, list) else [value]:
+            for x in cast(list[Any], value) if isinstance(value, list) else [value]:
                 if isinstance(x, bool) or not isinstance(x, (int, float)):
                     continue
                 if not math.isfinite(x):
@@ -103,17 +104,18 @@ def _check_experts(c: Config) -> None:
         )
 
 
-def _accumulation(t, p) -> int:
+def _accumulation(t: TrainConfig, p: ParallelConfig) -> int:
     """grad_accum_steps for train.global_batch_tokens on this layout: the global batch is the user's, fixed;
     what one micro-batch step of every data-parallel rank adds (micro-batch x seq x data ranks) must divide
     it. Said in one line with the nearest valid batches when it does not."""
+    assert t.global_batch_tokens is not None  # resolve() asks only when it is set
     _positive("train.global_batch_tokens", t.global_batch_tokens)
     for key in ("micro_batch_size", "seq_len"):
         _positive(f"train.{key}", getattr(t, key))
     for key in ("gpus", "tensor", "pipeline"):
         _positive(f"parallel.{key}", getattr(p, key))
     data = max(1, p.gpus // (p.tensor * p.pipeline))
-    unit = t.micro_batch_size * t.seq_len * data
+    unit = t.micro_batch_size * resolved(t.seq_len) * data
     accum, rest = divmod(t.global_batch_tokens, unit)
     if rest or not accum:
         nearest = " or ".join(f"{k * unit:,}" for k in (accum, accum + 1) if k)
@@ -144,10 +146,11 @@ def _check_model(c: Config) -> None:
     _positive("model.head_dim", m.head_dim)
     _positive("model.sliding_window", m.sliding_window)
     _positive("debug.fp8_check", c.debug.fp8_check, allow_zero=True)
-    if m.num_heads % m.num_kv_heads:
+    head_dim = resolved(m.head_dim)
+    if m.num_heads % resolved(m.num_kv_heads):
         raise ConfigError(f"model.num_kv_heads: {m.num_kv_heads} must divide num_heads {m.num_heads}")
     if m.family == "gpt2":
-        if m.num_heads * m.head_dim != m.hidden_size:
+        if m.num_heads * head_dim != m.hidden_size:
             raise ConfigError("model.head_dim: the gpt2 family needs num_heads x head_dim == hidden_size")
         if m.num_kv_heads != m.num_heads:
             raise ConfigError(
@@ -160,7 +163,7 @@ def _check_model(c: Config) -> None:
                 "model.rope_scaling: the gpt2 family has learned positions, no RoPE; leave model.rope_scaling unset"
             )
     checked_rope_scaling(m.rope_scaling)
-    if m.family == "llama" and m.head_dim % 2:
+    if m.family == "llama" and head_dim % 2:
         raise ConfigError(f"model.head_dim: rotary embeddings need an even head_dim, got {m.head_dim}")
     if not 0 <= m.dropout < 1:
         raise ConfigError(f"model.dropout: must be in [0, 1), got {m.dropout}")
@@ -176,7 +179,8 @@ def _check_train(c: Config) -> None:
         _positive(f"train.{name}", getattr(t, name))
     for name in ("tokens", "examples", "max_steps"):
         _positive(f"train.{name}", getattr(t, name))
-    if t.seq_len > m.max_seq_len:
+    seq_len = resolved(t.seq_len)
+    if seq_len > m.max_seq_len:
         extend = (
             " (for a LLaMA pretrained at a shorter context, with model.rope_scaling as llama3.1-8b does: "
             "docs/train.md, Long context)"
@@ -187,7 +191,7 @@ def _check_train(c: Config) -> None:
             f"train.seq_len: {t.seq_len} is longer than model.max_seq_len {m.max_seq_len}; "
             f"lower train.seq_len or raise model.max_seq_len{extend}"
         )
-    if m.sliding_window is not None and t.seq_len > m.sliding_window:
+    if m.sliding_window is not None and seq_len > m.sliding_window:
         raise ConfigError(
             f"train.seq_len: {t.seq_len} is longer than model.sliding_window {m.sliding_window}, "
             "beyond which the checkpoint's sliding-window attention is not built (pretrain's full "
@@ -233,7 +237,7 @@ def _check_parallel(c: Config) -> None:
             f"{p.tensor} x {p.pipeline}; make gpus a multiple of {p.tensor * p.pipeline}",
             p,
         )
-    global_batch = t.micro_batch_size * t.seq_len * t.grad_accum_steps * (p.gpus // (p.tensor * p.pipeline))
+    global_batch = t.micro_batch_size * resolved(t.seq_len) * t.grad_accum_steps * (p.gpus // (p.tensor * p.pipeline))
     if t.batch_ramp_tokens and t.batch_ramp_start > global_batch:  # the ramp would start above its end: no ramp
         raise ConfigError(
             f"train.batch_ramp_start: {t.batch_ramp_start:,} tokens is above the global batch "
@@ -242,7 +246,7 @@ def _check_parallel(c: Config) -> None:
         )
     if p.tensor > 1 and m.num_heads % p.tensor:
         raise ConfigError(f"parallel.tensor: {p.tensor} must divide model.num_heads {m.num_heads}")
-    if p.tensor > 1 and m.num_kv_heads % p.tensor:  # Megatron splits whole key/value groups over the ranks
+    if p.tensor > 1 and resolved(m.num_kv_heads) % p.tensor:  # Megatron splits whole key/value groups over the ranks
         raise ConfigError(
             f"parallel.tensor: {p.tensor} must divide model.num_kv_heads {m.num_kv_heads} "
             "(each tensor rank holds whole key/value heads); pick a divisor"
@@ -356,7 +360,7 @@ def _check_eval_tasks(c: Config) -> None:
 
 def untrained(c: Config) -> list[str]:
     """The keys set to a value the planner models but the trainer does not run, as `section.key: reason`."""
-    found = []
+    found: list[str] = []
     for section in SECTIONS:
         values = getattr(c, section)
         for f in dataclasses.fields(values):
@@ -373,10 +377,10 @@ def untrained(c: Config) -> list[str]:
 MIXTURE_KEYS = ("dir", "weight", "name", "max_epochs")
 
 
-def mixture_sources(data: DataConfig) -> list[dict]:
+def mixture_sources(data: DataConfig) -> list[dict[str, Any]]:
     """data.mixture checked and completed: [{name, dir, weight (normalised to sum 1), max_epochs or None}].
     The trainer and the planner both read the mixture through this, so they agree on names and shares."""
-    sources = []
+    sources: list[dict[str, Any]] = []
     for i, entry in enumerate(data.mixture):
         key = f"data.mixture[{i}]"
         extra = [k for k in entry if k not in MIXTURE_KEYS]

@@ -7,15 +7,22 @@ import dataclasses
 import difflib
 import types
 import typing
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Union
+from typing import TYPE_CHECKING, Any, TypeVar, Union, cast
 
 from ..errors import ConfigError
 from ..hf_config import from_hf_config
 from ..presets import preset
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+    from yaml import MappingNode, Node
 
-def read_yaml(path) -> dict:
+Section = TypeVar("Section", bound="DataclassInstance")  # one of schema.py's section dataclasses
+
+
+def read_yaml(path: str | Path | None) -> dict[str, Any]:
     if path is None:
         return {}
     import yaml  # PyYAML: a light import, only when a file is read
@@ -44,7 +51,7 @@ def read_yaml(path) -> dict:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections (model:, train:, ...)")
-    return data
+    return cast(dict[str, Any], data)  # YAML's keys: a section named 1 or true is refused by from_dict
 
 
 # Values a YAML file may expand to, aliases (*name) counted as often as they are used: a config has ~100. The
@@ -53,12 +60,12 @@ def read_yaml(path) -> dict:
 MAX_YAML_VALUES = 100_000
 
 
-def _load_yaml(text: str, path: Path):
+def _load_yaml(text: str, path: Path) -> Any:
     """yaml.safe_load, refusing (one line each) a key given twice in one mapping (YAML 1.2 forbids it; PyYAML
     keeps the last silently), a duplicate section, and aliases expanding to more than MAX_YAML_VALUES."""
     import yaml
 
-    loader = yaml.SafeLoader(text)
+    loader: Any = yaml.SafeLoader(text)  # Any: PyYAML's stubs leave construct_document and dispose untyped
     try:
         root = loader.get_single_node()
         if root is None:
@@ -69,12 +76,12 @@ def _load_yaml(text: str, path: Path):
         loader.dispose()
 
 
-def _check_yaml_nodes(root, path: Path) -> None:
+def _check_yaml_nodes(root: Node, path: Path) -> None:
     import yaml
 
     expanded: dict[int, int] = {}  # id(node) -> values it expands to: each shared node is counted once
 
-    def size(node, open_nodes: set) -> int:
+    def size(node: Node, open_nodes: set[int]) -> int:
         if id(node) in expanded:
             return expanded[id(node)]
         if id(node) in open_nodes:
@@ -101,8 +108,8 @@ def _check_yaml_nodes(root, path: Path) -> None:
     size(root, set())
 
 
-def _refuse_duplicate_keys(node, path: Path, top_level: bool) -> None:
-    first: dict[tuple, int] = {}  # (tag, text) of a key -> the line it first appears on
+def _refuse_duplicate_keys(node: MappingNode, path: Path, top_level: bool) -> None:
+    first: dict[tuple[str, str], int] = {}  # (tag, text) of a key -> the line it first appears on
     for key, _ in node.value:
         if not isinstance(key.value, str) or key.tag == "tag:yaml.org,2002:merge":
             continue  # a complex key, or `<<: *defaults` (YAML's merge key: its keys may be overridden)
@@ -116,7 +123,7 @@ def _refuse_duplicate_keys(node, path: Path, top_level: bool) -> None:
         first[key.tag, key.value] = line
 
 
-def shown(value, limit: int = 80) -> str:
+def shown(value: object, limit: int = 80) -> str:
     """A value echoed in an error, at most `limit` characters of its repr (a value from a file can be huge)."""
     text = repr(value)
     return text if len(text) <= limit else f"{text[: limit - 3]}..."
@@ -132,9 +139,9 @@ def split_override(item: str) -> tuple[str, str]:
     return key, value.strip()
 
 
-def resolve_model(user: dict) -> dict:
+def resolve_model(user: dict[str, Any]) -> dict[str, Any]:
     """preset or hf_config first, then the keys the user gave on top of it."""
-    base: dict = {}
+    base: dict[str, Any] = {}
     if user.get("preset") not in (None, "", "null", "none"):
         base = preset(str(user["preset"]))
     if user.get("hf_config") not in (None, "", "null"):
@@ -143,10 +150,10 @@ def resolve_model(user: dict) -> dict:
     return base
 
 
-def build_section(section: str, cls: type, values: dict):
+def build_section(section: str, cls: type[Section], values: dict[str, Any]) -> Section:
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
-    kwargs = {}
+    kwargs: dict[str, Any] = {}
     for key, value in values.items():
         if key not in hints:
             raise ConfigError(unknown(f"{section}.{key}", [f"{section}.{n}" for n in names], "key"))
@@ -155,7 +162,8 @@ def build_section(section: str, cls: type, values: dict):
     for f in dataclasses.fields(cls):
         choices = f.metadata.get("choices")
         value = getattr(obj, f.name)
-        for one in value if isinstance(value, list) else [value]:  # a list's choices apply to each item
+        items = cast(list[Any], value) if isinstance(value, list) else [value]
+        for one in items:  # a list's choices apply to each item
             if choices and one not in choices:
                 allowed = " | ".join(str(c) for c in choices)
                 raise ConfigError(f"{section}.{f.name}: {shown(one)} is not allowed; choose one of {allowed}")
@@ -195,14 +203,14 @@ def coerce(key: str, value: Any, tp: Any) -> Any:
         if number is None:
             raise ConfigError(f"{key}: expected a number, got {shown(value)}")
         return float(number)
-    if tp is dict:  # a data.mixture entry (on the command line the whole list is YAML), model.rope_scaling
+    if _is_mapping(tp):  # a data.mixture entry (on the command line the whole list is YAML), model.rope_scaling
         value = _yaml_string(key, value, "mapping")  # model.rope_scaling={rope_type: yarn, factor: 4, ...}
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: expected a mapping like {{name: value, ...}}, got {shown(value)}")
-        return dict(value)
+        return dict(cast(dict[str, Any], value))
     if tp is str:
         if isinstance(value, (dict, list)):
-            raise ConfigError(f"{key}: expected a string, got {shown(value)}")
+            raise ConfigError(f"{key}: expected a string, got {shown(cast(object, value))}")
         return str(value)
     raise ConfigError(f"{key}: unsupported type {tp}")  # pragma: no cover - schema bug
 
@@ -213,7 +221,7 @@ def _coerce_union(key: str, value: Any, tp: Any) -> Any:
         if type(None) in typing.get_args(tp):
             return None
     # Prefer int over float for "100" and float over int for "0.005".
-    errors = []
+    errors: list[str] = []
     for option in sorted(options, key=lambda t: 0 if t is int else 1):
         try:
             return coerce(key, value, option)
@@ -222,15 +230,20 @@ def _coerce_union(key: str, value: Any, tp: Any) -> Any:
     raise ConfigError(errors[-1])
 
 
-def _coerce_list(key: str, value: Any, tp: Any) -> list:
+def _coerce_list(key: str, value: Any, tp: Any) -> list[Any]:
     (inner,) = typing.get_args(tp)
-    if inner is dict:  # data.mixture=[{dir: a, weight: 0.7}, ...]
+    if _is_mapping(inner):  # data.mixture=[{dir: a, weight: 0.7}, ...]
         value = _yaml_string(key, value, "list")
     if isinstance(value, str):
         value = [v for v in value.strip("[]() ").split(",") if v.strip()]
     if not isinstance(value, (list, tuple)):
         raise ConfigError(f"{key}: expected a list like [0.9, 0.95], got {shown(value)}")
-    return [coerce(key, v, inner) for v in value]
+    return [coerce(key, v, inner) for v in cast(Sequence[Any], value)]
+
+
+def _is_mapping(tp: Any) -> bool:
+    """A schema type of a mapping: `dict[str, Any]` (model.rope_scaling, a data.mixture entry)."""
+    return tp is dict or typing.get_origin(tp) is dict
 
 
 def _yaml_string(key: str, value: Any, what: str) -> Any:
@@ -309,5 +322,5 @@ def _number(value: Any) -> float | None:
     return None
 
 
-def deep_copy(data: dict) -> dict:
-    return {k: (deep_copy(v) if isinstance(v, dict) else v) for k, v in (data or {}).items()}
+def deep_copy(data: dict[str, Any] | None) -> dict[str, Any]:
+    return {k: (deep_copy(cast(dict[str, Any], v)) if isinstance(v, dict) else v) for k, v in (data or {}).items()}

@@ -5,18 +5,19 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, get_type_hints
+from typing import Any, cast, get_type_hints
 
 from ..presets import PRESETS
 
 
-def doc(default: Any, text: str, choices: tuple | None = None, trains: tuple | None = None) -> Any:
+def doc(default: Any, text: str, choices: tuple[Any, ...] | None = None, trains: tuple[Any, ...] | None = None) -> Any:
     """A dataclass field with its documentation, the allowed values (for strings) and, when the trainer runs
     fewer values than the planner models, the ones it runs (`trains`): `check_trainable` refuses the others
     and docs/config.md's key table says so, both from this one place."""
-    metadata = {"doc": text, "choices": choices, "trains": trains}
+    metadata: dict[str, Any] = {"doc": text, "choices": choices, "trains": trains}
     if isinstance(default, list):
-        return field(default_factory=lambda: list(default), metadata=metadata)
+        items = cast(list[Any], default)
+        return field(default_factory=lambda: list(items), metadata=metadata)
     return field(default=default, metadata=metadata)
 
 
@@ -71,7 +72,7 @@ class ModelConfig:
     dropout: float = doc(0.0, "dropout probability (pretraining uses 0)")
     norm_eps: float = doc(1e-5, "epsilon of RMSNorm / LayerNorm")
     rope_theta: float = doc(10000.0, "llama family: RoPE base frequency")
-    rope_scaling: dict | None = doc(
+    rope_scaling: dict[str, Any] | None = doc(
         None,
         "llama family: RoPE stretched for a longer context, a mapping as Hugging "
         "Face writes it: {rope_type: llama3, factor: 8, low_freq_factor: 1, "
@@ -397,7 +398,7 @@ class DataConfig:
         "attention FLOPs of train.document_masking when data.dir's meta.json (or "
         "a data.mixture source's) has no doc_length_histogram",
     )
-    mixture: list[dict] = doc(
+    mixture: list[dict[str, Any]] = doc(
         [],
         "train on several prepared directories in chosen proportions: a list of {dir, "
         "weight, name, max_epochs}; weights count tokens and are normalised, name defaults "
@@ -550,7 +551,7 @@ class Config:
 
 
 # The sections by name, read from Config's fields so the list is written once.
-SECTIONS: dict[str, type] = get_type_hints(Config)
+SECTIONS: dict[str, type[Any]] = get_type_hints(Config)
 
 
 def compile_enabled(compile_setting: bool | str, device_type: str) -> bool:
@@ -559,11 +560,18 @@ def compile_enabled(compile_setting: bool | str, device_type: str) -> bool:
     return device_type == "cuda" if compile_setting == "auto" else bool(compile_setting)
 
 
-def shown_value(v) -> str:
+def shown_value(v: object) -> str:
     return str(v).lower() if isinstance(v, bool) else str(v)
 
 
-def padded_vocab_size(model) -> int:
+def resolved(value: int | None) -> int:
+    """A key that `resolve` fills in (model.num_kv_heads, model.head_dim, train.seq_len) read from a resolved
+    config: its declared type is the raw config's `int | None`, its value after `resolve` an int."""
+    assert value is not None, "a derived key read before resolve()"
+    return value
+
+
+def padded_vocab_size(model: ModelConfig) -> int:
     """Rows of the embedding and output layer: model.vocab_size rounded up to a multiple of model.pad_vocab_to.
     The one place that computes it; the model, the planner and the export all call it."""
     return -(-model.vocab_size // model.pad_vocab_to) * model.pad_vocab_to

@@ -14,10 +14,10 @@ import os
 from ..errors import ConfigError
 from ..gpus import caches_weight_casts, mixed_precision
 from .checks import untrained
-from .schema import padded_vocab_size
+from .schema import Config, ModelConfig, padded_vocab_size, resolved
 
 
-def check_trainable(config, needs_data: bool = True) -> None:
+def check_trainable(config: Config, needs_data: bool = True) -> None:
     """Config errors the trainer (not the planner) refuses; `needs_data`: a data directory must be set."""
     t, par = config.train, config.parallel
     if t.grad_dtype == "same" and mixed_precision(t.precision):
@@ -71,7 +71,7 @@ def check_trainable(config, needs_data: bool = True) -> None:
         )
 
 
-def unbuilt_architecture(m) -> str | None:
+def unbuilt_architecture(m: ModelConfig) -> str | None:
     """The refusal of a model the planner counts (DeepSeek-V3, gpt-oss from model.hf_config) but whose blocks the
     model does not build yet, or None."""
     what = (
@@ -91,7 +91,7 @@ def unbuilt_architecture(m) -> str | None:
     )
 
 
-def check_moe(config) -> None:
+def check_moe(config: Config) -> None:
     """What the Mixture-of-Experts layer (model/moe.py) is not built with yet (docs/moe.md)."""
     m, t, par = config.model, config.train, config.parallel
     if m.family != "llama":
@@ -121,7 +121,7 @@ def check_moe(config) -> None:
         )
 
 
-def check_pipelinable(config) -> None:
+def check_pipelinable(config: Config) -> None:
     """What the pipelined trainer (distributed/pipeline.py) refuses."""
     m, t, par = config.model, config.train, config.parallel
     if m.tie_embeddings:
@@ -147,7 +147,7 @@ def check_pipelinable(config) -> None:
         )
 
 
-def check_tensor_parallel(config) -> None:
+def check_tensor_parallel(config: Config) -> None:
     """What the tensor-parallel split (distributed/tensor_parallel.py) needs beyond the planner's checks."""
     m, t, par = config.model, config.train, config.parallel
     if m.family != "llama":
@@ -175,7 +175,7 @@ def check_tensor_parallel(config) -> None:
         raise ConfigError(
             "model.qk_norm: not built with parallel.tensor > 1 yet; use parallel.tensor=1 (FSDP: parallel.zero_stage=3)"
         )
-    if par.sequence_parallel and t.seq_len % par.tensor:
+    if par.sequence_parallel and resolved(t.seq_len) % par.tensor:
         raise ConfigError(
             f"parallel.sequence_parallel: train.seq_len {t.seq_len} must be a multiple of "
             f"parallel.tensor {par.tensor} (each rank holds an equal part of the sequence)"

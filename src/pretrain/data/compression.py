@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import io
+from collections.abc import Iterable
 
 from ..errors import UsageError
 
@@ -13,7 +14,7 @@ from ..errors import UsageError
 ZSTD_READ_BYTES = 1 << 12
 
 
-def check_codecs(names) -> None:
+def check_codecs(names: Iterable[object]) -> None:
     """A .zst input needs the `zstandard` package (an optional dependency): say so before anything is read."""
     zst = next((name for name in map(str, names) if name.endswith(".zst")), None)
     if zst is None:
@@ -27,7 +28,7 @@ def check_codecs(names) -> None:
         ) from None
 
 
-def decompressed(raw: io.BufferedReader, name: str):
+def decompressed(raw: io.BufferedReader, name: str) -> io.BufferedIOBase:
     """The bytes of a file as read (.gz and .zst decompressed, streamed), by its name's suffix."""
     if name.endswith(".gz"):
         return gzip.GzipFile(fileobj=raw)

@@ -5,9 +5,14 @@ trainer finds the documents by (train.document_masking). No torch: `prepare` and
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from ..errors import UsageError
+
+if TYPE_CHECKING:
+    from .loader import PreparedData
 
 # Offsets checked at train start: enough to catch an index from another build or shifted by one, at a cost
 # (one token read per document) that stays small on a corpus of millions of documents.
@@ -35,7 +40,7 @@ def merge_histograms(histograms: list[dict[str, int]]) -> dict[str, int]:
     return {str(lo): total[lo] for lo in sorted(total)}
 
 
-def check_document_index(data, split: str) -> None:
+def check_document_index(data: PreparedData, split: str) -> None:
     """UsageError, in one line, unless the token before each of the split's first CHECKED_STARTS document
     offsets (*.idx.npy) and the split's last token are <eos>: where they disagree, the documents the mask
     follows are not the ones `prepare` wrote."""

@@ -11,7 +11,7 @@ import hashlib
 import multiprocessing
 import os
 import signal
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -102,7 +102,7 @@ class ChunkEncoder:
 _encoder: ChunkEncoder | None = None
 
 
-def init_worker(*args) -> None:
+def init_worker(*args: Any) -> None:
     # Ctrl-C reaches the whole process group: the main process handles it (and ends the pool), workers ignore it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _exit_with_parent()
@@ -114,6 +114,7 @@ def init_worker(*args) -> None:
 
 
 def encode_in_worker(chunk: Chunk) -> EncodedChunk:
+    assert _encoder is not None, "the pool's initializer sets it"
     return _encoder(chunk)
 
 

@@ -14,8 +14,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ..errors import UsageError
 from ..files import write_atomic
@@ -38,7 +40,7 @@ class SlurmOptions:
 
 
 @contextlib.contextmanager
-def logs_aside(logs: str, tasks: int | None = None):
+def logs_aside(logs: str, tasks: int | None = None) -> Iterator[None]:
     """datatrove's logs (the launcher's and those of the tasks it runs or forks) go to LOGS/launcher.log and
     each task's to LOGS/logs/task_NNNNN.log, not to the terminal: a failing task's traceback and every task's
     pipeline and stats would bury the one-line error `prepare` ends with. With `tasks`, the terminal shows how
@@ -47,7 +49,7 @@ def logs_aside(logs: str, tasks: int | None = None):
 
     terminal, log_file = sys.stderr, Path(logs) / "launcher.log"
     done = len(list((Path(logs) / "completions").glob("*"))) if tasks else 0
-    if done:
+    if tasks and done:
         print(f"{done} of {tasks} tasks were done by an earlier run; running the other {tasks - done}", file=terminal)
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with open(log_file, "a", buffering=1) as log, contextlib.redirect_stderr(log):
@@ -72,7 +74,7 @@ def _count_completions(logs: str, tasks: int, advance, stop: threading.Event) ->
         advance(len(list(completions.glob("*"))) if completions.is_dir() else 0, tasks, "tasks")
 
 
-def run_local(pipeline: list, tasks: int, workers: int | None, logs: str) -> None:
+def run_local(pipeline: list[Any], tasks: int, workers: int | None, logs: str) -> None:
     """The tasks on this machine: `workers` at once (default all cores)."""
     import multiprocess.util
     from datatrove.executor import LocalPipelineExecutor
@@ -115,7 +117,7 @@ class LauncherWatch:
         os._exit(1)
 
 
-def run_ray(pipeline, tasks: int, workers: int | None, logs: str) -> None:
+def run_ray(pipeline: list[Any], tasks: int, workers: int | None, logs: str) -> None:
     """The tasks on Ray: the cluster at RAY_ADDRESS when set (`ray start --head` on the head node), else a
     local one started here with `workers` CPUs (https://docs.ray.io/en/latest/ray-core/starting-ray.html).
 
@@ -174,6 +176,7 @@ class RayReaper:
 
     def release(self) -> None:
         """After ray.shutdown(): the watchdog sweeps what remains, now."""
+        assert self.watchdog.stdin is not None  # stdin=PIPE
         self.watchdog.stdin.close()
         self.watchdog.wait()
 
@@ -219,7 +222,7 @@ def submit_slurm(
     from datatrove.executor.slurm import SlurmPipelineExecutor
 
     env_command = slurm.env_command or (f"source {sys.prefix}/bin/activate" if sys.prefix != sys.base_prefix else "")
-    common = dict(
+    common: dict[str, Any] = dict(
         time=slurm.time,
         partition=slurm.partition,
         cpus_per_task=1,

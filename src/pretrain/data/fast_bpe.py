@@ -13,6 +13,11 @@ sample of the documents, falling back to `tokenizers` for the whole run on any d
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import tiktoken
+
 # The GPT-2 pre-tokenizer regex, as `tokenizers`' ByteLevel(use_regex=True) applies it (tiktoken's r50k).
 GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
@@ -71,10 +76,10 @@ def why_not_fast(spec: dict) -> str | None:
     return reason
 
 
-def tiktoken_encoder(spec: dict):
+def tiktoken_encoder(spec: dict[str, Any]) -> tiktoken.Encoding:
     """A tiktoken `Encoding` with the same vocabulary (rank = id); only when why_not_fast(spec) is None."""
     import tiktoken
 
-    return tiktoken.Encoding(
-        "pretrain-bpe", pat_str=GPT2_PATTERN, mergeable_ranks=_mergeable_ranks(spec), special_tokens={}
-    )
+    ranks = _mergeable_ranks(spec)
+    assert not isinstance(ranks, str), ranks  # the caller checked why_not_fast
+    return tiktoken.Encoding("pretrain-bpe", pat_str=GPT2_PATTERN, mergeable_ranks=ranks, special_tokens={})

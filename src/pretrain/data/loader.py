@@ -24,9 +24,9 @@ windows are numbered over the whole dataset exactly as over the one file `--task
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -98,7 +98,7 @@ class PreparedData:
         the shards' maps end to end (a view, no copy). For looking at the data: training reads `read`."""
         n = self._num_tokens(split)
         if self.shards is not None:
-            return Concatenated([shard.tokens(split) for shard in self.shards])
+            return Concatenated([cast(np.ndarray, shard.tokens(split)) for shard in self.shards])  # shards are flat
         if n == 0:  # an empty file cannot be memory-mapped
             return np.empty(0, dtype=self.dtype)
         return np.memmap(self.path / f"{split}.bin", dtype=self.dtype, mode="r", shape=(n,))
@@ -133,7 +133,7 @@ class PreparedData:
         """Offset of each document's first token in tokens(split) (int64, memory-mapped)."""
         if self.shards is not None:
             first_tokens = np.cumsum([0] + [shard._num_tokens(split) for shard in self.shards[:-1]])
-            return Concatenated([shard.doc_starts(split) for shard in self.shards], add=first_tokens)
+            return Concatenated([cast(np.ndarray, shard.doc_starts(split)) for shard in self.shards], add=first_tokens)
         if self._num_tokens(split) == 0:  # an empty array cannot be memory-mapped
             return np.empty(0, dtype=np.int64)
         return np.load(self.path / f"{split}.idx.npy", mmap_mode="r")
@@ -233,7 +233,7 @@ class PreparedData:
             )
         if not _is_int(eos) or not 0 <= eos < vocab:
             raise self._error(path, f"eos_id {_shown(eos)} is outside the vocabulary [0, {vocab:,})")
-        per_split = {"num_tokens": SPLITS, "num_docs": SPLITS}
+        per_split: dict[str, Sequence[str]] = {"num_tokens": SPLITS, "num_docs": SPLITS}
         if "shards" not in meta:  # a sharded dataset lists each shard's files, checked in _open_shards
             per_split["sha256"] = [f"{s}.bin" for s in SPLITS]
         for key, names in per_split.items():

@@ -132,10 +132,11 @@ class MixtureWindows:
             # Stop the chunk after the slot that spends a capped source: the shares change from the next slot.
             end = len(chunk)
             for i in active:
-                if self.caps[i] is not None:
+                cap = self.caps[i]
+                if cap is not None:
                     hits = np.flatnonzero(chunk == i)
-                    if len(hits) >= self.caps[i] - self.drawn[i]:
-                        end = min(end, int(hits[self.caps[i] - self.drawn[i] - 1]) + 1)
+                    if len(hits) >= cap - self.drawn[i]:
+                        end = min(end, int(hits[cap - self.drawn[i] - 1]) + 1)
             chunk = chunk[:end]
             for i in np.unique(chunk):
                 mask = chunk == i

@@ -17,6 +17,8 @@ same command again redoes only the unfinished tasks. The shards' concatenation e
 
 from __future__ import annotations
 
+import argparse
+
 from ..plan.length import TOKEN_DTYPES
 from .executors import EXECUTORS
 from .tokenizer_command import add_reader_arguments
@@ -24,7 +26,7 @@ from .tokenizer_command import add_reader_arguments
 HELP = "tokenize a corpus into train.bin / val.bin + meta.json (streaming, parallel, deterministic)"
 
 
-def add_arguments(parser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--input",
         nargs="+",
@@ -93,7 +95,7 @@ def add_arguments(parser) -> None:
     )
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     import signal
     import sys
     import time

@@ -55,6 +55,7 @@ class Record(NamedTuple):
 
     def message(self) -> str:
         # one line: a detail may be a multi-line library message (pyarrow's), and --strict prints this
+        assert self.skip is not None, "a skipped record's message"
         detail = f" ({' '.join(self.detail.split())})" if self.detail else ""
         return f"{self.where()}: {SKIP_REASONS[self.skip]}{detail}"
 
@@ -69,7 +70,7 @@ class ReadOptions:
 class Corpus:
     """The records of `files` in order; `bytes_read` says how far into the files (on disk) reading has got."""
 
-    def __init__(self, files: list[Path], options: ReadOptions = ReadOptions()):
+    def __init__(self, files: list[Path | RemoteFile], options: ReadOptions = ReadOptions()):
         if options.format not in FORMATS:
             raise UsageError(f"unknown format {options.format!r}; use one of {' | '.join(FORMATS)}")
         check_codecs(files)
@@ -96,7 +97,7 @@ class Corpus:
             self._current = None
             self._done += size
 
-    def _read(self, path: Path) -> Iterator[Record]:
+    def _read(self, path: Path | RemoteFile) -> Iterator[Record]:
         name = file_name(path)
         try:
             fmt = file_format(path, self.options)
@@ -125,7 +126,7 @@ class Corpus:
             )
 
 
-def file_format(path: Path, options: ReadOptions) -> str:
+def file_format(path: Path | RemoteFile, options: ReadOptions) -> str:
     """The format `path` is read in: --format when given, else by suffix (and first record, for JSONL)."""
     if options.format != "auto":
         return options.format
@@ -286,7 +287,7 @@ def _decoded(name: str, line: int, data: bytes) -> Record:
     return _document(name, line, text)
 
 
-def _parquet(path: Path, name: str, text_field: str) -> Iterator[Record]:
+def _parquet(path: Path | RemoteFile, name: str, text_field: str) -> Iterator[Record]:
     import pyarrow.parquet as pq
 
     with contextlib.ExitStack() as stack:  # a local file opened by pyarrow itself (native reads, no GIL)
@@ -300,7 +301,7 @@ def _parquet(path: Path, name: str, text_field: str) -> Iterator[Record]:
         )
 
 
-def _arrow(path: Path, name: str, text_field: str) -> Iterator[Record]:
+def _arrow(path: Path | RemoteFile, name: str, text_field: str) -> Iterator[Record]:
     """An Arrow IPC file: the stream format `datasets` writes, or the random-access (Feather v2) format."""
     import pyarrow as pa
     import pyarrow.ipc

@@ -10,10 +10,13 @@ import posixpath
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, cast
 
 from ..errors import UsageError
 from ..files import display_path
+
+if TYPE_CHECKING:
+    from fsspec.core import OpenFile
 
 # What a directory is searched for; a file named explicitly is read whatever its suffix (as text under auto).
 SUFFIXES = (".txt", ".jsonl", ".jsonl.gz", ".jsonl.zst", ".parquet", ".arrow")
@@ -34,7 +37,7 @@ class RemoteFile:
     def name(self) -> str:
         return posixpath.basename(self.url)
 
-    def stat(self):
+    def stat(self) -> _Stat:
         return _Stat(self.size, self.mtime_ns)
 
     def resolve(self) -> RemoteFile:
@@ -43,7 +46,7 @@ class RemoteFile:
     def open(self):
         import fsspec
 
-        return fsspec.open(self.url, "rb").open()
+        return cast("OpenFile", fsspec.open(self.url, "rb")).open()  # one URL: an OpenFile, not OpenFiles
 
     def __str__(self) -> str:
         return self.url
@@ -54,7 +57,7 @@ class _Stat(NamedTuple):
     st_mtime_ns: int
 
 
-def file_name(path: Path | RemoteFile) -> str:
+def file_name(path: str | Path | RemoteFile) -> str:
     """A corpus file as text for messages and meta.json: its URL, or its path (odd bytes as \\xNN)."""
     return path.url if isinstance(path, RemoteFile) else display_path(path)
 
@@ -123,7 +126,7 @@ def find_files(inputs: list[str | Path]) -> list[Path | RemoteFile]:
         raise UsageError(
             f"no corpus files matched {' '.join(map(str, inputs))}; directories are searched for {', '.join(SUFFIXES)}"
         )
-    unique: dict[Path, Path] = {}
+    unique: dict[Path | RemoteFile, Path | RemoteFile] = {}
     for path in sorted(found, key=str):
         unique.setdefault(path.resolve(), path)
     return list(unique.values())

@@ -15,11 +15,17 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import UsageError
 from ..files import check_output_dir, display_path, write_atomic, write_error
 from .readers import Corpus, ReadOptions
 from .sources import find_files
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
+    from ..config.schema import DataConfig
 
 SPECIAL_TOKENS = ("<eos>", "<bos>", "<pad>")
 CONFIG_FILES = ("tokenizer_config.json", "special_tokens_map.json")
@@ -46,7 +52,7 @@ class TokenizerFiles:
     def json(self) -> dict:
         return json.loads(self.files["tokenizer.json"])
 
-    def load(self):
+    def load(self) -> Tokenizer:
         """A `tokenizers.Tokenizer` that reads special-token strings inside documents as plain text, so the only
         `<eos>` ids in a token file are the ones `prepare` appends, and encodes every document whole: the
         truncation or padding a third-party tokenizer.json may set would cut documents or add <pad> ids."""
@@ -131,7 +137,7 @@ def hf_config_files(eos: str, bos: str | None = None, pad: str | None = None) ->
 
 
 def train_tokenizer(
-    inputs,
+    inputs: list[str | Path],
     vocab_size: int,
     out_dir: str | Path,
     *,
@@ -157,7 +163,7 @@ def train_tokenizer(
 
     def documents():
         for record in corpus:
-            if record.skip:
+            if record.skip or record.text is None:  # a skipped record has no text
                 stats["skipped"][record.skip] = stats["skipped"].get(record.skip, 0) + 1
                 continue
             stats["num_docs"] += 1
@@ -215,7 +221,7 @@ def _json_bytes(obj) -> bytes:
     return (json.dumps(obj, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
 
 
-def data_tokenizer(data):
+def data_tokenizer(data: DataConfig) -> Path | None:
     """The tokenizer copy inside the prepared data directory of a config's data section, if it is there."""
     data_dir = data.dir or (data.mixture[0]["dir"] if data.mixture else None)  # a mixture's sources share one
     path = Path(data_dir) / "tokenizer" if data_dir else None

@@ -10,13 +10,15 @@ Writes tokenizer.json, tokenizer_config.json and special_tokens_map.json: a dire
 
 from __future__ import annotations
 
+import argparse
+
 from ..config.reading import count_argument
 from .readers import FORMATS
 
 HELP = "train a byte-level BPE tokenizer (Hugging Face tokenizers), or compare tokenizers on a corpus"
 
 
-def add_arguments(parser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     train = sub.add_parser(
         "train", help="train a tokenizer", description=__doc__, formatter_class=parser.formatter_class
@@ -64,7 +66,7 @@ def add_arguments(parser) -> None:
     add_reader_arguments(stats)
 
 
-def add_reader_arguments(parser) -> None:
+def add_reader_arguments(parser: argparse.ArgumentParser) -> None:
     """The reader flags, shared with `pretrain prepare`."""
     parser.add_argument(
         "--format",
@@ -83,7 +85,7 @@ def add_reader_arguments(parser) -> None:
     )
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     if args.action == "stats":
         return _stats(args)
     import sys

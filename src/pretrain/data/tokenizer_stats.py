@@ -14,6 +14,8 @@ Documents are encoded whole, without the <eos> separators `prepare` adds (those 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from ..errors import UsageError
 from .readers import Corpus, ReadOptions
@@ -34,7 +36,9 @@ class Sample:
     skipped: int
 
 
-def read_sample(inputs, max_docs: int = DEFAULT_MAX_DOCS, options: ReadOptions = ReadOptions()) -> Sample:
+def read_sample(
+    inputs: list[str | Path], max_docs: int = DEFAULT_MAX_DOCS, options: ReadOptions = ReadOptions()
+) -> Sample:
     if max_docs < 1:
         raise UsageError(f"--max-docs {max_docs} must be at least 1")
     corpus = Corpus(find_files(inputs), options)
@@ -51,7 +55,7 @@ def read_sample(inputs, max_docs: int = DEFAULT_MAX_DOCS, options: ReadOptions =
     return Sample(texts, sum(len(t) for t in texts), sum(len(t.encode("utf-8")) for t in texts), skipped)
 
 
-def count_tokens(tokenizer_path, texts: list[str]) -> int:
+def count_tokens(tokenizer_path: str | Path, texts: list[str]) -> int:
     tokenizer = find_tokenizer(tokenizer_path).load()
     return sum(
         len(e.ids)
@@ -60,7 +64,12 @@ def count_tokens(tokenizer_path, texts: list[str]) -> int:
     )
 
 
-def tokenizer_stats(tokenizers, inputs, max_docs: int = DEFAULT_MAX_DOCS, options: ReadOptions = ReadOptions()) -> dict:
+def tokenizer_stats(
+    tokenizers: list[str | Path],
+    inputs: list[str | Path],
+    max_docs: int = DEFAULT_MAX_DOCS,
+    options: ReadOptions = ReadOptions(),
+) -> dict[str, Any]:
     """The JSON contract of `pretrain tokenizer stats --json`: {"tokenizers": [...], "sample": {...}}."""
     for path in tokenizers:  # every tokenizer checked before the corpus is read
         find_tokenizer(path)

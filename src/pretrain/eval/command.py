@@ -10,6 +10,7 @@ paths to
 
 from __future__ import annotations
 
+import argparse
 import json
 
 from ..config.reading import count_argument
@@ -17,7 +18,7 @@ from ..config.reading import count_argument
 HELP = "score a run, checkpoint or Hugging Face model on multiple-choice tasks (HellaSwag, ARC, ... or a .jsonl)"
 
 
-def add_arguments(p):
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("target", metavar="TARGET", help="run directory, checkpoint, or Hugging Face model directory")
     p.add_argument("--tasks", required=True, help="task names, small, all, or .jsonl paths, comma-separated")
     p.add_argument("--limit", type=count_argument, default=None, help="the first N examples of each task")
@@ -26,7 +27,7 @@ def add_arguments(p):
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when there is one)")
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     from ..errors import UsageError
     from ..task_catalog import task_names
     from .tasks import check_tasks

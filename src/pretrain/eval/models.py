@@ -10,10 +10,16 @@ continuations are about a quarter of the tokens, and a 50K-token vocabulary's ou
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import torch
 
 from ..errors import UsageError
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
+    from ..model.transformer import Transformer
 
 
 def _gather_logprobs(logits, targets) -> torch.Tensor:
@@ -33,11 +39,13 @@ class OurModel:
     score the same positions). `width`: each batch padded to a multiple of it (sequence parallelism splits
     the sequence evenly over the tensor ranks)."""
 
-    def __init__(self, model, max_len: int, whole: bool = False, width: int = 1):
+    def __init__(self, model: Transformer, max_len: int, whole: bool = False, width: int = 1):
         self.model, self.max_len, self.whole, self.width = model, max_len, whole, width
         self.device = next(model.parameters()).device
 
-    def token_logprobs(self, x, rows, cols, targets) -> torch.Tensor:
+    def token_logprobs(
+        self, x: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, targets: torch.Tensor
+    ) -> torch.Tensor:
         x = _padded(x, x.shape[0], -(-x.shape[1] // self.width) * self.width)
         if self.whole:
             return _gather_logprobs(self.model(x)[rows, cols], targets)
@@ -88,7 +96,9 @@ class HFModel:
         )  # lm-eval's order and default
         self.whole = any(getattr(config, a, None) for a in ("final_logit_softcapping", "logit_scale"))
 
-    def token_logprobs(self, x, rows, cols, targets) -> torch.Tensor:
+    def token_logprobs(
+        self, x: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, targets: torch.Tensor
+    ) -> torch.Tensor:
         if self.whole:
             return _gather_logprobs(self.model(input_ids=x).logits[rows, cols], targets)
         hidden = self.model.base_model(input_ids=x).last_hidden_state[rows, cols]
@@ -99,7 +109,7 @@ def is_hf_dir(path: Path) -> bool:
     return (path / "config.json").is_file() and not (path / "checkpoints").is_dir()
 
 
-def load_target(target: str, device: str):
+def load_target(target: str, device: str) -> tuple[OurModel | HFModel, Tokenizer]:
     """(model, tokenizer) for TARGET: a run directory, one of its checkpoints, or a Hugging Face directory.
     The tokenizer is a `tokenizers.Tokenizer`."""
     from tokenizers import Tokenizer
@@ -114,11 +124,13 @@ def load_target(target: str, device: str):
             model = AutoModelForCausalLM.from_pretrained(path, dtype="auto", local_files_only=True)
         except (OSError, ValueError) as e:
             raise UsageError(f"{path}: not a Hugging Face causal language model ({str(e).splitlines()[0]})") from None
-        return HFModel(model.to(device).eval()), Tokenizer.from_file(str(path / "tokenizer.json"))
+        return HFModel(cast(torch.nn.Module, model).to(device).eval()), Tokenizer.from_file(
+            str(path / "tokenizer.json")
+        )
     from ..data.tokenizer import data_tokenizer, find_tokenizer
     from ..train import load_model
 
-    model = load_model(path, device=device)
+    model = cast("Transformer", load_model(path, device=device))  # load_model says nn.Module
     tokenizer = data_tokenizer(model.training_config.data)
     if tokenizer is None:
         raise UsageError(

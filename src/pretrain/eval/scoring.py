@@ -13,14 +13,25 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from .models import HFModel, OurModel
+    from .tasks import Request, Task
 
 METRICS = ("acc", "acc_norm", "acc_bytes", "bits_per_byte")
 
 
 @torch.no_grad()
-def loglikelihoods(lm, requests, batch_size: int, advance=None) -> list[float]:
+def loglikelihoods(
+    lm: OurModel | HFModel,
+    requests: list[Request],
+    batch_size: int,
+    advance: Callable[[int], object] | None = None,
+) -> list[float]:
     """The continuation log-likelihood of each request, in request order. Batches of similar lengths (longest
     first: a batch that does not fit fails at once, not at the end), right-padded: the model is causal, so
     padding after a position changes nothing before it. A context longer than the model's window loses its
@@ -49,7 +60,7 @@ def loglikelihoods(lm, requests, batch_size: int, advance=None) -> list[float]:
     return out
 
 
-def per_example(requests, lls) -> dict[str, list[float]]:
+def per_example(requests: list[Request], lls: list[float]) -> dict[str, list[float]]:
     """Each metric's value for each example (a 0/1 hit, or bits per byte), examples in order."""
     docs = defaultdict(list)
     for r, ll in zip(requests, lls):
@@ -74,7 +85,7 @@ def moments(values: dict[str, list[float]]) -> dict[str, list[float]]:
     return {m: [len(v), sum(v), sum(x * x for x in v)] for m, v in values.items()}
 
 
-def summarize(sums: dict[str, list[float]], chance: float) -> dict:
+def summarize(sums: dict[str, list[float]], chance: float) -> dict[str, Any]:
     """The JSON of one task from its metrics' moments: each mean, its standard error (None for one example)."""
     out: dict = {}
     for m, (n, total, squares) in sums.items():
@@ -87,6 +98,6 @@ def summarize(sums: dict[str, list[float]], chance: float) -> dict:
     return out
 
 
-def task_metrics(task, lls) -> dict:
+def task_metrics(task: Task, lls: list[float]) -> dict[str, Any]:
     """The metrics of one task from the log-likelihoods of all its requests."""
     return summarize(moments(per_example(task.requests, lls)), task.chance)

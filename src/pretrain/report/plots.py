@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
@@ -42,7 +43,7 @@ PANELS = (
 )
 
 # colour, line style, marker on the loss curve
-EVENT_STYLE = {
+EVENT_STYLE: dict[str, tuple[str, Literal["-", "--", ":", "-."], str]] = {  # color, line style, marker
     "rollback": ("tab:red", "-", "X"),
     "spike": ("tab:orange", "--", "^"),
     "nonfinite_skip": ("tab:purple", ":", "v"),
