@@ -262,6 +262,7 @@ def _chunks(corpus: Corpus, skips: SkipLog) -> Iterator[Chunk]:
         if record.skip:
             skips.add(record)
             continue
+        assert record.text is not None  # a record without a skip reason carries its text (readers.Record)
         texts.append(record.text)
         size += len(record.text) + STR_OVERHEAD
         if size >= CHUNK_CHARS:

@@ -161,6 +161,7 @@ def prepare_sharded(
     _open_work_dir(job, corpus, tok)
     _forget_unusable_shards(job)
     if executor == "slurm":
+        assert slurm is not None  # _check_arguments refused --executor slurm without its options
         submit_slurm(
             [TokenizeShard(job)], [WriteManifest(job)], Path(job.work) / "logs", tasks, workers, slurm, slurm_jobs
         )

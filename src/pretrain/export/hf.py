@@ -8,6 +8,7 @@ import json
 import shutil
 import uuid
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -117,7 +118,7 @@ def _dense_config(m, common: dict) -> dict:
         )
     kind = "qwen3" if m.qk_norm else "qwen2" if m.qkv_bias else "llama"
     architecture = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}[kind]
-    config = dict(
+    config: dict[str, Any] = dict(
         architectures=[architecture],
         model_type=kind,
         hidden_size=m.hidden_size,
@@ -152,7 +153,9 @@ MOE_ARCHITECTURES = {"mixtral": "MixtralForCausalLM", "qwen3_moe": "Qwen3MoeForC
 def _moe_config(m, common: dict) -> dict:
     """config.json of a Mixture-of-Experts model: Mixtral without QK-norm, Qwen3-MoE with it per head, OLMoE
     over the projection (model.hf.moe_naming). Refused, in one line: what none of them builds."""
-    kind, _ = model_moe_naming(m)
+    naming = model_moe_naming(m)
+    assert naming is not None  # an MoE model (model.num_experts > 0) always has one
+    kind, _ = naming
     name = MOE_ARCHITECTURES[kind]
     unbuilt = [
         what
@@ -175,7 +178,7 @@ def _moe_config(m, common: dict) -> dict:
             f"{name} (chosen by model.qk_norm / model.qk_norm_over) has no {unbuilt[0]}; "
             "train without it to export, or keep the pretrain checkpoint"
         )
-    config = dict(
+    config: dict[str, Any] = dict(
         architectures=[name],
         model_type=kind,
         hidden_size=m.hidden_size,
