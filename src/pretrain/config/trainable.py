@@ -54,11 +54,6 @@ def check_trainable(config, needs_data: bool = True) -> None:
             f"debug.fp8_check: shadows float8 linears, and train.precision is {t.precision}; "
             "use train.precision=fp8 or debug.fp8_check=0"
         )
-    if config.debug.fp8_check and t.compile is True:
-        raise ConfigError(
-            "debug.fp8_check: its bf16 shadow runs eager; use train.compile=auto (off under the "
-            "check) or false, or debug.fp8_check=0"
-        )
     if config.run.eval_tasks and (par.tensor > 1 or par.pipeline > 1):
         # each rank scores its own examples with the whole model (FSDP gathers it); tensor and pipeline ranks
         # hold part of it

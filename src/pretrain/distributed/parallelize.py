@@ -43,8 +43,7 @@ def parallelize(model, config, rt: Runtime) -> Parallelized:
         apply_tensor_parallel(model, mesh["tp"], config.parallel.sequence_parallel)
     apply_activation_checkpointing(model, t.activation_checkpointing)
     model.fix_attention_kernel(rt.device, half=t.precision != "fp32")
-    # debug.fp8_check's shadow runs eager: train.compile=true is refused (config/trainable.py), auto stays off
-    compiled = compile_enabled(t.compile, rt.device.type) and not config.debug.fp8_check
+    compiled = compile_enabled(t.compile, rt.device.type)
     if compiled and config.parallel.tensor > 1:
         # AOTAutograd's on-disk cache hands a block compiled for one tensor-parallel layout to another with the
         # same shapes (with and without sequence parallelism, torch 2.13): measured, the run then trains wrong
