@@ -237,4 +237,61 @@ def test_fp8_with_tensor_and_sequence_parallelism_trains_as_one_process(prepared
     shadow = next(json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if "fp8_rel_err" in x)
     assert len(shadow["fp8_rel_err"]) == 8 and min(shadow["fp8_rel_err"].values()) > 0.01  # split, still float8
     report = json.loads((run_dir / "plan_vs_run.json").read_text())
-    assert report["fp8"] == {"recipe": "tensorwise", "linears": 8, "skipped": 1}
+    # gloo: torch's styles, bf16 on the wire (tests/gpu/test_fp8_tensor_parallel_cuda.py: float8 over NCCL)
+    assert report["fp8"] == {"recipe": "tensorwise", "linears": 8, "skipped": 1, "tensor_parallel": "bf16"}
+
+
+# torchao's float8 styles on a 1-rank tensor mesh (gloo cannot carry float8, a 1-rank mesh sends nothing): each
+# block's Float8Linear gets its input already in float8 (cast before the sequence-parallel all-gather), and one
+# forward and backward give the bitwise loss and gradients of torch's styles, which cast inside the linear.
+FLOAT8_STYLES = """
+import torch, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from pretrain.config import load_config
+from pretrain.distributed.fp8 import convert
+from pretrain.distributed.tensor_parallel import apply_tensor_parallel
+from pretrain.model import build_model
+
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+mesh = init_device_mesh("cpu", (1,))
+config = load_config(None, ["model.preset=debug", "train.precision=fp8", "train.fp8_min_features=16"])
+x = torch.randint(0, 512, (2, 32))
+got = {}
+for float8 in (False, True):
+    model = build_model(config.model, seed=0)
+    convert(model, config, "cpu")
+    apply_tensor_parallel(model, mesh, sequence_parallel=True, float8=float8)
+    reached = []
+    for block in model.blocks:
+        for linear in (block.attn.qkv, block.attn.proj, block.mlp.up, block.mlp.down):
+            linear.register_forward_pre_hook(lambda m, args: reached.append(type(args[0].to_local()).__name__))
+    with torch.autocast("cpu", torch.bfloat16):
+        loss = model(x, x)
+    loss.backward()
+    grads = [p.grad.full_tensor() for p in model.parameters()]
+    got[float8] = loss, grads, set(reached)
+(l0, g0, r0), (l1, g1, r1) = got[False], got[True]
+assert r0 == {"Tensor"} and r1 == {"Float8TrainingTensor"}, (r0, r1)
+assert torch.equal(l0, l1) and all(torch.equal(a, b) for a, b in zip(g0, g1)), (l0, l1)
+dist.destroy_process_group()
+print("ok")
+"""
+
+
+def test_torchaos_float8_styles_cast_before_the_all_gather_and_train_as_torchs():
+    r = subprocess.run([sys.executable, "-c", FLOAT8_STYLES], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
+
+
+def test_tensor_parallelism_sends_float8_only_where_nccl_carries_it():
+    from pretrain.config import load_config
+    from pretrain.distributed.fp8 import float8_tensor_parallel
+
+    def wire(device, *extra):
+        config = load_config(None, ["train.precision=fp8", "parallel.gpus=2", "parallel.tensor=2", *extra])
+        return float8_tensor_parallel(config, device)
+
+    assert wire("cuda")  # NCCL, tensorwise: torchao's styles, as torchtitan
+    assert not wire("cpu")  # gloo: "Invalid scalar type" for float8
+    assert not wire("cuda", "train.fp8_recipe=rowwise")  # torchao's styles scale tensorwise
+    assert not wire("cuda", "debug.fp8_check=1")  # the shadow needs the bf16 input

@@ -33,14 +33,14 @@ def parallelize(model, config, rt: Runtime) -> Parallelized:
     if t.precision == "fp8":  # on the plain model: wrappers would rename the linears the filter chooses by
         from .fp8 import convert
 
-        # debug.fp8_check's bf16 shadow needs each weight before its float8 cast: the all-gather stays bf16
-        fp8 = convert(model, t, fsdp=config.parallel.fsdp and not config.debug.fp8_check)
+        fp8 = convert(model, config, rt.device.type)
     # The grid's DeviceMesh, where something splits over it: DDP and ZeRO-1 need none (each mesh dimension
     # would make a process group, an NCCL communicator, at start-up).
     wants_mesh = layout.tensor > 1 or layout.pipeline > 1 or (layout.data > 1 and config.parallel.fsdp)
     mesh = layout.build_mesh(rt.device.type) if rt.distributed and wants_mesh else None
     if config.parallel.tensor > 1:
-        apply_tensor_parallel(model, mesh["tp"], config.parallel.sequence_parallel)
+        float8 = fp8 is not None and fp8["tensor_parallel"] == "float8"  # distributed/fp8.py says when
+        apply_tensor_parallel(model, mesh["tp"], config.parallel.sequence_parallel, float8=float8)
     apply_activation_checkpointing(model, t.activation_checkpointing)
     model.fix_attention_kernel(rt.device, half=t.precision != "fp32")
     compiled = compile_enabled(t.compile, rt.device.type)
