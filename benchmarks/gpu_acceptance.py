@@ -22,7 +22,9 @@ a cell already in the results file is not run again, so later calls carry on whe
 
 features: this round's training features against their baseline on the same shape, each pair run back to back:
 the Llama-3.2-1B shape compiled in bf16-mixed and in fp8 (torchao tensorwise: the speed-up the planner models,
-both MFUs), with train.document_masking off and on (FlexAttention's document mask: its cost against plain causal
+both MFUs), on a machine with 2 GPUs or more the same fp8 run with tensor and sequence parallelism over 2 of
+them with bf16 and then float8 collectives (torchao's float8 all-gather; on one GPU it says it cannot), with
+train.document_masking off and on (FlexAttention's document mask: its cost against plain causal
 SDPA), and a small Qwen3-MoE-like model (64 experts, top 8) eager, the grouped GEMM's tokens/s and MFU on active
 parameters. fp8 needs torchao on the GPU machine; a run that fails is recorded as not measured.
 
@@ -175,24 +177,32 @@ def prepare_data(work: Path, vocab: int) -> Path:
     return data
 
 
-def train_run(name: str, work: Path, data: Path, overrides: list[str], steps: int, timeout: float) -> dict | None:
-    """A short `pretrain train` without checkpoints; the steady tokens/s and MFU of its metrics lines and the
-    peak memory of its plan_vs_run.json, against the plan's eager and (when it models one) compiled peak."""
+def train_run(
+    name: str, work: Path, data: Path, overrides: list[str], steps: int, timeout: float, nproc: int = 1
+) -> dict | None:
+    """A short `pretrain train` without checkpoints (under torchrun over `nproc` GPUs if more than one); the
+    steady tokens/s and MFU of its metrics lines and the peak memory of its plan_vs_run.json, against the plan's
+    eager and (when it models one) compiled peak."""
     out = work / "runs" / name
     shutil.rmtree(out, ignore_errors=True)
-    r = pretrain(
-        "train",
-        *overrides,
-        f"data.dir={data}",
-        f"run.dir={out}",
-        f"train.max_steps={steps}",
-        "run.log_every=2",
-        "run.eval_every=0",
-        "run.eval_batches=1",
-        "run.checkpoint_every=0",
-        "run.progress=false",
-        "stability.spike_detection=false",
-        timeout=timeout,
+    torchrun = [PY, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m", "pretrain"]
+    r = run(
+        [
+            *(torchrun if nproc > 1 else [PY, "-m", "pretrain"]),
+            "train",
+            *overrides,
+            f"data.dir={data}",
+            f"run.dir={out}",
+            f"train.max_steps={steps}",
+            "run.log_every=2",
+            "run.eval_every=0",
+            "run.eval_batches=1",
+            "run.checkpoint_every=0",
+            "run.progress=false",
+            "stability.spike_detection=false",
+        ],
+        timeout,
+        env=ENV,
     )
     if r is None:
         return None
@@ -204,6 +214,8 @@ def train_run(name: str, work: Path, data: Path, overrides: list[str], steps: in
         "mfu": statistics.median(x["mfu"] for x in steady),
         "attention_kernel": report.get("attention_kernel"),
     }
+    if "tensor_parallel" in report.get("fp8", {}):  # what fp8's tensor-parallel collectives carried
+        got["tensor_parallel"] = report["fp8"]["tensor_parallel"]
     peak = {row["name"]: row for row in report["rows"]}.get("peak allocated")
     if peak is not None:  # a GPU's allocator peak; on a CPU it is not measured, so absent
         mem = report["plan"]["memory_bytes"]
@@ -486,9 +498,11 @@ def features(results: Results, work: Path, dry: bool, budget: Budget) -> None:
         llama += tiny
         moe += [*tiny, "model.moe_intermediate_size=64", "model.num_experts=8", "model.experts_per_token=2"]
     compiled = f"train.compile={str(not dry).lower()}"
+    fp8 = [*llama, compiled, "train.precision=fp8", "train.fp8_min_features=16" if dry else ""]
     runs = [
         ("bf16", [*llama, compiled, "train.precision=bf16-mixed"]),
-        ("fp8", [*llama, compiled, "train.precision=fp8", "train.fp8_min_features=16" if dry else ""]),
+        ("fp8", fp8),
+        *fp8_tensor_parallel(fp8, dry),
         ("unmasked", [*llama, compiled, "train.precision=bf16-mixed"]),
         ("masked", [*llama, compiled, "train.precision=bf16-mixed", "train.document_masking=true"]),
         ("moe", [*moe, "train.compile=false"]),
@@ -499,16 +513,32 @@ def features(results: Results, work: Path, dry: bool, budget: Budget) -> None:
         if not budget.allows("feature", dry):
             return
         started = time.monotonic()
-        figures = train_run(f"feature-{name}", work, data, [x for x in overrides if x], steps, budget.left())
+        gpus = 2 if name.startswith("fp8_tp") else 1
+        figures = train_run(f"feature-{name}", work, data, [x for x in overrides if x], steps, budget.left(), gpus)
         if figures is None:
             results.put((f"feature-{name}", time.monotonic() - started), shown={name: "not measured"})
             continue
         got[name] = figures
         shown = {f"{name}_{k}": v for k, v in figures.items() if k != "peak"}
-        for new, base in (("fp8", "bf16"), ("masked", "unmasked")):
+        for new, base in (("fp8", "bf16"), ("fp8_tp", "fp8_tp_bf16"), ("masked", "unmasked")):
             if name == new and base in got:
                 shown[f"{new}_over_{base}_tokens_per_s"] = figures["tokens_per_s"] / got[base]["tokens_per_s"]
         results.put((f"feature-{name}", time.monotonic() - started), **shown)
+
+
+def fp8_tensor_parallel(fp8: list[str], dry: bool) -> list[tuple[str, list[str]]]:
+    """fp8 with tensor and sequence parallelism over 2 GPUs, its collectives in bf16 (debug.fp8_check keeps them
+    bf16: its shadow needs the linears' inputs before the float8 cast; it runs after step 1 only, outside the
+    steady steps measured) and in float8 (torchao's Float8ColwiseParallel / Float8RowwiseParallel, the default
+    on CUDA). None on a machine with one GPU, which says so. A dry run splits over 2 CPU ranks (gloo: bf16)."""
+    import torch
+
+    gpus = torch.cuda.device_count()
+    if not dry and gpus < 2:
+        print(f"fp8 with tensor parallelism: needs 2 GPUs, this machine has {gpus}: not run", flush=True)
+        return []
+    tensor = [*fp8, "parallel.gpus=2", "parallel.tensor=2", "parallel.sequence_parallel=true"]
+    return [("fp8_tp_bf16", [*tensor, "debug.fp8_check=1"]), ("fp8_tp", tensor)]
 
 
 def nanogpt_dir(given: Path | None) -> Path | None:

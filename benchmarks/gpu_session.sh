@@ -7,7 +7,7 @@
 # and take benchmarks/peers/ along with the repo. Then, on the GPU machine, `targets` first:
 #   bash benchmarks/gpu_session.sh targets # Llama-3.2-1B shape MFU (compiled, eager, eager with each speed
 #                                          # switch), GPT-2 124M vs nanoGPT
-#   bash benchmarks/gpu_session.sh features # fp8 vs bf16, document masking on vs off, an MoE step (1B shape)
+#   bash benchmarks/gpu_session.sh features # fp8 vs bf16 (and fp8 x TP 2 on >= 2 GPUs), document masking, an MoE step
 #   bash benchmarks/gpu_session.sh memory  # planned vs measured peak, cell by cell: repeat until it says 0 to go
 #   bash benchmarks/gpu_session.sh tests   # tests/gpu (bf16/fp16/fp32, compile, resume, bench, sweep on CUDA)
 #   bash benchmarks/gpu_session.sh train   # matmul ceiling; GPT-2 124M and a ~1.2B LLaMA at seq 2048, compiled

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from support import exported_tensors, finished_run, finished_torchrun, losses, params, run_cli, tiny
+from support import exported_tensors, finished_run, finished_torchrun, losses, needs_compiler, params, run_cli, tiny
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("torchao")
@@ -169,31 +169,47 @@ def test_the_run_reports_mfu_against_both_peaks():
     assert rows["mfu_mixed_peak"]["measured"] == pytest.approx(0.5 * to_mixed)
 
 
+def shadowed(rows: list[dict]) -> list[dict]:
+    """debug.fp8_check's lines of a run's metrics.jsonl, each checked: every converted linear of the first, middle
+    and last block (the debug preset's 2 blocks: 0 and 1), a few percent off (e4m3's 3 significant bits), never
+    exactly bf16 (the shadow is not the fp8 output)."""
+    shadows = [r for r in rows if "fp8_rel_err" in r]
+    for r in shadows:
+        assert set(r["fp8_rel_err"]) == {
+            f"blocks.{b}.{n}" for b in (0, 1) for n in ("attn.qkv", "attn.proj", "mlp.up", "mlp.down")
+        }
+        errors = r["fp8_rel_err"].values()
+        assert all(0.001 < e < 0.2 for e in errors) and r["fp8_rel_err_max"] == max(errors)
+        assert r["fp8_rel_err"][r["fp8_rel_err_worst"]] == r["fp8_rel_err_max"]
+    return shadows
+
+
+def train_losses(rows: list[dict]) -> list[float]:
+    return [r["loss"] for r in rows if "loss" in r]
+
+
 def test_fp8_check_logs_a_bf16_shadows_relative_error_for_the_first_steps_and_changes_nothing(prepared, tmp_path):
     from pretrain.config import load_config
     from pretrain.config.trainable import check_trainable
     from pretrain.errors import ConfigError
 
     checked, plain = logged(prepared, tmp_path / "checked", "debug.fp8_check=2"), logged(prepared, tmp_path / "plain")
-    shadows = [r for r in checked if "fp8_rel_err" in r]
-    assert [r["step"] for r in shadows] == [1, 2]  # the first N steps only
-    # every converted linear of the first, middle and last block (the debug preset's 2 blocks: 0 and 1)
-    assert set(shadows[0]["fp8_rel_err"]) == {
-        f"blocks.{b}.{n}" for b in (0, 1) for n in ("attn.qkv", "attn.proj", "mlp.up", "mlp.down")
-    }
-    for r in shadows:
-        errors = r["fp8_rel_err"].values()
-        # e4m3's 3 significant bits: a few percent off, never exactly bf16 (the shadow is not the fp8 output)
-        assert all(0.001 < e < 0.2 for e in errors) and r["fp8_rel_err_max"] == max(errors)
-        assert r["fp8_rel_err"][r["fp8_rel_err_worst"]] == r["fp8_rel_err_max"]
+    assert [r["step"] for r in shadowed(checked)] == [1, 2]  # the first N steps only
     # the shadow runs beside the training, not in it: the losses are bitwise the unchecked run's
-    assert [r["loss"] for r in checked if "loss" in r] == [r["loss"] for r in plain if "loss" in r]
-    for extra, refusal in (
-        (["train.precision=bf16-mixed"], "use train.precision=fp8"),
-        (["train.compile=true"], "its bf16 shadow runs eager"),
-    ):
-        with pytest.raises(ConfigError, match=refusal):
-            check_trainable(load_config(None, [*FP8, "debug.fp8_check=2", *extra]), needs_data=False)
+    assert train_losses(checked) == train_losses(plain)
+    with pytest.raises(ConfigError, match="use train.precision=fp8"):
+        check_trainable(load_config(None, [*FP8, "debug.fp8_check=2", "train.precision=bf16-mixed"]), needs_data=False)
+
+
+@needs_compiler
+def test_fp8_check_with_compiled_blocks_shadows_them_eager_and_changes_nothing(prepared, tmp_path):
+    # The check's forward runs eager after the step (set_stance force_eager): the compiled blocks' graphs are
+    # the unchecked run's, so are the losses, bitwise. 2 steps, one micro-batch each: compiling is most of it.
+    short = ["train.compile=true", "train.max_steps=2", "train.warmup=1", "run.eval_batches=1"]
+    checked = logged(prepared, tmp_path / "checked", *short, "debug.fp8_check=1")
+    plain = logged(prepared, tmp_path / "plain", *short)
+    assert [r["step"] for r in shadowed(checked)] == [1]
+    assert train_losses(checked) == train_losses(plain) and len(train_losses(plain)) == 2
 
 
 @pytest.mark.slow
@@ -221,4 +237,61 @@ def test_fp8_with_tensor_and_sequence_parallelism_trains_as_one_process(prepared
     shadow = next(json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if "fp8_rel_err" in x)
     assert len(shadow["fp8_rel_err"]) == 8 and min(shadow["fp8_rel_err"].values()) > 0.01  # split, still float8
     report = json.loads((run_dir / "plan_vs_run.json").read_text())
-    assert report["fp8"] == {"recipe": "tensorwise", "linears": 8, "skipped": 1}
+    # gloo: torch's styles, bf16 on the wire (tests/gpu/test_fp8_tensor_parallel_cuda.py: float8 over NCCL)
+    assert report["fp8"] == {"recipe": "tensorwise", "linears": 8, "skipped": 1, "tensor_parallel": "bf16"}
+
+
+# torchao's float8 styles on a 1-rank tensor mesh (gloo cannot carry float8, a 1-rank mesh sends nothing): each
+# block's Float8Linear gets its input already in float8 (cast before the sequence-parallel all-gather), and one
+# forward and backward give the bitwise loss and gradients of torch's styles, which cast inside the linear.
+FLOAT8_STYLES = """
+import torch, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from pretrain.config import load_config
+from pretrain.distributed.fp8 import convert
+from pretrain.distributed.tensor_parallel import apply_tensor_parallel
+from pretrain.model import build_model
+
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+mesh = init_device_mesh("cpu", (1,))
+config = load_config(None, ["model.preset=debug", "train.precision=fp8", "train.fp8_min_features=16"])
+x = torch.randint(0, 512, (2, 32))
+got = {}
+for float8 in (False, True):
+    model = build_model(config.model, seed=0)
+    convert(model, config, "cpu")
+    apply_tensor_parallel(model, mesh, sequence_parallel=True, float8=float8)
+    reached = []
+    for block in model.blocks:
+        for linear in (block.attn.qkv, block.attn.proj, block.mlp.up, block.mlp.down):
+            linear.register_forward_pre_hook(lambda m, args: reached.append(type(args[0].to_local()).__name__))
+    with torch.autocast("cpu", torch.bfloat16):
+        loss = model(x, x)
+    loss.backward()
+    grads = [p.grad.full_tensor() for p in model.parameters()]
+    got[float8] = loss, grads, set(reached)
+(l0, g0, r0), (l1, g1, r1) = got[False], got[True]
+assert r0 == {"Tensor"} and r1 == {"Float8TrainingTensor"}, (r0, r1)
+assert torch.equal(l0, l1) and all(torch.equal(a, b) for a, b in zip(g0, g1)), (l0, l1)
+dist.destroy_process_group()
+print("ok")
+"""
+
+
+def test_torchaos_float8_styles_cast_before_the_all_gather_and_train_as_torchs():
+    r = subprocess.run([sys.executable, "-c", FLOAT8_STYLES], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
+
+
+def test_tensor_parallelism_sends_float8_only_where_nccl_carries_it():
+    from pretrain.config import load_config
+    from pretrain.distributed.fp8 import float8_tensor_parallel
+
+    def wire(device, *extra):
+        config = load_config(None, ["train.precision=fp8", "parallel.gpus=2", "parallel.tensor=2", *extra])
+        return float8_tensor_parallel(config, device)
+
+    assert wire("cuda")  # NCCL, tensorwise: torchao's styles, as torchtitan
+    assert not wire("cpu")  # gloo: "Invalid scalar type" for float8
+    assert not wire("cuda", "train.fp8_recipe=rowwise")  # torchao's styles scale tensorwise
+    assert not wire("cuda", "debug.fp8_check=1")  # the shadow needs the bf16 input

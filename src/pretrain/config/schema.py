@@ -504,9 +504,9 @@ class DebugConfig:
     )
     fp8_check: int = doc(
         0,
-        "fp8: for the first N optimizer steps, a bf16 shadow of the first, middle and last "
-        "blocks' float8 linears logs each one's relative output error (metrics.jsonl "
-        "fp8_rel_err; eager: train.compile auto stays off); 0: off",
+        "fp8: after each of the first N optimizer steps, a bf16 shadow of the first, middle "
+        "and last blocks' float8 linears logs each one's relative output error (metrics.jsonl "
+        "fp8_rel_err; an eager forward outside the step, compiled or not); 0: off",
     )
     check_sharding: bool = doc(
         False, "assert each rank holds exactly the model-state bytes the planner predicts for it"

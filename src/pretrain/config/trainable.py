@@ -54,11 +54,6 @@ def check_trainable(config: Config, needs_data: bool = True) -> None:
             f"debug.fp8_check: shadows float8 linears, and train.precision is {t.precision}; "
             "use train.precision=fp8 or debug.fp8_check=0"
         )
-    if config.debug.fp8_check and t.compile is True:
-        raise ConfigError(
-            "debug.fp8_check: its bf16 shadow runs eager; use train.compile=auto (off under the "
-            "check) or false, or debug.fp8_check=0"
-        )
     if par.async_tp and t.compile is False:
         raise ConfigError(
             "parallel.async_tp: the overlap is a torch.compile pass; use train.compile=auto or true, "

@@ -8,8 +8,9 @@ Which linears (pretrain.plan.fp8.converts, the rule the planner counts with):
   - in and out features >= train.fp8_min_features (small GEMMs gain less than the casts cost).
 
 Recipes (torchao's names): tensorwise scales each tensor by one number (amax / e4m3's 448); under FSDP2 the
-weights are all-gathered already in float8, half the bytes of bf16. rowwise scales each row of each operand:
-closer to bf16, slower casts, and its all-gather stays bf16.
+weights are all-gathered already in float8, half the bytes of bf16, and on GPUs so are tensor parallelism's
+(`float8_tensor_parallel`). rowwise scales each row of each operand: closer to bf16, slower casts, and its
+collectives stay bf16.
 
 The weights stay plain fp32 nn.Parameters under their names (Float8Linear subclasses nn.Linear), so
 checkpoints, resume and export are those of a bf16-mixed run: an exported model is bf16 and loads anywhere.
@@ -49,19 +50,41 @@ def _float8():
     return float8
 
 
-def convert(model, train, fsdp: bool) -> dict:
+def convert(model, config, device_type: str) -> dict:
     """Swap the chosen linears of `model` (plain, before any wrapping or sharding) for torchao's Float8Linear;
-    returns what plan_vs_run.json records: {"recipe", "linears": converted, "skipped": linears left bf16}."""
+    returns what plan_vs_run.json records: {"recipe", "linears": converted, "skipped": linears left bf16}, and
+    under tensor parallelism "tensor_parallel": what its collectives carry, "float8" or "bf16"."""
     import torch
 
-    float8 = _float8()
+    float8, train = _float8(), config.train
     if train.fp8_recipe == "tensorwise":
-        config = float8.Float8LinearConfig(enable_fsdp_float8_all_gather=fsdp)
+        # debug.fp8_check's bf16 shadow needs each weight before its float8 cast: the all-gather stays bf16
+        gather = config.parallel.fsdp and not config.debug.fp8_check
+        fp8_config = float8.Float8LinearConfig(enable_fsdp_float8_all_gather=gather)
     else:
-        config = float8.Float8LinearConfig.from_recipe_name(train.fp8_recipe)
+        fp8_config = float8.Float8LinearConfig.from_recipe_name(train.fp8_recipe)
     linears = {name: m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
     chosen = {
         name for name, m in linears.items() if converts(name, m.in_features, m.out_features, train.fp8_min_features)
     }
-    float8.convert_to_float8_training(model, config=config, module_filter_fn=lambda m, name: name in chosen)
-    return {"recipe": train.fp8_recipe, "linears": len(chosen), "skipped": len(linears) - len(chosen)}
+    float8.convert_to_float8_training(model, config=fp8_config, module_filter_fn=lambda m, name: name in chosen)
+    report = {"recipe": train.fp8_recipe, "linears": len(chosen), "skipped": len(linears) - len(chosen)}
+    if config.parallel.tensor > 1:
+        report["tensor_parallel"] = "float8" if float8_tensor_parallel(config, device_type) else "bf16"
+    return report
+
+
+def float8_tensor_parallel(config, device_type: str) -> bool:
+    """Whether tensor parallelism splits the Float8Linears with torchao's Float8ColwiseParallel /
+    Float8RowwiseParallel (as torchtitan does) rather than torch's ColwiseParallel / RowwiseParallel.
+
+    torchao's styles cast a linear's input to float8 before the sequence-parallel all-gather and its output's
+    gradient before the backward's, so those all-gathers carry 1 byte a value, not bf16's 2. Only:
+      - on CUDA: NCCL carries float8 tensors, gloo does not ("Invalid scalar type", torch 2.13), so CPU runs
+        (and CI's tests) keep torch's styles, whose collectives are bf16;
+      - tensorwise: torchao's styles cast with one scale per tensor, not rowwise's per-row scales;
+      - without debug.fp8_check: its bf16 shadow needs each linear's input before the float8 cast."""
+    t = config.train
+    return (
+        t.precision == "fp8" and t.fp8_recipe == "tensorwise" and device_type == "cuda" and not config.debug.fp8_check
+    )

@@ -23,13 +23,14 @@ from .runtime import Runtime
 from .tensor_parallel import apply_tensor_parallel, enable_async_tp, keep_own_vocabulary_rows
 
 
-def _mesh_and_tensor_parallel(model, config, layout: Layout, rt: Runtime):
+def _mesh_and_tensor_parallel(model, config, layout: Layout, rt: Runtime, fp8: dict | None):
     """The grid's DeviceMesh, where something splits over it (DDP and ZeRO-1 need none: each mesh dimension
     would make a process group, an NCCL communicator, at start-up), and the blocks split over its "tp" ranks."""
     wants_mesh = layout.tensor > 1 or layout.pipeline > 1 or (layout.data > 1 and config.parallel.fsdp)
     mesh = layout.build_mesh(rt.device.type) if rt.distributed and wants_mesh else None
     if config.parallel.tensor > 1:
-        apply_tensor_parallel(model, mesh["tp"], config.parallel.sequence_parallel)
+        float8 = fp8 is not None and fp8["tensor_parallel"] == "float8"  # distributed/fp8.py says when
+        apply_tensor_parallel(model, mesh["tp"], config.parallel.sequence_parallel, float8=float8)
         if config.parallel.async_tp:
             enable_async_tp(compile_enabled(config.train.compile, rt.device.type), rt.device.type)
     return mesh
@@ -45,13 +46,11 @@ def parallelize(model, config, rt: Runtime) -> Parallelized:
     if t.precision == "fp8":  # on the plain model: wrappers would rename the linears the filter chooses by
         from .fp8 import convert
 
-        # debug.fp8_check's bf16 shadow needs each weight before its float8 cast: the all-gather stays bf16
-        fp8 = convert(model, t, fsdp=config.parallel.fsdp and not config.debug.fp8_check)
-    mesh = _mesh_and_tensor_parallel(model, config, layout, rt)
+        fp8 = convert(model, config, rt.device.type)
+    mesh = _mesh_and_tensor_parallel(model, config, layout, rt, fp8)
     apply_activation_checkpointing(model, t.activation_checkpointing)
     model.fix_attention_kernel(rt.device, half=t.precision != "fp32")
-    # debug.fp8_check's shadow runs eager: train.compile=true is refused (config/trainable.py), auto stays off
-    compiled = compile_enabled(t.compile, rt.device.type) and not config.debug.fp8_check
+    compiled = compile_enabled(t.compile, rt.device.type)
     if compiled and config.parallel.tensor > 1:
         # AOTAutograd's on-disk cache hands a block compiled for one tensor-parallel layout to another with the
         # same shapes (with and without sequence parallelism, torch 2.13): measured, the run then trains wrong

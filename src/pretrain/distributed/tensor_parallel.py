@@ -89,10 +89,23 @@ class VocabularyParallelEmbedding(RowwiseParallel):
         return out.to_local() if use_local_output else out
 
 
-def apply_tensor_parallel(model: nn.Module, mesh, sequence_parallel: bool) -> None:
+def _linear_split(linear: nn.Module, by: str, float8: bool, **layouts) -> ParallelStyle:
+    """ColwiseParallel (`by` "rows" of the weight) or RowwiseParallel ("columns"); torchao's float8 styles for a
+    Float8Linear when `float8` (distributed/fp8.py: float8_tensor_parallel says when and why)."""
+    if float8:
+        from torchao.float8.float8_linear import Float8Linear
+        from torchao.float8.float8_tensor_parallel import Float8ColwiseParallel, Float8RowwiseParallel
+
+        if isinstance(linear, Float8Linear):  # a linear the filter left bf16 keeps torch's style
+            return (Float8ColwiseParallel if by == "rows" else Float8RowwiseParallel)(**layouts)
+    return (ColwiseParallel if by == "rows" else RowwiseParallel)(**layouts)
+
+
+def apply_tensor_parallel(model: nn.Module, mesh, sequence_parallel: bool, float8: bool = False) -> None:
     """Split `model` (our LLaMA Transformer, on the meta device or holding its canonical values) over the
     1-D tensor mesh `mesh`, in place. `model.row_orders` keeps each fused parameter's rank order (for the
-    per-parameter init, which fills the canonical tensor and takes this rank's rows, and for checkpoints)."""
+    per-parameter init, which fills the canonical tensor and takes this rank's rows, and for checkpoints).
+    `float8`: the Float8Linears' collectives in float8 (torchao's styles)."""
     tp = mesh.size()
     orders = {
         name: rank_order(segments, tp)
@@ -116,11 +129,11 @@ def apply_tensor_parallel(model: nn.Module, mesh, sequence_parallel: bool) -> No
             mesh,
             {
                 "attn_norm": norm(),
-                "attn.qkv": ColwiseParallel(input_layouts=between),
-                "attn.proj": RowwiseParallel(output_layouts=between),
+                "attn.qkv": _linear_split(block.attn.qkv, "rows", float8, input_layouts=between),
+                "attn.proj": _linear_split(block.attn.proj, "columns", float8, output_layouts=between),
                 "mlp_norm": norm(),
-                "mlp.up": ColwiseParallel(input_layouts=between),
-                "mlp.down": RowwiseParallel(output_layouts=between),
+                "mlp.up": _linear_split(block.mlp.up, "rows", float8, input_layouts=between),
+                "mlp.down": _linear_split(block.mlp.down, "columns", float8, output_layouts=between),
             },
         )
     tied = model.lm_head.weight is model.embed.weight
