@@ -18,12 +18,18 @@ pipeline (TensorDDP, TensorZeRO1 below; FSDP2 is the engine for ZeRO 2/3, engine
 from __future__ import annotations
 
 import contextlib
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from .engines import Parallelized
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from .runtime import Runtime
 
 # Gradient elements per data-parallel all-reduce (64 MB in fp32): messages this large run at a link's full
 # bandwidth (DDP's own buckets are 25 MB), and the copy each needs stays a small part of a rank's gradients.
@@ -38,6 +44,13 @@ def local(t: torch.Tensor) -> torch.Tensor:
 class DataParts:
     """Data parallelism over local parts, for an engine with `module`, `rt`, `dp_group`, `data_parallel` and
     `data_rank`."""
+
+    # What the engine it is mixed into holds (Parallelized: module, rt; the engine's __init__: the rest).
+    module: Any
+    rt: Runtime
+    dp_group: dist.ProcessGroup
+    data_parallel: int
+    data_rank: int
 
     def _same_start(self) -> None:
         """Every replica starts from its rank 0's values, as DDP makes sure (called once the module holds its
@@ -109,7 +122,7 @@ class DataParts:
 class TensorDDP(DataParts, Parallelized):
     """Tensor parallelism over mesh["tp"] with ZeRO-0 over mesh["dp"] (Megatron-LM's standard layout)."""
 
-    def __init__(self, module, config, rt, mesh):
+    def __init__(self, module, config, rt, mesh: DeviceMesh):
         super().__init__(module, config, rt, mesh)
         dp = mesh["dp"]
         self.dp_group, self.data_parallel, self.data_rank = dp.get_group(), dp.size(), dp.get_local_rank()

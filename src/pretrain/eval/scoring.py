@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from .models import HFModel, OurModel
+    from .models import HFModel, OurModel, PipelinedModel
     from .tasks import Request, Task
 
 METRICS = ("acc", "acc_norm", "acc_bytes", "bits_per_byte")
@@ -27,7 +27,7 @@ METRICS = ("acc", "acc_norm", "acc_bytes", "bits_per_byte")
 
 @torch.no_grad()
 def loglikelihoods(
-    lm: OurModel | HFModel,
+    lm: OurModel | PipelinedModel | HFModel,
     requests: list[Request],
     batch_size: int,
     advance: Callable[[int], object] | None = None,

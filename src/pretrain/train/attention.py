@@ -89,13 +89,14 @@ def kernel_that_runs(config: Config, device: torch.device) -> str:
         return "flex"  # pretrain.model.documents.document_kernel: FlexAttention or a refusal, never unmasked
     half = precisions.half_dtype(t.precision)
     dtype = half or torch.float32
-    gqa = m.num_kv_heads != m.num_heads and takes_gqa(device, half is not None, m.head_dim)
+    head_dim, seq_len = m.head_dim, t.seq_len
+    # a resolved config: resolve() filled them in
+    assert head_dim is not None and seq_len is not None and m.num_kv_heads is not None
+    gqa = m.num_kv_heads != m.num_heads and takes_gqa(device, half is not None, head_dim)
     kv_heads = m.num_kv_heads if gqa else m.num_heads
-    q = torch.zeros(1, m.num_heads, t.seq_len, m.head_dim, device=device, dtype=dtype, requires_grad=True)
-    k = torch.zeros(1, kv_heads, t.seq_len, m.head_dim, device=device, dtype=dtype, requires_grad=True)
-    mask = (
-        torch.ones(1, 1, t.seq_len, t.seq_len, dtype=torch.bool, device=device).tril() if t.document_masking else None
-    )
+    q = torch.zeros(1, m.num_heads, seq_len, head_dim, device=device, dtype=dtype, requires_grad=True)
+    k = torch.zeros(1, kv_heads, seq_len, head_dim, device=device, dtype=dtype, requires_grad=True)
+    mask = torch.ones(1, 1, seq_len, seq_len, dtype=torch.bool, device=device).tril() if t.document_masking else None
     ops = _Ops()
     with kernel_context(device, t.precision)(), ops:
         F.scaled_dot_product_attention(

@@ -57,7 +57,9 @@ class TensorBoard:
             self._writer = None
 
     def scalars(self, values: dict, step: int) -> None:
-        for key, value in values.items() if self._writer is not None else ():
+        if self._writer is None:
+            return
+        for key, value in values.items():
             self._writer.add_scalar(key, value, step)
 
     def close(self) -> None:
@@ -95,7 +97,7 @@ def wandb_mode() -> str:
         return "online"
     host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
     try:
-        return "online" if netrc.netrc(os.environ.get("NETRC")).authenticators(host) else "offline"
+        return "online" if netrc.netrc(os.environ.get("NETRC")).authenticators(host or "") else "offline"
     except (OSError, netrc.NetrcParseError):
         return "offline"
 
@@ -112,7 +114,7 @@ class WandB:
             dir=str(run_dir),
             id=run_id,
             resume="allow",
-            mode=wandb_mode(),
+            mode=wandb_mode(),  # pyright: ignore[reportArgumentType]  WANDB_MODE as set: wandb checks it
             config=config,
         )
         # the optimizer step is the x-axis, not W&B's own row counter: a resume or a rollback logs a step again

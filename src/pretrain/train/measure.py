@@ -71,7 +71,8 @@ class _PolicyOutputs(TorchDispatchMode):
 
     def __init__(self, keep):
         super().__init__()
-        self.keep, self.policy = keep, None
+        self.keep = keep
+        self.policy: Callable | None = None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -171,12 +172,13 @@ class SavedTensorMeter:
         if not t.is_floating_point() or t.dtype == torch.float32:
             return False
         numel = _storage_bytes(t) // t.element_size()
-        flat = torch.empty(0, dtype=t.dtype, device=t.device).set_(t.untyped_storage(), 0, (numel,))
+        # the storage read flat: offset 0, numel elements, stride 1
+        flat = torch.empty(0, dtype=t.dtype, device=t.device).set_(t.untyped_storage(), 0, (numel,), (1,))
         return any(torch.equal(flat, p.detach().reshape(-1).to(t.dtype)) for p in by_numel.get(numel, ()))
 
 
 def measure_forward(
-    model: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    model: torch.nn.Module,
     tokens: torch.Tensor,
     targets: torch.Tensor,
     autocast: Callable[[], AbstractContextManager],
@@ -195,6 +197,7 @@ def measure_forward(
             # Recomputation keeps only block inputs (and, selective, the policy's outputs) through the forward;
             # in backward each block is run again and holds its own recomputed tensors until its gradients
             # are done. Count one block.
+            assert hook is not None  # registered above: recomputed
             hook.remove()
             x, *shared = calls[0]
             # Not one of the step's micro-batches: a MoE layer of this block keeps its step's counts and loss.

@@ -53,13 +53,14 @@ def train_step(
     optimizer, rt = par.optimizer, par.rt
     _set_lr(optimizer, lr)
     autocast = par.autocast_context
-    measured = None
+    measured: dict | None = None
     loss_sum = torch.zeros((), device=rt.device)
     with par.step_context():  # train.cache_weight_casts: the weights' casts made once, reused by every micro-batch
         for i in range(accum):
             x, y = batches.next_batch()
             with par.no_sync(last=i == accum - 1):
                 if measure and i == 0 and par.measurable:
+                    assert isinstance(par.forward, torch.nn.Module)  # par.measurable: the model, or its DDP
                     loss, saved = measure_forward(par.forward, x, y, autocast)
                     measured = {"saved": saved}
                 else:
@@ -192,11 +193,13 @@ def _step_unless_overflow(optimizer: torch.optim.Optimizer, norm: torch.Tensor, 
     the device by an optimizer that takes an overflow flag (fused AdamW: GradScaler's `found_inf`), else on
     the host."""
     if getattr(optimizer, "_step_supports_amp_scaling", False):
-        optimizer.grad_scale, optimizer.found_inf = None, norm.isfinite().logical_not().float()
+        # The ignores: attributes the fused optimizers read (GradScaler sets them too), not in torch's Optimizer type.
+        flags = None, norm.isfinite().logical_not().float()
+        optimizer.grad_scale, optimizer.found_inf = flags  # pyright: ignore[reportAttributeAccessIssue]
         try:
             optimizer.step()
         finally:
-            del optimizer.grad_scale, optimizer.found_inf
+            del optimizer.grad_scale, optimizer.found_inf  # pyright: ignore[reportAttributeAccessIssue]
     elif math.isfinite(numbers.values[2]):
         optimizer.step()
 

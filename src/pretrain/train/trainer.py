@@ -39,7 +39,7 @@ from .callbacks.spikes import Stability
 from .callbacks.tasks import evaluate_tasks
 from .checkpoint.choice import prune, resume_point
 from .checkpoint.compatibility import check_resume_compatible, stage_change
-from .checkpoint.contents import Checkpoints, TensorState
+from .checkpoint.contents import Checkpoints, Stateful, TensorState
 from .checkpoint.format import read_trainer_state, rng_state
 from .checkpoint.run_dir import RunDir
 from .data_changes import stopped_by_data_change
@@ -120,6 +120,7 @@ class Trainer:
 
         c = self.config = launched_config(config, rt, own_data=loader is None)
         t = c.train
+        assert t.seq_len is not None  # launched_config resolved the config: resolve() filled it in
         # This run's grid: the tensor ranks and pipeline stages of one data-parallel rank read its batches.
         rt = dataclasses.replace(rt, tensor=c.parallel.tensor, pipeline=c.parallel.pipeline)
         self.rt, self.run_dir = rt, Path(c.run.dir)
@@ -148,14 +149,16 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(rt.device.type) if t.precision == "fp16-mixed" else None
         if self.mixture:
             loader = MixtureWindows(self.mixture, t.seq_len, seed=t.seed, rank=rt.data_rank, world_size=rt.data_size)
-        loader = loader or RandomWindows(
-            self.data, "train", t.seq_len, seed=t.seed, rank=rt.data_rank, world_size=rt.data_size
-        )
+        if loader is None:
+            assert self.data is not None  # _open_data opened data.dir: neither a loader nor a mixture
+            loader = RandomWindows(
+                self.data, "train", t.seq_len, seed=t.seed, rank=rt.data_rank, world_size=rt.data_size
+            )
         self.batches = Prefetcher(loader, t.micro_batch_size, rt.device)
         self.state = TrainState()
         self.callbacks = default_callbacks(c, self.plan)
         self.stability = next(cb for cb in self.callbacks if isinstance(cb, Stability))
-        parts = {"data": self.batches}
+        parts: dict[str, Stateful] = {"data": self.batches}
         for cb in self.callbacks:
             parts.update(cb.stateful())
         self.checkpoints = Checkpoints(
@@ -189,16 +192,16 @@ class Trainer:
         from ..data.mixture import open_mixture
 
         c, t, rt = self.config, self.config.train, self.rt
+        assert t.seq_len is not None  # launched_config resolved the config: resolve() filled it in
         self.mixture = (
             open_mixture(mixture_sources(c.data), c.data.verify, c.model.vocab_size)
             if loader is None and c.data.mixture
             else None
         )
-        self.data = (
-            open_training_data(c.data.dir, c.data.verify, c.model.vocab_size)
-            if loader is None and not self.mixture
-            else None
-        )
+        self.data = None
+        if loader is None and not self.mixture:
+            assert c.data.dir is not None  # check_trainable(needs_data=True) refused a run without it
+            self.data = open_training_data(c.data.dir, c.data.verify, c.model.vocab_size)
         for data in [self.data] if self.data is not None else [s["data"] for s in self.mixture or []]:
             SequentialWindows(data, "val", t.seq_len, rank=rt.data_rank, world_size=rt.data_size)  # enough val?
 
@@ -335,6 +338,7 @@ class Trainer:
         """One optimizer step at the schedule's learning rate and the batch ramp's size; `measure`: count the
         bytes it holds (measure.py); `stop_asked`: this rank asks every rank to stop after it."""
         t, st = self.config.train, self.state
+        assert t.seq_len is not None  # launched_config resolved the config: resolve() filled it in
         accum = micro_batches_per_step(st.tokens, **self.ramp)
         lr = (
             learning_rate(
@@ -350,6 +354,9 @@ class Trainer:
         )
         with self.attention_kernels():
             if self.config.parallel.pipeline > 1:
+                from ..distributed.pipeline import Pipelined
+
+                assert isinstance(self.par, Pipelined)  # parallelize() builds one for parallel.pipeline > 1
                 return pipeline_train_step(
                     self.par,
                     self.batches,

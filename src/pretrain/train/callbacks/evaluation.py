@@ -41,6 +41,7 @@ def evaluate(trainer: TrainerView) -> dict:
             val = sum(s["weight"] * losses[s["name"]] for s in trainer.mixture)
             per_source = {f"val_loss/{name}": loss for name, loss in losses.items()}
         else:
+            assert trainer.data is not None  # a run without a mixture reads data.dir
             val, per_source = all_reduce_mean(_mean_loss(trainer, trainer.data), rt), {}
     par.set_training(True)
     record = {
@@ -58,6 +59,7 @@ def _mean_loss(trainer: TrainerView, data: PreparedData) -> float:
     from ...data.loader import SequentialWindows
 
     c, rt, par = trainer.config, trainer.rt, trainer.par
+    assert c.train.seq_len is not None  # a resolved config: resolve() filled it in
     windows = SequentialWindows(data, "val", c.train.seq_len, rank=rt.data_rank, world_size=rt.data_size)
     losses = []
     for x, y in windows.batches(c.train.micro_batch_size, c.run.eval_batches):

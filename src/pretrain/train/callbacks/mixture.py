@@ -23,11 +23,11 @@ class EpochWarnings(Callback):
     def on_fit_start(self, trainer: TrainerView) -> None:
         self.epochs, self.spent = self._read(trainer)
         if trainer.resume_from is not None:
-            self._say_reweighting(trainer)
+            self._say_reweighting(trainer, trainer.resume_from)
 
     def on_step_end(self, trainer: TrainerView, result: StepResult) -> None:
         epochs, spent = self._read(trainer)
-        for source in trainer.mixture:
+        for source in _sources(trainer):
             name, cap = source["name"], source["max_epochs"]
             if spent[name] and not self.spent[name]:
                 self._warn(
@@ -56,7 +56,7 @@ class EpochWarnings(Callback):
         state = trainer.batches.state_dict()
         spent = {
             s["name"]: s["max_epochs"] is not None and d["drawn"] >= cap_windows(s["max_epochs"], d["num_windows"])
-            for s, d in zip(trainer.mixture, state["sources"])
+            for s, d in zip(_sources(trainer), state["sources"])
         }
         return source_epochs(state), spent
 
@@ -78,14 +78,14 @@ class EpochWarnings(Callback):
         )
 
     @staticmethod
-    def _say_reweighting(trainer: TrainerView) -> None:
+    def _say_reweighting(trainer: TrainerView, resume_from: Path) -> None:
         """The weights of the resumed checkpoint's own config (normalised as this run's are) against this run's;
         the resume has already checked that the sources are the same, in the same order."""
         import yaml
 
-        saved = yaml.safe_load((Path(trainer.resume_from) / "config.yaml").read_text())["data"]["mixture"]
+        saved = yaml.safe_load((Path(resume_from) / "config.yaml").read_text())["data"]["mixture"]
         old = {s["name"]: s["weight"] for s in mixture_sources(DataConfig(mixture=saved))}
-        new = {s["name"]: s["weight"] for s in trainer.mixture}
+        new = {s["name"]: s["weight"] for s in _sources(trainer)}
         if all(math.isclose(old[name], new[name], rel_tol=1e-9) for name in new):  # 7/3 is 0.7/0.3
             return
         st = trainer.state
@@ -95,3 +95,9 @@ class EpochWarnings(Callback):
             "stay as drawn; the new weights apply from this step)"
         )
         trainer.log.event({"event": "mixture_weights", "step": st.step, "tokens": st.tokens, "old": old, "new": new})
+
+
+def _sources(trainer: TrainerView) -> list[dict]:
+    """The run's mixture sources: this callback is on only for a run with data.mixture (default_callbacks)."""
+    assert trainer.mixture is not None
+    return trainer.mixture

@@ -34,7 +34,7 @@ class TaskEvaluation(Callback):
 
         self.names = task_names(",".join(config.run.eval_tasks))
         self.checked = check_tasks(self.names)  # pretrain[eval] installed, local files readable: before training
-        self.tasks = None
+        self.tasks: list[tuple] | None = None  # (task, this rank's requests of it), loaded at fit start
 
     def on_fit_start(self, trainer: TrainerView) -> None:
         from ...data.tokenizer import data_tokenizer, find_tokenizer
@@ -48,6 +48,7 @@ class TaskEvaluation(Callback):
                 "run.eval_tasks: the data directory holds no tokenizer/ to encode the tasks with; "
                 "prepare the data with `pretrain prepare` or remove run.eval_tasks"
             )
+        assert c.train.seq_len is not None  # a resolved config: resolve() filled it in
         tasks = load_tasks(
             self.names, find_tokenizer(path).load(), c.train.seq_len, c.run.eval_tasks_limit, self.checked
         )
@@ -67,6 +68,7 @@ def evaluate_tasks(trainer: TrainerView) -> dict:
     from ...eval.scoring import METRICS, loglikelihoods, moments, per_example, summarize
 
     cb = next(cb for cb in trainer.callbacks if isinstance(cb, TaskEvaluation))
+    assert cb.tasks is not None, "evaluate_tasks runs after TaskEvaluation.on_fit_start loaded them"
     c, rt, par = trainer.config, trainer.rt, trainer.par
     record = {"step": trainer.state.step, "tokens": trainer.state.tokens}
     par.set_training(False)

@@ -162,5 +162,7 @@ def load_model(path: str | Path, device: str = "cpu") -> torch.nn.Module:
     state = {"model": model.state_dict()}
     load_state(checkpoint, state)
     model.load_state_dict(state["model"])
-    model.training_config = config  # the whole run config (data directory, tokenizer) for export and generate
+    # The whole run config (data directory, tokenizer) for export and generate. The ignore: torch types
+    # nn.Module.__setattr__ for tensors and modules only, yet any other value is a plain attribute.
+    model.training_config = config  # pyright: ignore[reportArgumentType]
     return model.eval()
