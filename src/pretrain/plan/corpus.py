@@ -11,13 +11,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from .explain import Explain
+
+if TYPE_CHECKING:
+    from ..config.schema import Config
 
 MAX_EPOCHS = 4  # Muennighoff et al. 2023: up to ~4 epochs, repeated tokens are worth almost as much as new
 
 
-def corpus_supply(cfg, tokens: int, ex: Explain) -> dict | None:
+def corpus_supply(cfg: Config, tokens: int, ex: Explain) -> dict[str, Any] | None:
     """{"raw_bytes", "bytes_per_token", "tokens_available", "epochs", "source"}, or None when no corpus is given."""
     d = cfg.data
     if d.raw_bytes:
@@ -56,7 +60,7 @@ def corpus_supply(cfg, tokens: int, ex: Explain) -> dict | None:
     }
 
 
-def epochs_advice(supply: dict | None) -> list[str]:
+def epochs_advice(supply: dict[str, Any] | None) -> list[str]:
     if not supply or supply["epochs"] <= MAX_EPOCHS:
         return []
     return [

@@ -28,6 +28,7 @@ import time
 import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
+from typing import Any
 from urllib.parse import parse_qsl, quote, urlsplit
 
 from ..config import SECTIONS, load_config
@@ -136,7 +137,7 @@ def command_answer(query: str) -> str:
 
     items = overrides(query)
     load_config(None, items)  # a link that does not plan gives no command
-    sections: dict[str, dict] = {}
+    sections: dict[str, dict[str, Any]] = {}
     for item in items:
         key, value = item.split("=", 1)
         section, name = key.split(".", 1)
