@@ -9,15 +9,19 @@ trainer names its device with it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from .errors import ConfigError
 from .units import MiB
+
+if TYPE_CHECKING:
+    from .config.schema import ParallelConfig, TrainConfig
 
 
 @dataclass(frozen=True)
 class GpuSpec:
     name: str
-    peak_tflops: dict = field(default_factory=dict)  # dtype -> dense TFLOP/s
+    peak_tflops: dict[str, float] = field(default_factory=dict)  # dtype -> dense TFLOP/s
     memory_bytes: int = 0
     bandwidth_gbps: float = 0.0  # device memory, GB/s
     source: str = "vendor data sheet"
@@ -103,7 +107,7 @@ def mixed_precision(precision: str) -> bool:
     return precision.endswith("-mixed") or precision == "fp8"
 
 
-def caches_weight_casts(train, parallel) -> bool:
+def caches_weight_casts(train: TrainConfig, parallel: ParallelConfig) -> bool:
     """train.cache_weight_casts where the trainer applies it: autocast does the casting (a *-mixed precision
     or fp8; FSDP's policy casts instead) and the parameters are plain tensors of one stage (no tensor or
     pipeline parallelism), so one autocast context can span a step's micro-batches."""

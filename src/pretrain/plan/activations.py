@@ -388,7 +388,8 @@ def _overlap(m: ModelConfig, t: TrainConfig, parallel: ParallelConfig, b: int) -
     return 0
 
 
-def _shard(terms: list[Term], tensor: int, sequence_parallel: bool) -> int:
+def rank_bytes(terms: list[Term], tensor: int, sequence_parallel: bool) -> int:
+    """One tensor rank's bytes of `terms`: the sharded ones (all of them under sequence parallel) split tensor ways."""
     return sum(x.bytes // tensor if (x.sharded or sequence_parallel) else x.bytes for x in terms)
 
 
@@ -422,10 +423,10 @@ def activation_bytes(
     options = []
     for kind in kinds:
         terms = terms_of(kind)
-        options.append((_shard(terms, tp, sp), terms, kind))
+        options.append((rank_bytes(terms, tp, sp), terms, kind))
     per_layer, per_layer_terms, m = max(options, key=lambda option: option[0])
     once = once_terms(m, t, parallel, b, documents)
-    once_bytes = _shard(once, tp, sp)
+    once_bytes = rank_bytes(once, tp, sp)
     total = layers * in_flight * per_layer
     working = 0
     if t.activation_checkpointing != "none":
@@ -469,6 +470,6 @@ def _recompute_working(
     first block). terms_of(kind, recompute=...): layer_terms with this micro-batch and kernels."""
     tp, sp = parallel.tensor, parallel.sequence_parallel
     recomputed = max(
-        _shard([x for x in terms_of(kind, recompute="none") if x.name not in kept], tp, sp) for kind in kinds
+        rank_bytes([x for x in terms_of(kind, recompute="none") if x.name not in kept], tp, sp) for kind in kinds
     )
     return recomputed - _overlap(m, t, parallel, b) // (tp if sp else 1)

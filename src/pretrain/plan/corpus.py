@@ -26,7 +26,8 @@ def corpus_supply(cfg: Config, tokens: int, ex: Explain) -> dict[str, Any] | Non
     d = cfg.data
     if d.raw_bytes:
         raw, per_token = d.raw_bytes, d.bytes_per_token
-        available = int(raw / per_token)
+        # resolved config: bytes_per_token is set beside raw_bytes
+        available = int(raw / per_token)  # pyright: ignore[reportOperatorIssue, reportUnknownArgumentType]
         source = "data.raw_bytes / data.bytes_per_token"
         ex.add("data", "tokens_available", available, f"raw text {raw:.4g} bytes / {per_token:.4g} bytes per token")
     elif d.dir:

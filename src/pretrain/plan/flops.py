@@ -111,7 +111,8 @@ def _attention_per_token(cfg: Config, v_dim: int, ex: Explain) -> tuple[int, int
     document lengths of its context came from (None: no document masking, the whole sequence)."""
     m, t = cfg.model, cfg.train
     context, lengths_from = attention_context(cfg, ex)  # seq, or sum L_i^2 / seq with document masking
-    full_attention = round(6 * m.num_layers * m.num_heads * (m.head_dim + v_dim) * context)
+    # resolved config: head_dim is set
+    full_attention = round(6 * m.num_layers * m.num_heads * (m.head_dim + v_dim) * context)  # pyright: ignore[reportOptionalOperand, reportUnknownArgumentType]
     causal = cfg.flops.causal_attention
     attention = full_attention // 2 if causal else full_attention
     heads = (

@@ -20,12 +20,14 @@ def load_profile(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     fix = "write one with `pretrain bench --out FILE`"
     profile = read_json(path, "hardware.profile", fix)
-    if not isinstance(profile, dict) or not isinstance(profile.get("peak_tflops"), dict):
+    # JSON: checked to be a mapping just here
+    if not isinstance(profile, dict) or not isinstance(profile.get("peak_tflops"), dict):  # pyright: ignore[reportUnknownMemberType]
         raise ConfigError(f"hardware.profile: {path} has no 'peak_tflops' mapping; {fix}")
-    return profile
+    # JSON: checked to be a mapping just here
+    return profile  # pyright: ignore[reportUnknownVariableType]
 
 
-def _measured_peak(path, dtype: str, value) -> float:
+def _measured_peak(path: str | Path, dtype: str, value: object) -> float:
     """A profile's TFLOP/s must be a positive finite number: anything else would print negative or NaN time."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
         raise ConfigError(

@@ -392,7 +392,7 @@ def _buffers(cfg: Config, st: dict[str, Any], zero: int) -> tuple[int, str]:
 
 
 def _max_micro_batch(cfg: Config, st: dict[str, Any], usable: int) -> int:
-    def need(b):
+    def need(b: int) -> int:
         return max(sum(n for _, n in parts) for parts in step_phases(cfg, st, b).values())
 
     if need(1) > usable:

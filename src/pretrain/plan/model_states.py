@@ -40,7 +40,7 @@ def tensor_parallel_shape(name: str, shape: tuple[Any, ...], tp: int) -> tuple[A
     return tuple(shape)
 
 
-def _shard_numel(shape, dp: int) -> int:
+def _shard_numel(shape: tuple[int, ...], dp: int) -> int:
     """FSDP2 shards dim 0 in chunks of ceil(d0 / dp); rank 0 holds a full chunk (the largest share)."""
     return -(-shape[0] // dp) * numel(shape[1:])
 

@@ -148,7 +148,7 @@ def count_params(model: ModelConfig) -> ParamCounts:
     )
 
 
-def numel(shape) -> int:
+def numel(shape: tuple[int, ...]) -> int:
     n = 1
     for x in shape:
         n *= x

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..gpus import caches_weight_casts, gpu_spec, mixed_precision
-from .activations import _shard, activation_bytes, loss_terms, residual_bytes
+from .activations import activation_bytes, loss_terms, rank_bytes, residual_bytes
 from .kernels import planned_document_kernel, planned_native_gqa
 from .model_states import numel, stage_share
 from .params import param_shapes
@@ -124,9 +124,11 @@ def _backward_activations(cfg: Config, act: dict[str, Any], b: int, first: bool)
     tp, sp = par.tensor, par.sequence_parallel
     held = act["in_flight"] * act["layers"] - (0 if first else act["layers"] - 1)
     blocks = held * act["per_layer"] + act["recompute_working"]
-    embedding = _shard([x for x in act["once_terms"] if x.name.startswith(EMBEDDING_SIDE)], tp, sp)
-    residual = 2 * residual_bytes(t, par) * b * t.seq_len * m.hidden_size
-    return blocks + embedding + residual // (tp if sp else 1)
+    embedding = rank_bytes([x for x in act["once_terms"] if x.name.startswith(EMBEDDING_SIDE)], tp, sp)
+    # resolved config: seq_len is set
+    residual = 2 * residual_bytes(t, par) * b * t.seq_len * m.hidden_size  # pyright: ignore[reportOperatorIssue, reportUnknownVariableType]
+    # resolved config: seq_len is set
+    return blocks + embedding + residual // (tp if sp else 1)  # pyright: ignore[reportUnknownVariableType]
 
 
 def step_phases(cfg: Config, st: dict[str, Any], b: int, compiled: bool = False) -> dict[str, list[tuple[str, int]]]:
@@ -292,7 +294,7 @@ def loss_part(cfg: Config, b: int, when: str) -> tuple[int, str]:
     its end) or "backward" (while the loss's backward runs): bytes and the formula."""
     par = cfg.parallel
     terms = loss_terms(cfg.model, cfg.train, par, b)[when]
-    return _shard(terms, par.tensor, par.sequence_parallel), " + ".join(f"{x.name} ({x.formula})" for x in terms)
+    return rank_bytes(terms, par.tensor, par.sequence_parallel), " + ".join(f"{x.name} ({x.formula})" for x in terms)
 
 
 def _loss_buffer(cfg: Config, b: int) -> int:
