@@ -212,7 +212,9 @@ def _storage_and_checkpoint(c: Config, length: dict[str, Any], ex: Explain) -> t
     return storage, ckpt
 
 
-def _optional_sections(c: Config, result: dict[str, Any], length: dict[str, Any], model_pt, peak, ex: Explain) -> None:
+def _optional_sections(
+    c: Config, result: dict[str, Any], length: dict[str, Any], model_pt: int, peak: float | None, ex: Explain
+) -> None:
     """The sections only some configs have: another framework's memory, the corpus, a mixture, in-loop
     evaluations, a measured run."""
     time, tokens = result["time"], length["tokens"]
@@ -244,7 +246,7 @@ def _optional_sections(c: Config, result: dict[str, Any], length: dict[str, Any]
         result["hfu"] = measured["hfu"]
 
 
-def planned_config(config: Config, result: dict[str, Any]):
+def planned_config(config: Config, result: dict[str, Any]) -> Config:
     """The config a plan describes: `config` itself, or in budget mode the chosen model's (a new object)."""
 
     return replaced(config, result["budget"]["overrides"]) if "budget" in result else config

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -59,6 +60,7 @@ if TYPE_CHECKING:
 
 COMPUTE_BYTES = {"fp32": 4, "fp16-mixed": 2, "bf16-mixed": 2, "bf16": 2, "fp8": 2}
 HELD_INPUT = "block input (held by recomputation)"
+AddTerm = Callable[..., None]  # add(name, nbytes, formula, sharded=True): one Term of a layer
 
 
 def residual_bytes(t: TrainConfig, parallel: ParallelConfig) -> int:
@@ -99,7 +101,7 @@ def layer_terms(
     bs = b * s
     terms: list[Term] = []
 
-    def add(name, nbytes, formula, sharded=True):
+    def add(name: str, nbytes: float, formula: str, sharded: bool = True) -> None:
         terms.append(Term(name, int(nbytes), formula, sharded))
 
     if recompute in ("full", "selective"):
@@ -131,7 +133,14 @@ def layer_terms(
 
 
 def _attention_terms(
-    add, m: ModelConfig, t: TrainConfig, a: int, b: int, native_gqa: bool, compiled: bool, documents: str | None
+    add: AddTerm,
+    m: ModelConfig,
+    t: TrainConfig,
+    a: int,
+    b: int,
+    native_gqa: bool,
+    compiled: bool,
+    documents: str | None,
 ) -> None:
     """What the attention half of a block keeps (no recomputation)."""
     s, h, nh, d = t.seq_len, m.hidden_size, m.num_heads, m.head_dim
@@ -183,7 +192,14 @@ def _attention_terms(
 
 
 def _mlp_terms(
-    add, m: ModelConfig, parallel: ParallelConfig, bs: int, a: int, recompute: str, imbalance: float, compiled: bool
+    add: AddTerm,
+    m: ModelConfig,
+    parallel: ParallelConfig,
+    bs: int,
+    a: int,
+    recompute: str,
+    imbalance: float,
+    compiled: bool,
 ) -> None:
     """What the feed-forward half of a block keeps (no recomputation)."""
     I, llama = m.intermediate_size, m.family == "llama"
@@ -204,7 +220,7 @@ def _mlp_terms(
 
 
 def _selective_terms(
-    add,
+    add: AddTerm,
     m: ModelConfig,
     t: TrainConfig,
     parallel: ParallelConfig,
@@ -244,7 +260,7 @@ def routed_load(m: ModelConfig, parallel: ParallelConfig, imbalance: float) -> f
 
 
 def _moe_terms(
-    add, m: ModelConfig, parallel: ParallelConfig, bs: int, a: int, recompute: str, imbalance: float
+    add: AddTerm, m: ModelConfig, parallel: ParallelConfig, bs: int, a: int, recompute: str, imbalance: float
 ) -> None:
     """An MoE block's feed-forward terms (module docstring); experts are not split over tensor ranks."""
     E, k, He, h = m.num_experts, m.experts_per_token, expert_width(m), m.hidden_size
@@ -270,7 +286,7 @@ def _moe_terms(
         )
 
 
-def _compiled_norms(add, llama: bool, a: int, r: int, bs: int, h: int) -> None:
+def _compiled_norms(add: AddTerm, llama: bool, a: int, r: int, bs: int, h: int) -> None:
     """The norms' share of a compiled block without recomputation, and the matmul inputs they make. Inductor's
     partitioner keeps the block input and remakes each norm's output from it and the statistics, so no fp32
     normalised x is kept; the qkv and MLP matmul inputs stay."""
@@ -462,7 +478,13 @@ def _fullest_stage(m: ModelConfig, t: TrainConfig, parallel: ParallelConfig) -> 
 
 
 def _recompute_working(
-    terms_of, kinds: list[Any], m: ModelConfig, t: TrainConfig, parallel: ParallelConfig, b: int, kept: set[str]
+    terms_of: Callable[..., list[Term]],
+    kinds: list[Any],
+    m: ModelConfig,
+    t: TrainConfig,
+    parallel: ParallelConfig,
+    b: int,
+    kept: set[str],
 ) -> int:
     """Backward recomputes one block at a time and holds its tensors until its gradients are done, less what
     the block kept (`kept`; selective: the policy's outputs, handed back from the checkpoint's cache): the

@@ -106,7 +106,7 @@ def advise(config: Config, plan: dict[str, Any]) -> list[str]:
 # --- the rules -----------------------------------------------------------------------------------------
 
 
-def _tokens(c: Config, p) -> list[str]:
+def _tokens(c: Config, p: dict[str, Any]) -> list[str]:
     n, tokens = p["params"]["total"], p["tokens"]["total"]
     if n < SMALL_MODEL:
         return []
@@ -135,7 +135,7 @@ def _tokens(c: Config, p) -> list[str]:
     ]
 
 
-def _epochs(c: Config, p) -> list[str]:
+def _epochs(c: Config, p: dict[str, Any]) -> list[str]:
     t = c.train
     if not t.examples:
         # the corpus given by data.raw_bytes or data.dir, or each source of a data.mixture
@@ -152,7 +152,7 @@ def _epochs(c: Config, p) -> list[str]:
     ]
 
 
-def _batch(c: Config, p) -> list[str]:
+def _batch(c: Config, p: dict[str, Any]) -> list[str]:
     n = p["params"]["total"]
     if n < BATCH_RULE_MIN_PARAMS:
         return []
@@ -199,7 +199,7 @@ def _batch(c: Config, p) -> list[str]:
     return out
 
 
-def _lr(c: Config, p) -> list[str]:
+def _lr(c: Config, p: dict[str, Any]) -> list[str]:
     n, lr = p["params"]["total"], c.train.lr
     if n < SMALL_MODEL:
         return []
@@ -215,7 +215,7 @@ def _lr(c: Config, p) -> list[str]:
     ]
 
 
-def _warmup(c: Config, p) -> list[str]:
+def _warmup(c: Config, p: dict[str, Any]) -> list[str]:
     st, w = p["steps"], c.train.warmup
     total, warm = st["total"], st["warmup"]
     if p["params"]["total"] < SMALL_MODEL or total < WARMUP_MIN_STEPS:
@@ -238,7 +238,7 @@ def _warmup(c: Config, p) -> list[str]:
     ]
 
 
-def _mfu(c: Config, p) -> list[str]:
+def _mfu(c: Config, p: dict[str, Any]) -> list[str]:
     hw = c.hardware
     if hw.profile or not p["time"]["seconds"] or not (hw.hfu or hw.mfu):  # only a utilisation the user assumed
         return []
@@ -260,7 +260,7 @@ def _mfu(c: Config, p) -> list[str]:
     ]
 
 
-def step_intensity(c: Config, p, b: int | None = None) -> tuple[float, float]:
+def step_intensity(c: Config, p: dict[str, Any], b: int | None = None) -> tuple[float, float]:
     """FLOPs and a lower bound on bytes moved per GPU by one micro-batch of b sequences (forward + backward).
 
     Bytes: the matmul weights in the compute dtype read 3 times (forward, backward for the activations'
@@ -277,7 +277,7 @@ def step_intensity(c: Config, p, b: int | None = None) -> tuple[float, float]:
     return flops, weights + traffic
 
 
-def _bandwidth(c: Config, p) -> list[str]:
+def _bandwidth(c: Config, p: dict[str, Any]) -> list[str]:
     bandwidth = p["hardware"]["bandwidth_gbps"]
     peak = p["hardware"]["peak_tflops"]
     if not bandwidth or not peak or p["params"]["total"] < SMALL_MODEL:
@@ -288,7 +288,7 @@ def _bandwidth(c: Config, p) -> list[str]:
     if flops / moved >= ratio:
         return []
 
-    def bound(b):
+    def bound(b: int) -> bool:
         f, m = step_intensity(c, p, b)
         return f / m >= ratio
 
@@ -366,7 +366,7 @@ def context_advice(c: Config) -> list[str]:
 # --- does not fit: search for the cheapest change --------------------------------------------------------
 
 
-def _memory(c: Config, p) -> list[str]:
+def _memory(c: Config, p: dict[str, Any]) -> list[str]:
     if p["fits"] is not False:
         return []
     head = (

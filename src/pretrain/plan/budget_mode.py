@@ -35,6 +35,7 @@ own time: whole optimizer steps at the GPU-seconds each takes. A length given be
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 from ..config import Config, replaced, resolve
@@ -51,11 +52,14 @@ from .step_time import step_time
 
 if TYPE_CHECKING:
     from ..config.schema import Config
+    from .params import ParamCounts
 
 HEAD_DIM = 128
 WIDTH_PER_LAYER = 128  # LLaMA-7B: 4096 / 32 layers; 13B: 5120 / 40
 MULTIPLE_OF = 256  # LLaMA's intermediate-size rounding
 GQA_KV_HEADS = 8
+# shape -> (its _fit, 6N FLOPs per GPU-second, utilisation, basis); {} for the config as given
+Speed = Callable[[dict[str, Any]], tuple[Any, ...]]
 APPROACH_3 = dict(E=1.69, A=406.4, B=410.7, alpha=0.34, beta=0.28)  # Hoffmann et al. 2022, equation 10
 INFERENCE_AWARE_SHRINK = 2  # half the parameters, twice the tokens
 NO_BUDGET = {"budget.gpu_hours": None, "budget.days": None, "budget.cost": None}  # the chosen config plans plainly
@@ -144,7 +148,7 @@ def _shape(h: int, layers: int, vocab_size: int, max_seq_len: int) -> dict[str, 
     )
 
 
-def _count(keys: dict[str, Any]):
+def _count(keys: dict[str, Any]) -> ParamCounts:
     from ..config.schema import ModelConfig
 
     return count_params(ModelConfig(**keys))  # every other key at its default: a dense LLaMA block
@@ -193,7 +197,7 @@ def spendable_compute(vocab_size: int, max_seq_len: int) -> tuple[float, float]:
     return 120 * (INFERENCE_AWARE_SHRINK * smallest) ** 2, 120 * largest**2
 
 
-def apply_budget(cfg: Config, ex: Explain):
+def apply_budget(cfg: Config, ex: Explain) -> tuple[dict[str, Any], Config]:
     """Choose the model for the budget, or with a model given buy its tokens: (the plan's "budget" entry, a
     new Config of that model with its train.tokens, the overrides that make it fit, and the budget keys
     cleared). `cfg` is left unchanged; the rest of the plan is the ordinary plan of the new config, and
@@ -291,7 +295,7 @@ def _compute_optimal(compute: float, ex: Explain) -> tuple[float, float, float, 
     return n_opt, d_opt, n_3, best
 
 
-def _search(cfg: Config, seconds: float, peak: float):
+def _search(cfg: Config, seconds: float, peak: float) -> tuple[dict[str, Any], Speed]:
     """The compute-optimal shape at its own speed, and `speed` (shape -> (its _fit, 6N FLOPs per GPU-second,
     utilisation, basis), {} for the config as given): from the config's speed, the shape N_opt gives, until a
     shape comes again. One that needs recomputation to fit is slower, and its compute buys a smaller shape,
@@ -337,7 +341,9 @@ def _shape_near(cfg: Config, n: float) -> dict[str, Any]:
     return llama_shape(n, cfg.model.vocab_size, cfg.model.max_seq_len)
 
 
-def _buy_tokens(cfg: Config, given: str, seconds: float, how: str, peak: float, ex: Explain):
+def _buy_tokens(
+    cfg: Config, given: str, seconds: float, how: str, peak: float, ex: Explain
+) -> tuple[dict[str, Any], Config]:
     """The model given, trained on the whole optimizer steps the budget's GPU-seconds buy at the plan's own
     time (pretrain.plan.length.tokens_per_gpu_second: the step-time model, or hardware.mfu / hfu when given)."""
     counts = count_params(cfg.model)
@@ -437,7 +443,14 @@ def _model_overrides(shape: dict[str, Any]) -> dict[str, Any]:
 
 
 def _row(
-    cfg: Config, seconds: float, n_target: float, shape: dict[str, Any], speed, best_loss: float, ex: Explain, name: str
+    cfg: Config,
+    seconds: float,
+    n_target: float,
+    shape: dict[str, Any],
+    speed: Speed,
+    best_loss: float,
+    ex: Explain,
+    name: str,
 ) -> dict[str, Any]:
     """A chosen shape (near n_target parameters) trained on the tokens the GPU-seconds buy at its own speed."""
     n = _count(shape).total

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from ..config.schema import Config
 
 MAX_GPUS = 16384  # the "more GPUs" fix stops here
+Options = tuple[list[dict[str, Any]], dict[str, Any] | None]  # the overrides to try, and the one to keep if none fits
 
 
 def fit_fixes(config: Config, limit: int = 2) -> list[tuple[dict[str, Any], dict[str, Any]]]:
@@ -50,7 +51,7 @@ def fit_fixes(config: Config, limit: int = 2) -> list[tuple[dict[str, Any], dict
     return sorted(fixes, key=lambda f: _get(config, f[0], "parallel.gpus"))  # cheapest: fewest GPUs
 
 
-def _get(config: Config, overrides: dict[str, Any], key: str):
+def _get(config: Config, overrides: dict[str, Any], key: str) -> Any:
     if key in overrides:
         return overrides[key]
     section, name = key.split(".")
@@ -91,7 +92,7 @@ def _fits(config: Config, overrides: dict[str, Any]) -> bool:
     return bool(q and q["fits"])
 
 
-def _recompute_options(config: Config, state):
+def _recompute_options(config: Config, state: dict[str, Any]) -> Options:
     current = RECOMPUTE.index(_get(config, state, "train.activation_checkpointing"))
     options = [{"train.activation_checkpointing": r} for r in RECOMPUTE[current + 1 :]]
     return options, (options[-1] if options else None)
@@ -107,14 +108,14 @@ def _smaller_micro_batch(config: Config, overrides: dict[str, Any]) -> int:
     return max([d for d in range(1, largest + 1) if per_rank % d == 0] or [1])
 
 
-def _micro_batch_options(config: Config, state):
+def _micro_batch_options(config: Config, state: dict[str, Any]) -> Options:
     if _get(config, state, "train.micro_batch_size") == 1:
         return [], None
     option = {"train.micro_batch_size": _smaller_micro_batch(config, state)}
     return [option], option
 
 
-def _zero_options(config: Config, state):
+def _zero_options(config: Config, state: dict[str, Any]) -> Options:
     if _data_parallel(config, state) <= 1:
         return [], None
     current = _get(config, state, "parallel.zero_stage")
@@ -122,7 +123,7 @@ def _zero_options(config: Config, state):
     return options, (options[-1] if options else None)
 
 
-def _gpu_options(config: Config, state):
+def _gpu_options(config: Config, state: dict[str, Any]) -> Options:
     gpus = _get(config, state, "parallel.gpus")
     options, k = [], 2
     while gpus * k <= MAX_GPUS:
@@ -131,7 +132,7 @@ def _gpu_options(config: Config, state):
     return options, None  # more GPUs alone did not help: the tensor-parallel options set their own
 
 
-def _tensor_options(config: Config, state):
+def _tensor_options(config: Config, state: dict[str, Any]) -> Options:
     m, par = config.model, config.parallel
     gpus = _get(config, state, "parallel.gpus")
     options = []

@@ -388,7 +388,7 @@ def framework_memory(cfg: Config, ex: Explain) -> dict[str, Any]:
     return out
 
 
-def _numel(shape) -> int:
+def _numel(shape: tuple[int, ...]) -> int:
     n = 1
     for x in shape:
         n *= x

@@ -27,6 +27,7 @@ COLUMN_PARALLEL = (
     "embed.weight",
     "lm_head.weight",
 )
+Shapes = list[tuple[str, tuple[int, ...]]]  # (name, shape) of each parameter tensor, in module order
 ROW_PARALLEL = (".attn.proj.weight", ".mlp.down.weight")
 
 
@@ -45,7 +46,7 @@ def _shard_numel(shape: tuple[int, ...], dp: int) -> int:
     return -(-shape[0] // dp) * numel(shape[1:])
 
 
-def _state_numel(optimizer: str, shape, momentum: float) -> int:
+def _state_numel(optimizer: str, shape: tuple[int, ...], momentum: float) -> int:
     """Elements of optimizer state for one parameter tensor (the fp32 step counter is added separately)."""
     if optimizer == "adamw":
         return 2 * numel(shape)  # exp_avg, exp_avg_sq
@@ -126,10 +127,10 @@ def model_state_tensors(cfg: Config, rank: int | None = None, stage: int | None 
     zero = par.zero_stage if dp > 1 else 0
     sharded = zero >= 2  # FSDP2 shards parameters, gradients and states
 
-    def group(name):  # the ranks ZeRO shards a tensor over: an expert's are the dp / ep that hold it
+    def group(name: str) -> int:  # the ranks ZeRO shards a tensor over: an expert's are the dp / ep that hold it
         return dp // ep if ep > 1 and is_expert(name) else dp
 
-    def place(name):  # this rank's place in that group (data ranks r, r + ep, ... hold the same experts)
+    def place(name: str) -> int:  # this rank's place in that group (data ranks r, r + ep, ... hold the same experts)
         return (rank or 0) // ep if ep > 1 and is_expert(name) else rank or 0
 
     n_params = sum(_shard_numel(s, group(n)) if sharded else numel(s) for n, s in shapes)  # FSDP pads chunks
@@ -155,7 +156,9 @@ def model_state_tensors(cfg: Config, rank: int | None = None, stage: int | None 
     return out
 
 
-def _working_copies(cfg: Config, shapes: list[tuple[str, tuple[int, ...]]], whole, block_shapes, zero: int) -> int:
+def _working_copies(
+    cfg: Config, shapes: list[tuple[str, tuple[int, ...]]], whole: Shapes, block_shapes: Shapes, zero: int
+) -> int:
     """Bytes of the parameters' compute-dtype copies a rank holds: FSDP's gathered blocks (ZeRO 2/3) or
     autocast's copies of the matmul weights kept for backward."""
     m, t, par = cfg.model, cfg.train, cfg.parallel
@@ -243,7 +246,7 @@ def _heaviest_block(
     """Parameters of the largest block in `shapes` (an MoE block or a dense one; all equal in a dense model);
     `matmul`: its matrices only, `biases`: and the linears' biases (not the norms')."""
 
-    def counted(n, s):
+    def counted(n: str, s: tuple[int, ...]) -> bool:
         return not matmul or len(s) >= 2 or (biases and n.endswith(".bias") and not n.endswith("norm.bias"))
 
     return max(sum(numel(s) for n, s in shapes if n.startswith(kind) and counted(n, s)) for kind in _block_kinds(m))
@@ -267,7 +270,9 @@ def heaviest_stage(cfg: Config) -> int:
     return sizes.index(max(sizes))
 
 
-def _optimizer_working(cfg: Config, shapes: list[tuple[str, tuple[int, ...]]], owned, dp, sharded, state_bytes) -> int:
+def _optimizer_working(
+    cfg: Config, shapes: list[tuple[str, tuple[int, ...]]], owned: list[int], dp: int, sharded: bool, state_bytes: int
+) -> int:
     """Temporaries of the optimizer step. AdamW is fused (distributed/optim.py): one in-place kernel, none. SGD's
     momentum update is in place. Adafactor's foreach implementation, the default on CUDA, makes a full-size
     second-moment estimate of every parameter it updates (torch.optim.Adafactor's docs: "~ sizeof(params) more
@@ -280,7 +285,7 @@ def _optimizer_working(cfg: Config, shapes: list[tuple[str, tuple[int, ...]]], o
     return state_bytes * sum(sizes)
 
 
-def _shape_for(shape, dp, sharded, rank=0):
+def _shape_for(shape: tuple[int, ...], dp: int, sharded: bool, rank: int = 0) -> tuple[int, ...]:
     """A rank's unpadded share of a tensor under FSDP (optimizer states are made like the local shard)."""
     if not sharded:
         return shape
@@ -291,7 +296,7 @@ def _shape_for(shape, dp, sharded, rank=0):
 def _block_share(cfg: Config, shapes: list[tuple[str, tuple[int, ...]]]) -> int:
     """Parameters of one block on one tensor rank: the matmuls split t ways, the norms replicated."""
 
-    def share(kind):
+    def share(kind: str) -> int:
         per_layer = sum(numel(s) for n, s in shapes if n.startswith(kind))
         layer_norms = sum(numel(s) for n, s in shapes if n.startswith(kind) and "norm" in n)
         return (per_layer - layer_norms) // cfg.parallel.tensor + layer_norms

@@ -227,10 +227,10 @@ def param_shapes(model: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
     llama = model.family == "llama"
     bias = (not llama) and model.bias
 
-    def norm(prefix):
+    def norm(prefix: str) -> list[tuple[str, tuple[int, ...]]]:
         return [(f"{prefix}.weight", (H,))] + ([(f"{prefix}.bias", (H,))] if bias else [])
 
-    def linear(prefix, out_features, in_features, has_bias):
+    def linear(prefix: str, out_features: int, in_features: int, has_bias: bool) -> list[tuple[str, tuple[int, ...]]]:
         return [(f"{prefix}.weight", (out_features, in_features))] + (
             [(f"{prefix}.bias", (out_features,))] if has_bias else []
         )

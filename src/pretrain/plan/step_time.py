@@ -98,6 +98,7 @@ from .traffic import eager_elementwise_traffic, kept_tensor_traffic, weight_read
 
 if TYPE_CHECKING:
     from ..config.schema import Config, HardwareConfig, ModelConfig, ParallelConfig, TrainConfig
+    from ..gpus import GpuSpec
     from .params import ParamCounts
 
 MATMUL_EFFICIENCY = 0.75  # of a data-sheet dense peak, reached by large bf16 GEMMs
@@ -275,7 +276,7 @@ def _micro_batch_sum(
     return {**out, "fp8_cast_s": cast_s} if t.precision == "fp8" else out
 
 
-def _achievable_tflops(hw: HardwareConfig, spec, peak: float) -> tuple[float, str]:
+def _achievable_tflops(hw: HardwareConfig, spec: GpuSpec, peak: float) -> tuple[float, str]:
     """What the matmuls reach: a profile's measured rate, else the peak x the large-GEMM efficiency."""
     if hw.profile and not hw.peak_tflops:
         return peak, "hardware.profile's measured TFLOP/s"
@@ -285,7 +286,9 @@ def _achievable_tflops(hw: HardwareConfig, spec, peak: float) -> tuple[float, st
     )
 
 
-def _attention_seconds(c: Config, spec, attention: float, tokens: int, peak: float, rate: float) -> tuple[float, str]:
+def _attention_seconds(
+    c: Config, spec: GpuSpec, attention: float, tokens: int, peak: float, rate: float
+) -> tuple[float, str]:
     """The attention kernel's seconds for one micro-batch, and how: FlashAttention-2's share of the peak on
     Hopper, else a share of the GEMM rate."""
     hw, shard = c.hardware, c.parallel.tensor * c.parallel.pipeline

@@ -293,7 +293,7 @@ def budget_lines(budget: dict[str, Any]) -> list[str]:
             "",
         ]
 
-    def row(label, b):
+    def row(label: str, b: dict[str, Any]) -> str:
         m = b["model"]
         fit = "fits" if b["fit"]["fits"] else "does NOT fit"
         extra = " ".join(f"{k}={v}" for k, v in b["fit"]["overrides"].items())
