@@ -94,7 +94,8 @@ def zero1_partition(shapes: list[Any], dp: int, groups: list[list[int]]) -> list
 
 def decay_groups(m: ModelConfig, shapes: list[Any]) -> list[list[int]]:
     """AdamW's two parameter groups: [with weight decay (matrices), without (norms, biases, tied embedding)]."""
-    decay, no_decay = [], []
+    decay: list[int] = []
+    no_decay: list[int] = []
     for i, (name, shape) in enumerate(shapes):
         tied_embedding = m.tie_embeddings and name == "embed.weight"
         (decay if len(shape) >= 2 and not tied_embedding else no_decay).append(i)
@@ -220,7 +221,7 @@ def _zero1_owned(
     """The tensors whose optimizer states one rank keeps under ZeRO-1 (`rank`; None: the largest share). With
     expert parallelism the experts' tensors are partitioned apart, over the dp / ep ranks that hold the same
     experts (the largest shares of both parts added: an upper bound)."""
-    owned = []
+    owned: list[int] = []
     for experts, ranks in ((False, dp), (True, dp // ep)) if ep > 1 else ((None, dp),):
         ix = [i for i, (n, _) in enumerate(shapes) if experts is None or is_expert(n) == experts]
         part = [shapes[i] for i in ix]
@@ -229,7 +230,7 @@ def _zero1_owned(
         mine = (
             (partition[r] if r < len(partition) else [])
             if r is not None
-            else max(partition, key=lambda own: sum(numel(part[i][1]) for i in own), default=[])
+            else max(partition, key=lambda own: sum(numel(part[i][1]) for i in own), default=list[int]())
         )
         owned += [ix[i] for i in mine]
     return owned

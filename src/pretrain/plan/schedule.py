@@ -93,7 +93,7 @@ def steps_for_tokens(
     return steps
 
 
-def tokens_for_steps(steps: int, **args) -> int:
+def tokens_for_steps(steps: int, **args: int) -> int:
     """Tokens seen after `steps` optimizer steps (the ramp's steps are smaller), jumping runs of equal batch
     size as steps_for_tokens does."""
     unit = args["seq_len"] * args["micro_batch_size"] * args["data_parallel"]

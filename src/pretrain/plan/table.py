@@ -245,7 +245,8 @@ def _memory_lines(config: Config, p: dict[str, Any]) -> list[str]:
 
 def _extra_memory_lines(p: dict[str, Any]) -> list[str]:
     """MoE's routed load, host memory, and another framework's accounting (plan.framework)."""
-    lines, mem = [], p["memory_bytes"]
+    lines: list[str] = []
+    mem = p["memory_bytes"]
     if "moe" in p:  # Mixture-of-Experts (pretrain.plan.memory): the imbalance the routed tokens are planned at
         mo = p["moe"]
         limit = mo["fits_up_to_imbalance"]
