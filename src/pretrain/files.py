@@ -14,6 +14,7 @@ import shutil
 import socket
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from .errors import ConfigError, UsageError
 from .lock import HeldLock, exclusive_lock
@@ -22,7 +23,7 @@ from .lock import HeldLock, exclusive_lock
 WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO}
 
 
-def read_json(path: Path, key: str, fix: str):
+def read_json(path: Path, key: str, fix: str) -> Any:
     """The JSON in `path`, which config key `key` names; ConfigError (naming key, path and `fix`) when it is
     missing, a directory, unreadable, not UTF-8 or not JSON."""
     try:

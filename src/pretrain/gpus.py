@@ -18,7 +18,7 @@ from .units import MiB
 @dataclass(frozen=True)
 class GpuSpec:
     name: str
-    peak_tflops: dict = field(default_factory=dict)  # dtype -> dense TFLOP/s
+    peak_tflops: dict[str, float] = field(default_factory=dict)  # dtype -> dense TFLOP/s
     memory_bytes: int = 0
     bandwidth_gbps: float = 0.0  # device memory, GB/s
     source: str = "vendor data sheet"

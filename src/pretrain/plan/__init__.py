@@ -6,6 +6,8 @@ JSON-ready dict whose keys are documented in docs/plan.md ("The JSON").
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from ..config import replaced
 from ..errors import ConfigError
 from ..gpus import gpu_spec
@@ -25,6 +27,10 @@ from .model_states import model_state_tensors
 from .params import count_params, padded_vocab_size, param_shapes
 from .step_time import step_time
 
+if TYPE_CHECKING:
+    from ..config.schema import Config, HardwareConfig, ModelConfig, ParallelConfig
+    from .params import ParamCounts
+
 __all__ = [
     "make_plan",
     "plan_with_explain",
@@ -41,12 +47,12 @@ __all__ = [
 MAX_LAYERS = 1000
 
 
-def make_plan(config) -> dict:
+def make_plan(config: Config) -> dict[str, Any]:
     """The plan for a resolved Config (see `pretrain.config.load_config`)."""
     return plan_with_explain(config)[0]
 
 
-def plan_with_explain(config, advice: bool = True) -> tuple[dict, Explain]:
+def plan_with_explain(config: Config, advice: bool = True) -> tuple[dict[str, Any], Explain]:
     """The plan and its explain trail; `advice=False` skips the warnings (which re-plan modified copies).
     Budget mode (budget.* keys) plans a new config of the model it chooses (pretrain.plan.budget_mode);
     `config` is never changed, and `planned_config(config, result)` rebuilds the config that was planned."""
@@ -96,7 +102,7 @@ def plan_with_explain(config, advice: bool = True) -> tuple[dict, Explain]:
     return result, ex
 
 
-def _check_depth(m) -> None:
+def _check_depth(m: ModelConfig) -> None:
     if m.num_layers > MAX_LAYERS:
         raise ConfigError(
             f"model.num_layers: {m.num_layers:,} is beyond what the planner models (at most "
@@ -104,7 +110,7 @@ def _check_depth(m) -> None:
         )
 
 
-def _add_modelled_time(time: dict, step: dict, steps: int, ex: Explain) -> None:
+def _add_modelled_time(time: dict[str, Any], step: dict[str, Any], steps: int, ex: Explain) -> None:
     """The step-time model's run time, throughput and MFU beside the time the plan uses."""
     time["modelled_seconds"] = ex.add(
         "time",
@@ -116,7 +122,7 @@ def _add_modelled_time(time: dict, step: dict, steps: int, ex: Explain) -> None:
     time["modelled_mfu"] = step["mfu"]
 
 
-def _tokens(length: dict, params: int) -> dict:
+def _tokens(length: dict[str, Any], params: int) -> dict[str, Any]:
     return {
         "total": length["tokens"],
         "chinchilla": length["chinchilla"],
@@ -124,7 +130,7 @@ def _tokens(length: dict, params: int) -> dict:
     }
 
 
-def _steps(length: dict) -> dict:
+def _steps(length: dict[str, Any]) -> dict[str, Any]:
     return {
         "total": length["steps"],
         "tokens_per_step": length["tokens_per_step"],
@@ -133,7 +139,7 @@ def _steps(length: dict) -> dict:
     }
 
 
-def _memory_and_fit(mem: dict) -> dict:
+def _memory_and_fit(mem: dict[str, Any]) -> dict[str, Any]:
     """The plan's top-level memory keys: bytes per GPU, the model states, and whether the step fits."""
     fit = mem["fit"]
     return {
@@ -146,7 +152,7 @@ def _memory_and_fit(mem: dict) -> dict:
     }
 
 
-def _layout(par) -> dict:
+def _layout(par: ParallelConfig) -> dict[str, Any]:
     return {
         "world": par.gpus,
         "data": par.data_parallel,
@@ -156,7 +162,7 @@ def _layout(par) -> dict:
     }
 
 
-def _hardware(hw, device_bytes: int | None, peak: float | None, peak_source: str) -> dict:
+def _hardware(hw: HardwareConfig, device_bytes: int | None, peak: float | None, peak_source: str) -> dict[str, Any]:
     return {
         "gpu": gpu_spec(hw.gpu).name,
         "peak_tflops": peak,
@@ -166,7 +172,7 @@ def _hardware(hw, device_bytes: int | None, peak: float | None, peak_source: str
     }
 
 
-def _explain_params(m, counts, ex: Explain) -> None:
+def _explain_params(m: ModelConfig, counts: ParamCounts, ex: Explain) -> None:
     ex.add("params", "total", counts.total, _params_formula(m, counts))
     ex.add(
         "params",
@@ -182,7 +188,7 @@ def _explain_params(m, counts, ex: Explain) -> None:
     )
 
 
-def _storage_and_checkpoint(c, length: dict, ex: Explain) -> tuple[int, int]:
+def _storage_and_checkpoint(c: Config, length: dict[str, Any], ex: Explain) -> tuple[int, int]:
     """Bytes of the token files (each example once: the epochs re-read the same file) and of one checkpoint."""
     data, tokens = length["data_tokens"], length["tokens"]
     storage = storage_bytes(data, c.model.vocab_size)
@@ -206,7 +212,9 @@ def _storage_and_checkpoint(c, length: dict, ex: Explain) -> tuple[int, int]:
     return storage, ckpt
 
 
-def _optional_sections(c, result: dict, length: dict, model_pt, peak, ex: Explain) -> None:
+def _optional_sections(
+    c: Config, result: dict[str, Any], length: dict[str, Any], model_pt: int, peak: float | None, ex: Explain
+) -> None:
     """The sections only some configs have: another framework's memory, the corpus, a mixture, in-loop
     evaluations, a measured run."""
     time, tokens = result["time"], length["tokens"]
@@ -238,13 +246,13 @@ def _optional_sections(c, result: dict, length: dict, model_pt, peak, ex: Explai
         result["hfu"] = measured["hfu"]
 
 
-def planned_config(config, result: dict):
+def planned_config(config: Config, result: dict[str, Any]) -> Config:
     """The config a plan describes: `config` itself, or in budget mode the chosen model's (a new object)."""
 
     return replaced(config, result["budget"]["overrides"]) if "budget" in result else config
 
 
-def _unsharded(c) -> dict:
+def _unsharded(c: Config) -> dict[str, Any]:
     """Model-state tensors of the whole job on one imaginary device (for the checkpoint size)."""
     import dataclasses
 
@@ -254,7 +262,7 @@ def _unsharded(c) -> dict:
     return model_state_tensors(single)
 
 
-def _params_formula(m, counts) -> str:
+def _params_formula(m: ModelConfig, counts: ParamCounts) -> str:
     if (
         m.family == "llama"
         and m.num_kv_heads == m.num_heads

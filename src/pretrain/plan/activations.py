@@ -45,7 +45,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from ..gpus import mixed_precision
 from .documents import position_reset
@@ -53,11 +55,15 @@ from .params import expert_width, padded_vocab_size
 from .stages import chunk_indices, chunks_in_flight, chunks_per_stage, stage_layers
 from .stages import in_flight as stage_in_flight
 
+if TYPE_CHECKING:
+    from ..config.schema import ModelConfig, ParallelConfig, TrainConfig
+
 COMPUTE_BYTES = {"fp32": 4, "fp16-mixed": 2, "bf16-mixed": 2, "bf16": 2, "fp8": 2}
 HELD_INPUT = "block input (held by recomputation)"
+AddTerm = Callable[..., None]  # add(name, nbytes, formula, sharded=True): one Term of a layer
 
 
-def residual_bytes(t, parallel) -> int:
+def residual_bytes(t: TrainConfig, parallel: ParallelConfig) -> int:
     """Bytes per element of the residual stream. Autocast leaves the embedding output, and so every residual
     add, in fp32; pure bf16, FSDP's mixed precision (which casts the parameters) and train.half_residual (the
     embedding's output cast) keep it in bf16."""
@@ -75,9 +81,9 @@ class Term:
 
 
 def layer_terms(
-    m,
-    t,
-    parallel,
+    m: ModelConfig,
+    t: TrainConfig,
+    parallel: ParallelConfig,
     b: int,
     recompute: str | None = None,
     native_gqa: bool = True,
@@ -95,7 +101,7 @@ def layer_terms(
     bs = b * s
     terms: list[Term] = []
 
-    def add(name, nbytes, formula, sharded=True):
+    def add(name: str, nbytes: float, formula: str, sharded: bool = True) -> None:
         terms.append(Term(name, int(nbytes), formula, sharded))
 
     if recompute in ("full", "selective"):
@@ -126,7 +132,16 @@ def layer_terms(
     return terms
 
 
-def _attention_terms(add, m, t, a: int, b: int, native_gqa: bool, compiled: bool, documents: str | None) -> None:
+def _attention_terms(
+    add: AddTerm,
+    m: ModelConfig,
+    t: TrainConfig,
+    a: int,
+    b: int,
+    native_gqa: bool,
+    compiled: bool,
+    documents: str | None,
+) -> None:
     """What the attention half of a block keeps (no recomputation)."""
     s, h, nh, d = t.seq_len, m.hidden_size, m.num_heads, m.head_dim
     qw, kvw = nh * d, m.num_kv_heads * d
@@ -176,7 +191,16 @@ def _attention_terms(add, m, t, a: int, b: int, native_gqa: bool, compiled: bool
         add("output projection's output", a * bs * h, f"{a} x b*s*h", sharded=False)
 
 
-def _mlp_terms(add, m, parallel, bs: int, a: int, recompute: str, imbalance: float, compiled: bool) -> None:
+def _mlp_terms(
+    add: AddTerm,
+    m: ModelConfig,
+    parallel: ParallelConfig,
+    bs: int,
+    a: int,
+    recompute: str,
+    imbalance: float,
+    compiled: bool,
+) -> None:
     """What the feed-forward half of a block keeps (no recomputation)."""
     I, llama = m.intermediate_size, m.family == "llama"
     if m.num_experts:
@@ -195,7 +219,16 @@ def _mlp_terms(add, m, parallel, bs: int, a: int, recompute: str, imbalance: flo
         add("gelu output", a * bs * I, f"{a} x b*s*H'")
 
 
-def _selective_terms(add, m, t, parallel, a: int, b: int, imbalance: float, documents: str | None) -> None:
+def _selective_terms(
+    add: AddTerm,
+    m: ModelConfig,
+    t: TrainConfig,
+    parallel: ParallelConfig,
+    a: int,
+    b: int,
+    imbalance: float,
+    documents: str | None,
+) -> None:
     """What selective recomputation keeps beside the block input: the attention kernel's outputs (none for eager
     attention's batched matmuls; the CPU loop's per document, their concatenation remade) and qkv's and the MLP's
     first matmul's; MoE blocks their terms as below."""
@@ -217,7 +250,7 @@ def _selective_terms(add, m, t, parallel, a: int, b: int, imbalance: float, docu
         add("fc output", a * bs * I, f"{a} x b*s*H'")
 
 
-def routed_load(m, parallel, imbalance: float) -> float:
+def routed_load(m: ModelConfig, parallel: ParallelConfig, imbalance: float) -> float:
     """The busiest rank's routed tokens over b*s*k: `imbalance` under expert parallelism (at most what the group
     can send it: ep ranks' tokens, each to min(k, E/ep) of its experts), 1 with every expert on the rank."""
     ep = parallel.expert
@@ -226,7 +259,9 @@ def routed_load(m, parallel, imbalance: float) -> float:
     return min(imbalance, ep * min(m.experts_per_token, m.num_experts // ep) / m.experts_per_token)
 
 
-def _moe_terms(add, m, parallel, bs: int, a: int, recompute: str, imbalance: float) -> None:
+def _moe_terms(
+    add: AddTerm, m: ModelConfig, parallel: ParallelConfig, bs: int, a: int, recompute: str, imbalance: float
+) -> None:
     """An MoE block's feed-forward terms (module docstring); experts are not split over tensor ranks."""
     E, k, He, h = m.num_experts, m.experts_per_token, expert_width(m), m.hidden_size
     load = routed_load(m, parallel, imbalance)
@@ -251,7 +286,7 @@ def _moe_terms(add, m, parallel, bs: int, a: int, recompute: str, imbalance: flo
         )
 
 
-def _compiled_norms(add, llama: bool, a: int, r: int, bs: int, h: int) -> None:
+def _compiled_norms(add: AddTerm, llama: bool, a: int, r: int, bs: int, h: int) -> None:
     """The norms' share of a compiled block without recomputation, and the matmul inputs they make. Inductor's
     partitioner keeps the block input and remakes each norm's output from it and the statistics, so no fp32
     normalised x is kept; the qkv and MLP matmul inputs stay."""
@@ -263,7 +298,9 @@ def _compiled_norms(add, llama: bool, a: int, r: int, bs: int, h: int) -> None:
     add("qkv and MLP matmul inputs", 2 * a * bs * h, f"2 x {a} x b*s*h", sharded=False)
 
 
-def once_terms(m, t, parallel, b: int, documents: str | None = None) -> list[Term]:
+def once_terms(
+    m: ModelConfig, t: TrainConfig, parallel: ParallelConfig, b: int, documents: str | None = None
+) -> list[Term]:
     """What the embedding, final norm and loss keep (once per micro-batch, not per layer)."""
     s, h, d = t.seq_len, m.hidden_size, m.head_dim
     a, r = COMPUTE_BYTES[t.precision], residual_bytes(t, parallel)
@@ -288,7 +325,7 @@ def once_terms(m, t, parallel, b: int, documents: str | None = None) -> list[Ter
     return terms
 
 
-def loss_terms(m, t, parallel, b: int) -> dict[str, list[Term]]:
+def loss_terms(m: ModelConfig, t: TrainConfig, parallel: ParallelConfig, b: int) -> dict[str, list[Term]]:
     """The output layer and loss (pretrain.model.loss) for b sequences: {"kept": what stays from forward to
     backward, "forward": the working set on top of it at the end of forward, "backward": on top of it while
     the loss's backward runs}. a: compute bytes, r: residual (final-norm output) bytes, V-sized terms split
@@ -358,7 +395,7 @@ def loss_terms(m, t, parallel, b: int) -> dict[str, list[Term]]:
     return {"kept": kept, "forward": forward, "backward": backward}
 
 
-def _overlap(m, t, parallel, b: int) -> int:
+def _overlap(m: ModelConfig, t: TrainConfig, parallel: ParallelConfig, b: int) -> int:
     """Full recomputation: the recomputed block keeps its held input as-is (no second copy) when its first
     norm saves the input itself: LayerNorm always, RMSNorm when the residual stream is already fp32."""
     r = residual_bytes(t, parallel)
@@ -367,20 +404,21 @@ def _overlap(m, t, parallel, b: int) -> int:
     return 0
 
 
-def _shard(terms: list[Term], tensor: int, sequence_parallel: bool) -> int:
+def rank_bytes(terms: list[Term], tensor: int, sequence_parallel: bool) -> int:
+    """One tensor rank's bytes of `terms`: the sharded ones (all of them under sequence parallel) split tensor ways."""
     return sum(x.bytes // tensor if (x.sharded or sequence_parallel) else x.bytes for x in terms)
 
 
 def activation_bytes(
-    m,
-    t,
-    parallel,
+    m: ModelConfig,
+    t: TrainConfig,
+    parallel: ParallelConfig,
     b: int | None = None,
     native_gqa: bool = True,
     compiled: bool = False,
     imbalance: float = 1.0,
     documents: str | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """Activation bytes per GPU for micro-batch b (default train.micro_batch_size), with the terms; compiled:
     the blocks run under torch.compile; imbalance: plan.routing_imbalance (MoE); documents: as layer_terms.
     With dense blocks before the MoE ones, every block is counted as the larger of the two kinds."""
@@ -401,10 +439,10 @@ def activation_bytes(
     options = []
     for kind in kinds:
         terms = terms_of(kind)
-        options.append((_shard(terms, tp, sp), terms, kind))
+        options.append((rank_bytes(terms, tp, sp), terms, kind))
     per_layer, per_layer_terms, m = max(options, key=lambda option: option[0])
     once = once_terms(m, t, parallel, b, documents)
-    once_bytes = _shard(once, tp, sp)
+    once_bytes = rank_bytes(once, tp, sp)
     total = layers * in_flight * per_layer
     working = 0
     if t.activation_checkpointing != "none":
@@ -423,7 +461,7 @@ def activation_bytes(
     )
 
 
-def _fullest_stage(m, t, parallel) -> tuple[int, int]:
+def _fullest_stage(m: ModelConfig, t: TrainConfig, parallel: ParallelConfig) -> tuple[int, int]:
     """(layers, micro-batches in flight) of the pipeline rank that must fit.
     1F1B: stage k holds up to p - k micro-batches of its layers' activations; the stage holding the most (the
     first, unless a later one has more layers) is the one that must fit. Interleaved: rank k holds
@@ -439,13 +477,21 @@ def _fullest_stage(m, t, parallel) -> tuple[int, int]:
     return max((held(k) for k in range(pp)), key=lambda x: x[0] * x[1])
 
 
-def _recompute_working(terms_of, kinds: list, m, t, parallel, b: int, kept: set[str]) -> int:
+def _recompute_working(
+    terms_of: Callable[..., list[Term]],
+    kinds: list[Any],
+    m: ModelConfig,
+    t: TrainConfig,
+    parallel: ParallelConfig,
+    b: int,
+    kept: set[str],
+) -> int:
     """Backward recomputes one block at a time and holds its tensors until its gradients are done, less what
     the block kept (`kept`; selective: the policy's outputs, handed back from the checkpoint's cache): the
     largest kind's (all hold the same input, so `m`, the kind counted per layer, may be the other: a wide dense
     first block). terms_of(kind, recompute=...): layer_terms with this micro-batch and kernels."""
     tp, sp = parallel.tensor, parallel.sequence_parallel
     recomputed = max(
-        _shard([x for x in terms_of(kind, recompute="none") if x.name not in kept], tp, sp) for kind in kinds
+        rank_bytes([x for x in terms_of(kind, recompute="none") if x.name not in kept], tp, sp) for kind in kinds
     )
     return recomputed - _overlap(m, t, parallel, b) // (tp if sp else 1)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from ..config.schema import shown_value
 from ..gpus import COMPUTE_DTYPE, gpu_spec
@@ -35,6 +36,9 @@ from .kernels import planned_native_gqa
 from .length import CHINCHILLA_TOKENS_PER_PARAM
 from .mixture import mixture_advice
 from .traffic import kept_tensor_traffic, weight_reads
+
+if TYPE_CHECKING:
+    from ..config.schema import Config
 
 TOKENS_PER_PARAM_RANGE = (5, 100)  # 4x below / 5x above Chinchilla; LLaMA-7B's 1T tokens is 148
 SMALL_MODEL = 50_000_000  # below this, the size-dependent rules stay silent
@@ -93,7 +97,7 @@ def loglog(points: Sequence[tuple[float, float]], x: float) -> float:
     return points[-1][1]
 
 
-def advise(config, plan: dict) -> list[str]:
+def advise(config: Config, plan: dict[str, Any]) -> list[str]:
     """The warnings for a config and its plan; empty when every rule is in range."""
     rules = (_memory, _tokens, _epochs, _batch, _lr, _warmup, _mfu, _bandwidth, fp8_advice)
     return [line for rule in rules for line in rule(config, plan)] + context_advice(config)
@@ -102,7 +106,7 @@ def advise(config, plan: dict) -> list[str]:
 # --- the rules -----------------------------------------------------------------------------------------
 
 
-def _tokens(c, p) -> list[str]:
+def _tokens(c: Config, p: dict[str, Any]) -> list[str]:
     n, tokens = p["params"]["total"], p["tokens"]["total"]
     if n < SMALL_MODEL:
         return []
@@ -131,7 +135,7 @@ def _tokens(c, p) -> list[str]:
     ]
 
 
-def _epochs(c, p) -> list[str]:
+def _epochs(c: Config, p: dict[str, Any]) -> list[str]:
     t = c.train
     if not t.examples:
         # the corpus given by data.raw_bytes or data.dir, or each source of a data.mixture
@@ -148,7 +152,7 @@ def _epochs(c, p) -> list[str]:
     ]
 
 
-def _batch(c, p) -> list[str]:
+def _batch(c: Config, p: dict[str, Any]) -> list[str]:
     n = p["params"]["total"]
     if n < BATCH_RULE_MIN_PARAMS:
         return []
@@ -195,7 +199,7 @@ def _batch(c, p) -> list[str]:
     return out
 
 
-def _lr(c, p) -> list[str]:
+def _lr(c: Config, p: dict[str, Any]) -> list[str]:
     n, lr = p["params"]["total"], c.train.lr
     if n < SMALL_MODEL:
         return []
@@ -211,7 +215,7 @@ def _lr(c, p) -> list[str]:
     ]
 
 
-def _warmup(c, p) -> list[str]:
+def _warmup(c: Config, p: dict[str, Any]) -> list[str]:
     st, w = p["steps"], c.train.warmup
     total, warm = st["total"], st["warmup"]
     if p["params"]["total"] < SMALL_MODEL or total < WARMUP_MIN_STEPS:
@@ -234,7 +238,7 @@ def _warmup(c, p) -> list[str]:
     ]
 
 
-def _mfu(c, p) -> list[str]:
+def _mfu(c: Config, p: dict[str, Any]) -> list[str]:
     hw = c.hardware
     if hw.profile or not p["time"]["seconds"] or not (hw.hfu or hw.mfu):  # only a utilisation the user assumed
         return []
@@ -256,7 +260,7 @@ def _mfu(c, p) -> list[str]:
     ]
 
 
-def step_intensity(c, p, b: int | None = None) -> tuple[float, float]:
+def step_intensity(c: Config, p: dict[str, Any], b: int | None = None) -> tuple[float, float]:
     """FLOPs and a lower bound on bytes moved per GPU by one micro-batch of b sequences (forward + backward).
 
     Bytes: the matmul weights in the compute dtype read 3 times (forward, backward for the activations'
@@ -273,7 +277,7 @@ def step_intensity(c, p, b: int | None = None) -> tuple[float, float]:
     return flops, weights + traffic
 
 
-def _bandwidth(c, p) -> list[str]:
+def _bandwidth(c: Config, p: dict[str, Any]) -> list[str]:
     bandwidth = p["hardware"]["bandwidth_gbps"]
     peak = p["hardware"]["peak_tflops"]
     if not bandwidth or not peak or p["params"]["total"] < SMALL_MODEL:
@@ -284,7 +288,7 @@ def _bandwidth(c, p) -> list[str]:
     if flops / moved >= ratio:
         return []
 
-    def bound(b):
+    def bound(b: int) -> bool:
         f, m = step_intensity(c, p, b)
         return f / m >= ratio
 
@@ -322,7 +326,7 @@ def _bandwidth(c, p) -> list[str]:
     ]
 
 
-def context_advice(c) -> list[str]:
+def context_advice(c: Config) -> list[str]:
     """The long-context lines: `pretrain plan` prints them among the advice and `--fit` under its table."""
     m, s = c.model, c.train.seq_len
     lines = []
@@ -362,7 +366,7 @@ def context_advice(c) -> list[str]:
 # --- does not fit: search for the cheapest change --------------------------------------------------------
 
 
-def _memory(c, p) -> list[str]:
+def _memory(c: Config, p: dict[str, Any]) -> list[str]:
     if p["fits"] is not False:
         return []
     head = (

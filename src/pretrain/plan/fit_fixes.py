@@ -5,16 +5,20 @@ line and budget mode's fit read it."""
 from __future__ import annotations
 
 import math
-from typing import cast
+from typing import TYPE_CHECKING, Any, cast
 
 from ..config import replaced
 from ..config.schema import RECOMPUTE
 from ..errors import ConfigError
 
+if TYPE_CHECKING:
+    from ..config.schema import Config
+
 MAX_GPUS = 16384  # the "more GPUs" fix stops here
+Options = tuple[list[dict[str, Any]], dict[str, Any] | None]  # the overrides to try, and the one to keep if none fits
 
 
-def fit_fixes(config, limit: int = 2) -> list[tuple[dict, dict]]:
+def fit_fixes(config: Config, limit: int = 2) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """Up to `limit` override sets {"section.key": value} that make the config fit, cheapest first, each with
     the plan it gives.
 
@@ -25,8 +29,8 @@ def fit_fixes(config, limit: int = 2) -> list[tuple[dict, dict]]:
     batch where a whole number of accumulation steps does. The second fix comes from a later lever and is
     shown only if it needs no more GPUs than the first."""
     levers = (_recompute_options, _micro_batch_options, _zero_options, _gpu_options, _tensor_options)
-    kept: list[dict] = []  # strongest option of each lever that did not suffice
-    fixes: list[tuple[dict, dict]] = []
+    kept: list[dict[str, Any]] = []  # strongest option of each lever that did not suffice
+    fixes: list[tuple[dict[str, Any], dict[str, Any]]] = []
     for lever in levers:
         state = _merge(kept)
         options, carry = lever(config, state)
@@ -47,20 +51,20 @@ def fit_fixes(config, limit: int = 2) -> list[tuple[dict, dict]]:
     return sorted(fixes, key=lambda f: _get(config, f[0], "parallel.gpus"))  # cheapest: fewest GPUs
 
 
-def _get(config, overrides: dict, key: str):
+def _get(config: Config, overrides: dict[str, Any], key: str) -> Any:
     if key in overrides:
         return overrides[key]
     section, name = key.split(".")
     return getattr(getattr(config, section), name)
 
 
-def _data_parallel(config, overrides: dict) -> int:
+def _data_parallel(config: Config, overrides: dict[str, Any]) -> int:
     return _get(config, overrides, "parallel.gpus") // (
         _get(config, overrides, "parallel.tensor") * _get(config, overrides, "parallel.pipeline")
     )
 
 
-def _sequences_per_rank(config, overrides: dict) -> int | None:
+def _sequences_per_rank(config: Config, overrides: dict[str, Any]) -> int | None:
     """Sequences each data-parallel rank must contribute per step to keep the global batch (None: no whole
     number does)."""
     t = config.train
@@ -69,7 +73,7 @@ def _sequences_per_rank(config, overrides: dict) -> int | None:
     return sequences // dp if sequences % dp == 0 else None
 
 
-def _complete(config, overrides: dict) -> dict:
+def _complete(config: Config, overrides: dict[str, Any]) -> dict[str, Any]:
     """The overrides with the grad_accum_steps whose global batch is nearest the original: the same batch
     where a whole number of steps gives it, else the closest (at least one step), so that more GPUs do not
     multiply the batch by their number."""
@@ -83,18 +87,18 @@ def _complete(config, overrides: dict) -> dict:
     return out
 
 
-def _fits(config, overrides: dict) -> bool:
+def _fits(config: Config, overrides: dict[str, Any]) -> bool:
     q = _replan(config, _complete(config, overrides))
     return bool(q and q["fits"])
 
 
-def _recompute_options(config, state):
+def _recompute_options(config: Config, state: dict[str, Any]) -> Options:
     current = RECOMPUTE.index(_get(config, state, "train.activation_checkpointing"))
     options = [{"train.activation_checkpointing": r} for r in RECOMPUTE[current + 1 :]]
     return options, (options[-1] if options else None)
 
 
-def _smaller_micro_batch(config, overrides: dict) -> int:
+def _smaller_micro_batch(config: Config, overrides: dict[str, Any]) -> int:
     """The largest micro-batch below the current one that fits with `overrides` and divides the sequences
     per rank (so the global batch stays); 1 when none fits."""
     b = _get(config, overrides, "train.micro_batch_size")
@@ -104,14 +108,14 @@ def _smaller_micro_batch(config, overrides: dict) -> int:
     return max([d for d in range(1, largest + 1) if per_rank % d == 0] or [1])
 
 
-def _micro_batch_options(config, state):
+def _micro_batch_options(config: Config, state: dict[str, Any]) -> Options:
     if _get(config, state, "train.micro_batch_size") == 1:
         return [], None
     option = {"train.micro_batch_size": _smaller_micro_batch(config, state)}
     return [option], option
 
 
-def _zero_options(config, state):
+def _zero_options(config: Config, state: dict[str, Any]) -> Options:
     if _data_parallel(config, state) <= 1:
         return [], None
     current = _get(config, state, "parallel.zero_stage")
@@ -119,7 +123,7 @@ def _zero_options(config, state):
     return options, (options[-1] if options else None)
 
 
-def _gpu_options(config, state):
+def _gpu_options(config: Config, state: dict[str, Any]) -> Options:
     gpus = _get(config, state, "parallel.gpus")
     options, k = [], 2
     while gpus * k <= MAX_GPUS:
@@ -128,7 +132,7 @@ def _gpu_options(config, state):
     return options, None  # more GPUs alone did not help: the tensor-parallel options set their own
 
 
-def _tensor_options(config, state):
+def _tensor_options(config: Config, state: dict[str, Any]) -> Options:
     m, par = config.model, config.parallel
     gpus = _get(config, state, "parallel.gpus")
     options = []
@@ -150,7 +154,7 @@ def _tensor_options(config, state):
     return options, None
 
 
-def _prune(config, kept: list[dict], found: dict) -> dict:
+def _prune(config: Config, kept: list[dict[str, Any]], found: dict[str, Any]) -> dict[str, Any]:
     """Drop (or weaken) the kept changes the fix does not need, earliest lever first; a kept micro-batch is
     raised back to the largest that fits with the rest of the fix."""
     groups = [dict(g) for g in kept]
@@ -169,14 +173,14 @@ def _prune(config, kept: list[dict], found: dict) -> dict:
     return {k: v for k, v in fix.items() if _get(config, {}, k) != v}
 
 
-def _merge(groups: list[dict]) -> dict:
-    out: dict = {}
+def _merge(groups: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
     for g in groups:
         out.update(g)
     return out
 
 
-def _replan(config, overrides: dict) -> dict | None:
+def _replan(config: Config, overrides: dict[str, Any]) -> dict[str, Any] | None:
     """The plan of a copy of `config` with `overrides` applied (None when the copy is not a valid config)."""
     from . import plan_with_explain
 

@@ -12,14 +12,18 @@ precision (fp32, fp16-mixed, pure bf16) weighs nothing: there is no float8 rate,
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING, Any
 
 from ..config import replaced
 from . import fp8
 
+if TYPE_CHECKING:
+    from ..config.schema import Config
+
 WEIGHED = ("bf16-mixed", "fp8")
 
 
-def weigh(config, result: dict) -> dict | None:
+def weigh(config: Config, result: dict[str, Any]) -> dict[str, Any] | None:
     """{"bf16-mixed": fastest or None, "fp8": fastest or None, "fp8_speedup": fp8 tokens/s over bf16-mixed's or
     None, "faster": the faster precision or None}; each fastest is the candidate's figures with
     train.precision in its overrides. None where fp8 is not weighed (see the module's doc)."""
@@ -29,7 +33,7 @@ def weigh(config, result: dict) -> dict | None:
         return None
     other = WEIGHED[1 - WEIGHED.index(config.train.precision)]
     found = {config.train.precision: result, other: fit(replaced(config, {"train.precision": other}), top=1)}
-    out: dict = {p: _fastest(p, found[p]) for p in WEIGHED}
+    out: dict[str, Any] = {p: _fastest(p, found[p]) for p in WEIGHED}
     both = out["bf16-mixed"] and out["fp8"]
     out["fp8_speedup"] = out["fp8"]["tokens_per_s"] / out["bf16-mixed"]["tokens_per_s"] if both else None
     ratio = out["fp8_speedup"]
@@ -37,7 +41,7 @@ def weigh(config, result: dict) -> dict | None:
     return out
 
 
-def _fastest(precision: str, result: dict) -> dict | None:
+def _fastest(precision: str, result: dict[str, Any]) -> dict[str, Any] | None:
     if not result["candidates"]:
         return None
     best = result["candidates"][0]
@@ -47,7 +51,7 @@ def _fastest(precision: str, result: dict) -> dict | None:
     }
 
 
-def lines(config, weighed: dict | None, command: str) -> list[str]:
+def lines(config: Config, weighed: dict[str, Any] | None, command: str) -> list[str]:
     """The table's lines: which precision is faster and by how much, and the other one's command."""
     if not weighed:
         return []

@@ -27,19 +27,24 @@ a real training step agrees with these counts (tests/plan/test_flops_vs_measured
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .documents import attention_context
 from .explain import Explain
 from .params import expert_width, moe_layers
 
+if TYPE_CHECKING:
+    from ..config.schema import Config, ModelConfig
+    from .params import ParamCounts
 
-def flops(cfg, counts, tokens: int, ex: Explain) -> dict:
+
+def flops(cfg: Config, counts: ParamCounts, tokens: int, ex: Explain) -> dict[str, Any]:
     m, t = cfg.model, cfg.train
     N = counts.flops
     v_dim = m.v_head_dim or m.head_dim
     causal = cfg.flops.causal_attention
-    attention, full_attention, lengths_from = _attention_per_token(cfg, v_dim, ex)
+    # resolved config: v_head_dim or head_dim is set
+    attention, full_attention, lengths_from = _attention_per_token(cfg, v_dim, ex)  # pyright: ignore[reportArgumentType]
     per_token = 6 * N + attention
     active = " active" if counts.inactive else ""
     ex.add(
@@ -58,7 +63,8 @@ def flops(cfg, counts, tokens: int, ex: Explain) -> dict:
     )
 
     recompute = t.activation_checkpointing
-    extra, extra_6n = _recomputed(cfg, counts, attention, v_dim, ex)
+    # resolved config: v_head_dim or head_dim is set
+    extra, extra_6n = _recomputed(cfg, counts, attention, v_dim, ex)  # pyright: ignore[reportArgumentType]
     per_token_hw = per_token + extra
     ex.add(
         "flops",
@@ -100,12 +106,13 @@ def flops(cfg, counts, tokens: int, ex: Explain) -> dict:
     return out
 
 
-def _attention_per_token(cfg, v_dim: int, ex: Explain) -> tuple[int, int, str | None]:
+def _attention_per_token(cfg: Config, v_dim: int, ex: Explain) -> tuple[int, int, str | None]:
     """Attention's FLOPs per token as counted (halved when causal) and over the full square, and where the
     document lengths of its context came from (None: no document masking, the whole sequence)."""
     m, t = cfg.model, cfg.train
     context, lengths_from = attention_context(cfg, ex)  # seq, or sum L_i^2 / seq with document masking
-    full_attention = round(6 * m.num_layers * m.num_heads * (m.head_dim + v_dim) * context)
+    # resolved config: head_dim is set
+    full_attention = round(6 * m.num_layers * m.num_heads * (m.head_dim + v_dim) * context)  # pyright: ignore[reportOptionalOperand, reportUnknownArgumentType]
     causal = cfg.flops.causal_attention
     attention = full_attention // 2 if causal else full_attention
     heads = (
@@ -123,7 +130,7 @@ def _attention_per_token(cfg, v_dim: int, ex: Explain) -> tuple[int, int, str | 
     return attention, full_attention, lengths_from
 
 
-def _recomputed(cfg, counts, attention: int, v_dim: int, ex: Explain) -> tuple[int, int]:
+def _recomputed(cfg: Config, counts: ParamCounts, attention: int, v_dim: int, ex: Explain) -> tuple[int, int]:
     """What recomputation adds per token (our convention, and 6N's): full re-runs each block's forward (a third
     of its FLOPs) but the last matmul; selective, the output projections (and what dropout or eager attention
     makes it run again)."""
@@ -163,7 +170,7 @@ def _recomputed(cfg, counts, attention: int, v_dim: int, ex: Explain) -> tuple[i
     return extra, extra_6n
 
 
-def _down_projections(m) -> int:
+def _down_projections(m: ModelConfig) -> int:
     """Down-projection weights a token runs per pass: each dense block's, and in an MoE block those of its k
     routed and its shared experts."""
     sparse = moe_layers(m)
@@ -173,12 +180,12 @@ def _down_projections(m) -> int:
     ) * m.hidden_size
 
 
-def _moe_conventions(counts, full_attention: int, ex: Explain) -> dict:
+def _moe_conventions(counts: ParamCounts, full_attention: int, ex: Explain) -> dict[str, Any]:
     """An MoE token's FLOPs under each convention in use: ours (6 x active non-embedding N + attention) with the
     attention square full (PaLM, torchtitan) or halved (causal kernels), and 6N over the active parameters
     (GPT-3, Chinchilla) or, the mistake to avoid, over all of them. MFU scales with the one chosen."""
     N = counts.flops
-    out = dict(
+    out: dict[str, Any] = dict(
         per_token_full_attention=6 * N + full_attention,
         per_token_causal_attention=6 * N + full_attention // 2,
         per_token_6n_active=6 * counts.active,
@@ -197,7 +204,7 @@ def _moe_conventions(counts, full_attention: int, ex: Explain) -> dict:
     return out
 
 
-def basis(cfg, fl: dict) -> tuple[int, int, str]:
+def basis(cfg: Config, fl: dict[str, Any]) -> tuple[int, int, str]:
     """(model FLOPs per token, hardware FLOPs per token, name) under `flops.convention`."""
     if cfg.flops.convention == "6n":
         return fl["per_token_6n"], fl["per_token_hardware_6n"], "6n: 6 x all parameters"
@@ -212,7 +219,9 @@ def mfu(tokens_per_second: float, flops_per_token: float, gpus: int, peak_tflops
     return tokens_per_second * flops_per_token / (gpus * peak_tflops * 1e12)
 
 
-def utilisation(cfg, fl: dict, tokens_per_step: int, peak_tflops: float | None, ex: Explain) -> dict | None:
+def utilisation(
+    cfg: Config, fl: dict[str, Any], tokens_per_step: int, peak_tflops: float | None, ex: Explain
+) -> dict[str, Any] | None:
     """Achieved TFLOP/s per GPU, MFU and HFU from a measured speed of the whole job."""
     ms = cfg.measured
     if ms.tokens_per_second:

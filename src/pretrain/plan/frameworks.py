@@ -37,11 +37,16 @@ mask per micro-batch in flight, and with p = 1 the output layer's input and fp32
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from ..gpus import gpu_spec
 from ..units import gib
 from .explain import Explain
 from .hardware import device_memory_bytes
 from .params import param_shapes
+
+if TYPE_CHECKING:
+    from ..config.schema import Config, ModelConfig
 
 FRAMEWORKS = ("pretrain", "megatron", "deepspeed", "zero-paper")
 
@@ -100,13 +105,13 @@ def korthikanti_flops_per_token(
     return model, model
 
 
-def _mlp_units(m) -> float:
+def _mlp_units(m: ModelConfig) -> float:
     """The MLP's sharded activation term in units of sbh (16 for the paper's 4h GeLU MLP)."""
     tensors = 4 if m.family == "llama" else 2  # SwiGLU: gate|up (2 wide), silu, product; GeLU: fc out, gelu out
     return 2 * tensors * m.intermediate_size / m.hidden_size
 
 
-def activations(cfg, ex: Explain) -> int:
+def activations(cfg: Config, ex: Explain) -> int:
     """Activation bytes of the most loaded (first) pipeline stage, Korthikanti et al.'s accounting."""
     m, t, par = cfg.model, cfg.train, cfg.parallel
     s, b, h = t.seq_len, t.micro_batch_size, m.hidden_size
@@ -115,7 +120,8 @@ def activations(cfg, ex: Explain) -> int:
     dropout = m.dropout > 0
     flash = t.attention == "sdpa"
     per_layer = layer_activation_bytes(
-        s,
+        # resolved config: seq_len is set
+        s,  # pyright: ignore[reportArgumentType]
         b,
         h,
         m.num_heads,
@@ -143,7 +149,18 @@ def activations(cfg, ex: Explain) -> int:
     working = 0.0
     if t.activation_checkpointing == "full":  # backward holds one recomputed layer's tensors at a time
         working = layer_activation_bytes(
-            s, b, h, m.num_heads, tp, sp, "none", flash, _mlp_units(m), dropout, m.num_kv_heads / m.num_heads
+            # resolved config: seq_len is set
+            s,  # pyright: ignore[reportArgumentType]
+            b,
+            h,
+            m.num_heads,
+            tp,
+            sp,
+            "none",
+            flash,
+            _mlp_units(m),
+            dropout,
+            m.num_kv_heads / m.num_heads,
         )
     embedding = in_flight * (8 * s * b + (s * b * h if dropout else 0)) / split
     output = (4 * s * b * h / split + 4 * s * b * m.vocab_size / tp) if pp == 1 else 0
@@ -160,7 +177,7 @@ def activations(cfg, ex: Explain) -> int:
     return int(total)
 
 
-def shard_params(cfg) -> int:
+def shard_params(cfg: Config) -> int:
     """Parameters on the most loaded (pipeline stage, tensor rank), as Megatron's estimator counts them:
     (blocks / pp + input embedding) / tp, plus the untied output layer when the one stage holds it."""
     m, par = cfg.model, cfg.parallel
@@ -174,7 +191,7 @@ def shard_params(cfg) -> int:
     return int(shard)
 
 
-def largest_layer_params(cfg) -> int:
+def largest_layer_params(cfg: Config) -> int:
     """The largest module's parameters (DeepSpeed's largest_layer_params): ZeRO-3 gathers one module at a time."""
     modules: dict[str, int] = {}
     for name, shape in param_shapes(cfg.model):
@@ -183,7 +200,7 @@ def largest_layer_params(cfg) -> int:
     return max(modules.values()) // cfg.parallel.tensor
 
 
-def model_states(cfg, ex: Explain) -> dict:
+def model_states(cfg: Config, ex: Explain) -> dict[str, Any]:
     """weights, gradients, optimizer (per GPU) and host (per node) bytes under the framework's accounting."""
     par = cfg.parallel
     dp = par.data_parallel
@@ -219,7 +236,7 @@ def framework_states(
     largest: int = 0,
     gpus_per_node: int = 8,
     gpus: int = 1,
-) -> dict:
+) -> dict[str, Any]:
     """Model-state bytes per GPU of `psi` parameters (one model-parallel rank's) over `dp` data-parallel ranks,
     and host bytes per node, under framework `name`'s formulas (the module docstring lists their sources)."""
     if name == "deepspeed" and stage >= 1:
@@ -243,7 +260,9 @@ def framework_states(
     return dict(weights=int(weights), gradients=int(grads), optimizer=int(optimizer), host=0, formula=formula)
 
 
-def deepspeed_states(psi: int, n: int, stage: int, offload: str, largest: int, gpus_per_node: int, gpus: int) -> dict:
+def deepspeed_states(
+    psi: int, n: int, stage: int, offload: str, largest: int, gpus_per_node: int, gpus: int
+) -> dict[str, Any]:
     """DeepSpeed's estimate_zero2/zero3_model_states_mem_needs for `psi` params over `n` GPUs, integer for integer:
     its per-GPU gpu_mem split into 16-bit weights, gradients and the fp32 master weights with Adam's moments
     (the optimizer), and its per-node cpu_mem as `host` (zero_init=1) and, for stage 3, `host_without_zero_init`.
@@ -316,7 +335,7 @@ MOE_NOT_MODELLED = (
 )
 
 
-def framework_memory(cfg, ex: Explain) -> dict:
+def framework_memory(cfg: Config, ex: Explain) -> dict[str, Any]:
     """The plan's "framework" entry: {"name", "memory_bytes": {...}, "fits", "sources"}."""
     name = cfg.plan.framework
     ex.add("framework", "name", name, SOURCES[name])
@@ -351,7 +370,12 @@ def framework_memory(cfg, ex: Explain) -> dict:
         out["host_without_zero_init"] = states["host_without_zero_init"]
     m = cfg.model
     model_flops, hardware_flops = korthikanti_flops_per_token(
-        cfg.train.seq_len, m.num_layers, m.hidden_size, m.vocab_size, cfg.train.activation_checkpointing
+        # resolved config: seq_len is set
+        cfg.train.seq_len,  # pyright: ignore[reportArgumentType]
+        m.num_layers,
+        m.hidden_size,
+        m.vocab_size,
+        cfg.train.activation_checkpointing,
     )
     out["flops_per_token"] = {"model": model_flops, "hardware": hardware_flops}
     ex.add(
@@ -364,7 +388,7 @@ def framework_memory(cfg, ex: Explain) -> dict:
     return out
 
 
-def _numel(shape) -> int:
+def _numel(shape: tuple[int, ...]) -> int:
     n = 1
     for x in shape:
         n *= x

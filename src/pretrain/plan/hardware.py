@@ -5,23 +5,29 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
 from ..files import read_json
 from ..gpus import COMPUTE_DTYPE, gpu_spec
 
+if TYPE_CHECKING:
+    from ..config.schema import HardwareConfig
 
-def load_profile(path: str | Path) -> dict:
+
+def load_profile(path: str | Path) -> dict[str, Any]:
     """A hardware profile JSON from `pretrain bench`: {"device", "peak_tflops": {dtype: best}, ...}."""
     path = Path(path)
     fix = "write one with `pretrain bench --out FILE`"
     profile = read_json(path, "hardware.profile", fix)
-    if not isinstance(profile, dict) or not isinstance(profile.get("peak_tflops"), dict):
+    # JSON: checked to be a mapping just here
+    if not isinstance(profile, dict) or not isinstance(profile.get("peak_tflops"), dict):  # pyright: ignore[reportUnknownMemberType]
         raise ConfigError(f"hardware.profile: {path} has no 'peak_tflops' mapping; {fix}")
-    return profile
+    # JSON: checked to be a mapping just here
+    return profile  # pyright: ignore[reportUnknownVariableType]
 
 
-def _measured_peak(path, dtype: str, value) -> float:
+def _measured_peak(path: str | Path, dtype: str, value: object) -> float:
     """A profile's TFLOP/s must be a positive finite number: anything else would print negative or NaN time."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
         raise ConfigError(
@@ -31,7 +37,7 @@ def _measured_peak(path, dtype: str, value) -> float:
     return float(value)
 
 
-def peak_tflops(hardware, precision: str) -> tuple[float | None, str]:
+def peak_tflops(hardware: HardwareConfig, precision: str) -> tuple[float | None, str]:
     """Peak TFLOP/s of one device for the run's compute dtype, and where the number comes from."""
     dtype = COMPUTE_DTYPE[precision]
     if hardware.peak_tflops:
@@ -59,14 +65,14 @@ def peak_tflops(hardware, precision: str) -> tuple[float | None, str]:
     return peaks[dtype], f"{spec.name} {dtype} dense peak ({spec.source})"
 
 
-def memory_bandwidth_gbps(hardware) -> float:
+def memory_bandwidth_gbps(hardware: HardwareConfig) -> float:
     """The card's data-sheet memory bandwidth, GB/s: hardware.bandwidth_gbps, else the catalog's (0: unknown)."""
     if hardware.bandwidth_gbps is not None:
         return hardware.bandwidth_gbps
     return gpu_spec(hardware.gpu).bandwidth_gbps
 
 
-def device_memory_bytes(hardware) -> int | None:
+def device_memory_bytes(hardware: HardwareConfig) -> int | None:
     if hardware.memory_gb is not None:  # even a size that rounds to 0 bytes is a card nothing fits on
         return int(hardware.memory_gb * 1e9)
     return gpu_spec(hardware.gpu).memory_bytes or None

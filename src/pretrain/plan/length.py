@@ -15,8 +15,13 @@ FLOPs / (GPUs x peak FLOP/s x utilisation).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from .explain import Explain, fmt
 from .schedule import steps_for_tokens, tokens_for_steps, warmup_steps
+
+if TYPE_CHECKING:
+    from ..config.schema import Config, TrainConfig
 
 CHINCHILLA_TOKENS_PER_PARAM = 20
 # The step-time model's own error, measured: predicted / measured tokens/s per GPU on the 41 published runs of
@@ -47,7 +52,7 @@ def storage_bytes(tokens: int, vocab_size: int) -> int:
     return tokens * token_bytes(vocab_size)
 
 
-def ramp_args(cfg) -> dict:
+def ramp_args(cfg: Config) -> dict[str, Any]:
     t, par = cfg.train, cfg.parallel
     return dict(
         seq_len=t.seq_len,
@@ -59,7 +64,7 @@ def ramp_args(cfg) -> dict:
     )
 
 
-def training_length(cfg, total_params: int, ex: Explain | None = None) -> dict:
+def training_length(cfg: Config, total_params: int, ex: Explain | None = None) -> dict[str, Any]:
     """Tokens and optimizer steps of the run: max_steps, else tokens, else examples x epochs, else Chinchilla."""
     ex = ex or Explain()
     t = cfg.train
@@ -127,7 +132,7 @@ def training_length(cfg, total_params: int, ex: Explain | None = None) -> dict:
     )
 
 
-def _steps_formula(tokens: int, per_step: int, t) -> str:
+def _steps_formula(tokens: int, per_step: int, t: TrainConfig) -> str:
     if not t.batch_ramp_tokens:
         return f"ceil(tokens {tokens:,} / tokens per step {per_step:,})"
     start = min(t.batch_ramp_start, per_step)
@@ -137,7 +142,9 @@ def _steps_formula(tokens: int, per_step: int, t) -> str:
     )
 
 
-def tokens_per_gpu_second(cfg, model_pt: float, hardware_pt: float, peak: float, step: dict) -> tuple:
+def tokens_per_gpu_second(
+    cfg: Config, model_pt: float, hardware_pt: float, peak: float, step: dict[str, Any]
+) -> tuple[Any, ...]:
     """(tokens one GPU trains per second, the utilisation behind it, where it comes from) in the plan's time:
     hardware.hfu or hardware.mfu when given, else the step-time model's (`step`: pretrain.plan.step_time's)."""
     hw = cfg.hardware
@@ -149,8 +156,14 @@ def tokens_per_gpu_second(cfg, model_pt: float, hardware_pt: float, peak: float,
 
 
 def wall_clock(
-    cfg, length: dict, model_pt: float, hardware_pt: float, peak_tflops: float | None, step: dict | None, ex: Explain
-) -> dict:
+    cfg: Config,
+    length: dict[str, Any],
+    model_pt: float,
+    hardware_pt: float,
+    peak_tflops: float | None,
+    step: dict[str, Any] | None,
+    ex: Explain,
+) -> dict[str, Any]:
     """The run's time: length's steps x step["seconds"], or its tokens at hardware.mfu / hfu when given."""
     hw, gpus = cfg.hardware, cfg.parallel.gpus
     if not peak_tflops or step is None:  # step_time models a step wherever there is a peak

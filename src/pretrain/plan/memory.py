@@ -32,6 +32,7 @@ what torch.compile saves (plan/activations.py); `total`, the larger, still judge
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING, Any
 
 from ..config import compile_enabled
 from ..gpus import gpu_spec, mixed_precision
@@ -44,8 +45,12 @@ from .model_states import model_state_tensors, zero_paper_bytes
 from .phases import PHASES, cuda_context, held_gradients, loss_part, nccl_buffers, resident, step_phases
 from .stages import chunk_indices, chunks_per_stage, stage_layers
 
+if TYPE_CHECKING:
+    from ..config.schema import Config
+    from .params import ParamCounts
 
-def memory(cfg, counts, ex: Explain) -> dict:
+
+def memory(cfg: Config, counts: ParamCounts, ex: Explain) -> dict[str, Any]:
     m, t, par, hw = cfg.model, cfg.train, cfg.parallel, cfg.hardware
     dp = par.data_parallel
     st = model_state_tensors(cfg)
@@ -111,7 +116,9 @@ def memory(cfg, counts, ex: Explain) -> dict:
     return out
 
 
-def _explain_model_states(cfg, counts, st: dict, kinds: tuple[int, int, int], host_offload: int, ex: Explain) -> None:
+def _explain_model_states(
+    cfg: Config, counts: ParamCounts, st: dict[str, Any], kinds: tuple[int, int, int], host_offload: int, ex: Explain
+) -> None:
     """--explain's lines for the weights, gradients and optimizer states, a pipeline stage's share, and the
     ZeRO paper's accounting beside ours."""
     m, t, par = cfg.model, cfg.train, cfg.parallel
@@ -180,7 +187,7 @@ def _explain_model_states(cfg, counts, st: dict, kinds: tuple[int, int, int], ho
         )
 
 
-def _explain_activations(cfg, act: dict, ex: Explain) -> None:
+def _explain_activations(cfg: Config, act: dict[str, Any], ex: Explain) -> None:
     m, t, par = cfg.model, cfg.train, cfg.parallel
     per_layer_formula = " + ".join(x.formula for x in act["layer_terms"])
     ex.add(
@@ -215,7 +222,7 @@ def _explain_activations(cfg, act: dict, ex: Explain) -> None:
     )
 
 
-def _host(cfg, counts, host_offload: int, ex: Explain) -> int:
+def _host(cfg: Config, counts: ParamCounts, host_offload: int, ex: Explain) -> int:
     """Host memory per node."""
     m, par = cfg.model, cfg.parallel
     # The trainer builds the model on the GPU (FSDP: on the meta device, then each rank its shard), so host
@@ -233,7 +240,7 @@ def _host(cfg, counts, host_offload: int, ex: Explain) -> int:
     return host
 
 
-def _fit(cfg, st: dict, total: int, ex: Explain) -> dict:
+def _fit(cfg: Config, st: dict[str, Any], total: int, ex: Explain) -> dict[str, Any]:
     """Whether the peak fits the card less its fragmentation allowance, and the largest micro-batch that does."""
     hw = cfg.hardware
     device = device_memory_bytes(hw)
@@ -259,7 +266,7 @@ def _fit(cfg, st: dict, total: int, ex: Explain) -> dict:
     return fit
 
 
-def _moe_fit(cfg, st, usable: int | None, ex: Explain) -> dict:
+def _moe_fit(cfg: Config, st: dict[str, Any], usable: int | None, ex: Explain) -> dict[str, Any]:
     """The MoE figures of the memory plan: the busiest rank's routed load, and the routing imbalance up to which
     the step still fits (bisected over plan.routing_imbalance: each phase grows with it, linearly)."""
     m, par, f = cfg.model, cfg.parallel, cfg.plan.routing_imbalance
@@ -321,7 +328,7 @@ COMPILED_BASIS = (
 )
 
 
-def _compiled_peak(cfg, st, ex: Explain) -> tuple[int | None, str | None]:
+def _compiled_peak(cfg: Config, st: dict[str, Any], ex: Explain) -> tuple[int | None, str | None]:
     """The step's peak where train.compile turns the compiler on: the same phases, each block keeping what
     torch.compile saves (pretrain.plan.activations); the fit stays judged on the eager peak, the larger."""
     device = "cpu" if gpu_spec(cfg.hardware.gpu).name == "cpu" else "cuda"
@@ -359,7 +366,7 @@ def _compiled_peak(cfg, st, ex: Explain) -> tuple[int | None, str | None]:
     return totals[phase], COMPILED_BASIS
 
 
-def _buffers(cfg, st, zero: int) -> tuple[int, str]:
+def _buffers(cfg: Config, st: dict[str, Any], zero: int) -> tuple[int, str]:
     dp = cfg.parallel.data_parallel
     loss, formula = loss_part(cfg, cfg.train.micro_batch_size, "forward")
     t = cfg.parallel.tensor
@@ -384,8 +391,8 @@ def _buffers(cfg, st, zero: int) -> tuple[int, str]:
     return sum(parts), " + ".join(why)
 
 
-def _max_micro_batch(cfg, st, usable: int) -> int:
-    def need(b):
+def _max_micro_batch(cfg: Config, st: dict[str, Any], usable: int) -> int:
+    def need(b: int) -> int:
         return max(sum(n for _, n in parts) for parts in step_phases(cfg, st, b).values())
 
     if need(1) > usable:

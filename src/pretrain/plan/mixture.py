@@ -11,14 +11,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from ..config import mixture_sources
 from .corpus import MAX_EPOCHS
 from .explain import Explain
 from .length import TOKEN_DTYPE_BYTES, token_bytes
 
+if TYPE_CHECKING:
+    from ..config.schema import Config
 
-def mixture_supply(cfg, tokens: int, ex: Explain) -> dict | None:
+
+def mixture_supply(cfg: Config, tokens: int, ex: Explain) -> dict[str, Any] | None:
     """{"sources": [{name, dir, weight, max_epochs, tokens_available, storage_bytes, tokens_planned, epochs,
     capped}], "tokens_short"}, or None without data.mixture. A source not prepared yet has None figures."""
     if not cfg.data.mixture:
@@ -49,7 +53,7 @@ def mixture_supply(cfg, tokens: int, ex: Explain) -> dict | None:
     return {"sources": [{k: v for k, v in s.items() if k != "sharded"} for s in sources], "tokens_short": short}
 
 
-def _draw(sources: list[dict], tokens: int) -> int:
+def _draw(sources: list[dict[str, Any]], tokens: int) -> int:
     """Fill tokens_planned and epochs; capped sources give at most their cap and the others share the rest by
     weight (water-filling, as the trainer ends up doing). Returns the tokens no source can give (all capped)."""
     active = [s for s in sources if s["tokens_available"] is not None]
@@ -77,7 +81,7 @@ def _draw(sources: list[dict], tokens: int) -> int:
     return int(remaining)
 
 
-def read_counts(path: Path, vocab_size: int) -> dict:
+def read_counts(path: Path, vocab_size: int) -> dict[str, Any]:
     """tokens_available and storage_bytes (train + val token files) of a prepared or sharded directory."""
     try:
         meta = json.loads((path / "meta.json").read_text(encoding="utf-8"))
@@ -96,7 +100,7 @@ def read_counts(path: Path, vocab_size: int) -> dict:
     return {"tokens_available": train, "storage_bytes": stored * width, "sharded": sharded}
 
 
-def mixture_advice(mixture: dict | None) -> list[str]:
+def mixture_advice(mixture: dict[str, Any] | None) -> list[str]:
     """A line per source read more than its max_epochs would allow or past ~4 epochs, and one when every
     source is capped before the run's tokens are drawn."""
     if not mixture:

@@ -6,11 +6,15 @@ buffers and the phases of a step around it; `debug.check_sharding` holds each ra
 from __future__ import annotations
 
 import heapq
+from typing import TYPE_CHECKING, Any
 
 from ..gpus import caches_weight_casts, gpu_spec, mixed_precision
 from . import fp8
 from .params import numel, padded_vocab_size, param_shapes
 from .stages import chunks_per_stage, param_stages, stage_param_shapes
+
+if TYPE_CHECKING:
+    from ..config.schema import Config, ModelConfig
 
 # Tensor parallelism as the trainer splits the model (distributed/tensor_parallel.py): the q/k/v and MLP up (gate
 # and up) projections, the embedding and the output layer by rows (output features; vocabulary), the attention
@@ -23,10 +27,11 @@ COLUMN_PARALLEL = (
     "embed.weight",
     "lm_head.weight",
 )
+Shapes = list[tuple[str, tuple[int, ...]]]  # (name, shape) of each parameter tensor, in module order
 ROW_PARALLEL = (".attn.proj.weight", ".mlp.down.weight")
 
 
-def tensor_parallel_shape(name: str, shape: tuple, tp: int) -> tuple:
+def tensor_parallel_shape(name: str, shape: tuple[Any, ...], tp: int) -> tuple[Any, ...]:
     """The part of parameter `name` one tensor rank holds (the trainer needs every split dimension to be a
     multiple of t). The rest is replicated on every tensor rank: the norms, the row-parallel biases."""
     if tp > 1 and name.endswith(COLUMN_PARALLEL) and not name.startswith("pos_embed"):
@@ -36,12 +41,12 @@ def tensor_parallel_shape(name: str, shape: tuple, tp: int) -> tuple:
     return tuple(shape)
 
 
-def _shard_numel(shape, dp: int) -> int:
+def _shard_numel(shape: tuple[int, ...], dp: int) -> int:
     """FSDP2 shards dim 0 in chunks of ceil(d0 / dp); rank 0 holds a full chunk (the largest share)."""
     return -(-shape[0] // dp) * numel(shape[1:])
 
 
-def _state_numel(optimizer: str, shape, momentum: float) -> int:
+def _state_numel(optimizer: str, shape: tuple[int, ...], momentum: float) -> int:
     """Elements of optimizer state for one parameter tensor (the fp32 step counter is added separately)."""
     if optimizer == "adamw":
         return 2 * numel(shape)  # exp_avg, exp_avg_sq
@@ -53,7 +58,7 @@ def _state_numel(optimizer: str, shape, momentum: float) -> int:
     return numel(shape)
 
 
-def zero_paper_bytes(psi: int, stage: int, dp: int, grad_bytes: int = 2, k: int = 12) -> float:
+def zero_paper_bytes(psi: float, stage: int, dp: int, grad_bytes: int = 2, k: int = 12) -> float:
     """Model states per GPU as the ZeRO paper counts them (section 5.1, figure 1): fp16 weights (2 bytes),
     gradients (`grad_bytes`), K = 12 bytes of fp32 master weights, momentum and variance; stage 1 shards the
     K bytes, stage 2 also the gradients, stage 3 also the weights, over `dp` ranks."""
@@ -71,7 +76,7 @@ def _has_step(optimizer: str) -> bool:
     return optimizer in ("adamw", "adafactor")
 
 
-def zero1_partition(shapes: list, dp: int, groups: list[list[int]]) -> list[list[int]]:
+def zero1_partition(shapes: list[Any], dp: int, groups: list[list[int]]) -> list[list[int]]:
     """Which parameter indices each rank owns under ZeroRedundancyOptimizer: group by group, largest tensors
     first, each to the rank with the fewest elements so far over all groups (torch's `_partition_parameters`
     keeps one count across the groups), the lowest such rank on a tie. A heap of (elements, rank) picks the
@@ -87,16 +92,17 @@ def zero1_partition(shapes: list, dp: int, groups: list[list[int]]) -> list[list
     return owned
 
 
-def decay_groups(m, shapes: list) -> list[list[int]]:
+def decay_groups(m: ModelConfig, shapes: list[Any]) -> list[list[int]]:
     """AdamW's two parameter groups: [with weight decay (matrices), without (norms, biases, tied embedding)]."""
-    decay, no_decay = [], []
+    decay: list[int] = []
+    no_decay: list[int] = []
     for i, (name, shape) in enumerate(shapes):
         tied_embedding = m.tie_embeddings and name == "embed.weight"
         (decay if len(shape) >= 2 and not tied_embedding else no_decay).append(i)
     return [g for g in (decay, no_decay) if g]
 
 
-def model_state_tensors(cfg, rank: int | None = None, stage: int | None = None) -> dict:
+def model_state_tensors(cfg: Config, rank: int | None = None, stage: int | None = None) -> dict[str, Any]:
     """Bytes of the tensors one GPU holds between steps and in flight: parameters, gradients, optimizer
     states, and working copies (half-precision or gathered parameters); `stage` names the stage counted.
     `rank`: that data-parallel rank's share (ranks differ under ZeRO-1 and uneven FSDP chunks); by default
@@ -122,10 +128,10 @@ def model_state_tensors(cfg, rank: int | None = None, stage: int | None = None) 
     zero = par.zero_stage if dp > 1 else 0
     sharded = zero >= 2  # FSDP2 shards parameters, gradients and states
 
-    def group(name):  # the ranks ZeRO shards a tensor over: an expert's are the dp / ep that hold it
+    def group(name: str) -> int:  # the ranks ZeRO shards a tensor over: an expert's are the dp / ep that hold it
         return dp // ep if ep > 1 and is_expert(name) else dp
 
-    def place(name):  # this rank's place in that group (data ranks r, r + ep, ... hold the same experts)
+    def place(name: str) -> int:  # this rank's place in that group (data ranks r, r + ep, ... hold the same experts)
         return (rank or 0) // ep if ep > 1 and is_expert(name) else rank or 0
 
     n_params = sum(_shard_numel(s, group(n)) if sharded else numel(s) for n, s in shapes)  # FSDP pads chunks
@@ -151,7 +157,9 @@ def model_state_tensors(cfg, rank: int | None = None, stage: int | None = None) 
     return out
 
 
-def _working_copies(cfg, shapes, whole, block_shapes, zero: int) -> int:
+def _working_copies(
+    cfg: Config, shapes: list[tuple[str, tuple[int, ...]]], whole: Shapes, block_shapes: Shapes, zero: int
+) -> int:
     """Bytes of the parameters' compute-dtype copies a rank holds: FSDP's gathered blocks (ZeRO 2/3) or
     autocast's copies of the matmul weights kept for backward."""
     m, t, par = cfg.model, cfg.train, cfg.parallel
@@ -200,18 +208,20 @@ def is_expert(name: str) -> bool:
     return ".mlp.experts." in name
 
 
-def expert_parallel_shape(name: str, shape: tuple, ep: int) -> tuple:
+def expert_parallel_shape(name: str, shape: tuple[Any, ...], ep: int) -> tuple[Any, ...]:
     """The part of a parameter one expert-parallel rank holds: E / ep of the routed experts, the rest whole."""
     if ep > 1 and is_expert(name):
         return (shape[0] // ep,) + tuple(shape[1:])
     return tuple(shape)
 
 
-def _zero1_owned(m, shapes, dp: int, ep: int, rank: int | None) -> list[int]:
+def _zero1_owned(
+    m: ModelConfig, shapes: list[tuple[str, tuple[int, ...]]], dp: int, ep: int, rank: int | None
+) -> list[int]:
     """The tensors whose optimizer states one rank keeps under ZeRO-1 (`rank`; None: the largest share). With
     expert parallelism the experts' tensors are partitioned apart, over the dp / ep ranks that hold the same
     experts (the largest shares of both parts added: an upper bound)."""
-    owned = []
+    owned: list[int] = []
     for experts, ranks in ((False, dp), (True, dp // ep)) if ep > 1 else ((None, dp),):
         ix = [i for i, (n, _) in enumerate(shapes) if experts is None or is_expert(n) == experts]
         part = [shapes[i] for i in ix]
@@ -220,28 +230,30 @@ def _zero1_owned(m, shapes, dp: int, ep: int, rank: int | None) -> list[int]:
         mine = (
             (partition[r] if r < len(partition) else [])
             if r is not None
-            else max(partition, key=lambda own: sum(numel(part[i][1]) for i in own), default=[])
+            else max(partition, key=lambda own: sum(numel(part[i][1]) for i in own), default=list[int]())
         )
         owned += [ix[i] for i in mine]
     return owned
 
 
-def _block_kinds(m) -> set[str]:
+def _block_kinds(m: ModelConfig) -> set[str]:
     """A block of each kind, by name prefix: the first, and the first MoE block after the dense ones."""
     return {"blocks.0.", f"blocks.{m.first_dense_layers if m.num_experts else 0}."}
 
 
-def _heaviest_block(m, shapes, matmul: bool = False, biases: bool = False) -> int:
+def _heaviest_block(
+    m: ModelConfig, shapes: list[tuple[str, tuple[int, ...]]], matmul: bool = False, biases: bool = False
+) -> int:
     """Parameters of the largest block in `shapes` (an MoE block or a dense one; all equal in a dense model);
     `matmul`: its matrices only, `biases`: and the linears' biases (not the norms')."""
 
-    def counted(n, s):
+    def counted(n: str, s: tuple[int, ...]) -> bool:
         return not matmul or len(s) >= 2 or (biases and n.endswith(".bias") and not n.endswith("norm.bias"))
 
     return max(sum(numel(s) for n, s in shapes if n.startswith(kind) and counted(n, s)) for kind in _block_kinds(m))
 
 
-def _stage_sizes(cfg) -> list[int]:
+def _stage_sizes(cfg: Config) -> list[int]:
     """Parameters of each pipeline stage on one tensor rank (the norms are whole on every one)."""
     p, t, v = cfg.parallel.pipeline, cfg.parallel.tensor, chunks_per_stage(cfg.parallel)
     shapes = param_shapes(cfg.model)
@@ -251,7 +263,7 @@ def _stage_sizes(cfg) -> list[int]:
     return sizes
 
 
-def heaviest_stage(cfg) -> int:
+def heaviest_stage(cfg: Config) -> int:
     """The pipeline stage with the most parameters (the first of equals): the one whose model states must fit.
     The first holds the embedding, the last the final norm and output layer, and the later stages one layer
     more when the layers do not divide evenly; counted per tensor rank."""
@@ -259,7 +271,9 @@ def heaviest_stage(cfg) -> int:
     return sizes.index(max(sizes))
 
 
-def _optimizer_working(cfg, shapes, owned, dp, sharded, state_bytes) -> int:
+def _optimizer_working(
+    cfg: Config, shapes: list[tuple[str, tuple[int, ...]]], owned: list[int], dp: int, sharded: bool, state_bytes: int
+) -> int:
     """Temporaries of the optimizer step. AdamW is fused (distributed/optim.py): one in-place kernel, none. SGD's
     momentum update is in place. Adafactor's foreach implementation, the default on CUDA, makes a full-size
     second-moment estimate of every parameter it updates (torch.optim.Adafactor's docs: "~ sizeof(params) more
@@ -272,7 +286,7 @@ def _optimizer_working(cfg, shapes, owned, dp, sharded, state_bytes) -> int:
     return state_bytes * sum(sizes)
 
 
-def _shape_for(shape, dp, sharded, rank=0):
+def _shape_for(shape: tuple[int, ...], dp: int, sharded: bool, rank: int = 0) -> tuple[int, ...]:
     """A rank's unpadded share of a tensor under FSDP (optimizer states are made like the local shard)."""
     if not sharded:
         return shape
@@ -280,10 +294,10 @@ def _shape_for(shape, dp, sharded, rank=0):
     return (max(0, min(chunk, shape[0] - rank * chunk)),) + tuple(shape[1:])
 
 
-def _block_share(cfg, shapes) -> int:
+def _block_share(cfg: Config, shapes: list[tuple[str, tuple[int, ...]]]) -> int:
     """Parameters of one block on one tensor rank: the matmuls split t ways, the norms replicated."""
 
-    def share(kind):
+    def share(kind: str) -> int:
         per_layer = sum(numel(s) for n, s in shapes if n.startswith(kind))
         layer_norms = sum(numel(s) for n, s in shapes if n.startswith(kind) and "norm" in n)
         return (per_layer - layer_norms) // cfg.parallel.tensor + layer_norms
@@ -291,7 +305,7 @@ def _block_share(cfg, shapes) -> int:
     return max(share(kind) for kind in _block_kinds(cfg.model))
 
 
-def _zero3_gathered(cfg, shapes) -> float:
+def _zero3_gathered(cfg: Config, shapes: list[tuple[str, tuple[int, ...]]]) -> float:
     """Parameters one (pipeline stage, tensor rank) holds gathered under ZeRO-3: the block being computed and
     the prefetched next one, both of this stage, and the root modules on it (the embedding on the first
     stage, the final norm and output layer on the last, all three without a pipeline), each its tensor
@@ -308,7 +322,7 @@ def _zero3_gathered(cfg, shapes) -> float:
     return blocks * _block_share(cfg, shapes) + root
 
 
-def stage_share(cfg) -> float:
+def stage_share(cfg: Config) -> float:
     """Fraction of all parameters on the heaviest (pipeline stage, tensor rank): the stages as the trainer
     splits them (pretrain.plan.stages), each tensor its tensor rank's part."""
     return max(_stage_sizes(cfg)) / sum(numel(s) for _, s in param_shapes(cfg.model))

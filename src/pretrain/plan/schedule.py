@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from ..config.schema import TrainConfig
 
 
 def micro_batches_per_step(
@@ -89,7 +93,7 @@ def steps_for_tokens(
     return steps
 
 
-def tokens_for_steps(steps: int, **args) -> int:
+def tokens_for_steps(steps: int, **args: int) -> int:
     """Tokens seen after `steps` optimizer steps (the ramp's steps are smaller), jumping runs of equal batch
     size as steps_for_tokens does."""
     unit = args["seq_len"] * args["micro_batch_size"] * args["data_parallel"]
@@ -111,7 +115,7 @@ def warmup_steps(warmup: float | int, total_steps: int) -> int:
     return int(warmup)
 
 
-def checked_warmup(train, total_steps: int) -> int:
+def checked_warmup(train: TrainConfig, total_steps: int) -> int:
     """Warm-up steps of a run of `total_steps`, refused (ConfigError) where the schedule cannot be followed:
     a warm-up as long as the run, or a wsd decay that would start inside the warm-up."""
     warmup = warmup_steps(train.warmup, total_steps)
@@ -169,7 +173,7 @@ def learning_rate(
     raise ValueError(f"unknown schedule {schedule!r}")
 
 
-def resumed_schedule(train, saved: dict, total_steps: int) -> tuple[int, dict | None]:
+def resumed_schedule(train: TrainConfig, saved: dict[str, Any], total_steps: int) -> tuple[int, dict[str, Any] | None]:
     """(warm-up steps, the `schedule_changed` event or None) of a resume from a checkpoint whose trainer.json
     is `saved`, into a run now `total_steps` long.
 

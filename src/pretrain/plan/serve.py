@@ -26,8 +26,10 @@ import json
 import shlex
 import time
 import traceback
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
+from typing import Any
 from urllib.parse import parse_qsl, quote, urlsplit
 
 from ..config import SECTIONS, load_config
@@ -72,7 +74,7 @@ def start_query(items: list[str]) -> str:
     return "&".join(f"{quote(k, safe='.')}={quote(v, safe='.,-+/')}" for k, v in pairs.items())
 
 
-def _text(value) -> str:
+def _text(value: object) -> str:
     """A YAML value as the CLI writes it after `key=`."""
     import yaml
 
@@ -136,7 +138,7 @@ def command_answer(query: str) -> str:
 
     items = overrides(query)
     load_config(None, items)  # a link that does not plan gives no command
-    sections: dict[str, dict] = {}
+    sections: dict[str, dict[str, Any]] = {}
     for item in items:
         key, value = item.split("=", 1)
         section, name = key.split(".", 1)
@@ -188,7 +190,7 @@ GET = {
 class Handler(BaseHTTPRequestHandler):
     server_version = "pretrain-plan"
 
-    def do_GET(self):  # http.server calls it by this name
+    def do_GET(self) -> None:  # http.server calls it by this name
         url = urlsplit(self.path)
         if url.path == "/":
             self._send(200, resources.files("pretrain.plan").joinpath("page.html").read_bytes(), "text/html")
@@ -199,7 +201,7 @@ class Handler(BaseHTTPRequestHandler):
         else:
             self._send(404, f"no such page: {url.path}".encode(), "text/plain")
 
-    def do_POST(self):
+    def do_POST(self) -> None:
         if urlsplit(self.path).path != "/api/hf_config":
             return self._send(404, b"no such API", "text/plain")
         size = int(self.headers.get("Content-Length") or 0)
@@ -207,7 +209,7 @@ class Handler(BaseHTTPRequestHandler):
             return self._send(400, b"the pasted config.json is over 1 MiB; paste the model's config.json", "text/plain")
         self._answer(hf_config_answer, self.rfile.read(size))
 
-    def _answer(self, answer, arg) -> None:
+    def _answer(self, answer: Callable[[Any], str], arg: Any) -> None:
         start = time.perf_counter()
         try:
             body, status, kind = answer(arg).encode(), 200, "application/json"
@@ -224,7 +226,7 @@ class Handler(BaseHTTPRequestHandler):
             kind = "text/plain"
         self._send(status, body, kind, elapsed=time.perf_counter() - start)
 
-    def _send(self, status: int, body: bytes, kind: str, cache: bool = False, elapsed: float | None = None):
+    def _send(self, status: int, body: bytes, kind: str, cache: bool = False, elapsed: float | None = None) -> None:
         try:
             self.send_response(status)
             self.send_header("Content-Type", f"{kind}; charset=utf-8")
@@ -237,7 +239,7 @@ class Handler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError):  # the tab was closed or reloaded mid-answer
             pass
 
-    def log_message(self, format, *args):  # quiet: one line per keystroke would bury the URL
+    def log_message(self, format: str, *args: Any) -> None:  # quiet: one line per keystroke would bury the URL
         pass
 
 

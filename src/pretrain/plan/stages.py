@@ -16,7 +16,12 @@ point-to-point traffic and more activations in flight on the first rank.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from .params import param_shapes
+
+if TYPE_CHECKING:
+    from ..config.schema import ModelConfig, ParallelConfig
 
 
 def stage_layers(num_layers: int, stages: int) -> list[range]:
@@ -30,7 +35,7 @@ def stage_layers(num_layers: int, stages: int) -> list[range]:
 INTERLEAVED_CHUNKS = 2  # v: model chunks per pipeline rank under interleaved 1F1B
 
 
-def chunks_per_stage(parallel) -> int:
+def chunks_per_stage(parallel: ParallelConfig) -> int:
     """v, the model chunks each pipeline rank runs: 2 under interleaved 1F1B, else 1."""
     interleaved = parallel.pipeline > 1 and parallel.pipeline_schedule == "interleaved_1f1b"
     return INTERLEAVED_CHUNKS if interleaved else 1
@@ -64,7 +69,9 @@ def chunks_in_flight(stage: int, stages: int, micro_batches: int, chunks: int) -
     return min(warmup + 1, chunks * micro_batches)
 
 
-def stage_param_shapes(model_cfg, stage: int, stages: int, chunks: int = 1) -> list[tuple[str, tuple]]:
+def stage_param_shapes(
+    model_cfg: ModelConfig, stage: int, stages: int, chunks: int = 1
+) -> list[tuple[str, tuple[Any, ...]]]:
     """(whole-model name, shape) of the parameters pipeline rank `stage` of `stages` holds (its `chunks`
     model chunks' under interleaved 1F1B), in the model's order."""
     shapes = param_shapes(model_cfg)
@@ -73,7 +80,7 @@ def stage_param_shapes(model_cfg, stage: int, stages: int, chunks: int = 1) -> l
     return [named for named, k in zip(shapes, param_stages(model_cfg, shapes, stages, chunks)) if k == stage]
 
 
-def param_stages(model_cfg, shapes: list, stages: int, chunks: int = 1) -> list[int]:
+def param_stages(model_cfg: ModelConfig, shapes: list[Any], stages: int, chunks: int = 1) -> list[int]:
     """The pipeline rank holding each of `shapes` (param_shapes(model_cfg)): its block's chunk's rank (chunk c
     runs on rank c mod p, chunk_indices), the embedding on the first, the final norm and output layer on the
     last. One pass over the model for all the stages at once (the planner sizes every stage of every layout)."""

@@ -73,6 +73,7 @@ Pure Python, as the rest of the planner.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING, Any
 
 from ..config import compile_enabled
 from ..gpus import gpu_spec
@@ -94,6 +95,11 @@ from .hardware import memory_bandwidth_gbps
 from .kernels import planned_native_gqa
 from .stages import bubble_fraction, chunks_per_stage
 from .traffic import eager_elementwise_traffic, kept_tensor_traffic, weight_reads
+
+if TYPE_CHECKING:
+    from ..config.schema import Config, HardwareConfig, ModelConfig, ParallelConfig, TrainConfig
+    from ..gpus import GpuSpec
+    from .params import ParamCounts
 
 MATMUL_EFFICIENCY = 0.75  # of a data-sheet dense peak, reached by large bf16 GEMMs
 ATTENTION_EFFICIENCY = 0.7  # of the matmul rate (FlashAttention-2: 50-73% of peak forward, Dao 2023)
@@ -121,7 +127,9 @@ KERNELS_OUTSIDE = 20  # embedding, final norm, output layer, loss, their backwar
 KERNEL_OVERHEAD_S = 10e-6
 
 
-def step_time(c, counts, fl: dict, peak: float | None, ex: Explain | None = None) -> dict | None:
+def step_time(
+    c: Config, counts: ParamCounts, fl: dict[str, Any], peak: float | None, ex: Explain | None = None
+) -> dict[str, Any] | None:
     """The modelled step of config `c` (flops: pretrain.plan.flops.flops's dict; peak: TFLOP/s per GPU)."""
     ex = ex or Explain()
     if not peak:
@@ -155,7 +163,7 @@ def step_time(c, counts, fl: dict, peak: float | None, ex: Explain | None = None
     return {"seconds": seconds, "tokens_per_second": tokens / seconds, "mfu": utilisation, **out}
 
 
-def gemm_intensity(m, tp: int, a: int) -> float:
+def gemm_intensity(m: ModelConfig, tp: int, a: int) -> float:
     """FLOPs per byte of a block's token-major GEMMs (x @ W, K -> N per token): 2 K N FLOPs for a (K + N) bytes
     of activations read and written; the weights, reused over the b*s rows, are left out."""
     q, kv = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
@@ -169,7 +177,7 @@ def gemm_intensity(m, tp: int, a: int) -> float:
     return sum(2 * k * n for k, n in shapes) / sum(a * (k + n) for k, n in shapes)
 
 
-def _micro_batch(c, counts, fl: dict, peak: float, ex: Explain) -> dict:
+def _micro_batch(c: Config, counts: ParamCounts, fl: dict[str, Any], peak: float, ex: Explain) -> dict[str, Any]:
     """One micro-batch's forward and backward on one GPU (a tensor rank of a pipeline stage)."""
     m, t, par, hw = c.model, c.train, c.parallel, c.hardware
     spec = gpu_spec(hw.gpu)
@@ -228,7 +236,9 @@ def _micro_batch(c, counts, fl: dict, peak: float, ex: Explain) -> dict:
     return _micro_batch_sum(t, terms, moe, cast_s, ex)
 
 
-def _micro_batch_sum(t, terms: dict, moe: dict, cast_s: float, ex: Explain) -> dict:
+def _micro_batch_sum(
+    t: TrainConfig, terms: dict[str, Any], moe: dict[str, Any], cast_s: float, ex: Explain
+) -> dict[str, Any]:
     """The micro-batch's seconds from its terms: the compute or the weights' reads, whichever is longer, then
     everything that waits beside neither."""
     compute_s = terms["matmul_s"] + terms["attention_s"] + moe.get("expert_imbalance_s", 0.0)
@@ -266,7 +276,7 @@ def _micro_batch_sum(t, terms: dict, moe: dict, cast_s: float, ex: Explain) -> d
     return {**out, "fp8_cast_s": cast_s} if t.precision == "fp8" else out
 
 
-def _achievable_tflops(hw, spec, peak: float) -> tuple[float, str]:
+def _achievable_tflops(hw: HardwareConfig, spec: GpuSpec, peak: float) -> tuple[float, str]:
     """What the matmuls reach: a profile's measured rate, else the peak x the large-GEMM efficiency."""
     if hw.profile and not hw.peak_tflops:
         return peak, "hardware.profile's measured TFLOP/s"
@@ -276,7 +286,9 @@ def _achievable_tflops(hw, spec, peak: float) -> tuple[float, str]:
     )
 
 
-def _attention_seconds(c, spec, attention: float, tokens: int, peak: float, rate: float) -> tuple[float, str]:
+def _attention_seconds(
+    c: Config, spec: GpuSpec, attention: float, tokens: int, peak: float, rate: float
+) -> tuple[float, str]:
     """The attention kernel's seconds for one micro-batch, and how: FlashAttention-2's share of the peak on
     Hopper, else a share of the GEMM rate."""
     hw, shard = c.hardware, c.parallel.tensor * c.parallel.pipeline
@@ -296,7 +308,9 @@ def _attention_seconds(c, spec, attention: float, tokens: int, peak: float, rate
     )
 
 
-def _memory_bound_terms(c, counts, hbm: float, on_gpu: bool, ex: Explain) -> tuple[float, float, int]:
+def _memory_bound_terms(
+    c: Config, counts: ParamCounts, hbm: float, on_gpu: bool, ex: Explain
+) -> tuple[float, float, int]:
     """(seconds reading the weights, seconds of activation traffic, layers on this GPU)."""
     m, t, par, hw = c.model, c.train, c.parallel, c.hardware
     a = COMPUTE_BYTES[t.precision]
@@ -334,7 +348,7 @@ def _memory_bound_terms(c, counts, hbm: float, on_gpu: bool, ex: Explain) -> tup
     return weight_s, traffic_s, act["layers"]
 
 
-def _tensor_parallel_exposed(par, tp_s: float, matmul_s: float) -> tuple[float, str]:
+def _tensor_parallel_exposed(par: ParallelConfig, tp_s: float, matmul_s: float) -> tuple[float, str]:
     """What of the tensor-parallel collectives the step waits for. Plain: all of it, each collective between
     the matmuls that need it. Async TP (parallel.async_tp) splits each all-gather + matmul and matmul +
     reduce-scatter into tp chunks and runs chunk i's matmul while chunk i+1 moves (Wang et al. 2022,
@@ -352,7 +366,7 @@ def _tensor_parallel_exposed(par, tp_s: float, matmul_s: float) -> tuple[float, 
 
 
 def _tensor_parallel_and_kernels(
-    c, layers: int, tokens: int, intra: float, link_how: str, matmul_s: float, ex: Explain
+    c: Config, layers: int, tokens: int, intra: float, link_how: str, matmul_s: float, ex: Explain
 ) -> tuple[float, float]:
     """(seconds of tensor-parallel collectives not hidden, seconds of per-kernel overhead) of one micro-batch."""
     m, t, par = c.model, c.train, c.parallel
@@ -383,7 +397,7 @@ def _tensor_parallel_and_kernels(
     return tp_s, overhead_s
 
 
-def _pipeline(c, micro_s: float, ex: Explain) -> dict:
+def _pipeline(c: Config, micro_s: float, ex: Explain) -> dict[str, Any]:
     """1F1B: m micro-batches in m + p - 1 slots, each slot also sending activations on and gradients back.
     Interleaved 1F1B with v chunks per stage: m + (p - 1) / v slots, each sending v times (Narayanan et al.
     2021, section 2.2.2)."""
@@ -416,13 +430,13 @@ def _pipeline(c, micro_s: float, ex: Explain) -> dict:
     return {"forward_backward_s": phase_s, "pipeline_bubble": bubble, "pipeline_p2p_s": p2p_s}
 
 
-def dominant_cost(step: dict, best: dict) -> str:
+def dominant_cost(step: dict[str, Any], best: dict[str, Any]) -> str:
     """Why a slower layout lost to the best: the part of its step that exceeds the best's by the most."""
     mine, theirs = _costs(step), _costs(best)
     return max(mine, key=lambda k: mine[k] - theirs[k])
 
 
-def _costs(step: dict) -> dict:
+def _costs(step: dict[str, Any]) -> dict[str, Any]:
     slots = step["forward_backward_s"] / (step["micro_batch_s"] + step["pipeline_p2p_s"])
     compute = step["matmul_s"] + step["attention_s"]
     return {

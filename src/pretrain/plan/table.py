@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from ..gpus import mixed_precision
 from ..units import GiB
 from ..units import human as count
 from .length import token_dtype
+
+if TYPE_CHECKING:
+    from ..config.schema import Config, ModelConfig
 
 
 def si_bytes(n: float) -> str:
@@ -32,7 +37,7 @@ def duration_range(low: float, high: float) -> str:
     return f"{a.split()[0]}-{b}" if a.split()[1] == b.split()[1] else f"{a} to {b}"
 
 
-def render(config, p: dict) -> str:
+def render(config: Config, p: dict[str, Any]) -> str:
     m, t, par, hw = config.model, config.train, p["parallel"], p["hardware"]
     rows = _size_rows(m, p) + _time_rows(m, p)
     name = m.preset or m.hf_config or "custom"
@@ -54,7 +59,7 @@ def render(config, p: dict) -> str:
     return "\n".join(lines)
 
 
-def _size_rows(m, p: dict) -> list[tuple[str, str, str]]:
+def _size_rows(m: ModelConfig, p: dict[str, Any]) -> list[tuple[str, str, str]]:
     """(label, value, note) rows of the model's and the data's sizes."""
     pa, tok = p["params"], p["tokens"]
     rows = [
@@ -115,7 +120,7 @@ def _size_rows(m, p: dict) -> list[tuple[str, str, str]]:
     return rows
 
 
-def _time_rows(m, p: dict) -> list[tuple[str, str, str]]:
+def _time_rows(m: ModelConfig, p: dict[str, Any]) -> list[tuple[str, str, str]]:
     """(label, value, note) rows of the steps, FLOPs and time."""
     rows = _steps_and_flops_rows(p) + _wall_clock_rows(p)
     if "eval_tasks" in p:  # run.eval_tasks
@@ -142,7 +147,7 @@ def _time_rows(m, p: dict) -> list[tuple[str, str, str]]:
     return rows
 
 
-def _steps_and_flops_rows(p: dict) -> list[tuple[str, str, str]]:
+def _steps_and_flops_rows(p: dict[str, Any]) -> list[tuple[str, str, str]]:
     """The optimizer steps, the FLOPs per token by each convention, and the run's FLOPs."""
     st, fl = p["steps"], p["flops"]
     rows = [
@@ -175,7 +180,7 @@ def _steps_and_flops_rows(p: dict) -> list[tuple[str, str, str]]:
     return rows
 
 
-def _wall_clock_rows(p: dict) -> list[tuple[str, str, str]]:
+def _wall_clock_rows(p: dict[str, Any]) -> list[tuple[str, str, str]]:
     """The run's time (the step-time model's, with its range, or at the MFU given) and its throughput."""
     tm, hw = p["time"], p["hardware"]
     if not tm["seconds"]:
@@ -199,7 +204,7 @@ def _wall_clock_rows(p: dict) -> list[tuple[str, str, str]]:
     ]
 
 
-def _memory_lines(config, p: dict) -> list[str]:
+def _memory_lines(config: Config, p: dict[str, Any]) -> list[str]:
     """The memory block: each kind's size, each phase's total, the verdict, and the extra lines."""
     t, mem = config.train, p["memory_bytes"]
     lines = [f"  Memory per GPU (GiB), micro-batch {t.micro_batch_size} x seq {t.seq_len}:"]
@@ -238,9 +243,10 @@ def _memory_lines(config, p: dict) -> list[str]:
     return lines + _extra_memory_lines(p)
 
 
-def _extra_memory_lines(p: dict) -> list[str]:
+def _extra_memory_lines(p: dict[str, Any]) -> list[str]:
     """MoE's routed load, host memory, and another framework's accounting (plan.framework)."""
-    lines, mem = [], p["memory_bytes"]
+    lines: list[str] = []
+    mem = p["memory_bytes"]
     if "moe" in p:  # Mixture-of-Experts (pretrain.plan.memory): the imbalance the routed tokens are planned at
         mo = p["moe"]
         limit = mo["fits_up_to_imbalance"]
@@ -275,7 +281,7 @@ def _extra_memory_lines(p: dict) -> list[str]:
     return lines
 
 
-def budget_lines(budget: dict) -> list[str]:
+def budget_lines(budget: dict[str, Any]) -> list[str]:
     """The budget block printed above the plan of the chosen model (or of the model given)."""
     if "model_given" in budget:
         n, d = budget["model_params"], budget["model_tokens"]
@@ -288,7 +294,7 @@ def budget_lines(budget: dict) -> list[str]:
             "",
         ]
 
-    def row(label, b):
+    def row(label: str, b: dict[str, Any]) -> str:
         m = b["model"]
         fit = "fits" if b["fit"]["fits"] else "does NOT fit"
         extra = " ".join(f"{k}={v}" for k, v in b["fit"]["overrides"].items())

@@ -4,17 +4,23 @@ and the advice: what the kept tensors, eager mode's elementwise kernels and the 
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING, Any
 
 from .activations import COMPUTE_BYTES, activation_bytes, residual_bytes
 
+if TYPE_CHECKING:
+    from ..config.schema import ModelConfig, ParallelConfig, TrainConfig
 
-def weight_reads(t) -> int:
+
+def weight_reads(t: TrainConfig) -> int:
     """How often a micro-batch reads the matmul weights: forward, backward for the activations' gradients and
     for the weights' gradients (3), and once more with full recomputation, which reruns the forward."""
     return 4 if t.activation_checkpointing == "full" else 3
 
 
-def eager_elementwise_traffic(m, t, parallel, layers: int, b: int | None = None) -> int:
+def eager_elementwise_traffic(
+    m: ModelConfig, t: TrainConfig, parallel: ParallelConfig, layers: int, b: int | None = None
+) -> int:
     """Bytes per GPU that one micro-batch's elementwise kernels move through its `layers` blocks in eager mode,
     where each op is a kernel that reads its inputs from HBM and writes its output there (torch.compile fuses
     each chain into one kernel, which leaves about the kept tensors' traffic). Per token and block, forward,
@@ -46,8 +52,13 @@ def eager_elementwise_traffic(m, t, parallel, layers: int, b: int | None = None)
 
 
 def kept_tensor_traffic(
-    m, t, parallel, b: int | None = None, native_gqa: bool = True, imbalance: float = 1.0
-) -> tuple[float, dict]:
+    m: ModelConfig,
+    t: TrainConfig,
+    parallel: ParallelConfig,
+    b: int | None = None,
+    native_gqa: bool = True,
+    imbalance: float = 1.0,
+) -> tuple[float, dict[str, Any]]:
     """Bytes per GPU that the tensors kept for backward move: each written once in forward and read once in
     backward. Recomputed tensors are written and read all the same, so counted as if nothing were recomputed.
     Also returns that count's activation_bytes (its "layers" is the layers on this GPU)."""
