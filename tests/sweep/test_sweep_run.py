@@ -137,10 +137,10 @@ def test_an_oom_cell_is_reported_and_the_sweep_goes_on(tmp_path, monkeypatch):
 
     real_step = Trainer.step
 
-    def step(self):
+    def step(self, **kwargs):
         if self.config.train.seq_len == 64:
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore detail")
-        return real_step(self)
+        return real_step(self, **kwargs)
 
     monkeypatch.setattr(Trainer, "step", step)
     result = sweep(tmp_path, ["train.micro_batch_size=1"], {"train.seq_len": [32, 64, 128]})
@@ -252,12 +252,12 @@ def test_rounds_interleave_the_cells_and_each_figure_is_their_median_with_its_sp
         order.append(cell.values["train.seq_len"])
         return real_run_cell(cell, *args)
 
-    def step(self):
+    def step(self, **kwargs):
         threads.add(torch.get_num_threads())
         if self.config.train.seq_len == 64 and order.count(64) == 2:
             time.sleep(1.0)  # a busy spell on the machine during one round of one cell (1 s: a loaded CI box
             # runs these steps in ~0.1-0.3 s, and the spread must still exceed 100 %)
-        return real_step(self)
+        return real_step(self, **kwargs)
 
     monkeypatch.setattr(sweep_run, "run_cell", run_cell)
     monkeypatch.setattr(Trainer, "step", step)
