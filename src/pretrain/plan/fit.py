@@ -44,7 +44,7 @@ from .flops import flops
 from .hardware import peak_tflops
 from .memory import memory
 from .params import count_params
-from .step_time import dominant_cost, step_time
+from .step_time import step_time
 
 if TYPE_CHECKING:
     from ..config.schema import Config
@@ -301,3 +301,26 @@ def _short(overrides: dict[str, Any]) -> str:
         "parallel.expert": "EP",
     }
     return " ".join(f"{short} {overrides[k]}" for k, short in keys.items() if k in overrides)
+
+
+def dominant_cost(step: dict[str, Any], best: dict[str, Any]) -> str:
+    """Why a slower layout lost to the best: the part of its step that exceeds the best's by the most."""
+    mine, theirs = _costs(step), _costs(best)
+    return max(mine, key=lambda k: mine[k] - theirs[k])
+
+
+def _costs(step: dict[str, Any]) -> dict[str, Any]:
+    slots = step["forward_backward_s"] / (step["micro_batch_s"] + step["pipeline_p2p_s"])
+    compute = step["matmul_s"] + step["attention_s"]
+    return {
+        "TP all-reduce dominates": step["tensor_parallel_s"] * slots,
+        "expert all-to-all": step.get("all_to_all_s", 0.0) * slots,
+        "pipeline bubble": step["pipeline_bubble"] * step["forward_backward_s"],
+        "pipeline point-to-point": step["pipeline_p2p_s"] * slots,
+        "data-parallel communication": step["data_parallel_exposed_s"],
+        "optimizer step (offload)": step["optimizer_s"],
+        "memory-bound micro-batch (weight reads)": max(0.0, step["weight_read_s"] - compute) * slots,
+        "activation traffic": (step["activation_traffic_s"] + step["gemm_operand_s"]) * slots,
+        "per-kernel overhead of small micro-batches": step["kernel_overhead_s"] * slots,
+        "recomputation / small-matmul compute": compute * slots,
+    }

@@ -93,7 +93,7 @@ from .explain import Explain
 from .flops import mfu
 from .hardware import memory_bandwidth_gbps
 from .kernels import planned_native_gqa
-from .stages import bubble_fraction, chunks_per_stage
+from .pipeline_time import pipeline_time
 from .traffic import eager_elementwise_traffic, kept_tensor_traffic, weight_reads
 
 if TYPE_CHECKING:
@@ -136,7 +136,7 @@ def step_time(
         ex.add("step_time", "seconds", None, "no peak FLOP/s: set hardware.profile or hardware.peak_tflops")
         return None
     out = _micro_batch(c, counts, fl, peak, ex)
-    out.update(_pipeline(c, out["micro_batch_s"], ex))
+    out.update(pipeline_time(c, out["micro_batch_s"], ex))
     out.update(data_parallel_time(c, counts, out, ex))
     out.update(optimizer_time(c, counts, ex))
     seconds = out["forward_backward_s"] + out["data_parallel_exposed_s"] + out["optimizer_s"]
@@ -395,59 +395,3 @@ def _tensor_parallel_and_kernels(
         f"kernels x {KERNEL_OVERHEAD_S * 1e6:g} us (eager PyTorch's dispatch and launch)",
     )
     return tp_s, overhead_s
-
-
-def _pipeline(c: Config, micro_s: float, ex: Explain) -> dict[str, Any]:
-    """1F1B: m micro-batches in m + p - 1 slots, each slot also sending activations on and gradients back.
-    Interleaved 1F1B with v chunks per stage: m + (p - 1) / v slots, each sending v times (Narayanan et al.
-    2021, section 2.2.2)."""
-    t, par = c.train, c.parallel
-    micro, pp, v = t.grad_accum_steps, par.pipeline, chunks_per_stage(par)
-    intra, inter, _ = links(c)
-    link = intra if par.gpus <= par.gpus_per_node else inter
-    sent = 2 * COMPUTE_BYTES[t.precision] * t.micro_batch_size * t.seq_len * c.model.hidden_size
-    p2p_s = v * sent / (link * 1e9) if pp > 1 and link else 0.0  # per slot: each of the v chunks sends
-    slots = micro + (pp - 1) / v
-    phase_s = slots * (micro_s + p2p_s)
-    bubble = bubble_fraction(pp, micro, v)
-    if v == 1:
-        ex.add(
-            "step_time",
-            "forward_backward_s",
-            phase_s,
-            f"({micro} micro-batches + {pp} stages - 1) x "
-            f"(micro-batch {micro_s:.4g} + point-to-point {p2p_s:.4g}); bubble (p-1)/(m+p-1) = {bubble:.3g}",
-        )
-    else:
-        ex.add(
-            "step_time",
-            "forward_backward_s",
-            phase_s,
-            f"({micro} micro-batches + ({pp} stages - 1) / {v} "
-            f"chunks) x (micro-batch {micro_s:.4g} + point-to-point of {v} chunks {p2p_s:.4g}); interleaved "
-            f"bubble (p-1)/(vm+p-1) = {bubble:.3g}",
-        )
-    return {"forward_backward_s": phase_s, "pipeline_bubble": bubble, "pipeline_p2p_s": p2p_s}
-
-
-def dominant_cost(step: dict[str, Any], best: dict[str, Any]) -> str:
-    """Why a slower layout lost to the best: the part of its step that exceeds the best's by the most."""
-    mine, theirs = _costs(step), _costs(best)
-    return max(mine, key=lambda k: mine[k] - theirs[k])
-
-
-def _costs(step: dict[str, Any]) -> dict[str, Any]:
-    slots = step["forward_backward_s"] / (step["micro_batch_s"] + step["pipeline_p2p_s"])
-    compute = step["matmul_s"] + step["attention_s"]
-    return {
-        "TP all-reduce dominates": step["tensor_parallel_s"] * slots,
-        "expert all-to-all": step.get("all_to_all_s", 0.0) * slots,
-        "pipeline bubble": step["pipeline_bubble"] * step["forward_backward_s"],
-        "pipeline point-to-point": step["pipeline_p2p_s"] * slots,
-        "data-parallel communication": step["data_parallel_exposed_s"],
-        "optimizer step (offload)": step["optimizer_s"],
-        "memory-bound micro-batch (weight reads)": max(0.0, step["weight_read_s"] - compute) * slots,
-        "activation traffic": (step["activation_traffic_s"] + step["gemm_operand_s"]) * slots,
-        "per-kernel overhead of small micro-batches": step["kernel_overhead_s"] * slots,
-        "recomputation / small-matmul compute": compute * slots,
-    }
