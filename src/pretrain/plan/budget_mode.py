@@ -47,25 +47,17 @@ from .flops import basis, flops
 from .hardware import peak_tflops
 from .length import CHINCHILLA_TOKENS_PER_PARAM, ramp_args, storage_bytes, tokens_per_gpu_second, training_length
 from .params import count_params
+from .scaling import WIDTHS, approach_3_optimum, chinchilla_loss, llama_shape, shape_keys, shape_params
 from .schedule import tokens_for_steps
 from .step_time import step_time
 
 if TYPE_CHECKING:
     from ..config.schema import Config
-    from .params import ParamCounts
 
-HEAD_DIM = 128
-WIDTH_PER_LAYER = 128  # LLaMA-7B: 4096 / 32 layers; 13B: 5120 / 40
-MULTIPLE_OF = 256  # LLaMA's intermediate-size rounding
-GQA_KV_HEADS = 8
 # shape -> (its _fit, 6N FLOPs per GPU-second, utilisation, basis); {} for the config as given
 Speed = Callable[[dict[str, Any]], tuple[Any, ...]]
-APPROACH_3 = dict(E=1.69, A=406.4, B=410.7, alpha=0.34, beta=0.28)  # Hoffmann et al. 2022, equation 10
 INFERENCE_AWARE_SHRINK = 2  # half the parameters, twice the tokens
 NO_BUDGET = {"budget.gpu_hours": None, "budget.days": None, "budget.cost": None}  # the chosen config plans plainly
-# The widths llama_shape chooses from: multiples of 128 (of 512 from 1,024 on: heads divisible by 4, for grouped
-# key/value heads and tensor parallelism).
-WIDTHS = [*range(HEAD_DIM, 1024, HEAD_DIM), *range(1024, 64 * 1024 + 1, 512)]
 # The model keys llama_shape chooses (it keeps the vocabulary and the context): one of them away from its
 # default, or a preset or Hugging Face config, is a model the user gave, which a budget does not replace.
 CHOSEN_KEYS = (
@@ -101,57 +93,6 @@ def model_given(cfg: Config) -> str | None:
         return f"model.preset={m.preset}" if m.preset else f"model.hf_config={m.hf_config}"
     key = next((k for k in CHOSEN_KEYS if getattr(m, k) != getattr(DEFAULT_MODEL, k)), None)
     return f"model.{key}={getattr(m, key)}" if key else None
-
-
-def chinchilla_loss(n: float, d: float) -> float:
-    k = APPROACH_3
-    return k["E"] + k["A"] / n ** k["alpha"] + k["B"] / d ** k["beta"]
-
-
-def approach_3_optimum(compute: float) -> float:
-    """The parameters minimising L(N, C / 6N): N = G (C/6)^(beta / (alpha + beta)), G = (alpha A / (beta B))^(1 /
-    (alpha + beta)) (Hoffmann et al. 2022, equation 4). Smaller than approaches 1-2 give (their table 3)."""
-    k = APPROACH_3
-    g = (k["alpha"] * k["A"] / (k["beta"] * k["B"])) ** (1 / (k["alpha"] + k["beta"]))
-    return g * (compute / 6) ** (k["beta"] / (k["alpha"] + k["beta"]))
-
-
-def llama_shape(n_target: float, vocab_size: int, max_seq_len: int) -> dict[str, Any]:
-    """Model keys of a LLaMA-style shape with about `n_target` parameters (conventions in the module docstring)."""
-
-    def params(h: int, layers: int) -> int:
-        return _count(_shape(h, layers, vocab_size, max_seq_len)).total
-
-    # The width whose LLaMA-proportioned model (H / 128 layers) is nearest in log size.
-    h = min(WIDTHS, key=lambda w: abs(math.log(params(w, max(1, w // WIDTH_PER_LAYER)) / n_target)))
-    # Then the layer count that lands nearest N.
-    one = _count(_shape(h, 1, vocab_size, max_seq_len))
-    outside = one.total - one.per_layer
-    layers = max(1, round((n_target - outside) / one.per_layer))
-    return _shape(h, layers, vocab_size, max_seq_len)
-
-
-def _shape(h: int, layers: int, vocab_size: int, max_seq_len: int) -> dict[str, Any]:
-    """The model keys of width `h` and `layers` layers by the conventions of the module docstring."""
-    heads = h // HEAD_DIM
-    return dict(
-        family="llama",
-        vocab_size=vocab_size,
-        hidden_size=h,
-        num_layers=layers,
-        num_heads=heads,
-        num_kv_heads=math.gcd(heads, GQA_KV_HEADS) if heads >= GQA_KV_HEADS else heads,
-        head_dim=HEAD_DIM,
-        intermediate_size=MULTIPLE_OF * math.ceil(8 * h / 3 / MULTIPLE_OF),
-        max_seq_len=max_seq_len,
-        tie_embeddings=False,
-    )
-
-
-def _count(keys: dict[str, Any]) -> ParamCounts:
-    from ..config.schema import ModelConfig
-
-    return count_params(ModelConfig(**keys))  # every other key at its default: a dense LLaMA block
 
 
 def gpu_seconds(cfg: Config) -> tuple[float, str]:
@@ -192,8 +133,8 @@ def spendable_compute(vocab_size: int, max_seq_len: int) -> tuple[float, float]:
     follows N_opt: a fixed smallest model on next to no tokens, or more layers than the planner models."""
     from . import MAX_LAYERS
 
-    smallest = _count(_shape(WIDTHS[0], 1, vocab_size, max_seq_len)).total
-    largest = _count(_shape(WIDTHS[-1], MAX_LAYERS, vocab_size, max_seq_len)).total
+    smallest = shape_params(shape_keys(WIDTHS[0], 1, vocab_size, max_seq_len)).total
+    largest = shape_params(shape_keys(WIDTHS[-1], MAX_LAYERS, vocab_size, max_seq_len)).total
     return 120 * (INFERENCE_AWARE_SHRINK * smallest) ** 2, 120 * largest**2
 
 
@@ -331,7 +272,7 @@ def _search(cfg: Config, seconds: float, peak: float) -> tuple[dict[str, Any], S
             compute = min(max(compute, low), high)
         chosen = _shape_near(cfg, math.sqrt(compute / 120))
         if chosen in seen:
-            return min(seen[seen.index(chosen) :], key=lambda m: _count(m).total), speed
+            return min(seen[seen.index(chosen) :], key=lambda m: shape_params(m).total), speed
         seen.append(chosen)
         shape, per_second = chosen, speed(chosen)[1]
     return shape, speed
@@ -453,7 +394,7 @@ def _row(
     name: str,
 ) -> dict[str, Any]:
     """A chosen shape (near n_target parameters) trained on the tokens the GPU-seconds buy at its own speed."""
-    n = _count(shape).total
+    n = shape_params(shape).total
     fit, per_second, util, what = speed(shape)
     compute = seconds * per_second
     tokens = int(compute / (6 * n))
