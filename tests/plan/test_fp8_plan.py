@@ -187,3 +187,23 @@ def test_fit_says_where_fp8_does_not_pay_and_prints_the_other_precisions_command
     assert command.count("train.precision=") == 1 and "train.precision=bf16-mixed" in command
     planned = run_cli("plan", *command.split(": ", 1)[1].split()[2:], "--json")
     assert planned.returncode == 0 and '"seconds"' in planned.stdout
+
+
+def test_float8_all_gathers_move_three_quarters_of_the_tensor_parallel_bytes():
+    # torchao's Float8ColwiseParallel / Float8RowwiseParallel (the trainer's under tensorwise on CUDA) cast
+    # before each sequence-parallel all-gather: 1 byte a value, the reduce-scatters still bf16's 2.
+    tp = [*TT_8B, "parallel.tensor=4", "parallel.sequence_parallel=true", "parallel.zero_stage=1"]
+
+    def tp_seconds(*overrides):
+        return plan(*tp, *overrides)["step_time"]["tensor_parallel_s"]
+
+    bf16 = tp_seconds("train.precision=bf16-mixed")
+    assert tp_seconds("train.precision=fp8") == pytest.approx(0.75 * bf16)
+    full = tp_seconds("train.precision=bf16-mixed", "train.activation_checkpointing=full")
+    assert tp_seconds("train.precision=fp8", "train.activation_checkpointing=full") == pytest.approx(0.75 * full)
+    # rowwise scales or debug.fp8_check's bf16 shadow: torch's styles, bf16 collectives
+    assert tp_seconds("train.precision=fp8", "train.fp8_recipe=rowwise") == bf16
+    assert tp_seconds("train.precision=fp8", "debug.fp8_check=10") == bf16
+    # without the sequence split, all-reduces of the linears' bf16 outputs and input gradients
+    no_split = ("train.precision=bf16-mixed", "parallel.sequence_parallel=false")
+    assert tp_seconds("train.precision=fp8", "parallel.sequence_parallel=false") == tp_seconds(*no_split)

@@ -14,6 +14,9 @@ two peaks. Pure Python; the trainer converts by the same rule (`converts`, distr
   memory   the converted weights keep no bf16 autocast copy (torchao saves the fp32 weight and casts again
            in backward); under FSDP with tensorwise scaling they are all-gathered in float8 (1 byte, not 2).
            Scales (one fp32 per tensor or per row) are left out: kilobytes.
+  TP       with sequence parallelism, tensorwise on a GPU, the converted linears' all-gathers carry float8
+           (torchao's Float8ColwiseParallel / Float8RowwiseParallel), the reduce-scatters bf16: x 0.75 of
+           the tensor-parallel bytes when all four of a block's split linears convert.
   MFU      `mfu` is against the bf16 dense peak, the figure comparable with a bf16 run
            (`mfu_bf16_peak`); `mfu_mixed_peak` is against the peak of the job's own GEMM mix, the FLOPs-weighted
            harmonic mean of the fp8 and bf16 peaks (torchtitan reports no MFU under float8 for want of it).
@@ -111,6 +114,33 @@ CONVENTION = (
     "mfu_mixed_peak: against the FLOPs-weighted harmonic mean of the fp8 peak (the converted linears' "
     "FLOPs) and the bf16 peak (the rest)"
 )
+
+
+# Tensor parallelism's linears by how they split: a column split all-gathers its input in forward (again in
+# the recomputed forward), a row split all-gathers its output's gradient in backward (distributed/
+# tensor_parallel.py); both reduce-scatter the other way, in bf16 (torchao casts no reduction's input).
+COLUMN_SPLITS = ("attn.qkv", "mlp.up")
+ROW_SPLITS = ("attn.proj", "mlp.down")
+
+
+def tensor_parallel_bytes(c: Config, collectives: int) -> float:
+    """The share of tensor parallelism's bf16 bytes it moves under fp8 (1.0: no change). With sequence
+    parallelism each of a block's `collectives` all-reduce-sized steps is an all-gather + a reduce-scatter;
+    torchao's Float8ColwiseParallel / Float8RowwiseParallel cast before the all-gather (1 byte a value, not
+    2) where the trainer uses them (distributed/fp8.py: float8_tensor_parallel, tensorwise on CUDA without
+    debug.fp8_check), for each linear the filter converts. All four converted: 0.75."""
+    t, par = c.train, c.parallel
+    if not (t.precision == "fp8" and t.fp8_recipe == "tensorwise" and par.sequence_parallel) or c.debug.fp8_check:
+        return 1.0
+    shapes = {n.removesuffix(".weight"): s for n, s in param_shapes(c.model) if n.startswith("blocks.0.")}
+    gathers = {"forward": 2 if t.activation_checkpointing == "full" else 1, "backward": 1}  # each split's
+    halved = 0
+    for splits, when in ((COLUMN_SPLITS, "forward"), (ROW_SPLITS, "backward")):
+        for name in splits:
+            s = shapes.get(f"blocks.0.{name}")
+            if s and converts(f"blocks.0.{name}", s[1], s[0], t.fp8_min_features):
+                halved += gathers[when]
+    return 1 - halved / (4 * collectives)  # of 2 x collectives steps of 2 bytes a value, each saves 1
 
 
 def gathered_bytes_saved(c: Config, converted_numel: int) -> int:

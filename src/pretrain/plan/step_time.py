@@ -221,7 +221,7 @@ def _micro_batch(c: Config, counts: ParamCounts, fl: dict[str, Any], peak: float
     weight_s, traffic_s, layers = _memory_bound_terms(c, counts, hbm, on_gpu, ex)
 
     intra, inter, link_how = links(c)
-    tp_s, overhead_s = _tensor_parallel_and_kernels(c, layers, tokens, intra, link_how, matmul_s, ex)
+    tp_s, overhead_s = _tensor_parallel_and_kernels(c, layers, tokens, intra, link_how, matmul_s, on_gpu, ex)
     moe = moe_seconds(c, tokens, rate, intra, inter, link_how, ex) if m.num_experts else {}
     terms = {
         "achievable_tflops": rate,
@@ -366,7 +366,7 @@ def _tensor_parallel_exposed(par: ParallelConfig, tp_s: float, matmul_s: float) 
 
 
 def _tensor_parallel_and_kernels(
-    c: Config, layers: int, tokens: int, intra: float, link_how: str, matmul_s: float, ex: Explain
+    c: Config, layers: int, tokens: int, intra: float, link_how: str, matmul_s: float, on_gpu: bool, ex: Explain
 ) -> tuple[float, float]:
     """(seconds of tensor-parallel collectives not hidden, seconds of per-kernel overhead) of one micro-batch."""
     m, t, par = c.model, c.train, c.parallel
@@ -374,7 +374,8 @@ def _tensor_parallel_and_kernels(
     full = t.activation_checkpointing == "full"
     collectives = 6 if full else 4
     tp_bytes = a * tokens * m.hidden_size
-    tp_s = layers * collectives * ring(tp_bytes, tp, intra, 2)
+    float8_share = fp8.tensor_parallel_bytes(c, collectives) if on_gpu else 1.0  # gloo sends no float8
+    tp_s = layers * collectives * ring(tp_bytes, tp, intra, 2) * float8_share
     if tp > 1:
         tp_s, how = _tensor_parallel_exposed(par, tp_s, matmul_s)
         ex.add(
@@ -383,7 +384,8 @@ def _tensor_parallel_and_kernels(
             tp_s,
             f"{layers} layers x {collectives} all-reduces x 2 x "
             f"({tp}-1)/{tp} x {tp_bytes:,} bytes (b*s*h x {a}) / {intra:.4g} GB/s ({link_how}); {how}"
-            + ("; sequence parallel: all-gather + reduce-scatter, same volume" if par.sequence_parallel else ""),
+            + ("; sequence parallel: all-gather + reduce-scatter, same volume" if par.sequence_parallel else "")
+            + (f"; x {float8_share:g}: the converted linears all-gather in float8" if float8_share < 1 else ""),
         )
     per_layer = KERNELS_PER_LAYER + RECOMPUTED_KERNELS[t.activation_checkpointing]
     overhead_s = (layers * per_layer + KERNELS_OUTSIDE) * KERNEL_OVERHEAD_S
