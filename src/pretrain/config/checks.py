@@ -12,8 +12,10 @@ from typing import Any, cast
 from ..errors import ConfigError, UsageError
 from ..gpus import gpu_spec
 from ..rope_scaling import checked_rope_scaling
+from .job_sections import DataConfig, ParallelConfig, TrainConfig
+from .key_doc import shown_value
 from .reading import coerce, shown, unknown
-from .schema import SECTIONS, Config, DataConfig, ParallelConfig, TrainConfig, resolved, shown_value
+from .schema import SECTIONS, Config, resolved
 
 
 class GridError(ConfigError):

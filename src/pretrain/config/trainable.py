@@ -14,7 +14,8 @@ import os
 from ..errors import ConfigError
 from ..gpus import caches_weight_casts, mixed_precision
 from .checks import untrained
-from .schema import Config, ModelConfig, padded_vocab_size, resolved
+from .model_section import ModelConfig
+from .schema import Config, padded_vocab_size, resolved
 
 
 def check_trainable(config: Config, needs_data: bool = True) -> None:
