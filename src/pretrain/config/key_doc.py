@@ -1,6 +1,6 @@
 """How a config key is declared and how its value is written: `doc` makes a section's dataclass field with its
 meaning, allowed values and what the trainer runs, read by docs/config.md's key table (key_table.py) and by
-`untrained`; `shown_value` writes a value as YAML does. Its own module because every section's
+`untrained` (trainable.py); `shown_value` writes a value as YAML does. Its own module because every section's
 module declares its keys with it, below the schema that gathers them."""
 
 from __future__ import annotations
