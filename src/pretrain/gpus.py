@@ -105,7 +105,7 @@ def mixed_precision(precision: str) -> bool:
 
 
 class _TrainKeys(Protocol):
-    """The train.* keys read here (config/schema.py's TrainConfig: the catalog sits below the config)."""
+    """The train.* keys read here (config/job_sections.py's TrainConfig: the catalog sits below the config)."""
 
     @property
     def cache_weight_casts(self) -> bool: ...
@@ -114,7 +114,7 @@ class _TrainKeys(Protocol):
 
 
 class _ParallelKeys(Protocol):
-    """The parallel.* keys read here (config/schema.py's ParallelConfig)."""
+    """The parallel.* keys read here (config/job_sections.py's ParallelConfig)."""
 
     @property
     def fsdp(self) -> bool: ...

@@ -7,7 +7,7 @@ import pytest
 
 from pretrain.config import load_config
 from pretrain.errors import ConfigError
-from pretrain.hf_config import FIELDS, IGNORED, READ, Neutral
+from pretrain.hf_config.fields import FIELDS, IGNORED, READ, Neutral
 from pretrain.plan.params import count_params
 
 transformers = pytest.importorskip("transformers")

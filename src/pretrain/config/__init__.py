@@ -4,8 +4,11 @@ A config is a YAML file plus `section.key=value` overrides. Every field carries 
 of docs/config.md is generated from it (`pretrain config --docs`), so the code and the docs cannot drift apart.
 Pure Python: importing this package imports neither torch nor numpy.
 
-schema.py: the sections and keys; reading.py: YAML and values from text; checks.py: what a config must
-satisfy; here: loading and variants (`load_config`, `replaced`).
+schema.py: the whole config and its sections by name, each section's keys declared (`key_doc.py`) in
+model_section.py, job_sections.py (train, parallel, data), planner_sections.py and trainer_sections.py;
+reading.py: YAML and values from text; checks.py: what a config must satisfy; mixture.py: data.mixture's
+entries checked and completed; trainable.py: what the trainer runs of it; here: loading and variants
+(`load_config`, `replaced`).
 """
 
 from __future__ import annotations
@@ -15,10 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from .checks import mixture_sources, resolve, untrained, validate
+from .checks import resolve, validate
 from .key_table import docs_markdown
+from .mixture import mixture_sources
 from .reading import build_section, deep_copy, read_yaml, resolve_model, shown, split_override, unknown
 from .schema import SECTIONS, Config, compile_enabled
+from .trainable import untrained
 
 __all__ = [
     "Config",

@@ -1,19 +1,19 @@
 """The checks every loaded config passes (no files, no torch): each failure names the key and what is
-allowed; `resolve` fills the derived defaults first; `untrained` lists what the planner models but the trainer
-does not run; `mixture_sources` completes data.mixture for the planner and the trainer alike."""
+allowed; `resolve` fills the derived defaults first. data.mixture's entries are checked by `mixture_sources`
+(mixture.py), what the trainer does not run by `check_trainable` (trainable.py)."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from pathlib import Path
 from typing import Any, cast
 
 from ..errors import ConfigError, UsageError
 from ..gpus import gpu_spec
 from ..rope_scaling import checked_rope_scaling
-from .reading import coerce, shown, unknown
-from .schema import SECTIONS, Config, DataConfig, ParallelConfig, TrainConfig, resolved, shown_value
+from .job_sections import ParallelConfig, TrainConfig
+from .mixture import mixture_sources
+from .schema import SECTIONS, Config, resolved
 
 
 class GridError(ConfigError):
@@ -356,55 +356,3 @@ def _check_eval_tasks(c: Config) -> None:
         task_names(",".join(r.eval_tasks))
     except UsageError as e:
         raise ConfigError(f"run.eval_tasks: {e}") from None
-
-
-def untrained(c: Config) -> list[str]:
-    """The keys set to a value the planner models but the trainer does not run, as `section.key: reason`."""
-    found: list[str] = []
-    for section in SECTIONS:
-        values = getattr(c, section)
-        for f in dataclasses.fields(values):
-            trains = f.metadata["trains"]
-            if trains is not None and getattr(values, f.name) not in trains:
-                allowed = " | ".join(shown_value(v) for v in trains)
-                found.append(
-                    f"{section}.{f.name}: {shown_value(getattr(values, f.name))} is planned but not trained "
-                    f"(`pretrain plan` models it); `pretrain train` runs {allowed}"
-                )
-    return found
-
-
-MIXTURE_KEYS = ("dir", "weight", "name", "max_epochs")
-
-
-def mixture_sources(data: DataConfig) -> list[dict[str, Any]]:
-    """data.mixture checked and completed: [{name, dir, weight (normalised to sum 1), max_epochs or None}].
-    The trainer and the planner both read the mixture through this, so they agree on names and shares."""
-    sources: list[dict[str, Any]] = []
-    for i, entry in enumerate(data.mixture):
-        key = f"data.mixture[{i}]"
-        extra = [k for k in entry if k not in MIXTURE_KEYS]
-        if extra:
-            raise ConfigError(unknown(f"{key}.{extra[0]}", [f"{key}.{k}" for k in MIXTURE_KEYS], "key"))
-        for required in ("dir", "weight"):
-            if entry.get(required) in (None, ""):
-                raise ConfigError(
-                    f"{key}: no {required}; each source is {{dir: DIR, weight: W}} (weights count tokens)"
-                )
-        directory = coerce(f"{key}.dir", entry["dir"], str)
-        weight = coerce(f"{key}.weight", entry["weight"], float)
-        if not math.isfinite(weight) or weight <= 0:
-            raise ConfigError(f"{key}.weight: must be a finite number > 0, got {weight}")
-        max_epochs = entry.get("max_epochs")
-        if max_epochs is not None:
-            max_epochs = coerce(f"{key}.max_epochs", max_epochs, float)
-            if not math.isfinite(max_epochs) or max_epochs <= 0:
-                raise ConfigError(f"{key}.max_epochs: must be a finite number > 0, got {max_epochs}")
-        name = coerce(f"{key}.name", entry.get("name") or Path(directory.rstrip("/")).name, str)
-        if not name or "/" in name:  # names become metric keys: val_loss/<name>, source_tokens/<name>
-            raise ConfigError(f"{key}.name: {shown(name)} is not a usable name; give a non-empty name without '/'")
-        if any(s["name"] == name for s in sources):
-            raise ConfigError(f"{key}.name: two sources are named {name!r}; give each a distinct name")
-        sources.append({"name": name, "dir": directory, "weight": weight, "max_epochs": max_epochs})
-    total = sum(s["weight"] for s in sources)
-    return [{**s, "weight": s["weight"] / total} for s in sources]

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from .schema import SECTIONS, shown_value
+from .key_doc import shown_value
+from .schema import SECTIONS
 
 
 def docs_markdown() -> str:

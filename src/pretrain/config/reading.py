@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from _typeshed import DataclassInstance
     from yaml import MappingNode, Node
 
-Section = TypeVar("Section", bound="DataclassInstance")  # one of schema.py's section dataclasses
+Section = TypeVar("Section", bound="DataclassInstance")  # one of schema.py's SECTIONS
 
 
 def read_yaml(path: str | Path | None) -> dict[str, Any]:

@@ -4,17 +4,20 @@ refuses a config with, before anything heavy is built.
 The trainer calls it first thing; `pretrain plan --fit` calls it on every layout it weighs and rejects the
 refused ones with the trainer's own reason, so the fit never proposes a layout the trainer would refuse;
 `pretrain sweep` calls it on every cell. The planner models more (offload, ZeRO 2/3 per pipeline stage, ...):
-those values plan, and this is where they stop at training.
+those values plan, and this is where they stop at training; `untrained` lists the keys whose `trains`
+metadata (key_doc.py) excludes the value set.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 from ..errors import ConfigError
 from ..gpus import caches_weight_casts, mixed_precision
-from .checks import untrained
-from .schema import Config, ModelConfig, padded_vocab_size, resolved
+from .key_doc import shown_value
+from .model_section import ModelConfig
+from .schema import SECTIONS, Config, padded_vocab_size, resolved
 
 
 def check_trainable(config: Config, needs_data: bool = True) -> None:
@@ -191,3 +194,19 @@ def wrong_process_count(tensor: int, pipeline: int, processes: int) -> str:
         f"{layout} do not divide the {processes} processes torchrun started: change --nproc-per-node so that "
         f"they are a multiple of {grid}, or lower parallel.tensor / parallel.pipeline"
     )
+
+
+def untrained(c: Config) -> list[str]:
+    """The keys set to a value the planner models but the trainer does not run, as `section.key: reason`."""
+    found: list[str] = []
+    for section in SECTIONS:
+        values = getattr(c, section)
+        for f in dataclasses.fields(values):
+            trains = f.metadata["trains"]
+            if trains is not None and getattr(values, f.name) not in trains:
+                allowed = " | ".join(shown_value(v) for v in trains)
+                found.append(
+                    f"{section}.{f.name}: {shown_value(getattr(values, f.name))} is planned but not trained "
+                    f"(`pretrain plan` models it); `pretrain train` runs {allowed}"
+                )
+    return found

@@ -25,7 +25,7 @@ from .sources import find_files
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
-    from ..config.schema import DataConfig
+    from ..config.job_sections import DataConfig
 
 SPECIAL_TOKENS = ("<eos>", "<bos>", "<pad>")
 CONFIG_FILES = ("tokenizer_config.json", "special_tokens_map.json")

@@ -134,7 +134,7 @@ def from_hf(hf_dir: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
     The state dict has the keys of our model's `state_dict()`, so `load_state_dict(state)` is strict.
 
     Reads model.safetensors or pytorch_model.bin, sharded (with an index) or not. Refuses a checkpoint our
-    model would compute differently (pretrain.hf_config names the config.json fields; tensors it has no
+    model would compute differently (pretrain.hf_config.fields names the config.json fields; tensors it has no
     place for here).
     """
     hf_dir = Path(hf_dir)

@@ -33,7 +33,7 @@ from .rope import inverse_frequencies
 
 if TYPE_CHECKING:
     from ..config import Config
-    from ..config.schema import ModelConfig
+    from ..config.model_section import ModelConfig
 
 
 class RMSNorm(nn.Module):

@@ -28,7 +28,10 @@ from .params import count_params, padded_vocab_size, param_shapes
 from .step_time import step_time
 
 if TYPE_CHECKING:
-    from ..config.schema import Config, HardwareConfig, ModelConfig, ParallelConfig
+    from ..config.job_sections import ParallelConfig
+    from ..config.model_section import ModelConfig
+    from ..config.planner_sections import HardwareConfig
+    from ..config.schema import Config
     from .params import ParamCounts
 
 __all__ = [

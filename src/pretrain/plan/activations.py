@@ -56,7 +56,8 @@ from .stages import chunk_indices, chunks_in_flight, chunks_per_stage, stage_lay
 from .stages import in_flight as stage_in_flight
 
 if TYPE_CHECKING:
-    from ..config.schema import ModelConfig, ParallelConfig, TrainConfig
+    from ..config.job_sections import ParallelConfig, TrainConfig
+    from ..config.model_section import ModelConfig
 
 COMPUTE_BYTES = {"fp32": 4, "fp16-mixed": 2, "bf16-mixed": 2, "bf16": 2, "fp8": 2}
 HELD_INPUT = "block input (held by recomputation)"

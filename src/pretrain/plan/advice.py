@@ -25,7 +25,7 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..config.schema import shown_value
+from ..config.key_doc import shown_value
 from ..gpus import COMPUTE_DTYPE, gpu_spec
 from ..units import GiB, human
 from .activations import COMPUTE_BYTES

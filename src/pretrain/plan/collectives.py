@@ -13,7 +13,8 @@ from .explain import Explain
 from .hardware import memory_bandwidth_gbps
 
 if TYPE_CHECKING:
-    from ..config.schema import Config, TrainConfig
+    from ..config.job_sections import TrainConfig
+    from ..config.schema import Config
     from .params import ParamCounts
 
 BANDWIDTH_EFFICIENCY = 0.8  # of a data-sheet HBM / NVLink / network rate

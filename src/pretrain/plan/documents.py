@@ -29,7 +29,9 @@ from ..config import mixture_sources
 from .explain import Explain
 
 if TYPE_CHECKING:
-    from ..config.schema import Config, ModelConfig, TrainConfig
+    from ..config.job_sections import TrainConfig
+    from ..config.model_section import ModelConfig
+    from ..config.schema import Config
 
 
 def position_reset(m: ModelConfig, t: TrainConfig) -> bool:

@@ -34,7 +34,7 @@ import re
 from typing import TYPE_CHECKING, Any, cast
 
 from ..config import replaced
-from ..config.schema import RECOMPUTE
+from ..config.job_sections import RECOMPUTE
 from ..config.trainable import check_trainable
 from ..errors import ConfigError
 from ..units import GiB

@@ -8,7 +8,7 @@ import math
 from typing import TYPE_CHECKING, Any, cast
 
 from ..config import replaced
-from ..config.schema import RECOMPUTE
+from ..config.job_sections import RECOMPUTE
 from ..errors import ConfigError
 
 if TYPE_CHECKING:

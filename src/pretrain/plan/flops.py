@@ -34,7 +34,8 @@ from .explain import Explain
 from .params import expert_width, moe_layers
 
 if TYPE_CHECKING:
-    from ..config.schema import Config, ModelConfig
+    from ..config.model_section import ModelConfig
+    from ..config.schema import Config
     from .params import ParamCounts
 
 

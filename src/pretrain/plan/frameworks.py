@@ -46,7 +46,8 @@ from .hardware import device_memory_bytes
 from .params import param_shapes
 
 if TYPE_CHECKING:
-    from ..config.schema import Config, ModelConfig
+    from ..config.model_section import ModelConfig
+    from ..config.schema import Config
 
 FRAMEWORKS = ("pretrain", "megatron", "deepspeed", "zero-paper")
 

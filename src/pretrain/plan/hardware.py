@@ -12,7 +12,7 @@ from ..files import read_json
 from ..gpus import COMPUTE_DTYPE, gpu_spec
 
 if TYPE_CHECKING:
-    from ..config.schema import HardwareConfig
+    from ..config.planner_sections import HardwareConfig
 
 
 def load_profile(path: str | Path) -> dict[str, Any]:

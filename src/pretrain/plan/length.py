@@ -21,7 +21,8 @@ from .explain import Explain, fmt
 from .schedule import steps_for_tokens, tokens_for_steps, warmup_steps
 
 if TYPE_CHECKING:
-    from ..config.schema import Config, TrainConfig
+    from ..config.job_sections import TrainConfig
+    from ..config.schema import Config
 
 CHINCHILLA_TOKENS_PER_PARAM = 20
 # The step-time model's own error, measured: predicted / measured tokens/s per GPU on the 41 published runs of

@@ -14,7 +14,8 @@ from .params import numel, padded_vocab_size, param_shapes
 from .stages import chunks_per_stage, param_stages, stage_param_shapes
 
 if TYPE_CHECKING:
-    from ..config.schema import Config, ModelConfig
+    from ..config.model_section import ModelConfig
+    from ..config.schema import Config
 
 # Tensor parallelism as the trainer splits the model (distributed/tensor_parallel.py): the q/k/v and MLP up (gate
 # and up) projections, the embedding and the output layer by rows (output features; vocabulary), the attention

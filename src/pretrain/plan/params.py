@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from ..config.schema import padded_vocab_size
 
 if TYPE_CHECKING:
-    from ..config.schema import ModelConfig
+    from ..config.model_section import ModelConfig
 
 
 @dataclass(frozen=True)

@@ -69,6 +69,6 @@ def shape_keys(h: int, layers: int, vocab_size: int, max_seq_len: int) -> dict[s
 
 
 def shape_params(keys: dict[str, Any]) -> ParamCounts:
-    from ..config.schema import ModelConfig
+    from ..config.model_section import ModelConfig
 
     return count_params(ModelConfig(**keys))  # every other key at its default: a dense LLaMA block

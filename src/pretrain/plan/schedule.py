@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import ConfigError
 
 if TYPE_CHECKING:
-    from ..config.schema import TrainConfig
+    from ..config.job_sections import TrainConfig
 
 
 def micro_batches_per_step(

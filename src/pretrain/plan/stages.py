@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 from .params import param_shapes
 
 if TYPE_CHECKING:
-    from ..config.schema import ModelConfig, ParallelConfig
+    from ..config.job_sections import ParallelConfig
+    from ..config.model_section import ModelConfig
 
 
 def stage_layers(num_layers: int, stages: int) -> list[range]:

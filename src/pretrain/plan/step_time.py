@@ -97,7 +97,10 @@ from .pipeline_time import pipeline_time
 from .traffic import eager_elementwise_traffic, kept_tensor_traffic, weight_reads
 
 if TYPE_CHECKING:
-    from ..config.schema import Config, HardwareConfig, ModelConfig, ParallelConfig, TrainConfig
+    from ..config.job_sections import ParallelConfig, TrainConfig
+    from ..config.model_section import ModelConfig
+    from ..config.planner_sections import HardwareConfig
+    from ..config.schema import Config
     from ..gpus import GpuSpec
     from .params import ParamCounts
 

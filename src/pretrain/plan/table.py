@@ -10,7 +10,8 @@ from ..units import human as count
 from .length import token_dtype
 
 if TYPE_CHECKING:
-    from ..config.schema import Config, ModelConfig
+    from ..config.model_section import ModelConfig
+    from ..config.schema import Config
 
 
 def si_bytes(n: float) -> str:

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any
 from .activations import COMPUTE_BYTES, activation_bytes, residual_bytes
 
 if TYPE_CHECKING:
-    from ..config.schema import ModelConfig, ParallelConfig, TrainConfig
+    from ..config.job_sections import ParallelConfig, TrainConfig
+    from ..config.model_section import ModelConfig
 
 
 def weight_reads(t: TrainConfig) -> int:

@@ -12,7 +12,7 @@ import io
 from pathlib import Path
 
 from ..config import mixture_sources
-from ..config.schema import DataConfig
+from ..config.job_sections import DataConfig
 from ..errors import ConfigError
 from ..plan.corpus import MAX_EPOCHS
 from ..plan.mixture import read_counts

@@ -14,7 +14,7 @@ import statistics
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..config.schema import StabilityConfig
+    from ..config.trainer_sections import StabilityConfig
 
 
 class SpikeDetector:

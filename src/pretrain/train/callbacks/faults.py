@@ -22,7 +22,7 @@ from ..state import Asks, StepResult
 from . import Callback, TrainerView
 
 if TYPE_CHECKING:
-    from ...config.schema import DebugConfig
+    from ...config.trainer_sections import DebugConfig
 
 
 class FaultInjection(Callback):

@@ -10,7 +10,7 @@ import math
 from pathlib import Path
 
 from ...config import mixture_sources
-from ...config.schema import DataConfig
+from ...config.job_sections import DataConfig
 from ...data.mixture import cap_windows, source_epochs
 from ...plan.corpus import MAX_EPOCHS
 from ..state import StepResult

@@ -16,7 +16,7 @@ from ..state import Asks, StepResult, TrainingStopped
 from . import Callback, TrainerView
 
 if TYPE_CHECKING:
-    from ...config.schema import StabilityConfig
+    from ...config.trainer_sections import StabilityConfig
 
 
 class Stability(Callback):

@@ -11,7 +11,8 @@ from typing import Any
 import yaml
 
 from ...config import mixture_sources
-from ...config.schema import Config, DataConfig
+from ...config.job_sections import DataConfig
+from ...config.schema import Config
 from ...errors import UsageError
 
 # The model keys that decide which tensors exist and their shapes (the rest: dropout, init, RoPE base, ...
