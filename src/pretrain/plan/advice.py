@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from ..config.schema import shown_value
 from ..gpus import COMPUTE_DTYPE, gpu_spec
 from ..units import GiB, human
-from .activations import COMPUTE_BYTES
+from .activation_terms import COMPUTE_BYTES
 from .corpus import MAX_EPOCHS, epochs_advice
 from .fit_fixes import MAX_GPUS, fit_fixes
 from .fp8 import advice as fp8_advice

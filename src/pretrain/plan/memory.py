@@ -37,11 +37,12 @@ from typing import TYPE_CHECKING, Any
 from ..config import compile_enabled
 from ..gpus import gpu_spec, mixed_precision
 from ..units import gib
-from .activations import activation_bytes, routed_load
+from .activations import activation_bytes
 from .explain import Explain
 from .hardware import device_memory_bytes
 from .kernels import planned_document_kernel, planned_native_gqa
 from .model_states import model_state_tensors, zero_paper_bytes
+from .moe_activations import routed_load
 from .phases import PHASES, cuda_context, held_gradients, loss_part, nccl_buffers, resident, step_phases
 from .stages import chunk_indices, chunks_per_stage, stage_layers
 
