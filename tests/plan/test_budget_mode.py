@@ -7,13 +7,8 @@ import pytest
 
 from pretrain.config import load_config
 from pretrain.plan import make_plan, plan_with_explain
-from pretrain.plan.budget_mode import (
-    INFERENCE_AWARE_SHRINK,
-    approach_3_optimum,
-    chinchilla_loss,
-    llama_shape,
-    spendable_compute,
-)
+from pretrain.plan.budget_mode import INFERENCE_AWARE_SHRINK, spendable_compute
+from pretrain.plan.scaling import approach_3_optimum, chinchilla_loss, llama_shape
 from support import run_cli
 
 A100_14_DAYS = ["budget.days=14", "parallel.gpus=8", "hardware.gpu=a100-80gb"]

@@ -5,8 +5,8 @@ import pytest
 
 from pretrain.config import load_config
 from pretrain.plan import make_plan
-from pretrain.plan.advice import context_advice
 from pretrain.plan.fit import fit
+from pretrain.plan.long_context import context_advice
 from support import run_cli
 
 LLAMA31_128K = ["model.preset=llama3.1-8b", "train.seq_len=131072", "parallel.gpus=64", "hardware.gpu=h100-sxm"]

@@ -92,7 +92,7 @@ def _chunk(h, w, y, vocab_size: int | None, grad_hidden, grad_weight, scratch):
         probs = torch.sub(logits, lse[:, None], out=_view(scratch, shape, torch.float32) if full else logits).exp_()
         probs[torch.arange(y.shape[0], device=y.device), y] -= 1.0  # softmax - onehot: dL_sum/dz
         g = probs if full else _cast(probs, _view(scratch, shape, h.dtype), h.dtype)
-        del logits, probs  # the fp32 chunk goes before the weight's product is made (pretrain.plan.activations)
+        del logits, probs  # the fp32 chunk goes before the weight's product is made (pretrain.plan.loss_terms)
         torch.mm(g, w, out=grad_hidden)
         if grad_weight.dtype == g.dtype:  # accumulated inside the matmul: no V x h temporary
             torch.addmm(grad_weight, g.t(), h, out=grad_weight)

@@ -12,9 +12,7 @@ terms are that count redone for what `pretrain.model` really keeps (checked tens
     QK-norm too, per head of q and k, and never recomputed).
   - Under autocast each matmul keeps its own half-precision copy of its input; SwiGLU keeps the fused
     gate|up output, silu(gate) and the product (4 * b*s*H' where GELU keeps 2 * b*s*H').
-  - The loss (`loss_terms`): the plain one keeps the fp32 log-softmax over the vocabulary (4 * b*s*V bytes,
-    for a 128K vocabulary larger than several layers); the chunked one only the two gradients it computed in
-    forward, b*s*h + V*h elements.
+  - The output layer and loss: pretrain.plan.loss_terms.
 Document masking (`documents`: the kernel, pretrain.plan.kernels): each block keeps eager attention's inverted
 (b, 1, s, s) bool mask, SDPA's additive mask (a x b*s*s) made from it, or the CPU loop's per-document outputs;
 reset positions gather the rotary tables per token (b*s rows); recomputation holds mask and tables.
@@ -29,13 +27,8 @@ tensors as eager, the output projection's output and the MLP's up output and dow
 x, no fp32 residual stream, no SiLU(gate). With selective recomputation it honours the policy's tags: eager
 mode's tensors. Dropout masks and `train.attention: eager`, not measured compiled, are counted as eager.
 For Llama-3.2-1B's block (bf16-mixed, seq 2048): 0.70x the eager bytes without recomputation.
-Mixture-of-Experts blocks keep, instead of the MLP's terms, the router's fp32 probabilities (b*s*E) and its
-top-k weights and expert ids, and per routed token (b*s*k of them) its gathered input, the expert's SwiGLU
-terms at width H_e and its output before the weighted sum; the shared experts keep the MLP's terms at
-num_shared_experts x H_e. With expert parallelism a rank computes the tokens every rank of its group sends to
-its experts: the busiest rank is counted at `plan.routing_imbalance` x the mean (the busiest expert's ratio, an
-upper bound for a rank of several experts). Dropless, one rank holding every expert computes b*s*k routed
-tokens whatever the imbalance. Under torch.compile the MoE terms are counted as eager (not measured compiled).
+Mixture-of-Experts blocks keep, instead of the MLP's terms, the router's and the routed tokens' tensors
+(pretrain.plan.moe_activations).
 Tensor parallelism divides the attention and MLP terms by t; the norm terms are divided only with sequence
 parallelism, as in Korthikanti et al. Pipeline parallelism (1F1B): the first stage holds min(p, m)
 micro-batches of L/p layers in flight.
@@ -46,12 +39,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..gpus import mixed_precision
+from .activation_terms import COMPUTE_BYTES, AddTerm, Term, rank_bytes, residual_bytes
 from .documents import position_reset
-from .params import expert_width, padded_vocab_size
+from .loss_terms import loss_terms
+from .moe_activations import moe_terms
 from .stages import chunk_indices, chunks_in_flight, chunks_per_stage, stage_layers
 from .stages import in_flight as stage_in_flight
 
@@ -59,26 +52,7 @@ if TYPE_CHECKING:
     from ..config.job_sections import ParallelConfig, TrainConfig
     from ..config.model_section import ModelConfig
 
-COMPUTE_BYTES = {"fp32": 4, "fp16-mixed": 2, "bf16-mixed": 2, "bf16": 2, "fp8": 2}
 HELD_INPUT = "block input (held by recomputation)"
-AddTerm = Callable[..., None]  # add(name, nbytes, formula, sharded=True): one Term of a layer
-
-
-def residual_bytes(t: TrainConfig, parallel: ParallelConfig) -> int:
-    """Bytes per element of the residual stream. Autocast leaves the embedding output, and so every residual
-    add, in fp32; pure bf16, FSDP's mixed precision (which casts the parameters) and train.half_residual (the
-    embedding's output cast) keep it in bf16."""
-    if t.precision == "bf16" or (mixed_precision(t.precision) and (parallel.fsdp or t.half_residual)):
-        return 2
-    return 4
-
-
-@dataclass
-class Term:
-    name: str
-    bytes: int
-    formula: str
-    sharded: bool  # divided by the tensor-parallel degree (norm terms only with sequence parallelism)
 
 
 def layer_terms(
@@ -205,7 +179,7 @@ def _mlp_terms(
     """What the feed-forward half of a block keeps (no recomputation)."""
     I, llama = m.intermediate_size, m.family == "llama"
     if m.num_experts:
-        _moe_terms(add, m, parallel, bs, a, recompute, imbalance)
+        moe_terms(add, m, parallel, bs, a, recompute, imbalance)
     elif compiled:  # SiLU(gate) is remade from gate|up in backward
         if llama:
             add("gate|up output", a * bs * 2 * I, f"{a} x b*s*2H'")
@@ -244,47 +218,11 @@ def _selective_terms(
         else:
             add("attention output (the output projection's input)", a * bs * qw, f"{a} x b*s*q {qw}")
     if m.num_experts:
-        _moe_terms(add, m, parallel, bs, a, "selective", imbalance)
+        moe_terms(add, m, parallel, bs, a, "selective", imbalance)
     elif m.family == "llama":
         add("gate|up output", a * bs * 2 * I, f"{a} x b*s*2H'")
     else:
         add("fc output", a * bs * I, f"{a} x b*s*H'")
-
-
-def routed_load(m: ModelConfig, parallel: ParallelConfig, imbalance: float) -> float:
-    """The busiest rank's routed tokens over b*s*k: `imbalance` under expert parallelism (at most what the group
-    can send it: ep ranks' tokens, each to min(k, E/ep) of its experts), 1 with every expert on the rank."""
-    ep = parallel.expert
-    if ep == 1:
-        return 1.0
-    return min(imbalance, ep * min(m.experts_per_token, m.num_experts // ep) / m.experts_per_token)
-
-
-def _moe_terms(
-    add: AddTerm, m: ModelConfig, parallel: ParallelConfig, bs: int, a: int, recompute: str, imbalance: float
-) -> None:
-    """An MoE block's feed-forward terms (module docstring); experts are not split over tensor ranks."""
-    E, k, He, h = m.num_experts, m.experts_per_token, expert_width(m), m.hidden_size
-    load = routed_load(m, parallel, imbalance)
-    tokens = int(bs * k * load)
-    at = f" x load {load:.3g}" if load != 1 else ""
-    add("router fp32 probabilities", 4 * bs * E, f"4 x b*s*E {E}", sharded=False)
-    add("top-k weights and expert ids", 12 * bs * k, f"12 x b*s*k {k}", sharded=False)
-    add("routed tokens: expert inputs and outputs", 2 * a * tokens * h, f"2 x {a} x b*s*k*h{at}", sharded=False)
-    swiglu = 3 if recompute == "selective" else 4  # selective remakes silu(gate) from gate|up
-    add(
-        "routed tokens: gate|up output, silu(gate), down input",
-        swiglu * a * tokens * He,
-        f"{swiglu} x {a} x b*s*k*H_e {He}{at}",
-        sharded=False,
-    )
-    if m.num_shared_experts:
-        width = m.num_shared_experts * He
-        add(
-            "shared experts: gate|up output, silu(gate), down input",
-            swiglu * a * bs * width,
-            f"{swiglu} x {a} x b*s*{width}",
-        )
 
 
 def _compiled_norms(add: AddTerm, llama: bool, a: int, r: int, bs: int, h: int) -> None:
@@ -326,76 +264,6 @@ def once_terms(
     return terms
 
 
-def loss_terms(m: ModelConfig, t: TrainConfig, parallel: ParallelConfig, b: int) -> dict[str, list[Term]]:
-    """The output layer and loss (pretrain.model.loss) for b sequences: {"kept": what stays from forward to
-    backward, "forward": the working set on top of it at the end of forward, "backward": on top of it while
-    the loss's backward runs}. a: compute bytes, r: residual (final-norm output) bytes, V-sized terms split
-    over tensor ranks; Vp: the vocabulary padded to model.pad_vocab_to (the output matmul's rows), V the real
-    one (the softmax's).
-    plain (`train.loss: plain`), logits z = h W^T over all b*s tokens at once:
-      kept       8 x b*s (target ids) + a x b*s*h (the output matmul's input) + 4 x b*s*V (fp32
-                 log-softmax) + 4 (loss scalar)
-      forward    a x b*s*Vp (the logits) + 4 x b*s*V (their fp32 copy, or in fp32 the copy that slicing off
-                 padded rows makes; none in fp32 unpadded)
-      backward   8 x b*s*V: the gradient of the log-softmax and of the logits, both fp32, beside the kept
-                 log-softmax: 12 x b*s*V at once.
-    chunked (`train.loss: chunked`), c = min(train.loss_chunk_tokens, b*s) tokens at a time, its gradients
-    made in forward:
-      kept       a x b*s*h (dL/dh) + g x Vp*h (dL/dW in the matmul dtype, g = a; fp32 under fp16: g = 4)
-      forward    r x b*s*h (its input, the final norm's output, not kept) + a chunk: 8 x c*Vp (its fp32
-                 logits and an fp32 scratch of their size, made once for all chunks, which holds in turn the
-                 half-precision product, logsumexp's temporary and the chunk's gradient), or under fp16 the
-                 scratch 4 x c*Vp beside the gradient's product with h, a x Vp*h, if larger
-                 (elsewhere the product accumulates in place); + a x Vp*h when the weight is cast for the
-                 matmul (autocast), + a x c*h when the chunk of h is
-      backward   r x b*s*h + w x Vp*h: the scaled gradients handed to autograd (w: the weight's bytes).
-    """
-    s, h, V, Vp = t.seq_len, m.hidden_size, m.vocab_size, padded_vocab_size(m)
-    a, r = COMPUTE_BYTES[t.precision], residual_bytes(t, parallel)
-    bs = b * s
-    if t.loss == "plain":
-        kept = [
-            Term("target ids", 8 * bs, "8 x b*s (int64)", False),
-            Term("output matmul input", a * bs * h, f"{a} x b*s*h", False),
-            Term("fp32 log-softmax of the loss", 4 * bs * V, "4 x b*s*V", True),
-            Term("loss scalar", 4, "4", False),
-        ]
-        forward = [Term("loss logits", a * bs * Vp, f"{a} x b*s*{'Vp' if Vp != V else 'V'}", True)]
-        if a != 4 or Vp != V:
-            forward.append(Term("loss logits in fp32", 4 * bs * V, "4 x b*s*V", True))
-        backward = [
-            Term("loss backward: fp32 gradients of the log-softmax and the logits", 8 * bs * V, "8 x b*s*V", True)
-        ]
-        return {"kept": kept, "forward": forward, "backward": backward}
-    c = min(t.loss_chunk_tokens, bs)
-    v = "Vp" if Vp != V else "V"
-    weight = 2 if t.precision == "bf16" or (mixed_precision(t.precision) and parallel.fsdp) else 4
-    g = 4 if t.precision == "fp16-mixed" else a
-    kept = [
-        Term("loss: dL/dh", a * bs * h, f"{a} x b*s*h", False),
-        Term("loss: dL/dW of the output layer", g * Vp * h, f"{g} x {v}*h", True),
-    ]
-    # The chunk's fp32 logits and the fp32 scratch of the same size (logsumexp's temporary: logits - max).
-    if g != a:  # fp16: or the scratch, which holds the chunk's gradient, beside its product with h
-        chunk = max(8 * c * Vp, 4 * c * Vp + a * Vp * h)
-        chunk_formula = f"max(8 x c*{v}, 4 x c*{v} + {a} x {v}*h)"
-    else:
-        chunk, chunk_formula = 8 * c * Vp, f"8 x c*{v}"
-    forward = [
-        Term("loss input h", r * bs * h, f"{r} x b*s*h", False),
-        Term(f"loss chunk of c={c:,} tokens: logits, logsumexp", chunk, chunk_formula, True),
-    ]
-    if weight != a:
-        forward.append(Term("loss: output weight cast for the matmul", a * Vp * h, f"{a} x {v}*h", True))
-    if r != a:
-        forward.append(Term("loss: chunk of h cast for the matmul", a * c * h, f"{a} x c*h", False))
-    backward = [
-        Term("loss backward: dL/dh scaled", r * bs * h, f"{r} x b*s*h", False),
-        Term("loss backward: dL/dW scaled", weight * Vp * h, f"{weight} x {v}*h", True),
-    ]
-    return {"kept": kept, "forward": forward, "backward": backward}
-
-
 def _overlap(m: ModelConfig, t: TrainConfig, parallel: ParallelConfig, b: int) -> int:
     """Full recomputation: the recomputed block keeps its held input as-is (no second copy) when its first
     norm saves the input itself: LayerNorm always, RMSNorm when the residual stream is already fp32."""
@@ -403,11 +271,6 @@ def _overlap(m: ModelConfig, t: TrainConfig, parallel: ParallelConfig, b: int) -
     if m.family == "gpt2" or r == 4:
         return r * b * t.seq_len * m.hidden_size
     return 0
-
-
-def rank_bytes(terms: list[Term], tensor: int, sequence_parallel: bool) -> int:
-    """One tensor rank's bytes of `terms`: the sharded ones (all of them under sequence parallel) split tensor ways."""
-    return sum(x.bytes // tensor if (x.sharded or sequence_parallel) else x.bytes for x in terms)
 
 
 def activation_bytes(

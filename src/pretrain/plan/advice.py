@@ -28,12 +28,13 @@ from typing import TYPE_CHECKING, Any
 from ..config.key_doc import shown_value
 from ..gpus import COMPUTE_DTYPE, gpu_spec
 from ..units import GiB, human
-from .activations import COMPUTE_BYTES
+from .activation_terms import COMPUTE_BYTES
 from .corpus import MAX_EPOCHS, epochs_advice
 from .fit_fixes import MAX_GPUS, fit_fixes
 from .fp8 import advice as fp8_advice
 from .kernels import planned_native_gqa
 from .length import CHINCHILLA_TOKENS_PER_PARAM
+from .long_context import context_advice
 from .mixture import mixture_advice
 from .traffic import kept_tensor_traffic, weight_reads
 
@@ -53,8 +54,6 @@ WARMUP_MIN_STEPS = 1000  # shorter runs (smoke tests) warm up over more than a f
 # End-to-end MFU: 21-46 % in PaLM's table 3 (GPT-3, Gopher, MT-NLG, PaLM), 52 % for Megatron-LM at 1T parameters
 # (Narayanan et al. 2021).
 MFU_RANGE = (0.3, 0.55)
-# Windows from this length on are long context: Llama 3 trained at 8K, then extended to 128K in stages (sec. 3.4.2)
-LONG_CONTEXT = 32_768
 
 # GPT-3 (Brown et al. 2020, table 2.1): parameters, batch size in tokens, peak learning rate. The table's
 # "0.5M", "1M", "2M", "3.2M" are 256, 512, 1024 and 1536 sequences of 2048 tokens.
@@ -324,43 +323,6 @@ def _bandwidth(c: Config, p: dict[str, Any]) -> list[str]:
         f"({peak:g} TFLOP/s / {bandwidth:,.0f} GB/s): memory-bandwidth-bound, the assumed "
         f"utilisation is out of reach; {fix}"
     ]
-
-
-def context_advice(c: Config) -> list[str]:
-    """The long-context lines: `pretrain plan` prints them among the advice and `--fit` under its table."""
-    m, s = c.model, c.train.seq_len
-    lines = []
-    if s >= LONG_CONTEXT and not c.train.document_masking:
-        lines.append(
-            f"context: windows of {s:,} tokens pack many documents, and every token attends across their "
-            "boundaries to unrelated text; Llama 3 masks attention to each document and found it important "
-            "for training on very long sequences (Dubey et al. 2024, sec. 3.2): mask documents "
-            "(train.document_masking)"
-        )
-    if m.family != "llama":
-        return lines
-    scaling = m.rope_scaling or {}
-    factor = scaling.get("factor", 1.0)
-    # The slowest rotary dimension, theta^(-(d-2)/d), turns once per this many positions; the scaling slows it
-    # by its factor (llama3 and yarn both divide the lowest frequencies by it).
-    wavelength = 2 * math.pi * m.rope_theta ** ((m.head_dim - 2) / m.head_dim) * factor
-    if wavelength < s:
-        lines.append(
-            f"rope: RoPE's slowest dimension turns once every {wavelength:,.0f} tokens (2 pi x rope_theta "
-            f"{m.rope_theta:g}^((d-2)/d){f' x factor {factor:g}' if scaling else ''}), fewer than the "
-            f"{s:,} of a window: distant positions alias; raise model.rope_theta (Llama 3: 500000, Xiong "
-            "et al. 2023 raise it for long context) or set model.rope_scaling"
-        )
-    # YaRN's factor is the extension itself (transformers warns when it is not max_position_embeddings over the
-    # original); Llama 3.1's is not (factor 8 of 8K, trained to 128K).
-    stretched = factor * scaling.get("original_max_position_embeddings", 0)
-    if scaling.get("rope_type") == "yarn" and s > stretched:
-        lines.append(
-            f"rope: train.seq_len {s:,} is beyond the {stretched:,.0f} positions YaRN stretches RoPE to "
-            f"(factor {factor:g} x original_max_position_embeddings "
-            f"{scaling['original_max_position_embeddings']:,}); raise its factor or shorten the windows"
-        )
-    return lines
 
 
 # --- does not fit: search for the cheapest change --------------------------------------------------------

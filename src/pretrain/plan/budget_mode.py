@@ -2,10 +2,9 @@
 
 Compute: C = GPU-seconds x 6N x the tokens one GPU trains per second, by the plan's own time of the candidate
 model's config (pretrain.plan.length.tokens_per_gpu_second: the step-time model, or hardware.mfu / hfu when
-given), so that the plan of the model chosen takes the budget's time (GPU-seconds = gpu_hours x 3,600, days x
-86,400 x parallel.gpus, or cost / hardware.price_per_gpu_hour x 3,600). The speed depends on the model and the
-model on the compute: from the config as given, the shape is chosen again at its own speed until it stays
-the same (ROUNDS at most).
+given), so that the plan of the model chosen takes the budget's time (the GPU-seconds and what each buys:
+pretrain.plan.budget_compute). The speed depends on the model and the model on the compute: from the config as
+given, the shape is chosen again at its own speed until it stays the same (ROUNDS at most).
 Compute-optimal size: Hoffmann et al. 2022 ("Training Compute-Optimal Large Language Models"), approaches 1
 and 2 (their table 2: N_opt ~ C^a with a = 0.50 and 0.49, D_opt ~ C^b with b = 0.50 and 0.51), taken as
 a = b = 0.5 with their ~20 tokens per parameter (table 3) and C = 6 N D:
@@ -28,28 +27,32 @@ parameters than approaches 1-2 give: under it, the smaller row can cost next to 
 
 Precedence: the budget chooses the model only when none is given. With model.preset, model.hf_config or a shape
 key away from its default (CHOSEN_KEYS), the model stays and the budget buys its training tokens, by the plan's
-own time: whole optimizer steps at the GPU-seconds each takes. A length given beside a budget
-(train.tokens, max_steps, examples) is refused either way: the budget fixes the tokens itself.
+own time: whole optimizer steps at the GPU-seconds each takes (pretrain.plan.budget_tokens). A length given
+beside a budget (train.tokens, max_steps, examples) is refused either way: the budget fixes the tokens itself.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from ..config import Config, replaced, resolve
-from ..config.checks import LARGEST
 from ..errors import ConfigError
 from ..units import GiB
+from .budget_compute import (
+    NO_BUDGET,
+    budget_key,
+    converted_at,
+    flops_per_gpu_second,
+    gpu_seconds,
+    refuse_outside,
+)
+from .budget_tokens import buy_tokens
 from .explain import Explain
-from .flops import basis, flops
 from .hardware import peak_tflops
-from .length import CHINCHILLA_TOKENS_PER_PARAM, ramp_args, storage_bytes, tokens_per_gpu_second, training_length
-from .params import count_params
+from .length import CHINCHILLA_TOKENS_PER_PARAM, storage_bytes
 from .scaling import WIDTHS, approach_3_optimum, chinchilla_loss, llama_shape, shape_keys, shape_params
-from .schedule import tokens_for_steps
-from .step_time import step_time
 
 if TYPE_CHECKING:
     from ..config.schema import Config
@@ -57,7 +60,6 @@ if TYPE_CHECKING:
 # shape -> (its _fit, 6N FLOPs per GPU-second, utilisation, basis); {} for the config as given
 Speed = Callable[[dict[str, Any]], tuple[Any, ...]]
 INFERENCE_AWARE_SHRINK = 2  # half the parameters, twice the tokens
-NO_BUDGET = {"budget.gpu_hours": None, "budget.days": None, "budget.cost": None}  # the chosen config plans plainly
 # The model keys llama_shape chooses (it keeps the vocabulary and the context): one of them away from its
 # default, or a preset or Hugging Face config, is a model the user gave, which a budget does not replace.
 CHOSEN_KEYS = (
@@ -80,10 +82,6 @@ def budget_requested(cfg: Config) -> bool:
     return any(v is not None for v in (b.gpu_hours, b.days, b.cost))
 
 
-def budget_key(cfg: Config) -> str:
-    return next(f"budget.{k}" for k in ("gpu_hours", "days", "cost") if getattr(cfg.budget, k) is not None)
-
-
 def model_given(cfg: Config) -> str | None:
     """The `key=value` that fixes the model (model.preset, model.hf_config, or the first of CHOSEN_KEYS away
     from its default); None when budget mode is to choose it. A shape key given at its default value cannot
@@ -93,37 +91,6 @@ def model_given(cfg: Config) -> str | None:
         return f"model.preset={m.preset}" if m.preset else f"model.hf_config={m.hf_config}"
     key = next((k for k in CHOSEN_KEYS if getattr(m, k) != getattr(DEFAULT_MODEL, k)), None)
     return f"model.{key}={getattr(m, key)}" if key else None
-
-
-def gpu_seconds(cfg: Config) -> tuple[float, str]:
-    b, gpus, price = cfg.budget, cfg.parallel.gpus, cfg.hardware.price_per_gpu_hour
-    if b.gpu_hours is not None:
-        return b.gpu_hours * 3600, f"budget.gpu_hours {b.gpu_hours:,g}"
-    if b.days is not None:
-        return b.days * 86400 * gpus, f"budget.days {b.days:g} x 24 x parallel.gpus {gpus}"
-    return b.cost / price * 3600, f"budget.cost {b.cost:,g} / hardware.price_per_gpu_hour {price:g}"
-
-
-def _in_budget_units(cfg: Config, seconds: float) -> float:
-    """GPU-seconds as the budget key given counts them (gpu_seconds the other way round)."""
-    b = cfg.budget
-    if b.gpu_hours is not None:
-        return seconds / 3600
-    if b.days is not None:
-        return seconds / (86400 * cfg.parallel.gpus)
-    return seconds / 3600 * cfg.hardware.price_per_gpu_hour
-
-
-def _refuse_outside(cfg: Config, seconds: float, low: float, high: float, what: str, utilisation: str) -> None:
-    """One line naming the budget key and the range it supports (low and high in GPU-seconds)."""
-    if low <= seconds <= high:
-        return
-    key = budget_key(cfg)
-    given = getattr(cfg.budget, key.split(".")[1])
-    raise ConfigError(
-        f"{key}: {given:g} {what}; give {key} from {_in_budget_units(cfg, low):.3g} to "
-        f"{_in_budget_units(cfg, high):.3g} (on {cfg.hardware.gpu} at {utilisation})"
-    )
 
 
 def spendable_compute(vocab_size: int, max_seq_len: int) -> tuple[float, float]:
@@ -150,7 +117,7 @@ def apply_budget(cfg: Config, ex: Explain) -> tuple[dict[str, Any], Config]:
     if not peak:
         raise ConfigError(f"budget: {source}; the compute a budget buys needs a peak FLOP/s")
     if given:
-        return _buy_tokens(cfg, given, seconds, how, peak, ex)
+        return buy_tokens(cfg, given, seconds, how, peak, ex)
     shape, speed = _search(cfg, seconds, peak)
     _, per_second, util, what = speed(shape)
     compute = seconds * per_second
@@ -160,7 +127,7 @@ def apply_budget(cfg: Config, ex: Explain) -> tuple[dict[str, Any], Config]:
         "compute_flops",
         compute,
         f"{seconds:.4g} GPU-seconds x {per_second:.4g} FLOPs (6N) per "
-        f"GPU-second of the shape chosen, at {_at(util, util, what)} of {peak} TFLOP/s ({source})",
+        f"GPU-second of the shape chosen, at {converted_at(util, util, what)} of {peak} TFLOP/s ({source})",
     )
     n_opt, d_opt, n_3, best = _compute_optimal(compute, ex)
     optimal = _row(cfg, seconds, n_opt, shape, speed, best, ex, "model")
@@ -247,7 +214,7 @@ def _search(cfg: Config, seconds: float, peak: float) -> tuple[dict[str, Any], S
     def speed(shape: dict[str, Any]) -> tuple[Any, ...]:
         if (key := tuple(shape.items())) not in speeds:
             fit = _fit(cfg, _model_overrides(shape)) if shape else {"config": cfg}
-            speeds[key] = (fit, *_rate(fit["config"], peak))
+            speeds[key] = (fit, *flops_per_gpu_second(fit["config"], peak))
         return speeds[key]
 
     shape, seen, per_second = {}, [], speed({})[1]
@@ -255,10 +222,12 @@ def _search(cfg: Config, seconds: float, peak: float) -> tuple[dict[str, Any], S
         compute = seconds * per_second
         if not low <= compute <= high:  # the ends at their own speed, as configured (no fix searched)
             ends = [
-                _rate(replaced(cfg, {**_model_overrides(_shape_near(cfg, math.sqrt(x / 120))), **NO_BUDGET}), peak)
+                flops_per_gpu_second(
+                    replaced(cfg, {**_model_overrides(_shape_near(cfg, math.sqrt(x / 120))), **NO_BUDGET}), peak
+                )
                 for x in (low, high)
             ]
-            _refuse_outside(
+            refuse_outside(
                 cfg,
                 seconds,
                 low / ends[0][0],
@@ -267,7 +236,7 @@ def _search(cfg: Config, seconds: float, peak: float) -> tuple[dict[str, Any], S
                 f"Chinchilla-optimal N {math.sqrt(compute / 120):.3g} is outside the "
                 f"{math.sqrt(low / 120):.3g} to {math.sqrt(high / 120):.3g} parameters budget mode "
                 "builds",
-                _at(ends[0][1], ends[1][1], ends[0][2]),
+                converted_at(ends[0][1], ends[1][1], ends[0][2]),
             )
             compute = min(max(compute, low), high)
         chosen = _shape_near(cfg, math.sqrt(compute / 120))
@@ -280,96 +249,6 @@ def _search(cfg: Config, seconds: float, peak: float) -> tuple[dict[str, Any], S
 
 def _shape_near(cfg: Config, n: float) -> dict[str, Any]:
     return llama_shape(n, cfg.model.vocab_size, cfg.model.max_seq_len)
-
-
-def _buy_tokens(
-    cfg: Config, given: str, seconds: float, how: str, peak: float, ex: Explain
-) -> tuple[dict[str, Any], Config]:
-    """The model given, trained on the whole optimizer steps the budget's GPU-seconds buy at the plan's own
-    time (pretrain.plan.length.tokens_per_gpu_second: the step-time model, or hardware.mfu / hfu when given)."""
-    counts = count_params(cfg.model)
-    per_second, util, what = _rate(cfg, peak)
-    token_seconds = 6 * counts.total / per_second  # GPU-seconds per token
-    step = training_length(cfg, counts.total)["tokens_per_step"]
-    step_seconds = step * token_seconds  # GPU-seconds of one (full) optimizer step
-    steps = int(seconds / step_seconds)
-    tokens = tokens_for_steps(steps, **ramp_args(cfg))  # a batch ramp's first steps are smaller
-    # At least one optimizer step, at most what train.tokens holds (int64).
-    _refuse_outside(
-        cfg,
-        seconds,
-        step_seconds,
-        LARGEST * token_seconds,
-        f"buys {tokens:,} tokens of the model given ({given}), "
-        + ("less than one optimizer step" if steps < 1 else "more than train.tokens holds"),
-        _at(util, util, what),
-    )
-    n = counts.total
-    compute = seconds * per_second
-    n_3 = approach_3_optimum(6 * n * tokens)
-    best = chinchilla_loss(n_3, tokens * n / n_3)
-    loss = chinchilla_loss(n, tokens)
-    ex.add("budget", "gpu_hours", seconds / 3600, how)
-    ex.add(
-        "budget",
-        "model_given",
-        given,
-        "the budget buys this model's tokens (it chooses a model only when none is given)",
-    )
-    ex.add(
-        "budget",
-        "model_tokens",
-        tokens,
-        f"floor({seconds:.4g} GPU-seconds / {step_seconds:.4g} GPU-seconds "
-        f"per step) = {steps:,} steps of {step:,} tokens, a token taking {token_seconds:.4g} GPU-seconds at "
-        f"{_at(util, util, what)}, the plan's time",
-    )
-    ex.add(
-        "budget",
-        "loss",
-        loss,
-        f"1.69 + 406.4 / {n:.4g}^0.34 + 410.7 / {tokens:.4g}^0.28 (Hoffmann et al. 2022, approach 3)",
-    )
-    ex.add(
-        "budget",
-        "loss_penalty",
-        loss - best,
-        f"{loss:.4f} - {best:.4f}, the fit's optimum for C = 6ND {6 * n * tokens:.4g} (at {n_3:.4g} params)",
-    )
-    entry = {
-        "gpu_hours": seconds / 3600,
-        "compute_flops": compute,
-        "model_given": given,
-        "model_params": n,
-        "model_tokens": tokens,
-        "loss": loss,
-        "loss_penalty": loss - best,
-        "loss_optimum": best,
-        "approach_3_params": n_3,
-        "method": "tokens = the whole optimizer steps the GPU-seconds buy at the "
-        "plan's time (the step-time model, or hardware.mfu / hfu when given); loss from Hoffmann et al. "
-        "2022's approach 3",
-        "overrides": {"train.tokens": tokens, **NO_BUDGET},
-    }
-    return entry, replaced(cfg, entry["overrides"])
-
-
-def _rate(c: Config, peak: float) -> tuple[float, float, str]:
-    """(6N FLOPs one GPU-second buys for config `c`, the utilisation behind it, its basis): 6 x parameters x the
-    tokens a GPU trains per second in the plan's time of `c` (the step-time model, or hardware.mfu / hfu)."""
-    counts = count_params(c.model)
-    fl = flops(c, counts, 1, Explain())
-    model_pt, hardware_pt, _ = basis(c, fl)
-    step = cast(dict, step_time(c, counts, fl, peak))  # a dict: there is a peak
-    per_gpu, util, what = tokens_per_gpu_second(c, model_pt, hardware_pt, peak, step)
-    return 6 * counts.total * per_gpu, util, what
-
-
-def _at(low: float, high: float, what: str) -> str:
-    """The utilisation a budget was converted at, for the messages: "the step-time model's MFU 0.41"."""
-    if what.startswith("hardware."):
-        return f"{what.split(' ')[0]} {low:g}"
-    return f"the step-time model's MFU {low:.3g}" + (f"-{high:.3g}" if high != low else "")
 
 
 def _model_overrides(shape: dict[str, Any]) -> dict[str, Any]:
@@ -413,7 +292,7 @@ def _row(
         f"{name}.tokens",
         tokens,
         f"{seconds:.4g} GPU-seconds x {per_second:.4g} FLOPs per GPU-second "
-        f"({_at(util, util, what)}) / (6 x {n:,}) = {tokens / n:.1f} tokens per parameter",
+        f"({converted_at(util, util, what)}) / (6 x {n:,}) = {tokens / n:.1f} tokens per parameter",
     )
     ex.add(
         "budget",

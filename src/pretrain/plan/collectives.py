@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..gpus import gpu_spec, mixed_precision
-from .activations import COMPUTE_BYTES
+from .activation_terms import COMPUTE_BYTES
 from .expert_parallel import rank_params
 from .explain import Explain
 from .hardware import memory_bandwidth_gbps

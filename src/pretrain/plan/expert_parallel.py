@@ -19,8 +19,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .activations import COMPUTE_BYTES, routed_load
+from .activation_terms import COMPUTE_BYTES
 from .explain import Explain
+from .moe_activations import routed_load
 from .params import expert_width, moe_layers
 
 if TYPE_CHECKING:

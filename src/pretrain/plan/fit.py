@@ -38,10 +38,10 @@ from ..config.job_sections import RECOMPUTE
 from ..config.trainable import check_trainable
 from ..errors import ConfigError
 from ..units import GiB
-from .advice import context_advice
 from .explain import Explain
 from .flops import flops
 from .hardware import peak_tflops
+from .long_context import context_advice
 from .memory import memory
 from .params import count_params
 from .step_time import step_time

@@ -8,8 +8,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..gpus import caches_weight_casts, gpu_spec, mixed_precision
-from .activations import activation_bytes, loss_terms, rank_bytes, residual_bytes
+from .activation_terms import rank_bytes, residual_bytes
+from .activations import activation_bytes
 from .kernels import planned_document_kernel, planned_native_gqa
+from .loss_terms import loss_terms
 from .model_states import numel, stage_share
 from .params import param_shapes
 
@@ -290,7 +292,7 @@ def _first_block_gradients(cfg: Config, st: dict[str, Any]) -> int:
 
 
 def loss_part(cfg: Config, b: int, when: str) -> tuple[int, str]:
-    """What the loss holds beside what it keeps (pretrain.plan.activations.loss_terms), `when` "forward" (at
+    """What the loss holds beside what it keeps (pretrain.plan.loss_terms), `when` "forward" (at
     its end) or "backward" (while the loss's backward runs): bytes and the formula."""
     par = cfg.parallel
     terms = loss_terms(cfg.model, cfg.train, par, b)[when]

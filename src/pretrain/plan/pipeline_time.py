@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .activations import COMPUTE_BYTES
+from .activation_terms import COMPUTE_BYTES
 from .collectives import links
 from .explain import Explain
 from .stages import bubble_fraction, chunks_per_stage

@@ -78,7 +78,8 @@ from typing import TYPE_CHECKING, Any
 from ..config import compile_enabled
 from ..gpus import gpu_spec
 from . import fp8
-from .activations import COMPUTE_BYTES, activation_bytes
+from .activation_terms import COMPUTE_BYTES
+from .activations import activation_bytes
 from .collectives import (
     BANDWIDTH_EFFICIENCY,
     OVERLAP_SLOWDOWN,

@@ -6,7 +6,8 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from .activations import COMPUTE_BYTES, activation_bytes, residual_bytes
+from .activation_terms import COMPUTE_BYTES, residual_bytes
+from .activations import activation_bytes
 
 if TYPE_CHECKING:
     from ..config.job_sections import ParallelConfig, TrainConfig
