@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from ..gpus import mixed_precision
 
 if TYPE_CHECKING:
-    from ..config.schema import ParallelConfig, TrainConfig
+    from ..config.job_sections import ParallelConfig, TrainConfig
 
 COMPUTE_BYTES = {"fp32": 4, "fp16-mixed": 2, "bf16-mixed": 2, "bf16": 2, "fp8": 2}
 AddTerm = Callable[..., None]  # add(name, nbytes, formula, sharded=True): one Term of a layer

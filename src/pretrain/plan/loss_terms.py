@@ -16,7 +16,8 @@ from .activation_terms import COMPUTE_BYTES, Term, residual_bytes
 from .params import padded_vocab_size
 
 if TYPE_CHECKING:
-    from ..config.schema import ModelConfig, ParallelConfig, TrainConfig
+    from ..config.job_sections import ParallelConfig, TrainConfig
+    from ..config.model_section import ModelConfig
 
 
 def loss_terms(m: ModelConfig, t: TrainConfig, parallel: ParallelConfig, b: int) -> dict[str, list[Term]]:

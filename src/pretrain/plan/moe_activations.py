@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 from .params import expert_width
 
 if TYPE_CHECKING:
-    from ..config.schema import ModelConfig, ParallelConfig
+    from ..config.job_sections import ParallelConfig
+    from ..config.model_section import ModelConfig
     from .activation_terms import AddTerm
 
 
