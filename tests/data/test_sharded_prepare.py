@@ -21,7 +21,8 @@ from test_prepare_reliability import snapshot
 
 from pretrain.data.loader import PreparedData, RandomWindows
 from pretrain.data.readers import render_encyclopedia
-from pretrain.data.sharded import PARTIAL_MARK, split_files
+from pretrain.data.shard_job import PARTIAL_MARK
+from pretrain.data.sharded import split_files
 from pretrain.errors import UsageError
 from pretrain.lock import exclusive_lock
 from support import tiny
