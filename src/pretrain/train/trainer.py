@@ -115,8 +115,8 @@ class Trainer:
         """`loader` replaces the data directory (e.g. synthetic tokens for `pretrain sweep`); `quiet` writes
         nothing to the run directory; `plan`: this config's plan on this device where the caller has made it
         already (`pretrain sweep`'s cell), else the trainer makes it."""
-        from ..data.loader import RandomWindows
         from ..data.mixture import MixtureWindows
+        from ..data.windows import RandomWindows
 
         c = self.config = launched_config(config, rt, own_data=loader is None)
         t = c.train
@@ -188,8 +188,9 @@ class Trainer:
     def _open_data(self, loader: WindowSource | None) -> None:
         """A mixture's sources (data/mixture.py), each with its data; otherwise None and self.data is data.dir;
         None both with a loader of its own."""
-        from ..data.loader import SequentialWindows, open_training_data
+        from ..data.loader import open_training_data
         from ..data.mixture import open_mixture
+        from ..data.windows import SequentialWindows
 
         c, t, rt = self.config, self.config.train, self.rt
         assert t.seq_len is not None  # launched_config resolved the config: resolve() filled it in
