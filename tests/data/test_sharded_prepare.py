@@ -19,9 +19,11 @@ import psutil
 import pytest
 from test_prepare_reliability import snapshot
 
-from pretrain.data.loader import PreparedData, RandomWindows
+from pretrain.data.loader import PreparedData
 from pretrain.data.readers import render_encyclopedia
-from pretrain.data.sharded import PARTIAL_MARK, split_files
+from pretrain.data.shard_job import PARTIAL_MARK
+from pretrain.data.sharded import split_files
+from pretrain.data.windows import RandomWindows
 from pretrain.errors import UsageError
 from pretrain.lock import exclusive_lock
 from support import tiny
@@ -604,7 +606,7 @@ def test_two_tasks_split_eight_files_four_and_four(tmp_path, bpe_dir, cli):
 
 
 def test_a_damaged_token_names_its_shard_file(tmp_path, corpus, bpe_dir, cli):
-    from pretrain.data.loader import SequentialWindows
+    from pretrain.data.windows import SequentialWindows
 
     out = tmp_path / "out"
     prepare(cli, corpus, bpe_dir, out, "--tasks", 2)

@@ -12,7 +12,8 @@ from support import needs_compiler
 torch = pytest.importorskip("torch")
 
 from pretrain.config import load_config  # noqa: E402
-from pretrain.data.loader import PreparedData, RandomWindows  # noqa: E402
+from pretrain.data.loader import PreparedData  # noqa: E402
+from pretrain.data.windows import RandomWindows  # noqa: E402
 from pretrain.train.prefetch import Prefetcher  # noqa: E402
 
 

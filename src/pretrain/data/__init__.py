@@ -3,7 +3,7 @@
 `train_tokenizer` and `prepare` are what `pretrain tokenizer train` and `pretrain prepare` run;
 `open_training_data` (a checked `PreparedData`), `RandomWindows` and `SequentialWindows` are what the
 trainer reads. Imported lazily, so
-`import pretrain.data` costs nothing (torch is imported by the loader only).
+`import pretrain.data` costs nothing (torch is imported by the windows only).
 """
 
 _EXPORTS = {
@@ -12,8 +12,8 @@ _EXPORTS = {
     "prepare": ".preparation",
     "PreparedData": ".loader",
     "open_training_data": ".loader",
-    "RandomWindows": ".loader",
-    "SequentialWindows": ".loader",
+    "RandomWindows": ".windows",
+    "SequentialWindows": ".windows",
     "write_sample_corpus": ".sample",
 }
 

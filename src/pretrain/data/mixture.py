@@ -30,7 +30,8 @@ import torch
 
 from ..errors import UsageError
 from .hashing import FeistelPermutation, hash64
-from .loader import _batch, _num_windows, open_training_data
+from .loader import open_training_data
+from .windows import count_windows, read_batch
 
 GOLDEN_STEP = np.uint64(0x9E3779B97F4A7C15)  # 2^64 / phi, odd
 SLOT_KEY, SOURCE_KEY = 1 << 40, 1 << 41  # keep the mixture's hashes apart from the Feistel round keys' inputs
@@ -69,7 +70,7 @@ class MixtureWindows:
     ):
         self.sources, self.split = sources, split
         self.seq_len, self.seed, self.rank, self.world_size = seq_len, seed, rank, world_size
-        self.num_windows = [_num_windows(s["data"], split, seq_len, rank, world_size) for s in sources]
+        self.num_windows = [count_windows(s["data"], split, seq_len, rank, world_size) for s in sources]
         self.weights = np.array([s["weight"] for s in sources], dtype=np.float64)
         self.caps = [
             cap_windows(s["max_epochs"], n) if s.get("max_epochs") else None for s, n in zip(sources, self.num_windows)
@@ -87,7 +88,7 @@ class MixtureWindows:
         y = torch.empty_like(x)
         for s in np.unique(source):
             rows = np.flatnonzero(source == s)
-            x[rows], y[rows] = _batch(self.sources[s]["data"], self.split, self._windows(s, k[rows]), self.seq_len)
+            x[rows], y[rows] = read_batch(self.sources[s]["data"], self.split, self._windows(s, k[rows]), self.seq_len)
         for s in set(range(len(self.sources))) - set(source.tolist()):  # a change to a source is found at once,
             self.sources[s]["data"].check(self.split)  # not when its weight next draws from it
         return x, y

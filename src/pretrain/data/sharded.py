@@ -9,62 +9,31 @@ contiguous run of the sorted input files, so the shards in order hold the docume
 them, and the train/validation split is decided per document from its content (encode.is_validation): the
 concatenated shards equal `--tasks 1` byte for byte.
 
-While it runs, everything lives in OUT.partial/ beside --out; an earlier dataset at --out stays usable:
-  .pretrain-partial  written first, removed just before the swap: what marks the directory as this command's
-                  (one without it is a user's, never deleted)
-  job.json        what this build is for (inputs with sizes and mtimes, tokenizer sha256, split, dtype, tasks):
-                  a rerun reuses OUT.partial only when it matches, else starts over
-  tokenizer/      the tokenizer every task reads (copied once, so a task never depends on the source)
-  logs/tokenize/  datatrove's logging_dir of the tokenize tasks (completions/, logs/, stats/)
-  locks/          one lock file per task: a task run twice at once (an array submitted again) runs once
-  shard_00003/    task 3's shard, built as shard_00003.tmp/ (meta.json last) and renamed: a task that crashed
-                  leaves only a .tmp, which the manifest never accepts and the task's rerun deletes
-A rerun first forgets (removes, with its completion mark) every finished shard it cannot use: its meta.json
-lost, a file of the wrong size. When every task is done, `finish` re-hashes every shard against its meta.json,
-writes the manifest (meta.json: the shards, token counts, checksums, tokenizer sha256) and swaps OUT.partial in
-for --out.
+While it runs, everything lives in OUT.partial beside --out (its layout: shard_job.py); an earlier dataset at
+--out stays usable. A rerun first forgets (removes, with its completion mark) every finished shard it cannot
+use: its meta.json lost, a file of the wrong size. When every task is done, `finish` (shard_manifest.py)
+re-hashes every shard against its meta.json, writes the manifest (meta.json: the shards, token counts,
+checksums, tokenizer sha256) and swaps OUT.partial in for --out.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
 from datatrove.pipeline.base import PipelineStep
 
-from .. import __version__
 from ..errors import UsageError
-from ..files import (
-    aside_path,
-    check_output_dir,
-    display_path,
-    hidden_prefix,
-    refuse_foreign,
-    swap_in,
-    write_atomic,
-    writer_lock,
-)
+from ..files import check_output_dir, display_path, hidden_prefix, refuse_foreign, writer_lock
 from ..lock import exclusive_lock
-from .documents import merge_histograms
 from .executors import EXECUTORS, SlurmOptions, refuse_while_slurm_builds, run_local, run_ray, submit_slurm
-from .preparation import MAX_SHOWN, META_VERSION, SPLITS, build_dataset, replaceable_names, resolve_dtype
+from .preparation import SPLITS, build_dataset, replaceable_names, resolve_dtype
 from .readers import Corpus, ReadOptions
-from .sources import RemoteFile, file_name, find_files
+from .shard_job import Job, absolute, forget_unusable_shards, open_work_dir, shard_name
+from .shard_manifest import finish
+from .sources import RemoteFile, find_files
 from .tokenizer import find_tokenizer
-
-PARTIAL_MARK = ".pretrain-partial"  # in OUT.partial from its creation to the swap: it is ours to reuse or delete
-
-
-def shard_name(task: int) -> str:
-    return f"shard_{task:05d}"
-
-
-def completion_mark(work: Path, task: int) -> Path:
-    """datatrove's mark of a finished task (the tokenize tasks' logging_dir is OUT.partial/logs/tokenize)."""
-    return work / "logs" / "tokenize" / "completions" / f"{task:05d}"
 
 
 def split_files(sizes: list[int], tasks: int) -> list[range]:
@@ -146,7 +115,7 @@ def prepare_sharded(
     refuse_while_slurm_builds(slurm_jobs, f"--out {display_path(final)}")
 
     job = Job(
-        files=[[_absolute(corpus.files[i]) for i in r] for r in split_files(corpus.sizes, tasks)],
+        files=[[absolute(corpus.files[i]) for i in r] for r in split_files(corpus.sizes, tasks)],
         work=str(final.with_name(final.name + ".partial")),
         final=str(final),
         seed=seed,
@@ -158,8 +127,8 @@ def prepare_sharded(
         text_field=text_field,
         split_blank_lines=split_blank_lines,
     )
-    _open_work_dir(job, corpus, tok)
-    _forget_unusable_shards(job)
+    open_work_dir(job, corpus, tok)
+    forget_unusable_shards(job)
     if executor == "slurm":
         assert slurm is not None  # _check_arguments refused --executor slurm without its options
         submit_slurm(
@@ -170,27 +139,6 @@ def prepare_sharded(
     run = run_local if executor == "local" else run_ray
     run([TokenizeShard(job)], tasks, workers, str(Path(job.work) / "logs" / "tokenize"))
     return finish(job)
-
-
-@dataclass(frozen=True)
-class Job:
-    """Everything a task needs, pickled into each (datatrove pickles the pipeline for its workers and jobs)."""
-
-    files: list[list[str | RemoteFile]]  # per task, absolute paths (or fsspec URLs) in read order
-    work: str  # OUT.partial
-    final: str  # --out, symlinks resolved
-    seed: int
-    val_fraction: float
-    dtype: str
-    strict: bool
-    fast_path: bool
-    format: str
-    text_field: str
-    split_blank_lines: bool
-
-    @property
-    def read_options(self) -> ReadOptions:
-        return ReadOptions(self.format, self.text_field, self.split_blank_lines)
 
 
 def _check_arguments(
@@ -212,71 +160,6 @@ def _check_arguments(
         )
     if not 0 <= val_fraction < 1:
         raise UsageError(f"--val-fraction {val_fraction} is out of range; give a fraction in [0, 1), e.g. 0.01")
-
-
-def _absolute(path: Path | RemoteFile) -> str | RemoteFile:
-    """A file as every task finds it, whatever its working directory: an absolute path, or the URL."""
-    return path if isinstance(path, RemoteFile) else os.path.abspath(path)
-
-
-def _open_work_dir(job: Job, corpus: Corpus, tok) -> None:
-    """OUT.partial with job.json and tokenizer/: the one a killed run of the same command left, else a new one.
-    An OUT.partial without our mark was not made here (a user's dataset, say): refused, never deleted."""
-    work = Path(job.work)
-    if (work.exists() or work.is_symlink()) and not (work / PARTIAL_MARK).is_file():
-        raise UsageError(
-            f"{display_path(work)} is in the way: `prepare --tasks` builds --out there, and did not make "
-            f"this one (no {PARTIAL_MARK} in it); move it away, then run again"
-        )
-    fingerprint = {
-        "pretrain_version": __version__,
-        "inputs": [
-            {"path": file_name(_absolute(p)), "bytes": p.stat().st_size, "mtime_ns": p.stat().st_mtime_ns}
-            for p in corpus.files
-        ],
-        "tasks": [[file_name(p) for p in files] for files in job.files],
-        "tokenizer_sha256": tok.sha256,
-        "seed": job.seed,
-        "val_fraction": job.val_fraction,
-        "dtype": job.dtype,
-        "strict": job.strict,
-        "fast_path": job.fast_path,
-        "format": job.format,
-        "text_field": job.text_field,
-        "split_blank_lines": job.split_blank_lines,
-    }
-    text = json.dumps(fingerprint, indent=2, ensure_ascii=False) + "\n"
-    job_file = work / "job.json"
-    if job_file.is_file() and job_file.read_text(encoding="utf-8") == text and (work / "tokenizer").is_dir():
-        return  # the same command's unfinished build: its finished tasks are kept
-    shutil.rmtree(work, ignore_errors=True)  # another command's, or a build killed before writing job.json
-    work.mkdir(parents=True)
-    (work / PARTIAL_MARK).write_text(f"made by `pretrain prepare --tasks` for --out {display_path(job.final)}\n")
-    tok.save(work / "tokenizer")
-    write_atomic(job_file, text)  # last: a work dir with job.json is complete enough to resume
-
-
-def _forget_unusable_shards(job: Job) -> None:
-    """A finished shard this run cannot use (its meta.json lost, a file cut short, a directory left without
-    meta.json) is removed with its completion mark, so the executor runs its task again: it is in our own
-    OUT.partial. The checks that read every byte (sha256) wait for `finish`, where every shard is checked."""
-    from .loader import PreparedData
-
-    work = Path(job.work)
-    for task in range(len(job.files)):
-        shard = work / shard_name(task)
-        try:
-            if shard.exists():
-                PreparedData(shard, verify="size")
-            elif completion_mark(work, task).exists():
-                _forget(work, task)
-        except UsageError:
-            _forget(work, task)
-
-
-def _forget(work: Path, task: int) -> None:
-    shutil.rmtree(work / shard_name(task), ignore_errors=True)
-    completion_mark(work, task).unlink(missing_ok=True)
 
 
 class JobStep(PipelineStep):
@@ -356,116 +239,3 @@ class WriteManifest(JobStep):
     def run(self, data=None, rank: int = 0, world_size: int = 1):
         finish(self.job)
         return None
-
-
-def finish(job: Job) -> dict:
-    """The manifest (meta.json) from the shards' meta.json files, written last, then OUT.partial swapped in."""
-    work, final = Path(job.work), Path(job.final)
-    names = [shard_name(i) for i in range(len(job.files))]
-    missing = [n for n in names if not (work / n / "meta.json").is_file()]
-    if missing:
-        raise UsageError(
-            f"{len(missing)} of {len(names)} tasks did not finish ({', '.join(missing[:3])}"
-            f"{' ...' if len(missing) > 3 else ''}; why: "
-            f"{display_path(work / 'logs' / 'tokenize' / 'logs')}/task_NNNNN.log); run the same command "
-            "again: it redoes only those"
-        )
-    _check_shards(work, names)
-    shards = [json.loads((work / n / "meta.json").read_text(encoding="utf-8")) for n in names]
-    meta = manifest(shards, names, (work / "job.json").read_text(encoding="utf-8"))
-    if not sum(meta["num_docs"].values()):
-        raise UsageError(
-            f"no documents in the {sum(len(f) for f in job.files):,} input files (skipped: "
-            f"{meta['skipped']}); check --format, --text-field and --split-blank-lines"
-        )
-    shutil.rmtree(work / "locks", ignore_errors=True)  # every task is done: the tasks' lock files mean nothing
-    write_atomic(work / "meta.json", json.dumps(meta, indent=2, ensure_ascii=False) + "\n")
-    (work / PARTIAL_MARK).unlink(missing_ok=True)  # a dataset now: renamed OUT.partial, never deleted
-    # The old dataset goes aside under the name StagedDirectory gives it, so a crash between the two renames
-    # is undone by the next prepare.
-    swap_in(work, final, aside_path(final))
-    return meta
-
-
-def _check_shards(work: Path, names: list[str]) -> None:
-    """Every shard re-read against its meta.json (sizes, sha256) before it is swapped in: a damaged one (a file
-    changed since its task wrote it) is removed with its completion mark and the swap refused, so the same
-    command again rebuilds only it. One shard per core at a time (hashlib releases the GIL while it hashes)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from .loader import PreparedData
-    from .preparation import default_workers
-
-    def damage(name: str) -> str | None:
-        try:
-            PreparedData(
-                work / name,
-                verify="full",
-                advice="shard removed: run the same command again, it rebuilds only the removed shards",
-            )
-        except UsageError as e:
-            return str(e)
-        return None
-
-    with ThreadPoolExecutor(default_workers()) as pool:
-        errors = {task: error for task, error in enumerate(pool.map(damage, names)) if error}
-    for task in errors:
-        _forget(work, task)
-    if errors:
-        more = f" (and {len(errors) - 1} more damaged, removed too)" if len(errors) > 1 else ""
-        raise UsageError(next(iter(errors.values())) + more)
-
-
-def manifest(shards: list[dict], names: list[str], job_text: str) -> dict:
-    """The top-level meta.json: the keys of a single dataset's (totals), plus the shards in order and each
-    shard's checksums under its relative path."""
-    first = shards[0]
-    for name, shard in zip(names, shards):
-        for key in ("tokenizer_sha256", "dtype", "vocab_size", "eos_id", "seed", "val_fraction"):
-            if shard[key] != first[key]:
-                raise UsageError(
-                    f"{name}/meta.json: {key} {shard[key]!r} differs from {names[0]}'s {first[key]!r}; "
-                    "delete the .partial directory and prepare again"
-                )
-    total = {key: {s: sum(m[key][s] for m in shards) for s in SPLITS} for key in ("num_tokens", "num_docs")}
-    chars, nbytes = sum(m["text_chars"] for m in shards), sum(m["text_bytes"] for m in shards)
-    text_tokens = max(1, sum(total["num_tokens"].values()) - sum(total["num_docs"].values()))
-    encoders = {m["encoder"]["name"] for m in shards}
-    job = json.loads(job_text)
-    return {
-        "version": META_VERSION,
-        "pretrain_version": __version__,
-        "shards": names,
-        "dtype": first["dtype"],
-        "vocab_size": first["vocab_size"],
-        "eos_id": first["eos_id"],
-        **total,
-        "doc_length_histogram": {
-            s: merge_histograms([m.get("doc_length_histogram", {}).get(s, {}) for m in shards]) for s in SPLITS
-        },
-        "sha256": {f"{n}/{s}.bin": m["sha256"][f"{s}.bin"] for n, m in zip(names, shards) for s in SPLITS},
-        "chars_per_token": chars / text_tokens,
-        "bytes_per_token": nbytes / text_tokens,
-        "text_chars": chars,
-        "text_bytes": nbytes,
-        "skipped": {k: sum(m["skipped"][k] for m in shards) for k in first["skipped"]},
-        "skipped_examples": [e for m in shards for e in m["skipped_examples"]][:MAX_SHOWN],
-        "files": [f for m in shards for f in m["files"]],
-        "tokenizer": "tokenizer",
-        "tokenizer_sha256": first["tokenizer_sha256"],
-        "tokenizer_source": first["tokenizer_source"],
-        "encoder": {
-            "name": "tiktoken" if encoders == {"tiktoken"} else "tokenizers",
-            "verified_docs": sum(m["encoder"]["verified_docs"] for m in shards),
-            **(
-                {"shards_on_tokenizers": sum(m["encoder"]["name"] != "tiktoken" for m in shards)}
-                if len(encoders) > 1
-                else {}
-            ),
-        },
-        "seed": first["seed"],
-        "val_fraction": first["val_fraction"],
-        "format": job["format"],
-        "text_field": job["text_field"],
-        "split_blank_lines": job["split_blank_lines"],
-    }

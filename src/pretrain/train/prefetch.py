@@ -19,7 +19,7 @@ DEPTH = 2  # batches read ahead: one in flight to the GPU, one ready behind it
 
 
 class WindowSource(Protocol):
-    """What the trainer reads batches from (data.loader.RandomWindows, data.mixture.MixtureWindows, a sweep's
+    """What the trainer reads batches from (data.windows.RandomWindows, data.mixture.MixtureWindows, a sweep's
     synthetic tokens): (inputs, targets) of a micro-batch, and a position a checkpoint can restore."""
 
     def next_batch(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]: ...

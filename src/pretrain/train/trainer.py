@@ -1,7 +1,8 @@
 """The trainer: builds a run from its config and runs `fit()`, the optimizer steps with callbacks around them.
 
   build    the run's config for this process layout, the data, the model made trainable here
-           (distributed/parallelize.py), the batches (read ahead), the callbacks, its checkpoints
+           (distributed/parallelize.py), the batches (read ahead), the callbacks, its checkpoints: the
+           pieces made by startup.py, kept here as the attributes the callbacks read
   fit      resume or start; then step (step.py) and let every callback act on the result, until the last
            step or a stop request; a final validation pass
 Everything else a run does (metrics, plan vs run, evaluation, checkpoints, loss-spike rollback, preemption)
@@ -18,27 +19,19 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..config import mixture_sources, replaced
 from ..config.trainable import check_trainable
-from ..data.documents import check_document_index
 from ..data.token_files import DataChanged
 from ..distributed.fp8 import check_installed as check_fp8_installed
-from ..gpus import mixed_precision
-from ..model.documents import documents_of_run
-from ..plan import make_plan
 from ..plan.length import training_length
 from ..plan.params import count_params
 from ..plan.schedule import learning_rate, micro_batches_per_step, resumed_schedule
-from ..precision import half_dtype
 from . import plan_check
-from .attention import kernel_context
 from .callbacks import Callback, default_callbacks
 from .callbacks.evaluation import evaluate
 from .callbacks.preemption import preempted
 from .callbacks.spikes import Stability
 from .callbacks.tasks import evaluate_tasks
-from .checkpoint.choice import prune, resume_point
-from .checkpoint.compatibility import check_resume_compatible, stage_change
+from .checkpoint.choice import prune
 from .checkpoint.contents import Checkpoints, Stateful, TensorState
 from .checkpoint.format import read_trainer_state, rng_state
 from .checkpoint.run_dir import RunDir
@@ -47,6 +40,7 @@ from .loggers import check_installed
 from .prefetch import Prefetcher, WindowSource
 from .preflight import check_fits_device
 from .run_log import TrainingLog
+from .startup import claim_run_dir, launched_config, open_data, plan_run, prepared_data, trainable_model, window_source
 from .state import Asks, StepResult, TrainState
 from .step import pipeline_train_step, train_step
 
@@ -56,19 +50,6 @@ if TYPE_CHECKING:
     from ..distributed.engines import Parallelized
     from ..distributed.runtime import Runtime
     from ..model.documents import Documents
-
-
-def launched_config(config: Config, rt: Runtime, own_data: bool) -> Config:
-    """The config this process trains: the world torchrun gives is the truth (steps, batch, the plan), and the
-    data directory is saved absolute (export, generate and resume run from anywhere). A new object: the
-    loaded config is never changed."""
-    data_dir = str(Path(config.data.dir).resolve()) if own_data and config.data.dir else config.data.dir
-    mixture = [{**s, "dir": str(Path(s["dir"]).resolve())} if own_data else s for s in config.data.mixture]
-    return dataclasses.replace(
-        config,
-        parallel=dataclasses.replace(config.parallel, gpus=rt.world_size),
-        data=dataclasses.replace(config.data, dir=data_dir, mixture=mixture),
-    )
 
 
 class Trainer:
@@ -115,9 +96,6 @@ class Trainer:
         """`loader` replaces the data directory (e.g. synthetic tokens for `pretrain sweep`); `quiet` writes
         nothing to the run directory; `plan`: this config's plan on this device where the caller has made it
         already (`pretrain sweep`'s cell), else the trainer makes it."""
-        from ..data.loader import RandomWindows
-        from ..data.mixture import MixtureWindows
-
         c = self.config = launched_config(config, rt, own_data=loader is None)
         t = c.train
         assert t.seq_len is not None  # launched_config resolved the config: resolve() filled it in
@@ -127,12 +105,12 @@ class Trainer:
         self.directory = RunDir(self.run_dir)
         check_trainable(c, needs_data=loader is None)
         self.device_config = plan_check.config_for_device(c, rt)
-        self.plan = plan if plan is not None else self._plan_run()
+        self.plan = plan if plan is not None else plan_run(self.device_config, rt)
         check_fits_device(self.plan, rt)
         check_installed(c.run.loggers)
         check_fp8_installed(t.precision)
-        self._open_data(loader)
-        self._claim_run_dir(quiet)
+        self.mixture, self.data = open_data(c, rt, loader)
+        self.resume_from, self.stage_change, self.history_aside = claim_run_dir(self.directory, c, rt, quiet)
         self.total_steps = training_length(c, count_params(c.model).total)["steps"]
         # A resume into a run of another length follows the new length's schedule, said in an event.
         saved = read_trainer_state(self.resume_from) if self.resume_from is not None else {"step": 0}
@@ -145,16 +123,11 @@ class Trainer:
             ramp_tokens=t.batch_ramp_tokens,
             ramp_start=t.batch_ramp_start,
         )
-        self._build_model()
+        self.documents, self.attention_kernels, self.par = trainable_model(
+            c, rt, prepared_data(self.mixture, self.data)
+        )
         self.scaler = torch.amp.GradScaler(rt.device.type) if t.precision == "fp16-mixed" else None
-        if self.mixture:
-            loader = MixtureWindows(self.mixture, t.seq_len, seed=t.seed, rank=rt.data_rank, world_size=rt.data_size)
-        if loader is None:
-            assert self.data is not None  # _open_data opened data.dir: neither a loader nor a mixture
-            loader = RandomWindows(
-                self.data, "train", t.seq_len, seed=t.seed, rank=rt.data_rank, world_size=rt.data_size
-            )
-        self.batches = Prefetcher(loader, t.micro_batch_size, rt.device)
+        self.batches = Prefetcher(window_source(c, rt, self.mixture, self.data, loader), t.micro_batch_size, rt.device)
         self.state = TrainState()
         self.callbacks = default_callbacks(c, self.plan)
         self.stability = next(cb for cb in self.callbacks if isinstance(cb, Stability))
@@ -174,94 +147,6 @@ class Trainer:
             loggers=c.run.loggers,
             config=c.to_dict(),
         )
-
-    def _plan_run(self) -> dict:
-        """The run's one plan, at the peak behind its MFU: the memory check before anything is built, the
-        figures plan vs run compares, the FLOPs per token of every metrics line. The plan's tokens/s is
-        labelled with where that peak came from (the catalog, a profile, the key, or this machine's cached
-        measurement), not with the key it is passed through."""
-        peak, source = plan_check.peak_tflops(self.device_config, self.rt.device)
-        plan = make_plan(replaced(self.device_config, {"hardware.peak_tflops": peak}))
-        plan["hardware"]["peak_source"] = source
-        return plan
-
-    def _open_data(self, loader: WindowSource | None) -> None:
-        """A mixture's sources (data/mixture.py), each with its data; otherwise None and self.data is data.dir;
-        None both with a loader of its own."""
-        from ..data.loader import SequentialWindows, open_training_data
-        from ..data.mixture import open_mixture
-
-        c, t, rt = self.config, self.config.train, self.rt
-        assert t.seq_len is not None  # launched_config resolved the config: resolve() filled it in
-        self.mixture = (
-            open_mixture(mixture_sources(c.data), c.data.verify, c.model.vocab_size)
-            if loader is None and c.data.mixture
-            else None
-        )
-        self.data = None
-        if loader is None and not self.mixture:
-            assert c.data.dir is not None  # check_trainable(needs_data=True) refused a run without it
-            self.data = open_training_data(c.data.dir, c.data.verify, c.model.vocab_size)
-        for data in [self.data] if self.data is not None else [s["data"] for s in self.mixture or []]:
-            SequentialWindows(data, "val", t.seq_len, rank=rt.data_rank, world_size=rt.data_size)  # enough val?
-
-    def _claim_run_dir(self, quiet: bool) -> None:
-        """One trainer per run directory, before any write; where it resumes from, and an earlier run's
-        leftovers set aside."""
-        c, rt = self.config, self.rt
-        if rt.is_main and not quiet:
-            self.directory.lock()
-        if c.run.resume == "never" and not quiet:
-            self.directory.check_new_run()
-        self.resume_from, corrupt = resume_point(self.run_dir) if c.run.resume == "auto" else (None, [])
-        self.stage_change = None
-        if self.resume_from is not None:
-            check_resume_compatible(self.resume_from, c)
-            self.stage_change = stage_change(self.resume_from, c)
-        self.barrier()  # every rank has verified before rank 0 renames anything
-        self.history_aside = None
-        if rt.is_main and not quiet:
-            self.directory.set_aside_corrupt(corrupt)
-            self.history_aside = self.directory.set_aside_history()  # an earlier run's is not this run's
-
-    def _build_model(self) -> None:
-        """The documents of a window, the attention kernels, and the model built and parallelized."""
-        from ..distributed.parallelize import parallelize
-        from ..model import build_model
-
-        c, t, rt = self.config, self.config.train, self.rt
-        # The documents of a window (train.document_masking): their <eos> id, checked against each offset index.
-        opened = [self.data] if self.data is not None else [s["data"] for s in self.mixture or []]
-        self.documents = documents_of_run(c.model, t, rt.device, opened[0].eos_id if opened else None)
-        if self.documents is not None:
-            for data in opened:
-                for split in ("train", "val"):
-                    check_document_index(data, split)
-        if rt.device.type == "cuda":
-            torch.set_float32_matmul_precision("high")  # fp32 matmuls at TF32 speed, as the plan assumes
-        self.attention_kernels = kernel_context(rt.device, t.precision)  # entered by each step, not for good
-
-        # FSDP and tensor parallelism materialise each rank's shard only, a pipeline stage its own layers only.
-        on_meta = (c.parallel.fsdp or c.parallel.tensor > 1 or c.parallel.pipeline > 1) and not c.model.init_from
-        model = build_model(
-            c.model,
-            attention=t.attention,
-            device="meta" if on_meta else rt.device,
-            seed=t.seed,
-            loss=t.loss,
-            loss_chunk_tokens=t.loss_chunk_tokens,
-            documents=self.documents,
-        )
-        if t.half_residual and mixed_precision(t.precision):  # Megatron's bf16 residual stream
-            model.residual_dtype = half_dtype(t.precision)
-        if c.model.init_from:
-            from ..model.hf import load_hf_into
-
-            load_hf_into(model, c.model.init_from)
-        self.par = parallelize(model, c, rt)
-        # The weights have their own generators; the global one drives dropout, whose masks must differ
-        # between data-parallel ranks as they would between the micro-batches of one process.
-        torch.manual_seed(t.seed + rt.data_rank)
 
     # --- the loop ----------------------------------------------------------------------------------------
 

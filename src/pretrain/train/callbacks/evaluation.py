@@ -56,7 +56,7 @@ def evaluate(trainer: TrainerView) -> dict:
 
 
 def _mean_loss(trainer: TrainerView, data: PreparedData) -> float:
-    from ...data.loader import SequentialWindows
+    from ...data.windows import SequentialWindows
 
     c, rt, par = trainer.config, trainer.rt, trainer.par
     assert c.train.seq_len is not None  # a resolved config: resolve() filled it in

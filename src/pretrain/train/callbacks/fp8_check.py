@@ -80,7 +80,7 @@ class Fp8Check(Callback):
     def _measure(self, trainer: TrainerView) -> dict[str, float]:
         """One eager forward of the first validation micro-batch with the shadows on: {linear: error} (the mean
         where a pipeline's schedule splits the batch)."""
-        from ...data.loader import SequentialWindows
+        from ...data.windows import SequentialWindows
 
         c, rt, par = trainer.config, trainer.rt, trainer.par
         data = trainer.mixture[0]["data"] if trainer.mixture else trainer.data

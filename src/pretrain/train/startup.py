@@ -1,0 +1,173 @@
+"""What the trainer assembles before step 0 ("build" in docs/architecture.md): the config this process trains,
+the run's one plan, the data, the run directory claimed, the model made trainable here and the windows it reads.
+
+Its own module so that trainer.py holds the loop and what it carries out for the callbacks. Each function
+returns what it makes and assigns nothing: `Trainer.__init__` calls them in order and keeps the results as
+its attributes, which the callbacks read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from ..config import mixture_sources, replaced
+from ..data.documents import check_document_index
+from ..gpus import mixed_precision
+from ..model.documents import documents_of_run
+from ..plan import make_plan
+from ..precision import half_dtype
+from . import plan_check
+from .attention import kernel_context
+from .checkpoint.choice import resume_point
+from .checkpoint.compatibility import check_resume_compatible, stage_change
+from .checkpoint.run_dir import RunDir
+from .prefetch import WindowSource
+
+if TYPE_CHECKING:
+    from ..config.schema import Config
+    from ..data.loader import PreparedData
+    from ..distributed.engines import Parallelized
+    from ..distributed.runtime import Runtime
+    from ..model.documents import Documents
+
+
+def launched_config(config: Config, rt: Runtime, own_data: bool) -> Config:
+    """The config this process trains: the world torchrun gives is the truth (steps, batch, the plan), and the
+    data directory is saved absolute (export, generate and resume run from anywhere). A new object: the
+    loaded config is never changed."""
+    data_dir = str(Path(config.data.dir).resolve()) if own_data and config.data.dir else config.data.dir
+    mixture = [{**s, "dir": str(Path(s["dir"]).resolve())} if own_data else s for s in config.data.mixture]
+    return dataclasses.replace(
+        config,
+        parallel=dataclasses.replace(config.parallel, gpus=rt.world_size),
+        data=dataclasses.replace(config.data, dir=data_dir, mixture=mixture),
+    )
+
+
+def plan_run(device_config: Config, rt: Runtime) -> dict:
+    """The run's one plan, at the peak behind its MFU: the memory check before anything is built, the
+    figures plan vs run compares, the FLOPs per token of every metrics line. The plan's tokens/s is
+    labelled with where that peak came from (the catalog, a profile, the key, or this machine's cached
+    measurement), not with the key it is passed through."""
+    peak, source = plan_check.peak_tflops(device_config, rt.device)
+    plan = make_plan(replaced(device_config, {"hardware.peak_tflops": peak}))
+    plan["hardware"]["peak_source"] = source
+    return plan
+
+
+def open_data(c: Config, rt: Runtime, loader: WindowSource | None) -> tuple[list[dict] | None, PreparedData | None]:
+    """(mixture, data): a mixture's sources (data/mixture.py), each with its data, and None; otherwise None and
+    data.dir's data; None both with a loader of its own."""
+    from ..data.loader import open_training_data
+    from ..data.mixture import open_mixture
+    from ..data.windows import SequentialWindows
+
+    t = c.train
+    assert t.seq_len is not None  # launched_config resolved the config: resolve() filled it in
+    mixture = (
+        open_mixture(mixture_sources(c.data), c.data.verify, c.model.vocab_size)
+        if loader is None and c.data.mixture
+        else None
+    )
+    data = None
+    if loader is None and not mixture:
+        assert c.data.dir is not None  # check_trainable(needs_data=True) refused a run without it
+        data = open_training_data(c.data.dir, c.data.verify, c.model.vocab_size)
+    for opened in prepared_data(mixture, data):
+        SequentialWindows(opened, "val", t.seq_len, rank=rt.data_rank, world_size=rt.data_size)  # enough val?
+    return mixture, data
+
+
+def prepared_data(mixture: list[dict] | None, data: PreparedData | None) -> list[PreparedData]:
+    """The prepared directories a run reads: data.dir's, or each mixture source's (none with a loader of its own)."""
+    return [data] if data is not None else [s["data"] for s in mixture or []]
+
+
+def claim_run_dir(
+    directory: RunDir, c: Config, rt: Runtime, quiet: bool
+) -> tuple[Path | None, dict | None, Path | None]:
+    """(resume_from, stage_change, history_aside): one trainer per run directory, before any write; where it
+    resumes from, and an earlier run's leftovers set aside."""
+    from ..distributed.runtime import barrier
+
+    if rt.is_main and not quiet:
+        directory.lock()
+    if c.run.resume == "never" and not quiet:
+        directory.check_new_run()
+    resume_from, corrupt = resume_point(directory.path) if c.run.resume == "auto" else (None, [])
+    stage = None
+    if resume_from is not None:
+        check_resume_compatible(resume_from, c)
+        stage = stage_change(resume_from, c)
+    barrier(rt)  # every rank has verified before rank 0 renames anything
+    history_aside = None
+    if rt.is_main and not quiet:
+        directory.set_aside_corrupt(corrupt)
+        history_aside = directory.set_aside_history()  # an earlier run's is not this run's
+    return resume_from, stage, history_aside
+
+
+def trainable_model(
+    c: Config, rt: Runtime, opened: list[PreparedData]
+) -> tuple[Documents | None, Callable[[], AbstractContextManager], Parallelized]:
+    """(documents, attention_kernels, par): the documents of a window, the attention kernels, and the model
+    built and parallelized."""
+    from ..distributed.parallelize import parallelize
+    from ..model import build_model
+
+    t = c.train
+    # The documents of a window (train.document_masking): their <eos> id, checked against each offset index.
+    documents = documents_of_run(c.model, t, rt.device, opened[0].eos_id if opened else None)
+    if documents is not None:
+        for data in opened:
+            for split in ("train", "val"):
+                check_document_index(data, split)
+    if rt.device.type == "cuda":
+        torch.set_float32_matmul_precision("high")  # fp32 matmuls at TF32 speed, as the plan assumes
+    attention_kernels = kernel_context(rt.device, t.precision)  # entered by each step, not for good
+
+    # FSDP and tensor parallelism materialise each rank's shard only, a pipeline stage its own layers only.
+    on_meta = (c.parallel.fsdp or c.parallel.tensor > 1 or c.parallel.pipeline > 1) and not c.model.init_from
+    model = build_model(
+        c.model,
+        attention=t.attention,
+        device="meta" if on_meta else rt.device,
+        seed=t.seed,
+        loss=t.loss,
+        loss_chunk_tokens=t.loss_chunk_tokens,
+        documents=documents,
+    )
+    if t.half_residual and mixed_precision(t.precision):  # Megatron's bf16 residual stream
+        model.residual_dtype = half_dtype(t.precision)
+    if c.model.init_from:
+        from ..model.hf import load_hf_into
+
+        load_hf_into(model, c.model.init_from)
+    par = parallelize(model, c, rt)
+    # The weights have their own generators; the global one drives dropout, whose masks must differ
+    # between data-parallel ranks as they would between the micro-batches of one process.
+    torch.manual_seed(t.seed + rt.data_rank)
+    return documents, attention_kernels, par
+
+
+def window_source(
+    c: Config, rt: Runtime, mixture: list[dict] | None, data: PreparedData | None, loader: WindowSource | None
+) -> WindowSource:
+    """What the batches are read from: a loader of its own, a mixture's windows by weight, or data.dir's."""
+    from ..data.mixture import MixtureWindows
+    from ..data.windows import RandomWindows
+
+    t = c.train
+    assert t.seq_len is not None  # launched_config resolved the config: resolve() filled it in
+    if mixture:
+        return MixtureWindows(mixture, t.seq_len, seed=t.seed, rank=rt.data_rank, world_size=rt.data_size)
+    if loader is not None:
+        return loader
+    assert data is not None  # open_data opened data.dir: neither a loader nor a mixture
+    return RandomWindows(data, "train", t.seq_len, seed=t.seed, rank=rt.data_rank, world_size=rt.data_size)
