@@ -63,3 +63,17 @@ def test_no_function_is_longer_than_a_screen_unless_listed_with_a_reason():
     assert not unlisted, f"over {MAX_FUNCTION_LINES} lines: split them, or list them with a reason: {unlisted}"
     stale = sorted(set(LONG_FUNCTIONS) - set(found))
     assert not stale, f"listed as long but no longer over {MAX_FUNCTION_LINES} lines: remove {stale}"
+
+
+# A module a reader takes in at one sitting: past MAX_MODULE_LINES, split it by responsibility (docs/architecture.md's
+# Contributing section says how).
+MAX_MODULE_LINES = 400
+
+
+def test_no_module_is_longer_than_a_sitting():
+    long = {
+        path.relative_to(ROOT / "src").as_posix(): n
+        for path in sorted((ROOT / "src").rglob("*.py"))
+        if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert not long, f"over {MAX_MODULE_LINES} lines: split them by responsibility: {long}"

@@ -82,12 +82,10 @@ from .activation_terms import COMPUTE_BYTES
 from .activations import activation_bytes
 from .collectives import (
     BANDWIDTH_EFFICIENCY,
-    OVERLAP_SLOWDOWN,
     data_parallel_time,
     hbm_gbps,
     links,
     optimizer_time,
-    ring,
 )
 from .expert_parallel import moe_seconds, weight_params
 from .explain import Explain
@@ -95,10 +93,11 @@ from .flops import mfu
 from .hardware import memory_bandwidth_gbps
 from .kernels import planned_native_gqa
 from .pipeline_time import pipeline_time
+from .tensor_parallel_time import tensor_parallel_time
 from .traffic import eager_elementwise_traffic, kept_tensor_traffic, weight_reads
 
 if TYPE_CHECKING:
-    from ..config.job_sections import ParallelConfig, TrainConfig
+    from ..config.job_sections import TrainConfig
     from ..config.model_section import ModelConfig
     from ..config.planner_sections import HardwareConfig
     from ..config.schema import Config
@@ -225,7 +224,8 @@ def _micro_batch(c: Config, counts: ParamCounts, fl: dict[str, Any], peak: float
     weight_s, traffic_s, layers = _memory_bound_terms(c, counts, hbm, on_gpu, ex)
 
     intra, inter, link_how = links(c)
-    tp_s, overhead_s = _tensor_parallel_and_kernels(c, layers, tokens, intra, link_how, matmul_s, on_gpu, ex)
+    tp_s = tensor_parallel_time(c, layers, tokens, intra, link_how, matmul_s, on_gpu, ex)
+    overhead_s = _kernel_overhead(c, layers, ex)
     moe = moe_seconds(c, tokens, rate, intra, inter, link_how, ex) if m.num_experts else {}
     terms = {
         "achievable_tflops": rate,
@@ -352,45 +352,9 @@ def _memory_bound_terms(
     return weight_s, traffic_s, act["layers"]
 
 
-def _tensor_parallel_exposed(par: ParallelConfig, tp_s: float, matmul_s: float) -> tuple[float, str]:
-    """What of the tensor-parallel collectives the step waits for. Plain: all of it, each collective between
-    the matmuls that need it. Async TP (parallel.async_tp) splits each all-gather + matmul and matmul +
-    reduce-scatter into tp chunks and runs chunk i's matmul while chunk i+1 moves (Wang et al. 2022,
-    "Overlap Communication with Dependent Computation via Decomposition", ASPLOS'23; torch's micro-pipeline
-    TP, Megatron's --tp-comm-overlap): one chunk in tp stays exposed, the rest hides behind the split matmuls
-    (beyond them it waits) and slows them as any overlapped collective does (OVERLAP_SLOWDOWN)."""
-    if not par.async_tp:
-        return tp_s, "not overlapped"
-    hidden = tp_s * (par.tensor - 1) / par.tensor
-    exposed = tp_s / par.tensor + max(0.0, hidden - matmul_s) + OVERLAP_SLOWDOWN * min(hidden, matmul_s)
-    return exposed, (
-        f"{tp_s:.4g} s, async TP: 1/{par.tensor} exposed, the rest behind the matmuls, + {OVERLAP_SLOWDOWN} x "
-        f"{min(hidden, matmul_s):.4g} s of contention"
-    )
-
-
-def _tensor_parallel_and_kernels(
-    c: Config, layers: int, tokens: int, intra: float, link_how: str, matmul_s: float, on_gpu: bool, ex: Explain
-) -> tuple[float, float]:
-    """(seconds of tensor-parallel collectives not hidden, seconds of per-kernel overhead) of one micro-batch."""
-    m, t, par = c.model, c.train, c.parallel
-    a, tp = COMPUTE_BYTES[t.precision], par.tensor
-    full = t.activation_checkpointing == "full"
-    collectives = 6 if full else 4
-    tp_bytes = a * tokens * m.hidden_size
-    float8_share = fp8.tensor_parallel_bytes(c, collectives) if on_gpu else 1.0  # gloo sends no float8
-    tp_s = layers * collectives * ring(tp_bytes, tp, intra, 2) * float8_share
-    if tp > 1:
-        tp_s, how = _tensor_parallel_exposed(par, tp_s, matmul_s)
-        ex.add(
-            "step_time",
-            "tensor_parallel_s",
-            tp_s,
-            f"{layers} layers x {collectives} all-reduces x 2 x "
-            f"({tp}-1)/{tp} x {tp_bytes:,} bytes (b*s*h x {a}) / {intra:.4g} GB/s ({link_how}); {how}"
-            + ("; sequence parallel: all-gather + reduce-scatter, same volume" if par.sequence_parallel else "")
-            + (f"; x {float8_share:g}: the converted linears all-gather in float8" if float8_share < 1 else ""),
-        )
+def _kernel_overhead(c: Config, layers: int, ex: Explain) -> float:
+    """Seconds of per-kernel overhead of one micro-batch (eager PyTorch's dispatch and launch)."""
+    t = c.train
     per_layer = KERNELS_PER_LAYER + RECOMPUTED_KERNELS[t.activation_checkpointing]
     overhead_s = (layers * per_layer + KERNELS_OUTSIDE) * KERNEL_OVERHEAD_S
     ex.add(
@@ -400,4 +364,4 @@ def _tensor_parallel_and_kernels(
         f"({layers} layers x {per_layer} + {KERNELS_OUTSIDE}) "
         f"kernels x {KERNEL_OVERHEAD_S * 1e6:g} us (eager PyTorch's dispatch and launch)",
     )
-    return tp_s, overhead_s
+    return overhead_s
