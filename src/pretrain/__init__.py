@@ -3,12 +3,19 @@
 The package root stays light (no torch import): heavy entry points are imported on first use.
 """
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # what __getattr__ hands out, named for the type checker without importing torch at runtime
+    from .config import load_config
+    from .plan import make_plan
+    from .train.checkpoint.contents import load_model
+
 __version__ = "0.1.0"
 
 __all__ = ["__version__", "load_config", "make_plan", "load_model"]
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> object:
     if name == "load_config":
         from .config import load_config
 

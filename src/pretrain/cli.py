@@ -12,6 +12,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from typing import NoReturn
 
 from .errors import UsageError
 
@@ -34,7 +35,9 @@ COMMANDS = {
 class Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line on stderr (exit 2), like every other bad input."""
 
-    def error(self, message):  # noqa: D401 - argparse API
+    commands: dict[str, Parser]  # set by build_parser, on the top parser only
+
+    def error(self, message: str) -> NoReturn:  # noqa: D401 - argparse API
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 

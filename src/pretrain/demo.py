@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .config import Config
 
 HELP = "run plan, tokenizer, prepare, train, report and export end to end on a bundled sample corpus"
 
@@ -28,7 +32,7 @@ def add_arguments(p):
     p.add_argument("--out", default="demo", help="directory for everything the demo writes (default: ./demo)")
 
 
-def demo_config(out: Path, overrides: list[str]):
+def demo_config(out: Path, overrides: list[str]) -> Config:
     from importlib.resources import files
 
     from .config import load_config
@@ -135,7 +139,9 @@ def run(args) -> int:
 
     out = check_output_dir(args.out, "--out")
     config = demo_config(out, args.items)
-    claim_directories(out, {"data.dir": config.data.dir, "run.dir": config.run.dir})
+    data_dir = config.data.dir
+    assert data_dir is not None  # demo_config set it: data.dir={out}/data
+    claim_directories(out, {"data.dir": data_dir, "run.dir": config.run.dir})
     corpus = write_sample_corpus(out / "corpus", docstrings=True)
     # The plan shown is at this CPU's measured peak; the run reads the same cached measurement itself and says so
     # (passed on as hardware.peak_tflops, it would be labelled as a key the user set).
@@ -152,13 +158,13 @@ def run(args) -> int:
     tokenizer_dir = out / "tokenizer"
     train_tokenizer([str(corpus)], VOCAB_SIZE, tokenizer_dir)
 
-    print(f"\n== 3/6 prepare: {corpus} -> {config.data.dir}")
+    print(f"\n== 3/6 prepare: {corpus} -> {data_dir}")
     start = time.perf_counter()
-    meta = prepare([str(corpus)], str(tokenizer_dir), config.data.dir, val_fraction=0.1, workers=1)
+    meta = prepare([str(corpus)], str(tokenizer_dir), data_dir, val_fraction=0.1, workers=1)
     tokens = sum(meta["num_tokens"].values())
-    print(summary(meta, config.data.dir, time.perf_counter() - start, storage_bytes(tokens, meta["vocab_size"])))
+    print(summary(meta, data_dir, time.perf_counter() - start, storage_bytes(tokens, meta["vocab_size"])))
     if out / CLOZE in map(Path, config.run.eval_tasks):
-        n = cloze_task(Path(config.data.dir), out / CLOZE)
+        n = cloze_task(Path(data_dir), out / CLOZE)
         print(
             f"  in-loop task (run.eval_tasks): {out / CLOZE}, {n} sentences of the validation split to end, "
             "4 choices each"
@@ -231,5 +237,6 @@ def _hf_sample(hf_dir: Path, prompt: str) -> str:
     tok = AutoTokenizer.from_pretrained(hf_dir)
     model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
     ids = tok(prompt, return_tensors="pt").input_ids
-    out = model.generate(ids, max_new_tokens=40, do_sample=False, pad_token_id=tok.pad_token_id)
+    # transformers declares generate's `self` as a Protocol that its own AutoModel return type does not meet
+    out = model.generate(ids, max_new_tokens=40, do_sample=False, pad_token_id=tok.pad_token_id)  # pyright: ignore[reportAttributeAccessIssue]
     return tok.decode(out[0], skip_special_tokens=True)

@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from .. import precision
 from ..errors import ConfigError
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
     from ..config.schema import Config
+    from ..model.transformer import Transformer
 
 FSDP_CPU_TORCH = (2, 9)  # gloo: FSDP2 fails on CPU streams in torch 2.6 and sums instead of averaging in 2.7
 
@@ -90,7 +92,7 @@ class Parallelized:
         clipping only when max_norm > 0."""
         params = [p for p in self.module.parameters() if p.grad is not None]
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"))
-        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
     def state_dict(self) -> dict:
         """Model and optimizer state keyed by parameter names (sharded tensors stay sharded), for DCP. The
@@ -100,7 +102,9 @@ class Parallelized:
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
         fresh = not self.optimizer.state
-        model_sd, optim_sd = get_state_dict(self.module, self.optimizer, options=_flat_options())
+        model_sd, nested = get_state_dict(self.module, self.optimizer, options=_flat_options())
+        # flattened ({"state.NAME.step": value}), not the nested form get_state_dict's return type declares
+        optim_sd = cast(dict[str, Any], nested)
         if fresh:  # get_state_dict made the states with a zero-gradient step: make them as a new optimizer's
             _zero_step_counters(self.optimizer.state.values())
             for key, value in optim_sd.items():
@@ -130,7 +134,7 @@ class Parallelized:
 
 
 class DDP(Parallelized):
-    def __init__(self, module, config, rt: Runtime, mesh=None):
+    def __init__(self, module: torch.nn.Module, config: Config, rt: Runtime, mesh: DeviceMesh | None = None):
         super().__init__(module, config, rt, mesh)
         from torch.nn.parallel import DistributedDataParallel
 
@@ -203,9 +207,11 @@ class FSDP(Parallelized):
     autocast = False
     measurable = False
 
-    def __init__(self, module, config, rt: Runtime, mesh=None):
+    def __init__(self, module: Transformer, config: Config, rt: Runtime, mesh: DeviceMesh | None = None):
         super().__init__(module, config, rt, mesh)
         from torch.distributed.fsdp import fully_shard
+
+        assert mesh is not None  # parallelize built it: data > 1, so more than one process
 
         options = fsdp_options(config, rt.device)
         for block in module.blocks:
@@ -220,10 +226,12 @@ class FSDP(Parallelized):
         return contextlib.nullcontext()
 
 
-def fsdp_options(config, device: torch.device) -> dict:
+def fsdp_options(config: Config, device: torch.device) -> dict:
     """fully_shard's keyword arguments for this run: resharding after forward (ZeRO-3) and the
     mixed-precision policy."""
-    if device.type == "cpu" and torch_version_tuple(torch.__version__) < FSDP_CPU_TORCH:
+    version = torch_version_tuple(torch.__version__)
+    assert version is not None  # torch's own version string starts with major.minor
+    if device.type == "cpu" and version < FSDP_CPU_TORCH:
         raise ConfigError(
             f"parallel.zero_stage: FSDP (stages 2 and 3) on CPUs needs torch >= 2.9, this is "
             f"{torch.__version__}; use parallel.zero_stage=1 or a newer torch"

@@ -33,6 +33,8 @@ process).
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -40,7 +42,14 @@ from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from ..model.moe import Experts, moe_layers
-from .engines import DDP, FSDP, fsdp_options
+from .engines import DDP, FSDP, Parallelized, fsdp_options
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from ..config.schema import Config
+    from ..model.transformer import Transformer
+    from .runtime import Runtime
 
 
 class _AllToAll(torch.autograd.Function):
@@ -54,7 +63,8 @@ class _AllToAll(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx, *grad_outputs):
+        (grad,) = grad_outputs  # forward returns one tensor
         out_splits, in_splits = ctx.splits
         return _AllToAll.apply(grad, in_splits, out_splits, ctx.group), None, None, None
 
@@ -85,7 +95,7 @@ class ShardedExperts(Experts):
         return _AllToAll.apply(out[order.argsort()], send, recv, self.group)
 
 
-def expert_mesh(device_type: str, world: int, ep: int):
+def expert_mesh(device_type: str, world: int, ep: int) -> DeviceMesh:
     """The (dp/ep, ep) DeviceMesh of the data ranks: mesh["ep"] this rank's expert-parallel group (neighbouring
     ranks), mesh["edp"] its expert-data-parallel group (every ep-th rank)."""
     from torch.distributed.device_mesh import init_device_mesh
@@ -93,7 +103,7 @@ def expert_mesh(device_type: str, world: int, ep: int):
     return init_device_mesh(device_type, (world // ep, ep), mesh_dim_names=("edp", "ep"))
 
 
-def expert_names(module) -> set[str]:
+def expert_names(module: nn.Module) -> set[str]:
     return {n for n, p in module.named_parameters() if ".experts." in n}
 
 
@@ -101,11 +111,12 @@ def _full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
-class ExpertParallel:
+class ExpertParallel(Parallelized):
     """What DDP and FSDP share under expert parallelism: the sharded experts, the gradient norm, the canonical
-    checkpoint (see the module docstring). Mixed in before the data-parallel engine."""
+    checkpoint (see the module docstring). Mixed in before the data-parallel engine (its base here names what
+    it reads and extends: `module`, `rt`, state_dict, which the engine after it in the MRO provides)."""
 
-    def _shard_experts(self, module, config, rt) -> None:
+    def _shard_experts(self, module: Transformer, config: Config, rt: Runtime) -> None:
         self.ep = config.parallel.expert
         self.expert_mesh = expert_mesh(rt.device.type, rt.world_size, self.ep)
         self.ep_group, self.edp_group = self.expert_mesh["ep"].get_group(), self.expert_mesh["edp"].get_group()
@@ -174,7 +185,7 @@ class ExpertDDP(ExpertParallel, DDP):
     """DDP over all ranks for everything but the routed experts, which are sharded over expert-parallel
     groups; their gradients are summed over the expert-data-parallel group by hand."""
 
-    def __init__(self, module, config, rt, mesh=None):
+    def __init__(self, module: Transformer, config: Config, rt: Runtime, mesh: DeviceMesh | None = None):
         self._shard_experts(module, config, rt)
         from torch.nn.parallel import DistributedDataParallel
 
@@ -182,7 +193,7 @@ class ExpertDDP(ExpertParallel, DDP):
         super().__init__(module, config, rt, mesh)
 
     @contextlib.contextmanager
-    def no_sync(self, last: bool):
+    def no_sync(self, last: bool) -> Iterator[None]:
         with super().no_sync(last):
             yield
         if last:  # DDP averaged the rest; the experts: summed over their data-parallel group, over dp
@@ -195,15 +206,15 @@ class ExpertFSDP(ExpertParallel, FSDP):
     """FSDP2 with expert parallelism (torchtitan's layout): each MoE layer's own experts sharded over the
     expert-data-parallel group (the ranks that hold the same experts), everything else over all dp ranks."""
 
-    def __init__(self, module, config, rt, mesh=None):
+    def __init__(self, module: Transformer, config: Config, rt: Runtime, mesh: DeviceMesh | None = None):
         from torch.distributed.fsdp import fully_shard
 
         self._shard_experts(module, config, rt)
         edp = self.expert_mesh["edp"]
         for moe in moe_layers(module):  # before the blocks: a block's shard then leaves its experts out
-            fully_shard(moe.experts, mesh=edp, **fsdp_options(config, rt.device))
-            moe.experts.set_gradient_divide_factor(rt.world_size)  # the mean over dp, not over edp
+            experts = fully_shard(moe.experts, mesh=edp, **fsdp_options(config, rt.device))  # the same module
+            experts.set_gradient_divide_factor(rt.world_size)  # the mean over dp, not over edp
             # gloo has no pre-multiplied sum: sum, then divide. Not at one rank, where torch 2.13 would divide
             # twice (its single-rank copy divides too).
-            moe.experts.set_force_sum_reduction_for_comms(edp.size() > 1)
+            experts.set_force_sum_reduction_for_comms(edp.size() > 1)
         super().__init__(module, config, rt, mesh)

@@ -19,9 +19,15 @@ checkpoints, resume and export are those of a bf16-mixed run: an exported model 
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from ..errors import UsageError
 from ..plan.fp8 import converts
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from ..config.schema import Config
 
 FIX = "pip install 'pretrain[fp8]' (torchao) or use train.precision=bf16-mixed"
 
@@ -50,7 +56,7 @@ def _float8():
     return float8
 
 
-def convert(model, config, device_type: str) -> dict:
+def convert(model: nn.Module, config: Config, device_type: str) -> dict:
     """Swap the chosen linears of `model` (plain, before any wrapping or sharding) for torchao's Float8Linear;
     returns what plan_vs_run.json records: {"recipe", "linears": converted, "skipped": linears left bf16}, and
     under tensor parallelism "tensor_parallel": what its collectives carry, "float8" or "bf16"."""
@@ -74,7 +80,7 @@ def convert(model, config, device_type: str) -> dict:
     return report
 
 
-def float8_tensor_parallel(config, device_type: str) -> bool:
+def float8_tensor_parallel(config: Config, device_type: str) -> bool:
     """Whether tensor parallelism splits the Float8Linears with torchao's Float8ColwiseParallel /
     Float8RowwiseParallel (as torchtitan does) rather than torch's ColwiseParallel / RowwiseParallel.
 

@@ -11,8 +11,22 @@ row-major, which is this order.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 DIMS = ("pp", "dp", "tp")  # the mesh's dimension names: pipeline, data, tensor
+
+
+class Degrees(Protocol):
+    """What says a layout's tensor and pipeline degrees: the config's `parallel` section, or a Runtime."""
+
+    @property
+    def tensor(self) -> int: ...
+
+    @property
+    def pipeline(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -31,7 +45,7 @@ class Layout:
     tensor: int
 
     @classmethod
-    def of(cls, parallel, world_size: int) -> Layout:
+    def of(cls, parallel: Degrees, world_size: int) -> Layout:
         """The grid of `world_size` ranks under parallel.tensor and parallel.pipeline (the rest is data)."""
         return cls(parallel.pipeline, world_size // (parallel.tensor * parallel.pipeline), parallel.tensor)
 
@@ -42,7 +56,7 @@ class Layout:
     def coords(self, rank: int) -> Coords:
         return Coords(rank // (self.data * self.tensor), rank // self.tensor % self.data, rank % self.tensor)
 
-    def build_mesh(self, device_type: str):
+    def build_mesh(self, device_type: str) -> DeviceMesh:
         """The DeviceMesh over all ranks (needs the process group); sub-meshes by name: mesh["dp"]."""
         from torch.distributed.device_mesh import init_device_mesh
 

@@ -9,13 +9,18 @@ no momentum) and SGD with momentum are there for the memory they save; the plann
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from ..plan.model_states import decay_groups
 from ..plan.params import param_shapes
 
+if TYPE_CHECKING:
+    from ..config.schema import ModelConfig, TrainConfig
 
-def param_groups(model: torch.nn.Module, model_cfg, weight_decay: float) -> list[dict]:
+
+def param_groups(model: torch.nn.Module, model_cfg: ModelConfig, weight_decay: float) -> list[dict]:
     """[decayed matrices, undecayed rest], in the planner's order (it predicts ZeRO-1's partition). A pipeline
     stage holds some of the model's parameters, under their whole-model names: the groups of those."""
     named = dict(model.named_parameters())
@@ -29,7 +34,7 @@ def param_groups(model: torch.nn.Module, model_cfg, weight_decay: float) -> list
     return out
 
 
-def optimizer_class(train_cfg, device: torch.device) -> tuple[type, dict]:
+def optimizer_class(train_cfg: TrainConfig, device: torch.device) -> tuple[type, dict]:
     """(torch optimizer class, its keyword arguments) for `train.optimizer`: one rule for every data-parallel
     engine (ZeroRedundancyOptimizer builds its local optimizer from it too)."""
     if train_cfg.optimizer == "adamw":
@@ -41,6 +46,6 @@ def optimizer_class(train_cfg, device: torch.device) -> tuple[type, dict]:
     return torch.optim.SGD, dict(lr=train_cfg.lr, momentum=train_cfg.momentum)
 
 
-def build_optimizer(model: torch.nn.Module, model_cfg, train_cfg):
+def build_optimizer(model: torch.nn.Module, model_cfg: ModelConfig, train_cfg: TrainConfig) -> torch.optim.Optimizer:
     cls, kwargs = optimizer_class(train_cfg, next(model.parameters()).device)
     return cls(param_groups(model, model_cfg, train_cfg.weight_decay), **kwargs)

@@ -13,6 +13,8 @@ them.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .. import precision
 from ..config import compile_enabled
 from ..model.moe import MoE
@@ -22,13 +24,22 @@ from .recompute import apply_activation_checkpointing
 from .runtime import Runtime
 from .tensor_parallel import apply_tensor_parallel, enable_async_tp, keep_own_vocabulary_rows
 
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
-def _mesh_and_tensor_parallel(model, config, layout: Layout, rt: Runtime, fp8: dict | None):
+    from ..config.schema import Config
+    from ..model.transformer import Transformer
+
+
+def _mesh_and_tensor_parallel(
+    model: Transformer, config: Config, layout: Layout, rt: Runtime, fp8: dict | None
+) -> DeviceMesh | None:
     """The grid's DeviceMesh, where something splits over it (DDP and ZeRO-1 need none: each mesh dimension
     would make a process group, an NCCL communicator, at start-up), and the blocks split over its "tp" ranks."""
     wants_mesh = layout.tensor > 1 or layout.pipeline > 1 or (layout.data > 1 and config.parallel.fsdp)
     mesh = layout.build_mesh(rt.device.type) if rt.distributed and wants_mesh else None
     if config.parallel.tensor > 1:
+        assert mesh is not None  # wants_mesh, and tensor > 1 means more than one process
         float8 = fp8 is not None and fp8["tensor_parallel"] == "float8"  # distributed/fp8.py says when
         apply_tensor_parallel(model, mesh["tp"], config.parallel.sequence_parallel, float8=float8)
         if config.parallel.async_tp:
@@ -36,7 +47,7 @@ def _mesh_and_tensor_parallel(model, config, layout: Layout, rt: Runtime, fp8: d
     return mesh
 
 
-def parallelize(model, config, rt: Runtime) -> Parallelized:
+def parallelize(model: Transformer, config: Config, rt: Runtime) -> Parallelized:
     """The plain `model` (on this device, or on the meta device under FSDP) made trainable here."""
     t = config.train
     if t.precision == "bf16":
@@ -96,6 +107,7 @@ def parallelize(model, config, rt: Runtime) -> Parallelized:
         model.reset_parameters(t.seed)
     if config.parallel.tensor > 1 and not config.parallel.fsdp:
         keep_own_vocabulary_rows(model)
+    assert t.seq_len is not None  # the trainer's config is resolved: resolve() filled it in
     model.rotary(t.seq_len, rt.device)  # built before the first (compiled) forward, not inside it
     par.optimizer = par.build_optimizer(config)
     return par

@@ -25,6 +25,9 @@ mean and ZeRO-1's broadcasts act on each rank's local part of its DTensor parame
 
 from __future__ import annotations
 
+import functools
+from typing import TYPE_CHECKING
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -35,6 +38,15 @@ from .data_parts import DataParts
 from .data_parts import local as _local
 from .engines import Parallelized
 
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.pipelining.schedules import PipelineScheduleMulti, PipelineScheduleSingle
+    from torch.distributed.pipelining.stage import _PipelineStageBase
+
+    from ..config.schema import Config
+    from ..model.transformer import Transformer
+    from .runtime import Runtime
+
 
 class StageModule(nn.Module):
     """The part of `model` that pipeline stage `index` of `stages` runs, under the whole model's names.
@@ -43,7 +55,7 @@ class StageModule(nn.Module):
     StageModule per chunk (over the same blocks, not registered twice), which the schedule runs; a stage of
     one chunk is its own."""
 
-    def __init__(self, model, index: int, stages: int, chunks: int = 1):
+    def __init__(self, model: Transformer, index: int, stages: int, chunks: int = 1):
         super().__init__()
         ids = chunk_indices(index, stages, chunks)
         self.first, self.last = 0 in ids, stages * chunks - 1 in ids
@@ -61,7 +73,7 @@ class StageModule(nn.Module):
         self.row_orders = {name: order for name, order in model.row_orders.items() if name in own}
         self.chunks = [self] if chunks == 1 else [StageModule(model, c, stages * chunks) for c in ids]
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Stage 0: token ids -> hidden states; later stages: hidden states -> hidden states (the last one's
         after the final norm: the loss takes them with the output weight)."""
         model = self.whole[0]
@@ -70,7 +82,7 @@ class StageModule(nn.Module):
         rope = model.rotary(x.shape[1], x.device)
         for block in self.blocks.values():
             x = block(x, rope)
-        x = self.norm(x) if self.last else x
+        x = self.norm(x) if self.norm is not None else x  # the last stage's
         # Under tensor parallelism the residual stream is a plain tensor (whole on every tensor rank, or this
         # rank's part of the sequence under sequence parallelism), but the final norm's sequence-parallel
         # output is a DTensor: the schedule wants plain tensors. The loss's input hook reads it as the
@@ -86,7 +98,7 @@ class Pipelined(DataParts, Parallelized):
 
     measurable = False  # activations are held per micro-batch by the schedule, not by one forward
 
-    def __init__(self, model, config, rt, mesh):
+    def __init__(self, model: Transformer, config: Config, rt: Runtime, mesh: DeviceMesh):
         self.index, self.stages = mesh["pp"].get_local_rank(), mesh["pp"].size()
         self.pp_group, self.dp_group = mesh["pp"].get_group(), mesh["dp"].get_group()
         self.data_parallel, self.data_rank = mesh["dp"].size(), mesh["dp"].get_local_rank()
@@ -104,9 +116,9 @@ class Pipelined(DataParts, Parallelized):
             if part is not None and part not in mine:
                 part.to("meta")
         self.forward = self.validation_loss
-        self.schedules: dict[tuple[int, bool, int], object] = {}
+        self.schedules: dict[tuple[int, bool, int], PipelineScheduleSingle | PipelineScheduleMulti] = {}
 
-    def build_optimizer(self, config):
+    def build_optimizer(self, config: Config) -> torch.optim.Optimizer:
         self._same_start()
         return super().build_optimizer(config)
 
@@ -114,7 +126,9 @@ class Pipelined(DataParts, Parallelized):
         self.module.train(on)
         self.model.train(on)  # the embedding's dropout is the whole model's
 
-    def _schedule(self, micro_batches: int, training: bool, rows: int):
+    def _schedule(
+        self, micro_batches: int, training: bool, rows: int
+    ) -> PipelineScheduleSingle | PipelineScheduleMulti:
         """The schedule of `micro_batches` per step of `rows` sequences in all, made once per shape (a stage
         sizes its buffers on first use; the batch ramp and a short last validation batch change it): 1F1B;
         GPipe (every forward, then every backward) for evaluation, which has no backward, and for fewer
@@ -132,11 +146,10 @@ class Pipelined(DataParts, Parallelized):
             )
 
             total = self.stages * self.chunks
-            stages = [
+            stages: list[_PipelineStageBase] = [  # the schedules' declared type of a stage
                 PipelineStage(chunk, c, total, self.rt.device, group=self.pp_group)
                 for chunk, c in zip(self.module.chunks, chunk_indices(self.index, self.stages, self.chunks))
             ]
-            stage = stages if self.chunks > 1 else stages[0]
             model = self.model
 
             def loss_fn(h, targets):
@@ -144,20 +157,25 @@ class Pipelined(DataParts, Parallelized):
                 # micro-batches, as in train_step (scale_grads=False: nothing divides again).
                 return model.loss(h, model.lm_head.weight, targets) / micro_batches
 
-            one_f_one_b, gpipe = (
-                (ScheduleInterleaved1F1B, ScheduleLoopedBFS) if self.chunks > 1 else (Schedule1F1B, ScheduleGPipe)
-            )
+            if self.chunks > 1:  # the multi-stage schedules take the list of this rank's stages
+                one_f_one_b = functools.partial(ScheduleInterleaved1F1B, stages)
+                gpipe = functools.partial(ScheduleLoopedBFS, stages)
+            else:
+                one_f_one_b, gpipe = (
+                    functools.partial(Schedule1F1B, stages[0]),
+                    functools.partial(ScheduleGPipe, stages[0]),
+                )
             if not training:  # forward only: the last stage's output comes back, and the loss is taken here
-                self.schedules[key] = gpipe(stage, micro_batches)
+                self.schedules[key] = gpipe(micro_batches)
             else:
                 takes = micro_batches >= self.stages and (
                     self.chunks == 1 or micro_batches % max(1, micro_batches // self.stages) == 0
                 )
                 kind = one_f_one_b if takes else gpipe
-                self.schedules[key] = kind(stage, micro_batches, loss_fn=loss_fn, scale_grads=False)
+                self.schedules[key] = kind(micro_batches, loss_fn=loss_fn, scale_grads=False)
         return self.schedules[key]
 
-    def run_step(self, tokens, targets, micro_batches: int) -> torch.Tensor:
+    def run_step(self, tokens: torch.Tensor, targets: torch.Tensor, micro_batches: int) -> torch.Tensor:
         """Forward and backward of `micro_batches` micro-batches (stacked along the batch dimension, split
         back by the schedule); returns the sum of their losses / micro_batches on the last stage, 0 on the
         others (the step's all-reduce makes it every rank's)."""
@@ -195,10 +213,11 @@ class Pipelined(DataParts, Parallelized):
         grads = [_local(p.grad) for p in self.module.parameters() if p.grad is not None]
         if max_norm > 0 and grads:
             coef = max_norm / (torch.tensor(total_norm, device=self.rt.device) + 1e-6)  # clip_grads_with_norm_'s
-            torch._foreach_mul_(grads, coef.clamp(max=1.0))
+            # what clip_grads_with_norm_ calls, on each rank's local parts; torch names it in no __all__
+            torch._foreach_mul_(grads, coef.clamp(max=1.0))  # pyright: ignore[reportPrivateImportUsage]
 
     @torch.no_grad()
-    def last_hidden(self, tokens) -> torch.Tensor | None:
+    def last_hidden(self, tokens: torch.Tensor) -> torch.Tensor | None:
         """The final norm's output for one batch, run forward through every stage (every rank of the pipeline
         calls it with a batch of the same shape; the first stage's tokens are the ones read): on the last stage,
         None on the others."""
@@ -207,7 +226,7 @@ class Pipelined(DataParts, Parallelized):
         return h if self.is_last else None
 
     @torch.no_grad()
-    def validation_loss(self, tokens, targets) -> torch.Tensor:
+    def validation_loss(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The mean loss of one batch, run forward through every stage; every rank of the pipeline returns it."""
         with self.autocast_context():
             h = self.last_hidden(tokens)
@@ -225,11 +244,12 @@ class PipelinedZeRO1(Pipelined):
     """ZeRO-1 per stage (data_parts.py): each data-parallel replica of a stage keeps the optimizer states of,
     and updates, only the parameters it owns, then broadcasts its parts of them over its "dp" group."""
 
-    def build_optimizer(self, config):
+    def build_optimizer(self, config: Config) -> torch.optim.Optimizer:
         return self._zero1_optimizer(config)
 
 
-def pipelined(model, config, rt, mesh) -> Pipelined:
+def pipelined(model: Transformer, config: Config, rt: Runtime, mesh: DeviceMesh | None) -> Pipelined:
     """The engine for `mesh` (config/trainable.py: check_pipelinable has passed)."""
+    assert mesh is not None  # parallelize built it: pipeline > 1, so more than one process
     engine = PipelinedZeRO1 if config.parallel.zero_stage == 1 and mesh["dp"].size() > 1 else Pipelined
     return engine(model, config, rt, mesh)

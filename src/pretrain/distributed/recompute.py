@@ -26,6 +26,8 @@ recomputation; under torch.compile the policy tags the graph's nodes and the min
 from __future__ import annotations
 
 import types
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.utils.checkpoint
@@ -51,7 +53,7 @@ ATTENTION_OPS = frozenset(
 MATMUL_OPS = frozenset((_aten.mm.default, _aten.addmm.default))
 
 
-def selective_policy():
+def selective_policy() -> Callable[..., CheckpointPolicy]:
     """A policy for one checkpointed block call: keep (MUST_SAVE) the attention kernels' outputs and every
     other matmul's (the 1st, 3rd, ... of the block: torchtitan's `mm_count % 2`), recompute the rest. The
     matmuls are counted apart in forward and in the recomputation, so that both decide alike."""
@@ -102,7 +104,7 @@ def apply_activation_checkpointing(model: nn.Module, mode: str) -> nn.Module:
     before DDP / FSDP wrap the model (torchtitan's order)."""
     if mode not in MODES:
         raise ValueError(f"activation checkpointing {mode!r}: one of {', '.join(MODES)}")
-    blocks = model.blocks if hasattr(model, "blocks") else [model]
+    blocks = getattr(model, "blocks", [model])  # a Transformer's blocks, or the one Block given
     if mode != "none":
         for block in blocks:
             _checkpoint(block, mode)
@@ -124,6 +126,6 @@ def checkpointed_modules(model: nn.Module) -> list[nn.Module]:
     return [m for m in model.modules() if is_checkpointed(m)]
 
 
-def forward_without_checkpoint(module: nn.Module, *args, **kwargs):
+def forward_without_checkpoint(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
     """Run a checkpointed module's own forward, keeping its tensors (what its recomputation holds in backward)."""
     return type(module).forward(module, *args, **kwargs)

@@ -33,6 +33,8 @@ as it is.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module, distribute_tensor
@@ -47,6 +49,11 @@ from torch.distributed.tensor.parallel import (
 
 from ..errors import ConfigError
 from ..plan.params import fused_rows
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from ..model.transformer import Transformer
 
 
 def rank_order(segments: list[int], tp: int) -> torch.Tensor:
@@ -65,17 +72,18 @@ class Replicated(ParallelStyle):
     """The module's parameters replicated on every tensor rank, as DTensors; plain tensors in and out (a norm
     without sequence parallelism)."""
 
-    def _apply(self, module: nn.Module, mesh) -> nn.Module:
-        def inputs(mod, args, mesh):
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        def inputs(mod: nn.Module, args: tuple, mesh: DeviceMesh) -> tuple:
             return tuple(
                 DTensor.from_local(a, mesh, [Replicate()], run_check=False) if isinstance(a, torch.Tensor) else a
                 for a in args
             )
 
-        def output(mod, out, mesh):
+        def output(mod: nn.Module, out: DTensor, mesh: DeviceMesh) -> torch.Tensor:
             return out.to_local()
 
-        return distribute_module(module, mesh, input_fn=inputs, output_fn=output)
+        # input_fn is declared to return None, yet its result is the module's inputs (a forward pre-hook's)
+        return distribute_module(module, device_mesh, input_fn=inputs, output_fn=output)  # pyright: ignore[reportArgumentType]
 
 
 class VocabularyParallelEmbedding(RowwiseParallel):
@@ -101,7 +109,7 @@ def _linear_split(linear: nn.Module, by: str, float8: bool, **layouts) -> Parall
     return (ColwiseParallel if by == "rows" else RowwiseParallel)(**layouts)
 
 
-def apply_tensor_parallel(model: nn.Module, mesh, sequence_parallel: bool, float8: bool = False) -> None:
+def apply_tensor_parallel(model: Transformer, mesh: DeviceMesh, sequence_parallel: bool, float8: bool = False) -> None:
     """Split `model` (our LLaMA Transformer, on the meta device or holding its canonical values) over the
     1-D tensor mesh `mesh`, in place. `model.row_orders` keeps each fused parameter's rank order (for the
     per-parameter init, which fills the canonical tensor and takes this rank's rows, and for checkpoints).
@@ -129,11 +137,11 @@ def apply_tensor_parallel(model: nn.Module, mesh, sequence_parallel: bool, float
             mesh,
             {
                 "attn_norm": norm(),
-                "attn.qkv": _linear_split(block.attn.qkv, "rows", float8, input_layouts=between),
-                "attn.proj": _linear_split(block.attn.proj, "columns", float8, output_layouts=between),
+                "attn.qkv": _linear_split(block.get_submodule("attn.qkv"), "rows", float8, input_layouts=between),
+                "attn.proj": _linear_split(block.get_submodule("attn.proj"), "columns", float8, output_layouts=between),
                 "mlp_norm": norm(),
-                "mlp.up": _linear_split(block.mlp.up, "rows", float8, input_layouts=between),
-                "mlp.down": _linear_split(block.mlp.down, "columns", float8, output_layouts=between),
+                "mlp.up": _linear_split(block.get_submodule("mlp.up"), "rows", float8, input_layouts=between),
+                "mlp.down": _linear_split(block.get_submodule("mlp.down"), "columns", float8, output_layouts=between),
             },
         )
     tied = model.lm_head.weight is model.embed.weight
@@ -160,7 +168,7 @@ def apply_tensor_parallel(model: nn.Module, mesh, sequence_parallel: bool, float
         model.lm_head.weight = model.embed.weight
 
 
-def keep_own_vocabulary_rows(model: nn.Module) -> None:
+def keep_own_vocabulary_rows(model: Transformer) -> None:
     """Both vocabulary-split weights get gradients for the whole vocabulary, the same on every tensor rank (the
     embedding's backward is computed replicated; the gathered output weight's comes back as a view of the
     whole): keep a copy of this rank's rows only, so the whole one is freed at once. Hooks on the parameters

@@ -8,12 +8,17 @@ file, the fixed overrides and the swept lists. See docs/sweep.md.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .grid import parse_items
+
+if TYPE_CHECKING:  # what __getattr__ hands out, named for the type checker without importing torch at runtime
+    from .run import SyntheticTokens, run_sweep
 
 __all__ = ["run_sweep", "parse_items", "SyntheticTokens"]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> object:
     # Imported on first use: `pretrain --help` imports pretrain.sweep.command, hence this package, and must
     # not pay for importing torch.
     if name in ("run_sweep", "SyntheticTokens"):

@@ -21,12 +21,14 @@ Writes sweep.csv, sweep.json and sweep.png to --out (default sweep/). See docs/s
 
 from __future__ import annotations
 
+import argparse
+
 from ..config_args import add_config_arguments
 
 HELP = "time the training step over lists of config values: tokens/s, MFU, memory measured vs planned"
 
 
-def add_arguments(p) -> None:
+def add_arguments(p: argparse.ArgumentParser) -> None:
     add_config_arguments(p)
     p.add_argument(
         "--out", metavar="DIR", default="sweep", help="write sweep.csv, sweep.json and sweep.png here (default sweep/)"
@@ -71,7 +73,7 @@ def add_arguments(p) -> None:
     )
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     from . import parse_items, run_sweep
 
     path, overrides, swept = parse_items(args.items)
@@ -116,7 +118,7 @@ def _warn(result: dict) -> None:
         print(line, file=sys.stderr)
 
 
-def _from_fit(args, path, overrides, swept) -> int:
+def _from_fit(args: argparse.Namespace, path: str | None, overrides: list[str], swept: dict[str, list[str]]) -> int:
     from ..errors import UsageError
 
     if swept:

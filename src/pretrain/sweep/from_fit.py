@@ -35,7 +35,7 @@ DATA_PARALLEL = {
 
 
 def run_from_fit(
-    config_path,
+    config_path: str | Path | dict | None,
     overrides: list[str],
     n: int,
     warmup_steps: int = 2,
@@ -98,7 +98,13 @@ def run_from_fit(
 
 
 def _interleaved_rounds(
-    config_path, base: list[str], candidates: list, rounds: int, warmup_steps: int, steps: int, threads: int | None
+    config_path: str | Path | dict | None,
+    base: list[str],
+    candidates: list,
+    rounds: int,
+    warmup_steps: int,
+    steps: int,
+    threads: int | None,
 ) -> tuple[dict[int, list[dict]], dict[int, str]]:
     """Each candidate timed by one sweep cell a round, A B A B, so that a busy spell slows every candidate
     alike, not the one it hits: (rank -> each round's cell, rank -> why it runs no more rounds)."""

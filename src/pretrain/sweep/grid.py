@@ -2,17 +2,22 @@
 
 `train.seq_len=256,1024,4096` sweeps three values; a key whose type is a list (`train.betas=0.9,0.95`) keeps
 its own comma syntax and is one value. The cells are the Cartesian product, the first swept key varying
-slowest (the order a reader of the table expects). Pure Python: no torch.
+slowest (the order a reader of the table expects); each becomes a `Cell` once loaded and planned. Pure Python:
+no torch.
 """
 
 from __future__ import annotations
 
 import itertools
 import typing
+from dataclasses import dataclass, field
 
-from ..config import SECTIONS
+from ..config import SECTIONS, Config
 from ..config_args import split_items
 from ..errors import UsageError
+
+if typing.TYPE_CHECKING:
+    from ..distributed.runtime import Runtime
 
 
 def is_list_key(key: str) -> bool:
@@ -60,6 +65,20 @@ def cells(swept: dict[str, list]) -> list[dict[str, str]]:
             raise UsageError(f"{key}: no values to sweep; give comma-separated values like {key}=1,2,4")
     keys = list(swept)
     return [dict(zip(keys, combo)) for combo in itertools.product(*(swept[k] for k in keys))]
+
+
+@dataclass
+class Cell:
+    """One combination of the grid, loaded and planned (sweep/run.py's prepare_cells), as the run and its
+    record read it."""
+
+    index: int
+    values: dict  # swept key -> value as the config resolved it (int 64, not "64")
+    overrides: list[str]  # the cell's own section.key=value items
+    config: Config
+    device_config: Config  # config as planned on this device (plan_check.config_for_device)
+    rt: Runtime
+    plan: dict = field(default_factory=dict)
 
 
 def cell_overrides(cell: dict) -> list[str]:

@@ -223,7 +223,7 @@ def plot_png(result: dict) -> bytes:
     cells, swept = result["cells"], result["swept"]
     xk = x_key(result)
     others = [k for k in swept if k != xk]
-    xs = swept[xk] if xk else ["base config"]
+    xs: list = swept[xk] if xk else ["base config"]  # the swept values: numbers, strings or booleans
     numeric = xk is not None and all(_is_number(v) for v in xs)
     position = (lambda v: v) if numeric else (lambda v: xs.index(v))
     groups: dict[tuple, list] = {}

@@ -7,13 +7,21 @@ import torch
 
 from ..bench.timing import spread
 from ..plan.flops import mfu
+from .grid import Cell
 
 # What a cell's status can be (the table, the CSV and the JSON use these strings).
 OK, OOM, SKIPPED_BUDGET, SKIPPED_FIT = "ok", "OOM", "skipped: budget", "skipped: does not fit"
 
 
-def records(cells: list, runs: dict, ended: dict, seconds: dict, threads: int | None) -> list[dict]:
-    """The rows of the cells that ran a round or ended, in cell order."""
+def records(
+    cells: list[Cell],
+    runs: dict[int, list[dict]],
+    ended: dict[int, tuple[str, str | None]],
+    seconds: dict[int, float],
+    threads: int | None,
+) -> list[dict]:
+    """The rows of the cells that ran a round or ended, in cell order. By cell index: `runs` each round's
+    measurement, `ended` a cell that runs no more rounds (status, error), `seconds` its time so far."""
     rows = []
     for cell in cells:
         if not runs[cell.index] and cell.index not in ended:
@@ -33,7 +41,7 @@ def planned_memory(p: dict, dev: torch.device) -> int:
     return sum(p["model_states"].values()) + mem["activations"]
 
 
-def record_of(cell, status: str = OK, measured: list[dict] | None = None, error: str | None = None) -> dict:
+def record_of(cell: Cell, status: str = OK, measured: list[dict] | None = None, error: str | None = None) -> dict:
     """One row of the result: the cell's values, the plan's figures, and the measured ones (a list: one per
     round) where it ran."""
     record = _planned_record(cell, status, error)
@@ -43,9 +51,10 @@ def record_of(cell, status: str = OK, measured: list[dict] | None = None, error:
     return record
 
 
-def _planned_record(cell, status: str, error: str | None) -> dict:
+def _planned_record(cell: Cell, status: str, error: str | None) -> dict:
     """The row before any round: the cell's values and the plan's figures, the measured ones still empty."""
     c, p, dev = cell.config, cell.plan, cell.rt.device
+    assert c.train.seq_len is not None  # load_config resolved the config: resolve() filled it in
     fits = p["fits"]
     return {
         "cell": cell.index,
@@ -112,18 +121,14 @@ def _add_memory(record: dict, first: dict, dev: torch.device) -> None:
     """Memory is the first round's (the same tensors every round): the peak allocated on a GPU, the tensors
     counted on a CPU."""
     m = first["measurement"]
-    detail = None
+    detail = counted = None  # counted: the tensors' bytes, where the saved activations were counted too
     if m is not None:
         detail = dict(m["states"])
-        if m["saved"] is not None:
+        if m["saved"] is not None:  # None: not measurable (compiled or FSDP), no activation count on a CPU
             detail.update(m["saved"])
+            counted = sum(detail.values())
     record["measured_detail"] = detail
-    if dev.type == "cuda":
-        mem = first["peak_allocated"]
-    elif detail is not None and m["saved"] is not None:
-        mem = sum(detail.values())
-    else:  # not measurable (compiled or FSDP): no activation count on a CPU
-        mem = None
+    mem = first["peak_allocated"] if dev.type == "cuda" else counted
     record["memory_measured_bytes"] = mem
     planned_mem = record["memory_planned_bytes"]
     if mem is not None and planned_mem:

@@ -13,8 +13,9 @@ import contextlib
 import datetime
 import gc
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -28,7 +29,15 @@ from ..plan.schedule import checked_warmup
 from ..precision import matmul_dtype
 from ..progress import counting_bar
 from . import grid, output
+from .grid import Cell
 from .records import OK, OOM, SKIPPED_BUDGET, SKIPPED_FIT, records
+
+if TYPE_CHECKING:
+    from ..distributed.runtime import Runtime
+
+# progress: a bar on stderr (True), none (False), or a callable(done, total, description)
+Progress = bool | Callable[[int, int, str], None]
+Advance = Callable[[int, int, str], None]
 
 MIN_WARMUP_STEPS = 2  # the Trainer measures memory on its 2nd step (MEASURE_STEP), after optimizer states exist
 
@@ -57,27 +66,16 @@ class SyntheticTokens:
         self.seed, self.batches = int(state["seed"]), int(state["batches"])
 
 
-@dataclass
-class Cell:
-    index: int
-    values: dict  # swept key -> value as the config resolved it (int 64, not "64")
-    overrides: list[str]  # the cell's own section.key=value items
-    config: Config = None
-    device_config: Config = None
-    rt: object = None
-    plan: dict = field(default_factory=dict)
-
-
 def run_sweep(
     config_path: str | Path | dict | None = None,
-    overrides=(),
+    overrides: Sequence[str] = (),
     sweep: dict | None = None,
     budget_seconds: float | None = None,
     try_all: bool = False,
     warmup_steps: int = 2,
     steps: int = 3,
     out_dir: str | Path | None = "sweep",
-    progress=True,
+    progress: Progress = True,
     rounds: int = 3,
     threads: int | None = None,
 ) -> dict:
@@ -151,7 +149,9 @@ def _machine(dev: torch.device, threads: int | None, chosen_as: str | None) -> d
     }
 
 
-def _check_arguments(warmup_steps, steps, budget_seconds, rounds, threads) -> None:
+def _check_arguments(
+    warmup_steps: int, steps: int, budget_seconds: float | None, rounds: int, threads: int | None
+) -> None:
     """The sweep's own options, checked before any cell is loaded."""
     if not isinstance(warmup_steps, int) or warmup_steps < MIN_WARMUP_STEPS:
         raise UsageError(
@@ -171,16 +171,16 @@ def _run_rounds(
     result: dict,
     out: Path | None,
     started: float,
-    budget_seconds,
+    budget_seconds: float | None,
     try_all: bool,
     counts: tuple[int, int, int],
-    progress,
-    n_threads,
-) -> tuple[dict, dict, dict]:
+    progress: Progress,
+    n_threads: int | None,
+) -> tuple[dict[int, list[dict]], dict[int, tuple[str, str | None]], dict[int, float]]:
     """Every cell once per round, rounds interleaved; the tables rewritten after each cell. Returns each cell's
     measurements, the cells that ended early (status, error), and each cell's seconds."""
     warmup_steps, steps, rounds = counts
-    runs = {cell.index: [] for cell in cells}  # each round's measurement
+    runs: dict[int, list[dict]] = {cell.index: [] for cell in cells}  # each round's measurement
     ended: dict[int, tuple[str, str | None]] = {}  # a cell that runs no more rounds: (status, error)
     seconds = dict.fromkeys(runs, 0.0)
     with _progress(progress) as advance:
@@ -214,13 +214,13 @@ def _run_rounds(
 # --- before any cell runs ------------------------------------------------------------------------------------
 
 
-def prepare_cells(config_path, overrides: list[str], sweep: dict) -> list[Cell]:
+def prepare_cells(config_path: str | Path | dict | None, overrides: list[str], sweep: dict) -> list[Cell]:
     """Load, check and plan every cell; raises on the first bad one, naming its key (and the cell)."""
     from ..config.trainable import check_trainable
     from ..distributed.runtime import init_runtime
     from ..train import plan_check
 
-    runtimes: dict[str, object] = {}
+    runtimes: dict[str, Runtime] = {}
     cells = []
     for index, values in enumerate(grid.cells(sweep)):
         own = grid.cell_overrides(values)
@@ -248,7 +248,7 @@ def prepare_cells(config_path, overrides: list[str], sweep: dict) -> list[Cell]:
     return cells
 
 
-def _check_length(config) -> None:
+def _check_length(config: Config) -> None:
     """The schedule the Trainer refuses (a warm-up as long as the run, ...): say so now, before any cell runs."""
     checked_warmup(config.train, training_length(config, count_params(config.model).total)["steps"])
 
@@ -290,7 +290,8 @@ def run_cell(cell: Cell, warmup_steps: int, steps: int) -> dict:
     dev = cell.rt.device
     free_memory(dev)
     t = cell.config.train
-    trainer = error = None
+    assert t.seq_len is not None  # load_config resolved the config: resolve() filled it in
+    trainer = error = measured = None
     try:
         loader = SyntheticTokens(cell.config.model.vocab_size, t.seq_len, seed=t.seed)
         trainer = Trainer(cell.config, cell.rt, loader=loader, quiet=True, plan=cell.plan)
@@ -303,18 +304,17 @@ def run_cell(cell: Cell, warmup_steps: int, steps: int) -> dict:
             # The peak of the timed steps: steady training, with everything the warm-up allocated (weights,
             # optimizer states) still counted, but not the measurement step's extra recomputed block.
             torch.cuda.reset_peak_memory_stats(dev)
-        times, tokens = [], 0
+        times, timed = [], []
         for _ in range(steps):
             t0 = time.perf_counter()
-            step = trainer.step()
+            timed.append(trainer.step())
             synchronize(dev)
             times.append(time.perf_counter() - t0)
-            tokens += step.batch_tokens
         peak_allocated = int(torch.cuda.max_memory_allocated(dev)) if dev.type == "cuda" else None
         measured = {
             "times": times,
-            "tokens": tokens,
-            "loss": step.loss,
+            "tokens": sum(step.batch_tokens for step in timed),
+            "loss": timed[-1].loss,
             "measurement": measurement,
             "peak_allocated": peak_allocated,
         }
@@ -372,7 +372,7 @@ def _device_name(dev: torch.device) -> str:
 
 
 @contextlib.contextmanager
-def _progress(progress):
+def _progress(progress: Progress) -> Iterator[Advance | None]:
     """A `advance(done, total, description)` callback: rich's bar over cells with an ETA, on stderr."""
     if callable(progress):
         yield progress
