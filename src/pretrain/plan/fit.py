@@ -47,7 +47,7 @@ from .params import count_params
 from .step_time import step_time
 
 if TYPE_CHECKING:
-    from ..config.schema import Config
+    from ..config.schema import ResolvedConfig
     from .params import ParamCounts
 
 REFUSED = "`pretrain train` refuses it"  # a rejected row's why, before the trainer's own words
@@ -64,13 +64,12 @@ def _divisors(n: int, most: int | None = None) -> list[int]:
     return [k for k in small + large if k <= most]
 
 
-def layouts(c: Config) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def layouts(c: ResolvedConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(tensor, pipeline, data) splits the rules allow, and those refused with why."""
     m, par, t = c.model, c.parallel, c.train
     sequences = t.micro_batch_size * t.grad_accum_steps * par.data_parallel
     found, refused = [], []
-    # resolved config: num_kv_heads is set
-    for tp in _divisors(math.gcd(m.num_heads, m.num_kv_heads), par.gpus_per_node):  # pyright: ignore[reportArgumentType]
+    for tp in _divisors(math.gcd(m.num_heads, m.num_kv_heads), par.gpus_per_node):
         if par.gpus % tp:
             continue
         for pp in _divisors(m.num_layers):
@@ -95,7 +94,7 @@ def layouts(c: Config) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     return found, refused
 
 
-def fit(config: Config, top: int = 10) -> dict[str, Any]:
+def fit(config: ResolvedConfig, top: int = 10) -> dict[str, Any]:
     """{"candidates": [...] fastest first (at most `top`), "rejected": [{"overrides", "why"}, ...]}; every
     candidate is a layout `pretrain train` runs."""
     from . import plan_with_explain
@@ -154,7 +153,7 @@ def fit(config: Config, top: int = 10) -> dict[str, Any]:
 
 
 def _search(
-    config: Config, split: dict[str, Any], offload: str, counts: ParamCounts, peak: float, rejected: list[Any]
+    config: ResolvedConfig, split: dict[str, Any], offload: str, counts: ParamCounts, peak: float, rejected: list[Any]
 ) -> list[tuple[Any, ...]]:
     """The fitting (ZeRO stage, recomputation, micro-batch) of one (tensor, pipeline) split, scored."""
     dp, per_rank = split["data"], split["per_rank"]
@@ -213,7 +212,7 @@ def _search(
     return out
 
 
-def _refused(config: Config, layout: dict[str, Any]) -> dict[str, Any] | None:
+def _refused(config: ResolvedConfig, layout: dict[str, Any]) -> dict[str, Any] | None:
     """A rejected row if `pretrain train` refuses this layout (its own check, its own words), else None."""
     try:
         c = replaced(config, layout)
@@ -238,7 +237,7 @@ def command_line(overrides: dict[str, Any]) -> str:
     return " ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in overrides.items())
 
 
-def render(config: Config, result: dict[str, Any], shown: int = 10, command: str = "pretrain plan ...") -> str:
+def render(config: ResolvedConfig, result: dict[str, Any], shown: int = 10, command: str = "pretrain plan ...") -> str:
     """The ranked table, then why the others lost (counted by reason)."""
     m, par, t = config.model, config.parallel, config.train
     name = m.preset or m.hf_config or "custom"

@@ -19,10 +19,10 @@ from .explain import Explain
 from .length import TOKEN_DTYPE_BYTES, token_bytes
 
 if TYPE_CHECKING:
-    from ..config.schema import Config
+    from ..config.schema import ResolvedConfig
 
 
-def mixture_supply(cfg: Config, tokens: int, ex: Explain) -> dict[str, Any] | None:
+def mixture_supply(cfg: ResolvedConfig, tokens: int, ex: Explain) -> dict[str, Any] | None:
     """{"sources": [{name, dir, weight, max_epochs, tokens_available, storage_bytes, tokens_planned, epochs,
     capped}], "tokens_short"}, or None without data.mixture. A source not prepared yet has None figures."""
     if not cfg.data.mixture:
