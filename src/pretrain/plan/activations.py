@@ -300,7 +300,7 @@ def activation_bytes(
         documents=documents,
     )
     kinds = [m, dataclasses.replace(m, num_experts=0)] if m.num_experts and m.first_dense_layers else [m]
-    options = []
+    options: list[tuple[int, list[Term], ResolvedModelConfig]] = []
     for kind in kinds:
         terms = terms_of(kind)
         options.append((rank_bytes(terms, tp, sp), terms, kind))

@@ -163,7 +163,7 @@ def _batch(c: ResolvedConfig, p: dict[str, Any]) -> list[str]:
         f"parallel {p['parallel']['data']}"
     )
     gpt3 = f"the ~{human(ref)} GPT-3 used at {human(n)} params (Brown et al. 2020; LLaMA and Qwen: 4M)"
-    out = []
+    out: list[str] = []
     ref = round(ref)  # whole tokens: 2**22 is exactly 8x GPT-3's 2**19, not a rounding error above it
     if per_step < ref * BATCH_RANGE[0]:
         accum = 2 ** math.ceil(math.log2(t.grad_accum_steps * ref / per_step))
@@ -343,7 +343,7 @@ def _memory(c: ResolvedConfig, p: dict[str, Any]) -> list[str]:
             f"{head}; no fix found by recomputation, a smaller micro-batch, ZeRO, up to {MAX_GPUS:,} GPUs or "
             f"tensor parallel 8: try {offload}a card with more memory"
         ]
-    shown = []
+    shown: list[str] = []
     for overrides, q in fixes:
         text = " ".join(f"{k}={shown_value(v)}" for k, v in overrides.items())
         notes = [f"{q['memory_bytes']['total'] / GiB:.1f} GiB"]

@@ -9,7 +9,7 @@ buying the tokens of the model given (pretrain.plan.budget_tokens).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import ConfigError
 from .explain import Explain
@@ -67,7 +67,7 @@ def flops_per_gpu_second(c: ResolvedConfig, peak: float) -> tuple[float, float, 
     counts = count_params(c.model)
     fl = flops(c, counts, 1, Explain())
     model_pt, hardware_pt, _ = basis(c, fl)
-    step = cast(dict, step_time(c, counts, fl, peak))  # a dict: there is a peak
+    step = cast(dict[str, Any], step_time(c, counts, fl, peak))  # a dict: there is a peak
     per_gpu, util, what = tokens_per_gpu_second(c, model_pt, hardware_pt, peak, step)
     return 6 * counts.total * per_gpu, util, what
 

@@ -217,7 +217,8 @@ def _search(cfg: ResolvedConfig, seconds: float, peak: float) -> tuple[dict[str,
             speeds[key] = (fit, *flops_per_gpu_second(fit["config"], peak))
         return speeds[key]
 
-    shape, seen, per_second = {}, [], speed({})[1]
+    shape, per_second = {}, speed({})[1]
+    seen: list[dict[str, Any]] = []
     for _ in range(ROUNDS):
         compute = seconds * per_second
         if not low <= compute <= high:  # the ends at their own speed, as configured (no fix searched)

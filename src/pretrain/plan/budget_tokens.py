@@ -79,7 +79,7 @@ def buy_tokens(
         loss - best,
         f"{loss:.4f} - {best:.4f}, the fit's optimum for C = 6ND {6 * n * tokens:.4g} (at {n_3:.4g} params)",
     )
-    entry = {
+    entry: dict[str, Any] = {
         "gpu_hours": seconds / 3600,
         "compute_flops": compute,
         "model_given": given,

@@ -94,7 +94,7 @@ def eval_tasks_cost(
         + (f"seq_len {seq_len}, padded" if pipeline > 1 else f"min(bytes / {per_token:.3g} bytes per token, seq_len)")
         + f") x model FLOPs per token {model_flops_per_token:.4g} / 3 (forward only)",
     )
-    out = {
+    out: dict[str, Any] = {
         "tasks": tasks,
         "tokens_per_evaluation": tokens,
         "evaluations": evaluations,

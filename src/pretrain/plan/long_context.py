@@ -21,7 +21,7 @@ LONG_CONTEXT = 32_768
 def context_advice(c: ResolvedConfig) -> list[str]:
     """The long-context lines: `pretrain plan` prints them among the advice and `--fit` under its table."""
     m, s = c.model, c.train.seq_len
-    lines = []
+    lines: list[str] = []
     if s >= LONG_CONTEXT and not c.train.document_masking:
         lines.append(
             f"context: windows of {s:,} tokens pack many documents, and every token attends across their "

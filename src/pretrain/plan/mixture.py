@@ -105,7 +105,7 @@ def mixture_advice(mixture: dict[str, Any] | None) -> list[str]:
     source is capped before the run's tokens are drawn."""
     if not mixture:
         return []
-    lines = []
+    lines: list[str] = []
     for s in mixture["sources"]:
         if s["epochs"] is None:
             continue

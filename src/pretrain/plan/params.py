@@ -109,6 +109,7 @@ def count_params(model: ModelConfig) -> ParamCounts:
     """`model` is a resolved model section (num_kv_heads and head_dim filled in)."""
     assert isinstance(model, ResolvedModelConfig)  # the trainer holds its loaded config as `Config`
     V, H, I, L = padded_vocab_size(model), model.hidden_size, model.intermediate_size, model.num_layers
+    E, k = max(model.num_experts, 1), model.experts_per_token
     routed = router = shared = 0
     if model.family == "llama":
         attention = sum(numel(shape) for _, shape in _attention_shapes(model))
@@ -117,7 +118,7 @@ def count_params(model: ModelConfig) -> ParamCounts:
         final_norm = H
         positions = 0
         if model.num_experts:
-            E, He = model.num_experts, expert_width(model)
+            He = expert_width(model)
             b = 1 if model.expert_bias else 0
             router = E * H + b * E
             routed = E * (3 * H * He + b * (2 * He + H))
@@ -131,7 +132,6 @@ def count_params(model: ModelConfig) -> ParamCounts:
         positions = model.max_seq_len * H
     sparse = moe_layers(model)
     moe_mlp = router + routed + shared
-    E, k = max(model.num_experts, 1), model.experts_per_token
     return ParamCounts(
         token_embedding=V * H,
         position_embedding=positions,
@@ -157,7 +157,7 @@ def numel(shape: tuple[int, ...]) -> int:
 def _attention_shapes(model: ResolvedModelConfig) -> list[tuple[str, tuple[int, ...]]]:
     """A LLaMA-family block's attention tensors (our names below `attn.`), every variant the planner counts."""
     H, d, n = model.hidden_size, model.head_dim, model.num_heads
-    out = []
+    out: list[tuple[str, tuple[int, ...]]] = []
     if model.kv_lora_rank:  # MLA, as DeepSeek-V2/V3 (and transformers' DeepseekV3Attention) build it
         rope, v = model.qk_rope_head_dim, model.v_head_dim or d
         if model.q_lora_rank:
