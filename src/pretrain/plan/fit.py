@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from .params import ParamCounts
 
 REFUSED = "`pretrain train` refuses it"  # a rejected row's why, before the trainer's own words
+Scored = tuple[float, dict[str, Any], dict[str, Any]]  # a fitting layout: (seconds per step, overrides, step)
 
 
 def _divisors(n: int, most: int | None = None) -> list[int]:
@@ -68,7 +69,8 @@ def layouts(c: ResolvedConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any
     """(tensor, pipeline, data) splits the rules allow, and those refused with why."""
     m, par, t = c.model, c.parallel, c.train
     sequences = t.micro_batch_size * t.grad_accum_steps * par.data_parallel
-    found, refused = [], []
+    found: list[dict[str, Any]] = []
+    refused: list[dict[str, Any]] = []
     for tp in _divisors(math.gcd(m.num_heads, m.num_kv_heads), par.gpus_per_node):
         if par.gpus % tp:
             continue
@@ -104,7 +106,7 @@ def fit(config: ResolvedConfig, top: int = 10) -> dict[str, Any]:
         raise ConfigError(f"--fit ranks layouts by speed and needs a peak FLOP/s: {source}")
     counts = count_params(config.model)
     splits, rejected = layouts(config)
-    scored = []  # (seconds, overrides, step)
+    scored: list[Scored] = []
     for split in splits:
         scored += _search(config, split, "none", counts, peak, rejected)
     if not scored:  # nothing fits on the GPUs: the same search with the states in host memory
@@ -113,7 +115,8 @@ def fit(config: ResolvedConfig, top: int = 10) -> dict[str, Any]:
                 scored += _search(config, split, offload, counts, peak, rejected)
     scored.sort(key=lambda s: s[0])
 
-    candidates, best = [], None
+    candidates: list[dict[str, Any]] = []
+    best: dict[str, Any] | None = None
     for _seconds, overrides, _step in scored:
         if len(candidates) >= top:
             break
@@ -154,7 +157,7 @@ def fit(config: ResolvedConfig, top: int = 10) -> dict[str, Any]:
 
 def _search(
     config: ResolvedConfig, split: dict[str, Any], offload: str, counts: ParamCounts, peak: float, rejected: list[Any]
-) -> list[tuple[Any, ...]]:
+) -> list[Scored]:
     """The fitting (ZeRO stage, recomputation, micro-batch) of one (tensor, pipeline) split, scored."""
     dp, per_rank = split["data"], split["per_rank"]
     shared = {
@@ -168,7 +171,7 @@ def _search(
     stages = [3, 2, 1, 0] if dp > 1 else [0]
     if offload == "optimizer+params":  # parameters live on the host only under ZeRO-3 (config.validate)
         stages = [3] if dp > 1 else []
-    out = []
+    out: list[Scored] = []
     for zero in stages:
         refused = _refused(
             config,
@@ -205,7 +208,7 @@ def _search(
             for b in _divisors(per_rank, largest):
                 overrides = {**layout, "train.micro_batch_size": b, "train.grad_accum_steps": per_rank // b}
                 # a dict, not None: fit refused to search without a peak
-                step = cast(dict, step_time(replaced(c, overrides), counts, fl, peak))
+                step = cast(dict[str, Any], step_time(replaced(c, overrides), counts, fl, peak))
                 out.append((step["seconds"], overrides, step))
         if not out:
             break  # the strongest stage the trainer runs does not fit with full recomputation: no lower stage does

@@ -45,7 +45,7 @@ def fit_fixes(config: ResolvedConfig, limit: int = 2) -> list[tuple[dict[str, An
             first = fixes[0][0]
             if gpus > _get(config, first, "parallel.gpus") or first.items() <= fix.items():
                 continue
-        fixes.append((fix, cast(dict, _replan(config, fix))))  # a plan: every fix passed _fits
+        fixes.append((fix, cast(dict[str, Any], _replan(config, fix))))  # a plan: every fix passed _fits
         if len(fixes) == limit:
             break
     return sorted(fixes, key=lambda f: _get(config, f[0], "parallel.gpus"))  # cheapest: fewest GPUs
@@ -125,7 +125,8 @@ def _zero_options(config: ResolvedConfig, state: dict[str, Any]) -> Options:
 
 def _gpu_options(config: ResolvedConfig, state: dict[str, Any]) -> Options:
     gpus = _get(config, state, "parallel.gpus")
-    options, k = [], 2
+    options: list[dict[str, Any]] = []
+    k = 2
     while gpus * k <= MAX_GPUS:
         options.append({"parallel.gpus": gpus * k, "parallel.zero_stage": 3})
         k *= 2
@@ -135,7 +136,7 @@ def _gpu_options(config: ResolvedConfig, state: dict[str, Any]) -> Options:
 def _tensor_options(config: ResolvedConfig, state: dict[str, Any]) -> Options:
     m, par = config.model, config.parallel
     gpus = _get(config, state, "parallel.gpus")
-    options = []
+    options: list[dict[str, Any]] = []
     for t in (2, 4, 8):
         if t <= par.tensor or m.num_heads % t or m.num_kv_heads % t:
             continue
@@ -159,7 +160,7 @@ def _prune(config: ResolvedConfig, kept: list[dict[str, Any]], found: dict[str, 
     raised back to the largest that fits with the rest of the fix."""
     groups = [dict(g) for g in kept]
     for i, group in enumerate(groups):
-        trials = [{}]
+        trials: list[dict[str, Any]] = [{}]
         if group.get("train.activation_checkpointing") == "full":
             trials.append({"train.activation_checkpointing": "selective"})
         if "train.micro_batch_size" in group:
