@@ -15,6 +15,7 @@ from .params import numel, padded_vocab_size, param_shapes
 from .stages import chunks_per_stage, param_stages, stage_param_shapes
 
 if TYPE_CHECKING:
+    from ..config.model_section import ModelConfig
     from ..config.schema import Config, ResolvedModelConfig
 
 # Tensor parallelism as the trainer splits the model (distributed/tensor_parallel.py): the q/k/v and MLP up (gate
@@ -93,7 +94,7 @@ def zero1_partition(shapes: list[Any], dp: int, groups: list[list[int]]) -> list
     return owned
 
 
-def decay_groups(m: ResolvedModelConfig, shapes: list[Any]) -> list[list[int]]:
+def decay_groups(m: ModelConfig, shapes: list[Any]) -> list[list[int]]:
     """AdamW's two parameter groups: [with weight decay (matrices), without (norms, biases, tied embedding)]."""
     decay: list[int] = []
     no_decay: list[int] = []
