@@ -22,11 +22,12 @@ from .checks import resolve, validate
 from .key_table import docs_markdown
 from .mixture import mixture_sources
 from .reading import build_section, deep_copy, read_yaml, resolve_model, shown, split_override, unknown
-from .schema import SECTIONS, Config, compile_enabled
+from .schema import SECTIONS, Config, ResolvedConfig, compile_enabled
 from .trainable import untrained
 
 __all__ = [
     "Config",
+    "ResolvedConfig",
     "SECTIONS",
     "load_config",
     "replaced",
@@ -40,7 +41,9 @@ __all__ = [
 ]
 
 
-def load_config(path: str | Path | dict[str, Any] | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+def load_config(
+    path: str | Path | dict[str, Any] | None = None, overrides: list[str] | tuple[str, ...] = ()
+) -> ResolvedConfig:
     """Read a YAML file (or a dict), apply `section.key=value` overrides, resolve the model, validate."""
     raw = read_yaml(path) if not isinstance(path, dict) else deep_copy(path)
     for item in overrides:
@@ -54,7 +57,7 @@ def load_config(path: str | Path | dict[str, Any] | None = None, overrides: list
     return from_dict(raw)
 
 
-def replaced(config: Config, overrides: dict[str, Any]) -> Config:
+def replaced(config: Config, overrides: dict[str, Any]) -> ResolvedConfig:
     """A new Config: `config` with {"section.key": value} applied (values already typed), then validated.
     `config` itself is left as loaded: the planner's budget mode and `--fit` plan the configs they choose
     through this, never by writing into the caller's."""
@@ -72,7 +75,7 @@ def replaced(config: Config, overrides: dict[str, Any]) -> Config:
     return resolve(new)
 
 
-def from_dict(raw: dict[str, Any]) -> Config:
+def from_dict(raw: dict[str, Any]) -> ResolvedConfig:
     raw = deep_copy(raw)
     for section in raw:
         if section not in SECTIONS:  # a YAML key may be a number or a boolean

@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from ..errors import ConfigError, UsageError
 from ..gpus import gpu_spec
 from ..rope_scaling import checked_rope_scaling
 from .job_sections import ParallelConfig, TrainConfig
 from .mixture import mixture_sources
-from .schema import SECTIONS, Config, resolved
+from .schema import SECTIONS, Config, ResolvedConfig, ResolvedModelConfig, ResolvedTrainConfig, resolved
+
+_Resolved = TypeVar("_Resolved")
 
 
 class GridError(ConfigError):
@@ -55,9 +57,10 @@ def _refuse_non_finite(c: Config) -> None:
                     raise ConfigError(f"{section}.{f.name}: {x:.3g} is too large; at most 2^63 - 1 (int64)")
 
 
-def resolve(c: Config) -> Config:
+def resolve(c: Config) -> ResolvedConfig:
     """The config with its derived defaults filled in (num_kv_heads, head_dim, seq_len), checked: what every
-    reader sees. A new object; the config is frozen, so no value changes after this."""
+    reader sees. A new object, of the resolved types that declare those keys `int`; the config is frozen, so no
+    value changes after this."""
     _refuse_non_finite(c)
     m, t = c.model, c.train
     for name in ("hidden_size", "num_heads", "max_seq_len"):
@@ -67,19 +70,26 @@ def resolve(c: Config) -> Config:
             f"model.num_heads: {m.num_heads} heads do not divide hidden_size {m.hidden_size}; "
             "pick a divisor or set model.head_dim"
         )
-    model = dataclasses.replace(
+    model = _retyped(
+        ResolvedModelConfig,
         m,
         num_kv_heads=m.num_heads if m.num_kv_heads is None else m.num_kv_heads,
         head_dim=m.hidden_size // m.num_heads if m.head_dim is None else m.head_dim,
         rope_scaling=checked_rope_scaling(m.rope_scaling),
     )
     default_len = min(2048, m.max_seq_len, m.sliding_window or m.max_seq_len)
-    train = dataclasses.replace(t, seq_len=default_len if t.seq_len is None else t.seq_len)
+    train = _retyped(ResolvedTrainConfig, t, seq_len=default_len if t.seq_len is None else t.seq_len)
     if t.global_batch_tokens is not None:
         train = dataclasses.replace(train, grad_accum_steps=_accumulation(train, c.parallel))
-    c = dataclasses.replace(c, model=model, train=train)
-    validate(c)
-    return c
+    resolved_config = _retyped(ResolvedConfig, c, model=model, train=train)
+    validate(resolved_config)
+    return resolved_config
+
+
+def _retyped(cls: type[_Resolved], section: Any, **derived: Any) -> _Resolved:
+    """`section` (a config or one of its sections) as `cls`, its resolved type, with the derived keys set."""
+    values = {f.name: getattr(section, f.name) for f in dataclasses.fields(section)}
+    return cls(**(values | derived))
 
 
 def _check_experts(c: Config) -> None:

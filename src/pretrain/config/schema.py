@@ -1,5 +1,6 @@
 """The config schema: the whole `Config`, one field per section, the sections by name (`SECTIONS`), and the
-values read off a config (`compile_enabled`, `resolved`, `padded_vocab_size`). The sections and their keys, each
+values read off a config (`compile_enabled`, `resolved`, `padded_vocab_size`), and the types of a resolved
+config (`ResolvedConfig`: the keys that `resolve` derives declared `int`). The sections and their keys, each
 with its default, meaning, allowed values and what the trainer runs (`doc`, key_doc.py), are in
 model_section.py, job_sections.py (train, parallel, data), planner_sections.py and trainer_sections.py;
 docs/config.md's key table is generated from them (`docs_markdown`)."""
@@ -38,6 +39,24 @@ class Config:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+# A resolved config's types: what `resolve` returns and the planner takes. The raw sections declare the keys
+# that resolve() derives `int | None` (None = "derive it"); these subclasses declare the same fields `int`, the
+# type they have after resolve(), and add nothing else: same keys, same defaults, same docs (SECTIONS and the
+# key table read the raw Config). A frozen field is read-only, so a type checker accepts the narrower type.
+class ResolvedModelConfig(ModelConfig):
+    num_kv_heads: int
+    head_dim: int
+
+
+class ResolvedTrainConfig(TrainConfig):
+    seq_len: int
+
+
+class ResolvedConfig(Config):
+    model: ResolvedModelConfig
+    train: ResolvedTrainConfig
 
 
 # The sections by name, read from Config's fields so the list is written once.

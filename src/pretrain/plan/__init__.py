@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..config import replaced
+from ..config import ResolvedConfig, replaced
 from ..errors import ConfigError
 from ..gpus import gpu_spec
 from .advice import advise
@@ -29,9 +29,8 @@ from .step_time import step_time
 
 if TYPE_CHECKING:
     from ..config.job_sections import ParallelConfig
-    from ..config.model_section import ModelConfig
     from ..config.planner_sections import HardwareConfig
-    from ..config.schema import Config
+    from ..config.schema import Config, ResolvedModelConfig
     from .params import ParamCounts
 
 __all__ = [
@@ -51,11 +50,12 @@ MAX_LAYERS = 1000
 
 
 def make_plan(config: Config) -> dict[str, Any]:
-    """The plan for a resolved Config (see `pretrain.config.load_config`)."""
+    """The plan for a resolved config (see `pretrain.config.load_config`)."""
+    assert isinstance(config, ResolvedConfig)  # the trainer and the sweep hold their loaded configs as `Config`
     return plan_with_explain(config)[0]
 
 
-def plan_with_explain(config: Config, advice: bool = True) -> tuple[dict[str, Any], Explain]:
+def plan_with_explain(config: ResolvedConfig, advice: bool = True) -> tuple[dict[str, Any], Explain]:
     """The plan and its explain trail; `advice=False` skips the warnings (which re-plan modified copies).
     Budget mode (budget.* keys) plans a new config of the model it chooses (pretrain.plan.budget_mode);
     `config` is never changed, and `planned_config(config, result)` rebuilds the config that was planned."""
@@ -105,7 +105,7 @@ def plan_with_explain(config: Config, advice: bool = True) -> tuple[dict[str, An
     return result, ex
 
 
-def _check_depth(m: ModelConfig) -> None:
+def _check_depth(m: ResolvedModelConfig) -> None:
     if m.num_layers > MAX_LAYERS:
         raise ConfigError(
             f"model.num_layers: {m.num_layers:,} is beyond what the planner models (at most "
@@ -175,7 +175,7 @@ def _hardware(hw: HardwareConfig, device_bytes: int | None, peak: float | None, 
     }
 
 
-def _explain_params(m: ModelConfig, counts: ParamCounts, ex: Explain) -> None:
+def _explain_params(m: ResolvedModelConfig, counts: ParamCounts, ex: Explain) -> None:
     ex.add("params", "total", counts.total, _params_formula(m, counts))
     ex.add(
         "params",
@@ -191,7 +191,7 @@ def _explain_params(m: ModelConfig, counts: ParamCounts, ex: Explain) -> None:
     )
 
 
-def _storage_and_checkpoint(c: Config, length: dict[str, Any], ex: Explain) -> tuple[int, int]:
+def _storage_and_checkpoint(c: ResolvedConfig, length: dict[str, Any], ex: Explain) -> tuple[int, int]:
     """Bytes of the token files (each example once: the epochs re-read the same file) and of one checkpoint."""
     data, tokens = length["data_tokens"], length["tokens"]
     storage = storage_bytes(data, c.model.vocab_size)
@@ -216,7 +216,7 @@ def _storage_and_checkpoint(c: Config, length: dict[str, Any], ex: Explain) -> t
 
 
 def _optional_sections(
-    c: Config, result: dict[str, Any], length: dict[str, Any], model_pt: int, peak: float | None, ex: Explain
+    c: ResolvedConfig, result: dict[str, Any], length: dict[str, Any], model_pt: int, peak: float | None, ex: Explain
 ) -> None:
     """The sections only some configs have: another framework's memory, the corpus, a mixture, in-loop
     evaluations, a measured run."""
@@ -249,13 +249,13 @@ def _optional_sections(
         result["hfu"] = measured["hfu"]
 
 
-def planned_config(config: Config, result: dict[str, Any]) -> Config:
+def planned_config(config: ResolvedConfig, result: dict[str, Any]) -> ResolvedConfig:
     """The config a plan describes: `config` itself, or in budget mode the chosen model's (a new object)."""
 
     return replaced(config, result["budget"]["overrides"]) if "budget" in result else config
 
 
-def _unsharded(c: Config) -> dict[str, Any]:
+def _unsharded(c: ResolvedConfig) -> dict[str, Any]:
     """Model-state tensors of the whole job on one imaginary device (for the checkpoint size)."""
     import dataclasses
 
@@ -265,7 +265,7 @@ def _unsharded(c: Config) -> dict[str, Any]:
     return model_state_tensors(single)
 
 
-def _params_formula(m: ModelConfig, counts: ParamCounts) -> str:
+def _params_formula(m: ResolvedModelConfig, counts: ParamCounts) -> str:
     if (
         m.family == "llama"
         and m.num_kv_heads == m.num_heads

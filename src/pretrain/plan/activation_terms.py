@@ -16,13 +16,14 @@ from typing import TYPE_CHECKING
 from ..gpus import mixed_precision
 
 if TYPE_CHECKING:
-    from ..config.job_sections import ParallelConfig, TrainConfig
+    from ..config.job_sections import ParallelConfig
+    from ..config.schema import ResolvedTrainConfig
 
 COMPUTE_BYTES = {"fp32": 4, "fp16-mixed": 2, "bf16-mixed": 2, "bf16": 2, "fp8": 2}
 AddTerm = Callable[..., None]  # add(name, nbytes, formula, sharded=True): one Term of a layer
 
 
-def residual_bytes(t: TrainConfig, parallel: ParallelConfig) -> int:
+def residual_bytes(t: ResolvedTrainConfig, parallel: ParallelConfig) -> int:
     """Bytes per element of the residual stream. Autocast leaves the embedding output, and so every residual
     add, in fp32; pure bf16, FSDP's mixed precision (which casts the parameters) and train.half_residual (the
     embedding's output cast) keep it in bf16."""

@@ -49,15 +49,15 @@ from .stages import chunk_indices, chunks_in_flight, chunks_per_stage, stage_lay
 from .stages import in_flight as stage_in_flight
 
 if TYPE_CHECKING:
-    from ..config.job_sections import ParallelConfig, TrainConfig
-    from ..config.model_section import ModelConfig
+    from ..config.job_sections import ParallelConfig
+    from ..config.schema import ResolvedModelConfig, ResolvedTrainConfig
 
 HELD_INPUT = "block input (held by recomputation)"
 
 
 def layer_terms(
-    m: ModelConfig,
-    t: TrainConfig,
+    m: ResolvedModelConfig,
+    t: ResolvedTrainConfig,
     parallel: ParallelConfig,
     b: int,
     recompute: str | None = None,
@@ -109,8 +109,8 @@ def layer_terms(
 
 def _attention_terms(
     add: AddTerm,
-    m: ModelConfig,
-    t: TrainConfig,
+    m: ResolvedModelConfig,
+    t: ResolvedTrainConfig,
     a: int,
     b: int,
     native_gqa: bool,
@@ -168,7 +168,7 @@ def _attention_terms(
 
 def _mlp_terms(
     add: AddTerm,
-    m: ModelConfig,
+    m: ResolvedModelConfig,
     parallel: ParallelConfig,
     bs: int,
     a: int,
@@ -196,8 +196,8 @@ def _mlp_terms(
 
 def _selective_terms(
     add: AddTerm,
-    m: ModelConfig,
-    t: TrainConfig,
+    m: ResolvedModelConfig,
+    t: ResolvedTrainConfig,
     parallel: ParallelConfig,
     a: int,
     b: int,
@@ -238,7 +238,7 @@ def _compiled_norms(add: AddTerm, llama: bool, a: int, r: int, bs: int, h: int) 
 
 
 def once_terms(
-    m: ModelConfig, t: TrainConfig, parallel: ParallelConfig, b: int, documents: str | None = None
+    m: ResolvedModelConfig, t: ResolvedTrainConfig, parallel: ParallelConfig, b: int, documents: str | None = None
 ) -> list[Term]:
     """What the embedding, final norm and loss keep (once per micro-batch, not per layer)."""
     s, h, d = t.seq_len, m.hidden_size, m.head_dim
@@ -264,7 +264,7 @@ def once_terms(
     return terms
 
 
-def _overlap(m: ModelConfig, t: TrainConfig, parallel: ParallelConfig, b: int) -> int:
+def _overlap(m: ResolvedModelConfig, t: ResolvedTrainConfig, parallel: ParallelConfig, b: int) -> int:
     """Full recomputation: the recomputed block keeps its held input as-is (no second copy) when its first
     norm saves the input itself: LayerNorm always, RMSNorm when the residual stream is already fp32."""
     r = residual_bytes(t, parallel)
@@ -274,8 +274,8 @@ def _overlap(m: ModelConfig, t: TrainConfig, parallel: ParallelConfig, b: int) -
 
 
 def activation_bytes(
-    m: ModelConfig,
-    t: TrainConfig,
+    m: ResolvedModelConfig,
+    t: ResolvedTrainConfig,
     parallel: ParallelConfig,
     b: int | None = None,
     native_gqa: bool = True,
@@ -300,7 +300,7 @@ def activation_bytes(
         documents=documents,
     )
     kinds = [m, dataclasses.replace(m, num_experts=0)] if m.num_experts and m.first_dense_layers else [m]
-    options = []
+    options: list[tuple[int, list[Term], ResolvedModelConfig]] = []
     for kind in kinds:
         terms = terms_of(kind)
         options.append((rank_bytes(terms, tp, sp), terms, kind))
@@ -325,7 +325,7 @@ def activation_bytes(
     )
 
 
-def _fullest_stage(m: ModelConfig, t: TrainConfig, parallel: ParallelConfig) -> tuple[int, int]:
+def _fullest_stage(m: ResolvedModelConfig, t: ResolvedTrainConfig, parallel: ParallelConfig) -> tuple[int, int]:
     """(layers, micro-batches in flight) of the pipeline rank that must fit.
     1F1B: stage k holds up to p - k micro-batches of its layers' activations; the stage holding the most (the
     first, unless a later one has more layers) is the one that must fit. Interleaved: rank k holds
@@ -344,8 +344,8 @@ def _fullest_stage(m: ModelConfig, t: TrainConfig, parallel: ParallelConfig) -> 
 def _recompute_working(
     terms_of: Callable[..., list[Term]],
     kinds: list[Any],
-    m: ModelConfig,
-    t: TrainConfig,
+    m: ResolvedModelConfig,
+    t: ResolvedTrainConfig,
     parallel: ParallelConfig,
     b: int,
     kept: set[str],

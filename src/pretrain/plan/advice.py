@@ -39,7 +39,7 @@ from .mixture import mixture_advice
 from .traffic import kept_tensor_traffic, weight_reads
 
 if TYPE_CHECKING:
-    from ..config.schema import Config
+    from ..config.schema import ResolvedConfig
 
 TOKENS_PER_PARAM_RANGE = (5, 100)  # 4x below / 5x above Chinchilla; LLaMA-7B's 1T tokens is 148
 SMALL_MODEL = 50_000_000  # below this, the size-dependent rules stay silent
@@ -96,7 +96,7 @@ def loglog(points: Sequence[tuple[float, float]], x: float) -> float:
     return points[-1][1]
 
 
-def advise(config: Config, plan: dict[str, Any]) -> list[str]:
+def advise(config: ResolvedConfig, plan: dict[str, Any]) -> list[str]:
     """The warnings for a config and its plan; empty when every rule is in range."""
     rules = (_memory, _tokens, _epochs, _batch, _lr, _warmup, _mfu, _bandwidth, fp8_advice)
     return [line for rule in rules for line in rule(config, plan)] + context_advice(config)
@@ -105,7 +105,7 @@ def advise(config: Config, plan: dict[str, Any]) -> list[str]:
 # --- the rules -----------------------------------------------------------------------------------------
 
 
-def _tokens(c: Config, p: dict[str, Any]) -> list[str]:
+def _tokens(c: ResolvedConfig, p: dict[str, Any]) -> list[str]:
     n, tokens = p["params"]["total"], p["tokens"]["total"]
     if n < SMALL_MODEL:
         return []
@@ -134,7 +134,7 @@ def _tokens(c: Config, p: dict[str, Any]) -> list[str]:
     ]
 
 
-def _epochs(c: Config, p: dict[str, Any]) -> list[str]:
+def _epochs(c: ResolvedConfig, p: dict[str, Any]) -> list[str]:
     t = c.train
     if not t.examples:
         # the corpus given by data.raw_bytes or data.dir, or each source of a data.mixture
@@ -151,7 +151,7 @@ def _epochs(c: Config, p: dict[str, Any]) -> list[str]:
     ]
 
 
-def _batch(c: Config, p: dict[str, Any]) -> list[str]:
+def _batch(c: ResolvedConfig, p: dict[str, Any]) -> list[str]:
     n = p["params"]["total"]
     if n < BATCH_RULE_MIN_PARAMS:
         return []
@@ -163,7 +163,7 @@ def _batch(c: Config, p: dict[str, Any]) -> list[str]:
         f"parallel {p['parallel']['data']}"
     )
     gpt3 = f"the ~{human(ref)} GPT-3 used at {human(n)} params (Brown et al. 2020; LLaMA and Qwen: 4M)"
-    out = []
+    out: list[str] = []
     ref = round(ref)  # whole tokens: 2**22 is exactly 8x GPT-3's 2**19, not a rounding error above it
     if per_step < ref * BATCH_RANGE[0]:
         accum = 2 ** math.ceil(math.log2(t.grad_accum_steps * ref / per_step))
@@ -198,7 +198,7 @@ def _batch(c: Config, p: dict[str, Any]) -> list[str]:
     return out
 
 
-def _lr(c: Config, p: dict[str, Any]) -> list[str]:
+def _lr(c: ResolvedConfig, p: dict[str, Any]) -> list[str]:
     n, lr = p["params"]["total"], c.train.lr
     if n < SMALL_MODEL:
         return []
@@ -214,7 +214,7 @@ def _lr(c: Config, p: dict[str, Any]) -> list[str]:
     ]
 
 
-def _warmup(c: Config, p: dict[str, Any]) -> list[str]:
+def _warmup(c: ResolvedConfig, p: dict[str, Any]) -> list[str]:
     st, w = p["steps"], c.train.warmup
     total, warm = st["total"], st["warmup"]
     if p["params"]["total"] < SMALL_MODEL or total < WARMUP_MIN_STEPS:
@@ -237,11 +237,12 @@ def _warmup(c: Config, p: dict[str, Any]) -> list[str]:
     ]
 
 
-def _mfu(c: Config, p: dict[str, Any]) -> list[str]:
+def _mfu(c: ResolvedConfig, p: dict[str, Any]) -> list[str]:
     hw = c.hardware
-    if hw.profile or not p["time"]["seconds"] or not (hw.hfu or hw.mfu):  # only a utilisation the user assumed
+    value = hw.hfu or hw.mfu
+    if hw.profile or not p["time"]["seconds"] or not value:  # only a utilisation the user assumed
         return []
-    key, value = ("hfu", hw.hfu) if hw.hfu else ("mfu", hw.mfu)
+    key = "hfu" if hw.hfu else "mfu"
     low, high = MFU_RANGE
     if low <= value <= high:
         return []
@@ -259,7 +260,7 @@ def _mfu(c: Config, p: dict[str, Any]) -> list[str]:
     ]
 
 
-def step_intensity(c: Config, p: dict[str, Any], b: int | None = None) -> tuple[float, float]:
+def step_intensity(c: ResolvedConfig, p: dict[str, Any], b: int | None = None) -> tuple[float, float]:
     """FLOPs and a lower bound on bytes moved per GPU by one micro-batch of b sequences (forward + backward).
 
     Bytes: the matmul weights in the compute dtype read 3 times (forward, backward for the activations'
@@ -276,7 +277,7 @@ def step_intensity(c: Config, p: dict[str, Any], b: int | None = None) -> tuple[
     return flops, weights + traffic
 
 
-def _bandwidth(c: Config, p: dict[str, Any]) -> list[str]:
+def _bandwidth(c: ResolvedConfig, p: dict[str, Any]) -> list[str]:
     bandwidth = p["hardware"]["bandwidth_gbps"]
     peak = p["hardware"]["peak_tflops"]
     if not bandwidth or not peak or p["params"]["total"] < SMALL_MODEL:
@@ -328,7 +329,7 @@ def _bandwidth(c: Config, p: dict[str, Any]) -> list[str]:
 # --- does not fit: search for the cheapest change --------------------------------------------------------
 
 
-def _memory(c: Config, p: dict[str, Any]) -> list[str]:
+def _memory(c: ResolvedConfig, p: dict[str, Any]) -> list[str]:
     if p["fits"] is not False:
         return []
     head = (
@@ -342,7 +343,7 @@ def _memory(c: Config, p: dict[str, Any]) -> list[str]:
             f"{head}; no fix found by recomputation, a smaller micro-batch, ZeRO, up to {MAX_GPUS:,} GPUs or "
             f"tensor parallel 8: try {offload}a card with more memory"
         ]
-    shown = []
+    shown: list[str] = []
     for overrides, q in fixes:
         text = " ".join(f"{k}={shown_value(v)}" for k, v in overrides.items())
         notes = [f"{q['memory_bytes']['total'] / GiB:.1f} GiB"]

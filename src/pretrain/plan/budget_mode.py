@@ -55,7 +55,7 @@ from .length import CHINCHILLA_TOKENS_PER_PARAM, storage_bytes
 from .scaling import WIDTHS, approach_3_optimum, chinchilla_loss, llama_shape, shape_keys, shape_params
 
 if TYPE_CHECKING:
-    from ..config.schema import Config
+    from ..config.schema import ResolvedConfig
 
 # shape -> (its _fit, 6N FLOPs per GPU-second, utilisation, basis); {} for the config as given
 Speed = Callable[[dict[str, Any]], tuple[Any, ...]]
@@ -77,12 +77,12 @@ LENGTH_KEYS = ("tokens", "max_steps", "examples")  # train.*: each fixes the tok
 ROUNDS = 5  # shapes tried at their own speed; the step-time model's MFU moves slowly with size: 2-3 suffice
 
 
-def budget_requested(cfg: Config) -> bool:
+def budget_requested(cfg: ResolvedConfig) -> bool:
     b = cfg.budget
     return any(v is not None for v in (b.gpu_hours, b.days, b.cost))
 
 
-def model_given(cfg: Config) -> str | None:
+def model_given(cfg: ResolvedConfig) -> str | None:
     """The `key=value` that fixes the model (model.preset, model.hf_config, or the first of CHOSEN_KEYS away
     from its default); None when budget mode is to choose it. A shape key given at its default value cannot
     be told apart from one left out: it counts as not given."""
@@ -105,9 +105,9 @@ def spendable_compute(vocab_size: int, max_seq_len: int) -> tuple[float, float]:
     return 120 * (INFERENCE_AWARE_SHRINK * smallest) ** 2, 120 * largest**2
 
 
-def apply_budget(cfg: Config, ex: Explain) -> tuple[dict[str, Any], Config]:
+def apply_budget(cfg: ResolvedConfig, ex: Explain) -> tuple[dict[str, Any], ResolvedConfig]:
     """Choose the model for the budget, or with a model given buy its tokens: (the plan's "budget" entry, a
-    new Config of that model with its train.tokens, the overrides that make it fit, and the budget keys
+    new config of that model with its train.tokens, the overrides that make it fit, and the budget keys
     cleared). `cfg` is left unchanged; the rest of the plan is the ordinary plan of the new config, and
     `budget.overrides` rebuilds it from `cfg`."""
     given = model_given(cfg)
@@ -159,7 +159,7 @@ def apply_budget(cfg: Config, ex: Explain) -> tuple[dict[str, Any], Config]:
     return entry, replaced(cfg, entry["overrides"])
 
 
-def _refuse_length(cfg: Config, given: str | None) -> None:
+def _refuse_length(cfg: ResolvedConfig, given: str | None) -> None:
     """A length given beside a budget (train.tokens, max_steps, examples): the budget fixes the tokens itself."""
     length = next((k for k in LENGTH_KEYS if getattr(cfg.train, k) is not None), None)
     if not length:
@@ -203,7 +203,7 @@ def _compute_optimal(compute: float, ex: Explain) -> tuple[float, float, float, 
     return n_opt, d_opt, n_3, best
 
 
-def _search(cfg: Config, seconds: float, peak: float) -> tuple[dict[str, Any], Speed]:
+def _search(cfg: ResolvedConfig, seconds: float, peak: float) -> tuple[dict[str, Any], Speed]:
     """The compute-optimal shape at its own speed, and `speed` (shape -> (its _fit, 6N FLOPs per GPU-second,
     utilisation, basis), {} for the config as given): from the config's speed, the shape N_opt gives, until a
     shape comes again. One that needs recomputation to fit is slower, and its compute buys a smaller shape,
@@ -217,7 +217,8 @@ def _search(cfg: Config, seconds: float, peak: float) -> tuple[dict[str, Any], S
             speeds[key] = (fit, *flops_per_gpu_second(fit["config"], peak))
         return speeds[key]
 
-    shape, seen, per_second = {}, [], speed({})[1]
+    shape, per_second = {}, speed({})[1]
+    seen: list[dict[str, Any]] = []
     for _ in range(ROUNDS):
         compute = seconds * per_second
         if not low <= compute <= high:  # the ends at their own speed, as configured (no fix searched)
@@ -247,7 +248,7 @@ def _search(cfg: Config, seconds: float, peak: float) -> tuple[dict[str, Any], S
     return shape, speed
 
 
-def _shape_near(cfg: Config, n: float) -> dict[str, Any]:
+def _shape_near(cfg: ResolvedConfig, n: float) -> dict[str, Any]:
     return llama_shape(n, cfg.model.vocab_size, cfg.model.max_seq_len)
 
 
@@ -263,7 +264,7 @@ def _model_overrides(shape: dict[str, Any]) -> dict[str, Any]:
 
 
 def _row(
-    cfg: Config,
+    cfg: ResolvedConfig,
     seconds: float,
     n_target: float,
     shape: dict[str, Any],
@@ -329,7 +330,7 @@ def _row(
     }
 
 
-def _fit(cfg: Config, overrides: dict[str, Any]) -> dict[str, Any]:
+def _fit(cfg: ResolvedConfig, overrides: dict[str, Any]) -> dict[str, Any]:
     """The ordinary plan of the shape on the budget's GPUs; when it does not fit, the cheapest fix that keeps
     the number of GPUs (pretrain.plan.fit_fixes)."""
     from . import plan_with_explain

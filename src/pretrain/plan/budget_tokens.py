@@ -21,13 +21,13 @@ from .scaling import approach_3_optimum, chinchilla_loss
 from .schedule import tokens_for_steps
 
 if TYPE_CHECKING:
-    from ..config.schema import Config
+    from ..config.schema import ResolvedConfig
     from .explain import Explain
 
 
 def buy_tokens(
-    cfg: Config, given: str, seconds: float, how: str, peak: float, ex: Explain
-) -> tuple[dict[str, Any], Config]:
+    cfg: ResolvedConfig, given: str, seconds: float, how: str, peak: float, ex: Explain
+) -> tuple[dict[str, Any], ResolvedConfig]:
     """The model given, trained on the whole optimizer steps the budget's GPU-seconds buy at the plan's own
     time (pretrain.plan.length.tokens_per_gpu_second: the step-time model, or hardware.mfu / hfu when given)."""
     counts = count_params(cfg.model)
@@ -79,7 +79,7 @@ def buy_tokens(
         loss - best,
         f"{loss:.4f} - {best:.4f}, the fit's optimum for C = 6ND {6 * n * tokens:.4g} (at {n_3:.4g} params)",
     )
-    entry = {
+    entry: dict[str, Any] = {
         "gpu_hours": seconds / 3600,
         "compute_flops": compute,
         "model_given": given,

@@ -13,8 +13,7 @@ from .explain import Explain
 from .hardware import memory_bandwidth_gbps
 
 if TYPE_CHECKING:
-    from ..config.job_sections import TrainConfig
-    from ..config.schema import Config
+    from ..config.schema import ResolvedConfig, ResolvedTrainConfig
     from .params import ParamCounts
 
 BANDWIDTH_EFFICIENCY = 0.8  # of a data-sheet HBM / NVLink / network rate
@@ -24,7 +23,7 @@ PCIE_GBPS = 25.0  # host <-> GPU, PCIe Gen4 x16 per direction as reached by pinn
 HOST_GBPS_PER_GPU = 20.0  # a two-socket host's ~160 GB/s of memory bandwidth shared by 8 GPU processes
 
 
-def links(c: Config) -> tuple[float, float, str]:
+def links(c: ResolvedConfig) -> tuple[float, float, str]:
     """(intra-node, inter-node) GB/s per GPU per direction, and where they come from."""
     hw, spec = c.hardware, gpu_spec(c.hardware.gpu)
     intra = hw.intra_node_gbps if hw.intra_node_gbps is not None else spec.intra_node_gbps * BANDWIDTH_EFFICIENCY
@@ -54,18 +53,18 @@ def ring(nbytes: float, ranks: int, gbps: float, factor: float) -> float:
     return factor * (ranks - 1) / ranks * nbytes / (gbps * 1e9)
 
 
-def hbm_gbps(c: Config) -> float:
+def hbm_gbps(c: ResolvedConfig) -> float:
     return memory_bandwidth_gbps(c.hardware) * BANDWIDTH_EFFICIENCY
 
 
-def bytes_per_value(t: TrainConfig) -> tuple[int, int]:
+def bytes_per_value(t: ResolvedTrainConfig) -> tuple[int, int]:
     """(gradient, parameter) bytes: as pretrain.plan.memory holds them."""
     mixed = mixed_precision(t.precision)
     grad_b = 2 if t.precision == "bf16" or (mixed and t.grad_dtype == "same") else 4
     return grad_b, 2 if t.precision == "bf16" else 4
 
 
-def data_parallel_time(c: Config, counts: ParamCounts, step: dict[str, Any], ex: Explain) -> dict[str, Any]:
+def data_parallel_time(c: ResolvedConfig, counts: ParamCounts, step: dict[str, Any], ex: Explain) -> dict[str, Any]:
     """The data-parallel traffic of a step, and what of it the compute does not hide."""
     par = c.parallel
     dp = par.gpus // (par.tensor * par.pipeline)
@@ -103,7 +102,7 @@ def data_parallel_time(c: Config, counts: ParamCounts, step: dict[str, Any], ex:
     return {"data_parallel_s": total_s + hidden_gather_s + after_s, "data_parallel_exposed_s": exposed_s + contention_s}
 
 
-def _data_parallel_link(c: Config, dp: int) -> tuple[float, str, str]:
+def _data_parallel_link(c: ResolvedConfig, dp: int) -> tuple[float, str, str]:
     """The data-parallel group's bus bandwidth per GPU, where it runs, and where the figure comes from."""
     par = c.parallel
     intra, inter, link_how = links(c)
@@ -122,7 +121,7 @@ class Sync:
     """One data-parallel group's collectives: the bytes of a rank's gradients and parameters, and the ring
     time of a reduce-scatter or all-gather of them (an all-reduce is both)."""
 
-    def __init__(self, c: Config, counts: ParamCounts, dp: int, link: float):
+    def __init__(self, c: ResolvedConfig, counts: ParamCounts, dp: int, link: float):
         self.dp, self.link, self.micro = dp, link, c.train.grad_accum_steps
         params = rank_params(c, counts) / (c.parallel.tensor * c.parallel.pipeline)  # a stage's share, even
         grad_b, _ = bytes_per_value(c.train)
@@ -164,7 +163,7 @@ def _zero1(sync: Sync, step: dict[str, Any]) -> tuple[Any, ...]:
     )
 
 
-def _fsdp(c: Config, sync: Sync, step: dict[str, Any]) -> tuple[Any, ...]:
+def _fsdp(c: ResolvedConfig, sync: Sync, step: dict[str, Any]) -> tuple[Any, ...]:
     micro = sync.micro
     syncs = micro if c.parallel.grad_sync == "micro_batch" else 1
     gathers = 2 if c.parallel.zero_stage == 3 else 1
@@ -181,7 +180,7 @@ def _fsdp(c: Config, sync: Sync, step: dict[str, Any]) -> tuple[Any, ...]:
     )
 
 
-def _fsdp_stage(c: Config, sync: Sync, step: dict[str, Any]) -> tuple[Any, ...]:
+def _fsdp_stage(c: ResolvedConfig, sync: Sync, step: dict[str, Any]) -> tuple[Any, ...]:
     """FSDP2 per pipeline stage as torch.distributed.pipelining runs it (PipelineStage's backward and its
     REDUCE_GRAD action): no gradient sync and no resharding after the backward of any but the step's last
     micro-batch, then one reduce-scatter after the last backward, behind nothing. So ZeRO-2 gathers the
@@ -203,7 +202,7 @@ def _fsdp_stage(c: Config, sync: Sync, step: dict[str, Any]) -> tuple[Any, ...]:
     )
 
 
-def optimizer_time(c: Config, counts: ParamCounts, ex: Explain) -> dict[str, Any]:
+def optimizer_time(c: ResolvedConfig, counts: ParamCounts, ex: Explain) -> dict[str, Any]:
     """The update: memory-bound on the GPU, or on the host with offload (ZeRO-Offload, Ren et al. 2021)."""
     t, par = c.train, c.parallel
     shard = par.tensor * par.pipeline

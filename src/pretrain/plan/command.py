@@ -15,14 +15,12 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from ..config import replaced
+from ..config import ResolvedConfig, replaced
 from ..config_args import add_config_arguments, config_from_args
 from ..units import GiB
 
 if TYPE_CHECKING:
     import argparse
-
-    from ..config.schema import Config
 
 HELP = "plan a run: parameters, FLOPs, memory per GPU, tokens, steps, time"
 
@@ -75,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
     from .table import render
 
     config = config_from_args(args)
+    assert isinstance(config, ResolvedConfig)  # load_config's, typed `Config` by config_from_args
     if args.fit:
         return _fit(config, args)
     result, explain = plan_with_explain(config)
@@ -93,7 +92,7 @@ def as_json(result: dict[str, Any]) -> str:
     return json.dumps(result, indent=2)
 
 
-def fit_result(config: Config, top: int) -> tuple[Config, dict[str, Any]]:
+def fit_result(config: ResolvedConfig, top: int) -> tuple[ResolvedConfig, dict[str, Any]]:
     """(the config whose layouts were searched, the --fit ranking): in budget mode, the model it buys."""
     from ..errors import UsageError
     from . import plan_with_explain, planned_config
@@ -110,7 +109,7 @@ def fit_result(config: Config, top: int) -> tuple[Config, dict[str, Any]]:
     return config, {**result, "fp8_vs_bf16": weighed} if weighed else result
 
 
-def _fit(config: Config, args: argparse.Namespace) -> int:
+def _fit(config: ResolvedConfig, args: argparse.Namespace) -> int:
     from . import plan_with_explain
     from .fit import render
     from .fit_fp8 import lines

@@ -16,18 +16,18 @@ from typing import TYPE_CHECKING, Any
 from .explain import Explain
 
 if TYPE_CHECKING:
-    from ..config.schema import Config
+    from ..config.schema import ResolvedConfig
 
 MAX_EPOCHS = 4  # Muennighoff et al. 2023: up to ~4 epochs, repeated tokens are worth almost as much as new
 
 
-def corpus_supply(cfg: Config, tokens: int, ex: Explain) -> dict[str, Any] | None:
+def corpus_supply(cfg: ResolvedConfig, tokens: int, ex: Explain) -> dict[str, Any] | None:
     """{"raw_bytes", "bytes_per_token", "tokens_available", "epochs", "source"}, or None when no corpus is given."""
     d = cfg.data
     if d.raw_bytes:
         raw, per_token = d.raw_bytes, d.bytes_per_token
-        # resolved config: bytes_per_token is set beside raw_bytes
-        available = int(raw / per_token)  # pyright: ignore[reportOperatorIssue, reportUnknownArgumentType]
+        assert per_token  # checks.py refuses data.raw_bytes without data.bytes_per_token
+        available = int(raw / per_token)
         source = "data.raw_bytes / data.bytes_per_token"
         ex.add("data", "tokens_available", available, f"raw text {raw:.4g} bytes / {per_token:.4g} bytes per token")
     elif d.dir:

@@ -29,12 +29,10 @@ from ..config import mixture_sources
 from .explain import Explain
 
 if TYPE_CHECKING:
-    from ..config.job_sections import TrainConfig
-    from ..config.model_section import ModelConfig
-    from ..config.schema import Config
+    from ..config.schema import ResolvedConfig, ResolvedModelConfig, ResolvedTrainConfig
 
 
-def position_reset(m: ModelConfig, t: TrainConfig) -> bool:
+def position_reset(m: ResolvedModelConfig, t: ResolvedTrainConfig) -> bool:
     """model.position_reset as the model reads it: null follows train.document_masking."""
     return t.document_masking if m.position_reset is None else m.position_reset
 
@@ -65,7 +63,7 @@ def histogram_lengths(directory: str) -> dict[float, float] | None:
     return lengths or None
 
 
-def mixture_lengths(cfg: Config) -> dict[float, float] | None:
+def mixture_lengths(cfg: ResolvedConfig) -> dict[float, float] | None:
     """The sources' histograms in one, each source's documents scaled by its weight / its tokens, so that
     mean_context of the sum is sum w_s C_s; None if a source has none."""
     lengths: dict[float, float] = {}
@@ -79,7 +77,7 @@ def mixture_lengths(cfg: Config) -> dict[float, float] | None:
     return lengths
 
 
-def document_lengths(cfg: Config) -> tuple[dict[float, float] | None, str]:
+def document_lengths(cfg: ResolvedConfig) -> tuple[dict[float, float] | None, str]:
     """({length: documents} or None, where they came from: "meta.json" | "data.mean_doc_tokens" | "none")."""
     d = cfg.data
     lengths = histogram_lengths(d.dir) if d.dir else mixture_lengths(cfg) if d.mixture else None
@@ -90,12 +88,11 @@ def document_lengths(cfg: Config) -> tuple[dict[float, float] | None, str]:
     return None, "none"
 
 
-def attention_context(cfg: Config, ex: Explain) -> tuple[float, str | None]:
+def attention_context(cfg: ResolvedConfig, ex: Explain) -> tuple[float, str | None]:
     """(keys per query in the attention term, where the document lengths came from; None without masking)."""
     seq = cfg.train.seq_len
     if not cfg.train.document_masking:
-        # resolved config: seq_len is set
-        return seq, None  # pyright: ignore[reportReturnType]
+        return seq, None
     lengths, source = document_lengths(cfg)
     if lengths is None:
         ex.add(
@@ -105,16 +102,14 @@ def attention_context(cfg: Config, ex: Explain) -> tuple[float, str | None]:
             "document masking, lengths unknown (no doc_length_histogram "
             "in data.dir's meta.json, no data.mean_doc_tokens): seq, the full square's upper bound",
         )
-        # resolved config: seq_len is set
-        return seq, source  # pyright: ignore[reportReturnType]
+        return seq, source
     if source == "data.mean_doc_tokens":
         where = f"data.mean_doc_tokens {cfg.data.mean_doc_tokens:g}"
     elif cfg.data.dir:
         where = f"{cfg.data.dir}/meta.json doc_length_histogram"
     else:
         where = "the data.mixture sources' meta.json doc_length_histograms, weighted by their weights"
-    # resolved config: seq_len is set
-    context = mean_context(lengths, seq)  # pyright: ignore[reportArgumentType]
+    context = mean_context(lengths, seq)
     ex.add(
         "flops",
         "attention_context",

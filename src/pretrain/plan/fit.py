@@ -33,7 +33,7 @@ import math
 import re
 from typing import TYPE_CHECKING, Any, cast
 
-from ..config import replaced
+from ..config import ResolvedConfig, replaced
 from ..config.job_sections import RECOMPUTE
 from ..config.trainable import check_trainable
 from ..errors import ConfigError
@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from .params import ParamCounts
 
 REFUSED = "`pretrain train` refuses it"  # a rejected row's why, before the trainer's own words
+Scored = tuple[float, dict[str, Any], dict[str, Any]]  # a fitting layout: (seconds per step, overrides, step)
 
 
 def _divisors(n: int, most: int | None = None) -> list[int]:
@@ -64,13 +65,13 @@ def _divisors(n: int, most: int | None = None) -> list[int]:
     return [k for k in small + large if k <= most]
 
 
-def layouts(c: Config) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def layouts(c: ResolvedConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(tensor, pipeline, data) splits the rules allow, and those refused with why."""
     m, par, t = c.model, c.parallel, c.train
     sequences = t.micro_batch_size * t.grad_accum_steps * par.data_parallel
-    found, refused = [], []
-    # resolved config: num_kv_heads is set
-    for tp in _divisors(math.gcd(m.num_heads, m.num_kv_heads), par.gpus_per_node):  # pyright: ignore[reportArgumentType]
+    found: list[dict[str, Any]] = []
+    refused: list[dict[str, Any]] = []
+    for tp in _divisors(math.gcd(m.num_heads, m.num_kv_heads), par.gpus_per_node):
         if par.gpus % tp:
             continue
         for pp in _divisors(m.num_layers):
@@ -98,6 +99,7 @@ def layouts(c: Config) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
 def fit(config: Config, top: int = 10) -> dict[str, Any]:
     """{"candidates": [...] fastest first (at most `top`), "rejected": [{"overrides", "why"}, ...]}; every
     candidate is a layout `pretrain train` runs."""
+    assert isinstance(config, ResolvedConfig)  # the sweep holds its loaded config as `Config`
     from . import plan_with_explain
 
     peak, source = peak_tflops(config.hardware, config.train.precision)
@@ -105,7 +107,7 @@ def fit(config: Config, top: int = 10) -> dict[str, Any]:
         raise ConfigError(f"--fit ranks layouts by speed and needs a peak FLOP/s: {source}")
     counts = count_params(config.model)
     splits, rejected = layouts(config)
-    scored = []  # (seconds, overrides, step)
+    scored: list[Scored] = []
     for split in splits:
         scored += _search(config, split, "none", counts, peak, rejected)
     if not scored:  # nothing fits on the GPUs: the same search with the states in host memory
@@ -114,7 +116,8 @@ def fit(config: Config, top: int = 10) -> dict[str, Any]:
                 scored += _search(config, split, offload, counts, peak, rejected)
     scored.sort(key=lambda s: s[0])
 
-    candidates, best = [], None
+    candidates: list[dict[str, Any]] = []
+    best: dict[str, Any] | None = None
     for _seconds, overrides, _step in scored:
         if len(candidates) >= top:
             break
@@ -154,8 +157,8 @@ def fit(config: Config, top: int = 10) -> dict[str, Any]:
 
 
 def _search(
-    config: Config, split: dict[str, Any], offload: str, counts: ParamCounts, peak: float, rejected: list[Any]
-) -> list[tuple[Any, ...]]:
+    config: ResolvedConfig, split: dict[str, Any], offload: str, counts: ParamCounts, peak: float, rejected: list[Any]
+) -> list[Scored]:
     """The fitting (ZeRO stage, recomputation, micro-batch) of one (tensor, pipeline) split, scored."""
     dp, per_rank = split["data"], split["per_rank"]
     shared = {
@@ -169,7 +172,7 @@ def _search(
     stages = [3, 2, 1, 0] if dp > 1 else [0]
     if offload == "optimizer+params":  # parameters live on the host only under ZeRO-3 (config.validate)
         stages = [3] if dp > 1 else []
-    out = []
+    out: list[Scored] = []
     for zero in stages:
         refused = _refused(
             config,
@@ -206,14 +209,14 @@ def _search(
             for b in _divisors(per_rank, largest):
                 overrides = {**layout, "train.micro_batch_size": b, "train.grad_accum_steps": per_rank // b}
                 # a dict, not None: fit refused to search without a peak
-                step = cast(dict, step_time(replaced(c, overrides), counts, fl, peak))
+                step = cast(dict[str, Any], step_time(replaced(c, overrides), counts, fl, peak))
                 out.append((step["seconds"], overrides, step))
         if not out:
             break  # the strongest stage the trainer runs does not fit with full recomputation: no lower stage does
     return out
 
 
-def _refused(config: Config, layout: dict[str, Any]) -> dict[str, Any] | None:
+def _refused(config: ResolvedConfig, layout: dict[str, Any]) -> dict[str, Any] | None:
     """A rejected row if `pretrain train` refuses this layout (its own check, its own words), else None."""
     try:
         c = replaced(config, layout)
@@ -238,7 +241,7 @@ def command_line(overrides: dict[str, Any]) -> str:
     return " ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in overrides.items())
 
 
-def render(config: Config, result: dict[str, Any], shown: int = 10, command: str = "pretrain plan ...") -> str:
+def render(config: ResolvedConfig, result: dict[str, Any], shown: int = 10, command: str = "pretrain plan ...") -> str:
     """The ranked table, then why the others lost (counted by reason)."""
     m, par, t = config.model, config.parallel, config.train
     name = m.preset or m.hf_config or "custom"

@@ -12,13 +12,13 @@ from ..config.job_sections import RECOMPUTE
 from ..errors import ConfigError
 
 if TYPE_CHECKING:
-    from ..config.schema import Config
+    from ..config.schema import ResolvedConfig
 
 MAX_GPUS = 16384  # the "more GPUs" fix stops here
 Options = tuple[list[dict[str, Any]], dict[str, Any] | None]  # the overrides to try, and the one to keep if none fits
 
 
-def fit_fixes(config: Config, limit: int = 2) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+def fit_fixes(config: ResolvedConfig, limit: int = 2) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """Up to `limit` override sets {"section.key": value} that make the config fit, cheapest first, each with
     the plan it gives.
 
@@ -45,26 +45,26 @@ def fit_fixes(config: Config, limit: int = 2) -> list[tuple[dict[str, Any], dict
             first = fixes[0][0]
             if gpus > _get(config, first, "parallel.gpus") or first.items() <= fix.items():
                 continue
-        fixes.append((fix, cast(dict, _replan(config, fix))))  # a plan: every fix passed _fits
+        fixes.append((fix, cast(dict[str, Any], _replan(config, fix))))  # a plan: every fix passed _fits
         if len(fixes) == limit:
             break
     return sorted(fixes, key=lambda f: _get(config, f[0], "parallel.gpus"))  # cheapest: fewest GPUs
 
 
-def _get(config: Config, overrides: dict[str, Any], key: str) -> Any:
+def _get(config: ResolvedConfig, overrides: dict[str, Any], key: str) -> Any:
     if key in overrides:
         return overrides[key]
     section, name = key.split(".")
     return getattr(getattr(config, section), name)
 
 
-def _data_parallel(config: Config, overrides: dict[str, Any]) -> int:
+def _data_parallel(config: ResolvedConfig, overrides: dict[str, Any]) -> int:
     return _get(config, overrides, "parallel.gpus") // (
         _get(config, overrides, "parallel.tensor") * _get(config, overrides, "parallel.pipeline")
     )
 
 
-def _sequences_per_rank(config: Config, overrides: dict[str, Any]) -> int | None:
+def _sequences_per_rank(config: ResolvedConfig, overrides: dict[str, Any]) -> int | None:
     """Sequences each data-parallel rank must contribute per step to keep the global batch (None: no whole
     number does)."""
     t = config.train
@@ -73,7 +73,7 @@ def _sequences_per_rank(config: Config, overrides: dict[str, Any]) -> int | None
     return sequences // dp if sequences % dp == 0 else None
 
 
-def _complete(config: Config, overrides: dict[str, Any]) -> dict[str, Any]:
+def _complete(config: ResolvedConfig, overrides: dict[str, Any]) -> dict[str, Any]:
     """The overrides with the grad_accum_steps whose global batch is nearest the original: the same batch
     where a whole number of steps gives it, else the closest (at least one step), so that more GPUs do not
     multiply the batch by their number."""
@@ -87,18 +87,18 @@ def _complete(config: Config, overrides: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _fits(config: Config, overrides: dict[str, Any]) -> bool:
+def _fits(config: ResolvedConfig, overrides: dict[str, Any]) -> bool:
     q = _replan(config, _complete(config, overrides))
     return bool(q and q["fits"])
 
 
-def _recompute_options(config: Config, state: dict[str, Any]) -> Options:
+def _recompute_options(config: ResolvedConfig, state: dict[str, Any]) -> Options:
     current = RECOMPUTE.index(_get(config, state, "train.activation_checkpointing"))
     options = [{"train.activation_checkpointing": r} for r in RECOMPUTE[current + 1 :]]
     return options, (options[-1] if options else None)
 
 
-def _smaller_micro_batch(config: Config, overrides: dict[str, Any]) -> int:
+def _smaller_micro_batch(config: ResolvedConfig, overrides: dict[str, Any]) -> int:
     """The largest micro-batch below the current one that fits with `overrides` and divides the sequences
     per rank (so the global batch stays); 1 when none fits."""
     b = _get(config, overrides, "train.micro_batch_size")
@@ -108,14 +108,14 @@ def _smaller_micro_batch(config: Config, overrides: dict[str, Any]) -> int:
     return max([d for d in range(1, largest + 1) if per_rank % d == 0] or [1])
 
 
-def _micro_batch_options(config: Config, state: dict[str, Any]) -> Options:
+def _micro_batch_options(config: ResolvedConfig, state: dict[str, Any]) -> Options:
     if _get(config, state, "train.micro_batch_size") == 1:
         return [], None
     option = {"train.micro_batch_size": _smaller_micro_batch(config, state)}
     return [option], option
 
 
-def _zero_options(config: Config, state: dict[str, Any]) -> Options:
+def _zero_options(config: ResolvedConfig, state: dict[str, Any]) -> Options:
     if _data_parallel(config, state) <= 1:
         return [], None
     current = _get(config, state, "parallel.zero_stage")
@@ -123,19 +123,20 @@ def _zero_options(config: Config, state: dict[str, Any]) -> Options:
     return options, (options[-1] if options else None)
 
 
-def _gpu_options(config: Config, state: dict[str, Any]) -> Options:
+def _gpu_options(config: ResolvedConfig, state: dict[str, Any]) -> Options:
     gpus = _get(config, state, "parallel.gpus")
-    options, k = [], 2
+    options: list[dict[str, Any]] = []
+    k = 2
     while gpus * k <= MAX_GPUS:
         options.append({"parallel.gpus": gpus * k, "parallel.zero_stage": 3})
         k *= 2
     return options, None  # more GPUs alone did not help: the tensor-parallel options set their own
 
 
-def _tensor_options(config: Config, state: dict[str, Any]) -> Options:
+def _tensor_options(config: ResolvedConfig, state: dict[str, Any]) -> Options:
     m, par = config.model, config.parallel
     gpus = _get(config, state, "parallel.gpus")
-    options = []
+    options: list[dict[str, Any]] = []
     for t in (2, 4, 8):
         if t <= par.tensor or m.num_heads % t or m.num_kv_heads % t:
             continue
@@ -154,12 +155,12 @@ def _tensor_options(config: Config, state: dict[str, Any]) -> Options:
     return options, None
 
 
-def _prune(config: Config, kept: list[dict[str, Any]], found: dict[str, Any]) -> dict[str, Any]:
+def _prune(config: ResolvedConfig, kept: list[dict[str, Any]], found: dict[str, Any]) -> dict[str, Any]:
     """Drop (or weaken) the kept changes the fix does not need, earliest lever first; a kept micro-batch is
     raised back to the largest that fits with the rest of the fix."""
     groups = [dict(g) for g in kept]
     for i, group in enumerate(groups):
-        trials = [{}]
+        trials: list[dict[str, Any]] = [{}]
         if group.get("train.activation_checkpointing") == "full":
             trials.append({"train.activation_checkpointing": "selective"})
         if "train.micro_batch_size" in group:
@@ -180,7 +181,7 @@ def _merge(groups: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _replan(config: Config, overrides: dict[str, Any]) -> dict[str, Any] | None:
+def _replan(config: ResolvedConfig, overrides: dict[str, Any]) -> dict[str, Any] | None:
     """The plan of a copy of `config` with `overrides` applied (None when the copy is not a valid config)."""
     from . import plan_with_explain
 

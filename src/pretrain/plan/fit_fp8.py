@@ -18,12 +18,12 @@ from ..config import replaced
 from . import fp8
 
 if TYPE_CHECKING:
-    from ..config.schema import Config
+    from ..config.schema import ResolvedConfig
 
 WEIGHED = ("bf16-mixed", "fp8")
 
 
-def weigh(config: Config, result: dict[str, Any]) -> dict[str, Any] | None:
+def weigh(config: ResolvedConfig, result: dict[str, Any]) -> dict[str, Any] | None:
     """{"bf16-mixed": fastest or None, "fp8": fastest or None, "fp8_speedup": fp8 tokens/s over bf16-mixed's or
     None, "faster": the faster precision or None}; each fastest is the candidate's figures with
     train.precision in its overrides. None where fp8 is not weighed (see the module's doc)."""
@@ -51,7 +51,7 @@ def _fastest(precision: str, result: dict[str, Any]) -> dict[str, Any] | None:
     }
 
 
-def lines(config: Config, weighed: dict[str, Any] | None, command: str) -> list[str]:
+def lines(config: ResolvedConfig, weighed: dict[str, Any] | None, command: str) -> list[str]:
     """The table's lines: which precision is faster and by how much, and the other one's command."""
     if not weighed:
         return []

@@ -34,18 +34,16 @@ from .explain import Explain
 from .params import expert_width, moe_layers
 
 if TYPE_CHECKING:
-    from ..config.model_section import ModelConfig
-    from ..config.schema import Config
+    from ..config.schema import ResolvedConfig, ResolvedModelConfig
     from .params import ParamCounts
 
 
-def flops(cfg: Config, counts: ParamCounts, tokens: int, ex: Explain) -> dict[str, Any]:
+def flops(cfg: ResolvedConfig, counts: ParamCounts, tokens: int, ex: Explain) -> dict[str, Any]:
     m, t = cfg.model, cfg.train
     N = counts.flops
     v_dim = m.v_head_dim or m.head_dim
     causal = cfg.flops.causal_attention
-    # resolved config: v_head_dim or head_dim is set
-    attention, full_attention, lengths_from = _attention_per_token(cfg, v_dim, ex)  # pyright: ignore[reportArgumentType]
+    attention, full_attention, lengths_from = _attention_per_token(cfg, v_dim, ex)
     per_token = 6 * N + attention
     active = " active" if counts.inactive else ""
     ex.add(
@@ -64,8 +62,7 @@ def flops(cfg: Config, counts: ParamCounts, tokens: int, ex: Explain) -> dict[st
     )
 
     recompute = t.activation_checkpointing
-    # resolved config: v_head_dim or head_dim is set
-    extra, extra_6n = _recomputed(cfg, counts, attention, v_dim, ex)  # pyright: ignore[reportArgumentType]
+    extra, extra_6n = _recomputed(cfg, counts, attention, v_dim, ex)
     per_token_hw = per_token + extra
     ex.add(
         "flops",
@@ -107,13 +104,12 @@ def flops(cfg: Config, counts: ParamCounts, tokens: int, ex: Explain) -> dict[st
     return out
 
 
-def _attention_per_token(cfg: Config, v_dim: int, ex: Explain) -> tuple[int, int, str | None]:
+def _attention_per_token(cfg: ResolvedConfig, v_dim: int, ex: Explain) -> tuple[int, int, str | None]:
     """Attention's FLOPs per token as counted (halved when causal) and over the full square, and where the
     document lengths of its context came from (None: no document masking, the whole sequence)."""
     m, t = cfg.model, cfg.train
     context, lengths_from = attention_context(cfg, ex)  # seq, or sum L_i^2 / seq with document masking
-    # resolved config: head_dim is set
-    full_attention = round(6 * m.num_layers * m.num_heads * (m.head_dim + v_dim) * context)  # pyright: ignore[reportOptionalOperand, reportUnknownArgumentType]
+    full_attention = round(6 * m.num_layers * m.num_heads * (m.head_dim + v_dim) * context)
     causal = cfg.flops.causal_attention
     attention = full_attention // 2 if causal else full_attention
     heads = (
@@ -131,7 +127,7 @@ def _attention_per_token(cfg: Config, v_dim: int, ex: Explain) -> tuple[int, int
     return attention, full_attention, lengths_from
 
 
-def _recomputed(cfg: Config, counts: ParamCounts, attention: int, v_dim: int, ex: Explain) -> tuple[int, int]:
+def _recomputed(cfg: ResolvedConfig, counts: ParamCounts, attention: int, v_dim: int, ex: Explain) -> tuple[int, int]:
     """What recomputation adds per token (our convention, and 6N's): full re-runs each block's forward (a third
     of its FLOPs) but the last matmul; selective, the output projections (and what dropout or eager attention
     makes it run again)."""
@@ -171,7 +167,7 @@ def _recomputed(cfg: Config, counts: ParamCounts, attention: int, v_dim: int, ex
     return extra, extra_6n
 
 
-def _down_projections(m: ModelConfig) -> int:
+def _down_projections(m: ResolvedModelConfig) -> int:
     """Down-projection weights a token runs per pass: each dense block's, and in an MoE block those of its k
     routed and its shared experts."""
     sparse = moe_layers(m)
@@ -205,7 +201,7 @@ def _moe_conventions(counts: ParamCounts, full_attention: int, ex: Explain) -> d
     return out
 
 
-def basis(cfg: Config, fl: dict[str, Any]) -> tuple[int, int, str]:
+def basis(cfg: ResolvedConfig, fl: dict[str, Any]) -> tuple[int, int, str]:
     """(model FLOPs per token, hardware FLOPs per token, name) under `flops.convention`."""
     if cfg.flops.convention == "6n":
         return fl["per_token_6n"], fl["per_token_hardware_6n"], "6n: 6 x all parameters"
@@ -221,7 +217,7 @@ def mfu(tokens_per_second: float, flops_per_token: float, gpus: int, peak_tflops
 
 
 def utilisation(
-    cfg: Config, fl: dict[str, Any], tokens_per_step: int, peak_tflops: float | None, ex: Explain
+    cfg: ResolvedConfig, fl: dict[str, Any], tokens_per_step: int, peak_tflops: float | None, ex: Explain
 ) -> dict[str, Any] | None:
     """Achieved TFLOP/s per GPU, MFU and HFU from a measured speed of the whole job."""
     ms = cfg.measured

@@ -30,7 +30,7 @@ from ..gpus import gpu_spec
 from .params import param_shapes
 
 if TYPE_CHECKING:
-    from ..config.schema import Config
+    from ..config.schema import ResolvedConfig
 
 MULTIPLE = 16  # float8 tensor cores take dimensions in multiples of 16
 CAST_BYTES = {"tensorwise": 5, "rowwise": 7}
@@ -47,7 +47,7 @@ def converts(name: str, in_features: int, out_features: int, min_features: int) 
     )
 
 
-def gemms(c: Config) -> dict[str, Any]:
+def gemms(c: ResolvedConfig) -> dict[str, Any]:
     """The linears of the model under the filter: how many convert and are skipped (the output layer among
     them), the (K, N) of one block's converted ones, and the model FLOPs per token they carry."""
     m, t = c.model, c.train
@@ -62,7 +62,7 @@ def gemms(c: Config) -> dict[str, Any]:
     }
 
 
-def peaks(c: Config) -> tuple[float | None, float | None]:
+def peaks(c: ResolvedConfig) -> tuple[float | None, float | None]:
     """(fp8, bf16) data-sheet peaks of the card, None where the catalog has none (a CPU, another GPU)."""
     spec = gpu_spec(c.hardware.gpu).peak_tflops
     return spec.get("fp8"), spec.get("bf16")
@@ -74,7 +74,7 @@ def mixed_peak(fp8_flops: float, flops: float, fp8: float, bf16: float) -> float
 
 
 def matmul_seconds(
-    c: Config, matmul: float, tokens: int, shard: int, rate: float, tile: float, hbm: float
+    c: ResolvedConfig, matmul: float, tokens: int, shard: int, rate: float, tile: float, hbm: float
 ) -> tuple[Any, ...]:
     """(GEMM seconds, cast seconds, the line for --explain) of one micro-batch's `matmul` hardware FLOPs per
     token under fp8: the converted GEMMs at the fp8 rate, the rest at `rate`, the casts at HBM bandwidth."""
@@ -99,7 +99,7 @@ def matmul_seconds(
     return gemm_s, cast_s, how
 
 
-def mfu_fields(c: Config, fl: dict[str, Any], mfu_bf16: float | None, model_per_token: float) -> dict[str, Any]:
+def mfu_fields(c: ResolvedConfig, fl: dict[str, Any], mfu_bf16: float | None, model_per_token: float) -> dict[str, Any]:
     """`mfu_bf16_peak` (= mfu) and `mfu_mixed_peak` of a modelled or measured speed."""
     fp8_peak, bf16_peak = peaks(c)
     out = {"mfu_bf16_peak": mfu_bf16, "mfu_mixed_peak": None}
@@ -123,7 +123,7 @@ COLUMN_SPLITS = ("attn.qkv", "mlp.up")
 ROW_SPLITS = ("attn.proj", "mlp.down")
 
 
-def tensor_parallel_bytes(c: Config, collectives: int) -> float:
+def tensor_parallel_bytes(c: ResolvedConfig, collectives: int) -> float:
     """The share of tensor parallelism's bf16 bytes it moves under fp8 (1.0: no change). With sequence
     parallelism each of a block's `collectives` all-reduce-sized steps is an all-gather + a reduce-scatter;
     torchao's Float8ColwiseParallel / Float8RowwiseParallel cast before the all-gather (1 byte a value, not
@@ -143,12 +143,12 @@ def tensor_parallel_bytes(c: Config, collectives: int) -> float:
     return 1 - halved / (4 * collectives)  # of 2 x collectives steps of 2 bytes a value, each saves 1
 
 
-def gathered_bytes_saved(c: Config, converted_numel: int) -> int:
+def gathered_bytes_saved(c: ResolvedConfig, converted_numel: int) -> int:
     """Bytes FSDP's gathered copies save when tensorwise all-gathers the converted weights in float8."""
     return converted_numel if c.train.fp8_recipe == "tensorwise" and c.parallel.fsdp else 0
 
 
-def converted_numel_per_layer(c: Config) -> int:
+def converted_numel_per_layer(c: ResolvedConfig) -> int:
     """Elements of one block's converted weights (all tensor ranks together)."""
     return sum(k * n for k, n in gemms(c)["shapes"])
 
@@ -156,7 +156,7 @@ def converted_numel_per_layer(c: Config) -> int:
 PAYS = 1.10  # a modelled speed-up below this is not worth float8's numerics (its risk is the run's)
 
 
-def advice(c: Config, p: dict[str, Any]) -> list[str]:
+def advice(c: ResolvedConfig, p: dict[str, Any]) -> list[str]:
     """fp8 where the model says it will not pay: the speed-up over bf16-mixed, modelled, for this shape."""
     if c.train.precision != "fp8" or not p.get("step_time") or not peaks(c)[0]:
         return []  # a CPU or a card the catalog lacks: no float8 rate to weigh

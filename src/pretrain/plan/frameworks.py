@@ -46,8 +46,7 @@ from .hardware import device_memory_bytes
 from .params import param_shapes
 
 if TYPE_CHECKING:
-    from ..config.model_section import ModelConfig
-    from ..config.schema import Config
+    from ..config.schema import ResolvedConfig, ResolvedModelConfig
 
 FRAMEWORKS = ("pretrain", "megatron", "deepspeed", "zero-paper")
 
@@ -106,13 +105,13 @@ def korthikanti_flops_per_token(
     return model, model
 
 
-def _mlp_units(m: ModelConfig) -> float:
+def _mlp_units(m: ResolvedModelConfig) -> float:
     """The MLP's sharded activation term in units of sbh (16 for the paper's 4h GeLU MLP)."""
     tensors = 4 if m.family == "llama" else 2  # SwiGLU: gate|up (2 wide), silu, product; GeLU: fc out, gelu out
     return 2 * tensors * m.intermediate_size / m.hidden_size
 
 
-def activations(cfg: Config, ex: Explain) -> int:
+def activations(cfg: ResolvedConfig, ex: Explain) -> int:
     """Activation bytes of the most loaded (first) pipeline stage, Korthikanti et al.'s accounting."""
     m, t, par = cfg.model, cfg.train, cfg.parallel
     s, b, h = t.seq_len, t.micro_batch_size, m.hidden_size
@@ -121,8 +120,7 @@ def activations(cfg: Config, ex: Explain) -> int:
     dropout = m.dropout > 0
     flash = t.attention == "sdpa"
     per_layer = layer_activation_bytes(
-        # resolved config: seq_len is set
-        s,  # pyright: ignore[reportArgumentType]
+        s,
         b,
         h,
         m.num_heads,
@@ -150,8 +148,7 @@ def activations(cfg: Config, ex: Explain) -> int:
     working = 0.0
     if t.activation_checkpointing == "full":  # backward holds one recomputed layer's tensors at a time
         working = layer_activation_bytes(
-            # resolved config: seq_len is set
-            s,  # pyright: ignore[reportArgumentType]
+            s,
             b,
             h,
             m.num_heads,
@@ -178,7 +175,7 @@ def activations(cfg: Config, ex: Explain) -> int:
     return int(total)
 
 
-def shard_params(cfg: Config) -> int:
+def shard_params(cfg: ResolvedConfig) -> int:
     """Parameters on the most loaded (pipeline stage, tensor rank), as Megatron's estimator counts them:
     (blocks / pp + input embedding) / tp, plus the untied output layer when the one stage holds it."""
     m, par = cfg.model, cfg.parallel
@@ -192,7 +189,7 @@ def shard_params(cfg: Config) -> int:
     return int(shard)
 
 
-def largest_layer_params(cfg: Config) -> int:
+def largest_layer_params(cfg: ResolvedConfig) -> int:
     """The largest module's parameters (DeepSpeed's largest_layer_params): ZeRO-3 gathers one module at a time."""
     modules: dict[str, int] = {}
     for name, shape in param_shapes(cfg.model):
@@ -201,7 +198,7 @@ def largest_layer_params(cfg: Config) -> int:
     return max(modules.values()) // cfg.parallel.tensor
 
 
-def model_states(cfg: Config, ex: Explain) -> dict[str, Any]:
+def model_states(cfg: ResolvedConfig, ex: Explain) -> dict[str, Any]:
     """weights, gradients, optimizer (per GPU) and host (per node) bytes under the framework's accounting."""
     par = cfg.parallel
     dp = par.data_parallel
@@ -336,7 +333,7 @@ MOE_NOT_MODELLED = (
 )
 
 
-def framework_memory(cfg: Config, ex: Explain) -> dict[str, Any]:
+def framework_memory(cfg: ResolvedConfig, ex: Explain) -> dict[str, Any]:
     """The plan's "framework" entry: {"name", "memory_bytes": {...}, "fits", "sources"}."""
     name = cfg.plan.framework
     ex.add("framework", "name", name, SOURCES[name])
@@ -371,8 +368,7 @@ def framework_memory(cfg: Config, ex: Explain) -> dict[str, Any]:
         out["host_without_zero_init"] = states["host_without_zero_init"]
     m = cfg.model
     model_flops, hardware_flops = korthikanti_flops_per_token(
-        # resolved config: seq_len is set
-        cfg.train.seq_len,  # pyright: ignore[reportArgumentType]
+        cfg.train.seq_len,
         m.num_layers,
         m.hidden_size,
         m.vocab_size,

@@ -19,7 +19,7 @@ from importlib import metadata
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..config.schema import Config
+    from ..config.schema import ResolvedConfig
 
 PRE_AMPERE_GPUS = ("v100-16gb", "v100-32gb", "t4")  # no flash attention in PyTorch before compute 8.0
 CPU_GQA_TORCH = (2, 9)
@@ -51,7 +51,7 @@ def native_gqa(device: str, half: bool, head_dim: int, torch_version: str | None
     return half and head_dim <= 256 and flash_gpu
 
 
-def planned_native_gqa(cfg: Config) -> bool:
+def planned_native_gqa(cfg: ResolvedConfig) -> bool:
     """The rule for a planned config: its hardware, its precision, the torch installed here."""
     from ..gpus import gpu_spec
 
@@ -60,14 +60,13 @@ def planned_native_gqa(cfg: Config) -> bool:
     return native_gqa(
         device,
         cfg.train.precision != "fp32",
-        # resolved config: head_dim is set
-        cfg.model.head_dim,  # pyright: ignore[reportArgumentType]
+        cfg.model.head_dim,
         installed_torch_version(),
         flash_gpu=name not in PRE_AMPERE_GPUS,
     )
 
 
-def planned_document_kernel(cfg: Config, compiled: bool = False) -> str | None:
+def planned_document_kernel(cfg: ResolvedConfig, compiled: bool = False) -> str | None:
     """The kernel of train.document_masking's attention, as the trainer picks it (pretrain.model.documents):
     None without masking; "mask" (a boolean mask) under train.attention eager or compiled on the CPU; "loop"
     (SDPA per document) on the CPU; "flex" on a GPU."""

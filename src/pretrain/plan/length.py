@@ -17,12 +17,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..config.schema import ResolvedConfig
 from .explain import Explain, fmt
 from .schedule import steps_for_tokens, tokens_for_steps, warmup_steps
 
 if TYPE_CHECKING:
-    from ..config.job_sections import TrainConfig
-    from ..config.schema import Config
+    from ..config.schema import Config, ResolvedTrainConfig
 
 CHINCHILLA_TOKENS_PER_PARAM = 20
 # The step-time model's own error, measured: predicted / measured tokens/s per GPU on the 41 published runs of
@@ -53,7 +53,7 @@ def storage_bytes(tokens: int, vocab_size: int) -> int:
     return tokens * token_bytes(vocab_size)
 
 
-def ramp_args(cfg: Config) -> dict[str, Any]:
+def ramp_args(cfg: ResolvedConfig) -> dict[str, Any]:
     t, par = cfg.train, cfg.parallel
     return dict(
         seq_len=t.seq_len,
@@ -67,6 +67,7 @@ def ramp_args(cfg: Config) -> dict[str, Any]:
 
 def training_length(cfg: Config, total_params: int, ex: Explain | None = None) -> dict[str, Any]:
     """Tokens and optimizer steps of the run: max_steps, else tokens, else examples x epochs, else Chinchilla."""
+    assert isinstance(cfg, ResolvedConfig)  # the trainer holds its loaded config as `Config`
     ex = ex or Explain()
     t = cfg.train
     args = ramp_args(cfg)
@@ -133,7 +134,7 @@ def training_length(cfg: Config, total_params: int, ex: Explain | None = None) -
     )
 
 
-def _steps_formula(tokens: int, per_step: int, t: TrainConfig) -> str:
+def _steps_formula(tokens: int, per_step: int, t: ResolvedTrainConfig) -> str:
     if not t.batch_ramp_tokens:
         return f"ceil(tokens {tokens:,} / tokens per step {per_step:,})"
     start = min(t.batch_ramp_start, per_step)
@@ -144,7 +145,7 @@ def _steps_formula(tokens: int, per_step: int, t: TrainConfig) -> str:
 
 
 def tokens_per_gpu_second(
-    cfg: Config, model_pt: float, hardware_pt: float, peak: float, step: dict[str, Any]
+    cfg: ResolvedConfig, model_pt: float, hardware_pt: float, peak: float, step: dict[str, Any]
 ) -> tuple[Any, ...]:
     """(tokens one GPU trains per second, the utilisation behind it, where it comes from) in the plan's time:
     hardware.hfu or hardware.mfu when given, else the step-time model's (`step`: pretrain.plan.step_time's)."""
@@ -157,7 +158,7 @@ def tokens_per_gpu_second(
 
 
 def wall_clock(
-    cfg: Config,
+    cfg: ResolvedConfig,
     length: dict[str, Any],
     model_pt: float,
     hardware_pt: float,

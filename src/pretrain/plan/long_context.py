@@ -12,16 +12,16 @@ import math
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..config.schema import Config
+    from ..config.schema import ResolvedConfig
 
 # Windows from this length on are long context: Llama 3 trained at 8K, then extended to 128K in stages (sec. 3.4.2)
 LONG_CONTEXT = 32_768
 
 
-def context_advice(c: Config) -> list[str]:
+def context_advice(c: ResolvedConfig) -> list[str]:
     """The long-context lines: `pretrain plan` prints them among the advice and `--fit` under its table."""
     m, s = c.model, c.train.seq_len
-    lines = []
+    lines: list[str] = []
     if s >= LONG_CONTEXT and not c.train.document_masking:
         lines.append(
             f"context: windows of {s:,} tokens pack many documents, and every token attends across their "

@@ -16,11 +16,13 @@ from .activation_terms import COMPUTE_BYTES, Term, residual_bytes
 from .params import padded_vocab_size
 
 if TYPE_CHECKING:
-    from ..config.job_sections import ParallelConfig, TrainConfig
-    from ..config.model_section import ModelConfig
+    from ..config.job_sections import ParallelConfig
+    from ..config.schema import ResolvedModelConfig, ResolvedTrainConfig
 
 
-def loss_terms(m: ModelConfig, t: TrainConfig, parallel: ParallelConfig, b: int) -> dict[str, list[Term]]:
+def loss_terms(
+    m: ResolvedModelConfig, t: ResolvedTrainConfig, parallel: ParallelConfig, b: int
+) -> dict[str, list[Term]]:
     """The output layer and loss (pretrain.model.loss) for b sequences: {"kept": what stays from forward to
     backward, "forward": the working set on top of it at the end of forward, "backward": on top of it while
     the loss's backward runs}. a: compute bytes, r: residual (final-norm output) bytes, V-sized terms split

@@ -45,11 +45,11 @@ from .phases import PHASES, cuda_context, held_gradients, loss_part, nccl_buffer
 from .stages import chunk_indices, chunks_per_stage, stage_layers
 
 if TYPE_CHECKING:
-    from ..config.schema import Config
+    from ..config.schema import ResolvedConfig
     from .params import ParamCounts
 
 
-def memory(cfg: Config, counts: ParamCounts, ex: Explain) -> dict[str, Any]:
+def memory(cfg: ResolvedConfig, counts: ParamCounts, ex: Explain) -> dict[str, Any]:
     m, t, par, hw = cfg.model, cfg.train, cfg.parallel, cfg.hardware
     dp = par.data_parallel
     st = model_state_tensors(cfg)
@@ -116,7 +116,7 @@ def memory(cfg: Config, counts: ParamCounts, ex: Explain) -> dict[str, Any]:
 
 
 def _explain_model_states(
-    cfg: Config, counts: ParamCounts, st: dict[str, Any], kinds: tuple[int, int, int], host_offload: int, ex: Explain
+    cfg: ResolvedConfig, counts: ParamCounts, st: dict[str, Any], kinds: tuple[int, int, int], offload: int, ex: Explain
 ) -> None:
     """--explain's lines for the weights, gradients and optimizer states, a pipeline stage's share, and the
     ZeRO paper's accounting beside ours."""
@@ -152,7 +152,7 @@ def _explain_model_states(
         f"{t.optimizer} states {st['optimizer_states']:,}"
         + (f" + fp32 master weights {st['parameters']:,}" if mixed else "")
         + (f" (sharded over {dp})" if zero >= 1 else "")
-        + (" (offloaded to the host)" if host_offload else ""),
+        + (" (offloaded to the host)" if offload else ""),
     )
     if par.pipeline > 1:
         k = st["stage"]
@@ -186,7 +186,7 @@ def _explain_model_states(
         )
 
 
-def _explain_activations(cfg: Config, act: dict[str, Any], ex: Explain) -> None:
+def _explain_activations(cfg: ResolvedConfig, act: dict[str, Any], ex: Explain) -> None:
     m, t, par = cfg.model, cfg.train, cfg.parallel
     per_layer_formula = " + ".join(x.formula for x in act["layer_terms"])
     ex.add(
@@ -221,7 +221,7 @@ def _explain_activations(cfg: Config, act: dict[str, Any], ex: Explain) -> None:
     )
 
 
-def _host(cfg: Config, counts: ParamCounts, host_offload: int, ex: Explain) -> int:
+def _host(cfg: ResolvedConfig, counts: ParamCounts, host_offload: int, ex: Explain) -> int:
     """Host memory per node."""
     m, par = cfg.model, cfg.parallel
     # The trainer builds the model on the GPU (FSDP: on the meta device, then each rank its shard), so host
@@ -244,7 +244,7 @@ COMPILED_BASIS = (
 )
 
 
-def _compiled_peak(cfg: Config, st: dict[str, Any], ex: Explain) -> tuple[int | None, str | None]:
+def _compiled_peak(cfg: ResolvedConfig, st: dict[str, Any], ex: Explain) -> tuple[int | None, str | None]:
     """The step's peak where train.compile turns the compiler on: the same phases, each block keeping what
     torch.compile saves (pretrain.plan.activations); the fit stays judged on the eager peak, the larger."""
     device = "cpu" if gpu_spec(cfg.hardware.gpu).name == "cpu" else "cuda"
@@ -282,7 +282,7 @@ def _compiled_peak(cfg: Config, st: dict[str, Any], ex: Explain) -> tuple[int | 
     return totals[phase], COMPILED_BASIS
 
 
-def _buffers(cfg: Config, st: dict[str, Any], zero: int) -> tuple[int, str]:
+def _buffers(cfg: ResolvedConfig, st: dict[str, Any], zero: int) -> tuple[int, str]:
     dp = cfg.parallel.data_parallel
     loss, formula = loss_part(cfg, cfg.train.micro_batch_size, "forward")
     t = cfg.parallel.tensor

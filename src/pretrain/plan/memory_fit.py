@@ -18,7 +18,7 @@ from .moe_activations import routed_load
 from .phases import step_phases
 
 if TYPE_CHECKING:
-    from ..config.schema import Config
+    from ..config.schema import ResolvedConfig
     from .explain import Explain
 
 # Expandable segments grow in place in 2 MiB pages instead of a new segment being cut for each new largest size
@@ -32,7 +32,7 @@ FRAGMENTATION_WHY = (
 )
 
 
-def memory_fit(cfg: Config, st: dict[str, Any], total: int, ex: Explain) -> dict[str, Any]:
+def memory_fit(cfg: ResolvedConfig, st: dict[str, Any], total: int, ex: Explain) -> dict[str, Any]:
     """Whether the peak fits the card less its fragmentation allowance, and the largest micro-batch that does."""
     hw = cfg.hardware
     device = device_memory_bytes(hw)
@@ -58,7 +58,7 @@ def memory_fit(cfg: Config, st: dict[str, Any], total: int, ex: Explain) -> dict
     return fit
 
 
-def _max_micro_batch(cfg: Config, st: dict[str, Any], usable: int) -> int:
+def _max_micro_batch(cfg: ResolvedConfig, st: dict[str, Any], usable: int) -> int:
     def need(b: int) -> int:
         return max(sum(n for _, n in parts) for parts in step_phases(cfg, st, b).values())
 
@@ -73,7 +73,7 @@ def _max_micro_batch(cfg: Config, st: dict[str, Any], usable: int) -> int:
     return lo
 
 
-def moe_fit(cfg: Config, st: dict[str, Any], usable: int | None, ex: Explain) -> dict[str, Any]:
+def moe_fit(cfg: ResolvedConfig, st: dict[str, Any], usable: int | None, ex: Explain) -> dict[str, Any]:
     """The MoE figures of the memory plan: the busiest rank's routed load, and the routing imbalance up to which
     the step still fits (bisected over plan.routing_imbalance: each phase grows with it, linearly)."""
     m, par, f = cfg.model, cfg.parallel, cfg.plan.routing_imbalance

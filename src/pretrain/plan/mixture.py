@@ -19,10 +19,10 @@ from .explain import Explain
 from .length import TOKEN_DTYPE_BYTES, token_bytes
 
 if TYPE_CHECKING:
-    from ..config.schema import Config
+    from ..config.schema import ResolvedConfig
 
 
-def mixture_supply(cfg: Config, tokens: int, ex: Explain) -> dict[str, Any] | None:
+def mixture_supply(cfg: ResolvedConfig, tokens: int, ex: Explain) -> dict[str, Any] | None:
     """{"sources": [{name, dir, weight, max_epochs, tokens_available, storage_bytes, tokens_planned, epochs,
     capped}], "tokens_short"}, or None without data.mixture. A source not prepared yet has None figures."""
     if not cfg.data.mixture:
@@ -105,7 +105,7 @@ def mixture_advice(mixture: dict[str, Any] | None) -> list[str]:
     source is capped before the run's tokens are drawn."""
     if not mixture:
         return []
-    lines = []
+    lines: list[str] = []
     for s in mixture["sources"]:
         if s["epochs"] is None:
             continue

@@ -8,6 +8,7 @@ from __future__ import annotations
 import heapq
 from typing import TYPE_CHECKING, Any
 
+from ..config.schema import ResolvedConfig
 from ..gpus import caches_weight_casts, gpu_spec, mixed_precision
 from . import fp8
 from .params import numel, padded_vocab_size, param_shapes
@@ -15,7 +16,7 @@ from .stages import chunks_per_stage, param_stages, stage_param_shapes
 
 if TYPE_CHECKING:
     from ..config.model_section import ModelConfig
-    from ..config.schema import Config
+    from ..config.schema import Config, ResolvedModelConfig
 
 # Tensor parallelism as the trainer splits the model (distributed/tensor_parallel.py): the q/k/v and MLP up (gate
 # and up) projections, the embedding and the output layer by rows (output features; vocabulary), the attention
@@ -110,6 +111,7 @@ def model_state_tensors(cfg: Config, rank: int | None = None, stage: int | None 
     the largest share (what must fit). `stage`: that pipeline stage's parameters (pretrain.plan.stages); by
     default the heaviest stage's. A rank holds its stage's parameters, each its tensor rank's part (FSDP2
     then shards that part over the data ranks), as the trainer holds them in every layout."""
+    assert isinstance(cfg, ResolvedConfig)  # the trainer holds its loaded config as `Config`
     m, t, par = cfg.model, cfg.train, cfg.parallel
     dp, ep = par.data_parallel, par.expert
     whole = param_shapes(m)
@@ -159,7 +161,7 @@ def model_state_tensors(cfg: Config, rank: int | None = None, stage: int | None 
 
 
 def _working_copies(
-    cfg: Config, shapes: list[tuple[str, tuple[int, ...]]], whole: Shapes, block_shapes: Shapes, zero: int
+    cfg: ResolvedConfig, shapes: list[tuple[str, tuple[int, ...]]], whole: Shapes, block_shapes: Shapes, zero: int
 ) -> int:
     """Bytes of the parameters' compute-dtype copies a rank holds: FSDP's gathered blocks (ZeRO 2/3) or
     autocast's copies of the matmul weights kept for backward."""
@@ -217,7 +219,7 @@ def expert_parallel_shape(name: str, shape: tuple[Any, ...], ep: int) -> tuple[A
 
 
 def _zero1_owned(
-    m: ModelConfig, shapes: list[tuple[str, tuple[int, ...]]], dp: int, ep: int, rank: int | None
+    m: ResolvedModelConfig, shapes: list[tuple[str, tuple[int, ...]]], dp: int, ep: int, rank: int | None
 ) -> list[int]:
     """The tensors whose optimizer states one rank keeps under ZeRO-1 (`rank`; None: the largest share). With
     expert parallelism the experts' tensors are partitioned apart, over the dp / ep ranks that hold the same
@@ -237,13 +239,13 @@ def _zero1_owned(
     return owned
 
 
-def _block_kinds(m: ModelConfig) -> set[str]:
+def _block_kinds(m: ResolvedModelConfig) -> set[str]:
     """A block of each kind, by name prefix: the first, and the first MoE block after the dense ones."""
     return {"blocks.0.", f"blocks.{m.first_dense_layers if m.num_experts else 0}."}
 
 
 def _heaviest_block(
-    m: ModelConfig, shapes: list[tuple[str, tuple[int, ...]]], matmul: bool = False, biases: bool = False
+    m: ResolvedModelConfig, shapes: list[tuple[str, tuple[int, ...]]], matmul: bool = False, biases: bool = False
 ) -> int:
     """Parameters of the largest block in `shapes` (an MoE block or a dense one; all equal in a dense model);
     `matmul`: its matrices only, `biases`: and the linears' biases (not the norms')."""
@@ -254,7 +256,7 @@ def _heaviest_block(
     return max(sum(numel(s) for n, s in shapes if n.startswith(kind) and counted(n, s)) for kind in _block_kinds(m))
 
 
-def _stage_sizes(cfg: Config) -> list[int]:
+def _stage_sizes(cfg: ResolvedConfig) -> list[int]:
     """Parameters of each pipeline stage on one tensor rank (the norms are whole on every one)."""
     p, t, v = cfg.parallel.pipeline, cfg.parallel.tensor, chunks_per_stage(cfg.parallel)
     shapes = param_shapes(cfg.model)
@@ -264,7 +266,7 @@ def _stage_sizes(cfg: Config) -> list[int]:
     return sizes
 
 
-def heaviest_stage(cfg: Config) -> int:
+def heaviest_stage(cfg: ResolvedConfig) -> int:
     """The pipeline stage with the most parameters (the first of equals): the one whose model states must fit.
     The first holds the embedding, the last the final norm and output layer, and the later stages one layer
     more when the layers do not divide evenly; counted per tensor rank."""
@@ -273,7 +275,12 @@ def heaviest_stage(cfg: Config) -> int:
 
 
 def _optimizer_working(
-    cfg: Config, shapes: list[tuple[str, tuple[int, ...]]], owned: list[int], dp: int, sharded: bool, state_bytes: int
+    cfg: ResolvedConfig,
+    shapes: list[tuple[str, tuple[int, ...]]],
+    owned: list[int],
+    dp: int,
+    sharded: bool,
+    state_bytes: int,
 ) -> int:
     """Temporaries of the optimizer step. AdamW is fused (distributed/optim.py): one in-place kernel, none. SGD's
     momentum update is in place. Adafactor's foreach implementation, the default on CUDA, makes a full-size
@@ -295,7 +302,7 @@ def _shape_for(shape: tuple[int, ...], dp: int, sharded: bool, rank: int = 0) ->
     return (max(0, min(chunk, shape[0] - rank * chunk)),) + tuple(shape[1:])
 
 
-def _block_share(cfg: Config, shapes: list[tuple[str, tuple[int, ...]]]) -> int:
+def _block_share(cfg: ResolvedConfig, shapes: list[tuple[str, tuple[int, ...]]]) -> int:
     """Parameters of one block on one tensor rank: the matmuls split t ways, the norms replicated."""
 
     def share(kind: str) -> int:
@@ -306,7 +313,7 @@ def _block_share(cfg: Config, shapes: list[tuple[str, tuple[int, ...]]]) -> int:
     return max(share(kind) for kind in _block_kinds(cfg.model))
 
 
-def _zero3_gathered(cfg: Config, shapes: list[tuple[str, tuple[int, ...]]]) -> float:
+def _zero3_gathered(cfg: ResolvedConfig, shapes: list[tuple[str, tuple[int, ...]]]) -> float:
     """Parameters one (pipeline stage, tensor rank) holds gathered under ZeRO-3: the block being computed and
     the prefetched next one, both of this stage, and the root modules on it (the embedding on the first
     stage, the final norm and output layer on the last, all three without a pipeline), each its tensor
@@ -323,7 +330,7 @@ def _zero3_gathered(cfg: Config, shapes: list[tuple[str, tuple[int, ...]]]) -> f
     return blocks * _block_share(cfg, shapes) + root
 
 
-def stage_share(cfg: Config) -> float:
+def stage_share(cfg: ResolvedConfig) -> float:
     """Fraction of all parameters on the heaviest (pipeline stage, tensor rank): the stages as the trainer
     splits them (pretrain.plan.stages), each tensor its tensor rank's part."""
     return max(_stage_sizes(cfg)) / sum(numel(s) for _, s in param_shapes(cfg.model))

@@ -18,11 +18,11 @@ from .params import expert_width
 
 if TYPE_CHECKING:
     from ..config.job_sections import ParallelConfig
-    from ..config.model_section import ModelConfig
+    from ..config.schema import ResolvedModelConfig
     from .activation_terms import AddTerm
 
 
-def routed_load(m: ModelConfig, parallel: ParallelConfig, imbalance: float) -> float:
+def routed_load(m: ResolvedModelConfig, parallel: ParallelConfig, imbalance: float) -> float:
     """The busiest rank's routed tokens over b*s*k: `imbalance` under expert parallelism (at most what the group
     can send it: ep ranks' tokens, each to min(k, E/ep) of its experts), 1 with every expert on the rank."""
     ep = parallel.expert
@@ -32,7 +32,7 @@ def routed_load(m: ModelConfig, parallel: ParallelConfig, imbalance: float) -> f
 
 
 def moe_terms(
-    add: AddTerm, m: ModelConfig, parallel: ParallelConfig, bs: int, a: int, recompute: str, imbalance: float
+    add: AddTerm, m: ResolvedModelConfig, parallel: ParallelConfig, bs: int, a: int, recompute: str, imbalance: float
 ) -> None:
     """An MoE block's feed-forward terms (the module docstring); experts are not split over tensor ranks."""
     E, k, He, h = m.num_experts, m.experts_per_token, expert_width(m), m.hidden_size

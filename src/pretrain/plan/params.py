@@ -26,12 +26,10 @@ tiles). The padded rows are real parameters (counted here, in FLOPs and memory) 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ..config.schema import padded_vocab_size
-
-if TYPE_CHECKING:
-    from ..config.model_section import ModelConfig
+from ..config.model_section import ModelConfig
+from ..config.schema import ResolvedModelConfig, padded_vocab_size
 
 
 @dataclass(frozen=True)
@@ -97,19 +95,21 @@ class ParamCounts:
         )
 
 
-def moe_layers(model: ModelConfig) -> int:
+def moe_layers(model: ResolvedModelConfig) -> int:
     """Blocks whose feed-forward is a routed MoE layer: those after model.first_dense_layers."""
     return model.num_layers - model.first_dense_layers if model.num_experts else 0
 
 
-def expert_width(model: ModelConfig) -> int:
+def expert_width(model: ResolvedModelConfig) -> int:
     """H_e: the SwiGLU width of one routed or shared expert."""
     return model.moe_intermediate_size or model.intermediate_size
 
 
 def count_params(model: ModelConfig) -> ParamCounts:
-    """`model` is a resolved ModelConfig (num_kv_heads and head_dim filled in)."""
+    """`model` is a resolved model section (num_kv_heads and head_dim filled in)."""
+    assert isinstance(model, ResolvedModelConfig)  # the trainer holds its loaded config as `Config`
     V, H, I, L = padded_vocab_size(model), model.hidden_size, model.intermediate_size, model.num_layers
+    E, k = max(model.num_experts, 1), model.experts_per_token
     routed = router = shared = 0
     if model.family == "llama":
         attention = sum(numel(shape) for _, shape in _attention_shapes(model))
@@ -118,7 +118,7 @@ def count_params(model: ModelConfig) -> ParamCounts:
         final_norm = H
         positions = 0
         if model.num_experts:
-            E, He = model.num_experts, expert_width(model)
+            He = expert_width(model)
             b = 1 if model.expert_bias else 0
             router = E * H + b * E
             routed = E * (3 * H * He + b * (2 * He + H))
@@ -132,7 +132,6 @@ def count_params(model: ModelConfig) -> ParamCounts:
         positions = model.max_seq_len * H
     sparse = moe_layers(model)
     moe_mlp = router + routed + shared
-    E, k = max(model.num_experts, 1), model.experts_per_token
     return ParamCounts(
         token_embedding=V * H,
         position_embedding=positions,
@@ -155,10 +154,10 @@ def numel(shape: tuple[int, ...]) -> int:
     return n
 
 
-def _attention_shapes(model: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
+def _attention_shapes(model: ResolvedModelConfig) -> list[tuple[str, tuple[int, ...]]]:
     """A LLaMA-family block's attention tensors (our names below `attn.`), every variant the planner counts."""
     H, d, n = model.hidden_size, model.head_dim, model.num_heads
-    out = []
+    out: list[tuple[str, tuple[int, ...]]] = []
     if model.kv_lora_rank:  # MLA, as DeepSeek-V2/V3 (and transformers' DeepseekV3Attention) build it
         rope, v = model.qk_rope_head_dim, model.v_head_dim or d
         if model.q_lora_rank:
@@ -188,7 +187,7 @@ def _attention_shapes(model: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
     return out
 
 
-def _qk_norm_shapes(model: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
+def _qk_norm_shapes(model: ResolvedModelConfig) -> list[tuple[str, tuple[int, ...]]]:
     """QK-norm weights: a head's width (Qwen3) or the whole projection's (OLMoE)."""
     if not model.qk_norm:
         return []
@@ -197,8 +196,7 @@ def _qk_norm_shapes(model: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
             ("q_norm.weight", (model.num_heads * model.head_dim,)),
             ("k_norm.weight", (model.num_kv_heads * model.head_dim,)),
         ]
-    # resolved config: head_dim is set
-    return [  # pyright: ignore[reportReturnType]
+    return [
         ("q_norm.weight", (model.head_dim,)),
         ("k_norm.weight", (model.head_dim,)),
     ]
@@ -209,6 +207,7 @@ def fused_rows(name: str, model: ModelConfig) -> list[int] | None:
     up] for LLaMA's `mlp.up` and an MoE block's `mlp.shared.up`; None for any other parameter. The export
     splits them into Hugging Face's separate tensors and tensor parallelism hands each rank its share of every
     block."""
+    assert isinstance(model, ResolvedModelConfig)  # distributed/ holds the model's config as `ModelConfig`
     if name.endswith((".attn.qkv.weight", ".attn.qkv.bias")):
         q, kv = model.num_heads * model.head_dim, model.num_kv_heads * model.head_dim
         return [q, kv, kv]
@@ -222,6 +221,7 @@ def fused_rows(name: str, model: ModelConfig) -> list[int] | None:
 def param_shapes(model: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
     """Every parameter tensor of the built model, in module order, with our names: the one layout table the
     planner counts, the export names (model/hf.py) and a test holds against the model's named_parameters()."""
+    assert isinstance(model, ResolvedModelConfig)  # distributed/ holds the model's config as `ModelConfig`
     V, H, I = padded_vocab_size(model), model.hidden_size, model.intermediate_size
     q_width, kv_width = model.num_heads * model.head_dim, model.num_kv_heads * model.head_dim
     llama = model.family == "llama"
@@ -262,7 +262,7 @@ def param_shapes(model: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
     return shapes
 
 
-def _moe_shapes(model: ModelConfig, prefix: str) -> list[tuple[str, tuple[int, ...]]]:
+def _moe_shapes(model: ResolvedModelConfig, prefix: str) -> list[tuple[str, tuple[int, ...]]]:
     """An MoE block's feed-forward: the router, the routed experts stacked in one tensor each (gate and up fused
     as in the dense MLP, rows of every expert after each other: the grouped GEMM's operand) and the shared
     experts fused into one SwiGLU of num_shared_experts x H_e."""

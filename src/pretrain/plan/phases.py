@@ -16,7 +16,7 @@ from .model_states import numel, stage_share
 from .params import param_shapes
 
 if TYPE_CHECKING:
-    from ..config.schema import Config
+    from ..config.schema import ResolvedConfig
 
 PHASES = ("forward", "loss_backward", "backward", "optimizer_step")
 # Once-per-micro-batch tensors kept until the embedding's backward, the very last; the final norm's, the output
@@ -24,7 +24,7 @@ PHASES = ("forward", "loss_backward", "backward", "optimizer_step")
 EMBEDDING_SIDE = ("token ids", "target ids", "position ids", "rotary tables", "embedding dropout mask")
 
 
-def resident(cfg: Config, st: dict[str, Any]) -> tuple[int, int, int]:
+def resident(cfg: ResolvedConfig, st: dict[str, Any]) -> tuple[int, int, int]:
     """(parameters outside the working copies, optimizer states with autocast's fp32 master weights, the bytes
     of both offloaded to the host): on the GPU from start to end of every step."""
     mixed = mixed_precision(cfg.train.precision)
@@ -38,7 +38,7 @@ def resident(cfg: Config, st: dict[str, Any]) -> tuple[int, int, int]:
     return params, optimizer, host
 
 
-def cuda_context(cfg: Config) -> int:
+def cuda_context(cfg: ResolvedConfig) -> int:
     return int(cfg.hardware.cuda_context_gb * 1e9) if gpu_spec(cfg.hardware.gpu).name != "cpu" else 0
 
 
@@ -53,7 +53,7 @@ NCCL_CHANNELS = 32
 NCCL_CONNECTION_BYTES = 10 * 2**20
 
 
-def nccl_buffers(cfg: Config) -> tuple[int, str]:
+def nccl_buffers(cfg: ResolvedConfig) -> tuple[int, str]:
     """NCCL's buffers per GPU: 0 on one GPU or a CPU (gloo). One communicator for the whole job (the default
     process group: DDP's gradients, the loss's all-reduce, barriers), and one per mesh dimension of more than
     one rank when the trainer builds a DeviceMesh (tensor or pipeline parallelism, FSDP)."""
@@ -71,7 +71,7 @@ def nccl_buffers(cfg: Config) -> tuple[int, str]:
     )
 
 
-def held_gradients(cfg: Config, st: dict[str, Any]) -> tuple[int, str]:
+def held_gradients(cfg: ResolvedConfig, st: dict[str, Any]) -> tuple[int, str]:
     """Gradients alive while a micro-batch's forward runs. The trainer frees them after each optimizer step
     (`zero_grad(set_to_none=True)`), so with one micro-batch they do not exist yet at the activation peak."""
     t, par = cfg.train, cfg.parallel
@@ -88,7 +88,7 @@ def held_gradients(cfg: Config, st: dict[str, Any]) -> tuple[int, str]:
     return st["gradients"], f"the earlier micro-batches' accumulated gradients {st['gradients']:,}"
 
 
-def _unsharded_gradients(cfg: Config, block_and_root: bool = False) -> int:
+def _unsharded_gradients(cfg: ResolvedConfig, block_and_root: bool = False) -> int:
     """Unsharded gradients FSDP2 accumulates without gradient sync: fp32 (its reduce dtype under mixed
     precision), bf16 for pure bf16. `block_and_root`: only the model's first block's and the root's, which in
     the last micro-batch's backward are not yet reduce-scattered when that block, the last to run, does its
@@ -104,7 +104,7 @@ def _unsharded_gradients(cfg: Config, block_and_root: bool = False) -> int:
     return (2 if cfg.train.precision == "bf16" else 4) * n
 
 
-def _backward_copies(cfg: Config, st: dict[str, Any]) -> int:
+def _backward_copies(cfg: ResolvedConfig, st: dict[str, Any]) -> int:
     """Working copies alive while the last block the backward pass runs (the model's first) does its backward."""
     if cfg.parallel.fsdp:
         return st["working_copies"]  # FSDP's gathered parameters: counted as in forward (an upper bound)
@@ -116,7 +116,7 @@ def _backward_copies(cfg: Config, st: dict[str, Any]) -> int:
     return 0
 
 
-def _backward_activations(cfg: Config, act: dict[str, Any], b: int, first: bool) -> int:
+def _backward_activations(cfg: ResolvedConfig, act: dict[str, Any], b: int, first: bool) -> int:
     """Activations alive while one block runs its backward, with the gradient flowing down the residual
     stream into and out of it and the embedding's inputs (the final norm's, output layer's and loss's are
     gone). `first`: the first block backward runs (the model's last), every block's tensors still alive and
@@ -127,13 +127,13 @@ def _backward_activations(cfg: Config, act: dict[str, Any], b: int, first: bool)
     held = act["in_flight"] * act["layers"] - (0 if first else act["layers"] - 1)
     blocks = held * act["per_layer"] + act["recompute_working"]
     embedding = rank_bytes([x for x in act["once_terms"] if x.name.startswith(EMBEDDING_SIDE)], tp, sp)
-    # resolved config: seq_len is set
-    residual = 2 * residual_bytes(t, par) * b * t.seq_len * m.hidden_size  # pyright: ignore[reportOperatorIssue, reportUnknownVariableType]
-    # resolved config: seq_len is set
-    return blocks + embedding + residual // (tp if sp else 1)  # pyright: ignore[reportUnknownVariableType]
+    residual = 2 * residual_bytes(t, par) * b * t.seq_len * m.hidden_size
+    return blocks + embedding + residual // (tp if sp else 1)
 
 
-def step_phases(cfg: Config, st: dict[str, Any], b: int, compiled: bool = False) -> dict[str, list[tuple[str, int]]]:
+def step_phases(
+    cfg: ResolvedConfig, st: dict[str, Any], b: int, compiled: bool = False
+) -> dict[str, list[tuple[str, int]]]:
     """What each phase of an optimizer step holds, as (what, bytes) parts, for micro-batch b:
       forward         end of the last micro-batch's forward with the loss: all activations, the loss's working set,
                       the gradients held across micro-batches;
@@ -195,7 +195,7 @@ def step_phases(cfg: Config, st: dict[str, Any], b: int, compiled: bool = False)
     return {name: [p for p in always + parts if p[1]] for name, parts in phases.items()}
 
 
-def _alive_in_every_phase(cfg: Config, st: dict[str, Any]) -> tuple[list[tuple[str, int]], dict[str, Any]]:
+def _alive_in_every_phase(cfg: ResolvedConfig, st: dict[str, Any]) -> tuple[list[tuple[str, int]], dict[str, Any]]:
     """Parameters, optimizer states, DDP's gradient buckets, the CUDA context and NCCL's buffers, and `st` as
     the phases count it: where the buckets are the gradients, its gradients are 0 (counted here, once)."""
     t, par = cfg.train, cfg.parallel
@@ -216,7 +216,7 @@ def _alive_in_every_phase(cfg: Config, st: dict[str, Any]) -> tuple[list[tuple[s
 
 
 def _last_block_backward(
-    cfg: Config, st: dict[str, Any], act: dict[str, Any], b: int, gradients: int
+    cfg: ResolvedConfig, st: dict[str, Any], act: dict[str, Any], b: int, gradients: int
 ) -> list[tuple[str, int]]:
     """The moment the last block backward runs (the model's first): the other blocks' gradients beside its
     own activations, working copies or gradients, and with FSDP the reduce-scatter of one block."""
@@ -244,7 +244,7 @@ def _last_block_backward(
     ]
 
 
-def _tied_embedding_backward(cfg: Config, st: dict[str, Any], gradients: int) -> list[tuple[str, int]]:
+def _tied_embedding_backward(cfg: ResolvedConfig, st: dict[str, Any], gradients: int) -> list[tuple[str, int]]:
     """The embedding's backward, the very last: a tied embedding's gradient is made as a new V x H tensor and
     then added to the output layer's, which is already there (an untied one is its first gradient)."""
     if not cfg.model.tie_embeddings or cfg.parallel.fsdp:
@@ -255,7 +255,7 @@ def _tied_embedding_backward(cfg: Config, st: dict[str, Any], gradients: int) ->
     return [("gradients", gradients), ("the tied embedding's new gradient", embedding)]
 
 
-def _block_gradients(cfg: Config, st: dict[str, Any]) -> int:
+def _block_gradients(cfg: ResolvedConfig, st: dict[str, Any]) -> int:
     """One block's share of the gradients."""
     shapes = param_shapes(cfg.model)
     total = sum(numel(s) for _, s in shapes)
@@ -267,7 +267,7 @@ def _block_gradients(cfg: Config, st: dict[str, Any]) -> int:
 CPU_RNG_STATE_BYTES = 5056
 
 
-def _checkpoint_rng_states(cfg: Config, act: dict[str, Any], compiled: bool) -> int:
+def _checkpoint_rng_states(cfg: ResolvedConfig, act: dict[str, Any], compiled: bool) -> int:
     """CPU plans only: the generator states recomputation keeps, one per checkpointed block call. A compiled
     block keeps one with full recomputation and none with selective, whose recomputation the partitioner
     moves into the backward graph (measured with saved_tensors_hooks, torch 2.13)."""
@@ -277,7 +277,7 @@ def _checkpoint_rng_states(cfg: Config, act: dict[str, Any], compiled: bool) -> 
     return CPU_RNG_STATE_BYTES * calls * act["layers"] * act["in_flight"]
 
 
-def _first_block_gradients(cfg: Config, st: dict[str, Any]) -> int:
+def _first_block_gradients(cfg: ResolvedConfig, st: dict[str, Any]) -> int:
     """Gradients made by the end of the first block's backward: the output layer's, the final norm's and that
     block's own (their share of all gradients)."""
     shapes = param_shapes(cfg.model)
@@ -291,7 +291,7 @@ def _first_block_gradients(cfg: Config, st: dict[str, Any]) -> int:
     return st["gradients"] * made // total
 
 
-def loss_part(cfg: Config, b: int, when: str) -> tuple[int, str]:
+def loss_part(cfg: ResolvedConfig, b: int, when: str) -> tuple[int, str]:
     """What the loss holds beside what it keeps (pretrain.plan.loss_terms), `when` "forward" (at
     its end) or "backward" (while the loss's backward runs): bytes and the formula."""
     par = cfg.parallel
@@ -299,13 +299,13 @@ def loss_part(cfg: Config, b: int, when: str) -> tuple[int, str]:
     return rank_bytes(terms, par.tensor, par.sequence_parallel), " + ".join(f"{x.name} ({x.formula})" for x in terms)
 
 
-def _loss_buffer(cfg: Config, b: int) -> int:
+def _loss_buffer(cfg: ResolvedConfig, b: int) -> int:
     """The loss's working set at the end of forward: the plain loss's logits in the compute dtype and in
     fp32, or the chunked loss's last chunk (its gradients, made in forward, are kept: activations)."""
     return loss_part(cfg, b, "forward")[0]
 
 
-def _loss_backward_buffer(cfg: Config, b: int) -> int:
+def _loss_backward_buffer(cfg: ResolvedConfig, b: int) -> int:
     """The loss's backward at its largest: the plain loss's fp32 gradients of the log-softmax and the logits
     beside the kept log-softmax (12 x b*s*V in all); the chunked one only scales the gradients it kept."""
     return loss_part(cfg, b, "backward")[0]

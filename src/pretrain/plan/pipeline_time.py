@@ -11,10 +11,10 @@ from .explain import Explain
 from .stages import bubble_fraction, chunks_per_stage
 
 if TYPE_CHECKING:
-    from ..config.schema import Config
+    from ..config.schema import ResolvedConfig
 
 
-def pipeline_time(c: Config, micro_s: float, ex: Explain) -> dict[str, Any]:
+def pipeline_time(c: ResolvedConfig, micro_s: float, ex: Explain) -> dict[str, Any]:
     """1F1B: m micro-batches in m + p - 1 slots, each slot also sending activations on and gradients back.
     Interleaved 1F1B with v chunks per stage: m + (p - 1) / v slots, each sending v times (Narayanan et al.
     2021, section 2.2.2)."""

@@ -69,6 +69,7 @@ def shape_keys(h: int, layers: int, vocab_size: int, max_seq_len: int) -> dict[s
 
 
 def shape_params(keys: dict[str, Any]) -> ParamCounts:
-    from ..config.model_section import ModelConfig
+    from ..config.schema import ResolvedModelConfig
 
-    return count_params(ModelConfig(**keys))  # every other key at its default: a dense LLaMA block
+    # shape_keys sets the derived keys (num_kv_heads, head_dim); every other key at its default: a dense LLaMA block
+    return count_params(ResolvedModelConfig(**keys))

@@ -29,7 +29,7 @@ import traceback
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
-from typing import Any
+from typing import Any, cast
 from urllib.parse import parse_qsl, quote, urlsplit
 
 from ..config import SECTIONS, load_config
@@ -68,7 +68,7 @@ def start_query(items: list[str]) -> str:
     pairs = {
         f"{section}.{key}": _text(value)
         for section, keys in read_yaml(path).items()
-        for key, value in (keys or {}).items()
+        for key, value in cast(dict[str, Any], keys or {}).items()
     }
     pairs.update(split_override(item) for item in given)  # an override replaces the file's value
     return "&".join(f"{quote(k, safe='.')}={quote(v, safe='.,-+/')}" for k, v in pairs.items())
@@ -90,7 +90,7 @@ def _text(value: object) -> str:
 
 def overrides(query: str) -> list[str]:
     """`a.b=1&c.d=x` -> ["a.b=1", "c.d=x"], as the CLI takes them; a pair without a section is refused."""
-    items = []
+    items: list[str] = []
     for key, value in parse_qsl(query, keep_blank_values=True):
         if "." not in key:
             raise UsageError(f"query key {key!r} must name a section: section.key=value (e.g. parallel.gpus=64)")
@@ -173,7 +173,7 @@ def hf_config_answer(body: bytes) -> str:
         raise UsageError(f"the pasted config.json is not valid JSON ({e.msg} at line {e.lineno}); {fix}") from None
     if not isinstance(hf, dict):
         raise UsageError(f"the pasted config.json holds a JSON {type(hf).__name__}, not a mapping of keys; {fix}")
-    keys = model_keys(hf, "the pasted config.json")
+    keys = model_keys(cast(dict[str, Any], hf), "the pasted config.json")
     return json.dumps({f"model.{k}": _text(v) for k, v in keys.items()})
 
 

@@ -22,7 +22,7 @@ from .params import param_shapes
 
 if TYPE_CHECKING:
     from ..config.job_sections import ParallelConfig
-    from ..config.model_section import ModelConfig
+    from ..config.schema import ResolvedModelConfig
 
 
 def stage_layers(num_layers: int, stages: int) -> list[range]:
@@ -71,7 +71,7 @@ def chunks_in_flight(stage: int, stages: int, micro_batches: int, chunks: int) -
 
 
 def stage_param_shapes(
-    model_cfg: ModelConfig, stage: int, stages: int, chunks: int = 1
+    model_cfg: ResolvedModelConfig, stage: int, stages: int, chunks: int = 1
 ) -> list[tuple[str, tuple[Any, ...]]]:
     """(whole-model name, shape) of the parameters pipeline rank `stage` of `stages` holds (its `chunks`
     model chunks' under interleaved 1F1B), in the model's order."""
@@ -81,7 +81,7 @@ def stage_param_shapes(
     return [named for named, k in zip(shapes, param_stages(model_cfg, shapes, stages, chunks)) if k == stage]
 
 
-def param_stages(model_cfg: ModelConfig, shapes: list[Any], stages: int, chunks: int = 1) -> list[int]:
+def param_stages(model_cfg: ResolvedModelConfig, shapes: list[Any], stages: int, chunks: int = 1) -> list[int]:
     """The pipeline rank holding each of `shapes` (param_shapes(model_cfg)): its block's chunk's rank (chunk c
     runs on rank c mod p, chunk_indices), the embedding on the first, the final norm and output layer on the
     last. One pass over the model for all the stages at once (the planner sizes every stage of every layout)."""

@@ -97,10 +97,8 @@ from .tensor_parallel_time import tensor_parallel_time
 from .traffic import eager_elementwise_traffic, kept_tensor_traffic, weight_reads
 
 if TYPE_CHECKING:
-    from ..config.job_sections import TrainConfig
-    from ..config.model_section import ModelConfig
     from ..config.planner_sections import HardwareConfig
-    from ..config.schema import Config
+    from ..config.schema import ResolvedConfig, ResolvedModelConfig, ResolvedTrainConfig
     from ..gpus import GpuSpec
     from .params import ParamCounts
 
@@ -131,7 +129,7 @@ KERNEL_OVERHEAD_S = 10e-6
 
 
 def step_time(
-    c: Config, counts: ParamCounts, fl: dict[str, Any], peak: float | None, ex: Explain | None = None
+    c: ResolvedConfig, counts: ParamCounts, fl: dict[str, Any], peak: float | None, ex: Explain | None = None
 ) -> dict[str, Any] | None:
     """The modelled step of config `c` (flops: pretrain.plan.flops.flops's dict; peak: TFLOP/s per GPU)."""
     ex = ex or Explain()
@@ -166,7 +164,7 @@ def step_time(
     return {"seconds": seconds, "tokens_per_second": tokens / seconds, "mfu": utilisation, **out}
 
 
-def gemm_intensity(m: ModelConfig, tp: int, a: int) -> float:
+def gemm_intensity(m: ResolvedModelConfig, tp: int, a: int) -> float:
     """FLOPs per byte of a block's token-major GEMMs (x @ W, K -> N per token): 2 K N FLOPs for a (K + N) bytes
     of activations read and written; the weights, reused over the b*s rows, are left out."""
     q, kv = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
@@ -180,7 +178,9 @@ def gemm_intensity(m: ModelConfig, tp: int, a: int) -> float:
     return sum(2 * k * n for k, n in shapes) / sum(a * (k + n) for k, n in shapes)
 
 
-def _micro_batch(c: Config, counts: ParamCounts, fl: dict[str, Any], peak: float, ex: Explain) -> dict[str, Any]:
+def _micro_batch(
+    c: ResolvedConfig, counts: ParamCounts, fl: dict[str, Any], peak: float, ex: Explain
+) -> dict[str, Any]:
     """One micro-batch's forward and backward on one GPU (a tensor rank of a pipeline stage)."""
     m, t, par, hw = c.model, c.train, c.parallel, c.hardware
     spec = gpu_spec(hw.gpu)
@@ -241,7 +241,7 @@ def _micro_batch(c: Config, counts: ParamCounts, fl: dict[str, Any], peak: float
 
 
 def _micro_batch_sum(
-    t: TrainConfig, terms: dict[str, Any], moe: dict[str, Any], cast_s: float, ex: Explain
+    t: ResolvedTrainConfig, terms: dict[str, Any], moe: dict[str, Any], cast_s: float, ex: Explain
 ) -> dict[str, Any]:
     """The micro-batch's seconds from its terms: the compute or the weights' reads, whichever is longer, then
     everything that waits beside neither."""
@@ -291,7 +291,7 @@ def _achievable_tflops(hw: HardwareConfig, spec: GpuSpec, peak: float) -> tuple[
 
 
 def _attention_seconds(
-    c: Config, spec: GpuSpec, attention: float, tokens: int, peak: float, rate: float
+    c: ResolvedConfig, spec: GpuSpec, attention: float, tokens: int, peak: float, rate: float
 ) -> tuple[float, str]:
     """The attention kernel's seconds for one micro-batch, and how: FlashAttention-2's share of the peak on
     Hopper, else a share of the GEMM rate."""
@@ -313,7 +313,7 @@ def _attention_seconds(
 
 
 def _memory_bound_terms(
-    c: Config, counts: ParamCounts, hbm: float, on_gpu: bool, ex: Explain
+    c: ResolvedConfig, counts: ParamCounts, hbm: float, on_gpu: bool, ex: Explain
 ) -> tuple[float, float, int]:
     """(seconds reading the weights, seconds of activation traffic, layers on this GPU)."""
     m, t, par, hw = c.model, c.train, c.parallel, c.hardware
@@ -352,7 +352,7 @@ def _memory_bound_terms(
     return weight_s, traffic_s, act["layers"]
 
 
-def _kernel_overhead(c: Config, layers: int, ex: Explain) -> float:
+def _kernel_overhead(c: ResolvedConfig, layers: int, ex: Explain) -> float:
     """Seconds of per-kernel overhead of one micro-batch (eager PyTorch's dispatch and launch)."""
     t = c.train
     per_layer = KERNELS_PER_LAYER + RECOMPUTED_KERNELS[t.activation_checkpointing]

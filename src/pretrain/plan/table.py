@@ -10,8 +10,7 @@ from ..units import human as count
 from .length import token_dtype
 
 if TYPE_CHECKING:
-    from ..config.model_section import ModelConfig
-    from ..config.schema import Config
+    from ..config.schema import ResolvedConfig, ResolvedModelConfig
 
 
 def si_bytes(n: float) -> str:
@@ -38,7 +37,7 @@ def duration_range(low: float, high: float) -> str:
     return f"{a.split()[0]}-{b}" if a.split()[1] == b.split()[1] else f"{a} to {b}"
 
 
-def render(config: Config, p: dict[str, Any]) -> str:
+def render(config: ResolvedConfig, p: dict[str, Any]) -> str:
     m, t, par, hw = config.model, config.train, p["parallel"], p["hardware"]
     rows = _size_rows(m, p) + _time_rows(m, p)
     name = m.preset or m.hf_config or "custom"
@@ -60,7 +59,7 @@ def render(config: Config, p: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _size_rows(m: ModelConfig, p: dict[str, Any]) -> list[tuple[str, str, str]]:
+def _size_rows(m: ResolvedModelConfig, p: dict[str, Any]) -> list[tuple[str, str, str]]:
     """(label, value, note) rows of the model's and the data's sizes."""
     pa, tok = p["params"], p["tokens"]
     rows = [
@@ -121,7 +120,7 @@ def _size_rows(m: ModelConfig, p: dict[str, Any]) -> list[tuple[str, str, str]]:
     return rows
 
 
-def _time_rows(m: ModelConfig, p: dict[str, Any]) -> list[tuple[str, str, str]]:
+def _time_rows(m: ResolvedModelConfig, p: dict[str, Any]) -> list[tuple[str, str, str]]:
     """(label, value, note) rows of the steps, FLOPs and time."""
     rows = _steps_and_flops_rows(p) + _wall_clock_rows(p)
     if "eval_tasks" in p:  # run.eval_tasks
@@ -205,7 +204,7 @@ def _wall_clock_rows(p: dict[str, Any]) -> list[tuple[str, str, str]]:
     ]
 
 
-def _memory_lines(config: Config, p: dict[str, Any]) -> list[str]:
+def _memory_lines(config: ResolvedConfig, p: dict[str, Any]) -> list[str]:
     """The memory block: each kind's size, each phase's total, the verdict, and the extra lines."""
     t, mem = config.train, p["memory_bytes"]
     lines = [f"  Memory per GPU (GiB), micro-batch {t.micro_batch_size} x seq {t.seq_len}:"]

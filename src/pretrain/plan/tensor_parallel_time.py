@@ -12,7 +12,7 @@ from .collectives import OVERLAP_SLOWDOWN, ring
 
 if TYPE_CHECKING:
     from ..config.job_sections import ParallelConfig
-    from ..config.schema import Config
+    from ..config.schema import ResolvedConfig
     from .explain import Explain
 
 
@@ -34,7 +34,7 @@ def _exposed(par: ParallelConfig, tp_s: float, matmul_s: float) -> tuple[float, 
 
 
 def tensor_parallel_time(
-    c: Config, layers: int, tokens: int, intra: float, link_how: str, matmul_s: float, on_gpu: bool, ex: Explain
+    c: ResolvedConfig, layers: int, tokens: int, intra: float, link_how: str, matmul_s: float, on_gpu: bool, ex: Explain
 ) -> float:
     """Seconds of one micro-batch's tensor-parallel collectives that the step waits for."""
     m, t, par = c.model, c.train, c.parallel

@@ -10,18 +10,18 @@ from .activation_terms import COMPUTE_BYTES, residual_bytes
 from .activations import activation_bytes
 
 if TYPE_CHECKING:
-    from ..config.job_sections import ParallelConfig, TrainConfig
-    from ..config.model_section import ModelConfig
+    from ..config.job_sections import ParallelConfig
+    from ..config.schema import ResolvedModelConfig, ResolvedTrainConfig
 
 
-def weight_reads(t: TrainConfig) -> int:
+def weight_reads(t: ResolvedTrainConfig) -> int:
     """How often a micro-batch reads the matmul weights: forward, backward for the activations' gradients and
     for the weights' gradients (3), and once more with full recomputation, which reruns the forward."""
     return 4 if t.activation_checkpointing == "full" else 3
 
 
 def eager_elementwise_traffic(
-    m: ModelConfig, t: TrainConfig, parallel: ParallelConfig, layers: int, b: int | None = None
+    m: ResolvedModelConfig, t: ResolvedTrainConfig, parallel: ParallelConfig, layers: int, b: int | None = None
 ) -> int:
     """Bytes per GPU that one micro-batch's elementwise kernels move through its `layers` blocks in eager mode,
     where each op is a kernel that reads its inputs from HBM and writes its output there (torch.compile fuses
@@ -54,8 +54,8 @@ def eager_elementwise_traffic(
 
 
 def kept_tensor_traffic(
-    m: ModelConfig,
-    t: TrainConfig,
+    m: ResolvedModelConfig,
+    t: ResolvedTrainConfig,
     parallel: ParallelConfig,
     b: int | None = None,
     native_gqa: bool = True,
