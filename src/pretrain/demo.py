@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .config import Config
+    from .config import ResolvedConfig
 
 HELP = "run plan, tokenizer, prepare, train, report and export end to end on a bundled sample corpus"
 
@@ -32,7 +32,7 @@ def add_arguments(p):
     p.add_argument("--out", default="demo", help="directory for everything the demo writes (default: ./demo)")
 
 
-def demo_config(out: Path, overrides: list[str]) -> Config:
+def demo_config(out: Path, overrides: list[str]) -> ResolvedConfig:
     from importlib.resources import files
 
     from .config import load_config
