@@ -5,6 +5,7 @@ sharded checkpoints that resume on 1 or 2 ranks, and stop together on one rank's
 import json
 import os
 import signal
+import subprocess
 import time
 
 import pytest
@@ -166,14 +167,14 @@ def test_sharded_checkpoint_resumes_on_one_and_two_ranks(prepared, tmp_path, mon
     assert not [f for f in read[0] if "__1_" in f or "rng_rank1" in f], read[0]
     assert not [f for f in read[1] if "__0_" in f or "rng_rank0" in f or ".metadata" in f], read[1]
 
-    two = tmp_path / "two"
-    r = finished_torchrun(*settings(prepared, two, 4, "parallel.zero_stage=3", "debug.stop_after_step=3"))
+    # One job stopped after its step-3 checkpoint, resumed on 2 ranks and (a copy of it) on one process.
+    two, one = tmp_path / "two", tmp_path / "one"
+    finished_torchrun(*settings(prepared, two, 4, "parallel.zero_stage=3", "debug.stop_after_step=3"))
+    subprocess.run(["cp", "-r", two, one], check=True)
     finished_torchrun("--resume", two, "debug.stop_after_step=0")
     a, b = params(straight), params(two)
     assert all(torch.equal(a[k], b[k]) for k in a)  # same ranks, same order of operations: bitwise
 
-    one = tmp_path / "one"
-    r = finished_torchrun(*settings(prepared, one, 4, "parallel.zero_stage=3", "debug.stop_after_step=3"))
     r = run_here("train", "--resume", one, "debug.stop_after_step=0", "train.micro_batch_size=8")
     assert r.returncode == 0, r.stderr
     assert "resumed from" in r.stdout
