@@ -167,6 +167,8 @@ def test_measures_the_peak_once_per_dtype(tmp_path, monkeypatch):
         {"train.grad_accum_steps": [1, 2], "train.precision": ["fp32", "bf16-mixed", "bf16", "fp16-mixed"]},
         out_dir=None,
         progress=False,
+        rounds=2,  # 2 rounds of 8 cells: a measurement per cell, or per dtype in each round, is still counted
+        steps=1,
     )
     assert sorted(calls) == ["bf16-mixed", "fp16-mixed", "fp32"]  # once per compute dtype, not once per cell
     for c in result["cells"]:
