@@ -1,4 +1,5 @@
-"""The README's main command, shortened: plan, tokenizer, prepare, train, report, export, generate."""
+"""The README's main command, shortened: plan, tokenizer, prepare, train, report, export, generate; and run again
+over its own output."""
 
 import json
 
@@ -9,11 +10,36 @@ from support import run_cli
 pytest.importorskip("torch")
 
 
+# A smaller model than the demo's 4 layers x 256 (grouped-query attention kept: 4 heads sharing 2 k/v heads),
+# ~5x fewer FLOPs a token: in 60 steps it still beats the corpus's unigram entropy by 0.12 nats (the demo's
+# model by 0.25) and lowers its validation loss from step 30 to 60 by 0.10 (0.21).
+SMALL = [
+    "model.hidden_size=128",
+    "model.intermediate_size=344",
+    "model.num_layers=2",
+    "model.num_heads=4",
+    "model.num_kv_heads=2",
+]
+
+
 def test_demo_end_to_end(tmp_path):
+    # First a 2-step demo, then the full one over its output: a rerun replaces the directories the demo made
+    # before (they carry its mark), and every check below is of the second run's files.
+    quick = [
+        "train.max_steps=2",
+        "run.eval_every=2",
+        "run.checkpoint_every=2",
+        "train.warmup=1",
+        "run.progress=false",
+        "run.eval_batches=1",
+    ]
+    r = run_cli("demo", "--out", tmp_path / "demo", *SMALL, *quick, cwd=tmp_path)
+    assert r.returncode in (0, 1) and "6/6 export" in r.stdout, r.stderr[-3000:]
     r = run_cli(
         "demo",
         "--out",
         tmp_path / "demo",
+        *SMALL,
         "train.max_steps=60",
         "run.eval_every=30",
         "run.checkpoint_every=30",
@@ -60,17 +86,3 @@ def test_demo_refuses_a_directory_it_did_not_create(case, tmp_path):
     assert r.returncode == 2 and len(lines) == 1 and "did not" in lines[0], r.stderr[-2000:]
     assert case in lines[0] and r.stdout == ""
     assert _tree(mine) == before
-
-
-def test_demo_reruns_over_its_own_output(tmp_path):
-    quick = [
-        "train.max_steps=2",
-        "run.eval_every=2",
-        "run.checkpoint_every=2",
-        "train.warmup=1",
-        "run.progress=false",
-        "run.eval_batches=1",
-    ]
-    for _ in range(2):  # the second run replaces the first one's directories: they carry the demo's mark
-        r = run_cli("demo", "--out", tmp_path / "demo", *quick, cwd=tmp_path)
-        assert r.returncode in (0, 1) and "6/6 export" in r.stdout, r.stderr[-3000:]
