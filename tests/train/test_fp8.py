@@ -285,7 +285,7 @@ def test_torchaos_float8_styles_cast_before_the_all_gather_and_train_as_torchs()
 
 def test_tensor_parallelism_sends_float8_only_where_nccl_carries_it():
     from pretrain.config import load_config
-    from pretrain.distributed.fp8 import float8_tensor_parallel
+    from pretrain.plan.fp8 import float8_tensor_parallel
 
     def wire(device, *extra):
         config = load_config(None, ["train.precision=fp8", "parallel.gpus=2", "parallel.tensor=2", *extra])

@@ -9,8 +9,8 @@ Which linears (pretrain.plan.fp8.converts, the rule the planner counts with):
 
 Recipes (torchao's names): tensorwise scales each tensor by one number (amax / e4m3's 448); under FSDP2 the
 weights are all-gathered already in float8, half the bytes of bf16, and on GPUs so are tensor parallelism's
-(`float8_tensor_parallel`). rowwise scales each row of each operand: closer to bf16, slower casts, and its
-collectives stay bf16.
+(pretrain.plan.fp8.float8_tensor_parallel, the rule the planner counts with). rowwise scales each row of each
+operand: closer to bf16, slower casts, and its collectives stay bf16.
 
 The weights stay plain fp32 nn.Parameters under their names (Float8Linear subclasses nn.Linear), so
 checkpoints, resume and export are those of a bf16-mixed run: an exported model is bf16 and loads anywhere.
@@ -22,7 +22,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from ..errors import UsageError
-from ..plan.fp8 import converts
+from ..plan.fp8 import converts, float8_tensor_parallel
 
 if TYPE_CHECKING:
     from torch import nn
@@ -78,19 +78,3 @@ def convert(model: nn.Module, config: Config, device_type: str) -> dict:
     if config.parallel.tensor > 1:
         report["tensor_parallel"] = "float8" if float8_tensor_parallel(config, device_type) else "bf16"
     return report
-
-
-def float8_tensor_parallel(config: Config, device_type: str) -> bool:
-    """Whether tensor parallelism splits the Float8Linears with torchao's Float8ColwiseParallel /
-    Float8RowwiseParallel (as torchtitan does) rather than torch's ColwiseParallel / RowwiseParallel.
-
-    torchao's styles cast a linear's input to float8 before the sequence-parallel all-gather and its output's
-    gradient before the backward's, so those all-gathers carry 1 byte a value, not bf16's 2. Only:
-      - on CUDA: NCCL carries float8 tensors, gloo does not ("Invalid scalar type", torch 2.13), so CPU runs
-        (and CI's tests) keep torch's styles, whose collectives are bf16;
-      - tensorwise: torchao's styles cast with one scale per tensor, not rowwise's per-row scales;
-      - without debug.fp8_check: its bf16 shadow needs each linear's input before the float8 cast."""
-    t = config.train
-    return (
-        t.precision == "fp8" and t.fp8_recipe == "tensorwise" and device_type == "cuda" and not config.debug.fp8_check
-    )

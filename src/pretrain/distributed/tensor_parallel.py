@@ -99,7 +99,7 @@ class VocabularyParallelEmbedding(RowwiseParallel):
 
 def _linear_split(linear: nn.Module, by: str, float8: bool, **layouts) -> ParallelStyle:
     """ColwiseParallel (`by` "rows" of the weight) or RowwiseParallel ("columns"); torchao's float8 styles for a
-    Float8Linear when `float8` (distributed/fp8.py: float8_tensor_parallel says when and why)."""
+    Float8Linear when `float8` (plan/fp8.py: float8_tensor_parallel says when and why)."""
     if float8:
         from torchao.float8.float8_linear import Float8Linear
         from torchao.float8.float8_tensor_parallel import Float8ColwiseParallel, Float8RowwiseParallel

@@ -1,5 +1,6 @@
 """train.precision=fp8 in the planner: which GEMMs run in float8, what they cost and save, and the MFU under
-two peaks. Pure Python; the trainer converts by the same rule (`converts`, distributed/fp8.py).
+two peaks. Pure Python; the trainer converts and splits by the same rules (`converts`, `float8_tensor_parallel`;
+distributed/fp8.py).
 
   GEMMs    each block linear whose dimensions are multiples of 16 and >= train.fp8_min_features; the output
            layer stays bf16. Their 6 K N FLOPs per token (8 K N with full recomputation) run at the catalog's
@@ -30,7 +31,7 @@ from ..gpus import gpu_spec
 from .params import param_shapes
 
 if TYPE_CHECKING:
-    from ..config.schema import ResolvedConfig
+    from ..config.schema import Config, ResolvedConfig
 
 MULTIPLE = 16  # float8 tensor cores take dimensions in multiples of 16
 CAST_BYTES = {"tensorwise": 5, "rowwise": 7}
@@ -123,14 +124,30 @@ COLUMN_SPLITS = ("attn.qkv", "mlp.up")
 ROW_SPLITS = ("attn.proj", "mlp.down")
 
 
-def tensor_parallel_bytes(c: ResolvedConfig, collectives: int) -> float:
+def float8_tensor_parallel(config: Config, device_type: str) -> bool:
+    """Whether tensor parallelism splits the Float8Linears with torchao's Float8ColwiseParallel /
+    Float8RowwiseParallel (as torchtitan does) rather than torch's ColwiseParallel / RowwiseParallel: one rule
+    for the trainer (distributed/fp8.py) and the planner's bytes (tensor_parallel_bytes).
+
+    torchao's styles cast a linear's input to float8 before the sequence-parallel all-gather and its output's
+    gradient before the backward's, so those all-gathers carry 1 byte a value, not bf16's 2. Only:
+      - on CUDA: NCCL carries float8 tensors, gloo does not ("Invalid scalar type", torch 2.13), so CPU runs
+        (and CI's tests) keep torch's styles, whose collectives are bf16;
+      - tensorwise: torchao's styles cast with one scale per tensor, not rowwise's per-row scales;
+      - without debug.fp8_check: its bf16 shadow needs each linear's input before the float8 cast."""
+    t = config.train
+    return (
+        t.precision == "fp8" and t.fp8_recipe == "tensorwise" and device_type == "cuda" and not config.debug.fp8_check
+    )
+
+
+def tensor_parallel_bytes(c: ResolvedConfig, collectives: int, on_gpu: bool) -> float:
     """The share of tensor parallelism's bf16 bytes it moves under fp8 (1.0: no change). With sequence
     parallelism each of a block's `collectives` all-reduce-sized steps is an all-gather + a reduce-scatter;
-    torchao's Float8ColwiseParallel / Float8RowwiseParallel cast before the all-gather (1 byte a value, not
-    2) where the trainer uses them (distributed/fp8.py: float8_tensor_parallel, tensorwise on CUDA without
-    debug.fp8_check), for each linear the filter converts. All four converted: 0.75."""
-    t, par = c.train, c.parallel
-    if not (t.precision == "fp8" and t.fp8_recipe == "tensorwise" and par.sequence_parallel) or c.debug.fp8_check:
+    where the trainer uses torchao's float8 styles (float8_tensor_parallel), each linear the filter converts
+    all-gathers in float8 (1 byte a value, not 2). All four converted: 0.75."""
+    t = c.train
+    if not (c.parallel.sequence_parallel and float8_tensor_parallel(c, "cuda" if on_gpu else "cpu")):
         return 1.0
     shapes = {n.removesuffix(".weight"): s for n, s in param_shapes(c.model) if n.startswith("blocks.0.")}
     gathers = {"forward": 2 if t.activation_checkpointing == "full" else 1, "backward": 1}  # each split's

@@ -42,7 +42,7 @@ def tensor_parallel_time(
     full = t.activation_checkpointing == "full"
     collectives = 6 if full else 4
     tp_bytes = a * tokens * m.hidden_size
-    float8_share = fp8.tensor_parallel_bytes(c, collectives) if on_gpu else 1.0  # gloo sends no float8
+    float8_share = fp8.tensor_parallel_bytes(c, collectives, on_gpu)
     tp_s = layers * collectives * ring(tp_bytes, tp, intra, 2) * float8_share
     if tp > 1:
         tp_s, how = _exposed(par, tp_s, matmul_s)
