@@ -27,6 +27,17 @@ def run_cli(*args, cwd=None, env=None, timeout=600) -> subprocess.CompletedProce
     )
 
 
+# The GPU tests' model: big enough on a card that the allocator's fixed costs (cuBLAS workspace, rotary tables)
+# are small beside the step, and every block linear a multiple of 16 on each of 2 tensor ranks (float8's rule).
+GPU_MODEL = [
+    "model.hidden_size=512",
+    "model.intermediate_size=1376",
+    "model.num_layers=4",
+    "model.num_heads=8",
+    "model.num_kv_heads=4",
+]
+
+
 def tiny(prepared, run_dir, *extra) -> list[str]:
     """`pretrain train` overrides for a ~160K-parameter LLaMA that trains in seconds on a CPU."""
     return [

@@ -12,18 +12,14 @@ import json
 
 import pytest
 
-from support import run_cli, tiny
+from support import GPU_MODEL, run_cli, tiny
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
-# Big enough that the allocator's fixed costs (cuBLAS workspace, rotary tables) are small beside the step.
+# The GPU model (support.GPU_MODEL) at micro-batch 16.
 SMALL = [
-    "model.hidden_size=512",
-    "model.intermediate_size=1376",
-    "model.num_layers=4",
-    "model.num_heads=8",
-    "model.num_kv_heads=4",
+    *GPU_MODEL,
     "train.seq_len=256",
     "train.micro_batch_size=16",
     "train.grad_accum_steps=1",

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from support import finished_torchrun, losses, run_cli, tiny
+from support import GPU_MODEL, finished_torchrun, losses, run_cli, tiny
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("torchao")
@@ -19,11 +19,7 @@ pytestmark = pytest.mark.skipif(
 # Every block linear a multiple of 16 on each of the 2 tensor ranks (qkv 1024 -> 512, up 2752 -> 1376, down's
 # input 1376 -> 688), all converted (min 16); compiled (train.compile: auto on CUDA), as fp8 is meant to run.
 FP8_TP = [
-    "model.hidden_size=512",
-    "model.intermediate_size=1376",
-    "model.num_layers=4",
-    "model.num_heads=8",
-    "model.num_kv_heads=4",
+    *GPU_MODEL,
     "train.seq_len=256",
     "train.micro_batch_size=8",
     "train.grad_accum_steps=1",
