@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .config import Config, load_config
+from .config import ResolvedConfig, load_config
 from .errors import ConfigError
 
 
@@ -31,6 +31,6 @@ def split_items(items: list[str]) -> tuple[str | None, list[str]]:
     return (paths[0] if paths else None), [i for i in items if "=" in i]
 
 
-def config_from_args(args: argparse.Namespace) -> Config:
+def config_from_args(args: argparse.Namespace) -> ResolvedConfig:
     path, overrides = split_items(args.items)
     return load_config(path, overrides)

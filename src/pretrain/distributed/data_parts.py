@@ -30,7 +30,7 @@ from .engines import Parallelized
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
-    from ..config.schema import Config
+    from ..config.schema import ResolvedConfig
     from .runtime import Runtime
 
 # Gradient elements per data-parallel all-reduce (64 MB in fp32): messages this large run at a link's full
@@ -92,7 +92,7 @@ class DataParts:
         for g, part in zip(grads, flat.split([g.numel() for g in grads])):
             g.copy_(part.view_as(g))
 
-    def _zero1_optimizer(self, config: Config) -> torch.optim.Optimizer:
+    def _zero1_optimizer(self, config: ResolvedConfig) -> torch.optim.Optimizer:
         """ZeRO-1: the optimizer of the parameters this replica owns, broadcasting them after each step."""
         from ..plan.model_states import decay_groups, zero1_partition
         from ..plan.params import param_shapes
@@ -124,13 +124,13 @@ class DataParts:
 class TensorDDP(DataParts, Parallelized):
     """Tensor parallelism over mesh["tp"] with ZeRO-0 over mesh["dp"] (Megatron-LM's standard layout)."""
 
-    def __init__(self, module: torch.nn.Module, config: Config, rt: Runtime, mesh: DeviceMesh | None = None):
+    def __init__(self, module: torch.nn.Module, config: ResolvedConfig, rt: Runtime, mesh: DeviceMesh | None = None):
         super().__init__(module, config, rt, mesh)
         assert mesh is not None  # parallelize built it: tensor > 1, so more than one process
         dp = mesh["dp"]
         self.dp_group, self.data_parallel, self.data_rank = dp.get_group(), dp.size(), dp.get_local_rank()
 
-    def build_optimizer(self, config: Config) -> torch.optim.Optimizer:
+    def build_optimizer(self, config: ResolvedConfig) -> torch.optim.Optimizer:
         self._same_start()
         return super().build_optimizer(config)
 
@@ -146,5 +146,5 @@ class TensorDDP(DataParts, Parallelized):
 class TensorZeRO1(TensorDDP):
     """Tensor parallelism with ZeRO-1 over the data ranks: each replica updates the parameter parts it owns."""
 
-    def build_optimizer(self, config: Config) -> torch.optim.Optimizer:
+    def build_optimizer(self, config: ResolvedConfig) -> torch.optim.Optimizer:
         return self._zero1_optimizer(config)

@@ -36,7 +36,7 @@ from .tensor_parallel import from_canonical, to_canonical
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
-    from ..config.schema import Config
+    from ..config.schema import ResolvedConfig
     from ..model.transformer import Transformer
 
 FSDP_CPU_TORCH = (2, 9)  # gloo: FSDP2 fails on CPU streams in torch 2.6 and sums instead of averaging in 2.7
@@ -58,7 +58,7 @@ class Parallelized:
     cache_casts: bool
     autocast_context: Callable[[], contextlib.AbstractContextManager]
 
-    def __init__(self, module: torch.nn.Module, config: Config, rt: Runtime, mesh: DeviceMesh | None = None):
+    def __init__(self, module: torch.nn.Module, config: ResolvedConfig, rt: Runtime, mesh: DeviceMesh | None = None):
         self.module, self.forward, self.rt = module, module, rt
         self.optimizer = None
         # train.cache_weight_casts: one autocast context over a step's micro-batches (`step_context`) keeps the
@@ -80,7 +80,7 @@ class Parallelized:
         to the step's last micro-batch."""
         return contextlib.nullcontext()
 
-    def build_optimizer(self, config: Config) -> torch.optim.Optimizer:
+    def build_optimizer(self, config: ResolvedConfig) -> torch.optim.Optimizer:
         return build_optimizer(self.module, config.model, config.train)
 
     def set_training(self, on: bool) -> None:
@@ -134,7 +134,7 @@ class Parallelized:
 
 
 class DDP(Parallelized):
-    def __init__(self, module: torch.nn.Module, config: Config, rt: Runtime, mesh: DeviceMesh | None = None):
+    def __init__(self, module: torch.nn.Module, config: ResolvedConfig, rt: Runtime, mesh: DeviceMesh | None = None):
         super().__init__(module, config, rt, mesh)
         from torch.nn.parallel import DistributedDataParallel
 
@@ -155,7 +155,7 @@ class ZeRO1(DDP):
     rank owns, under the parameters' names: the same layout `get_state_dict` gives for every other mode, so
     a checkpoint loads on any number of ranks and in any mode."""
 
-    def build_optimizer(self, config: Config) -> torch.optim.Optimizer:
+    def build_optimizer(self, config: ResolvedConfig) -> torch.optim.Optimizer:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
         from .optim import optimizer_class, param_groups
@@ -207,7 +207,7 @@ class FSDP(Parallelized):
     autocast = False
     measurable = False
 
-    def __init__(self, module: Transformer, config: Config, rt: Runtime, mesh: DeviceMesh | None = None):
+    def __init__(self, module: Transformer, config: ResolvedConfig, rt: Runtime, mesh: DeviceMesh | None = None):
         super().__init__(module, config, rt, mesh)
         from torch.distributed.fsdp import fully_shard
 
@@ -226,7 +226,7 @@ class FSDP(Parallelized):
         return contextlib.nullcontext()
 
 
-def fsdp_options(config: Config, device: torch.device) -> dict:
+def fsdp_options(config: ResolvedConfig, device: torch.device) -> dict:
     """fully_shard's keyword arguments for this run: resharding after forward (ZeRO-3) and the
     mixed-precision policy."""
     version = torch_version_tuple(torch.__version__)

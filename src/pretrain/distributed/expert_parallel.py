@@ -47,7 +47,7 @@ from .engines import DDP, FSDP, Parallelized, fsdp_options
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
-    from ..config.schema import Config
+    from ..config.schema import ResolvedConfig
     from ..model.transformer import Transformer
     from .runtime import Runtime
 
@@ -116,7 +116,7 @@ class ExpertParallel(Parallelized):
     checkpoint (see the module docstring). Mixed in before the data-parallel engine (its base here names what
     it reads and extends: `module`, `rt`, state_dict, which the engine after it in the MRO provides)."""
 
-    def _shard_experts(self, module: Transformer, config: Config, rt: Runtime) -> None:
+    def _shard_experts(self, module: Transformer, config: ResolvedConfig, rt: Runtime) -> None:
         self.ep = config.parallel.expert
         self.expert_mesh = expert_mesh(rt.device.type, rt.world_size, self.ep)
         self.ep_group, self.edp_group = self.expert_mesh["ep"].get_group(), self.expert_mesh["edp"].get_group()
@@ -185,7 +185,7 @@ class ExpertDDP(ExpertParallel, DDP):
     """DDP over all ranks for everything but the routed experts, which are sharded over expert-parallel
     groups; their gradients are summed over the expert-data-parallel group by hand."""
 
-    def __init__(self, module: Transformer, config: Config, rt: Runtime, mesh: DeviceMesh | None = None):
+    def __init__(self, module: Transformer, config: ResolvedConfig, rt: Runtime, mesh: DeviceMesh | None = None):
         self._shard_experts(module, config, rt)
         from torch.nn.parallel import DistributedDataParallel
 
@@ -206,7 +206,7 @@ class ExpertFSDP(ExpertParallel, FSDP):
     """FSDP2 with expert parallelism (torchtitan's layout): each MoE layer's own experts sharded over the
     expert-data-parallel group (the ranks that hold the same experts), everything else over all dp ranks."""
 
-    def __init__(self, module: Transformer, config: Config, rt: Runtime, mesh: DeviceMesh | None = None):
+    def __init__(self, module: Transformer, config: ResolvedConfig, rt: Runtime, mesh: DeviceMesh | None = None):
         from torch.distributed.fsdp import fully_shard
 
         self._shard_experts(module, config, rt)

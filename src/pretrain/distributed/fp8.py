@@ -27,7 +27,7 @@ from ..plan.fp8 import converts, float8_tensor_parallel
 if TYPE_CHECKING:
     from torch import nn
 
-    from ..config.schema import Config
+    from ..config.schema import ResolvedConfig
 
 FIX = "pip install 'pretrain[fp8]' (torchao) or use train.precision=bf16-mixed"
 
@@ -56,7 +56,7 @@ def _float8():
     return float8
 
 
-def convert(model: nn.Module, config: Config, device_type: str) -> dict:
+def convert(model: nn.Module, config: ResolvedConfig, device_type: str) -> dict:
     """Swap the chosen linears of `model` (plain, before any wrapping or sharding) for torchao's Float8Linear;
     returns what plan_vs_run.json records: {"recipe", "linears": converted, "skipped": linears left bf16}, and
     under tensor parallelism "tensor_parallel": what its collectives carry, "float8" or "bf16"."""

@@ -17,10 +17,11 @@ from ..plan.model_states import decay_groups
 from ..plan.params import param_shapes
 
 if TYPE_CHECKING:
-    from ..config.schema import ModelConfig, TrainConfig
+    from ..config.job_sections import TrainConfig
+    from ..config.schema import ResolvedModelConfig
 
 
-def param_groups(model: torch.nn.Module, model_cfg: ModelConfig, weight_decay: float) -> list[dict]:
+def param_groups(model: torch.nn.Module, model_cfg: ResolvedModelConfig, weight_decay: float) -> list[dict]:
     """[decayed matrices, undecayed rest], in the planner's order (it predicts ZeRO-1's partition). A pipeline
     stage holds some of the model's parameters, under their whole-model names: the groups of those."""
     named = dict(model.named_parameters())
@@ -46,6 +47,8 @@ def optimizer_class(train_cfg: TrainConfig, device: torch.device) -> tuple[type,
     return torch.optim.SGD, dict(lr=train_cfg.lr, momentum=train_cfg.momentum)
 
 
-def build_optimizer(model: torch.nn.Module, model_cfg: ModelConfig, train_cfg: TrainConfig) -> torch.optim.Optimizer:
+def build_optimizer(
+    model: torch.nn.Module, model_cfg: ResolvedModelConfig, train_cfg: TrainConfig
+) -> torch.optim.Optimizer:
     cls, kwargs = optimizer_class(train_cfg, next(model.parameters()).device)
     return cls(param_groups(model, model_cfg, train_cfg.weight_decay), **kwargs)

@@ -27,12 +27,12 @@ from .tensor_parallel import apply_tensor_parallel, enable_async_tp, keep_own_vo
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
-    from ..config.schema import Config
+    from ..config.schema import ResolvedConfig
     from ..model.transformer import Transformer
 
 
 def _mesh_and_tensor_parallel(
-    model: Transformer, config: Config, layout: Layout, rt: Runtime, fp8: dict | None
+    model: Transformer, config: ResolvedConfig, layout: Layout, rt: Runtime, fp8: dict | None
 ) -> DeviceMesh | None:
     """The grid's DeviceMesh, where something splits over it (DDP and ZeRO-1 need none: each mesh dimension
     would make a process group, an NCCL communicator, at start-up), and the blocks split over its "tp" ranks."""
@@ -47,7 +47,7 @@ def _mesh_and_tensor_parallel(
     return mesh
 
 
-def parallelize(model: Transformer, config: Config, rt: Runtime) -> Parallelized:
+def parallelize(model: Transformer, config: ResolvedConfig, rt: Runtime) -> Parallelized:
     """The plain `model` (on this device, or on the meta device under FSDP) made trainable here."""
     t = config.train
     if t.precision == "bf16":

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from torch.distributed.pipelining.schedules import PipelineScheduleMulti, PipelineScheduleSingle
     from torch.distributed.pipelining.stage import _PipelineStageBase
 
-    from ..config.schema import Config
+    from ..config.schema import ResolvedConfig
     from ..model.transformer import Transformer
     from .runtime import Runtime
 
@@ -98,7 +98,7 @@ class Pipelined(DataParts, Parallelized):
 
     measurable = False  # activations are held per micro-batch by the schedule, not by one forward
 
-    def __init__(self, model: Transformer, config: Config, rt: Runtime, mesh: DeviceMesh):
+    def __init__(self, model: Transformer, config: ResolvedConfig, rt: Runtime, mesh: DeviceMesh):
         self.index, self.stages = mesh["pp"].get_local_rank(), mesh["pp"].size()
         self.pp_group, self.dp_group = mesh["pp"].get_group(), mesh["dp"].get_group()
         self.data_parallel, self.data_rank = mesh["dp"].size(), mesh["dp"].get_local_rank()
@@ -118,7 +118,7 @@ class Pipelined(DataParts, Parallelized):
         self.forward = self.validation_loss
         self.schedules: dict[tuple[int, bool, int], PipelineScheduleSingle | PipelineScheduleMulti] = {}
 
-    def build_optimizer(self, config: Config) -> torch.optim.Optimizer:
+    def build_optimizer(self, config: ResolvedConfig) -> torch.optim.Optimizer:
         self._same_start()
         return super().build_optimizer(config)
 
@@ -244,11 +244,11 @@ class PipelinedZeRO1(Pipelined):
     """ZeRO-1 per stage (data_parts.py): each data-parallel replica of a stage keeps the optimizer states of,
     and updates, only the parameters it owns, then broadcasts its parts of them over its "dp" group."""
 
-    def build_optimizer(self, config: Config) -> torch.optim.Optimizer:
+    def build_optimizer(self, config: ResolvedConfig) -> torch.optim.Optimizer:
         return self._zero1_optimizer(config)
 
 
-def pipelined(model: Transformer, config: Config, rt: Runtime, mesh: DeviceMesh | None) -> Pipelined:
+def pipelined(model: Transformer, config: ResolvedConfig, rt: Runtime, mesh: DeviceMesh | None) -> Pipelined:
     """The engine for `mesh` (config/trainable.py: check_pipelinable has passed)."""
     assert mesh is not None  # parallelize built it: pipeline > 1, so more than one process
     engine = PipelinedZeRO1 if config.parallel.zero_stage == 1 and mesh["dp"].size() > 1 else Pipelined

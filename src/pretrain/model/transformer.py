@@ -23,7 +23,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config.schema import resolved
 from ..plan.kernels import native_gqa
 from ..plan.params import padded_vocab_size
 from . import documents as docs
@@ -32,8 +31,8 @@ from .moe import MoE, moe_width, router_loss
 from .rope import inverse_frequencies
 
 if TYPE_CHECKING:
-    from ..config import Config
-    from ..config.model_section import ModelConfig
+    from ..config import ResolvedConfig
+    from ..config.schema import ResolvedModelConfig
 
 
 class RMSNorm(nn.Module):
@@ -272,8 +271,8 @@ RESIDUAL_OUTPUTS = ("attn.proj.weight", "mlp.down.weight", "mlp.experts.down", "
 
 
 class Transformer(nn.Module):
-    config: ModelConfig  # resolved: num_kv_heads and head_dim set
-    training_config: Config  # the whole run's, set by train.load_model (data directory, tokenizer)
+    config: ResolvedModelConfig
+    training_config: ResolvedConfig  # the whole run's, set by train.load_model (data directory, tokenizer)
 
     def __init__(self, cfg, attention: str = "sdpa", loss: str = "chunked", loss_chunk_tokens: int = 4096):
         super().__init__()
@@ -323,7 +322,7 @@ class Transformer(nn.Module):
     def fix_attention_kernel(self, device: torch.device, half: bool) -> bool:
         """Decide once, for this device and compute dtype, whether SDPA takes the grouped k/v heads (a
         constant for torch.compile instead of a per-call check); returns the decision."""
-        decision = takes_gqa(device, half, resolved(self.config.head_dim))
+        decision = takes_gqa(device, half, self.config.head_dim)
         for block in self.blocks:
             cast(Block, block).attn.native_gqa = decision
         return decision
@@ -336,7 +335,7 @@ class Transformer(nn.Module):
         if self.rope is None or self.rope[0].shape[0] < seq_len or self.rope[0].device != device:
             cfg = self.config
             self.rope = rotary_tables(
-                resolved(cfg.head_dim), max(seq_len, 1), cfg.rope_theta, device=device, scaling=cfg.rope_scaling
+                cfg.head_dim, max(seq_len, 1), cfg.rope_theta, device=device, scaling=cfg.rope_scaling
             )
         return self.rope
 

@@ -30,7 +30,7 @@ from .step_time import step_time
 if TYPE_CHECKING:
     from ..config.job_sections import ParallelConfig
     from ..config.planner_sections import HardwareConfig
-    from ..config.schema import Config, ResolvedModelConfig
+    from ..config.schema import ResolvedModelConfig
     from .params import ParamCounts
 
 __all__ = [
@@ -49,9 +49,8 @@ __all__ = [
 MAX_LAYERS = 1000
 
 
-def make_plan(config: Config) -> dict[str, Any]:
+def make_plan(config: ResolvedConfig) -> dict[str, Any]:
     """The plan for a resolved config (see `pretrain.config.load_config`)."""
-    assert isinstance(config, ResolvedConfig)  # the trainer and the sweep hold their loaded configs as `Config`
     return plan_with_explain(config)[0]
 
 

@@ -73,7 +73,6 @@ def run(args: argparse.Namespace) -> int:
     from .table import render
 
     config = config_from_args(args)
-    assert isinstance(config, ResolvedConfig)  # load_config's, typed `Config` by config_from_args
     if args.fit:
         return _fit(config, args)
     result, explain = plan_with_explain(config)

@@ -47,7 +47,6 @@ from .params import count_params
 from .step_time import step_time
 
 if TYPE_CHECKING:
-    from ..config.schema import Config
     from .params import ParamCounts
 
 REFUSED = "`pretrain train` refuses it"  # a rejected row's why, before the trainer's own words
@@ -96,10 +95,9 @@ def layouts(c: ResolvedConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any
     return found, refused
 
 
-def fit(config: Config, top: int = 10) -> dict[str, Any]:
+def fit(config: ResolvedConfig, top: int = 10) -> dict[str, Any]:
     """{"candidates": [...] fastest first (at most `top`), "rejected": [{"overrides", "why"}, ...]}; every
     candidate is a layout `pretrain train` runs."""
-    assert isinstance(config, ResolvedConfig)  # the sweep holds its loaded config as `Config`
     from . import plan_with_explain
 
     peak, source = peak_tflops(config.hardware, config.train.precision)

@@ -22,7 +22,7 @@ from .explain import Explain, fmt
 from .schedule import steps_for_tokens, tokens_for_steps, warmup_steps
 
 if TYPE_CHECKING:
-    from ..config.schema import Config, ResolvedTrainConfig
+    from ..config.schema import ResolvedTrainConfig
 
 CHINCHILLA_TOKENS_PER_PARAM = 20
 # The step-time model's own error, measured: predicted / measured tokens/s per GPU on the 41 published runs of
@@ -65,9 +65,8 @@ def ramp_args(cfg: ResolvedConfig) -> dict[str, Any]:
     )
 
 
-def training_length(cfg: Config, total_params: int, ex: Explain | None = None) -> dict[str, Any]:
+def training_length(cfg: ResolvedConfig, total_params: int, ex: Explain | None = None) -> dict[str, Any]:
     """Tokens and optimizer steps of the run: max_steps, else tokens, else examples x epochs, else Chinchilla."""
-    assert isinstance(cfg, ResolvedConfig)  # the trainer holds its loaded config as `Config`
     ex = ex or Explain()
     t = cfg.train
     args = ramp_args(cfg)

@@ -16,7 +16,7 @@ from .stages import chunks_per_stage, param_stages, stage_param_shapes
 
 if TYPE_CHECKING:
     from ..config.model_section import ModelConfig
-    from ..config.schema import Config, ResolvedModelConfig
+    from ..config.schema import ResolvedModelConfig
 
 # Tensor parallelism as the trainer splits the model (distributed/tensor_parallel.py): the q/k/v and MLP up (gate
 # and up) projections, the embedding and the output layer by rows (output features; vocabulary), the attention
@@ -104,14 +104,13 @@ def decay_groups(m: ModelConfig, shapes: list[Any]) -> list[list[int]]:
     return [g for g in (decay, no_decay) if g]
 
 
-def model_state_tensors(cfg: Config, rank: int | None = None, stage: int | None = None) -> dict[str, Any]:
+def model_state_tensors(cfg: ResolvedConfig, rank: int | None = None, stage: int | None = None) -> dict[str, Any]:
     """Bytes of the tensors one GPU holds between steps and in flight: parameters, gradients, optimizer
     states, and working copies (half-precision or gathered parameters); `stage` names the stage counted.
     `rank`: that data-parallel rank's share (ranks differ under ZeRO-1 and uneven FSDP chunks); by default
     the largest share (what must fit). `stage`: that pipeline stage's parameters (pretrain.plan.stages); by
     default the heaviest stage's. A rank holds its stage's parameters, each its tensor rank's part (FSDP2
     then shards that part over the data ranks), as the trainer holds them in every layout."""
-    assert isinstance(cfg, ResolvedConfig)  # the trainer holds its loaded config as `Config`
     m, t, par = cfg.model, cfg.train, cfg.parallel
     dp, ep = par.data_parallel, par.expert
     whole = param_shapes(m)

@@ -28,7 +28,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..config.model_section import ModelConfig
 from ..config.schema import ResolvedModelConfig, padded_vocab_size
 
 
@@ -105,9 +104,8 @@ def expert_width(model: ResolvedModelConfig) -> int:
     return model.moe_intermediate_size or model.intermediate_size
 
 
-def count_params(model: ModelConfig) -> ParamCounts:
+def count_params(model: ResolvedModelConfig) -> ParamCounts:
     """`model` is a resolved model section (num_kv_heads and head_dim filled in)."""
-    assert isinstance(model, ResolvedModelConfig)  # the trainer holds its loaded config as `Config`
     V, H, I, L = padded_vocab_size(model), model.hidden_size, model.intermediate_size, model.num_layers
     E, k = max(model.num_experts, 1), model.experts_per_token
     routed = router = shared = 0
@@ -202,12 +200,11 @@ def _qk_norm_shapes(model: ResolvedModelConfig) -> list[tuple[str, tuple[int, ..
     ]
 
 
-def fused_rows(name: str, model: ModelConfig) -> list[int] | None:
+def fused_rows(name: str, model: ResolvedModelConfig) -> list[int] | None:
     """The row blocks a fused parameter stacks, in order: [q, k, v] for `attn.qkv` (weight and bias), [gate,
     up] for LLaMA's `mlp.up` and an MoE block's `mlp.shared.up`; None for any other parameter. The export
     splits them into Hugging Face's separate tensors and tensor parallelism hands each rank its share of every
     block."""
-    assert isinstance(model, ResolvedModelConfig)  # distributed/ holds the model's config as `ModelConfig`
     if name.endswith((".attn.qkv.weight", ".attn.qkv.bias")):
         q, kv = model.num_heads * model.head_dim, model.num_kv_heads * model.head_dim
         return [q, kv, kv]
@@ -218,10 +215,9 @@ def fused_rows(name: str, model: ModelConfig) -> list[int] | None:
     return None
 
 
-def param_shapes(model: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
+def param_shapes(model: ResolvedModelConfig) -> list[tuple[str, tuple[int, ...]]]:
     """Every parameter tensor of the built model, in module order, with our names: the one layout table the
     planner counts, the export names (model/hf.py) and a test holds against the model's named_parameters()."""
-    assert isinstance(model, ResolvedModelConfig)  # distributed/ holds the model's config as `ModelConfig`
     V, H, I = padded_vocab_size(model), model.hidden_size, model.intermediate_size
     q_width, kv_width = model.num_heads * model.head_dim, model.num_kv_heads * model.head_dim
     llama = model.family == "llama"

@@ -211,14 +211,13 @@ def title_line(run: Run) -> str:
     cosine, fp32'; the name alone without a readable config.yaml."""
     try:
         from ..config import from_dict
-        from ..config.schema import resolved
         from ..plan.params import count_params
 
         c = from_dict(run.config or {})
     except Exception:  # noqa: BLE001 - any unreadable config: the title falls back to the name
         return run.name
     m, t = c.model, c.train
-    per_step = t.micro_batch_size * resolved(t.seq_len) * t.grad_accum_steps * max(1, c.parallel.data_parallel)
+    per_step = t.micro_batch_size * t.seq_len * t.grad_accum_steps * max(1, c.parallel.data_parallel)
     what = f"{m.preset or m.family} {units.human(count_params(m).total)} ({m.num_layers} x {m.hidden_size})"
     return (
         f"{run.name}: {what}, seq {t.seq_len}, {units.human(per_step)} tokens/step, lr {t.lr:g} {t.schedule}, "

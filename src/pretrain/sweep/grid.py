@@ -12,7 +12,7 @@ import itertools
 import typing
 from dataclasses import dataclass, field
 
-from ..config import SECTIONS, Config
+from ..config import SECTIONS, ResolvedConfig
 from ..config_args import split_items
 from ..errors import UsageError
 
@@ -75,8 +75,8 @@ class Cell:
     index: int
     values: dict  # swept key -> value as the config resolved it (int 64, not "64")
     overrides: list[str]  # the cell's own section.key=value items
-    config: Config
-    device_config: Config  # config as planned on this device (plan_check.config_for_device)
+    config: ResolvedConfig
+    device_config: ResolvedConfig  # config as planned on this device (plan_check.config_for_device)
     rt: Runtime
     plan: dict = field(default_factory=dict)
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..bench.timing import check_rounds, check_threads, cpu_threads, torch_threads
-from ..config import Config, load_config, replaced
+from ..config import ResolvedConfig, load_config, replaced
 from ..errors import ConfigError, UsageError
 from ..plan import make_plan
 from ..plan.length import training_length
@@ -248,7 +248,7 @@ def prepare_cells(config_path: str | Path | dict | None, overrides: list[str], s
     return cells
 
 
-def _check_length(config: Config) -> None:
+def _check_length(config: ResolvedConfig) -> None:
     """The schedule the Trainer refuses (a warm-up as long as the run, ...): say so now, before any cell runs."""
     checked_warmup(config.train, training_length(config, count_params(config.model).total)["steps"])
 

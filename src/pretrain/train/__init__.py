@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-    from ..config.schema import Config
+    from ..config.schema import ResolvedConfig
 
 # PyTorch's CUDA allocator then grows segments in place instead of caching blocks of fixed sizes: less memory
 # lost to fragmentation as the batch ramp and evaluation change the shapes (torchtitan sets it too).
@@ -23,8 +23,8 @@ def use_expandable_segments() -> None:
         os.environ["PYTORCH_CUDA_ALLOC_CONF"] = ALLOCATOR_CONF
 
 
-def train(config: Config) -> dict:
-    """Train from a resolved Config; returns a summary (steps, tokens, final validation loss, run_dir)."""
+def train(config: ResolvedConfig) -> dict:
+    """Train from a loaded (resolved) config; returns a summary (steps, tokens, final validation loss, run_dir)."""
     use_expandable_segments()
     from ..distributed.runtime import init_runtime, shutdown
     from ..files import write_error

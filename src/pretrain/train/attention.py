@@ -27,7 +27,7 @@ from .. import precision as precisions
 from ..model.transformer import takes_gqa
 
 if TYPE_CHECKING:
-    from ..config.schema import Config
+    from ..config.schema import ResolvedConfig
 
 # The fused kernels' aten ops (SDPA itself is a composite: it dispatches to one of these, else to plain math).
 KERNELS = {
@@ -79,7 +79,7 @@ class _Ops(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def kernel_that_runs(config: Config, device: torch.device) -> str:
+def kernel_that_runs(config: ResolvedConfig, device: torch.device) -> str:
     """flash | cudnn | efficient | math | flex: the kernel one training attention of this run's shape runs on,
     under the kernel choice its steps make (with train.document_masking: under its mask)."""
     m, t = config.model, config.train

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from ..config_args import add_config_arguments, split_items
 
 if TYPE_CHECKING:
-    from ..config.schema import Config
+    from ..config.schema import ResolvedConfig
 
 HELP = "train a model (one CPU/GPU, or many under torchrun)"
 
@@ -33,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def resolve(args: argparse.Namespace) -> Config:
+def resolve(args: argparse.Namespace) -> ResolvedConfig:
     """The config of `pretrain train`: a file, or a run directory's saved config when resuming."""
     from ..config import load_config
     from ..config.checks import GridError

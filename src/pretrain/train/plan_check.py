@@ -18,11 +18,11 @@ from ..precision import matmul_dtype
 from ..units import GiB, nbytes
 
 if TYPE_CHECKING:
-    from ..config.schema import Config
+    from ..config.schema import ResolvedConfig
     from ..distributed.runtime import Runtime
 
 
-def config_for_device(config: Config, rt: Runtime) -> Config:
+def config_for_device(config: ResolvedConfig, rt: Runtime) -> ResolvedConfig:
     """The run's config with the hardware the run really has: the detected GPU (or cpu), the world size."""
     hardware = {"gpu": "cpu"}
     if rt.device.type == "cuda":
@@ -37,7 +37,7 @@ def config_for_device(config: Config, rt: Runtime) -> Config:
     )
 
 
-def peak_tflops(device_config: Config, device: torch.device = torch.device("cpu")) -> tuple[float, str]:
+def peak_tflops(device_config: ResolvedConfig, device: torch.device = torch.device("cpu")) -> tuple[float, str]:
     """Peak of this device for the run's precision, from a stable source: the planner's (catalog, profile,
     hardware.peak_tflops), else a measurement made once per machine and cached. Never a probe inside each run:
     on a busy machine one read 10-100x low and logged an MFU far above 1."""

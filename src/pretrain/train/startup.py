@@ -30,14 +30,14 @@ from .checkpoint.run_dir import RunDir
 from .prefetch import WindowSource
 
 if TYPE_CHECKING:
-    from ..config.schema import Config
+    from ..config.schema import ResolvedConfig
     from ..data.loader import PreparedData
     from ..distributed.engines import Parallelized
     from ..distributed.runtime import Runtime
     from ..model.documents import Documents
 
 
-def launched_config(config: Config, rt: Runtime, own_data: bool) -> Config:
+def launched_config(config: ResolvedConfig, rt: Runtime, own_data: bool) -> ResolvedConfig:
     """The config this process trains: the world torchrun gives is the truth (steps, batch, the plan), and the
     data directory is saved absolute (export, generate and resume run from anywhere). A new object: the
     loaded config is never changed."""
@@ -50,7 +50,7 @@ def launched_config(config: Config, rt: Runtime, own_data: bool) -> Config:
     )
 
 
-def plan_run(device_config: Config, rt: Runtime) -> dict:
+def plan_run(device_config: ResolvedConfig, rt: Runtime) -> dict:
     """The run's one plan, at the peak behind its MFU: the memory check before anything is built, the
     figures plan vs run compares, the FLOPs per token of every metrics line. The plan's tokens/s is
     labelled with where that peak came from (the catalog, a profile, the key, or this machine's cached
@@ -61,7 +61,9 @@ def plan_run(device_config: Config, rt: Runtime) -> dict:
     return plan
 
 
-def open_data(c: Config, rt: Runtime, loader: WindowSource | None) -> tuple[list[dict] | None, PreparedData | None]:
+def open_data(
+    c: ResolvedConfig, rt: Runtime, loader: WindowSource | None
+) -> tuple[list[dict] | None, PreparedData | None]:
     """(mixture, data): a mixture's sources (data/mixture.py), each with its data, and None; otherwise None and
     data.dir's data; None both with a loader of its own."""
     from ..data.loader import open_training_data
@@ -90,7 +92,7 @@ def prepared_data(mixture: list[dict] | None, data: PreparedData | None) -> list
 
 
 def claim_run_dir(
-    directory: RunDir, c: Config, rt: Runtime, quiet: bool
+    directory: RunDir, c: ResolvedConfig, rt: Runtime, quiet: bool
 ) -> tuple[Path | None, dict | None, Path | None]:
     """(resume_from, stage_change, history_aside): one trainer per run directory, before any write; where it
     resumes from, and an earlier run's leftovers set aside."""
@@ -114,7 +116,7 @@ def claim_run_dir(
 
 
 def trainable_model(
-    c: Config, rt: Runtime, opened: list[PreparedData]
+    c: ResolvedConfig, rt: Runtime, opened: list[PreparedData]
 ) -> tuple[Documents | None, Callable[[], AbstractContextManager], Parallelized]:
     """(documents, attention_kernels, par): the documents of a window, the attention kernels, and the model
     built and parallelized."""
@@ -157,7 +159,7 @@ def trainable_model(
 
 
 def window_source(
-    c: Config, rt: Runtime, mixture: list[dict] | None, data: PreparedData | None, loader: WindowSource | None
+    c: ResolvedConfig, rt: Runtime, mixture: list[dict] | None, data: PreparedData | None, loader: WindowSource | None
 ) -> WindowSource:
     """What the batches are read from: a loader of its own, a mixture's windows by weight, or data.dir's."""
     from ..data.mixture import MixtureWindows

@@ -45,7 +45,7 @@ from .state import Asks, StepResult, TrainState
 from .step import pipeline_train_step, train_step
 
 if TYPE_CHECKING:
-    from ..config.schema import Config
+    from ..config.schema import ResolvedConfig
     from ..data.loader import PreparedData
     from ..distributed.engines import Parallelized
     from ..distributed.runtime import Runtime
@@ -56,10 +56,10 @@ class Trainer:
     """What a callback reads (train/callbacks/__init__.py): everything below; it changes none of it, but asks
     (state.Asks), and the trainer carries that out (`carry_out`)."""
 
-    config: Config  # the launched config: this world's size, the data directories absolute
+    config: ResolvedConfig  # the launched config: this world's size, the data directories absolute
     rt: Runtime  # this process's place, with the run's tensor and pipeline degrees
     run_dir: Path
-    device_config: Config  # the config with the hardware the run has (plan_check.config_for_device)
+    device_config: ResolvedConfig  # the config with the hardware the run has (plan_check.config_for_device)
     plan: dict  # the run's one plan (pretrain.plan), made at start-up, at the peak behind its MFU
     mixture: list[dict] | None  # a mixture's sources (data/mixture.py), each with its opened data
     data: PreparedData | None  # data.dir's prepared data; None for a mixture or a loader of its own
@@ -87,7 +87,7 @@ class Trainer:
 
     def __init__(
         self,
-        config: Config,
+        config: ResolvedConfig,
         rt: Runtime,
         loader: WindowSource | None = None,
         quiet: bool = False,

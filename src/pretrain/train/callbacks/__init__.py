@@ -18,7 +18,7 @@ from ..state import Asks, StepResult, TrainState
 if TYPE_CHECKING:
     import torch
 
-    from ...config.schema import Config
+    from ...config.schema import ResolvedConfig
     from ...data.loader import PreparedData
     from ...distributed.engines import Parallelized
     from ...distributed.runtime import Runtime
@@ -31,10 +31,10 @@ class TrainerView(Protocol):
     """What a callback reads of the trainer (train/trainer.py's Trainer is one; its class body says what each
     is). Read, never assigned: a callback asks for a change by returning `Asks`."""
 
-    config: Config
+    config: ResolvedConfig
     rt: Runtime
     run_dir: Path
-    device_config: Config
+    device_config: ResolvedConfig
     plan: dict
     state: TrainState
     total_steps: int
@@ -88,7 +88,7 @@ ORDER = (
 )
 
 
-def default_callbacks(config: Config, plan: dict) -> list[Callback]:
+def default_callbacks(config: ResolvedConfig, plan: dict) -> list[Callback]:
     """The run's callbacks in ORDER; `plan` is the trainer's one plan of this run, for those that compare
     with it."""
     from .checkpointing import Checkpointing
@@ -115,7 +115,7 @@ def default_callbacks(config: Config, plan: dict) -> list[Callback]:
     return [cb for cb in callbacks if cb is not None]
 
 
-def _task_evaluation(config: Config) -> Callback | None:
+def _task_evaluation(config: ResolvedConfig) -> Callback | None:
     if not config.run.eval_tasks:
         return None
     from .tasks import TaskEvaluation  # checks that pretrain[eval] is installed: only where it is wanted
@@ -123,7 +123,7 @@ def _task_evaluation(config: Config) -> Callback | None:
     return TaskEvaluation(config)
 
 
-def _fp8_check(config: Config) -> Callback | None:
+def _fp8_check(config: ResolvedConfig) -> Callback | None:
     if not config.debug.fp8_check:  # the bf16 shadow of fp8's first steps
         return None
     from .fp8_check import Fp8Check

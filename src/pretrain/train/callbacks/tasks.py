@@ -22,13 +22,13 @@ from ..state import StepResult
 from . import Callback, TrainerView
 
 if TYPE_CHECKING:
-    from ...config.schema import Config
+    from ...config.schema import ResolvedConfig
 
 LOGGED = ("acc", "acc_stderr", "acc_norm", "acc_norm_stderr", "acc_bytes", "bits_per_byte", "chance")
 
 
 class TaskEvaluation(Callback):
-    def __init__(self, config: Config):
+    def __init__(self, config: ResolvedConfig):
         from ...eval.tasks import check_tasks
         from ...task_catalog import task_names
 

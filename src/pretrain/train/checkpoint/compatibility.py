@@ -12,7 +12,7 @@ import yaml
 
 from ...config import mixture_sources
 from ...config.job_sections import DataConfig
-from ...config.schema import Config
+from ...config.schema import ResolvedConfig
 from ...errors import UsageError
 
 # The model keys that decide which tensors exist and their shapes (the rest: dropout, init, RoPE base, ...
@@ -39,7 +39,7 @@ def _saved_config(path: Path) -> dict[str, Any]:
     return yaml.safe_load((Path(path) / "config.yaml").read_text()) or {}
 
 
-def check_resume_compatible(path: Path, config: Config) -> None:
+def check_resume_compatible(path: Path, config: ResolvedConfig) -> None:
     """A resume must build the model the checkpoint holds and read the kind of data it read: compare the
     checkpoint's own (verified) config.yaml with the resumed config before any tensor is loaded, and name the
     first key that differs."""
@@ -58,7 +58,7 @@ def check_resume_compatible(path: Path, config: Config) -> None:
             )
 
 
-def stage_change(path: Path, config: Config) -> dict[str, Any] | None:
+def stage_change(path: Path, config: ResolvedConfig) -> dict[str, Any] | None:
     """The `stage_changed` event of a resume at another train.seq_len (a stage of context extension,
     docs/train.md), or None. Before any tensor is loaded, refused in one line where the run would not be well
     defined: a run whose length is counted in tokens (train.tokens, or the default) keeps its tokens per step,

@@ -24,7 +24,7 @@ from .choice import latest_checkpoint, resolve_checkpoint
 from .format import checkpoint_dir, config_yaml, load_rng, load_state, read_trainer_state, save_checkpoint
 
 if TYPE_CHECKING:
-    from ...config.schema import Config
+    from ...config.schema import ResolvedConfig
     from ...distributed.engines import Parallelized
     from ...distributed.runtime import Runtime
     from ..state import TrainState
@@ -66,7 +66,7 @@ class Checkpoints:
         tensors: TensorState,
         counters: TrainState,
         parts: dict[str, Stateful],
-        config: Config,
+        config: ResolvedConfig,
         total_steps: int,
         warmup_steps: int,
     ) -> None:

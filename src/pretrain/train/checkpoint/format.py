@@ -41,7 +41,7 @@ import yaml
 from ...files import sha256_file
 
 if TYPE_CHECKING:
-    from ...config.schema import Config
+    from ...config.schema import ResolvedConfig
 
 PREFIX = "step_"
 CHECKPOINT_NAME = re.compile(r"step_(\d{8})")
@@ -55,7 +55,7 @@ def checkpoint_dir(run_dir: str | Path, step: int) -> Path:
     return Path(run_dir) / "checkpoints" / f"{PREFIX}{step:08d}"
 
 
-def config_yaml(config: Config) -> str:
+def config_yaml(config: ResolvedConfig) -> str:
     """config.yaml's text, in every checkpoint and in the run directory: the resolved config, sections and keys
     in the schema's order."""
     return yaml.safe_dump(config.to_dict(), sort_keys=False)

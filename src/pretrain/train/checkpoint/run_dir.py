@@ -26,7 +26,7 @@ from ...lock import HeldLock, exclusive_lock
 from .format import PREFIX, config_yaml, list_checkpoints
 
 if TYPE_CHECKING:
-    from ...config.schema import Config
+    from ...config.schema import ResolvedConfig
 
 # What a run writes besides its checkpoints: the history of one run.
 HISTORY = (
@@ -116,7 +116,7 @@ class RunDir:
             os.rename(p, aside / p.name)
         return aside
 
-    def write_config(self, config: Config) -> None:
+    def write_config(self, config: ResolvedConfig) -> None:
         """RUN_DIR/config.yaml, atomically: what `pretrain train --resume` reads back."""
         self.path.mkdir(parents=True, exist_ok=True)
         write_atomic(self.config_path, config_yaml(config))
