@@ -107,7 +107,6 @@ def parallelize(model: Transformer, config: ResolvedConfig, rt: Runtime) -> Para
         model.reset_parameters(t.seed)
     if config.parallel.tensor > 1 and not config.parallel.fsdp:
         keep_own_vocabulary_rows(model)
-    assert t.seq_len is not None  # the trainer's config is resolved: resolve() filled it in
     model.rotary(t.seq_len, rt.device)  # built before the first (compiled) forward, not inside it
     par.optimizer = par.build_optimizer(config)
     return par

@@ -54,7 +54,6 @@ def record_of(cell: Cell, status: str = OK, measured: list[dict] | None = None, 
 def _planned_record(cell: Cell, status: str, error: str | None) -> dict:
     """The row before any round: the cell's values and the plan's figures, the measured ones still empty."""
     c, p, dev = cell.config, cell.plan, cell.rt.device
-    assert c.train.seq_len is not None  # load_config resolved the config: resolve() filled it in
     fits = p["fits"]
     return {
         "cell": cell.index,

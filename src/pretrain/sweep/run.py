@@ -290,7 +290,6 @@ def run_cell(cell: Cell, warmup_steps: int, steps: int) -> dict:
     dev = cell.rt.device
     free_memory(dev)
     t = cell.config.train
-    assert t.seq_len is not None  # load_config resolved the config: resolve() filled it in
     trainer = error = measured = None
     try:
         loader = SyntheticTokens(cell.config.model.vocab_size, t.seq_len, seed=t.seed)

@@ -90,8 +90,6 @@ def kernel_that_runs(config: ResolvedConfig, device: torch.device) -> str:
     half = precisions.half_dtype(t.precision)
     dtype = half or torch.float32
     head_dim, seq_len = m.head_dim, t.seq_len
-    # a resolved config: resolve() filled them in
-    assert head_dim is not None and seq_len is not None and m.num_kv_heads is not None
     gqa = m.num_kv_heads != m.num_heads and takes_gqa(device, half is not None, head_dim)
     kv_heads = m.num_kv_heads if gqa else m.num_heads
     q = torch.zeros(1, m.num_heads, seq_len, head_dim, device=device, dtype=dtype, requires_grad=True)

@@ -71,7 +71,6 @@ def open_data(
     from ..data.windows import SequentialWindows
 
     t = c.train
-    assert t.seq_len is not None  # launched_config resolved the config: resolve() filled it in
     mixture = (
         open_mixture(mixture_sources(c.data), c.data.verify, c.model.vocab_size)
         if loader is None and c.data.mixture
@@ -166,7 +165,6 @@ def window_source(
     from ..data.windows import RandomWindows
 
     t = c.train
-    assert t.seq_len is not None  # launched_config resolved the config: resolve() filled it in
     if mixture:
         return MixtureWindows(mixture, t.seq_len, seed=t.seed, rank=rt.data_rank, world_size=rt.data_size)
     if loader is not None:

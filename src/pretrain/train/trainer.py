@@ -98,7 +98,6 @@ class Trainer:
         already (`pretrain sweep`'s cell), else the trainer makes it."""
         c = self.config = launched_config(config, rt, own_data=loader is None)
         t = c.train
-        assert t.seq_len is not None  # launched_config resolved the config: resolve() filled it in
         # This run's grid: the tensor ranks and pipeline stages of one data-parallel rank read its batches.
         rt = dataclasses.replace(rt, tensor=c.parallel.tensor, pipeline=c.parallel.pipeline)
         self.rt, self.run_dir = rt, Path(c.run.dir)
@@ -223,7 +222,6 @@ class Trainer:
         """One optimizer step at the schedule's learning rate and the batch ramp's size; `measure`: count the
         bytes it holds (measure.py); `stop_asked`: this rank asks every rank to stop after it."""
         t, st = self.config.train, self.state
-        assert t.seq_len is not None  # launched_config resolved the config: resolve() filled it in
         accum = micro_batches_per_step(st.tokens, **self.ramp)
         lr = (
             learning_rate(

@@ -59,7 +59,6 @@ def _mean_loss(trainer: TrainerView, data: PreparedData) -> float:
     from ...data.windows import SequentialWindows
 
     c, rt, par = trainer.config, trainer.rt, trainer.par
-    assert c.train.seq_len is not None  # a resolved config: resolve() filled it in
     windows = SequentialWindows(data, "val", c.train.seq_len, rank=rt.data_rank, world_size=rt.data_size)
     losses = []
     for x, y in windows.batches(c.train.micro_batch_size, c.run.eval_batches):

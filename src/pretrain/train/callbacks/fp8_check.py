@@ -84,9 +84,8 @@ class Fp8Check(Callback):
 
         c, rt, par = trainer.config, trainer.rt, trainer.par
         data = trainer.mixture[0]["data"] if trainer.mixture else trainer.data
-        seq_len = c.train.seq_len
-        assert data is not None and seq_len is not None  # a training run's data, its length resolved at load
-        windows = SequentialWindows(data, "val", seq_len, rank=rt.data_rank, world_size=rt.data_size)
+        assert data is not None  # a training run's data
+        windows = SequentialWindows(data, "val", c.train.seq_len, rank=rt.data_rank, world_size=rt.data_size)
         x, y = next(windows.batches(c.train.micro_batch_size, 1))
         self.errors = {name: [] for name in self.linears}
         # prepended: before tensor parallelism's own hook turns the output into this rank's local part

@@ -112,7 +112,6 @@ class Stability(Callback):
             st.lr_scale = cfg.lr_scale
             st.lr_scale_until = st.step + cfg.lr_scale_steps
         skipped = [saved["micro_batches"], st.micro_batches]
-        assert trainer.config.train.seq_len is not None  # a resolved config: resolve() filled it in
         seq_tokens = trainer.config.train.micro_batch_size * trainer.config.train.seq_len * trainer.rt.data_size
         trainer.log.event(
             {

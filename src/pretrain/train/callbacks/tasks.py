@@ -48,7 +48,6 @@ class TaskEvaluation(Callback):
                 "run.eval_tasks: the data directory holds no tokenizer/ to encode the tasks with; "
                 "prepare the data with `pretrain prepare` or remove run.eval_tasks"
             )
-        assert c.train.seq_len is not None  # a resolved config: resolve() filled it in
         tasks = load_tasks(
             self.names, find_tokenizer(path).load(), c.train.seq_len, c.run.eval_tasks_limit, self.checked
         )
