@@ -257,8 +257,7 @@ def test_rounds_interleave_the_cells_and_each_figure_is_their_median_with_its_sp
     def step(self, **kwargs):
         threads.add(torch.get_num_threads())
         if self.config.train.seq_len == 64 and order.count(64) == 2:
-            time.sleep(1.0)  # a busy spell on the machine during one round of one cell (1 s: a loaded CI box
-            # runs these steps in ~0.1-0.3 s, and the spread must still exceed 100 %)
+            time.sleep(1.0)  # a busy spell on the machine during one round of one cell
         return real_step(self, **kwargs)
 
     monkeypatch.setattr(sweep_run, "run_cell", run_cell)
@@ -274,7 +273,10 @@ def test_rounds_interleave_the_cells_and_each_figure_is_their_median_with_its_sp
         assert (c["tokens_per_s_min"], c["tokens_per_s_max"]) == (min(each), max(each))
         assert c["spread_pct"] == pytest.approx(100 * (max(each) - min(each)) / statistics.median(each))
     slowed = result["cells"][1]
-    assert slowed["noisy"] and slowed["spread_pct"] > 100  # 1 s against a step of a few ms
+    # The slowed round runs at t / (t + 1) of a t-second step's tokens/s, so its spread, (max - min) / median, is
+    # at least 1 / (1 + t): over 75 % for steps up to 0.3 s (a loaded CI box), whatever the other rounds' noise.
+    # 100 % held only when the two plain rounds differed by noise (failed once at 92 %: steps of 0.087 s).
+    assert slowed["noisy"] and slowed["spread_pct"] > 50
     assert any("seq_len=64" in w and "spread" in w for w in result["warnings"])
     assert len(result["warnings"]) == sum(c["noisy"] for c in result["cells"])
     csv = (tmp_path / "out" / "sweep.csv").read_text().splitlines()
