@@ -233,6 +233,22 @@ def refuse_foreign(final: Path, flag: str, ours: tuple[str, ...]) -> None:
         )
 
 
+def read_owned(marker: Path, fix: str) -> set[str]:
+    """What a command's mark file lists as its own (JSON {"created": [...]}: what it wrote and may replace on its
+    next run, as `pretrain demo` and `pretrain report` keep one in their --out); empty without one. A damaged
+    mark is a one-line UsageError ending with `fix`."""
+    try:
+        return {str(name) for name in json_file(marker)["created"]} if marker.is_file() else set()
+    except (OSError, ValueError, KeyError, TypeError):
+        raise UsageError(f"{display_path(marker)} is damaged; {fix}") from None
+
+
+def record_owned(marker: Path, names: set[str]) -> None:
+    """Write the mark `read_owned` reads: before the files it names are written, so a crash between leaves a
+    claim on a name still missing (harmless), never one of ours unclaimed."""
+    write_atomic(marker, json.dumps({"created": sorted(names)}, indent=2) + "\n")
+
+
 def aside_path(final: Path) -> Path:
     """Where `swap_in` puts the directory it replaces, under this process's name."""
     return final.with_name(f"{hidden_prefix(final)}.{os.getpid()}.old")
