@@ -204,7 +204,8 @@ GET = {
 
 
 class PlannerServer(ThreadingHTTPServer):
-    daemon_threads = True  # a request still planning does not hold Ctrl-C
+    """A thread per request (daemon threads: one still planning does not hold Ctrl-C), and what they may read."""
+
     readable: Readable = frozenset()  # readable_paths of the start, set before serving
 
 
