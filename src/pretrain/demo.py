@@ -48,18 +48,11 @@ def demo_config(out: Path, overrides: list[str]) -> ResolvedConfig:
 def claim_directories(out: Path, dirs: dict[str, str]) -> None:
     """Refuse (UsageError) any of --out and `dirs` (key -> path) that holds something the demo did not create;
     then record them all in out/MARKER as the demo's own, before anything is written."""
-    import json
-
     from .errors import UsageError
-    from .files import check_output_dir, write_atomic
+    from .files import check_output_dir, read_owned, record_owned
 
     marker = out / MARKER
-    try:
-        owned = set(json.loads(marker.read_text(encoding="utf-8"))["created"]) if marker.is_file() else set()
-    except (OSError, ValueError, KeyError, TypeError):
-        raise UsageError(
-            f"{marker} is damaged; delete it if {out} holds only an earlier demo's output, or give another --out"
-        ) from None
+    owned = read_owned(marker, f"delete it if {out} holds only an earlier demo's output, or give another --out")
     if out.is_dir() and any(out.iterdir()) and not marker.is_file():
         raise UsageError(f"--out {out} already holds files the demo did not write; give a new or empty directory")
     for key, path in dirs.items():
@@ -70,9 +63,8 @@ def claim_directories(out: Path, dirs: dict[str, str]) -> None:
                 f"{key} {folder} already exists and the demo did not create it: the demo would replace "
                 f"it; leave {key} to --out or give a new directory"
             )
-    created = sorted(owned | {str(Path(p).resolve()) for p in (out, *dirs.values())})
     out.mkdir(parents=True, exist_ok=True)
-    write_atomic(marker, json.dumps({"created": created}, indent=2) + "\n")
+    record_owned(marker, owned | {str(Path(p).resolve()) for p in (out, *dirs.values())})
 
 
 def unigram_entropy(data_dir: Path) -> float:

@@ -1,6 +1,6 @@
 """Files: writing one (or a whole directory) so that a reader, or a crash, never sees half of it; checking an
-output directory before any heavy work; hashing a file; reading a JSON file a config key names. Every way
-each can fail is a one-line error."""
+output directory before any heavy work; hashing a file; reading a file a config key names (bounded: a regular
+file of at most a stated size, never a device or a FIFO). Every way each can fail is a one-line error."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -23,11 +24,82 @@ from .lock import HeldLock, exclusive_lock
 WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO}
 
 
+# What a config-like file may weigh: a config YAML, a config.json, a hardware profile, a dataset's meta.json are a
+# few KB (a sharded dataset's meta.json lists its shards: ~40 bytes each). A file past this is not one of them,
+# and reading it whole (a sparse file, a log given by mistake) would hold the process for nothing.
+MAX_CONFIG_BYTES = 16 * 1024**2
+_KINDS = {
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFIFO: "a FIFO (named pipe)",
+    stat.S_IFSOCK: "a socket",
+}
+
+
+class UnreadableFile(OSError):
+    """A file `read_bounded` does not read: not a regular file, or over its size cap. An OSError, so each
+    caller's handling of a file it cannot read (often: go on without it) applies unchanged."""
+
+
+def read_bounded(path: str | Path, limit: int = MAX_CONFIG_BYTES) -> bytes:
+    """The bytes of the regular file `path`, which may hold at most `limit`: the one way a file a config names is
+    read whole. The type is checked before opening (opening a device can act on it) and again on what was opened
+    (a FIFO swapped in meanwhile: O_NONBLOCK, so the open itself cannot wait for a writer); at most `limit` + 1
+    bytes are read whatever the file claims. Raises OSError: FileNotFoundError, IsADirectoryError, ... as
+    open() does, UnreadableFile for a device, FIFO, socket or a file over `limit`."""
+    if "\0" in os.fspath(path):  # os.stat would raise ValueError, which callers of a read do not expect
+        raise UnreadableFile(errno.EINVAL, "a path with a NUL character", str(path))
+    _check_regular(os.stat(path), path, limit)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        _check_regular(os.fstat(fd), path, limit)
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise UnreadableFile(errno.EFBIG, f"over the {limit // 1024**2} MiB a config file may hold", str(path))
+    return data
+
+
+def _check_regular(st: os.stat_result, path: str | Path, limit: int) -> None:
+    if stat.S_ISDIR(st.st_mode):
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+    if not stat.S_ISREG(st.st_mode):
+        kind = _KINDS.get(stat.S_IFMT(st.st_mode), "a special file")
+        raise UnreadableFile(errno.EINVAL, f"{kind}, not a regular file", str(path))
+    if st.st_size > limit:
+        raise UnreadableFile(
+            errno.EFBIG, f"{st.st_size:,} bytes, over the {limit // 1024**2} MiB a config file may hold", str(path)
+        )
+
+
+class NotAConfig(ValueError):
+    """JSON that json.loads cannot hold: nested past its recursion (100,000 [) or a number of more digits than
+    Python converts (4,300)."""
+
+
+def parse_json(data: bytes) -> Any:
+    """JSON from UTF-8 bytes, the one parse of the config-like JSON a user gives (a file, a pasted config.json).
+    Raises ValueError: UnicodeDecodeError, json.JSONDecodeError, or NotAConfig, never a RecursionError."""
+    text = data.decode("utf-8")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        raise
+    except RecursionError:
+        raise NotAConfig("nested too deeply") from None
+    except ValueError:  # int(): "Exceeds the limit (4300 digits) for integer string conversion"
+        raise NotAConfig("a number of more digits than Python reads") from None
+
+
+def json_file(path: str | Path, limit: int = MAX_CONFIG_BYTES) -> Any:
+    """The JSON in the regular file `path`, read by `read_bounded`: its OSErrors, and parse_json's ValueErrors."""
+    return parse_json(read_bounded(path, limit))
+
+
 def read_json(path: Path, key: str, fix: str) -> Any:
     """The JSON in `path`, which config key `key` names; ConfigError (naming key, path and `fix`) when it is
-    missing, a directory, unreadable, not UTF-8 or not JSON."""
+    missing, a directory, not a regular file, too large, unreadable, not UTF-8, not JSON or nested too deeply."""
     try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
+        return json_file(path)
     except FileNotFoundError:
         raise ConfigError(f"{key}: no such file {path}; {fix}") from None
     except IsADirectoryError:
@@ -36,6 +108,8 @@ def read_json(path: Path, key: str, fix: str) -> Any:
         raise ConfigError(f"{key}: {path} is not UTF-8 text; {fix}") from None
     except json.JSONDecodeError as e:
         raise ConfigError(f"{key}: {path} is not valid JSON ({e.msg} at line {e.lineno})") from None
+    except NotAConfig as e:
+        raise ConfigError(f"{key}: {path} is not a config ({e}); {fix}") from None
     except OSError as e:
         raise ConfigError(f"{key}: cannot read {path} ({e.strerror}); {fix}") from None
 
@@ -157,6 +231,22 @@ def refuse_foreign(final: Path, flag: str, ours: tuple[str, ...]) -> None:
             f"{flag} {display_path(final)} holds files this command did not write ({shown}); they "
             "would be lost when it is replaced: give a new or empty directory"
         )
+
+
+def read_owned(marker: Path, fix: str) -> set[str]:
+    """What a command's mark file lists as its own (JSON {"created": [...]}: what it wrote and may replace on its
+    next run, as `pretrain demo` and `pretrain report` keep one in their --out); empty without one. A damaged
+    mark is a one-line UsageError ending with `fix`."""
+    try:
+        return {str(name) for name in json_file(marker)["created"]} if marker.is_file() else set()
+    except (OSError, ValueError, KeyError, TypeError):
+        raise UsageError(f"{display_path(marker)} is damaged; {fix}") from None
+
+
+def record_owned(marker: Path, names: set[str]) -> None:
+    """Write the mark `read_owned` reads: before the files it names are written, so a crash between leaves a
+    claim on a name still missing (harmless), never one of ours unclaimed."""
+    write_atomic(marker, json.dumps({"created": sorted(names)}, indent=2) + "\n")
 
 
 def aside_path(final: Path) -> Path:

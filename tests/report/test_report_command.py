@@ -56,3 +56,25 @@ def test_help_stays_light():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_a_report_replaces_only_the_files_it_wrote(tmp_path, run_dir):
+    # a directory of the user's own, holding files of the report's names: refused, nothing touched
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    own = {"report.html": b"<p>my notes</p>", "report.png": b"my figure", "loss.png": b"my loss plot"}
+    for name, data in own.items():
+        (mine / name).write_bytes(data)
+    result = pretrain(run_dir, "--out", mine, "--per-panel")
+    assert result.returncode == 2
+    [line] = result.stderr.splitlines()
+    assert f"{mine} holds report.png, report.html, loss.png, which pretrain report did not write" in line
+    assert {p.name: p.read_bytes() for p in mine.iterdir()} == own
+    # its own directory: a second report replaces what the first wrote, and leaves a user's file beside them
+    ours = tmp_path / "ours"
+    assert pretrain(run_dir, "--out", ours).returncode == 0
+    (ours / "notes.txt").write_text("mine")
+    (ours / "report.html").write_text("an edit of ours-7f3a")
+    result = pretrain(run_dir, "--out", ours)
+    assert result.returncode == 0, result.stderr
+    assert (ours / "notes.txt").read_text() == "mine" and "ours-7f3a" not in (ours / "report.html").read_text()

@@ -33,7 +33,7 @@ def test_one_run_writes_png_and_self_contained_html(run_dir):
     assert "<td>474.7 MiB</td>" in page and "<td>-5.5 %</td>" in page
     assert "to_step=180" in page  # the rollback, in the events table
     assert "<td>nonfinite_skip</td><td>100</td><td>8.44M</td><td>nan</td><td>grad_norm=inf</td>" in page
-    assert not list(out.glob(".*"))  # no temp file left behind
+    assert [p.name for p in out.glob(".*")] == [".pretrain-report.json"]  # its mark; no temp file left behind
     assert result["runs"][0]["last_step"] == 300
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, Union, cast
 
 from ..errors import ConfigError
+from ..files import read_bounded
 from ..hf_config import from_hf_config
 from ..presets import preset
 
@@ -29,7 +30,7 @@ def read_yaml(path: str | Path | None) -> dict[str, Any]:
 
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_bounded(path).decode("utf-8")
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist; give a YAML file (see configs/)") from None
     except IsADirectoryError:
@@ -37,6 +38,10 @@ def read_yaml(path: str | Path | None) -> dict[str, Any]:
     except UnicodeDecodeError as e:
         raise ConfigError(
             f"config file {path} is not UTF-8 text (byte {e.start}); give a YAML file (see configs/)"
+        ) from None
+    except OSError as e:  # a device or FIFO, too large, unreadable
+        raise ConfigError(
+            f"config file {path}: cannot read it ({e.strerror}); give a YAML file (see configs/)"
         ) from None
     try:
         data = _load_yaml(text, path)
@@ -71,7 +76,11 @@ def _load_yaml(text: str, path: Path) -> Any:
         if root is None:
             return None
         _check_yaml_nodes(root, path)
-        return loader.construct_document(root)
+        try:
+            return loader.construct_document(root)
+        except ValueError as e:  # int() of 5,000 digits, a date 2024-13-45: PyYAML lets Python's error through
+            problem = f"a value it cannot convert: {str(e).split(';')[0]}"
+            raise yaml.constructor.ConstructorError(problem=problem) from None
     finally:
         loader.dispose()
 
@@ -256,6 +265,8 @@ def _yaml_string(key: str, value: Any, what: str) -> Any:
         return _load_yaml(value, Path(key))
     except yaml.YAMLError as e:
         raise ConfigError(f"{key}: not a YAML {what} ({' '.join(str(e).split())[:120]})") from None
+    except RecursionError:  # 10,000 nested [ or {: PyYAML's parser recurses
+        raise ConfigError(f"{key}: nested too deeply to be a YAML {what}") from None
 
 
 def _coerce_int(key: str, value: Any) -> int:

@@ -8,7 +8,6 @@ windows are numbered over the whole dataset exactly as over the one file `--task
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import cast
@@ -16,7 +15,7 @@ from typing import cast
 import numpy as np
 
 from ..errors import ConfigError, UsageError
-from ..files import sha256_file
+from ..files import json_file, sha256_file
 from ..plan.length import TOKEN_DTYPES
 from .token_files import Concatenated, TokenFile
 
@@ -196,9 +195,11 @@ class PreparedData:
         if not path.is_file():
             raise self._error(self.path, "no meta.json: not the output of `pretrain prepare`, or an interrupted one")
         try:
-            meta = json.loads(path.read_text(encoding="utf-8"))
-        except (ValueError, UnicodeDecodeError) as e:
+            meta = json_file(path)
+        except ValueError as e:  # not UTF-8, not JSON, nested too deeply
             raise self._error(path, f"not valid JSON ({e})") from None
+        except OSError as e:  # over the size of a meta.json, unreadable
+            raise self._error(path, f"cannot read it ({e.strerror})") from None
         if not isinstance(meta, dict):
             raise self._error(path, f"a JSON {type(meta).__name__}, not an object")
         missing = [k for k in REQUIRED_KEYS if k not in meta]

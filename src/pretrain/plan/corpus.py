@@ -9,10 +9,10 @@ than new ones (Muennighoff et al. 2023, "Scaling Data-Constrained Language Model
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..files import json_file
 from .explain import Explain
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ def corpus_supply(cfg: ResolvedConfig, tokens: int, ex: Explain) -> dict[str, An
     elif d.dir:
         meta_path = Path(d.dir) / "meta.json"
         try:
-            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+            meta = json_file(meta_path)
             available = int(meta["num_tokens"]["train"])
             raw, per_token = meta["text_bytes"], meta["bytes_per_token"]
         except (OSError, ValueError, KeyError, TypeError):

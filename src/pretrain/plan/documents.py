@@ -21,11 +21,11 @@ Every source needs its histogram, else the mixture falls to data.mean_doc_tokens
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..config import mixture_sources
+from ..files import json_file
 from .explain import Explain
 
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ def histogram_lengths(directory: str) -> dict[float, float] | None:
     """{length: documents} of the train split in `directory`'s meta.json, or None: not prepared yet, or
     prepared before the histogram existed (a sharded dataset's top-level meta.json holds its shards' sum)."""
     try:
-        histogram = json.loads((Path(directory) / "meta.json").read_text(encoding="utf-8"))["doc_length_histogram"]
+        histogram = json_file(Path(directory) / "meta.json")["doc_length_histogram"]
         lengths = {
             (1.0 if int(lo) == 1 else (3 * int(lo) - 1) / 2): float(n) for lo, n in histogram["train"].items() if n
         }

@@ -13,9 +13,9 @@ train.seq_len tokens, and 1/parallel.pipeline of the GPUs compute at a time.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..files import read_bounded
 from ..task_catalog import task_names
 
 if TYPE_CHECKING:
@@ -42,16 +42,21 @@ TASK_SIZES = {
     "mmlu_other": (355, 1420, 204),
 }
 BYTES_PER_TOKEN = 4.0  # without data.bytes_per_token or a prepared dataset's: a GPT-2-class BPE on English
+# The most of a local task file the planner reads to size it: HellaSwag's 10,042 examples are ~15 MB as JSONL.
+# A larger file (or a device, a FIFO) gets no estimate, like a missing one: the trainer reads it on its own.
+MAX_TASK_FILE_BYTES = 64 * 1024**2
 
 
 def task_size(name: str) -> tuple[int, int, int] | None:
-    """(examples, requests, bytes per request) of a named task or a local .jsonl file (None if unreadable)."""
+    """(examples, requests, bytes per request) of a named task or a local .jsonl file (None if unreadable,
+    not a regular file or over MAX_TASK_FILE_BYTES)."""
     if not name.endswith(".jsonl"):
         return TASK_SIZES[name]
     try:
-        lines = [json.loads(x) for x in Path(name).read_text(encoding="utf-8").splitlines() if x.strip()]
+        text = read_bounded(name, MAX_TASK_FILE_BYTES).decode("utf-8")
+        lines = [json.loads(x) for x in text.splitlines() if x.strip()]
         pairs = [(ex["context"], c) for ex in lines for c in ex["choices"]]
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return None
     return len(lines), len(pairs), round(sum(len((a + b).encode()) for a, b in pairs) / max(len(pairs), 1))
 

@@ -9,11 +9,11 @@ plan repeats here, so the epochs shown are the ones the run will make.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..config import mixture_sources
+from ..files import json_file
 from .corpus import MAX_EPOCHS
 from .explain import Explain
 from .length import TOKEN_DTYPE_BYTES, token_bytes
@@ -84,12 +84,12 @@ def _draw(sources: list[dict[str, Any]], tokens: int) -> int:
 def read_counts(path: Path, vocab_size: int) -> dict[str, Any]:
     """tokens_available and storage_bytes (train + val token files) of a prepared or sharded directory."""
     try:
-        meta = json.loads((path / "meta.json").read_text(encoding="utf-8"))
+        meta = json_file(path / "meta.json")
         if "num_tokens" in meta:
             metas, sharded = [meta], "shards" in meta
         else:
             metas, sharded = (
-                [json.loads((path / shard / "meta.json").read_text(encoding="utf-8")) for shard in meta["shards"]],
+                [json_file(path / shard / "meta.json") for shard in meta["shards"]],
                 True,
             )
         train = sum(int(m["num_tokens"]["train"]) for m in metas)
