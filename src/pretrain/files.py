@@ -25,9 +25,10 @@ WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACC
 
 def read_json(path: Path, key: str, fix: str) -> Any:
     """The JSON in `path`, which config key `key` names; ConfigError (naming key, path and `fix`) when it is
-    missing, a directory, unreadable, not UTF-8 or not JSON."""
+    missing, a directory, unreadable, not UTF-8 or not JSON. A UTF-8 byte-order mark before the JSON (Windows
+    editors write one) is skipped: it is no part of the text."""
     try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
+        return json.loads(Path(path).read_text(encoding="utf-8-sig"))
     except FileNotFoundError:
         raise ConfigError(f"{key}: no such file {path}; {fix}") from None
     except IsADirectoryError:

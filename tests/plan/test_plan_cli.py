@@ -188,7 +188,7 @@ LLAMA_JSON = {
         ("hardware.profile", None, "is a directory"),
         ("model.hf_config", {k: v for k, v in LLAMA_JSON.items() if k != "hidden_size"}, "no 'hidden_size'"),
         ("model.hf_config", {"model_type": "gpt2", "vocab_size": 100}, "no 'n_embd'"),
-        ("model.hf_config", "[1, 2]", "holds a JSON list"),
+        ("model.hf_config", "[1, 2]", "holds an array, not a mapping"),
         ("model.hf_config", {**LLAMA_JSON, "rope_theta": "abc"}, "rope_theta 'abc' is not a number"),
         ("model.hf_config", b"\xff\xfe bad", "not UTF-8"),
         ("model.hf_config", {**LLAMA_JSON, "attention_bias": True}, "attention_bias"),

@@ -15,7 +15,7 @@ from typing import cast
 
 import numpy as np
 
-from ..errors import ConfigError, UsageError
+from ..errors import ConfigError, UsageError, json_kind
 from ..files import sha256_file
 from ..plan.length import TOKEN_DTYPES
 from .token_files import Concatenated, TokenFile
@@ -200,7 +200,7 @@ class PreparedData:
         except (ValueError, UnicodeDecodeError) as e:
             raise self._error(path, f"not valid JSON ({e})") from None
         if not isinstance(meta, dict):
-            raise self._error(path, f"a JSON {type(meta).__name__}, not an object")
+            raise self._error(path, f"{json_kind(meta)}, not an object")
         missing = [k for k in REQUIRED_KEYS if k not in meta]
         if missing:
             raise self._error(path, f"missing keys {', '.join(missing)}")

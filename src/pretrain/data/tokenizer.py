@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import UsageError
+from ..errors import UsageError, json_kind
 from ..files import check_output_dir, display_path, write_atomic, write_error
 from .readers import Corpus, ReadOptions
 from .sources import find_files
@@ -114,7 +114,7 @@ def _eos_token(config_path: Path, vocab: dict[str, int]) -> str | None:
         except (ValueError, UnicodeDecodeError) as e:
             raise UsageError(f"{config_path} is not valid JSON ({e}); fix it or delete it") from None
         if not isinstance(config, dict):
-            raise UsageError(f"{config_path} holds a JSON {type(config).__name__}, not an object; fix it or delete it")
+            raise UsageError(f"{config_path} holds {json_kind(config)}, not an object; fix it or delete it")
         eos = config.get("eos_token")
         eos = eos.get("content") if isinstance(eos, dict) else eos
         if isinstance(eos, str) and eos in vocab:

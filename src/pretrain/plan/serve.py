@@ -33,7 +33,7 @@ from typing import Any, cast
 from urllib.parse import parse_qsl, quote, urlsplit
 
 from ..config import SECTIONS, load_config
-from ..errors import UsageError
+from ..errors import UsageError, json_kind
 
 HOST = "127.0.0.1"
 MAX_BODY = 1 << 20  # a pasted config.json is a few KB
@@ -172,7 +172,7 @@ def hf_config_answer(body: bytes) -> str:
     except json.JSONDecodeError as e:
         raise UsageError(f"the pasted config.json is not valid JSON ({e.msg} at line {e.lineno}); {fix}") from None
     if not isinstance(hf, dict):
-        raise UsageError(f"the pasted config.json holds a JSON {type(hf).__name__}, not a mapping of keys; {fix}")
+        raise UsageError(f"the pasted config.json holds {json_kind(hf)}, not a mapping of keys; {fix}")
     keys = model_keys(cast(dict[str, Any], hf), "the pasted config.json")
     return json.dumps({f"model.{k}": _text(v) for k, v in keys.items()})
 
