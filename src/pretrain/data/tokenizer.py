@@ -107,6 +107,16 @@ def find_tokenizer(path: str | Path) -> TokenizerFiles:
     return TokenizerFiles(file, files, max(vocab.values()) + 1, vocab[eos], eos)
 
 
+def check_fits_model(source: str | Path, vocab_size: int, model_vocab_size: int, fix: str) -> None:
+    """A tokenizer whose ids reach past the model's vocabulary (its embedding rows) is not the model's: one line
+    before any text is encoded, instead of an IndexError in the embedding. `vocab_size`: its highest id + 1."""
+    if vocab_size > model_vocab_size:
+        raise UsageError(
+            f"{source}: its ids go up to {vocab_size - 1:,}, beyond the model's vocabulary of "
+            f"{model_vocab_size:,}: not the tokenizer this model was trained with ({fix})"
+        )
+
+
 def _eos_token(config_path: Path, vocab: dict[str, int]) -> str | None:
     if config_path.is_file():
         try:
