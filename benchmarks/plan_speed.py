@@ -19,6 +19,11 @@ CASES = [
     ("llama-65b on 8 GPUs (advice: nothing fits)", ["model.preset=llama-65b", "parallel.gpus=8"]),
     ("llama3-70b on 512 H100s", ["model.preset=llama3-70b", "parallel.gpus=512", "hardware.gpu=h100-sxm"]),
     ("qwen3-30b-a3b on 64 H100s", ["model.preset=qwen3-30b-a3b", "parallel.gpus=64", "hardware.gpu=h100-sxm"]),
+    # 240 expert-parallel degrees divide 720,720: the search's bound on them (plan/fit.py: expert_degrees)
+    (
+        "720,720 experts on 720,720 GPUs",
+        ["model.preset=mixtral-8x7b", "model.num_experts=720720", "parallel.gpus=720720"],
+    ),
 ]
 
 

@@ -79,7 +79,7 @@ class NotAConfig(ValueError):
 def parse_json(data: bytes) -> Any:
     """JSON from UTF-8 bytes, the one parse of the config-like JSON a user gives (a file, a pasted config.json).
     Raises ValueError: UnicodeDecodeError, json.JSONDecodeError, or NotAConfig, never a RecursionError."""
-    text = data.decode("utf-8")
+    text = data.decode("utf-8-sig")  # a byte-order mark is no part of the text
     try:
         return json.loads(text)
     except json.JSONDecodeError:
@@ -97,7 +97,8 @@ def json_file(path: str | Path, limit: int = MAX_CONFIG_BYTES) -> Any:
 
 def read_json(path: Path, key: str, fix: str) -> Any:
     """The JSON in `path`, which config key `key` names; ConfigError (naming key, path and `fix`) when it is
-    missing, a directory, not a regular file, too large, unreadable, not UTF-8, not JSON or nested too deeply."""
+    missing, a directory, not a regular file, too large, unreadable, not UTF-8, not JSON or nested too deeply.
+    A UTF-8 byte-order mark before the JSON (Windows editors write one) is skipped: it is no part of the text."""
     try:
         return json_file(path)
     except FileNotFoundError:

@@ -101,7 +101,9 @@ def test_bad_min_frequency_and_out_are_refused_before_training(tmp_path, small_c
     ]
 
 
-@pytest.mark.parametrize("config, message", [("{not json", "is not valid JSON"), ('["x"]', "holds a JSON list")])
+@pytest.mark.parametrize(
+    "config, message", [("{not json", "is not valid JSON"), ('["x"]', "holds an array, not an object")]
+)
 def test_malformed_tokenizer_config_names_the_file(tmp_path, bpe_dir, config, message):
     (tmp_path / "tokenizer.json").write_bytes((bpe_dir / "tokenizer.json").read_bytes())
     (tmp_path / "tokenizer_config.json").write_text(config)

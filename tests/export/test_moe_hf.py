@@ -90,8 +90,8 @@ def test_transformers_loads_the_export_and_agrees(variant, batch, tmp_path):
 @pytest.mark.parametrize(
     "overrides, named",
     [
-        (["model.num_shared_experts=1"], "Qwen3MoeForCausalLM .* has no shared experts"),
-        (["model.num_shared_experts=0", "model.router=sigmoid"], "sigmoid router"),
+        (["model.num_shared_experts=1"], "Qwen3MoeForCausalLM .* does not build shared experts"),
+        (["model.num_shared_experts=0", "model.router=sigmoid"], "does not build a sigmoid router"),
         (["model.num_shared_experts=0", "model.qk_norm=false"], "dense first blocks"),
     ],
 )

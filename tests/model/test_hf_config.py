@@ -121,17 +121,20 @@ def test_other_families_are_refused_naming_what_is_missing(tmp_path):
     gemma2 = transformers.Gemma2Config(**LLAMA_SHAPE).to_dict()
     message = _refusal(tmp_path, **gemma2)
     assert message.startswith(
-        f"model.hf_config: {tmp_path / 'config.json'}: gemma2: attn_logit_softcapping, final_logit_softcapping"
+        f"model.hf_config: {tmp_path / 'config.json'}: gemma2 is not built (attn_logit_softcapping, "
+        "final_logit_softcapping"
     )
     assert message.endswith(
-        "are not built; supported model_type: llama, mistral, qwen2, qwen3, gpt2, mixtral, "
+        "); supported model_type: llama, mistral, qwen2, qwen3, gpt2, mixtral, "
         "qwen3_moe, olmoe (planner only: deepseek_v3, gpt_oss)"
     )
-    # A family not in the list: its fields that no supported family has
+    # A family not in the list: its fields that no supported family has, or nothing when none is unknown
     message = _refusal(tmp_path, model_type="falcon", **LLAMA_SHAPE, parallel_attn=True, alibi=False)
-    assert "falcon: parallel_attn are not built" in message
+    assert "falcon is not built (parallel_attn); supported" in message
+    assert "foo is not built; supported" in _refusal(tmp_path, model_type="foo", **LLAMA_SHAPE)
     assert "no model_type" in _refusal(tmp_path, **LLAMA_SHAPE)
-    assert "no model_type" in _refusal(tmp_path, model_type=["llama"], **LLAMA_SHAPE)
+    message = _refusal(tmp_path, model_type=["llama"], **LLAMA_SHAPE)
+    assert 'model_type ["llama"] is an array, not a string' in message
 
 
 @pytest.mark.parametrize(
@@ -188,3 +191,39 @@ def test_qwen3_counts_as_transformers_builds_it(tmp_path):
 def test_gpt2_has_no_qk_norm():
     with pytest.raises(ConfigError, match="model.qk_norm: the gpt2 family has no QK-norm"):
         load_config(overrides=["model.preset=gpt2", "model.qk_norm=true"])
+
+
+@pytest.mark.parametrize(
+    "field, value, words",
+    [
+        # Each was replaced by a default before: unscaled RoPE, a base of 10000, head_dim H / heads, no GQA.
+        ("rope_scaling", "linear", 'rope_scaling "linear" is a string, not a mapping'),
+        ("rope_scaling", [1, 2], "rope_scaling [1, 2] is an array, not a mapping"),
+        ("rope_parameters", "default", 'rope_parameters "default" is a string, not a mapping'),
+        ("rope_theta", 0, "rope_theta 0 must be a positive number"),
+        ("rope_theta", -1, "rope_theta -1 must be a positive number"),
+        ("head_dim", 0, "head_dim 0 must be a positive integer"),
+        ("num_key_value_heads", 0, "num_key_value_heads 0 must be a positive integer"),
+        ("num_key_value_heads", 2.5, "num_key_value_heads 2.5 must be a positive integer"),
+    ],
+)
+def test_a_malformed_value_is_refused_by_name_not_replaced_by_a_default(tmp_path, field, value, words):
+    # The llama-like reading and the planner-only one (DeepSeek-V3's; gpt-oss's head_dim; their rope_scaling
+    # is ignored: it changes no count)
+    planned = {"head_dim": ["gpt_oss"], "rope_scaling": []}.get(field, ["deepseek_v3"])
+    for kind in ("llama", *planned):
+        hf = transformers.AutoConfig.for_model(kind, **LLAMA_SHAPE).to_dict() if kind != "llama" else LLAMA_SHAPE
+        message = _refusal(tmp_path, **{**hf, "model_type": kind, field: value})
+        assert words in message and message.endswith("fix the config.json"), message
+
+
+def test_null_is_transformers_default_and_a_byte_order_mark_is_skipped(tmp_path):
+    given = _model(tmp_path, model_type="llama", **LLAMA_SHAPE, rope_theta=None, head_dim=None, rope_scaling=None)
+    assert (given.rope_theta, given.head_dim, given.rope_scaling) == (10000.0, 64, None)
+    # A config.json saved by a Windows editor starts with U+FEFF: the same model, not "not valid JSON"
+    (tmp_path / "config.json").write_bytes(
+        b"\xef\xbb\xbf" + json.dumps({"model_type": "llama", **LLAMA_SHAPE}).encode()
+    )
+    assert load_config(overrides=[f"model.hf_config={tmp_path}", "train.seq_len=64"]).model == _model(
+        tmp_path, model_type="llama", **LLAMA_SHAPE
+    )

@@ -268,3 +268,27 @@ def test_gpus_beyond_the_documented_maximum_are_refused_in_one_line():
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert "parallel.gpus: 1,000,000,000 is more than the 1,048,576 (2^20)" in r.stderr
     assert run_cli("plan", "model.preset=llama3-70b", "hardware.gpu=h100-sxm", f"parallel.gpus={2**20}").returncode == 0
+
+
+def test_the_expert_parallel_search_is_bounded_as_a_dense_models_is():
+    # 720,720 experts on 720,720 GPUs: every divisor of gcd(experts, data parallel) was a split, 1,632 of them
+    # (240 expert degrees on 1 x 1), and --fit took 46 s. Now at most 21 degrees a (tensor, pipeline), a ladder
+    # of doublings, so the splits are those of the dense search x 21 at most, whatever the counts.
+    from pretrain.plan.fit import MOST_EXPERT_DEGREES, expert_degrees, layouts
+
+    config = load_config(overrides=["model.preset=mixtral-8x7b", "model.num_experts=720720", "parallel.gpus=720720"])
+    splits, _ = layouts(config)
+    per_split: dict[tuple[int, int], list[int]] = {}
+    for s in splits:
+        per_split.setdefault((s["tensor"], s["pipeline"]), []).append(s["expert"])
+    assert MOST_EXPERT_DEGREES == 21 and len(per_split) <= 20  # tensor 1-8 x pipeline 1-16 at most
+    assert len(splits) <= len(per_split) * 21 < 300 and max(map(len, per_split.values())) <= 21
+    assert per_split[1, 1] == expert_degrees(720720) and per_split[1, 1][-1] == 720720  # 1 to all of them
+    # every ladder step at least doubles: 1, 2, 4, 8, 16, 33, 66, ... 360360, 720720
+    assert all(b >= 2 * a for a, b in zip(per_split[1, 1], per_split[1, 1][1:]))
+    # The published counts (powers of two) and a small count like Qwen1.5-MoE's 60 keep every divisor
+    assert expert_degrees(256) == [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    assert expert_degrees(60) == [1, 2, 3, 4, 5, 6, 10, 12, 15, 20, 30, 60]
+    assert expert_degrees(2**20) == [2**k for k in range(21)]
+    # the fit itself answers on it (nothing fits: 946,060 GiB of experts per GPU at EP 1, no layout trains)
+    assert fit(config, top=2)["candidates"] == []

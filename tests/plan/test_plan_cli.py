@@ -137,6 +137,18 @@ def test_yaml_file_and_overrides(tmp_path):
         (["parallel.offload=optimizer+params", "parallel.gpus=8", "parallel.zero_stage=2"], "parallel.offload"),
         # Megatron: the key/value groups must divide by the tensor-parallel size (TinyLlama: 4 kv heads).
         (["model.preset=tinyllama-1.1b", "parallel.gpus=8", "parallel.tensor=8"], "model.num_kv_heads 4"),
+        # RoPE's base: -1 was a TypeError (complex angles), 0 trained to NaN
+        (["model.rope_theta=-1"], "model.rope_theta: must be > 0"),
+        (["model.rope_theta=0"], "model.rope_theta: must be > 0"),
+        # The MoE keys (moe-debug: 2 layers, 8 experts): each was planned or trained as something else, or crashed
+        (["model.preset=moe-debug", "model.first_dense_layers=2"], "model.first_dense_layers: 2 is not below"),
+        (["model.preset=moe-debug", "model.first_dense_layers=100"], "model.first_dense_layers: 100 is not below"),
+        (["model.preset=moe-debug", "model.moe_intermediate_size=0"], "model.moe_intermediate_size: must be > 0"),
+        (["model.preset=moe-debug", "model.router_aux_loss_coef=-0.01"], "model.router_aux_loss_coef: must be >= 0"),
+        (["model.preset=moe-debug", "model.router_bias_update_rate=-1e-3"], "model.router_bias_update_rate"),
+        (["model.preset=moe-debug", "model.num_shared_experts=-1"], "model.num_shared_experts: must be >= 0"),
+        (["model.preset=moe-debug", "model.num_experts=0", "model.num_shared_experts=1"], "model.num_shared_experts"),
+        (["model.preset=moe-debug", "model.num_experts=-8"], "model.num_experts: must be >= 0"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, words):
@@ -176,7 +188,7 @@ LLAMA_JSON = {
         ("hardware.profile", None, "is a directory"),
         ("model.hf_config", {k: v for k, v in LLAMA_JSON.items() if k != "hidden_size"}, "no 'hidden_size'"),
         ("model.hf_config", {"model_type": "gpt2", "vocab_size": 100}, "no 'n_embd'"),
-        ("model.hf_config", "[1, 2]", "holds a JSON list"),
+        ("model.hf_config", "[1, 2]", "holds an array, not a mapping"),
         ("model.hf_config", {**LLAMA_JSON, "rope_theta": "abc"}, "rope_theta 'abc' is not a number"),
         ("model.hf_config", b"\xff\xfe bad", "not UTF-8"),
         ("model.hf_config", {**LLAMA_JSON, "attention_bias": True}, "attention_bias"),

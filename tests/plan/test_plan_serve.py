@@ -122,3 +122,23 @@ def test_the_command_and_yaml_plan_the_same(base, tmp_path):
 def test_a_bad_starting_config_fails_before_serving():
     r = run_cli("plan", "parallel.gpus=0", "--serve", "--port", "0", timeout=60)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "parallel.gpus" in r.stderr
+
+
+def test_a_bad_model_key_or_pasted_value_is_400_in_words(base):
+    # rope_theta=-1 reached the planner (a TypeError: 500 and a traceback in the terminal); the MoE keys and a
+    # pasted config.json's malformed values are refused by name as the CLI refuses them.
+    for query, words in [
+        ("model.rope_theta=-1", "model.rope_theta: must be > 0"),
+        ("model.preset=moe-debug&model.first_dense_layers=2", "model.first_dense_layers: 2 is not below"),
+    ]:
+        for path in ("/api/plan", "/api/fit"):
+            status, text = get(f"{base}{path}?{query}")
+            assert status == 400 and text.startswith(words) and "\n" not in text, (path, text)
+    shape = {"model_type": "llama", "vocab_size": 1000, "hidden_size": 64, "intermediate_size": 128}
+    shape |= {"num_hidden_layers": 2, "num_attention_heads": 4}
+    for body, words in [
+        (b"null", "the pasted config.json holds null, not a mapping"),
+        (json.dumps({**shape, "rope_scaling": "linear"}).encode(), 'rope_scaling "linear" is a string'),
+    ]:
+        status, text = get(f"{base}/api/hf_config", body)
+        assert status == 400 and words in text and "\n" not in text, text

@@ -93,6 +93,13 @@ def test_the_table_prints_the_error_and_the_choice(tmp_path):
             ["train.grad_dtype=same", "--from-fit", "2"],
             "train.grad_dtype: same (half-precision gradients) is a planning option",
         ),
+        # One process cannot hold 2 tensor ranks: say how to launch them (was "make gpus a multiple of 2", and
+        # parallel.gpus=2 then divided by zero); test_layouts_of_several_ranks_... follows the advice.
+        (["parallel.tensor=2", "--from-fit", "2"], "launch with `torchrun --nproc-per-node 2 -m pretrain sweep ...`"),
+        (
+            ["parallel.tensor=2", "parallel.gpus=2", "--from-fit", "2"],
+            "launch with `torchrun --nproc-per-node 2 -m pretrain sweep ...`",
+        ),
     ],
 )
 def test_bad_input_is_one_line(tmp_path, args, words):
@@ -125,7 +132,9 @@ def test_the_candidates_are_timed_in_interleaved_rounds(tmp_path, monkeypatch):
 def test_layouts_of_several_ranks_are_measured_under_torchrun(tmp_path):
     # 4 CPU ranks: the fit for this world ranks tensor 2 x data 2 (ZeRO 0-3) right behind data 4, and every
     # row is measured on the 4 ranks, tensor parallelism beside DDP and ZeRO-1 included. Before, --from-fit
-    # kept data-parallel layouts only.
+    # kept data-parallel layouts only. The config's own parallel.tensor=2 (which one process is told to launch
+    # under torchrun, test_bad_input_is_one_line) takes the world torchrun gives as parallel.gpus: it was
+    # refused with "parallel.gpus: 1 ...", and parallel.gpus=4 divided by zero.
     import os
     import subprocess
     import sys
@@ -142,6 +151,7 @@ def test_layouts_of_several_ranks_are_measured_under_torchrun(tmp_path):
         *TINY,
         "hardware.peak_tflops=0.05",
         "parallel.gpus_per_node=4",
+        "parallel.tensor=2",
         "--from-fit",
         "8",
         "--steps",

@@ -9,7 +9,17 @@ import sys
 
 import pytest
 
-from support import exported_tensors, finished_run, finished_torchrun, losses, needs_compiler, params, run_cli, tiny
+from support import (
+    exported_tensors,
+    finished_run,
+    finished_torchrun,
+    losses,
+    needs_compiler,
+    params,
+    run_cli,
+    run_here,
+    tiny,
+)
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("torchao")
@@ -141,6 +151,17 @@ def test_fp8_without_torchao_is_one_line(prepared, tmp_path):
     assert r.returncode == 2, r.stderr
     assert r.stderr.count("\n") == 1 and "pretrain[fp8]" in r.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_a_run_whose_linears_all_stay_bf16_says_so_at_start(prepared, tmp_path):
+    # The default train.fp8_min_features (1024) converts none of the debug model's 64-wide linears: the run is
+    # bf16-mixed under another name, which only plan_vs_run.json said ("linears": 0); now the start does.
+    r = run_here("train", *tiny(prepared, tmp_path / "run", "train.precision=fp8", *SHORT, "run.eval_every=0"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    said = [x for x in r.stdout.splitlines() if "fp8: no linear converts" in x]
+    assert len(said) == 1 and "train.fp8_min_features=1024" in said[0] and "narrower sides here: 64" in said[0]
+    assert r.stdout.index(said[0]) < r.stdout.index("step ")  # at start, before the first step's line
+    assert json.loads((tmp_path / "run" / "plan_vs_run.json").read_text())["fp8"]["linears"] == 0
 
 
 def test_the_filter_converts_what_the_planner_counts():

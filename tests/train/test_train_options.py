@@ -103,6 +103,9 @@ def test_batch_ramp_grows_the_global_batch(prepared, tmp_path):
         (["parallel.tensor=2", "parallel.gpus=2"], "parallel.tensor"),
         (["parallel.offload=optimizer"], "parallel.offload"),  # generated from the key's `trains` metadata
         (["train.grad_dtype=same", "train.precision=bf16-mixed"], "train.grad_dtype"),
+        (["model.rope_theta=0"], "model.rope_theta"),  # trained to NaN, and advised lowering the lr
+        (["model.preset=moe-debug", "model.num_shared_experts=-1"], "model.num_shared_experts"),  # crashed
+        (["model.preset=moe-debug", "model.first_dense_layers=2"], "model.first_dense_layers"),  # trained dense
     ],
 )
 def test_config_errors_are_one_line(prepared, tmp_path, args, key):

@@ -13,6 +13,7 @@ from ..gpus import gpu_spec
 from ..rope_scaling import checked_rope_scaling
 from .job_sections import ParallelConfig, TrainConfig
 from .mixture import mixture_sources
+from .moe_keys import check_moe_keys
 from .schema import SECTIONS, Config, ResolvedConfig, ResolvedModelConfig, ResolvedTrainConfig, resolved
 
 _Resolved = TypeVar("_Resolved")
@@ -180,6 +181,9 @@ def _check_model(c: Config) -> None:
     _positive("model.norm_eps", m.norm_eps)
     _positive("model.pad_vocab_to", m.pad_vocab_to)
     _positive("model.init_std", m.init_std)
+    # RoPE's frequencies are rope_theta^(-2i/d): a base <= 0 gives complex or infinite angles (and NaN losses)
+    _positive("model.rope_theta", m.rope_theta)
+    check_moe_keys(m)
 
 
 def _check_train(c: Config) -> None:
@@ -243,7 +247,7 @@ def _check_parallel(c: Config) -> None:
         )
     if p.gpus % (p.tensor * p.pipeline):
         raise GridError(
-            f"parallel.gpus: {p.gpus} GPUs are not divisible by tensor x pipeline = "
+            f"parallel.gpus: {p.gpus} is not divisible by tensor x pipeline = "
             f"{p.tensor} x {p.pipeline}; make gpus a multiple of {p.tensor * p.pipeline}",
             p,
         )

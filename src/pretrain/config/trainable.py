@@ -180,15 +180,15 @@ def check_tensor_parallel(config: Config) -> None:
         )
 
 
-def wrong_process_count(tensor: int, pipeline: int, processes: int) -> str:
-    """The fix when tensor x pipeline ranks per model replica do not divide the processes of `pretrain train`:
-    alone, start it under torchrun; under torchrun, start another number of processes."""
+def wrong_process_count(tensor: int, pipeline: int, processes: int, command: str = "train") -> str:
+    """The fix when tensor x pipeline ranks per model replica do not divide the processes of `pretrain train`
+    (or `command`: sweep): alone, start it under torchrun; under torchrun, start another number of processes."""
     grid = tensor * pipeline
     layout = f"parallel.tensor x parallel.pipeline = {tensor} x {pipeline} = {grid} ranks per model replica"
     if "WORLD_SIZE" not in os.environ:
         return (
             f"{layout}, and this is one process: launch with `torchrun --nproc-per-node {grid} -m pretrain "
-            "train ...`, or lower parallel.tensor / parallel.pipeline"
+            f"{command} ...`, or lower parallel.tensor / parallel.pipeline"
         )
     return (
         f"{layout} do not divide the {processes} processes torchrun started: change --nproc-per-node so that "

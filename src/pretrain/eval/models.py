@@ -114,20 +114,27 @@ def load_target(target: str, device: str) -> tuple[OurModel | HFModel, Tokenizer
     The tokenizer is a `tokenizers.Tokenizer`."""
     from tokenizers import Tokenizer
 
+    from ..data.tokenizer import check_fits_model, data_tokenizer, find_tokenizer
+
     path = Path(target)
     if is_hf_dir(path):
-        if not (path / "tokenizer.json").is_file():
+        file = path / "tokenizer.json"
+        if not file.is_file():
             raise UsageError(f"{path} has no tokenizer.json; a Hugging Face model directory needs its tokenizer")
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoConfig, AutoModelForCausalLM
 
         try:
+            tokenizer = Tokenizer.from_file(str(file))
+        except Exception as e:  # tokenizers raises a bare Exception for a malformed file
+            raise UsageError(f"{file} cannot be loaded ({e}); give the model's own tokenizer.json") from None
+        try:
+            vocab = AutoConfig.from_pretrained(path, local_files_only=True).vocab_size  # before the weights load
+            ids = max(tokenizer.get_vocab(with_added_tokens=True).values()) + 1
+            check_fits_model(file, ids, vocab, f"put the model's own tokenizer.json in {path}")
             model = AutoModelForCausalLM.from_pretrained(path, dtype="auto", local_files_only=True)
         except (OSError, ValueError) as e:
             raise UsageError(f"{path}: not a Hugging Face causal language model ({str(e).splitlines()[0]})") from None
-        return HFModel(cast(torch.nn.Module, model).to(device).eval()), Tokenizer.from_file(
-            str(path / "tokenizer.json")
-        )
-    from ..data.tokenizer import data_tokenizer, find_tokenizer
+        return HFModel(cast(torch.nn.Module, model).to(device).eval()), tokenizer
     from ..train import load_model
 
     model = cast("Transformer", load_model(path, device=device))  # load_model says nn.Module
@@ -137,4 +144,6 @@ def load_target(target: str, device: str) -> tuple[OurModel | HFModel, Tokenizer
             f"no tokenizer found for {target} (the run's data directory is gone); export it with "
             "its tokenizer, or restore the data directory"
         )
-    return OurModel(model, model.config.max_seq_len), find_tokenizer(tokenizer).load()
+    files = find_tokenizer(tokenizer)
+    check_fits_model(files.source, files.vocab_size, model.config.vocab_size, "restore the run's data directory")
+    return OurModel(model, model.config.max_seq_len), files.load()

@@ -14,6 +14,7 @@ No beginning-of-sequence token is put before the context, as neither anchor puts
 
 from __future__ import annotations
 
+import codecs
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -80,7 +81,7 @@ def load_tasks(
     `tokenizers.Tokenizer`; `checked`: what check_tasks returned, if it ran already."""
     jsonl = check_tasks(names) if checked is None else checked
     return [
-        jsonl_task(n, jsonl[n], tokenizer, limit) if n in jsonl else olmo_task(n, tokenizer, max_len, limit)
+        jsonl_task(n, jsonl[n], tokenizer, max_len, limit) if n in jsonl else olmo_task(n, tokenizer, max_len, limit)
         for n in names
     ]
 
@@ -91,10 +92,16 @@ def read_jsonl_task(path: str) -> list[dict]:
     if not file.is_file():
         raise UsageError(f"task file {path} not found; give a .jsonl file of {{context, choices, gold}} lines")
     examples = []
-    for number, line in enumerate(file.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+    for number, raw in enumerate(file.read_bytes().removeprefix(codecs.BOM_UTF8).splitlines(), 1):
+        where = f"{path}:{number}"
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:  # replacement characters would be scored as if they were the text
+            raise UsageError(
+                f"{where}: not UTF-8 text (byte {e.start + 1} of the line); save the file as UTF-8"
+            ) from None
         if not line.strip():
             continue
-        where = f"{path}:{number}"
         try:
             ex = json.loads(line)
         except ValueError:
@@ -122,14 +129,28 @@ def read_jsonl_task(path: str) -> list[dict]:
     return examples
 
 
-def jsonl_task(path: str, examples: list[dict[str, Any]], tokenizer: Tokenizer, limit: int | None) -> Task:
+# Tokens of context kept beyond the model's window when a long context is cut by characters: the first few
+# tokens of a cut text may differ from the whole text's (the cut splits a word); these absorb them.
+CUT_MARGIN_TOKENS = 64
+
+
+def jsonl_task(
+    path: str, examples: list[dict[str, Any]], tokenizer: Tokenizer, max_len: int, limit: int | None
+) -> Task:
+    """A local file's requests. The model reads at most `max_len` tokens before the last one (scoring.py), so a
+    longer context is cut first by characters, at (max_len + CUT_MARGIN_TOKENS) x the vocabulary's longest
+    token (no token covers more characters: fewer would leave fewer tokens than the window), then by tokens: a
+    50 MB context line is never tokenized whole (it aborted the tokenizer out of memory)."""
+
     def encode(text: str) -> list[int]:
         return tokenizer.encode(text, add_special_tokens=False).ids
 
+    longest = max(map(len, tokenizer.get_vocab(with_added_tokens=True)))
+    kept_chars = (max_len + CUT_MARGIN_TOKENS) * longest
     requests = []
     for doc, ex in enumerate(examples[:limit]):
         for i, choice in enumerate(ex["choices"]):
-            context, continuation = ex["context"], choice
+            context, continuation = ex["context"][-kept_chars:], choice
             spaces = len(context) - len(context.rstrip())
             if spaces:  # lm-evaluation-harness's split: the context's trailing whitespace joins the continuation
                 context, continuation = context[:-spaces], context[-spaces:] + continuation
@@ -140,8 +161,16 @@ def jsonl_task(path: str, examples: list[dict[str, Any]], tokenizer: Tokenizer, 
                     f"{path}: example {doc + 1}, choice {i}: the continuation merges into the "
                     "context's last token; end the context at a word boundary"
                 )
-            requests.append(
-                Request(doc, i, tuple(whole), cont_len, len(choice), len(choice.encode("utf-8")), ex["gold"])
+            requests.append(  # what the model reads: the window before the last token, and the last
+                Request(
+                    doc,
+                    i,
+                    tuple(whole[-(max_len + 1) :]),
+                    cont_len,
+                    len(choice),
+                    len(choice.encode("utf-8")),
+                    ex["gold"],
+                )
             )
     return Task(Path(path).stem, requests, len(examples[:limit]))
 

@@ -92,16 +92,11 @@ def generate_text(model, tokenizer_path: str | Path, prompt: str, **kw) -> str:
     (TokenizerFiles.load): the text "<eos>" in it is those five characters, as the model saw such text in
     training, not the end-of-document token.
     """
-    from ..data.tokenizer import find_tokenizer
+    from ..data.tokenizer import check_fits_model, find_tokenizer
 
     files = find_tokenizer(tokenizer_path)
     tokenizer = files.load()
-    if files.vocab_size > model.config.vocab_size:
-        raise UsageError(
-            f"{files.source}: its ids go up to {files.vocab_size - 1:,}, beyond the model's vocabulary "
-            f"of {model.config.vocab_size:,}: not the tokenizer this model was trained with (give the "
-            "run's, e.g. DATA_DIR/tokenizer)"
-        )
+    check_fits_model(files.source, files.vocab_size, model.config.vocab_size, "give the run's, e.g. DATA_DIR/tokenizer")
     try:
         prompt.encode("utf-8")
     except UnicodeEncodeError as e:  # a command-line argument's undecodable bytes arrive as lone surrogates

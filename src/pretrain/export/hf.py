@@ -175,7 +175,7 @@ def _moe_config(m, common: dict) -> dict:
     ]
     if unbuilt:
         raise UsageError(
-            f"{name} (chosen by model.qk_norm / model.qk_norm_over) has no {unbuilt[0]}; "
+            f"{name} (chosen by model.qk_norm / model.qk_norm_over) does not build {unbuilt[0]}; "
             "train without it to export, or keep the pretrain checkpoint"
         )
     config: dict[str, Any] = dict(

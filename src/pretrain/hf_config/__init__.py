@@ -6,10 +6,11 @@ and experts; gpt2; DeepSeek-V3 and gpt-oss for the planner).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, cast
 
-from ..errors import ConfigError
+from ..errors import ConfigError, json_kind
 from ..files import read_json
 from ..rope_scaling import checked_rope_scaling
 from .fields import FIELDS, PLANNED, UNBUILT, Neutral
@@ -26,9 +27,13 @@ def from_hf_config(path: str | Path) -> dict[str, Any]:
 def model_keys(hf: dict[str, Any], where: str) -> dict[str, Any]:
     """`model:` keys from a config.json's contents; `where` starts each error (the file, or the pasted text)."""
     kind = hf.get("model_type")
-    kind = kind if isinstance(kind, str) else None
-    if kind not in FIELDS:
-        what = f"{kind}: {_unbuilt(kind, hf)} are not built" if kind else "no model_type"
+    if not isinstance(kind, str) or kind not in FIELDS:
+        if isinstance(kind, str):
+            what = f"{kind} is not built{_unbuilt(kind, hf)}"
+        elif kind is None:
+            what = "no model_type"
+        else:
+            what = f"model_type {_shown(kind)} is {json_kind(kind)}, not a string"
         raise ConfigError(
             f"{where}: {what}; supported model_type: {', '.join(k for k in FIELDS if k not in PLANNED)}"
             f" (planner only: {', '.join(PLANNED)})"
@@ -44,7 +49,7 @@ def model_keys(hf: dict[str, Any], where: str) -> dict[str, Any]:
         keys = (
             _gpt2_keys(hf)
             if kind == "gpt2"
-            else _planned_keys(hf, kind)
+            else _planned_keys(hf, kind, where)
             if kind in PLANNED
             else _llama_keys(hf, kind, where)
         )
@@ -61,8 +66,14 @@ def _read(path: Path) -> dict[str, Any]:
     fix = "give a Hugging Face config.json"
     hf = read_json(path, "model.hf_config", fix)
     if not isinstance(hf, dict):
-        raise ConfigError(f"model.hf_config: {path} holds a JSON {type(hf).__name__}, not a mapping of keys; {fix}")
+        raise ConfigError(f"model.hf_config: {path} holds {json_kind(hf)}, not a mapping of keys; {fix}")
     return cast(dict[str, Any], hf)
+
+
+def _shown(value: Any) -> str:
+    """A value of the file as its JSON, cut at 60 characters (an error quotes no more of it)."""
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _refusal(name: str, value: Any, rule: Neutral) -> str:
@@ -74,11 +85,12 @@ def _refusal(name: str, value: Any, rule: Neutral) -> str:
 
 
 def _unbuilt(kind: str, hf: dict[str, Any]) -> str:
+    """What a model_type we do not build has beyond ours, in brackets (nothing when none of its fields says)."""
     if kind in UNBUILT:
-        return UNBUILT[kind]
+        return f" ({UNBUILT[kind]})"
     known = set[str]().union(*FIELDS.values())
     unknown = [name for name, value in hf.items() if name not in known and value not in (None, False, 0, [], {})]
-    return ", ".join(unknown[:8]) or "its architecture"
+    return f" ({', '.join(unknown[:8])})" if unknown else ""
 
 
 def _gpt2_keys(hf: dict[str, Any]) -> dict[str, Any]:
@@ -106,7 +118,7 @@ def _llama_keys(hf: dict[str, Any], kind: str, where: str) -> dict[str, Any]:
         intermediate_size=hf["intermediate_size"],
         num_layers=layers,
         num_heads=hf["num_attention_heads"],
-        num_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
+        num_kv_heads=_count(hf, "num_key_value_heads", where) or hf["num_attention_heads"],
         max_seq_len=hf.get("max_position_embeddings", 2048),
         tie_embeddings=hf.get("tie_word_embeddings", False),
         qkv_bias=kind == "qwen2",
@@ -114,8 +126,9 @@ def _llama_keys(hf: dict[str, Any], kind: str, where: str) -> dict[str, Any]:
         norm_eps=hf.get("rms_norm_eps", 1e-6),
     )
     keys["rope_theta"], keys["rope_scaling"] = _rope(hf, where)
-    if hf.get("head_dim"):
-        keys["head_dim"] = hf["head_dim"]
+    head_dim = _count(hf, "head_dim", where)
+    if head_dim is not None:
+        keys["head_dim"] = head_dim
     window = _window(hf, kind, layers, where)
     if window is not None and window < keys["max_seq_len"]:
         keys["sliding_window"] = window
@@ -154,10 +167,10 @@ def _moe_keys(hf: dict[str, Any], kind: str, where: str) -> dict[str, Any]:
     return keys
 
 
-def _planned_keys(hf: dict[str, Any], kind: str) -> dict[str, Any]:
+def _planned_keys(hf: dict[str, Any], kind: str, where: str) -> dict[str, Any]:
     """DeepSeek-V3 (MLA, shared and routed experts, dense first blocks) and gpt-oss (attention sinks, biases on
     attention and experts) as `model:` keys that `pretrain plan` counts exactly as transformers builds them."""
-    rope: dict[str, Any] = hf["rope_parameters"] if isinstance(hf.get("rope_parameters"), dict) else {}
+    rope = _mapping(hf, "rope_parameters", where) or {}
     keys: dict[str, Any] = dict(
         family="llama",
         vocab_size=hf["vocab_size"],
@@ -165,11 +178,11 @@ def _planned_keys(hf: dict[str, Any], kind: str) -> dict[str, Any]:
         intermediate_size=hf["intermediate_size"],
         num_layers=hf["num_hidden_layers"],
         num_heads=hf["num_attention_heads"],
-        num_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
+        num_kv_heads=_count(hf, "num_key_value_heads", where) or hf["num_attention_heads"],
         max_seq_len=hf.get("max_position_embeddings", 2048),
         tie_embeddings=hf.get("tie_word_embeddings", False),
         norm_eps=hf.get("rms_norm_eps", 1e-6),
-        rope_theta=float(hf.get("rope_theta") or rope.get("rope_theta") or 10000.0),
+        rope_theta=_rope_theta(hf, rope, where),
         experts_per_token=hf.get("num_experts_per_tok") or hf["experts_per_token"],
     )
     if "router_aux_loss_coef" in hf:
@@ -192,7 +205,7 @@ def _planned_keys(hf: dict[str, Any], kind: str) -> dict[str, Any]:
         )
     bias = hf.get("attention_bias", True)
     return keys | dict(
-        head_dim=hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"],
+        head_dim=_count(hf, "head_dim", where) or hf["hidden_size"] // hf["num_attention_heads"],
         num_experts=hf["num_local_experts"],
         moe_intermediate_size=hf["intermediate_size"],
         attention_bias=bias,
@@ -204,12 +217,9 @@ def _planned_keys(hf: dict[str, Any], kind: str) -> dict[str, Any]:
 def _rope(hf: dict[str, Any], where: str) -> tuple[float, dict[str, Any] | None]:
     """(model.rope_theta, model.rope_scaling). transformers 4 writes rope_theta beside a rope_scaling mapping;
     transformers 5 one rope_parameters mapping holding both, and reads a rope_scaling mapping before it."""
-    given = hf.get("rope_scaling") or hf.get("rope_parameters")
-    rope = dict(cast(dict[str, Any], given)) if isinstance(given, dict) else {}
-    theta = hf.get("rope_theta") or rope.pop("rope_theta", None) or 10000.0
+    rope = dict(_mapping(hf, "rope_scaling", where) or _mapping(hf, "rope_parameters", where) or {})
+    theta = _rope_theta(hf, rope, where)
     rope.pop("rope_theta", None)
-    if isinstance(theta, bool) or not isinstance(theta, (int, float)):
-        raise ConfigError(f"{where}: rope_theta {theta!r} is not a number; fix the config.json")
     if rope.pop("partial_rotary_factor", 1.0) != 1.0:
         raise ConfigError(
             f"{where}: partial_rotary_factor (rotary on part of each head) is not built; use a "
@@ -217,7 +227,49 @@ def _rope(hf: dict[str, Any], where: str) -> tuple[float, dict[str, Any] | None]
         )
     if rope.get("rope_type", rope.get("type")) in ("llama3", "yarn"):  # as transformers standardises it
         rope.setdefault("original_max_position_embeddings", hf.get("max_position_embeddings"))
-    return float(theta), checked_rope_scaling(rope or None, where=f"{where}: rope_scaling")
+    return theta, checked_rope_scaling(rope or None, where=f"{where}: rope_scaling")
+
+
+def _rope_theta(hf: dict[str, Any], rope: dict[str, Any], where: str) -> float:
+    """rope_theta beside the mapping (transformers 4) or inside it (5); 10000, transformers' default, when
+    neither gives one. A base that is not a positive number is refused: RoPE's angles would be complex or
+    infinite."""
+    theta = hf.get("rope_theta")
+    theta = rope.get("rope_theta") if theta is None else theta
+    if theta is None:
+        return 10000.0
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)):
+        raise ConfigError(f"{where}: rope_theta {theta!r} is not a number; fix the config.json")
+    if not 0 < theta < float("inf"):
+        raise ConfigError(
+            f"{where}: rope_theta {theta!r} must be a positive number (Llama 3: 500000); fix the config.json"
+        )
+    return float(theta)
+
+
+def _mapping(hf: dict[str, Any], name: str, where: str) -> dict[str, Any] | None:
+    """A field that is a mapping or null (rope_scaling, rope_parameters); anything else refused by name."""
+    value = hf.get(name)
+    if value is not None and not isinstance(value, dict):
+        raise ConfigError(
+            f"{where}: {name} {_shown(value)} is {json_kind(value)}, not a mapping of rope_type and its "
+            "parameters (or null); fix the config.json"
+        )
+    return cast(dict[str, Any] | None, value)
+
+
+def _count(hf: dict[str, Any], name: str, where: str) -> int | None:
+    """A size transformers fills with its default when null or missing (None here), else a positive integer:
+    0 is not "unset", and a zero head or no key/value head is no model."""
+    value = hf.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(
+            f"{where}: {name} {_shown(value)} must be a positive integer (or null for transformers' default); "
+            "fix the config.json"
+        )
+    return value
 
 
 def _window(hf: dict[str, Any], kind: str, layers: int, where: str) -> int | None:

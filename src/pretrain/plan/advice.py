@@ -14,7 +14,8 @@ Every rule, its threshold and its source is listed in docs/advice.md ("Planner a
   bandwidth  the step's arithmetic intensity below the card's FLOP/byte ratio (the roofline model)
   context    windows of >= 32K tokens (mask attention to each document, Llama 3); RoPE's slowest wavelength
              shorter than the window, or the window beyond what model.rope_scaling stretches RoPE to
-  fp8        train.precision=fp8 modelled below 1.10x bf16-mixed's speed (small GEMMs: plan/fp8.py)
+  fp8        train.precision=fp8 that converts no linear (on any device), or modelled below 1.10x bf16-mixed's
+             speed (small GEMMs: plan/fp8.py)
 Rules that describe large-scale practice (tokens, batch, lr, warm-up, bandwidth) are silent for models under
 50M parameters (100M for the batch): demo and debug models are small and short on purpose.
 """

@@ -24,7 +24,8 @@ The work is bounded whatever the GPUs and the batch: at most (tensor degrees wit
 layers: at most 32 below the planner's 1,000) splits, each with at most 12 memory plans (4 ZeRO stages x 3
 recomputations) and a step-time score per micro-batch that fits (divisors of the rank's sequences, found up to
 the largest that fits). A plan costs O(layers), so the splits that divide the GPUs set the time: Llama-3-70B
-on 512 GPUs has 20 (pipeline 1-16), on 640 all 40 (pipeline 1-80).
+on 512 GPUs has 20 (pipeline 1-16), on 640 all 40 (pipeline 1-80). An MoE multiplies them by at most
+MOST_EXPERT_DEGREES expert-parallel degrees (`expert_degrees`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import re
 from typing import TYPE_CHECKING, Any, cast
 
 from ..config import ResolvedConfig, replaced
+from ..config.checks import MOST_GPUS
 from ..config.job_sections import RECOMPUTE
 from ..config.trainable import check_trainable
 from ..errors import ConfigError
@@ -49,6 +51,7 @@ from .step_time import step_time
 if TYPE_CHECKING:
     from .params import ParamCounts
 
+MOST_EXPERT_DEGREES = MOST_GPUS.bit_length()  # 21: 1, 2, 4, ..., 2^20, doublings up to the most GPUs a config takes
 REFUSED = "`pretrain train` refuses it"  # a rejected row's why, before the trainer's own words
 Scored = tuple[float, dict[str, Any], dict[str, Any]]  # a fitting layout: (seconds per step, overrides, step)
 
@@ -91,8 +94,24 @@ def layouts(c: ResolvedConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any
                 found.append(layout)
                 continue
             # MoE: the experts split over ep of the data-parallel ranks, ep dividing both
-            found += [dict(layout, expert=ep) for ep in _divisors(math.gcd(m.num_experts, dp))]
+            found += [dict(layout, expert=ep) for ep in expert_degrees(math.gcd(m.num_experts, dp))]
     return found, refused
+
+
+def expert_degrees(n: int) -> list[int]:
+    """The expert-parallel degrees searched for n = gcd(experts, data parallel): every divisor when there are at
+    most MOST_EXPERT_DEGREES (all of them for any power of two the 2^20 GPUs a config takes allow: the published
+    expert counts, 8 to 256), else a ladder of divisors each at least twice the one before, from 1 to n. The
+    search stays bounded as a dense model's is: 720,720 experts on 720,720 GPUs have 240 divisors, and their
+    splits took 46 s; the ladder keeps 20 of them, spaced as the power-of-two counts are."""
+    degrees = _divisors(n)
+    if len(degrees) <= MOST_EXPERT_DEGREES:
+        return degrees
+    ladder = [1]
+    for d in degrees:
+        if d >= 2 * ladder[-1]:
+            ladder.append(d)
+    return ladder if ladder[-1] == n else [*ladder, n]
 
 
 def fit(config: ResolvedConfig, top: int = 10) -> dict[str, Any]:

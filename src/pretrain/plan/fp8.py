@@ -174,8 +174,18 @@ PAYS = 1.10  # a modelled speed-up below this is not worth float8's numerics (it
 
 
 def advice(c: ResolvedConfig, p: dict[str, Any]) -> list[str]:
-    """fp8 where the model says it will not pay: the speed-up over bf16-mixed, modelled, for this shape."""
-    if c.train.precision != "fp8" or not p.get("step_time") or not peaks(c)[0]:
+    """fp8 that converts no linear (on any device: the run is bf16-mixed under another name), and fp8 where the
+    model says it will not pay: the speed-up over bf16-mixed, modelled, for this shape."""
+    if c.train.precision != "fp8":
+        return []
+    g, least = gemms(c), c.train.fp8_min_features
+    if not g["linears"]:
+        return [
+            f"fp8: no linear converts (none of the blocks' linears has both sides multiples of {MULTIPLE} and "
+            f">= train.fp8_min_features={least}), so every GEMM runs in bf16, as under bf16-mixed; lower "
+            f"train.fp8_min_features (their narrower sides here: {_widths(c)}) or use train.precision=bf16-mixed"
+        ]
+    if not p.get("step_time") or not peaks(c)[0]:
         return []  # a CPU or a card the catalog lacks: no float8 rate to weigh
     from ..config import replaced
     from . import plan_with_explain
@@ -184,11 +194,8 @@ def advice(c: ResolvedConfig, p: dict[str, Any]) -> list[str]:
     speedup = bf16["seconds"] / p["step_time"]["seconds"]
     if speedup >= PAYS:
         return []
-    g = gemms(c)
     what = (
-        f"no linear passes the filter (train.fp8_min_features={c.train.fp8_min_features})"
-        if not g["linears"]
-        else f"{g['linears']} linears in float8, whose casts take back what their faster GEMMs save at hidden "
+        f"{g['linears']} linears in float8, whose casts take back what their faster GEMMs save at hidden "
         f"{c.model.hidden_size:,} and {c.train.micro_batch_size} x {c.train.seq_len:,} tokens"
     )
     return [
@@ -197,3 +204,9 @@ def advice(c: ResolvedConfig, p: dict[str, Any]) -> list[str]:
             "pay for its numerics: use train.precision=bf16-mixed"
         )
     ]
+
+
+def _widths(c: ResolvedConfig) -> str:
+    """The smaller dimension of each of a block's linears, as the filter compares it: "64, 176"."""
+    block = [s for n, s in param_shapes(c.model) if len(s) == 2 and n.startswith("blocks.0.")]
+    return ", ".join(str(w) for w in sorted({min(s) for s in block}))

@@ -38,7 +38,7 @@ from typing import Any, cast
 from urllib.parse import quote, urlsplit
 
 from ..config import SECTIONS, ResolvedConfig, load_config
-from ..errors import UsageError
+from ..errors import UsageError, json_kind
 from ..files import NotAConfig, parse_json
 from .page_query import Readable, page_config, readable_paths
 
@@ -188,7 +188,7 @@ def hf_config_answer(body: bytes) -> str:
     except NotAConfig as e:
         raise UsageError(f"the pasted config.json is not a config ({e}); {fix}") from None
     if not isinstance(hf, dict):
-        raise UsageError(f"the pasted config.json holds a JSON {type(hf).__name__}, not a mapping of keys; {fix}")
+        raise UsageError(f"the pasted config.json holds {json_kind(hf)}, not a mapping of keys; {fix}")
     keys = model_keys(cast(dict[str, Any], hf), "the pasted config.json")
     return json.dumps({f"model.{k}": _text(v) for k, v in keys.items()})
 

@@ -19,12 +19,12 @@ from pathlib import Path
 import torch
 
 from ..bench.timing import NOISY_SPREAD_PCT, check_rounds, check_threads, cpu_threads, spread, torch_threads
-from ..config import load_config, replaced
+from ..config import replaced
 from ..errors import UsageError
 from ..plan import make_plan
 from ..plan.fit import command_line, fit
 from . import output
-from .run import _device_name, run_sweep
+from .run import _device_name, load_for_world, run_sweep
 
 DATA_PARALLEL = {
     "parallel.tensor": 1,
@@ -54,7 +54,7 @@ def run_from_fit(
         raise UsageError(f"--from-fit: must be at least 1 candidate, got {n}")
     check_rounds(rounds)
     check_threads(threads)
-    config = load_config(config_path, overrides)
+    config = load_for_world(config_path, overrides)
     # What the trainer would refuse whatever the layout: one line now, before any fit or cell.
     check_trainable(replaced(config, DATA_PARALLEL), needs_data=False)
     rt = init_runtime(config.train.device)

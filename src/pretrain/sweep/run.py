@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import gc
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -229,7 +230,7 @@ def prepare_cells(config_path: str | Path | dict | None, overrides: list[str], s
             # Synthetic tokens: a data directory is neither needed nor read. No batch ramp: every timed step
             # runs at the cell's full batch, as labelled.
             config = replaced(
-                load_config(config_path, [*overrides, *own]), {"data.dir": None, "train.batch_ramp_tokens": 0}
+                load_for_world(config_path, [*overrides, *own]), {"data.dir": None, "train.batch_ramp_tokens": 0}
             )
             check_trainable(config, needs_data=False)
             _check_length(config)
@@ -246,6 +247,20 @@ def prepare_cells(config_path: str | Path | dict | None, overrides: list[str], s
             Cell(index=index, values=resolved, overrides=own, config=config, device_config=device_config, rt=rt, plan=p)
         )
     return cells
+
+
+def load_for_world(config_path: str | Path | dict | None, overrides: list[str]) -> ResolvedConfig:
+    """The config as this sweep's processes run it: the world torchrun started (1 alone) is parallel.gpus, as
+    for `pretrain train`; a tensor x pipeline layout it cannot hold says how many processes to launch (its
+    parallel.gpus is not a figure to edit: a sweep measures the processes it has)."""
+    from ..config.checks import GridError
+    from ..config.trainable import wrong_process_count
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    try:
+        return load_config(config_path, [*overrides, f"parallel.gpus={world}"])
+    except GridError as e:
+        raise ConfigError(wrong_process_count(e.tensor, e.pipeline, world, "sweep")) from None
 
 
 def _check_length(config: ResolvedConfig) -> None:

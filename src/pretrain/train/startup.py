@@ -25,7 +25,7 @@ from ..precision import half_dtype
 from . import plan_check
 from .attention import kernel_context
 from .checkpoint.choice import resume_point
-from .checkpoint.compatibility import check_resume_compatible, stage_change
+from .checkpoint.compatibility import check_resume_compatible, settings_change, stage_change
 from .checkpoint.run_dir import RunDir
 from .prefetch import WindowSource
 
@@ -92,9 +92,10 @@ def prepared_data(mixture: list[dict] | None, data: PreparedData | None) -> list
 
 def claim_run_dir(
     directory: RunDir, c: ResolvedConfig, rt: Runtime, quiet: bool
-) -> tuple[Path | None, dict | None, Path | None]:
-    """(resume_from, stage_change, history_aside): one trainer per run directory, before any write; where it
-    resumes from, and an earlier run's leftovers set aside."""
+) -> tuple[Path | None, list[dict], Path | None]:
+    """(resume_from, changes, history_aside): one trainer per run directory, before any write; where it
+    resumes from, the events of what the resume changes (a stage of another seq_len, other settings), and an
+    earlier run's leftovers set aside."""
     from ..distributed.runtime import barrier
 
     if rt.is_main and not quiet:
@@ -102,16 +103,16 @@ def claim_run_dir(
     if c.run.resume == "never" and not quiet:
         directory.check_new_run()
     resume_from, corrupt = resume_point(directory.path) if c.run.resume == "auto" else (None, [])
-    stage = None
+    changes = []
     if resume_from is not None:
         check_resume_compatible(resume_from, c)
-        stage = stage_change(resume_from, c)
+        changes = [e for e in (stage_change(resume_from, c), settings_change(resume_from, c)) if e]
     barrier(rt)  # every rank has verified before rank 0 renames anything
     history_aside = None
     if rt.is_main and not quiet:
         directory.set_aside_corrupt(corrupt)
         history_aside = directory.set_aside_history()  # an earlier run's is not this run's
-    return resume_from, stage, history_aside
+    return resume_from, changes, history_aside
 
 
 def trainable_model(

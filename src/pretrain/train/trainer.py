@@ -32,6 +32,7 @@ from .callbacks.preemption import preempted
 from .callbacks.spikes import Stability
 from .callbacks.tasks import evaluate_tasks
 from .checkpoint.choice import prune
+from .checkpoint.compatibility import settings_line
 from .checkpoint.contents import Checkpoints, Stateful, TensorState
 from .checkpoint.format import read_trainer_state, rng_state
 from .checkpoint.run_dir import RunDir
@@ -65,7 +66,7 @@ class Trainer:
     data: PreparedData | None  # data.dir's prepared data; None for a mixture or a loader of its own
     directory: RunDir  # run.dir: its lock (held by rank 0 of a run that writes), config.yaml, set-asides
     resume_from: Path | None  # the checkpoint this run resumes from
-    stage_change: dict | None  # a resume at another train.seq_len: a stage of context extension
+    resume_changes: list[dict]  # what a resume changes: a stage of another train.seq_len, other settings (events)
     history_aside: Path | None  # where an earlier run's history without a checkpoint was moved
     total_steps: int
     warmup: int  # warm-up steps of the schedule this run follows (a resumed run's may differ: resumed_schedule)
@@ -109,7 +110,7 @@ class Trainer:
         check_installed(c.run.loggers)
         check_fp8_installed(t.precision)
         self.mixture, self.data = open_data(c, rt, loader)
-        self.resume_from, self.stage_change, self.history_aside = claim_run_dir(self.directory, c, rt, quiet)
+        self.resume_from, self.resume_changes, self.history_aside = claim_run_dir(self.directory, c, rt, quiet)
         self.total_steps = training_length(c, count_params(c.model).total)["steps"]
         # A resume into a run of another length follows the new length's schedule, said in an event.
         saved = read_trainer_state(self.resume_from) if self.resume_from is not None else {"step": 0}
@@ -280,8 +281,12 @@ class Trainer:
             self.log.start_at(st.step)
             self.log.say(f"resumed from {found} (step {st.step:,}, {st.tokens:,} tokens)")
             self.log.event({"event": "resumed", "step": st.step, "tokens": st.tokens, "path": str(found)})
-            if self.stage_change:
-                self.say_stage_change(self.stage_change)
+            for change in self.resume_changes:
+                if change["event"] == "stage_changed":
+                    self.say_stage_change(change)
+                else:
+                    self.log.say(settings_line(change))
+                    self.log.event(change)
             if self.schedule_change:
                 self.say_schedule_change(self.schedule_change)
             return

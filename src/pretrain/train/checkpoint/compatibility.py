@@ -56,6 +56,76 @@ def check_resume_compatible(path: Path, config: ResolvedConfig) -> None:
                 f"{saved[key]!r}; a resume keeps the model's shape: drop the override, or start a "
                 "new run.dir"
             )
+    before, after = _experts_shape(saved), _experts_shape(now)
+    for key in after:
+        if before.get(key, after[key]) != after[key]:
+            kept = (
+                f"its router and routing biases learnt to score with {before[key]}"
+                if key == "router"
+                else "a resume keeps the experts' shape"
+            )
+            raise UsageError(
+                f"model.{key}: {after[key]!r} here, but checkpoint {path} was trained with {before[key]!r}; "
+                f"{kept}: drop the override, or start a new run.dir"
+            )
+
+
+def _experts_shape(model: dict[str, Any]) -> dict[str, Any]:
+    """The Mixture-of-Experts keys that decide which tensors exist and their shapes, as the model builds them
+    (an unset moe_intermediate_size is the dense width; a dense model has no other), and the router's score:
+    the router's weights and routing biases were learnt for one function (softmax or sigmoid) and mean nothing
+    under the other. A config.yaml older than these keys is a dense model's."""
+    if not model.get("num_experts"):
+        return {"num_experts": 0}
+    return {
+        "num_experts": model["num_experts"],
+        "moe_intermediate_size": model.get("moe_intermediate_size") or model.get("intermediate_size"),
+        "num_shared_experts": model.get("num_shared_experts", 0),
+        "first_dense_layers": model.get("first_dense_layers", 0),
+        "router": model.get("router", "softmax"),
+    }
+
+
+# What a resume may change about how the model computes, said in one line and a `settings_changed` event: choices
+# a later stage of training makes on purpose (more experts per token; document masking turned on for a
+# long-context stage, as Llama 3 did), never silently (docs/train.md: Resuming).
+ANNOUNCED = ("model.experts_per_token", "model.norm_topk_prob", "train.document_masking", "model.position_reset")
+
+
+def settings_change(path: Path, config: ResolvedConfig) -> dict[str, Any] | None:
+    """The `settings_changed` event of a resume whose ANNOUNCED settings differ from the checkpoint's, or None.
+    position_reset is compared as it applies (unset: as document masking); the experts' keys only for an MoE."""
+    saved, now = _saved_config(path), config.to_dict()
+    changes = [
+        {"key": key, "before": _effective(saved, key), "after": _effective(now, key)}
+        for key in ANNOUNCED
+        if (now["model"].get("num_experts") or key.startswith(("train.", "model.position")))
+        and _effective(saved, key) is not None
+        and _effective(saved, key) != _effective(now, key)
+    ]
+    return {"event": "settings_changed", "checkpoint": str(path), "changes": changes} if changes else None
+
+
+def settings_line(event: dict[str, Any]) -> str:
+    """The terminal's line for a `settings_changed` event."""
+    changed = ", ".join(f"{c['key']} {_shown(c['before'])} -> {_shown(c['after'])}" for c in event["changes"])
+    return (
+        f"resumed with other settings than checkpoint {event['checkpoint']}: {changed}; training goes on with "
+        "them (events.jsonl: settings_changed)"
+    )
+
+
+def _shown(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _effective(config: dict[str, Any], key: str) -> Any:
+    """A setting of a config.yaml as the trainer applies it; None where an older config.yaml lacks it."""
+    section, name = key.split(".")
+    model, train = config.get("model") or {}, config.get("train") or {}
+    if key == "model.position_reset" and model.get("position_reset") is None:
+        return train.get("document_masking")
+    return (config.get(section) or {}).get(name)
 
 
 def stage_change(path: Path, config: ResolvedConfig) -> dict[str, Any] | None:
