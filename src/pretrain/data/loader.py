@@ -14,13 +14,8 @@ from typing import cast
 
 import numpy as np
 
-<<<<<<< HEAD
-from ..errors import ConfigError, UsageError
-from ..files import json_file, sha256_file
-=======
 from ..errors import ConfigError, UsageError, json_kind
-from ..files import sha256_file
->>>>>>> keys
+from ..files import json_file, sha256_file
 from ..plan.length import TOKEN_DTYPES
 from .token_files import Concatenated, TokenFile
 
