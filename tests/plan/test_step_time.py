@@ -3,7 +3,7 @@ tables show."""
 
 import pytest
 
-from pretrain.config import load_config
+from pretrain.config import load_config, replaced
 from pretrain.plan import make_plan, plan_with_explain
 
 H100_8B = ["model.preset=llama3-8b", "hardware.gpu=h100-sxm", "train.seq_len=8192"]
@@ -50,7 +50,23 @@ def test_tensor_parallel_collectives_and_the_pipeline_bubble():
     assert full["tensor_parallel_s"] == pytest.approx(tp["tensor_parallel_s"] * 6 / 4)  # forward redone
     pipe = step(*H100_8B, "parallel.gpus=8", "parallel.pipeline=4", "train.grad_accum_steps=4")
     assert pipe["pipeline_bubble"] == pytest.approx(3 / 7)  # (p-1) / (m+p-1), 1F1B
-    assert pipe["forward_backward_s"] == pytest.approx(7 * (pipe["micro_batch_s"] + pipe["pipeline_p2p_s"]))
+    slot = pipe["micro_batch_s"] * pipe["pipeline_busiest_stage"] + pipe["pipeline_p2p_s"]
+    assert pipe["forward_backward_s"] == pytest.approx(7 * slot)
+
+
+def test_the_busiest_pipeline_stage_sets_the_pace():
+    # Llama-3-8B on 4 stages: 8 of the 32 blocks each, and the last also runs the output layer, 6 V H FLOPs a
+    # token (V 128,256, H 4,096): that stage over the average stage's FLOPs. Balanced (Megatron's
+    # account_for_embedding/loss_in_pipeline_split), the embedding and the output layer take a block's place:
+    # 34 places over 4 stages are 8, 8, 9, 9 (the later stages one more), so 7, 8, 9 and 8 blocks + the output.
+    c = load_config(overrides=[*H100_8B, "parallel.gpus=8", "parallel.pipeline=4", "train.grad_accum_steps=4"])
+    p = make_plan(c)
+    per_token, output = p["flops"]["per_token_hardware"], 6 * 128_256 * 4096
+    block = (per_token - output) / 32
+    assert p["step_time"]["pipeline_busiest_stage"] == pytest.approx((8 * block + output) / (per_token / 4))
+    balanced = make_plan(replaced(c, {"parallel.pipeline_split": "balanced"}))["step_time"]
+    assert balanced["pipeline_busiest_stage"] == pytest.approx((8 * block + output) / (per_token / 4))
+    assert balanced["pipeline_busiest_stage"] < p["step_time"]["pipeline_busiest_stage"] * (1 + 1e-9)
 
 
 def test_data_parallel_volumes_and_links():
@@ -193,7 +209,8 @@ def test_interleaved_1f1b_shrinks_the_bubble_for_more_point_to_point():
     inter = step(*H100_8B, *pipe, "parallel.pipeline_schedule=interleaved_1f1b")
     assert inter["pipeline_bubble"] == pytest.approx(3 / 11)
     assert inter["pipeline_p2p_s"] == pytest.approx(2 * plain["pipeline_p2p_s"])
-    assert inter["forward_backward_s"] == pytest.approx(5.5 * (inter["micro_batch_s"] + inter["pipeline_p2p_s"]))
+    slot = inter["micro_batch_s"] * inter["pipeline_busiest_stage"] + inter["pipeline_p2p_s"]
+    assert inter["forward_backward_s"] == pytest.approx(5.5 * slot)
     assert inter["seconds"] < plain["seconds"]
 
 

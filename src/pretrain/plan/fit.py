@@ -10,6 +10,8 @@ The search, with the global batch (sequences per optimizer step) held fixed:
   expert ep   MoE only: divides the experts and d (the experts split over ep data-parallel ranks);
   offload     optimizer (any stage), optimizer+params (ZeRO-3): searched only when nothing fits without it,
               as crossing PCIe every step is always slower than a layout that fits on the GPUs.
+  planned-only values of parallel.* (a DeepEP dispatcher, an overlapped dispatch, a balanced stage split) are
+              set back to what the trainer runs in every candidate.
 Trained: every layout passes the trainer's own check (config/trainable.py: check_trainable, what `pretrain
 train` refuses with) before it is planned; a refused one is a rejected row with the trainer's reason, so every
 candidate is one `pretrain train` runs (offload, ZeRO 2/3 per pipeline stage and a pipeline of tied embeddings
@@ -29,6 +31,7 @@ on 512 GPUs has 20 (pipeline 1-16), on 640 all 40 (pipeline 1-80).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from typing import TYPE_CHECKING, Any, cast
@@ -164,6 +167,7 @@ def _search(
         "parallel.pipeline": split["pipeline"],
         "parallel.sequence_parallel": split["tensor"] > 1,
         "parallel.offload": offload,
+        **_as_trained(config),
     }
     if "expert" in split:  # MoE: the expert-parallel degree is searched with the split
         shared["parallel.expert"] = split["expert"]
@@ -211,6 +215,17 @@ def _search(
                 out.append((step["seconds"], overrides, step))
         if not out:
             break  # the strongest stage the trainer runs does not fit with full recomputation: no lower stage does
+    return out
+
+
+def _as_trained(config: ResolvedConfig) -> dict[str, Any]:
+    """The planned-only parallel.* values (a dispatcher, an overlap, a stage split the trainer does not run) set
+    back to what `pretrain train` runs, so that every candidate is one it runs; offload is searched instead."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(config.parallel):
+        trains = f.metadata["trains"]
+        if trains is not None and f.name != "offload" and getattr(config.parallel, f.name) not in trains:
+            out[f"parallel.{f.name}"] = trains[0]
     return out
 
 
