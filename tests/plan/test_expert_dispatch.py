@@ -107,3 +107,16 @@ def test_an_experts_rows_fill_its_gemm_tiles():
     full_tiles = routed * 512 / (small["achievable_tflops"] * 1e12)
     assert small["expert_tile_s"] == pytest.approx(full_tiles * (1 / 0.25 - 1))
     assert step("parallel.gpus=8")["expert_tile"] == 1.0
+
+
+def test_expert_gradients_sync_over_their_own_ranks_and_links():
+    # DDP on 16 H100s (two nodes) at ep 8: the routed experts' fp32 gradients, 1/8 of them on a rank, are
+    # all-reduced over the 2 ranks holding the same experts, one per node: one 40 GB/s NIC each; the rest over
+    # all 16 data ranks, NCCL's rings through the node's 8 NICs (320 GB/s, under NVLink's 360).
+    config = load_config(overrides=[*QWEN, "parallel.gpus=16", "parallel.expert=8"])
+    p = make_plan(config)
+    total, routed = p["params"]["total"], p["params"]["routed_experts"]
+    experts = routed // 8
+    dense = total - routed
+    expected = 2 * 15 / 16 * 4 * dense / 320e9 + 2 * 1 / 2 * 4 * experts / 40e9
+    assert p["step_time"]["data_parallel_s"] == pytest.approx(expected)
