@@ -132,8 +132,9 @@ def _tokens(c: ResolvedConfig, p: dict[str, Any]) -> list[str]:
     n_opt = math.sqrt(compute / (6 * CHINCHILLA_TOKENS_PER_PARAM))
     d_opt = CHINCHILLA_TOKENS_PER_PARAM * n_opt
     better = (
-        f"for this compute (6ND = {compute:.3g} FLOPs, N the {which}) a model of ~{human(n_opt)} "
-        f"{'active ' if c.model.num_experts else ''}params on ~{human(d_opt)} tokens would reach a lower loss"
+        f"for this compute (6ND = {compute:.3g} FLOPs{f', N the {which}' if c.model.num_experts else ''}) a model "
+        f"of ~{human(n_opt)} {'active ' if c.model.num_experts else ''}params on ~{human(d_opt)} tokens would reach "
+        "a lower loss"
     )
     if per_param < low:
         return [

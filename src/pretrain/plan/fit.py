@@ -326,12 +326,14 @@ def dominant_cost(step: dict[str, Any], best: dict[str, Any]) -> str:
 
 
 def _costs(step: dict[str, Any]) -> dict[str, Any]:
-    slots = step["forward_backward_s"] / (step["micro_batch_s"] + step["pipeline_p2p_s"])
+    busiest = step.get("pipeline_busiest_stage", 1.0)
+    slots = step["forward_backward_s"] / (step["micro_batch_s"] * busiest + step["pipeline_p2p_s"])
     compute = step["matmul_s"] + step["attention_s"]
     return {
         "TP all-reduce dominates": step["tensor_parallel_s"] * slots,
-        "expert all-to-all": step.get("all_to_all_s", 0.0) * slots,
+        "expert all-to-all": step.get("dispatch_exposed_s", 0.0) * slots,
         "pipeline bubble": step["pipeline_bubble"] * step["forward_backward_s"],
+        "busiest pipeline stage (the output layer's)": (busiest - 1) * step["micro_batch_s"] * slots,
         "pipeline point-to-point": step["pipeline_p2p_s"] * slots,
         "data-parallel communication": step["data_parallel_exposed_s"],
         "optimizer step (offload)": step["optimizer_s"],

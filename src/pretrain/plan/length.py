@@ -31,9 +31,9 @@ CHINCHILLA_TOKENS_PER_PARAM = 20
 # takes r x the planned time, so the plan's time range is seconds x (low, high). Re-measure when
 # pretrain.plan.step_time changes (tests/plan/test_published_runs.py checks it).
 STEP_TIME_ERROR = (0.79, 1.13)
-# The same on its 16 Mixture-of-Experts runs (the shared MoE golden set's 9 and our 7; geometric mean 1.06): an
+# The same on its 16 Mixture-of-Experts runs (the shared MoE golden set's 9 and our 7; geometric mean 1.03): an
 # MoE plan carries its own, wider error.
-MOE_STEP_TIME_ERROR = (0.74, 1.65)
+MOE_STEP_TIME_ERROR = (0.71, 1.56)
 
 
 # The token files' id types and the ids each holds; `pretrain prepare --dtype auto` takes the smallest that
@@ -68,6 +68,28 @@ def ramp_args(cfg: ResolvedConfig) -> dict[str, Any]:
     )
 
 
+def _epochs_length(t: ResolvedTrainConfig, args: dict[str, Any], per_step: int, ex: Explain) -> tuple[int, int]:
+    """(tokens, steps) of train.examples x train.epochs."""
+    assert t.examples  # the caller's branch
+    tokens = t.examples * t.epochs * t.seq_len
+    if t.batch_ramp_tokens:  # ramped steps are smaller: count them as the trainer runs them, by tokens
+        steps = steps_for_tokens(tokens, **args)
+        ex.add("steps", "total", steps, _steps_formula(tokens, per_step, t))
+    else:
+        # The Hugging Face Trainer's count: batches per rank per epoch, then whole accumulation groups.
+        batches = -(-t.examples // (t.micro_batch_size * args["data_parallel"]))
+        steps = t.epochs * max(1, batches // t.grad_accum_steps)
+        ex.add(
+            "steps",
+            "total",
+            steps,
+            f"epochs {t.epochs} x floor(ceil(examples {t.examples:,} / (micro-batch "
+            f"{t.micro_batch_size} x data parallel {args['data_parallel']})) / grad accum {t.grad_accum_steps})",
+        )
+    ex.add("tokens", "total", tokens, f"examples {t.examples:,} x epochs {t.epochs} x seq {t.seq_len}")
+    return tokens, steps
+
+
 def training_length(cfg: ResolvedConfig, params: int, ex: Explain | None = None) -> dict[str, Any]:
     """Tokens and optimizer steps of the run: max_steps, else tokens, else examples x epochs, else Chinchilla's 20
     tokens per parameter. params: the active parameters (all of a dense model's; an MoE token runs k of its E
@@ -97,23 +119,8 @@ def training_length(cfg: ResolvedConfig, params: int, ex: Explain | None = None)
         ex.add("tokens", "total", tokens, "train.tokens")
         ex.add("steps", "total", steps, _steps_formula(tokens, per_step, t))
     elif t.examples:
-        tokens = t.examples * t.epochs * t.seq_len
+        tokens, steps = _epochs_length(t, args, per_step, ex)
         data = t.examples * t.seq_len  # every epoch re-reads the same windows
-        if t.batch_ramp_tokens:  # ramped steps are smaller: count them as the trainer runs them, by tokens
-            steps = steps_for_tokens(tokens, **args)
-            ex.add("steps", "total", steps, _steps_formula(tokens, per_step, t))
-        else:
-            # The Hugging Face Trainer's count: batches per rank per epoch, then whole accumulation groups.
-            batches = -(-t.examples // (t.micro_batch_size * args["data_parallel"]))
-            steps = t.epochs * max(1, batches // t.grad_accum_steps)
-            ex.add(
-                "steps",
-                "total",
-                steps,
-                f"epochs {t.epochs} x floor(ceil(examples {t.examples:,} / (micro-batch "
-                f"{t.micro_batch_size} x data parallel {args['data_parallel']})) / grad accum {t.grad_accum_steps})",
-            )
-        ex.add("tokens", "total", tokens, f"examples {t.examples:,} x epochs {t.epochs} x seq {t.seq_len}")
     else:
         tokens = chinchilla
         steps = steps_for_tokens(tokens, **args)

@@ -36,10 +36,14 @@ One micro-batch on one GPU (a tensor rank of a pipeline stage) takes
            same volume (Korthikanti et al. 2022, section 4.2.2). A ring moves 2 (t-1)/t x bytes per GPU. Not
            overlapped with compute, but with parallel.async_tp: each collective in t chunks pipelined with
            its matmul (Wang et al., ASPLOS'23), one chunk exposed.
-  MoE      the expert-parallel all-to-alls and the busiest rank's extra routed tokens (pretrain.plan.
-           expert_parallel); all of the rank's experts' weights are read.
+  MoE      the dispatch as it runs (pretrain.plan.expert_dispatch: each rank's b*s/t tokens, NVLink inside the
+           node and the NIC beyond it, the counts exchange, the dispatcher, what overlaps), the permutation
+           passes, each expert's rows in GEMM tiles, the busiest rank's extra routed tokens (pretrain.plan.
+           expert_parallel), the routed experts' narrow shapes in the operand term (pretrain.plan.gemm_shapes)
+           and the MoE block's extra kernels; all of the rank's experts' weights are read.
 The step is the pipeline's (1F1B, Narayanan et al. 2021): (m + p - 1) micro-batch slots for m micro-batches
-(bubble (p-1) / (m+p-1)), each slot also sending the b*s*h activations forward and their gradients back
+(bubble (p-1) / (m+p-1)), each as long as the busiest stage's micro-batch (the output layer on the last:
+pretrain.plan.pipeline_time) and also sending the b*s*h activations forward and their gradients back
 (point-to-point), then the data-parallel communication left exposed, then the optimizer:
   DDP      all-reduce of the gradients, 2 (d-1)/d x gradient bytes, overlapped with the last micro-batch's
            backward (2/3 of its compute) except the last 25 MB bucket (DDP's bucket_cap_mb).
