@@ -9,6 +9,8 @@ experts of H_e 32, top-2, per-head QK-norm.
     active = 173,952 - 6/8 x 49,152 = 137,088
 """
 
+import pytest
+
 from pretrain.config import load_config
 from pretrain.plan import count_params, make_plan, param_shapes, plan_with_explain
 
@@ -131,8 +133,9 @@ def test_step_time_adds_the_all_to_all_and_the_busiest_rank():
     config = load_config(overrides=["model.preset=qwen3-30b-a3b", *base, "parallel.expert=8"])
     step = make_plan(config)["step_time"]
     intra, _, _ = links(config)
-    # 48 MoE layers x 4 all-to-alls (dispatch, combine; forward, backward) x load 1.72 x 7/8 of b*s*k*h bf16
-    assert step["all_to_all_s"] == 48 * 4 * 1.72 * 7 / 8 * (2 * 4096 * 8 * 2048) / (intra * 1e9)
+    # 48 MoE layers x 4 all-to-alls (dispatch, combine; forward, backward) x load 1.72 x 7/8 of b*s*k*h bf16: the
+    # 8 ranks of the group share a node, so every row crosses NVLink
+    assert step["all_to_all_s"] == pytest.approx(48 * 4 * 1.72 * 7 / 8 * (2 * 4096 * 8 * 2048) / (intra * 1e9))
     # the busiest rank runs 0.72 x its routed experts' FLOPs more: 6 x 48 layers x k 8 x 3 x 2048 x 768 a token
     assert step["expert_imbalance_s"] == 0.72 * (6 * 48 * 8 * 3 * 2048 * 768) * 4096 / (
         step["achievable_tflops"] * 1e12
@@ -172,3 +175,41 @@ def test_the_checkpoint_holds_every_expert_whatever_the_expert_parallelism():
     one, ep = (_plan("parallel.gpus=4", f"parallel.expert={e}")["checkpoint_bytes"] for e in (1, 4))
     tensors = len(param_shapes(load_config(overrides=["model.preset=moe-debug"]).model))
     assert one == ep == 12 * TOTAL + 4 * tensors  # fp32 weights, m and v of every parameter; a step count a tensor
+
+
+def test_moe_mfu_is_stated_in_every_convention_in_the_plan_and_plan_vs_run():
+    from pretrain.plan.table import render
+    from pretrain.train.plan_check import compare
+
+    config = load_config(overrides=["model.preset=qwen3-30b-a3b", "parallel.gpus=8", "hardware.gpu=h100-sxm"])
+    p = make_plan(config)
+    st, conventions = p["step_time"], p["flops"]["moe"]
+    # the same tokens/s times each convention's FLOPs per token: ours (flops.convention) is `mfu` itself
+    for key, flops_per_token in conventions.items():
+        if key.startswith("per_token"):
+            assert st["moe_mfu"][key] == pytest.approx(st["mfu"] * flops_per_token / p["flops"]["per_token"])
+    assert st["moe_mfu"]["per_token_full_attention"] == pytest.approx(st["mfu"])
+    assert "MoE MFU" in render(config, p)
+    states = {k: p["model_states"][k] for k in ("parameters", "gradients", "optimizer_states")}
+    rows = {r["name"]: r for r in compare(p, states, None, None, 1000.0, 0.05, st["mfu"], "cuda:0")["rows"]}
+    six_n = conventions["per_token_6n_active"] / p["flops"]["per_token"]
+    assert rows["mfu_6n_active"]["measured"] == pytest.approx(0.05 * six_n)
+    assert rows["mfu_6n_active"]["planned"] == pytest.approx(st["moe_mfu"]["per_token_6n_active"])
+    assert rows["mfu_causal_attention"]["measured"] < 0.05  # fewer FLOPs counted for the same speed
+    dense = make_plan(load_config(overrides=["model.preset=llama3-8b"]))
+    assert "moe_mfu" not in dense["step_time"]
+
+
+def test_moe_advice_and_length_go_by_active_parameters():
+    # DeepSeek-V3's published peak lr, 2.2e-4, at 671B total is 37.6B active: within 3x of the published lr for
+    # that size, so no lr line; the default length is Chinchilla's 20 tokens per active parameter.
+    from support import ROOT
+
+    deepseek = [f"model.hf_config={ROOT / 'tests/plan/published_cfg/deepseek-v3'}", "train.seq_len=4096"]
+    p = plan_with_explain(load_config(overrides=[*deepseek, "train.lr=2.2e-4", "train.tokens=14.8e12"]))[0]
+    assert not [line for line in p["advice"] if line.startswith("lr:")]  # 3.7x above 671B's 6e-5 it was
+    tokens = [line for line in p["advice"] if line.startswith("tokens:")]
+    assert tokens and "394 tokens per active parameter" in tokens[0] and "(8 of 256 experts" in tokens[0]
+    assert p["tokens"]["per_parameter"] == pytest.approx(14.8e12 / p["params"]["active"])
+    default = make_plan(load_config(overrides=["model.preset=qwen3-30b-a3b"]))
+    assert default["tokens"]["total"] == 20 * default["params"]["active"]

@@ -3,7 +3,7 @@ tables show."""
 
 import pytest
 
-from pretrain.config import load_config
+from pretrain.config import load_config, replaced
 from pretrain.plan import make_plan, plan_with_explain
 
 H100_8B = ["model.preset=llama3-8b", "hardware.gpu=h100-sxm", "train.seq_len=8192"]
@@ -50,7 +50,28 @@ def test_tensor_parallel_collectives_and_the_pipeline_bubble():
     assert full["tensor_parallel_s"] == pytest.approx(tp["tensor_parallel_s"] * 6 / 4)  # forward redone
     pipe = step(*H100_8B, "parallel.gpus=8", "parallel.pipeline=4", "train.grad_accum_steps=4")
     assert pipe["pipeline_bubble"] == pytest.approx(3 / 7)  # (p-1) / (m+p-1), 1F1B
-    assert pipe["forward_backward_s"] == pytest.approx(7 * (pipe["micro_batch_s"] + pipe["pipeline_p2p_s"]))
+    slot = pipe["micro_batch_s"] * pipe["pipeline_busiest_stage"] + pipe["pipeline_p2p_s"]
+    assert pipe["forward_backward_s"] == pytest.approx(7 * slot)
+
+
+def test_the_busiest_pipeline_stage_sets_the_pace():
+    # Llama-3-8B on 4 stages: 8 of the 32 blocks each, and the last also runs the output layer, 6 V H FLOPs a
+    # token (V 128,256, H 4,096) at the large-GEMM rate: that stage's micro-batch over the average stage's
+    # (micro_batch_s: all blocks and the output layer over 4). Balanced (Megatron's
+    # account_for_embedding/loss_in_pipeline_split), the embedding and the output layer take a block's place:
+    # 34 places over 4 stages are 8, 8, 9, 9 (the later stages one more), so 7, 8, 9 and 8 blocks + the output.
+    c = load_config(overrides=[*H100_8B, "parallel.gpus=8", "parallel.pipeline=4", "train.grad_accum_steps=4"])
+    st = make_plan(c)["step_time"]
+    output_s = 6 * 128_256 * 4096 * 8192 / (st["achievable_tflops"] * 1e12)
+    block_s = (4 * st["micro_batch_s"] - output_s) / 32
+    assert st["pipeline_busiest_stage"] == pytest.approx((8 * block_s + output_s) / st["micro_batch_s"])
+    balanced = make_plan(replaced(c, {"parallel.pipeline_split": "balanced"}))["step_time"]
+    # the last stage stays the busiest: 8 blocks + the output layer, more than the third stage's 9 blocks
+    assert balanced["pipeline_busiest_stage"] == pytest.approx(st["pipeline_busiest_stage"])
+    moe = ["model.preset=qwen3-235b-a22b", "hardware.gpu=h100-sxm", "parallel.gpus=256", "parallel.pipeline=8"]
+    even = make_plan(load_config(overrides=moe))["step_time"]["pipeline_busiest_stage"]
+    split = make_plan(load_config(overrides=[*moe, "parallel.pipeline_split=balanced"]))["step_time"]
+    assert split["pipeline_busiest_stage"] < even  # 94 blocks: 12 + the output, or 11 + the output
 
 
 def test_data_parallel_volumes_and_links():
@@ -193,7 +214,8 @@ def test_interleaved_1f1b_shrinks_the_bubble_for_more_point_to_point():
     inter = step(*H100_8B, *pipe, "parallel.pipeline_schedule=interleaved_1f1b")
     assert inter["pipeline_bubble"] == pytest.approx(3 / 11)
     assert inter["pipeline_p2p_s"] == pytest.approx(2 * plain["pipeline_p2p_s"])
-    assert inter["forward_backward_s"] == pytest.approx(5.5 * (inter["micro_batch_s"] + inter["pipeline_p2p_s"]))
+    slot = inter["micro_batch_s"] * inter["pipeline_busiest_stage"] + inter["pipeline_p2p_s"]
+    assert inter["forward_backward_s"] == pytest.approx(5.5 * slot)
     assert inter["seconds"] < plain["seconds"]
 
 

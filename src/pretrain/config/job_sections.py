@@ -136,6 +136,22 @@ class ParallelConfig:
         "data-parallel ranks, tokens exchanged by all-to-all; it divides model.num_experts and the "
         "data-parallel degree (docs/moe.md)",
     )
+    expert_dispatch: str = doc(
+        "all_to_all",
+        "MoE with parallel.expert > 1: how tokens reach their experts' ranks, as the step time prices it "
+        "(docs/moe.md: Dispatch). all_to_all: one NCCL all-to-all of every (token, expert) row (what "
+        "`pretrain train`, torchtitan and Megatron's alltoall dispatcher run) | deepep / hybridep: a token "
+        "sent once per node and once per rank, forwarded over NVLink inside the node (DeepEP, NVIDIA's "
+        "HybridEP: Megatron's flex dispatcher)",
+        ("all_to_all", "deepep", "hybridep"),
+        trains=("all_to_all",),
+    )
+    expert_dispatch_overlap: bool = doc(
+        False,
+        "MoE with parallel.expert > 1: each micro-batch's token exchanges run behind another micro-batch's "
+        "compute (Megatron's --overlap-moe-expert-parallel-comm, as DeepSeek-V3's DualPipe), planned only",
+        trains=(False,),
+    )
     zero_stage: int = doc(
         0, "0 (DDP) | 1 (optimizer states sharded) | 2 (+ gradients) | 3 (+ weights, FSDP2)", (0, 1, 2, 3)
     )
@@ -160,6 +176,16 @@ class ParallelConfig:
         "after every micro-batch: gradients stay sharded) | step (only after the last micro-batch: "
         "less communication, unsharded fp32 gradients held in between)",
         ("micro_batch", "step"),
+    )
+    pipeline_split: str = doc(
+        "even",
+        "how the blocks split over pipeline stages, for the step time: even (as `pretrain train` splits "
+        "them: the output layer on the last stage besides its share of blocks) | balanced (the input "
+        "embedding and the output layer each counted as a block: Megatron's "
+        "account_for_embedding/loss_in_pipeline_split, Llama 3's one block fewer on the first and last "
+        "stages), planned only",
+        ("even", "balanced"),
+        trains=("even",),
     )
     pipeline_schedule: str = doc(
         "1f1b",

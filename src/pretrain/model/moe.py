@@ -67,8 +67,10 @@ def moe_width(cfg) -> int:
 
 
 def _swiglu(h):
+    # The halves are strided views of the gate|up rows; elementwise kernels on a CPU run a strided view several
+    # times slower than a contiguous copy (benchmarks/moe_step.py --layer: silu and its backward), so copy first.
     gate, up = h.chunk(2, dim=-1)
-    return F.silu(gate) * up
+    return F.silu(gate.contiguous()) * up.contiguous()
 
 
 class MoE(nn.Module):

@@ -67,7 +67,7 @@ def plan_with_explain(config: ResolvedConfig, advice: bool = True) -> tuple[dict
     counts = count_params(c.model)
     _explain_params(c.model, counts, ex)
 
-    length = training_length(c, counts.total, ex)
+    length = training_length(c, counts.active, ex)
     fl = flops(c, counts, length["tokens"], ex)
     if c.train.precision == "fp8":
         fl["convention"] += FP8_CONVENTION
@@ -84,7 +84,7 @@ def plan_with_explain(config: ResolvedConfig, advice: bool = True) -> tuple[dict
         "model": {k: v for k, v in vars(c.model).items()},
         "params": counts.as_dict(),
         "flops": fl,
-        "tokens": _tokens(length, counts.total),
+        "tokens": _tokens(length, counts.active),
         "storage_bytes": storage,
         "checkpoint_bytes": ckpt,
         "steps": _steps(length),

@@ -18,6 +18,9 @@ Every rule, its threshold and its source is listed in docs/advice.md ("Planner a
              speed (small GEMMs: plan/fp8.py)
 Rules that describe large-scale practice (tokens, batch, lr, warm-up, bandwidth) are silent for models under
 50M parameters (100M for the batch): demo and debug models are small and short on purpose.
+A Mixture-of-Experts model is sized by its active parameters in the tokens, batch and lr rules (a token runs k of
+its E routed experts: its compute per token, and the dense model it trains like, are those; DeepSeek-V3's 2.2e-4 at
+671B total is a 37B model's rate), and each such line says so.
 """
 
 from __future__ import annotations
@@ -106,11 +109,22 @@ def advise(config: ResolvedConfig, plan: dict[str, Any]) -> list[str]:
 # --- the rules -----------------------------------------------------------------------------------------
 
 
+def _sized(c: ResolvedConfig, p: dict[str, Any]) -> tuple[int, str]:
+    """The parameters the size rules go by, and how a line names them: a dense model's all; an MoE's active ones."""
+    pa, m = p["params"], c.model
+    if not m.num_experts:
+        return pa["total"], "params"
+    return pa[
+        "active"
+    ], f"active params ({m.experts_per_token} of {m.num_experts} experts a token; {human(pa['total'])} in all)"
+
+
 def _tokens(c: ResolvedConfig, p: dict[str, Any]) -> list[str]:
-    n, tokens = p["params"]["total"], p["tokens"]["total"]
+    (n, which), tokens = _sized(c, p), p["tokens"]["total"]
     if n < SMALL_MODEL:
         return []
     per_param = tokens / n
+    per = "active parameter" if c.model.num_experts else "parameter"
     low, high = TOKENS_PER_PARAM_RANGE
     if low <= per_param <= high:
         return []
@@ -119,17 +133,18 @@ def _tokens(c: ResolvedConfig, p: dict[str, Any]) -> list[str]:
     n_opt = math.sqrt(compute / (6 * CHINCHILLA_TOKENS_PER_PARAM))
     d_opt = CHINCHILLA_TOKENS_PER_PARAM * n_opt
     better = (
-        f"for this compute (6ND = {compute:.3g} FLOPs) a model of ~{human(n_opt)} params on "
-        f"~{human(d_opt)} tokens would reach a lower loss"
+        f"for this compute (6ND = {compute:.3g} FLOPs{f', N the {which}' if c.model.num_experts else ''}) a model "
+        f"of ~{human(n_opt)} {'active ' if c.model.num_experts else ''}params on ~{human(d_opt)} tokens would reach "
+        "a lower loss"
     )
     if per_param < low:
         return [
-            f"tokens: {per_param:.3g} tokens per parameter: {_times(CHINCHILLA_TOKENS_PER_PARAM / per_param)} "
+            f"tokens: {per_param:.3g} tokens per {per}: {_times(CHINCHILLA_TOKENS_PER_PARAM / per_param)} "
             f"below the compute-optimal ~{CHINCHILLA_TOKENS_PER_PARAM} (Chinchilla, Hoffmann et al. 2022): "
             f"under-trained; {better}, or train on ~{human(CHINCHILLA_TOKENS_PER_PARAM * n)} tokens"
         ]
     return [
-        f"tokens: {per_param:.3g} tokens per parameter: {_times(per_param / CHINCHILLA_TOKENS_PER_PARAM)} above "
+        f"tokens: {per_param:.3g} tokens per {per}: {_times(per_param / CHINCHILLA_TOKENS_PER_PARAM)} above "
         f"the compute-optimal ~{CHINCHILLA_TOKENS_PER_PARAM} (Chinchilla, Hoffmann et al. 2022); {better}. "
         "Fine if intended: a smaller model trained longer (as LLaMA did) is cheaper to serve"
     ]
@@ -153,7 +168,7 @@ def _epochs(c: ResolvedConfig, p: dict[str, Any]) -> list[str]:
 
 
 def _batch(c: ResolvedConfig, p: dict[str, Any]) -> list[str]:
-    n = p["params"]["total"]
+    n, which = _sized(c, p)
     if n < BATCH_RULE_MIN_PARAMS:
         return []
     t, st = c.train, p["steps"]
@@ -163,7 +178,7 @@ def _batch(c: ResolvedConfig, p: dict[str, Any]) -> list[str]:
         f"micro-batch {t.micro_batch_size} x seq {t.seq_len} x grad accum {t.grad_accum_steps} x data "
         f"parallel {p['parallel']['data']}"
     )
-    gpt3 = f"the ~{human(ref)} GPT-3 used at {human(n)} params (Brown et al. 2020; LLaMA and Qwen: 4M)"
+    gpt3 = f"the ~{human(ref)} GPT-3 used at {human(n)} {which} (Brown et al. 2020; LLaMA and Qwen: 4M)"
     out: list[str] = []
     ref = round(ref)  # whole tokens: 2**22 is exactly 8x GPT-3's 2**19, not a rounding error above it
     if per_step < ref * BATCH_RANGE[0]:
@@ -200,7 +215,7 @@ def _batch(c: ResolvedConfig, p: dict[str, Any]) -> list[str]:
 
 
 def _lr(c: ResolvedConfig, p: dict[str, Any]) -> list[str]:
-    n, lr = p["params"]["total"], c.train.lr
+    (n, which), lr = _sized(c, p), c.train.lr
     if n < SMALL_MODEL:
         return []
     ref = loglog(LR_REFERENCE, n)
@@ -209,7 +224,7 @@ def _lr(c: ResolvedConfig, p: dict[str, Any]) -> list[str]:
     how = f"{_times(lr / ref)} above" if lr > ref else f"{_times(ref / lr)} below"
     risk = "loss spikes and divergence" if lr > ref else "slow progress for the same tokens"
     return [
-        f"lr: peak train.lr={lr:.2g} is {how} the ~{ref:.1e} published for {human(n)} params (GPT-3 table "
+        f"lr: peak train.lr={lr:.2g} is {how} the ~{ref:.1e} published for {human(n)} {which} (GPT-3 table "
         f"2.1, LLaMA table 2, log-log interpolated; within 3x: {ref / LR_RANGE:.1e} to {ref * LR_RANGE:.1e}): "
         f"{risk}"
     ]

@@ -62,14 +62,14 @@ def refuse_outside(cfg: ResolvedConfig, seconds: float, low: float, high: float,
 
 
 def flops_per_gpu_second(c: ResolvedConfig, peak: float) -> tuple[float, float, str]:
-    """(6N FLOPs one GPU-second buys for config `c`, the utilisation behind it, its basis): 6 x parameters x the
+    """(6N FLOPs one GPU-second buys for config `c`, the utilisation behind it, its basis): 6 x active parameters x the
     tokens a GPU trains per second in the plan's time of `c` (the step-time model, or hardware.mfu / hfu)."""
     counts = count_params(c.model)
     fl = flops(c, counts, 1, Explain())
     model_pt, hardware_pt, _ = basis(c, fl)
     step = cast(dict[str, Any], step_time(c, counts, fl, peak))  # a dict: there is a peak
     per_gpu, util, what = tokens_per_gpu_second(c, model_pt, hardware_pt, peak, step)
-    return 6 * counts.total * per_gpu, util, what
+    return 6 * counts.active * per_gpu, util, what
 
 
 def converted_at(low: float, high: float, what: str) -> str:

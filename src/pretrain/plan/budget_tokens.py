@@ -32,8 +32,8 @@ def buy_tokens(
     time (pretrain.plan.length.tokens_per_gpu_second: the step-time model, or hardware.mfu / hfu when given)."""
     counts = count_params(cfg.model)
     per_second, util, what = flops_per_gpu_second(cfg, peak)
-    token_seconds = 6 * counts.total / per_second  # GPU-seconds per token
-    step = training_length(cfg, counts.total)["tokens_per_step"]
+    token_seconds = 6 * counts.active / per_second  # GPU-seconds per token
+    step = training_length(cfg, counts.active)["tokens_per_step"]
     step_seconds = step * token_seconds  # GPU-seconds of one (full) optimizer step
     steps = int(seconds / step_seconds)
     tokens = tokens_for_steps(steps, **ramp_args(cfg))  # a batch ramp's first steps are smaller
@@ -47,7 +47,7 @@ def buy_tokens(
         + ("less than one optimizer step" if steps < 1 else "more than train.tokens holds"),
         converted_at(util, util, what),
     )
-    n = counts.total
+    n = counts.active  # an MoE token runs its active parameters: the scaling law's N
     compute = seconds * per_second
     n_3 = approach_3_optimum(6 * n * tokens)
     best = chinchilla_loss(n_3, tokens * n / n_3)

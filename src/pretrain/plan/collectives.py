@@ -117,6 +117,25 @@ def _data_parallel_link(c: ResolvedConfig, dp: int) -> tuple[float, str, str]:
     return min(intra, k * inter), f"network, {k} NICs per node", link_how
 
 
+def _expert_data_parallel(c: ResolvedConfig, counts: ParamCounts, dp: int) -> tuple[float, int, float]:
+    """(the routed experts' share of a rank's parameters, the ranks that hold the same experts, their link).
+    Those ranks are dp x t / ep of the stage's (expert tensor parallelism 1: Megatron's and torchtitan's
+    expert-data-parallel group), one in every ep consecutive ranks: only gpus_per_node / ep of them share a node,
+    so an expert group as wide as a node leaves one rank of theirs per node, one NIC each (Megatron-Bridge's
+    gpt-oss-120b at ep 8 on 64 B200s syncs its experts' gradients over 8 NICs, one per node)."""
+    par = c.parallel
+    ep = par.expert
+    if ep == 1 or not counts.routed_experts:
+        return 0.0, dp, 0.0
+    share = (counts.routed_experts // ep) / rank_params(c, counts)
+    edp = max(1, dp * par.tensor // ep)
+    intra, inter, _ = links(c)
+    per_node = max(1, par.gpus_per_node // ep)  # the group's ranks in one node
+    if edp <= per_node:
+        return share, edp, intra
+    return share, edp, min(intra, per_node * inter)
+
+
 class Sync:
     """One data-parallel group's collectives: the bytes of a rank's gradients and parameters, and the ring
     time of a reduce-scatter or all-gather of them (an all-reduce is both)."""
@@ -126,9 +145,16 @@ class Sync:
         params = rank_params(c, counts) / (c.parallel.tensor * c.parallel.pipeline)  # a stage's share, even
         grad_b, _ = bytes_per_value(c.train)
         self.grad_bytes, self.param_bytes = grad_b * params, COMPUTE_BYTES[c.train.precision] * params
+        self.expert_share, self.edp, self.edp_link = _expert_data_parallel(c, counts, dp)
 
     def time(self, nbytes: float, factor: float = 1) -> float:
-        return ring(nbytes, self.dp, self.link, factor)
+        """A ring over the group; with expert parallelism the routed experts' share over their own group."""
+        if not self.expert_share:
+            return ring(nbytes, self.dp, self.link, factor)
+        share = self.expert_share
+        return ring(nbytes * (1 - share), self.dp, self.link, factor) + ring(
+            nbytes * share, self.edp, self.edp_link, factor
+        )
 
     def last_bucket(self, nbytes: float, factor: float = 1) -> float:
         return self.time(min(DDP_BUCKET_BYTES, nbytes), factor)

@@ -10,6 +10,8 @@ The search, with the global batch (sequences per optimizer step) held fixed:
   expert ep   MoE only: divides the experts and d (the experts split over ep data-parallel ranks);
   offload     optimizer (any stage), optimizer+params (ZeRO-3): searched only when nothing fits without it,
               as crossing PCIe every step is always slower than a layout that fits on the GPUs.
+  planned-only values of parallel.* (a DeepEP dispatcher, an overlapped dispatch, a balanced stage split) are
+              set back to what the trainer runs in every candidate.
 Trained: every layout passes the trainer's own check (config/trainable.py: check_trainable, what `pretrain
 train` refuses with) before it is planned; a refused one is a rejected row with the trainer's reason, so every
 candidate is one `pretrain train` runs (offload, ZeRO 2/3 per pipeline stage and a pipeline of tied embeddings
@@ -30,6 +32,7 @@ MOST_EXPERT_DEGREES expert-parallel degrees (`expert_degrees`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from typing import TYPE_CHECKING, Any, cast
@@ -183,6 +186,7 @@ def _search(
         "parallel.pipeline": split["pipeline"],
         "parallel.sequence_parallel": split["tensor"] > 1,
         "parallel.offload": offload,
+        **_as_trained(config),
     }
     if "expert" in split:  # MoE: the expert-parallel degree is searched with the split
         shared["parallel.expert"] = split["expert"]
@@ -230,6 +234,17 @@ def _search(
                 out.append((step["seconds"], overrides, step))
         if not out:
             break  # the strongest stage the trainer runs does not fit with full recomputation: no lower stage does
+    return out
+
+
+def _as_trained(config: ResolvedConfig) -> dict[str, Any]:
+    """The planned-only parallel.* values (a dispatcher, an overlap, a stage split the trainer does not run) set
+    back to what `pretrain train` runs, so that every candidate is one it runs; offload is searched instead."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(config.parallel):
+        trains = f.metadata["trains"]
+        if trains is not None and f.name != "offload" and getattr(config.parallel, f.name) not in trains:
+            out[f"parallel.{f.name}"] = trains[0]
     return out
 
 
@@ -330,12 +345,14 @@ def dominant_cost(step: dict[str, Any], best: dict[str, Any]) -> str:
 
 
 def _costs(step: dict[str, Any]) -> dict[str, Any]:
-    slots = step["forward_backward_s"] / (step["micro_batch_s"] + step["pipeline_p2p_s"])
+    busiest = step.get("pipeline_busiest_stage", 1.0)
+    slots = step["forward_backward_s"] / (step["micro_batch_s"] * busiest + step["pipeline_p2p_s"])
     compute = step["matmul_s"] + step["attention_s"]
     return {
         "TP all-reduce dominates": step["tensor_parallel_s"] * slots,
-        "expert all-to-all": step.get("all_to_all_s", 0.0) * slots,
+        "expert all-to-all": step.get("dispatch_exposed_s", 0.0) * slots,
         "pipeline bubble": step["pipeline_bubble"] * step["forward_backward_s"],
+        "busiest pipeline stage (the output layer's)": (busiest - 1) * step["micro_batch_s"] * slots,
         "pipeline point-to-point": step["pipeline_p2p_s"] * slots,
         "data-parallel communication": step["data_parallel_exposed_s"],
         "optimizer step (offload)": step["optimizer_s"],

@@ -25,12 +25,15 @@ if TYPE_CHECKING:
     from ..config.schema import ResolvedTrainConfig
 
 CHINCHILLA_TOKENS_PER_PARAM = 20
-# The step-time model's own error, measured: predicted / measured tokens/s per GPU on the 41 published runs of
-# tests/plan/published_runs.yaml (the shared golden set's 25 and our 16), 10th and 90th percentile
-# (benchmarks/published_runs.py, statistics.quantiles, 2026-11-26; geometric mean 0.97). A ratio r means the run
+# The step-time model's own error, measured: predicted / measured tokens/s per GPU on the 41 dense published runs
+# of tests/plan/published_runs.yaml (the shared golden set's 25 and our 16), 10th and 90th percentile
+# (benchmarks/published_runs.py, statistics.quantiles, 2026-11-28; geometric mean 0.97). A ratio r means the run
 # takes r x the planned time, so the plan's time range is seconds x (low, high). Re-measure when
 # pretrain.plan.step_time changes (tests/plan/test_published_runs.py checks it).
-STEP_TIME_ERROR = (0.8, 1.15)
+STEP_TIME_ERROR = (0.79, 1.13)
+# The same on its 16 Mixture-of-Experts runs (the shared MoE golden set's 9 and our 7; geometric mean 1.03): an
+# MoE plan carries its own, wider error.
+MOE_STEP_TIME_ERROR = (0.71, 1.56)
 
 
 # The token files' id types and the ids each holds; `pretrain prepare --dtype auto` takes the smallest that
@@ -65,14 +68,38 @@ def ramp_args(cfg: ResolvedConfig) -> dict[str, Any]:
     )
 
 
-def training_length(cfg: ResolvedConfig, total_params: int, ex: Explain | None = None) -> dict[str, Any]:
-    """Tokens and optimizer steps of the run: max_steps, else tokens, else examples x epochs, else Chinchilla."""
+def _epochs_length(t: ResolvedTrainConfig, args: dict[str, Any], per_step: int, ex: Explain) -> tuple[int, int]:
+    """(tokens, steps) of train.examples x train.epochs."""
+    assert t.examples  # the caller's branch
+    tokens = t.examples * t.epochs * t.seq_len
+    if t.batch_ramp_tokens:  # ramped steps are smaller: count them as the trainer runs them, by tokens
+        steps = steps_for_tokens(tokens, **args)
+        ex.add("steps", "total", steps, _steps_formula(tokens, per_step, t))
+    else:
+        # The Hugging Face Trainer's count: batches per rank per epoch, then whole accumulation groups.
+        batches = -(-t.examples // (t.micro_batch_size * args["data_parallel"]))
+        steps = t.epochs * max(1, batches // t.grad_accum_steps)
+        ex.add(
+            "steps",
+            "total",
+            steps,
+            f"epochs {t.epochs} x floor(ceil(examples {t.examples:,} / (micro-batch "
+            f"{t.micro_batch_size} x data parallel {args['data_parallel']})) / grad accum {t.grad_accum_steps})",
+        )
+    ex.add("tokens", "total", tokens, f"examples {t.examples:,} x epochs {t.epochs} x seq {t.seq_len}")
+    return tokens, steps
+
+
+def training_length(cfg: ResolvedConfig, params: int, ex: Explain | None = None) -> dict[str, Any]:
+    """Tokens and optimizer steps of the run: max_steps, else tokens, else examples x epochs, else Chinchilla's 20
+    tokens per parameter. params: the active parameters (all of a dense model's; an MoE token runs k of its E
+    routed experts, and its compute per token, which Chinchilla trades against tokens, is theirs)."""
     ex = ex or Explain()
     t = cfg.train
     args = ramp_args(cfg)
     per_step = args["seq_len"] * args["micro_batch_size"] * args["data_parallel"] * args["grad_accum_steps"]
     examples_per_step = per_step // t.seq_len
-    chinchilla = CHINCHILLA_TOKENS_PER_PARAM * total_params
+    chinchilla = CHINCHILLA_TOKENS_PER_PARAM * params
     ex.add(
         "tokens",
         "tokens_per_step",
@@ -92,27 +119,18 @@ def training_length(cfg: ResolvedConfig, total_params: int, ex: Explain | None =
         ex.add("tokens", "total", tokens, "train.tokens")
         ex.add("steps", "total", steps, _steps_formula(tokens, per_step, t))
     elif t.examples:
-        tokens = t.examples * t.epochs * t.seq_len
+        tokens, steps = _epochs_length(t, args, per_step, ex)
         data = t.examples * t.seq_len  # every epoch re-reads the same windows
-        if t.batch_ramp_tokens:  # ramped steps are smaller: count them as the trainer runs them, by tokens
-            steps = steps_for_tokens(tokens, **args)
-            ex.add("steps", "total", steps, _steps_formula(tokens, per_step, t))
-        else:
-            # The Hugging Face Trainer's count: batches per rank per epoch, then whole accumulation groups.
-            batches = -(-t.examples // (t.micro_batch_size * args["data_parallel"]))
-            steps = t.epochs * max(1, batches // t.grad_accum_steps)
-            ex.add(
-                "steps",
-                "total",
-                steps,
-                f"epochs {t.epochs} x floor(ceil(examples {t.examples:,} / (micro-batch "
-                f"{t.micro_batch_size} x data parallel {args['data_parallel']})) / grad accum {t.grad_accum_steps})",
-            )
-        ex.add("tokens", "total", tokens, f"examples {t.examples:,} x epochs {t.epochs} x seq {t.seq_len}")
     else:
         tokens = chinchilla
         steps = steps_for_tokens(tokens, **args)
-        ex.add("tokens", "total", tokens, "no length given: Chinchilla's 20 tokens per parameter")
+        ex.add(
+            "tokens",
+            "total",
+            tokens,
+            "no length given: Chinchilla's 20 tokens per "
+            + ("active parameter" if cfg.model.num_experts else "parameter"),
+        )
         ex.add("steps", "total", steps, _steps_formula(tokens, per_step, t))
     warm = warmup_steps(t.warmup, steps)
     ex.add(
@@ -121,7 +139,8 @@ def training_length(cfg: ResolvedConfig, total_params: int, ex: Explain | None =
         warm,
         f"train.warmup {t.warmup}" + (f" x {steps:,} steps" if isinstance(t.warmup, float) else ""),
     )
-    ex.add("tokens", "chinchilla", chinchilla, f"20 x {total_params:,} parameters (Hoffmann et al. 2022)")
+    which = "active parameters" if cfg.model.num_experts else "parameters"
+    ex.add("tokens", "chinchilla", chinchilla, f"20 x {params:,} {which} (Hoffmann et al. 2022)")
     return dict(
         tokens=tokens,
         steps=steps,
@@ -181,7 +200,8 @@ def wall_clock(
     tokens, steps = length["tokens"], length["steps"]
     per_gpu, util, what = tokens_per_gpu_second(cfg, model_pt, hardware_pt, peak_tflops, step)
     if not (hw.hfu or hw.mfu):
-        seconds, low_high = steps * step["seconds"], [steps * step["seconds"] * r for r in STEP_TIME_ERROR]
+        error, name = (MOE_STEP_TIME_ERROR, "MOE_STEP_TIME_ERROR") if cfg.model.num_experts else (STEP_TIME_ERROR, "")
+        seconds, low_high = steps * step["seconds"], [steps * step["seconds"] * r for r in error]
         ex.add(
             "time", "seconds", seconds, f"{steps:,} steps x step_time.seconds {step['seconds']:.4g} (MFU {util:.3g})"
         )
@@ -189,9 +209,8 @@ def wall_clock(
             "time",
             "seconds_range",
             " to ".join(fmt(x) for x in low_high),
-            f"x {STEP_TIME_ERROR[0]} to x "
-            f"{STEP_TIME_ERROR[1]}: the step-time model's predicted / measured tokens/s on published runs, 10th "
-            "to 90th percentile (STEP_TIME_ERROR)",
+            f"x {error[0]} to x {error[1]}: the step-time model's predicted / measured tokens/s on published "
+            f"{'MoE' if name else 'dense'} runs, 10th to 90th percentile ({name or 'STEP_TIME_ERROR'})",
         )
     else:
         flops, kind = (hardware_pt, "hardware") if hw.hfu else (model_pt, "model")

@@ -8,17 +8,43 @@ from typing import TYPE_CHECKING, Any
 from .activation_terms import COMPUTE_BYTES
 from .collectives import links
 from .explain import Explain
-from .stages import bubble_fraction, chunks_per_stage
+from .stages import bubble_fraction, chunks_per_stage, stage_layers
 
 if TYPE_CHECKING:
     from ..config.schema import ResolvedConfig
 
 
-def pipeline_time(c: ResolvedConfig, micro_s: float, ex: Explain) -> dict[str, Any]:
+def busiest_stage(c: ResolvedConfig, micro_s: float, output_s: float) -> float:
+    """The busiest pipeline rank's micro-batch over the average rank's: every micro-batch passes each rank in turn,
+    so the slowest sets the pace of every slot. micro_s: the average rank's seconds (all blocks and the output
+    layer over p); output_s: the output layer's matmul, which runs on the last rank only. With few active
+    parameters per stage (MoE) it is a large share of that rank's work (gpt-oss-120b on 4 stages: 0.58B of the
+    last stage's 1.9B active), though, at one large GEMM's rate, less of its time than of its FLOPs. Blocks split
+    over p x v chunks (rank k holding chunks k, k + p, ... under interleaving) as parallel.pipeline_split says:
+    `even` as the trainer splits them (stages.stage_layers), `balanced` with the embedding and the output layer
+    counted as one block each (Megatron's account_for_embedding/loss_in_pipeline_split; Llama 3's first and last
+    stages one block short, Dubey et al. 2024, section 3.3.2)."""
+    m, pp, v = c.model, c.parallel.pipeline, chunks_per_stage(c.parallel)
+    if pp == 1 or not micro_s:
+        return 1.0
+    block_s = (micro_s * pp - output_s) / m.num_layers
+    balanced = c.parallel.pipeline_split == "balanced"
+    chunks = [len(chunk) for chunk in stage_layers(m.num_layers + (2 if balanced else 0), pp * v)]
+    if balanced:  # the embedding's and the output layer's places are no blocks
+        chunks[0], chunks[-1] = chunks[0] - 1, chunks[-1] - 1
+    work = [0.0] * pp
+    for i, blocks in enumerate(chunks):
+        work[i % pp] += blocks * block_s
+    work[-1] += output_s
+    return max(work) / micro_s
+
+
+def pipeline_time(c: ResolvedConfig, micro_s: float, busiest: float, ex: Explain) -> dict[str, Any]:
     """1F1B: m micro-batches in m + p - 1 slots, each slot also sending activations on and gradients back.
     Interleaved 1F1B with v chunks per stage: m + (p - 1) / v slots, each sending v times (Narayanan et al.
-    2021, section 2.2.2)."""
+    2021, section 2.2.2). A slot lasts the busiest rank's micro-batch: `busiest` x the average's."""
     t, par = c.train, c.parallel
+    micro_s *= busiest
     micro, pp, v = t.grad_accum_steps, par.pipeline, chunks_per_stage(par)
     intra, inter, _ = links(c)
     link = intra if par.gpus <= par.gpus_per_node else inter
@@ -33,7 +59,8 @@ def pipeline_time(c: ResolvedConfig, micro_s: float, ex: Explain) -> dict[str, A
             "forward_backward_s",
             phase_s,
             f"({micro} micro-batches + {pp} stages - 1) x "
-            f"(micro-batch {micro_s:.4g} + point-to-point {p2p_s:.4g}); bubble (p-1)/(m+p-1) = {bubble:.3g}",
+            f"(micro-batch {micro_s:.4g} + point-to-point {p2p_s:.4g}); bubble (p-1)/(m+p-1) = {bubble:.3g}"
+            + (f"; the busiest stage {busiest:.4g} x the average (the output layer)" if busiest != 1 else ""),
         )
     else:
         ex.add(
@@ -42,6 +69,8 @@ def pipeline_time(c: ResolvedConfig, micro_s: float, ex: Explain) -> dict[str, A
             phase_s,
             f"({micro} micro-batches + ({pp} stages - 1) / {v} "
             f"chunks) x (micro-batch {micro_s:.4g} + point-to-point of {v} chunks {p2p_s:.4g}); interleaved "
-            f"bubble (p-1)/(vm+p-1) = {bubble:.3g}",
+            f"bubble (p-1)/(vm+p-1) = {bubble:.3g}"
+            + (f"; the busiest rank {busiest:.4g} x the average (the output layer)" if busiest != 1 else ""),
         )
-    return {"forward_backward_s": phase_s, "pipeline_bubble": bubble, "pipeline_p2p_s": p2p_s}
+    out = {"forward_backward_s": phase_s, "pipeline_bubble": bubble, "pipeline_p2p_s": p2p_s}
+    return {**out, "pipeline_busiest_stage": busiest} if pp > 1 else out

@@ -36,10 +36,14 @@ One micro-batch on one GPU (a tensor rank of a pipeline stage) takes
            same volume (Korthikanti et al. 2022, section 4.2.2). A ring moves 2 (t-1)/t x bytes per GPU. Not
            overlapped with compute, but with parallel.async_tp: each collective in t chunks pipelined with
            its matmul (Wang et al., ASPLOS'23), one chunk exposed.
-  MoE      the expert-parallel all-to-alls and the busiest rank's extra routed tokens (pretrain.plan.
-           expert_parallel); all of the rank's experts' weights are read.
+  MoE      the dispatch as it runs (pretrain.plan.expert_dispatch: each rank's b*s/t tokens, NVLink inside the
+           node and the NIC beyond it, the counts exchange, the dispatcher, what overlaps), the permutation
+           passes, each expert's rows in GEMM tiles, the busiest rank's extra routed tokens (pretrain.plan.
+           expert_parallel), the routed experts' narrow shapes in the operand term (pretrain.plan.gemm_shapes)
+           and the MoE block's extra kernels; all of the rank's experts' weights are read.
 The step is the pipeline's (1F1B, Narayanan et al. 2021): (m + p - 1) micro-batch slots for m micro-batches
-(bubble (p-1) / (m+p-1)), each slot also sending the b*s*h activations forward and their gradients back
+(bubble (p-1) / (m+p-1)), each as long as the busiest stage's micro-batch (the output layer on the last:
+pretrain.plan.pipeline_time) and also sending the b*s*h activations forward and their gradients back
 (point-to-point), then the data-parallel communication left exposed, then the optimizer:
   DDP      all-reduce of the gradients, 2 (d-1)/d x gradient bytes, overlapped with the last micro-batch's
            backward (2/3 of its compute) except the last 25 MB bucket (DDP's bucket_cap_mb).
@@ -87,18 +91,22 @@ from .collectives import (
     links,
     optimizer_time,
 )
-from .expert_parallel import moe_seconds, weight_params
+from .expert_dispatch import dispatch_seconds
+from .expert_parallel import expert_rows, moe_seconds, weight_params
 from .explain import Explain
 from .flops import mfu
+from .gemm_shapes import gemm_intensity
 from .hardware import memory_bandwidth_gbps
 from .kernels import planned_native_gqa
-from .pipeline_time import pipeline_time
+from .moe_activations import routed_load
+from .params import moe_layers
+from .pipeline_time import busiest_stage, pipeline_time
 from .tensor_parallel_time import tensor_parallel_time
 from .traffic import eager_elementwise_traffic, kept_tensor_traffic, weight_reads
 
 if TYPE_CHECKING:
     from ..config.planner_sections import HardwareConfig
-    from ..config.schema import ResolvedConfig, ResolvedModelConfig, ResolvedTrainConfig
+    from ..config.schema import ResolvedConfig, ResolvedTrainConfig
     from ..gpus import GpuSpec
     from .params import ParamCounts
 
@@ -121,10 +129,20 @@ HOPPER_GPUS = ("h100-pcie", "h100-sxm", "h800", "h200")
 # 0.72 to 0.82). The best-shape ratio alone (0.801 / 0.859 = 0.93) left llm-foundry's H100 rows 1.07-1.29x
 # optimistic.
 HOPPER_MATMUL_SHARE = 0.76
+# A B200's best-shape bf16 matmul reaches 77.6% of 2,250 TFLOP/s against an A100's 85.9% of 312 (the same
+# "Maximum Achievable Matmul FLOPS" table, torch 2.7.1+cu128 row): 0.776 / 0.859 of the A100's share. Taken as
+# measured, not fitted (the Hopper share above needed more than its table ratio; no dense B200 run is published
+# here to fit one).
+BLACKWELL_GPUS = ("b200",)
+BLACKWELL_MATMUL_SHARE = 0.776 / 0.859
 TILE_ROWS = 128
 KERNELS_PER_LAYER = 60  # forward: norms, 4-7 matmuls, rotary, attention, activation, adds (~20); backward 2x
 RECOMPUTED_KERNELS = {"none": 0, "selective": 15, "full": 20}  # the forward but 5 kept/skipped ops; all of it
 KERNELS_OUTSIDE = 20  # embedding, final norm, output layer, loss, their backward
+# An MoE feed-forward launches more kernels than the MLP it replaces: router, top-k, sort, counts, gathers,
+# the weighted scatter-add, the balancing losses. Counted on moe-debug (torch.profiler, aten ops that are not
+# views, forward and backward): 74 for the MoE feed-forward against 14 for the dense MLP.
+MOE_KERNELS = 60
 KERNEL_OVERHEAD_S = 10e-6
 
 
@@ -137,7 +155,8 @@ def step_time(
         ex.add("step_time", "seconds", None, "no peak FLOP/s: set hardware.profile or hardware.peak_tflops")
         return None
     out = _micro_batch(c, counts, fl, peak, ex)
-    out.update(pipeline_time(c, out["micro_batch_s"], ex))
+    busiest = busiest_stage(c, out["micro_batch_s"], _output_layer_s(c, counts, out["achievable_tflops"]))
+    out.update(pipeline_time(c, out["micro_batch_s"], busiest, ex))
     out.update(data_parallel_time(c, counts, out, ex))
     out.update(optimizer_time(c, counts, ex))
     seconds = out["forward_backward_s"] + out["data_parallel_exposed_s"] + out["optimizer_s"]
@@ -161,21 +180,9 @@ def step_time(
     )
     if t.precision == "fp8":  # the MFU against both peaks, `mfu` being the bf16 one (plan/fp8.py)
         out.update(fp8.mfu_fields(c, fl, utilisation, model_per_token))
+    if "moe" in fl:  # an MoE run's MFU under each convention in use (flops.moe), all on active parameters but one
+        out["moe_mfu"] = {k: mfu(tokens / seconds, v, par.gpus, peak) for k, v in fl["moe"].items() if "per_token" in k}
     return {"seconds": seconds, "tokens_per_second": tokens / seconds, "mfu": utilisation, **out}
-
-
-def gemm_intensity(m: ResolvedModelConfig, tp: int, a: int) -> float:
-    """FLOPs per byte of a block's token-major GEMMs (x @ W, K -> N per token): 2 K N FLOPs for a (K + N) bytes
-    of activations read and written; the weights, reused over the b*s rows, are left out."""
-    q, kv = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
-    up = 2 * m.intermediate_size if m.family == "llama" else m.intermediate_size  # SwiGLU: gate and up
-    shapes = [
-        (m.hidden_size, (q + 2 * kv) / tp),
-        (q / tp, m.hidden_size),
-        (m.hidden_size, up / tp),
-        (m.intermediate_size / tp, m.hidden_size),
-    ]
-    return sum(2 * k * n for k, n in shapes) / sum(a * (k + n) for k, n in shapes)
 
 
 def _micro_batch(
@@ -194,7 +201,8 @@ def _micro_batch(
     tile = tokens / (TILE_ROWS * math.ceil(tokens / TILE_ROWS)) if on_gpu else 1.0
     attention = fl["attention_per_token"] * (4 / 3 if full else 1)  # full recomputation redoes its forward
     matmul = fl["per_token_hardware"] - attention
-    intensity = gemm_intensity(m, tp, a)
+    rows = expert_rows(c, tokens, routed_load(m, par, c.plan.routing_imbalance)) if m.num_experts else 0
+    intensity = gemm_intensity(m, tp, a, rows)
     hbm = hbm_gbps(c)
     operand_s = matmul * tokens / shard / intensity / (hbm * 1e9) if on_gpu and hbm else 0.0
     matmul_s = matmul * tokens / shard / (rate * 1e12 * tile)
@@ -226,7 +234,12 @@ def _micro_batch(
     intra, inter, link_how = links(c)
     tp_s = tensor_parallel_time(c, layers, tokens, intra, link_how, matmul_s, on_gpu, ex)
     overhead_s = _kernel_overhead(c, layers, ex)
-    moe = moe_seconds(c, tokens, rate, intra, inter, link_how, ex) if m.num_experts else {}
+    moe = {}
+    if m.num_experts:
+        gemm = (rate, tile if on_gpu else None, hbm if on_gpu else 0.0)
+        moe = moe_seconds(c, tokens, gemm, ex)
+        load = moe.pop("load")
+        moe.update(dispatch_seconds(c, tokens, load, (intra, inter, link_how), matmul_s + attention_s, ex))
     terms = {
         "achievable_tflops": rate,
         "matmul_s": matmul_s,
@@ -246,11 +259,11 @@ def _micro_batch_sum(
     """The micro-batch's seconds from its terms: the compute or the weights' reads, whichever is longer, then
     everything that waits beside neither."""
     compute_s = terms["matmul_s"] + terms["attention_s"] + moe.get("expert_imbalance_s", 0.0)
+    compute_s += moe.get("expert_tile_s", 0.0)
     weight_s, operand_s, traffic_s = terms["weight_read_s"], terms["gemm_operand_s"], terms["activation_traffic_s"]
     tp_s, overhead_s = terms["tensor_parallel_s"], terms["kernel_overhead_s"]
-    micro_s = (
-        max(compute_s, weight_s) + operand_s + traffic_s + tp_s + overhead_s + cast_s + moe.get("all_to_all_s", 0.0)
-    )
+    moe_s = moe.get("dispatch_exposed_s", 0.0) + moe.get("permutation_s", 0.0)
+    micro_s = max(compute_s, weight_s) + operand_s + traffic_s + tp_s + overhead_s + cast_s + moe_s
     bound = "compute" if compute_s >= weight_s else "memory"
     ex.add(
         "step_time",
@@ -260,7 +273,7 @@ def _micro_batch_sum(
         f"GEMM operands {operand_s:.4g} + activation traffic {traffic_s:.4g} + TP {tp_s:.4g} "
         f"+ kernel overhead {overhead_s:.4g}"
         + (f" + fp8 casts {cast_s:.4g}" if t.precision == "fp8" else "")
-        + (f" + all-to-all {moe['all_to_all_s']:.4g}" if moe else "")
+        + (f" + dispatch {moe['dispatch_exposed_s']:.4g} + permutation {moe['permutation_s']:.4g}" if moe else "")
         + ": "
         + ("compute-bound" if bound == "compute" else "memory-bound (the weights' reads set the floor)"),
     )
@@ -280,13 +293,25 @@ def _micro_batch_sum(
     return {**out, "fp8_cast_s": cast_s} if t.precision == "fp8" else out
 
 
+def _output_layer_s(c: ResolvedConfig, counts: ParamCounts, rate: float) -> float:
+    """One micro-batch's output-layer matmul, 6 V H FLOPs a token over the tensor ranks, at the large-GEMM rate:
+    what the last pipeline stage runs besides its blocks."""
+    tokens = c.train.micro_batch_size * c.train.seq_len
+    tile = tokens / (TILE_ROWS * math.ceil(tokens / TILE_ROWS)) if gpu_spec(c.hardware.gpu).name != "cpu" else 1.0
+    return 6 * counts.vocab_hidden * tokens / c.parallel.tensor / (rate * 1e12 * tile)
+
+
 def _achievable_tflops(hw: HardwareConfig, spec: GpuSpec, peak: float) -> tuple[float, str]:
     """What the matmuls reach: a profile's measured rate, else the peak x the large-GEMM efficiency."""
     if hw.profile and not hw.peak_tflops:
         return peak, "hardware.profile's measured TFLOP/s"
-    share = HOPPER_MATMUL_SHARE if spec.name in HOPPER_GPUS else 1.0
+    share, why = 1.0, ""
+    if spec.name in HOPPER_GPUS:
+        share, why = HOPPER_MATMUL_SHARE, "Hopper, fitted to published H100 runs"
+    elif spec.name in BLACKWELL_GPUS:
+        share, why = BLACKWELL_MATMUL_SHARE, "Blackwell's best-shape matmul against an A100's"
     return peak * MATMUL_EFFICIENCY * share, f"peak {peak:g} x {MATMUL_EFFICIENCY} (large-GEMM efficiency)" + (
-        f" x {share:.3g} (Hopper, fitted to published H100 runs)" if share != 1 else ""
+        f" x {share:.3g} ({why})" if share != 1 else ""
     )
 
 
@@ -356,12 +381,14 @@ def _kernel_overhead(c: ResolvedConfig, layers: int, ex: Explain) -> float:
     """Seconds of per-kernel overhead of one micro-batch (eager PyTorch's dispatch and launch)."""
     t = c.train
     per_layer = KERNELS_PER_LAYER + RECOMPUTED_KERNELS[t.activation_checkpointing]
-    overhead_s = (layers * per_layer + KERNELS_OUTSIDE) * KERNEL_OVERHEAD_S
+    routed = -(-moe_layers(c.model) // c.parallel.pipeline)  # an MoE block's routing, sorting and exchanges
+    overhead_s = (layers * per_layer + routed * MOE_KERNELS + KERNELS_OUTSIDE) * KERNEL_OVERHEAD_S
     ex.add(
         "step_time",
         "kernel_overhead_s",
         overhead_s,
-        f"({layers} layers x {per_layer} + {KERNELS_OUTSIDE}) "
-        f"kernels x {KERNEL_OVERHEAD_S * 1e6:g} us (eager PyTorch's dispatch and launch)",
+        f"({layers} layers x {per_layer} + {KERNELS_OUTSIDE}"
+        + (f" + {routed} MoE layers x {MOE_KERNELS}" if routed else "")
+        + f") kernels x {KERNEL_OVERHEAD_S * 1e6:g} us (eager PyTorch's dispatch and launch)",
     )
     return overhead_s

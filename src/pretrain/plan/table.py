@@ -62,6 +62,7 @@ def render(config: ResolvedConfig, p: dict[str, Any]) -> str:
 def _size_rows(m: ResolvedModelConfig, p: dict[str, Any]) -> list[tuple[str, str, str]]:
     """(label, value, note) rows of the model's and the data's sizes."""
     pa, tok = p["params"], p["tokens"]
+    active = "active " if "routed_experts" in pa else ""  # an MoE's tokens count per active parameter
     rows = [
         (
             "Parameters",
@@ -83,8 +84,8 @@ def _size_rows(m: ResolvedModelConfig, p: dict[str, Any]) -> list[tuple[str, str
         (
             "Training tokens",
             f"{tok['total']:,}",
-            f"{tok['per_parameter']:.1f} per parameter; "
-            f"Chinchilla-optimal {count(tok['chinchilla'])} (20 per parameter)",
+            f"{tok['per_parameter']:.1f} per {active}parameter; "
+            f"Chinchilla-optimal {count(tok['chinchilla'])} (20 per {active}parameter)",
         )
     )
     rows.append(("Tokens on disk", si_bytes(p["storage_bytes"]), f"{token_dtype(m.vocab_size)} ids"))
@@ -194,7 +195,7 @@ def _wall_clock_rows(p: dict[str, Any]) -> list[tuple[str, str, str]]:
         )
     else:  # hardware.mfu / hfu given
         how = f"{tm['gpu_hours']:,.0f} GPU-hours at {tm['basis'].split(' ')[0]} {tm['utilisation']:g} (given)"
-    return [
+    rows = [
         ("Wall-clock time", duration(tm["seconds"]), f"{how} of {hw['peak_tflops']:g} TFLOP/s{cost}"),
         (
             "Throughput",
@@ -202,6 +203,19 @@ def _wall_clock_rows(p: dict[str, Any]) -> list[tuple[str, str, str]]:
             f"whole job, {tm['tokens_per_second'] / p['parallel']['world']:,.0f} per GPU",
         ),
     ]
+    step: dict[str, Any] = p.get("step_time") or {}
+    moe_mfu: dict[str, Any] | None = step.get("moe_mfu")
+    if moe_mfu and moe_mfu["per_token_causal_attention"] is not None:  # the step-time model's, by convention
+        rows.append(
+            (
+                "  MoE MFU",
+                f"{moe_mfu['per_token_causal_attention']:.3f}",
+                f"6N active + causal attention; full square {moe_mfu['per_token_full_attention']:.3f}; "
+                f"6N active {moe_mfu['per_token_6n_active']:.3f} (on all params {moe_mfu['per_token_6n_total']:.3f}: "
+                "overstated)",
+            )
+        )
+    return rows
 
 
 def _memory_lines(config: ResolvedConfig, p: dict[str, Any]) -> list[str]:

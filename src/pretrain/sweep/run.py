@@ -265,7 +265,7 @@ def load_for_world(config_path: str | Path | dict | None, overrides: list[str]) 
 
 def _check_length(config: ResolvedConfig) -> None:
     """The schedule the Trainer refuses (a warm-up as long as the run, ...): say so now, before any cell runs."""
-    checked_warmup(config.train, training_length(config, count_params(config.model).total)["steps"])
+    checked_warmup(config.train, training_length(config, count_params(config.model).active)["steps"])
 
 
 def _set_peaks(cells: list[Cell]) -> dict:

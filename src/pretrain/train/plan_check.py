@@ -144,6 +144,16 @@ def compare(
         rows.append(
             _row("mfu_mixed_peak", planned_mfu * to_mixed, mfu * to_mixed if mfu is not None else None, "fraction")
         )
+    for key, planned in (st.get("moe_mfu") or {}).items():  # MoE: the same speed under each FLOP convention
+        scale = planned / st["mfu"] if planned is not None and st.get("mfu") else None
+        rows.append(
+            _row(
+                f"mfu_{key.removeprefix('per_token_')}",
+                planned_mfu * scale if scale is not None and planned_mfu is not None else None,
+                mfu * scale if scale is not None and mfu is not None else None,
+                "fraction",
+            )
+        )
     notes = []
     if mfu is not None and mfu > 1:
         hw = p["hardware"]

@@ -111,7 +111,7 @@ class Trainer:
         check_fp8_installed(t.precision)
         self.mixture, self.data = open_data(c, rt, loader)
         self.resume_from, self.resume_changes, self.history_aside = claim_run_dir(self.directory, c, rt, quiet)
-        self.total_steps = training_length(c, count_params(c.model).total)["steps"]
+        self.total_steps = training_length(c, count_params(c.model).active)["steps"]
         # A resume into a run of another length follows the new length's schedule, said in an event.
         saved = read_trainer_state(self.resume_from) if self.resume_from is not None else {"step": 0}
         self.warmup, self.schedule_change = resumed_schedule(t, saved, self.total_steps)
