@@ -145,17 +145,19 @@ def test_fit_searches_the_expert_parallel_degree():
 
     config = load_config(overrides=["model.preset=moe-debug", "parallel.gpus=4", "hardware.gpu=h100-sxm"])
     found, _ = layouts(config)
-    # divisors of gcd(E 8, data parallel): 4 data-parallel ranks take EP 1, 2, 4; 2 (beside TP 2) take 1, 2
+    # divisors of gcd(E 8, data x tensor ranks): the 4 ranks take EP 1, 2, 4 with or without TP 2 (whole
+    # experts: the expert-parallel group may take tensor ranks)
     assert sorted((s["tensor"], s["expert"]) for s in found if s["pipeline"] == 1) == [
         (1, 1),
         (1, 2),
         (1, 4),
         (2, 1),
         (2, 2),
+        (2, 4),
     ]
     result = fit(config, top=3)
     # the trainer runs EP 2 and 4 under DDP and FSDP: weighed (here slower, by their all-to-all), not refused;
-    # under ZeRO-1 the trainer's refusal names parallel.expert
+    # under ZeRO-1 the trainer's refusal names parallel.zero_stage
     ep = [
         r
         for r in result["candidates"] + result["rejected"]
@@ -165,7 +167,11 @@ def test_fit_searches_the_expert_parallel_degree():
     built = [r for r in ep if r["overrides"]["parallel.zero_stage"] != 1]
     assert {r["overrides"]["parallel.zero_stage"] for r in built} == {0, 2, 3}
     assert all("refuses" not in r.get("why", "") for r in built)
-    assert all("parallel.expert" in r["why"] for r in ep if r["overrides"]["parallel.zero_stage"] == 1)
+    assert all(
+        "parallel.zero_stage: Mixture-of-Experts with expert or tensor parallelism" in r["why"]
+        for r in ep
+        if r["overrides"]["parallel.zero_stage"] == 1
+    )
 
 
 def test_the_checkpoint_holds_every_expert_whatever_the_expert_parallelism():
