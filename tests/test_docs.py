@@ -131,18 +131,47 @@ def _what_trains() -> str:
     return "\n".join(lines)
 
 
+WHAT_TRAINS_MOE = ("<!-- what-trains-moe:start -->\n", "\n<!-- what-trains-moe:end -->")
+
+
+def _what_trains_moe() -> str:
+    """docs/parallel.md's MoE table, from the same check, on 8 ranks of moe-debug without QK-norm: tensor,
+    sequence parallelism, pipeline and expert parallelism (the group over data x tensor ranks) by ZeRO stage."""
+    from pretrain.config.trainable import check_trainable
+    from pretrain.errors import ConfigError
+
+    lines = [
+        "| tensor | sequence parallel | pipeline | expert | ZeRO 0 | ZeRO 1 | ZeRO 2 | ZeRO 3 |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    rows = [(1, "no", 1, 1), (1, "no", 1, 8), (2, "yes", 1, 1), (2, "yes", 1, 2), (2, "yes", 1, 8)]
+    for tensor, sp, pipeline, expert in rows + [(2, "no", 1, 2), (1, "no", 2, 1)]:
+        cells = []
+        for zero in range(4):
+            overrides = ["model.preset=moe-debug", "model.qk_norm=false", "parallel.gpus=8"]
+            overrides += [f"parallel.tensor={tensor}", f"parallel.sequence_parallel={sp == 'yes'}"]
+            overrides += [f"parallel.pipeline={pipeline}", f"parallel.expert={expert}", f"parallel.zero_stage={zero}"]
+            try:
+                check_trainable(load_config(overrides=overrides), needs_data=False)
+                cells.append("trains")
+            except ConfigError as e:
+                cells.append(f"refused (`{str(e).split(':')[0]}`)")
+        lines.append(f"| {tensor} | {sp} | {pipeline} | {expert} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def test_the_what_trains_table_is_the_trainers_own_check():
     # A doc that says a layout trains where `pretrain train` refuses it, or the reverse, fails here.
     doc = (ROOT / "docs" / "parallel.md").read_text()
-    start, end = WHAT_TRAINS
-    assert doc[doc.index(start) + len(start) : doc.index(end)] == _what_trains(), (
-        "redo docs/parallel.md's what-trains table from the trainer's check (tests/test_docs.py: _what_trains)"
-    )
+    for (start, end), table in ((WHAT_TRAINS, _what_trains()), (WHAT_TRAINS_MOE, _what_trains_moe())):
+        assert doc[doc.index(start) + len(start) : doc.index(end)] == table, (
+            "redo docs/parallel.md's what-trains tables from the trainer's check (tests/test_docs.py)"
+        )
 
 
 def _documented_train_commands():
     """Every `... -m pretrain train ...` command of docs/*.md with a literal world size, continuation lines
-    joined: (where, world, its parallel.* and train.* overrides and its model.preset)."""
+    joined: (where, world, its parallel.* and train.* overrides, its model.preset and model.qk_norm)."""
     import re
     import shlex
 
@@ -160,7 +189,7 @@ def _documented_train_commands():
             items = [
                 w
                 for w in words[words.index("train") + 1 :]
-                if re.fullmatch(r"(parallel|train)\.\w+=[\w.-]+|model\.preset=[\w.-]+", w)
+                if re.fullmatch(r"(parallel|train)\.\w+=[\w.-]+|model\.(preset|qk_norm)=[\w.-]+", w)
             ]
             yield f"{path.name}: {line.strip()[:60]}", world, items
 

@@ -181,14 +181,17 @@ STAGES = {(1, 1), (2, 1), (4, 1)}  # (tensor, pipeline) without a pipeline
         (["model.tie_embeddings=true"], STAGES),  # the trainer does not synchronise a tied embedding across stages
         (["train.precision=fp16-mixed"], STAGES),  # nor skip an fp16 step on every stage together
         (["model.family=gpt2"], {(1, 1), (1, 2)}),  # tensor parallelism is built for LLaMA
+        # MoE: no pipeline yet; expert parallelism over data x tensor ranks, every recomputation
+        (["model.preset=moe-debug", "model.qk_norm=false"], STAGES),
     ],
-    ids=["llama", "tied", "fp16", "gpt2"],
+    ids=["llama", "tied", "fp16", "gpt2", "moe"],
 )
 def test_every_layout_the_fit_can_emit_is_one_the_trainer_accepts(extra, grid):
     # A tiny model on 8 ranks, every layout the fit weighs (tensor 1/2/4, pipeline 1/2, ZeRO 0-3): whatever
     # `--top`, the fit emits its candidates and, each layout once, the slower ones that fit: every one passes
     # `pretrain train`'s own check, and each row rejected as refused is refused by it, in its words. Without
-    # the check in fit, tied embeddings across stages and ZeRO 2/3 per stage were emitted (and here 41 more).
+    # the check in fit, tied embeddings across stages and ZeRO 2/3 per stage were emitted (and here 41 more);
+    # with it once per ZeRO stage under the user's recomputation, MoE rows of the other recomputations.
     config = load_config(overrides=TINY_8_RANKS + extra)
     result = fit(config)
     emitted = result["candidates"] + [r for r in result["rejected"] if r["why"].startswith("slower")]
@@ -212,8 +215,8 @@ def test_every_llama3_70b_row_on_64_h100s_is_one_the_trainer_accepts():
     assert refusals == {"parallel.zero_stage"}  # FSDP per stage; DDP / ZeRO-1 beside tensor parallelism
     table = render(config, result)
     assert (
-        f"x {REFUSED}; e.g. TP 1 PP 2 ZeRO 3 micro 1 offload none: parallel.zero_stage: FSDP (stages 2 and 3) "
-        "per pipeline stage is not built" in table
+        f"x {REFUSED}; e.g. TP 1 PP 2 ZeRO 3 recompute full micro 1 offload none: parallel.zero_stage: FSDP "
+        "(stages 2 and 3) per pipeline stage is not built" in table
     )
 
 

@@ -18,6 +18,7 @@ torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
 from pretrain.config import load_config  # noqa: E402
+from pretrain.config.job_sections import RECOMPUTE  # noqa: E402
 from pretrain.distributed.optim import build_optimizer  # noqa: E402
 from pretrain.distributed.recompute import apply_activation_checkpointing  # noqa: E402
 from pretrain.model import Documents, build_model  # noqa: E402
@@ -431,11 +432,36 @@ def test_compiled_step_against_the_plan(shape, precision, recompute, masked):
     assert measured == pytest.approx(p["memory_bytes"]["compiled"], rel=0.01 if recompute == "none" else 0.03)
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed"])
-def test_moe_full_recomputation_activations_exact(precision):
-    # moe-debug's dense first block (H' 176) holds more in its recomputation than an MoE block (top-2 of width
-    # 32): the planner counts the larger, which the meter's rerun of block 0 measures.
-    p, _, saved = measure(
-        ["model.preset=moe-debug", f"train.precision={precision}", "train.activation_checkpointing=full"]
-    )
+MOE = {
+    # moe-debug: a dense first block, 8 softmax experts top-2 (norm_topk_prob), no shared expert
+    "moe-dense-first": ["model.preset=moe-debug"],
+    # every block MoE, sigmoid scores without their norm, two shared experts (one SwiGLU twice as wide)
+    "moe-shared-sigmoid": [
+        "model.preset=moe-debug",
+        "model.first_dense_layers=0",
+        "model.router=sigmoid",
+        "model.norm_topk_prob=false",
+        "model.num_shared_experts=2",
+    ],
+}
+
+
+@pytest.mark.parametrize(
+    "shape, precision, recompute", list(itertools.product(MOE, ["fp32", "bf16-mixed", "bf16"], RECOMPUTE))
+)
+def test_moe_activations_exact(shape, precision, recompute):
+    # An MoE block keeps its router's fp32 logits and scores, the choice's ids, each routed pair's order, token
+    # and weight, the experts' inputs, SwiGLU tensors and outputs (pretrain.plan.moe_activations); its weighted
+    # sum keeps only the token ids (index_put_: index_add_ kept a copy of every routed output for its shape).
+    # Selective keeps the top-k choice and remakes the routed part; full keeps the block input. Each kind of
+    # block counted as its own (the dense first block holds less without recomputation, more recomputed than
+    # an MoE one: recomputation holds the larger). The working copies are every block's matmul weights, one
+    # block's with recomputation: the planner's heaviest (the MoE one) where the meter runs the dense block
+    # again, its activations being the larger.
+    p, _, saved = measure(MOE[shape] + [f"train.precision={precision}", f"train.activation_checkpointing={recompute}"])
     assert saved["activations"] == p["memory_bytes"]["activations"]
+    copies = p["model_states"]["working_copies"]
+    if shape == "moe-dense-first" and recompute == "full":
+        assert saved["working_copies"] <= copies
+    else:
+        assert saved["working_copies"] == copies

@@ -11,7 +11,7 @@ experts of H_e 32, top-2, per-head QK-norm.
 
 import pytest
 
-from pretrain.config import load_config
+from pretrain.config import load_config, replaced
 from pretrain.plan import count_params, make_plan, param_shapes, plan_with_explain
 
 TOTAL, ACTIVE, VH = 173_952, 137_088, 512 * 64
@@ -93,9 +93,10 @@ def test_routed_activations_follow_the_imbalance_only_under_expert_parallelism()
     balanced, _ = act("parallel.expert=2", "plan.routing_imbalance=1")
     skewed, moe = act("parallel.expert=2", "plan.routing_imbalance=1.5")
     assert moe["routed_load"] == 1.5
-    # Per routed token, bf16 (2 bytes): its input and output 2 x 2 x h 64, its SwiGLU 4 x 2 x H_e 32; the busiest
-    # rank computes 0.5 x b*s*k = 0.5 x 8 x 256 x 2 more of them in each of the 2 (now MoE) blocks.
-    routed_token = 2 * 2 * 64 + 4 * 2 * 32
+    # Per routed pair it computes, bf16 (2 bytes): its input 2 x h 64, its SwiGLU 4 x 2 x H_e 32, its place in
+    # the owner's re-sort and back 2 x 8 (int64); the busiest rank computes 0.5 x b*s*k = 0.5 x 8 x 256 x 2 more
+    # of them in each of the 2 (now MoE) blocks. Its own pairs' outputs come back whatever the load.
+    routed_token = 2 * 64 + 4 * 2 * 32 + 2 * 8
     assert skewed - balanced == 2 * (8 * 256 * 2 // 2) * routed_token
 
 
@@ -105,7 +106,7 @@ def test_explain_says_at_which_imbalance_the_run_stops_fitting():
     def peak(f):
         return _plan(*base, f"plan.routing_imbalance={f}")["memory_bytes"]["total"]
 
-    memory_gb = (peak(1.2) + peak(1.4)) / 2 / 0.9 / 1e9  # usable: 90 % of the card, between the two
+    memory_gb = (peak(1.2) + 2 * peak(1.4)) / 3 / 0.9 / 1e9  # usable: 90 % of the card, between the two
     p = _plan(*base, f"hardware.memory_gb={memory_gb}")
     limit = p["moe"]["fits_up_to_imbalance"]
     assert 1.2 < limit < 1.4 and p["fits"] is False  # planned at the default 1.72
@@ -148,17 +149,19 @@ def test_fit_searches_the_expert_parallel_degree():
 
     config = load_config(overrides=["model.preset=moe-debug", "parallel.gpus=4", "hardware.gpu=h100-sxm"])
     found, _ = layouts(config)
-    # divisors of gcd(E 8, data parallel): 4 data-parallel ranks take EP 1, 2, 4; 2 (beside TP 2) take 1, 2
+    # divisors of gcd(E 8, data x tensor ranks): the 4 ranks take EP 1, 2, 4 with or without TP 2 (whole
+    # experts: the expert-parallel group may take tensor ranks)
     assert sorted((s["tensor"], s["expert"]) for s in found if s["pipeline"] == 1) == [
         (1, 1),
         (1, 2),
         (1, 4),
         (2, 1),
         (2, 2),
+        (2, 4),
     ]
     result = fit(config, top=3)
     # the trainer runs EP 2 and 4 under DDP and FSDP: weighed (here slower, by their all-to-all), not refused;
-    # under ZeRO-1 the trainer's refusal names parallel.expert
+    # under ZeRO-1 the trainer's refusal names parallel.zero_stage
     ep = [
         r
         for r in result["candidates"] + result["rejected"]
@@ -168,7 +171,11 @@ def test_fit_searches_the_expert_parallel_degree():
     built = [r for r in ep if r["overrides"]["parallel.zero_stage"] != 1]
     assert {r["overrides"]["parallel.zero_stage"] for r in built} == {0, 2, 3}
     assert all("refuses" not in r.get("why", "") for r in built)
-    assert all("parallel.expert" in r["why"] for r in ep if r["overrides"]["parallel.zero_stage"] == 1)
+    assert all(
+        "parallel.zero_stage: Mixture-of-Experts with expert or tensor parallelism" in r["why"]
+        for r in ep
+        if r["overrides"]["parallel.zero_stage"] == 1
+    )
 
 
 def test_the_checkpoint_holds_every_expert_whatever_the_expert_parallelism():
@@ -213,3 +220,26 @@ def test_moe_advice_and_length_go_by_active_parameters():
     assert p["tokens"]["per_parameter"] == pytest.approx(14.8e12 / p["params"]["active"])
     default = make_plan(load_config(overrides=["model.preset=qwen3-30b-a3b"]))
     assert default["tokens"]["total"] == 20 * default["params"]["active"]
+
+
+def test_mixtral_8x7b_fits_64_h100s_its_experts_sharded_on_dim_1():
+    # Mixtral-8x7B's 8 experts under FSDP2 over 64 data ranks: on dim 0 each rank held a whole expert (ceil(8/64)
+    # = 1), 63 GiB of its optimizer states at 64 and at 512 GPUs alike; on dim 1 (torchtitan's placement, what the
+    # trainer runs) the 64 ranks split each expert's rows, and ZeRO-3 at 64 H100s fits (Megatron-Core published
+    # Mixtral-8x7B on 64 H100s: TP 1, PP 4, EP 8). --fit finds layouts there, and the advice a fix on fewer GPUs.
+    from pretrain.plan.fit import fit
+
+    h100 = ["hardware.gpu=h100-sxm", "train.seq_len=4096", "parallel.zero_stage=3"]
+    at = {n: _plan(f"parallel.gpus={n}", *h100, preset="mixtral-8x7b") for n in (64, 512)}
+    assert at[64]["fits"] is True
+    states = {n: p["model_states"]["optimizer_states"] for n, p in at.items()}
+    assert states[64] < 6 * 2**30 and states[512] < states[64] / 7  # 8x the ranks: ~1/8 of the states each
+    config = load_config(overrides=["model.preset=mixtral-8x7b", "parallel.gpus=64", *h100[:2]])
+    assert fit(config, top=3)["candidates"]
+    _, ex = plan_with_explain(replaced(config, {"parallel.zero_stage": 3}), advice=False)
+    why = next(f for s, n, _, f in ex.lines if (s, n) == ("memory", "optimizer"))
+    assert "the routed experts, 8 a rank (expert parallel 1), over the 64 ranks holding the same ones, on dim 1" in why
+    advice = " ".join(
+        make_plan(load_config(overrides=["model.preset=mixtral-8x7b", "parallel.gpus=8", *h100[:2]]))["advice"]
+    )
+    assert "no fix found" not in advice and "parallel.zero_stage=3" in advice

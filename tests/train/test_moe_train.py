@@ -51,10 +51,12 @@ def test_stop_and_resume_is_bitwise_identical_routing_biases_included(prepared, 
     assert all(torch.equal(pa[k], pb[k]) for k in pa)
 
 
-def test_full_recomputation_trains_the_same_losses_and_routing_biases(prepared, uninterrupted, tmp_path):
-    """Each MoE layer runs again in backward; its tokens are counted once: the bias updates are the same."""
+@pytest.mark.parametrize("recompute", ["full", "selective"])
+def test_recomputation_trains_the_same_losses_and_routing_biases(prepared, uninterrupted, tmp_path, recompute):
+    """Each MoE layer runs again in backward (selective: its routed part, the top-k choice kept); its tokens are
+    counted once: the bias updates are the same."""
     run_dir = finished_run(
-        tmp_path / "run", *tiny(prepared, tmp_path / "run", *MOE, "train.activation_checkpointing=full")
+        tmp_path / "run", *tiny(prepared, tmp_path / "run", *MOE, f"train.activation_checkpointing={recompute}")
     )
     assert losses(run_dir) == pytest.approx(losses(uninterrupted), rel=1e-6, abs=0)
     pa, pb = params(uninterrupted), params(run_dir)
@@ -88,9 +90,10 @@ GPT2 = ("model.family=gpt2", "model.num_kv_heads=4", "model.qk_norm=false")
     "overrides, named",
     [
         (GPT2, "LLaMA family"),
-        (("parallel.pipeline=2", "parallel.gpus=2"), "tensor or pipeline"),
-        (("train.activation_checkpointing=selective",), "activation_checkpointing=full"),
-        (("parallel.expert=2", "parallel.gpus=2", "parallel.zero_stage=1"), "parallel.expert"),
+        (("parallel.pipeline=2", "parallel.gpus=2"), "with pipeline parallelism"),
+        (("parallel.tensor=2", "parallel.gpus=2", "model.qk_norm=false"), "parallel.sequence_parallel"),
+        (("parallel.expert=2", "parallel.gpus=2", "parallel.zero_stage=1"), "parallel.zero_stage"),
+        (("parallel.tensor=2", "parallel.gpus=4", "parallel.expert_tensor=2"), "parallel.expert_tensor: 2 is planned"),
         (("model.experts_per_token=9",), "model.experts_per_token"),
     ],
 )

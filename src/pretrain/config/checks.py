@@ -95,18 +95,24 @@ def _retyped(cls: type[_Resolved], section: Any, **derived: Any) -> _Resolved:
 
 def _check_experts(c: Config) -> None:
     """The Mixture-of-Experts keys the planner needs consistent: k of E experts, experts split evenly over the
-    expert-parallel ranks, which are data-parallel ranks, and an imbalance no smaller than perfect balance."""
+    expert-parallel ranks (ParallelConfig.expert_pool), and an imbalance no smaller than perfect balance."""
     m, p = c.model, c.parallel
     _positive("parallel.expert", p.expert)
     if m.num_experts and not 0 < m.experts_per_token <= m.num_experts:
         raise ConfigError(
             f"model.experts_per_token: {m.experts_per_token} must be in 1..model.num_experts {m.num_experts}"
         )
-    if p.expert > 1 and (not m.num_experts or m.num_experts % p.expert or p.data_parallel % p.expert):
+    if p.expert_tensor not in (1, p.tensor):
         raise ConfigError(
-            f"parallel.expert: {p.expert} must divide model.num_experts {m.num_experts} and the "
-            f"data-parallel degree {p.data_parallel} (experts are split over data-parallel ranks); "
-            "pick a common divisor or 1"
+            f"parallel.expert_tensor: {p.expert_tensor} must be 1 (whole experts) or parallel.tensor {p.tensor} "
+            "(each expert split like the dense MLP)"
+        )
+    ranks = p.expert_pool
+    over = "data x tensor ranks" if p.expert_tensor == 1 and p.tensor > 1 else "data-parallel ranks"
+    if p.expert > 1 and (not m.num_experts or m.num_experts % p.expert or ranks % p.expert):
+        raise ConfigError(
+            f"parallel.expert: {p.expert} must divide model.num_experts {m.num_experts} and the {ranks} {over} "
+            "an expert-parallel group is taken from; pick a common divisor or 1"
         )
     if c.plan.routing_imbalance < 1:
         raise ConfigError(

@@ -132,9 +132,17 @@ class ParallelConfig:
     pipeline: int = doc(1, "pipeline-parallel degree (docs/parallel.md)")
     expert: int = doc(
         1,
-        "expert-parallel degree (MoE): the routed experts are split over groups of this many "
-        "data-parallel ranks, tokens exchanged by all-to-all; it divides model.num_experts and the "
-        "data-parallel degree (docs/moe.md)",
+        "expert-parallel degree (MoE): the routed experts are split over groups of this many ranks, "
+        "tokens exchanged by all-to-all; it divides model.num_experts and the data x tensor ranks of a "
+        "pipeline stage (expert_tensor 1: the group may take tensor ranks, Megatron's parallel folding) or "
+        "the data-parallel degree (expert_tensor = tensor) (docs/moe.md)",
+    )
+    expert_tensor: int = doc(
+        1,
+        "expert tensor-parallel degree (MoE): 1 (each routed expert whole on its rank; under tensor "
+        "parallelism the MoE layer runs on each tensor rank's part of the sequence) or parallel.tensor "
+        "(each expert's width split like the dense MLP's; planned, not trained) (docs/moe.md)",
+        trains=(1,),
     )
     expert_dispatch: str = doc(
         "all_to_all",
@@ -198,6 +206,19 @@ class ParallelConfig:
     def data_parallel(self) -> int:
         """Ranks that hold the same model shard and split the batch: gpus / (tensor x pipeline)."""
         return self.gpus // (self.tensor * self.pipeline)
+
+    @property
+    def expert_pool(self) -> int:
+        """The ranks of one pipeline stage that an expert-parallel group is taken from. With whole experts
+        (expert_tensor 1) the MoE layer is data-parallel over data x tensor ranks, each tensor rank routing its
+        part of the sequence, so the group may span both (Megatron-Core's parallel folding, torchtitan's ETP
+        1); with experts split over the tensor ranks (expert_tensor = tensor) it holds data ranks only."""
+        return self.data_parallel * (self.tensor if self.expert_tensor == 1 else 1)
+
+    @property
+    def expert_data_parallel(self) -> int:
+        """The ranks that hold the same experts (the expert-data-parallel group): expert_pool / expert."""
+        return self.expert_pool // self.expert
 
     @property
     def fsdp(self) -> bool:

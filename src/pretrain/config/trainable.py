@@ -91,7 +91,7 @@ def unbuilt_architecture(m: ModelConfig) -> str | None:
 
 def check_moe(config: Config) -> None:
     """What the Mixture-of-Experts layer (model/moe.py) is not built with yet (docs/moe.md)."""
-    m, t, par = config.model, config.train, config.parallel
+    m, par = config.model, config.parallel
     if m.family != "llama":
         raise ConfigError(
             f"model.num_experts: Mixture-of-Experts is built for the LLaMA family, not {m.family}; "
@@ -102,20 +102,20 @@ def check_moe(config: Config) -> None:
             f"model.experts_per_token: {m.experts_per_token} is more than model.num_experts "
             f"{m.num_experts}; route each token to at most num_experts experts"
         )
-    if par.tensor > 1 or par.pipeline > 1:
+    if par.pipeline > 1:
         raise ConfigError(
-            "model.num_experts: Mixture-of-Experts with tensor or pipeline parallelism is not built "
-            "yet; use parallel.tensor=1 parallel.pipeline=1 (data parallel and FSDP work)"
+            "model.num_experts: Mixture-of-Experts with pipeline parallelism is not built yet; use "
+            "parallel.pipeline=1 (data, tensor, expert parallelism and FSDP work)"
         )
-    if par.expert > 1 and par.zero_stage == 1:
+    if par.tensor > 1 and not par.sequence_parallel:
         raise ConfigError(
-            "parallel.expert: expert parallelism is built with DDP and FSDP (parallel.zero_stage 0, 2 "
-            "or 3), not yet with ZeRO-1; use parallel.zero_stage=0 or 3, or parallel.expert=1"
+            "parallel.sequence_parallel: Mixture-of-Experts under tensor parallelism routes each tensor rank's "
+            "part of the sequence (Megatron-Core requires it too); use parallel.sequence_parallel=true"
         )
-    if t.activation_checkpointing == "selective":
+    if (par.expert > 1 or par.tensor > 1) and par.zero_stage == 1 and par.data_parallel > 1:
         raise ConfigError(
-            "train.activation_checkpointing: selective is not built with Mixture-of-Experts yet; use "
-            "train.activation_checkpointing=full or none"
+            "parallel.zero_stage: Mixture-of-Experts with expert or tensor parallelism is built with DDP and "
+            "FSDP (parallel.zero_stage 0, 2 or 3), not yet with ZeRO-1; use parallel.zero_stage=0 or 3"
         )
 
 

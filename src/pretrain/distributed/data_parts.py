@@ -54,11 +54,11 @@ class DataParts:
     data_parallel: int
     data_rank: int
 
-    def _same_start(self) -> None:
+    def _same_start(self, params: list | None = None) -> None:
         """Every replica starts from its rank 0's values, as DDP makes sure (called once the module holds its
-        values, before the optimizer is built)."""
+        values, before the optimizer is built); `params`: those of them only (default all)."""
         if self.data_parallel > 1:
-            for p in self.module.parameters():
+            for p in self.module.parameters() if params is None else params:
                 dist.broadcast(local(p.data), group=self.dp_group, group_src=0)
 
     def _settle_gradients(self) -> None:
@@ -69,14 +69,16 @@ class DataParts:
             if isinstance(p.grad, DTensor) and p.grad.placements != p.placements:
                 p.grad = p.grad.redistribute(placements=p.placements)
 
-    def _average_gradients(self) -> None:
-        """The mean of the gradients over the data-parallel replicas: an all-reduce per bucket of about
-        BUCKET_ELEMENTS (a few large messages, as DDP sends; one flat copy of all of a large model's gradients
-        would be a second copy of them)."""
+    def _average_gradients(self, params: list | None = None) -> None:
+        """The mean of the gradients (of `params`, default all) over the data-parallel replicas: an all-reduce
+        per bucket of about BUCKET_ELEMENTS (a few large messages, as DDP sends; one flat copy of all of a large
+        model's gradients would be a second copy of them)."""
         if self.data_parallel == 1:
             return
         bucket, size = [], 0
-        for g in [local(p.grad) for p in self.module.parameters() if p.grad is not None]:
+        for g in [
+            local(p.grad) for p in (self.module.parameters() if params is None else params) if p.grad is not None
+        ]:
             bucket.append(g)
             size += g.numel()
             if size >= BUCKET_ELEMENTS:
@@ -85,9 +87,12 @@ class DataParts:
         if bucket:
             self._average(bucket)
 
-    def _average(self, grads: list[torch.Tensor]) -> None:
+    def _average(self, grads: list[torch.Tensor], group: Any = None) -> None:
+        """Sum `grads` over `group` (default the data-parallel one), divided by the data-parallel degree."""
+        if not grads:
+            return
         flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat, group=self.dp_group)
+        dist.all_reduce(flat, group=self.dp_group if group is None else group)
         flat /= self.data_parallel
         for g, part in zip(grads, flat.split([g.numel() for g in grads])):
             g.copy_(part.view_as(g))

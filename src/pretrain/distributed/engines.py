@@ -29,6 +29,7 @@ from .. import precision
 from ..errors import ConfigError
 from ..gpus import caches_weight_casts, mixed_precision
 from ..plan.kernels import torch_version_tuple
+from ..plan.model_states import expert_shard_dim, is_expert
 from .optim import build_optimizer
 from .runtime import Runtime
 from .tensor_parallel import from_canonical, to_canonical
@@ -214,8 +215,10 @@ class FSDP(Parallelized):
         assert mesh is not None  # parallelize built it: data > 1, so more than one process
 
         options = fsdp_options(config, rt.device)
+        experts = [p for n, p in module.named_parameters() if is_expert(n)]  # none left under expert parallelism
+        placement = expert_placement(experts, mesh["dp"].size())
         for block in module.blocks:
-            fully_shard(block, mesh=mesh["dp"], **options)
+            fully_shard(block, mesh=mesh["dp"], shard_placement_fn=placement, **options)
         fully_shard(module, mesh=mesh["dp"], **options)
         # micro_batch: reduce-scatter after every micro-batch, so only sharded gradients are ever held; step:
         # defer to the last micro-batch, holding every block's unsharded fp32 gradient in between.
@@ -224,6 +227,20 @@ class FSDP(Parallelized):
     def no_sync(self, last: bool) -> contextlib.AbstractContextManager:
         self.module.set_requires_gradient_sync(last or not self.defer)
         return contextlib.nullcontext()
+
+
+def expert_placement(experts, ranks: int) -> Callable[[torch.nn.Parameter], Any]:
+    """fully_shard's shard_placement_fn for a module holding the stacked expert tensors `experts` [E/ep, ...]
+    sharded over `ranks`: dim 0 while the ranks are at most the experts, dim 1 past them (plan/model_states.py's
+    expert_shard_dim, the planner's rule: torchtitan's); None (dim 0) for every other parameter."""
+    from torch.distributed.tensor import Shard
+
+    ids = {id(p) for p in experts}
+
+    def placement(p: torch.nn.Parameter) -> Any:
+        return Shard(expert_shard_dim(p.shape[0], ranks)) if id(p) in ids else None
+
+    return placement
 
 
 def fsdp_options(config: ResolvedConfig, device: torch.device) -> dict:
@@ -278,4 +295,4 @@ def _zero_step_counters(states) -> None:
             state["step"] = 0
 
 
-__all__ = ["Parallelized", "DDP", "ZeRO1", "FSDP", "FSDP_CPU_TORCH", "fsdp_options"]
+__all__ = ["Parallelized", "DDP", "ZeRO1", "FSDP", "FSDP_CPU_TORCH", "expert_placement", "fsdp_options"]

@@ -1,15 +1,19 @@
-"""Expert parallelism (`parallel.expert` = ep): the routed experts sharded over groups of ep data-parallel
-ranks, each rank holding E/ep of every MoE layer's experts, tokens sent to the owning rank and back with
-all-to-all (GShard's dispatch and combine, Lepikhin et al. 2020).
+"""Expert parallelism (`parallel.expert` = ep): the routed experts sharded over groups of ep ranks, each rank
+holding E/ep of every MoE layer's experts, tokens sent to the owning rank and back with all-to-all (GShard's
+dispatch and combine, Lepikhin et al. 2020).
 
-Groups (data ranks numbered 0..dp-1; tensor and pipeline are 1 with MoE):
-  expert-parallel group        ranks g*ep .. g*ep + ep-1: together they hold all E experts, rank i of the
-                               group experts i*E/ep .. (i+1)*E/ep - 1;
-  expert-data-parallel group   the dp/ep ranks with the same experts (rank % ep equal): they average those
+The MoE layer is data-parallel over every rank of the job: over the data ranks, and with tensor parallelism
+(whole experts, parallel.expert_tensor 1, sequence parallelism on) over the tensor ranks too, each of which
+routes its own part of the sequence (tensor_parallel.py; Megatron-Core's "parallel folding", torchtitan's ETP
+1). Its ranks (data x tensor, numbered as the grid numbers them, tensor fastest) form a (ranks/ep, ep) mesh:
+  expert-parallel group        neighbouring ranks g*ep .. g*ep + ep-1: together they hold all E experts, rank
+                               i of the group experts i*E/ep .. (i+1)*E/ep - 1;
+  expert-data-parallel group   the ranks/ep ranks with the same experts (rank % ep equal): they average those
                                experts' gradients.
-Everything but the routed experts is data-parallel over all dp ranks: DDP (which ignores the expert tensors),
-or FSDP2 (ZeRO-2/3, torchtitan's recipe): the experts sharded over their expert-data-parallel group, the rest
-over all dp ranks.
+Everything else is data-parallel over the data ranks as without experts: DDP (which ignores the expert tensors),
+FSDP2 (ZeRO-2/3, torchtitan's recipe: the experts sharded over their expert-data-parallel group, the rest over
+the data ranks), or, beside tensor parallelism, data_parts.py's by hand; the router and shared experts, which
+see each tensor rank's own tokens, are summed over the tensor ranks as well.
 
 Dispatch, per MoE layer: the router runs on every rank over all E experts and sorts its (token, expert) pairs
 by expert (model/moe.py), so the pairs for each owning rank are one contiguous slice; one all-to-all of the
@@ -18,11 +22,11 @@ experts on them (re-sorted by expert), and a third all-to-all sends the outputs 
 The all-to-all is differentiable (its backward is the reverse all-to-all), so an expert's gradient sums every
 group rank's tokens' contributions.
 
-Gradient scale: DDP and FSDP average each gradient over the dp ranks. An expert's gradient on its owner
-already sums the ep ranks of its group; summed over the expert-data-parallel group it sums all dp ranks, so
-it is divided by dp (not by that group's size): the same mean as one process over the global batch. The
-global norm for clipping counts each expert shard once: the replicated parameters' squared norm plus the sum
-over the expert-parallel group of the shards' squared norms.
+Gradient scale: every gradient is the mean over the data-parallel replicas (dp). An expert's gradient on its
+owner already sums the ep ranks of its group; summed over the expert-data-parallel group it sums every rank's
+tokens, so it is divided by dp (not by that group's size): the same mean as one process over the global batch.
+The global norm for clipping counts each expert shard once: the replicated parameters' squared norm plus the
+sum over the expert-parallel group of the shards' squared norms.
 
 Checkpoints stay canonical: `state_dict` gathers every expert tensor (weights and optimizer moments) to the
 full [E, ...], over the expert-data-parallel group (FSDP's shards) and the expert-parallel group, and
@@ -42,7 +46,10 @@ from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from ..model.moe import Experts, moe_layers
-from .engines import DDP, FSDP, Parallelized, fsdp_options
+from ..plan.model_states import is_moe_dense
+from .data_parts import DataParts
+from .engines import DDP, FSDP, Parallelized, expert_placement, fsdp_options
+from .mesh import Layout
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -96,8 +103,9 @@ class ShardedExperts(Experts):
 
 
 def expert_mesh(device_type: str, world: int, ep: int) -> DeviceMesh:
-    """The (dp/ep, ep) DeviceMesh of the data ranks: mesh["ep"] this rank's expert-parallel group (neighbouring
-    ranks), mesh["edp"] its expert-data-parallel group (every ep-th rank)."""
+    """The (ranks/ep, ep) DeviceMesh of the MoE layer's ranks (all of them: MoE trains without a pipeline):
+    mesh["ep"] this rank's expert-parallel group (neighbouring ranks), mesh["edp"] its expert-data-parallel group
+    (every ep-th rank)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     return init_device_mesh(device_type, (world // ep, ep), mesh_dim_names=("edp", "ep"))
@@ -117,34 +125,46 @@ class ExpertParallel(Parallelized):
     it reads and extends: `module`, `rt`, state_dict, which the engine after it in the MRO provides)."""
 
     def _shard_experts(self, module: Transformer, config: ResolvedConfig, rt: Runtime) -> None:
-        self.ep = config.parallel.expert
+        layout = Layout.of(config.parallel, rt.world_size)
+        self.ep, self.tensor, self.replicas = config.parallel.expert, layout.tensor, layout.data
         self.expert_mesh = expert_mesh(rt.device.type, rt.world_size, self.ep)
         self.ep_group, self.edp_group = self.expert_mesh["ep"].get_group(), self.expert_mesh["edp"].get_group()
         ep_rank = self.expert_mesh["ep"].get_local_rank()
         for moe in moe_layers(module):
-            moe.experts = ShardedExperts(moe.experts, self.ep_group, ep_rank, self.ep)
+            if self.ep > 1:
+                moe.experts = ShardedExperts(moe.experts, self.ep_group, ep_rank, self.ep)
+            moe.token_parts = self.tensor  # each tensor rank routes its part of the sequence
         self.experts = expert_names(module)
-        # A model on the meta device (FSDP) is initialised after sharding: each expert tensor with its own
-        # experts' rows of the full one, which come first in this order (model/transformer.py `_fill`).
-        for name in self.experts:
+        # The router and shared experts beside tensor parallelism: each tensor rank's gradient is its tokens'.
+        self.moe_dense = {n for n, _ in module.named_parameters() if is_moe_dense(n)} if self.tensor > 1 else set()
+        # A model on the meta device (FSDP, tensor parallelism) is initialised after sharding: each expert tensor
+        # with its own experts' rows of the full one, which come first in this order (model/transformer.py `_fill`).
+        for name in self.experts if self.ep > 1 else ():
             rows = module.get_parameter(name).shape[0]
             module.row_orders[name] = torch.arange(rows * self.ep).roll(-ep_rank * rows)
 
     @property
     def row_orders(self) -> dict:
-        return {}  # the experts' are for initialisation only; tensor parallelism is refused with MoE
+        # tensor parallelism's fused rows; the experts' are for initialisation only
+        return {k: v for k, v in getattr(self.module, "row_orders", {}).items() if k not in self.experts}
 
-    def _expert_params(self, want: bool) -> list:
-        return [p for n, p in self.module.named_parameters() if (n in self.experts) == want and p.grad is not None]
+    def _params(self, names: set[str], inside: bool) -> list:
+        return [p for n, p in self.module.named_parameters() if (n in names) == inside and p.grad is not None]
 
     def clip(self, max_norm: float) -> torch.Tensor:
-        dense, experts = self._expert_params(False), self._expert_params(True)
+        """The global norm: each kind of gradient (the experts' shards, and the rest by the mesh it lies on:
+        FSDP's, tensor parallelism's, plain) squared and summed, the experts' over the expert-parallel group."""
+        kinds: dict = {}
+        for p in self._params(self.experts, False):
+            kinds.setdefault(p.grad.device_mesh if isinstance(p.grad, DTensor) else None, []).append(p)
+        squares = [_full(torch.nn.utils.get_total_norm([p.grad for p in ps])) ** 2 for ps in kinds.values()]
+        experts = self._params(self.experts, True)
         sq = _full(torch.nn.utils.get_total_norm([p.grad for p in experts])) ** 2
         dist.all_reduce(sq, group=self.ep_group)  # each shard once: the group holds every expert once
-        norm = (_full(torch.nn.utils.get_total_norm([p.grad for p in dense])) ** 2 + sq).sqrt()
+        norm = (torch.stack([*squares, sq]).sum()).sqrt()
         if max_norm > 0:
-            for grads in (dense, experts):  # FSDP: each list's DTensors on one mesh
-                torch.nn.utils.clip_grads_with_norm_(grads, max_norm, norm)
+            for params in [*kinds.values(), experts]:  # each list's DTensors on one mesh
+                torch.nn.utils.clip_grads_with_norm_([p.grad for p in params], max_norm, norm)
         return norm
 
     def state_dict(self) -> dict:
@@ -197,24 +217,60 @@ class ExpertDDP(ExpertParallel, DDP):
         with super().no_sync(last):
             yield
         if last:  # DDP averaged the rest; the experts: summed over their data-parallel group, over dp
-            for p in self._expert_params(True):
+            for p in self._params(self.experts, True):
                 dist.all_reduce(p.grad, group=self.edp_group)
-                p.grad /= self.rt.world_size
+                p.grad /= self.replicas
 
 
 class ExpertFSDP(ExpertParallel, FSDP):
     """FSDP2 with expert parallelism (torchtitan's layout): each MoE layer's own experts sharded over the
-    expert-data-parallel group (the ranks that hold the same experts), everything else over all dp ranks."""
+    expert-data-parallel group (the ranks that hold the same experts; on dim 1 past the experts they hold,
+    engines.expert_placement), beside tensor parallelism its router and shared experts over all ranks,
+    everything else over the data ranks."""
 
     def __init__(self, module: Transformer, config: ResolvedConfig, rt: Runtime, mesh: DeviceMesh | None = None):
         from torch.distributed.fsdp import fully_shard
 
         self._shard_experts(module, config, rt)
-        edp = self.expert_mesh["edp"]
+        edp, options = self.expert_mesh["edp"], fsdp_options(config, rt.device)
+        ranks = self.expert_mesh._flatten("moe") if self.tensor > 1 else None  # every rank: the MoE layer's
         for moe in moe_layers(module):  # before the blocks: a block's shard then leaves its experts out
-            experts = fully_shard(moe.experts, mesh=edp, **fsdp_options(config, rt.device))  # the same module
-            experts.set_gradient_divide_factor(rt.world_size)  # the mean over dp, not over edp
-            # gloo has no pre-multiplied sum: sum, then divide. Not at one rank, where torch 2.13 would divide
-            # twice (its single-rank copy divides too).
-            experts.set_force_sum_reduction_for_comms(edp.size() > 1)
+            placement = expert_placement(moe.experts.parameters(), edp.size())
+            units = [(fully_shard(moe.experts, mesh=edp, shard_placement_fn=placement, **options), edp)]
+            if ranks is not None:  # the router and shared experts (the experts are sharded already)
+                units.append((fully_shard(moe, mesh=ranks, **options), ranks))
+            for unit, over in units:  # each the same module, now an FSDP one
+                unit.set_gradient_divide_factor(self.replicas)  # the mean over the replicas, not over the group
+                # gloo has no pre-multiplied sum: sum, then divide. Not at one rank, where torch 2.13 would divide
+                # twice (its single-rank copy divides too).
+                unit.set_force_sum_reduction_for_comms(over.size() > 1)
         super().__init__(module, config, rt, mesh)
+
+
+class TensorExpertDDP(ExpertParallel, DataParts, Parallelized):
+    """Tensor parallelism with MoE under ZeRO-0: attention and the dense blocks averaged over mesh["dp"] by hand
+    (data_parts.py), the MoE layers' router and shared experts summed over every rank and their experts over
+    their expert-data-parallel group, each then divided by the data-parallel degree."""
+
+    def __init__(self, module: Transformer, config: ResolvedConfig, rt: Runtime, mesh: DeviceMesh | None = None):
+        self._shard_experts(module, config, rt)
+        super().__init__(module, config, rt, mesh)
+        assert mesh is not None  # parallelize built it: tensor > 1
+        dp = mesh["dp"]
+        self.dp_group, self.data_parallel, self.data_rank = dp.get_group(), dp.size(), dp.get_local_rank()
+
+    def build_optimizer(self, config: ResolvedConfig) -> torch.optim.Optimizer:
+        self._same_start(self._params_named(self.experts, False))
+        return super().build_optimizer(config)
+
+    def _params_named(self, names: set[str], inside: bool) -> list:
+        return [p for n, p in self.module.named_parameters() if (n in names) == inside]
+
+    @contextlib.contextmanager
+    def no_sync(self, last: bool) -> Iterator[None]:
+        yield
+        if last:
+            self._settle_gradients()
+            self._average_gradients(self._params(self.experts | self.moe_dense, False))
+            self._average([p.grad for p in self._params(self.moe_dense, True)], dist.group.WORLD)
+            self._average([p.grad for p in self._params(self.experts, True)], self.edp_group)

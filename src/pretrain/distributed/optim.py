@@ -31,7 +31,12 @@ def param_groups(model: torch.nn.Module, model_cfg: ResolvedModelConfig, weight_
     out = []
     for indices in groups:
         params = [named[shapes[i][0]] for i in indices]
-        out.append({"params": params, "weight_decay": weight_decay if indices is decay else 0.0})
+        # One group per kind of tensor: a fused or foreach step takes plain tensors or DTensors of one mesh, and
+        # an MoE layer beside tensor parallelism holds plain ones (expert_parallel.py) among the DTensors.
+        kinds: dict = {}
+        for p in params:
+            kinds.setdefault(getattr(p, "device_mesh", None), []).append(p)
+        out += [{"params": ps, "weight_decay": weight_decay if indices is decay else 0.0} for ps in kinds.values()]
     return out
 
 

@@ -83,13 +83,18 @@ def parallelize(model: Transformer, config: ResolvedConfig, rt: Runtime) -> Para
         # sit on it, so it is one graph in every layout (tests/model/test_loss.py).
         model.loss.compile(fullgraph=True)
     engine = Parallelized
+    moe = config.model.num_experts > 0
     if config.parallel.pipeline > 1:
         from .pipeline import pipelined as engine
+    elif moe and layout.tensor > 1:  # the MoE layer data-parallel over data x tensor ranks (expert_parallel.py)
+        from .expert_parallel import ExpertFSDP, TensorExpertDDP
+
+        engine = ExpertFSDP if config.parallel.fsdp else TensorExpertDDP
     elif layout.data > 1 and layout.tensor > 1 and not config.parallel.fsdp:
         from .data_parts import TensorDDP, TensorZeRO1
 
         engine = TensorZeRO1 if config.parallel.zero_stage == 1 else TensorDDP
-    elif layout.data > 1 and config.parallel.expert > 1:
+    elif moe and layout.data > 1 and config.parallel.expert > 1:
         from .expert_parallel import ExpertDDP, ExpertFSDP
 
         engine = ExpertFSDP if config.parallel.fsdp else ExpertDDP

@@ -9,6 +9,9 @@
              needed again for the second norm's input; the MLP's down projection only makes the block's
              output, which backward never needs: non-reentrant checkpoint stops recomputing before it).
              Korthikanti et al. 2022 recompute attention's core instead; SDPA has no seq x seq scores to drop.
+             An MoE block keeps its top-k choice and remakes the whole routed part: the router, the
+             permutation, the experts' GEMMs and SwiGLU, the combine (and, under expert parallelism, its
+             all-to-alls run again); its shared experts are counted as an MLP's matmuls.
 
 How: each block's `forward` is replaced, on the instance, by a call of the same forward through
 `torch.utils.checkpoint.checkpoint(..., use_reentrant=False)`. The module tree, and so every parameter name
@@ -34,6 +37,8 @@ import torch.utils.checkpoint
 from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
+from ..model.moe import in_routed_part
+
 MODES = ("none", "selective", "full")
 
 _aten = torch.ops.aten
@@ -53,15 +58,36 @@ ATTENTION_OPS = frozenset(
 MATMUL_OPS = frozenset((_aten.mm.default, _aten.addmm.default))
 
 
+def _ignore_profiler_ranges() -> None:
+    """Selective checkpointing replays a block's ops by their invocation count; the profiler's range ops that
+    FSDP2 wraps its hooks in (record_function "FSDP::pre_forward", "FSDP::all_gather") run a different number
+    of times in forward and in the recomputation when an FSDP unit sits inside the block (an MoE layer's
+    experts: expert_parallel.py), and torch 2.13 then fails the backward ("invocation index N encountered
+    during backward but not found in storage"). They carry no tensor to keep: in SAC_IGNORED_OPS (torch's
+    public set of ops SAC runs without counting) they still run, uncounted."""
+    from torch.utils.checkpoint import SAC_IGNORED_OPS
+
+    profiler = torch.ops.profiler
+    for name in ("_record_function_enter", "_record_function_enter_new", "_record_function_exit"):
+        packet = getattr(profiler, name, None)
+        for overload in packet.overloads() if packet is not None else ():
+            SAC_IGNORED_OPS.add(getattr(packet, overload))
+
+
 def selective_policy() -> Callable[..., CheckpointPolicy]:
     """A policy for one checkpointed block call: keep (MUST_SAVE) the attention kernels' outputs and every
     other matmul's (the 1st, 3rd, ... of the block: torchtitan's `mm_count % 2`), recompute the rest. The
-    matmuls are counted apart in forward and in the recomputation, so that both decide alike."""
+    matmuls are counted apart in forward and in the recomputation, so that both decide alike. An MoE layer's
+    routed part (model/moe.py `routed_part`) keeps only its top-k choice: its router matmul, permutation,
+    experts (grouped GEMMs or their loop's matmuls) and combine are remade, as torchtitan's policy does (its
+    router forced to recompute, the grouped GEMM not among its saved ops); its shared experts count as an MLP."""
     counts = {False: 0, True: 0}
 
     def policy(ctx, op, *args, **kwargs):
         if op in ATTENTION_OPS:
             return CheckpointPolicy.MUST_SAVE
+        if in_routed_part():  # the choice kept, so the recomputation routes every token as forward did
+            return CheckpointPolicy.MUST_SAVE if op == _aten.topk.default else CheckpointPolicy.PREFER_RECOMPUTE
         if op in MATMUL_OPS:
             counts[ctx.is_recompute] += 1
             if counts[ctx.is_recompute] % 2:
@@ -105,6 +131,8 @@ def apply_activation_checkpointing(model: nn.Module, mode: str) -> nn.Module:
     if mode not in MODES:
         raise ValueError(f"activation checkpointing {mode!r}: one of {', '.join(MODES)}")
     blocks = getattr(model, "blocks", [model])  # a Transformer's blocks, or the one Block given
+    if mode == "selective":
+        _ignore_profiler_ranges()
     if mode != "none":
         for block in blocks:
             _checkpoint(block, mode)

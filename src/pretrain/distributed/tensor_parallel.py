@@ -22,6 +22,12 @@ replicated (their gradients agree on every rank, or are summed over the sequence
 DTensor on the tensor mesh, so gradient clipping (`clip_grad_norm_` over DTensors) and FSDP2 on the data
 dimension see one kind of parameter.
 
+Mixture-of-Experts blocks (parallel.expert_tensor 1, with sequence parallelism): attention and the norms are
+split as above; the MoE layer is not. Each tensor rank routes its own part of the sequence through whole
+experts (Megatron-Core's ETP 1, torchtitan's MoE under tensor parallelism with sequence parallelism), so the
+MoE layer is data-parallel over the data x tensor ranks, its experts spread over an expert-parallel group of
+them (expert_parallel.py); its router and shared experts are plain tensors, replicated.
+
 Fused projections: our q, k, v are one matrix with rows [q | k | v] and SwiGLU's gate and up one with rows
 [gate | up] (model/transformer.py). A contiguous split of those rows would give rank 0 only q; so under
 tensor parallelism the rows are put in *rank order* - rank r's q heads, k heads and v heads, then rank r+1's
@@ -48,6 +54,8 @@ from torch.distributed.tensor.parallel import (
 )
 
 from ..errors import ConfigError
+from ..model.moe import MoE
+from ..plan.model_states import is_moe_dense
 from ..plan.params import fused_rows
 
 if TYPE_CHECKING:
@@ -118,7 +126,7 @@ def apply_tensor_parallel(model: Transformer, mesh: DeviceMesh, sequence_paralle
     orders = {
         name: rank_order(segments, tp)
         for name, _ in model.named_parameters()
-        if (segments := fused_rows(name, model.config))
+        if (segments := fused_rows(name, model.config)) and not is_moe_dense(name)  # an MoE layer is not split
     }
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -132,6 +140,16 @@ def apply_tensor_parallel(model: Transformer, mesh: DeviceMesh, sequence_paralle
         return SequenceParallel() if sequence_parallel else Replicated()
 
     for block in model.blocks:
+        feed_forward = (
+            {  # whole experts (parallel.expert_tensor 1): the MoE layer takes this rank's part of the sequence
+                "mlp": PrepareModuleInput(input_layouts=between, desired_input_layouts=between, use_local_output=True)
+            }
+            if isinstance(block.mlp, MoE)
+            else {
+                "mlp.up": _linear_split(block.get_submodule("mlp.up"), "rows", float8, input_layouts=between),
+                "mlp.down": _linear_split(block.get_submodule("mlp.down"), "columns", float8, output_layouts=between),
+            }
+        )
         parallelize_module(
             block,
             mesh,
@@ -140,8 +158,7 @@ def apply_tensor_parallel(model: Transformer, mesh: DeviceMesh, sequence_paralle
                 "attn.qkv": _linear_split(block.get_submodule("attn.qkv"), "rows", float8, input_layouts=between),
                 "attn.proj": _linear_split(block.get_submodule("attn.proj"), "columns", float8, output_layouts=between),
                 "mlp_norm": norm(),
-                "mlp.up": _linear_split(block.get_submodule("mlp.up"), "rows", float8, input_layouts=between),
-                "mlp.down": _linear_split(block.get_submodule("mlp.down"), "columns", float8, output_layouts=between),
+                **feed_forward,
             },
         )
     tied = model.lm_head.weight is model.embed.weight

@@ -24,11 +24,31 @@ Balancing:
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections.abc import Iterator
 from typing import cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+_routing = threading.local()  # .depth > 0 while an MoE layer runs its routed part on this thread
+
+
+@contextlib.contextmanager
+def routed_part() -> Iterator[None]:
+    """Marks the ops of an MoE layer's routed part (router, permutation, experts, combine) for selective
+    recomputation's policy (pretrain.distributed.recompute), which remakes all of them as torchtitan's does."""
+    _routing.depth = getattr(_routing, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _routing.depth -= 1
+
+
+def in_routed_part() -> bool:
+    return getattr(_routing, "depth", 0) > 0
 
 
 class Experts(nn.Module):
@@ -91,6 +111,10 @@ class MoE(nn.Module):
         self.shared = shared  # the shared experts' SwiGLU (the block builds it: a dense MLP of their width)
         self.register_buffer("expert_bias", torch.zeros(cfg.num_experts))  # persistent: in every checkpoint
         self.router_loss: torch.Tensor | None = None
+        # The ranks a model replica's tokens are routed on: tensor parallelism's sequence parts (each tensor rank
+        # routes its own, distributed/tensor_parallel.py). Each rank's balancing losses are its part's, weighted
+        # by 1/parts so that their sum over the parts is the replica's mean.
+        self.token_parts = 1
         # The step's sums so far: tokens per expert, aux loss, z-loss. Not a buffer: DDP would overwrite each
         # rank's with rank 0's at every forward (it broadcasts buffers).
         self.step_sums: torch.Tensor | None = None
@@ -108,6 +132,17 @@ class MoE(nn.Module):
     def forward(self, x):
         shape = x.shape
         x = x.reshape(-1, shape[-1])
+        with routed_part():
+            logits, scores, counts, y = self._routed(x)
+        if self.shared is not None:
+            y = y + self.shared(x)
+        if self.training:
+            self._account(logits, scores, counts)
+        return y.reshape(shape)
+
+    def _routed(self, x):
+        """The routed experts' output for tokens x (tokens, H), with the router's logits, scores and per-expert
+        counts."""
         logits = self.router(x).float()  # routing in fp32 whatever the compute dtype
         scores = logits.softmax(-1) if self.score == "softmax" else logits.sigmoid()
         with torch.no_grad():
@@ -121,12 +156,9 @@ class MoE(nn.Module):
         token = order // self.top_k
         counts = torch.bincount(experts, minlength=self.num_experts)
         out = self.experts(x[token], counts) * weights.flatten()[order, None].to(x.dtype)
-        y = torch.zeros_like(x).index_add_(0, token, out.to(x.dtype))
-        if self.shared is not None:
-            y = y + self.shared(x)
-        if self.training:
-            self._account(logits, scores, counts)
-        return y.reshape(shape)
+        # Each token's weighted sum of its experts' outputs. index_put_'s backward keeps only the token ids, where
+        # index_add_'s keeps its whole source (for its shape): a second copy of every routed token's output.
+        return logits, scores, counts, torch.zeros_like(x).index_put_((token,), out.to(x.dtype), accumulate=True)
 
     def _account(self, logits, scores, counts) -> None:
         """This micro-batch's balancing losses (into `router_loss`) and statistics (into the step's sums), once
@@ -139,7 +171,7 @@ class MoE(nn.Module):
         z = logits.logsumexp(-1).square().mean()
         if recomputing():
             return
-        self.router_loss = self.aux_coef * aux + self.z_coef * z
+        self.router_loss = (self.aux_coef * aux + self.z_coef * z) / self.token_parts
         sums = torch.cat([counts.float(), aux.detach()[None], z.detach()[None]])
         self.step_sums = sums if self.step_sums is None else self.step_sums + sums
 

@@ -259,7 +259,8 @@ def _unsharded(c: ResolvedConfig) -> dict[str, Any]:
     import dataclasses
 
     single = dataclasses.replace(
-        c, parallel=dataclasses.replace(c.parallel, gpus=1, tensor=1, pipeline=1, zero_stage=0, expert=1)
+        c,
+        parallel=dataclasses.replace(c.parallel, gpus=1, tensor=1, pipeline=1, zero_stage=0, expert=1, expert_tensor=1),
     )
     return model_state_tensors(single)
 

@@ -101,7 +101,7 @@ def layer_terms(
         add("qkv and MLP matmul inputs", 2 * a * bs * h, f"2 x {a} x b*s*h", sharded=False)
 
     _attention_terms(add, m, t, a, b, native_gqa, compiled, documents)
-    _mlp_terms(add, m, parallel, bs, a, recompute, imbalance, compiled)
+    _mlp_terms(add, m, parallel, bs, (a, r), recompute, imbalance, compiled)
     if m.dropout:
         add("residual dropout masks", 2 * bs * h, "2 x b*s*h (bool)", sharded=False)
     return terms
@@ -171,15 +171,16 @@ def _mlp_terms(
     m: ResolvedModelConfig,
     parallel: ParallelConfig,
     bs: int,
-    a: int,
+    dtypes: tuple[int, int],
     recompute: str,
     imbalance: float,
     compiled: bool,
 ) -> None:
-    """What the feed-forward half of a block keeps (no recomputation)."""
-    I, llama = m.intermediate_size, m.family == "llama"
+    """What the feed-forward half of a block keeps (no recomputation); dtypes: the bytes of the compute dtype and
+    of the residual stream."""
+    (a, r), I, llama = dtypes, m.intermediate_size, m.family == "llama"
     if m.num_experts:
-        moe_terms(add, m, parallel, bs, a, recompute, imbalance)
+        moe_terms(add, m, parallel, bs, a, r, recompute, imbalance)
     elif compiled:  # SiLU(gate) is remade from gate|up in backward
         if llama:
             add("gate|up output", a * bs * 2 * I, f"{a} x b*s*2H'")
@@ -218,7 +219,7 @@ def _selective_terms(
         else:
             add("attention output (the output projection's input)", a * bs * qw, f"{a} x b*s*q {qw}")
     if m.num_experts:
-        moe_terms(add, m, parallel, bs, a, "selective", imbalance)
+        moe_terms(add, m, parallel, bs, a, residual_bytes(t, parallel), "selective", imbalance)
     elif m.family == "llama":
         add("gate|up output", a * bs * 2 * I, f"{a} x b*s*2H'")
     else:
@@ -285,7 +286,8 @@ def activation_bytes(
 ) -> dict[str, Any]:
     """Activation bytes per GPU for micro-batch b (default train.micro_batch_size), with the terms; compiled:
     the blocks run under torch.compile; imbalance: plan.routing_imbalance (MoE); documents: as layer_terms.
-    With dense blocks before the MoE ones, every block is counted as the larger of the two kinds."""
+    With dense blocks before the MoE ones each kind's blocks are counted as their own (under a pipeline every
+    block of the fullest stage as the larger kind); `per_layer` and `layer_terms` are the larger kind's."""
     b = b or t.micro_batch_size
     tp, sp = parallel.tensor, parallel.sequence_parallel
     layers, in_flight = _fullest_stage(m, t, parallel)
@@ -299,7 +301,8 @@ def activation_bytes(
         imbalance=imbalance,
         documents=documents,
     )
-    kinds = [m, dataclasses.replace(m, num_experts=0)] if m.num_experts and m.first_dense_layers else [m]
+    dense = m.first_dense_layers if m.num_experts else 0
+    kinds = [m, dataclasses.replace(m, num_experts=0)] if dense else [m]
     options: list[tuple[int, list[Term], ResolvedModelConfig]] = []
     for kind in kinds:
         terms = terms_of(kind)
@@ -307,10 +310,13 @@ def activation_bytes(
     per_layer, per_layer_terms, m = max(options, key=lambda option: option[0])
     once = once_terms(m, t, parallel, b, documents)
     once_bytes = rank_bytes(once, tp, sp)
-    total = layers * in_flight * per_layer
+    if dense and parallel.pipeline == 1:  # the MoE blocks and the dense first ones, each kind its own bytes
+        total = in_flight * (options[0][0] * (m.num_layers - dense) + options[1][0] * dense)
+    else:
+        total = layers * in_flight * per_layer
     working = 0
     if t.activation_checkpointing != "none":
-        working = _recompute_working(terms_of, kinds, m, t, parallel, b, kept={x.name for x in per_layer_terms})
+        working = _recompute_working(terms_of, kinds, m, t, parallel, b)
         total += working
     total += once_bytes
     return dict(
@@ -348,14 +354,16 @@ def _recompute_working(
     t: ResolvedTrainConfig,
     parallel: ParallelConfig,
     b: int,
-    kept: set[str],
 ) -> int:
     """Backward recomputes one block at a time and holds its tensors until its gradients are done, less what
-    the block kept (`kept`; selective: the policy's outputs, handed back from the checkpoint's cache): the
-    largest kind's (all hold the same input, so `m`, the kind counted per layer, may be the other: a wide dense
-    first block). terms_of(kind, recompute=...): layer_terms with this micro-batch and kernels."""
+    the block kept (selective: the policy's outputs, handed back from the checkpoint's cache): the largest
+    kind's (all hold the same input, so `m`, the kind counted per layer, may be the other: a wide dense first
+    block). terms_of(kind, recompute=...): layer_terms with this micro-batch and kernels."""
     tp, sp = parallel.tensor, parallel.sequence_parallel
-    recomputed = max(
-        rank_bytes([x for x in terms_of(kind, recompute="none") if x.name not in kept], tp, sp) for kind in kinds
-    )
-    return recomputed - _overlap(m, t, parallel, b) // (tp if sp else 1)
+
+    def recomputed(kind: ResolvedModelConfig) -> int:
+        kept = {x.name for x in terms_of(kind)}
+        return rank_bytes([x for x in terms_of(kind, recompute="none") if x.name not in kept], tp, sp)
+
+    recomputed_bytes = max(recomputed(kind) for kind in kinds)
+    return recomputed_bytes - _overlap(m, t, parallel, b) // (tp if sp else 1)

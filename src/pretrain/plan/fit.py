@@ -7,7 +7,8 @@ The search, with the global batch (sequences per optimizer step) held fixed:
   ZeRO        0-3 (0 only when d = 1); sequence parallelism on whenever t > 1 (same traffic, less memory);
   recompute   none, selective, full;
   micro-batch b  a divisor of the d-rank's sequences, accumulation = sequences / (d x b);
-  expert ep   MoE only: divides the experts and d (the experts split over ep data-parallel ranks);
+  expert ep   MoE only: divides the experts and d x t (the experts split over ep of a stage's data x tensor
+              ranks, whole experts: parallel.expert_tensor 1, what the trainer runs);
   offload     optimizer (any stage), optimizer+params (ZeRO-3): searched only when nothing fits without it,
               as crossing PCIe every step is always slower than a layout that fits on the GPUs.
   planned-only values of parallel.* (a DeepEP dispatcher, an overlapped dispatch, a balanced stage split) are
@@ -96,8 +97,8 @@ def layouts(c: ResolvedConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any
             if not m.num_experts:
                 found.append(layout)
                 continue
-            # MoE: the experts split over ep of the data-parallel ranks, ep dividing both
-            found += [dict(layout, expert=ep) for ep in expert_degrees(math.gcd(m.num_experts, dp))]
+            # MoE: the experts split over ep of the data x tensor ranks (whole experts), ep dividing both
+            found += [dict(layout, expert=ep) for ep in expert_degrees(math.gcd(m.num_experts, dp * tp))]
     return found, refused
 
 
@@ -195,13 +196,7 @@ def _search(
         stages = [3] if dp > 1 else []
     out: list[Scored] = []
     for zero in stages:
-        refused = _refused(
-            config,
-            {**shared, "parallel.zero_stage": zero, "train.micro_batch_size": 1, "train.grad_accum_steps": per_rank},
-        )
-        if refused:
-            rejected.append(refused)
-            continue
+        trained = False  # some recomputation of this stage is one the trainer runs
         for recompute in reversed(RECOMPUTE):  # full first: if it does not fit, nothing lighter does
             layout = {
                 **shared,
@@ -210,6 +205,11 @@ def _search(
                 "train.micro_batch_size": 1,
                 "train.grad_accum_steps": per_rank,
             }
+            refused = _refused(config, layout)  # the trainer's check, with this candidate's own keys
+            if refused:
+                rejected.append(refused)
+                continue
+            trained = True
             try:
                 c = replaced(config, layout)
             except ConfigError as e:  # a rule of the config's own (e.g. offload needs ZeRO-3)
@@ -232,7 +232,7 @@ def _search(
                 # a dict, not None: fit refused to search without a peak
                 step = cast(dict[str, Any], step_time(replaced(c, overrides), counts, fl, peak))
                 out.append((step["seconds"], overrides, step))
-        if not out:
+        if trained and not out:
             break  # the strongest stage the trainer runs does not fit with full recomputation: no lower stage does
     return out
 

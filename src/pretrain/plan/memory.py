@@ -40,7 +40,7 @@ from .activations import activation_bytes
 from .explain import Explain
 from .kernels import planned_document_kernel, planned_native_gqa
 from .memory_fit import memory_fit, moe_fit
-from .model_states import model_state_tensors, zero_paper_bytes
+from .model_states import expert_shard_dim, model_state_tensors, zero_paper_bytes
 from .phases import PHASES, cuda_context, held_gradients, loss_part, nccl_buffers, resident, step_phases
 from .stages import chunk_indices, chunks_per_stage, stage_layers
 
@@ -139,11 +139,12 @@ def _explain_model_states(
         f"{what}: {weights:,} bytes" + (f" (ZeRO-{zero}, data parallel {dp})" if zero else ""),
     )
     grad_dtype = "bf16" if t.precision == "bf16" or (mixed and t.grad_dtype == "same") else "fp32"
+    over = _sharded_over(cfg)
     ex.add(
         "memory",
         "gradients",
         gib(gradients),
-        f"{grad_dtype} gradients: {gradients:,} bytes" + (f", sharded over {dp}" if zero >= 2 else ""),
+        f"{grad_dtype} gradients: {gradients:,} bytes" + (f", sharded over {over}" if zero >= 2 else ""),
     )
     ex.add(
         "memory",
@@ -151,7 +152,7 @@ def _explain_model_states(
         gib(optimizer),
         f"{t.optimizer} states {st['optimizer_states']:,}"
         + (f" + fp32 master weights {st['parameters']:,}" if mixed else "")
-        + (f" (sharded over {dp})" if zero >= 1 else "")
+        + (f" (sharded over {over})" if zero >= 1 else "")
         + (" (offloaded to the host)" if offload else ""),
     )
     if par.pipeline > 1:
@@ -184,6 +185,26 @@ def _explain_model_states(
             + (f" / model parallel {mp} (tensor {par.tensor} x pipeline {par.pipeline})" if mp > 1 else "")
             + f", stage {zero} sharding over {dp}; ours above counts what autocast/FSDP really hold",
         )
+
+
+def _sharded_over(cfg: ResolvedConfig) -> str:
+    """What ZeRO shards over, as model_states.py counts it: the data ranks; an MoE model's routed experts over
+    the ranks holding the same ones (on dim 1 past the experts each holds), its router and shared experts over
+    every data x tensor rank beside tensor parallelism with whole experts."""
+    m, par = cfg.model, cfg.parallel
+    dp = par.data_parallel
+    if not m.num_experts:
+        return f"{dp}"
+    here, ranks = m.num_experts // par.expert, par.expert_data_parallel
+    dim = expert_shard_dim(here, ranks)
+    folded = par.tensor > 1 and par.expert_tensor == 1
+    return (
+        f"{dp} data ranks"
+        + (f" (the router and shared experts over all {par.expert_pool} data x tensor ranks)" if folded else "")
+        + f"; the routed experts, {here} a rank (expert parallel {par.expert}), over the {ranks} ranks holding "
+        + f"the same ones, on dim {dim}"
+        + (": each expert's rows split" if dim else "")
+    )
 
 
 def _explain_activations(cfg: ResolvedConfig, act: dict[str, Any], ex: Explain) -> None:

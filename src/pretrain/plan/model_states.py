@@ -43,9 +43,17 @@ def tensor_parallel_shape(name: str, shape: tuple[Any, ...], tp: int) -> tuple[A
     return tuple(shape)
 
 
-def _shard_numel(shape: tuple[int, ...], dp: int) -> int:
-    """FSDP2 shards dim 0 in chunks of ceil(d0 / dp); rank 0 holds a full chunk (the largest share)."""
-    return -(-shape[0] // dp) * numel(shape[1:])
+def _shard_numel(shape: tuple[int, ...], dp: int, dim: int = 0) -> int:
+    """FSDP2 shards dim 0 (or `dim`) in chunks of ceil(d / dp), each rank's padded to a full chunk."""
+    return -(-shape[dim] // dp) * numel(shape) // shape[dim] if shape[dim] else 0
+
+
+def expert_shard_dim(experts_here: int, ranks: int) -> int:
+    """The dimension FSDP2 shards a rank's stacked expert tensors [E/ep, ...] on over the `ranks` that hold the
+    same experts: 0 while they are at most the experts held (each rank whole experts), else 1 (torchtitan's
+    shard_placement_fn for experts): on dim 0 the ranks past E/ep would each hold a whole expert's padding or
+    copy, so Mixtral's 8 experts at 64 data ranks would leave every rank a whole expert's states."""
+    return 1 if ranks > experts_here else 0
 
 
 def _state_numel(optimizer: str, shape: tuple[int, ...], momentum: float) -> int:
@@ -104,13 +112,46 @@ def decay_groups(m: ModelConfig, shapes: list[Any]) -> list[list[int]]:
     return [g for g in (decay, no_decay) if g]
 
 
-def model_state_tensors(cfg: ResolvedConfig, rank: int | None = None, stage: int | None = None) -> dict[str, Any]:
+class _ZeroShard:
+    """Over which ranks ZeRO shards each tensor a rank holds, this rank's place among them, and the dimension.
+    Dense tensors: the data-parallel ranks. Routed experts: the expert-data-parallel ranks, those holding the
+    same experts (ParallelConfig.expert_pool / expert; the expert mesh numbers them with the expert-parallel
+    group fastest, as distributed/expert_parallel.py builds it), on dim 1 past the experts they hold
+    (`expert_shard_dim`). With whole experts under tensor parallelism the MoE layer is data-parallel over the
+    data x tensor ranks, so its router and shared experts are sharded over all of them."""
+
+    def __init__(self, cfg: ResolvedConfig, data_rank: int, tensor_rank: int):
+        par = cfg.parallel
+        self.dp, self.ep, self.edp, self.pool = par.data_parallel, par.expert, par.expert_data_parallel, par.expert_pool
+        self.folded = cfg.model.num_experts > 0 and par.tensor > 1 and par.expert_tensor == 1
+        self.data_rank = data_rank
+        # this rank's place among the ranks an expert-parallel group is taken from (the tensor dimension fastest)
+        self.pool_rank = data_rank * par.tensor + tensor_rank if self.folded else data_rank
+
+    def group(self, name: str) -> int:
+        if is_expert(name):
+            return self.edp
+        return self.pool if self.folded and is_moe_dense(name) else self.dp
+
+    def place(self, name: str) -> int:
+        if is_expert(name):
+            return self.pool_rank // self.ep
+        return self.pool_rank if self.folded and is_moe_dense(name) else self.data_rank
+
+    def dim(self, name: str, shape: tuple[int, ...]) -> int:
+        return expert_shard_dim(shape[0], self.edp) if is_expert(name) else 0
+
+
+def model_state_tensors(
+    cfg: ResolvedConfig, rank: int | None = None, stage: int | None = None, tensor_rank: int = 0
+) -> dict[str, Any]:
     """Bytes of the tensors one GPU holds between steps and in flight: parameters, gradients, optimizer
     states, and working copies (half-precision or gathered parameters); `stage` names the stage counted.
-    `rank`: that data-parallel rank's share (ranks differ under ZeRO-1 and uneven FSDP chunks); by default
-    the largest share (what must fit). `stage`: that pipeline stage's parameters (pretrain.plan.stages); by
-    default the heaviest stage's. A rank holds its stage's parameters, each its tensor rank's part (FSDP2
-    then shards that part over the data ranks), as the trainer holds them in every layout."""
+    `rank`: that data-parallel rank's share (ranks differ under ZeRO-1 and uneven FSDP chunks), at tensor rank
+    `tensor_rank` (an MoE layer's ranks span both); by default the largest share (what must fit). `stage`: that
+    pipeline stage's parameters (pretrain.plan.stages); by default the heaviest stage's. A rank holds its
+    stage's parameters, each its tensor rank's part (FSDP2 then shards that part over the data ranks), as the
+    trainer holds them in every layout."""
     m, t, par = cfg.model, cfg.train, cfg.parallel
     dp, ep = par.data_parallel, par.expert
     whole = param_shapes(m)
@@ -119,8 +160,10 @@ def model_state_tensors(cfg: ResolvedConfig, rank: int | None = None, stage: int
         (n, tensor_parallel_shape(n, s, par.tensor))
         for n, s in stage_param_shapes(m, stage, par.pipeline, chunks_per_stage(par))
     ]
-    if ep > 1:  # each rank holds E / ep of the routed experts
-        whole, shapes = ([(n, expert_parallel_shape(n, s, ep)) for n, s in x] for x in (whole, shapes))
+    if ep > 1 or par.expert_tensor > 1:  # each rank holds E / ep of the routed experts, each split etp ways
+        whole, shapes = (
+            [(n, expert_parallel_shape(n, s, ep, par.expert_tensor)) for n, s in x] for x in (whole, shapes)
+        )
     # One block's and the root's tensors as this rank holds them (a stage's list may lack block 0).
     block_shapes = whole if par.pipeline > 1 else shapes
     mixed = mixed_precision(t.precision)
@@ -129,19 +172,14 @@ def model_state_tensors(cfg: ResolvedConfig, rank: int | None = None, stage: int
     state_bytes = param_bytes  # PyTorch optimizers keep states in the parameter dtype
     zero = par.zero_stage if dp > 1 else 0
     sharded = zero >= 2  # FSDP2 shards parameters, gradients and states
+    shard = _ZeroShard(cfg, rank or 0, tensor_rank)
 
-    def group(name: str) -> int:  # the ranks ZeRO shards a tensor over: an expert's are the dp / ep that hold it
-        return dp // ep if ep > 1 and is_expert(name) else dp
-
-    def place(name: str) -> int:  # this rank's place in that group (data ranks r, r + ep, ... hold the same experts)
-        return (rank or 0) // ep if ep > 1 and is_expert(name) else rank or 0
-
-    n_params = sum(_shard_numel(s, group(n)) if sharded else numel(s) for n, s in shapes)  # FSDP pads chunks
+    n_params = sum(_shard_numel(s, shard.group(n), shard.dim(n, s)) if sharded else numel(s) for n, s in shapes)
     owned = list(range(len(shapes)))
-    if zero == 1:  # each rank owns its share of the dense tensors (over dp) and of its experts' (over dp / ep)
-        owned = _zero1_owned(m, shapes, dp, ep, rank)
+    if zero == 1:  # each rank owns its share of the dense tensors (over dp) and of its experts' (over edp)
+        owned = _zero1_owned(m, shapes, dp, par.expert_data_parallel, ep, rank)
     n_states = sum(
-        _state_numel(t.optimizer, _shape_for(s, group(n), sharded, place(n)), t.momentum)
+        _state_numel(t.optimizer, _shape_for(s, shard.group(n), sharded, shard.place(n), shard.dim(n, s)), t.momentum)
         for n, s in (shapes[i] for i in owned)
     )
     steps = 4 * len(owned) if _has_step(t.optimizer) else 0
@@ -152,7 +190,7 @@ def model_state_tensors(cfg: ResolvedConfig, rank: int | None = None, stage: int
         gradients=grad_bytes * n_params,
         optimizer_states=state_bytes * n_states + steps,
         working_copies=copies,
-        optimizer_working=_optimizer_working(cfg, shapes, owned, dp, sharded, state_bytes),
+        optimizer_working=_optimizer_working(cfg, shapes, owned, shard, sharded, state_bytes),
         per_layer_params=_block_share(cfg, whole),
         stage=stage,
     )
@@ -197,9 +235,12 @@ def _working_copies(
         # train.cache_weight_casts every block's, for the whole step
         recomputed = t.activation_checkpointing != "none" and not caches_weight_casts(t, par)
         layers_kept = 1 if recomputed else layers_here
-        copies = (
-            2 * (layers_kept * (layer_matmul - converted) + output_matmul) // (par.tensor if par.pipeline > 1 else 1)
-        )
+        held = layers_kept * layer_matmul
+        if not recomputed and par.pipeline == 1:  # each block its own (an MoE model's dense first ones hold fewer)
+            held = sum(
+                numel(s) for n, s in shapes if n.startswith("blocks.") and _is_cast(n, s, caches_weight_casts(t, par))
+            )
+        copies = 2 * (held - layers_kept * converted + output_matmul) // (par.tensor if par.pipeline > 1 else 1)
     else:
         copies = 0
     return copies
@@ -210,21 +251,33 @@ def is_expert(name: str) -> bool:
     return ".mlp.experts." in name
 
 
-def expert_parallel_shape(name: str, shape: tuple[Any, ...], ep: int) -> tuple[Any, ...]:
-    """The part of a parameter one expert-parallel rank holds: E / ep of the routed experts, the rest whole."""
-    if ep > 1 and is_expert(name):
-        return (shape[0] // ep,) + tuple(shape[1:])
-    return tuple(shape)
+def is_moe_dense(name: str) -> bool:
+    """An MoE layer's tensor that every rank of it holds whole: its router and its shared experts."""
+    return ".mlp.router." in name or ".mlp.shared." in name
+
+
+def expert_parallel_shape(name: str, shape: tuple[Any, ...], ep: int, etp: int = 1) -> tuple[Any, ...]:
+    """The part of a parameter one expert-parallel rank holds: E / ep of the routed experts, each split over
+    etp tensor ranks as the dense MLP is (up [E, 2 H_e, H] by rows, down [E, H, H_e] by columns, the biases
+    with them), the rest whole."""
+    if not is_expert(name):
+        return tuple(shape)
+    rest = list(shape[1:])
+    if etp > 1:
+        split = 0 if name.endswith((".up", ".up_bias")) else len(rest) - 1  # down_bias [E, H] is not split
+        if not name.endswith(".down_bias"):
+            rest[split] //= etp
+    return (shape[0] // ep, *rest)
 
 
 def _zero1_owned(
-    m: ResolvedModelConfig, shapes: list[tuple[str, tuple[int, ...]]], dp: int, ep: int, rank: int | None
+    m: ResolvedModelConfig, shapes: list[tuple[str, tuple[int, ...]]], dp: int, edp: int, ep: int, rank: int | None
 ) -> list[int]:
     """The tensors whose optimizer states one rank keeps under ZeRO-1 (`rank`; None: the largest share). With
-    expert parallelism the experts' tensors are partitioned apart, over the dp / ep ranks that hold the same
+    expert parallelism the experts' tensors are partitioned apart, over the `edp` ranks that hold the same
     experts (the largest shares of both parts added: an upper bound)."""
     owned: list[int] = []
-    for experts, ranks in ((False, dp), (True, dp // ep)) if ep > 1 else ((None, dp),):
+    for experts, ranks in ((False, dp), (True, edp)) if ep > 1 else ((None, dp),):
         ix = [i for i, (n, _) in enumerate(shapes) if experts is None or is_expert(n) == experts]
         part = [shapes[i] for i in ix]
         partition = zero1_partition(part, ranks, decay_groups(m, part))
@@ -250,9 +303,15 @@ def _heaviest_block(
     `matmul`: its matrices only, `biases`: and the linears' biases (not the norms')."""
 
     def counted(n: str, s: tuple[int, ...]) -> bool:
-        return not matmul or len(s) >= 2 or (biases and n.endswith(".bias") and not n.endswith("norm.bias"))
+        return not matmul or _is_cast(n, s, biases)
 
     return max(sum(numel(s) for n, s in shapes if n.startswith(kind) and counted(n, s)) for kind in _block_kinds(m))
+
+
+def _is_cast(name: str, shape: tuple[int, ...], biases: bool) -> bool:
+    """A tensor autocast keeps a cast of: a matmul weight (2-D, or MoE's 3-D stacked experts), and with the cast
+    cache (`biases`) a linear's bias."""
+    return len(shape) >= 2 or (biases and name.endswith(".bias") and not name.endswith("norm.bias"))
 
 
 def _stage_sizes(cfg: ResolvedConfig) -> list[int]:
@@ -277,7 +336,7 @@ def _optimizer_working(
     cfg: ResolvedConfig,
     shapes: list[tuple[str, tuple[int, ...]]],
     owned: list[int],
-    dp: int,
+    shard: _ZeroShard,
     sharded: bool,
     state_bytes: int,
 ) -> int:
@@ -287,18 +346,19 @@ def _optimizer_working(
     peak memory"); on a CPU, one tensor at a time."""
     if cfg.train.optimizer != "adafactor":
         return 0
-    sizes = [numel(_shape_for(shapes[i][1], dp, sharded)) for i in owned]
+    sizes = [numel(_shape_for(s, shard.group(n), sharded, 0, shard.dim(n, s))) for n, s in (shapes[i] for i in owned)]
     if gpu_spec(cfg.hardware.gpu).name == "cpu":
         return state_bytes * max(sizes, default=0)
     return state_bytes * sum(sizes)
 
 
-def _shape_for(shape: tuple[int, ...], dp: int, sharded: bool, rank: int = 0) -> tuple[int, ...]:
+def _shape_for(shape: tuple[int, ...], dp: int, sharded: bool, rank: int = 0, dim: int = 0) -> tuple[int, ...]:
     """A rank's unpadded share of a tensor under FSDP (optimizer states are made like the local shard)."""
     if not sharded:
         return shape
-    chunk = -(-shape[0] // dp)
-    return (max(0, min(chunk, shape[0] - rank * chunk)),) + tuple(shape[1:])
+    chunk = -(-shape[dim] // dp)
+    own = max(0, min(chunk, shape[dim] - rank * chunk))
+    return tuple(own if i == dim else d for i, d in enumerate(shape))
 
 
 def _block_share(cfg: ResolvedConfig, shapes: list[tuple[str, tuple[int, ...]]]) -> int:

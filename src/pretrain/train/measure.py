@@ -188,22 +188,36 @@ def measure_forward(
     inner = getattr(model, "module", model)  # DDP wraps our model
     blocks = getattr(inner, "blocks", [])
     recomputed = bool(blocks) and is_checkpointed(blocks[0])
-    calls: list = []  # the first block's arguments: its input, and the rotary tables and mask it shares
-    hook = blocks[0].register_forward_pre_hook(lambda _, args: calls.append(args)) if recomputed else None
+    # The first block of each kind (an MoE model's dense first blocks, its MoE blocks) and its arguments: its
+    # input, and the rotary tables and mask it shares.
+    kinds = {type(b.mlp): b for b in reversed(blocks)} if recomputed else {}
+    calls: dict = {}
+    hooks = [b.register_forward_pre_hook(lambda b, args: calls.setdefault(b, args)) for b in kinds.values()]
     with meter():
         with autocast():
             loss = model(tokens, targets)
-        if recomputed:
-            # Recomputation keeps only block inputs (and, selective, the policy's outputs) through the forward;
-            # in backward each block is run again and holds its own recomputed tensors until its gradients
-            # are done. Count one block.
-            assert hook is not None  # registered above: recomputed
+        for hook in hooks:
             hook.remove()
-            x, *shared = calls[0]
-            # Not one of the step's micro-batches: a MoE layer of this block keeps its step's counts and loss.
-            kept = [(m, m.step_sums, m.router_loss) for m in moe_layers(blocks[0])]
-            with autocast():
-                meter.recompute_block(blocks[0], x.detach().requires_grad_(True), *shared)
-            for m, sums, balancing in kept:
-                m.step_sums, m.router_loss = sums, balancing
-    return loss, meter.split()
+    saved = meter.split()
+    if recomputed:
+        # Recomputation keeps only block inputs (and, selective, the policy's outputs) through the forward; in
+        # backward each block is run again and holds its own recomputed tensors until its gradients are done.
+        # Count one block: the kind that holds the most.
+        runs = [_recomputed(meter, block, calls[block], autocast) for block in kinds.values()]
+        worst = max(runs, key=lambda run: run["activations"])
+        saved = {key: saved[key] + worst[key] for key in saved}
+    return loss, saved
+
+
+def _recomputed(meter: SavedTensorMeter, block: torch.nn.Module, args: tuple, autocast) -> dict:
+    """What running `block` again as its recomputation holds beyond what `meter` counted in forward."""
+    again = SavedTensorMeter(meter.model)
+    again.excluded = {**meter.excluded, **meter.storages}  # the block input, the policy's kept outputs
+    x, *shared = args
+    # Not one of the step's micro-batches: a MoE layer of this block keeps its step's counts and loss.
+    kept = [(m, m.step_sums, m.router_loss) for m in moe_layers(block)]
+    with autocast():
+        again.recompute_block(block, x.detach().requires_grad_(True), *shared)
+    for m, sums, balancing in kept:
+        m.step_sums, m.router_loss = sums, balancing
+    return again.split()

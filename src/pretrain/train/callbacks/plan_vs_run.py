@@ -77,7 +77,9 @@ class PlanVsRun(Callback):
 
         rt = trainer.rt
         coords = rt.layout.coords(rt.rank)
-        planned = model_state_tensors(trainer.device_config, rank=coords.data, stage=coords.pipeline)
+        planned = model_state_tensors(
+            trainer.device_config, rank=coords.data, stage=coords.pipeline, tensor_rank=coords.tensor
+        )
         rows = [
             plan_check._row(r["name"], planned[r["name"]], r["measured"], r["unit"])
             if r["name"] in ("parameters", "gradients", "optimizer_states")
@@ -98,7 +100,9 @@ class PlanVsRun(Callback):
         from ...plan.model_states import model_state_tensors
 
         coords = trainer.rt.layout.coords(trainer.rt.rank)
-        planned = model_state_tensors(trainer.device_config, rank=coords.data, stage=coords.pipeline)
+        planned = model_state_tensors(
+            trainer.device_config, rank=coords.data, stage=coords.pipeline, tensor_rank=coords.tensor
+        )
         wrong = {k: (v, planned[k]) for k, v in states.items() if v != planned[k]}
         if wrong:
             detail = ", ".join(f"{k} {held:,} bytes held, {want:,} planned" for k, (held, want) in wrong.items())
