@@ -23,7 +23,7 @@ from ..model.documents import documents_of_run
 from ..plan import make_plan
 from ..precision import half_dtype
 from . import plan_check
-from .attention import kernel_context
+from .attention import kernel_context, rank_kv_heads
 from .checkpoint.choice import resume_point
 from .checkpoint.compatibility import check_resume_compatible, stage_change
 from .checkpoint.run_dir import RunDir
@@ -131,7 +131,7 @@ def trainable_model(
                 check_document_index(data, split)
     if rt.device.type == "cuda":
         torch.set_float32_matmul_precision("high")  # fp32 matmuls at TF32 speed, as the plan assumes
-    attention_kernels = kernel_context(rt.device, t.precision)  # entered by each step, not for good
+    attention_kernels = kernel_context(rt.device, t.precision, rank_kv_heads(c))  # entered by each step, not for good
 
     # FSDP and tensor parallelism materialise each rank's shard only, a pipeline stage its own layers only.
     on_meta = (c.parallel.fsdp or c.parallel.tensor > 1 or c.parallel.pipeline > 1) and not c.model.init_from
