@@ -95,13 +95,16 @@ def claim_run_dir(
 ) -> tuple[Path | None, dict | None, Path | None]:
     """(resume_from, stage_change, history_aside): one trainer per run directory, before any write; where it
     resumes from, and an earlier run's leftovers set aside."""
-    from ..distributed.runtime import barrier
+    from ..distributed.runtime import barrier, first_of_ranks
 
     if rt.is_main and not quiet:
         directory.lock()
     if c.run.resume == "never" and not quiet:
         directory.check_new_run()
-    resume_from, corrupt = resume_point(directory.path) if c.run.resume == "auto" else (None, [])
+    resume_from, corrupt = None, []
+    if c.run.resume == "auto":  # each rank hashes its share of each checkpoint's files, all take one verdict
+        share = (rt.rank, rt.world_size)
+        resume_from, corrupt = resume_point(directory.path, share, lambda problem: first_of_ranks(problem, rt))
     stage = None
     if resume_from is not None:
         check_resume_compatible(resume_from, c)
