@@ -262,7 +262,8 @@ def test_nccl_buffers_only_between_gpus():
         (["parallel.gpus=8", "parallel.tensor=2"], 3),
     ]:  # the job's, data 4, tensor 2
         # GPT-2: its LayerNorms keep the same tensors on both devices (RMSNorm's do not: fused on CUDA)
-        gpu = _memory("model.preset=gpt2", "hardware.gpu=h100-sxm", *layout)
+        # and the residual stream in fp32 on both (a compiled GPU run's default is bf16: train.half_residual)
+        gpu = _memory("model.preset=gpt2", "hardware.gpu=h100-sxm", "train.half_residual=false", *layout)
         cpu = _memory("model.preset=gpt2", "hardware.gpu=cpu", *layout)
         assert gpu["buffers"] - cpu["buffers"] == communicators * channels, layout
         for phase, nbytes in gpu["phases"].items():  # + the CUDA context, and the CPU's checkpoint RNG states
@@ -298,9 +299,11 @@ def test_the_chunked_loss_at_the_end_of_forward_and_in_its_backward():
     # fp32 input h, one chunk's fp32 logits with logsumexp's temporary, the bf16 cast of the fp32 output weight
     # and of one chunk of h; in its backward only the scaled dL/dh (fp32) and dL/dW (fp32, the weight's dtype).
     # Its kept dL/dh and dL/dW (bf16) are activations, in both phases; the plain loss keeps 4 x b*s*V instead.
+    # The residual stream in fp32 (a compiled GPU run's default is bf16: train.half_residual).
     base = [
         "model.preset=llama3.2-1b",
         "hardware.gpu=h100-sxm",
+        "train.half_residual=false",
         "train.micro_batch_size=4",
         "train.seq_len=2048",
         "train.grad_accum_steps=1",

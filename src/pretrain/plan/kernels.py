@@ -14,10 +14,13 @@ Pure Python: the planner imports it without torch.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 from importlib import metadata
 from typing import TYPE_CHECKING
+
+from ..config.schema import half_residual_enabled
 
 if TYPE_CHECKING:
     from ..config.schema import ResolvedConfig
@@ -95,7 +98,22 @@ def fused_rms_norm(device: str, torch_version: str | None) -> bool:
 
 def planned_fused_norm(cfg: ResolvedConfig) -> bool:
     """The rule for a planned config: its hardware, the torch installed here."""
+    return fused_rms_norm(planned_device(cfg), installed_torch_version())
+
+
+def planned_device(cfg: ResolvedConfig) -> str:
+    """'cpu' or 'cuda': the device a config's hardware.gpu names (the trainer plans with the one it runs on)."""
     from ..gpus import gpu_spec
 
-    device = "cpu" if gpu_spec(cfg.hardware.gpu).name == "cpu" else "cuda"
-    return fused_rms_norm(device, installed_torch_version())
+    return "cpu" if gpu_spec(cfg.hardware.gpu).name == "cpu" else "cuda"
+
+
+def planned_switches(cfg: ResolvedConfig) -> ResolvedConfig:
+    """The config with train.half_residual's null resolved for the planned device, as the trainer resolves it
+    for its own (config.half_residual_enabled): a new object, the given one unchanged."""
+    t = cfg.train
+    if t.half_residual is not None:
+        return cfg
+    return dataclasses.replace(
+        cfg, train=dataclasses.replace(t, half_residual=half_residual_enabled(t, planned_device(cfg)))
+    )

@@ -16,9 +16,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..config import mixture_sources, replaced
+from ..config import half_residual_enabled, mixture_sources, replaced
 from ..data.documents import check_document_index
-from ..gpus import mixed_precision
 from ..model.documents import documents_of_run
 from ..plan import make_plan
 from ..precision import half_dtype
@@ -147,7 +146,7 @@ def trainable_model(
         loss_chunk_tokens=t.loss_chunk_tokens,
         documents=documents,
     )
-    if t.half_residual and mixed_precision(t.precision):  # Megatron's bf16 residual stream
+    if half_residual_enabled(t, rt.device.type):  # Megatron's bf16 residual stream
         model.residual_dtype = half_dtype(t.precision)
     if c.model.init_from:
         from ..model.hf import load_hf_into
