@@ -17,7 +17,7 @@ from support import ROOT
 pytest.importorskip("torch")
 SCRIPT = ROOT / "benchmarks" / "gpu_acceptance.py"
 SESSION = ROOT / "benchmarks" / "gpu_session.sh"
-FIRST_ORDER = ["llama_1b", "gpt2", "llama_1b_eager", "masked", "fp8", "moe"]
+FIRST_ORDER = ["llama_1b", "gpt2", "llama_1b_eager", "masked", "fp8", "moe", "llama_1b_fp32_residual"]
 
 
 def script(*args):
@@ -64,7 +64,8 @@ def test_first_writes_each_figure_as_measured_a_kill_keeps_them_and_a_second_cal
     done = read(tmp_path / "again" / "first.json")
     assert list(done["seconds"]) == FIRST_ORDER and not done.get("not_measured")
     assert done["seconds"]["llama_1b"] == first["seconds"]["llama_1b"]  # carried, not measured again
-    for figure in ("masked_over_unmasked_tokens_per_s", "fp8_over_bf16_tokens_per_s", "moe_tokens_per_s"):
+    ratios = ("masked_over_unmasked", "fp8_over_bf16", "llama_1b_fp32_residual_over_bf16_residual")
+    for figure in [*(f"{r}_tokens_per_s" for r in ratios), "moe_tokens_per_s"]:
         assert done[figure] > 0, figure
 
 
