@@ -28,6 +28,7 @@ from ..plan.params import count_params
 from ..plan.schedule import checked_warmup
 from ..precision import matmul_dtype
 from ..progress import counting_bar
+from ..train import use_expandable_segments
 from . import grid, output
 from .grid import Cell
 from .records import OK, OOM, SKIPPED_BUDGET, SKIPPED_FIT, records
@@ -98,8 +99,6 @@ def run_sweep(
     Every cell's config is loaded, checked and planned before any cell runs: a bad key or value raises
     ConfigError / UsageError naming it, and nothing is measured.
     """
-    from ..train import use_expandable_segments
-
     use_expandable_segments()  # as `pretrain train` allocates: a near-limit cell fits where training would
     started = time.perf_counter()
     _check_arguments(warmup_steps, steps, budget_seconds, rounds, threads)
