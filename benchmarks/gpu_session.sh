@@ -109,6 +109,7 @@ case $part in first|features)
         use_wheels torchao
         "$py" -c "import torchao.float8" >/dev/null 2>&1 || { echo "gpu_session: torchao is not importable (fp8 needs \
 it): run \`gpu_session.sh prepare\` and carry benchmarks/peers/wheels, or add --skip fp8" >&2; exit 2; }
+        export GPU_SESSION_TORCHAO=found  # gpu_acceptance.py does not probe it again
     fi ;;
 esac
 
@@ -117,9 +118,9 @@ exec > >(tee "$log") 2>&1
 
 echo "== $(date -u +%FT%TZ) part $part ${dry[*]}"
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv 2>/dev/null || true
-"$py" -c "import numpy, tokenizers, yaml" || { echo "gpu_session: numpy, tokenizers and pyyaml are needed"; exit 2; }
-"$py" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name() \
-if torch.cuda.is_available() else 'no GPU')" || exit 2
+"$py" -c "import numpy, tokenizers, yaml, torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
+torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU')" \
+    || { echo "gpu_session: torch, numpy, tokenizers and pyyaml are needed"; exit 2; }
 
 prepare_data() {  # the sample corpus with an 8K BPE, a validation split of a 2048-token window at least
     "$py" -c "import sys; sys.path.insert(0, 'benchmarks'); from gpu_runs import prepare_data; \
