@@ -77,6 +77,7 @@ EXPECTED = {
     "memory_cell_compiled": (45, 30),
 }
 STEPS = (10, 4)  # optimizer steps per run (GPU, dry run): metrics every 2 steps, the later half steady
+DRY_CAP = 600  # a dry run's cap on each run: it checks the code path, and a loaded CPU is slow by minutes
 
 
 @dataclass
@@ -109,6 +110,10 @@ class Session:
         assert self.data is not None
         return train_run(name, self.work, self.data, overrides, self.steps, cap, self.runs, nproc)
 
+    def cap(self, expected: float) -> float:
+        """A run's time limit: about twice its expected time on a GPU, inside the budget either way."""
+        return min(DRY_CAP, self.budget.left()) if self.dry else self.budget.cap(expected)
+
     def run_jobs(self, jobs: list[Job]) -> None:
         """Each job in order: skipped when the results have it, not started when its expected time does not fit
         in the budget, recorded (or named in not_measured) the moment it ends."""
@@ -121,7 +126,7 @@ class Session:
             if not self.budget.allows(job.name, expected):
                 continue
             started = time.monotonic()
-            figures = job.measure(self.budget.cap(expected))
+            figures = job.measure(self.cap(expected))
             seconds = (job.name, time.monotonic() - started)
             if figures is None:
                 self.results.put(seconds, shown={job.name: "not measured"})
@@ -423,7 +428,7 @@ def memory(s: Session, cells: int | None) -> None:
             return
         settings = [*model, f"train.compile={str(cell['compiled']).lower()}", f"train.device={s.device}"]
         settings += [f"{k}={v}" for k, v in cell["overrides"].items()]
-        row = memory_cell(s, settings, cell, s.budget.cap(expected))
+        row = memory_cell(s, settings, cell, s.cap(expected))
         if "measured_bytes" in row:
             rows.append(row)
             results.put(shown=row, memory_matrix=rows)

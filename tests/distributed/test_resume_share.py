@@ -17,6 +17,7 @@ from pretrain.train.checkpoint.format import list_checkpoints, share_of, verify 
 # Each rank: its own share's verdict on the newest checkpoint, then the resume point all ranks agree on.
 RANK = """
 import json, sys
+from pathlib import Path
 from pretrain.distributed.runtime import first_of_ranks, init_runtime, shutdown
 from pretrain.train.checkpoint.choice import resume_point
 from pretrain.train.checkpoint.format import list_checkpoints, verify
@@ -25,7 +26,8 @@ rt = init_runtime("cpu")
 share = (rt.rank, rt.world_size)
 own = verify(list_checkpoints(sys.argv[1])[-1], share)
 point, corrupt = resume_point(sys.argv[1], share, lambda problem: first_of_ranks(problem, rt))
-print(json.dumps({"own": own, "point": point.name, "corrupt": [[p.name, why] for p, why in corrupt]}))
+out = {"own": own, "point": point.name, "corrupt": [[p.name, why] for p, why in corrupt]}
+Path(sys.argv[2], f"rank{rt.rank}.json").write_text(json.dumps(out))  # not stdout: the ranks' lines interleave
 shutdown(rt)
 """
 
@@ -50,10 +52,19 @@ def test_each_file_is_hashed_by_one_rank_and_the_ranks_agree(prepared, tmp_path)
 
     script = tmp_path / "rank.py"
     script.write_text(RANK)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", script, run_dir]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        script,
+        run_dir,
+        tmp_path,
+    ]
     r = subprocess.run(list(map(str, cmd)), capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    ranks = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(2)]
     assert sorted(x["own"] is None for x in ranks) == [False, True]  # only rank 1 saw it
     for x in ranks:  # both resume from the older checkpoint and set the newest aside, for the same reason
         assert x["point"] == older.name and x["corrupt"] == [[newest.name, f"{victim} fails its sha256 checksum"]]

@@ -4,6 +4,7 @@ without torchao it is one line and exit 2. Speed is a GPU's question (tests/benc
 
 import json
 import math
+import os
 import subprocess
 import sys
 
@@ -128,7 +129,8 @@ def test_fsdp_gathers_fp8_weights_and_holds_the_planned_bytes(prepared, tmp_path
 # One rank of ZeRO-3 in fp8: after a step, every converted weight's float8 all-gather has its scale already,
 # computed once for all weights (torchao's precompute), e4m3's largest value over the whole weight's amax.
 RANK = """
-import json, sys
+import json, os, sys
+from pathlib import Path
 from pretrain.config import load_config
 from pretrain.distributed.runtime import init_runtime, shutdown
 from pretrain.train.trainer import Trainer
@@ -143,7 +145,8 @@ scales = []
 for m in linears:
     expected = 448.0 / m.weight.full_tensor().abs().max().double()
     scales.append([float(m.weight._local_tensor._precomputed_scale), float(expected)])
-print(json.dumps({"before": [x is None for x in before], "scales": scales}))
+out = {"before": [x is None for x in before], "scales": scales}
+Path(os.environ["RANK_OUT"], f"rank{rt.rank}.json").write_text(json.dumps(out))  # not stdout: ranks interleave
 shutdown(rt)
 """
 
@@ -154,9 +157,10 @@ def test_fsdp_float8_weight_scales_are_precomputed_after_each_step(prepared, tmp
     script.write_text(RANK)
     args = tiny(prepared, tmp_path / "run", *FP8, "parallel.gpus=2", "parallel.zero_stage=3", "run.checkpoint_every=0")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", script, *args]
-    r = subprocess.run(list(map(str, cmd)), capture_output=True, text=True, timeout=300)
+    env = {**os.environ, "RANK_OUT": str(tmp_path)}
+    r = subprocess.run(list(map(str, cmd)), capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
-    for rank in [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]:
+    for rank in [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]:
         assert all(rank["before"]) and len(rank["scales"]) == 8  # none before the first step
         for got, expected in rank["scales"]:
             assert got == pytest.approx(expected, rel=1e-6)
