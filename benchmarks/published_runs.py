@@ -45,12 +45,16 @@ def _rooted(overrides: list[str]) -> list[str]:
 
 def planned(case: dict) -> tuple[dict, bool]:
     """(the plan of the published layout, False), or of its fallback_overrides when the planner refuses it."""
+    # The residual stream as the model was fitted with: fp32 (the default before train.half_residual turned on
+    # by itself for blocks compiled on CUDA); none of these frameworks runs torch.compile's fused adds.
+    fitted = ["train.half_residual=false"]
     try:
-        return plan_with_explain(load_config(overrides=_rooted(case["overrides"])), advice=False)[0], False
+        return plan_with_explain(load_config(overrides=fitted + _rooted(case["overrides"])), advice=False)[0], False
     except ConfigError:
         if "fallback_overrides" not in case:
             raise
-    return plan_with_explain(load_config(overrides=_rooted(case["fallback_overrides"])), advice=False)[0], True
+    fallback = fitted + _rooted(case["fallback_overrides"])
+    return plan_with_explain(load_config(overrides=fallback), advice=False)[0], True
 
 
 def score(case: dict) -> dict:

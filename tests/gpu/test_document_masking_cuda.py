@@ -11,8 +11,10 @@ torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2"])
-def test_flex_block_mask_equals_the_dense_mask(family):
+@pytest.mark.parametrize("family, length", [("llama", 150), ("gpt2", 150), ("llama", 400)])
+def test_flex_block_mask_equals_the_dense_mask(family, length):
+    """Documents of ~150 tokens (partial blocks) and of ~400 (whole 128-token blocks of one document: full
+    blocks, where the kernel skips the rule)."""
     from pretrain.config import load_config
     from pretrain.model import Documents, build_model
 
@@ -32,7 +34,7 @@ def test_flex_block_mask_equals_the_dense_mask(family):
     )
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(1, 256, (2, 512), generator=g)
-    tokens[torch.rand(2, 512, generator=g) < 1 / 150] = 0  # documents of ~150 tokens
+    tokens[torch.rand(2, 512, generator=g) < 1 / length] = 0  # documents of ~length tokens
     tokens, targets = tokens.cuda(), tokens.roll(-1, 1).cuda()
     grads, losses = [], []
     for kernel in ("flex", "mask"):

@@ -169,3 +169,49 @@ def test_the_kernel_follows_the_device_and_never_falls_back_unmasked():
     assert documents_of_run(reset.model, reset.train, torch.device("cpu"), EOS) == Documents(
         EOS, masking=False, position_reset=True
     )
+
+
+@pytest.mark.parametrize("seq", [384, 300])
+def test_the_flex_block_mask_is_torchs_without_a_dense_mask(seq):
+    """FlexAttention's block mask built from the documents block by block (no (batch, seq, seq) grid): the same
+    partial and full blocks as create_block_mask, which evaluates the rule on every token pair; long documents
+    (whole blocks of one), short ones, and a sequence that is not a whole number of blocks."""
+    from torch.nn.attention.flex_attention import create_block_mask
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from pretrain.model.documents import flex_block_mask
+
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(1, 64, (3, seq), generator=g)
+    tokens[0, torch.rand(seq, generator=g) < 1 / 20] = EOS  # short documents
+    tokens[1, [100, 290]] = EOS  # documents longer than a block: full blocks
+    doc = document_ids(tokens, EOS)  # row 2: one document
+
+    class Largest(TorchDispatchMode):
+        numel = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else [out]:
+                if isinstance(t, torch.Tensor):
+                    Largest.numel = max(Largest.numel, t.numel())
+            return out
+
+    with Largest():
+        ours = flex_block_mask(doc)
+    assert Largest.numel < seq * seq  # nothing token by token against token
+
+    def rule(b, h, q, kv):
+        return (doc[b, q] == doc[b, kv]) & (q >= kv)
+
+    theirs = create_block_mask(rule, 3, None, seq, seq, device="cpu")
+    assert torch.equal(ours.kv_num_blocks, theirs.kv_num_blocks)
+    assert torch.equal(ours.full_kv_num_blocks, theirs.full_kv_num_blocks)
+    assert ours.full_kv_num_blocks.sum() > 0 and ours.kv_num_blocks.sum() > 0
+    assert torch.equal(ours.to_dense(), theirs.to_dense())
+    for mine, torchs in ((ours.kv_indices, theirs.kv_indices), (ours.full_kv_indices, theirs.full_kv_indices)):
+        counts = ours.kv_num_blocks if mine is ours.kv_indices else ours.full_kv_num_blocks
+        for index in counts.flatten().nonzero().flatten().tolist():
+            n = int(counts.flatten()[index])
+            row = mine.flatten(0, 2)[index], torchs.flatten(0, 2)[index]
+            assert sorted(row[0][:n].tolist()) == sorted(row[1][:n].tolist())

@@ -116,3 +116,43 @@ def test_full_recomputation_counts_each_micro_batch_once(early_stop):
     assert recomputed.blocks[1].mlp.router_loss is None  # the recomputation keeps no loss graph
     assert end_step(plain, 1) == end_step(recomputed, 1)
     assert torch.equal(plain.blocks[1].mlp.expert_bias, recomputed.blocks[1].mlp.expert_bias)
+
+
+def test_expert_counts_are_bincounts():
+    from pretrain.model.moe import expert_counts
+
+    experts = torch.randint(0, 8, (1000,), generator=torch.Generator().manual_seed(0))
+    counts = expert_counts(experts, 8)
+    assert counts.dtype == torch.int64 and torch.equal(counts, torch.bincount(experts, minlength=8))
+    assert torch.equal(expert_counts(torch.tensor([7, 7]), 8), torch.tensor([0] * 7 + [2]))  # empty experts: 0
+
+
+def test_the_moe_layer_reads_nothing_back_from_the_device():
+    """Under FakeTensorMode every tensor is a shape without values: an op that must read values on the host
+    (.item(), .tolist(), torch.bincount, nonzero, repeat_interleave without output_size: each a host sync on
+    CUDA) raises there. The routed layer's forward and backward, on the grouped GEMM as on a GPU, run through."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, FakeTensorMode
+
+    cfg = load_config(None, ["model.preset=moe-debug"]).model
+    with FakeTensorMode():
+        layer = MoE(cfg).train()
+        x = torch.randn(2, 16, cfg.hidden_size, requires_grad=True)
+        with torch.autocast("cpu", torch.bfloat16):  # bf16-mixed: the grouped GEMM's kernel, as on a GPU
+            assert layer.experts.uses_grouped_mm(x.bfloat16())
+            y = layer(x)
+        (y.float().sum() + layer.router_loss).backward()
+        assert y.shape == x.shape and layer.experts.up.grad is not None
+        # what the check catches: the counts as they were, and any value read back
+        with pytest.raises(DynamicOutputShapeException):
+            torch.bincount(x.flatten().long(), minlength=8)
+        with pytest.raises(DataDependentOutputException):
+            x.sum().item()
+
+
+def test_the_grouped_gemm_serves_experts_on_hopper_only():
+    """Blackwell's grouped GEMM gives experts without tokens non-zero gradients (pytorch#172439): the loop there."""
+    from pretrain.model.moe import grouped_mm_on_cuda
+
+    assert grouped_mm_on_cuda((9, 0), torch.bfloat16)
+    assert not grouped_mm_on_cuda((10, 0), torch.bfloat16) and not grouped_mm_on_cuda((12, 0), torch.bfloat16)
+    assert not grouped_mm_on_cuda((8, 0), torch.bfloat16) and not grouped_mm_on_cuda((9, 0), torch.float32)

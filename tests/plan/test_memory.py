@@ -261,8 +261,10 @@ def test_nccl_buffers_only_between_gpus():
         (["parallel.gpus=8", "parallel.zero_stage=3"], 2),  # + the mesh's data group
         (["parallel.gpus=8", "parallel.tensor=2"], 3),
     ]:  # the job's, data 4, tensor 2
-        gpu = _memory("model.preset=llama3.2-1b", "hardware.gpu=h100-sxm", *layout)
-        cpu = _memory("model.preset=llama3.2-1b", "hardware.gpu=cpu", *layout)
+        # GPT-2: its LayerNorms keep the same tensors on both devices (RMSNorm's do not: fused on CUDA)
+        # and the residual stream in fp32 on both (a compiled GPU run's default is bf16: train.half_residual)
+        gpu = _memory("model.preset=gpt2", "hardware.gpu=h100-sxm", "train.half_residual=false", *layout)
+        cpu = _memory("model.preset=gpt2", "hardware.gpu=cpu", *layout)
         assert gpu["buffers"] - cpu["buffers"] == communicators * channels, layout
         for phase, nbytes in gpu["phases"].items():  # + the CUDA context, and the CPU's checkpoint RNG states
             assert nbytes - cpu["phases"][phase] == communicators * channels + gpu["cuda_context"], (layout, phase)
@@ -297,9 +299,11 @@ def test_the_chunked_loss_at_the_end_of_forward_and_in_its_backward():
     # fp32 input h, one chunk's fp32 logits with logsumexp's temporary, the bf16 cast of the fp32 output weight
     # and of one chunk of h; in its backward only the scaled dL/dh (fp32) and dL/dW (fp32, the weight's dtype).
     # Its kept dL/dh and dL/dW (bf16) are activations, in both phases; the plain loss keeps 4 x b*s*V instead.
+    # The residual stream in fp32 (a compiled GPU run's default is bf16: train.half_residual).
     base = [
         "model.preset=llama3.2-1b",
         "hardware.gpu=h100-sxm",
+        "train.half_residual=false",
         "train.micro_batch_size=4",
         "train.seq_len=2048",
         "train.grad_accum_steps=1",
@@ -326,3 +330,38 @@ def test_selective_recomputation_says_what_it_keeps_as_torchtitans_op_policy():
     assert value == "operator-level" and "every other matmul" in formula and "output projection" in formula
     _, ex = plan_with_explain(load_config(overrides=["model.preset=llama3-8b"]), advice=False)
     assert not [line for line in ex.lines if line[1] == "selective recomputation"]
+
+
+@pytest.mark.parametrize("precision, kept", [("bf16-mixed", 4), ("bf16", 2)])
+def test_rms_norm_terms_are_what_the_device_kernel_keeps(precision, kept):
+    """On CUDA F.rms_norm runs its fused kernel (torch >= 2.8), which keeps its input (fp32 under autocast,
+    which casts a norm's input up; pure bf16's 16-bit input) and 1/rms, not the fp32 normalised x that the
+    CPU's composite also keeps (tests/model/test_norm.py): the CUDA plan counts what the kernel keeps, the CPU
+    plan stays as it was."""
+    from pretrain.plan.activations import activation_bytes
+    from pretrain.plan.kernels import fused_rms_norm, planned_fused_norm
+
+    shape = ["model.preset=llama3.2-1b", "model.qk_norm=true", "train.seq_len=2048", "train.micro_batch_size=2"]
+    shape.append(f"train.precision={precision}")
+    cpu, gpu = (load_config(overrides=[*shape, f"hardware.gpu={g}"]) for g in ("cpu", "h100-sxm"))
+    assert not planned_fused_norm(cpu) and planned_fused_norm(gpu)
+    assert fused_rms_norm("cuda", "2.7.1+cu126") is False and fused_rms_norm("cuda", "2.11.0+cu130") is True
+    m, t, par = gpu.model, gpu.train, gpu.parallel
+    eager = activation_bytes(m, t, par)  # the CPU's terms
+    fused = activation_bytes(m, t, par, fused_norm=True)
+    names = {x.name: x.bytes for x in fused["layer_terms"]}
+    bsh, bs = 2 * 2048 * m.hidden_size, 2 * 2048
+    assert "RMSNorm fp32 normalised x" not in names and "QK-norm fp32 normalised q, k" not in names
+    inputs = next(v for k, v in names.items() if k.startswith("RMSNorm") and k.endswith("inputs"))
+    assert inputs == 2 * kept * bsh and names["RMSNorm reciprocal rms"] == 2 * 4 * bs
+    width = (m.num_heads + m.num_kv_heads) * m.head_dim  # QK-norm (Qwen3's): per head of q and k
+    dropped = 2 * 4 * bsh + 4 * bs * width  # the fp32 normalised x of both norms, and of q and k
+    if kept == 2:  # pure bf16: the 16-bit inputs kept, not fp32 copies; q and k are views of the qkv output
+        dropped += 2 * 2 * bsh + 4 * bs * width  # that SDPA keeps whole already
+    assert eager["per_layer"] - fused["per_layer"] == dropped
+    final = {x.name: x.bytes for x in fused["once_terms"]}["final RMSNorm"]
+    assert final == kept * bsh + 4 * bs
+    assert make_plan(gpu)["memory_bytes"]["activations"] == fused["total"]
+    assert (
+        make_plan(cpu)["memory_bytes"]["activations"] == activation_bytes(cpu.model, cpu.train, cpu.parallel)["total"]
+    )

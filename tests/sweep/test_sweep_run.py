@@ -1,6 +1,7 @@
 """`run_sweep` in process on a tiny model: figures, memory against the planner, budget, fit, OOM, errors."""
 
 import json
+import os
 import statistics
 import time
 import types
@@ -292,3 +293,22 @@ def test_the_default_threads_are_the_free_cores():
     cores = min(len(os.sched_getaffinity(0)), torch.get_num_threads())
     assert 1 <= threads <= cores and why.startswith("auto: ")
     assert cpu_threads(3) == (3, "--threads")
+
+
+def test_each_cell_starts_with_a_fresh_compile_cache(tmp_path, monkeypatch):
+    """One process's torch.compile cache across cells recompiled each new model, traced dynamic shapes once the
+    shapes changed, then ran eager past the recompile limit: each cell starts from dynamo's reset state, as a
+    `pretrain train` process does, and the allocator as training sets it."""
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    def compiled_before(x):  # compiled earlier in this process, with the cheapest backend
+        return x * 2
+
+    torch.compile(compiled_before, backend="eager")(torch.ones(3))
+    assert len(_debug_get_cache_entry_list(compiled_before.__code__)) == 1
+    result = sweep(tmp_path, ["train.seq_len=16", "train.micro_batch_size=1"], warmup_steps=2, steps=1)
+    assert result["cells"][0]["status"] == "ok"
+    assert _debug_get_cache_entry_list(compiled_before.__code__) == []  # dynamo reset before the cell
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"

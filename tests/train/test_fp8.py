@@ -4,6 +4,7 @@ without torchao it is one line and exit 2. Speed is a GPU's question (tests/benc
 
 import json
 import math
+import os
 import subprocess
 import sys
 
@@ -131,8 +132,48 @@ def test_fsdp_gathers_fp8_weights_and_holds_the_planned_bytes(prepared, tmp_path
         )
     )
     report = json.loads((run_dir / "plan_vs_run.json").read_text())
-    assert report["fp8"] == {"recipe": "tensorwise", "linears": 8, "skipped": 1}
+    assert report["fp8"] == {"recipe": "tensorwise", "linears": 8, "skipped": 1, "fsdp_float8_all_gather": True}
     assert all(math.isfinite(x) for x in losses(run_dir).values())
+
+
+# One rank of ZeRO-3 in fp8: after a step, every converted weight's float8 all-gather has its scale already,
+# computed once for all weights (torchao's precompute), e4m3's largest value over the whole weight's amax.
+RANK = """
+import json, os, sys
+from pathlib import Path
+from pretrain.config import load_config
+from pretrain.distributed.runtime import init_runtime, shutdown
+from pretrain.train.trainer import Trainer
+from torchao.float8.float8_linear import Float8Linear
+
+rt = init_runtime("cpu")
+trainer = Trainer(load_config(None, sys.argv[1:]), rt, quiet=True)
+linears = [m for m in trainer.par.module.modules() if isinstance(m, Float8Linear)]
+before = [m.weight._local_tensor._precomputed_scale for m in linears]
+trainer.step()
+scales = []
+for m in linears:
+    expected = 448.0 / m.weight.full_tensor().abs().max().double()
+    scales.append([float(m.weight._local_tensor._precomputed_scale), float(expected)])
+out = {"before": [x is None for x in before], "scales": scales}
+Path(os.environ["RANK_OUT"], f"rank{rt.rank}.json").write_text(json.dumps(out))  # not stdout: ranks interleave
+shutdown(rt)
+"""
+
+
+@pytest.mark.slow
+def test_fsdp_float8_weight_scales_are_precomputed_after_each_step(prepared, tmp_path):
+    script = tmp_path / "rank.py"
+    script.write_text(RANK)
+    args = tiny(prepared, tmp_path / "run", *FP8, "parallel.gpus=2", "parallel.zero_stage=3", "run.checkpoint_every=0")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", script, *args]
+    env = {**os.environ, "RANK_OUT": str(tmp_path)}
+    r = subprocess.run(list(map(str, cmd)), capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for rank in [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]:
+        assert all(rank["before"]) and len(rank["scales"]) == 8  # none before the first step
+        for got, expected in rank["scales"]:
+            assert got == pytest.approx(expected, rel=1e-6)
 
 
 def test_fp8_without_torchao_is_one_line(prepared, tmp_path):

@@ -127,3 +127,30 @@ def test_a_switch_that_would_do_nothing_is_one_line(prepared, tmp_path, extra, m
     r = run_here("train", *tiny(prepared, tmp_path / "run", *extra))
     assert r.returncode == 2 and r.stderr.startswith(f"pretrain train: error: {message}"), r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "run").exists()
+
+
+def test_the_half_residual_stream_is_the_default_where_it_pays_and_only_there():
+    """train.half_residual null (the default): on for blocks compiled on CUDA in a mixed precision (issue #44),
+    off on a CPU (which trains bit for bit as before: tests/train/test_reference_losses.py) and eager; the plan
+    resolves it for its hardware as the trainer does for its device."""
+    from pretrain.config import half_residual_enabled
+    from pretrain.plan.activation_terms import residual_bytes
+    from pretrain.plan.kernels import planned_switches
+
+    def train(*extra):
+        return load_config(None, ["model.preset=debug", *extra]).train
+
+    assert train().half_residual is None
+    assert half_residual_enabled(train(), "cuda")  # bf16-mixed, compile auto: compiled on CUDA
+    assert half_residual_enabled(train("train.precision=fp8"), "cuda")
+    assert not half_residual_enabled(train(), "cpu")  # auto does not compile there
+    assert not half_residual_enabled(train("train.compile=true"), "cpu")  # never a CPU's default
+    assert not half_residual_enabled(train("train.compile=false"), "cuda")  # eager: the fused adds are not there
+    assert not half_residual_enabled(train("train.precision=fp32"), "cuda")
+    assert not half_residual_enabled(train("train.half_residual=false"), "cuda")  # as asked
+    assert half_residual_enabled(train("train.half_residual=true", "train.compile=false"), "cpu")
+    for gpu, compile, kept in [("h100-sxm", "auto", 2), ("h100-sxm", "false", 4), ("cpu", "true", 4)]:
+        c = planned_switches(
+            load_config(None, ["model.preset=debug", f"hardware.gpu={gpu}", f"train.compile={compile}"])
+        )
+        assert residual_bytes(c.train, c.parallel) == kept, (gpu, compile)

@@ -86,6 +86,11 @@ def test_the_hopper_kernel_order_holds_for_the_step_only():
     assert backends[:2] == [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION]
     assert preferred_kernels("fp32", (9, 0)) is None and preferred_kernels("bf16-mixed", (8, 0)) is None
     assert preferred_kernels("bf16", None) is None  # not a GPU: torch's own choice
+    # Blackwell: cuDNN corrupts GQA with fewer than 8 k/v heads (pytorch#193893), never chosen there
+    assert preferred_kernels("bf16-mixed", (9, 0), kv_heads=2) == backends
+    assert preferred_kernels("bf16-mixed", (10, 0), kv_heads=8) == backends
+    blackwell = preferred_kernels("bf16-mixed", (10, 0), kv_heads=4)
+    assert blackwell == [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
     flags, order = sdp_flags(), torch._C._get_sdp_priority_order()
     q = torch.randn(1, 2, 8, 16, dtype=torch.bfloat16)
     with kernel_choice(backends)():

@@ -22,7 +22,7 @@ from .checks import resolve, validate
 from .key_table import docs_markdown
 from .mixture import mixture_sources
 from .reading import build_section, deep_copy, read_yaml, resolve_model, shown, split_override, unknown
-from .schema import SECTIONS, Config, ResolvedConfig, compile_enabled
+from .schema import SECTIONS, Config, ResolvedConfig, compile_enabled, half_residual_enabled
 from .trainable import untrained
 
 __all__ = [
@@ -37,6 +37,7 @@ __all__ = [
     "untrained",
     "mixture_sources",
     "compile_enabled",
+    "half_residual_enabled",
     "docs_markdown",
 ]
 

@@ -83,12 +83,13 @@ class TrainConfig:
         "the plan counts every block's copy held for the whole step. Eager blocks only: a "
         "compiled block casts inside its graph",
     )
-    half_residual: bool = doc(
-        False,
+    half_residual: bool | None = doc(
+        None,
         "*-mixed and fp8: the residual stream in the 16-bit compute dtype, as "
         "Megatron keeps it, instead of autocast's fp32 (the embedding's output cast); the "
-        "plan halves its terms. FSDP's mixed precision and pure bf16 keep it 16-bit anyway; "
-        "fp32 and bf16 refuse it",
+        "plan halves its terms. null: on where it pays, blocks compiled on CUDA (inductor "
+        "fuses the casts into the adds), off elsewhere (a CPU trains as before). FSDP's "
+        "mixed precision and pure bf16 keep it 16-bit anyway; fp32 and bf16 refuse true",
     )
     grad_dtype: str = doc(
         "fp32", "fp32 | same (gradients in the compute dtype, as the ZeRO paper counts)", ("fp32", "same")

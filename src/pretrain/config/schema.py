@@ -11,6 +11,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, get_type_hints
 
+from ..gpus import mixed_precision
 from .job_sections import DataConfig, ParallelConfig, TrainConfig
 from .model_section import ModelConfig
 from .planner_sections import BudgetConfig, FlopsConfig, HardwareConfig, MeasuredConfig, PlanConfig
@@ -67,6 +68,17 @@ def compile_enabled(compile_setting: bool | str, device_type: str) -> bool:
     """train.compile resolved for a device: auto compiles on CUDA (where fusing the memory-bound chains pays)
     and not on CPU (where compiling costs more than a short run gains)."""
     return device_type == "cuda" if compile_setting == "auto" else bool(compile_setting)
+
+
+def half_residual_enabled(train: TrainConfig, device_type: str) -> bool:
+    """train.half_residual resolved for a device: null (the default) keeps the residual stream in the 16-bit
+    compute dtype where that pays, a *-mixed or fp8 run whose blocks compile on CUDA (inductor fuses the casts
+    into the residual adds, which then move half the bytes), and in fp32 everywhere else; true or false as
+    given. Only autocast's precisions have an fp32 stream to narrow."""
+    mixed = mixed_precision(train.precision)
+    if train.half_residual is not None:
+        return train.half_residual and mixed
+    return mixed and device_type == "cuda" and compile_enabled(train.compile, device_type)
 
 
 def resolved(value: int | None) -> int:

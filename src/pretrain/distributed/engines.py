@@ -81,6 +81,9 @@ class Parallelized:
         to the step's last micro-batch."""
         return contextlib.nullcontext()
 
+    def after_optimizer_step(self) -> None:
+        """What the engine does once the weights have changed (FSDP2 with float8 all-gather: their scales)."""
+
     def build_optimizer(self, config: ResolvedConfig) -> torch.optim.Optimizer:
         return build_optimizer(self.module, config.model, config.train)
 
@@ -227,6 +230,12 @@ class FSDP(Parallelized):
     def no_sync(self, last: bool) -> contextlib.AbstractContextManager:
         self.module.set_requires_gradient_sync(last or not self.defer)
         return contextlib.nullcontext()
+
+    def after_optimizer_step(self) -> None:
+        if self.fp8 and self.fp8.get("fsdp_float8_all_gather"):
+            from .fp8 import precompute_scales
+
+            precompute_scales(self.module)
 
 
 def expert_placement(experts, ranks: int) -> Callable[[torch.nn.Parameter], Any]:

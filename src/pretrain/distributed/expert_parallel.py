@@ -93,10 +93,11 @@ class ShardedExperts(Experts):
         n = self.up.shape[0]
         received = torch.empty_like(counts).view(self.size, n)
         dist.all_to_all_single(received, counts.view(self.size, n), group=self.group)  # [source, own expert]
-        send = counts.view(self.size, n).sum(1).tolist()
-        recv = received.sum(1).tolist()
+        # The all-to-all's split sizes are host integers: one copy for both, the layer's one wait on the device
+        send, recv = torch.stack([counts.view(self.size, n).sum(1), received.sum(1)]).tolist()
         rows = _AllToAll.apply(x, recv, send, self.group)  # ordered by source, then expert
-        expert = torch.arange(n, device=x.device).repeat(self.size).repeat_interleave(received.flatten())
+        expert = torch.arange(n, device=x.device).repeat(self.size)
+        expert = expert.repeat_interleave(received.flatten(), output_size=sum(recv))  # its size known: no wait
         order = expert.argsort(stable=True)  # by expert, then source
         out = super().forward(rows[order], received.sum(0))
         return _AllToAll.apply(out[order.argsort()], send, recv, self.group)

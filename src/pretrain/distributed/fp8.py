@@ -8,7 +8,9 @@ Which linears (pretrain.plan.fp8.converts, the rule the planner counts with):
   - in and out features >= train.fp8_min_features (small GEMMs gain less than the casts cost).
 
 Recipes (torchao's names): tensorwise scales each tensor by one number (amax / e4m3's 448); under FSDP2 the
-weights are all-gathered already in float8, half the bytes of bf16, and on GPUs so are tensor parallelism's
+weights are all-gathered already in float8, half the bytes of bf16, their scales computed for all of them at
+once after each optimizer step (`precompute_scales`: one all-reduce, where each converted linear would
+all-reduce its own amax in every forward), and on GPUs so are tensor parallelism's
 (pretrain.plan.fp8.float8_tensor_parallel, the rule the planner counts with). rowwise scales each row of each
 operand: closer to bf16, slower casts, and its collectives stay bf16.
 
@@ -58,11 +60,13 @@ def _float8():
 
 def convert(model: nn.Module, config: ResolvedConfig, device_type: str) -> dict:
     """Swap the chosen linears of `model` (plain, before any wrapping or sharding) for torchao's Float8Linear;
-    returns what plan_vs_run.json records: {"recipe", "linears": converted, "skipped": linears left bf16}, and
-    under tensor parallelism "tensor_parallel": what its collectives carry, "float8" or "bf16"."""
+    returns what plan_vs_run.json records: {"recipe", "linears": converted, "skipped": linears left bf16},
+    "fsdp_float8_all_gather" where FSDP gathers the weights in float8, and under tensor parallelism
+    "tensor_parallel": what its collectives carry, "float8" or "bf16"."""
     import torch
 
     float8, train = _float8(), config.train
+    gather = False
     if train.fp8_recipe == "tensorwise":
         # debug.fp8_check's bf16 shadow needs each weight before its float8 cast: the all-gather stays bf16
         gather = config.parallel.fsdp and not config.debug.fp8_check
@@ -75,6 +79,14 @@ def convert(model: nn.Module, config: ResolvedConfig, device_type: str) -> dict:
     }
     float8.convert_to_float8_training(model, config=fp8_config, module_filter_fn=lambda m, name: name in chosen)
     report = {"recipe": train.fp8_recipe, "linears": len(chosen), "skipped": len(linears) - len(chosen)}
+    if train.fp8_recipe == "tensorwise" and gather:
+        report["fsdp_float8_all_gather"] = True  # and its scales precomputed after each step (FSDP's engine)
     if config.parallel.tensor > 1:
         report["tensor_parallel"] = "float8" if float8_tensor_parallel(config, device_type) else "bf16"
     return report
+
+
+def precompute_scales(module: nn.Module) -> None:
+    """The float8 all-gather's weight scales, all in one all-reduce, after an optimizer step (torchao's
+    precompute_float8_dynamic_scale_for_fsdp, as torchtitan calls it): the next forward's gathers use them."""
+    _float8().precompute_float8_dynamic_scale_for_fsdp(module)

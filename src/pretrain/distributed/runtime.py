@@ -133,6 +133,15 @@ def gather_to_main(value: Any, rt: Runtime) -> list | None:
     return gathered
 
 
+def first_of_ranks(value: Any, rt: Runtime) -> Any:
+    """The first rank's value that is not None (rank order), the same on every rank; None if all are."""
+    if not rt.distributed:
+        return value
+    gathered: list[Any] = [None] * rt.world_size
+    dist.all_gather_object(gathered, value)
+    return next((v for v in gathered if v is not None), None)
+
+
 def shutdown(rt: Runtime) -> None:
     if rt.distributed and dist.is_initialized():
         # The trainer sits in reference cycles (modules, hooks): free its sharded tensors and gloo's last work

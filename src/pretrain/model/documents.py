@@ -23,6 +23,7 @@ ends, and the loss is not masked (as in Llama 3, torchtitan and OLMo-core).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -65,16 +66,62 @@ def block_diagonal_mask(doc: torch.Tensor) -> torch.Tensor:
     return (doc[:, :, None] == doc[:, None, :]).logical_and_(causal)[:, None]
 
 
+FLEX_BLOCK = 128  # FlexAttention's default block of queries and of keys
+
+
 def flex_block_mask(doc: torch.Tensor):
     """Document ids (batch, seq) -> a FlexAttention BlockMask of the same rule: the blocks that are all masked
-    out (other documents, the future) are skipped, so the work follows sum L_i^2 rather than seq^2."""
-    from torch.nn.attention.flex_attention import create_block_mask
+    out (other documents, the future) are skipped, so the work follows sum L_i^2 rather than seq^2.
+
+    Built from the ids block by block, never token by token: create_block_mask evaluates the rule on a dense
+    (batch, seq, seq) grid unless compiled (8 GB at 8 x 32K, every micro-batch). Document ids never decrease
+    along a row, so a block of tokens holds the documents from its first token's to its last's, and
+      query block i sees key block j < i  iff  j's last document is i's first (one document spans the gap),
+                              fully         iff  both blocks are that one document alone;
+      the diagonal block j = i is seen in part (causal). The rule itself runs only inside the partial blocks.
+    The same blocks as create_block_mask's (tests/model/test_documents.py)."""
+    from torch.nn.attention.flex_attention import BlockMask
 
     def same_document_causal(b, h, q, kv):
         return (doc[b, q] == doc[b, kv]) & (q >= kv)
 
     b, s = doc.shape
-    return create_block_mask(same_document_causal, b, None, s, s, device=doc.device)
+    n = -(-s // FLEX_BLOCK)
+    last = torch.arange(1, n + 1, device=doc.device).mul_(FLEX_BLOCK).clamp_(max=s) - 1
+    first_doc, last_doc = doc[:, ::FLEX_BLOCK], doc[:, last]  # (batch, blocks) each
+    before, diagonal = _block_triangle(n, doc.device)  # (blocks, blocks): j < i, j == i
+    spans = before & (last_doc[:, None, :] == first_doc[:, :, None])  # [b, i, j]: key block j's last doc is i's first
+    # a whole block inside one document (the last block of a sequence that is not whole blocks: never full, as
+    # create_block_mask has it: the kernel masks its padding through the rule)
+    alone = (first_doc == last_doc) & (last % FLEX_BLOCK == FLEX_BLOCK - 1)
+    full = spans & alone[:, :, None] & alone[:, None, :]
+    partial = (spans & ~full) | diagonal
+    counts, indices = _kv_blocks(partial)
+    full_counts, full_indices = _kv_blocks(full)
+    return BlockMask.from_kv_blocks(
+        counts,
+        indices,
+        full_counts,
+        full_indices,
+        BLOCK_SIZE=FLEX_BLOCK,
+        mask_mod=same_document_causal,
+        seq_lengths=(s, s),
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def _block_triangle(n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(j < i, j == i) over n x n blocks: the same for every batch of one sequence length, made once."""
+    i = torch.arange(n, device=device)
+    return i[None, :] < i[:, None], i[None, :] == i[:, None]
+
+
+def _kv_blocks(seen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(batch, q blocks, kv blocks) booleans -> BlockMask's (batch, 1, q blocks) counts and (batch, 1, q blocks,
+    kv blocks) key-block indices, the seen ones first in increasing order."""
+    counts = seen.sum(-1, dtype=torch.int32)
+    indices = torch.argsort((~seen).to(torch.int8), dim=-1, stable=True).to(torch.int32)
+    return counts[:, None], indices[:, None]
 
 
 def layout(tokens: torch.Tensor, documents: Documents | None):

@@ -75,10 +75,17 @@ class Experts(nn.Module):
     def uses_grouped_mm(self, x) -> bool:
         if self.grouped is False or not hasattr(torch, "_grouped_mm"):
             return False
-        if x.device.type == "cuda" and (x.dtype != torch.bfloat16 or torch.cuda.get_device_capability() < (9, 0)):
-            return False  # its CUDA kernels: bf16 on Hopper (later torch releases widen this)
+        if x.device.type == "cuda" and not grouped_mm_on_cuda(torch.cuda.get_device_capability(x.device), x.dtype):
+            return False
         # Its operands' strides must be multiples of 16 bytes: hidden and expert widths of whole 16-byte units.
         return all(n * x.element_size() % 16 == 0 for n in (self.up.shape[-1], self.down.shape[-1]))
+
+
+def grouped_mm_on_cuda(capability: tuple[int, int], dtype: torch.dtype) -> bool:
+    """Whether torch._grouped_mm serves the experts on a GPU of this compute capability: bf16 on Hopper (sm_90)
+    only. Its kernels for Blackwell (10.x) give experts that got no token non-zero gradients (pytorch#172439):
+    the per-expert loop there until torch fixes it."""
+    return dtype == torch.bfloat16 and capability == (9, 0)
 
 
 def moe_width(cfg) -> int:
@@ -154,7 +161,7 @@ class MoE(nn.Module):
         experts = chosen.flatten()
         order = experts.argsort(stable=True)
         token = order // self.top_k
-        counts = torch.bincount(experts, minlength=self.num_experts)
+        counts = expert_counts(experts, self.num_experts)
         out = self.experts(x[token], counts) * weights.flatten()[order, None].to(x.dtype)
         # Each token's weighted sum of its experts' outputs. index_put_'s backward keeps only the token ids, where
         # index_add_'s keeps its whole source (for its shape): a second copy of every routed token's output.
@@ -174,6 +181,16 @@ class MoE(nn.Module):
         self.router_loss = (self.aux_coef * aux + self.z_coef * z) / self.token_parts
         sums = torch.cat([counts.float(), aux.detach()[None], z.detach()[None]])
         self.step_sums = sums if self.step_sums is None else self.step_sums + sums
+
+
+def expert_counts(experts: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """How many (token, expert) pairs each expert got: int64 [E], without waiting for the device. torch.bincount
+    copies to the host twice on CUDA (its input's min and max, to size its output); a scatter-add into E zeros
+    has a fixed shape (torchtitan's torch.histc too, whose float counts the grouped GEMM's offsets would cast
+    back), and its integer sums are exact in any order."""
+    return torch.zeros(num_experts, dtype=torch.int64, device=experts.device).scatter_add_(
+        0, experts, torch.ones_like(experts)
+    )
 
 
 def recomputing() -> bool:

@@ -40,9 +40,9 @@ class RMSNorm(nn.Module):
 
     Through `F.rms_norm` where torch has it (2.4 on). On the CPU it runs the same ops as the formula written
     out below: bitwise the same output and gradients, and the same tensors kept for backward, which is what
-    the planner counts (tests/model/test_norm.py). On CUDA recent releases run a fused kernel that keeps
-    fewer tensors (the input and 1/rms): there the plan's norm terms are an upper bound, and under
-    torch.compile the norm is one fused kernel either way.
+    the planner counts (tests/model/test_norm.py). On CUDA (torch >= 2.8) it runs a fused kernel that keeps
+    fewer tensors (the input and 1/rms), which the plan counts there (pretrain.plan.kernels.fused_rms_norm);
+    under torch.compile the norm is one fused kernel either way.
     """
 
     def __init__(self, dim: int, eps: float):

@@ -20,6 +20,7 @@ from .flops import basis, flops, utilisation
 from .fp8 import CONVENTION as FP8_CONVENTION
 from .frameworks import framework_memory
 from .hardware import memory_bandwidth_gbps, peak_tflops
+from .kernels import planned_switches
 from .length import storage_bytes, token_bytes, token_dtype, training_length, wall_clock
 from .memory import memory
 from .mixture import mixture_supply
@@ -64,6 +65,7 @@ def plan_with_explain(config: ResolvedConfig, advice: bool = True) -> tuple[dict
     budget = None
     if budget_requested(c):  # budget mode chooses a model, then that model's config is planned as usual
         budget, c = apply_budget(c, ex)
+    c = planned_switches(c)  # train.half_residual: null resolved for the planned device
     counts = count_params(c.model)
     _explain_params(c.model, counts, ex)
 

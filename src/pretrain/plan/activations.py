@@ -9,7 +9,9 @@ terms are that count redone for what `pretrain.model` really keeps (checked tens
     attention, where no fused kernel takes grouped heads, SDPA keeps k and v repeated per query head.
   - No dropout, no masks (the 2-byte dropout outputs and 1-byte masks are gone).
   - Norms run in fp32: RMSNorm keeps its fp32 input, the reciprocal RMS and the fp32 normalised x (Qwen3's
-    QK-norm too, per head of q and k, and never recomputed).
+    QK-norm too, per head of q and k, and never recomputed). Where F.rms_norm runs its fused kernel
+    (`fused_norm`: CUDA, pretrain.plan.kernels) it keeps only its input (fp32 under autocast, which casts a
+    norm's input up; the 16-bit stream as it is in pure bf16) and the reciprocal RMS.
   - Under autocast each matmul keeps its own half-precision copy of its input; SwiGLU keeps the fused
     gate|up output, silu(gate) and the product (4 * b*s*H' where GELU keeps 2 * b*s*H').
   - The output layer and loss: pretrain.plan.loss_terms.
@@ -65,10 +67,12 @@ def layer_terms(
     compiled: bool = False,
     imbalance: float = 1.0,
     documents: str | None = None,
+    fused_norm: bool = False,
 ) -> list[Term]:
     """What one transformer block keeps for one micro-batch of b sequences. native_gqa: SDPA takes grouped
     k/v heads itself (pretrain.plan.kernels decides); compiled: the block runs under torch.compile (what
-    inductor's min-cut partitioner saves, below); documents: the masked attention's kernel (None: causal)."""
+    inductor's min-cut partitioner saves, below); documents: the masked attention's kernel (None: causal);
+    fused_norm: RMSNorm runs F.rms_norm's fused kernel (pretrain.plan.kernels.fused_rms_norm)."""
     recompute = recompute or t.activation_checkpointing
     s, h = t.seq_len, m.hidden_size
     a, r = COMPUTE_BYTES[t.precision], residual_bytes(t, parallel)
@@ -91,16 +95,18 @@ def layer_terms(
     if compiled:
         _compiled_norms(add, llama, a, r, bs, h)
     elif llama:
-        add("RMSNorm fp32 inputs", 2 * 4 * bs * h, "2 x 4 x b*s*h", sharded=False)
+        n = norm_input_bytes(t, fused_norm)
+        add(f"RMSNorm {'fp32 ' if n == 4 else ''}inputs", 2 * n * bs * h, f"2 x {n} x b*s*h", sharded=False)
         add("RMSNorm reciprocal rms", 2 * 4 * bs, "2 x 4 x b*s", sharded=False)
-        add("RMSNorm fp32 normalised x", 2 * 4 * bs * h, "2 x 4 x b*s*h", sharded=False)
+        if not fused_norm:
+            add("RMSNorm fp32 normalised x", 2 * 4 * bs * h, "2 x 4 x b*s*h", sharded=False)
     else:
         add("LayerNorm inputs", 2 * r * bs * h, f"2 x {r} x b*s*h", sharded=False)
         add("LayerNorm mean and rstd", 2 * 8 * bs, "2 x 8 x b*s", sharded=False)
     if not compiled:
         add("qkv and MLP matmul inputs", 2 * a * bs * h, f"2 x {a} x b*s*h", sharded=False)
 
-    _attention_terms(add, m, t, a, b, native_gqa, compiled, documents)
+    _attention_terms(add, m, t, a, b, native_gqa, compiled, documents, fused_norm)
     _mlp_terms(add, m, parallel, bs, (a, r), recompute, imbalance, compiled)
     if m.dropout:
         add("residual dropout masks", 2 * bs * h, "2 x b*s*h (bool)", sharded=False)
@@ -116,6 +122,7 @@ def _attention_terms(
     native_gqa: bool,
     compiled: bool,
     documents: str | None,
+    fused_norm: bool = False,
 ) -> None:
     """What the attention half of a block keeps (no recomputation)."""
     s, h, nh, d = t.seq_len, m.hidden_size, m.num_heads, m.head_dim
@@ -142,8 +149,9 @@ def _attention_terms(
     if m.qk_norm:  # Qwen3's RMSNorm over each head of q and k: the fp32 terms of a norm, per head
         heads, width = nh + m.num_kv_heads, qw + kvw
         add("QK-norm reciprocal rms", 4 * bs * heads, f"4 x b*s*(heads {nh} + kv heads {m.num_kv_heads})")
-        add("QK-norm fp32 normalised q, k", 4 * bs * width, f"4 x b*s*(q {qw} + kv {kvw})")
-        if a != 4:
+        if not fused_norm:
+            add("QK-norm fp32 normalised q, k", 4 * bs * width, f"4 x b*s*(q {qw} + kv {kvw})")
+        if a != 4 and norm_input_bytes(t, fused_norm) == 4:  # its fp32 copy of the 16-bit q and k
             add("QK-norm fp32 inputs", 4 * bs * width, f"4 x b*s*(q {qw} + kv {kvw})")
         elif eager or not (kvw == qw or native_gqa):  # its input is a view of the qkv output: that stays whole
             add("qkv output", a * bs * (qw + 2 * kvw), f"{a} x b*s*(q {qw} + 2 x kv {kvw}) (held by QK-norm)")
@@ -226,6 +234,12 @@ def _selective_terms(
         add("fc output", a * bs * I, f"{a} x b*s*H'")
 
 
+def norm_input_bytes(t: ResolvedTrainConfig, fused_norm: bool) -> int:
+    """Bytes per element of what an RMSNorm keeps of its input: an fp32 copy (the composite casts it up, as
+    autocast does before the fused kernel), but the 16-bit input itself in the fused kernel of pure bf16."""
+    return 2 if fused_norm and t.precision == "bf16" else 4
+
+
 def _compiled_norms(add: AddTerm, llama: bool, a: int, r: int, bs: int, h: int) -> None:
     """The norms' share of a compiled block without recomputation, and the matmul inputs they make. Inductor's
     partitioner keeps the block input and remakes each norm's output from it and the statistics, so no fp32
@@ -239,7 +253,12 @@ def _compiled_norms(add: AddTerm, llama: bool, a: int, r: int, bs: int, h: int) 
 
 
 def once_terms(
-    m: ResolvedModelConfig, t: ResolvedTrainConfig, parallel: ParallelConfig, b: int, documents: str | None = None
+    m: ResolvedModelConfig,
+    t: ResolvedTrainConfig,
+    parallel: ParallelConfig,
+    b: int,
+    documents: str | None = None,
+    fused_norm: bool = False,
 ) -> list[Term]:
     """What the embedding, final norm and loss keep (once per micro-batch, not per layer)."""
     s, h, d = t.seq_len, m.hidden_size, m.head_dim
@@ -253,7 +272,11 @@ def once_terms(
         terms.append(Term("position ids", 8 * rows, f"8 x {per} (int64)", False))
         terms.append(Term("final LayerNorm", r * bs * h + 8 * bs, f"{r} x b*s*h + 8 x b*s", False))
     else:
-        terms.append(Term("final RMSNorm", 8 * bs * h + 4 * bs, "8 x b*s*h + 4 x b*s", False))
+        if fused_norm:  # its input and 1/rms
+            n = norm_input_bytes(t, fused_norm)
+            terms.append(Term("final RMSNorm", n * bs * h + 4 * bs, f"{n} x b*s*h + 4 x b*s", False))
+        else:  # its fp32 input and normalised x, and 1/rms
+            terms.append(Term("final RMSNorm", 8 * bs * h + 4 * bs, "8 x b*s*h + 4 x b*s", False))
         if a == 4 or held:  # saved by the rotation, or held by the checkpoint as the blocks' input
             shared = "" if reset else ", shared"
             terms.append(Term(f"rotary tables (fp32{shared})", 4 * rows * d, f"2 x 4 x {per}*head_dim/2", False))
@@ -283,11 +306,13 @@ def activation_bytes(
     compiled: bool = False,
     imbalance: float = 1.0,
     documents: str | None = None,
+    fused_norm: bool = False,
 ) -> dict[str, Any]:
     """Activation bytes per GPU for micro-batch b (default train.micro_batch_size), with the terms; compiled:
-    the blocks run under torch.compile; imbalance: plan.routing_imbalance (MoE); documents: as layer_terms.
-    With dense blocks before the MoE ones each kind's blocks are counted as their own (under a pipeline every
-    block of the fullest stage as the larger kind); `per_layer` and `layer_terms` are the larger kind's."""
+    the blocks run under torch.compile; imbalance: plan.routing_imbalance (MoE); documents, fused_norm: as
+    layer_terms. With dense blocks before the MoE ones each kind's blocks are counted as their own (under a
+    pipeline every block of the fullest stage as the larger kind); `per_layer` and `layer_terms` are the larger
+    kind's."""
     b = b or t.micro_batch_size
     tp, sp = parallel.tensor, parallel.sequence_parallel
     layers, in_flight = _fullest_stage(m, t, parallel)
@@ -300,6 +325,7 @@ def activation_bytes(
         compiled=compiled,
         imbalance=imbalance,
         documents=documents,
+        fused_norm=fused_norm,
     )
     dense = m.first_dense_layers if m.num_experts else 0
     kinds = [m, dataclasses.replace(m, num_experts=0)] if dense else [m]
@@ -308,7 +334,7 @@ def activation_bytes(
         terms = terms_of(kind)
         options.append((rank_bytes(terms, tp, sp), terms, kind))
     per_layer, per_layer_terms, m = max(options, key=lambda option: option[0])
-    once = once_terms(m, t, parallel, b, documents)
+    once = once_terms(m, t, parallel, b, documents, fused_norm)
     once_bytes = rank_bytes(once, tp, sp)
     if dense and parallel.pipeline == 1:  # the MoE blocks and the dense first ones, each kind its own bytes
         total = in_flight * (options[0][0] * (m.num_layers - dense) + options[1][0] * dense)

@@ -47,6 +47,7 @@ from ..units import GiB
 from .explain import Explain
 from .flops import flops
 from .hardware import peak_tflops
+from .kernels import planned_switches
 from .long_context import context_advice
 from .memory import memory
 from .params import count_params
@@ -123,6 +124,7 @@ def fit(config: ResolvedConfig, top: int = 10) -> dict[str, Any]:
     candidate is a layout `pretrain train` runs."""
     from . import plan_with_explain
 
+    config = planned_switches(config)  # as plan_with_explain resolves them, for the step times below
     peak, source = peak_tflops(config.hardware, config.train.precision)
     if not peak:
         raise ConfigError(f"--fit ranks layouts by speed and needs a peak FLOP/s: {source}")

@@ -8,21 +8,26 @@ scores for backward (gigabytes at long sequences). Which kernels take it:
   - CPU: the flash kernel does from torch 2.9 on (earlier ones run GQA on the math kernel).
 Where no fused kernel takes it, the model repeats k and v to every query head first (as torchtitan does)
 and a fused kernel still runs; the planner counts the repeated copies that SDPA then keeps.
+Also which RMSNorm kernel runs (`fused_rms_norm`): what it keeps for backward depends on it.
 Pure Python: the planner imports it without torch.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 from importlib import metadata
 from typing import TYPE_CHECKING
+
+from ..config.schema import half_residual_enabled
 
 if TYPE_CHECKING:
     from ..config.schema import ResolvedConfig
 
 PRE_AMPERE_GPUS = ("v100-16gb", "v100-32gb", "t4")  # no flash attention in PyTorch before compute 8.0
 CPU_GQA_TORCH = (2, 9)
+CUDA_FUSED_RMS_NORM_TORCH = (2, 8)  # F.rms_norm's fused CUDA kernel (aten._fused_rms_norm)
 
 
 def torch_version_tuple(version: str | None) -> tuple[int, int] | None:
@@ -79,3 +84,36 @@ def planned_document_kernel(cfg: ResolvedConfig, compiled: bool = False) -> str 
     if gpu_spec(cfg.hardware.gpu).name != "cpu":
         return "flex"
     return "mask" if compiled else "loop"
+
+
+def fused_rms_norm(device: str, torch_version: str | None) -> bool:
+    """Does F.rms_norm run a fused kernel that keeps only its (fp32) input and 1/rms for backward? On CUDA
+    from torch 2.8 on. The CPU runs the composite, which also keeps the fp32 normalised x
+    (tests/model/test_norm.py); an unknown torch version counts as a recent one."""
+    if device != "cuda":
+        return False
+    version = torch_version_tuple(torch_version)
+    return version is None or version >= CUDA_FUSED_RMS_NORM_TORCH
+
+
+def planned_fused_norm(cfg: ResolvedConfig) -> bool:
+    """The rule for a planned config: its hardware, the torch installed here."""
+    return fused_rms_norm(planned_device(cfg), installed_torch_version())
+
+
+def planned_device(cfg: ResolvedConfig) -> str:
+    """'cpu' or 'cuda': the device a config's hardware.gpu names (the trainer plans with the one it runs on)."""
+    from ..gpus import gpu_spec
+
+    return "cpu" if gpu_spec(cfg.hardware.gpu).name == "cpu" else "cuda"
+
+
+def planned_switches(cfg: ResolvedConfig) -> ResolvedConfig:
+    """The config with train.half_residual's null resolved for the planned device, as the trainer resolves it
+    for its own (config.half_residual_enabled): a new object, the given one unchanged."""
+    t = cfg.train
+    if t.half_residual is not None:
+        return cfg
+    return dataclasses.replace(
+        cfg, train=dataclasses.replace(t, half_residual=half_residual_enabled(t, planned_device(cfg)))
+    )

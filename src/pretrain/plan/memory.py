@@ -38,7 +38,7 @@ from ..gpus import gpu_spec, mixed_precision
 from ..units import gib
 from .activations import activation_bytes
 from .explain import Explain
-from .kernels import planned_document_kernel, planned_native_gqa
+from .kernels import planned_document_kernel, planned_fused_norm, planned_native_gqa
 from .memory_fit import memory_fit, moe_fit
 from .model_states import expert_shard_dim, model_state_tensors, zero_paper_bytes
 from .phases import PHASES, cuda_context, held_gradients, loss_part, nccl_buffers, resident, step_phases
@@ -67,6 +67,7 @@ def memory(cfg: ResolvedConfig, counts: ParamCounts, ex: Explain) -> dict[str, A
         native_gqa=planned_native_gqa(cfg),
         imbalance=cfg.plan.routing_imbalance,
         documents=planned_document_kernel(cfg),
+        fused_norm=planned_fused_norm(cfg),
     )
     _explain_activations(cfg, act, ex)
 
@@ -281,6 +282,7 @@ def _compiled_peak(cfg: ResolvedConfig, st: dict[str, Any], ex: Explain) -> tupl
         compiled=True,
         imbalance=cfg.plan.routing_imbalance,
         documents=planned_document_kernel(cfg, compiled=True),
+        fused_norm=planned_fused_norm(cfg),
     )
     ex.add(
         "memory",

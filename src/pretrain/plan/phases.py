@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from ..gpus import caches_weight_casts, gpu_spec, mixed_precision
 from .activation_terms import rank_bytes, residual_bytes
 from .activations import activation_bytes
-from .kernels import planned_document_kernel, planned_native_gqa
+from .kernels import planned_document_kernel, planned_fused_norm, planned_native_gqa
 from .loss_terms import loss_terms
 from .model_states import numel, stage_share
 from .params import param_shapes
@@ -158,6 +158,7 @@ def step_phases(
         compiled=compiled,
         imbalance=cfg.plan.routing_imbalance,
         documents=planned_document_kernel(cfg, compiled),
+        fused_norm=planned_fused_norm(cfg),
     )
     always, st = _alive_in_every_phase(cfg, st)
     held, _ = held_gradients(cfg, st)

@@ -74,7 +74,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..train import use_expandable_segments
     from . import parse_items, run_sweep
+
+    use_expandable_segments()  # before the config's checks, which may ask CUDA about the GPU
 
     path, overrides, swept = parse_items(args.items)
     if args.from_fit is not None:

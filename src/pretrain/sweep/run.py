@@ -29,6 +29,7 @@ from ..plan.params import count_params
 from ..plan.schedule import checked_warmup
 from ..precision import matmul_dtype
 from ..progress import counting_bar
+from ..train import use_expandable_segments
 from . import grid, output
 from .grid import Cell
 from .records import OK, OOM, SKIPPED_BUDGET, SKIPPED_FIT, records
@@ -99,6 +100,7 @@ def run_sweep(
     Every cell's config is loaded, checked and planned before any cell runs: a bad key or value raises
     ConfigError / UsageError naming it, and nothing is measured.
     """
+    use_expandable_segments()  # as `pretrain train` allocates: a near-limit cell fits where training would
     started = time.perf_counter()
     _check_arguments(warmup_steps, steps, budget_seconds, rounds, threads)
     sweep = {k: list(v) for k, v in (sweep or {}).items()}
@@ -304,6 +306,10 @@ def run_cell(cell: Cell, warmup_steps: int, steps: int) -> dict:
 
     dev = cell.rt.device
     free_memory(dev)
+    # A fresh torch.compile cache per cell, as `pretrain train` starts with: one process's cache across cells
+    # recompiles each new model, then traces dynamic shapes once a cell's shapes differ, then runs eager past
+    # the recompile limit, so compiled cells were not comparable (inductor's on-disk cache stays: no recompile).
+    torch._dynamo.reset()
     t = cell.config.train
     trainer = error = measured = None
     try:

@@ -45,11 +45,20 @@ HOPPER_ORDER = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBacke
 SET_PRIORITY = "set_priority" in inspect.signature(sdpa_kernel).parameters
 
 
-def preferred_kernels(precision: str, capability: tuple[int, int] | None) -> list[SDPBackend] | None:
+# cuDNN attention after Hopper (compute capability 10.x, Blackwell) corrupts grouped-query attention with fewer
+# than 8 k/v heads (pytorch#193893): kept to sm_90 there until torch fixes it.
+CUDNN_MIN_KV_HEADS_AFTER_HOPPER = 8
+
+
+def preferred_kernels(
+    precision: str, capability: tuple[int, int] | None, kv_heads: int | None = None
+) -> list[SDPBackend] | None:
     """The SDPA kernels, in priority order, for a run in `precision` on a GPU of compute `capability` (None:
-    not a GPU); None where torch's own choice stands."""
+    not a GPU) whose attention has `kv_heads` k/v heads per rank; None where torch's own choice stands."""
     if capability is None or capability < (9, 0) or precisions.half_dtype(precision) is None:
         return None
+    if capability >= (10, 0) and kv_heads is not None and kv_heads < CUDNN_MIN_KV_HEADS_AFTER_HOPPER:
+        return [b for b in HOPPER_ORDER if b != SDPBackend.CUDNN_ATTENTION]  # never torch's choice of cuDNN
     return HOPPER_ORDER
 
 
@@ -63,10 +72,12 @@ def kernel_choice(backends: list[SDPBackend] | None) -> Callable[[], contextlib.
     return functools.partial(sdpa_kernel, backends[:2])
 
 
-def kernel_context(device: torch.device, precision: str) -> Callable[[], contextlib.AbstractContextManager]:
+def kernel_context(
+    device: torch.device, precision: str, kv_heads: int | None = None
+) -> Callable[[], contextlib.AbstractContextManager]:
     """The context a training step of this run enters around its forward and backward passes."""
     capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
-    return kernel_choice(preferred_kernels(precision, capability))
+    return kernel_choice(preferred_kernels(precision, capability, kv_heads))
 
 
 class _Ops(TorchDispatchMode):
@@ -96,8 +107,13 @@ def kernel_that_runs(config: ResolvedConfig, device: torch.device) -> str:
     k = torch.zeros(1, kv_heads, seq_len, head_dim, device=device, dtype=dtype, requires_grad=True)
     mask = torch.ones(1, 1, seq_len, seq_len, dtype=torch.bool, device=device).tril() if t.document_masking else None
     ops = _Ops()
-    with kernel_context(device, t.precision)(), ops:
+    with kernel_context(device, t.precision, rank_kv_heads(config))(), ops:
         F.scaled_dot_product_attention(
             q, k, k, attn_mask=mask, dropout_p=m.dropout, is_causal=mask is None, enable_gqa=gqa
         )
     return next((KERNELS[name] for name in ops.names if name in KERNELS), "math")
+
+
+def rank_kv_heads(config: ResolvedConfig) -> int:
+    """The k/v heads of one rank's attention: tensor parallelism splits them."""
+    return config.model.num_kv_heads // config.parallel.tensor

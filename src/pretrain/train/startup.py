@@ -16,14 +16,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..config import mixture_sources, replaced
+from ..config import half_residual_enabled, mixture_sources, replaced
 from ..data.documents import check_document_index
-from ..gpus import mixed_precision
 from ..model.documents import documents_of_run
 from ..plan import make_plan
 from ..precision import half_dtype
 from . import plan_check
-from .attention import kernel_context
+from .attention import kernel_context, rank_kv_heads
 from .checkpoint.choice import resume_point
 from .checkpoint.compatibility import check_resume_compatible, settings_change, stage_change
 from .checkpoint.run_dir import RunDir
@@ -96,13 +95,16 @@ def claim_run_dir(
     """(resume_from, changes, history_aside): one trainer per run directory, before any write; where it
     resumes from, the events of what the resume changes (a stage of another seq_len, other settings), and an
     earlier run's leftovers set aside."""
-    from ..distributed.runtime import barrier
+    from ..distributed.runtime import barrier, first_of_ranks
 
     if rt.is_main and not quiet:
         directory.lock()
     if c.run.resume == "never" and not quiet:
         directory.check_new_run()
-    resume_from, corrupt = resume_point(directory.path) if c.run.resume == "auto" else (None, [])
+    resume_from, corrupt = None, []
+    if c.run.resume == "auto":  # each rank hashes its share of each checkpoint's files, all take one verdict
+        share = (rt.rank, rt.world_size)
+        resume_from, corrupt = resume_point(directory.path, share, lambda problem: first_of_ranks(problem, rt))
     changes = []
     if resume_from is not None:
         check_resume_compatible(resume_from, c)
@@ -132,7 +134,7 @@ def trainable_model(
                 check_document_index(data, split)
     if rt.device.type == "cuda":
         torch.set_float32_matmul_precision("high")  # fp32 matmuls at TF32 speed, as the plan assumes
-    attention_kernels = kernel_context(rt.device, t.precision)  # entered by each step, not for good
+    attention_kernels = kernel_context(rt.device, t.precision, rank_kv_heads(c))  # entered by each step, not for good
 
     # FSDP and tensor parallelism materialise each rank's shard only, a pipeline stage its own layers only.
     on_meta = (c.parallel.fsdp or c.parallel.tensor > 1 or c.parallel.pipeline > 1) and not c.model.init_from
@@ -145,7 +147,7 @@ def trainable_model(
         loss_chunk_tokens=t.loss_chunk_tokens,
         documents=documents,
     )
-    if t.half_residual and mixed_precision(t.precision):  # Megatron's bf16 residual stream
+    if half_residual_enabled(t, rt.device.type):  # Megatron's bf16 residual stream
         model.residual_dtype = half_dtype(t.precision)
     if c.model.init_from:
         from ..model.hf import load_hf_into

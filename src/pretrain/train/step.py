@@ -82,6 +82,7 @@ def train_step(
         scaler.update()
     else:
         _step_unless_overflow(optimizer, norm, numbers)
+    par.after_optimizer_step()
     loss_mean, stop, grad_norm = numbers.values
     loss_mean, stop, finite = loss_mean / rt.world_size, stop > 0, math.isfinite(grad_norm)
     moe = end_step(par.module, accum, update=finite) if par.module.config.num_experts else None

@@ -5,6 +5,7 @@ generate read, `load_model`'s, and what pruning keeps. Every one goes through fo
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 from ...errors import UsageError
@@ -26,13 +27,19 @@ def latest_checkpoint(run_dir: str | Path, good_only: bool = False, before_step:
     return None
 
 
-def resume_point(run_dir: str | Path) -> tuple[Path | None, list[tuple[Path, str]]]:
+def resume_point(
+    run_dir: str | Path, share: tuple[int, int] = (0, 1), agree: Callable[[str | None], str | None] | None = None
+) -> tuple[Path | None, list[tuple[Path, str]]]:
     """(the checkpoint a resume continues from, [(corrupt checkpoint newer than it, why)]), warning nothing.
     (None, []) when the run has no checkpoint at all; UsageError when it has some and none verifies: a
-    restart from step 0 would write over them."""
+    restart from step 0 would write over them. Ranks that resume together each hash their `share` (rank,
+    world) of each checkpoint's files (format.share_of) and `agree` on one verdict: every rank's answer is the
+    same."""
     corrupt = []
     for path in reversed(list_checkpoints(run_dir)):
-        problem = verify(path)
+        problem = verify(path, share)
+        if agree is not None:
+            problem = agree(problem)
         if problem is None:
             return path, corrupt
         corrupt.append((path, problem))
