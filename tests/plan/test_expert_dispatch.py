@@ -42,6 +42,18 @@ def test_sequence_parallel_ranks_dispatch_their_share_of_the_tokens():
     assert two["permutation_s"] == pytest.approx(one["permutation_s"] / 2)
 
 
+def test_either_recomputation_runs_the_routed_part_and_its_exchanges_again():
+    # Selective recomputation keeps only an MoE block's top-k choice (pretrain.distributed.recompute), so backward
+    # reruns its permutation and its two exchanges as full recomputation does: 6 exchanges a layer, not 4, the
+    # counts read twice, the permutation's passes 3 times, and the routed GEMMs' FLOPs 4/3 of a step's.
+    plain = step("parallel.gpus=16", "parallel.expert=16")
+    for recompute in ("selective", "full"):
+        again = step("parallel.gpus=16", "parallel.expert=16", f"train.activation_checkpointing={recompute}")
+        assert again["all_to_all_s"] == pytest.approx(plain["all_to_all_s"] * 6 / 4)
+        assert again["counts_exchange_s"] == pytest.approx(2 * plain["counts_exchange_s"])
+        assert again["permutation_s"] == pytest.approx(plain["permutation_s"] * 3 / 2)
+
+
 def test_deepep_sends_a_token_once_per_node_and_rank_it_reaches():
     # A token's 8 experts drawn evenly from 128: it misses a given rank of 8 experts with chance C(120,8)/C(128,8)
     # and the other node of 64 with C(64,8)/C(128,8). DeepEP sends it over the NIC once per node it reaches and

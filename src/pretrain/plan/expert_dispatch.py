@@ -17,8 +17,8 @@ dispatcher  parallel.expert_dispatch:
   deepep / hybridep a token crosses the network once per node that holds one of its experts and NVLink once
                     per other rank it reaches (DeepEP's normal kernels forward it over NVLink inside the node;
                     NVIDIA's HybridEP the same hierarchy, priced alike).
-            Dispatch and combine, forward and backward (their gradients): 4 exchanges per MoE layer, 6 with full
-            recomputation, which reruns the forward.
+            Dispatch and combine, forward and backward (their gradients): 4 exchanges per MoE layer, 6 with
+            recomputation, which reruns the routed part's forward (selective keeps only its top-k choice).
 overlap     parallel.expert_dispatch_overlap: each micro-batch's exchanges hidden behind another micro-batch's
             compute (Megatron's --overlap-moe-expert-parallel-comm, "EP A2A overlap", as DeepSeek-V3's DualPipe):
             what the compute does not cover stays exposed, and the covered part slows the compute beside it by
@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from .activation_terms import COMPUTE_BYTES
 from .collectives import OVERLAP_SLOWDOWN
-from .expert_parallel import DEDUPLICATING
+from .expert_parallel import DEDUPLICATING, reruns_routed_part
 from .explain import Explain
 from .params import moe_layers
 
@@ -100,12 +100,12 @@ def dispatch_seconds(
         return {"all_to_all_s": 0.0, "counts_exchange_s": 0.0, "dispatch_exposed_s": 0.0}
     intra, inter, link_how = links
     layers = -(-moe_layers(c.model) // par.pipeline)
-    full = t.activation_checkpointing == "full"
+    rerun = reruns_routed_part(t)
     nvlink, network, how = exchange_bytes(c, tokens, load)
     one = max(nvlink / (intra * 1e9) if intra else 0.0, network / (inter * 1e9) if inter else 0.0)
-    exchanges = 6 if full else 4
+    exchanges = 6 if rerun else 4
     a2a_s = layers * exchanges * one
-    counts_s = layers * (2 if full else 1) * COUNTS_EXCHANGE_S if intra or inter else 0.0
+    counts_s = layers * (2 if rerun else 1) * COUNTS_EXCHANGE_S if intra or inter else 0.0
     ex.add(
         "step_time",
         "all_to_all_s",
@@ -118,7 +118,7 @@ def dispatch_seconds(
         "step_time",
         "counts_exchange_s",
         counts_s,
-        f"{layers} layers x {2 if full else 1} forward run(s) x {COUNTS_EXCHANGE_S * 1e6:g} us: the per-expert "
+        f"{layers} layers x {2 if rerun else 1} forward run(s) x {COUNTS_EXCHANGE_S * 1e6:g} us: the per-expert "
         "counts exchanged and read by the host before each dispatch",
     )
     if par.expert_dispatch_overlap:

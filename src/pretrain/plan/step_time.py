@@ -92,7 +92,7 @@ from .collectives import (
     optimizer_time,
 )
 from .expert_dispatch import dispatch_seconds
-from .expert_parallel import expert_rows, moe_seconds, weight_params
+from .expert_parallel import expert_rows, moe_seconds, reruns_routed_part, weight_params
 from .explain import Explain
 from .flops import mfu
 from .gemm_shapes import gemm_intensity
@@ -143,6 +143,7 @@ KERNELS_OUTSIDE = 20  # embedding, final norm, output layer, loss, their backwar
 # the weighted scatter-add, the balancing losses. Counted on moe-debug (torch.profiler, aten ops that are not
 # views, forward and backward): 74 for the MoE feed-forward against 14 for the dense MLP.
 MOE_KERNELS = 60
+MOE_RECOMPUTED_KERNELS = 20  # its forward's, run again under either recomputation (a third, as a dense block's)
 KERNEL_OVERHEAD_S = 10e-6
 
 
@@ -382,13 +383,14 @@ def _kernel_overhead(c: ResolvedConfig, layers: int, ex: Explain) -> float:
     t = c.train
     per_layer = KERNELS_PER_LAYER + RECOMPUTED_KERNELS[t.activation_checkpointing]
     routed = -(-moe_layers(c.model) // c.parallel.pipeline)  # an MoE block's routing, sorting and exchanges
-    overhead_s = (layers * per_layer + routed * MOE_KERNELS + KERNELS_OUTSIDE) * KERNEL_OVERHEAD_S
+    moe_kernels = MOE_KERNELS + (MOE_RECOMPUTED_KERNELS if reruns_routed_part(t) else 0)
+    overhead_s = (layers * per_layer + routed * moe_kernels + KERNELS_OUTSIDE) * KERNEL_OVERHEAD_S
     ex.add(
         "step_time",
         "kernel_overhead_s",
         overhead_s,
         f"({layers} layers x {per_layer} + {KERNELS_OUTSIDE}"
-        + (f" + {routed} MoE layers x {MOE_KERNELS}" if routed else "")
+        + (f" + {routed} MoE layers x {moe_kernels}" if routed else "")
         + f") kernels x {KERNEL_OVERHEAD_S * 1e6:g} us (eager PyTorch's dispatch and launch)",
     )
     return overhead_s
