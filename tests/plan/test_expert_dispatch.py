@@ -73,7 +73,10 @@ def test_deepep_sends_a_token_once_per_node_and_rank_it_reaches():
 def test_an_overlapped_dispatch_waits_only_for_what_the_compute_does_not_cover():
     plain = step("parallel.gpus=16", "parallel.expert=16")
     hidden = step("parallel.gpus=16", "parallel.expert=16", "parallel.expert_dispatch_overlap=true")
-    window = hidden["matmul_s"] + hidden["attention_s"]
+    # the other micro-batch's every kernel on the compute stream hides the exchanges (Megatron's combined 1F1B
+    # interleaves whole sub-modules): its GEMMs and attention, and its memory-bound passes and casts too
+    window = hidden["micro_batch_s"] - hidden["dispatch_exposed_s"]
+    assert window > hidden["matmul_s"] + hidden["attention_s"] + hidden["permutation_s"]
     a2a = hidden["all_to_all_s"]
     covered = min(a2a, window)
     # the covered seconds slow the compute beside them by 18.9 % (pretrain.plan.collectives.OVERLAP_SLOWDOWN)

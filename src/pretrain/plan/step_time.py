@@ -235,12 +235,6 @@ def _micro_batch(
     intra, inter, link_how = links(c)
     tp_s = tensor_parallel_time(c, layers, tokens, intra, link_how, matmul_s, on_gpu, ex)
     overhead_s = _kernel_overhead(c, layers, ex)
-    moe = {}
-    if m.num_experts:
-        gemm = (rate, tile if on_gpu else None, hbm if on_gpu else 0.0)
-        moe = moe_seconds(c, tokens, gemm, ex)
-        load = moe.pop("load")
-        moe.update(dispatch_seconds(c, tokens, load, (intra, inter, link_how), matmul_s + attention_s, ex))
     terms = {
         "achievable_tflops": rate,
         "matmul_s": matmul_s,
@@ -251,7 +245,25 @@ def _micro_batch(
         "tensor_parallel_s": tp_s,
         "kernel_overhead_s": overhead_s,
     }
+    moe = {}
+    if m.num_experts:
+        gemm = (rate, tile if on_gpu else None, hbm if on_gpu else 0.0)
+        moe = moe_seconds(c, tokens, gemm, ex)
+        load = moe.pop("load")
+        # an overlapped exchange hides behind another micro-batch's work: all it does but its own exchanges
+        busy_s = _busy_seconds(terms, moe, cast_s)[0]
+        moe.update(dispatch_seconds(c, tokens, load, (intra, inter, link_how), busy_s, ex))
     return _micro_batch_sum(t, terms, moe, cast_s, ex)
+
+
+def _busy_seconds(terms: dict[str, Any], moe: dict[str, Any], cast_s: float) -> tuple[float, float]:
+    """(the micro-batch's seconds but its expert-parallel exchanges, its compute seconds): the compute or the
+    weights' reads, whichever is longer, then everything that waits beside neither."""
+    compute_s = terms["matmul_s"] + terms["attention_s"] + moe.get("expert_imbalance_s", 0.0)
+    compute_s += moe.get("expert_tile_s", 0.0)
+    waits = terms["gemm_operand_s"] + terms["activation_traffic_s"] + terms["tensor_parallel_s"]
+    waits += terms["kernel_overhead_s"] + cast_s + moe.get("permutation_s", 0.0)
+    return max(compute_s, terms["weight_read_s"]) + waits, compute_s
 
 
 def _micro_batch_sum(
@@ -259,12 +271,10 @@ def _micro_batch_sum(
 ) -> dict[str, Any]:
     """The micro-batch's seconds from its terms: the compute or the weights' reads, whichever is longer, then
     everything that waits beside neither."""
-    compute_s = terms["matmul_s"] + terms["attention_s"] + moe.get("expert_imbalance_s", 0.0)
-    compute_s += moe.get("expert_tile_s", 0.0)
+    busy_s, compute_s = _busy_seconds(terms, moe, cast_s)
     weight_s, operand_s, traffic_s = terms["weight_read_s"], terms["gemm_operand_s"], terms["activation_traffic_s"]
     tp_s, overhead_s = terms["tensor_parallel_s"], terms["kernel_overhead_s"]
-    moe_s = moe.get("dispatch_exposed_s", 0.0) + moe.get("permutation_s", 0.0)
-    micro_s = max(compute_s, weight_s) + operand_s + traffic_s + tp_s + overhead_s + cast_s + moe_s
+    micro_s = busy_s + moe.get("dispatch_exposed_s", 0.0)
     bound = "compute" if compute_s >= weight_s else "memory"
     ex.add(
         "step_time",
