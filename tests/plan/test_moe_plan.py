@@ -98,12 +98,17 @@ def test_routed_activations_follow_the_imbalance_only_under_expert_parallelism()
     assert act("plan.routing_imbalance=3")[0] == one  # every expert on the rank: b*s*k tokens whatever the load
     balanced, _ = act("parallel.expert=2", "plan.routing_imbalance=1")
     skewed, moe = act("parallel.expert=2", "plan.routing_imbalance=1.5")
-    assert moe["routed_load"] == 1.5
+    # the busiest expert 0.5 above the mean; a rank's mean of its 4 experts (of 8, over 2 ranks) lies
+    # e(2) / e(8) x sqrt((8 - 4) / (4 x 7)) of that above it: the expected maxima of 2 and 8 standard normals,
+    # 1 / sqrt(pi) and 1.4236 (Teichroew's tables), and the spread of a mean of 4 drawn from 8
+    spread = 0.56419 / 1.42360 * (4 / 28) ** 0.5
+    assert moe["routed_load"] == pytest.approx(1 + 0.5 * spread, rel=1e-4)
     # Per routed pair it computes, bf16 (2 bytes): its input 2 x h 64, its SwiGLU 4 x 2 x H_e 32, its place in
-    # the owner's re-sort and back 2 x 8 (int64); the busiest rank computes 0.5 x b*s*k = 0.5 x 8 x 256 x 2 more
-    # of them in each of the 2 (now MoE) blocks. Its own pairs' outputs come back whatever the load.
+    # the owner's re-sort and back 2 x 8 (int64); the busiest rank computes (load - 1) x b*s*k = (load - 1) x 8 x
+    # 256 x 2 more of them in each of the 2 (now MoE) blocks. Its own pairs' outputs come back whatever the load.
     routed_token = 2 * 64 + 4 * 2 * 32 + 2 * 8
-    assert skewed - balanced == 2 * (8 * 256 * 2 // 2) * routed_token
+    more = int(8 * 256 * 2 * moe["routed_load"]) - 8 * 256 * 2
+    assert skewed - balanced == 2 * more * routed_token
 
 
 def test_explain_says_at_which_imbalance_the_run_stops_fitting():
@@ -140,12 +145,15 @@ def test_step_time_adds_the_all_to_all_and_the_busiest_rank():
     config = load_config(overrides=["model.preset=qwen3-30b-a3b", *base, "parallel.expert=8"])
     step = make_plan(config)["step_time"]
     intra, _, _ = links(config)
-    # 48 MoE layers x 4 all-to-alls (dispatch, combine; forward, backward) x load 1.72 x 7/8 of b*s*k*h bf16: the
+    # the busiest expert at the default 1.72 makes the busiest of 8 ranks of 16 experts each 1 + 0.72 x 0.1288
+    # (pretrain.plan.moe_activations.rank_spread: e(8) 1.4236 / e(128) 2.5946 x sqrt(112 / (16 x 127)))
+    load = 1 + 0.72 * 1.4236 / 2.5946 * (112 / (16 * 127)) ** 0.5
+    # 48 MoE layers x 4 all-to-alls (dispatch, combine; forward, backward) x load x 7/8 of b*s*k*h bf16: the
     # 8 ranks of the group share a node, so every row crosses NVLink
-    assert step["all_to_all_s"] == pytest.approx(48 * 4 * 1.72 * 7 / 8 * (2 * 4096 * 8 * 2048) / (intra * 1e9))
-    # the busiest rank runs 0.72 x its routed experts' FLOPs more: 6 x 48 layers x k 8 x 3 x 2048 x 768 a token
-    assert step["expert_imbalance_s"] == 0.72 * (6 * 48 * 8 * 3 * 2048 * 768) * 4096 / (
-        step["achievable_tflops"] * 1e12
+    assert step["all_to_all_s"] == pytest.approx(48 * 4 * load * 7 / 8 * (2 * 4096 * 8 * 2048) / (intra * 1e9), 1e-4)
+    # the busiest rank runs (load - 1) x its routed experts' FLOPs more: 6 x 48 layers x k 8 x 3 x 2048 x 768
+    assert step["expert_imbalance_s"] == pytest.approx(
+        (load - 1) * (6 * 48 * 8 * 3 * 2048 * 768) * 4096 / (step["achievable_tflops"] * 1e12), 1e-4
     )
     assert step["micro_batch_s"] > one["micro_batch_s"]
 

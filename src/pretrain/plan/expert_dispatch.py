@@ -4,7 +4,9 @@ expert-parallel term of pretrain.plan.step_time; docs/moe.md "Dispatch" gives th
 tokens      a rank dispatches its own tokens: b*s / t of the micro-batch under tensor parallelism (sequence
             parallelism splits them, and with expert tensor parallelism 1, Megatron's and torchtitan's default,
             each tensor rank routes its share: Megatron requires --sequence-parallel with MoE and tensor
-            parallelism), each to k experts; the busiest rank receives `plan.routing_imbalance` times the mean.
+            parallelism), each to k experts; the busiest rank receives its load times the mean
+            (pretrain.plan.moe_activations.routed_load: the busiest expert's `plan.routing_imbalance` over the
+            rank's experts).
 group       the expert-parallel group: ep consecutive ranks of data x tensor ranks (expert tensor 1: Megatron's
             "parallel folding", torchtitan's EP borrowing data and tensor ranks), so min(ep, gpus_per_node) of
             them share a node and the rest sit on ceil(ep / that) nodes. A row for a rank of the same node
