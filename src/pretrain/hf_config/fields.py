@@ -157,7 +157,8 @@ FIELDS.update(
 
 
 # Planner only (`pretrain plan` counts them; config/trainable.py refuses to train them): every field that sizes a
-# parameter or a FLOP is read; how tokens are routed, RoPE scaling, the quantised storage of the published weights
+# parameter or a FLOP is read, and DeepSeek-V3's routing groups (the nodes a token's dispatch reaches); otherwise
+# how tokens are routed, RoPE scaling, the quantised storage of the published weights
 # and the sliding window of half of gpt-oss's layers change no count (its attention FLOPs are counted over the full
 # sequence in every layer, an upper bound), so they are ignored here rather than refused.
 _PLANNED = (
@@ -183,13 +184,13 @@ PLANNED: dict[str, dict[str, Rule]] = {
             "qk_head_dim",
             "scoring_func",
             "norm_topk_prob",
+            "n_group",
+            "topk_group",
         ),
         READ,
     )
     | dict.fromkeys(
         (
-            "n_group",
-            "topk_group",
             "routed_scaling_factor",
             "topk_method",
             "rope_interleave",

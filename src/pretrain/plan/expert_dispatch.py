@@ -33,6 +33,7 @@ counts      before each dispatch the ranks exchange their per-expert counts and 
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 from .activation_terms import COMPUTE_BYTES
@@ -43,7 +44,7 @@ from .params import moe_layers
 
 if TYPE_CHECKING:
     from ..config.job_sections import ParallelConfig
-    from ..config.schema import ResolvedConfig
+    from ..config.schema import ResolvedConfig, ResolvedModelConfig
 
 # The floor of one expert-parallel exchange of a few rows: DeepEP's low-latency dispatch of 128 tokens over 8
 # H800s takes 77 us (deepseek-ai/DeepEP, docs/legacy.md, "Low-latency kernels with pure RDMA"); the counts are a
@@ -66,6 +67,22 @@ def none_of_k(experts: int, held: int, k: int) -> float:
     return p
 
 
+def none_reached(m: ResolvedModelConfig, held: int) -> float:
+    """The chance that none of a token's k experts is among `held` of them (a rank's or a node's): with
+    group-limited routing (model.expert_groups G, a token's experts among its M = expert_groups_per_token best
+    groups of g = E/G, chosen evenly under force-balanced routing) when `held` is whole groups or a part of one,
+    else as if every expert could be chosen (none_of_k)."""
+    E, k, G, M = m.num_experts, m.experts_per_token, m.expert_groups, m.expert_groups_per_token
+    g = E // G
+    if G == 1 or (held % g and g % held):
+        return none_of_k(E, held, k)
+    if held < g:  # inside one group: missed if the group is not chosen, or chosen and these experts missed
+        return 1 - M / G + M / G * none_of_k(M * g, held, k)
+    q = held // g  # whole groups: j of them among the M chosen, hypergeometrically, and then all k missed
+    chosen = [math.comb(q, j) * math.comb(G - q, M - j) / math.comb(G, M) for j in range(min(q, M) + 1)]
+    return sum(p * none_of_k(M * g, j * g, k) for j, p in enumerate(chosen))
+
+
 def exchange_bytes(c: ResolvedConfig, tokens: int, load: float) -> tuple[float, float, str]:
     """(bytes over NVLink, bytes over the network) that one exchange moves per GPU, and how."""
     m, par = c.model, c.parallel
@@ -74,13 +91,15 @@ def exchange_bytes(c: ResolvedConfig, tokens: int, load: float) -> tuple[float, 
     row = COMPUTE_BYTES[c.train.precision] * m.hidden_size
     sent = tokens / par.tensor * load  # this rank's share of the micro-batch, at the busiest rank's load
     if par.expert_dispatch in DEDUPLICATING:
-        per_rank = 1 - none_of_k(E, E // ep, k)  # a token reaches a given other rank
-        per_node = 1 - none_of_k(E, E * local // ep, k)  # ... and a given other node
+        per_rank = 1 - none_reached(m, E // ep)  # a token reaches a given other rank
+        per_node = 1 - none_reached(m, E * local // ep)  # ... and a given other node
         nvlink, network = sent * (ep - nodes) * per_rank * row, sent * (nodes - 1) * per_node * row
+        groups = m.expert_groups > 1
         how = (
             f"b*s/t {tokens / par.tensor:,.0f} x load {load:.3g} x h x {row // m.hidden_size} bytes, once per "
             f"node reached ({nodes - 1} others x {per_node:.3f}) over the network and once per rank "
             f"({ep - nodes} by NVLink x {per_rank:.3f})"
+            + (f"; a token's experts in {m.expert_groups_per_token} of {m.expert_groups} groups" if groups else "")
         )
         return nvlink, network, how
     rows = sent * k
