@@ -56,6 +56,44 @@ def test_recomputation_reruns_the_active_experts():
     assert fl["per_token_hardware"] - fl["per_token"] == 2 * (2 * 64 * 64 + 64 * 8 + 2 * 3 * 64 * 32)
 
 
+def test_multi_token_prediction_modules_are_counted_beside_the_model():
+    # An MTP module (model.mtp_layers; planner only): one more block like the last (moe-debug's MoE block:
+    # attention 12,288 + router 512 + experts 49,152 + norms 160), its 2H -> H projection and three norms, the
+    # embedding and output layer shared. A token runs its active part and the output layer again, and its block
+    # attends: Megatron's num_floating_point_operations adds the same.
+    module = 12_288 + 512 + 49_152 + 160 + 2 * 64 * 64 + 3 * 64
+    one = _plan("model.mtp_layers=1", "train.seq_len=128")
+    none = _plan("train.seq_len=128")
+    assert one["params"]["mtp"] == module and one["params"]["total"] == TOTAL  # beside the model's own count
+    active = module - 6 * 32 * 64 * 3 + VH  # 2 of its 8 experts, and the output layer's V x H again
+    attention = 12 * 4 * 16 * 128  # one more block's
+    assert one["flops"]["per_token"] - none["flops"]["per_token"] == 6 * active + attention
+    with pytest.raises(Exception, match="model.mtp_layers"):
+        from pretrain.config.trainable import check_trainable
+
+        check_trainable(load_config(overrides=["model.preset=moe-debug", "model.mtp_layers=1"]), needs_data=False)
+
+
+def test_a_balanced_pipeline_gives_each_mtp_module_a_place_on_the_last_stage():
+    # DeepSeek-V3's 61 blocks over 32 stages, the embedding, the output layer and its MTP module counted as a
+    # block each (Megatron's layout Et|(tt|)*30mL): 64 places, 2 a stage, so the first stage runs one block, the
+    # middle ones two, the last none beside the output layer and the MTP module (output_s carries both).
+    from pretrain.plan.pipeline_time import busiest_stage
+    from support import ROOT
+
+    config = load_config(
+        overrides=[
+            f"model.hf_config={ROOT}/tests/plan/published_cfg/deepseek-v3",
+            "parallel.gpus=32",
+            "parallel.pipeline=32",
+            "parallel.pipeline_split=balanced",
+        ]
+    )
+    block = (32 * 1.0 - 0.5) / 61  # micro_s 1 s the average stage's, output_s 0.5 s
+    assert busiest_stage(config, 1.0, 0.5) == pytest.approx(2 * block)
+    assert busiest_stage(config, 1.0, 3.0) == pytest.approx(3.0)  # the last stage's alone
+
+
 def test_dense_plans_have_no_moe_figures():
     p = _plan(preset="debug")
     assert "moe" not in p["flops"] and p["params"]["active"] == p["params"]["total"]

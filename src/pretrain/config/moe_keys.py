@@ -37,6 +37,8 @@ def check_moe_keys(m: ModelConfig) -> None:
             "for a dense model"
         )
     _check_expert_groups(m)
+    if m.mtp_layers < 0:
+        raise ConfigError(f"model.mtp_layers: must be >= 0 (0 = none; DeepSeek-V3: 1), got {m.mtp_layers}")
     for name in ("router_aux_loss_coef", "router_z_loss_coef", "router_bias_update_rate"):
         value = getattr(m, name)
         if value < 0:  # a negative weight or rate rewards the imbalance it is meant to remove

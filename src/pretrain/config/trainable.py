@@ -83,6 +83,8 @@ def unbuilt_architecture(m: ModelConfig) -> str | None:
         if m.expert_bias
         else "model.expert_groups: group-limited routing (DeepSeek-V3)"
         if m.expert_groups > 1
+        else "model.mtp_layers: multi-token prediction (DeepSeek-V3)"
+        if m.mtp_layers
         else None
     )
     return what and (

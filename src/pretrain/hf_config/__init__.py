@@ -204,6 +204,7 @@ def _planned_keys(hf: dict[str, Any], kind: str, where: str) -> dict[str, Any]:
             norm_topk_prob=hf.get("norm_topk_prob", True),
             expert_groups=hf.get("n_group") or 1,
             expert_groups_per_token=hf.get("topk_group") or 1,
+            mtp_layers=hf.get("num_nextn_predict_layers") or 0,
         )
     bias = hf.get("attention_bias", True)
     return keys | dict(

@@ -168,7 +168,7 @@ _PLANNED = (
 )
 PLANNED: dict[str, dict[str, Rule]] = {
     # num_nextn_predict_layers: DeepSeek-V3's multi-token-prediction module, which transformers does not build
-    # either (the hub's 685B = 671B + 14B of it)
+    # (the hub's 685B = 671B + 14B of it): read as model.mtp_layers, its FLOPs and time planned beside the model
     "deepseek_v3": _PLANNED
     | dict.fromkeys(
         (
@@ -186,6 +186,7 @@ PLANNED: dict[str, dict[str, Rule]] = {
             "norm_topk_prob",
             "n_group",
             "topk_group",
+            "num_nextn_predict_layers",
         ),
         READ,
     )
@@ -197,7 +198,6 @@ PLANNED: dict[str, dict[str, Rule]] = {
             "ep_size",
             "aux_loss_alpha",
             "seq_aux",
-            "num_nextn_predict_layers",
             "pretraining_tp",
         ),
         IGNORED,

@@ -13,6 +13,9 @@ experts and k of the E routed experts per token), as MFU must be: a token never 
 without causal halving (`flops.moe`), because their ratio moves an MoE run's MFU the most: its attention is a
 large share of the little compute per token. Multi-head latent attention has query/key heads of head_dim and
 value heads of v_head_dim, so its attention term is 6 * L * n_heads * (head_dim + v_head_dim) * seq.
+DeepSeek-V3's multi-token prediction modules (model.mtp_layers) add to N one more block like the last, its 2h -> h
+projection and norms and a second pass through the output layer, and to L their block's attention: what
+Megatron's num_floating_point_operations counts for them (recomputation is not counted for them).
 
 Hardware FLOPs add what recomputation does again (Korthikanti et al. 2022). The papers' full recomputation
 repeats the whole forward (8 * N * D, kept as `per_token_hardware_6n`). Ours checkpoints each block, so what
@@ -49,11 +52,12 @@ def flops(cfg: ResolvedConfig, counts: ParamCounts, tokens: int, ex: Explain) ->
     attention, full_attention, lengths_from = _attention_per_token(cfg, v_dim, ex)
     per_token = 6 * N + attention
     active = " active" if counts.inactive else ""
+    mtp = f", with the MTP modules' {counts.mtp_active:,}" if counts.mtp_active else ""
     ex.add(
         "flops",
         "per_token",
         per_token,
-        f"6 x N {N:,} (all{active} but the input-embedding lookup) + attention {attention:,}",
+        f"6 x N {N:,} (all{active} but the input-embedding lookup{mtp}) + attention {attention:,}",
     )
     per_token_6n = 6 * counts.active
     ex.add(
@@ -112,13 +116,15 @@ def _attention_per_token(cfg: ResolvedConfig, v_dim: int, ex: Explain) -> tuple[
     document lengths of its context came from (None: no document masking, the whole sequence)."""
     m, t = cfg.model, cfg.train
     context, lengths_from = attention_context(cfg, ex)  # seq, or sum L_i^2 / seq with document masking
-    full_attention = round(6 * m.num_layers * m.num_heads * (m.head_dim + v_dim) * context)
+    layers = m.num_layers + m.mtp_layers  # each multi-token prediction module's block attends too
+    full_attention = round(6 * layers * m.num_heads * (m.head_dim + v_dim) * context)
     causal = cfg.flops.causal_attention
     attention = full_attention // 2 if causal else full_attention
+    L = f"L {m.num_layers}" + (f" + MTP {m.mtp_layers}" if m.mtp_layers else "")
     heads = (
-        f"6 x L {m.num_layers} x heads {m.num_heads} x (head_dim {m.head_dim} + v_head_dim {v_dim})"
+        f"6 x {L} x heads {m.num_heads} x (head_dim {m.head_dim} + v_head_dim {v_dim})"
         if v_dim != m.head_dim
-        else f"12 x L {m.num_layers} x heads {m.num_heads} x head_dim {m.head_dim}"
+        else f"12 x {L} x heads {m.num_heads} x head_dim {m.head_dim}"
     )
     keys = f"seq {t.seq_len}" if lengths_from is None else f"context {context:,.1f} (document masking)"
     ex.add(

@@ -23,15 +23,17 @@ def busiest_stage(c: ResolvedConfig, micro_s: float, output_s: float) -> float:
     over p x v chunks (rank k holding chunks k, k + p, ... under interleaving) as parallel.pipeline_split says:
     `even` as the trainer splits them (stages.stage_layers), `balanced` with the embedding and the output layer
     counted as one block each (Megatron's account_for_embedding/loss_in_pipeline_split; Llama 3's first and last
-    stages one block short, Dubey et al. 2024, section 3.3.2)."""
+    stages one block short, Dubey et al. 2024, section 3.3.2), and so is each multi-token prediction module, which
+    output_s carries to the last stage."""
     m, pp, v = c.model, c.parallel.pipeline, chunks_per_stage(c.parallel)
     if pp == 1 or not micro_s:
         return 1.0
     block_s = (micro_s * pp - output_s) / m.num_layers
     balanced = c.parallel.pipeline_split == "balanced"
-    chunks = [len(chunk) for chunk in stage_layers(m.num_layers + (2 if balanced else 0), pp * v)]
-    if balanced:  # the embedding's and the output layer's places are no blocks
-        chunks[0], chunks[-1] = chunks[0] - 1, chunks[-1] - 1
+    extra = 2 + m.mtp_layers  # the embedding's, the output layer's and each MTP module's places
+    chunks = [len(chunk) for chunk in stage_layers(m.num_layers + (extra if balanced else 0), pp * v)]
+    if balanced:  # those places are no blocks (Megatron's layout for DeepSeek-V3: Et|(tt|)*30mL)
+        chunks[0], chunks[-1] = chunks[0] - 1, max(0, chunks[-1] - 1 - m.mtp_layers)
     work = [0.0] * pp
     for i, blocks in enumerate(chunks):
         work[i % pp] += blocks * block_s
