@@ -261,9 +261,11 @@ def _busy_seconds(terms: dict[str, Any], moe: dict[str, Any], cast_s: float) -> 
     weights' reads, whichever is longer, then everything that waits beside neither."""
     compute_s = terms["matmul_s"] + terms["attention_s"] + moe.get("expert_imbalance_s", 0.0)
     compute_s += moe.get("expert_tile_s", 0.0)
-    waits = terms["gemm_operand_s"] + terms["activation_traffic_s"] + terms["tensor_parallel_s"]
-    waits += terms["kernel_overhead_s"] + cast_s + moe.get("permutation_s", 0.0)
-    return max(compute_s, terms["weight_read_s"]) + waits, compute_s
+    busy_s = max(compute_s, terms["weight_read_s"]) + terms["gemm_operand_s"] + terms["activation_traffic_s"]
+    busy_s += terms["tensor_parallel_s"]  # added one by one, in the order a dense plan always summed them
+    busy_s += terms["kernel_overhead_s"]
+    busy_s += cast_s
+    return busy_s + moe.get("permutation_s", 0.0), compute_s
 
 
 def _micro_batch_sum(
