@@ -3,8 +3,10 @@ schedule's slots, each slot also sending activations on and gradients back. Pure
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
+from ..gpus import gpu_spec
 from .activation_terms import COMPUTE_BYTES
 from .collectives import links
 from .explain import Explain
@@ -12,6 +14,21 @@ from .stages import bubble_fraction, chunks_per_stage, stage_layers
 
 if TYPE_CHECKING:
     from ..config.schema import ResolvedConfig
+    from .params import ParamCounts
+
+TILE_ROWS = 128  # a GEMM's tile of M rows (as pretrain.plan.step_time's)
+
+
+def output_layer_seconds(c: ResolvedConfig, counts: ParamCounts, fl: dict[str, Any], rate: float) -> float:
+    """One micro-batch's output-layer matmul, 6 V H FLOPs a token over the tensor ranks, at the large-GEMM rate:
+    what the last pipeline stage runs besides its blocks; with multi-token prediction its modules too (Megatron
+    and DeepSeek-V3 place them after the last block: their block, projection and second output-layer pass)."""
+    m = c.model
+    tokens = c.train.micro_batch_size * c.train.seq_len
+    tile = tokens / (TILE_ROWS * math.ceil(tokens / TILE_ROWS)) if gpu_spec(c.hardware.gpu).name != "cpu" else 1.0
+    mtp_attention = fl["attention_per_token"] * m.mtp_layers // (m.num_layers + m.mtp_layers)
+    per_token = 6 * (counts.vocab_hidden + counts.mtp_active) + mtp_attention
+    return per_token * tokens / c.parallel.tensor / (rate * 1e12 * tile)
 
 
 def busiest_stage(c: ResolvedConfig, micro_s: float, output_s: float) -> float:

@@ -100,7 +100,7 @@ from .hardware import memory_bandwidth_gbps
 from .kernels import planned_native_gqa
 from .moe_activations import routed_load
 from .params import moe_layers
-from .pipeline_time import busiest_stage, pipeline_time
+from .pipeline_time import busiest_stage, output_layer_seconds, pipeline_time
 from .tensor_parallel_time import tensor_parallel_time
 from .traffic import eager_elementwise_traffic, kept_tensor_traffic, weight_reads
 
@@ -156,7 +156,7 @@ def step_time(
         ex.add("step_time", "seconds", None, "no peak FLOP/s: set hardware.profile or hardware.peak_tflops")
         return None
     out = _micro_batch(c, counts, fl, peak, ex)
-    busiest = busiest_stage(c, out["micro_batch_s"], _output_layer_s(c, counts, fl, out["achievable_tflops"]))
+    busiest = busiest_stage(c, out["micro_batch_s"], output_layer_seconds(c, counts, fl, out["achievable_tflops"]))
     out.update(pipeline_time(c, out["micro_batch_s"], busiest, ex))
     out.update(data_parallel_time(c, counts, out, ex))
     out.update(optimizer_time(c, counts, ex))
@@ -304,18 +304,6 @@ def _micro_batch_sum(
         **moe,
     }
     return {**out, "fp8_cast_s": cast_s} if t.precision == "fp8" else out
-
-
-def _output_layer_s(c: ResolvedConfig, counts: ParamCounts, fl: dict[str, Any], rate: float) -> float:
-    """One micro-batch's output-layer matmul, 6 V H FLOPs a token over the tensor ranks, at the large-GEMM rate:
-    what the last pipeline stage runs besides its blocks; with multi-token prediction its modules too (Megatron
-    and DeepSeek-V3 place them after the last block: their block, projection and second output-layer pass)."""
-    m = c.model
-    tokens = c.train.micro_batch_size * c.train.seq_len
-    tile = tokens / (TILE_ROWS * math.ceil(tokens / TILE_ROWS)) if gpu_spec(c.hardware.gpu).name != "cpu" else 1.0
-    mtp_attention = fl["attention_per_token"] * m.mtp_layers // (m.num_layers + m.mtp_layers)
-    per_token = 6 * (counts.vocab_hidden + counts.mtp_active) + mtp_attention
-    return per_token * tokens / c.parallel.tensor / (rate * 1e12 * tile)
 
 
 def _achievable_tflops(hw: HardwareConfig, spec: GpuSpec, peak: float) -> tuple[float, str]:
