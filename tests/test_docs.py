@@ -37,7 +37,10 @@ def test_shipped_configs_load(path):
 
 def test_ci_runs_the_readme_test_command():
     ci = (ROOT / ".ci/run").read_text()
-    command = "bash scripts/setup.sh dev && .venv/bin/python -m pytest -n 2"
+    command = (
+        "bash scripts/setup.sh dev && .venv/bin/python -m pytest -n 2"
+        " && ATEN_CPU_CAPABILITY=default .venv/bin/python -m pytest -n 2 -m kernels"
+    )
     assert command in README and command in ci
     assert "bash scripts/setup.sh && .venv/bin/pretrain demo" in README
 
