@@ -320,7 +320,8 @@ def budget_lines(budget: dict[str, Any]) -> list[str]:
         f"(Hoffmann et al. 2022)",
         row("compute-optimal", opt),
         row("inference-aware", small),
-        f"  predicted loss: Hoffmann et al.'s approach 3 fit; (+x) from its optimum {budget['loss_optimum']:.3f} "
+        "  predicted loss: Hoffmann et al.'s approach 3 fit, refitted by Besiroglu et al. 2024; (+x) from its "
+        f"optimum {budget['loss_optimum']:.3f} "
         f"(at {budget['approach_3_params'] / 1e9:.2f}B params)",
         "  (the plan below is the compute-optimal row's; every figure explained by --explain)",
         "",
