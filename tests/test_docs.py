@@ -180,3 +180,18 @@ def test_every_documented_train_command_is_one_the_trainer_accepts():
             )
         except ConfigError as e:
             pytest.fail(f"{where}: `pretrain train` refuses it: {e}")
+
+
+def test_the_readme_command_table_lists_every_subcommand_and_setup_says_what_it_installs():
+    # Every subcommand of cli.COMMANDS has a row of its own in the README's table; `pretrain eval` lacked one.
+    from pretrain.cli import COMMANDS
+
+    table = README[README.index("## Commands") : README.index("## Training")]
+    rows = [line for line in table.splitlines() if line.startswith("| `pretrain ")]
+    for name in COMMANDS:
+        assert any(row.startswith(f"| `pretrain {name}") for row in rows), (
+            f"README's command table: no `pretrain {name}`"
+        )
+    # setup.sh dev installs packages system-wide as root (apt-get): the README says so where it describes setup.sh.
+    setup = (ROOT / "scripts/setup.sh").read_text()
+    assert "apt-get" in setup and "apt-get install" in README and "chromium" in README.split("## A plan")[0]
