@@ -176,8 +176,28 @@ def _steps_and_flops_rows(p: dict[str, Any]) -> list[tuple[str, str, str]]:
                 "overstated)",
             )
         )
+    if "attention_context" in fl:  # train.document_masking
+        rows.append(_document_masking_row(fl, p["steps"]["tokens_per_step"] // max(1, st["examples_per_step"])))
     rows.append(("Training FLOPs", f"{fl['total']:.3g}", f"6N·D = {fl['total_6n']:.3g}"))
     return rows
+
+
+def _document_masking_row(fl: dict[str, Any], seq: int) -> tuple[str, str, str]:
+    """train.document_masking: on, and the keys a query attends to that the attention term counts."""
+    context = fl["attention_context"]
+    lengths = {
+        "meta.json": "document lengths from the data's meta.json",
+        "data.mean_doc_tokens": "documents of data.mean_doc_tokens",
+    }.get(
+        fl.get("document_lengths", "none"),
+        "document lengths unknown (no doc_length_histogram, no data.mean_doc_tokens)",
+    )
+    return (
+        "Document masking",
+        "on",
+        f"attention within each document of a window, positions restarting: {context:,.1f} keys per query of "
+        f"{seq:,} ({lengths})",
+    )
 
 
 def _wall_clock_rows(p: dict[str, Any]) -> list[tuple[str, str, str]]:

@@ -97,6 +97,12 @@ def summary(p: dict) -> str:
         f"gradients {m['gradients'] / GiB:.3f}, optimizer {m['optimizer'] / GiB:.3f}, activations "
         f"{m['activations'] / GiB:.3f}, buffers {m['buffers'] / GiB:.3f}, total {m['total'] / GiB:.3f} GiB"
     ]
+    context = p["flops"].get("attention_context")
+    if context is not None:  # train.document_masking: said at the start, as every other switch of the attention
+        lines.append(
+            f"plan: document masking on: each token attends within its own document of the window, positions "
+            f"restarting; attention priced at {context:,.1f} keys per query"
+        )
     if tps:
         lines.append(
             f"plan: {tps:,.0f} tokens/s for the job at MFU {p['time']['utilisation']:.3g} "
