@@ -124,16 +124,7 @@ def _time_rows(m: ResolvedModelConfig, p: dict[str, Any]) -> list[tuple[str, str
     """(label, value, note) rows of the steps, FLOPs and time."""
     rows = _steps_and_flops_rows(p) + _wall_clock_rows(p)
     if "eval_tasks" in p:  # run.eval_tasks
-        ev = p["eval_tasks"]
-        share = f", {ev['share_of_run']:.1%} of the run" if ev["share_of_run"] is not None else ""
-        rows.append(
-            (
-                "Eval tasks",
-                duration(ev["seconds"]),
-                f"{ev['evaluations']:,} evaluations "
-                f"x {ev['tokens_per_evaluation']:,} tokens ({', '.join(ev['tasks'])}), forward only{share}",
-            )
-        )
+        rows.append(_eval_tasks_row(p["eval_tasks"]))
     if "measured" in p:
         ms = p["measured"]
         util = f"MFU {ms['mfu']:.3f}, HFU {ms['hfu']:.3f}" if ms["mfu"] is not None else "no peak to compare"
@@ -145,6 +136,22 @@ def _time_rows(m: ResolvedModelConfig, p: dict[str, Any]) -> list[tuple[str, str
             )
         )
     return rows
+
+
+def _eval_tasks_row(ev: dict[str, Any]) -> tuple[str, str, str]:
+    """run.eval_tasks: the time of its evaluations, and any task file that could not be read (not counted)."""
+    unread = (
+        f"{', '.join(ev['unread'])}: not found or unreadable (not written yet?), not counted" if "unread" in ev else ""
+    )
+    if not ev["tasks"]:
+        return ("Eval tasks", "n/a", unread)
+    share = f", {ev['share_of_run']:.1%} of the run" if ev["share_of_run"] is not None else ""
+    return (
+        "Eval tasks",
+        duration(ev["seconds"]),
+        f"{ev['evaluations']:,} evaluations x {ev['tokens_per_evaluation']:,} tokens ({', '.join(ev['tasks'])}), "
+        f"forward only{share}" + (f"; {unread}" if unread else ""),
+    )
 
 
 def _steps_and_flops_rows(p: dict[str, Any]) -> list[tuple[str, str, str]]:
