@@ -28,7 +28,7 @@ from ..plan.schedule import learning_rate, micro_batches_per_step, resumed_sched
 from . import plan_check
 from .callbacks import Callback, default_callbacks
 from .callbacks.evaluation import evaluate
-from .callbacks.preemption import preempted
+from .callbacks.preemption import Preemption, preempted
 from .callbacks.spikes import Stability
 from .callbacks.tasks import evaluate_tasks
 from .checkpoint.choice import prune
@@ -79,6 +79,7 @@ class Trainer:
     state: TrainState  # the counters, and the last metrics interval
     callbacks: list[Callback]  # in callbacks.ORDER
     stability: Stability  # the callback whose rollback the trainer carries out, and whose `good` marks a save
+    preemption: Preemption  # the callback whose signal, received mid-step, the step's stop request reads
     checkpoints: Checkpoints
     stop_reason: str  # the first stop a callback asked for ("" none): the coming steps carry it to every rank
     measure_next: bool  # a callback asked that the coming step count the bytes it holds
@@ -130,6 +131,7 @@ class Trainer:
         self.state = TrainState()
         self.callbacks = default_callbacks(c, self.plan)
         self.stability = next(cb for cb in self.callbacks if isinstance(cb, Stability))
+        self.preemption = next(cb for cb in self.callbacks if isinstance(cb, Preemption))
         parts: dict[str, Stateful] = {"data": self.batches}
         for cb in self.callbacks:
             parts.update(cb.stateful())
@@ -173,11 +175,14 @@ class Trainer:
                     self.batches.state_dict(),
                     rng_state() if self.config.model.dropout else None,
                 )
-                result = self.step(measure=self.measure_next, stop_asked=bool(self.stop_reason))
+                result = self.step(measure=self.measure_next, stop_asked=lambda: bool(self.stop_pending()))
                 self.in_step, self.measure_next = None, False
                 if not result.finite:  # the update was skipped (the stability callback logs it)
                     self.state.nonfinite_skips += 1
-                if self.end_step(result) and result.stop:
+                # One process needs no agreement: a signal received after the step's all-reduce (its update,
+                # the callbacks) stops it here too, not after one step more.
+                if self.end_step(result) and (result.stop or not self.rt.distributed and self.preemption.received()):
+                    self.stop_reason = self.stop_pending()
                     return preempted(self)
             final = evaluate(self)
             if self.config.run.eval_tasks:
@@ -218,9 +223,15 @@ class Trainer:
             self.stability.rollback(self, result.loss)
         return asks.rollback
 
-    def step(self, measure: bool = False, stop_asked: bool = False) -> StepResult:
+    def stop_pending(self) -> str:
+        """Why this rank would stop after the step in flight: a callback's ask (debug.stop_after_step) or a
+        signal received (Preemption), even in the middle of the step; "" when none."""
+        return self.stop_reason or self.preemption.received()
+
+    def step(self, measure: bool = False, stop_asked: Callable[[], bool] = lambda: False) -> StepResult:
         """One optimizer step at the schedule's learning rate and the batch ramp's size; `measure`: count the
-        bytes it holds (measure.py); `stop_asked`: this rank asks every rank to stop after it."""
+        bytes it holds (measure.py); `stop_asked()`, asked just before the step's all-reduce: this rank asks
+        every rank to stop after it."""
         t, st = self.config.train, self.state
         accum = micro_batches_per_step(st.tokens, **self.ramp)
         lr = (
