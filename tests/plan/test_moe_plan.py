@@ -172,3 +172,21 @@ def test_the_checkpoint_holds_every_expert_whatever_the_expert_parallelism():
     one, ep = (_plan("parallel.gpus=4", f"parallel.expert={e}")["checkpoint_bytes"] for e in (1, 4))
     tensors = len(param_shapes(load_config(overrides=["model.preset=moe-debug"]).model))
     assert one == ep == 12 * TOTAL + 4 * tensors  # fp32 weights, m and v of every parameter; a step count a tensor
+
+
+def test_the_plan_header_and_the_fits_columns_name_the_expert_degree():
+    # The header gave data, tensor and pipeline but not the expert degree; --fit printed "EP n" after the step
+    # column, under no header. A dense plan's JSON and header stay as they were.
+    from pretrain.plan.fit import fit, render
+    from pretrain.plan.table import render as table
+
+    config = load_config(overrides=["model.preset=moe-debug", "parallel.gpus=4", "parallel.expert=2"])
+    p = make_plan(config)
+    assert p["parallel"]["expert"] == 2 and "expert" not in make_plan(load_config(overrides=[]))["parallel"]
+    assert "(data 4, tensor 1, pipeline 1, expert 2, ZeRO-0)" in table(config, p).splitlines()[0]
+    lines = render(config, fit(config, top=3)).splitlines()
+    header = next(line for line in lines if line.lstrip().startswith("#"))
+    column = header.index(" EP") + 3  # right-aligned under its header
+    rows = [line for line in lines if line[:4].strip().isdigit()]
+    assert rows and all(line[column - 1] in "1248" and line[column] == " " for line in rows), lines
+    assert not any(" EP " in line for line in rows)  # the degree in its column, not "EP n" after the step

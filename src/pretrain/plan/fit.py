@@ -249,9 +249,11 @@ def render(config: ResolvedConfig, result: dict[str, Any], shown: int = 10, comm
         f"{t.seq_len:,} tokens ({sequences * t.seq_len:,} per step), {t.precision}",
         "",
     ]
+    moe = bool(m.num_experts)  # a Mixture-of-Experts model: its expert-parallel degree, a column of its own
     header = (
         f"  {'#':>2}  {'micro x accum':<13} {'recompute':<9} {'ZeRO':>4} {'TP':>3} {'PP':>3} {'DP':>4} "
-        f"{'offload':<16} {'memory GiB':>10} {'tokens/s':>11} {'MFU':>6} {'step s':>8}"
+        + (f"{'EP':>3} " if moe else "")
+        + f"{'offload':<16} {'memory GiB':>10} {'tokens/s':>11} {'MFU':>6} {'step s':>8}"
     )
     lines.append(header)
     for i, cand in enumerate(result["candidates"][:shown], 1):
@@ -260,10 +262,10 @@ def render(config: ResolvedConfig, result: dict[str, Any], shown: int = 10, comm
         mb = f"{o['train.micro_batch_size']} x {o['train.grad_accum_steps']}"
         lines.append(
             f"  {i:>2}  {mb:<13} {o['train.activation_checkpointing']:<9} {o['parallel.zero_stage']:>4} "
-            f"{o['parallel.tensor']:>3} {o['parallel.pipeline']:>3} {dp:>4} {o['parallel.offload']:<16} "
-            f"{cand['memory_bytes']['total'] / GiB:>10.1f} {cand['tokens_per_s']:>11,.0f} "
-            f"{cand['mfu']:>6.3f} {cand['step_time_s']:>8.3g}"
-            + (f"  EP {o['parallel.expert']}" if "parallel.expert" in o else "")
+            f"{o['parallel.tensor']:>3} {o['parallel.pipeline']:>3} {dp:>4} "
+            + (f"{o.get('parallel.expert', par.expert):>3} " if moe else "")
+            + f"{o['parallel.offload']:<16} {cand['memory_bytes']['total'] / GiB:>10.1f} "
+            f"{cand['tokens_per_s']:>11,.0f} {cand['mfu']:>6.3f} {cand['step_time_s']:>8.3g}"
         )
     if not result["candidates"]:
         lines.append("  (none fits, or none is one `pretrain train` runs: see below)")

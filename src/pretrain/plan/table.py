@@ -43,7 +43,9 @@ def render(config: ResolvedConfig, p: dict[str, Any]) -> str:
     name = m.preset or m.hf_config or "custom"
     lines = [
         f"pretrain plan: {name} ({m.family}, {p['params']['total'] / 1e9:.3g}B), {par['world']} x {hw['gpu']} "
-        f"(data {par['data']}, tensor {par['tensor']}, pipeline {par['pipeline']}, ZeRO-{par['zero_stage']}), "
+        f"(data {par['data']}, tensor {par['tensor']}, pipeline {par['pipeline']}, "
+        + (f"expert {par['expert']}, " if "expert" in par else "")
+        + f"ZeRO-{par['zero_stage']}), "
         f"{t.precision}, {t.optimizer}, recompute {t.activation_checkpointing}",
         "",
     ]
