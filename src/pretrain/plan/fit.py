@@ -13,7 +13,9 @@ The search, with the global batch (sequences per optimizer step) held fixed:
 Trained: every layout passes the trainer's own check (config/trainable.py: check_trainable, what `pretrain
 train` refuses with) before it is planned; a refused one is a rejected row with the trainer's reason, so every
 candidate is one `pretrain train` runs (offload, ZeRO 2/3 per pipeline stage and a pipeline of tied embeddings
-are planned, not trained: they lose here, saying so).
+are planned, not trained: they lose here, saying so). A model the planner counts but the trainer does not build
+(gpt-oss's attention sinks, DeepSeek-V3's latent attention: unbuilt_architecture) is ranked all the same, for
+sizing the job, every layout checked as the built model's would be; the result says `not_trainable`, why.
 Memory: one plan per layout at micro-batch 1 (`plan()`'s fits and largest micro-batch that fits, the
 fragmentation allowance included); the micro-batches up to that largest one fit (a larger b means fewer
 micro-batches in a pipeline, so no more memory). Memory falls with recomputation and with the ZeRO stage, so
@@ -29,13 +31,14 @@ on 512 GPUs has 20 (pipeline 1-16), on 640 all 40 (pipeline 1-80).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from typing import TYPE_CHECKING, Any, cast
 
 from ..config import ResolvedConfig, replaced
 from ..config.job_sections import RECOMPUTE
-from ..config.trainable import check_trainable
+from ..config.trainable import check_trainable, unbuilt_architecture
 from ..errors import ConfigError
 from ..units import GiB
 from .explain import Explain
@@ -151,7 +154,13 @@ def fit(config: ResolvedConfig, top: int = 10) -> dict[str, Any]:
                 }
             )
     advice = context_advice(config)
-    return {"candidates": candidates, "rejected": rejected, **({"advice": advice} if advice else {})}
+    unbuilt = unbuilt_architecture(config.model)  # ranked for sizing, labelled: `pretrain train` cannot run it
+    return {
+        "candidates": candidates,
+        "rejected": rejected,
+        **({"advice": advice} if advice else {}),
+        **({"not_trainable": unbuilt} if unbuilt else {}),
+    }
 
 
 def _search(
@@ -221,10 +230,21 @@ def _refused(config: ResolvedConfig, layout: dict[str, Any]) -> dict[str, Any] |
     except ConfigError:
         return None  # a rule of the config's own: the search says it in its words
     try:
-        check_trainable(c, needs_data=False)
+        check_trainable(_as_built(c), needs_data=False)
     except ConfigError as e:
         return {"overrides": layout, "why": f"{REFUSED}: {e}"}
     return None
+
+
+def _as_built(c: ResolvedConfig) -> ResolvedConfig:
+    """`c` with each model key the trainer does not build yet (unbuilt_architecture names it) at its default:
+    what the trainer checks of the layout once the model is built; `c` itself when it builds."""
+    m = c.model
+    while why := unbuilt_architecture(m):
+        key = why.split(":", 1)[0].removeprefix("model.")
+        default = next(f.default for f in dataclasses.fields(m) if f.name == key)
+        m = dataclasses.replace(m, **{key: default})
+    return c if m is c.model else dataclasses.replace(c, model=m)
 
 
 def _layout_key(overrides: dict[str, Any]) -> tuple[Any, ...]:
@@ -255,6 +275,8 @@ def render(config: ResolvedConfig, result: dict[str, Any], shown: int = 10, comm
         + (f"{'EP':>3} " if moe else "")
         + f"{'offload':<16} {'memory GiB':>10} {'tokens/s':>11} {'MFU':>6} {'step s':>8}"
     )
+    if "not_trainable" in result:  # ranked for sizing the job: the plan counts it, the trainer cannot build it
+        lines.insert(1, f"  ! not trainable here: {result['not_trainable']}; ranked as planned, for sizing")
     lines.append(header)
     for i, cand in enumerate(result["candidates"][:shown], 1):
         o = cand["overrides"]
@@ -287,7 +309,8 @@ def render(config: ResolvedConfig, result: dict[str, Any], shown: int = 10, comm
     if result["candidates"]:
         lines += [
             "",
-            f"  The fastest, to plan or train: {command} " + command_line(result["candidates"][0]["overrides"]),
+            f"  The fastest, to plan{'' if 'not_trainable' in result else ' or train'}: {command} "
+            + command_line(result["candidates"][0]["overrides"]),
             "  (step-time model: pretrain.plan.step_time; --explain prints its terms for the fastest)",
         ]
     return "\n".join(lines)
