@@ -24,6 +24,7 @@ PROFILE_KEYS = {
     "shapes",
     "memory_bandwidth_gbps",
     "host_to_device_gbps",
+    "op_seconds",
     "block",
     "rounds",
     "threads",
@@ -61,6 +62,7 @@ def test_profile_has_the_documented_keys_and_sane_numbers(profile):
         assert best >= profile["median_tflops"][dtype] > 0
     assert {s["dtype"] for s in profile["shapes"]} == {"fp32", "fp16", "bf16"}
     assert profile["memory_bandwidth_gbps"] > 0 and profile["host_to_device_gbps"] is None
+    assert 0 < profile["op_seconds"] < 0.01  # a CPU's eager op: microseconds (the planner's CPU step reads it)
     block = profile["block"]
     assert block["tokens_per_s"] > 0 and 0 < block["mfu"]
     assert block["peak_tflops"] == profile["peak_tflops"]["bf16"]  # bf16-mixed: this run's best bf16

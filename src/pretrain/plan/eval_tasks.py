@@ -72,7 +72,8 @@ def eval_tasks_cost(
 
     per_token = bytes_per_token or BYTES_PER_TOKEN
     seq_len, pipeline = cfg.train.seq_len, cfg.parallel.pipeline
-    tasks, tokens, unread = {}, 0, []
+    tasks, tokens = {}, 0
+    unread: list[str] = []
     for name in task_names(",".join(run.eval_tasks)):
         size = task_size(name)
         if size is None:  # a .jsonl not written yet (the demo writes its task after planning) or unreadable

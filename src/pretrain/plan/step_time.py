@@ -77,7 +77,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import compile_enabled
 from ..gpus import gpu_spec
-from . import fp8
+from . import cpu_time, fp8
 from .activation_terms import COMPUTE_BYTES
 from .activations import activation_bytes
 from .collectives import (
@@ -139,7 +139,10 @@ def step_time(
     out = _micro_batch(c, counts, fl, peak, ex)
     out.update(pipeline_time(c, out["micro_batch_s"], ex))
     out.update(data_parallel_time(c, counts, out, ex))
-    out.update(optimizer_time(c, counts, ex))
+    if spec_is_cpu(c):  # the step's own ops and its update at the CPU's memory bandwidth (pretrain.plan.cpu_time)
+        out["optimizer_s"] = cpu_time.optimizer_seconds(c, counts, ex)
+    else:
+        out.update(optimizer_time(c, counts, ex))
     seconds = out["forward_backward_s"] + out["data_parallel_exposed_s"] + out["optimizer_s"]
     t, par = c.train, c.parallel
     tokens = t.seq_len * t.micro_batch_size * t.grad_accum_steps * par.data_parallel
@@ -162,6 +165,10 @@ def step_time(
     if t.precision == "fp8":  # the MFU against both peaks, `mfu` being the bf16 one (plan/fp8.py)
         out.update(fp8.mfu_fields(c, fl, utilisation, model_per_token))
     return {"seconds": seconds, "tokens_per_second": tokens / seconds, "mfu": utilisation, **out}
+
+
+def spec_is_cpu(c: ResolvedConfig) -> bool:
+    return gpu_spec(c.hardware.gpu).name == "cpu"
 
 
 def gemm_intensity(m: ResolvedModelConfig, tp: int, a: int) -> float:
@@ -221,11 +228,15 @@ def _micro_batch(
     )
     ex.add("step_time", "attention_s", attention_s, attention_how)
 
-    weight_s, traffic_s, layers = _memory_bound_terms(c, counts, hbm, on_gpu, ex)
+    if on_gpu:
+        weight_s, traffic_s, layers = _memory_bound_terms(c, counts, hbm, on_gpu, ex)
+        overhead_s = _kernel_overhead(c, layers, ex)
+    else:  # eager PyTorch on a CPU: its ops' overhead and elementwise traffic (pretrain.plan.cpu_time)
+        weight_s = 0.0  # the matmuls read their weights at the matmul rate
+        traffic_s, overhead_s, layers = cpu_time.micro_batch_terms(c, ex)
 
     intra, inter, link_how = links(c)
     tp_s = tensor_parallel_time(c, layers, tokens, intra, link_how, matmul_s, on_gpu, ex)
-    overhead_s = _kernel_overhead(c, layers, ex)
     moe = moe_seconds(c, tokens, rate, intra, inter, link_how, ex) if m.num_experts else {}
     terms = {
         "achievable_tflops": rate,

@@ -52,11 +52,12 @@ def launched_config(config: ResolvedConfig, rt: Runtime, own_data: bool) -> Reso
 
 def plan_run(device_config: ResolvedConfig, rt: Runtime) -> dict:
     """The run's one plan, at the peak behind its MFU: the memory check before anything is built, the
-    figures plan vs run compares, the FLOPs per token of every metrics line. The plan's tokens/s is
-    labelled with where that peak came from (the catalog, a profile, the key, or this machine's cached
-    measurement), not with the key it is passed through."""
-    peak, source = plan_check.peak_tflops(device_config, rt.device)
-    plan = make_plan(replaced(device_config, {"hardware.peak_tflops": peak}))
+    figures plan vs run compares, the FLOPs per token of every metrics line. On a machine the catalog does not
+    time (a CPU, an unlisted GPU), planned with its own measured profile or peak (plan_check.measured_hardware);
+    the plan's tokens/s is labelled with where that peak came from (the catalog, a profile, the key, or this
+    machine's kept measurement), not with the key it is passed through."""
+    hardware, source = plan_check.measured_hardware(device_config, rt.device)
+    plan = make_plan(replaced(device_config, hardware))
     plan["hardware"]["peak_source"] = source
     return plan
 
