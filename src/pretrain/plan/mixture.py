@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..config import mixture_sources
-from .corpus import MAX_EPOCHS
+from .corpus import MAX_EPOCHS, check_vocabulary
 from .explain import Explain
 from .length import TOKEN_DTYPE_BYTES, token_bytes
 
@@ -97,6 +97,7 @@ def read_counts(path: Path, vocab_size: int) -> dict[str, Any]:
         width = TOKEN_DTYPE_BYTES.get(metas[0].get("dtype"), token_bytes(vocab_size))
     except (OSError, ValueError, KeyError, TypeError):
         return {"tokens_available": None, "storage_bytes": None, "sharded": False}
+    check_vocabulary(metas[0].get("vocab_size"), vocab_size, path)
     return {"tokens_available": train, "storage_bytes": stored * width, "sharded": sharded}
 
 
