@@ -85,6 +85,7 @@ def run_from_fit(
         "device": _device_name(rt.device),
         "peak_tflops": peak,
         "peak_source": source,
+        "hardware": hardware,  # the measured keys the fit and every cell were planned with (a CPU's profile)
         "threads": n_threads,
         "threads_chosen_as": chosen_as,
         "rounds": rounds,
