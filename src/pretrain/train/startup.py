@@ -21,11 +21,13 @@ from ..data.documents import check_document_index
 from ..gpus import mixed_precision
 from ..model.documents import documents_of_run
 from ..plan import make_plan
+from ..plan.length import training_length
+from ..plan.params import count_params
 from ..precision import half_dtype
 from . import plan_check
 from .attention import kernel_context
 from .checkpoint.choice import resume_point
-from .checkpoint.compatibility import check_resume_compatible, stage_change
+from .checkpoint.compatibility import check_resume_compatible, stage_change, stage_length
 from .checkpoint.run_dir import RunDir
 from .prefetch import WindowSource
 
@@ -113,6 +115,21 @@ def claim_run_dir(
         directory.set_aside_corrupt(corrupt)
         history_aside = directory.set_aside_history()  # an earlier run's is not this run's
     return resume_from, stage, history_aside
+
+
+def staged(
+    c: ResolvedConfig, resume_from: Path | None, stage: dict | None, saved: dict
+) -> tuple[ResolvedConfig, dict | None]:
+    """(the config this process trains, the stage_changed event): a new stage's length (train.stage_tokens)
+    made the run's own (its train.max_steps), or refused in one line where the stage would train nothing or
+    the key stands outside a stage (checkpoint/compatibility.stage_length)."""
+    total_steps = training_length(c, count_params(c.model).total)["steps"]
+    length = stage_length(resume_from or "", c, stage, saved, total_steps)
+    if not length:
+        return c, stage
+    assert stage is not None  # stage_length gives a length to a new stage only
+    staged_config = replaced(c, length)
+    return staged_config, {**stage, "stage_tokens": c.train.stage_tokens, "ends_at_step": staged_config.train.max_steps}
 
 
 def trainable_model(

@@ -40,7 +40,16 @@ from .loggers import check_installed
 from .prefetch import Prefetcher, WindowSource
 from .preflight import check_fits_device
 from .run_log import TrainingLog
-from .startup import claim_run_dir, launched_config, open_data, plan_run, prepared_data, trainable_model, window_source
+from .startup import (
+    claim_run_dir,
+    launched_config,
+    open_data,
+    plan_run,
+    prepared_data,
+    staged,
+    trainable_model,
+    window_source,
+)
 from .state import Asks, StepResult, TrainState
 from .step import pipeline_train_step, train_step
 
@@ -111,9 +120,11 @@ class Trainer:
         check_fp8_installed(t.precision)
         self.mixture, self.data = open_data(c, rt, loader)
         self.resume_from, self.stage_change, self.history_aside = claim_run_dir(self.directory, c, rt, quiet)
+        saved = read_trainer_state(self.resume_from) if self.resume_from is not None else {"step": 0}
+        c, self.stage_change = staged(c, self.resume_from, self.stage_change, saved)
+        self.config, t = c, c.train
         self.total_steps = training_length(c, count_params(c.model).total)["steps"]
         # A resume into a run of another length follows the new length's schedule, said in an event.
-        saved = read_trainer_state(self.resume_from) if self.resume_from is not None else {"step": 0}
         self.warmup, self.schedule_change = resumed_schedule(t, saved, self.total_steps)
         self.ramp = dict(
             seq_len=t.seq_len,
@@ -314,10 +325,15 @@ class Trainer:
             "data_epoch": data.get("epoch"),
             "data_position": data.get("position"),
         }
+        length = (
+            f"; {e['stage_tokens']:,} tokens (train.stage_tokens): to step {e['ends_at_step']:,}"
+            if e.get("stage_tokens")
+            else f"; to the run's end, step {self.total_steps:,}"
+        )
         self.log.say(
             f"new stage from step {st.step:,}: train.seq_len {e['seq_len_before']:,} -> "
             f"{e['seq_len_after']:,}, {e['tokens_per_step_after']:,} tokens per step (was "
-            f"{e['tokens_per_step_before']:,}); memory planned for the new length"
+            f"{e['tokens_per_step_before']:,}){length}; memory planned for the new length"
         )
         self.log.event(e)
 
