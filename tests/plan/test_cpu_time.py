@@ -22,6 +22,9 @@ CASES = {
     + ["model.intermediate_size=256", "model.max_seq_len=64", "model.tie_embeddings=true", "model.bias=true"],
     "moe-debug": ["model.preset=moe-debug"],
     "two loss chunks": ["model.preset=debug", "train.loss_chunk_tokens=16"],
+    # torchao's eager float8: each converted linear's casts (every block linear at hidden 128)
+    "fp8": ["model.preset=debug", "model.hidden_size=128", "model.intermediate_size=352", "model.num_heads=4"]
+    + ["train.precision=fp8", "train.fp8_min_features=16"],
 }
 
 
@@ -53,6 +56,8 @@ def dispatched(config) -> int:
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_the_planned_ops_are_the_ops_the_step_dispatches(case, tmp_path):
+    if case == "fp8":
+        pytest.importorskip("torchao")
     one, two = (
         load_config(None, [*BASE, *CASES[case], f"train.grad_accum_steps={a}", f"run.dir={tmp_path / str(a)}"])
         for a in (1, 2)

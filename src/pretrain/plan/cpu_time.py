@@ -30,6 +30,7 @@ from ..gpus import mixed_precision
 from .activations import activation_bytes
 from .collectives import bytes_per_value
 from .expert_parallel import rank_params
+from .fp8 import gemms
 from .hardware import cpu_figures
 from .params import padded_vocab_size
 from .traffic import eager_elementwise_traffic
@@ -48,10 +49,15 @@ MOE_OPS = (100, 3)  # per MoE block (routing, sort, grouped GEMMs, combine) beyo
 AUTOCAST_OPS = (16, 8)  # per block, around the blocks: the casts of bf16-mixed, fp16-mixed and fp8
 RECOMPUTED_OPS = {"none": 0, "selective": 107, "full": 106}  # a block's forward again, in backward
 DOCUMENT_OPS = (84, 20)  # per block, around the blocks: train.document_masking's per-document attention
+FP8_LINEAR_OPS = 64  # a float8 linear's amax, scale, casts and their backward (torchao's eager emulation)
 STEP_OPS = 31  # a step's own: clipping (foreach), fused AdamW, zero_grad
 MOE_STEP_OPS = 16  # the routing biases' update and the step's expert counts
 OP_SECONDS = 5e-6  # one op, without a measurement: a 2-core EPYC VM, one thread, torch 2.13 (bench/cpu_profile)
 BANDWIDTH_GBPS = 10.0  # without a measurement: an elementwise op on one core of the same VM
+# train.precision=fp8 on a CPU: no float8 units, so torchao's casts (amax, scale, convert, and the upcast for an
+# fp32 matmul) run element by element, far below the memory's bandwidth: the cast bytes of plan/fp8.py at this
+# rate, fitted to the fp8 / bf16-mixed step ratio measured on a hidden-128 model (benchmarks/fp8_cpu.py, 4.9x).
+FP8_CAST_GBPS = 0.36
 LOGIT_PASSES = 6  # over a chunk's fp32 logits: written, max, exp and sum forward; softmax - 1 and scale backward
 
 
@@ -61,6 +67,8 @@ def block_ops(c: ResolvedConfig) -> int:
     ops = BLOCK_OPS[m.family] + RECOMPUTED_OPS[t.activation_checkpointing]
     ops += QK_NORM_OPS * m.qk_norm + AUTOCAST_OPS[0] * mixed_precision(t.precision)
     ops += DOCUMENT_OPS[0] * t.document_masking
+    if t.precision == "fp8":  # each converted linear's casts, separate eager ops on a CPU (no float8 units)
+        ops += FP8_LINEAR_OPS * gemms(c)["linears"] / m.num_layers
     if m.num_experts:
         ops += MOE_OPS[0] * (m.num_layers - m.first_dense_layers) / m.num_layers
     return round(ops)

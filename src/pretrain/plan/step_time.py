@@ -207,7 +207,8 @@ def _micro_batch(
     matmul_s = matmul * tokens / shard / (rate * 1e12 * tile)
     cast_s = 0.0
     if t.precision == "fp8":  # the converted linears' GEMMs at the fp8 rate, their casts at HBM (plan/fp8.py)
-        matmul_s, cast_s, fp8_how = fp8.matmul_seconds(c, matmul, tokens, shard, rate, tile, hbm if on_gpu else 0)
+        memory = hbm if on_gpu else cpu_time.FP8_CAST_GBPS  # a CPU converts to float8 element by element
+        matmul_s, cast_s, fp8_how = fp8.matmul_seconds(c, matmul, tokens, shard, rate, tile, memory)
         ex.add("step_time", "fp8_cast_s", cast_s, fp8_how)
     attention_s, attention_how = _attention_seconds(c, spec, attention, tokens, peak, rate)
     ex.add("step_time", "achievable_tflops", rate, rate_how)
