@@ -234,10 +234,12 @@ def _final_lines(config, val: float) -> int:
 
 def _hf_sample(hf_dir: Path, prompt: str) -> str:
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(hf_dir)
-    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+    from .progress import quiet_transformers
+
+    with quiet_transformers() as transformers:
+        tok = transformers.AutoTokenizer.from_pretrained(hf_dir)
+        model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
     ids = tok(prompt, return_tensors="pt").input_ids
     # transformers declares generate's `self` as a Protocol that its own AutoModel return type does not meet
     out = model.generate(ids, max_new_tokens=40, do_sample=False, pad_token_id=tok.pad_token_id)  # pyright: ignore[reportAttributeAccessIssue]

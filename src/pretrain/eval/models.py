@@ -118,10 +118,11 @@ def load_target(target: str, device: str) -> tuple[OurModel | HFModel, Tokenizer
     if is_hf_dir(path):
         if not (path / "tokenizer.json").is_file():
             raise UsageError(f"{path} has no tokenizer.json; a Hugging Face model directory needs its tokenizer")
-        from transformers import AutoModelForCausalLM
+        from ..progress import quiet_transformers
 
         try:
-            model = AutoModelForCausalLM.from_pretrained(path, dtype="auto", local_files_only=True)
+            with quiet_transformers() as transformers:
+                model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype="auto", local_files_only=True)
         except (OSError, ValueError) as e:
             raise UsageError(f"{path}: not a Hugging Face causal language model ({str(e).splitlines()[0]})") from None
         return HFModel(cast(torch.nn.Module, model).to(device).eval()), Tokenizer.from_file(
