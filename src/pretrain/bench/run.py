@@ -122,7 +122,7 @@ def run_bench(
         "shapes": shapes,
         "memory_bandwidth_gbps": statistics.median(run["copy"] for run in runs),
         # a CPU's eager op, what a small model's step is made of (pretrain.plan.cpu_time reads it)
-        "op_seconds": op_seconds(budget * SHARE["copy"])[0] if dev.type == "cpu" else None,
+        "op_seconds": op_seconds(budget * SHARE["copy"], peaks.get("fp32") or 0.1)[0] if dev.type == "cpu" else None,
         "host_to_device_gbps": None if h2d[0] is None else statistics.median(h2d),
         "block": block,
         "spread_pct": noise,

@@ -52,11 +52,14 @@ DOCUMENT_OPS = (84, 20)  # per block, around the blocks: train.document_masking'
 FP8_LINEAR_OPS = 64  # a float8 linear's amax, scale, casts and their backward (torchao's eager emulation)
 STEP_OPS = 31  # a step's own: clipping (foreach), fused AdamW, zero_grad
 MOE_STEP_OPS = 16  # the routing biases' update and the step's expert counts
-OP_SECONDS = 5e-6  # one op, without a measurement: a 2-core EPYC VM, one thread, torch 2.13 (bench/cpu_profile)
+# one op, without a measurement: the debug shape's on a 2-core EPYC VM, one thread, torch 2.13 (bench/cpu_profile:
+# 6 us for a nano model's ops on a quiet moment, 18 us for the debug shape's with a core shared)
+OP_SECONDS = 10e-6
 BANDWIDTH_GBPS = 10.0  # without a measurement: an elementwise op on one core of the same VM
 # train.precision=fp8 on a CPU: no float8 units, so torchao's casts (amax, scale, convert, and the upcast for an
 # fp32 matmul) run element by element, far below the memory's bandwidth: the cast bytes of plan/fp8.py at this
-# rate, fitted to the fp8 / bf16-mixed step ratio measured on a hidden-128 model (benchmarks/fp8_cpu.py, 4.9x).
+# rate, fitted to the fp8 / bf16-mixed step ratio measured on a hidden-128 model (benchmarks/fp8_cpu.py: 2.2x to
+# 4.9x over three runs on a shared 2-core VM, one thread; the plan gives 2.5x to 4.9x as the profile varies).
 FP8_CAST_GBPS = 0.36
 LOGIT_PASSES = 6  # over a chunk's fp32 logits: written, max, exp and sum forward; softmax - 1 and scale backward
 
