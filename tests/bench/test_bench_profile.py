@@ -93,7 +93,9 @@ def test_plan_divides_by_the_profile_peak(profile, tmp_path):
         config = load_config(None, ["hardware.gpu=cpu", f"hardware.profile={path}", f"train.precision={precision}"])
         hardware = make_plan(config)["hardware"]
         assert hardware["peak_tflops"] == profile["peak_tflops"][dtype]
-        assert hardware["peak_source"] == f"measured {dtype} in {path}"
+        # where the figure came from: the file, and what the profile says it measured (threads, torch, date)
+        assert hardware["peak_source"].startswith(f"measured {dtype} in {path}: threads ")
+        assert f"torch {torch.__version__}, on {profile['date']}" in hardware["peak_source"]
 
 
 def test_default_block_is_a_small_llama_unless_the_model_is_given(tiny_config):

@@ -70,18 +70,6 @@ def measured_hardware(device_config: ResolvedConfig, device: torch.device) -> tu
     return _gpu_peak(dtype, device)
 
 
-def peak_tflops(device_config: ResolvedConfig, device: torch.device = torch.device("cpu")) -> tuple[float, str]:
-    """The peak behind this run's MFU, and where it comes from (measured_hardware's, as a number)."""
-    hardware, source = measured_hardware(device_config, device)
-    if not hardware:
-        return planners_peak(device_config.hardware, device_config.train.precision)[0] or 0.0, source
-    if "hardware.peak_tflops" in hardware:
-        return hardware["hardware.peak_tflops"], source
-    peak = planners_peak(replaced(device_config, hardware).hardware, device_config.train.precision)[0]
-    assert peak is not None  # the profile just written holds this dtype's figure
-    return peak, source
-
-
 def cpu_profile_path(dtype: str) -> Path:
     """This machine's CPU profile for `dtype` at torch's threads: one file per machine, CPU, threads and torch."""
     from ..bench.cpu_profile import processor
