@@ -11,8 +11,8 @@ ops x op_seconds + the update's bytes / memory bandwidth.
             torch 2.13 (tests/plan/test_cpu_time.py counts them again for each case and holds the table to it);
             a step adds its own (clipping, fused AdamW, zero_grad).
   op_seconds  the seconds one of our model's ops costs on this CPU at these threads, measured (the trainer's
-            per-user profile or `pretrain bench`'s: a training step of a tiny model of ours, divided by its ops:
-            pretrain.bench.cpu_profile), else OP_SECONDS, said to be assumed.
+            per-user profile or `pretrain bench`'s: a training step of the debug shape, less its FLOPs at the
+            measured peak, divided by its ops: pretrain.bench.cpu_profile), else OP_SECONDS, said to be assumed.
   bytes     eager mode's elementwise traffic (pretrain.plan.traffic: every op reads its inputs and writes its
             output), the loss's passes over the chunk's logits (LOGIT_PASSES), and the update's (parameters and
             states read and written, gradients read) at the measured copy bandwidth (else hardware.bandwidth_gbps,
