@@ -20,11 +20,13 @@ from ..config import half_residual_enabled, mixture_sources, replaced
 from ..data.documents import check_document_index
 from ..model.documents import documents_of_run
 from ..plan import make_plan
+from ..plan.length import training_length
+from ..plan.params import count_params
 from ..precision import half_dtype
 from . import plan_check
 from .attention import kernel_context, rank_kv_heads
 from .checkpoint.choice import resume_point
-from .checkpoint.compatibility import check_resume_compatible, settings_change, stage_change
+from .checkpoint.compatibility import check_resume_compatible, settings_change, stage_change, stage_length
 from .checkpoint.run_dir import RunDir
 from .prefetch import WindowSource
 
@@ -51,11 +53,12 @@ def launched_config(config: ResolvedConfig, rt: Runtime, own_data: bool) -> Reso
 
 def plan_run(device_config: ResolvedConfig, rt: Runtime) -> dict:
     """The run's one plan, at the peak behind its MFU: the memory check before anything is built, the
-    figures plan vs run compares, the FLOPs per token of every metrics line. The plan's tokens/s is
-    labelled with where that peak came from (the catalog, a profile, the key, or this machine's cached
-    measurement), not with the key it is passed through."""
-    peak, source = plan_check.peak_tflops(device_config, rt.device)
-    plan = make_plan(replaced(device_config, {"hardware.peak_tflops": peak}))
+    figures plan vs run compares, the FLOPs per token of every metrics line. On a machine the catalog does not
+    time (a CPU, an unlisted GPU), planned with its own measured profile or peak (plan_check.measured_hardware);
+    the plan's tokens/s is labelled with where that peak came from (the catalog, a profile, the key, or this
+    machine's kept measurement), not with the key it is passed through."""
+    hardware, source = plan_check.measured_hardware(device_config, rt.device)
+    plan = make_plan(replaced(device_config, hardware))
     plan["hardware"]["peak_source"] = source
     return plan
 
@@ -115,6 +118,23 @@ def claim_run_dir(
         directory.set_aside_corrupt(corrupt)
         history_aside = directory.set_aside_history()  # an earlier run's is not this run's
     return resume_from, changes, history_aside
+
+
+def staged(
+    c: ResolvedConfig, resume_from: Path | None, changes: list[dict], saved: dict
+) -> tuple[ResolvedConfig, list[dict]]:
+    """(the config this process trains, the resume's change events): a new stage's length (train.stage_tokens)
+    made the run's own (its train.max_steps), said in its stage_changed event, or refused in one line where the
+    stage would train nothing or the key stands outside a stage (checkpoint/compatibility.stage_length)."""
+    stage = next((e for e in changes if e["event"] == "stage_changed"), None)
+    total_steps = training_length(c, count_params(c.model).active)["steps"]
+    length = stage_length(resume_from or "", c, stage, saved, total_steps)
+    if not length:
+        return c, changes
+    assert stage is not None  # stage_length gives a length to a new stage only
+    staged_config = replaced(c, length)
+    said = {**stage, "stage_tokens": c.train.stage_tokens, "ends_at_step": staged_config.train.max_steps}
+    return staged_config, [said if e is stage else e for e in changes]
 
 
 def trainable_model(

@@ -28,7 +28,7 @@ from ..plan.schedule import learning_rate, micro_batches_per_step, resumed_sched
 from . import plan_check
 from .callbacks import Callback, default_callbacks
 from .callbacks.evaluation import evaluate
-from .callbacks.preemption import preempted
+from .callbacks.preemption import Preemption, preempted
 from .callbacks.spikes import Stability
 from .callbacks.tasks import evaluate_tasks
 from .checkpoint.choice import prune
@@ -41,7 +41,16 @@ from .loggers import check_installed
 from .prefetch import Prefetcher, WindowSource
 from .preflight import check_fits_device
 from .run_log import TrainingLog
-from .startup import claim_run_dir, launched_config, open_data, plan_run, prepared_data, trainable_model, window_source
+from .startup import (
+    claim_run_dir,
+    launched_config,
+    open_data,
+    plan_run,
+    prepared_data,
+    staged,
+    trainable_model,
+    window_source,
+)
 from .state import Asks, StepResult, TrainState
 from .step import pipeline_train_step, train_step
 
@@ -80,6 +89,7 @@ class Trainer:
     state: TrainState  # the counters, and the last metrics interval
     callbacks: list[Callback]  # in callbacks.ORDER
     stability: Stability  # the callback whose rollback the trainer carries out, and whose `good` marks a save
+    preemption: Preemption  # the callback whose signal, received mid-step, the step's stop request reads
     checkpoints: Checkpoints
     stop_reason: str  # the first stop a callback asked for ("" none): the coming steps carry it to every rank
     measure_next: bool  # a callback asked that the coming step count the bytes it holds
@@ -111,9 +121,11 @@ class Trainer:
         check_fp8_installed(t.precision)
         self.mixture, self.data = open_data(c, rt, loader)
         self.resume_from, self.resume_changes, self.history_aside = claim_run_dir(self.directory, c, rt, quiet)
+        saved = read_trainer_state(self.resume_from) if self.resume_from is not None else {"step": 0}
+        c, self.resume_changes = staged(c, self.resume_from, self.resume_changes, saved)
+        self.config, t = c, c.train
         self.total_steps = training_length(c, count_params(c.model).active)["steps"]
         # A resume into a run of another length follows the new length's schedule, said in an event.
-        saved = read_trainer_state(self.resume_from) if self.resume_from is not None else {"step": 0}
         self.warmup, self.schedule_change = resumed_schedule(t, saved, self.total_steps)
         self.ramp = dict(
             seq_len=t.seq_len,
@@ -131,6 +143,7 @@ class Trainer:
         self.state = TrainState()
         self.callbacks = default_callbacks(c, self.plan)
         self.stability = next(cb for cb in self.callbacks if isinstance(cb, Stability))
+        self.preemption = next(cb for cb in self.callbacks if isinstance(cb, Preemption))
         parts: dict[str, Stateful] = {"data": self.batches}
         for cb in self.callbacks:
             parts.update(cb.stateful())
@@ -174,11 +187,14 @@ class Trainer:
                     self.batches.state_dict(),
                     rng_state() if self.config.model.dropout else None,
                 )
-                result = self.step(measure=self.measure_next, stop_asked=bool(self.stop_reason))
+                result = self.step(measure=self.measure_next, stop_asked=lambda: bool(self.stop_pending()))
                 self.in_step, self.measure_next = None, False
                 if not result.finite:  # the update was skipped (the stability callback logs it)
                     self.state.nonfinite_skips += 1
-                if self.end_step(result) and result.stop:
+                # One process needs no agreement: a signal received after the step's all-reduce (its update,
+                # the callbacks) stops it here too, not after one step more.
+                if self.end_step(result) and (result.stop or not self.rt.distributed and self.preemption.received()):
+                    self.stop_reason = self.stop_pending()
                     return preempted(self)
             final = evaluate(self)
             if self.config.run.eval_tasks:
@@ -219,9 +235,15 @@ class Trainer:
             self.stability.rollback(self, result.loss)
         return asks.rollback
 
-    def step(self, measure: bool = False, stop_asked: bool = False) -> StepResult:
+    def stop_pending(self) -> str:
+        """Why this rank would stop after the step in flight: a callback's ask (debug.stop_after_step) or a
+        signal received (Preemption), even in the middle of the step; "" when none."""
+        return self.stop_reason or self.preemption.received()
+
+    def step(self, measure: bool = False, stop_asked: Callable[[], bool] = lambda: False) -> StepResult:
         """One optimizer step at the schedule's learning rate and the batch ramp's size; `measure`: count the
-        bytes it holds (measure.py); `stop_asked`: this rank asks every rank to stop after it."""
+        bytes it holds (measure.py); `stop_asked()`, asked just before the step's all-reduce: this rank asks
+        every rank to stop after it."""
         t, st = self.config.train, self.state
         accum = micro_batches_per_step(st.tokens, **self.ramp)
         lr = (
@@ -308,10 +330,15 @@ class Trainer:
             "data_epoch": data.get("epoch"),
             "data_position": data.get("position"),
         }
+        length = (
+            f"; {e['stage_tokens']:,} tokens (train.stage_tokens): to step {e['ends_at_step']:,}"
+            if e.get("stage_tokens")
+            else f"; to the run's end, step {self.total_steps:,}"
+        )
         self.log.say(
             f"new stage from step {st.step:,}: train.seq_len {e['seq_len_before']:,} -> "
             f"{e['seq_len_after']:,}, {e['tokens_per_step_after']:,} tokens per step (was "
-            f"{e['tokens_per_step_before']:,}); memory planned for the new length"
+            f"{e['tokens_per_step_before']:,}){length}; memory planned for the new length"
         )
         self.log.event(e)
 

@@ -82,7 +82,7 @@ ORDER = (
     "Evaluation",  # validation loss every run.eval_every steps
     "TaskEvaluation",  # (run.eval_tasks) downstream tasks, after the validation loss
     "Checkpointing",  # after everything that reports on the step: a checkpoint is a step that was reported
-    "Preemption",  # a signal asks to stop: the trainer checkpoints and exits after the step that carries it
+    "Preemption",  # a signal received stops the run: the trainer checkpoints and exits after the step it came in
     "Fp8Check",  # (debug.fp8_check) its bf16-shadow line after the step's metrics
     "FaultInjection",  # (debug.* tests only) last: its step_sleep comes after everything a step does
 )
