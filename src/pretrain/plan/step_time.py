@@ -91,13 +91,13 @@ from .collectives import (
     links,
     optimizer_time,
 )
-from .expert_dispatch import dispatch_seconds
-from .expert_parallel import expert_rows, moe_seconds, reruns_routed_part, weight_params
+from .expert_parallel import expert_rows, reruns_routed_part, weight_params
 from .explain import Explain
 from .flops import mfu
 from .gemm_shapes import gemm_intensity
 from .hardware import memory_bandwidth_gbps
 from .kernels import planned_native_gqa
+from .micro_batch_sum import micro_batch_sum, moe_terms
 from .moe_activations import routed_load
 from .params import moe_layers
 from .pipeline_time import busiest_stage, output_layer_seconds, pipeline_time
@@ -106,7 +106,7 @@ from .traffic import eager_elementwise_traffic, kept_tensor_traffic, weight_read
 
 if TYPE_CHECKING:
     from ..config.planner_sections import HardwareConfig
-    from ..config.schema import ResolvedConfig, ResolvedTrainConfig
+    from ..config.schema import ResolvedConfig
     from ..gpus import GpuSpec
     from .params import ParamCounts
 
@@ -257,65 +257,9 @@ def _micro_batch(
         "tensor_parallel_s": tp_s,
         "kernel_overhead_s": overhead_s,
     }
-    moe = {}
-    if m.num_experts:
-        gemm = (rate, tile if on_gpu else None, hbm if on_gpu else 0.0)
-        moe = moe_seconds(c, tokens, gemm, ex)
-        load = moe.pop("load")
-        # an overlapped exchange hides behind another micro-batch's work: all it does but its own exchanges
-        busy_s = _busy_seconds(terms, moe, cast_s)[0]
-        moe.update(dispatch_seconds(c, tokens, load, (intra, inter, link_how), busy_s, ex))
-    return _micro_batch_sum(t, terms, moe, cast_s, ex)
-
-
-def _busy_seconds(terms: dict[str, Any], moe: dict[str, Any], cast_s: float) -> tuple[float, float]:
-    """(the micro-batch's seconds but its expert-parallel exchanges, its compute seconds): the compute or the
-    weights' reads, whichever is longer, then everything that waits beside neither."""
-    compute_s = terms["matmul_s"] + terms["attention_s"] + moe.get("expert_imbalance_s", 0.0)
-    compute_s += moe.get("expert_tile_s", 0.0)
-    busy_s = max(compute_s, terms["weight_read_s"]) + terms["gemm_operand_s"] + terms["activation_traffic_s"]
-    busy_s += terms["tensor_parallel_s"]  # added one by one, in the order a dense plan always summed them
-    busy_s += terms["kernel_overhead_s"]
-    busy_s += cast_s
-    return busy_s + moe.get("permutation_s", 0.0), compute_s
-
-
-def _micro_batch_sum(
-    t: ResolvedTrainConfig, terms: dict[str, Any], moe: dict[str, Any], cast_s: float, ex: Explain
-) -> dict[str, Any]:
-    """The micro-batch's seconds from its terms: the compute or the weights' reads, whichever is longer, then
-    everything that waits beside neither."""
-    busy_s, compute_s = _busy_seconds(terms, moe, cast_s)
-    weight_s, operand_s, traffic_s = terms["weight_read_s"], terms["gemm_operand_s"], terms["activation_traffic_s"]
-    tp_s, overhead_s = terms["tensor_parallel_s"], terms["kernel_overhead_s"]
-    micro_s = busy_s + moe.get("dispatch_exposed_s", 0.0)
-    bound = "compute" if compute_s >= weight_s else "memory"
-    ex.add(
-        "step_time",
-        "micro_batch_s",
-        micro_s,
-        f"max(compute {compute_s:.4g}, weight reads {weight_s:.4g}) + "
-        f"GEMM operands {operand_s:.4g} + activation traffic {traffic_s:.4g} + TP {tp_s:.4g} "
-        f"+ kernel overhead {overhead_s:.4g}"
-        + (f" + fp8 casts {cast_s:.4g}" if t.precision == "fp8" else "")
-        + (f" + dispatch {moe['dispatch_exposed_s']:.4g} + permutation {moe['permutation_s']:.4g}" if moe else "")
-        + ": "
-        + ("compute-bound" if bound == "compute" else "memory-bound (the weights' reads set the floor)"),
-    )
-    out = {
-        "achievable_tflops": terms["achievable_tflops"],
-        "micro_batch_s": micro_s,
-        "matmul_s": terms["matmul_s"],
-        "attention_s": terms["attention_s"],
-        "weight_read_s": weight_s,
-        "gemm_operand_s": operand_s,
-        "activation_traffic_s": traffic_s,
-        "tensor_parallel_s": tp_s,
-        "kernel_overhead_s": overhead_s,
-        "bound": bound,
-        **moe,
-    }
-    return {**out, "fp8_cast_s": cast_s} if t.precision == "fp8" else out
+    gemm = (rate, tile if on_gpu else None, hbm if on_gpu else 0.0)
+    moe = moe_terms(c, tokens, gemm, (intra, inter, link_how), terms, cast_s, ex)
+    return micro_batch_sum(t, terms, moe, cast_s, ex)
 
 
 def _achievable_tflops(hw: HardwareConfig, spec: GpuSpec, peak: float) -> tuple[float, str]:
