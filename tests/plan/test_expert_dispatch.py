@@ -42,6 +42,18 @@ def test_sequence_parallel_ranks_dispatch_their_share_of_the_tokens():
     assert two["permutation_s"] == pytest.approx(one["permutation_s"] / 2)
 
 
+def test_either_recomputation_runs_the_routed_part_and_its_exchanges_again():
+    # Selective recomputation keeps only an MoE block's top-k choice (pretrain.distributed.recompute), so backward
+    # reruns its permutation and its two exchanges as full recomputation does: 6 exchanges a layer, not 4, the
+    # counts read twice, the permutation's passes 3 times, and the routed GEMMs' FLOPs 4/3 of a step's.
+    plain = step("parallel.gpus=16", "parallel.expert=16")
+    for recompute in ("selective", "full"):
+        again = step("parallel.gpus=16", "parallel.expert=16", f"train.activation_checkpointing={recompute}")
+        assert again["all_to_all_s"] == pytest.approx(plain["all_to_all_s"] * 6 / 4)
+        assert again["counts_exchange_s"] == pytest.approx(2 * plain["counts_exchange_s"])
+        assert again["permutation_s"] == pytest.approx(plain["permutation_s"] * 3 / 2)
+
+
 def test_deepep_sends_a_token_once_per_node_and_rank_it_reaches():
     # A token's 8 experts drawn evenly from 128: it misses a given rank of 8 experts with chance C(120,8)/C(128,8)
     # and the other node of 64 with C(64,8)/C(128,8). DeepEP sends it over the NIC once per node it reaches and
@@ -58,10 +70,32 @@ def test_deepep_sends_a_token_once_per_node_and_rank_it_reaches():
     assert deepep["permutation_s"] == pytest.approx(plain["permutation_s"] * 2 / 5)  # 2 passes, not 3 + 2
 
 
+def test_group_limited_routing_reaches_fewer_nodes():
+    # DeepSeek-V3's config.json (n_group 8, topk_group 4): a token's 8 experts come from its 4 best of 8 groups
+    # of 32. At expert parallel 64 over 8 nodes each node holds one group, so a token reaches a given other node
+    # only if that group is among its 4 (chance 4/8) and one of its 8 experts, drawn from those 4 x 32, lands in
+    # it: 1 - C(96, 8) / C(128, 8); without groups, 1 - C(224, 8) / C(256, 8). DeepEP sends it once per node.
+    from support import ROOT
+
+    base = [f"model.hf_config={ROOT}/tests/plan/published_cfg/deepseek-v3", "hardware.gpu=h100-sxm"]
+    base += ["train.seq_len=4096", "parallel.gpus=64", "parallel.expert=64", "parallel.expert_dispatch=deepep"]
+    config = load_config(overrides=base)
+    assert (config.model.expert_groups, config.model.expert_groups_per_token) == (8, 4)
+    grouped = make_plan(config)["step_time"]["all_to_all_s"]
+    anywhere = make_plan(replaced(config, {"model.expert_groups": 1, "model.expert_groups_per_token": 1}))
+    anywhere = anywhere["step_time"]["all_to_all_s"]
+    per_node = 1 / 2 * (1 - none_of_k(128, 32, 8))
+    assert per_node == pytest.approx(0.4536, abs=1e-4)
+    assert grouped / anywhere == pytest.approx(per_node / (1 - none_of_k(256, 32, 8)))  # the NIC's share
+
+
 def test_an_overlapped_dispatch_waits_only_for_what_the_compute_does_not_cover():
     plain = step("parallel.gpus=16", "parallel.expert=16")
     hidden = step("parallel.gpus=16", "parallel.expert=16", "parallel.expert_dispatch_overlap=true")
-    window = hidden["matmul_s"] + hidden["attention_s"]
+    # the other micro-batch's every kernel on the compute stream hides the exchanges (Megatron's combined 1F1B
+    # interleaves whole sub-modules): its GEMMs and attention, and its memory-bound passes and casts too
+    window = hidden["micro_batch_s"] - hidden["dispatch_exposed_s"]
+    assert window > hidden["matmul_s"] + hidden["attention_s"] + hidden["permutation_s"]
     a2a = hidden["all_to_all_s"]
     covered = min(a2a, window)
     # the covered seconds slow the compute beside them by 18.9 % (pretrain.plan.collectives.OVERLAP_SLOWDOWN)
@@ -78,7 +112,11 @@ def test_dispatchers_the_trainer_does_not_run_are_planned_never_trained_nor_prop
     config = load_config(
         overrides=["model.preset=moe-debug", "parallel.gpus=4", "hardware.gpu=h100-sxm", "parallel.expert=2"]
     )
-    for key, value in (("parallel.expert_dispatch", "deepep"), ("parallel.expert_dispatch_overlap", True)):
+    for key, value in (
+        ("parallel.expert_dispatch", "deepep"),
+        ("parallel.expert_dispatch_overlap", True),
+        ("model.expert_groups", 2),  # group-limited routing: planned (the nodes reached), not built
+    ):
         with pytest.raises(ConfigError, match=key):
             check_trainable(replaced(config, {key: value}), needs_data=False)
     result = fit(replaced(config, {"parallel.expert_dispatch": "deepep"}), top=3)

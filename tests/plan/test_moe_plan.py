@@ -42,12 +42,56 @@ def test_flops_and_mfu_come_from_active_parameters():
     assert causal["per_token"] == moe["per_token_causal_attention"]
 
 
-def test_full_recomputation_reruns_the_active_experts():
+def test_recomputation_reruns_the_active_experts():
     fl = _plan("train.activation_checkpointing=full", "train.seq_len=128")["flops"]
     blocks = ACTIVE - 2 * VH - 64  # the blocks' active parameters: no embedding, output layer, final norm
-    down = 176 * 64 + 2 * 32 * 64  # the dense block's down projection, and two routed experts'
+    # the dense block's down projection is not run again (its output makes only the block's); the two routed
+    # experts' are (the combine's backward needs their outputs: tests/plan/test_flops_vs_measured.py counts it)
+    down = 176 * 64
     attention = 12 * 2 * 4 * 16 * 128
     assert fl["per_token_hardware"] - fl["per_token"] == 2 * (blocks - down) + attention // 3
+    # selective keeps the MoE block's top-k choice only: its router (64 x 8) and two routed experts' three
+    # matmuls run again, beside every block's attention output projection (64 x 64)
+    fl = _plan("train.activation_checkpointing=selective", "train.seq_len=128")["flops"]
+    assert fl["per_token_hardware"] - fl["per_token"] == 2 * (2 * 64 * 64 + 64 * 8 + 2 * 3 * 64 * 32)
+
+
+def test_multi_token_prediction_modules_are_counted_beside_the_model():
+    # An MTP module (model.mtp_layers; planner only): one more block like the last (moe-debug's MoE block:
+    # attention 12,288 + router 512 + experts 49,152 + norms 160), its 2H -> H projection and three norms, the
+    # embedding and output layer shared. A token runs its active part and the output layer again, and its block
+    # attends: Megatron's num_floating_point_operations adds the same.
+    module = 12_288 + 512 + 49_152 + 160 + 2 * 64 * 64 + 3 * 64
+    one = _plan("model.mtp_layers=1", "train.seq_len=128")
+    none = _plan("train.seq_len=128")
+    assert one["params"]["mtp"] == module and one["params"]["total"] == TOTAL  # beside the model's own count
+    active = module - 6 * 32 * 64 * 3 + VH  # 2 of its 8 experts, and the output layer's V x H again
+    attention = 12 * 4 * 16 * 128  # one more block's
+    assert one["flops"]["per_token"] - none["flops"]["per_token"] == 6 * active + attention
+    with pytest.raises(Exception, match="model.mtp_layers"):
+        from pretrain.config.trainable import check_trainable
+
+        check_trainable(load_config(overrides=["model.preset=moe-debug", "model.mtp_layers=1"]), needs_data=False)
+
+
+def test_a_balanced_pipeline_gives_each_mtp_module_a_place_on_the_last_stage():
+    # DeepSeek-V3's 61 blocks over 32 stages, the embedding, the output layer and its MTP module counted as a
+    # block each (Megatron's layout Et|(tt|)*30mL): 64 places, 2 a stage, so the first stage runs one block, the
+    # middle ones two, the last none beside the output layer and the MTP module (output_s carries both).
+    from pretrain.plan.pipeline_time import busiest_stage
+    from support import ROOT
+
+    config = load_config(
+        overrides=[
+            f"model.hf_config={ROOT}/tests/plan/published_cfg/deepseek-v3",
+            "parallel.gpus=32",
+            "parallel.pipeline=32",
+            "parallel.pipeline_split=balanced",
+        ]
+    )
+    block = (32 * 1.0 - 0.5) / 61  # micro_s 1 s the average stage's, output_s 0.5 s
+    assert busiest_stage(config, 1.0, 0.5) == pytest.approx(2 * block)
+    assert busiest_stage(config, 1.0, 3.0) == pytest.approx(3.0)  # the last stage's alone
 
 
 def test_dense_plans_have_no_moe_figures():
@@ -92,12 +136,17 @@ def test_routed_activations_follow_the_imbalance_only_under_expert_parallelism()
     assert act("plan.routing_imbalance=3")[0] == one  # every expert on the rank: b*s*k tokens whatever the load
     balanced, _ = act("parallel.expert=2", "plan.routing_imbalance=1")
     skewed, moe = act("parallel.expert=2", "plan.routing_imbalance=1.5")
-    assert moe["routed_load"] == 1.5
+    # the busiest expert 0.5 above the mean; a rank's mean of its 4 experts (of 8, over 2 ranks) lies
+    # e(2) / e(8) x sqrt((8 - 4) / (4 x 7)) of that above it: the expected maxima of 2 and 8 standard normals,
+    # 1 / sqrt(pi) and 1.4236 (Teichroew's tables), and the spread of a mean of 4 drawn from 8
+    spread = 0.56419 / 1.42360 * (4 / 28) ** 0.5
+    assert moe["routed_load"] == pytest.approx(1 + 0.5 * spread, rel=1e-4)
     # Per routed pair it computes, bf16 (2 bytes): its input 2 x h 64, its SwiGLU 4 x 2 x H_e 32, its place in
-    # the owner's re-sort and back 2 x 8 (int64); the busiest rank computes 0.5 x b*s*k = 0.5 x 8 x 256 x 2 more
-    # of them in each of the 2 (now MoE) blocks. Its own pairs' outputs come back whatever the load.
+    # the owner's re-sort and back 2 x 8 (int64); the busiest rank computes (load - 1) x b*s*k = (load - 1) x 8 x
+    # 256 x 2 more of them in each of the 2 (now MoE) blocks. Its own pairs' outputs come back whatever the load.
     routed_token = 2 * 64 + 4 * 2 * 32 + 2 * 8
-    assert skewed - balanced == 2 * (8 * 256 * 2 // 2) * routed_token
+    more = int(8 * 256 * 2 * moe["routed_load"]) - 8 * 256 * 2
+    assert skewed - balanced == 2 * more * routed_token
 
 
 def test_explain_says_at_which_imbalance_the_run_stops_fitting():
@@ -134,12 +183,15 @@ def test_step_time_adds_the_all_to_all_and_the_busiest_rank():
     config = load_config(overrides=["model.preset=qwen3-30b-a3b", *base, "parallel.expert=8"])
     step = make_plan(config)["step_time"]
     intra, _, _ = links(config)
-    # 48 MoE layers x 4 all-to-alls (dispatch, combine; forward, backward) x load 1.72 x 7/8 of b*s*k*h bf16: the
+    # the busiest expert at the default 1.72 makes the busiest of 8 ranks of 16 experts each 1 + 0.72 x 0.1288
+    # (pretrain.plan.moe_activations.rank_spread: e(8) 1.4236 / e(128) 2.5946 x sqrt(112 / (16 x 127)))
+    load = 1 + 0.72 * 1.4236 / 2.5946 * (112 / (16 * 127)) ** 0.5
+    # 48 MoE layers x 4 all-to-alls (dispatch, combine; forward, backward) x load x 7/8 of b*s*k*h bf16: the
     # 8 ranks of the group share a node, so every row crosses NVLink
-    assert step["all_to_all_s"] == pytest.approx(48 * 4 * 1.72 * 7 / 8 * (2 * 4096 * 8 * 2048) / (intra * 1e9))
-    # the busiest rank runs 0.72 x its routed experts' FLOPs more: 6 x 48 layers x k 8 x 3 x 2048 x 768 a token
-    assert step["expert_imbalance_s"] == 0.72 * (6 * 48 * 8 * 3 * 2048 * 768) * 4096 / (
-        step["achievable_tflops"] * 1e12
+    assert step["all_to_all_s"] == pytest.approx(48 * 4 * load * 7 / 8 * (2 * 4096 * 8 * 2048) / (intra * 1e9), 1e-4)
+    # the busiest rank runs (load - 1) x its routed experts' FLOPs more: 6 x 48 layers x k 8 x 3 x 2048 x 768
+    assert step["expert_imbalance_s"] == pytest.approx(
+        (load - 1) * (6 * 48 * 8 * 3 * 2048 * 768) * 4096 / (step["achievable_tflops"] * 1e12), 1e-4
     )
     assert step["micro_batch_s"] > one["micro_batch_s"]
 

@@ -149,6 +149,10 @@ def test_yaml_file_and_overrides(tmp_path):
         (["model.preset=moe-debug", "model.num_shared_experts=-1"], "model.num_shared_experts: must be >= 0"),
         (["model.preset=moe-debug", "model.num_experts=0", "model.num_shared_experts=1"], "model.num_shared_experts"),
         (["model.preset=moe-debug", "model.num_experts=-8"], "model.num_experts: must be >= 0"),
+        # group-limited routing: equal groups, at most all of them a token, room for its k experts
+        (["model.preset=moe-debug", "model.expert_groups=3"], "model.expert_groups: 3 does not split"),
+        (["model.preset=moe-debug", "model.expert_groups=2", "model.expert_groups_per_token=3"], "not between 1"),
+        (["model.preset=moe-debug", "model.expert_groups=8"], "model.expert_groups_per_token: 1 groups of 1"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, words):

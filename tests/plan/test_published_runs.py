@@ -25,9 +25,12 @@ WITHIN_15_TODAY = 33 / 41
 MEDIAN_ABS_LOG_TODAY = 0.081
 RATCHET_RANGE = (0.7, 1.3)  # today's range rounded outwards; the issue's is x0.67-x1.5
 # Mixture-of-Experts (issue #41), measured 2026-11-28: before the dispatch, grouped-GEMM and pipeline-stage terms
-# the shared golden set's 8 planned cases had none within +-15 % and a median |log ratio| of 0.597.
-MOE_WITHIN_15_TODAY = 9 / 16
-MOE_MEDIAN_ABS_LOG_TODAY = 0.105
+# the shared golden set's 8 planned cases had none within +-15 % and a median |log ratio| of 0.597; then 9 of 16,
+# 0.105; the folded expert-parallel groups' merge 7 of 16, 0.171. Then (the routed part's recomputation counted,
+# the overlapped exchanges behind the other micro-batch's whole work, DeepSeek-V3's overlap, node-limited routing
+# and MTP module, the busiest rank's load from its experts') 11 of 16, 0.078.
+MOE_WITHIN_15_TODAY = 11 / 16
+MOE_MEDIAN_ABS_LOG_TODAY = 0.078
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +108,6 @@ def test_every_moe_case_plans_within_issue_41s_median(moe_rows):
     assert s["median_abs_log"] <= published.MOE_TARGET_MEDIAN_ABS_LOG, s
 
 
-@pytest.mark.xfail(strict=True, reason="issue #41 asks 60 % of the MoE runs within 15 %; 9 of 16 (56 %) today")
 def test_issue_41_share_within_15(moe_rows):
     s = published.summary(moe_rows)
     assert s["within_15"] >= published.MOE_TARGET_WITHIN_15 - 1e-9, s

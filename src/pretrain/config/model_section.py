@@ -91,6 +91,20 @@ class ModelConfig:
     router: str = doc(
         "softmax", "MoE: router scores: softmax (Mixtral, Qwen3, OLMoE) | sigmoid (DeepSeek-V3)", ("softmax", "sigmoid")
     )
+    expert_groups: int = doc(
+        1,
+        "MoE: the routed experts in this many equal groups, a token's experts chosen from its "
+        "expert_groups_per_token best groups (DeepSeek-V3's node-limited routing: 8 and 4); 1 = no "
+        "limit. Planner only: the dispatch's nodes reached",
+    )
+    expert_groups_per_token: int = doc(1, "MoE: how many of the expert_groups a token's experts may come from")
+    mtp_layers: int = doc(
+        0,
+        "multi-token prediction modules (DeepSeek-V3: 1), planner only: each predicts one token further "
+        "through one more block like the last, a 2h -> h projection and two norms, sharing the embedding and "
+        "the output layer; their FLOPs and time on the last pipeline stage are planned, their parameters "
+        "reported beside params.total",
+    )
     norm_topk_prob: bool = doc(
         True, "MoE: rescale the top-k routing weights to sum to 1 (Mixtral, Qwen3: yes; OLMoE: no)"
     )

@@ -36,9 +36,32 @@ def check_moe_keys(m: ModelConfig) -> None:
             f"so no block is left for the experts; use at most {m.num_layers - 1}, or model.num_experts=0 "
             "for a dense model"
         )
+    _check_expert_groups(m)
+    if m.mtp_layers < 0:
+        raise ConfigError(f"model.mtp_layers: must be >= 0 (0 = none; DeepSeek-V3: 1), got {m.mtp_layers}")
     for name in ("router_aux_loss_coef", "router_z_loss_coef", "router_bias_update_rate"):
         value = getattr(m, name)
         if value < 0:  # a negative weight or rate rewards the imbalance it is meant to remove
             raise ConfigError(
                 f"model.{name}: must be >= 0 (0 = off), got {value}; a negative value rewards the experts' imbalance"
             )
+
+
+def _check_expert_groups(m: ModelConfig) -> None:
+    """Group-limited routing: G equal groups of the experts, a token's k experts among its M best groups."""
+    groups, per_token = m.expert_groups, m.expert_groups_per_token
+    if groups < 1 or (m.num_experts and m.num_experts % groups):
+        raise ConfigError(
+            f"model.expert_groups: {groups} does not split model.num_experts {m.num_experts} into equal groups; "
+            "use a divisor of it (1 = no group limit; DeepSeek-V3: 8)"
+        )
+    if not 1 <= per_token <= groups:
+        raise ConfigError(
+            f"model.expert_groups_per_token: {per_token} is not between 1 and model.expert_groups {groups} "
+            "(DeepSeek-V3: 4 of 8)"
+        )
+    if m.num_experts and m.experts_per_token > per_token * (m.num_experts // groups):
+        raise ConfigError(
+            f"model.expert_groups_per_token: {per_token} groups of {m.num_experts // groups} experts hold fewer "
+            f"than model.experts_per_token {m.experts_per_token}; allow more groups per token"
+        )

@@ -85,8 +85,9 @@ class PlanConfig:
     )
     routing_imbalance: float = doc(
         1.72,
-        "MoE: the busiest expert's tokens over the mean, for the routed tokens' "
-        "activations and the expert GEMMs' time; 1.72 = 1 + MaxVio_global 0.72 of the "
+        "MoE: the busiest expert's tokens over the mean; under expert parallelism the busiest "
+        "rank's load follows from it (its experts' mean), for the routed tokens' activations, the "
+        "exchanges and the expert GEMMs' time; 1.72 = 1 + MaxVio_global 0.72 of the "
         "auxiliary-loss-balanced 1B MoE of Wang et al. 2024 (arXiv 2408.15664, table 2); "
         "1 = perfectly balanced (docs/moe.md)",
     )

@@ -81,6 +81,10 @@ def unbuilt_architecture(m: ModelConfig) -> str | None:
         if m.attention_bias
         else "model.expert_bias: router and expert biases (gpt-oss)"
         if m.expert_bias
+        else "model.expert_groups: group-limited routing (DeepSeek-V3)"
+        if m.expert_groups > 1
+        else "model.mtp_layers: multi-token prediction (DeepSeek-V3)"
+        if m.mtp_layers
         else None
     )
     return what and (

@@ -202,6 +202,9 @@ def _planned_keys(hf: dict[str, Any], kind: str, where: str) -> dict[str, Any]:
             first_dense_layers=hf.get("first_k_dense_replace", 0),
             router=hf.get("scoring_func", "sigmoid"),
             norm_topk_prob=hf.get("norm_topk_prob", True),
+            expert_groups=hf.get("n_group") or 1,
+            expert_groups_per_token=hf.get("topk_group") or 1,
+            mtp_layers=hf.get("num_nextn_predict_layers") or 0,
         )
     bias = hf.get("attention_bias", True)
     return keys | dict(

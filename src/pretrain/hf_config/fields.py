@@ -157,7 +157,8 @@ FIELDS.update(
 
 
 # Planner only (`pretrain plan` counts them; config/trainable.py refuses to train them): every field that sizes a
-# parameter or a FLOP is read; how tokens are routed, RoPE scaling, the quantised storage of the published weights
+# parameter or a FLOP is read, and DeepSeek-V3's routing groups (the nodes a token's dispatch reaches); otherwise
+# how tokens are routed, RoPE scaling, the quantised storage of the published weights
 # and the sliding window of half of gpt-oss's layers change no count (its attention FLOPs are counted over the full
 # sequence in every layer, an upper bound), so they are ignored here rather than refused.
 _PLANNED = (
@@ -167,7 +168,7 @@ _PLANNED = (
 )
 PLANNED: dict[str, dict[str, Rule]] = {
     # num_nextn_predict_layers: DeepSeek-V3's multi-token-prediction module, which transformers does not build
-    # either (the hub's 685B = 671B + 14B of it)
+    # (the hub's 685B = 671B + 14B of it): read as model.mtp_layers, its FLOPs and time planned beside the model
     "deepseek_v3": _PLANNED
     | dict.fromkeys(
         (
@@ -183,20 +184,20 @@ PLANNED: dict[str, dict[str, Rule]] = {
             "qk_head_dim",
             "scoring_func",
             "norm_topk_prob",
+            "n_group",
+            "topk_group",
+            "num_nextn_predict_layers",
         ),
         READ,
     )
     | dict.fromkeys(
         (
-            "n_group",
-            "topk_group",
             "routed_scaling_factor",
             "topk_method",
             "rope_interleave",
             "ep_size",
             "aux_loss_alpha",
             "seq_aux",
-            "num_nextn_predict_layers",
             "pretraining_tp",
         ),
         IGNORED,

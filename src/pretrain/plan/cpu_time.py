@@ -45,7 +45,10 @@ BLOCK_OPS = {"llama": 173, "gpt2": 100}
 AROUND_BLOCKS_OPS = {"llama": 86, "gpt2": 72}  # embedding, final norm, output layer and a loss of one chunk
 LOSS_CHUNK_OPS = 39  # each chunk of train.loss_chunk_tokens after the first
 QK_NORM_OPS = 50  # a block's two QK-norms (Qwen3, OLMoE)
-MOE_OPS = (100, 3)  # per MoE block (routing, sort, grouped GEMMs, combine) beyond a dense one's; the loss's sum
+# per MoE block (routing, sort, grouped GEMMs, combine) beyond a dense one's; the loss's sum. 105 since the
+# layer counts its experts by scatter-add (not bincount), combines by index_put_, copies the SwiGLU halves and
+# scales its losses by its token parts: 5 ops more than the 100 counted before those changes
+MOE_OPS = (105, 3)
 AUTOCAST_OPS = (16, 8)  # per block, around the blocks: the casts of bf16-mixed, fp16-mixed and fp8
 RECOMPUTED_OPS = {"none": 0, "selective": 107, "full": 106}  # a block's forward again, in backward
 DOCUMENT_OPS = (84, 20)  # per block, around the blocks: train.document_masking's per-document attention
@@ -64,8 +67,9 @@ FP8_CAST_GBPS = 0.36
 LOGIT_PASSES = 6  # over a chunk's fp32 logits: written, max, exp and sum forward; softmax - 1 and scale backward
 
 
-def block_ops(c: ResolvedConfig) -> int:
-    """aten ops of one block's forward and backward in one micro-batch (the average block: MoE ones weighted)."""
+def block_ops(c: ResolvedConfig) -> float:
+    """aten ops of one block's forward and backward in one micro-batch (the average block: MoE ones weighted,
+    so a fraction where some blocks are dense; a micro-batch's sum is rounded once)."""
     m, t = c.model, c.train
     ops = BLOCK_OPS[m.family] + RECOMPUTED_OPS[t.activation_checkpointing]
     ops += QK_NORM_OPS * m.qk_norm + AUTOCAST_OPS[0] * mixed_precision(t.precision)
@@ -74,7 +78,7 @@ def block_ops(c: ResolvedConfig) -> int:
         ops += FP8_LINEAR_OPS * gemms(c)["linears"] / m.num_layers
     if m.num_experts:
         ops += MOE_OPS[0] * (m.num_layers - m.first_dense_layers) / m.num_layers
-    return round(ops)
+    return ops
 
 
 def micro_batch_ops(c: ResolvedConfig, layers: int) -> int:
@@ -84,7 +88,7 @@ def micro_batch_ops(c: ResolvedConfig, layers: int) -> int:
     around = AROUND_BLOCKS_OPS[c.model.family] + LOSS_CHUNK_OPS * (chunks - 1)
     around += AUTOCAST_OPS[1] * mixed_precision(t.precision) + DOCUMENT_OPS[1] * t.document_masking
     around += MOE_OPS[1] * bool(c.model.num_experts)
-    return layers * block_ops(c) + around
+    return round(layers * block_ops(c)) + around
 
 
 def micro_batch_terms(c: ResolvedConfig, ex: Explain) -> tuple[float, float, int]:
@@ -105,13 +109,13 @@ def micro_batch_terms(c: ResolvedConfig, ex: Explain) -> tuple[float, float, int
         f"{moved:.4g} bytes: eager mode's elementwise ops in {layers} blocks and {LOGIT_PASSES} passes over the "
         f"loss's fp32 logits, at {gbps:.4g} GB/s ({how['bandwidth']})",
     )
-    ops = micro_batch_ops(c, layers)
+    ops, per_block = micro_batch_ops(c, layers), block_ops(c)
     overhead_s = ops * op_s
     ex.add(
         "step_time",
         "kernel_overhead_s",
         overhead_s,
-        f"({layers} blocks x {block_ops(c)} + {ops - layers * block_ops(c)} around them) aten ops of eager "
+        f"({layers} blocks x {per_block:g} + {ops - round(layers * per_block)} around them) aten ops of eager "
         f"PyTorch x {op_s * 1e6:.3g} us ({how['ops']})",
     )
     return traffic_s, overhead_s, layers

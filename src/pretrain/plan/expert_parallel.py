@@ -14,8 +14,9 @@ permutation the rows are gathered by expert, their outputs weighted and added ba
             each reading and writing b*s/t x k x load rows of h: our model/moe.py), with expert parallelism also
             re-sorted by expert on the receiving rank and back (2 more: distributed/expert_parallel.py); DeepEP
             and HybridEP deliver each rank its tokens, which Megatron's flex dispatcher permutes by expert and
-            back, weighting as it unpermutes (2 passes). Backward mirrors each, full recomputation reruns the
-            forward's. Memory-bound, at HBM bandwidth; GPUs only (a CPU's traffic is not modelled).
+            back, weighting as it unpermutes (2 passes). Backward mirrors each; either recomputation reruns the
+            forward's (the routed part keeps only its top-k choice). Memory-bound, at HBM bandwidth; GPUs only
+            (a CPU's traffic is not modelled).
 weights     a micro-batch of thousands of tokens reaches nearly every expert, so all the rank's experts'
             weights are read (not only the k a token runs): the read floor counts E / ep experts.
 """
@@ -31,7 +32,7 @@ from .moe_activations import routed_load
 from .params import expert_width, moe_layers
 
 if TYPE_CHECKING:
-    from ..config.schema import ResolvedConfig
+    from ..config.schema import ResolvedConfig, ResolvedTrainConfig
     from .params import ParamCounts
 
 TILE_ROWS = 128  # a GEMM's tile of M rows (as pretrain.plan.step_time's)
@@ -51,6 +52,12 @@ def rank_params(c: ResolvedConfig, counts: ParamCounts) -> int:
     """Parameters whose gradients and states a rank holds before tensor/pipeline splits and ZeRO: all, with
     the routed experts' E / ep of them (a dense model's total)."""
     return counts.total - counts.routed_experts + counts.routed_experts // c.parallel.expert
+
+
+def reruns_routed_part(t: ResolvedTrainConfig) -> bool:
+    """Whether backward runs an MoE block's routed part again: under either recomputation, which keep only
+    its top-k choice (pretrain.distributed.recompute); so its GEMMs, permutations and exchanges run 3 times."""
+    return t.activation_checkpointing != "none"
 
 
 def routed_flops_per_token(c: ResolvedConfig) -> int:
@@ -77,8 +84,7 @@ def moe_seconds(
     rate, tile, hbm = rates
     load = routed_load(m, par, c.plan.routing_imbalance)
     shard = par.tensor * par.pipeline
-    full = t.activation_checkpointing == "full"
-    routed = routed_flops_per_token(c) * (4 / 3 if full else 1)
+    routed = routed_flops_per_token(c) * (4 / 3 if reruns_routed_part(t) else 1)
     imbalance_s = (load - 1) * routed * tokens / shard / (rate * 1e12)
     ex.add(
         "step_time",
@@ -119,7 +125,7 @@ def _permutation(c: ResolvedConfig, tokens: int, load: float, hbm: float, ex: Ex
     forward = PERMUTATION_PASSES + (RESORT_PASSES if par.expert > 1 else 0)
     if par.expert > 1 and par.expert_dispatch in DEDUPLICATING:
         forward = FUSED_PASSES
-    passes = forward * (3 if t.activation_checkpointing == "full" else 2)
+    passes = forward * (3 if reruns_routed_part(t) else 2)
     layers = -(-moe_layers(m) // par.pipeline)
     nbytes = layers * passes * 2 * rows * m.hidden_size * COMPUTE_BYTES[t.precision]
     seconds = nbytes / (hbm * 1e9) if hbm else 0.0

@@ -13,16 +13,22 @@ experts and k of the E routed experts per token), as MFU must be: a token never 
 without causal halving (`flops.moe`), because their ratio moves an MoE run's MFU the most: its attention is a
 large share of the little compute per token. Multi-head latent attention has query/key heads of head_dim and
 value heads of v_head_dim, so its attention term is 6 * L * n_heads * (head_dim + v_head_dim) * seq.
+DeepSeek-V3's multi-token prediction modules (model.mtp_layers) add to N one more block like the last, its 2h -> h
+projection and norms and a second pass through the output layer, and to L their block's attention: what
+Megatron's num_floating_point_operations counts for them (recomputation is not counted for them).
 
 Hardware FLOPs add what recomputation does again (Korthikanti et al. 2022). The papers' full recomputation
 repeats the whole forward (8 * N * D, kept as `per_token_hardware_6n`). Ours checkpoints each block, so what
 runs again is every block's forward but the output layer's, and torch's checkpoint stops re-running a block
-once it has every tensor backward needs: the MLP's down projection (the block's last matmul, whose output
+once it has every tensor backward needs: a dense MLP's down projection (the block's last matmul, whose output
 backward never needs) is skipped unless dropout keeps a mask after it. Selective recomputation (operator-level,
 pretrain.distributed.recompute) keeps the outputs of attention and of every other matmul and repeats the rest:
 of the matmuls, the attention output projection (its output makes the second norm's input), the down projection
-again only under dropout, and eager attention's batched matmuls (SDPA's outputs are kept). A FLOP counter over
-a real training step agrees with these counts (tests/plan/test_flops_vs_measured.py).
+again only under dropout, and eager attention's batched matmuls (SDPA's outputs are kept). An MoE block keeps
+only its top-k choice (as torchtitan's policy: the grouped GEMM is not among its saved ops), so both
+recomputations run its router and its k routed experts' three matmuls again, and its shared experts' down
+projection, which the balancing losses' graph follows, never stops early. A FLOP counter over a real training
+step agrees with these counts (tests/plan/test_flops_vs_measured.py, MoE included).
 """
 
 from __future__ import annotations
@@ -46,11 +52,12 @@ def flops(cfg: ResolvedConfig, counts: ParamCounts, tokens: int, ex: Explain) ->
     attention, full_attention, lengths_from, context = _attention_per_token(cfg, v_dim, ex)
     per_token = 6 * N + attention
     active = " active" if counts.inactive else ""
+    mtp = f", with the MTP modules' {counts.mtp_active:,}" if counts.mtp_active else ""
     ex.add(
         "flops",
         "per_token",
         per_token,
-        f"6 x N {N:,} (all{active} but the input-embedding lookup) + attention {attention:,}",
+        f"6 x N {N:,} (all{active} but the input-embedding lookup{mtp}) + attention {attention:,}",
     )
     per_token_6n = 6 * counts.active
     ex.add(
@@ -112,13 +119,15 @@ def _attention_per_token(cfg: ResolvedConfig, v_dim: int, ex: Explain) -> tuple[
     context (keys per query)."""
     m, t = cfg.model, cfg.train
     context, lengths_from = attention_context(cfg, ex)  # seq, or sum L_i^2 / seq with document masking
-    full_attention = round(6 * m.num_layers * m.num_heads * (m.head_dim + v_dim) * context)
+    layers = m.num_layers + m.mtp_layers  # each multi-token prediction module's block attends too
+    full_attention = round(6 * layers * m.num_heads * (m.head_dim + v_dim) * context)
     causal = cfg.flops.causal_attention
     attention = full_attention // 2 if causal else full_attention
+    L = f"L {m.num_layers}" + (f" + MTP {m.mtp_layers}" if m.mtp_layers else "")
     heads = (
-        f"6 x L {m.num_layers} x heads {m.num_heads} x (head_dim {m.head_dim} + v_head_dim {v_dim})"
+        f"6 x {L} x heads {m.num_heads} x (head_dim {m.head_dim} + v_head_dim {v_dim})"
         if v_dim != m.head_dim
-        else f"12 x L {m.num_layers} x heads {m.num_heads} x head_dim {m.head_dim}"
+        else f"12 x {L} x heads {m.num_heads} x head_dim {m.head_dim}"
     )
     keys = f"seq {t.seq_len}" if lengths_from is None else f"context {context:,.1f} (document masking)"
     ex.add(
@@ -132,13 +141,13 @@ def _attention_per_token(cfg: ResolvedConfig, v_dim: int, ex: Explain) -> tuple[
 
 def _recomputed(cfg: ResolvedConfig, counts: ParamCounts, attention: int, v_dim: int, ex: Explain) -> tuple[int, int]:
     """What recomputation adds per token (our convention, and 6N's): full re-runs each block's forward (a third
-    of its FLOPs) but the last matmul; selective, the output projections (and what dropout or eager attention
-    makes it run again)."""
+    of its FLOPs) but a dense MLP's last matmul; selective, the output projections and the MoE blocks' routed
+    part (and what dropout or eager attention makes it run again)."""
     m, t = cfg.model, cfg.train
     recompute = t.activation_checkpointing
     extra = extra_6n = 0
     if recompute == "full":
-        skipped = 0 if m.dropout else _down_projections(m)
+        skipped = 0 if m.dropout else _dense_down_projections(m)
         extra = 2 * (counts.active_blocks - skipped) + attention // 3
         extra_6n = 2 * counts.active
         blocks = (
@@ -150,34 +159,40 @@ def _recomputed(cfg: ResolvedConfig, counts: ParamCounts, attention: int, v_dim:
             "flops",
             "recomputed_per_token",
             extra,
-            f"2 x ({blocks} - down projections {skipped:,}, not re-run) + attention forward {attention // 3:,}",
+            f"2 x ({blocks} - dense down projections {skipped:,}, not re-run) + attention forward {attention // 3:,}",
         )
     elif recompute == "selective":
         projections = m.num_layers * m.num_heads * v_dim * m.hidden_size
-        down = _down_projections(m) if m.dropout else 0
+        down = _dense_down_projections(m) if m.dropout else 0
+        routed = _routed_part(m)
         again = attention // 3 if t.attention == "eager" else 0
-        extra = extra_6n = 2 * (projections + down)
+        extra = extra_6n = 2 * (projections + down + routed)
         extra += again
         ex.add(
             "flops",
             "recomputed_per_token",
             extra,
             f"2 x (output projections L {m.num_layers} x {m.num_heads * v_dim} x {m.hidden_size}"
-            + (f" + down projections {down:,} (dropout keeps a mask after them)" if down else "")
+            + (f" + dense down projections {down:,} (dropout keeps a mask after them)" if down else "")
+            + (f" + MoE blocks' router, routed experts and shared down projections {routed:,}" if routed else "")
             + ")"
             + (f" + eager attention's forward {again:,}" if again else ""),
         )
     return extra, extra_6n
 
 
-def _down_projections(m: ResolvedModelConfig) -> int:
-    """Down-projection weights a token runs per pass: each dense block's, and in an MoE block those of its k
-    routed and its shared experts."""
-    sparse = moe_layers(m)
-    experts = m.experts_per_token + m.num_shared_experts
-    return (m.num_layers - sparse) * m.intermediate_size * m.hidden_size + sparse * experts * expert_width(
-        m
-    ) * m.hidden_size
+def _dense_down_projections(m: ResolvedModelConfig) -> int:
+    """Down-projection weights of the dense blocks' MLPs: the matmuls full recomputation stops before."""
+    return (m.num_layers - moe_layers(m)) * m.intermediate_size * m.hidden_size
+
+
+def _routed_part(m: ResolvedModelConfig) -> int:
+    """Weights a token runs again in its MoE blocks under selective recomputation: the router, its k routed
+    experts' gate, up and down projections, and the shared experts' down projection (their gate|up output is
+    kept as a dense MLP's)."""
+    width, h = expert_width(m), m.hidden_size
+    per_layer = h * m.num_experts + 3 * m.experts_per_token * h * width + m.num_shared_experts * width * h
+    return moe_layers(m) * per_layer
 
 
 def _moe_conventions(counts: ParamCounts, full_attention: int, ex: Explain) -> dict[str, Any]:

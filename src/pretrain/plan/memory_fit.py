@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from ..gpus import gpu_spec
 from ..units import gib
 from .hardware import device_memory_bytes
-from .moe_activations import routed_load
+from .moe_activations import rank_spread, routed_ceiling, routed_load
 from .phases import step_phases
 
 if TYPE_CHECKING:
@@ -84,7 +84,9 @@ def moe_fit(cfg: ResolvedConfig, st: dict[str, Any], usable: int | None, ex: Exp
         load,
         "the busiest rank's routed tokens / b*s*k: "
         + (
-            f"plan.routing_imbalance {f} (expert parallel {par.expert}: {m.num_experts // par.expert} experts a rank)"
+            f"1 + (plan.routing_imbalance {f} - 1) x {rank_spread(m.num_experts, par.expert):.3g}, the busiest "
+            f"expert's excess over the busiest rank's of {m.num_experts // par.expert} experts (expert parallel "
+            f"{par.expert}; docs/moe.md)"
             if par.expert > 1
             else "1: every expert on the rank computes the b*s*k routed tokens, whatever the imbalance"
         ),
@@ -98,7 +100,8 @@ def moe_fit(cfg: ResolvedConfig, st: dict[str, Any], usable: int | None, ex: Exp
     )
     if usable is None or par.expert == 1:
         return out
-    ceiling = routed_load(m, par, float("inf"))  # the group's every token on this rank's experts
+    # the busiest expert's imbalance at which the busiest rank gets every token of its group
+    ceiling = 1 + (routed_ceiling(m, par) - 1) / rank_spread(m.num_experts, par.expert)
 
     def fits(imbalance: float) -> bool:
         c = dataclasses.replace(cfg, plan=dataclasses.replace(cfg.plan, routing_imbalance=imbalance))

@@ -11,9 +11,9 @@ them (measured on the CPU: tests/plan/test_memory_vs_measured.py):
 The weighted sum back to the tokens (index_put_) keeps only the token ids. Selective recomputation keeps of all
 this the top-k choice (values and ids) and the shared experts' first matmul output; the rest is remade with the
 block (pretrain.distributed.recompute). With expert parallelism a rank computes the pairs every rank of its group
-sends to its experts (and keeps their re-sort order and its inverse): the busiest rank is counted at
-`plan.routing_imbalance` x the mean (the busiest expert's ratio, an upper bound for a rank of several experts);
-dropless, one rank holding every expert computes b*s*k routed pairs whatever the imbalance. With experts split
+sends to its experts (and keeps their re-sort order and its inverse): the busiest rank is counted at its load
+(`rank_load`: the busiest expert's `plan.routing_imbalance`, averaged over the rank's E/ep experts); dropless,
+one rank holding every expert computes b*s*k routed pairs whatever the imbalance. With experts split
 over the tensor ranks (parallel.expert_tensor = tensor) each tensor rank computes every pair of its tensor group
 at 1/t of the width. Under torch.compile the MoE terms are counted as eager (the routed part runs eager).
 
@@ -23,6 +23,8 @@ imbalance that still fits) and the step time's (pretrain.plan.expert_parallel).
 
 from __future__ import annotations
 
+import functools
+import math
 from typing import TYPE_CHECKING
 
 from .params import expert_width
@@ -34,12 +36,51 @@ if TYPE_CHECKING:
 
 
 def routed_load(m: ResolvedModelConfig, parallel: ParallelConfig, imbalance: float) -> float:
-    """The busiest rank's routed tokens over b*s*k: `imbalance` under expert parallelism (at most what the group
-    can send it: ep ranks' tokens, each to min(k, E/ep) of its experts), 1 with every expert on the rank."""
+    """The busiest rank's routed tokens over b*s*k: under expert parallelism the rank's load for the busiest
+    expert's `imbalance` (`rank_spread`; at most what the group can send it: ep ranks' tokens, each to
+    min(k, E/ep) of its experts), 1 with every expert on the rank."""
     ep = parallel.expert
     if ep == 1:
         return 1.0
-    return min(imbalance, ep * min(m.experts_per_token, m.num_experts // ep) / m.experts_per_token)
+    return min(1 + (imbalance - 1) * rank_spread(m.num_experts, ep), routed_ceiling(m, parallel))
+
+
+def routed_ceiling(m: ResolvedModelConfig, parallel: ParallelConfig) -> float:
+    """The most a rank can receive over b*s*k: every token of its group sent to min(k, E/ep) of its experts."""
+    ep = parallel.expert
+    return ep * min(m.experts_per_token, m.num_experts // ep) / m.experts_per_token
+
+
+def rank_spread(experts: int, ranks: int) -> float:
+    """The busiest of `ranks` ranks' excess load over the busiest expert's (both over the mean), each rank
+    holding n = E/ranks of E experts. With expert loads spread alike and independently about their mean (relative
+    standard deviation sigma), the busiest of N draws lies e(N) sigma above it, e(N) the expected maximum of N
+    standard normals; a rank's mean of n experts, drawn without replacement from E whose loads sum to the
+    step's tokens, has a relative deviation sigma sqrt((E - n) / (n (E - 1))). So
+
+        rank excess = expert excess x e(ranks) / e(E) x sqrt((E - n) / (n (E - 1)))
+
+    1 when each rank holds one expert, 0 when one rank holds them all. Qwen3-30B-A3B's 128 experts over 8 ranks:
+    0.128, so the busiest expert at 1.72 makes the busiest rank 1.09."""
+    if ranks <= 1:
+        return 0.0
+    n = experts // ranks
+    return _expected_max(ranks) / _expected_max(experts) * math.sqrt((experts - n) / (n * (experts - 1)))
+
+
+@functools.cache
+def _expected_max(n: int) -> float:
+    """E[max of n independent standard normals] = integral of x n phi(x) Phi(x)^(n-1) dx (Simpson, |x| <= 10)."""
+    steps, lo, hi = 2000, -10.0, 10.0
+    dx = (hi - lo) / steps
+
+    def f(x: float) -> float:
+        return (
+            x * n * math.exp(-x * x / 2) / math.sqrt(2 * math.pi) * (0.5 * (1 + math.erf(x / math.sqrt(2)))) ** (n - 1)
+        )
+
+    inner = sum((4 if i % 2 else 2) * f(lo + i * dx) for i in range(1, steps))
+    return (f(lo) + inner + f(hi)) * dx / 3
 
 
 def moe_terms(

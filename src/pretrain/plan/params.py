@@ -44,6 +44,8 @@ class ParamCounts:
     routed_experts: int = 0  # MoE: every routed expert of every layer
     inactive: int = 0  # MoE: the routed-expert parameters a token does not run, (E - k)/E of them
     final_norm: int = 0
+    mtp: int = 0  # multi-token prediction modules' own parameters (model.mtp_layers), beside `total`
+    mtp_active: int = 0  # what a token runs through in them: their active parameters and the output layer again
 
     @property
     def total(self) -> int:
@@ -71,11 +73,14 @@ class ParamCounts:
     @property
     def flops(self) -> int:
         """N of the PaLM/torchtitan MFU convention: the active parameters but the input lookups; a tied output
-        layer still does a V*H matmul per token, so it counts."""
-        return self.non_embedding + (self.vocab_hidden if self.output == 0 else 0) - self.inactive
+        layer still does a V*H matmul per token, so it counts; and each multi-token prediction module's block,
+        projection and norms and its pass through the output layer (Megatron's FLOPs count them alike)."""
+        return self.non_embedding + (self.vocab_hidden if self.output == 0 else 0) - self.inactive + self.mtp_active
 
     def as_dict(self) -> dict[str, Any]:
         moe = dict(routed_experts=self.routed_experts) if self.routed_experts else {}
+        if self.mtp:
+            moe["mtp"] = self.mtp
         return dict(
             total=self.total,
             embedding=self.embedding,
@@ -130,6 +135,11 @@ def count_params(model: ResolvedModelConfig) -> ParamCounts:
         positions = model.max_seq_len * H
     sparse = moe_layers(model)
     moe_mlp = router + routed + shared
+    last = attention + (moe_mlp if sparse else mlp) + norms  # the last block, which an MTP module repeats
+    # an MTP module: that block, the 2H -> H projection of [its input's norm, the next token's embedding's
+    # norm] and the norm before the shared output layer (DeepSeek-V3, section 2.2)
+    module = last + 2 * H * H + 3 * H
+    inactive_block = routed // E * (E - k) if sparse else 0
     return ParamCounts(
         token_embedding=V * H,
         position_embedding=positions,
@@ -142,6 +152,8 @@ def count_params(model: ResolvedModelConfig) -> ParamCounts:
         routed_experts=sparse * routed,
         inactive=sparse * routed // E * (E - k) if sparse else 0,
         final_norm=final_norm,
+        mtp=model.mtp_layers * module,
+        mtp_active=model.mtp_layers * (module - inactive_block + V * H),
     )
 
 

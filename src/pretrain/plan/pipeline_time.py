@@ -3,8 +3,10 @@ schedule's slots, each slot also sending activations on and gradients back. Pure
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
+from ..gpus import gpu_spec
 from .activation_terms import COMPUTE_BYTES
 from .collectives import links
 from .explain import Explain
@@ -12,6 +14,21 @@ from .stages import bubble_fraction, chunks_per_stage, stage_layers
 
 if TYPE_CHECKING:
     from ..config.schema import ResolvedConfig
+    from .params import ParamCounts
+
+TILE_ROWS = 128  # a GEMM's tile of M rows (as pretrain.plan.step_time's)
+
+
+def output_layer_seconds(c: ResolvedConfig, counts: ParamCounts, fl: dict[str, Any], rate: float) -> float:
+    """One micro-batch's output-layer matmul, 6 V H FLOPs a token over the tensor ranks, at the large-GEMM rate:
+    what the last pipeline stage runs besides its blocks; with multi-token prediction its modules too (Megatron
+    and DeepSeek-V3 place them after the last block: their block, projection and second output-layer pass)."""
+    m = c.model
+    tokens = c.train.micro_batch_size * c.train.seq_len
+    tile = tokens / (TILE_ROWS * math.ceil(tokens / TILE_ROWS)) if gpu_spec(c.hardware.gpu).name != "cpu" else 1.0
+    mtp_attention = fl["attention_per_token"] * m.mtp_layers // (m.num_layers + m.mtp_layers)
+    per_token = 6 * (counts.vocab_hidden + counts.mtp_active) + mtp_attention
+    return per_token * tokens / c.parallel.tensor / (rate * 1e12 * tile)
 
 
 def busiest_stage(c: ResolvedConfig, micro_s: float, output_s: float) -> float:
@@ -23,15 +40,17 @@ def busiest_stage(c: ResolvedConfig, micro_s: float, output_s: float) -> float:
     over p x v chunks (rank k holding chunks k, k + p, ... under interleaving) as parallel.pipeline_split says:
     `even` as the trainer splits them (stages.stage_layers), `balanced` with the embedding and the output layer
     counted as one block each (Megatron's account_for_embedding/loss_in_pipeline_split; Llama 3's first and last
-    stages one block short, Dubey et al. 2024, section 3.3.2)."""
+    stages one block short, Dubey et al. 2024, section 3.3.2), and so is each multi-token prediction module, which
+    output_s carries to the last stage."""
     m, pp, v = c.model, c.parallel.pipeline, chunks_per_stage(c.parallel)
     if pp == 1 or not micro_s:
         return 1.0
     block_s = (micro_s * pp - output_s) / m.num_layers
     balanced = c.parallel.pipeline_split == "balanced"
-    chunks = [len(chunk) for chunk in stage_layers(m.num_layers + (2 if balanced else 0), pp * v)]
-    if balanced:  # the embedding's and the output layer's places are no blocks
-        chunks[0], chunks[-1] = chunks[0] - 1, chunks[-1] - 1
+    extra = 2 + m.mtp_layers  # the embedding's, the output layer's and each MTP module's places
+    chunks = [len(chunk) for chunk in stage_layers(m.num_layers + (extra if balanced else 0), pp * v)]
+    if balanced:  # those places are no blocks (Megatron's layout for DeepSeek-V3: Et|(tt|)*30mL)
+        chunks[0], chunks[-1] = chunks[0] - 1, max(0, chunks[-1] - 1 - m.mtp_layers)
     work = [0.0] * pp
     for i, blocks in enumerate(chunks):
         work[i % pp] += blocks * block_s

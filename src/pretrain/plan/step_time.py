@@ -91,22 +91,22 @@ from .collectives import (
     links,
     optimizer_time,
 )
-from .expert_dispatch import dispatch_seconds
-from .expert_parallel import expert_rows, moe_seconds, weight_params
+from .expert_parallel import expert_rows, reruns_routed_part, weight_params
 from .explain import Explain
 from .flops import mfu
 from .gemm_shapes import gemm_intensity
 from .hardware import memory_bandwidth_gbps
 from .kernels import planned_native_gqa
+from .micro_batch_sum import micro_batch_sum, moe_terms
 from .moe_activations import routed_load
 from .params import moe_layers
-from .pipeline_time import busiest_stage, pipeline_time
+from .pipeline_time import busiest_stage, output_layer_seconds, pipeline_time
 from .tensor_parallel_time import tensor_parallel_time
 from .traffic import eager_elementwise_traffic, kept_tensor_traffic, weight_reads
 
 if TYPE_CHECKING:
     from ..config.planner_sections import HardwareConfig
-    from ..config.schema import ResolvedConfig, ResolvedTrainConfig
+    from ..config.schema import ResolvedConfig
     from ..gpus import GpuSpec
     from .params import ParamCounts
 
@@ -143,6 +143,7 @@ KERNELS_OUTSIDE = 20  # embedding, final norm, output layer, loss, their backwar
 # the weighted scatter-add, the balancing losses. Counted on moe-debug (torch.profiler, aten ops that are not
 # views, forward and backward): 74 for the MoE feed-forward against 14 for the dense MLP.
 MOE_KERNELS = 60
+MOE_RECOMPUTED_KERNELS = 20  # its forward's, run again under either recomputation (a third, as a dense block's)
 KERNEL_OVERHEAD_S = 10e-6
 
 
@@ -155,7 +156,7 @@ def step_time(
         ex.add("step_time", "seconds", None, "no peak FLOP/s: set hardware.profile or hardware.peak_tflops")
         return None
     out = _micro_batch(c, counts, fl, peak, ex)
-    busiest = busiest_stage(c, out["micro_batch_s"], _output_layer_s(c, counts, out["achievable_tflops"]))
+    busiest = busiest_stage(c, out["micro_batch_s"], output_layer_seconds(c, counts, fl, out["achievable_tflops"]))
     out.update(pipeline_time(c, out["micro_batch_s"], busiest, ex))
     out.update(data_parallel_time(c, counts, out, ex))
     if spec_is_cpu(c):  # the step's own ops and its update at the CPU's memory bandwidth (pretrain.plan.cpu_time)
@@ -246,12 +247,6 @@ def _micro_batch(
 
     intra, inter, link_how = links(c)
     tp_s = tensor_parallel_time(c, layers, tokens, intra, link_how, matmul_s, on_gpu, ex)
-    moe = {}
-    if m.num_experts:
-        gemm = (rate, tile if on_gpu else None, hbm if on_gpu else 0.0)
-        moe = moe_seconds(c, tokens, gemm, ex)
-        load = moe.pop("load")
-        moe.update(dispatch_seconds(c, tokens, load, (intra, inter, link_how), matmul_s + attention_s, ex))
     terms = {
         "achievable_tflops": rate,
         "matmul_s": matmul_s,
@@ -262,55 +257,9 @@ def _micro_batch(
         "tensor_parallel_s": tp_s,
         "kernel_overhead_s": overhead_s,
     }
-    return _micro_batch_sum(t, terms, moe, cast_s, ex)
-
-
-def _micro_batch_sum(
-    t: ResolvedTrainConfig, terms: dict[str, Any], moe: dict[str, Any], cast_s: float, ex: Explain
-) -> dict[str, Any]:
-    """The micro-batch's seconds from its terms: the compute or the weights' reads, whichever is longer, then
-    everything that waits beside neither."""
-    compute_s = terms["matmul_s"] + terms["attention_s"] + moe.get("expert_imbalance_s", 0.0)
-    compute_s += moe.get("expert_tile_s", 0.0)
-    weight_s, operand_s, traffic_s = terms["weight_read_s"], terms["gemm_operand_s"], terms["activation_traffic_s"]
-    tp_s, overhead_s = terms["tensor_parallel_s"], terms["kernel_overhead_s"]
-    moe_s = moe.get("dispatch_exposed_s", 0.0) + moe.get("permutation_s", 0.0)
-    micro_s = max(compute_s, weight_s) + operand_s + traffic_s + tp_s + overhead_s + cast_s + moe_s
-    bound = "compute" if compute_s >= weight_s else "memory"
-    ex.add(
-        "step_time",
-        "micro_batch_s",
-        micro_s,
-        f"max(compute {compute_s:.4g}, weight reads {weight_s:.4g}) + "
-        f"GEMM operands {operand_s:.4g} + activation traffic {traffic_s:.4g} + TP {tp_s:.4g} "
-        f"+ kernel overhead {overhead_s:.4g}"
-        + (f" + fp8 casts {cast_s:.4g}" if t.precision == "fp8" else "")
-        + (f" + dispatch {moe['dispatch_exposed_s']:.4g} + permutation {moe['permutation_s']:.4g}" if moe else "")
-        + ": "
-        + ("compute-bound" if bound == "compute" else "memory-bound (the weights' reads set the floor)"),
-    )
-    out = {
-        "achievable_tflops": terms["achievable_tflops"],
-        "micro_batch_s": micro_s,
-        "matmul_s": terms["matmul_s"],
-        "attention_s": terms["attention_s"],
-        "weight_read_s": weight_s,
-        "gemm_operand_s": operand_s,
-        "activation_traffic_s": traffic_s,
-        "tensor_parallel_s": tp_s,
-        "kernel_overhead_s": overhead_s,
-        "bound": bound,
-        **moe,
-    }
-    return {**out, "fp8_cast_s": cast_s} if t.precision == "fp8" else out
-
-
-def _output_layer_s(c: ResolvedConfig, counts: ParamCounts, rate: float) -> float:
-    """One micro-batch's output-layer matmul, 6 V H FLOPs a token over the tensor ranks, at the large-GEMM rate:
-    what the last pipeline stage runs besides its blocks."""
-    tokens = c.train.micro_batch_size * c.train.seq_len
-    tile = tokens / (TILE_ROWS * math.ceil(tokens / TILE_ROWS)) if gpu_spec(c.hardware.gpu).name != "cpu" else 1.0
-    return 6 * counts.vocab_hidden * tokens / c.parallel.tensor / (rate * 1e12 * tile)
+    gemm = (rate, tile if on_gpu else None, hbm if on_gpu else 0.0)
+    moe = moe_terms(c, tokens, gemm, (intra, inter, link_how), terms, cast_s, ex)
+    return micro_batch_sum(t, terms, moe, cast_s, ex)
 
 
 def _achievable_tflops(hw: HardwareConfig, spec: GpuSpec, peak: float) -> tuple[float, str]:
@@ -394,13 +343,14 @@ def _kernel_overhead(c: ResolvedConfig, layers: int, ex: Explain) -> float:
     t = c.train
     per_layer = KERNELS_PER_LAYER + RECOMPUTED_KERNELS[t.activation_checkpointing]
     routed = -(-moe_layers(c.model) // c.parallel.pipeline)  # an MoE block's routing, sorting and exchanges
-    overhead_s = (layers * per_layer + routed * MOE_KERNELS + KERNELS_OUTSIDE) * KERNEL_OVERHEAD_S
+    moe_kernels = MOE_KERNELS + (MOE_RECOMPUTED_KERNELS if reruns_routed_part(t) else 0)
+    overhead_s = (layers * per_layer + routed * moe_kernels + KERNELS_OUTSIDE) * KERNEL_OVERHEAD_S
     ex.add(
         "step_time",
         "kernel_overhead_s",
         overhead_s,
         f"({layers} layers x {per_layer} + {KERNELS_OUTSIDE}"
-        + (f" + {routed} MoE layers x {MOE_KERNELS}" if routed else "")
+        + (f" + {routed} MoE layers x {moe_kernels}" if routed else "")
         + f") kernels x {KERNEL_OVERHEAD_S * 1e6:g} us (eager PyTorch's dispatch and launch)",
     )
     return overhead_s

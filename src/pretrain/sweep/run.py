@@ -272,8 +272,7 @@ def _check_length(config: ResolvedConfig) -> None:
 
 def _set_peaks(cells: list[Cell]) -> dict:
     """The peak TFLOP/s behind MFU, per cell: the planner's (catalog, profile, hardware.peak_tflops), else this
-    machine's kept measurement per compute dtype for the whole sweep (on a CPU its profile, as
-    hardware.profile; on an unlisted GPU its peak, as hardware.peak_tflops: plan_check.measured_hardware)."""
+    machine's measurement per dtype for the sweep (plan_check.measured_hardware: a CPU's profile, a GPU's peak)."""
     from ..train import plan_check
 
     measured: dict[tuple, tuple] = {}
