@@ -1,6 +1,6 @@
 """`train.optimizer: muon` under a real torchrun on 2 CPU ranks (gloo): DDP, ZeRO-1, FSDP2, pipeline, tensor
 and expert parallelism train one process's model, each rank holding exactly the optimizer states the plan
-gives it. Each layout of a model is one torchrun (tests/distributed/train_layouts.py): one start-up of torch.
+gives it; FSDP2's checkpoint resumes on one process. Each layout of a model is one torchrun (tests/distributed/train_layouts.py): one start-up of torch.
 
 The tolerance: Newton-Schulz runs in bf16, so a gradient a few fp32 ulps apart (another reduction order) can
 round to another bf16 update, which the iteration carries on, and AdamW (the embedding's) moves an element whose
@@ -12,13 +12,14 @@ are 7.6e-2 apart and the losses 1.4e-3."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from support import finished_run, losses, params, per_rank_reports
+from support import finished_run, losses, params, per_rank_reports, run_here
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(not hasattr(torch.optim, "Muon"), reason="train.optimizer=muon: torch >= 2.9")
@@ -47,7 +48,7 @@ def settings(prepared, *extra) -> list[str]:
         f"data.dir={prepared}",
         "run.log_every=1",
         "run.eval_every=0",
-        "run.checkpoint_every=6",
+        "run.checkpoint_every=3",
         "run.progress=false",
         "hardware.peak_tflops=0.05",
         *extra,
@@ -71,10 +72,14 @@ def train_layouts(tmp_path, base, layouts) -> list[Path]:
     return [tmp_path / str(i) for i in range(len(layouts))]
 
 
-def same_training(single, run_dir) -> None:
+def same_losses(single, run_dir) -> None:
     a, b = losses(single), losses(run_dir)
     assert a.keys() == b.keys() == set(range(1, 7))
     assert all(b[k] == pytest.approx(a[k], rel=LOSS_REL) for k in a), (a, b)
+
+
+def same_training(single, run_dir) -> None:
+    same_losses(single, run_dir)
     pa, pb = params(single), params(run_dir)
     far = {k: (torch.linalg.norm(pb[k] - pa[k]) / torch.linalg.norm(pa[k])).item() for k in pa if pa[k].norm() > 0}
     assert max(far.values()) < WEIGHT_REL, far
@@ -93,5 +98,14 @@ def test_every_layout_trains_one_process_model(prepared, tmp_path, moe):
     else:
         layouts = [*data, {"parallel.pipeline": 2}, {"parallel.tensor": 2}]
     base = settings(prepared, *model, "train.micro_batch_size=8", "parallel.gpus=2", "debug.plan_vs_run_per_rank=true")
-    for run_dir in train_layouts(tmp_path / "layouts", base, layouts):
+    runs = train_layouts(tmp_path / "layouts", base, layouts)
+    for run_dir in runs:
         same_training(single, run_dir)
+    # FSDP2's step-3 checkpoint (each rank's shard of every momentum; MoE: of its experts) resumed by one
+    # process: its steps 4-6.
+    fsdp = next(run for run, x in zip(runs, layouts) if x.get("parallel.zero_stage") == 3)
+    shutil.rmtree(fsdp / "checkpoints" / "step_00000006")
+    one = ["parallel.gpus=1", "parallel.expert=1", "parallel.zero_stage=0", "train.micro_batch_size=8"]
+    r = run_here("train", "--resume", fsdp, *one)
+    assert r.returncode == 0 and "(step 3," in r.stdout, r.stderr
+    same_losses(single, fsdp)
