@@ -99,6 +99,7 @@ from .gemm_shapes import gemm_intensity
 from .hardware import memory_bandwidth_gbps
 from .kernels import planned_native_gqa
 from .moe_activations import routed_load
+from .muon_time import muon_optimizer_time
 from .params import moe_layers
 from .pipeline_time import busiest_stage, pipeline_time
 from .tensor_parallel_time import tensor_parallel_time
@@ -158,7 +159,7 @@ def step_time(
     busiest = busiest_stage(c, out["micro_batch_s"], _output_layer_s(c, counts, out["achievable_tflops"]))
     out.update(pipeline_time(c, out["micro_batch_s"], busiest, ex))
     out.update(data_parallel_time(c, counts, out, ex))
-    out.update(optimizer_time(c, counts, ex))
+    out.update(muon_optimizer_time(c, out, ex) if c.train.optimizer == "muon" else optimizer_time(c, counts, ex))
     seconds = out["forward_backward_s"] + out["data_parallel_exposed_s"] + out["optimizer_s"]
     t, par = c.train, c.parallel
     tokens = t.seq_len * t.micro_batch_size * t.grad_accum_steps * par.data_parallel
