@@ -1,6 +1,7 @@
 """`train.optimizer: muon` under a real torchrun on 2 CPU ranks (gloo): DDP, ZeRO-1, FSDP2, pipeline, tensor
 and expert parallelism train one process's model, each rank holding exactly the optimizer states the plan
-gives it; FSDP2's checkpoint resumes on one process. Each layout of a model is one torchrun (tests/distributed/train_layouts.py): one start-up of torch.
+gives it; FSDP2's checkpoint resumes on one process. Each layout of a model is one torchrun
+(tests/distributed/train_layouts.py): one start-up of torch.
 
 The tolerance: Newton-Schulz runs in bf16, so a gradient a few fp32 ulps apart (another reduction order) can
 round to another bf16 update, which the iteration carries on, and AdamW (the embedding's) moves an element whose
