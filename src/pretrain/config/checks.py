@@ -230,6 +230,10 @@ def _check_train(c: Config) -> None:
     _positive("train.grad_clip", t.grad_clip, allow_zero=True)
     _positive("train.weight_decay", t.weight_decay, allow_zero=True)
     _positive("train.eps", t.eps)
+    _positive("train.adamw_lr", t.adamw_lr)
+    _positive("train.muon_ns_steps", t.muon_ns_steps)
+    if not 0 <= t.muon_momentum < 1:
+        raise ConfigError(f"train.muon_momentum: must be in [0, 1), got {t.muon_momentum}")
     _positive("train.batch_ramp_tokens", t.batch_ramp_tokens, allow_zero=True)
     _positive("train.batch_ramp_start", t.batch_ramp_start)
     if len(t.betas) != 2 or not all(0 <= b < 1 for b in t.betas):

@@ -10,7 +10,7 @@ from typing import Any
 from .key_doc import doc
 
 PRECISIONS = ("fp32", "fp16-mixed", "bf16-mixed", "bf16", "fp8")
-OPTIMIZERS = ("adamw", "adafactor", "sgd")
+OPTIMIZERS = ("adamw", "adafactor", "sgd", "muon")
 RECOMPUTE = ("none", "selective", "full")
 SCHEDULES = ("cosine", "linear", "inverse_sqrt", "wsd")
 
@@ -62,7 +62,12 @@ class TrainConfig:
         "fp8: a linear whose in or out features are below this stays bf16 (small "
         "GEMMs gain less than the casts cost: torchao's H100 tables skip out <= 1024)",
     )
-    optimizer: str = doc("adamw", "adamw | adafactor | sgd", OPTIMIZERS)
+    optimizer: str = doc(
+        "adamw",
+        "adamw | adafactor | sgd | muon (Newton-Schulz-orthogonalised momentum for the blocks' matrices, AdamW for "
+        "the embedding, output layer, norms, biases and routers; torch >= 2.9; docs/train.md: Muon)",
+        OPTIMIZERS,
+    )
     activation_checkpointing: str = doc(
         "none",
         "none | selective (operator-level, torchtitan's op policy: "
@@ -117,10 +122,24 @@ class TrainConfig:
         "without it (docs/train.md)",
     )
     grad_clip: float = doc(1.0, "clip the global gradient norm to this value (0 = off)")
-    weight_decay: float = doc(0.1, "AdamW decoupled weight decay, on matrices only")
+    weight_decay: float = doc(0.1, "AdamW decoupled weight decay, on matrices only (muon: its matrices too)")
     betas: list[float] = doc([0.9, 0.95], "AdamW beta1, beta2")
     eps: float = doc(1e-8, "AdamW epsilon")
     momentum: float = doc(0.9, "SGD momentum")
+    muon_momentum: float = doc(0.95, "muon: momentum of the matrices' update (Nesterov; Keller Jordan's, Moonlight's)")
+    muon_ns_steps: int = doc(5, "muon: Newton-Schulz iterations that orthogonalise each matrix's update")
+    muon_lr_adjust: str = doc(
+        "match_rms_adamw",
+        "muon: the matrices' lr scale (torch.optim.Muon's adjust_lr_fn): match_rms_adamw (Moonlight's "
+        "0.2 x sqrt(max(A, B)): the update's RMS is AdamW's, so an AdamW lr and weight_decay carry over) | "
+        "original (Keller Jordan's sqrt(max(1, A/B)): lr ~0.02, with adamw_lr set)",
+        ("match_rms_adamw", "original"),
+    )
+    adamw_lr: float | None = doc(
+        None,
+        "muon: peak lr of the AdamW part (embedding, output layer, norms, biases, routers), on the same schedule; "
+        "null: train.lr (Moonlight's rule under match_rms_adamw)",
+    )
     seed: int = doc(1234, "seed of initialisation, data order and dropout")
     compile: bool | str = doc("auto", "torch.compile: auto (on for CUDA, off for CPU) | true | false")
     loss: str = doc(

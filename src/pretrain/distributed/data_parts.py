@@ -99,7 +99,8 @@ class DataParts:
 
     def _zero1_optimizer(self, config: ResolvedConfig) -> torch.optim.Optimizer:
         """ZeRO-1: the optimizer of the parameters this replica owns, broadcasting them after each step."""
-        from ..plan.model_states import decay_groups, zero1_partition
+        from ..plan.model_states import zero1_partition
+        from ..plan.optimizer_groups import optimizer_groups
         from ..plan.params import param_shapes
         from .optim import optimizer_class, param_groups
 
@@ -108,12 +109,13 @@ class DataParts:
         named = dict(self.module.named_parameters())
         names = [n for n, _ in param_shapes(config.model) if n in named]  # param_groups' order
         shapes = [(n, tuple(local(named[n]).shape)) for n in names]
-        owned = zero1_partition(shapes, self.data_parallel, decay_groups(config.model, shapes))
+        t = config.train
+        owned = zero1_partition(shapes, self.data_parallel, optimizer_groups(t.optimizer, config.model, shapes))
         self.owner = {names[i]: rank for rank, indices in enumerate(owned) for i in indices}
         name_of = {id(p): n for n, p in named.items()}
         groups = [
             {**g, "params": [p for p in g["params"] if self.owner[name_of[id(p)]] == self.data_rank]}
-            for g in param_groups(self.module, config.model, config.train.weight_decay)
+            for g in param_groups(self.module, config.model, t.weight_decay, t.optimizer)
         ]
         cls, kwargs = optimizer_class(config.train, self.rt.device)
         optimizer = cls([g for g in groups if g["params"]], **kwargs)

@@ -164,11 +164,10 @@ class ZeRO1(DDP):
 
         from .optim import optimizer_class, param_groups
 
-        groups = param_groups(self.module, config.model, config.train.weight_decay)
+        groups = param_groups(self.module, config.model, config.train.weight_decay, config.train.optimizer)
         cls, kwargs = optimizer_class(config.train, self.rt.device)
-        optimizer = ZeroRedundancyOptimizer(
-            groups[0]["params"], optimizer_class=cls, weight_decay=groups[0]["weight_decay"], **kwargs
-        )
+        first = {k: v for k, v in groups[0].items() if k != "params"}  # its weight decay (muon: its kind too)
+        optimizer = ZeroRedundancyOptimizer(groups[0]["params"], optimizer_class=cls, **kwargs, **first)
         for group in groups[1:]:
             optimizer.add_param_group(group)
         return optimizer

@@ -40,6 +40,8 @@ from .kernels import planned_native_gqa
 from .length import CHINCHILLA_TOKENS_PER_PARAM
 from .long_context import context_advice
 from .mixture import mixture_advice
+from .muon import adamw_like_lr
+from .muon_time import advice as muon_advice
 from .traffic import kept_tensor_traffic, weight_reads
 
 if TYPE_CHECKING:
@@ -102,7 +104,7 @@ def loglog(points: Sequence[tuple[float, float]], x: float) -> float:
 
 def advise(config: ResolvedConfig, plan: dict[str, Any]) -> list[str]:
     """The warnings for a config and its plan; empty when every rule is in range."""
-    rules = (_memory, _tokens, _epochs, _batch, _lr, _warmup, _mfu, _bandwidth, fp8_advice)
+    rules = (_memory, _tokens, _epochs, _batch, _lr, _warmup, _mfu, _bandwidth, fp8_advice, muon_advice)
     return [line for rule in rules for line in rule(config, plan)] + context_advice(config)
 
 
@@ -215,7 +217,7 @@ def _batch(c: ResolvedConfig, p: dict[str, Any]) -> list[str]:
 
 
 def _lr(c: ResolvedConfig, p: dict[str, Any]) -> list[str]:
-    (n, which), lr = _sized(c, p), c.train.lr
+    (n, which), lr = _sized(c, p), adamw_like_lr(c.train)
     if n < SMALL_MODEL:
         return []
     ref = loglog(LR_REFERENCE, n)

@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING, Any
 
 from ..config.schema import ResolvedConfig
 from ..gpus import caches_weight_casts, gpu_spec, mixed_precision
-from . import fp8
+from . import fp8, muon
+from .optimizer_groups import optimizer_groups
 from .params import numel, padded_vocab_size, param_shapes
 from .stages import chunks_per_stage, param_stages, stage_param_shapes
 
 if TYPE_CHECKING:
-    from ..config.model_section import ModelConfig
     from ..config.schema import ResolvedModelConfig
 
 # Tensor parallelism as the trainer splits the model (distributed/tensor_parallel.py): the q/k/v and MLP up (gate
@@ -56,12 +56,14 @@ def expert_shard_dim(experts_here: int, ranks: int) -> int:
     return 1 if ranks > experts_here else 0
 
 
-def _state_numel(optimizer: str, shape: tuple[int, ...], momentum: float) -> int:
+def _state_numel(optimizer: str, name: str, shape: tuple[int, ...], momentum: float) -> int:
     """Elements of optimizer state for one parameter tensor (the fp32 step counter is added separately)."""
     if optimizer == "adamw":
         return 2 * numel(shape)  # exp_avg, exp_avg_sq
     if optimizer == "sgd":
         return numel(shape) if momentum else 0
+    if optimizer == "muon":
+        return muon.state_numel(name, shape)
     # Adafactor (torch.optim.Adafactor): a row and a column second-moment vector per matrix, full for vectors.
     if len(shape) >= 2:
         return numel(shape[:-1]) + numel(shape[:-2]) * shape[-1]
@@ -100,16 +102,6 @@ def zero1_partition(shapes: list[Any], dp: int, groups: list[list[int]]) -> list
             owned[rank].append(i)
             heapq.heappush(heap, (size + numel(shapes[i][1]), rank))
     return owned
-
-
-def decay_groups(m: ModelConfig, shapes: list[Any]) -> list[list[int]]:
-    """AdamW's two parameter groups: [with weight decay (matrices), without (norms, biases, tied embedding)]."""
-    decay: list[int] = []
-    no_decay: list[int] = []
-    for i, (name, shape) in enumerate(shapes):
-        tied_embedding = m.tie_embeddings and name == "embed.weight"
-        (decay if len(shape) >= 2 and not tied_embedding else no_decay).append(i)
-    return [g for g in (decay, no_decay) if g]
 
 
 class _ZeroShard:
@@ -177,23 +169,30 @@ def model_state_tensors(
     n_params = sum(_shard_numel(s, shard.group(n), shard.dim(n, s)) if sharded else numel(s) for n, s in shapes)
     owned = list(range(len(shapes)))
     if zero == 1:  # each rank owns its share of the dense tensors (over dp) and of its experts' (over edp)
-        owned = _zero1_owned(m, shapes, dp, par.expert_data_parallel, ep, rank)
-    n_states = sum(
-        _state_numel(t.optimizer, _shape_for(s, shard.group(n), sharded, shard.place(n), shard.dim(n, s)), t.momentum)
-        for n, s in (shapes[i] for i in owned)
-    )
+        owned = _zero1_owned(cfg, shapes, rank)
+    kept = [(n, _shape_for(s, shard.group(n), sharded, shard.place(n), shard.dim(n, s))) for n, s in shapes]
+    n_states = sum(_state_numel(t.optimizer, *kept[i], t.momentum) for i in owned)
     steps = 4 * len(owned) if _has_step(t.optimizer) else 0
+    load = (
+        muon.step_load(cfg, [shapes[i] for i in owned], dict(whole), shard, sharded) if t.optimizer == "muon" else None
+    )
+    if load:  # AdamW's step counters for its tensors only
+        steps = 4 * load["adamw_tensors"]
 
     copies = _working_copies(cfg, shapes, whole, block_shapes, zero)
-    out = dict(
+    out: dict[str, Any] = dict(
         parameters=param_bytes * n_params,
         gradients=grad_bytes * n_params,
         optimizer_states=state_bytes * n_states + steps,
         working_copies=copies,
-        optimizer_working=_optimizer_working(cfg, shapes, owned, shard, sharded, state_bytes),
+        optimizer_working=load["working_bytes"]
+        if load
+        else _optimizer_working(cfg, shapes, owned, shard, sharded, state_bytes),
         per_layer_params=_block_share(cfg, whole),
         stage=stage,
     )
+    if load:
+        out["muon"] = load
     return out
 
 
@@ -270,17 +269,16 @@ def expert_parallel_shape(name: str, shape: tuple[Any, ...], ep: int, etp: int =
     return (shape[0] // ep, *rest)
 
 
-def _zero1_owned(
-    m: ResolvedModelConfig, shapes: list[tuple[str, tuple[int, ...]]], dp: int, edp: int, ep: int, rank: int | None
-) -> list[int]:
+def _zero1_owned(cfg: ResolvedConfig, shapes: list[tuple[str, tuple[int, ...]]], rank: int | None) -> list[int]:
     """The tensors whose optimizer states one rank keeps under ZeRO-1 (`rank`; None: the largest share). With
     expert parallelism the experts' tensors are partitioned apart, over the `edp` ranks that hold the same
     experts (the largest shares of both parts added: an upper bound)."""
-    owned: list[int] = []
+    m, par, owned = cfg.model, cfg.parallel, list[int]()
+    dp, edp, ep = par.data_parallel, par.expert_data_parallel, par.expert
     for experts, ranks in ((False, dp), (True, edp)) if ep > 1 else ((None, dp),):
         ix = [i for i, (n, _) in enumerate(shapes) if experts is None or is_expert(n) == experts]
         part = [shapes[i] for i in ix]
-        partition = zero1_partition(part, ranks, decay_groups(m, part))
+        partition = zero1_partition(part, ranks, optimizer_groups(cfg.train.optimizer, m, part))
         r = None if rank is None else rank // ep if experts else rank  # its place among `ranks`
         mine = (
             (partition[r] if r < len(partition) else [])

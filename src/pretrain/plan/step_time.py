@@ -99,6 +99,7 @@ from .hardware import memory_bandwidth_gbps
 from .kernels import planned_native_gqa
 from .micro_batch_sum import micro_batch_sum, moe_terms
 from .moe_activations import routed_load
+from .muon_time import muon_optimizer_time
 from .params import moe_layers
 from .pipeline_time import busiest_stage, output_layer_seconds, pipeline_time
 from .tensor_parallel_time import tensor_parallel_time
@@ -161,6 +162,8 @@ def step_time(
     out.update(data_parallel_time(c, counts, out, ex))
     if spec_is_cpu(c):  # the step's own ops and its update at the CPU's memory bandwidth (pretrain.plan.cpu_time)
         out["optimizer_s"] = cpu_time.optimizer_seconds(c, counts, ex)
+    elif c.train.optimizer == "muon":
+        out.update(muon_optimizer_time(c, out, ex))
     else:
         out.update(optimizer_time(c, counts, ex))
     seconds = out["forward_backward_s"] + out["data_parallel_exposed_s"] + out["optimizer_s"]
