@@ -160,10 +160,10 @@ def step_time(
     busiest = busiest_stage(c, out["micro_batch_s"], output_layer_seconds(c, counts, fl, out["achievable_tflops"]))
     out.update(pipeline_time(c, out["micro_batch_s"], busiest, ex))
     out.update(data_parallel_time(c, counts, out, ex))
-    if spec_is_cpu(c):  # the step's own ops and its update at the CPU's memory bandwidth (pretrain.plan.cpu_time)
-        out["optimizer_s"] = cpu_time.optimizer_seconds(c, counts, ex)
-    elif c.train.optimizer == "muon":
+    if c.train.optimizer == "muon":  # on a CPU too: Newton-Schulz's matmuls outweigh the update's ops there
         out.update(muon_optimizer_time(c, out, ex))
+    elif spec_is_cpu(c):  # the step's own ops and its update at the CPU's memory bandwidth (pretrain.plan.cpu_time)
+        out["optimizer_s"] = cpu_time.optimizer_seconds(c, counts, ex)
     else:
         out.update(optimizer_time(c, counts, ex))
     seconds = out["forward_backward_s"] + out["data_parallel_exposed_s"] + out["optimizer_s"]
