@@ -135,7 +135,7 @@ def load_target(target: str, device: str) -> tuple[OurModel | HFModel, Tokenizer
         except (OSError, ValueError) as e:
             raise UsageError(f"{path}: not a Hugging Face causal language model ({str(e).splitlines()[0]})") from None
         return HFModel(cast(torch.nn.Module, model).to(device).eval()), tokenizer
-    from ..train import load_model
+    from ..checkpoint.contents import load_model
 
     model = cast("Transformer", load_model(path, device=device))  # load_model says nn.Module
     tokenizer = data_tokenizer(model.training_config.data)

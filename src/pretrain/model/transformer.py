@@ -272,7 +272,7 @@ RESIDUAL_OUTPUTS = ("attn.proj.weight", "mlp.down.weight", "mlp.experts.down", "
 
 class Transformer(nn.Module):
     config: ResolvedModelConfig
-    training_config: ResolvedConfig  # the whole run's, set by train.load_model (data directory, tokenizer)
+    training_config: ResolvedConfig  # the whole run's, set by load_model (checkpoint/contents.py): data dir, tokenizer
 
     def __init__(self, cfg, attention: str = "sdpa", loss: str = "chunked", loss_chunk_tokens: int = 4096):
         super().__init__()

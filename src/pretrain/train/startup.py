@@ -16,6 +16,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..checkpoint.choice import resume_point
+from ..checkpoint.compatibility import check_resume_compatible, settings_change, stage_change
+from ..checkpoint.run_dir import RunDir
 from ..config import half_residual_enabled, mixture_sources, replaced
 from ..data.documents import check_document_index
 from ..model.documents import documents_of_run
@@ -23,9 +26,6 @@ from ..plan import make_plan
 from ..precision import half_dtype
 from . import plan_check
 from .attention import kernel_context, rank_kv_heads
-from .checkpoint.choice import resume_point
-from .checkpoint.compatibility import check_resume_compatible, settings_change, stage_change
-from .checkpoint.run_dir import RunDir
 from .prefetch import WindowSource
 
 if TYPE_CHECKING:

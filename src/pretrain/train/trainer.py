@@ -19,6 +19,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..checkpoint.choice import prune
+from ..checkpoint.compatibility import settings_line
+from ..checkpoint.contents import Checkpoints, Stateful, TensorState
+from ..checkpoint.format import read_trainer_state, rng_state
+from ..checkpoint.run_dir import RunDir
 from ..config.trainable import check_trainable
 from ..data.token_files import DataChanged
 from ..distributed.fp8 import check_installed as check_fp8_installed
@@ -31,11 +36,6 @@ from .callbacks.evaluation import evaluate
 from .callbacks.preemption import preempted
 from .callbacks.spikes import Stability
 from .callbacks.tasks import evaluate_tasks
-from .checkpoint.choice import prune
-from .checkpoint.compatibility import settings_line
-from .checkpoint.contents import Checkpoints, Stateful, TensorState
-from .checkpoint.format import read_trainer_state, rng_state
-from .checkpoint.run_dir import RunDir
 from .data_changes import stopped_by_data_change
 from .loggers import check_installed
 from .prefetch import Prefetcher, WindowSource

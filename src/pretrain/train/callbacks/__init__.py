@@ -18,11 +18,11 @@ from ..state import Asks, StepResult, TrainState
 if TYPE_CHECKING:
     import torch
 
+    from ...checkpoint.contents import Checkpoints
     from ...config.schema import ResolvedConfig
     from ...data.loader import PreparedData
     from ...distributed.engines import Parallelized
     from ...distributed.runtime import Runtime
-    from ..checkpoint.contents import Checkpoints
     from ..prefetch import Prefetcher
     from ..run_log import TrainingLog
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..checkpoint.choice import latest_checkpoint, remove_after
+from ...checkpoint.choice import latest_checkpoint, remove_after
 from ..spikes import SpikeDetector
 from ..state import Asks, StepResult, TrainingStopped
 from . import Callback, TrainerView

@@ -10,10 +10,10 @@ from typing import Any
 
 import yaml
 
-from ...config import mixture_sources
-from ...config.job_sections import DataConfig
-from ...config.schema import ResolvedConfig
-from ...errors import UsageError
+from ..config import mixture_sources
+from ..config.job_sections import DataConfig
+from ..config.schema import ResolvedConfig
+from ..errors import UsageError
 
 # The model keys that decide which tensors exist and their shapes (the rest: dropout, init, RoPE base, ...
 # may change on a resume). max_seq_len sizes GPT-2's position table only: a LLaMA may extend its context.
