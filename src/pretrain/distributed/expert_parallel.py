@@ -45,7 +45,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from ..model.moe import Experts, moe_layers
+from ..model.moe import Experts, PairsByExpert, moe_layers
 from ..plan.model_states import is_moe_dense
 from .data_parts import DataParts
 from .engines import DDP, FSDP, Parallelized, expert_placement, fsdp_options
@@ -88,18 +88,23 @@ class ShardedExperts(Experts):
         self.down = nn.Parameter(full.down.detach()[own].clone())
         self.grouped, self.group, self.size = full.grouped, group, size
 
-    def forward(self, x, counts):
-        """x: (pairs, H) sorted by expert over all E, counts[e] of them expert e's -> (pairs, H)."""
-        n = self.up.shape[0]
+    def forward(self, x, pairs: PairsByExpert):
+        """x: (pairs, H), the tokens of `pairs` (all E experts', sorted by expert) -> (pairs, H). Each owner's
+        rows are one slice of x only because the pairs are sorted by expert: the type says so, and the rows
+        must be as many as the counts (checked on the host integers the all-to-all needs anyway)."""
+        assert isinstance(pairs, PairsByExpert), f"MoE.route's pairs by expert, not {type(pairs).__name__}"
+        n, counts = self.up.shape[0], pairs.counts
+        assert counts.shape == (self.size * n,), f"pairs by expert of {self.size * n} experts, not {counts.shape}"
         received = torch.empty_like(counts).view(self.size, n)
         dist.all_to_all_single(received, counts.view(self.size, n), group=self.group)  # [source, own expert]
         # The all-to-all's split sizes are host integers: one copy for both, the layer's one wait on the device
         send, recv = torch.stack([counts.view(self.size, n).sum(1), received.sum(1)]).tolist()
+        assert sum(send) == x.shape[0], f"{x.shape[0]} rows for {sum(send)} routed pairs: not MoE.route's pairs"
         rows = _AllToAll.apply(x, recv, send, self.group)  # ordered by source, then expert
         expert = torch.arange(n, device=x.device).repeat(self.size)
         expert = expert.repeat_interleave(received.flatten(), output_size=sum(recv))  # its size known: no wait
         order = expert.argsort(stable=True)  # by expert, then source
-        out = super().forward(rows[order], received.sum(0))
+        out = self.compute(rows[order], received.sum(0))
         return _AllToAll.apply(out[order.argsort()], send, recv, self.group)
 
 
