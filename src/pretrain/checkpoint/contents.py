@@ -46,17 +46,17 @@ class Counters(Stateful, Protocol):
 class TensorState:
     """Model + optimizer (+ the fp16 loss scaler): the tensors of a checkpoint."""
 
-    def __init__(self, par: Parallelized, scaler: torch.amp.GradScaler | None) -> None:
-        self.par, self.scaler = par, scaler
+    def __init__(self, engine: Parallelized, scaler: torch.amp.GradScaler | None) -> None:
+        self.engine, self.scaler = engine, scaler
 
     def state_dict(self) -> dict[str, Any]:
-        sd = self.par.state_dict()
+        sd = self.engine.state_dict()
         if self.scaler is not None:
             sd["scaler"] = self.scaler.state_dict()
         return sd
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
-        self.par.load_state_dict(sd)
+        self.engine.load_state_dict(sd)
         if self.scaler is not None and "scaler" in sd:
             self.scaler.load_state_dict(sd["scaler"])
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..checkpoint.choice import prune
+from ..checkpoint.choice import prune, remove_after
 from ..checkpoint.compatibility import settings_line
 from ..checkpoint.contents import Checkpoints, Stateful, TensorState
 from ..checkpoint.format import read_trainer_state, rng_state
@@ -32,17 +32,13 @@ from ..plan.params import count_params
 from ..plan.schedule import learning_rate, micro_batches_per_step, resumed_schedule
 from . import plan_check
 from .callbacks import Callback, default_callbacks
-from .callbacks.evaluation import evaluate
-from .callbacks.preemption import preempted
-from .callbacks.spikes import Stability
-from .callbacks.tasks import evaluate_tasks
 from .data_changes import stopped_by_data_change
 from .loggers import check_installed
 from .prefetch import Prefetcher, WindowSource
 from .preflight import check_fits_device
-from .run_log import TrainingLog
-from .startup import claim_run_dir, launched_config, open_data, plan_run, prepared_data, trainable_model, window_source
-from .state import Asks, StepResult, TrainState
+from .run_log import TrainingLog, json_float
+from .startup import claim_run_dir, launched_config, open_data, plan_run, trainable_model, window_source
+from .state import Asks, Rollback, StepResult, TrainState
 from .step import pipeline_train_step, train_step
 
 if TYPE_CHECKING:
@@ -74,12 +70,11 @@ class Trainer:
     ramp: dict  # the batch ramp's arguments (plan.schedule.micro_batches_per_step)
     documents: Documents | None  # train.document_masking: the documents of a window (model/documents.py)
     attention_kernels: Callable[[], AbstractContextManager]  # entered by each step
-    par: Parallelized  # the model made trainable here, with its optimizer
+    engine: Parallelized  # the model made trainable here, with its optimizer
     scaler: torch.amp.GradScaler | None  # fp16-mixed's loss scaler
     batches: Prefetcher
     state: TrainState  # the counters, and the last metrics interval
     callbacks: list[Callback]  # in callbacks.ORDER
-    stability: Stability  # the callback whose rollback the trainer carries out, and whose `good` marks a save
     checkpoints: Checkpoints
     stop_reason: str  # the first stop a callback asked for ("" none): the coming steps carry it to every rank
     measure_next: bool  # a callback asked that the coming step count the bytes it holds
@@ -98,7 +93,6 @@ class Trainer:
         nothing to the run directory; `plan`: this config's plan on this device where the caller has made it
         already (`pretrain sweep`'s cell), else the trainer makes it."""
         c = self.config = launched_config(config, rt, own_data=loader is None)
-        t = c.train
         # This run's grid: the tensor ranks and pipeline stages of one data-parallel rank read its batches.
         rt = dataclasses.replace(rt, tensor=c.parallel.tensor, pipeline=c.parallel.pipeline)
         self.rt, self.run_dir = rt, Path(c.run.dir)
@@ -108,37 +102,25 @@ class Trainer:
         self.plan = plan if plan is not None else plan_run(self.device_config, rt)
         check_fits_device(self.plan, rt)
         check_installed(c.run.loggers)
-        check_fp8_installed(t.precision)
-        self.mixture, self.data = open_data(c, rt, loader)
-        self.resume_from, self.resume_changes, self.history_aside = claim_run_dir(self.directory, c, rt, quiet)
-        self.total_steps = training_length(c, count_params(c.model).active)["steps"]
-        # A resume into a run of another length follows the new length's schedule, said in an event.
-        saved = read_trainer_state(self.resume_from) if self.resume_from is not None else {"step": 0}
-        self.warmup, self.schedule_change = resumed_schedule(t, saved, self.total_steps)
-        self.ramp = dict(
-            seq_len=t.seq_len,
-            micro_batch_size=t.micro_batch_size,
-            data_parallel=rt.data_size,
-            grad_accum_steps=t.grad_accum_steps,
-            ramp_tokens=t.batch_ramp_tokens,
-            ramp_start=t.batch_ramp_start,
-        )
-        self.documents, self.attention_kernels, self.par = trainable_model(
-            c, rt, prepared_data(self.mixture, self.data)
-        )
-        self.scaler = torch.amp.GradScaler(rt.device.type) if t.precision == "fp16-mixed" else None
-        self.batches = Prefetcher(window_source(c, rt, self.mixture, self.data, loader), t.micro_batch_size, rt.device)
+        check_fp8_installed(c.train.precision)
+        opened = open_data(c, rt, loader)
+        self.mixture, self.data = opened.mixture, opened.data
+        claimed = claim_run_dir(self.directory, c, rt, quiet)
+        self.resume_from, self.resume_changes = claimed.resume_from, claimed.changes
+        self.history_aside = claimed.history_aside
+        self._plan_the_steps()
+        built = trainable_model(c, rt, opened.prepared())
+        self.documents, self.attention_kernels, self.engine = built.documents, built.attention_kernels, built.engine
+        self.scaler = torch.amp.GradScaler(rt.device.type) if c.train.precision == "fp16-mixed" else None
+        self.batches = Prefetcher(window_source(c, rt, opened, loader), c.train.micro_batch_size, rt.device)
         self.state = TrainState()
         self.callbacks = default_callbacks(c, self.plan)
-        self.stability = next(cb for cb in self.callbacks if isinstance(cb, Stability))
         parts: dict[str, Stateful] = {"data": self.batches}
         for cb in self.callbacks:
             parts.update(cb.stateful())
-        self.checkpoints = Checkpoints(
-            self.run_dir, rt, TensorState(self.par, self.scaler), self.state, parts, c, self.total_steps, self.warmup
-        )
-        self.stop_reason, self.measure_next = "", False
-        self.in_step = None
+        tensors = TensorState(self.engine, self.scaler)
+        self.checkpoints = Checkpoints(self.run_dir, rt, tensors, self.state, parts, c, self.total_steps, self.warmup)
+        self.stop_reason, self.measure_next, self.in_step = "", False, None
         self.log = TrainingLog(
             self.run_dir,
             self.total_steps,
@@ -146,6 +128,22 @@ class Trainer:
             enabled=rt.is_main and not quiet,
             loggers=c.run.loggers,
             config=c.to_dict(),
+        )
+
+    def _plan_the_steps(self) -> None:
+        """The run's length, its schedule's warm-up (a resume into a run of another length follows the new
+        length's schedule, said in an event) and the batch ramp."""
+        c, t = self.config, self.config.train
+        self.total_steps = training_length(c, count_params(c.model).active)["steps"]
+        saved = read_trainer_state(self.resume_from) if self.resume_from is not None else {"step": 0}
+        self.warmup, self.schedule_change = resumed_schedule(t, saved, self.total_steps)
+        self.ramp = dict(
+            seq_len=t.seq_len,
+            micro_batch_size=t.micro_batch_size,
+            data_parallel=self.rt.data_size,
+            grad_accum_steps=t.grad_accum_steps,
+            ramp_tokens=t.batch_ramp_tokens,
+            ramp_start=t.batch_ramp_start,
         )
 
     # --- the loop ----------------------------------------------------------------------------------------
@@ -165,47 +163,49 @@ class Trainer:
         for cb in self.callbacks:
             self.carry_out(cb.on_fit_start(self))
         try:
-            while self.state.step < self.total_steps:
-                for cb in self.callbacks:
-                    self.carry_out(cb.on_step_start(self))
-                # Where a data fault mid-step rewinds to; the RNG only where a step draws from it (dropout).
-                self.in_step = (
-                    self.state.micro_batches,
-                    self.batches.state_dict(),
-                    rng_state() if self.config.model.dropout else None,
-                )
-                result = self.step(measure=self.measure_next, stop_asked=bool(self.stop_reason))
-                self.in_step, self.measure_next = None, False
-                if not result.finite:  # the update was skipped (the stability callback logs it)
-                    self.state.nonfinite_skips += 1
-                if self.end_step(result) and result.stop:
-                    return preempted(self)
-            final = evaluate(self)
-            if self.config.run.eval_tasks:
-                evaluate_tasks(self)
+            stopped = self._steps()
+            summary = {"step": self.state.step, "tokens": self.state.tokens}
+            for cb in self.callbacks:  # the final validation loss, a stop's checkpoint
+                summary.update(cb.on_final_step(self, stopped) or {})
         except DataChanged as e:  # a token file truncated, deleted or replaced under the run
             raise stopped_by_data_change(self, e) from None
+        if stopped:
+            return summary
         self.log.say(
             f"done: {self.state.step:,} steps, {self.state.tokens:,} tokens, final validation loss "
-            f"{final['val_loss']:.4f}"
+            f"{summary['val_loss']:.4f}"
         )
-        return {
-            "step": self.state.step,
-            "tokens": self.state.tokens,
-            "val_loss": final["val_loss"],
-            "train_loss": self.state.interval.loss if self.state.interval else None,
-            "run_dir": str(self.run_dir),
-        }
+        interval = self.state.interval
+        return {**summary, "train_loss": interval.loss if interval else None, "run_dir": str(self.run_dir)}
 
-    def end_step(self, result: StepResult) -> bool:
+    def _steps(self) -> bool:
+        """The optimizer steps with the callbacks around them, to the last; True when a stop was asked."""
+        while self.state.step < self.total_steps:
+            for cb in self.callbacks:
+                self.carry_out(cb.on_step_start(self))
+            # Where a data fault mid-step rewinds to; the RNG only where a step draws from it (dropout).
+            self.in_step = (
+                self.state.micro_batches,
+                self.batches.state_dict(),
+                rng_state() if self.config.model.dropout else None,
+            )
+            result = self.step(measure=self.measure_next, stop_asked=bool(self.stop_reason))
+            self.in_step, self.measure_next = None, False
+            if not result.finite:  # the update was skipped (the stability callback logs it)
+                self.state.nonfinite_skips += 1
+            if self.after_step(result) and result.stop:
+                return True
+        return False
+
+    def after_step(self, result: StepResult) -> bool:
         """Every callback's on_step_end, in order, each one's asks carried out before the next; False when one
         rolled the step back (the callbacks after it do not see it)."""
         for cb in self.callbacks:
-            if self.carry_out(cb.on_step_end(self, result), result):
+            if self.carry_out(cb.on_step_end(self, result)):
                 return False
         return True
 
-    def carry_out(self, asks: Asks | None, result: StepResult | None = None) -> bool:
+    def carry_out(self, asks: Asks | None) -> bool:
         """What a callback's hook asked (state.Asks), the one place the trainer changes for a callback; True
         when the step was rolled back."""
         if asks is None:
@@ -214,10 +214,41 @@ class Trainer:
         self.measure_next = self.measure_next or asks.measure_next
         if asks.interval is not None:
             self.state.interval = asks.interval
-        if asks.rollback:
-            assert result is not None, "a rollback is asked for by on_step_end, of the step just made"
-            self.stability.rollback(self, result.loss)
-        return asks.rollback
+        if asks.rollback is not None:
+            self.roll_back(asks.rollback)
+        return asks.rollback is not None
+
+    def roll_back(self, asked: Rollback) -> None:
+        """Back to checkpoint `asked.to` but for its data position and RNG: the data stream goes on past what
+        caused the rollback, and the counters keep the micro-batches drawn and the rollbacks made."""
+        st = self.state
+        from_step, from_tokens = st.step, st.tokens
+        keep = (st.micro_batches, st.rollbacks + [from_step])
+        saved = self.checkpoints.load(asked.to, skip=("data", "rng"))
+        st.micro_batches, st.rollbacks = keep
+        if self.rt.is_main:  # written on the way into the spike: a resume must not go back to them
+            remove_after(self.run_dir, st.step)
+        self.barrier()
+        if asked.lr_scale != 1.0 and asked.lr_scale_steps:
+            st.lr_scale, st.lr_scale_until = asked.lr_scale, st.step + asked.lr_scale_steps
+        skipped = [saved["micro_batches"], st.micro_batches]
+        t = self.config.train
+        window_tokens = t.micro_batch_size * t.seq_len * self.rt.data_size  # one micro-batch of every data rank
+        self.log.event(
+            {
+                "event": "rollback",
+                "step": from_step,
+                "tokens": from_tokens,
+                "loss": json_float(asked.loss),
+                "to_step": st.step,
+                "skipped_micro_batches": skipped,
+                "skipped_tokens": [skipped[0] * window_tokens, skipped[1] * window_tokens],
+            }
+        )
+        self.log.say(
+            f"loss {asked.loss:.4g} at step {from_step}: rolled back to step {st.step} and skipped data "
+            f"micro-batches {skipped[0]}..{skipped[1]}"
+        )
 
     def step(self, measure: bool = False, stop_asked: bool = False) -> StepResult:
         """One optimizer step at the schedule's learning rate and the batch ramp's size; `measure`: count the
@@ -240,9 +271,9 @@ class Trainer:
             if self.config.parallel.pipeline > 1:
                 from ..distributed.pipeline import Pipelined
 
-                assert isinstance(self.par, Pipelined)  # parallelize() builds one for parallel.pipeline > 1
+                assert isinstance(self.engine, Pipelined)  # parallelize() builds one for parallel.pipeline > 1
                 return pipeline_train_step(
-                    self.par,
+                    self.engine,
                     self.batches,
                     st,
                     accum=accum,
@@ -254,7 +285,7 @@ class Trainer:
                     measure=measure,
                 )
             return train_step(
-                self.par,
+                self.engine,
                 self.batches,
                 st,
                 accum=accum,
@@ -331,7 +362,7 @@ class Trainer:
 
     def save(self) -> Path:
         """Checkpoint the current step (every rank), keep the newest, say so."""
-        good = self.stability.good
+        good = all(cb.checkpoint_is_good() for cb in self.callbacks)
         path = self.checkpoints.save(good)
         if self.rt.is_main:
             prune(self.run_dir, self.config.run.keep_checkpoints)

@@ -42,6 +42,9 @@ class Preemption(Callback):
         rank)."""
         return Asks(stop=signal.Signals(self.signal).name) if self.signal else None
 
+    def on_final_step(self, trainer: TrainerView, stopped: bool) -> dict[str, Any] | None:
+        return preempted(trainer) if stopped else None
+
     def on_fit_end(self, trainer: TrainerView) -> None:
         for sig, previous in self.previous.items():
             signal.signal(sig, previous)

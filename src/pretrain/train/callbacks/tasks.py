@@ -24,6 +24,7 @@ from . import Callback, TrainerView
 if TYPE_CHECKING:
     from ...config.schema import ResolvedConfig
 
+
 class TaskEvaluation(Callback):
     def __init__(self, config: ResolvedConfig):
         from ...eval.tasks import check_tasks
@@ -55,46 +56,49 @@ class TaskEvaluation(Callback):
         run, step = trainer.config.run, trainer.state.step
         every = run.eval_every if run.eval_tasks_every is None else run.eval_tasks_every
         if every and step % every == 0 and step < trainer.total_steps:
-            evaluate_tasks(trainer)
+            evaluate_tasks(trainer, self)
+
+    def on_final_step(self, trainer: TrainerView, stopped: bool) -> None:
+        if not stopped:
+            evaluate_tasks(trainer, self)
 
 
 @torch.no_grad()
-def evaluate_tasks(trainer: TrainerView) -> dict:
+def evaluate_tasks(trainer: TrainerView, cb: TaskEvaluation) -> dict:
     from ...distributed.runtime import all_reduce_max, all_reduce_sum
     from ...eval.scoring import METRICS, loglikelihoods, moments, per_example, reported, summarize
 
-    cb = next(cb for cb in trainer.callbacks if isinstance(cb, TaskEvaluation))
     assert cb.tasks is not None, "evaluate_tasks runs after TaskEvaluation.on_fit_start loaded them"
-    c, rt, par = trainer.config, trainer.rt, trainer.par
+    c, rt, engine = trainer.config, trainer.rt, trainer.engine
     record = {"step": trainer.state.step, "tokens": trainer.state.tokens}
-    par.set_training(False)
-    lm = _scorer(c, par)
+    engine.set_training(False)
+    lm = _scorer(c, engine)
     # Of the ranks of one model replica, tensor rank 0 of the last stage counts the examples they scored.
     where = rt.layout.coords(rt.rank)
     counts = where.tensor == 0 and where.pipeline == c.parallel.pipeline - 1
-    with torch.compiler.set_stance("force_eager"), par.autocast_context():  # as the validation pass
+    with torch.compiler.set_stance("force_eager"), engine.autocast_context():  # as the validation pass
         for task, requests in cb.tasks:
             batch = c.train.micro_batch_size
             lls = loglikelihoods(lm, requests, batch)
             if c.parallel.fsdp:  # every rank's forward gathers the shards: all ranks run as many forwards
                 batches = -(-len(requests) // batch)
                 for _ in range(int(all_reduce_max(batches, rt)) - batches):
-                    par.module(torch.zeros(1, c.parallel.tensor, dtype=torch.long, device=rt.device))
+                    engine.module(torch.zeros(1, c.parallel.tensor, dtype=torch.long, device=rt.device))
             local = moments(per_example(requests, lls))
             flat = all_reduce_sum([x if counts else 0.0 for m in METRICS for x in local[m.name]], rt)
             result = summarize({m.name: flat[3 * i : 3 * i + 3] for i, m in enumerate(METRICS)}, task.chance)
             record.update({f"eval/{task.name}/{k}": v for k, v in reported(result).items()})
-    par.set_training(True)
+    engine.set_training(True)
     trainer.log.metrics(record)
     return record
 
 
-def _scorer(c, par):
+def _scorer(c, engine):
     """What scores the examples in this layout (eval/models.py)."""
     from ...eval.models import OurModel, PipelinedModel
 
     if c.parallel.pipeline > 1:
-        return PipelinedModel(par, c.train.micro_batch_size, c.train.seq_len)
+        return PipelinedModel(engine, c.train.micro_batch_size, c.train.seq_len)
     tensor = c.parallel.tensor
     even = tensor if c.parallel.sequence_parallel else 1  # sequence parallelism splits a batch's width evenly
-    return OurModel(par.module, c.train.seq_len, whole=c.parallel.fsdp or tensor > 1, width=even)
+    return OurModel(engine.module, c.train.seq_len, whole=c.parallel.fsdp or tensor > 1, width=even)
