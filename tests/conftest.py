@@ -12,6 +12,15 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # The trainer caches a CPU's measured matmul peak per machine: tests keep theirs out of the user's home.
 os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="pretrain-test-cache-")
+# Inductor's FX-graph cache is not keyed by ATen's vector capability (torch 2.13): C++ code generated under
+# AVX-512 is found again under ATEN_CPU_CAPABILITY=default, whose headers have no at::vec, and fails to build.
+# One cache per capability, so the suite's second pass (README) makes its own; kept across runs, it stays warm.
+os.environ.setdefault(
+    "TORCHINDUCTOR_CACHE_DIR",
+    os.path.join(
+        tempfile.gettempdir(), f"torchinductor-{os.getuid()}-{os.environ.get('ATEN_CPU_CAPABILITY', 'native')}"
+    ),
+)
 
 
 @pytest.fixture(scope="session")

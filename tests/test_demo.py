@@ -44,6 +44,7 @@ def test_demo_end_to_end(tmp_path):
         "train.warmup=6",
         "run.progress=false",
         cwd=tmp_path,
+        timeout=1800,  # ~2 minutes on 2 idle cores; a hang guard, not a speed test (ATen's plain kernels, a busy CPU)
     )
     assert r.returncode == 0, r.stderr[-3000:]
     out = tmp_path / "demo"

@@ -37,7 +37,10 @@ def test_shipped_configs_load(path):
 
 def test_ci_runs_the_readme_test_command():
     ci = (ROOT / ".ci/run").read_text()
-    command = "bash scripts/setup.sh dev && .venv/bin/python -m pytest -n 2"
+    command = (
+        "bash scripts/setup.sh dev && .venv/bin/python -m pytest -n 2"
+        " && ATEN_CPU_CAPABILITY=default .venv/bin/python -m pytest -n 2 -m kernels"
+    )
     assert command in README and command in ci
     assert "bash scripts/setup.sh && .venv/bin/pretrain demo" in README
 
@@ -209,3 +212,34 @@ def test_every_documented_train_command_is_one_the_trainer_accepts():
             )
         except ConfigError as e:
             pytest.fail(f"{where}: `pretrain train` refuses it: {e}")
+
+
+def test_the_readme_command_table_lists_every_subcommand_and_setup_says_what_it_installs():
+    # Every subcommand of cli.COMMANDS has a row of its own in the README's table; `pretrain eval` lacked one.
+    from pretrain.cli import COMMANDS
+
+    table = README[README.index("## Commands") : README.index("## Training")]
+    rows = [line for line in table.splitlines() if line.startswith("| `pretrain ")]
+    for name in COMMANDS:
+        assert any(row.startswith(f"| `pretrain {name}") for row in rows), (
+            f"README's command table: no `pretrain {name}`"
+        )
+    # setup.sh dev installs packages system-wide as root (apt-get): the README says so where it describes setup.sh.
+    setup = (ROOT / "scripts/setup.sh").read_text()
+    assert "apt-get" in setup and "apt-get install" in README and "chromium" in README.split("## A plan")[0]
+
+
+def test_docs_moe_describes_the_moe_debug_preset_as_it_is():
+    # docs/moe.md's sentence on moe-debug: its experts, top-k and shared experts as presets.py builds them.
+    import re
+
+    from pretrain.presets import PRESETS
+
+    preset = PRESETS["moe-debug"]
+    text = (ROOT / "docs/moe.md").read_text()
+    said = re.search(r"`moe-debug` preset \(([^)]*)\)", text)
+    assert said, "docs/moe.md describes the moe-debug preset in one parenthesis"
+    words = said.group(1)
+    assert f"{preset['num_experts']} routed experts" in words and f"top-{preset['experts_per_token']}" in words
+    shared = preset.get("num_shared_experts", 0)
+    assert ("no shared expert" in words) == (shared == 0), words

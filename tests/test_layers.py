@@ -32,6 +32,7 @@ STAGE = {
     "config_args": 0,
     "lock": 0,
     "task_catalog": 0,
+    "machine": 0,
     "plan": 1,  # the planner: arithmetic on a config, never torch
     "data": 2,
     "model": 2,  # side by side: neither imports the other

@@ -135,15 +135,17 @@ def run(args) -> int:
     assert data_dir is not None  # demo_config set it: data.dir={out}/data
     claim_directories(out, {"data.dir": data_dir, "run.dir": config.run.dir})
     corpus = write_sample_corpus(out / "corpus", docstrings=True)
-    # The plan shown is at this CPU's measured peak; the run reads the same cached measurement itself and says so
-    # (passed on as hardware.peak_tflops, it would be labelled as a key the user set).
+    # The plan shown is the run's: at this CPU's own measured profile (its matmul peak, the cost of one eager op,
+    # its memory bandwidth), kept per machine; the run reads the same profile and says where it came from.
     planned = config
     if not (config.hardware.peak_tflops or config.hardware.profile):  # a CPU has no data-sheet peak
-        from .train.plan_check import peak_tflops
+        import torch
 
-        planned = replaced(config, {"hardware.peak_tflops": round(peak_tflops(config)[0], 4)})
+        from .train.plan_check import measured_hardware
 
-    print(f"== 1/6 plan ({config.run.dir}), at the measured matmul peak of this CPU")
+        planned = replaced(config, measured_hardware(config, torch.device("cpu"))[0])
+
+    print(f"== 1/6 plan ({config.run.dir}), with this CPU's measured profile")
     print(render(planned, make_plan(planned)))
 
     print(f"\n== 2/6 tokenizer: byte-level BPE, {VOCAB_SIZE} tokens, trained on {corpus}")
@@ -224,10 +226,12 @@ def _final_lines(config, val: float) -> int:
 
 def _hf_sample(hf_dir: Path, prompt: str) -> str:
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(hf_dir)
-    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+    from .progress import quiet_transformers
+
+    with quiet_transformers() as transformers:
+        tok = transformers.AutoTokenizer.from_pretrained(hf_dir)
+        model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
     ids = tok(prompt, return_tensors="pt").input_ids
     # transformers declares generate's `self` as a Protocol that its own AutoModel return type does not meet
     out = model.generate(ids, max_new_tokens=40, do_sample=False, pad_token_id=tok.pad_token_id)  # pyright: ignore[reportAttributeAccessIssue]

@@ -35,3 +35,25 @@ def counting_bar(label: str, enabled: bool = True, eta: bool = False, file=None)
     with bar:
         task = bar.add_task("", total=None)
         yield lambda done, total, description: bar.update(task, completed=done, total=total, description=description)
+
+
+@contextlib.contextmanager
+def quiet_transformers():
+    """Yields `transformers`, quiet within the block: no weight-loading progress bar (written to stderr even in
+    a pipe, in the middle of our output), and nothing of what torchao says when transformers imports it while
+    loading weights (its CUDA kernels fail to load on a CPU-only torch; enum registrations torch 2.13 calls
+    deprecated)."""
+    import logging
+
+    loggers = [logging.getLogger(name) for name in ("torchao", "torch.utils._pytree")]
+    levels = [log.level for log in loggers]
+    for log in loggers:
+        log.setLevel(logging.ERROR)
+    try:
+        import transformers
+
+        transformers.utils.logging.disable_progress_bar()
+        yield transformers
+    finally:
+        for log, level in zip(loggers, levels):
+            log.setLevel(level)

@@ -24,6 +24,7 @@ PROFILE_KEYS = {
     "shapes",
     "memory_bandwidth_gbps",
     "host_to_device_gbps",
+    "op_seconds",
     "block",
     "rounds",
     "threads",
@@ -61,6 +62,7 @@ def test_profile_has_the_documented_keys_and_sane_numbers(profile):
         assert best >= profile["median_tflops"][dtype] > 0
     assert {s["dtype"] for s in profile["shapes"]} == {"fp32", "fp16", "bf16"}
     assert profile["memory_bandwidth_gbps"] > 0 and profile["host_to_device_gbps"] is None
+    assert 0 < profile["op_seconds"] < 0.01  # a CPU's eager op: microseconds (the planner's CPU step reads it)
     block = profile["block"]
     assert block["tokens_per_s"] > 0 and 0 < block["mfu"]
     assert block["peak_tflops"] == profile["peak_tflops"]["bf16"]  # bf16-mixed: this run's best bf16
@@ -91,7 +93,9 @@ def test_plan_divides_by_the_profile_peak(profile, tmp_path):
         config = load_config(None, ["hardware.gpu=cpu", f"hardware.profile={path}", f"train.precision={precision}"])
         hardware = make_plan(config)["hardware"]
         assert hardware["peak_tflops"] == profile["peak_tflops"][dtype]
-        assert hardware["peak_source"] == f"measured {dtype} in {path}"
+        # where the figure came from: the file, and what the profile says it measured (threads, torch, date)
+        assert hardware["peak_source"].startswith(f"measured {dtype} in {path}: threads ")
+        assert f"torch {torch.__version__}, on {profile['date']}" in hardware["peak_source"]
 
 
 def test_default_block_is_a_small_llama_unless_the_model_is_given(tiny_config):

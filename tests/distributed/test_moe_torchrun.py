@@ -94,6 +94,7 @@ def same_training(single, run_dir, rel):
     assert bias.abs().sum() > 0 and torch.equal(bias, pa["blocks.1.mlp.expert_bias"])
 
 
+@pytest.mark.kernels
 @needs_cpu_fsdp
 def test_fsdp_matches_one_process(prepared, single, tmp_path):
     finished_torchrun(*settings(prepared, tmp_path / "fsdp", 4, "parallel.zero_stage=3"))

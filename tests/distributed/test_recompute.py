@@ -8,7 +8,6 @@ torch.compile with fullgraph=True.
 
 import json
 import os
-import platform
 import subprocess
 import sys
 
@@ -137,20 +136,18 @@ def test_a_checkpointed_block_compiles_as_one_graph(mode):
     torch.testing.assert_close(x.grad, eager)
 
 
-REFERENCE = ROOT / "tests" / "train" / "reference_losses.json"
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("case", ["llama_fp32", "llama_selective", "llama_full"])
 def test_reference_losses_bitwise(case, prepared, tmp_path):
-    """The trainer's logged losses with train.loss=plain, as recorded before this change (same torch/Python)."""
-    reference = json.loads(REFERENCE.read_text())
-    if (reference["torch"], reference["python"]) != (torch.__version__, platform.python_version()):
-        pytest.skip(f"recorded on torch {reference['torch']}, Python {reference['python']}")
-    sys.path.insert(0, str(REFERENCE.parent))
-    from record_reference_losses import run_case
+    """The trainer's logged losses with train.loss=plain, as recorded before this change (bitwise on a machine
+    that recorded them, within the kernels' allowance elsewhere: tests/train/record_reference_losses.py)."""
+    sys.path.insert(0, str(ROOT / "tests" / "train"))
+    from record_reference_losses import assert_losses, reference, run_case
 
-    assert run_case(case, prepared, tmp_path, ["train.loss=plain"]) == reference["cases"][case]
+    found = reference(case)
+    if found is None:
+        pytest.skip(f"no recording on torch {torch.__version__}")
+    assert_losses(run_case(case, prepared, tmp_path, ["train.loss=plain"]), *found)
 
 
 @pytest.mark.slow

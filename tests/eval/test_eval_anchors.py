@@ -90,3 +90,14 @@ metric_list:
         assert ours["acc"] == anchor["acc,none"] and ours["acc_norm"] == anchor["acc_norm,none"], (ours, anchor)
         assert ours["acc_stderr"] == pytest.approx(anchor["acc_stderr,none"], rel=1e-9)
         assert ours["acc_norm_stderr"] == pytest.approx(anchor["acc_norm_stderr,none"], rel=1e-9)
+
+
+def test_a_hugging_face_directory_is_scored_without_transformers_or_torchaos_noise(run_and_export, local_task):
+    # transformers' "Loading weights" bar and torchao's import complaints (its CUDA kernels on a CPU-only torch,
+    # enum registrations torch calls deprecated) leaked between our lines; stderr holds nothing of them now.
+    _, hf_dir = run_and_export
+    r = run_cli("eval", hf_dir, "--tasks", local_task, "--limit", "4")
+    assert r.returncode == 0, r.stderr
+    assert "python_mc" in r.stdout
+    for noise in ("Loading weights", "it/s]", "Failed to load", "register_constant"):
+        assert noise not in r.stderr, r.stderr

@@ -41,3 +41,22 @@ def test_rms_norm_is_the_formula_bit_for_bit(dtype, autocast):
     assert fused[0].dtype == dtype and torch.equal(fused[0], formula[0])
     assert all(torch.equal(a, b) for a, b in zip(fused[1], formula[1]))
     assert fused[2] == formula[2]
+
+
+@needs_rms_norm
+def test_a_bf16_input_under_an_fp32_weight_is_the_fallback_bit_for_bit_without_a_warning():
+    """QK-norm under bf16 autocast (moe-debug's): torch's rms_norm warns on every call that it cannot fuse a
+    bf16 input with an fp32 weight; the norm runs the formula its fallback runs, silently and bitwise the same."""
+    import warnings
+
+    torch.manual_seed(0)
+    norm = RMSNorm(64, 1e-5)
+    x = torch.randn(3, 8, 64, dtype=torch.bfloat16, requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # any warning fails the test
+        ours = run(lambda x, w: norm(x), x, norm.weight)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torchs = run(lambda x, w: torch.nn.functional.rms_norm(x, (64,), w, norm.eps), x, norm.weight)
+    assert ours[0].dtype == torch.bfloat16 and torch.equal(ours[0], torchs[0])
+    assert all(torch.equal(a, b) for a, b in zip(ours[1], torchs[1])) and ours[2] == torchs[2]

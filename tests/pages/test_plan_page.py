@@ -91,6 +91,31 @@ def test_fit_row_applies_and_command_shows_the_cli(page, wait):
     assert page.find_element(By.ID, "cli").text == " ".join(["pretrain plan", *items])
 
 
+def test_a_moe_model_shows_its_active_parameters_and_expert_degree(page, wait):
+    # The table showed neither for a Mixture-of-Experts model; a dense one has no such rows.
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    keys = lambda: page.execute_script(  # noqa: E731
+        "return Object.fromEntries([...document.querySelectorAll('#plan td[data-key]')]"
+        ".map(td => [td.dataset.key, [td.dataset.value, td.textContent]]))"
+    )
+    assert "params.active" not in keys() and "parallel.expert" not in keys()  # llama3-8b
+    Select(page.find_element(By.ID, "preset")).select_by_visible_text("qwen3-30b-a3b")
+    expert = page.find_element(By.CSS_SELECTOR, '[data-key="parallel.expert"]')
+    expert.clear()
+    expert.send_keys("8")
+    wait("location.search.includes('expert=8') && location.search.includes('qwen3-30b-a3b')")
+    items = planned(page, wait)
+    plan = json.loads(run_cli("plan", *items, "--json").stdout)
+    shown = keys()
+    assert (
+        shown["params.active"][0] == str(plan["params"]["active"])
+        and "8 of 128 routed experts" in shown["params.active"][1]
+    )
+    assert shown["parallel.expert"] == ["8", "8: 16 of 128 experts per GPU"]
+
+
 def test_bad_input_is_an_inline_line(page, wait):
     from selenium.webdriver.common.by import By
 

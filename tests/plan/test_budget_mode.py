@@ -65,15 +65,20 @@ def test_budget_gives_n_opt_d_opt_a_shape_and_a_fitting_config(overrides, gpus, 
     assert small["loss"] == pytest.approx(chinchilla_loss(small["params"], small["tokens"]))
     assert small["loss_penalty"] == pytest.approx(small["loss"] - b["loss_optimum"]) and small["loss_penalty"] >= 0
     assert b["loss_penalty"] >= 0 and small["fit"]["fits"] is True
+    # The labels hold: the compute-optimal row predicts the lower loss, next to the fit's own optimum.
+    assert b["loss"] < small["loss"] and b["loss_penalty"] < 0.005
 
 
-def test_approach_3_optimum_is_the_minimum_of_the_fit():
-    # Hoffmann et al. 2022, equation 4 with the approach-3 coefficients (E 1.69, A 406.4, B 410.7, alpha 0.34,
-    # beta 0.28): L(N, C / 6N) is lowest there.
-    compute = 1e22
-    n = approach_3_optimum(compute)
-    loss = lambda x: chinchilla_loss(x, compute / (6 * x))  # noqa: E731
-    assert loss(n) < loss(n * 1.05) and loss(n) < loss(n / 1.05)
+def test_approach_3_optimum_is_the_minimum_of_the_fit_and_agrees_with_approaches_1_2():
+    # Hoffmann et al. 2022, equation 4 with the approach-3 coefficients as Besiroglu et al. 2024 refitted them
+    # (E 1.8172, A 482.01, B 2085.43, alpha 0.3478, beta 0.3658): L(N, C / 6N) is lowest there, and there is
+    # about approaches 1-2's N_opt = sqrt(C / 120) (20 tokens per parameter), from 1e20 to 1e25 FLOPs. The
+    # published coefficients put it at a third of N_opt, under budget mode's "compute-optimal" row (issue 43).
+    for compute in (1e20, 1e22, 1e25):
+        n = approach_3_optimum(compute)
+        loss = lambda x, c=compute: chinchilla_loss(x, c / (6 * x))  # noqa: E731
+        assert loss(n) < loss(n * 1.05) and loss(n) < loss(n / 1.05)
+        assert n == pytest.approx(math.sqrt(compute / 120), rel=0.15)
 
 
 def test_explain_explains_each_figure():

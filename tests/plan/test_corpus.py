@@ -8,7 +8,7 @@ import pytest
 from pretrain.config import load_config
 from pretrain.errors import ConfigError
 from pretrain.plan import make_plan, plan_with_explain
-from support import run_cli
+from support import run_cli, run_here
 
 
 def test_raw_text_gives_tokens_and_epochs():
@@ -57,3 +57,17 @@ def test_raw_bytes_needs_bytes_per_token():
         load_config(overrides=["data.raw_bytes=3e9"])
     r = run_cli("plan", "data.raw_bytes=3e9")
     assert r.returncode == 2 and r.stderr.count("\n") == 1
+
+
+def test_a_vocabulary_larger_than_the_models_is_refused_by_the_plan_as_by_the_trainer(prepared, tmp_path):
+    # `pretrain plan model.preset=moe-debug data.dir=demo/data` planned a 512-token embedding silently where
+    # `pretrain train` refused the 2048-token data: both now say the same line, exit 2 (a mixture's too).
+    vocab = json.loads((prepared / "meta.json").read_text())["vocab_size"]
+    small = [f"model.vocab_size={vocab - 1}", "model.preset=debug"]
+    plan = run_here("plan", *small, f"data.dir={prepared}")
+    train = run_here("train", *small, f"data.dir={prepared}", f"run.dir={tmp_path / 'run'}", "train.device=cpu")
+    said = f"model.vocab_size: {vocab - 1} is smaller than the vocabulary of {prepared} ({vocab}); set"
+    for r in (plan, train):
+        assert r.returncode == 2 and said in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    with pytest.raises(ConfigError, match="is smaller than the vocabulary"):
+        make_plan(load_config(overrides=[*small, f"data.mixture=[{{dir: {prepared}, weight: 1}}]"]))

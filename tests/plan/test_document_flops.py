@@ -20,6 +20,7 @@ from pretrain.model import Documents, build_model  # noqa: E402
 from pretrain.model.documents import document_ids  # noqa: E402
 from pretrain.plan import make_plan  # noqa: E402
 from pretrain.plan.documents import mean_context  # noqa: E402
+from pretrain.plan.table import render  # noqa: E402
 
 SEQ, EOS = 32, 0
 
@@ -87,6 +88,13 @@ def test_the_histogram_of_data_dir_prices_the_attention(tmp_path):
     unknown = make_plan(config("train.document_masking=true"))["flops"]
     assert unknown["document_lengths"] == "none"
     assert unknown["attention_per_token"] == make_plan(config())["flops"]["attention_per_token"]
+    # The plan table says masking is on, with the keys per query its attention is priced at; unmasked, no row.
+    masked = config("train.document_masking=true", f"data.dir={tmp_path}")
+    assert flops["attention_context"] == pytest.approx(context)
+    assert "attention_context" not in make_plan(config())["flops"]
+    (row,) = [line for line in render(masked, make_plan(masked)).splitlines() if "Document masking" in line]
+    assert f"{context:,.1f} keys per query of {SEQ}" in row and "meta.json" in row
+    assert "Document masking" not in render(config(), make_plan(config()))
 
 
 def test_a_mixture_weights_its_sources_histograms(two_corpora, tmp_path):

@@ -68,3 +68,16 @@ def test_a_local_task_file_is_sized_from_the_file_and_the_plan_imports_no_torch(
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout.strip() == "False", r.stderr
+
+
+def test_a_task_file_not_written_yet_is_said_not_priced_at_zero_tokens(tmp_path):
+    # The demo plans before it writes its cloze.jsonl: the row said "0.0 minutes ... x 0 tokens ()".
+    from pretrain.plan.table import render
+
+    missing = str(tmp_path / "cloze.jsonl")
+    config = load_config(None, BASE + [f"run.eval_tasks=[{missing}]"])
+    plan = make_plan(config)
+    assert plan["eval_tasks"]["tasks"] == {} and plan["eval_tasks"]["unread"] == [missing]
+    (row,) = [line for line in render(config, plan).splitlines() if line.lstrip().startswith("Eval tasks")]
+    assert "n/a" in row and f"{missing}: not found" in row and "0 tokens ()" not in row
+    assert "unread" not in make_plan(load_config(None, BASE + ["run.eval_tasks=[piqa]"]))["eval_tasks"]

@@ -295,3 +295,42 @@ def test_the_expert_parallel_search_is_bounded_as_a_dense_models_is():
     assert expert_degrees(2**20) == [2**k for k in range(21)]
     # the fit itself answers on it (nothing fits: 946,060 GiB of experts per GPU at EP 1, no layout trains)
     assert fit(config, top=2)["candidates"] == []
+
+
+def test_a_model_the_trainer_cannot_build_is_ranked_labelled_not_trainable(tmp_path):
+    # gpt-oss-20b (openai/gpt-oss-20b's config.json, as tests/plan/test_params.py counts it): the planner counts
+    # it, the trainer refuses its attention sinks; --fit refused every layout and proposed nothing.
+    layers = ["sliding_attention", "full_attention"] * 12
+    gpt_oss = dict(
+        model_type="gpt_oss",
+        vocab_size=201088,
+        hidden_size=2880,
+        intermediate_size=2880,
+        num_hidden_layers=24,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        head_dim=64,
+        num_local_experts=32,
+        num_experts_per_tok=4,
+        experts_per_token=4,
+        attention_bias=True,
+        sliding_window=128,
+        max_position_embeddings=131072,
+        layer_types=layers,
+        rope_theta=150000,
+        swiglu_limit=7.0,
+        rope_scaling={"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096},
+    )
+    (tmp_path / "config.json").write_text(json.dumps(gpt_oss))
+    config = load_config(overrides=[f"model.hf_config={tmp_path}", "parallel.gpus=8", "hardware.gpu=h100-sxm"])
+    result = fit(config, top=3)
+    assert "attention sinks (gpt-oss) is not built yet" in result["not_trainable"]
+    assert len(result["candidates"]) == 3 and all(c["fits"] for c in result["candidates"])
+    # each layout weighed by the rest of the trainer's check: MoE with tensor parallelism is refused still
+    refused = [r for r in result["rejected"] if r["why"].startswith(REFUSED)]
+    assert refused and not any("attention sinks" in r["why"] for r in refused)
+    assert all(r["overrides"]["parallel.tensor"] == 1 for r in result["candidates"])
+    table = render(config, result).splitlines()
+    assert table[1].startswith("  ! not trainable here: model.attention_sinks:") and table[1].endswith("for sizing")
+    assert any(line.startswith("  The fastest, to plan: ") for line in table)  # not "to plan or train"
+    assert "not_trainable" not in fit(load_config(overrides=LLAMA3_8B_8_H100), top=1)

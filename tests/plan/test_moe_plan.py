@@ -243,3 +243,21 @@ def test_mixtral_8x7b_fits_64_h100s_its_experts_sharded_on_dim_1():
         make_plan(load_config(overrides=["model.preset=mixtral-8x7b", "parallel.gpus=8", *h100[:2]]))["advice"]
     )
     assert "no fix found" not in advice and "parallel.zero_stage=3" in advice
+
+
+def test_the_plan_header_and_the_fits_columns_name_the_expert_degree():
+    # The header gave data, tensor and pipeline but not the expert degree; --fit printed "EP n" after the step
+    # column, under no header. A dense plan's JSON and header stay as they were.
+    from pretrain.plan.fit import fit, render
+    from pretrain.plan.table import render as table
+
+    config = load_config(overrides=["model.preset=moe-debug", "parallel.gpus=4", "parallel.expert=2"])
+    p = make_plan(config)
+    assert p["parallel"]["expert"] == 2 and "expert" not in make_plan(load_config(overrides=[]))["parallel"]
+    assert "(data 4, tensor 1, pipeline 1, expert 2, ZeRO-0)" in table(config, p).splitlines()[0]
+    lines = render(config, fit(config, top=3)).splitlines()
+    header = next(line for line in lines if line.lstrip().startswith("#"))
+    column = header.index(" EP") + 3  # right-aligned under its header
+    rows = [line for line in lines if line[:4].strip().isdigit()]
+    assert rows and all(line[column - 1] in "1248" and line[column] == " " for line in rows), lines
+    assert not any(" EP " in line for line in rows)  # the degree in its column, not "EP n" after the step

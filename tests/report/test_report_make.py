@@ -181,3 +181,39 @@ def test_interactive_curves_hold_every_series_and_event(tmp_path, run_dir, make_
     # spike, rollback, nonfinite_skip and resumed of both runs on all 9 panels; the spike marked on the loss
     assert len(fig.layout.shapes) == 2 * 4 * 9
     assert sum(t.name.endswith(": spike") for t in fig.data) == 2
+
+
+def test_a_moe_runs_report_draws_its_load_per_layer_and_balancing_losses(tmp_path):
+    # The lines pretrain.model.moe logs: the worst layer's load, each MoE layer's (blocks 1 and 2 after one
+    # dense block), the balancing losses. The per-layer list drew an empty panel of its own; report.png had none.
+    from pretrain.report.interactive import curves_figure
+
+    run = tmp_path / "moe"
+    run.mkdir()
+    lines = [
+        {
+            "step": s,
+            "tokens": 64 * s,
+            "loss": 7.0 - s / 10,
+            "moe/aux_loss": 1.02 - s / 1000,
+            "moe/z_loss": 4.4 - s / 100,
+            "moe/load_max_over_mean": 1.6 - s / 100,
+            "moe/load_max_over_mean_per_layer": [1.6 - s / 100, 1.3 - s / 200],
+        }
+        for s in range(1, 6)
+    ]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    (run / "config.yaml").write_text("model:\n  num_layers: 3\n  num_experts: 8\n  first_dense_layers: 1\n")
+    moe = read_run(run)
+    titles = [p.title for p in plots.panels([moe])]
+    assert titles == [p.title for p in plots.PANELS] + [p.title for p in plots.MOE_PANELS]  # report.png's too
+    fig = curves_figure([moe])
+    shown = [a.text for a in fig.layout.annotations]
+    assert shown == titles and "moe/load_max_over_mean_per_layer" not in shown  # no empty panel of lists
+    layers = {t.name: list(t.y) for t in fig.data if " block " in t.name}
+    assert layers == {
+        "moe block 1": [x["moe/load_max_over_mean_per_layer"][0] for x in lines],
+        "moe block 2": [x["moe/load_max_over_mean_per_layer"][1] for x in lines],
+    }
+    result = make_report([run], per_panel=True)
+    assert str(run / "report" / "moe_load.png") in result["files"]

@@ -57,10 +57,10 @@ def test_three_candidates_measured_beside_predicted(tmp_path):
     errors = [abs(r["error_pct"]) for r in rows]
     assert result["error"]["mean_abs_pct"] == pytest.approx(sum(errors) / 3)
     assert json.loads((tmp_path / "from_fit.json").read_text())["candidates"] == rows
-    # The candidates are the fit's: `pretrain plan --fit` on this CPU at the same peak lists them first.
-    fit = run_cli(
-        "plan", *TINY, "hardware.gpu=cpu", f"hardware.peak_tflops={result['peak_tflops']!r}", "--fit", "--json", env=ENV
-    )
+    # The candidates are the fit's: `pretrain plan --fit` on this CPU with the same measured profile lists them first.
+    measured = [f"{key}={value}" for key, value in result["hardware"].items()]
+    assert result["hardware"].keys() == {"hardware.profile"}  # a CPU: its own profile, kept per machine
+    fit = run_cli("plan", *TINY, "hardware.gpu=cpu", *measured, "--fit", "--json", env=ENV)
     assert [c["overrides"] for c in json.loads(fit.stdout)["candidates"][:3]] == [r["overrides"] for r in rows]
 
 

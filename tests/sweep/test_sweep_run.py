@@ -156,11 +156,11 @@ def test_measures_the_peak_once_per_dtype(tmp_path, monkeypatch):
 
     calls = []
 
-    def peak_tflops(device_config, device):
+    def measured_hardware(device_config, device):  # what a measurement gives: the keys the plan is made with
         calls.append(device_config.train.precision)
-        return 0.02, "measured (test)"
+        return {"hardware.peak_tflops": 0.02}, "measured (test)"
 
-    monkeypatch.setattr(plan_check, "peak_tflops", peak_tflops)
+    monkeypatch.setattr(plan_check, "measured_hardware", measured_hardware)
     overrides = [o for o in TINY if not o.startswith("hardware.peak_tflops")]
     result = run_sweep(
         None,

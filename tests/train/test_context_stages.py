@@ -14,7 +14,7 @@ from pretrain.checkpoint.choice import resume_point
 from pretrain.checkpoint.compatibility import stage_change
 from pretrain.config import load_config
 from pretrain.errors import UsageError
-from support import finished_run, losses, run_cli, tiny
+from support import finished_run, losses, run_cli, run_here, tiny
 
 pytest.importorskip("torch")
 
@@ -76,3 +76,29 @@ def test_a_longer_seq_len_on_resume_is_a_new_stage_and_resumes_bitwise(prepared,
         first / "config.yaml", ["train.seq_len=128", "train.global_batch_tokens=null", "train.max_steps=12"]
     )
     assert stage_change(checkpoint, counted_in_steps)["tokens_per_step_after"] == 512
+
+
+def test_a_stage_after_a_finished_run_says_its_length_in_one_key_and_trains_it(prepared, tmp_path):
+    # The docs' stage 2 after a finished stage 1 printed "new stage", trained 0 steps and logged stage_changed
+    # (again on the next resume, which did train). Now: a stage of nothing is one line before any tensor, and
+    # train.stage_tokens is its length, spent into the run's train.max_steps.
+    run = tmp_path / "run"
+    finished_run(run, *tiny(prepared, run, "train.max_steps=4", "run.eval_every=0", "train.schedule=wsd"))
+    config = (run / "config.yaml").read_text()
+    r = run_here("train", "--resume", run, "train.seq_len=64")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "finished its run (step 4 of 4): a new stage at 64 would train nothing" in r.stderr
+    assert "train.stage_tokens=N" in r.stderr and (run / "config.yaml").read_text() == config
+    assert events(run, "stage_changed") == []
+    # 1,024 tokens at 4 x 64 x 2 = 512 a step: steps 5 and 6, to the end of the run
+    r = run_here("train", "--resume", run, "train.seq_len=64", "train.stage_tokens=1024")
+    assert r.returncode == 0, r.stderr
+    assert "1,024 tokens (train.stage_tokens): to step 6" in r.stdout
+    [stage] = events(run, "stage_changed")
+    assert (stage["stage_tokens"], stage["ends_at_step"], stage["step"]) == (1024, 6, 4)
+    assert sorted(losses(run)) == [1, 2, 3, 4, 5, 6]
+    assert "max_steps: 6" in (run / "config.yaml").read_text()
+    # resuming the finished stage: nothing more, and no second stage_changed
+    assert run_here("train", "--resume", run).returncode == 0 and len(events(run, "stage_changed")) == 1
+    r = run_here("train", "--resume", run, "train.stage_tokens=512")  # outside a new stage: one line
+    assert r.returncode == 2 and "train.stage_tokens: the length of a new stage" in r.stderr

@@ -21,6 +21,7 @@ def test_a_masked_run_says_so_in_plan_vs_run(prepared, tmp_path):
         *tiny(prepared, tmp_path / "run", "train.max_steps=4", "run.checkpoint_every=0", "train.document_masking=true"),
     )
     assert run.returncode == 0, run.stderr
+    assert "plan: document masking on: each token attends within its own document" in run.stdout  # said at start
     report = json.loads((tmp_path / "run" / "plan_vs_run.json").read_text())
     assert report["document_masking"] is True
     assert report["attention_kernel"] == "flash"  # the CPU's fused kernel takes the boolean mask

@@ -168,15 +168,19 @@ def test_sigterm_checkpoints_and_exits_zero(prepared, tmp_path):
 
     run_dir = tmp_path / "run"
     proc = start(
-        ["train", *tiny(prepared, run_dir, "train.max_steps=40", "debug.step_sleep=0.2", "run.checkpoint_every=100")]
+        ["train", *tiny(prepared, run_dir, "train.max_steps=40", "debug.step_sleep=1", "run.checkpoint_every=100")]
     )
     wait_for_steps(run_dir, 3, proc)
+    # Step 3's metrics line is written, then its 1-second step_sleep (debug.*: the end of step 3) begins: the
+    # signal comes in that step, and the run stops after it, as the line on stderr says (it trained one more).
+    in_flight = sum('"loss"' in x for x in (run_dir / "metrics.jsonl").read_text().splitlines())
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
+    assert "SIGTERM: stopping after this step with a checkpoint" in err
     assert "stopped by SIGTERM" in out and f"pretrain train --resume {run_dir}" in out
     stopped_at = int(list_checkpoints(run_dir)[-1].name.split("_")[1])
-    assert stopped_at >= 3
+    assert stopped_at == in_flight >= 3
     (pre,) = events(run_dir, "preempted")
     assert pre["step"] == stopped_at
     before = len((run_dir / "metrics.jsonl").read_text().splitlines())

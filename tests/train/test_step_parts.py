@@ -52,18 +52,40 @@ def test_a_data_error_in_the_reading_thread_reaches_the_trainer():
         Prefetcher(Broken(), 2, torch.device("cpu")).next_batch()
 
 
-def test_a_cpu_peak_is_measured_once_and_kept(tmp_path, monkeypatch):
+def test_a_cpu_profile_is_measured_once_kept_per_machine_threads_and_torch_and_named(tmp_path, monkeypatch):
+    # The per-user cache set the plan's speed silently: now one profile per machine, CPU, dtype, threads and
+    # torch, and the plan says which measured it and when (issue 43 item 7).
+    import platform
+
+    from pretrain.bench.timing import torch_threads
+    from pretrain.config import replaced
+    from pretrain.plan import make_plan
+    from pretrain.plan.cpu_time import micro_batch_ops
     from pretrain.train import plan_check
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     config = load_config(None, ["model.preset=debug", "hardware.gpu=cpu", "train.precision=fp32"])
-    peak, source = plan_check.peak_tflops(config, torch.device("cpu"))
-    cache = tmp_path / "pretrain" / "peak_tflops.json"
-    assert peak > 0 and "measured once" in source and str(cache) in source
-    # A second run reads the kept figure (here changed by hand, so a new measurement would show).
-    (key,) = json.loads(cache.read_text())
-    cache.write_text(json.dumps({key: 123.0}))
-    assert plan_check.peak_tflops(config, torch.device("cpu"))[0] == 123.0
+    hardware, source = plan_check.measured_hardware(config, torch.device("cpu"))
+    (path,) = (tmp_path / "pretrain" / "profiles").iterdir()
+    assert hardware == {"hardware.profile": str(path)}
+    profile = json.loads(path.read_text())
+    assert profile["peak_tflops"]["fp32"] > 0 and profile["op_seconds"] > 0 and profile["memory_bandwidth_gbps"] > 0
+    threads = torch.get_num_threads()
+    for said in (str(path), platform.node(), f"threads {threads}", f"torch {torch.__version__}", "measured once"):
+        assert said in source, said
+    # Kept: a figure changed by hand is what the next plan reads (a new measurement would show).
+    profile.update(op_seconds=1e-3, busy_cores=0.0)
+    path.write_text(json.dumps(profile))
+    assert plan_check.measured_hardware(config, torch.device("cpu"))[0] == hardware
+    planned = make_plan(replaced(config, hardware))["step_time"]["kernel_overhead_s"]
+    assert planned == pytest.approx(1e-3 * micro_batch_ops(config, config.model.num_layers))
+    # Another thread count is another profile; one measured while other work ran says so in the plan.
+    with torch_threads(threads + 1):
+        assert plan_check.cpu_profile_path("fp32") != path
+    path.write_text(json.dumps({**profile, "busy_cores": 1.5}))
+    assert (
+        "while other processes kept 1.5 cores busy" in make_plan(replaced(config, hardware))["hardware"]["peak_source"]
+    )
 
 
 @pytest.mark.parametrize("extra, kernel", [([], "flash"), (["train.attention=eager"], "math")])

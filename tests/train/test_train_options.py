@@ -40,6 +40,7 @@ def test_precisions_and_options_train(prepared, tmp_path, extra):
     assert lines[-1]["loss"] < lines[0]["loss"]
 
 
+@pytest.mark.kernels
 @pytest.mark.slow
 @needs_compiler
 def test_compiled_step_trains_like_eager(prepared, tmp_path):

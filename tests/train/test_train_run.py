@@ -112,6 +112,27 @@ def test_an_mfu_above_one_is_flagged_not_reported_as_fact():
     assert f"  ! {note}" in plan_check.render(busy)
 
 
+def test_a_speed_measured_on_a_busy_machine_is_said_busy_not_compared():
+    # A tiny run printed "tokens_per_s planned 126,624 measured 782 -99.4%" on a machine other work kept busy:
+    # the plan is an idle machine's, so the speed rows keep the figure measured, say "busy", and say why.
+    from pretrain.config import load_config
+    from pretrain.plan import make_plan
+    from pretrain.train import plan_check
+
+    p = make_plan(load_config(overrides=["model.preset=debug", "hardware.gpu=cpu", "hardware.peak_tflops=0.05"]))
+    states = {k: p["model_states"][k] for k in ("parameters", "gradients", "optimizer_states")}
+    idle = plan_check.mark_busy(plan_check.compare(p, states, None, None, 782.0, 0.01, 0.3, "cpu"), 0.1, 2)
+    busy = plan_check.mark_busy(plan_check.compare(p, states, None, None, 782.0, 0.01, 0.3, "cpu"), 1.8, 2)
+    speed = {r["name"]: r for r in busy["rows"] if r["name"] in ("tokens_per_s", "mfu")}
+    assert all(r["error_pct"] is None and r["busy"] and r["measured"] is not None for r in speed.values())
+    assert busy["busy_cores"] == 1.8 and "busy_cores" not in idle and idle["notes"] == []
+    assert next(r for r in idle["rows"] if r["name"] == "tokens_per_s")["error_pct"] < -90  # idle: compared
+    (note,) = busy["notes"]
+    assert note.startswith("not compared: other processes kept 1.8 of this machine's") and "OMP_NUM_THREADS=1" in note
+    text = plan_check.render(busy)
+    assert "busy" in next(line for line in text.splitlines() if "tokens_per_s" in line) and "-99" not in text
+
+
 def test_tokens_per_s_is_wall_clock_between_metrics_lines(prepared, tmp_path):
     # A 0.1 s sleep after every step (debug.step_sleep, a callback after the metrics one) is part of what the
     # run costs: tokens/s over an interval is its tokens over the wall-clock seconds between the two lines

@@ -24,6 +24,7 @@ from ..precision import matmul_dtype
 from . import DTYPES, matmul
 from .bandwidth import device_copy_gbps, host_to_device_gbps
 from .block import block_throughput
+from .cpu_profile import op_seconds
 from .timing import NOISY_SPREAD_PCT, check_rounds, check_threads, cpu_threads, spread, torch_threads
 
 # Seconds of measurement; small shapes finish early. On 2 CPU cores the default run took 24 s in all
@@ -120,6 +121,8 @@ def run_bench(
         "skipped": skipped,
         "shapes": shapes,
         "memory_bandwidth_gbps": statistics.median(run["copy"] for run in runs),
+        # a CPU's eager op, what a small model's step is made of (pretrain.plan.cpu_time reads it)
+        "op_seconds": op_seconds(budget * SHARE["copy"], peaks.get("fp32") or 0.1)[0] if dev.type == "cpu" else None,
         "host_to_device_gbps": None if h2d[0] is None else statistics.median(h2d),
         "block": block,
         "spread_pct": noise,

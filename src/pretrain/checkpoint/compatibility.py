@@ -5,6 +5,7 @@ compares the checkpoint's own verified config.yaml with the resumed config befor
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 from typing import Any
 
@@ -149,12 +150,13 @@ def stage_change(path: Path, config: ResolvedConfig) -> dict[str, Any] | None:
         _tokens_per_step(saved.get("train") or {}, saved.get("parallel") or {}),
         _tokens_per_step(dataclasses.asdict(t), dataclasses.asdict(config.parallel)),
     ]
-    if per_step[0] != per_step[1] and t.max_steps is None:
+    if per_step[0] != per_step[1] and t.max_steps is None and t.stage_tokens is None:
         raise UsageError(
             f"train.seq_len: {t.seq_len} here, {before} in checkpoint {path}, and the tokens per step "
             f"go from {per_step[0]:,} to {per_step[1]:,}, so the steps left to train.tokens would be "
             f"counted at the wrong batch; keep the batch in tokens (train.global_batch_tokens="
-            f"{per_step[0]}) or count the run in steps (train.max_steps)"
+            f"{per_step[0]}), count the run in steps (train.max_steps) or give the stage its length "
+            "(train.stage_tokens)"
         )
     return {
         "event": "stage_changed",
@@ -163,6 +165,39 @@ def stage_change(path: Path, config: ResolvedConfig) -> dict[str, Any] | None:
         "tokens_per_step_before": per_step[0],
         "tokens_per_step_after": per_step[1],
     }
+
+
+def stage_length(
+    path: Path | str, config: ResolvedConfig, stage: dict[str, Any] | None, saved: dict[str, Any], total_steps: int
+) -> dict[str, Any]:
+    """The keys that give a new stage its length (a resume from `path`, whose trainer.json is `saved`, into a
+    run of `total_steps`): with train.stage_tokens, the run ends that many tokens after the checkpoint, as the
+    train.max_steps those tokens take at the stage's own tokens per step (the key itself is then spent, so that
+    resuming the stage again is an ordinary resume). Refused in one line, before any tensor is loaded: a stage
+    of nothing (a finished run resumed at a new seq_len without its length: it trained 0 steps and still logged
+    the stage), and train.stage_tokens outside a new stage."""
+    t = config.train
+    if stage is None:
+        if t.stage_tokens is not None:
+            raise UsageError(
+                "train.stage_tokens: the length of a new stage, given with --resume at another train.seq_len "
+                f"(checkpoint {path} is at {t.seq_len}); a run's own length is train.tokens or train.max_steps"
+                if path
+                else "train.stage_tokens: the length of a stage begun by --resume at another train.seq_len; a "
+                "new run's length is train.tokens or train.max_steps"
+            )
+        return {}
+    if t.stage_tokens is None:
+        if saved["step"] >= total_steps:
+            raise UsageError(
+                f"train.seq_len: checkpoint {path} finished its run (step {saved['step']:,} of {total_steps:,}): a "
+                f"new stage at {t.seq_len} would train nothing; give it a length, train.stage_tokens=N (the "
+                "tokens it trains)"
+            )
+        return {}
+    # In steps of the stage's own batch, whatever the run was counted in before: well defined at any batch.
+    steps = saved["step"] + math.ceil(t.stage_tokens / stage["tokens_per_step_after"])
+    return {"train.max_steps": steps, "train.stage_tokens": None}
 
 
 def _tokens_per_step(train: dict[str, Any], parallel: dict[str, Any]) -> int:

@@ -197,7 +197,7 @@ def _check_train(c: Config) -> None:
     m, t = c.model, c.train
     for name in ("seq_len", "micro_batch_size", "grad_accum_steps", "epochs"):
         _positive(f"train.{name}", getattr(t, name))
-    for name in ("tokens", "examples", "max_steps"):
+    for name in ("tokens", "examples", "max_steps", "stage_tokens"):
         _positive(f"train.{name}", getattr(t, name))
     seq_len = resolved(t.seq_len)
     if seq_len > m.max_seq_len:

@@ -37,6 +37,12 @@ class TrainConfig:
     examples: int | None = doc(None, "training examples (one example = one seq_len window); with epochs")
     epochs: int = doc(1, "passes over `examples`")
     max_steps: int | None = doc(None, "optimizer steps to run (takes precedence over tokens)")
+    stage_tokens: int | None = doc(
+        None,
+        "with --resume at another train.seq_len (a stage of context extension): the tokens this stage "
+        "trains (e.g. 2M); the run then ends that many tokens after the checkpoint, in its train.tokens "
+        "(or train.max_steps), with the schedule of that length (docs/train.md)",
+    )
     device: str = doc("auto", "auto | cpu | cuda (train only; the planner ignores it)")
     precision: str = doc(
         "bf16-mixed",

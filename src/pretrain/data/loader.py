@@ -16,6 +16,7 @@ import numpy as np
 
 from ..errors import ConfigError, UsageError, json_kind
 from ..files import json_file, sha256_file
+from ..plan.corpus import check_vocabulary
 from ..plan.length import TOKEN_DTYPES
 from .token_files import Concatenated, TokenFile
 
@@ -33,11 +34,7 @@ def open_training_data(path: str | Path, verify: str, model_vocab_size: int) -> 
     for is then caught at the first read of each batch (`RandomWindows`, `SequentialWindows`): one line, not
     an IndexError deep in the model."""
     data = PreparedData(path, verify)
-    if data.vocab_size > model_vocab_size:
-        raise ConfigError(
-            f"model.vocab_size: {model_vocab_size} is smaller than the vocabulary of {path} "
-            f"({data.vocab_size}); set model.vocab_size={data.vocab_size} or more"
-        )
+    check_vocabulary(data.vocab_size, model_vocab_size, path)  # the plan's rule too (plan/corpus.py)
     return data
 
 

@@ -28,12 +28,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    results = evaluate(args.target, args.tasks, args.limit, args.batch_size, args.device, progress=not args.json)
+    if args.json:
+        print(json.dumps({"tasks": results}, indent=2))
+    else:
+        print(table(results))
+    return 0
+
+
+def evaluate(
+    target: str,
+    tasks: str = "small",
+    limit: int | None = None,
+    batch_size: int = 32,
+    device: str | None = None,
+    progress: bool = True,
+) -> dict:
+    """`pretrain eval` as a function: {task: its metrics} of `target` (a run directory, a checkpoint or a
+    Hugging Face model directory) on `tasks` (names, small, all or .jsonl paths, comma-separated)."""
     from ..errors import UsageError
     from ..task_catalog import task_names
     from .tasks import check_tasks
 
-    names = task_names(args.tasks)
-    if args.limit is not None and args.limit < 1 or args.batch_size < 1:
+    names = task_names(tasks)
+    if limit is not None and limit < 1 or batch_size < 1:
         raise UsageError("--limit and --batch-size must be at least 1")
     checked = check_tasks(names)  # a missing package or a bad file: one line before the model loads
 
@@ -43,11 +61,11 @@ def run(args: argparse.Namespace) -> int:
     from .scoring import loglikelihoods, task_metrics
     from .tasks import load_tasks
 
-    device = resolve_device(args.device, "--device")  # tpu, or cuda without one: one line before the model loads
-    lm, tokenizer = load_target(args.target, str(device))
+    device = resolve_device(device, "--device")  # tpu, or cuda without one: one line before the model loads
+    lm, tokenizer = load_target(target, str(device))
     results = {}
-    with counting_bar("eval", enabled=not args.json, eta=True) as advance:
-        for task in load_tasks(names, tokenizer, lm.max_len, args.limit, checked):
+    with counting_bar("eval", enabled=progress, eta=True) as advance:
+        for task in load_tasks(names, tokenizer, lm.max_len, limit, checked):
             done = [0]
 
             def step(n, task=task, done=done):
@@ -55,12 +73,8 @@ def run(args: argparse.Namespace) -> int:
                 if advance is not None:
                     advance(done[0], len(task.requests), task.name)
 
-            results[task.name] = task_metrics(task, loglikelihoods(lm, task.requests, args.batch_size, step))
-    if args.json:
-        print(json.dumps({"tasks": results}, indent=2))
-    else:
-        print(table(results))
-    return 0
+            results[task.name] = task_metrics(task, loglikelihoods(lm, task.requests, batch_size, step))
+    return results
 
 
 def table(results: dict) -> str:

@@ -121,17 +121,18 @@ def load_target(target: str, device: str) -> tuple[OurModel | HFModel, Tokenizer
         file = path / "tokenizer.json"
         if not file.is_file():
             raise UsageError(f"{path} has no tokenizer.json; a Hugging Face model directory needs its tokenizer")
-        from transformers import AutoConfig, AutoModelForCausalLM
+        from ..progress import quiet_transformers
 
         try:
             tokenizer = Tokenizer.from_file(str(file))
         except Exception as e:  # tokenizers raises a bare Exception for a malformed file
             raise UsageError(f"{file} cannot be loaded ({e}); give the model's own tokenizer.json") from None
         try:
-            vocab = AutoConfig.from_pretrained(path, local_files_only=True).vocab_size  # before the weights load
-            ids = max(tokenizer.get_vocab(with_added_tokens=True).values()) + 1
-            check_fits_model(file, ids, vocab, f"put the model's own tokenizer.json in {path}")
-            model = AutoModelForCausalLM.from_pretrained(path, dtype="auto", local_files_only=True)
+            with quiet_transformers() as transformers:
+                config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)  # before the weights
+                ids = max(tokenizer.get_vocab(with_added_tokens=True).values()) + 1
+                check_fits_model(file, ids, config.vocab_size, f"put the model's own tokenizer.json in {path}")
+                model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype="auto", local_files_only=True)
         except (OSError, ValueError) as e:
             raise UsageError(f"{path}: not a Hugging Face causal language model ({str(e).splitlines()[0]})") from None
         return HFModel(cast(torch.nn.Module, model).to(device).eval()), tokenizer

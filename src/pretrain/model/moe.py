@@ -269,5 +269,4 @@ def end_step(model, micro_batches: int, update: bool = True) -> dict:
         "moe/z_loss": z,
         "moe/load_max_over_mean": max(load),
         "moe/load_max_over_mean_per_layer": [round(v, 4) for v in load],
-        "moe/dropped_fraction": 0.0,
     }

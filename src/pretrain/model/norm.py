@@ -23,7 +23,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x):
-        if _HAS_RMS_NORM:
+        # A bf16 input under an fp32 weight (QK-norm under autocast) has no fused kernel: F.rms_norm falls back
+        # to this formula, warning on every call; the formula itself is bitwise the same (tests/model/test_norm.py).
+        if _HAS_RMS_NORM and x.dtype == self.weight.dtype:
             return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         x32 = x.float()
         normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)

@@ -93,7 +93,7 @@ def plan_with_explain(config: ResolvedConfig, advice: bool = True) -> tuple[dict
         "time": time,
         "step_time": step,
         **_memory_and_fit(mem),
-        "parallel": _layout(c.parallel),
+        "parallel": _layout(c.parallel, moe=bool(c.model.num_experts)),
         "hardware": _hardware(c.hardware, mem["fit"]["device_bytes"], peak, peak_source),
     }
     if "moe" in mem:  # Mixture-of-Experts: expert parallelism and the routing imbalance the run can take
@@ -156,14 +156,16 @@ def _memory_and_fit(mem: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _layout(par: ParallelConfig) -> dict[str, Any]:
-    return {
+def _layout(par: ParallelConfig, moe: bool) -> dict[str, Any]:
+    """The process grid; a Mixture-of-Experts model's also its expert-parallel degree (other plans unchanged)."""
+    layout = {
         "world": par.gpus,
         "data": par.data_parallel,
         "tensor": par.tensor,
         "pipeline": par.pipeline,
         "zero_stage": par.zero_stage,
     }
+    return {**layout, "expert": par.expert} if moe else layout
 
 
 def _hardware(hw: HardwareConfig, device_bytes: int | None, peak: float | None, peak_source: str) -> dict[str, Any]:

@@ -21,9 +21,10 @@ ordinary plan's answer; when it does not, the cheapest fix on the same GPUs from
 (recomputation, micro-batch, ZeRO, tensor parallelism) is applied.
 Inference-aware row: half the parameters on twice the tokens (80 tokens per parameter, near LLaMA-13B's 1T /
 13B = 77), cheaper to serve. Each row's predicted loss comes from Hoffmann et al.'s approach 3 parametric fit
-    L(N, D) = E + A / N^alpha + B / D^beta,  E = 1.69, A = 406.4, B = 410.7, alpha = 0.34, beta = 0.28,
-and its loss penalty is measured from that fit's own optimum for C (their equation 4), which lies at fewer
-parameters than approaches 1-2 give: under it, the smaller row can cost next to nothing.
+    L(N, D) = E + A / N^alpha + B / D^beta,  E = 1.8172, A = 482.01, B = 2085.43, alpha = 0.3478, beta = 0.3658,
+as refitted by Besiroglu et al. 2024 (the published coefficients put the optimum at a third of approaches 1-2's
+N_opt, so the compute-optimal row predicted a higher loss than the smaller one: pretrain.plan.scaling), and its
+loss penalty is measured from that fit's own optimum for C (their equation 4), within a few percent of N_opt.
 
 Precedence: the budget chooses the model only when none is given. With model.preset, model.hf_config or a shape
 key away from its default (CHOSEN_KEYS), the model stays and the budget buys its training tokens, by the plan's
@@ -52,7 +53,17 @@ from .budget_tokens import buy_tokens
 from .explain import Explain
 from .hardware import peak_tflops
 from .length import CHINCHILLA_TOKENS_PER_PARAM, storage_bytes
-from .scaling import WIDTHS, approach_3_optimum, chinchilla_loss, llama_shape, shape_keys, shape_params
+from .scaling import (
+    FIT,
+    WIDTHS,
+    approach_3_optimum,
+    chinchilla_loss,
+    fit_coefficients,
+    llama_shape,
+    loss_formula,
+    shape_keys,
+    shape_params,
+)
 
 if TYPE_CHECKING:
     from ..config.schema import ResolvedConfig
@@ -152,7 +163,7 @@ def apply_budget(cfg: ResolvedConfig, ex: Explain) -> tuple[dict[str, Any], Reso
         "fit": optimal["fit"],
         "inference_aware": smaller,
         "method": "Hoffmann et al. 2022 approaches 1-2: N_opt = sqrt(C / 120), D_opt = 20 N_opt; loss from "
-        "approach 3 (E 1.69, A 406.4, B 410.7, alpha 0.34, beta 0.28)",
+        f"{FIT} ({fit_coefficients()})",
     }
     # The plan that follows is the compute-optimal row's, with the overrides that make it fit.
     entry["overrides"] = {**optimal["config_overrides"], **NO_BUDGET}
@@ -299,7 +310,7 @@ def _row(
         "budget",
         f"{name}.loss",
         loss,
-        f"1.69 + 406.4 / {n:.4g}^0.34 + 410.7 / {tokens:.4g}^0.28 (Hoffmann et al. 2022, approach 3)",
+        loss_formula(n, tokens),
     )
     ex.add("budget", f"{name}.loss_penalty", loss - best_loss, f"{loss:.4f} - loss_optimum {best_loss:.4f}")
     storage = storage_bytes(tokens, shape["vocab_size"])

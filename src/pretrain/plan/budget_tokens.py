@@ -2,7 +2,7 @@
 its training tokens by the plan's own time: the whole optimizer steps the GPU-seconds pay for, at the
 GPU-seconds each step takes (pretrain.plan.length.tokens_per_gpu_second: the step-time model, or hardware.mfu
 / hfu when given), a batch ramp's smaller first steps counted as such. Its loss and loss penalty come from
-Hoffmann et al.'s approach 3 fit, as the chosen model's do.
+Hoffmann et al.'s approach 3 fit (as refitted by Besiroglu et al. 2024), as the chosen model's do.
 
 Its own module beside choosing a model (pretrain.plan.budget_mode): it searches no shape and fits nothing,
 only turns GPU-seconds into steps.
@@ -17,7 +17,7 @@ from ..config.checks import LARGEST
 from .budget_compute import NO_BUDGET, converted_at, flops_per_gpu_second, refuse_outside
 from .length import ramp_args, training_length
 from .params import count_params
-from .scaling import approach_3_optimum, chinchilla_loss
+from .scaling import FIT, approach_3_optimum, chinchilla_loss, loss_formula
 from .schedule import tokens_for_steps
 
 if TYPE_CHECKING:
@@ -71,7 +71,7 @@ def buy_tokens(
         "budget",
         "loss",
         loss,
-        f"1.69 + 406.4 / {n:.4g}^0.34 + 410.7 / {tokens:.4g}^0.28 (Hoffmann et al. 2022, approach 3)",
+        loss_formula(n, tokens),
     )
     ex.add(
         "budget",
@@ -90,8 +90,7 @@ def buy_tokens(
         "loss_optimum": best,
         "approach_3_params": n_3,
         "method": "tokens = the whole optimizer steps the GPU-seconds buy at the "
-        "plan's time (the step-time model, or hardware.mfu / hfu when given); loss from Hoffmann et al. "
-        "2022's approach 3",
+        "plan's time (the step-time model, or hardware.mfu / hfu when given); loss from " + FIT,
         "overrides": {"train.tokens": tokens, **NO_BUDGET},
     }
     return entry, replaced(cfg, entry["overrides"])

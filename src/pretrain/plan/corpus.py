@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..errors import ConfigError
 from ..files import json_file
 from .explain import Explain
 
@@ -19,6 +20,16 @@ if TYPE_CHECKING:
     from ..config.schema import ResolvedConfig
 
 MAX_EPOCHS = 4  # Muennighoff et al. 2023: up to ~4 epochs, repeated tokens are worth almost as much as new
+
+
+def check_vocabulary(data_vocab: object, model_vocab: int, path: str | Path) -> None:
+    """A prepared dataset whose token ids the model has no embedding for: one line, the same from `pretrain
+    plan` as from `pretrain train` (data/loader.py), before a plan of the wrong embedding is printed."""
+    if isinstance(data_vocab, int) and data_vocab > model_vocab:
+        raise ConfigError(
+            f"model.vocab_size: {model_vocab} is smaller than the vocabulary of {path} ({data_vocab}); set "
+            f"model.vocab_size={data_vocab} or more"
+        )
 
 
 def corpus_supply(cfg: ResolvedConfig, tokens: int, ex: Explain) -> dict[str, Any] | None:
@@ -40,6 +51,7 @@ def corpus_supply(cfg: ResolvedConfig, tokens: int, ex: Explain) -> dict[str, An
             # A data.dir still to be prepared is a normal training config: the plan goes on without it.
             ex.add("data", "tokens_available", None, f"{meta_path} is not a finished `pretrain prepare` output yet")
             return None
+        check_vocabulary(meta.get("vocab_size"), cfg.model.vocab_size, d.dir)
         source = f"{meta_path}"
         ex.add(
             "data",

@@ -78,9 +78,11 @@ def eval_tasks_cost(
     per_token = bytes_per_token or BYTES_PER_TOKEN
     seq_len, pipeline = cfg.train.seq_len, cfg.parallel.pipeline
     tasks, tokens = {}, 0
+    unread: list[str] = []
     for name in task_names(",".join(run.eval_tasks)):
         size = task_size(name)
-        if size is None:
+        if size is None:  # a .jsonl not written yet (the demo writes its task after planning) or unreadable
+            unread.append(name)
             continue
         examples, requests, size_bytes = size
         scored = min(examples, run.eval_tasks_limit or examples)
@@ -108,6 +110,8 @@ def eval_tasks_cost(
         "seconds": None,
         "share_of_run": None,
     }
+    if unread:  # said in the plan, not priced as zero tokens without a word
+        out["unread"] = unread
     if peak_tflops:
         assert utilisation is not None  # the plan's time has a utilisation wherever it has a peak
         busy = cfg.parallel.gpus / pipeline  # the GPUs computing at a time: one stage of each pipeline

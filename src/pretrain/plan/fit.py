@@ -16,7 +16,9 @@ The search, with the global batch (sequences per optimizer step) held fixed:
 Trained: every layout passes the trainer's own check (config/trainable.py: check_trainable, what `pretrain
 train` refuses with) before it is planned; a refused one is a rejected row with the trainer's reason, so every
 candidate is one `pretrain train` runs (offload, ZeRO 2/3 per pipeline stage and a pipeline of tied embeddings
-are planned, not trained: they lose here, saying so).
+are planned, not trained: they lose here, saying so). A model the planner counts but the trainer does not build
+(gpt-oss's attention sinks, DeepSeek-V3's latent attention: unbuilt_architecture) is ranked all the same, for
+sizing the job, every layout checked as the built model's would be; the result says `not_trainable`, why.
 Memory: one plan per layout at micro-batch 1 (`plan()`'s fits and largest micro-batch that fits, the
 fragmentation allowance included); the micro-batches up to that largest one fit (a larger b means fewer
 micro-batches in a pipeline, so no more memory). Memory falls with recomputation and with the ZeRO stage, so
@@ -41,7 +43,7 @@ from typing import TYPE_CHECKING, Any, cast
 from ..config import ResolvedConfig, replaced
 from ..config.checks import MOST_GPUS
 from ..config.job_sections import RECOMPUTE
-from ..config.trainable import check_trainable
+from ..config.trainable import check_trainable, unbuilt_architecture
 from ..errors import ConfigError
 from ..units import GiB
 from .explain import Explain
@@ -176,7 +178,13 @@ def fit(config: ResolvedConfig, top: int = 10) -> dict[str, Any]:
                 }
             )
     advice = context_advice(config)
-    return {"candidates": candidates, "rejected": rejected, **({"advice": advice} if advice else {})}
+    unbuilt = unbuilt_architecture(config.model)  # ranked for sizing, labelled: `pretrain train` cannot run it
+    return {
+        "candidates": candidates,
+        "rejected": rejected,
+        **({"advice": advice} if advice else {}),
+        **({"not_trainable": unbuilt} if unbuilt else {}),
+    }
 
 
 def _search(
@@ -257,10 +265,21 @@ def _refused(config: ResolvedConfig, layout: dict[str, Any]) -> dict[str, Any] |
     except ConfigError:
         return None  # a rule of the config's own: the search says it in its words
     try:
-        check_trainable(c, needs_data=False)
+        check_trainable(_as_built(c), needs_data=False)
     except ConfigError as e:
         return {"overrides": layout, "why": f"{REFUSED}: {e}"}
     return None
+
+
+def _as_built(c: ResolvedConfig) -> ResolvedConfig:
+    """`c` with each model key the trainer does not build yet (unbuilt_architecture names it) at its default:
+    what the trainer checks of the layout once the model is built; `c` itself when it builds."""
+    m = c.model
+    while why := unbuilt_architecture(m):
+        key = why.split(":", 1)[0].removeprefix("model.")
+        default = next(f.default for f in dataclasses.fields(m) if f.name == key)
+        m = dataclasses.replace(m, **{key: default})
+    return c if m is c.model else dataclasses.replace(c, model=m)
 
 
 def _layout_key(overrides: dict[str, Any]) -> tuple[Any, ...]:
@@ -285,10 +304,14 @@ def render(config: ResolvedConfig, result: dict[str, Any], shown: int = 10, comm
         f"{t.seq_len:,} tokens ({sequences * t.seq_len:,} per step), {t.precision}",
         "",
     ]
+    moe = bool(m.num_experts)  # a Mixture-of-Experts model: its expert-parallel degree, a column of its own
     header = (
         f"  {'#':>2}  {'micro x accum':<13} {'recompute':<9} {'ZeRO':>4} {'TP':>3} {'PP':>3} {'DP':>4} "
-        f"{'offload':<16} {'memory GiB':>10} {'tokens/s':>11} {'MFU':>6} {'step s':>8}"
+        + (f"{'EP':>3} " if moe else "")
+        + f"{'offload':<16} {'memory GiB':>10} {'tokens/s':>11} {'MFU':>6} {'step s':>8}"
     )
+    if "not_trainable" in result:  # ranked for sizing the job: the plan counts it, the trainer cannot build it
+        lines.insert(1, f"  ! not trainable here: {result['not_trainable']}; ranked as planned, for sizing")
     lines.append(header)
     for i, cand in enumerate(result["candidates"][:shown], 1):
         o = cand["overrides"]
@@ -296,10 +319,10 @@ def render(config: ResolvedConfig, result: dict[str, Any], shown: int = 10, comm
         mb = f"{o['train.micro_batch_size']} x {o['train.grad_accum_steps']}"
         lines.append(
             f"  {i:>2}  {mb:<13} {o['train.activation_checkpointing']:<9} {o['parallel.zero_stage']:>4} "
-            f"{o['parallel.tensor']:>3} {o['parallel.pipeline']:>3} {dp:>4} {o['parallel.offload']:<16} "
-            f"{cand['memory_bytes']['total'] / GiB:>10.1f} {cand['tokens_per_s']:>11,.0f} "
-            f"{cand['mfu']:>6.3f} {cand['step_time_s']:>8.3g}"
-            + (f"  EP {o['parallel.expert']}" if "parallel.expert" in o else "")
+            f"{o['parallel.tensor']:>3} {o['parallel.pipeline']:>3} {dp:>4} "
+            + (f"{o.get('parallel.expert', par.expert):>3} " if moe else "")
+            + f"{o['parallel.offload']:<16} {cand['memory_bytes']['total'] / GiB:>10.1f} "
+            f"{cand['tokens_per_s']:>11,.0f} {cand['mfu']:>6.3f} {cand['step_time_s']:>8.3g}"
         )
     if not result["candidates"]:
         lines.append("  (none fits, or none is one `pretrain train` runs: see below)")
@@ -321,7 +344,8 @@ def render(config: ResolvedConfig, result: dict[str, Any], shown: int = 10, comm
     if result["candidates"]:
         lines += [
             "",
-            f"  The fastest, to plan or train: {command} " + command_line(result["candidates"][0]["overrides"]),
+            f"  The fastest, to plan{'' if 'not_trainable' in result else ' or train'}: {command} "
+            + command_line(result["candidates"][0]["overrides"]),
             "  (step-time model: pretrain.plan.step_time; --explain prints its terms for the fastest)",
         ]
     return "\n".join(lines)

@@ -43,7 +43,7 @@ def flops(cfg: ResolvedConfig, counts: ParamCounts, tokens: int, ex: Explain) ->
     N = counts.flops
     v_dim = m.v_head_dim or m.head_dim
     causal = cfg.flops.causal_attention
-    attention, full_attention, lengths_from = _attention_per_token(cfg, v_dim, ex)
+    attention, full_attention, lengths_from, context = _attention_per_token(cfg, v_dim, ex)
     per_token = 6 * N + attention
     active = " active" if counts.inactive else ""
     ex.add(
@@ -91,6 +91,8 @@ def flops(cfg: ResolvedConfig, counts: ParamCounts, tokens: int, ex: Explain) ->
     )
     if counts.inactive:
         out["moe"] = _moe_conventions(counts, full_attention, ex)
+    if t.document_masking:  # keys per query of the masked window (seq: lengths unknown, the upper bound)
+        out["attention_context"] = context
     if lengths_from is not None:  # the masked window's attention: its documents' squares, from these lengths
         out["document_lengths"] = lengths_from
         out["convention"] += (
@@ -104,9 +106,10 @@ def flops(cfg: ResolvedConfig, counts: ParamCounts, tokens: int, ex: Explain) ->
     return out
 
 
-def _attention_per_token(cfg: ResolvedConfig, v_dim: int, ex: Explain) -> tuple[int, int, str | None]:
-    """Attention's FLOPs per token as counted (halved when causal) and over the full square, and where the
-    document lengths of its context came from (None: no document masking, the whole sequence)."""
+def _attention_per_token(cfg: ResolvedConfig, v_dim: int, ex: Explain) -> tuple[int, int, str | None, float]:
+    """Attention's FLOPs per token as counted (halved when causal) and over the full square, where the
+    document lengths of its context came from (None: no document masking, the whole sequence), and that
+    context (keys per query)."""
     m, t = cfg.model, cfg.train
     context, lengths_from = attention_context(cfg, ex)  # seq, or sum L_i^2 / seq with document masking
     full_attention = round(6 * m.num_layers * m.num_heads * (m.head_dim + v_dim) * context)
@@ -124,7 +127,7 @@ def _attention_per_token(cfg: ResolvedConfig, v_dim: int, ex: Explain) -> tuple[
         attention,
         f"{heads} x {keys}" + (" / 2 (causal)" if causal else " (PaLM: full square)"),
     )
-    return attention, full_attention, lengths_from
+    return attention, full_attention, lengths_from, context
 
 
 def _recomputed(cfg: ResolvedConfig, counts: ParamCounts, attention: int, v_dim: int, ex: Explain) -> tuple[int, int]:

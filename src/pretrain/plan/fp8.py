@@ -34,6 +34,12 @@ if TYPE_CHECKING:
     from ..config.schema import Config, ResolvedConfig
 
 MULTIPLE = 16  # float8 tensor cores take dimensions in multiples of 16
+CPU_ADVICE = (
+    "fp8 on a CPU is an emulation, for checking float8 numerics (debug.fp8_check) before a GPU run, not for "
+    "speed: a CPU has no float8 units, so torchao casts every operand to float8 and back element by element "
+    "and multiplies in fp32 (~5x slower than bf16-mixed at hidden 128: docs/benchmarks.md); "
+    "train with bf16-mixed on a CPU"
+)
 CAST_BYTES = {"tensorwise": 5, "rowwise": 7}
 WEIGHT_CAST_BYTES = 9
 
@@ -174,19 +180,23 @@ PAYS = 1.10  # a modelled speed-up below this is not worth float8's numerics (it
 
 
 def advice(c: ResolvedConfig, p: dict[str, Any]) -> list[str]:
-    """fp8 that converts no linear (on any device: the run is bf16-mixed under another name), and fp8 where the
-    model says it will not pay: the speed-up over bf16-mixed, modelled, for this shape."""
+    """fp8 that converts no linear (on any device: the run is bf16-mixed under another name), on a CPU what fp8
+    there is for, and fp8 where the model says it will not pay: the speed-up over bf16-mixed, modelled, for this
+    shape."""
     if c.train.precision != "fp8":
         return []
     g, least = gemms(c), c.train.fp8_min_features
+    lines = []
     if not g["linears"]:
-        return [
+        lines.append(
             f"fp8: no linear converts (none of the blocks' linears has both sides multiples of {MULTIPLE} and "
             f">= train.fp8_min_features={least}), so every GEMM runs in bf16, as under bf16-mixed; lower "
             f"train.fp8_min_features (their narrower sides here: {_widths(c)}) or use train.precision=bf16-mixed"
-        ]
-    if not p.get("step_time") or not peaks(c)[0]:
-        return []  # a CPU or a card the catalog lacks: no float8 rate to weigh
+        )
+    if gpu_spec(c.hardware.gpu).name == "cpu":
+        lines.append(CPU_ADVICE)
+    if lines or not p.get("step_time") or not peaks(c)[0]:
+        return lines  # or a card the catalog lacks: no float8 rate to weigh
     from ..config import replaced
     from . import plan_with_explain
 

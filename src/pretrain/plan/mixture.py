@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import mixture_sources
 from ..files import json_file
-from .corpus import MAX_EPOCHS
+from .corpus import MAX_EPOCHS, check_vocabulary
 from .explain import Explain
 from .length import TOKEN_DTYPE_BYTES, token_bytes
 
@@ -28,6 +28,8 @@ def mixture_supply(cfg: ResolvedConfig, tokens: int, ex: Explain) -> dict[str, A
     if not cfg.data.mixture:
         return None
     sources = [{**s, **read_counts(Path(s["dir"]), cfg.model.vocab_size)} for s in mixture_sources(cfg.data)]
+    for s in sources:  # the trainer's rule (data/loader.py), said by the plan
+        check_vocabulary(s.get("vocab_size"), cfg.model.vocab_size, s["dir"])
     for s in sources:
         if s["tokens_available"] is None:
             ex.add("mixture", f"{s['name']}.tokens_available", None, f"{s['dir']} has no finished meta.json yet")
@@ -50,7 +52,8 @@ def mixture_supply(cfg: ResolvedConfig, tokens: int, ex: Explain) -> dict[str, A
                 + (f", at most max_epochs {s['max_epochs']:g}" if s["max_epochs"] else "")
                 + ")",
             )
-    return {"sources": [{k: v for k, v in s.items() if k != "sharded"} for s in sources], "tokens_short": short}
+    kept = [{k: v for k, v in s.items() if k not in ("sharded", "vocab_size")} for s in sources]
+    return {"sources": kept, "tokens_short": short}
 
 
 def _draw(sources: list[dict[str, Any]], tokens: int) -> int:
@@ -82,7 +85,8 @@ def _draw(sources: list[dict[str, Any]], tokens: int) -> int:
 
 
 def read_counts(path: Path, vocab_size: int) -> dict[str, Any]:
-    """tokens_available and storage_bytes (train + val token files) of a prepared or sharded directory."""
+    """tokens_available and storage_bytes (train + val token files) of a prepared or sharded directory, and its
+    vocabulary (`vocab_size` only sizes the token files meta.json does not describe)."""
     try:
         meta = json_file(path / "meta.json")
         if "num_tokens" in meta:
@@ -97,7 +101,12 @@ def read_counts(path: Path, vocab_size: int) -> dict[str, Any]:
         width = TOKEN_DTYPE_BYTES.get(metas[0].get("dtype"), token_bytes(vocab_size))
     except (OSError, ValueError, KeyError, TypeError):
         return {"tokens_available": None, "storage_bytes": None, "sharded": False}
-    return {"tokens_available": train, "storage_bytes": stored * width, "sharded": sharded}
+    return {
+        "tokens_available": train,
+        "storage_bytes": stored * width,
+        "sharded": sharded,
+        "vocab_size": metas[0].get("vocab_size"),
+    }
 
 
 def mixture_advice(mixture: dict[str, Any] | None) -> list[str]:

@@ -1,7 +1,7 @@
 """The laws and shapes budget mode (pretrain.plan.budget_mode) chooses by: Chinchilla's fitted loss L(N, D)
-and its compute-optimal N (Hoffmann et al. 2022, approach 3), and the LLaMA-proportioned model of about N
-parameters (width a multiple of 128, head dimension 128, H / 128 layers, SwiGLU 8H/3 rounded to 256, grouped
-key/value heads). Pure Python."""
+and its compute-optimal N (Hoffmann et al. 2022's approach 3, as refitted by Besiroglu et al. 2024), and the
+LLaMA-proportioned model of about N parameters (width a multiple of 128, head dimension 128, H / 128 layers,
+SwiGLU 8H/3 rounded to 256, grouped key/value heads). Pure Python."""
 
 from __future__ import annotations
 
@@ -17,10 +17,30 @@ HEAD_DIM = 128
 WIDTH_PER_LAYER = 128  # LLaMA-7B: 4096 / 32 layers; 13B: 5120 / 40
 MULTIPLE_OF = 256  # LLaMA's intermediate-size rounding
 GQA_KV_HEADS = 8
-APPROACH_3 = dict(E=1.69, A=406.4, B=410.7, alpha=0.34, beta=0.28)  # Hoffmann et al. 2022, equation 10
+# Hoffmann et al. 2022's approach 3, L(N, D) = E + A / N^alpha + B / D^beta, with the coefficients of its
+# replication (Besiroglu, Erdil, Barnett, You 2024, "Chinchilla Scaling: A replication attempt", table 1):
+# the published ones (E 1.69, A 406.4, B 410.7, alpha 0.34, beta 0.28) came from a fit stopped before it
+# converged and rounded; their optimum lay at ~1/3 of approaches 1-2's N_opt, so budget mode's 20-tokens-per-
+# parameter row predicted a higher loss than its half-size row. The refit's optimum (N ~ C^0.513) agrees with
+# approaches 1-2: ~20 tokens per parameter.
+APPROACH_3 = dict(E=1.8172, A=482.01, B=2085.43, alpha=0.3478, beta=0.3658)
 # The widths llama_shape chooses from: multiples of 128 (of 512 from 1,024 on: heads divisible by 4, for grouped
 # key/value heads and tensor parallelism).
 WIDTHS = [*range(HEAD_DIM, 1024, HEAD_DIM), *range(1024, 64 * 1024 + 1, 512)]
+
+
+FIT = "Hoffmann et al. 2022's approach 3, refitted by Besiroglu et al. 2024"
+
+
+def fit_coefficients() -> str:
+    """The fit's coefficients as the plan's texts quote them."""
+    return ", ".join(f"{k} {v}" for k, v in APPROACH_3.items())
+
+
+def loss_formula(n: float, d: float) -> str:
+    """L(N, D) written out with its figures, for --explain."""
+    k = APPROACH_3
+    return f"{k['E']} + {k['A']} / {n:.4g}^{k['alpha']} + {k['B']} / {d:.4g}^{k['beta']} ({FIT})"
 
 
 def chinchilla_loss(n: float, d: float) -> float:
@@ -30,7 +50,8 @@ def chinchilla_loss(n: float, d: float) -> float:
 
 def approach_3_optimum(compute: float) -> float:
     """The parameters minimising L(N, C / 6N): N = G (C/6)^(beta / (alpha + beta)), G = (alpha A / (beta B))^(1 /
-    (alpha + beta)) (Hoffmann et al. 2022, equation 4). Smaller than approaches 1-2 give (their table 3)."""
+    (alpha + beta)) (Hoffmann et al. 2022, equation 4); with the refit's coefficients within a few percent of
+    approaches 1-2's N_opt."""
     k = APPROACH_3
     g = (k["alpha"] * k["A"] / (k["beta"] * k["B"])) ** (1 / (k["alpha"] + k["beta"]))
     return g * (compute / 6) ** (k["beta"] / (k["alpha"] + k["beta"]))

@@ -81,7 +81,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import compile_enabled
 from ..gpus import gpu_spec
-from . import fp8
+from . import cpu_time, fp8
 from .activation_terms import COMPUTE_BYTES
 from .activations import activation_bytes
 from .collectives import (
@@ -158,7 +158,10 @@ def step_time(
     busiest = busiest_stage(c, out["micro_batch_s"], _output_layer_s(c, counts, out["achievable_tflops"]))
     out.update(pipeline_time(c, out["micro_batch_s"], busiest, ex))
     out.update(data_parallel_time(c, counts, out, ex))
-    out.update(optimizer_time(c, counts, ex))
+    if spec_is_cpu(c):  # the step's own ops and its update at the CPU's memory bandwidth (pretrain.plan.cpu_time)
+        out["optimizer_s"] = cpu_time.optimizer_seconds(c, counts, ex)
+    else:
+        out.update(optimizer_time(c, counts, ex))
     seconds = out["forward_backward_s"] + out["data_parallel_exposed_s"] + out["optimizer_s"]
     t, par = c.train, c.parallel
     tokens = t.seq_len * t.micro_batch_size * t.grad_accum_steps * par.data_parallel
@@ -185,6 +188,10 @@ def step_time(
     return {"seconds": seconds, "tokens_per_second": tokens / seconds, "mfu": utilisation, **out}
 
 
+def spec_is_cpu(c: ResolvedConfig) -> bool:
+    return gpu_spec(c.hardware.gpu).name == "cpu"
+
+
 def _micro_batch(
     c: ResolvedConfig, counts: ParamCounts, fl: dict[str, Any], peak: float, ex: Explain
 ) -> dict[str, Any]:
@@ -208,7 +215,8 @@ def _micro_batch(
     matmul_s = matmul * tokens / shard / (rate * 1e12 * tile)
     cast_s = 0.0
     if t.precision == "fp8":  # the converted linears' GEMMs at the fp8 rate, their casts at HBM (plan/fp8.py)
-        matmul_s, cast_s, fp8_how = fp8.matmul_seconds(c, matmul, tokens, shard, rate, tile, hbm if on_gpu else 0)
+        memory = hbm if on_gpu else cpu_time.FP8_CAST_GBPS  # a CPU converts to float8 element by element
+        matmul_s, cast_s, fp8_how = fp8.matmul_seconds(c, matmul, tokens, shard, rate, tile, memory)
         ex.add("step_time", "fp8_cast_s", cast_s, fp8_how)
     attention_s, attention_how = _attention_seconds(c, spec, attention, tokens, peak, rate)
     ex.add("step_time", "achievable_tflops", rate, rate_how)
@@ -229,11 +237,15 @@ def _micro_batch(
     )
     ex.add("step_time", "attention_s", attention_s, attention_how)
 
-    weight_s, traffic_s, layers = _memory_bound_terms(c, counts, hbm, on_gpu, ex)
+    if on_gpu:
+        weight_s, traffic_s, layers = _memory_bound_terms(c, counts, hbm, on_gpu, ex)
+        overhead_s = _kernel_overhead(c, layers, ex)
+    else:  # eager PyTorch on a CPU: its ops' overhead and elementwise traffic (pretrain.plan.cpu_time)
+        weight_s = 0.0  # the matmuls read their weights at the matmul rate
+        traffic_s, overhead_s, layers = cpu_time.micro_batch_terms(c, ex)
 
     intra, inter, link_how = links(c)
     tp_s = tensor_parallel_time(c, layers, tokens, intra, link_how, matmul_s, on_gpu, ex)
-    overhead_s = _kernel_overhead(c, layers, ex)
     moe = {}
     if m.num_experts:
         gemm = (rate, tile if on_gpu else None, hbm if on_gpu else 0.0)

@@ -43,7 +43,9 @@ def render(config: ResolvedConfig, p: dict[str, Any]) -> str:
     name = m.preset or m.hf_config or "custom"
     lines = [
         f"pretrain plan: {name} ({m.family}, {p['params']['total'] / 1e9:.3g}B), {par['world']} x {hw['gpu']} "
-        f"(data {par['data']}, tensor {par['tensor']}, pipeline {par['pipeline']}, ZeRO-{par['zero_stage']}), "
+        f"(data {par['data']}, tensor {par['tensor']}, pipeline {par['pipeline']}, "
+        + (f"expert {par['expert']}, " if "expert" in par else "")
+        + f"ZeRO-{par['zero_stage']}), "
         f"{t.precision}, {t.optimizer}, recompute {t.activation_checkpointing}",
         "",
     ]
@@ -125,16 +127,7 @@ def _time_rows(m: ResolvedModelConfig, p: dict[str, Any]) -> list[tuple[str, str
     """(label, value, note) rows of the steps, FLOPs and time."""
     rows = _steps_and_flops_rows(p) + _wall_clock_rows(p)
     if "eval_tasks" in p:  # run.eval_tasks
-        ev = p["eval_tasks"]
-        share = f", {ev['share_of_run']:.1%} of the run" if ev["share_of_run"] is not None else ""
-        rows.append(
-            (
-                "Eval tasks",
-                duration(ev["seconds"]),
-                f"{ev['evaluations']:,} evaluations "
-                f"x {ev['tokens_per_evaluation']:,} tokens ({', '.join(ev['tasks'])}), forward only{share}",
-            )
-        )
+        rows.append(_eval_tasks_row(p["eval_tasks"]))
     if "measured" in p:
         ms = p["measured"]
         util = f"MFU {ms['mfu']:.3f}, HFU {ms['hfu']:.3f}" if ms["mfu"] is not None else "no peak to compare"
@@ -146,6 +139,22 @@ def _time_rows(m: ResolvedModelConfig, p: dict[str, Any]) -> list[tuple[str, str
             )
         )
     return rows
+
+
+def _eval_tasks_row(ev: dict[str, Any]) -> tuple[str, str, str]:
+    """run.eval_tasks: the time of its evaluations, and any task file that could not be read (not counted)."""
+    unread = (
+        f"{', '.join(ev['unread'])}: not found or unreadable (not written yet?), not counted" if "unread" in ev else ""
+    )
+    if not ev["tasks"]:
+        return ("Eval tasks", "n/a", unread)
+    share = f", {ev['share_of_run']:.1%} of the run" if ev["share_of_run"] is not None else ""
+    return (
+        "Eval tasks",
+        duration(ev["seconds"]),
+        f"{ev['evaluations']:,} evaluations x {ev['tokens_per_evaluation']:,} tokens ({', '.join(ev['tasks'])}), "
+        f"forward only{share}" + (f"; {unread}" if unread else ""),
+    )
 
 
 def _steps_and_flops_rows(p: dict[str, Any]) -> list[tuple[str, str, str]]:
@@ -177,8 +186,28 @@ def _steps_and_flops_rows(p: dict[str, Any]) -> list[tuple[str, str, str]]:
                 "overstated)",
             )
         )
+    if "attention_context" in fl:  # train.document_masking
+        rows.append(_document_masking_row(fl, p["steps"]["tokens_per_step"] // max(1, st["examples_per_step"])))
     rows.append(("Training FLOPs", f"{fl['total']:.3g}", f"6N·D = {fl['total_6n']:.3g}"))
     return rows
+
+
+def _document_masking_row(fl: dict[str, Any], seq: int) -> tuple[str, str, str]:
+    """train.document_masking: on, and the keys a query attends to that the attention term counts."""
+    context = fl["attention_context"]
+    lengths = {
+        "meta.json": "document lengths from the data's meta.json",
+        "data.mean_doc_tokens": "documents of data.mean_doc_tokens",
+    }.get(
+        fl.get("document_lengths", "none"),
+        "document lengths unknown (no doc_length_histogram, no data.mean_doc_tokens)",
+    )
+    return (
+        "Document masking",
+        "on",
+        f"attention within each document of a window, positions restarting: {context:,.1f} keys per query of "
+        f"{seq:,} ({lengths})",
+    )
 
 
 def _wall_clock_rows(p: dict[str, Any]) -> list[tuple[str, str, str]]:
@@ -334,7 +363,8 @@ def budget_lines(budget: dict[str, Any]) -> list[str]:
         f"(Hoffmann et al. 2022)",
         row("compute-optimal", opt),
         row("inference-aware", small),
-        f"  predicted loss: Hoffmann et al.'s approach 3 fit; (+x) from its optimum {budget['loss_optimum']:.3f} "
+        "  predicted loss: Hoffmann et al.'s approach 3 fit, refitted by Besiroglu et al. 2024; (+x) from its "
+        f"optimum {budget['loss_optimum']:.3f} "
         f"(at {budget['approach_3_params'] / 1e9:.2f}B params)",
         "  (the plan below is the compute-optimal row's; every figure explained by --explain)",
         "",

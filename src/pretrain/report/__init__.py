@@ -64,7 +64,7 @@ def make_report(run_dirs, out_dir=None, per_panel: bool = False) -> dict:
         files[out / "tasks.png"] = task_png
     files.update({out / mixture_names[i]: image for i, image in mixtures.items()})
     if per_panel:
-        files.update({out / f"{p.name}.png": plots.panel_png(runs, p) for p in plots.PANELS})
+        files.update({out / f"{p.name}.png": plots.panel_png(runs, p) for p in plots.panels(runs)})
     for path, data in files.items():
         try:
             write_atomic(path, data)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from .plots import EVENT_STYLE, PANELS, Panel
+from .plots import EVENT_STYLE, PER_LAYER, Panel, panels
 from .runs import Run
 
 # matplotlib's tab10, which report.png draws with (C0, C1, ...): a run has one colour in both figures
@@ -23,7 +23,10 @@ _LOG_RANGE = 3  # as report.png: log scale only when the values span more than 3
 
 
 def extra_panels(runs: list[Run]) -> list[Panel]:
-    keys = sorted({k for r in runs for line in r.lines for k in line if k.startswith(EXTRA_PREFIXES)})
+    """A panel per eval/* or moe/* series that report.png's panels do not draw (a per-layer list is drawn
+    inside its panel)."""
+    drawn = {p.key for p in panels(runs)} | set(PER_LAYER.values())
+    keys = sorted({k for r in runs for line in r.lines for k in line if k.startswith(EXTRA_PREFIXES)} - drawn)
     return [Panel(key.replace("/", "_"), key, key, key) for key in keys]
 
 
@@ -39,17 +42,17 @@ def curves_figure(runs: list[Run]):
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    panels = list(PANELS) + extra_panels(runs)
-    rows = math.ceil(len(panels) / 2)
+    shown = panels(runs) + extra_panels(runs)
+    rows = math.ceil(len(shown) / 2)
     fig = make_subplots(
         rows=rows,
         cols=2,
-        subplot_titles=[p.title for p in panels],
+        subplot_titles=[p.title for p in shown],
         vertical_spacing=min(0.3 / rows, 0.08),
         horizontal_spacing=0.08,
     )
     shapes = []  # the events' lines, set at once (plotly's add_vline re-validates the layout each time)
-    for i, panel in enumerate(panels):
+    for i, panel in enumerate(shown):
         row, col = i // 2 + 1, i % 2 + 1
         axis = "" if i == 0 else str(i + 1)  # make_subplots numbers the axes row by row
         values = []
@@ -82,6 +85,7 @@ def curves_figure(runs: list[Run]):
                     row=row,
                     col=col,
                 )
+            values += _layer_traces(fig, go, run, PER_LAYER.get(panel.key, ""), color, row, col)
             shapes += _events(fig, go, run, color, row, col, axis, markers=panel.key == "loss")
         if panel.log and values and min(values) > 0 and max(values) > _LOG_RANGE * min(values):
             fig.update_yaxes(type="log", row=row, col=col)
@@ -95,6 +99,30 @@ def curves_figure(runs: list[Run]):
         legend={"orientation": "h", "yref": "container", "y": 1, "yanchor": "top"},
     )
     return fig
+
+
+def _layer_traces(fig, go, run: Run, key: str, color: str, row: int, col: int) -> list[float]:
+    """Each layer of a per-layer series (moe/load_max_over_mean_per_layer) as a thin trace of the run's colour,
+    named by its block; returns the values drawn."""
+    values = []
+    for block, tokens, ys in run.layer_series(key):
+        values += ys
+        fig.add_trace(
+            go.Scatter(
+                x=tokens,
+                y=ys,
+                name=f"{run.name} block {block}",
+                legendgroup=run.name,
+                showlegend=False,
+                mode="lines",
+                opacity=0.5,
+                line={"color": color, "width": 0.8},
+                hovertemplate=f"{run.name}<br>block {block}: {key} %{{y:.4~g}}<br>tokens %{{x:,}}<extra></extra>",
+            ),
+            row=row,
+            col=col,
+        )
+    return values
 
 
 def _events(fig, go, run: Run, color: str, row: int, col: int, axis: str, markers: bool) -> list[dict]:

@@ -42,6 +42,26 @@ PANELS = (
     Panel("memory", "Peak memory", "peak_mem_bytes", "GiB", scale=1 / units.GiB),
 )
 
+# A Mixture-of-Experts run's own (pretrain.model.moe logs them), drawn after PANELS when a run has them. The
+# load panel also draws each MoE layer's load thin (PER_LAYER: its per-layer list), under the worst layer's.
+MOE_PANELS = (
+    Panel(
+        "moe_load",
+        "MoE expert load (worst layer; each layer thin)",
+        "moe/load_max_over_mean",
+        "busiest expert's tokens / mean",
+    ),
+    Panel("moe_aux_loss", "MoE load-balancing loss (1: even load)", "moe/aux_loss", "aux loss, before its coefficient"),
+    Panel("moe_z_loss", "MoE router z-loss", "moe/z_loss", "z-loss, before its coefficient", log=True),
+)
+PER_LAYER = {"moe/load_max_over_mean": "moe/load_max_over_mean_per_layer"}
+
+
+def panels(runs: list[Run]) -> list[Panel]:
+    """The panels of these runs: PANELS, then MOE_PANELS where a run logged them."""
+    return list(PANELS) + [p for p in MOE_PANELS if any(run.series(p.key)[1] for run in runs)]
+
+
 # colour, line style, marker on the loss curve
 EVENT_STYLE: dict[str, tuple[str, Literal["-", "--", ":", "-."], str]] = {  # color, line style, marker
     "rollback": ("tab:red", "-", "X"),
@@ -57,16 +77,16 @@ _LOG_RANGE = 3  # log scale only when the values span more than this factor; a n
 def grid_png(runs: list[Run]) -> bytes:
     """All panels in a two-column grid, then one per downstream task (run.eval_tasks); the spare cell holds the
     legend."""
-    tasks = task_names(runs)
+    tasks, shown = task_names(runs), panels(runs)
     cols = 2
-    rows = math.ceil((len(PANELS) + len(tasks) + 1) / cols)
+    rows = math.ceil((len(shown) + len(tasks) + 1) / cols)
     fig = Figure(figsize=(6.4 * cols, 3.3 * rows), layout="constrained")
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
-    for ax, panel in zip(axes, PANELS):
+    for ax, panel in zip(axes, shown):
         draw(ax, panel, runs)
-    for ax, name in zip(axes[len(PANELS) :], tasks):
+    for ax, name in zip(axes[len(shown) :], tasks):
         draw_task(ax, name, runs)
-    drawn = len(PANELS) + len(tasks)
+    drawn = len(shown) + len(tasks)
     for ax in axes[drawn:]:
         ax.axis("off")
     axes[drawn].legend(handles=_legend(runs) + (legend_handles() if tasks else []), loc="center", frameon=False)
@@ -95,6 +115,9 @@ def draw(ax, panel: Panel, runs: list[Run]) -> None:
             values += _curve(ax, run, "val_loss", panel.scale, color, "--", marker="o")
             for key, marker in zip(run.source_keys(), SOURCE_MARKERS):  # a mixture's validation per source
                 values += _curve(ax, run, key, panel.scale, color, ":", marker=marker)
+        for _, tokens, layer in run.layer_series(PER_LAYER.get(panel.key, "")):  # each MoE layer, thin
+            ax.plot(tokens, layer, color=color, linewidth=0.6, alpha=0.45)
+            values += layer
     if not values:  # e.g. MFU of a run with no known peak: the trainer logs null
         ax.text(0.5, 0.5, "no data", transform=ax.transAxes, ha="center", va="center", color="0.5", fontsize="large")
         ax.set_xticks([])

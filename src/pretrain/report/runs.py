@@ -48,6 +48,18 @@ class Run:
         rows = self._rows(key)
         return [r["tokens"] for r in rows], [r[key] for r in rows]
 
+    def layer_series(self, key: str) -> list[tuple[int, list[float], list[float]]]:
+        """(block, tokens, values) of each layer of a per-layer metric (a list per line, one number per MoE
+        layer: moe/load_max_over_mean_per_layer), the blocks numbered as the model's: the MoE layers follow
+        model.first_dense_layers dense ones."""
+        rows = [r for r in self.lines if isinstance(r.get(key), list) and all(_is_number(v) for v in r[key])]
+        first = ((self.config or {}).get("model") or {}).get("first_dense_layers") or 0
+        layers = max((len(r[key]) for r in rows), default=0)
+        return [
+            (first + i, [r["tokens"] for r in rows if len(r[key]) > i], [r[key][i] for r in rows if len(r[key]) > i])
+            for i in range(layers)
+        ]
+
     def steps(self, key: str) -> list[int]:
         """The steps of `series(key)`'s points."""
         return [r["step"] for r in self._rows(key)]

@@ -61,11 +61,13 @@ def run_from_fit(
     n_threads, chosen_as = cpu_threads(threads) if rt.device.type == "cpu" or threads else (None, None)
     with torch_threads(n_threads or torch.get_num_threads()):
         here = plan_check.config_for_device(config, rt)
-        peak, source = plan_check.peak_tflops(here, rt.device)
-        pinned = []
-        if make_plan(here)["hardware"]["peak_tflops"] is None:  # measured: the same peak for the fit and every cell
-            pinned = [f"hardware.peak_tflops={peak!r}"]
-            here = replaced(here, {"hardware.peak_tflops": peak})
+        hardware, source = plan_check.measured_hardware(here, rt.device)
+        # measured (a CPU's profile, an unlisted GPU's peak): the same for the fit and every cell
+        pinned = [
+            f"{key}={value!r}" if isinstance(value, float) else f"{key}={value}" for key, value in hardware.items()
+        ]
+        here = replaced(here, hardware)
+        peak = make_plan(here)["hardware"]["peak_tflops"]
         found = fit(here, top=n)  # only layouts the trainer runs (config/trainable.py)
         if not found["candidates"]:
             raise UsageError("--from-fit: no layout fits on this machine (pretrain plan --fit says why)")
@@ -83,6 +85,7 @@ def run_from_fit(
         "device": _device_name(rt.device),
         "peak_tflops": peak,
         "peak_source": source,
+        "hardware": hardware,  # the measured keys the fit and every cell were planned with (a CPU's profile)
         "threads": n_threads,
         "threads_chosen_as": chosen_as,
         "rounds": rounds,

@@ -271,8 +271,9 @@ def _check_length(config: ResolvedConfig) -> None:
 
 
 def _set_peaks(cells: list[Cell]) -> dict:
-    """The peak TFLOP/s behind MFU, per cell: the planner's (catalog, profile, hardware.peak_tflops), else one
-    quick matmul measurement per compute dtype for the whole sweep, given to the cells as hardware.peak_tflops."""
+    """The peak TFLOP/s behind MFU, per cell: the planner's (catalog, profile, hardware.peak_tflops), else this
+    machine's kept measurement per compute dtype for the whole sweep (on a CPU its profile, as
+    hardware.profile; on an unlisted GPU its peak, as hardware.peak_tflops: plan_check.measured_hardware)."""
     from ..train import plan_check
 
     measured: dict[tuple, tuple] = {}
@@ -284,12 +285,11 @@ def _set_peaks(cells: list[Cell]) -> dict:
         else:
             key = (str(cell.rt.device), matmul_dtype(cell.config.train.precision, cell.rt.device.type))
             if key not in measured:
-                measured[key] = plan_check.peak_tflops(cell.device_config, cell.rt.device)
-            peak, source = measured[key]
-            cell.config, cell.device_config = (
-                replaced(c, {"hardware.peak_tflops": peak}) for c in (cell.config, cell.device_config)
-            )
+                measured[key] = plan_check.measured_hardware(cell.device_config, cell.rt.device)
+            hardware, source = measured[key]
+            cell.config, cell.device_config = (replaced(c, hardware) for c in (cell.config, cell.device_config))
             cell.plan = make_plan(cell.device_config)  # the planned tokens/s at the same peak as the MFU
+            peak = cell.plan["hardware"]["peak_tflops"]
         cell.plan["hardware"]["peak_source"] = source
         peaks[cell.config.train.precision] = {"tflops": peak, "source": source}
     return peaks

@@ -116,6 +116,7 @@ class WandB:
             resume="allow",
             mode=wandb_mode(),  # pyright: ignore[reportArgumentType]  WANDB_MODE as set: wandb checks it
             config=config,
+            settings=wandb.Settings(quiet=True),
         )
         # the optimizer step is the x-axis, not W&B's own row counter: a resume or a rollback logs a step again
         self._run.define_metric("*", step_metric="step")

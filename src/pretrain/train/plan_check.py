@@ -4,15 +4,21 @@ then the measured ones beside them after a few steps, written to RUN_DIR/plan_vs
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
+import platform
+import re
+import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..config import replaced
 from ..files import write_atomic
 from ..gpus import catalog_name
+from ..machine import BUSY_CORES, BusyMeter, cores
 from ..plan.hardware import peak_tflops as planners_peak
 from ..precision import matmul_dtype
 from ..units import GiB, nbytes
@@ -37,48 +43,90 @@ def config_for_device(config: ResolvedConfig, rt: Runtime) -> ResolvedConfig:
     )
 
 
-def peak_tflops(device_config: ResolvedConfig, device: torch.device = torch.device("cpu")) -> tuple[float, str]:
-    """Peak of this device for the run's precision, from a stable source: the planner's (catalog, profile,
-    hardware.peak_tflops), else a measurement made once per machine and cached. Never a probe inside each run:
-    on a busy machine one read 10-100x low and logged an MFU far above 1."""
+def measured_hardware(device_config: ResolvedConfig, device: torch.device) -> tuple[dict[str, Any], str]:
+    """(the hardware keys this run's plan needs beyond the config's, where its peak comes from): none when the
+    planner has a peak (the catalog, hardware.profile, hardware.peak_tflops); on a CPU, this machine's own
+    profile (hardware.profile: its matmul peak, the seconds of one eager op and its memory bandwidth, which the
+    step-time model times a CPU step with: pretrain.plan.cpu_time); on a GPU the catalog lacks, its best matmul
+    (hardware.peak_tflops). Both measured once and kept per machine, CPU, threads, torch and dtype, never probed
+    inside each run (on a busy machine one read 10-100x low); a profile measured busy is measured again once
+    the machine is idle."""
     planned, source = planners_peak(device_config.hardware, device_config.train.precision)
     if planned:
-        return planned, source
+        return {}, source
     dtype = matmul_dtype(device_config.train.precision, device.type)
-    what = "CPU" if device.type == "cpu" else torch.cuda.get_device_name(device)
-    key = f"{what} {_processor()} | {dtype} | {torch.get_num_threads()} threads | torch {torch.__version__}"
+    if device.type == "cpu":
+        path = cpu_profile_path(dtype)
+        profile = read_json_or_empty(path)
+        if not _usable(profile, dtype):
+            from ..bench.cpu_profile import cpu_profile
+
+            profile = cpu_profile(dtype)
+            _keep(path, profile)
+        hardware = {"hardware.profile": str(path)}
+        kept = "this machine's own, measured once and kept (delete it to measure again)"
+        with_profile = replaced(device_config, hardware)
+        return hardware, f"{planners_peak(with_profile.hardware, with_profile.train.precision)[1]}; {kept}"
+    return _gpu_peak(dtype, device)
+
+
+def cpu_profile_path(dtype: str) -> Path:
+    """This machine's CPU profile for `dtype` at torch's threads: one file per machine, CPU, threads and torch."""
+    from ..bench.cpu_profile import processor
+
+    key = f"{platform.node()} | {processor()} | {dtype} | {torch.get_num_threads()} threads | torch {torch.__version__}"
+    name = re.sub(
+        r"[^A-Za-z0-9.+-]+", "-", f"{platform.node()}-{dtype}-{torch.get_num_threads()}t-torch{torch.__version__}"
+    )
+    return _cache_dir() / "profiles" / f"{name}-{hashlib.sha1(key.encode()).hexdigest()[:8]}.json"
+
+
+def _usable(profile: dict, dtype: str) -> bool:
+    """A kept profile serves unless it lacks this dtype or was measured while other work ran and the machine is
+    idle now (then it is measured again, on the idle machine)."""
+    if not isinstance(profile.get("peak_tflops"), dict) or dtype not in profile["peak_tflops"]:
+        return False
+    if "op_seconds" not in profile:
+        return False
+    busy = profile.get("busy_cores")
+    return not (isinstance(busy, (int, float)) and busy > BUSY_CORES and not busy_now())
+
+
+def busy_now(seconds: float = 0.2) -> bool:
+    """Whether other processes keep this machine's cores busy right now (a short look at the OS's counters)."""
+    meter = BusyMeter()
+    time.sleep(seconds)
+    busy = meter.busy_cores()
+    return busy is not None and busy > BUSY_CORES
+
+
+def _keep(path: Path, profile: dict) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, json.dumps(profile, indent=1))
+    except OSError:  # a read-only home: measure again next time
+        pass
+
+
+def _gpu_peak(dtype: str, device: torch.device) -> tuple[dict[str, Any], str]:
+    """A GPU the catalog lacks: its best matmul, measured once per machine, card, threads and torch."""
+    what = torch.cuda.get_device_name(device)
+    key = f"{platform.node()} | {what} | {dtype} | {torch.get_num_threads()} threads | torch {torch.__version__}"
     cache = _cache_dir() / "peak_tflops.json"
     known = read_json_or_empty(cache)
     if key not in known:
         from ..bench.matmul import summary, sweep
 
         known[key] = summary(sweep(dtype, device, budget=2.0, quick=True))[0]
-        try:
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            write_atomic(cache, json.dumps(known, indent=1))
-        except OSError:  # a read-only home: measure again next time
-            pass
-    return known[key], (
-        f"best {dtype} matmul of this {what}, measured once and kept in {cache} (delete it to "
+        _keep(cache, known)
+    return {"hardware.peak_tflops": known[key]}, (
+        f"best {dtype} matmul of this {what}, measured once on {platform.node()} and kept in {cache} (delete it to "
         "measure again; `pretrain bench --out profile.json` + hardware.profile is steadier)"
     )
 
 
 def _cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pretrain"
-
-
-def _processor() -> str:
-    """The CPU model (two machines with the same name share a cache entry only if their CPUs match)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or platform.machine()
 
 
 def read_json_or_empty(path: Path) -> dict:
@@ -97,6 +145,12 @@ def summary(p: dict) -> str:
         f"gradients {m['gradients'] / GiB:.3f}, optimizer {m['optimizer'] / GiB:.3f}, activations "
         f"{m['activations'] / GiB:.3f}, buffers {m['buffers'] / GiB:.3f}, total {m['total'] / GiB:.3f} GiB"
     ]
+    context = p["flops"].get("attention_context")
+    if context is not None:  # train.document_masking: said at the start, as every other switch of the attention
+        lines.append(
+            f"plan: document masking on: each token attends within its own document of the window, positions "
+            f"restarting; attention priced at {context:,.1f} keys per query"
+        )
     if tps:
         lines.append(
             f"plan: {tps:,.0f} tokens/s for the job at MFU {p['time']['utilisation']:.3g} "
@@ -171,6 +225,29 @@ def compare(
     }
 
 
+def mark_busy(report: dict, busy_cores: float | None, threads: int) -> dict:
+    """A CPU run timed while other processes kept `busy_cores` of the machine's cores busy: its speed is the
+    share it got, not what the plan (an idle machine's) predicts. The speed rows keep the measured figure but
+    no error ("busy"), and a note says why; `report` as it was on an idle machine."""
+    if busy_cores is None or busy_cores <= BUSY_CORES:
+        return report
+    for row in report["rows"]:
+        if row["unit"] in ("tokens/s", "fraction"):  # tokens/s and the MFUs made of it
+            row["error_pct"], row["busy"] = None, True
+    report["busy_cores"] = busy_cores
+    report["notes"].append(
+        f"not compared: other processes kept {busy_cores:.1f} of this machine's {cores()} cores busy while the "
+        "speed was measured, and the plan is an idle machine's ("
+        + (
+            f"torch's {threads} threads wait for each other at every op, so a shared core slows a step 2-20x"
+            if threads > 1
+            else "a core shared with other work gives this run a share of it"
+        )
+        + "); measure on an idle machine, or with OMP_NUM_THREADS=1 on a busy one"
+    )
+    return report
+
+
 def render(report: dict) -> str:
     lines = [f"plan vs run on {report['device']}:", f"  {'':28} {'planned':>14} {'measured':>14} {'error':>8}"]
     for r in report["rows"]:
@@ -184,7 +261,7 @@ def render(report: dict) -> str:
                 return f"{v:.3f}"
             return f"{v:,.0f}"
 
-        err = "" if r["error_pct"] is None else f"{r['error_pct']:+.1f}%"
+        err = "busy" if r.get("busy") else "" if r["error_pct"] is None else f"{r['error_pct']:+.1f}%"
         lines.append(f"  {r['name']:28} {show(r['planned']):>14} {show(r['measured']):>14} {err:>8}")
     lines += [f"  ! {note}" for note in report.get("notes", [])]  # the plan's advice was said at start
     return "\n".join(lines)

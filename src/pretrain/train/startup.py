@@ -2,7 +2,7 @@
 the run's one plan, the data, the run directory claimed, the model made trainable here and the windows it reads.
 
 Its own module so that trainer.py holds the loop and what it carries out for the callbacks. Each function
-returns what it makes, named (TrainingData, ClaimedRunDir, TrainableModel), and assigns nothing:
+returns what it makes, named (TrainingData, ClaimedRunDir, Staged, TrainableModel), and assigns nothing:
 `Trainer.__init__` calls them in order and keeps the results as its attributes, which the callbacks read.
 """
 
@@ -18,12 +18,14 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..checkpoint.choice import resume_point
-from ..checkpoint.compatibility import check_resume_compatible, settings_change, stage_change
+from ..checkpoint.compatibility import check_resume_compatible, settings_change, stage_change, stage_length
 from ..checkpoint.run_dir import RunDir
 from ..config import half_residual_enabled, mixture_sources, replaced
 from ..data.documents import check_document_index
 from ..model.documents import documents_of_run
 from ..plan import make_plan
+from ..plan.length import training_length
+from ..plan.params import count_params
 from ..precision import half_dtype
 from . import plan_check
 from .attention import kernel_context, rank_kv_heads
@@ -52,11 +54,12 @@ def launched_config(config: ResolvedConfig, rt: Runtime, own_data: bool) -> Reso
 
 def plan_run(device_config: ResolvedConfig, rt: Runtime) -> dict:
     """The run's one plan, at the peak behind its MFU: the memory check before anything is built, the
-    figures plan vs run compares, the FLOPs per token of every metrics line. The plan's tokens/s is
-    labelled with where that peak came from (the catalog, a profile, the key, or this machine's cached
-    measurement), not with the key it is passed through."""
-    peak, source = plan_check.peak_tflops(device_config, rt.device)
-    plan = make_plan(replaced(device_config, {"hardware.peak_tflops": peak}))
+    figures plan vs run compares, the FLOPs per token of every metrics line. On a machine the catalog does not
+    time (a CPU, an unlisted GPU), planned with its own measured profile or peak (plan_check.measured_hardware);
+    the plan's tokens/s is labelled with where that peak came from (the catalog, a profile, the key, or this
+    machine's kept measurement), not with the key it is passed through."""
+    hardware, source = plan_check.measured_hardware(device_config, rt.device)
+    plan = make_plan(replaced(device_config, hardware))
     plan["hardware"]["peak_source"] = source
     return plan
 
@@ -129,6 +132,29 @@ def claim_run_dir(directory: RunDir, c: ResolvedConfig, rt: Runtime, quiet: bool
         directory.set_aside_corrupt(corrupt)
         history_aside = directory.set_aside_history()  # an earlier run's is not this run's
     return ClaimedRunDir(resume_from, changes, history_aside)
+
+
+@dataclass(frozen=True)
+class Staged:
+    """The config this process trains and the resume's change events, once a new stage's length is known."""
+
+    config: ResolvedConfig
+    changes: list[dict]
+
+
+def staged(c: ResolvedConfig, resume_from: Path | None, changes: list[dict], saved: dict) -> Staged:
+    """A new stage's length (train.stage_tokens) made the run's own (its train.max_steps), said in its
+    stage_changed event, or refused in one line where the stage would train nothing or the key stands outside a
+    stage (checkpoint/compatibility.stage_length)."""
+    stage = next((e for e in changes if e["event"] == "stage_changed"), None)
+    total_steps = training_length(c, count_params(c.model).active)["steps"]
+    length = stage_length(resume_from or "", c, stage, saved, total_steps)
+    if not length:
+        return Staged(c, changes)
+    assert stage is not None  # stage_length gives a length to a new stage only
+    staged_config = replaced(c, length)
+    said = {**stage, "stage_tokens": c.train.stage_tokens, "ends_at_step": staged_config.train.max_steps}
+    return Staged(staged_config, [said if e is stage else e for e in changes])
 
 
 @dataclass(frozen=True)

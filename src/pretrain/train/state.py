@@ -37,6 +37,7 @@ class Interval:
     tokens_per_s: float
     mfu: float | None
     loss: float  # the loss of its last step (the metrics line's)
+    busy_cores: float | None = None  # the cores other processes kept busy meanwhile (a CPU run; machine.py)
 
 
 @dataclass

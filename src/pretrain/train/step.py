@@ -6,7 +6,9 @@ finite (a loss scaler skips by itself and lowers its scale); AdamW at the given 
 
 On a GPU the host waits for the device once per step, and not before the update is queued: the loss sum,
 this rank's stop request and the grad norm travel in one small tensor, through one all-reduce, to pinned host
-memory in one copy that the host waits for while the GPU runs the optimizer. The skip is decided on the
+memory in one copy that the host waits for while the GPU runs the optimizer. The stop request is asked for
+(`stop_asked()`) just before that all-reduce, so a signal received during the step's forward and backward
+stops every rank after this step. The skip is decided on the
 device: the fused AdamW takes the step's overflow flag (a 0-d tensor, as a loss scaler hands it over) and
 leaves the weights, its moments and its step count alone when it is set; an optimizer without that input
 waits for the copy and is stepped or not on the host. A loss scaler decides by its own overflow check, which
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -45,7 +48,7 @@ def train_step(
     micro_batch_size: int,
     seq_len: int,
     scaler: torch.amp.GradScaler | None = None,
-    stop_asked: bool = False,
+    stop_asked: Callable[[], bool] = lambda: False,
     measure: bool = False,
 ) -> StepResult:
     """Run one step on `engine` (a Parallelized) with `accum` micro-batches from `batches` (a Prefetcher), and
@@ -76,7 +79,7 @@ def train_step(
     norm = engine.clip(grad_clip)
     if scaler is not None:
         _agree_on_overflow(scaler, optimizer, norm)
-    numbers = HostCopy(_reduce(loss_sum, accum, stop_asked, norm, rt))
+    numbers = HostCopy(_reduce(loss_sum, accum, stop_asked(), norm, rt))
     if scaler is not None:
         scaler.step(optimizer)  # skips the update itself on inf/NaN and lowers the scale
         scaler.update()
@@ -113,7 +116,7 @@ def pipeline_train_step(
     grad_clip: float,
     micro_batch_size: int,
     seq_len: int,
-    stop_asked: bool = False,
+    stop_asked: Callable[[], bool] = lambda: False,
     measure: bool = False,
 ) -> StepResult:
     """One step on `engine` (a distributed.pipeline.Pipelined): the step's `accum` micro-batches through the
@@ -130,7 +133,7 @@ def pipeline_train_step(
     # squared gradient norms: every data-parallel replica of a stage holds the same (all-reduced) gradients,
     # and its tensor ranks the same loss and stage norm, so the sum over all ranks counts each stage
     # `replicas` (data x tensor) times.
-    packed = torch.stack([loss.double(), _flag(stop_asked, rt.device), engine.grad_norm_squared().double()])
+    packed = torch.stack([loss.double(), _flag(stop_asked(), rt.device), engine.grad_norm_squared().double()])
     torch.distributed.all_reduce(packed)
     loss_sum, stop, norm_sq = packed.tolist()
     replicas = engine.replicas

@@ -37,7 +37,7 @@ from .loggers import check_installed
 from .prefetch import Prefetcher, WindowSource
 from .preflight import check_fits_device
 from .run_log import TrainingLog, json_float
-from .startup import claim_run_dir, launched_config, open_data, plan_run, trainable_model, window_source
+from .startup import claim_run_dir, launched_config, open_data, plan_run, staged, trainable_model, window_source
 from .state import Asks, Rollback, StepResult, TrainState
 from .step import pipeline_train_step, train_step
 
@@ -106,9 +106,12 @@ class Trainer:
         opened = open_data(c, rt, loader)
         self.mixture, self.data = opened.mixture, opened.data
         claimed = claim_run_dir(self.directory, c, rt, quiet)
-        self.resume_from, self.resume_changes = claimed.resume_from, claimed.changes
-        self.history_aside = claimed.history_aside
-        self._plan_the_steps()
+        self.resume_from, self.history_aside = claimed.resume_from, claimed.history_aside
+        saved = read_trainer_state(self.resume_from) if self.resume_from is not None else {"step": 0}
+        stage = staged(c, self.resume_from, claimed.changes, saved)
+        c = self.config = stage.config
+        self.resume_changes = stage.changes
+        self._plan_the_steps(saved)
         built = trainable_model(c, rt, opened.prepared())
         self.documents, self.attention_kernels, self.engine = built.documents, built.attention_kernels, built.engine
         self.scaler = torch.amp.GradScaler(rt.device.type) if c.train.precision == "fp16-mixed" else None
@@ -130,12 +133,11 @@ class Trainer:
             config=c.to_dict(),
         )
 
-    def _plan_the_steps(self) -> None:
-        """The run's length, its schedule's warm-up (a resume into a run of another length follows the new
-        length's schedule, said in an event) and the batch ramp."""
+    def _plan_the_steps(self, saved: dict) -> None:
+        """The run's length, its schedule's warm-up (a resume, `saved` its trainer state, into a run of another
+        length follows the new length's schedule, said in an event) and the batch ramp."""
         c, t = self.config, self.config.train
         self.total_steps = training_length(c, count_params(c.model).active)["steps"]
-        saved = read_trainer_state(self.resume_from) if self.resume_from is not None else {"step": 0}
         self.warmup, self.schedule_change = resumed_schedule(t, saved, self.total_steps)
         self.ramp = dict(
             seq_len=t.seq_len,
@@ -189,11 +191,14 @@ class Trainer:
                 self.batches.state_dict(),
                 rng_state() if self.config.model.dropout else None,
             )
-            result = self.step(measure=self.measure_next, stop_asked=bool(self.stop_reason))
+            result = self.step(measure=self.measure_next, stop_asked=lambda: bool(self.stop_pending()))
             self.in_step, self.measure_next = None, False
             if not result.finite:  # the update was skipped (the stability callback logs it)
                 self.state.nonfinite_skips += 1
-            if self.after_step(result) and result.stop:
+            # One process needs no agreement: a signal received after the step's all-reduce (its update, the
+            # callbacks) stops it here too, not after one step more.
+            if self.after_step(result) and (result.stop or not self.rt.distributed and self.stop_received()):
+                self.stop_reason = self.stop_pending()
                 return True
         return False
 
@@ -250,9 +255,19 @@ class Trainer:
             f"micro-batches {skipped[0]}..{skipped[1]}"
         )
 
-    def step(self, measure: bool = False, stop_asked: bool = False) -> StepResult:
+    def stop_pending(self) -> str:
+        """Why this rank would stop after the step in flight: a callback's ask (debug.stop_after_step) or a
+        stop received (Preemption's signal), even in the middle of the step; "" when none."""
+        return self.stop_reason or self.stop_received()
+
+    def stop_received(self) -> str:
+        """The first callback's stop received in the middle of a step (Callback.stop_received); "" none."""
+        return next((why for cb in self.callbacks if (why := cb.stop_received())), "")
+
+    def step(self, measure: bool = False, stop_asked: Callable[[], bool] = lambda: False) -> StepResult:
         """One optimizer step at the schedule's learning rate and the batch ramp's size; `measure`: count the
-        bytes it holds (measure.py); `stop_asked`: this rank asks every rank to stop after it."""
+        bytes it holds (measure.py); `stop_asked()`, asked just before the step's all-reduce: this rank asks
+        every rank to stop after it."""
         t, st = self.config.train, self.state
         accum = micro_batches_per_step(st.tokens, **self.ramp)
         lr = (
@@ -339,10 +354,15 @@ class Trainer:
             "data_epoch": data.get("epoch"),
             "data_position": data.get("position"),
         }
+        length = (
+            f"; {e['stage_tokens']:,} tokens (train.stage_tokens): to step {e['ends_at_step']:,}"
+            if e.get("stage_tokens")
+            else f"; to the run's end, step {self.total_steps:,}"
+        )
         self.log.say(
             f"new stage from step {st.step:,}: train.seq_len {e['seq_len_before']:,} -> "
             f"{e['seq_len_after']:,}, {e['tokens_per_step_after']:,} tokens per step (was "
-            f"{e['tokens_per_step_before']:,}); memory planned for the new length"
+            f"{e['tokens_per_step_before']:,}){length}; memory planned for the new length"
         )
         self.log.event(e)
 

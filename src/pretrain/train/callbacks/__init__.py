@@ -7,7 +7,8 @@ the trainer (its config, `state`, the step's `StepResult`, the plan) and returns
 measure the next step, record an interval) or None; the trainer carries the asks out before the next
 callback's hook runs. A step rolled back is seen by no callback after the one that asked. `stateful()` names
 the small states a callback wants saved in checkpoints (trainer.json[name]); `checkpoint_is_good()` whether a
-checkpoint written now may be rolled back to.
+checkpoint written now may be rolled back to; `stop_received()` a stop that came in the middle of a step (a
+signal), which the trainer asks for just before the step's all-reduce.
 """
 
 from __future__ import annotations
@@ -74,6 +75,11 @@ class Callback:
     def on_fit_end(self, trainer: TrainerView) -> None:
         return None
 
+    def stop_received(self) -> str:
+        """Why the run should stop after the step in flight, received in the middle of it (Preemption: a
+        signal), "" none: asked just before each step's all-reduce, and on one process again after the step."""
+        return ""
+
     def checkpoint_is_good(self) -> bool:
         """Whether a checkpoint written now may be rolled back to (Stability: no loss spike is under way)."""
         return True
@@ -93,7 +99,7 @@ ORDER = (
     "Evaluation",  # validation loss every run.eval_every steps
     "TaskEvaluation",  # (run.eval_tasks) downstream tasks, after the validation loss
     "Checkpointing",  # after everything that reports on the step: a checkpoint is a step that was reported
-    "Preemption",  # a signal asks to stop: the trainer checkpoints and exits after the step that carries it
+    "Preemption",  # a signal received stops the run: the trainer checkpoints and exits after the step it came in
     "Fp8Check",  # (debug.fp8_check) its bf16-shadow line after the step's metrics
     "FaultInjection",  # (debug.* tests only) last: its step_sleep comes after everything a step does
 )

@@ -15,6 +15,7 @@ import time
 import torch
 
 from ...data.mixture import source_tokens
+from ...machine import BusyMeter
 from ...plan.flops import mfu
 from ..state import Asks, Interval, StepResult
 from . import Callback, TrainerView
@@ -26,6 +27,8 @@ class MetricsLogger(Callback):
 
     def on_fit_start(self, trainer: TrainerView) -> None:
         self.tokens, self.since, self.started = 0, trainer.state.step, device_clock(trainer.rt.device)
+        # On a CPU, how much of the machine other work took over each interval: the plan is an idle machine's
+        self.others = BusyMeter() if trainer.rt.device.type == "cpu" else None
         convention = trainer.config.flops.convention
         self.flops_per_token = self.plan["flops"]["per_token" if convention == "palm" else "per_token_6n"]
 
@@ -54,7 +57,10 @@ class MetricsLogger(Callback):
         if trainer.mixture:  # the batches handed out so far, not those read ahead (data/mixture.py)
             record["source_tokens"] = source_tokens(trainer.batches.state_dict())
         trainer.log.metrics(record)
-        interval = Interval(step=step, start=self.since, tokens_per_s=tps, mfu=utilisation, loss=result.loss)
+        busy = self.others.busy_cores() if self.others else None
+        interval = Interval(
+            step=step, start=self.since, tokens_per_s=tps, mfu=utilisation, loss=result.loss, busy_cores=busy
+        )
         self.tokens, self.since, self.started = 0, step, now
         return Asks(interval=interval)
 

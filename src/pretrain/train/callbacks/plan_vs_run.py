@@ -59,6 +59,7 @@ class PlanVsRun(Callback):
                 self.plan["time"]["utilisation"],
                 str(device),
             )
+            plan_check.mark_busy(report, interval.busy_cores, torch.get_num_threads())
             report["attention_kernel"] = self.kernel
             report["document_masking"] = trainer.config.train.document_masking
             if trainer.engine.fp8:

@@ -1,5 +1,5 @@
-"""SIGTERM / SIGINT (a scheduler's preemption, Ctrl-C): finish the step, checkpoint, exit 0; a second signal
-exits at once. One rank's signal stops every rank: the request travels in the step's one all-reduce.
+"""SIGTERM / SIGINT (a scheduler's preemption, Ctrl-C): finish the step in flight, checkpoint, exit 0; a second
+signal exits at once. One rank's signal stops every rank: the request travels in the step's one all-reduce.
 With run.checkpoint_every=0 (no checkpoints) the run stops without one and says it cannot be resumed."""
 
 from __future__ import annotations
@@ -8,7 +8,6 @@ import os
 import signal
 from typing import Any
 
-from ..state import Asks
 from . import Callback, TrainerView
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -25,22 +24,28 @@ class Preemption(Callback):
             if trainer.config.run.checkpoint_every
             else "without a checkpoint (run.checkpoint_every=0)"
         )
+        # The trainer asks `stop_received()` just before each step's all-reduce, and one process again after the
+        # step: a signal stops the run after the step it came in. Several ranks agree in that all-reduce, so
+        # one that came after it is carried by the next step's.
+        agree = (
+            " (or the next, if this step's all-reduce had passed: every rank stops after the same step)"
+            if trainer.rt.distributed
+            else ""
+        )
 
         def handler(signum, frame):
             if self.signal:  # a second signal: leave at once
                 os._exit(128 + signum)
             self.signal = signum
             name = signal.Signals(signum).name
-            os.write(
-                2, f"pretrain train: {name}: stopping after this step {keep} ({name} again exits at once)\n".encode()
-            )  # os.write: safe inside a signal handler
+            said = f"pretrain train: {name}: stopping after this step {keep}{agree} ({name} again exits at once)\n"
+            os.write(2, said.encode())  # os.write: safe inside a signal handler
 
         self.previous = {sig: signal.signal(sig, handler) for sig in SIGNALS}
 
-    def on_step_start(self, trainer: TrainerView) -> Asks | None:
-        """A signal that came during the last step stops the run after this one (its all-reduce tells every
-        rank)."""
-        return Asks(stop=signal.Signals(self.signal).name) if self.signal else None
+    def stop_received(self) -> str:
+        """The name of the signal received, "" before one."""
+        return signal.Signals(self.signal).name if self.signal else ""
 
     def on_final_step(self, trainer: TrainerView, stopped: bool) -> dict[str, Any] | None:
         return preempted(trainer) if stopped else None
