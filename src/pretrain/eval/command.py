@@ -61,8 +61,8 @@ def evaluate(
     from .scoring import loglikelihoods, task_metrics
     from .tasks import load_tasks
 
-    device = resolve_device(device, "--device")  # tpu, or cuda without one: one line before the model loads
-    lm, tokenizer = load_target(target, str(device))
+    resolved = resolve_device(device, "--device")  # tpu, or cuda without one: one line before the model loads
+    lm, tokenizer = load_target(target, str(resolved))
     results = {}
     with counting_bar("eval", enabled=progress, eta=True) as advance:
         for task in load_tasks(names, tokenizer, lm.max_len, limit, checked):
