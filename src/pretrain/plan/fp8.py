@@ -186,7 +186,7 @@ def advice(c: ResolvedConfig, p: dict[str, Any]) -> list[str]:
     if c.train.precision != "fp8":
         return []
     g, least = gemms(c), c.train.fp8_min_features
-    lines = []
+    lines: list[str] = []
     if not g["linears"]:
         lines.append(
             f"fp8: no linear converts (none of the blocks' linears has both sides multiples of {MULTIPLE} and "
