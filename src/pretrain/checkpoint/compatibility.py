@@ -116,6 +116,35 @@ def settings_line(event: dict[str, Any]) -> str:
     )
 
 
+def stage_line(e: dict[str, Any], total_steps: int) -> str:
+    """The terminal's line for a `stage_changed` event (a resume at another train.seq_len)."""
+    length = (
+        f"; {e['stage_tokens']:,} tokens (train.stage_tokens): to step {e['ends_at_step']:,}"
+        if e.get("stage_tokens")
+        else f"; to the run's end, step {total_steps:,}"
+    )
+    return (
+        f"new stage from step {e['step']:,}: train.seq_len {e['seq_len_before']:,} -> "
+        f"{e['seq_len_after']:,}, {e['tokens_per_step_after']:,} tokens per step (was "
+        f"{e['tokens_per_step_before']:,}){length}; memory planned for the new length"
+    )
+
+
+def schedule_line(e: dict[str, Any]) -> str:
+    """The terminal's line for a `schedule_changed` event (a resume into a run of another length)."""
+    decayed = (
+        f"; the checkpoint is inside the old decay (from step {e['old_decay_start']:,}): the LR goes "
+        "back up to the stable phase"
+        if e.get("inside_old_decay")
+        else ""
+    )
+    return (
+        f"schedule: {e['schedule']} over {e['new_total']:,} steps (was {e['old_total']:,}); the "
+        f"learning rate at step {e['step']:,} is {e['lr_at_resume_after']:.3g} (was "
+        f"{e['lr_at_resume_before']:.3g}){decayed}"
+    )
+
+
 def _shown(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..checkpoint.choice import prune, remove_after
-from ..checkpoint.compatibility import settings_line
+from ..checkpoint.compatibility import schedule_line, settings_line, stage_line
 from ..checkpoint.contents import Checkpoints, Stateful, TensorState
 from ..checkpoint.format import read_trainer_state, rng_state
 from ..checkpoint.run_dir import RunDir
@@ -334,7 +334,8 @@ class Trainer:
                     self.log.say(settings_line(change))
                     self.log.event(change)
             if self.schedule_change:
-                self.say_schedule_change(self.schedule_change)
+                self.log.say(schedule_line(self.schedule_change))
+                self.log.event(self.schedule_change)
             return
         self._write_config()
         if self.history_aside:
@@ -347,37 +348,9 @@ class Trainer:
     def say_stage_change(self, e: dict) -> None:
         """The new stage's windows, batch and data position (the loader kept its share of the epoch)."""
         st, data = self.state, self.batches.state_dict()
-        e = {
-            **e,
-            "step": st.step,
-            "tokens": st.tokens,
-            "data_epoch": data.get("epoch"),
-            "data_position": data.get("position"),
-        }
-        length = (
-            f"; {e['stage_tokens']:,} tokens (train.stage_tokens): to step {e['ends_at_step']:,}"
-            if e.get("stage_tokens")
-            else f"; to the run's end, step {self.total_steps:,}"
-        )
-        self.log.say(
-            f"new stage from step {st.step:,}: train.seq_len {e['seq_len_before']:,} -> "
-            f"{e['seq_len_after']:,}, {e['tokens_per_step_after']:,} tokens per step (was "
-            f"{e['tokens_per_step_before']:,}){length}; memory planned for the new length"
-        )
-        self.log.event(e)
-
-    def say_schedule_change(self, e: dict) -> None:
-        decayed = (
-            f"; the checkpoint is inside the old decay (from step {e['old_decay_start']:,}): the LR goes "
-            "back up to the stable phase"
-            if e.get("inside_old_decay")
-            else ""
-        )
-        self.log.say(
-            f"schedule: {e['schedule']} over {e['new_total']:,} steps (was {e['old_total']:,}); the "
-            f"learning rate at step {e['step']:,} is {e['lr_at_resume_after']:.3g} (was "
-            f"{e['lr_at_resume_before']:.3g}){decayed}"
-        )
+        e = {**e, "step": st.step, "tokens": st.tokens}
+        e |= {"data_epoch": data.get("epoch"), "data_position": data.get("position")}
+        self.log.say(stage_line(e, self.total_steps))
         self.log.event(e)
 
     def save(self) -> Path:
