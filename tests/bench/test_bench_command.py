@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+from support import run_here
+
 # The debug model at 64 tokens, a 1-second budget, no fp16 (emulated on most CPUs, the slowest dtype): the
 # run takes a few seconds with start-up.
 TINY = ["model.preset=debug", "train.seq_len=64", "--seconds", "1", "--quick", "--dtypes", "fp32,tf32,bf16"]
@@ -70,7 +72,7 @@ def test_table_output():
     ],
 )
 def test_bad_input_is_one_line_on_stderr_and_exit_2(args, message):
-    result = pretrain("bench", *args)
+    result = run_here("bench", *args)  # refused before anything is measured: no process of its own needed
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.count("\n") == 1 and result.stderr.startswith("pretrain bench: error: ")
     assert message in result.stderr
@@ -81,7 +83,7 @@ def test_cuda_without_a_gpu_exits_2():
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a CUDA GPU")
-    result = pretrain("bench", "--device", "cuda")
+    result = run_here("bench", "--device", "cuda")
     assert result.returncode == 2 and "no CUDA GPU is visible" in result.stderr
 
 
