@@ -22,7 +22,7 @@ from pretrain.config import load_config
 from pretrain.distributed.runtime import init_runtime
 from pretrain.machine import BusyMeter, cores
 from pretrain.plan import make_plan
-from pretrain.sweep.run import SyntheticTokens
+from pretrain.sweep.synthetic import SyntheticTokens
 from pretrain.train.trainer import Trainer
 
 LLAMA = ["model.family=llama", "model.vocab_size=2048", "model.max_seq_len=256", "model.tie_embeddings=true"]

@@ -138,8 +138,8 @@ def loss(data: Path, steps: int) -> dict:
         final = trainer.fit()
         result[f"seconds_{arm}"] = time.perf_counter() - start
         result[f"val_loss_{arm}_as_trained"] = final["val_loss"]
-        trainer.par.module.documents = masked_eval
-        trainer.par.set_training(False)
+        trainer.engine.module.documents = masked_eval
+        trainer.engine.set_training(False)
         with torch.no_grad():
             result[f"val_loss_{arm}_per_document"] = _mean_loss(trainer, trainer.data)
     return result

@@ -18,7 +18,7 @@ import torch
 from pretrain.config import load_config
 from pretrain.distributed.runtime import init_runtime
 from pretrain.machine import BusyMeter, cores
-from pretrain.sweep.run import SyntheticTokens
+from pretrain.sweep.synthetic import SyntheticTokens
 from pretrain.train.trainer import Trainer
 
 MODEL = ["model.preset=debug", "model.hidden_size=128", "model.intermediate_size=352", "model.num_heads=4"]

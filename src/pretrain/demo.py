@@ -189,9 +189,9 @@ def run(args) -> int:
 
 def _export_and_generate(config, out: Path) -> None:
     """The run exported for transformers, which writes the same greedy text as our own model."""
+    from .checkpoint.contents import load_model
     from .export.generate import generate_text
     from .export.hf import export_hf
-    from .train import load_model
 
     model = load_model(config.run.dir)
     hf_dir = export_hf(model, out / "hf", tokenizer_dir=Path(config.data.dir) / "tokenizer", overwrite=True)

@@ -1,4 +1,4 @@
-"""A resume's checkpoint verification split over the ranks (train/checkpoint/format.py share_of): each rank
+"""A resume's checkpoint verification split over the ranks (checkpoint/format.py share_of): each rank
 hashes its share of each checkpoint's files, once, and all take one verdict. Before, every rank hashed every
 file before the first barrier: 0.85 TB per rank for a 70B checkpoint."""
 
@@ -12,15 +12,15 @@ from support import run_here, tiny
 
 torch = pytest.importorskip("torch")
 
-from pretrain.train.checkpoint.format import list_checkpoints, share_of, verify  # noqa: E402
+from pretrain.checkpoint.format import list_checkpoints, share_of, verify  # noqa: E402
 
 # Each rank: its own share's verdict on the newest checkpoint, then the resume point all ranks agree on.
 RANK = """
 import json, sys
 from pathlib import Path
 from pretrain.distributed.runtime import first_of_ranks, init_runtime, shutdown
-from pretrain.train.checkpoint.choice import resume_point
-from pretrain.train.checkpoint.format import list_checkpoints, verify
+from pretrain.checkpoint.choice import resume_point
+from pretrain.checkpoint.format import list_checkpoints, verify
 
 rt = init_runtime("cpu")
 share = (rt.rank, rt.world_size)

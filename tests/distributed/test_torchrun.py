@@ -143,7 +143,7 @@ if "RANK" in os.environ:
 
 @needs_cpu_fsdp
 def test_sharded_checkpoint_resumes_on_one_and_two_ranks(prepared, tmp_path, monkeypatch):
-    from pretrain.train.checkpoint.format import _files, checkpoint_dir, checksums
+    from pretrain.checkpoint.format import _files, checkpoint_dir, checksums
 
     opened = tmp_path / "opened"
     opened.mkdir()
@@ -188,7 +188,7 @@ def test_sharded_checkpoint_resumes_on_one_and_two_ranks(prepared, tmp_path, mon
 def test_one_ranks_sigterm_stops_the_whole_job(prepared, tmp_path):
     import psutil
 
-    from pretrain.train.checkpoint.format import list_checkpoints
+    from pretrain.checkpoint.format import list_checkpoints
 
     run_dir = tmp_path / "run"
     proc = torchrun(*settings(prepared, run_dir, 4, "train.max_steps=200", "debug.step_sleep=0.2"), wait=False)

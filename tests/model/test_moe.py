@@ -75,6 +75,62 @@ def test_routing_matches_its_definition():
             torch.testing.assert_close(out[t], want, rtol=1e-5, atol=1e-6)
 
 
+def test_route_gives_each_experts_pairs_as_one_slice_in_token_order():
+    """MoE.route's contract (PairsByExpert): the pairs sorted by expert, stably, counts[e] of them expert e's,
+    each with its token's score as weight; the layer's output is what its pairs make."""
+    moe = model("model.norm_topk_prob=false").blocks[1].mlp
+    x = torch.randn(7, 64)
+    with torch.no_grad():
+        pairs = moe.route(x)
+        chosen = (moe.router(x).softmax(-1) + moe.expert_bias).topk(2).indices
+    expected = sorted((int(e), t) for t in range(7) for e in chosen[t])  # by expert, then token
+    starts = [0, *pairs.counts.cumsum(0).tolist()]
+    got = [(e, int(t)) for e in range(8) for t in pairs.token[starts[e] : starts[e + 1]]]
+    assert got == expected and pairs.counts.sum() == 14
+    for (e, t), w in zip(got, pairs.weight[:, 0]):
+        assert w == pairs.scores[t, e]  # norm_topk_prob off: the score itself
+
+
+def test_another_rule_of_choice_plugs_in_at_choose():
+    """The seam a group-limited router takes: `choose` picks each token's experts, route and the experts do
+    the rest. Here every token goes to experts 0 and 1: the others get no pair and no gradient."""
+
+    class FirstTwo(MoE):
+        def choose(self, scores):
+            return torch.arange(2).expand(scores.shape[0], 2)
+
+    moe = model().blocks[1].mlp
+    moe.__class__ = FirstTwo
+    x = torch.randn(5, 64)
+    assert moe.route(x).counts.tolist() == [5, 5, 0, 0, 0, 0, 0, 0]
+    moe(x).sum().backward()
+    grads = moe.experts.up.grad.flatten(1).abs().sum(1)
+    assert (grads[:2] > 0).all() and (grads[2:] == 0).all()
+
+
+def test_expert_parallelism_refuses_rows_that_are_not_routes_pairs():
+    """ShardedExperts (distributed/expert_parallel.py) takes the layer's PairsByExpert and as many rows as its
+    counts; anything else stops at its assertion, before any all-to-all. One real gloo rank."""
+    import torch.distributed as dist
+
+    from pretrain.distributed.expert_parallel import ShardedExperts
+
+    moe = model().blocks[1].mlp
+    x = torch.randn(6, 64)
+    pairs = moe.route(x)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        sharded = ShardedExperts(moe.experts, dist.group.WORLD, rank=0, size=1)
+        rows = x[pairs.token]
+        torch.testing.assert_close(sharded(rows, pairs), moe.experts(rows, pairs))  # one rank: the same experts
+        with pytest.raises(AssertionError, match="pairs by expert"):
+            sharded(rows, (pairs.token, pairs.counts))
+        with pytest.raises(AssertionError, match="11 rows for 12 routed pairs"):
+            sharded(rows[:-1], pairs)
+    finally:
+        dist.destroy_process_group()
+
+
 def test_balancing_losses_and_bias_update():
     m = model("model.router_aux_loss_coef=0.1", "model.router_z_loss_coef=0.01", "model.router_bias_update_rate=0.5")
     m.train()

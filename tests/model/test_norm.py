@@ -5,7 +5,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from pretrain.model.transformer import RMSNorm  # noqa: E402
+from pretrain.model.norm import RMSNorm  # noqa: E402
 
 needs_rms_norm = pytest.mark.skipif(not hasattr(torch.nn.functional, "rms_norm"), reason="torch < 2.4")
 

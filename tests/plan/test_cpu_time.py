@@ -33,7 +33,7 @@ def dispatched(config) -> int:
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from pretrain.distributed.runtime import init_runtime
-    from pretrain.sweep.run import SyntheticTokens
+    from pretrain.sweep.synthetic import SyntheticTokens
     from pretrain.train.trainer import Trainer
 
     class Count(TorchDispatchMode):

@@ -149,7 +149,7 @@ LLAMA3_8B_FIT = ["model.preset=llama3-8b", "parallel.gpus=8", "hardware.gpu=h100
 
 
 def test_fit_weighs_fp8_against_bf16_each_at_its_fastest_layout():
-    from pretrain.plan.command import fit_result
+    from pretrain.plan.answers import fit_result
     from pretrain.plan.fit import fit
 
     config = load_config(overrides=LLAMA3_8B_FIT)

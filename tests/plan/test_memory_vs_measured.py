@@ -401,20 +401,20 @@ def test_compiled_step_against_the_plan(shape, precision, recompute, masked):
         loss_chunk_tokens=c.train.loss_chunk_tokens,
         documents=Documents(EOS, True, True, kernel) if masked else None,
     )
-    par = parallelize(model, c, init_runtime("cpu"))
+    engine = parallelize(model, c, init_runtime("cpu"))
     autocast = functools.partial(
         torch.autocast, "cpu", dtype=torch.bfloat16, cache_enabled=False, enabled=precision.endswith("-mixed")
     )
-    meter = SavedTensorMeter(par.module)
+    meter = SavedTensorMeter(engine.module)
 
     def step(count=False):
         x, y = batch(c.model.vocab_size, masked)
         with meter(checkpoints=False) if count else contextlib.nullcontext(), autocast():
-            loss = par.module(x, y)
+            loss = engine.module(x, y)
         saved = meter.split() if count else None  # before the step changes the weights its casts are found by
         loss.backward()
-        par.optimizer.step()
-        par.optimizer.zero_grad(set_to_none=True)
+        engine.optimizer.step()
+        engine.optimizer.zero_grad(set_to_none=True)
         return saved
 
     saved = step(count=True)  # compiles, and counts what the compiled graphs save
@@ -424,7 +424,7 @@ def test_compiled_step_against_the_plan(shape, precision, recompute, masked):
     # The recomputed block's tensors and weight casts exist only inside the compiled backward, out of the meter's
     # sight: what forward keeps is the rest.
     block_copies = (
-        2 * sum(w.numel() for w in par.module.blocks[0].parameters() if w.dim() == 2)
+        2 * sum(w.numel() for w in engine.module.blocks[0].parameters() if w.dim() == 2)
         if recompute != "none" and precision.endswith("-mixed")
         else 0
     )
@@ -432,7 +432,7 @@ def test_compiled_step_against_the_plan(shape, precision, recompute, masked):
         "activations": act["total"] - act["recompute_working"],
         "working_copies": p["model_states"]["working_copies"] - block_copies,
     }
-    measured = sum(model_state_bytes(par.module, par.optimizer).values()) + _allocator_peak(step)
+    measured = sum(model_state_bytes(engine.module, engine.optimizer).values()) + _allocator_peak(step)
     assert measured == pytest.approx(p["memory_bytes"]["compiled"], rel=0.025 if recompute == "none" else 0.035)
 
 

@@ -55,6 +55,10 @@ def stopped_run(prepared, tmp_path_factory):
             self.seen.append((trainer.state.step, trainer.state.interval, result.loss))
             return Asks(stop="enough for a test") if trainer.state.step == 2 else None
 
+        def on_final_step(self, trainer, stopped):
+            self.final = (trainer.state.step, stopped)
+            return {"asker_saw_the_end": True}
+
     run_dir = tmp_path_factory.mktemp("asks") / "run"
     trainer = Trainer(load_config(None, tiny(prepared, run_dir)), init_runtime("cpu"))
     shared = [cb.plan for cb in trainer.callbacks if isinstance(cb, PlanVsRun)]
@@ -84,6 +88,62 @@ def test_a_callback_that_asks_to_stop_stops_the_run_with_its_reason(stopped_run)
         (step, step, loss) for step, _, loss in asker.seen
     ]
     assert [step for step, _, _ in asker.seen] == [1, 2, 3]
+    # the final hook: after the step the stop came with; what it returns joins the run's summary
+    assert asker.final == (3, True) and result["asker_saw_the_end"]
+
+
+def test_the_trainer_imports_no_callback_by_name():
+    """It calls the hooks of `default_callbacks`' list: what a callback does at the end (the final validation
+    loss, a stop's checkpoint) or on a rollback goes through the hooks and Asks, not a name."""
+    import ast
+
+    tree = ast.parse((ROOT / "src" / "pretrain" / "train" / "trainer.py").read_text())
+    named = [
+        f"{node.module}: {', '.join(a.name for a in node.names)}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("callbacks.")
+    ]
+    assert named == []
+
+
+def test_a_rollback_asked_is_carried_out_by_the_trainer(prepared, tmp_path):
+    """A callback of its own asks (state.Rollback) to go back from step 3 to the step-0 checkpoint with the
+    learning rate halved for 2 steps: the trainer loads it, keeps the data stream going, logs it, and the run
+    finishes its 4 steps; the final hook sees the schedule's end."""
+    from pretrain.config import load_config
+    from pretrain.distributed.runtime import init_runtime
+    from pretrain.train.callbacks import Callback
+    from pretrain.train.state import Asks, Rollback
+    from pretrain.train.trainer import Trainer
+
+    class RollBackOnce(Callback):
+        def __init__(self):
+            self.seen, self.final = [], None
+
+        def on_step_end(self, trainer, result):
+            self.seen.append((trainer.state.step, result.lr))
+            if trainer.state.step == 3 and not trainer.state.rollbacks:
+                return Asks(rollback=Rollback(trainer.run_dir / "checkpoints" / "step_00000000", 9.5, 0.5, 2))
+            return None
+
+        def on_final_step(self, trainer, stopped):
+            self.final = stopped
+
+    # spike detection (on by default) with checkpoints writes the step-0 one, a rollback target
+    run_dir = tmp_path / "run"
+    trainer = Trainer(load_config(None, tiny(prepared, run_dir, "train.max_steps=4")), init_runtime("cpu"))
+    asker = RollBackOnce()
+    trainer.callbacks.insert(0, asker)
+    result = trainer.fit()
+    steps = [step for step, _ in asker.seen]
+    assert steps == [1, 2, 3, 1, 2, 3, 4] and result["step"] == 4 and asker.final is False
+    lrs = [lr for _, lr in asker.seen]
+    assert lrs[3:5] == [pytest.approx(0.5 * lrs[0]), pytest.approx(0.5 * lrs[1])] and lrs[5] == lrs[2]
+    assert trainer.state.rollbacks == [3] and trainer.state.micro_batches == 14  # 7 steps of 2 micro-batches
+    events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
+    (rollback,) = [e for e in events if e["event"] == "rollback"]
+    assert (rollback["step"], rollback["to_step"], rollback["loss"]) == (3, 0, 9.5)
+    assert rollback["skipped_micro_batches"] == [0, 6]  # the data stream went on past steps 1-3's
 
 
 def test_the_one_plan_refuses_a_run_that_does_not_fit_before_anything_is_built(prepared, tmp_path):

@@ -10,10 +10,10 @@ import shutil
 
 import pytest
 
+from pretrain.checkpoint.choice import resume_point
+from pretrain.checkpoint.compatibility import stage_change
 from pretrain.config import load_config
 from pretrain.errors import UsageError
-from pretrain.train.checkpoint.choice import resume_point
-from pretrain.train.checkpoint.compatibility import stage_change
 from support import finished_run, losses, run_cli, run_here, tiny
 
 pytest.importorskip("torch")

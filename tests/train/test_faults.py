@@ -117,7 +117,7 @@ def test_an_inf_gradient_under_a_finite_loss_skips_the_update_only(prepared, tmp
 
 
 def test_a_rollback_discards_the_checkpoints_it_abandons(prepared, tmp_path):
-    from pretrain.train.checkpoint.format import list_checkpoints
+    from pretrain.checkpoint.format import list_checkpoints
 
     run_dir = tmp_path / "run"
     # Spike at steps 7-9 -> back to step 4 (step 8's checkpoint was written in the spike); then a NaN at the
@@ -164,7 +164,7 @@ def test_too_many_rollbacks_stop_with_a_message(prepared, tmp_path):
 
 
 def test_sigterm_checkpoints_and_exits_zero(prepared, tmp_path):
-    from pretrain.train.checkpoint.format import list_checkpoints
+    from pretrain.checkpoint.format import list_checkpoints
 
     run_dir = tmp_path / "run"
     proc = start(
@@ -205,7 +205,7 @@ def test_second_signal_exits_at_once(prepared, tmp_path):
 
 
 def test_checkpoint_every_0_writes_no_checkpoint_not_even_at_the_end(prepared, tmp_path):
-    from pretrain.train.checkpoint.format import list_checkpoints
+    from pretrain.checkpoint.format import list_checkpoints
 
     run_dir = tmp_path / "run"
     r = run_here("train", *tiny(prepared, run_dir, "train.max_steps=6", "run.checkpoint_every=0"))
@@ -215,7 +215,7 @@ def test_checkpoint_every_0_writes_no_checkpoint_not_even_at_the_end(prepared, t
 
 
 def test_sigterm_with_checkpoint_every_0_stops_without_one_and_says_so(prepared, tmp_path):
-    from pretrain.train.checkpoint.format import list_checkpoints
+    from pretrain.checkpoint.format import list_checkpoints
 
     run_dir = tmp_path / "run"
     proc = start(
@@ -235,7 +235,7 @@ def test_sigterm_with_checkpoint_every_0_stops_without_one_and_says_so(prepared,
 def test_a_nan_with_checkpoint_every_0_stops_with_one_line(prepared, tmp_path):
     """No checkpoint, no rollback target (spike detection saves no step-0 one either): the run stops and says
     why, instead of searching the run directory for a checkpoint it was told not to write."""
-    from pretrain.train.checkpoint.format import list_checkpoints
+    from pretrain.checkpoint.format import list_checkpoints
 
     run_dir = tmp_path / "run"
     r = run_here(
@@ -281,7 +281,7 @@ def test_sigkill_at_random_moments_loses_nothing(prepared, tmp_path):
 
 
 def test_disk_full_keeps_the_previous_checkpoint(prepared, tmp_path):
-    from pretrain.train.checkpoint.format import list_checkpoints, verify
+    from pretrain.checkpoint.format import list_checkpoints, verify
 
     run_dir = tmp_path / "run"
     r = run_here("train", *tiny(prepared, run_dir, "debug.inject_disk_full_step=8"))
@@ -298,7 +298,7 @@ def test_data_dir_truncated_under_the_run_stops_it_with_a_checkpoint(prepared, t
     import os
     import shutil
 
-    from pretrain.train.checkpoint.format import list_checkpoints, step_of
+    from pretrain.checkpoint.format import list_checkpoints, step_of
 
     data = shutil.copytree(prepared, tmp_path / "data")
     run_dir = tmp_path / "run"

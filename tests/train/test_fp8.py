@@ -148,7 +148,7 @@ from torchao.float8.float8_linear import Float8Linear
 
 rt = init_runtime("cpu")
 trainer = Trainer(load_config(None, sys.argv[1:]), rt, quiet=True)
-linears = [m for m in trainer.par.module.modules() if isinstance(m, Float8Linear)]
+linears = [m for m in trainer.engine.module.modules() if isinstance(m, Float8Linear)]
 before = [m.weight._local_tensor._precomputed_scale for m in linears]
 trainer.step()
 scales = []

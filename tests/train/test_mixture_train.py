@@ -289,7 +289,7 @@ def test_a_source_changed_under_the_run_stops_it_with_a_checkpoint_and_one_line(
     import os
     import shutil
 
-    from pretrain.train.checkpoint.format import list_checkpoints, step_of
+    from pretrain.checkpoint.format import list_checkpoints, step_of
 
     copies = {name: shutil.copytree(two_corpora[name], tmp_path / "sources" / name) for name in ("shakespeare", "zh")}
     run_dir = tmp_path / "run"

@@ -4,10 +4,10 @@ which checkpoint a resume or a rollback picks and what pruning keeps, the learni
 import pytest
 import torch
 
+from pretrain.checkpoint.choice import latest_checkpoint, prune, remove_after, resume_point
+from pretrain.checkpoint.format import checkpoint_dir, list_checkpoints, save_checkpoint
 from pretrain.config import load_config
 from pretrain.plan.schedule import learning_rate
-from pretrain.train.checkpoint.choice import latest_checkpoint, prune, remove_after, resume_point
-from pretrain.train.checkpoint.format import checkpoint_dir, list_checkpoints, save_checkpoint
 from pretrain.train.spikes import SpikeDetector
 from pretrain.train.trainer import TrainState
 

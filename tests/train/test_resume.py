@@ -33,7 +33,7 @@ def test_stop_and_resume_is_bitwise_identical(prepared, uninterrupted, tmp_path)
 
 
 def test_corrupt_checkpoint_falls_back_to_the_previous_one(prepared, uninterrupted, tmp_path):
-    from pretrain.train.checkpoint.format import list_checkpoints
+    from pretrain.checkpoint.format import list_checkpoints
 
     run_dir = tmp_path / "run"
     assert run_here("train", *tiny(prepared, run_dir, "debug.stop_after_step=9")).returncode == 0

@@ -1,4 +1,4 @@
-"""What a `--resume` of a Mixture-of-Experts run may change (train/checkpoint/compatibility.py): the experts'
+"""What a `--resume` of a Mixture-of-Experts run may change (checkpoint/compatibility.py): the experts'
 shape and the router's score function are refused in one line naming the key, before any tensor loads (a
 changed shape was a 55-line traceback from the state-dict load); top-k and document masking go on, said in one
 line and a `settings_changed` event (they changed silently before)."""

@@ -216,7 +216,7 @@ def test_an_empty_manifest_does_not_vouch_for_a_tampered_trainer_state(run_dir):
 
 
 def test_the_manifest_lists_every_file_the_format_requires(stopped):
-    from pretrain.train.checkpoint.format import REQUIRED_FILES, list_checkpoints
+    from pretrain.checkpoint.format import REQUIRED_FILES, list_checkpoints
 
     for c in list_checkpoints(stopped):
         listed = set(json.loads((c / "manifest.json").read_text())["files"])
@@ -226,7 +226,7 @@ def test_the_manifest_lists_every_file_the_format_requires(stopped):
 
 
 def test_verify_names_an_unlisted_file_a_loader_reads_and_ignores_a_note(stopped, tmp_path):
-    from pretrain.train.checkpoint.format import verify
+    from pretrain.checkpoint.format import verify
 
     c = shutil.copytree(stopped / "checkpoints" / "step_00000008", tmp_path / "step_00000008")
     (c / "NOTES.txt").write_text("copied to the archive on Monday")

@@ -80,7 +80,7 @@ def test_cached_casts_are_made_once_per_step_train_alike_and_are_what_the_plan_c
             f"train.cache_weight_casts={str(cache).lower()}",
             f"train.activation_checkpointing={recompute}",
         )
-        model = t.par.module
+        model = t.engine.module
         held = []  # alive copies when the last micro-batch's backward reaches the embedding, the last it runs
         casts = WeightCasts(model.parameters())
         model.embed.weight.register_post_accumulate_grad_hook(lambda _, c=casts, h=held: h.append(c.alive_bytes()))
@@ -107,7 +107,7 @@ def test_a_half_residual_stream_is_bf16_and_trains_as_the_fp32_one(prepared, tmp
     for half in (False, True):
         t = trainer(prepared, tmp_path / str(half), f"train.half_residual={str(half).lower()}")
         dtypes = set()
-        for block in t.par.module.blocks:
+        for block in t.engine.module.blocks:
             block.register_forward_hook(lambda _, args, out, d=dtypes: d.update({args[0].dtype, out.dtype}))
         runs[half] = (steps(t, 3), dtypes)
         t.batches.close()

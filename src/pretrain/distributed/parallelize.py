@@ -13,6 +13,7 @@ them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .. import precision
@@ -61,7 +62,28 @@ def parallelize(model: Transformer, config: ResolvedConfig, rt: Runtime) -> Para
     mesh = _mesh_and_tensor_parallel(model, config, layout, rt, fp8)
     apply_activation_checkpointing(model, t.activation_checkpointing)
     model.fix_attention_kernel(rt.device, half=t.precision != "fp32")
-    compiled = compile_enabled(t.compile, rt.device.type)
+    compiled = _compile(model, config, rt)
+    kind = _engine_kind(config, layout)
+    engine = kind(model, config, rt, mesh)
+    engine.fp8 = fp8
+    # The meter's hooks would break the compiled graphs; under tensor parallelism autograd saves DTensors,
+    # whose storage the meter cannot read (the parameter, gradient and optimizer bytes are still measured).
+    engine.measurable = engine.measurable and not compiled and config.parallel.tensor == 1
+    if any(p.is_meta for p in engine.module.parameters()):
+        # Each rank materialises only its shard: a 70B model never exists whole on one GPU. The per-parameter
+        # seeded init gives every layout the same values.
+        engine.module.to_empty(device=rt.device)
+        model.reset_parameters(t.seed)
+    if config.parallel.tensor > 1 and not config.parallel.fsdp:
+        keep_own_vocabulary_rows(model)
+    model.rotary(t.seq_len, rt.device)  # built before the first (compiled) forward, not inside it
+    engine.optimizer = engine.build_optimizer(config)
+    return engine
+
+
+def _compile(model: Transformer, config: ResolvedConfig, rt: Runtime) -> bool:
+    """train.compile: each block, and the output layer with the loss, compiled where it is on; whether it is."""
+    compiled = compile_enabled(config.train.compile, rt.device.type)
     if compiled and config.parallel.tensor > 1:
         # AOTAutograd's on-disk cache hands a block compiled for one tensor-parallel layout to another with the
         # same shapes (with and without sequence parallelism, torch 2.13): measured, the run then trains wrong
@@ -82,39 +104,31 @@ def parallelize(model: Transformer, config: ResolvedConfig, rt: Runtime) -> Para
         # their own: under FSDP only the blocks would be, and this is the step's largest matmul. No FSDP hooks
         # sit on it, so it is one graph in every layout (tests/model/test_loss.py).
         model.loss.compile(fullgraph=True)
-    engine = Parallelized
+    return compiled
+
+
+def _engine_kind(config: ResolvedConfig, layout: Layout) -> Callable[..., Parallelized]:
+    """What makes this layout's engine (engines.py and the modules beside it) of the model."""
     moe = config.model.num_experts > 0
     if config.parallel.pipeline > 1:
-        from .pipeline import pipelined as engine
-    elif moe and layout.tensor > 1:  # the MoE layer data-parallel over data x tensor ranks (expert_parallel.py)
+        from .pipeline import pipelined
+
+        return pipelined
+    if moe and layout.tensor > 1:  # the MoE layer data-parallel over data x tensor ranks (expert_parallel.py)
         from .expert_parallel import ExpertFSDP, TensorExpertDDP
 
-        engine = ExpertFSDP if config.parallel.fsdp else TensorExpertDDP
-    elif layout.data > 1 and layout.tensor > 1 and not config.parallel.fsdp:
+        return ExpertFSDP if config.parallel.fsdp else TensorExpertDDP
+    if layout.data > 1 and layout.tensor > 1 and not config.parallel.fsdp:
         from .data_parts import TensorDDP, TensorZeRO1
 
-        engine = TensorZeRO1 if config.parallel.zero_stage == 1 else TensorDDP
-    elif moe and layout.data > 1 and config.parallel.expert > 1:
+        return TensorZeRO1 if config.parallel.zero_stage == 1 else TensorDDP
+    if moe and layout.data > 1 and config.parallel.expert > 1:
         from .expert_parallel import ExpertDDP, ExpertFSDP
 
-        engine = ExpertFSDP if config.parallel.fsdp else ExpertDDP
-    elif layout.data > 1:
-        engine = FSDP if config.parallel.fsdp else ZeRO1 if config.parallel.zero_stage == 1 else DDP
-    par = engine(model, config, rt, mesh)
-    par.fp8 = fp8
-    # The meter's hooks would break the compiled graphs; under tensor parallelism autograd saves DTensors,
-    # whose storage the meter cannot read (the parameter, gradient and optimizer bytes are still measured).
-    par.measurable = par.measurable and not compiled and config.parallel.tensor == 1
-    if any(p.is_meta for p in par.module.parameters()):
-        # Each rank materialises only its shard: a 70B model never exists whole on one GPU. The per-parameter
-        # seeded init gives every layout the same values.
-        par.module.to_empty(device=rt.device)
-        model.reset_parameters(t.seed)
-    if config.parallel.tensor > 1 and not config.parallel.fsdp:
-        keep_own_vocabulary_rows(model)
-    model.rotary(t.seq_len, rt.device)  # built before the first (compiled) forward, not inside it
-    par.optimizer = par.build_optimizer(config)
-    return par
+        return ExpertFSDP if config.parallel.fsdp else ExpertDDP
+    if layout.data > 1:
+        return FSDP if config.parallel.fsdp else ZeRO1 if config.parallel.zero_stage == 1 else DDP
+    return Parallelized
 
 
 __all__ = ["parallelize", "Parallelized", "FSDP_CPU_TORCH"]

@@ -1,41 +1,6 @@
 """Tensor parallelism (Megatron-LM's split of each block over `t` ranks) and sequence parallelism, with
-`torch.distributed.tensor.parallel` on the mesh's "tp" dimension.
-
-Per block (Shoeybi et al. 2019, "Megatron-LM", section 3): the q/k/v and SwiGLU gate/up projections are split
-by output rows (ColwiseParallel: each rank computes its heads and its part of the MLP width, no
-communication), the attention output and MLP down projections by input columns (RowwiseParallel: partial
-sums, one all-reduce per sub-layer). Sequence parallelism (Korthikanti et al. 2022, "Reducing Activation
-Recomputation in Large Transformer Models", section 4.2.2) keeps the residual stream, the norms and the
-dropouts split along the sequence between the sub-layers: the all-reduce becomes a reduce-scatter, and an
-all-gather brings the sequence back before the column-split matmuls, so the same bytes cross the wire and the
-norm activations are 1/t each.
-
-The embedding and the output layer are split by vocabulary rows (Megatron's vocabulary-parallel embedding:
-each rank looks up the ids in its range, the partial sums are all-reduced, or reduce-scattered along the
-sequence): their parameters, gradients and optimizer states are 1/t per rank. The loss is not split: the
-output weight is all-gathered for it (as FSDP gathers a layer) and the loss, chunked or plain, runs on each
-tensor rank over the whole sequence, the same work on every rank. A vocabulary-parallel loss (torch's
-`loss_parallel`, which needs the plain loss's full logits) would split that work too; not built. The logits
-(`model(tokens)`, what the downstream tasks score) come from the output layer as a column-split linear: each
-rank its vocabulary rows' logits, all-gathered, the whole on every rank. The norms are
-replicated (their gradients agree on every rank, or are summed over the sequence parts). Every parameter is a
-DTensor on the tensor mesh, so gradient clipping (`clip_grad_norm_` over DTensors) and FSDP2 on the data
-dimension see one kind of parameter.
-
-Mixture-of-Experts blocks (parallel.expert_tensor 1, with sequence parallelism): attention and the norms are
-split as above; the MoE layer is not. Each tensor rank routes its own part of the sequence through whole
-experts (Megatron-Core's ETP 1, torchtitan's MoE under tensor parallelism with sequence parallelism), so the
-MoE layer is data-parallel over the data x tensor ranks, its experts spread over an expert-parallel group of
-them (expert_parallel.py); its router and shared experts are plain tensors, replicated.
-
-Fused projections: our q, k, v are one matrix with rows [q | k | v] and SwiGLU's gate and up one with rows
-[gate | up] (model/transformer.py). A contiguous split of those rows would give rank 0 only q; so under
-tensor parallelism the rows are put in *rank order* - rank r's q heads, k heads and v heads, then rank r+1's
-- and ColwiseParallel's contiguous split hands each rank whole heads (whole k/v groups: the planner refuses
-a degree that does not divide the k/v heads). Checkpoints keep the canonical order: `to_canonical` and
-`from_canonical` reorder the fused tensors on save and load, so a checkpoint loads in any layout and exports
-as it is.
-"""
+`torch.distributed.tensor.parallel` on the mesh's "tp" dimension. The design (which projections split how, the
+vocabulary-parallel embedding, MoE blocks, the fused rows in rank order): docs/parallel.md, "Design notes"."""
 
 from __future__ import annotations
 

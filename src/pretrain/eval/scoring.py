@@ -1,6 +1,7 @@
 """Scoring: the log-likelihood of each request's continuation given its context, and a task's metrics.
 
-Per example, with ll_i the summed log-probability of choice i's continuation tokens:
+The metrics are METRICS' rows, the one list that `pretrain eval`'s table, its JSON and the in-loop metrics line
+read. Per example, with ll_i the summed log-probability of choice i's continuation tokens:
   acc           argmax_i ll_i is the gold choice (the raw sum; long choices lose)
   acc_norm      argmax_i ll_i / characters_i (lm-evaluation-harness's acc_norm, OLMo's len_norm)
   acc_bytes     argmax_i ll_i / UTF-8 bytes_i (the same per byte: does not depend on the tokenizer)
@@ -14,6 +15,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -22,7 +24,39 @@ if TYPE_CHECKING:
     from .models import HFModel, OurModel, PipelinedModel
     from .tasks import Request, Task
 
-METRICS = ("acc", "acc_norm", "acc_bytes", "bits_per_byte")
+Choices = list[tuple[float, "Request"]]  # an example's choices in order: (ll_i, the choice's request)
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str  # the key in `pretrain eval --json` and, as eval/<task>/<name>, in metrics.jsonl
+    of_example: Callable[[Choices, int], float]  # its value for one example: (choices, the gold index) -> value
+    heading: str  # its column in `pretrain eval`'s table
+    with_stderr: bool  # its standard error shown in the table and logged in the loop (as <name>_stderr)
+
+
+def _hit(scores: list[float], gold: int) -> float:
+    return float(scores.index(max(scores)) == gold)  # index(): the first of tied maxima, as argmax
+
+
+METRICS = (
+    Metric("acc", lambda choices, gold: _hit([ll for ll, _ in choices], gold), "acc", True),
+    Metric("acc_norm", lambda choices, gold: _hit([ll / r.chars for ll, r in choices], gold), "acc_norm", True),
+    Metric("acc_bytes", lambda choices, gold: _hit([ll / r.bytes for ll, r in choices], gold), "acc_bytes", False),
+    Metric(
+        "bits_per_byte",
+        lambda choices, gold: -choices[gold][0] / choices[gold][1].bytes / math.log(2),
+        "bits/byte",
+        False,
+    ),
+)
+
+
+def reported(task: dict[str, Any]) -> dict[str, Any]:
+    """What the loop logs of a task's results (summarize's): each metric, the standard errors the table shows,
+    and the chance level."""
+    keys = [k for m in METRICS for k in ([m.name, f"{m.name}_stderr"] if m.with_stderr else [m.name])]
+    return {k: task[k] for k in [*keys, "chance"]}
 
 
 @torch.no_grad()
@@ -65,19 +99,13 @@ def per_example(requests: list[Request], lls: list[float]) -> dict[str, list[flo
     docs = defaultdict(list)
     for r, ll in zip(requests, lls):
         docs[r.doc].append((r.choice, ll, r))
-    values = {m: [] for m in METRICS}
+    values: dict[str, list[float]] = {m.name: [] for m in METRICS}
     for doc in sorted(docs):
         choices = [(ll, r) for _, ll, r in sorted(docs[doc], key=lambda t: t[0])]
         gold = choices[0][1].gold
-        values["acc"].append(_hit([ll for ll, _ in choices], gold))
-        values["acc_norm"].append(_hit([ll / r.chars for ll, r in choices], gold))
-        values["acc_bytes"].append(_hit([ll / r.bytes for ll, r in choices], gold))
-        values["bits_per_byte"].append(-choices[gold][0] / choices[gold][1].bytes / math.log(2))
+        for m in METRICS:
+            values[m.name].append(m.of_example(choices, gold))
     return values
-
-
-def _hit(scores: list[float], gold: int) -> float:
-    return float(scores.index(max(scores)) == gold)  # index(): the first of tied maxima, as argmax
 
 
 def moments(values: dict[str, list[float]]) -> dict[str, list[float]]:

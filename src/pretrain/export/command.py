@@ -73,9 +73,9 @@ def _os_error(e: Exception) -> OSError:
 def run(args) -> int:
     from safetensors import SafetensorError
 
+    from ..checkpoint.contents import load_model
     from ..files import display_path, write_error
     from ..precision import TORCH_DTYPES
-    from ..train import load_model
     from .hf import export_hf
 
     check_no_overlap(args.out_dir, {"run directory": run_dir_of(args.run_dir)})

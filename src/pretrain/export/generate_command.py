@@ -25,8 +25,8 @@ def add_arguments(p):
 def run(args) -> int:
     import torch
 
+    from ..checkpoint.contents import load_model
     from ..errors import UsageError
-    from ..train import load_model
     from .command import tokenizer_of
     from .generate import generate_text
 

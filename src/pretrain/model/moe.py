@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator
-from typing import cast
+from typing import NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
@@ -51,6 +51,27 @@ def in_routed_part() -> bool:
     return getattr(_routing, "depth", 0) > 0
 
 
+class PairsByExpert(NamedTuple):
+    """A layer's routing (MoE.route): every (token, expert) pair chosen, sorted by expert, stably (within an
+    expert its tokens stay in order). Expert e's pairs are then one contiguous slice, the counts[e] rows after
+    those of experts 0..e-1: the contract the grouped GEMM (Experts) and expert parallelism's all-to-all
+    (distributed/expert_parallel.py, which asserts it) rely on."""
+
+    token: torch.Tensor  # (pairs,) int64: each pair's token
+    weight: torch.Tensor  # (pairs, 1) fp32: its weight in the token's sum of expert outputs
+    counts: torch.Tensor  # (E,) int64: pairs per expert
+    logits: torch.Tensor  # (tokens, E) fp32: the router's logits (z-loss)
+    scores: torch.Tensor  # (tokens, E) fp32: their softmax or sigmoid (aux loss)
+
+
+def by_expert(chosen: torch.Tensor, weights: torch.Tensor, logits: torch.Tensor, scores: torch.Tensor) -> PairsByExpert:
+    """The pairs of `chosen` (tokens, k) expert ids, with their `weights` (tokens, k), sorted by expert."""
+    experts = chosen.flatten()
+    order = experts.argsort(stable=True)
+    counts = expert_counts(experts, scores.shape[-1])
+    return PairsByExpert(order // chosen.shape[-1], weights.flatten()[order, None], counts, logits, scores)
+
+
 class Experts(nn.Module):
     """E SwiGLU experts as stacked weights: `up` [E, 2I, H] (gate rows, then up rows, as our dense `mlp.up`
     and Hugging Face's `gate_up_proj`), `down` [E, H, I]."""
@@ -61,8 +82,12 @@ class Experts(nn.Module):
         self.down = nn.Parameter(torch.empty(num_experts, hidden, width))
         self.grouped: bool | None = None  # None: the grouped GEMM wherever it runs; False: the loop
 
-    def forward(self, x, counts):
-        """x: (pairs, H) sorted by expert, counts[e] of them expert e's -> (pairs, H)."""
+    def forward(self, x, pairs: PairsByExpert):
+        """x: (pairs, H), the tokens of `pairs` in its order (by expert) -> each pair's expert output (pairs, H)."""
+        return self.compute(x, pairs.counts)
+
+    def compute(self, x, counts):
+        """x: (rows, H) sorted by expert, counts[e] of them expert e's -> (rows, H)."""
         dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
         x, up, down = x.to(dtype), self.up.to(dtype), self.down.to(dtype)  # the grouped GEMM ignores autocast
         if self.uses_grouped_mm(x):
@@ -140,32 +165,39 @@ class MoE(nn.Module):
         shape = x.shape
         x = x.reshape(-1, shape[-1])
         with routed_part():
-            logits, scores, counts, y = self._routed(x)
+            pairs = self.route(x)
+            y = self._routed(x, pairs)
         if self.shared is not None:
             y = y + self.shared(x)
         if self.training:
-            self._account(logits, scores, counts)
+            self._account(pairs.logits, pairs.scores, pairs.counts)
         return y.reshape(shape)
 
-    def _routed(self, x):
-        """The routed experts' output for tokens x (tokens, H), with the router's logits, scores and per-expert
-        counts."""
-        logits = self.router(x).float()  # routing in fp32 whatever the compute dtype
+    def route(self, x) -> PairsByExpert:
+        """Token choice for tokens x (tokens, H): scores from the router's logits, in fp32 whatever the compute
+        dtype; each token's experts (`choose`), weighted by their scores (rescaled to sum to 1 when
+        norm_topk_prob); the pairs sorted by expert."""
+        logits = self.router(x).float()
         scores = logits.softmax(-1) if self.score == "softmax" else logits.sigmoid()
         with torch.no_grad():
-            chosen = (scores + self.expert_bias).topk(self.top_k, dim=-1).indices  # the bias chooses only
+            chosen = self.choose(scores)
         weights = scores.gather(-1, chosen)
         if self.norm_topk_prob:
             weights = weights / weights.sum(-1, keepdim=True)
-        # (token, expert) pairs sorted by expert (stable: tokens stay in order within an expert)
-        experts = chosen.flatten()
-        order = experts.argsort(stable=True)
-        token = order // self.top_k
-        counts = expert_counts(experts, self.num_experts)
-        out = self.experts(x[token], counts) * weights.flatten()[order, None].to(x.dtype)
-        # Each token's weighted sum of its experts' outputs. index_put_'s backward keeps only the token ids, where
-        # index_add_'s keeps its whole source (for its shape): a second copy of every routed token's output.
-        return logits, scores, counts, torch.zeros_like(x).index_put_((token,), out.to(x.dtype), accumulate=True)
+        return by_expert(chosen, weights, logits, scores)
+
+    def choose(self, scores):
+        """Each token's top_k experts (tokens, k): the highest score plus routing bias (the bias chooses, it never
+        weighs). Another rule of choice (DeepSeek-V3's group-limited routing: the best groups of experts first)
+        goes here."""
+        return (scores + self.expert_bias).topk(self.top_k, dim=-1).indices
+
+    def _routed(self, x, pairs: PairsByExpert):
+        """The routed experts' output for tokens x (tokens, H): each token's weighted sum of its experts'."""
+        out = self.experts(x[pairs.token], pairs) * pairs.weight.to(x.dtype)
+        # index_put_'s backward keeps only the token ids, where index_add_'s keeps its whole source (for its
+        # shape): a second copy of every routed token's output.
+        return torch.zeros_like(x).index_put_((pairs.token,), out.to(x.dtype), accumulate=True)
 
     def _account(self, logits, scores, counts) -> None:
         """This micro-batch's balancing losses (into `router_loss`) and statistics (into the step's sums), once

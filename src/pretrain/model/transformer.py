@@ -23,44 +23,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..plan.kernels import native_gqa
 from ..plan.params import padded_vocab_size
 from . import documents as docs
+from .attention import Attention, takes_gqa
 from .loss import build_loss
 from .moe import MoE, moe_width, router_loss
+from .norm import RMSNorm
 from .rope import inverse_frequencies
 
 if TYPE_CHECKING:
     from ..config import ResolvedConfig
     from ..config.schema import ResolvedModelConfig
-
-
-class RMSNorm(nn.Module):
-    """x / sqrt(mean(x^2) + eps) * weight, computed in fp32 whatever the input dtype (Zhang and Sennrich 2019).
-
-    Through `F.rms_norm` where torch has it (2.4 on). On the CPU it runs the same ops as the formula written
-    out below: bitwise the same output and gradients, and the same tensors kept for backward, which is what
-    the planner counts (tests/model/test_norm.py). On CUDA (torch >= 2.8) it runs a fused kernel that keeps
-    fewer tensors (the input and 1/rms), which the plan counts there (pretrain.plan.kernels.fused_rms_norm);
-    under torch.compile the norm is one fused kernel either way.
-    """
-
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x):
-        # A bf16 input under an fp32 weight (QK-norm under autocast) has no fused kernel: F.rms_norm falls back
-        # to this formula, warning on every call; the formula itself is bitwise the same (tests/model/test_norm.py).
-        if _HAS_RMS_NORM and x.dtype == self.weight.dtype:
-            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
-        x32 = x.float()
-        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (normed * self.weight).type_as(x)
-
-
-_HAS_RMS_NORM = hasattr(F, "rms_norm")
 
 
 def rotary_tables(
@@ -71,115 +44,6 @@ def rotary_tables(
     inv_freq, attention_factor = inverse_frequencies(head_dim, theta, scaling, device=device)
     angles = torch.outer(torch.arange(seq_len, dtype=torch.float32, device=device), inv_freq)
     return angles.cos() * attention_factor, angles.sin() * attention_factor  # x 1.0 leaves them bitwise as they are
-
-
-def apply_rotary(x, cos, sin):
-    """Rotate pairs (x_i, x_{i+d/2}) of x (batch, seq, heads, head_dim) by the position's angle."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-
-
-def takes_gqa(device: torch.device, half: bool, head_dim: int) -> bool:
-    """Does SDPA run grouped k/v heads on a fused kernel here? The rule is pretrain.plan.kernels'."""
-    flash_gpu = device.type != "cuda" or torch.cuda.get_device_capability(device) >= (8, 0)
-    return native_gqa(device.type, half, head_dim, torch.__version__, flash_gpu)
-
-
-class Attention(nn.Module):
-    def __init__(self, cfg, attention: str):
-        super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        q_width, kv_width = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-        gpt2 = cfg.family == "gpt2"
-        self.qkv = nn.Linear(cfg.hidden_size, q_width + 2 * kv_width, bias=cfg.bias if gpt2 else cfg.qkv_bias)
-        self.proj = nn.Linear(q_width, cfg.hidden_size, bias=cfg.bias if gpt2 else False)
-        self.rotary = not gpt2
-        # Qwen3's QK-norm: one RMSNorm weight of head_dim, shared by every query head (and one by every key head);
-        # OLMoE's (qk_norm_over: projection): one over the whole q projection and one over the whole k
-        self.whole_qk_norm = cfg.qk_norm_over == "projection"
-        q_norm_width, k_norm_width = (q_width, kv_width) if self.whole_qk_norm else (cfg.head_dim, cfg.head_dim)
-        self.q_norm = RMSNorm(q_norm_width, cfg.norm_eps) if cfg.qk_norm else None
-        self.k_norm = RMSNorm(k_norm_width, cfg.norm_eps) if cfg.qk_norm else None
-        self.attention = attention
-        self.dropout = cfg.dropout
-        self.native_gqa: bool | None = None  # None: decided per call; the trainer fixes it before compiling
-
-    def forward(self, x, rope, mask=None):
-        """`rope`: the (cos, sin) tables by position (seq rows and up), or per token (batch, seq, head_dim / 2)
-        when positions restart at each document; `mask`: None (causal), each row's document lengths, a boolean
-        (batch, 1, seq, seq) mask (True = attends) or a FlexAttention block mask (pretrain.model.documents)."""
-        qkv = self.qkv(x)
-        # Head counts and sequence length from the projection's output, not the config: under tensor
-        # parallelism this rank holds kv_heads / t whole k/v groups (and their q heads), and under sequence
-        # parallelism x is this rank's part of the sequence while qkv covers all of it.
-        b, s, width = qkv.shape
-        group = self.num_heads // self.num_kv_heads
-        kv_heads = width // ((group + 2) * self.head_dim)
-        heads = group * kv_heads
-        q, k, v = qkv.split([heads * self.head_dim, kv_heads * self.head_dim, kv_heads * self.head_dim], dim=-1)
-        if (
-            self.q_norm is not None and self.k_norm is not None and self.whole_qk_norm
-        ):  # over the projection (transformers' OlmoeAttention)
-            q, k = self.q_norm(q), self.k_norm(k)
-        q = q.view(b, s, heads, self.head_dim)
-        k = k.view(b, s, kv_heads, self.head_dim)
-        v = v.view(b, s, kv_heads, self.head_dim)
-        if self.q_norm is not None and self.k_norm is not None and not self.whole_qk_norm:
-            # over each head's vector, before the rotation (transformers' Qwen3Attention)
-            q, k = self.q_norm(q), self.k_norm(k)
-        if self.rotary:
-            cos, sin = ((t[:s, None, :] if t.dim() == 2 else t[:, :, None, :]).to(q.dtype) for t in rope)
-            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        gqa = group > 1  # grouped-query attention: each k/v head serves a group
-        flex = mask is not None and not isinstance(mask, (torch.Tensor, tuple))
-        if gqa and self.attention == "sdpa" and not flex and not self.sdpa_takes_gqa(q):
-            k, v = self.repeat_kv(k), self.repeat_kv(v)  # so that a fused kernel runs, not the math one
-            gqa = False
-        # (batch, heads, seq, head_dim) views of (batch, seq, heads, head_dim) memory: attention kernels
-        # return their output in the same layout, so the transpose back below is free.
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        dropout = self.dropout if self.training else 0.0
-        if flex:  # FlexAttention's block mask (CUDA): no dropout, refused at start (documents.document_kernel)
-            y = docs.flex_attention(q, k, v, mask, enable_gqa=gqa)
-        elif isinstance(mask, tuple):  # each row's document lengths (CPU): causal SDPA on each document alone
-            y = torch.cat(
-                [
-                    torch.cat(
-                        [
-                            F.scaled_dot_product_attention(*qkv, dropout_p=dropout, is_causal=True, enable_gqa=gqa)
-                            for qkv in zip(*(t[row : row + 1].split(lengths, dim=2) for t in (q, k, v)))
-                        ],
-                        dim=2,
-                    )
-                    for row, lengths in enumerate(mask)
-                ]
-            )
-        elif self.attention == "sdpa":
-            y = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=mask is None, enable_gqa=gqa
-            )
-        else:  # eager: the seq x seq scores are materialised (and kept for backward)
-            if gqa:
-                k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-            scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)
-            if mask is None:
-                mask = torch.ones(s, s, dtype=torch.bool, device=x.device).tril()
-            scores = scores.masked_fill(~mask, float("-inf"))
-            probs = scores.float().softmax(dim=-1).to(q.dtype)  # softmax in fp32 on every device
-            y = (F.dropout(probs, dropout, self.training) if dropout else probs) @ v
-        return self.proj(y.transpose(1, 2).reshape(b, s, -1))
-
-    def sdpa_takes_gqa(self, q) -> bool:
-        if self.native_gqa is not None:
-            return self.native_gqa
-        return takes_gqa(q.device, q.dtype in (torch.float16, torch.bfloat16), self.head_dim)
-
-    def repeat_kv(self, t):
-        """(batch, seq, kv_heads, head_dim) -> (batch, seq, heads, head_dim), each k/v head once per query head
-        of its group (the Hugging Face / torchtitan order)."""
-        b, s, kv, d = t.shape
-        group = self.num_heads // self.num_kv_heads
-        return t[:, :, :, None, :].expand(b, s, kv, group, d).reshape(b, s, kv * group, d)
 
 
 class SwiGLU(nn.Module):
@@ -274,7 +138,7 @@ RESIDUAL_OUTPUTS = ("attn.proj.weight", "mlp.down.weight", "mlp.experts.down", "
 
 class Transformer(nn.Module):
     config: ResolvedModelConfig
-    training_config: ResolvedConfig  # the whole run's, set by train.load_model (data directory, tokenizer)
+    training_config: ResolvedConfig  # the whole run's, set by load_model (checkpoint/contents.py): data dir, tokenizer
 
     def __init__(self, cfg, attention: str = "sdpa", loss: str = "chunked", loss_chunk_tokens: int = 4096):
         super().__init__()

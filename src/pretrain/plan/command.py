@@ -12,8 +12,7 @@ Examples:
 
 from __future__ import annotations
 
-import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..config import ResolvedConfig, replaced
 from ..config_args import add_config_arguments, config_from_args
@@ -70,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
 
         return serve(args.items, args.port)
     from . import plan_with_explain, planned_config
+    from .answers import as_json
     from .table import render
 
     config = config_from_args(args)
@@ -86,30 +86,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def as_json(result: dict[str, Any]) -> str:
-    """The text of `--json` (without print's newline); the page's /api/plan and /api/fit answer the same."""
-    return json.dumps(result, indent=2)
-
-
-def fit_result(config: ResolvedConfig, top: int) -> tuple[ResolvedConfig, dict[str, Any]]:
-    """(the config whose layouts were searched, the --fit ranking): in budget mode, the model it buys."""
-    from ..errors import UsageError
-    from . import plan_with_explain, planned_config
-    from .budget_mode import budget_requested
-    from .fit import fit
-    from .fit_fp8 import weigh
-
-    if top < 1:
-        raise UsageError(f"--top: must be at least 1, got {top}")
-    if budget_requested(config):  # budget mode: the layouts of the model the budget buys (its advice unread)
-        config = planned_config(config, plan_with_explain(config, advice=False)[0])
-    result = fit(config, top=top)
-    weighed = weigh(config, result)  # a card with float8: the other precision's fastest beside (plan/fit_fp8.py)
-    return config, {**result, "fp8_vs_bf16": weighed} if weighed else result
-
-
 def _fit(config: ResolvedConfig, args: argparse.Namespace) -> int:
     from . import plan_with_explain
+    from .answers import as_json, fit_result
     from .fit import render
     from .fit_fp8 import lines
 

@@ -3,7 +3,7 @@
 The page (page.html, one static file: no build step) keeps its state in the URL's query, the CLI's own
 `section.key=value` overrides (`/?model.preset=llama3-8b&parallel.gpus=64`), and asks the JSON API:
 
-  GET  /api/plan?QUERY       exactly `pretrain plan QUERY --json` (plan.command.as_json of the same plan)
+  GET  /api/plan?QUERY       exactly `pretrain plan QUERY --json` (plan.answers.as_json of the same plan)
   GET  /api/fit?QUERY        exactly `pretrain plan QUERY --fit --json` (the default --top 10)
   GET  /api/explain?QUERY    `--explain`'s trail as text
   GET  /api/phases?QUERY     what each phase of a step holds, the bars of the memory chart
@@ -102,13 +102,13 @@ def _text(value: object) -> str:
 
 def plan_answer(query: str, readable: Readable) -> str:
     from . import make_plan
-    from .command import as_json
+    from .answers import as_json
 
     return as_json(make_plan(page_config(query, readable)[1]))
 
 
 def fit_answer(query: str, readable: Readable) -> str:
-    from .command import as_json, fit_result
+    from .answers import as_json, fit_result
 
     return as_json(fit_result(page_config(query, readable)[1], top=10)[1])
 

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 from .grid import parse_items
 
 if TYPE_CHECKING:  # what __getattr__ hands out, named for the type checker without importing torch at runtime
-    from .run import SyntheticTokens, run_sweep
+    from .run import run_sweep
+    from .synthetic import SyntheticTokens
 
 __all__ = ["run_sweep", "parse_items", "SyntheticTokens"]
 
@@ -21,8 +22,12 @@ __all__ = ["run_sweep", "parse_items", "SyntheticTokens"]
 def __getattr__(name: str) -> object:
     # Imported on first use: `pretrain --help` imports pretrain.sweep.command, hence this package, and must
     # not pay for importing torch.
-    if name in ("run_sweep", "SyntheticTokens"):
-        from . import run
+    if name == "run_sweep":
+        from .run import run_sweep
 
-        return getattr(run, name)
+        return run_sweep
+    if name == "SyntheticTokens":
+        from .synthetic import SyntheticTokens
+
+        return SyntheticTokens
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

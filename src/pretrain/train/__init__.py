@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    import torch
-
     from ..config.schema import ResolvedConfig
 
 # PyTorch's CUDA allocator then grows segments in place instead of caching blocks of fixed sizes: less memory
@@ -48,10 +45,3 @@ def train(config: ResolvedConfig) -> dict:
         raise error from None
     finally:
         shutdown(rt)
-
-
-def load_model(path: str | Path, device: str = "cpu") -> torch.nn.Module:
-    """Our torch.nn.Module from a run directory or a checkpoint, in eval mode."""
-    from .checkpoint.contents import load_model as _load
-
-    return _load(path, device=device)

@@ -24,7 +24,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import precision as precisions
-from ..model.transformer import takes_gqa
+from ..model.attention import takes_gqa
 
 if TYPE_CHECKING:
     from ..config.schema import ResolvedConfig

@@ -74,9 +74,9 @@ def check_same_run_dir(run_dir: Path, overrides: list[str]) -> None:
 def check_saved_config(saved: Path) -> None:
     """The run's config.yaml must be there and hold a config; when it does not, name it and the verified copy
     in the newest checkpoint to restore it from (every checkpoint keeps its own, checksummed)."""
+    from ..checkpoint.choice import resume_point
+    from ..checkpoint.run_dir import RunDir
     from ..errors import UsageError
-    from .checkpoint.choice import resume_point
-    from .checkpoint.run_dir import RunDir
 
     run_dir = saved.parent
     if not run_dir.is_dir():

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..checkpoint.format import set_rng_state
 from ..data.token_files import DataChanged
 from ..errors import UsageError
-from .checkpoint.format import set_rng_state
 
 
 def stopped_by_data_change(trainer, error: DataChanged) -> UsageError:

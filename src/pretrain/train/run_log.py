@@ -134,3 +134,8 @@ def _scalars(record: dict) -> dict:
     for key, value in record.items():
         flat.update({f"{key}/{k}": v for k, v in value.items()} if isinstance(value, dict) else {key: value})
     return flat
+
+
+def json_float(x: float) -> float | str:
+    """JSON has no NaN or infinity: those are written as strings."""
+    return x if x == x and abs(x) != float("inf") else str(x)

@@ -2,8 +2,8 @@
 the run's one plan, the data, the run directory claimed, the model made trainable here and the windows it reads.
 
 Its own module so that trainer.py holds the loop and what it carries out for the callbacks. Each function
-returns what it makes and assigns nothing: `Trainer.__init__` calls them in order and keeps the results as
-its attributes, which the callbacks read.
+returns what it makes, named (TrainingData, ClaimedRunDir, Staged, TrainableModel), and assigns nothing:
+`Trainer.__init__` calls them in order and keeps the results as its attributes, which the callbacks read.
 """
 
 from __future__ import annotations
@@ -11,11 +11,15 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
+from ..checkpoint.choice import resume_point
+from ..checkpoint.compatibility import check_resume_compatible, settings_change, stage_change, stage_length
+from ..checkpoint.run_dir import RunDir
 from ..config import half_residual_enabled, mixture_sources, replaced
 from ..data.documents import check_document_index
 from ..model.documents import documents_of_run
@@ -25,9 +29,6 @@ from ..plan.params import count_params
 from ..precision import half_dtype
 from . import plan_check
 from .attention import kernel_context, rank_kv_heads
-from .checkpoint.choice import resume_point
-from .checkpoint.compatibility import check_resume_compatible, settings_change, stage_change, stage_length
-from .checkpoint.run_dir import RunDir
 from .prefetch import WindowSource
 
 if TYPE_CHECKING:
@@ -63,11 +64,22 @@ def plan_run(device_config: ResolvedConfig, rt: Runtime) -> dict:
     return plan
 
 
-def open_data(
-    c: ResolvedConfig, rt: Runtime, loader: WindowSource | None
-) -> tuple[list[dict] | None, PreparedData | None]:
-    """(mixture, data): a mixture's sources (data/mixture.py), each with its data, and None; otherwise None and
-    data.dir's data; None both with a loader of its own."""
+@dataclass(frozen=True)
+class TrainingData:
+    """What a run reads: a mixture's sources (data/mixture.py), each with its opened data, or data.dir's prepared
+    data; neither with a loader of its own."""
+
+    mixture: list[dict] | None
+    data: PreparedData | None
+
+    def prepared(self) -> list[PreparedData]:
+        """The prepared directories a run reads: data.dir's, or each mixture source's (none with a loader of its
+        own)."""
+        return [self.data] if self.data is not None else [s["data"] for s in self.mixture or []]
+
+
+def open_data(c: ResolvedConfig, rt: Runtime, loader: WindowSource | None) -> TrainingData:
+    """The run's data, opened and checked (each split holds a validation batch)."""
     from ..data.loader import open_training_data
     from ..data.mixture import open_mixture
     from ..data.windows import SequentialWindows
@@ -82,21 +94,23 @@ def open_data(
     if loader is None and not mixture:
         assert c.data.dir is not None  # check_trainable(needs_data=True) refused a run without it
         data = open_training_data(c.data.dir, c.data.verify, c.model.vocab_size)
-    for opened in prepared_data(mixture, data):
-        SequentialWindows(opened, "val", t.seq_len, rank=rt.data_rank, world_size=rt.data_size)  # enough val?
-    return mixture, data
+    opened = TrainingData(mixture, data)
+    for prepared in opened.prepared():
+        SequentialWindows(prepared, "val", t.seq_len, rank=rt.data_rank, world_size=rt.data_size)  # enough val?
+    return opened
 
 
-def prepared_data(mixture: list[dict] | None, data: PreparedData | None) -> list[PreparedData]:
-    """The prepared directories a run reads: data.dir's, or each mixture source's (none with a loader of its own)."""
-    return [data] if data is not None else [s["data"] for s in mixture or []]
+@dataclass(frozen=True)
+class ClaimedRunDir:
+    """The run directory, once this run holds it."""
+
+    resume_from: Path | None  # the checkpoint this run resumes from
+    changes: list[dict]  # the events of what the resume changes (a stage of another seq_len, other settings)
+    history_aside: Path | None  # where an earlier run's history without a checkpoint was moved
 
 
-def claim_run_dir(
-    directory: RunDir, c: ResolvedConfig, rt: Runtime, quiet: bool
-) -> tuple[Path | None, list[dict], Path | None]:
-    """(resume_from, changes, history_aside): one trainer per run directory, before any write; where it
-    resumes from, the events of what the resume changes (a stage of another seq_len, other settings), and an
+def claim_run_dir(directory: RunDir, c: ResolvedConfig, rt: Runtime, quiet: bool) -> ClaimedRunDir:
+    """One trainer per run directory, before any write: where it resumes from, what the resume changes, and an
     earlier run's leftovers set aside."""
     from ..distributed.runtime import barrier, first_of_ranks
 
@@ -117,31 +131,42 @@ def claim_run_dir(
     if rt.is_main and not quiet:
         directory.set_aside_corrupt(corrupt)
         history_aside = directory.set_aside_history()  # an earlier run's is not this run's
-    return resume_from, changes, history_aside
+    return ClaimedRunDir(resume_from, changes, history_aside)
 
 
-def staged(
-    c: ResolvedConfig, resume_from: Path | None, changes: list[dict], saved: dict
-) -> tuple[ResolvedConfig, list[dict]]:
-    """(the config this process trains, the resume's change events): a new stage's length (train.stage_tokens)
-    made the run's own (its train.max_steps), said in its stage_changed event, or refused in one line where the
-    stage would train nothing or the key stands outside a stage (checkpoint/compatibility.stage_length)."""
+@dataclass(frozen=True)
+class Staged:
+    """The config this process trains and the resume's change events, once a new stage's length is known."""
+
+    config: ResolvedConfig
+    changes: list[dict]
+
+
+def staged(c: ResolvedConfig, resume_from: Path | None, changes: list[dict], saved: dict) -> Staged:
+    """A new stage's length (train.stage_tokens) made the run's own (its train.max_steps), said in its
+    stage_changed event, or refused in one line where the stage would train nothing or the key stands outside a
+    stage (checkpoint/compatibility.stage_length)."""
     stage = next((e for e in changes if e["event"] == "stage_changed"), None)
     total_steps = training_length(c, count_params(c.model).active)["steps"]
     length = stage_length(resume_from or "", c, stage, saved, total_steps)
     if not length:
-        return c, changes
+        return Staged(c, changes)
     assert stage is not None  # stage_length gives a length to a new stage only
     staged_config = replaced(c, length)
     said = {**stage, "stage_tokens": c.train.stage_tokens, "ends_at_step": staged_config.train.max_steps}
-    return staged_config, [said if e is stage else e for e in changes]
+    return Staged(staged_config, [said if e is stage else e for e in changes])
 
 
-def trainable_model(
-    c: ResolvedConfig, rt: Runtime, opened: list[PreparedData]
-) -> tuple[Documents | None, Callable[[], AbstractContextManager], Parallelized]:
-    """(documents, attention_kernels, par): the documents of a window, the attention kernels, and the model
-    built and parallelized."""
+@dataclass(frozen=True)
+class TrainableModel:
+    documents: Documents | None  # train.document_masking: the documents of a window (model/documents.py)
+    attention_kernels: Callable[[], AbstractContextManager]  # entered by each step, not for good
+    engine: Parallelized  # the model made trainable here, with its optimizer
+
+
+def trainable_model(c: ResolvedConfig, rt: Runtime, opened: list[PreparedData]) -> TrainableModel:
+    """The model built and made trainable on this process layout, with the documents of a window and the
+    attention kernels its steps run."""
     from ..distributed.parallelize import parallelize
     from ..model import build_model
 
@@ -173,21 +198,19 @@ def trainable_model(
         from ..model.hf import load_hf_into
 
         load_hf_into(model, c.model.init_from)
-    par = parallelize(model, c, rt)
+    engine = parallelize(model, c, rt)
     # The weights have their own generators; the global one drives dropout, whose masks must differ
     # between data-parallel ranks as they would between the micro-batches of one process.
     torch.manual_seed(t.seed + rt.data_rank)
-    return documents, attention_kernels, par
+    return TrainableModel(documents, attention_kernels, engine)
 
 
-def window_source(
-    c: ResolvedConfig, rt: Runtime, mixture: list[dict] | None, data: PreparedData | None, loader: WindowSource | None
-) -> WindowSource:
+def window_source(c: ResolvedConfig, rt: Runtime, opened: TrainingData, loader: WindowSource | None) -> WindowSource:
     """What the batches are read from: a loader of its own, a mixture's windows by weight, or data.dir's."""
     from ..data.mixture import MixtureWindows
     from ..data.windows import RandomWindows
 
-    t = c.train
+    t, mixture, data = c.train, opened.mixture, opened.data
     if mixture:
         return MixtureWindows(mixture, t.seq_len, seed=t.seed, rank=rt.data_rank, world_size=rt.data_size)
     if loader is not None:

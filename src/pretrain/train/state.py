@@ -1,10 +1,11 @@
 """What the trainer and its callbacks share, below both so that a callback reads it without importing the
 trainer: the stop that needs a person, the trainer's counters and what callbacks read of a run (TrainState),
-one step's outcome (StepResult), and what a callback may ask of the trainer (Asks)."""
+one step's outcome (StepResult), and what a callback may ask of the trainer (Asks, Rollback)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 
 from ..errors import UsageError
 
@@ -73,6 +74,18 @@ def _copied(value):
 
 
 @dataclass(frozen=True)
+class Rollback:
+    """A rollback a callback asks for (Stability): the trainer loads checkpoint `to` but for its data position and
+    RNG, so the data stream goes on past the batches that caused it, and scales the learning rate by
+    `lr_scale` for `lr_scale_steps` steps after it (1.0 or 0 steps: unchanged)."""
+
+    to: Path  # the newest good checkpoint before this step
+    loss: float  # the loss that asked for it, for the event and the line
+    lr_scale: float = 1.0
+    lr_scale_steps: int = 0
+
+
+@dataclass(frozen=True)
 class Asks:
     """What a callback's hook may ask of the trainer (its return value; None asks nothing). The trainer carries
     it out right after that hook returns, in one place (`Trainer.carry_out`); callbacks change no trainer
@@ -84,7 +97,7 @@ class Asks:
     stop: str = ""
     # on_step_end only: roll this step back (Stability: to the newest good checkpoint, past the data that
     # caused it); the callbacks after this one do not see the step.
-    rollback: bool = False
+    rollback: Rollback | None = None
     # on_step_start: the coming step counts the bytes it holds (measure.py), for plan vs run.
     measure_next: bool = False
     # on_step_end: a metrics interval was timed (MetricsLogger); recorded as TrainState.interval, read by

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 
 def train_step(
-    par: Parallelized,
+    engine: Parallelized,
     batches: Prefetcher,
     state: TrainState,
     *,
@@ -51,32 +51,32 @@ def train_step(
     stop_asked: Callable[[], bool] = lambda: False,
     measure: bool = False,
 ) -> StepResult:
-    """Run one step on `par` (a Parallelized) with `accum` micro-batches from `batches` (a Prefetcher), and
+    """Run one step on `engine` (a Parallelized) with `accum` micro-batches from `batches` (a Prefetcher), and
     advance `state`'s counters (step, tokens, micro_batches)."""
-    optimizer, rt = par.optimizer, par.rt
+    optimizer, rt = engine.optimizer, engine.rt
     _set_lr(optimizer, lr)
-    autocast = par.autocast_context
+    autocast = engine.autocast_context
     measured: dict | None = None
     loss_sum = torch.zeros((), device=rt.device)
-    with par.step_context():  # train.cache_weight_casts: the weights' casts made once, reused by every micro-batch
+    with engine.step_context():  # train.cache_weight_casts: the weights' casts made once, reused by every micro-batch
         for i in range(accum):
             x, y = batches.next_batch()
-            with par.no_sync(last=i == accum - 1):
-                if measure and i == 0 and par.measurable:
-                    assert isinstance(par.forward, torch.nn.Module)  # par.measurable: the model, or its DDP
-                    loss, saved = measure_forward(par.forward, x, y, autocast)
+            with engine.no_sync(last=i == accum - 1):
+                if measure and i == 0 and engine.measurable:
+                    assert isinstance(engine.forward, torch.nn.Module)  # engine.measurable: the model, or its DDP
+                    loss, saved = measure_forward(engine.forward, x, y, autocast)
                     measured = {"saved": saved}
                 else:
                     with autocast():
-                        loss = par.forward(x, y)
+                        loss = engine.forward(x, y)
                 state.micro_batches += 1
-                lm_loss = getattr(par.module, "lm_loss", None)  # MoE: reported without the balancing losses
+                lm_loss = getattr(engine.module, "lm_loss", None)  # MoE: reported without the balancing losses
                 loss_sum += (loss if lm_loss is None else lm_loss).detach().float()
                 scaled = loss / accum
                 (scaler.scale(scaled) if scaler is not None else scaled).backward()
     if scaler is not None:
         scaler.unscale_(optimizer)
-    norm = par.clip(grad_clip)
+    norm = engine.clip(grad_clip)
     if scaler is not None:
         _agree_on_overflow(scaler, optimizer, norm)
     numbers = HostCopy(_reduce(loss_sum, accum, stop_asked(), norm, rt))
@@ -85,14 +85,14 @@ def train_step(
         scaler.update()
     else:
         _step_unless_overflow(optimizer, norm, numbers)
-    par.after_optimizer_step()
+    engine.after_optimizer_step()
     loss_mean, stop, grad_norm = numbers.values
     loss_mean, stop, finite = loss_mean / rt.world_size, stop > 0, math.isfinite(grad_norm)
-    moe = end_step(par.module, accum, update=finite) if par.module.config.num_experts else None
+    moe = end_step(engine.module, accum, update=finite) if engine.module.config.num_experts else None
     if measure:
         measured = measured or {"saved": None}
-        measured["states"] = model_state_bytes(par.module, getattr(optimizer, "optim", optimizer))
-    par.module.zero_grad(set_to_none=True)  # every gradient: a ZeRO-1 optimizer by hand holds its own only
+        measured["states"] = model_state_bytes(engine.module, getattr(optimizer, "optim", optimizer))
+    engine.module.zero_grad(set_to_none=True)  # every gradient: a ZeRO-1 optimizer by hand holds its own only
     batch_tokens = _advance(state, accum * micro_batch_size * seq_len * rt.data_size)
     return StepResult(
         loss=loss_mean,
@@ -107,7 +107,7 @@ def train_step(
 
 
 def pipeline_train_step(
-    par: Pipelined,
+    engine: Pipelined,
     batches: Prefetcher,
     state: TrainState,
     *,
@@ -119,33 +119,33 @@ def pipeline_train_step(
     stop_asked: Callable[[], bool] = lambda: False,
     measure: bool = False,
 ) -> StepResult:
-    """One step on `par` (a distributed.pipeline.Pipelined): the step's `accum` micro-batches through the
+    """One step on `engine` (a distributed.pipeline.Pipelined): the step's `accum` micro-batches through the
     pipeline's schedule, which runs forward and backward on this rank's stage; the gradient norm of all stages
     together (each stage adds its squared norm); clip; AdamW on this stage's parameters. Every rank of a
     pipeline reads the same micro-batches (its data-parallel rank's): stage 0 needs the tokens, the last
     stage the targets."""
-    optimizer, rt = par.optimizer, par.rt
+    optimizer, rt = engine.optimizer, engine.rt
     _set_lr(optimizer, lr)
     xs, ys = zip(*(batches.next_batch() for _ in range(accum)))
     state.micro_batches += accum
-    loss = par.run_step(torch.cat(xs), torch.cat(ys), accum)
+    loss = engine.run_step(torch.cat(xs), torch.cat(ys), accum)
     # One all-reduce over all ranks for the loss (only last stages add theirs), the stop request and the
     # squared gradient norms: every data-parallel replica of a stage holds the same (all-reduced) gradients,
     # and its tensor ranks the same loss and stage norm, so the sum over all ranks counts each stage
     # `replicas` (data x tensor) times.
-    packed = torch.stack([loss.double(), _flag(stop_asked(), rt.device), par.grad_norm_squared().double()])
+    packed = torch.stack([loss.double(), _flag(stop_asked(), rt.device), engine.grad_norm_squared().double()])
     torch.distributed.all_reduce(packed)
     loss_sum, stop, norm_sq = packed.tolist()
-    replicas = par.replicas
+    replicas = engine.replicas
     grad_norm = math.sqrt(norm_sq / replicas) if math.isfinite(norm_sq) else float("nan")
     finite = math.isfinite(grad_norm)
     if finite:
-        par.clip_to(grad_norm, grad_clip)
+        engine.clip_to(grad_norm, grad_clip)
         optimizer.step()
     measured = None
     if measure:
-        measured = {"saved": None, "states": model_state_bytes(par.module, optimizer)}
-    par.module.zero_grad(set_to_none=True)  # every gradient of the stage: ZeRO-1's optimizer holds its own only
+        measured = {"saved": None, "states": model_state_bytes(engine.module, optimizer)}
+    engine.module.zero_grad(set_to_none=True)  # every gradient of the stage: ZeRO-1's optimizer holds its own only
     batch_tokens = _advance(state, accum * micro_batch_size * seq_len * rt.data_size)
     return StepResult(
         loss=loss_sum / replicas,

@@ -19,6 +19,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..checkpoint.choice import prune, remove_after
+from ..checkpoint.compatibility import schedule_line, settings_line, stage_line
+from ..checkpoint.contents import Checkpoints, Stateful, TensorState
+from ..checkpoint.format import read_trainer_state, rng_state
+from ..checkpoint.run_dir import RunDir
 from ..config.trainable import check_trainable
 from ..data.token_files import DataChanged
 from ..distributed.fp8 import check_installed as check_fp8_installed
@@ -27,31 +32,13 @@ from ..plan.params import count_params
 from ..plan.schedule import learning_rate, micro_batches_per_step, resumed_schedule
 from . import plan_check
 from .callbacks import Callback, default_callbacks
-from .callbacks.evaluation import evaluate
-from .callbacks.preemption import Preemption, preempted
-from .callbacks.spikes import Stability
-from .callbacks.tasks import evaluate_tasks
-from .checkpoint.choice import prune
-from .checkpoint.compatibility import settings_line
-from .checkpoint.contents import Checkpoints, Stateful, TensorState
-from .checkpoint.format import read_trainer_state, rng_state
-from .checkpoint.run_dir import RunDir
 from .data_changes import stopped_by_data_change
 from .loggers import check_installed
 from .prefetch import Prefetcher, WindowSource
 from .preflight import check_fits_device
-from .run_log import TrainingLog
-from .startup import (
-    claim_run_dir,
-    launched_config,
-    open_data,
-    plan_run,
-    prepared_data,
-    staged,
-    trainable_model,
-    window_source,
-)
-from .state import Asks, StepResult, TrainState
+from .run_log import TrainingLog, json_float
+from .startup import claim_run_dir, launched_config, open_data, plan_run, staged, trainable_model, window_source
+from .state import Asks, Rollback, StepResult, TrainState
 from .step import pipeline_train_step, train_step
 
 if TYPE_CHECKING:
@@ -83,13 +70,11 @@ class Trainer:
     ramp: dict  # the batch ramp's arguments (plan.schedule.micro_batches_per_step)
     documents: Documents | None  # train.document_masking: the documents of a window (model/documents.py)
     attention_kernels: Callable[[], AbstractContextManager]  # entered by each step
-    par: Parallelized  # the model made trainable here, with its optimizer
+    engine: Parallelized  # the model made trainable here, with its optimizer
     scaler: torch.amp.GradScaler | None  # fp16-mixed's loss scaler
     batches: Prefetcher
     state: TrainState  # the counters, and the last metrics interval
     callbacks: list[Callback]  # in callbacks.ORDER
-    stability: Stability  # the callback whose rollback the trainer carries out, and whose `good` marks a save
-    preemption: Preemption  # the callback whose signal, received mid-step, the step's stop request reads
     checkpoints: Checkpoints
     stop_reason: str  # the first stop a callback asked for ("" none): the coming steps carry it to every rank
     measure_next: bool  # a callback asked that the coming step count the bytes it holds
@@ -108,7 +93,6 @@ class Trainer:
         nothing to the run directory; `plan`: this config's plan on this device where the caller has made it
         already (`pretrain sweep`'s cell), else the trainer makes it."""
         c = self.config = launched_config(config, rt, own_data=loader is None)
-        t = c.train
         # This run's grid: the tensor ranks and pipeline stages of one data-parallel rank read its batches.
         rt = dataclasses.replace(rt, tensor=c.parallel.tensor, pipeline=c.parallel.pipeline)
         self.rt, self.run_dir = rt, Path(c.run.dir)
@@ -118,40 +102,28 @@ class Trainer:
         self.plan = plan if plan is not None else plan_run(self.device_config, rt)
         check_fits_device(self.plan, rt)
         check_installed(c.run.loggers)
-        check_fp8_installed(t.precision)
-        self.mixture, self.data = open_data(c, rt, loader)
-        self.resume_from, self.resume_changes, self.history_aside = claim_run_dir(self.directory, c, rt, quiet)
+        check_fp8_installed(c.train.precision)
+        opened = open_data(c, rt, loader)
+        self.mixture, self.data = opened.mixture, opened.data
+        claimed = claim_run_dir(self.directory, c, rt, quiet)
+        self.resume_from, self.history_aside = claimed.resume_from, claimed.history_aside
         saved = read_trainer_state(self.resume_from) if self.resume_from is not None else {"step": 0}
-        c, self.resume_changes = staged(c, self.resume_from, self.resume_changes, saved)
-        self.config, t = c, c.train
-        self.total_steps = training_length(c, count_params(c.model).active)["steps"]
-        # A resume into a run of another length follows the new length's schedule, said in an event.
-        self.warmup, self.schedule_change = resumed_schedule(t, saved, self.total_steps)
-        self.ramp = dict(
-            seq_len=t.seq_len,
-            micro_batch_size=t.micro_batch_size,
-            data_parallel=rt.data_size,
-            grad_accum_steps=t.grad_accum_steps,
-            ramp_tokens=t.batch_ramp_tokens,
-            ramp_start=t.batch_ramp_start,
-        )
-        self.documents, self.attention_kernels, self.par = trainable_model(
-            c, rt, prepared_data(self.mixture, self.data)
-        )
-        self.scaler = torch.amp.GradScaler(rt.device.type) if t.precision == "fp16-mixed" else None
-        self.batches = Prefetcher(window_source(c, rt, self.mixture, self.data, loader), t.micro_batch_size, rt.device)
+        stage = staged(c, self.resume_from, claimed.changes, saved)
+        c = self.config = stage.config
+        self.resume_changes = stage.changes
+        self._plan_the_steps(saved)
+        built = trainable_model(c, rt, opened.prepared())
+        self.documents, self.attention_kernels, self.engine = built.documents, built.attention_kernels, built.engine
+        self.scaler = torch.amp.GradScaler(rt.device.type) if c.train.precision == "fp16-mixed" else None
+        self.batches = Prefetcher(window_source(c, rt, opened, loader), c.train.micro_batch_size, rt.device)
         self.state = TrainState()
         self.callbacks = default_callbacks(c, self.plan)
-        self.stability = next(cb for cb in self.callbacks if isinstance(cb, Stability))
-        self.preemption = next(cb for cb in self.callbacks if isinstance(cb, Preemption))
         parts: dict[str, Stateful] = {"data": self.batches}
         for cb in self.callbacks:
             parts.update(cb.stateful())
-        self.checkpoints = Checkpoints(
-            self.run_dir, rt, TensorState(self.par, self.scaler), self.state, parts, c, self.total_steps, self.warmup
-        )
-        self.stop_reason, self.measure_next = "", False
-        self.in_step = None
+        tensors = TensorState(self.engine, self.scaler)
+        self.checkpoints = Checkpoints(self.run_dir, rt, tensors, self.state, parts, c, self.total_steps, self.warmup)
+        self.stop_reason, self.measure_next, self.in_step = "", False, None
         self.log = TrainingLog(
             self.run_dir,
             self.total_steps,
@@ -159,6 +131,21 @@ class Trainer:
             enabled=rt.is_main and not quiet,
             loggers=c.run.loggers,
             config=c.to_dict(),
+        )
+
+    def _plan_the_steps(self, saved: dict) -> None:
+        """The run's length, its schedule's warm-up (a resume, `saved` its trainer state, into a run of another
+        length follows the new length's schedule, said in an event) and the batch ramp."""
+        c, t = self.config, self.config.train
+        self.total_steps = training_length(c, count_params(c.model).active)["steps"]
+        self.warmup, self.schedule_change = resumed_schedule(t, saved, self.total_steps)
+        self.ramp = dict(
+            seq_len=t.seq_len,
+            micro_batch_size=t.micro_batch_size,
+            data_parallel=self.rt.data_size,
+            grad_accum_steps=t.grad_accum_steps,
+            ramp_tokens=t.batch_ramp_tokens,
+            ramp_start=t.batch_ramp_start,
         )
 
     # --- the loop ----------------------------------------------------------------------------------------
@@ -178,50 +165,52 @@ class Trainer:
         for cb in self.callbacks:
             self.carry_out(cb.on_fit_start(self))
         try:
-            while self.state.step < self.total_steps:
-                for cb in self.callbacks:
-                    self.carry_out(cb.on_step_start(self))
-                # Where a data fault mid-step rewinds to; the RNG only where a step draws from it (dropout).
-                self.in_step = (
-                    self.state.micro_batches,
-                    self.batches.state_dict(),
-                    rng_state() if self.config.model.dropout else None,
-                )
-                result = self.step(measure=self.measure_next, stop_asked=lambda: bool(self.stop_pending()))
-                self.in_step, self.measure_next = None, False
-                if not result.finite:  # the update was skipped (the stability callback logs it)
-                    self.state.nonfinite_skips += 1
-                # One process needs no agreement: a signal received after the step's all-reduce (its update,
-                # the callbacks) stops it here too, not after one step more.
-                if self.end_step(result) and (result.stop or not self.rt.distributed and self.preemption.received()):
-                    self.stop_reason = self.stop_pending()
-                    return preempted(self)
-            final = evaluate(self)
-            if self.config.run.eval_tasks:
-                evaluate_tasks(self)
+            stopped = self._steps()
+            summary = {"step": self.state.step, "tokens": self.state.tokens}
+            for cb in self.callbacks:  # the final validation loss, a stop's checkpoint
+                summary.update(cb.on_final_step(self, stopped) or {})
         except DataChanged as e:  # a token file truncated, deleted or replaced under the run
             raise stopped_by_data_change(self, e) from None
+        if stopped:
+            return summary
         self.log.say(
             f"done: {self.state.step:,} steps, {self.state.tokens:,} tokens, final validation loss "
-            f"{final['val_loss']:.4f}"
+            f"{summary['val_loss']:.4f}"
         )
-        return {
-            "step": self.state.step,
-            "tokens": self.state.tokens,
-            "val_loss": final["val_loss"],
-            "train_loss": self.state.interval.loss if self.state.interval else None,
-            "run_dir": str(self.run_dir),
-        }
+        interval = self.state.interval
+        return {**summary, "train_loss": interval.loss if interval else None, "run_dir": str(self.run_dir)}
 
-    def end_step(self, result: StepResult) -> bool:
+    def _steps(self) -> bool:
+        """The optimizer steps with the callbacks around them, to the last; True when a stop was asked."""
+        while self.state.step < self.total_steps:
+            for cb in self.callbacks:
+                self.carry_out(cb.on_step_start(self))
+            # Where a data fault mid-step rewinds to; the RNG only where a step draws from it (dropout).
+            self.in_step = (
+                self.state.micro_batches,
+                self.batches.state_dict(),
+                rng_state() if self.config.model.dropout else None,
+            )
+            result = self.step(measure=self.measure_next, stop_asked=lambda: bool(self.stop_pending()))
+            self.in_step, self.measure_next = None, False
+            if not result.finite:  # the update was skipped (the stability callback logs it)
+                self.state.nonfinite_skips += 1
+            # One process needs no agreement: a signal received after the step's all-reduce (its update, the
+            # callbacks) stops it here too, not after one step more.
+            if self.after_step(result) and (result.stop or not self.rt.distributed and self.stop_received()):
+                self.stop_reason = self.stop_pending()
+                return True
+        return False
+
+    def after_step(self, result: StepResult) -> bool:
         """Every callback's on_step_end, in order, each one's asks carried out before the next; False when one
         rolled the step back (the callbacks after it do not see it)."""
         for cb in self.callbacks:
-            if self.carry_out(cb.on_step_end(self, result), result):
+            if self.carry_out(cb.on_step_end(self, result)):
                 return False
         return True
 
-    def carry_out(self, asks: Asks | None, result: StepResult | None = None) -> bool:
+    def carry_out(self, asks: Asks | None) -> bool:
         """What a callback's hook asked (state.Asks), the one place the trainer changes for a callback; True
         when the step was rolled back."""
         if asks is None:
@@ -230,15 +219,50 @@ class Trainer:
         self.measure_next = self.measure_next or asks.measure_next
         if asks.interval is not None:
             self.state.interval = asks.interval
-        if asks.rollback:
-            assert result is not None, "a rollback is asked for by on_step_end, of the step just made"
-            self.stability.rollback(self, result.loss)
-        return asks.rollback
+        if asks.rollback is not None:
+            self.roll_back(asks.rollback)
+        return asks.rollback is not None
+
+    def roll_back(self, asked: Rollback) -> None:
+        """Back to checkpoint `asked.to` but for its data position and RNG: the data stream goes on past what
+        caused the rollback, and the counters keep the micro-batches drawn and the rollbacks made."""
+        st = self.state
+        from_step, from_tokens = st.step, st.tokens
+        keep = (st.micro_batches, st.rollbacks + [from_step])
+        saved = self.checkpoints.load(asked.to, skip=("data", "rng"))
+        st.micro_batches, st.rollbacks = keep
+        if self.rt.is_main:  # written on the way into the spike: a resume must not go back to them
+            remove_after(self.run_dir, st.step)
+        self.barrier()
+        if asked.lr_scale != 1.0 and asked.lr_scale_steps:
+            st.lr_scale, st.lr_scale_until = asked.lr_scale, st.step + asked.lr_scale_steps
+        skipped = [saved["micro_batches"], st.micro_batches]
+        t = self.config.train
+        window_tokens = t.micro_batch_size * t.seq_len * self.rt.data_size  # one micro-batch of every data rank
+        self.log.event(
+            {
+                "event": "rollback",
+                "step": from_step,
+                "tokens": from_tokens,
+                "loss": json_float(asked.loss),
+                "to_step": st.step,
+                "skipped_micro_batches": skipped,
+                "skipped_tokens": [skipped[0] * window_tokens, skipped[1] * window_tokens],
+            }
+        )
+        self.log.say(
+            f"loss {asked.loss:.4g} at step {from_step}: rolled back to step {st.step} and skipped data "
+            f"micro-batches {skipped[0]}..{skipped[1]}"
+        )
 
     def stop_pending(self) -> str:
         """Why this rank would stop after the step in flight: a callback's ask (debug.stop_after_step) or a
-        signal received (Preemption), even in the middle of the step; "" when none."""
-        return self.stop_reason or self.preemption.received()
+        stop received (Preemption's signal), even in the middle of the step; "" when none."""
+        return self.stop_reason or self.stop_received()
+
+    def stop_received(self) -> str:
+        """The first callback's stop received in the middle of a step (Callback.stop_received); "" none."""
+        return next((why for cb in self.callbacks if (why := cb.stop_received())), "")
 
     def step(self, measure: bool = False, stop_asked: Callable[[], bool] = lambda: False) -> StepResult:
         """One optimizer step at the schedule's learning rate and the batch ramp's size; `measure`: count the
@@ -262,9 +286,9 @@ class Trainer:
             if self.config.parallel.pipeline > 1:
                 from ..distributed.pipeline import Pipelined
 
-                assert isinstance(self.par, Pipelined)  # parallelize() builds one for parallel.pipeline > 1
+                assert isinstance(self.engine, Pipelined)  # parallelize() builds one for parallel.pipeline > 1
                 return pipeline_train_step(
-                    self.par,
+                    self.engine,
                     self.batches,
                     st,
                     accum=accum,
@@ -276,7 +300,7 @@ class Trainer:
                     measure=measure,
                 )
             return train_step(
-                self.par,
+                self.engine,
                 self.batches,
                 st,
                 accum=accum,
@@ -310,7 +334,8 @@ class Trainer:
                     self.log.say(settings_line(change))
                     self.log.event(change)
             if self.schedule_change:
-                self.say_schedule_change(self.schedule_change)
+                self.log.say(schedule_line(self.schedule_change))
+                self.log.event(self.schedule_change)
             return
         self._write_config()
         if self.history_aside:
@@ -323,42 +348,14 @@ class Trainer:
     def say_stage_change(self, e: dict) -> None:
         """The new stage's windows, batch and data position (the loader kept its share of the epoch)."""
         st, data = self.state, self.batches.state_dict()
-        e = {
-            **e,
-            "step": st.step,
-            "tokens": st.tokens,
-            "data_epoch": data.get("epoch"),
-            "data_position": data.get("position"),
-        }
-        length = (
-            f"; {e['stage_tokens']:,} tokens (train.stage_tokens): to step {e['ends_at_step']:,}"
-            if e.get("stage_tokens")
-            else f"; to the run's end, step {self.total_steps:,}"
-        )
-        self.log.say(
-            f"new stage from step {st.step:,}: train.seq_len {e['seq_len_before']:,} -> "
-            f"{e['seq_len_after']:,}, {e['tokens_per_step_after']:,} tokens per step (was "
-            f"{e['tokens_per_step_before']:,}){length}; memory planned for the new length"
-        )
-        self.log.event(e)
-
-    def say_schedule_change(self, e: dict) -> None:
-        decayed = (
-            f"; the checkpoint is inside the old decay (from step {e['old_decay_start']:,}): the LR goes "
-            "back up to the stable phase"
-            if e.get("inside_old_decay")
-            else ""
-        )
-        self.log.say(
-            f"schedule: {e['schedule']} over {e['new_total']:,} steps (was {e['old_total']:,}); the "
-            f"learning rate at step {e['step']:,} is {e['lr_at_resume_after']:.3g} (was "
-            f"{e['lr_at_resume_before']:.3g}){decayed}"
-        )
+        e = {**e, "step": st.step, "tokens": st.tokens}
+        e |= {"data_epoch": data.get("epoch"), "data_position": data.get("position")}
+        self.log.say(stage_line(e, self.total_steps))
         self.log.event(e)
 
     def save(self) -> Path:
         """Checkpoint the current step (every rank), keep the newest, say so."""
-        good = self.stability.good
+        good = all(cb.checkpoint_is_good() for cb in self.callbacks)
         path = self.checkpoints.save(good)
         if self.rt.is_main:
             prune(self.run_dir, self.config.run.keep_checkpoints)

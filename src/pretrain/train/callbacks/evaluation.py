@@ -1,9 +1,9 @@
-"""Validation loss every `run.eval_every` steps (and at the end of the run: the trainer calls `evaluate`)."""
+"""Validation loss every `run.eval_every` steps, and after the schedule's last step (the run's final loss)."""
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -20,6 +20,9 @@ class Evaluation(Callback):
         if every and step % every == 0 and step < trainer.total_steps:
             evaluate(trainer)
 
+    def on_final_step(self, trainer: TrainerView, stopped: bool) -> dict[str, Any] | None:
+        return None if stopped else {"val_loss": evaluate(trainer)["val_loss"]}
+
 
 @torch.no_grad()
 def evaluate(trainer: TrainerView) -> dict:
@@ -31,8 +34,8 @@ def evaluate(trainer: TrainerView) -> dict:
     is the mean over data-parallel ranks."""
     from ...distributed.runtime import all_reduce_mean
 
-    rt, par = trainer.rt, trainer.par
-    par.set_training(False)
+    rt, engine = trainer.rt, trainer.engine
+    engine.set_training(False)
     # Eager, also when train.compile is on: under no_grad every compiled block and the loss would compile a
     # second graph (dynamo guards the grad mode), tens of seconds on a GPU for a 1B model, for a few forwards.
     with torch.compiler.set_stance("force_eager"):
@@ -43,7 +46,7 @@ def evaluate(trainer: TrainerView) -> dict:
         else:
             assert trainer.data is not None  # a run without a mixture reads data.dir
             val, per_source = all_reduce_mean(_mean_loss(trainer, trainer.data), rt), {}
-    par.set_training(True)
+    engine.set_training(True)
     record = {
         "step": trainer.state.step,
         "tokens": trainer.state.tokens,
@@ -58,11 +61,11 @@ def evaluate(trainer: TrainerView) -> dict:
 def _mean_loss(trainer: TrainerView, data: PreparedData) -> float:
     from ...data.windows import SequentialWindows
 
-    c, rt, par = trainer.config, trainer.rt, trainer.par
+    c, rt, engine = trainer.config, trainer.rt, trainer.engine
     windows = SequentialWindows(data, "val", c.train.seq_len, rank=rt.data_rank, world_size=rt.data_size)
     losses = []
     for x, y in windows.batches(c.train.micro_batch_size, c.run.eval_batches):
         x, y = x.to(rt.device), y.to(rt.device)
-        with par.autocast_context():
-            losses.append(float(par.forward(x, y)))
+        with engine.autocast_context():
+            losses.append(float(engine.forward(x, y)))
     return sum(losses) / len(losses)

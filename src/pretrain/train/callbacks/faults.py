@@ -42,7 +42,7 @@ class FaultInjection(Callback):
     def on_fit_start(self, trainer: TrainerView) -> None:
         d = self.debug
         if d.inject_inf_grad_batches and trainer.rt.rank == 0:
-            self.grad_hook = trainer.par.module.embed.register_forward_hook(self.inf_gradient(trainer))
+            self.grad_hook = trainer.engine.module.embed.register_forward_hook(self.inf_gradient(trainer))
         if not (d.inject_nan_batches or d.inject_spike_batches):
             return
 
@@ -56,7 +56,7 @@ class FaultInjection(Callback):
                 return loss * d.inject_spike_factor
             return loss
 
-        self.hook = trainer.par.module.register_forward_hook(corrupt_loss)
+        self.hook = trainer.engine.module.register_forward_hook(corrupt_loss)
 
     def inf_gradient(self, trainer: TrainerView) -> Callable:
         """A forward hook on the embedding: an inf in its gradient on debug.inject_inf_grad_batches."""
@@ -76,7 +76,7 @@ class FaultInjection(Callback):
     def on_fit_end(self, trainer: TrainerView) -> None:
         if not self.debug.inject_inf_grad_batches:
             return
-        optimizer = getattr(trainer.par.optimizer, "optim", trainer.par.optimizer)
+        optimizer = getattr(trainer.engine.optimizer, "optim", trainer.engine.optimizer)
         steps = {int(state["step"]) for state in optimizer.state.values() if "step" in state}  # SGD counts none
         record = {
             "optimizer_steps": sorted(steps),

@@ -43,7 +43,7 @@ class Fp8Check(Callback):
 
         layers = trainer.config.model.num_layers
         watched = {0, layers // 2, layers - 1}
-        for name, module in trainer.par.module.named_modules():
+        for name, module in trainer.engine.module.named_modules():
             # the path in the whole model, also on a pipeline stage (whose module holds its blocks elsewhere)
             found = re.search(r"(?:^|\.)(blocks\.(\d+)\..+)$", name)
             if isinstance(module, Float8Linear) and found and int(found[2]) in watched:
@@ -82,7 +82,7 @@ class Fp8Check(Callback):
         where a pipeline's schedule splits the batch)."""
         from ...data.windows import SequentialWindows
 
-        c, rt, par = trainer.config, trainer.rt, trainer.par
+        c, rt, engine = trainer.config, trainer.rt, trainer.engine
         data = trainer.mixture[0]["data"] if trainer.mixture else trainer.data
         assert data is not None  # a training run's data
         windows = SequentialWindows(data, "val", c.train.seq_len, rank=rt.data_rank, world_size=rt.data_size)
@@ -90,12 +90,12 @@ class Fp8Check(Callback):
         self.errors = {name: [] for name in self.linears}
         # prepended: before tensor parallelism's own hook turns the output into this rank's local part
         hooks = [m.register_forward_hook(self._shadow(n), prepend=True) for n, m in self.linears.items()]
-        par.set_training(False)
+        engine.set_training(False)
         try:
-            with torch.compiler.set_stance("force_eager"), par.autocast_context():
-                par.forward(x.to(rt.device), y.to(rt.device))
+            with torch.compiler.set_stance("force_eager"), engine.autocast_context():
+                engine.forward(x.to(rt.device), y.to(rt.device))
         finally:
-            par.set_training(True)
+            engine.set_training(True)
             for h in hooks:
                 h.remove()
         return {name: torch.stack(errs).mean().item() for name, errs in self.errors.items() if errs}

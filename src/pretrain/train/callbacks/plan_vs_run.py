@@ -62,8 +62,8 @@ class PlanVsRun(Callback):
             plan_check.mark_busy(report, interval.busy_cores, torch.get_num_threads())
             report["attention_kernel"] = self.kernel
             report["document_masking"] = trainer.config.train.document_masking
-            if trainer.par.fp8:
-                report["fp8"] = trainer.par.fp8
+            if trainer.engine.fp8:
+                report["fp8"] = trainer.engine.fp8
             if trainer.rt.is_main:
                 plan_check.write(trainer.run_dir, report)
                 trainer.log.say(plan_check.render(report))

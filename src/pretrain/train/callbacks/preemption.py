@@ -24,7 +24,7 @@ class Preemption(Callback):
             if trainer.config.run.checkpoint_every
             else "without a checkpoint (run.checkpoint_every=0)"
         )
-        # The trainer asks `received()` just before each step's all-reduce, and one process again after the
+        # The trainer asks `stop_received()` just before each step's all-reduce, and one process again after the
         # step: a signal stops the run after the step it came in. Several ranks agree in that all-reduce, so
         # one that came after it is carried by the next step's.
         agree = (
@@ -43,9 +43,12 @@ class Preemption(Callback):
 
         self.previous = {sig: signal.signal(sig, handler) for sig in SIGNALS}
 
-    def received(self) -> str:
+    def stop_received(self) -> str:
         """The name of the signal received, "" before one."""
         return signal.Signals(self.signal).name if self.signal else ""
+
+    def on_final_step(self, trainer: TrainerView, stopped: bool) -> dict[str, Any] | None:
+        return preempted(trainer) if stopped else None
 
     def on_fit_end(self, trainer: TrainerView) -> None:
         for sig, previous in self.previous.items():

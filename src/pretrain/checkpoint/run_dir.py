@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING
 
 import yaml
 
-from ...errors import UsageError
-from ...files import write_atomic
-from ...lock import HeldLock, exclusive_lock
+from ..errors import UsageError
+from ..files import write_atomic
+from ..lock import HeldLock, exclusive_lock
 from .format import PREFIX, config_yaml, list_checkpoints
 
 if TYPE_CHECKING:
-    from ...config.schema import ResolvedConfig
+    from ..config.schema import ResolvedConfig
 
 # What a run writes besides its checkpoints: the history of one run.
 HISTORY = (

@@ -8,7 +8,7 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-from ...errors import UsageError
+from ..errors import UsageError
 from .format import CHECKPOINT_NAME, discard, list_checkpoints, read_trainer_state, step_of, verify
 
 

@@ -5,5 +5,6 @@
   compatibility.py  whether a resume may continue from a checkpoint with this config
   contents.py       what a checkpoint holds, saved and loaded as one (`Checkpoints`), and `load_model`
   run_dir.py        the run directory (`RunDir`): its lock, config.yaml, partial writes, what is set aside
-Each module imports only modules above it in this list. When the trainer writes one is callbacks/checkpointing.py's.
+Each module imports only modules above it in this list. When the trainer writes one is
+train/callbacks/checkpointing.py's; `pretrain eval`, export and generate read a model with `load_model`.
 """

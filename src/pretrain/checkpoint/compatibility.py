@@ -11,10 +11,10 @@ from typing import Any
 
 import yaml
 
-from ...config import mixture_sources
-from ...config.job_sections import DataConfig
-from ...config.schema import ResolvedConfig
-from ...errors import UsageError
+from ..config import mixture_sources
+from ..config.job_sections import DataConfig
+from ..config.schema import ResolvedConfig
+from ..errors import UsageError
 
 # The model keys that decide which tensors exist and their shapes (the rest: dropout, init, RoPE base, ...
 # may change on a resume). max_seq_len sizes GPT-2's position table only: a LLaMA may extend its context.
@@ -113,6 +113,35 @@ def settings_line(event: dict[str, Any]) -> str:
     return (
         f"resumed with other settings than checkpoint {event['checkpoint']}: {changed}; training goes on with "
         "them (events.jsonl: settings_changed)"
+    )
+
+
+def stage_line(e: dict[str, Any], total_steps: int) -> str:
+    """The terminal's line for a `stage_changed` event (a resume at another train.seq_len)."""
+    length = (
+        f"; {e['stage_tokens']:,} tokens (train.stage_tokens): to step {e['ends_at_step']:,}"
+        if e.get("stage_tokens")
+        else f"; to the run's end, step {total_steps:,}"
+    )
+    return (
+        f"new stage from step {e['step']:,}: train.seq_len {e['seq_len_before']:,} -> "
+        f"{e['seq_len_after']:,}, {e['tokens_per_step_after']:,} tokens per step (was "
+        f"{e['tokens_per_step_before']:,}){length}; memory planned for the new length"
+    )
+
+
+def schedule_line(e: dict[str, Any]) -> str:
+    """The terminal's line for a `schedule_changed` event (a resume into a run of another length)."""
+    decayed = (
+        f"; the checkpoint is inside the old decay (from step {e['old_decay_start']:,}): the LR goes "
+        "back up to the stable phase"
+        if e.get("inside_old_decay")
+        else ""
+    )
+    return (
+        f"schedule: {e['schedule']} over {e['new_total']:,} steps (was {e['old_total']:,}); the "
+        f"learning rate at step {e['step']:,} is {e['lr_at_resume_after']:.3g} (was "
+        f"{e['lr_at_resume_before']:.3g}){decayed}"
     )
 
 

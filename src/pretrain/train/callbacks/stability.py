@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..checkpoint.choice import latest_checkpoint, remove_after
+from ...checkpoint.choice import latest_checkpoint
+from ..run_log import json_float
 from ..spikes import SpikeDetector
-from ..state import Asks, StepResult, TrainingStopped
+from ..state import Asks, Rollback, StepResult, TrainingStopped
 from . import Callback, TrainerView
 
 if TYPE_CHECKING:
@@ -27,8 +28,7 @@ class Stability(Callback):
     def stateful(self) -> dict[str, SpikeDetector]:
         return {"stability": self.detector}
 
-    @property
-    def good(self) -> bool:
+    def checkpoint_is_good(self) -> bool:
         """A checkpoint written now is a rollback target: no spike is under way."""
         return not self.detector.active
 
@@ -56,25 +56,16 @@ class Stability(Callback):
                 }
             )
         elif action == "rollback":
-            return Asks(rollback=True)
+            return Asks(rollback=self.rollback(trainer, result.loss))
         return None
 
-    def rollback(self, trainer: TrainerView, loss: float) -> None:
-        """Back to the newest good checkpoint, the data stream going on: what the trainer carries out when this
-        callback asks it to roll back (Trainer.carry_out), the one place besides the trainer that sets the
-        counters (TrainState: the restored step, the rollbacks, the learning-rate scale)."""
+    def rollback(self, trainer: TrainerView, loss: float) -> Rollback:
+        """The rollback this callback asks for: to the newest good checkpoint before this step. Stops the run
+        instead (TrainingStopped, with a `stopped` event) when it keeps diverging or has nothing to go back to."""
         st, cfg, run_dir = trainer.state, self.cfg, trainer.run_dir
         recent = [s for s in st.rollbacks if st.step - s < cfg.rollback_window]
         if len(recent) >= cfg.max_rollbacks:
-            trainer.log.event(
-                {
-                    "event": "stopped",
-                    "step": st.step,
-                    "tokens": st.tokens,
-                    "loss": json_float(loss),
-                    "reason": "too many rollbacks",
-                }
-            )
+            _stopped(trainer, loss, "too many rollbacks")
             raise TrainingStopped(
                 f"{len(recent)} rollbacks within {cfg.rollback_window} steps (last at step "
                 f"{st.step}, loss {loss:.4g}); the run keeps diverging: lower train.lr, check the "
@@ -82,15 +73,7 @@ class Stability(Callback):
             )
         target = latest_checkpoint(run_dir, good_only=True, before_step=st.step)
         if target is None and not trainer.config.run.checkpoint_every:
-            trainer.log.event(
-                {
-                    "event": "stopped",
-                    "step": st.step,
-                    "tokens": st.tokens,
-                    "loss": json_float(loss),
-                    "reason": "no checkpoint to roll back to",
-                }
-            )
+            _stopped(trainer, loss, "no checkpoint to roll back to")
             raise TrainingStopped(
                 f"loss {loss:.4g} at step {st.step} asks for a rollback, but run.checkpoint_every=0 "
                 f"keeps no checkpoint to roll back to; set run.checkpoint_every (and "
@@ -101,35 +84,11 @@ class Stability(Callback):
                 f"loss spike at step {st.step} and no good checkpoint to roll back to in "
                 f"{run_dir}; lower train.lr or enable stability.spike_detection"
             )
-        from_step, from_tokens = st.step, st.tokens
-        keep = (st.micro_batches, st.rollbacks + [from_step])
-        saved = trainer.checkpoints.load(target, skip=("data", "rng"))
-        st.micro_batches, st.rollbacks = keep  # the data stream goes on past what caused the spike
-        if trainer.rt.is_main:  # written on the way into the spike: a resume must not go back to them
-            remove_after(run_dir, st.step)
-        trainer.barrier()
-        if cfg.lr_scale != 1.0 and cfg.lr_scale_steps:
-            st.lr_scale = cfg.lr_scale
-            st.lr_scale_until = st.step + cfg.lr_scale_steps
-        skipped = [saved["micro_batches"], st.micro_batches]
-        seq_tokens = trainer.config.train.micro_batch_size * trainer.config.train.seq_len * trainer.rt.data_size
-        trainer.log.event(
-            {
-                "event": "rollback",
-                "step": from_step,
-                "tokens": from_tokens,
-                "loss": json_float(loss),
-                "to_step": st.step,
-                "skipped_micro_batches": skipped,
-                "skipped_tokens": [skipped[0] * seq_tokens, skipped[1] * seq_tokens],
-            }
-        )
-        trainer.log.say(
-            f"loss {loss:.4g} at step {from_step}: rolled back to step {st.step} and skipped data "
-            f"micro-batches {skipped[0]}..{skipped[1]}"
-        )
+        return Rollback(target, loss, cfg.lr_scale, cfg.lr_scale_steps)
 
 
-def json_float(x: float) -> float | str:
-    """JSON has no NaN or infinity: those are written as strings."""
-    return x if x == x and abs(x) != float("inf") else str(x)
+def _stopped(trainer: TrainerView, loss: float, reason: str) -> None:
+    st = trainer.state
+    trainer.log.event(
+        {"event": "stopped", "step": st.step, "tokens": st.tokens, "loss": json_float(loss), "reason": reason}
+    )

@@ -17,17 +17,16 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from ... import __version__
-from ...distributed.runtime import barrier, gather_to_main
-from ...errors import UsageError
+from .. import __version__
+from ..distributed.runtime import barrier, gather_to_main
+from ..errors import UsageError
 from .choice import latest_checkpoint, resolve_checkpoint
 from .format import checkpoint_dir, config_yaml, load_rng, load_state, read_trainer_state, save_checkpoint
 
 if TYPE_CHECKING:
-    from ...config.schema import ResolvedConfig
-    from ...distributed.engines import Parallelized
-    from ...distributed.runtime import Runtime
-    from ..state import TrainState
+    from ..config.schema import ResolvedConfig
+    from ..distributed.engines import Parallelized
+    from ..distributed.runtime import Runtime
 
 
 class Stateful(Protocol):
@@ -35,23 +34,29 @@ class Stateful(Protocol):
 
     def state_dict(self) -> dict[str, Any]: ...
 
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+    def load_state_dict(self, state: dict[str, Any], /) -> None: ...
+
+
+class Counters(Stateful, Protocol):
+    """The trainer's counters (train/state.py's TrainState): saved at the top level of trainer.json."""
+
+    step: int
 
 
 class TensorState:
     """Model + optimizer (+ the fp16 loss scaler): the tensors of a checkpoint."""
 
-    def __init__(self, par: Parallelized, scaler: torch.amp.GradScaler | None) -> None:
-        self.par, self.scaler = par, scaler
+    def __init__(self, engine: Parallelized, scaler: torch.amp.GradScaler | None) -> None:
+        self.engine, self.scaler = engine, scaler
 
     def state_dict(self) -> dict[str, Any]:
-        sd = self.par.state_dict()
+        sd = self.engine.state_dict()
         if self.scaler is not None:
             sd["scaler"] = self.scaler.state_dict()
         return sd
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
-        self.par.load_state_dict(sd)
+        self.engine.load_state_dict(sd)
         if self.scaler is not None and "scaler" in sd:
             self.scaler.load_state_dict(sd["scaler"])
 
@@ -64,7 +69,7 @@ class Checkpoints:
         run_dir: str | Path,
         rt: Runtime,
         tensors: TensorState,
-        counters: TrainState,
+        counters: Counters,
         parts: dict[str, Stateful],
         config: ResolvedConfig,
         total_steps: int,
@@ -145,8 +150,8 @@ def load_model(path: str | Path, device: str = "cpu") -> torch.nn.Module:
     """Our model from a run directory (its newest checkpoint) or one checkpoint, in eval mode."""
     import yaml
 
-    from ...config import load_config
-    from ...model import build_model
+    from ..config import load_config
+    from ..model import build_model
 
     checkpoint = resolve_checkpoint(path)
     raw = yaml.safe_load((checkpoint / "config.yaml").read_text())

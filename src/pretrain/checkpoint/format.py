@@ -38,10 +38,10 @@ import torch
 import torch.distributed.checkpoint as dcp
 import yaml
 
-from ...files import sha256_file
+from ..files import sha256_file
 
 if TYPE_CHECKING:
-    from ...config.schema import ResolvedConfig
+    from ..config.schema import ResolvedConfig
 
 PREFIX = "step_"
 CHECKPOINT_NAME = re.compile(r"step_(\d{8})")
