@@ -108,7 +108,12 @@ TORCHRUN = "several processes a GPU node or a cluster runs (8 per node, HOST:POR
 TORCHRUN += "the same layouts on 2-4 CPU ranks under a real torchrun"
 TRAINS = ["debug.stop_after_step={stop}", "run.progress=false", "run.eval_batches=1", "train.compile=false"]
 SMALL = {  # a command's shape made small, where its own would take minutes of a CPU (the command still its own)
-    "configs/gpt2-124m.yaml": ["model.num_layers=2", "train.micro_batch_size=1", "train.grad_accum_steps=1"],
+    "configs/gpt2-124m.yaml": [
+        "model.num_layers=2",
+        "model.vocab_size=2048",  # the demo tokenizer's: GPT-2's 50,257 rows would be most of the step
+        "train.micro_batch_size=1",
+        "train.grad_accum_steps=1",
+    ],
     "demo/run/config.yaml": ["train.micro_batch_size=1"],
 }
 CHEAP = {  # the quick flags of the commands that measure
