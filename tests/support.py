@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -127,6 +128,22 @@ def kill_job(proc) -> None:
         with contextlib.suppress(psutil.NoSuchProcess):
             process.kill()
     proc.communicate(timeout=60)
+
+
+def train_layouts(out: Path, base: list[str], layouts: list[dict], timeout: int = 900) -> None:
+    """Every layout (overrides on `base`) trained in turn by one torchrun of 2 ranks of
+    tests/distributed/train_layouts.py, each into out/INDEX, its results in out/results.json."""
+    job = out / "job.json"
+    job.write_text(json.dumps({"base": base, "layouts": layouts, "out": str(out)}))
+    script = Path(__file__).parent / "distributed" / "train_layouts.py"
+    r = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(script), str(job)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        timeout=timeout,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
 
 
 def run_here(*args) -> subprocess.CompletedProcess:

@@ -10,10 +10,6 @@ rank FSDP2 shards the experts' tensors on dim 1. Every layout the fit proposes f
 trains. Each rank holds exactly the planner's parameter, gradient and optimizer bytes."""
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -24,6 +20,7 @@ from support import (
     params,
     per_rank_reports,
     torchrun,
+    train_layouts,
     wait_for_steps,
 )
 
@@ -252,17 +249,7 @@ def test_every_moe_layout_the_fit_proposes_trains(prepared, tmp_path):
     assert found == {(1, 1, 0), (1, 1, 1), (1, 1, 2), (1, 1, 3), (1, 2, 0), (1, 2, 2), (1, 2, 3), (2, 1, 0), (2, 2, 0)}
     base = [*shape, *batch, "train.device=cpu", f"data.dir={prepared}", "train.max_steps=1", "run.eval_every=0"]
     base += ["run.checkpoint_every=0", "run.progress=false"]
-    job = tmp_path / "job.json"
-    job.write_text(json.dumps({"base": base, "layouts": list(layouts.values()), "out": str(tmp_path)}))
-    script = Path(__file__).with_name("train_layouts.py")
-    r = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(script), str(job)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        timeout=600,
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
+    train_layouts(tmp_path, base, list(layouts.values()), timeout=600)
     runs = json.loads((tmp_path / "results.json").read_text())
     assert len(runs) == len(layouts) == 27  # 3 recomputations x 9
     first = runs[0]["train_loss"]

@@ -11,16 +11,12 @@ attention projections, whose init is small, at every layout but pipeline's: 8.7e
 relative. Without whole matrices (FSDP2's shards orthogonalised where they lie, tried by hand) the projections
 are 7.6e-2 apart and the losses 1.4e-3."""
 
-import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from support import finished_run, losses, params, per_rank_reports, run_here
+from support import finished_run, losses, params, per_rank_reports, run_here, train_layouts
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(not hasattr(torch.optim, "Muon"), reason="train.optimizer=muon: torch >= 2.9")
@@ -56,20 +52,10 @@ def settings(prepared, *extra) -> list[str]:
     ]
 
 
-def train_layouts(tmp_path, base, layouts) -> list[Path]:
+def trained(tmp_path, base, layouts) -> list[Path]:
     """Each layout trained in turn by one torchrun of 2 ranks: their run directories."""
     tmp_path.mkdir()
-    job = tmp_path / "job.json"
-    job.write_text(json.dumps({"base": base, "layouts": layouts, "out": str(tmp_path)}))
-    script = Path(__file__).with_name("train_layouts.py")
-    r = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(script), str(job)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        timeout=900,
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
+    train_layouts(tmp_path, base, layouts)
     return [tmp_path / str(i) for i in range(len(layouts))]
 
 
@@ -99,7 +85,7 @@ def test_every_layout_trains_one_process_model(prepared, tmp_path, moe):
     else:
         layouts = [*data, {"parallel.pipeline": 2}, {"parallel.tensor": 2}]
     base = settings(prepared, *model, "train.micro_batch_size=8", "parallel.gpus=2", "debug.plan_vs_run_per_rank=true")
-    runs = train_layouts(tmp_path / "layouts", base, layouts)
+    runs = trained(tmp_path / "layouts", base, layouts)
     for run_dir in runs:
         same_training(single, run_dir)
     # FSDP2's step-3 checkpoint (each rank's shard of every momentum; MoE: of its experts) resumed by one
